@@ -1,0 +1,20 @@
+//! Why one resource could not be applied. Messages describe the machine, name the path, and
+//! are lower-case, for a person reading a report.
+
+use crate::declaration::Kind;
+use crate::system::{FsError, UserError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    #[error(transparent)]
+    Account(#[from] UserError),
+    /// The read-back found something other than what was written.
+    #[error("{path}: {what} is {found} after the host set it to {wanted}")]
+    ReadBack { path: String, what: &'static str, wanted: String, found: String },
+    #[error("{0}")]
+    Refused(String),
+    #[error("a {0} resource is not supported yet: this build of mesh-host has no applier for it")]
+    Unsupported(Kind),
+}

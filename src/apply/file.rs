@@ -1,0 +1,266 @@
+//! `file`: content, mode and owner, written atomically, never through a symlink, read back.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+
+use super::{begin, Action, Ctx, Error, Facts, Outcome, Step};
+use crate::declaration::{digest, File, Kind, Resource};
+use crate::system::fs::{Fs, Kind as FsKind};
+use crate::system::Staged;
+
+/// A file written to its temporary name, waiting for the batch commit.
+pub(super) struct Pending {
+    pub staged: Staged,
+    pub checked: Checked,
+}
+
+/// What the read-back after the commit must find, and what to report when it does.
+pub(super) struct Checked {
+    pub index: usize,
+    id: String,
+    target: String,
+    path: PathBuf,
+    digest: String,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+    action: Action,
+    detail: Option<String>,
+}
+
+/// The bytes the declaration puts in the file.
+fn content<'a>(f: &'a File) -> Result<Cow<'a, [u8]>, Error> {
+    if f.carries_secret() {
+        // Refused, never skipped: a machine that quietly leaves out the one file holding a
+        // credential looks configured and cannot connect. Opening sealed values needs this
+        // node's sealing key, which comes with `keygen` and `seal` (not built yet).
+        return Err(Error::Refused(format!(
+            "{} carries a sealed value and this node has no sealing key; nothing was written",
+            f.path
+        )));
+    }
+    if f.into.is_some() {
+        return Err(Error::Refused(format!(
+            "writing keys into {} (`into`) is not supported yet; nothing was written",
+            f.path
+        )));
+    }
+    match (&f.content, &f.bytes) {
+        (Some(c), _) => Ok(Cow::Borrowed(c.as_bytes())),
+        (None, Some(b)) => base64::engine::general_purpose::STANDARD
+            .decode(b)
+            .map(Cow::Owned)
+            .map_err(|e| Error::Refused(format!("{}: `bytes` is not base64: {e}", f.path))),
+        (None, None) => Err(Error::Refused(format!("{} declares no content", f.path))),
+    }
+}
+
+pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, Error> {
+    let path = f.path.as_path();
+    let content = content(f)?;
+    let mode = f.mode().bits();
+    let owner = f.owner.as_ref().map(|o| ctx.accounts.resolve(o)).transpose()?;
+    let record =
+        ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::File && rec.target == r.target());
+    let existing = ctx.fs.read(path)?;
+
+    let checked = |action, detail| Checked {
+        index: r.index,
+        id: r.id.to_string(),
+        target: r.target(),
+        path: path.to_owned(),
+        digest: digest(&content),
+        mode,
+        owner,
+        action,
+        detail,
+    };
+
+    let Some((meta, bytes)) = existing else {
+        let (action, detail) = match record {
+            Some(_) => (Action::Corrected, Some("it had been deleted on the machine".to_owned())),
+            None => (Action::Created, None),
+        };
+        if ctx.opts.dry_run {
+            ctx.diffs.0.push((path.display().to_string(), diff(f, b"", &content)));
+            return Ok(Step::Done(begin(r, action, detail), None));
+        }
+        let staged = ctx.fs.stage(path, &content, mode, owner)?;
+        return Ok(Step::Staged(Box::new(Pending { staged, checked: checked(action, detail) })));
+    };
+
+    match meta.kind {
+        FsKind::File => {}
+        FsKind::Symlink => {
+            return Err(Error::Refused(format!(
+                "{} is a symlink; mesh-host never writes through a symlink, and does not replace one it did not make: remove it, or declare the real path",
+                path.display()
+            )))
+        }
+        FsKind::Directory | FsKind::Other => {
+            return Err(Error::Refused(format!(
+                "{} exists and is not a regular file; it was left alone",
+                path.display()
+            )))
+        }
+    }
+
+    // A seed that is present is left exactly as it is: what the program grew in it since is not
+    // the mesh's to put back. The record keeps what the host once wrote, so a later change of
+    // the seed in the declaration is not mistaken for drift.
+    if f.create_once {
+        let facts = Facts {
+            wrote: record.and_then(|r| r.wrote.clone()).or_else(|| Some(digest(&bytes))),
+            mode: Some(meta.mode),
+            owner: Some((meta.uid, meta.gid)),
+            archive: None,
+        };
+        let detail = "created once, and present: what is in it now is not the mesh's to change";
+        return Ok(Step::Done(begin(r, Action::Kept, Some(detail.into())), Some(facts)));
+    }
+
+    let content_same = bytes == *content;
+    let mode_same = meta.mode == mode;
+    let owner_same = owner.is_none_or(|o| o == (meta.uid, meta.gid));
+    if content_same && mode_same && owner_same {
+        // The steady state, and the hot path: no hashing when the declaration has not changed
+        // since the record, because what the host wrote is then exactly what is declared.
+        let wrote = match record {
+            Some(rec) if rec.declared == r.digest && rec.wrote.is_some() => rec.wrote.clone(),
+            _ => Some(digest(&bytes)),
+        };
+        let facts = Facts { wrote, mode: Some(meta.mode), owner: Some((meta.uid, meta.gid)), archive: None };
+        return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
+    }
+
+    // Drift is a difference from what the host last left, not from what is declared now: a
+    // declaration that changed its mind is an update, a machine that changed on its own was
+    // changed by hand.
+    let mut drifted = Vec::new();
+    let mut changes = Vec::new();
+    if !content_same {
+        changes.push("content".to_owned());
+        if record.is_some_and(|rec| rec.wrote.as_deref() != Some(digest(&bytes).as_str())) {
+            drifted.push("content".to_owned());
+        }
+    }
+    if !mode_same {
+        changes.push(format!("mode {:04o} to {:04o}", meta.mode, mode));
+        if record.is_some_and(|rec| rec.mode != Some(meta.mode)) {
+            drifted.push(format!("mode (it was {:04o})", meta.mode));
+        }
+    }
+    if let (false, Some((uid, gid))) = (owner_same, owner) {
+        changes.push(format!("owner {}:{} to {uid}:{gid}", meta.uid, meta.gid));
+        if record.is_some_and(|rec| rec.owner != Some((meta.uid, meta.gid))) {
+            drifted.push(format!("owner (it was {}:{})", meta.uid, meta.gid));
+        }
+    }
+    let (action, mut detail) = if drifted.is_empty() {
+        (Action::Updated, changes.join(", "))
+    } else {
+        (
+            Action::Corrected,
+            format!("changed on the machine since the host last wrote it: {}", drifted.join(", ")),
+        )
+    };
+
+    // The original of a file the host has no record of, under any id, is the machine's until
+    // the mesh writes over it: it is kept first, once, and never overwritten.
+    let keep = !content_same && record.is_none() && !ctx.store.holds_target(Kind::File, &r.target());
+    let kept_at = keep.then(|| kept_path(&ctx.opts.kept, path));
+
+    if ctx.opts.dry_run {
+        if let Some(at) = &kept_at {
+            detail.push_str(&format!("; the file found here would be kept at {}", at.display()));
+        }
+        if !content_same {
+            ctx.diffs.0.push((path.display().to_string(), diff(f, &bytes, &content)));
+        }
+        return Ok(Step::Done(begin(r, action, Some(detail)), None));
+    }
+
+    if let Some(at) = kept_at {
+        // Before anything is written: if the copy fails, the write does not happen, since the
+        // original could not be had back otherwise.
+        if ctx.fs.meta(&at)?.is_none() {
+            let copy = ctx.fs.stage(&at, &bytes, meta.mode & 0o700, None)?;
+            ctx.fs.commit(vec![copy]).pop().unwrap_or(Ok(()))?;
+        }
+        detail.push_str(&format!(
+            "; the file found here, which the host had no record of, was kept at {}",
+            at.display()
+        ));
+    }
+
+    if !content_same {
+        let staged = ctx.fs.stage(path, &content, mode, owner)?;
+        return Ok(Step::Staged(Box::new(Pending { staged, checked: checked(action, Some(detail)) })));
+    }
+    if let (false, Some((uid, gid))) = (owner_same, owner) {
+        ctx.fs.set_owner(path, uid, gid)?;
+    }
+    if !mode_same {
+        ctx.fs.set_mode(path, mode)?;
+    }
+    let (outcome, facts) = read_back(&mut ctx.fs, &checked(action, Some(detail)))?;
+    Ok(Step::Done(outcome, Some(facts)))
+}
+
+/// Reads the file back after a change: the bytes, the mode and the owner must be what was
+/// asked. A write that returned success is not evidence that the value took.
+pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Error> {
+    let mismatch = |what, wanted: String, found: String| Error::ReadBack {
+        path: c.path.display().to_string(),
+        what,
+        wanted,
+        found,
+    };
+    let Some((meta, bytes)) = fs.read(&c.path)? else {
+        return Err(mismatch("the file", "written".into(), "missing".into()));
+    };
+    if meta.kind != FsKind::File {
+        return Err(mismatch("the file", "a regular file".into(), format!("{:?}", meta.kind)));
+    }
+    let found = digest(&bytes);
+    if found != c.digest {
+        return Err(mismatch("the content", c.digest.clone(), found));
+    }
+    if meta.mode != c.mode {
+        return Err(mismatch("the mode", format!("{:04o}", c.mode), format!("{:04o}", meta.mode)));
+    }
+    if let Some((uid, gid)) = c.owner {
+        if (meta.uid, meta.gid) != (uid, gid) {
+            return Err(mismatch("the owner", format!("{uid}:{gid}"), format!("{}:{}", meta.uid, meta.gid)));
+        }
+    }
+    let outcome = Outcome {
+        id: c.id.clone(),
+        kind: Kind::File,
+        target: c.target.clone(),
+        action: c.action,
+        detail: c.detail.clone(),
+    };
+    let facts =
+        Facts { wrote: Some(found), mode: Some(meta.mode), owner: Some((meta.uid, meta.gid)), archive: None };
+    Ok((outcome, facts))
+}
+
+/// `<kept>/<path>`: where the original of a file found on the machine is kept.
+fn kept_path(kept: &Path, path: &Path) -> PathBuf {
+    kept.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+/// A unified diff of the content a plan would write. Only for text declared in the clear: a
+/// file carrying a secret never reaches here, and binary content is summarised.
+fn diff(f: &File, old: &[u8], new: &[u8]) -> String {
+    match (std::str::from_utf8(old), std::str::from_utf8(new)) {
+        (Ok(old), Ok(new)) => similar::TextDiff::from_lines(old, new)
+            .unified_diff()
+            .context_radius(3)
+            .header(&format!("{} (on the machine)", f.path), &format!("{} (declared)", f.path))
+            .to_string(),
+        _ => format!("binary content differs: {} bytes on the machine, {} declared\n", old.len(), new.len()),
+    }
+}

@@ -1,0 +1,362 @@
+//! The apply: orphans first, then every resource in order, each compared, changed where it
+//! differs, read back, and recorded only after it worked.
+//!
+//! Architecture Invariant: appliers decide and report; they reach the machine only through
+//! `system`. They never write the store: the engine records a resource after its read-back
+//! passed, and the caller persists the store once the pass is over.
+
+mod access;
+mod archive;
+mod directory;
+mod error;
+mod file;
+mod outcome;
+mod remove;
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::PathBuf;
+
+pub use error::Error;
+pub use outcome::{Action, ApplyError, Failure, Outcome, Report};
+
+use crate::declaration::{Declaration, Id, Kind, Resource, Spec};
+use crate::store::{Origin, Record, Store};
+use crate::system::{Accounts, Fs, Staged};
+
+/// How an apply is run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub origin: Origin,
+    /// Decide and report, change nothing (`plan`).
+    pub dry_run: bool,
+    /// Where the original of a file the host has no record of is kept before it is first
+    /// written over: `<kept>/<its path>`, once, never overwritten.
+    pub kept: PathBuf,
+}
+
+/// What a plan adds to a report: the diff of each file whose content would change.
+#[derive(Clone, Debug, Default)]
+pub struct Diffs(pub Vec<(String, String)>);
+
+/// What the machine facts of a resource are after it applied: the store's record of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Facts {
+    wrote: Option<String>,
+    mode: Option<u32>,
+    owner: Option<(u32, u32)>,
+    archive: Option<String>,
+}
+
+/// What an applier returns: done (with what to record, if anything), or a file staged for the
+/// next batch commit.
+enum Step {
+    Done(Outcome, Option<Facts>),
+    Staged(Box<file::Pending>),
+}
+
+/// State shared by the appliers during one pass.
+struct Ctx<'a> {
+    fs: Fs,
+    accounts: Accounts,
+    store: &'a Store,
+    opts: &'a Options,
+    diffs: Diffs,
+}
+
+/// How many files are staged before a batch is committed. Bounded so that open descriptors
+/// stay far below the default limit, and so a huge declaration does not hold every new
+/// content in memory at once.
+const BATCH: usize = 512;
+
+fn begin(r: &Resource, action: Action, detail: Option<String>) -> Outcome {
+    Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
+}
+
+/// Applies the whole declaration: orphans, then every resource.
+pub fn apply(declaration: &Declaration, store: &mut Store, opts: &Options) -> (Report, Diffs) {
+    Pass::new(declaration, store, opts).run(None)
+}
+
+/// Reconciles some resources alone, with whatever names them in restart-on or reload-on
+/// (transitively), in declaration order. A resource behind a gate that has not passed (an
+/// action or run-once step not recorded at its current declaration) is not attempted. Orphans
+/// are not looked for: that is a full apply's job.
+pub fn reconcile(declaration: &Declaration, ids: &[Id], store: &mut Store, opts: &Options) -> Report {
+    let mut selected: BTreeSet<usize> = BTreeSet::new();
+    let mut todo: Vec<&Id> = ids.iter().collect();
+    while let Some(id) = todo.pop() {
+        if let Some(r) = declaration.get(id) {
+            if selected.insert(r.index) {
+                todo.extend(declaration.dependents(&r.id).map(|d| &d.id));
+            }
+        }
+    }
+    Pass::new(declaration, store, opts).run(Some(selected)).0
+}
+
+struct Pass<'a> {
+    declaration: &'a Declaration,
+    store: &'a mut Store,
+    opts: &'a Options,
+    slots: Vec<Option<Outcome>>,
+    failures: Vec<Failure>,
+    /// Ids that moved in this pass, for restart-on and reload-on. Only within one pass: a change
+    /// already reflected must not restart a service on every later pass.
+    changed: HashSet<Id>,
+    pending: Vec<(usize, Box<file::Pending>)>,
+}
+
+impl<'a> Pass<'a> {
+    fn new(declaration: &'a Declaration, store: &'a mut Store, opts: &'a Options) -> Pass<'a> {
+        Pass {
+            declaration,
+            store,
+            opts,
+            slots: Vec::new(),
+            failures: Vec::new(),
+            changed: HashSet::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    fn run(mut self, only: Option<BTreeSet<usize>>) -> (Report, Diffs) {
+        let mut fs = Fs::new();
+        let mut accounts = Accounts::default();
+        let mut diffs = Diffs::default();
+        let mut gated = false;
+
+        if only.is_none() {
+            self.remove_orphans(&mut fs);
+        }
+        // Which gate, if any, holds back the rest when reconciling a part alone: the first one
+        // not recorded at its current declaration.
+        let closed_gate = only.as_ref().and_then(|_| {
+            self.declaration.resources.iter().find(|r| {
+                r.spec.is_gate() && self.store.get(r.id.as_str()).is_none_or(|rec| rec.declared != r.digest)
+            })
+        });
+
+        for resource in &self.declaration.resources {
+            if let Some(only) = &only {
+                if !only.contains(&resource.index) {
+                    continue;
+                }
+            }
+            if let Some(gate) = closed_gate {
+                if resource.index > gate.index {
+                    self.failures.push(Failure {
+                        id: gate.id.to_string(),
+                        kind: gate.kind(),
+                        target: gate.target(),
+                        message: format!(
+                            "this gate has not passed at its current declaration, so {} was not attempted",
+                            resource.id
+                        ),
+                    });
+                    gated = true;
+                    break;
+                }
+            }
+            // Files are committed in batches; anything that is not a file or directory may
+            // depend on them (a service restarted on a file), so the batch is finished first.
+            if !matches!(resource.kind(), Kind::File | Kind::Directory) || self.pending.len() >= BATCH {
+                self.flush(&mut fs);
+            }
+            let result = {
+                let mut ctx = Ctx {
+                    fs: std::mem::take(&mut fs),
+                    accounts: std::mem::take(&mut accounts),
+                    store: self.store,
+                    opts: self.opts,
+                    diffs: std::mem::take(&mut diffs),
+                };
+                let result = self.hold(&mut ctx, resource).unwrap_or_else(|| step(&mut ctx, resource));
+                fs = ctx.fs;
+                accounts = ctx.accounts;
+                diffs = ctx.diffs;
+                result
+            };
+            match result {
+                Ok(Step::Done(outcome, facts)) => self.done(resource, outcome, facts),
+                Ok(Step::Staged(p)) => {
+                    self.pending.push((self.slots.len(), p));
+                    self.slots.push(None);
+                }
+                Err(e) => {
+                    let unsupported = matches!(e, Error::Unsupported(_));
+                    self.fail(resource, e.to_string());
+                    // A missing applier says nothing about the machine, so it does not gate.
+                    if resource.spec.is_gate() && !unsupported {
+                        gated = true;
+                        break;
+                    }
+                }
+            }
+        }
+        self.flush(&mut fs);
+
+        let outcomes: Vec<Outcome> = self.slots.into_iter().flatten().collect();
+        let error = (!self.failures.is_empty()).then(|| {
+            let first = &self.failures[0];
+            ApplyError {
+                resource: first.id.clone(),
+                message: first.message.clone(),
+                others: self.failures.len() - 1,
+                gated,
+                failures: self.failures.clone(),
+            }
+        });
+        (Report { outcomes, error }, diffs)
+    }
+
+    /// Removes orphans, in reverse of their declared order, before anything is applied: a
+    /// resource renamed at the same path must not have its new file deleted after it was
+    /// written. A record whose id is still declared but now names another target or type is
+    /// treated the same way, since what it left behind is no longer declared by anything.
+    fn remove_orphans(&mut self, fs: &mut Fs) {
+        let mut orphans = self.store.orphans(self.declaration, self.opts.origin);
+        let mut displaced: Vec<(String, Record)> = self
+            .declaration
+            .resources
+            .iter()
+            .filter_map(|r| {
+                let rec = self.store.get(r.id.as_str())?;
+                (rec.origin == self.opts.origin && (rec.kind != r.kind() || rec.target != r.target()))
+                    .then(|| (r.id.to_string(), rec.clone()))
+            })
+            .collect();
+        orphans.append(&mut displaced);
+        orphans.sort_by_key(|o| std::cmp::Reverse(o.1.position));
+        for (id, record) in orphans {
+            match remove::remove(fs, &record, self.opts.dry_run) {
+                Ok((action, detail)) => {
+                    if !self.opts.dry_run {
+                        self.store.forget(&id);
+                    }
+                    self.slots.push(Some(Outcome {
+                        id,
+                        kind: record.kind,
+                        target: record.target,
+                        action,
+                        detail,
+                    }));
+                }
+                Err(e) => self.failures.push(Failure {
+                    id,
+                    kind: record.kind,
+                    target: record.target,
+                    message: format!("removing what is no longer declared: {e}"),
+                }),
+            }
+        }
+    }
+
+    /// On an adopted node, what a module not yet taken describes and is found present with no
+    /// record of the host making it is held as found: reported, never recorded, never changed.
+    fn hold(&self, ctx: &mut Ctx<'_>, r: &Resource) -> Option<Result<Step, Error>> {
+        let adoption = self.declaration.adoption.as_ref()?;
+        if adoption.taken.iter().any(|m| m == r.id.module()) || self.store.get(r.id.as_str()).is_some() {
+            return None;
+        }
+        let path = match &r.spec {
+            Spec::File(f) => &f.path,
+            Spec::Directory(d) => &d.path,
+            Spec::Archive(a) => &a.path,
+            // Holding the other types needs their appliers' way of finding what is present;
+            // until then they are applied as on any node.
+            _ => return None,
+        };
+        match ctx.fs.meta(path.as_path()) {
+            Ok(Some(_)) => Some(Ok(Step::Done(
+                begin(
+                    r,
+                    Action::Held,
+                    Some(format!(
+                        "found present, and module {:?} is not taken yet: left as found",
+                        r.id.module()
+                    )),
+                ),
+                None,
+            ))),
+            Ok(None) => None,
+            Err(e) => Some(Err(e.into())),
+        }
+    }
+
+    fn done(&mut self, r: &Resource, outcome: Outcome, facts: Option<Facts>) {
+        let outcome = self.settle(r, outcome, facts);
+        self.slots.push(Some(outcome));
+    }
+
+    /// Notes a resource that worked: marks it changed if it moved, and records it.
+    fn settle(&mut self, r: &Resource, outcome: Outcome, facts: Option<Facts>) -> Outcome {
+        if outcome.action.moved() {
+            self.changed.insert(r.id.clone());
+        }
+        if let (Some(facts), false) = (facts, self.opts.dry_run) {
+            // Only now: the read-back passed. The record follows the fact.
+            self.store.record(
+                r.id.as_str(),
+                Record {
+                    origin: self.opts.origin,
+                    kind: r.kind(),
+                    target: r.target(),
+                    position: r.index,
+                    declared: r.digest.clone(),
+                    applied_at: 0,
+                    wrote: facts.wrote,
+                    mode: facts.mode,
+                    owner: facts.owner,
+                    archive: facts.archive,
+                },
+            );
+        }
+        outcome
+    }
+
+    fn fail(&mut self, r: &Resource, message: String) {
+        self.failures.push(Failure { id: r.id.to_string(), kind: r.kind(), target: r.target(), message });
+    }
+
+    /// Commits the staged files, reads each back, and records those that passed.
+    fn flush(&mut self, fs: &mut Fs) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let (slots, pending): (Vec<usize>, Vec<Box<file::Pending>>) = pending.into_iter().unzip();
+        let (staged, rest): (Vec<Staged>, Vec<file::Checked>) =
+            pending.into_iter().map(|p| (p.staged, p.checked)).unzip();
+        let committed = fs.commit(staged);
+        for ((slot, result), checked) in slots.into_iter().zip(committed).zip(rest) {
+            let resource = &self.declaration.resources[checked.index];
+            let outcome = result.map_err(Error::from).and_then(|()| file::read_back(fs, &checked));
+            match outcome {
+                Ok((outcome, facts)) => {
+                    let outcome = self.settle(resource, outcome, Some(facts));
+                    self.slots[slot] = Some(outcome);
+                }
+                Err(e) => self.fail(resource, e.to_string()),
+            }
+        }
+    }
+}
+
+/// One resource, by its type. Types whose applier has not been built yet fail plainly, and do
+/// not gate: a missing applier says nothing about whether the machine is ready.
+fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
+    match &r.spec {
+        Spec::Directory(d) => directory::apply(ctx, r, d),
+        Spec::File(f) => file::apply(ctx, r, f),
+        Spec::Access(a) => access::apply(ctx, r, a),
+        Spec::Archive(a) => archive::apply(ctx, r, a),
+        Spec::Package(_)
+        | Spec::Service(_)
+        | Spec::Container(_)
+        | Spec::Network(_)
+        | Spec::User(_)
+        | Spec::Process(_)
+        | Spec::Action(_)
+        | Spec::Opening(_) => Err(Error::Unsupported(r.kind())),
+    }
+}

@@ -1,0 +1,150 @@
+//! What happened to each resource, in the closed vocabulary of the spec.
+
+use serde::Serialize;
+
+use crate::declaration::Kind;
+
+/// The outcome words. `Corrected` is its own word and not a kind of `Updated`: it means the
+/// machine had drifted from what the host last wrote, so someone changed it by hand. Being
+/// unable to tell those apart is how a person ends up fixing the same file every five minutes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    Created,
+    Updated,
+    Unchanged,
+    Corrected,
+    Removed,
+    Kept,
+    Forgotten,
+    Held,
+}
+
+impl Action {
+    pub const ALL: [Action; 8] = [
+        Action::Created,
+        Action::Updated,
+        Action::Unchanged,
+        Action::Corrected,
+        Action::Removed,
+        Action::Kept,
+        Action::Forgotten,
+        Action::Held,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Created => "created",
+            Action::Updated => "updated",
+            Action::Unchanged => "unchanged",
+            Action::Corrected => "corrected",
+            Action::Removed => "removed",
+            Action::Kept => "kept",
+            Action::Forgotten => "forgotten",
+            Action::Held => "held",
+        }
+    }
+
+    /// What `plan` says instead: the same word, in the conditional.
+    pub fn planned(self) -> &'static str {
+        match self {
+            Action::Created => "would create",
+            Action::Updated => "would update",
+            Action::Unchanged => "unchanged",
+            Action::Corrected => "would correct",
+            Action::Removed => "would remove",
+            Action::Kept => "would keep",
+            Action::Forgotten => "would forget",
+            Action::Held => "would hold",
+        }
+    }
+
+    /// Whether the machine moved. Keeping, holding and forgetting leave it as it was.
+    pub fn moved(self) -> bool {
+        match self {
+            Action::Created | Action::Updated | Action::Corrected | Action::Removed => true,
+            Action::Unchanged | Action::Kept | Action::Forgotten | Action::Held => false,
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What happened to one resource.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Outcome {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: Kind,
+    pub target: String,
+    pub action: Action,
+    /// A sentence for a person, where it helps ("mode 0644 to 0600"); null otherwise.
+    pub detail: Option<String>,
+}
+
+/// One resource that failed, with why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Failure {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: Kind,
+    pub target: String,
+    pub message: String,
+}
+
+/// Why an apply failed: the first failure, how many others, and whether it was a gate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ApplyError {
+    /// The id of the first resource that failed.
+    pub resource: String,
+    pub message: String,
+    /// How many more resources failed.
+    pub others: usize,
+    /// The failure was a gate (an action or run-once step), so nothing after it was attempted.
+    pub gated: bool,
+    /// Every failure, the first included: an extension of the spec's report, so a person does
+    /// not have to re-run to learn what else broke.
+    pub failures: Vec<Failure>,
+}
+
+impl std::fmt::Display for ApplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "applying {:?}: {}", self.resource, self.message)?;
+        match self.others {
+            0 => {}
+            1 => f.write_str(", and one other resource also failed")?,
+            n => write!(f, ", and {n} other resources also failed")?,
+        }
+        if self.gated {
+            f.write_str("; it is a gate, so nothing after it was attempted")?;
+        }
+        Ok(())
+    }
+}
+
+/// What an apply did, in the order it did it; `error` when anything failed.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub outcomes: Vec<Outcome>,
+    pub error: Option<ApplyError>,
+}
+
+impl Report {
+    /// Whether anything on the machine moved.
+    pub fn changed(&self) -> bool {
+        self.outcomes.iter().any(|o| o.action.moved())
+    }
+
+    /// How many outcomes of each action, in the order of `Action::ALL`, zeros left out.
+    pub fn counts(&self) -> Vec<(Action, usize)> {
+        Action::ALL
+            .into_iter()
+            .map(|a| (a, self.outcomes.iter().filter(|o| o.action == a).count()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}

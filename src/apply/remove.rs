@@ -1,0 +1,80 @@
+//! Removing what the host applied and the declaration no longer names.
+//!
+//! Only ever called for a record in the store, which is what bounds it: the host removes what
+//! it made and leaves what it merely configured or found. It returns the honest word: for much
+//! of the vocabulary that is `kept` or `forgotten`, not `removed`.
+
+use super::{Action, Error};
+use crate::declaration::{digest, Kind};
+use crate::store::Record;
+use crate::system::fs::{Fs, Kind as FsKind};
+
+pub(super) fn remove(fs: &mut Fs, rec: &Record, dry_run: bool) -> Result<(Action, Option<String>), Error> {
+    let path = std::path::Path::new(&rec.target);
+    let said = |action, detail: &str| Ok((action, Some(detail.to_owned())));
+    match rec.kind {
+        Kind::File => match fs.read(path)? {
+            None => said(Action::Forgotten, "no longer declared, and no longer there"),
+            Some((meta, _)) if meta.kind != FsKind::File => said(
+                Action::Kept,
+                "no longer declared, and what is there now is not the file the host wrote: left alone",
+            ),
+            // A file whose content is no longer what the host wrote holds someone's work (a
+            // create-once seed a program grew, a hand edit): nothing is lost by leaving it.
+            Some((_, bytes)) if rec.wrote.as_ref().is_some_and(|w| *w != digest(&bytes)) => said(
+                Action::Kept,
+                "no longer declared, and changed on the machine since the host wrote it: left in place so nothing is lost",
+            ),
+            Some(_) => {
+                if !dry_run {
+                    fs.remove_file(path)?;
+                    if fs.meta(path)?.is_some() {
+                        return Err(Error::Refused(format!("{} is still there after removing it", path.display())));
+                    }
+                }
+                said(Action::Removed, "no longer declared")
+            }
+        },
+        Kind::Directory => {
+            // A directory with anything left in it is kept: everything the host put inside is
+            // itself declared, and orphans go in reverse order, so what the host wrote there is
+            // already gone. What remains is data nobody declared.
+            match fs.meta(path)? {
+                None => return said(Action::Forgotten, "no longer declared, and no longer there"),
+                Some(m) if m.kind != FsKind::Directory => {
+                    return said(Action::Kept, "no longer declared, and no longer a directory: left alone")
+                }
+                Some(_) => {}
+            }
+            let inside = fs.list(path)?.len();
+            if inside > 0 {
+                return Ok((
+                    Action::Kept,
+                    Some(format!(
+                        "no longer declared, and {inside} item{} inside that the mesh did not put there; remove it by hand once you know what {}",
+                        if inside == 1 { "" } else { "s" },
+                        if inside == 1 { "it is" } else { "they are" }
+                    )),
+                ));
+            }
+            if !dry_run {
+                fs.remove_dir(path)?;
+            }
+            said(Action::Removed, "no longer declared, and empty")
+        }
+        Kind::Access => said(Action::Forgotten, "an operator-owned path is never the host's to remove"),
+        Kind::Archive => said(
+            Action::Forgotten,
+            "the files it unpacked are left in place: they may have been changed or added to since",
+        ),
+        Kind::Package => said(
+            Action::Forgotten,
+            "left installed; the host does not uninstall what it cannot know is unused",
+        ),
+        Kind::User => said(Action::Forgotten, "the account is left: it may own files"),
+        Kind::Action => said(Action::Forgotten, "an action leaves nothing the host owns"),
+        Kind::Service | Kind::Container | Kind::Network | Kind::Process | Kind::Opening => {
+            Err(Error::Unsupported(rec.kind))
+        }
+    }
+}

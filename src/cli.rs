@@ -1,0 +1,267 @@
+//! The command line: one function per command. Each returns whether the machine converged;
+//! `main` turns that, or an error, into the exit code.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use crate::apply::{self, Action, Options, Report};
+use crate::declaration::{Declaration, Kind};
+use crate::store::{Origin, Store};
+
+/// mesh-host makes this machine match a declaration and keeps it there.
+#[derive(Debug, Parser)]
+#[command(name = "mesh-host", version, about)]
+pub struct Cli {
+    /// The state store: what this host applied.
+    #[arg(long, global = true, value_name = "PATH", default_value = "/var/lib/mesh-host/state.json")]
+    pub state: PathBuf,
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true)]
+    pub log_json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate a declaration and summarise it. Touches nothing.
+    Check { file: PathBuf },
+    /// Show what apply would do, with a diff of each file whose content would change. Writes
+    /// nothing, not even the state store.
+    Plan {
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "declared")]
+        origin: Origin,
+    },
+    /// Make the machine match the declaration, once.
+    Apply {
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "declared")]
+        origin: Origin,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What is recorded, and whether the machine still holds each file and directory.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the JSON Schema of the declaration.
+    Schema,
+}
+
+/// How a command ended, when it ran to the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The machine matches (or, for read-only commands, all is well).
+    Converged,
+    /// An apply failed for some resource; the report says which.
+    Failed,
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<Ended> {
+    match cli.command {
+        Command::Check { file } => check(&file),
+        Command::Plan { file, origin } => plan(&file, origin, &cli.state),
+        Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state),
+        Command::Status { json } => status(json, &cli.state),
+        Command::Schema => {
+            println!("{}", serde_json::to_string_pretty(&crate::declaration::json_schema())?);
+            Ok(Ended::Converged)
+        }
+    }
+}
+
+/// Reads and validates a declaration. A refusal is returned as itself so `main` can give it
+/// its own exit code.
+pub fn load(file: &Path) -> anyhow::Result<Declaration> {
+    let bytes = crate::system::read_input(file)
+        .with_context(|| format!("cannot read the declaration {}", file.display()))?;
+    Ok(Declaration::parse(&bytes)?)
+}
+
+fn options(origin: Origin, state: &Path, dry_run: bool) -> Options {
+    let dir = state.parent().unwrap_or(Path::new("/"));
+    Options { origin, dry_run, kept: dir.join("kept") }
+}
+
+fn check(file: &Path) -> anyhow::Result<Ended> {
+    let d = load(file)?;
+    let mut by_kind: Vec<(Kind, usize)> = Kind::ALL
+        .into_iter()
+        .map(|k| (k, d.resources.iter().filter(|r| r.kind() == k).count()))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    by_kind.sort_by_key(|k| std::cmp::Reverse(k.1));
+    let mut modules: Vec<&str> = d.resources.iter().map(|r| r.id.module()).collect();
+    modules.sort();
+    modules.dedup();
+    let kinds: Vec<String> = by_kind.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    println!(
+        "{}: valid, {} resources ({}) in {} modules",
+        file.display(),
+        d.resources.len(),
+        if kinds.is_empty() { "none".to_owned() } else { kinds.join(", ") },
+        modules.len()
+    );
+    if let Some(a) = &d.adoption {
+        println!(
+            "adoption: modules taken: {}",
+            if a.taken.is_empty() { "none".into() } else { a.taken.join(", ") }
+        );
+    }
+    Ok(Ended::Converged)
+}
+
+fn plan(file: &Path, origin: Origin, state: &Path) -> anyhow::Result<Ended> {
+    let d = load(file)?;
+    let mut store = Store::read_only(state)?;
+    let (report, diffs) = apply::apply(&d, &mut store, &options(origin, state, true));
+    let mut out = String::new();
+    for o in report.outcomes.iter().filter(|o| o.action != Action::Unchanged) {
+        line(&mut out, o.action.planned(), &o.id, &o.target, o.detail.as_deref());
+    }
+    for (_, diff) in &diffs.0 {
+        out.push_str(diff);
+    }
+    if let Some(e) = &report.error {
+        for f in &e.failures {
+            line(&mut out, "would fail", &f.id, &f.target, Some(&f.message));
+        }
+    }
+    let moving = report.outcomes.iter().filter(|o| o.action.moved()).count();
+    let _ =
+        writeln!(out, "plan: {moving} of {} resources would change; nothing was written", d.resources.len());
+    print!("{out}");
+    Ok(if report.error.is_some() { Ended::Failed } else { Ended::Converged })
+}
+
+fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path) -> anyhow::Result<Ended> {
+    let d = load(file)?;
+    let mut store = Store::open(state)?;
+    let (mut report, _) = apply::apply(&d, &mut store, &options(origin, state, false));
+    // What worked is recorded even when something else failed: the record follows each fact.
+    if let Err(e) = store.save() {
+        let message = format!("{e}; what this apply did is on the machine but not recorded");
+        let failure = apply::Failure {
+            id: "state-store".into(),
+            kind: Kind::File,
+            target: state.display().to_string(),
+            message: message.clone(),
+        };
+        match &mut report.error {
+            Some(err) => {
+                err.others += 1;
+                err.failures.push(failure);
+            }
+            None => {
+                report.error = Some(apply::ApplyError {
+                    resource: "state-store".into(),
+                    message,
+                    others: 0,
+                    gated: false,
+                    failures: vec![failure],
+                })
+            }
+        }
+    }
+    for o in &report.outcomes {
+        if o.action != Action::Unchanged {
+            tracing::info!(id = %o.id, kind = %o.kind, target = %o.target, action = %o.action, detail = o.detail.as_deref().unwrap_or(""), "resource changed");
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", human(&report, d.resources.len()));
+    }
+    Ok(if report.error.is_some() { Ended::Failed } else { Ended::Converged })
+}
+
+fn line(out: &mut String, word: &str, id: &str, target: &str, detail: Option<&str>) {
+    let _ = write!(out, "{word:>13} {id} ({target})");
+    if let Some(d) = detail {
+        let _ = write!(out, ": {d}");
+    }
+    out.push('\n');
+}
+
+/// The report for a person: one line per resource that changed, each failure, a summary.
+pub fn human(report: &Report, declared: usize) -> String {
+    let mut out = String::new();
+    for o in report.outcomes.iter().filter(|o| o.action != Action::Unchanged) {
+        line(&mut out, o.action.as_str(), &o.id, &o.target, o.detail.as_deref());
+    }
+    let counts: Vec<String> = report.counts().iter().map(|(a, n)| format!("{n} {a}")).collect();
+    let counts = if counts.is_empty() { "nothing to do".to_owned() } else { counts.join(", ") };
+    match &report.error {
+        None => {
+            let _ = writeln!(out, "converged: {declared} resources declared; {counts}");
+        }
+        Some(e) => {
+            for f in &e.failures {
+                line(&mut out, "failed", &f.id, &f.target, Some(&f.message));
+            }
+            let _ = writeln!(out, "apply failed: {e}\n  {counts}");
+            if !e.gated {
+                out.push_str("  everything else was attempted; what is not listed as failed was done\n");
+            }
+        }
+    }
+    out
+}
+
+fn status(json: bool, state: &Path) -> anyhow::Result<Ended> {
+    let store = Store::read_only(state)?;
+    let mut fs = crate::system::Fs::new();
+    let mut rows = Vec::new();
+    let mut drifted = 0;
+    for (id, rec) in store.records() {
+        let path = Path::new(&rec.target);
+        let holds = match rec.kind {
+            Kind::File => match fs.read(path) {
+                Ok(Some((m, bytes))) => {
+                    let same = rec.wrote.as_deref() == Some(crate::declaration::digest(&bytes).as_str())
+                        && rec.mode.is_none_or(|mode| mode == m.mode);
+                    Some(if same { "holds" } else { "changed" })
+                }
+                Ok(None) => Some("missing"),
+                Err(_) => Some("unreadable"),
+            },
+            Kind::Directory => match fs.meta(path) {
+                Ok(Some(m)) => {
+                    Some(if rec.mode.is_none_or(|mode| mode == m.mode) { "holds" } else { "changed" })
+                }
+                Ok(None) => Some("missing"),
+                Err(_) => Some("unreadable"),
+            },
+            _ => None,
+        };
+        if holds.is_some_and(|h| h != "holds") {
+            drifted += 1;
+        }
+        rows.push(serde_json::json!({
+            "id": id, "type": rec.kind, "target": rec.target, "origin": rec.origin,
+            "applied-at": rec.applied_at, "machine": holds,
+        }));
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"state": state, "records": rows}))?);
+    } else {
+        for r in &rows {
+            println!(
+                "{:>10} {} {} ({})",
+                r["machine"].as_str().unwrap_or("-"),
+                r["type"].as_str().unwrap_or(""),
+                r["id"].as_str().unwrap_or(""),
+                r["target"].as_str().unwrap_or("")
+            );
+        }
+        println!("{} records in {}; {drifted} no longer as the host left them", rows.len(), state.display());
+    }
+    Ok(Ended::Converged)
+}

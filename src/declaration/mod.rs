@@ -1,0 +1,101 @@
+//! The declaration: JSON to a validated model, refused whole or accepted whole.
+//!
+//! Architecture Invariant: nothing here touches the machine. Parsing a declaration is a pure
+//! function of its bytes, so `check` and `plan` are safe anywhere and a refused declaration has
+//! provably changed nothing.
+
+mod error;
+mod model;
+mod schema;
+mod types;
+mod validate;
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+use sha2::{Digest as _, Sha256};
+
+pub use error::{Problem, Refused};
+pub use model::*;
+pub use schema::json_schema;
+pub use types::{AbsPath, Argv, Cidr, Cron, Id, Mode, Name, Owner, Port};
+
+/// The declaration versions this build understands.
+pub const VERSIONS: &[u64] = &[1];
+
+/// A validated declaration. Every value in it has passed every rule.
+#[derive(Clone, Debug)]
+pub struct Declaration {
+    pub resources: Vec<Resource>,
+    pub adoption: Option<Adoption>,
+    by_id: HashMap<Id, usize>,
+}
+
+/// A declaration that says the node ran before the mesh came.
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Adoption {
+    /// The modules the mesh has taken over; what the others describe is held as found.
+    #[serde(default)]
+    pub taken: Vec<String>,
+}
+
+/// One declared resource.
+#[derive(Clone, Debug)]
+pub struct Resource {
+    /// Its position in `resources`, which is its apply order.
+    pub index: usize,
+    pub id: Id,
+    pub spec: Spec,
+    /// `sha256:` of the resource's canonical JSON: changes exactly when its declaration does.
+    pub digest: String,
+}
+
+impl Resource {
+    pub fn kind(&self) -> Kind {
+        self.spec.kind()
+    }
+
+    pub fn target(&self) -> String {
+        self.spec.target()
+    }
+}
+
+impl Declaration {
+    /// Parses and validates; any problem refuses the whole declaration.
+    pub fn parse(bytes: &[u8]) -> Result<Declaration, Refused> {
+        validate::parse(bytes)
+    }
+
+    pub fn get(&self, id: &Id) -> Option<&Resource> {
+        self.by_id.get(id).map(|&i| &self.resources[i])
+    }
+
+    /// Looks an id up by its text.
+    pub fn find(&self, id: &str) -> Option<&Resource> {
+        Id::parse(id).ok().and_then(|id| self.get(&id))
+    }
+
+    /// Resources that name `id` in restart-on or reload-on, in declaration order.
+    pub fn dependents<'a>(&'a self, id: &'a Id) -> impl Iterator<Item = &'a Resource> + 'a {
+        self.resources
+            .iter()
+            .filter(move |r| r.spec.restart_on().contains(id) || r.spec.reload_on().contains(id))
+    }
+
+    pub(crate) fn new(resources: Vec<Resource>, adoption: Option<Adoption>) -> Declaration {
+        let by_id = resources.iter().map(|r| (r.id.clone(), r.index)).collect();
+        Declaration { resources, adoption, by_id }
+    }
+}
+
+/// `sha256:<hex>` of some bytes: the one digest format in records and reports.
+pub fn digest(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(71);
+    s.push_str("sha256:");
+    for b in Sha256::digest(bytes) {
+        use std::fmt::Write as _;
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}

@@ -1,0 +1,419 @@
+//! Field-level value types. Each one refuses a bad value while it is being deserialised, so the
+//! error carries the exact field path that `serde_path_to_error` tracked; only rules that span
+//! several fields or several resources are left to `validate`.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A resource identity: `[a-z0-9][a-z0-9._-]*`. The part before the first `.` is its module.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Id(String);
+
+impl Id {
+    /// Checks the spec's pattern; the error is a sentence about the value.
+    pub fn parse(s: &str) -> Result<Id, String> {
+        let mut chars = s.chars();
+        let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        let rest_ok =
+            s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'));
+        if first_ok && rest_ok {
+            Ok(Id(s.to_owned()))
+        } else {
+            Err(format!(
+                "{s:?} is not an id: ids are lower-case letters, digits, '.', '_' and '-', starting with a letter or digit"
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The module a resource belongs to: its id up to the first `.`.
+    pub fn module(&self) -> &str {
+        self.0.split('.').next().unwrap_or(&self.0)
+    }
+}
+
+impl fmt::Display for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Id {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Id::parse(&s).map_err(D::Error::custom)
+    }
+}
+
+impl Serialize for Id {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl JsonSchema for Id {
+    fn schema_name() -> Cow<'static, str> {
+        "Id".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]*$"})
+    }
+}
+
+/// An absolute, normalised path: no `.` or `..` segment, no empty segment, no NUL.
+///
+/// Normalised rather than resolved: the agent never resolves a declared path against the
+/// machine (that would follow symlinks), so what is declared must already be the real path.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AbsPath(PathBuf);
+
+impl AbsPath {
+    pub fn parse(s: &str) -> Result<AbsPath, String> {
+        if !s.starts_with('/') {
+            return Err(format!("{s:?} is a relative path; paths must be absolute"));
+        }
+        if s.contains('\0') {
+            return Err(format!("{s:?} contains a NUL byte"));
+        }
+        let trimmed = if s.len() > 1 { s.trim_end_matches('/') } else { s };
+        for segment in trimmed.split('/').skip(1) {
+            match segment {
+                ".." => return Err(format!("{s:?} has a '..' segment; write the path it means")),
+                "." => return Err(format!("{s:?} has a '.' segment; write the path it means")),
+                "" if trimmed != "/" => {
+                    return Err(format!("{s:?} has an empty segment ('//'); write the path it means"))
+                }
+                _ => {}
+            }
+        }
+        Ok(AbsPath(PathBuf::from(trimmed)))
+    }
+
+    pub fn as_path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl fmt::Display for AbsPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0.display(), f)
+    }
+}
+
+impl<'de> Deserialize<'de> for AbsPath {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        AbsPath::parse(&s).map_err(D::Error::custom)
+    }
+}
+
+impl Serialize for AbsPath {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0.to_string_lossy())
+    }
+}
+
+impl JsonSchema for AbsPath {
+    fn schema_name() -> Cow<'static, str> {
+        "AbsolutePath".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string", "pattern": "^/", "description": "an absolute path with no '.', '..' or empty segment"})
+    }
+}
+
+/// Permission bits, declared as an octal string of three or four digits ("0644", "750").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Mode(u32);
+
+impl Mode {
+    pub const fn new(bits: u32) -> Mode {
+        Mode(bits & 0o7777)
+    }
+
+    pub fn parse(s: &str) -> Result<Mode, String> {
+        let ok = (3..=4).contains(&s.len()) && s.bytes().all(|b| (b'0'..=b'7').contains(&b));
+        if !ok {
+            return Err(format!("{s:?} is not a mode: write three or four octal digits, such as \"0644\""));
+        }
+        u32::from_str_radix(s, 8).map(Mode).map_err(|e| e.to_string())
+    }
+
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:04o}", self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Mode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Mode::parse(&s).map_err(D::Error::custom)
+    }
+}
+
+impl Serialize for Mode {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl JsonSchema for Mode {
+    fn schema_name() -> Cow<'static, str> {
+        "Mode".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string", "pattern": "^[0-7]{3,4}$"})
+    }
+}
+
+/// `user` or `user:group`. Whether they exist is the machine's business, checked at apply.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Owner {
+    pub user: String,
+    pub group: Option<String>,
+}
+
+fn account_name_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 32
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '$'))
+        && !s.starts_with('-')
+}
+
+impl Owner {
+    pub fn parse(s: &str) -> Result<Owner, String> {
+        let (user, group) = match s.split_once(':') {
+            Some((u, g)) => (u, Some(g)),
+            None => (s, None),
+        };
+        if !account_name_ok(user) || group.is_some_and(|g| !account_name_ok(g)) {
+            return Err(format!(
+                "{s:?} is not an owner: write \"user\" or \"user:group\" with account names"
+            ));
+        }
+        Ok(Owner { user: user.to_owned(), group: group.map(str::to_owned) })
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.group {
+            Some(g) => write!(f, "{}:{}", self.user, g),
+            None => f.write_str(&self.user),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Owner {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Owner::parse(&s).map_err(D::Error::custom)
+    }
+}
+
+impl JsonSchema for Owner {
+    fn schema_name() -> Cow<'static, str> {
+        "Owner".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string", "pattern": "^[^:]+(:[^:]+)?$"})
+    }
+}
+
+/// A TCP or UDP port, 1 to 65535.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Port(u16);
+
+impl Port {
+    pub fn get(self) -> u16 {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Port {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = i64::deserialize(d)?;
+        if (1..=65535).contains(&n) {
+            Ok(Port(n as u16))
+        } else {
+            Err(D::Error::custom(format!("{n} is not a port: ports are 1 to 65535")))
+        }
+    }
+}
+
+impl JsonSchema for Port {
+    fn schema_name() -> Cow<'static, str> {
+        "Port".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "integer", "minimum": 1, "maximum": 65535})
+    }
+}
+
+/// An IPv4 or IPv6 network in CIDR notation; a bare address means just that host.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Cidr {
+    pub addr: std::net::IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let bad = || format!("{s:?} is not a CIDR such as \"10.0.0.0/8\" or \"fd00::/8\"");
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: std::net::IpAddr = addr.parse().map_err(|_| bad())?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p.parse::<u8>().ok().filter(|p| *p <= max).ok_or_else(bad)?,
+            None => max,
+        };
+        Ok(Cidr { addr, prefix })
+    }
+}
+
+impl<'de> Deserialize<'de> for Cidr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Cidr::parse(&s).map_err(D::Error::custom)
+    }
+}
+
+impl JsonSchema for Cidr {
+    fn schema_name() -> Cow<'static, str> {
+        "Cidr".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string", "description": "an address or network in CIDR notation"})
+    }
+}
+
+/// A 5-field cron expression (minute hour day-of-month month day-of-week), evaluated in UTC.
+/// Only its shape is checked here; the scheduler that runs it comes with the container issue.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Cron(String);
+
+impl Cron {
+    pub fn parse(s: &str) -> Result<Cron, String> {
+        let fields: Vec<&str> = s.split_whitespace().collect();
+        if fields.len() != 5 {
+            return Err(format!("{s:?} is not a 5-field cron expression (minute hour day month weekday)"));
+        }
+        let ranges = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)];
+        for (field, (lo, hi)) in fields.iter().zip(ranges) {
+            for part in field.split(',') {
+                let (range, step) = match part.split_once('/') {
+                    Some((r, st)) => (r, Some(st)),
+                    None => (part, None),
+                };
+                let in_range = |v: &str| v.parse::<u32>().ok().filter(|n| (lo..=hi).contains(n));
+                let range_ok = range == "*"
+                    || in_range(range).is_some()
+                    || range.split_once('-').is_some_and(
+                        |(a, b)| matches!((in_range(a), in_range(b)), (Some(a), Some(b)) if a <= b),
+                    );
+                let step_ok = step.is_none_or(|st| st.parse::<u32>().is_ok_and(|n| n > 0));
+                if !range_ok || !step_ok {
+                    return Err(format!("{s:?}: {part:?} is not a cron field between {lo} and {hi}"));
+                }
+            }
+        }
+        Ok(Cron(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Cron {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Cron::parse(&s).map_err(D::Error::custom)
+    }
+}
+
+impl JsonSchema for Cron {
+    fn schema_name() -> Cow<'static, str> {
+        "Cron".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string", "description": "5-field cron expression, UTC"})
+    }
+}
+
+/// A command line as an argument vector, never a shell string: at least the program.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Argv(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for Argv {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Vec::<String>::deserialize(d)?;
+        if v.first().is_none_or(|p| p.is_empty()) {
+            return Err(D::Error::custom("an empty command: give the program and its arguments as a list"));
+        }
+        Ok(Argv(v))
+    }
+}
+
+impl JsonSchema for Argv {
+    fn schema_name() -> Cow<'static, str> {
+        "Argv".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "array", "items": {"type": "string"}, "minItems": 1})
+    }
+}
+
+/// A non-empty name (unit, container, network, package, account).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Name(String);
+
+impl Name {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.is_empty() || s.chars().any(|c| c.is_whitespace() || c.is_control() || c == '/') {
+            return Err(D::Error::custom(format!(
+                "{s:?} is not a name: it must be non-empty, with no whitespace or '/'"
+            )));
+        }
+        Ok(Name(s))
+    }
+}
+
+impl JsonSchema for Name {
+    fn schema_name() -> Cow<'static, str> {
+        "Name".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string", "minLength": 1, "pattern": "^[^\\s/]+$"})
+    }
+}

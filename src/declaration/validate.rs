@@ -1,0 +1,525 @@
+//! From bytes to a `Declaration`: the JSON is read flat, each resource deserialised into its
+//! type's struct (field rules live in the value types), then the rules that span fields and
+//! resources are checked. Every problem is collected before the declaration is refused.
+
+use std::collections::{BTreeSet, HashMap};
+
+use base64::Engine as _;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::error::{Problem, Refused};
+use super::model::*;
+use super::types::Id;
+use super::{digest, Adoption, Declaration, Resource, VERSIONS};
+
+/// Collects problems for one resource, so each carries the index and id without repeating them.
+struct Problems {
+    all: Vec<Problem>,
+}
+
+impl Problems {
+    fn at(&mut self, index: Option<usize>, id: Option<&str>, field: Option<&str>, message: String) {
+        self.all.push(Problem { index, id: id.map(str::to_owned), field: field.map(str::to_owned), message });
+    }
+}
+
+pub(super) fn parse(bytes: &[u8]) -> Result<Declaration, Refused> {
+    let mut problems = Problems { all: Vec::new() };
+    let top: Value = match serde_json::from_slice(bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            let message = format!(
+                "not JSON at line {}, column {}: {}",
+                e.line(),
+                e.column(),
+                strip_position(&e.to_string())
+            );
+            problems.at(None, None, None, message);
+            return Err(Refused { problems: problems.all });
+        }
+    };
+    let Value::Object(mut top) = top else {
+        problems.at(None, None, None, "a declaration is a JSON object with `version` and `resources`".into());
+        return Err(Refused { problems: problems.all });
+    };
+
+    match top.remove("version") {
+        None => problems.at(None, None, Some("version"), "missing; this build understands version 1".into()),
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|v| VERSIONS.contains(&v)) => {}
+        Some(other) => problems.at(
+            None,
+            None,
+            Some("version"),
+            format!("{other} is not a version this build understands (it understands {VERSIONS:?})"),
+        ),
+    }
+
+    let adoption = match top.remove("adoption") {
+        None | Some(Value::Null) => None,
+        Some(v) => match serde_path_to_error::deserialize::<_, Adoption>(v) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                let path = e.path().to_string();
+                let field = if path == "." { "adoption".to_owned() } else { format!("adoption.{path}") };
+                problems.at(None, None, Some(&field), e.into_inner().to_string());
+                None
+            }
+        },
+    };
+
+    let raw_resources = match top.remove("resources") {
+        Some(Value::Array(list)) => list,
+        None => {
+            problems.at(None, None, Some("resources"), "missing; give a list, possibly empty".into());
+            Vec::new()
+        }
+        Some(other) => {
+            problems.at(None, None, Some("resources"), format!("must be a list, found {}", kind_of(&other)));
+            Vec::new()
+        }
+    };
+    for key in top.keys() {
+        problems.at(
+            None,
+            None,
+            Some(key),
+            "unknown key; the declaration has `version`, `resources` and `adoption`".into(),
+        );
+    }
+
+    let mut resources = Vec::with_capacity(raw_resources.len());
+    for (index, raw) in raw_resources.into_iter().enumerate() {
+        if let Some(r) = resource(index, raw, &mut problems) {
+            resources.push(r);
+        }
+    }
+
+    across(&resources, &mut problems);
+
+    if problems.all.is_empty() {
+        Ok(Declaration::new(resources, adoption))
+    } else {
+        Err(Refused { problems: problems.all })
+    }
+}
+
+/// serde_json appends " at line X column Y" to its messages; the position is given once, in
+/// the form this module uses.
+fn strip_position(message: &str) -> &str {
+    match message.rfind(" at line ") {
+        Some(i) => &message[..i],
+        None => message,
+    }
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn resource(index: usize, raw: Value, problems: &mut Problems) -> Option<Resource> {
+    let at = Some(index);
+    let Value::Object(mut map) = raw else {
+        problems.at(at, None, None, format!("a resource is an object, found {}", kind_of(&raw)));
+        return None;
+    };
+    // The digest is of the whole resource as declared, keys sorted (serde_json's map is ordered),
+    // so it changes exactly when the declaration of this resource does.
+    let canonical = serde_json::to_vec(&map).expect("a JSON value serialises");
+    let digest = digest(&canonical);
+
+    let id = match map.remove("id") {
+        Some(Value::String(s)) => match Id::parse(&s) {
+            Ok(id) => Some(id),
+            Err(message) => {
+                problems.at(at, None, Some("id"), message);
+                None
+            }
+        },
+        Some(other) => {
+            problems.at(at, None, Some("id"), format!("must be a string, found {}", kind_of(&other)));
+            None
+        }
+        None => {
+            problems.at(at, None, Some("id"), "missing; every resource has an id".into());
+            None
+        }
+    };
+    let id_text = id.as_ref().map(|i| i.as_str().to_owned());
+    let id_text = id_text.as_deref();
+
+    let kind = match map.remove("type") {
+        Some(Value::String(s)) => match Kind::parse(&s) {
+            Some(k) => Some(k),
+            None => {
+                let known: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
+                problems.at(
+                    at,
+                    id_text,
+                    Some("type"),
+                    format!("{s:?} is not a resource type; the types are {}", known.join(", ")),
+                );
+                None
+            }
+        },
+        Some(other) => {
+            problems.at(at, id_text, Some("type"), format!("must be a string, found {}", kind_of(&other)));
+            None
+        }
+        None => {
+            problems.at(at, id_text, Some("type"), "missing; every resource has a type".into());
+            None
+        }
+    };
+    let kind = kind?;
+
+    let spec = match kind {
+        Kind::Directory => fields(map, index, id_text, problems).map(Spec::Directory),
+        Kind::File => fields(map, index, id_text, problems).map(Spec::File),
+        Kind::Access => fields(map, index, id_text, problems).map(Spec::Access),
+        Kind::Package => fields(map, index, id_text, problems).map(Spec::Package),
+        Kind::Service => fields(map, index, id_text, problems).map(Spec::Service),
+        Kind::Container => fields(map, index, id_text, problems).map(Spec::Container),
+        Kind::Network => fields(map, index, id_text, problems).map(Spec::Network),
+        Kind::User => fields(map, index, id_text, problems).map(Spec::User),
+        Kind::Archive => fields(map, index, id_text, problems).map(Spec::Archive),
+        Kind::Process => fields(map, index, id_text, problems).map(Spec::Process),
+        Kind::Action => fields(map, index, id_text, problems).map(Spec::Action),
+        Kind::Opening => fields(map, index, id_text, problems).map(Spec::Opening),
+    }?;
+
+    within(&spec, index, id_text, problems);
+    Some(Resource { index, id: id?, spec, digest })
+}
+
+/// Deserialises a resource's own fields, naming the field that failed.
+fn fields<T: DeserializeOwned>(
+    map: Map<String, Value>,
+    index: usize,
+    id: Option<&str>,
+    problems: &mut Problems,
+) -> Option<T> {
+    match serde_path_to_error::deserialize::<_, T>(Value::Object(map)) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            let path = e.path().to_string();
+            let message = e.into_inner().to_string();
+            // serde reports a missing or unknown field at the object itself, with the field's
+            // name in the message; lift it into the field position so every problem reads alike.
+            let named = message
+                .strip_prefix("missing field `")
+                .or_else(|| message.strip_prefix("unknown field `"))
+                .and_then(|rest| rest.split('`').next());
+            let field = if path == "." { named.map(str::to_owned) } else { Some(path) };
+            problems.at(Some(index), id, field.as_deref(), message);
+            None
+        }
+    }
+}
+
+/// Rules between the fields of one resource.
+fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) {
+    let mut problem = |field: &str, message: String| problems.at(Some(index), id, Some(field), message);
+    let base64_ok = |s: &str| base64::engine::general_purpose::STANDARD.decode(s).is_ok();
+    match spec {
+        Spec::File(f) => {
+            let given: Vec<&str> = [
+                ("content", f.content.is_some()),
+                ("bytes", f.bytes.is_some()),
+                ("sealed", f.sealed.is_some()),
+            ]
+            .into_iter()
+            .filter_map(|(name, set)| set.then_some(name))
+            .collect();
+            if given.len() != 1 {
+                let field = given.get(1).copied().unwrap_or("content");
+                problem(
+                    field,
+                    format!(
+                        "a file has exactly one of `content`, `bytes` or `sealed`; {}",
+                        if given.is_empty() {
+                            "none was given".to_owned()
+                        } else {
+                            format!("found {}", given.join(" and "))
+                        }
+                    ),
+                );
+            }
+            if let Some(b) = &f.bytes {
+                if !base64_ok(b) {
+                    problem("bytes", "is not standard base64".into());
+                }
+            }
+            if !f.secrets.is_empty() && f.content.is_none() {
+                problem(
+                    "secrets",
+                    "secrets fill `${secret:NAME}` holes in `content`, and this file has no `content`".into(),
+                );
+            }
+            if let Some(content) = &f.content {
+                for name in secret_holes(content) {
+                    if !f.secrets.contains_key(name) {
+                        problem(
+                            "content",
+                            format!("`${{secret:{name}}}` names a secret that `secrets` does not declare"),
+                        );
+                    }
+                }
+            }
+            if let Some(into) = f.into {
+                if f.create_once {
+                    problem("into", "`into` and `create-once` cannot be combined: the first owns keys in a file, the second leaves the whole file alone".into());
+                }
+                match (&f.content, into) {
+                    (None, _) => problem(
+                        "into",
+                        "`into` sets keys from `content`, and this file has no `content`".into(),
+                    ),
+                    (Some(c), Into::Json) => {
+                        if !matches!(serde_json::from_str::<Value>(c), Ok(Value::Object(_))) {
+                            problem(
+                                "content",
+                                "with `\"into\": \"json\"`, content must be a JSON object".into(),
+                            );
+                        }
+                    }
+                    (Some(c), Into::Env) => {
+                        for (n, line) in c.lines().enumerate() {
+                            let line = line.trim();
+                            if line.is_empty() || line.starts_with('#') {
+                                continue;
+                            }
+                            if line.split_once('=').is_none_or(|(k, _)| k.trim().is_empty()) {
+                                problem(
+                                    "content",
+                                    format!("with `\"into\": \"env\"`, line {} is not KEY=VALUE", n + 1),
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Spec::Archive(a) => {
+            if a.bytes.is_some() == a.source.is_some() {
+                problem("bytes", "an archive has exactly one of `bytes` or `source`".into());
+            }
+            if let Some(b) = &a.bytes {
+                if !base64_ok(b) {
+                    problem("bytes", "is not standard base64".into());
+                }
+            }
+            if let Some(d) = &a.digest {
+                let hex = d.strip_prefix("sha256:").unwrap_or(d);
+                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+                    problem("digest", format!("{d:?} is not a sha256 digest (64 lower-case hex digits)"));
+                }
+            }
+        }
+        Spec::Service(s) => {
+            if !s.unit.as_str().contains('.') {
+                problem(
+                    "unit",
+                    format!(
+                        "{:?} is not a unit name: give its suffix, such as \"{}.service\"",
+                        s.unit.as_str(),
+                        s.unit.as_str()
+                    ),
+                );
+            }
+        }
+        Spec::Container(c) => {
+            if c.run_once && c.schedule.is_some() {
+                problem("schedule", "a container is either `run-once` or on a `schedule`, not both".into());
+            }
+            for (i, p) in c.ports.iter().enumerate() {
+                if !port_mapping_ok(p) {
+                    problem(
+                        &format!("ports[{i}]"),
+                        format!(
+                            "{p:?} is not a port mapping such as \"8080:80\" or \"127.0.0.1:8080:80/tcp\""
+                        ),
+                    );
+                }
+            }
+            for (i, v) in c.volumes.iter().enumerate() {
+                let parts: Vec<&str> = v.split(':').collect();
+                let ok = (2..=3).contains(&parts.len())
+                    && !parts[0].is_empty()
+                    && parts[1].starts_with('/')
+                    && (!parts[0].contains('/') || super::AbsPath::parse(parts[0]).is_ok());
+                if !ok {
+                    problem(
+                        &format!("volumes[{i}]"),
+                        format!("{v:?} is not a volume such as \"/srv/data:/data\" or \"name:/data:ro\""),
+                    );
+                }
+            }
+            for (i, h) in c.hosts.iter().enumerate() {
+                let ok = h
+                    .split_once(':')
+                    .is_some_and(|(n, ip)| !n.is_empty() && ip.parse::<std::net::IpAddr>().is_ok());
+                if !ok {
+                    problem(&format!("hosts[{i}]"), format!("{h:?} is not \"name:ip\""));
+                }
+            }
+            for key in c.env.keys() {
+                if key.is_empty() || key.contains('=') {
+                    problem(&format!("env.{key}"), "is not an environment variable name".into());
+                }
+            }
+        }
+        Spec::Process(p) => {
+            for key in p.env.keys() {
+                if key.is_empty() || key.contains('=') {
+                    problem(&format!("env.{key}"), "is not an environment variable name".into());
+                }
+            }
+        }
+        Spec::Directory(_)
+        | Spec::Access(_)
+        | Spec::Package(_)
+        | Spec::Network(_)
+        | Spec::User(_)
+        | Spec::Action(_)
+        | Spec::Opening(_) => {}
+    }
+}
+
+fn port_mapping_ok(p: &str) -> bool {
+    let (ports, proto) = match p.rsplit_once('/') {
+        Some((ports, proto)) => (ports, Some(proto)),
+        None => (p, None),
+    };
+    if proto.is_some_and(|proto| !matches!(proto, "tcp" | "udp" | "sctp")) {
+        return false;
+    }
+    let port = |s: &str| s.parse::<u16>().is_ok_and(|n| n > 0);
+    // The host address may be IPv6 in brackets, which itself holds colons.
+    let (addr, rest) = match ports.strip_prefix('[') {
+        Some(r) => match r.split_once("]:") {
+            Some((a, rest)) => (Some(a), rest),
+            None => return false,
+        },
+        None => (None, ports),
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    match (addr, parts.as_slice()) {
+        (Some(a), [h, c]) => a.parse::<std::net::Ipv6Addr>().is_ok() && port(h) && port(c),
+        (None, [c]) => port(c),
+        (None, [h, c]) => port(h) && port(c),
+        (None, [ip, h, c]) => {
+            ip.parse::<std::net::Ipv4Addr>().is_ok() && (h.is_empty() || port(h)) && port(c)
+        }
+        _ => false,
+    }
+}
+
+/// The names of the `${secret:NAME}` holes in a text, in order of appearance.
+pub(crate) fn secret_holes(content: &str) -> Vec<&str> {
+    let mut names = Vec::new();
+    let mut rest = content;
+    while let Some(start) = rest.find("${secret:") {
+        let after = &rest[start + "${secret:".len()..];
+        match after.find('}') {
+            Some(end) => {
+                names.push(&after[..end]);
+                rest = &after[end + 1..];
+            }
+            None => break,
+        }
+    }
+    names
+}
+
+/// Rules between resources: unique ids, one owner per path or name, references that resolve.
+fn across(resources: &[Resource], problems: &mut Problems) {
+    let mut ids: HashMap<&Id, usize> = HashMap::with_capacity(resources.len());
+    for r in resources {
+        if let Some(first) = ids.insert(&r.id, r.index) {
+            ids.insert(&r.id, first);
+            problems.at(
+                Some(r.index),
+                Some(r.id.as_str()),
+                Some("id"),
+                format!("duplicate id: resources[{first}] already has it"),
+            );
+        }
+    }
+
+    // Two resources that would each hold the same thing on the machine would fight for it on
+    // every reconcile; that is a declaration error, not something to find out in production.
+    let mut targets: HashMap<(&'static str, String), usize> = HashMap::with_capacity(resources.len());
+    for r in resources {
+        let class = match r.kind() {
+            Kind::Directory | Kind::File | Kind::Archive => Some("path"),
+            Kind::Container => Some("container"),
+            Kind::Network => Some("network"),
+            Kind::User => Some("user"),
+            Kind::Process => Some("process"),
+            Kind::Service => Some("unit"),
+            Kind::Opening => Some("opening"),
+            Kind::Access | Kind::Package | Kind::Action => None,
+        };
+        if let Some(class) = class {
+            if let Some(first) = targets.insert((class, r.target()), r.index) {
+                targets.insert((class, r.target()), first);
+                problems.at(
+                    Some(r.index),
+                    Some(r.id.as_str()),
+                    Some(target_field(r.kind())),
+                    format!("{:?} is already declared by resources[{first}]", r.target()),
+                );
+            }
+        }
+    }
+
+    for r in resources {
+        for (field, list) in [("restart-on", r.spec.restart_on()), ("reload-on", r.spec.reload_on())] {
+            let mut seen = BTreeSet::new();
+            for (i, named) in list.iter().enumerate() {
+                let field = format!("{field}[{i}]");
+                if named == &r.id {
+                    problems.at(
+                        Some(r.index),
+                        Some(r.id.as_str()),
+                        Some(&field),
+                        "a resource cannot restart on itself".into(),
+                    );
+                } else if !ids.contains_key(named) {
+                    problems.at(
+                        Some(r.index),
+                        Some(r.id.as_str()),
+                        Some(&field),
+                        format!("{:?} is not declared", named.as_str()),
+                    );
+                } else if !seen.insert(named) {
+                    problems.at(
+                        Some(r.index),
+                        Some(r.id.as_str()),
+                        Some(&field),
+                        format!("{:?} is named twice", named.as_str()),
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn target_field(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Directory | Kind::File | Kind::Archive | Kind::Access => "path",
+        Kind::Service => "unit",
+        Kind::Opening => "port",
+        Kind::Package => "package",
+        Kind::Action => "command",
+        Kind::Container | Kind::Network | Kind::User | Kind::Process => "name",
+    }
+}

@@ -1,0 +1,210 @@
+//! The state store: what the host applied, recorded only after it worked.
+//!
+//! One JSON file, mode 0600, with a schema version inside, replaced atomically. It is the
+//! host's memory of its own footprint: orphans are found in it, and drift is told from a change
+//! of mind by comparing the machine with what it says the host last wrote. So it is never
+//! silently replaced: a corrupt store, or one written by a newer mesh-host, is refused, because
+//! starting afresh would forget what the host owns and stop it cleaning up after itself.
+//!
+//! Architecture Invariant: one writer. `apply` and `run` hold an exclusive lock on
+//! `<store>.lock` for as long as they may write; `plan` and `status` only read.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::declaration::{Declaration, Kind};
+use crate::system::fs;
+
+/// The store format this build writes, and the newest it reads.
+pub const SCHEMA: u32 = 1;
+
+/// Where a declaration came from. Orphans are looked for among one origin's records only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Origin {
+    /// From the mesh's control plane.
+    Declared,
+    /// Carried by hand, for a first boot.
+    Bundle,
+}
+
+/// What the host applied for one resource, and what it left on the machine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Record {
+    pub origin: Origin,
+    #[serde(rename = "type")]
+    pub kind: Kind,
+    pub target: String,
+    /// Position in the declaration that last applied it: orphans go in reverse of this order.
+    pub position: usize,
+    /// The digest of the resource's declaration when it was applied.
+    pub declared: String,
+    /// Seconds since the epoch when the record last changed.
+    pub applied_at: u64,
+    /// For a file: the digest of the content the host wrote (never the content).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrote: Option<String>,
+    /// For a file or directory: the mode the host left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<u32>,
+    /// For a file or directory: the uid and gid the host left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<(u32, u32)>,
+    /// For an archive: the digest of the archive last unpacked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<String>,
+}
+
+impl Record {
+    /// Whether two records say the same thing, ignoring when they were written.
+    fn same_as(&self, other: &Record) -> bool {
+        Record { applied_at: 0, ..self.clone() } == Record { applied_at: 0, ..other.clone() }
+    }
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct File {
+    schema: u32,
+    records: BTreeMap<String, Record>,
+}
+
+/// Why the store could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the state store at {path} is not readable as a store ({reason}); it was left exactly as it is. Move it aside to start afresh, knowing that a fresh store forgets what this host created, so orphans from before will not be removed")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("the state store at {path} has schema {found}, newer than this mesh-host understands ({SCHEMA}); run the newer mesh-host that wrote it")]
+    Newer { path: PathBuf, found: u32 },
+    #[error("cannot read the state store at {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "another mesh-host is writing the state store {path} (it holds {path}.lock); one writer at a time"
+    )]
+    Locked { path: PathBuf },
+    #[error("cannot write the state store: {0}")]
+    Write(#[from] fs::FsError),
+}
+
+/// The store, loaded.
+pub struct Store {
+    path: PathBuf,
+    file: File,
+    dirty: bool,
+    _lock: Option<fs::Lock>,
+}
+
+impl Store {
+    /// Opens the store to read and write, holding its lock. An absent store is an empty one.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let mut lock_path = path.as_os_str().to_owned();
+        lock_path.push(".lock");
+        let lock = fs::try_lock(Path::new(&lock_path))?
+            .ok_or_else(|| StoreError::Locked { path: path.to_owned() })?;
+        // A crash between writing and renaming leaves a temporary file; with the lock held, no
+        // one else can be writing it.
+        fs::remove_leftovers(path)?;
+        let mut store = Store::read_only(path)?;
+        store._lock = Some(lock);
+        Ok(store)
+    }
+
+    /// Opens the store to read only. It takes no lock and can never write.
+    pub fn read_only(path: &Path) -> Result<Store, StoreError> {
+        let file = match crate::system::read_input(path) {
+            Ok(bytes) => parse(path, &bytes)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                File { schema: SCHEMA, records: BTreeMap::new() }
+            }
+            Err(source) => return Err(StoreError::Read { path: path.to_owned(), source }),
+        };
+        Ok(Store { path: path.to_owned(), file, dirty: false, _lock: None })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Record> {
+        self.file.records.get(id)
+    }
+
+    /// Every record, by id.
+    pub fn records(&self) -> impl Iterator<Item = (&String, &Record)> {
+        self.file.records.iter()
+    }
+
+    /// Whether any record of this kind, under any id, holds this target.
+    pub fn holds_target(&self, kind: Kind, target: &str) -> bool {
+        self.file.records.values().any(|r| r.kind == kind && r.target == target)
+    }
+
+    /// Records what worked. A record that says the same as before keeps its time, so a steady
+    /// machine does not rewrite its store.
+    pub fn record(&mut self, id: &str, mut record: Record) {
+        match self.file.records.get(id) {
+            Some(old) if old.same_as(&record) => {}
+            _ => {
+                record.applied_at = now();
+                self.file.records.insert(id.to_owned(), record);
+                self.dirty = true;
+            }
+        }
+    }
+
+    pub fn forget(&mut self, id: &str) {
+        if self.file.records.remove(id).is_some() {
+            self.dirty = true;
+        }
+    }
+
+    /// Records of `origin` that the declaration no longer names, in reverse of the order they
+    /// were declared in: what was declared last is removed first.
+    pub fn orphans(&self, declaration: &Declaration, origin: Origin) -> Vec<(String, Record)> {
+        let mut orphans: Vec<(String, Record)> = self
+            .file
+            .records
+            .iter()
+            .filter(|(id, r)| r.origin == origin && declaration.find(id).is_none())
+            .map(|(id, r)| (id.clone(), r.clone()))
+            .collect();
+        orphans.sort_by(|a, b| b.1.position.cmp(&a.1.position).then(b.0.cmp(&a.0)));
+        orphans
+    }
+
+    /// Writes the store if anything changed since it was read.
+    pub fn save(&mut self) -> Result<(), StoreError> {
+        if !self.dirty {
+            return Ok(());
+        }
+        assert!(self._lock.is_some(), "a read-only store is never saved");
+        self.file.schema = SCHEMA;
+        let bytes = serde_json::to_vec_pretty(&self.file).expect("the store serialises");
+        fs::write_private(&self.path, &bytes)?;
+        self.dirty = false;
+        Ok(())
+    }
+}
+
+fn parse(path: &Path, bytes: &[u8]) -> Result<File, StoreError> {
+    #[derive(Deserialize)]
+    struct Version {
+        schema: u32,
+    }
+    let corrupt = |reason: String| StoreError::Corrupt { path: path.to_owned(), reason };
+    let version: Version = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+    if version.schema > SCHEMA {
+        return Err(StoreError::Newer { path: path.to_owned(), found: version.schema });
+    }
+    serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

@@ -1,0 +1,509 @@
+//! The filesystem, touched without ever following a symlink.
+//!
+//! Every path is reached by opening its parent directory with `openat2(RESOLVE_NO_SYMLINKS)`
+//! and then working relative to that descriptor with `O_NOFOLLOW`. The agent is root: a symlink
+//! planted by anyone who can write to a managed directory would otherwise turn "write the web
+//! server's config" into "overwrite /etc/shadow". Resolving through a descriptor also closes the
+//! window between checking a path and writing it.
+//!
+//! Writes are staged and committed in batches: every temporary file is written, the data is made
+//! durable once per filesystem (`syncfs`) instead of once per file, the renames are done, and
+//! each directory touched is synced. Each file is still replaced atomically and durably; 10,000
+//! files cost one data sync and a thousand directory syncs rather than ten thousand fsyncs.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+
+/// What is at a path, as read without following a symlink.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Directory,
+    Symlink,
+    Other,
+}
+
+/// Metadata of one path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meta {
+    pub kind: Kind,
+    /// Permission bits, `0o7777` at most.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub dev: u64,
+}
+
+/// A failure, always naming the path.
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    #[error("{path} is reached through a symlink at {link}; mesh-host never writes through a symlink: declare the real path")]
+    Symlink { path: PathBuf, link: PathBuf },
+    #[error("{path} is reached through {parent}, which is not a directory")]
+    NotDirectory { path: PathBuf, parent: PathBuf },
+    #[error("{path} is missing its parent directory")]
+    NoParent { path: PathBuf },
+    #[error("cannot {op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl FsError {
+    fn io(op: &'static str, path: &Path, errno: Errno) -> FsError {
+        FsError::Io { op, path: path.to_owned(), source: io::Error::from_raw_os_error(errno.raw_os_error()) }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, FsError>;
+
+fn meta_of(st: &rfs::Stat) -> Meta {
+    let fmt = st.st_mode & libc_s_ifmt();
+    let kind = if fmt == 0o100000 {
+        Kind::File
+    } else if fmt == 0o040000 {
+        Kind::Directory
+    } else if fmt == 0o120000 {
+        Kind::Symlink
+    } else {
+        Kind::Other
+    };
+    Meta { kind, mode: st.st_mode & 0o7777, uid: st.st_uid, gid: st.st_gid, dev: st.st_dev }
+}
+
+const fn libc_s_ifmt() -> u32 {
+    0o170000
+}
+
+fn split(path: &Path) -> (&Path, &OsStr) {
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let name = path.file_name().unwrap_or(OsStr::new("."));
+    (parent, name)
+}
+
+/// A file written to a temporary name beside its target, waiting for `commit`.
+pub struct Staged {
+    dir: PathBuf,
+    tmp: PathBuf,
+    name: std::ffi::OsString,
+    fd: OwnedFd,
+}
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// One session of filesystem work: it caches directory descriptors, so a batch of files in the
+/// same directories resolves each directory once. A session lives for one apply or reconcile,
+/// never longer, so a directory replaced on the machine is seen at the next one.
+#[derive(Default)]
+pub struct Fs {
+    dirs: HashMap<PathBuf, OwnedFd>,
+}
+
+/// How many directory descriptors a session keeps. Resources in one directory are usually
+/// declared together, so a small cache gets most of the benefit without nearing the default
+/// limit of 1,024 open files.
+const DIR_CACHE: usize = 256;
+
+impl Fs {
+    pub fn new() -> Fs {
+        Fs::default()
+    }
+
+    /// Opens a directory without following any symlink on the way. `Ok(None)` when it (or an
+    /// ancestor) does not exist.
+    fn open_dir(&mut self, dir: &Path) -> Result<Option<&OwnedFd>> {
+        if !self.dirs.contains_key(dir) {
+            let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+            let fd = match rfs::openat2(rfs::CWD, dir, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS) {
+                Ok(fd) => fd,
+                Err(Errno::NOENT) => return Ok(None),
+                Err(Errno::LOOP) => return Err(self.explain_symlink(dir)),
+                Err(Errno::NOTDIR) => return Err(self.explain_notdir(dir)),
+                Err(e) => return Err(FsError::io("open the directory", dir, e)),
+            };
+            if self.dirs.len() >= DIR_CACHE {
+                self.dirs.clear();
+            }
+            self.dirs.insert(dir.to_owned(), fd);
+        }
+        Ok(self.dirs.get(dir))
+    }
+
+    /// Names the first symlink on the way to `path`, for an error a person can act on.
+    fn explain_symlink(&self, path: &Path) -> FsError {
+        let mut prefix = PathBuf::from("/");
+        for part in path.components().skip(1) {
+            prefix.push(part);
+            if let Ok(st) = rfs::statat(rfs::CWD, &prefix, AtFlags::SYMLINK_NOFOLLOW) {
+                if meta_of(&st).kind == Kind::Symlink {
+                    return FsError::Symlink { path: path.to_owned(), link: prefix };
+                }
+            }
+        }
+        FsError::io("open", path, Errno::LOOP)
+    }
+
+    fn explain_notdir(&self, path: &Path) -> FsError {
+        let mut prefix = PathBuf::from("/");
+        for part in path.components().skip(1) {
+            prefix.push(part);
+            if let Ok(st) = rfs::statat(rfs::CWD, &prefix, AtFlags::SYMLINK_NOFOLLOW) {
+                if meta_of(&st).kind != Kind::Directory {
+                    return FsError::NotDirectory { path: path.to_owned(), parent: prefix };
+                }
+            }
+        }
+        FsError::io("open", path, Errno::NOTDIR)
+    }
+
+    /// Makes a directory and any missing ancestors, each with `mode` (ancestors 0755), root-owned.
+    /// Returns whether `dir` itself was made.
+    pub fn make_dirs(&mut self, dir: &Path, mode: u32) -> Result<bool> {
+        if self.open_dir(dir)?.is_some() {
+            return Ok(false);
+        }
+        let mut missing = Vec::new();
+        let mut cur = dir;
+        loop {
+            let (parent, name) = split(cur);
+            missing.push(name.to_owned());
+            if parent == cur {
+                return Err(FsError::NoParent { path: dir.to_owned() });
+            }
+            if self.open_dir(parent)?.is_some() {
+                cur = parent;
+                break;
+            }
+            cur = parent;
+        }
+        let mut at = cur.to_owned();
+        for (i, name) in missing.iter().rev().enumerate() {
+            let fd = self.open_dir(&at)?.ok_or_else(|| FsError::NoParent { path: dir.to_owned() })?;
+            let last = i + 1 == missing.len();
+            let want = if last { mode } else { 0o755 };
+            match rfs::mkdirat(fd, name.as_os_str(), Mode::from_raw_mode(want)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(FsError::io("make the directory", &at.join(name), e)),
+            }
+            // The directory entry must survive a crash before anything is written inside it.
+            let _ = rfs::fsync(fd);
+            at.push(name);
+            // mkdir is subject to the umask; the declared mode is set explicitly.
+            self.set_mode(&at, want)?;
+        }
+        Ok(true)
+    }
+
+    /// Metadata of a path, without following a symlink at it. `Ok(None)` when absent.
+    pub fn meta(&mut self, path: &Path) -> Result<Option<Meta>> {
+        let (parent, name) = split(path);
+        let Some(dir) = self.open_dir(parent)? else {
+            return Ok(None);
+        };
+        match rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(meta_of(&st))),
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(FsError::io("look at", path, e)),
+        }
+    }
+
+    /// Opens what is at `path` itself (never a symlink's target) for reading or fchmod/fchown.
+    fn open_at(&mut self, path: &Path, dir: bool) -> Result<Option<OwnedFd>> {
+        let (parent, name) = split(path);
+        let Some(pfd) = self.open_dir(parent)? else {
+            return Ok(None);
+        };
+        let mut flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        if dir {
+            flags |= OFlags::DIRECTORY;
+        }
+        match rfs::openat(pfd, name, flags, Mode::empty()) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::NOENT) => Ok(None),
+            Err(Errno::LOOP) => Err(FsError::Symlink { path: path.to_owned(), link: path.to_owned() }),
+            Err(e) => Err(FsError::io("open", path, e)),
+        }
+    }
+
+    /// Reads a regular file: its metadata and its bytes. `Ok(None)` when absent.
+    pub fn read(&mut self, path: &Path) -> Result<Option<(Meta, Vec<u8>)>> {
+        let Some(fd) = self.open_at(path, false)? else {
+            return Ok(None);
+        };
+        let st = rfs::fstat(&fd).map_err(|e| FsError::io("look at", path, e))?;
+        let meta = meta_of(&st);
+        if meta.kind != Kind::File {
+            return Ok(Some((meta, Vec::new())));
+        }
+        let mut buf = Vec::with_capacity(st.st_size as usize + 1);
+        let file = std::fs::File::from(fd);
+        use std::io::Read as _;
+        (&file).read_to_end(&mut buf).map_err(|e| FsError::Io {
+            op: "read",
+            path: path.to_owned(),
+            source: e,
+        })?;
+        Ok(Some((meta, buf)))
+    }
+
+    /// Sets the permission bits of what is at `path` (file or directory, never through a link).
+    pub fn set_mode(&mut self, path: &Path, mode: u32) -> Result<()> {
+        let fd = self.open_at(path, false)?.ok_or_else(|| FsError::io("chmod", path, Errno::NOENT))?;
+        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| FsError::io("chmod", path, e))
+    }
+
+    /// Sets the owner of what is at `path`, never through a link. The mode is set again after,
+    /// because the kernel clears set-id bits on chown.
+    pub fn set_owner(&mut self, path: &Path, uid: u32, gid: u32) -> Result<()> {
+        let fd = self.open_at(path, false)?.ok_or_else(|| FsError::io("chown", path, Errno::NOENT))?;
+        let mode = rfs::fstat(&fd).map_err(|e| FsError::io("chown", path, e))?.st_mode & 0o7777;
+        rfs::fchown(&fd, Some(rfs::Uid::from_raw(uid)), Some(rfs::Gid::from_raw(gid)))
+            .map_err(|e| FsError::io("chown", path, e))?;
+        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| FsError::io("chmod", path, e))
+    }
+
+    /// Writes `content` to a temporary file beside `path`, with its final mode and owner, not yet
+    /// visible at `path`. Parents are made (0755) when missing.
+    pub fn stage(
+        &mut self,
+        path: &Path,
+        content: &[u8],
+        mode: u32,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Staged> {
+        let (parent, name) = split(path);
+        self.make_dirs(parent, 0o755)?;
+        let dir = self.open_dir(parent)?.ok_or_else(|| FsError::NoParent { path: path.to_owned() })?;
+        let (tmp_name, fd) = loop {
+            let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+            let mut tmp = std::ffi::OsString::from(".");
+            tmp.push(name);
+            tmp.push(format!(".mesh-host-{}-{n}", std::process::id()));
+            let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            match rfs::openat(dir, &tmp, flags, Mode::from_raw_mode(0o600)) {
+                Ok(fd) => break (tmp, fd),
+                Err(Errno::EXIST) => continue,
+                Err(e) => return Err(FsError::io("write", path, e)),
+            }
+        };
+        let tmp = parent.join(&tmp_name);
+        let file = std::fs::File::from(fd);
+        use std::io::Write as _;
+        (&file).write_all(content).map_err(|e| FsError::Io {
+            op: "write",
+            path: path.to_owned(),
+            source: e,
+        })?;
+        let fd = OwnedFd::from(file);
+        if let Some((uid, gid)) = owner {
+            rfs::fchown(&fd, Some(rfs::Uid::from_raw(uid)), Some(rfs::Gid::from_raw(gid)))
+                .map_err(|e| FsError::io("chown", path, e))?;
+        }
+        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| FsError::io("chmod", path, e))?;
+        Ok(Staged { dir: parent.to_owned(), tmp, name: name.to_owned(), fd })
+    }
+
+    /// Makes staged files durable and puts each in place. Returns one result per staged file, in
+    /// order: a failure of one (a rename refused) does not stop the others.
+    ///
+    /// Durability order: data first (fsync for one file, syncfs once per filesystem for more),
+    /// then the renames, then an fsync of each directory, so after a crash each path holds either
+    /// its old content or its complete new content, never a torn one.
+    pub fn commit(&mut self, staged: Vec<Staged>) -> Vec<Result<()>> {
+        let mut results: Vec<Result<()>> = Vec::with_capacity(staged.len());
+        let mut synced_devs: HashMap<u64, std::result::Result<(), Errno>> = HashMap::new();
+        for s in &staged {
+            let r = if staged.len() == 1 {
+                rfs::fsync(&s.fd)
+            } else {
+                let dev = rfs::fstat(&s.fd).map(|st| st.st_dev).unwrap_or(0);
+                *synced_devs.entry(dev).or_insert_with(|| rfs::syncfs(&s.fd))
+            };
+            results.push(r.map_err(|e| FsError::io("sync", &s.dir.join(&s.name), e)));
+        }
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for (s, result) in staged.iter().zip(results.iter_mut()) {
+            let target = s.dir.join(&s.name);
+            let tmp_name = s.tmp.file_name().unwrap_or_default().to_owned();
+            let Ok(Some(dir)) = self.open_dir(&s.dir) else {
+                *result = Err(FsError::NoParent { path: target });
+                continue;
+            };
+            if result.is_ok() {
+                // A symlink planted at the target since it was checked is replaced, not followed:
+                // rename never follows the link at its destination.
+                if let Err(e) = rfs::renameat(dir, &tmp_name, dir, &s.name) {
+                    *result = Err(FsError::io("rename into place", &target, e));
+                } else if dirs.last() != Some(&s.dir) {
+                    dirs.push(s.dir.clone());
+                }
+            }
+            if result.is_err() {
+                let _ = rfs::unlinkat(dir, &tmp_name, AtFlags::empty());
+            }
+        }
+        dirs.sort();
+        dirs.dedup();
+        for d in dirs {
+            if let Ok(Some(fd)) = self.open_dir(&d) {
+                let _ = rfs::fsync(fd);
+            }
+        }
+        results
+    }
+
+    /// Removes a file (or a symlink: the link itself). Absent is success.
+    pub fn remove_file(&mut self, path: &Path) -> Result<()> {
+        let (parent, name) = split(path);
+        let Some(dir) = self.open_dir(parent)? else {
+            return Ok(());
+        };
+        match rfs::unlinkat(dir, name, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => {
+                let _ = rfs::fsync(dir);
+                Ok(())
+            }
+            Err(e) => Err(FsError::io("remove", path, e)),
+        }
+    }
+
+    /// Removes an empty directory. Absent is success.
+    pub fn remove_dir(&mut self, path: &Path) -> Result<()> {
+        self.dirs.remove(path);
+        let (parent, name) = split(path);
+        let Some(dir) = self.open_dir(parent)? else {
+            return Ok(());
+        };
+        match rfs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(FsError::io("remove the directory", path, e)),
+        }
+    }
+
+    /// The names inside a directory (without `.` and `..`).
+    pub fn list(&mut self, path: &Path) -> Result<Vec<std::ffi::OsString>> {
+        let fd = self.open_at(path, true)?.ok_or_else(|| FsError::io("list", path, Errno::NOENT))?;
+        let dir = rfs::Dir::read_from(&fd).map_err(|e| FsError::io("list", path, e))?;
+        let mut names = Vec::new();
+        for entry in dir {
+            let entry = entry.map_err(|e| FsError::io("list", path, e))?;
+            let name = entry.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                names.push(OsStr::from_bytes(name).to_owned());
+            }
+        }
+        Ok(names)
+    }
+
+    /// Makes a symlink at `path` pointing at `target` (created, never followed). Replaces a
+    /// symlink already there.
+    pub fn symlink(&mut self, path: &Path, target: &Path) -> Result<()> {
+        let (parent, name) = split(path);
+        self.make_dirs(parent, 0o755)?;
+        let dir = self.open_dir(parent)?.ok_or_else(|| FsError::NoParent { path: path.to_owned() })?;
+        if let Ok(st) = rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            if meta_of(&st).kind == Kind::Symlink {
+                let _ = rfs::unlinkat(dir, name, AtFlags::empty());
+            }
+        }
+        rfs::symlinkat(target, dir, name).map_err(|e| FsError::io("make the symlink", path, e))
+    }
+
+    /// Where a symlink at `path` points.
+    pub fn read_link(&mut self, path: &Path) -> Result<PathBuf> {
+        let (parent, name) = split(path);
+        let dir = self.open_dir(parent)?.ok_or_else(|| FsError::NoParent { path: path.to_owned() })?;
+        let target =
+            rfs::readlinkat(dir, name, Vec::new()).map_err(|e| FsError::io("read the link", path, e))?;
+        Ok(PathBuf::from(OsStr::from_bytes(target.as_bytes())))
+    }
+
+    /// Makes a hard link at `path` to the existing file `existing` (both reached without links).
+    pub fn hard_link(&mut self, existing: &Path, path: &Path) -> Result<()> {
+        let (eparent, ename) = split(existing);
+        let (parent, name) = split(path);
+        self.make_dirs(parent, 0o755)?;
+        let efd = self
+            .open_dir(eparent)?
+            .ok_or_else(|| FsError::NoParent { path: existing.to_owned() })?
+            .try_clone()
+            .map_err(|e| FsError::Io { op: "link", path: existing.to_owned(), source: e })?;
+        let dir = self.open_dir(parent)?.ok_or_else(|| FsError::NoParent { path: path.to_owned() })?;
+        let _ = rfs::unlinkat(dir, name, AtFlags::empty());
+        rfs::linkat(efd.as_fd(), ename, dir, name, AtFlags::empty()).map_err(|e| FsError::io("link", path, e))
+    }
+}
+
+/// Writes a private file (mode 0600) atomically and durably: temporary file in the same
+/// directory, fsync, rename, fsync of the directory. For the agent's own files (the state
+/// store), which are not managed targets; the directory is made 0700 when missing.
+///
+/// `MESH_HOST_FAILPOINT=store-write` aborts the process after the temporary file is durable and
+/// before the rename: the crash a test needs in order to show the previous file survives.
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut fs = Fs::new();
+    let (parent, _) = split(path);
+    fs.make_dirs(parent, 0o700)?;
+    let staged = fs.stage(path, bytes, 0o600, None)?;
+    rfs::fsync(&staged.fd).map_err(|e| FsError::io("sync", path, e))?;
+    if std::env::var_os("MESH_HOST_FAILPOINT").is_some_and(|v| v == "store-write") {
+        std::process::abort();
+    }
+    fs.commit(vec![staged]).pop().unwrap_or(Ok(()))
+}
+
+/// Removes temporary files a crash left beside `path` (`.NAME.mesh-host-*`).
+pub fn remove_leftovers(path: &Path) -> Result<usize> {
+    let mut fs = Fs::new();
+    let (parent, name) = split(path);
+    if fs.open_dir(parent)?.is_none() {
+        return Ok(0);
+    }
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(name);
+    prefix.push(".mesh-host-");
+    let mut removed = 0;
+    for entry in fs.list(parent)? {
+        if entry.as_bytes().starts_with(prefix.as_bytes()) {
+            fs.remove_file(&parent.join(&entry))?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// An exclusive advisory lock on a file, held while the value lives.
+pub struct Lock {
+    _fd: OwnedFd,
+}
+
+/// Takes the lock at `path` without waiting. `Ok(None)` when another process holds it.
+pub fn try_lock(path: &Path) -> Result<Option<Lock>> {
+    let mut fs = Fs::new();
+    let (parent, name) = split(path);
+    fs.make_dirs(parent, 0o700)?;
+    let dir = fs.open_dir(parent)?.ok_or_else(|| FsError::NoParent { path: path.to_owned() })?;
+    let fd = rfs::openat(
+        dir,
+        name,
+        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .map_err(|e| FsError::io("open the lock", path, e))?;
+    match rfs::flock(&fd, rfs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(Lock { _fd: fd })),
+        Err(Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(FsError::io("lock", path, e)),
+    }
+}

@@ -1,0 +1,17 @@
+//! The only code that touches the machine.
+//!
+//! Architecture Invariant: nothing outside `system` opens, writes, chmods, chowns or removes a
+//! path, or runs a program. `clippy.toml` disallows the std functions that would, and this
+//! module allows them for itself only. Appliers decide; `system` does.
+
+pub mod fs;
+pub mod users;
+
+pub use fs::{Fs, FsError, Meta, Staged};
+pub use users::{Accounts, UserError};
+
+/// Reads a whole file the agent itself owns (a declaration, an archive's source), following
+/// symlinks as any reader would: these are inputs, not managed targets.
+pub fn read_input(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    std::fs::read(path)
+}

@@ -1,0 +1,1 @@
+//! Watchers: see the crate description.
