@@ -12,7 +12,19 @@ fn main() -> ExitCode {
     // clap itself exits with 2 on bad usage.
     let cli = Cli::parse();
     mesh_host::telemetry::init(cli.log_json);
-    match cli::run(cli) {
+    // The whole command runs on a blocking thread of a small runtime: the apply engine is
+    // synchronous and reaches async protocols (Docker, D-Bus) through the runtime's handle.
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("mesh-host: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime
+        .block_on(tokio::task::spawn_blocking(move || cli::run(cli)))
+        .unwrap_or_else(|e| Err(anyhow::anyhow!("the command panicked: {e}")));
+    match result {
         Ok(Ended::Converged) => ExitCode::from(0),
         Ok(Ended::Failed) => ExitCode::from(1),
         Err(e) if e.downcast_ref::<Refused>().is_some() => {

@@ -18,10 +18,12 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, d: &Directory) -> Result<St
             Some(_) => (Action::Corrected, Some("it had been removed on the machine".to_owned())),
             None => (Action::Created, None),
         },
-        Some(m) if m.kind == FsKind::Symlink => return Err(Error::Refused(format!(
+        Some(m) if m.kind == FsKind::Symlink => {
+            return Err(Error::Refused(format!(
             "{} is a symlink; mesh-host never manages a directory through a symlink: declare the real path",
             path.display()
-        ))),
+        )))
+        }
         Some(m) if m.kind != FsKind::Directory => {
             return Err(Error::Refused(format!(
                 "{} exists and is not a directory; it was left alone",

@@ -55,12 +55,24 @@ enum Step {
 }
 
 /// State shared by the appliers during one pass.
+///
+/// The pass is synchronous and always runs on a blocking thread of a tokio runtime (the CLI
+/// and the controller both arrange it), so an applier that speaks an async protocol (Docker,
+/// D-Bus) calls `tokio::runtime::Handle::current().block_on(..)`. Keeping the engine
+/// synchronous keeps its ordering plain: one resource at a time, in declaration order.
 struct Ctx<'a> {
     fs: Fs,
     accounts: Accounts,
     store: &'a Store,
     opts: &'a Options,
     diffs: Diffs,
+    // Read by the appliers that restart or recreate on a change (services, containers,
+    // processes), which arrive with their own issues.
+    #[allow(dead_code)]
+    declaration: &'a Declaration,
+    #[allow(dead_code)]
+    /// Ids that moved earlier in this pass: what restart-on and reload-on react to.
+    changed: &'a HashSet<Id>,
 }
 
 /// How many files are staged before a batch is committed. Bounded so that open descriptors
@@ -169,6 +181,8 @@ impl<'a> Pass<'a> {
                     store: self.store,
                     opts: self.opts,
                     diffs: std::mem::take(&mut diffs),
+                    declaration: self.declaration,
+                    changed: &self.changed,
                 };
                 let result = self.hold(&mut ctx, resource).unwrap_or_else(|| step(&mut ctx, resource));
                 fs = ctx.fs;
