@@ -22,7 +22,7 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime
-        .block_on(tokio::task::spawn_blocking(move || cli::run(cli)))
+        .block_on(runtime.spawn_blocking(move || cli::run(cli)))
         .unwrap_or_else(|e| Err(anyhow::anyhow!("the command panicked: {e}")));
     match result {
         Ok(Ended::Converged) => ExitCode::from(0),
