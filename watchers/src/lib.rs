@@ -1,1 +1,29 @@
-//! Watchers: see the crate description.
+//! Watchers report what moved on the machine: a path, a container, a systemd unit. They know
+//! nothing about declarations or resources; the controller decides what a change means.
+//!
+//! Architecture Invariant: this crate does not depend on `mesh-host`. Every watcher sends
+//! [`Change`]s into a channel and, after any gap in what it saw (an inotify overflow, a
+//! reconnect), sends [`Change::Resynced`] so that everything is reconciled again.
+
+use std::path::PathBuf;
+
+/// One thing that moved on the machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Something happened at a path: created, written, removed, renamed, chmod or chown. Which
+    /// of these is not said: the controller compares with the machine anyway.
+    Path(PathBuf),
+    /// A container event (die, stop, kill, oom, destroy...) of a container carrying a
+    /// `mesh-host.id` label; `label` is that label's value.
+    Container {
+        label: String,
+        name: String,
+        action: String,
+    },
+    /// A systemd unit changed state or a job on it finished.
+    Unit { unit: String },
+    /// The watcher may have missed changes (overflow, reconnect): reconcile everything.
+    Resynced { watcher: &'static str },
+    /// Whether a watcher is connected to what it watches, for the `watcher_up` gauge.
+    Up { watcher: &'static str, up: bool },
+}
