@@ -56,6 +56,10 @@ pub struct Record {
     /// For an archive: the digest of the archive last unpacked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive: Option<String>,
+    /// For a process: the digest of the command, environment and user its transient unit was
+    /// started with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<String>,
 }
 
 impl Record {

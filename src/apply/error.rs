@@ -2,7 +2,7 @@
 //! are lower-case, for a person reading a report.
 
 use crate::declaration::Kind;
-use crate::system::{FsError, UserError};
+use crate::system::{AccountError, CommandError, FsError, PackageError, SystemdError, UserError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -10,6 +10,14 @@ pub enum Error {
     Fs(#[from] FsError),
     #[error(transparent)]
     Account(#[from] UserError),
+    #[error(transparent)]
+    Systemd(#[from] SystemdError),
+    #[error(transparent)]
+    Package(#[from] PackageError),
+    #[error(transparent)]
+    Accounts(#[from] AccountError),
+    #[error(transparent)]
+    Command(#[from] CommandError),
     /// The read-back found something other than what was written.
     #[error("{path}: {what} is {found} after the host set it to {wanted}")]
     ReadBack { path: String, what: &'static str, wanted: String, found: String },

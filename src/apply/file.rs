@@ -115,6 +115,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
             mode: Some(meta.mode),
             owner: Some((meta.uid, meta.gid)),
             archive: None,
+            spec: None,
         };
         let detail = "created once, and present: what is in it now is not the mesh's to change";
         return Ok(Step::Done(begin(r, Action::Kept, Some(detail.into())), Some(facts)));
@@ -130,7 +131,13 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
             Some(rec) if rec.declared == r.digest && rec.wrote.is_some() => rec.wrote.clone(),
             _ => Some(digest(&bytes)),
         };
-        let facts = Facts { wrote, mode: Some(meta.mode), owner: Some((meta.uid, meta.gid)), archive: None };
+        let facts = Facts {
+            wrote,
+            mode: Some(meta.mode),
+            owner: Some((meta.uid, meta.gid)),
+            archive: None,
+            spec: None,
+        };
         return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
     }
 
@@ -242,8 +249,13 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
         action: c.action,
         detail: c.detail.clone(),
     };
-    let facts =
-        Facts { wrote: Some(found), mode: Some(meta.mode), owner: Some((meta.uid, meta.gid)), archive: None };
+    let facts = Facts {
+        wrote: Some(found),
+        mode: Some(meta.mode),
+        owner: Some((meta.uid, meta.gid)),
+        archive: None,
+        spec: None,
+    };
     Ok((outcome, facts))
 }
 

@@ -6,12 +6,17 @@
 //! passed, and the caller persists the store once the pass is over.
 
 mod access;
+mod action;
 mod archive;
 mod directory;
 mod error;
 mod file;
 mod outcome;
+mod package;
+mod process;
 mod remove;
+mod service;
+mod user;
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::PathBuf;
@@ -21,7 +26,7 @@ pub use outcome::{Action, ApplyError, Failure, Outcome, Report};
 
 use crate::declaration::{Declaration, Id, Kind, Resource, Spec};
 use crate::store::{Origin, Record, Store};
-use crate::system::{Accounts, Fs, Staged};
+use crate::system::{Accounts, Fs, Packages, Staged, Systemd};
 
 /// How an apply is run.
 #[derive(Clone, Debug)]
@@ -32,6 +37,9 @@ pub struct Options {
     /// Where the original of a file the host has no record of is kept before it is first
     /// written over: `<kept>/<its path>`, once, never overwritten.
     pub kept: PathBuf,
+    /// The D-Bus address of the systemd to manage (`unix:path=...`); the system bus when
+    /// `None`.
+    pub bus: Option<String>,
 }
 
 /// What a plan adds to a report: the diff of each file whose content would change.
@@ -45,6 +53,8 @@ struct Facts {
     mode: Option<u32>,
     owner: Option<(u32, u32)>,
     archive: Option<String>,
+    /// For a process: the digest of the spec its transient unit was started with.
+    spec: Option<String>,
 }
 
 /// What an applier returns: done (with what to record, if anything), or a file staged for the
@@ -66,13 +76,43 @@ struct Ctx<'a> {
     store: &'a Store,
     opts: &'a Options,
     diffs: Diffs,
-    // Read by the appliers that restart or recreate on a change (services, containers,
-    // processes), which arrive with their own issues.
+    /// Read by the appliers that recreate on a change (containers), which arrive with their own
+    /// issue.
     #[allow(dead_code)]
     declaration: &'a Declaration,
-    #[allow(dead_code)]
     /// Ids that moved earlier in this pass: what restart-on and reload-on react to.
     changed: &'a HashSet<Id>,
+    machine: &'a mut Machine,
+}
+
+/// The connections and caches of one pass to the machine's managers, each made when the first
+/// resource needs it: a declaration of files alone never touches the bus.
+#[derive(Default)]
+struct Machine {
+    systemd: Option<Systemd>,
+    packages: Packages,
+}
+
+impl Machine {
+    /// The pass's systemd connection, made on first use. A failure to connect is returned
+    /// each time it is asked for, so every service names the bus it could not reach.
+    fn systemd(&mut self, bus: Option<&str>) -> Result<&Systemd, Error> {
+        if self.systemd.is_none() {
+            self.systemd = Some(Systemd::connect(bus)?);
+        }
+        Ok(self.systemd.as_ref().expect("just connected"))
+    }
+}
+
+impl Ctx<'_> {
+    fn systemd(&mut self) -> Result<&Systemd, Error> {
+        self.machine.systemd(self.opts.bus.as_deref())
+    }
+}
+
+/// The ids of `names` that moved earlier in this pass, for "restarted for ..." details.
+fn named(names: &[Id], changed: &HashSet<Id>) -> Vec<String> {
+    names.iter().filter(|id| changed.contains(*id)).map(|id| id.to_string()).collect()
 }
 
 /// How many files are staged before a batch is committed. Bounded so that open descriptors
@@ -135,10 +175,11 @@ impl<'a> Pass<'a> {
         let mut fs = Fs::new();
         let mut accounts = Accounts::default();
         let mut diffs = Diffs::default();
+        let mut machine = Machine::default();
         let mut gated = false;
 
         if only.is_none() {
-            self.remove_orphans(&mut fs);
+            self.remove_orphans(&mut fs, &mut machine);
         }
         // Which gate, if any, holds back the rest when reconciling a part alone: the first one
         // not recorded at its current declaration.
@@ -183,6 +224,7 @@ impl<'a> Pass<'a> {
                     diffs: std::mem::take(&mut diffs),
                     declaration: self.declaration,
                     changed: &self.changed,
+                    machine: &mut machine,
                 };
                 let result = self.hold(&mut ctx, resource).unwrap_or_else(|| step(&mut ctx, resource));
                 fs = ctx.fs;
@@ -227,7 +269,7 @@ impl<'a> Pass<'a> {
     /// resource renamed at the same path must not have its new file deleted after it was
     /// written. A record whose id is still declared but now names another target or type is
     /// treated the same way, since what it left behind is no longer declared by anything.
-    fn remove_orphans(&mut self, fs: &mut Fs) {
+    fn remove_orphans(&mut self, fs: &mut Fs, machine: &mut Machine) {
         let mut orphans = self.store.orphans(self.declaration, self.opts.origin);
         let mut displaced: Vec<(String, Record)> = self
             .declaration
@@ -242,7 +284,7 @@ impl<'a> Pass<'a> {
         orphans.append(&mut displaced);
         orphans.sort_by_key(|o| std::cmp::Reverse(o.1.position));
         for (id, record) in orphans {
-            match remove::remove(fs, &record, self.opts.dry_run) {
+            match remove::remove(fs, machine, &record, self.opts) {
                 Ok((action, detail)) => {
                     if !self.opts.dry_run {
                         self.store.forget(&id);
@@ -322,6 +364,7 @@ impl<'a> Pass<'a> {
                     mode: facts.mode,
                     owner: facts.owner,
                     archive: facts.archive,
+                    spec: facts.spec,
                 },
             );
         }
@@ -364,13 +407,11 @@ fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
         Spec::File(f) => file::apply(ctx, r, f),
         Spec::Access(a) => access::apply(ctx, r, a),
         Spec::Archive(a) => archive::apply(ctx, r, a),
-        Spec::Package(_)
-        | Spec::Service(_)
-        | Spec::Container(_)
-        | Spec::Network(_)
-        | Spec::User(_)
-        | Spec::Process(_)
-        | Spec::Action(_)
-        | Spec::Opening(_) => Err(Error::Unsupported(r.kind())),
+        Spec::Package(p) => package::apply(ctx, r, p),
+        Spec::Service(s) => service::apply(ctx, r, s),
+        Spec::User(u) => user::apply(ctx, r, u),
+        Spec::Process(p) => process::apply(ctx, r, p),
+        Spec::Action(a) => action::apply(ctx, r, a),
+        Spec::Container(_) | Spec::Network(_) | Spec::Opening(_) => Err(Error::Unsupported(r.kind())),
     }
 }
