@@ -12,8 +12,11 @@ use crate::system::accounts::{self, Account, Changes, NewAccount};
 
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, u: &User) -> Result<Step, Error> {
     let name = u.name.as_str();
-    let recorded =
-        ctx.store.get(r.id.as_str()).is_some_and(|rec| rec.kind == Kind::User && rec.target == name);
+    // Whether the host made this account as declared now: a difference then is someone's hand.
+    let recorded = ctx
+        .store
+        .get(r.id.as_str())
+        .is_some_and(|rec| rec.kind == Kind::User && rec.target == name && rec.declared == r.digest);
     let groups: Vec<&str> = u.groups.iter().map(|g| g.as_str()).collect();
     // Supplementary groups must exist already: there is no group resource, and making a group
     // from a typo would give an account a membership nobody meant.

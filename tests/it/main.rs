@@ -6,4 +6,8 @@
 
 mod support;
 
+mod actions;
 mod files;
+mod packages;
+mod systemd;
+mod users;

@@ -5,6 +5,8 @@
 //! [`Change`]s into a channel and, after any gap in what it saw (an inotify overflow, a
 //! reconnect), sends [`Change::Resynced`] so that everything is reconciled again.
 
+pub mod systemd;
+
 use std::path::PathBuf;
 
 /// One thing that moved on the machine.
