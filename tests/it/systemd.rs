@@ -405,3 +405,87 @@ async fn next(
 ) -> Option<mesh_host_watchers::Change> {
     tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.ok().flatten()
 }
+
+/// A stand-in for the bus socket that forwards to the testbed's, and can cut every connection
+/// through it: the bus going away, as the watcher sees it, without stopping the testbed that
+/// other tests are using.
+struct Relay {
+    path: PathBuf,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    listener: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Relay {
+    fn new(path: PathBuf) -> Relay {
+        Relay { path, conns: Default::default(), listener: None }
+    }
+
+    fn listen(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        let listener = tokio::net::UnixListener::bind(&self.path).unwrap();
+        let conns = self.conns.clone();
+        self.listener = Some(tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let task = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::UnixStream::connect(SOCKET).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                conns.lock().unwrap().push(task);
+            }
+        }));
+    }
+
+    /// Closes every connection, and stops accepting new ones.
+    fn cut(&mut self) {
+        if let Some(l) = self.listener.take() {
+            l.abort();
+        }
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[test]
+fn watcher_reconnects_when_the_bus_goes_away_and_says_to_resync() {
+    use mesh_host_watchers::Change;
+    let t = testbed();
+    let unit = format!("{}.service", unique("mh-it-recon"));
+    t.unit(&unit, &sleeper(""));
+    let s = Scratch::new();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut relay = Relay::new(s.path("bus"));
+        let (_units_tx, units) = tokio::sync::watch::channel(BTreeSet::from([unit.clone()]));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = mesh_host_watchers::systemd::spawn(Some(format!("unix:path={}", s.p("bus"))), units, tx);
+
+        // Nothing listening yet: down, then up once it is, with a resync since it missed time.
+        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: "systemd", up: false }));
+        relay.listen();
+        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: "systemd", up: true }));
+        assert_eq!(next(&mut rx).await, Some(Change::Resynced { watcher: "systemd" }));
+
+        // The bus goes away while connected; what happens meanwhile is missed.
+        relay.cut();
+        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: "systemd", up: false }));
+        t.systemctl(&["start", &unit]);
+        let back = Instant::now();
+        relay.listen();
+        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: "systemd", up: true }));
+        assert_eq!(next(&mut rx).await, Some(Change::Resynced { watcher: "systemd" }));
+        assert!(back.elapsed() < Duration::from_secs(5), "reconnected after {:?}", back.elapsed());
+
+        // And it follows the unit again on the new connection.
+        t.systemctl(&["stop", &unit]);
+        assert_eq!(next(&mut rx).await, Some(Change::Unit { unit: unit.clone() }));
+
+        // Dropping the receiver ends the task.
+        drop(rx);
+        tokio::time::timeout(Duration::from_secs(5), task).await.expect("the watcher ends").unwrap();
+        relay.cut();
+    });
+    t.clean(&[&unit], &[]);
+}
