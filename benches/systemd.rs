@@ -28,7 +28,10 @@ fn main() {
 
     let (units_tx, units) = tokio::sync::watch::channel(BTreeSet::from([UNIT.to_owned()]));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let watcher = rt.block_on(async { mesh_host_watchers::systemd::spawn(Some(bus.clone()), units, tx) });
+    let watcher = {
+        let _runtime = rt.enter();
+        mesh_host_watchers::systemd::spawn(Some(bus.clone()), units, tx)
+    };
 
     let (start, seen, again) = rt
         .block_on(rt.spawn_blocking(move || {

@@ -21,6 +21,20 @@ const MANAGER: &str = "org.freedesktop.systemd1.Manager";
 const UNIT: &str = "org.freedesktop.systemd1.Unit";
 const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
 
+/// How long one method call may go unanswered before it is an error, so that a reply lost for
+/// any reason fails the resource instead of hanging the apply. A manager reload on a large
+/// machine takes seconds, so the bound is generous.
+const CALL_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// How many messages may wait unread on the connection or one of its streams. zbus stops
+/// reading the connection, replies included, while a queue is full, so a burst of signals
+/// arriving while a reply is awaited (a manager reload announces every unit) must fit.
+const QUEUE: std::num::NonZeroUsize = std::num::NonZeroUsize::new(65_536).unwrap();
+
+/// How long `Subscribe` may take before it is sent again, and how many times it is tried.
+const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
+const SUBSCRIBE_TRIES: u32 = 3;
+
 /// How long a job may take before the host stops waiting for it. systemd times out a unit's
 /// start itself (TimeoutStartSec); this only bounds the wait when the job's signal is lost.
 const JOB_TIMEOUT: Duration = Duration::from_secs(600);
@@ -118,9 +132,24 @@ impl Systemd {
                 Some(a) => zbus::conn::Builder::address(a),
                 None => zbus::conn::Builder::system(),
             };
-            let conn = builder.build().await?;
-            // systemd sends JobRemoved only while some client is subscribed.
-            conn.call_method(Some(DESTINATION), MANAGER_PATH, Some(MANAGER), "Subscribe", &()).await?;
+            let conn = builder.method_timeout(CALL_TIMEOUT).max_queued(QUEUE).build().await?;
+            // systemd sends JobRemoved only while some client is subscribed. Subscribing twice
+            // is refused as "already subscribed", which is as good as a yes.
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let subscribe =
+                    conn.call_method(Some(DESTINATION), MANAGER_PATH, Some(MANAGER), "Subscribe", &());
+                match tokio::time::timeout(SUBSCRIBE_TIMEOUT, subscribe).await {
+                    Ok(Ok(_)) => break,
+                    Ok(Err(e)) if error_name(&e) == Some("org.freedesktop.systemd1.AlreadySubscribed") => {
+                        break
+                    }
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) if tries < SUBSCRIBE_TRIES => continue,
+                    Err(_) => return Err(zbus::Error::Failure("systemd did not answer Subscribe".into())),
+                }
+            }
             Ok::<_, zbus::Error>(conn)
         });
         let conn = conn.map_err(fail)?;
@@ -295,7 +324,8 @@ impl Systemd {
             .member("JobRemoved")
             .build()
             .map_err(fail)?;
-        let mut stream = MessageStream::for_match_rule(rule, &self.conn, None).await.map_err(fail)?;
+        // Room for every JobRemoved of a busy machine until the reply is read (QUEUE).
+        let mut stream = MessageStream::for_match_rule(rule, &self.conn, Some(QUEUE)).await.map_err(fail)?;
         let job: OwnedObjectPath = self
             .conn
             .call_method(Some(DESTINATION), MANAGER_PATH, Some(MANAGER), method, body)

@@ -31,6 +31,10 @@ system_state() {
 
 alive() { [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 
+# Booted. `degraded` counts: a unit failed inside (a test's unit that dies at once on purpose
+# leaves one), and the manager answers all the same.
+up() { [[ $1 == running || $1 == degraded ]]; }
+
 down() {
   if alive; then
     local pid; pid=$(cat "$PIDFILE")
@@ -47,14 +51,14 @@ down() {
 case "${1:-up}" in
   down) down; exit 0 ;;
   status)
-    if alive && [[ $(system_state) == running ]]; then echo "running: unix:path=$SOCKET"; exit 0; fi
+    if alive && up "$(system_state)"; then echo "$(system_state): unix:path=$SOCKET"; exit 0; fi
     echo "not running"; exit 1 ;;
   up) ;;
   *) echo "usage: $0 [up|down|status]" >&2; exit 2 ;;
 esac
 
-if alive && [[ $(system_state) == running ]]; then
-  say "already running at unix:path=$SOCKET"
+if alive && up "$(system_state)"; then
+  say "already $(system_state) at unix:path=$SOCKET"
   exit 0
 fi
 
@@ -101,10 +105,10 @@ for _ in $(seq 1 300); do
   case "$state" in
     running) say "booted, SystemState running, bus unix:path=$SOCKET"; exit 0 ;;
     degraded)
-      say "booted but degraded; failed units:"
+      say "booted, but a unit failed at boot (SystemState degraded); the manager answers, so the tests can run. Failed units:"
       busctl --address="unix:path=$SOCKET" call org.freedesktop.systemd1 /org/freedesktop/systemd1 \
         org.freedesktop.systemd1.Manager ListUnitsFiltered as 1 failed || true
-      exit 1 ;;
+      exit 0 ;;
   esac
   alive || { say "systemd-nspawn exited; its log:"; tail -30 "$LOG"; exit 1; }
   sleep 0.1

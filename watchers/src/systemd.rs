@@ -23,9 +23,16 @@ use crate::Change;
 const WATCHER: &str = "systemd";
 const DESTINATION: &str = "org.freedesktop.systemd1";
 const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
+const UNIT_PATHS: &str = "/org/freedesktop/systemd1/unit";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
 const UNIT: &str = "org.freedesktop.systemd1.Unit";
 const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
+
+/// How long connecting and subscribing may take before the attempt counts as failed and is
+/// made again. Without a bound, a reply that never comes would leave the watcher connected and
+/// deaf for good. (That was seen once: a stream's full queue stopped zbus reading the reply;
+/// see QUEUE.)
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The first wait before connecting again, and the longest.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
@@ -73,8 +80,9 @@ async fn run(
         }
     };
     loop {
-        match connect(bus.as_deref()).await {
-            Ok((_conn, stream)) => {
+        let attempt = tokio::time::timeout(CONNECT_TIMEOUT, connect(bus.as_deref())).await;
+        match attempt.unwrap_or_else(|_| Err(zbus::Error::Failure("no answer to Subscribe in time".into()))) {
+            Ok((_conn, signals)) => {
                 wait = BACKOFF_FIRST;
                 if !say_up(&mut up, true) {
                     return;
@@ -84,7 +92,7 @@ async fn run(
                 }
                 tried = true;
                 tracing::debug!(bus = bus.as_deref().unwrap_or("system"), "systemd watcher connected");
-                match follow(stream, &mut units, &tx).await {
+                match follow(signals, &mut units, &tx).await {
                     Ended::Stop => return,
                     Ended::Lost => {
                         tracing::warn!(
@@ -113,31 +121,58 @@ async fn run(
     }
 }
 
-/// Connects, listens, then subscribes: the stream exists before systemd starts sending, so
+/// How many signals may wait, unread, on one stream. zbus stops reading the connection when a
+/// stream's queue is full, replies included: while `Subscribe` is awaited nothing reads the
+/// streams, and a burst of signals (a manager reload announces every unit) must not fill them.
+const QUEUE: std::num::NonZeroUsize = std::num::NonZeroUsize::new(65_536).unwrap();
+
+/// The signals followed: one stream for units' `PropertiesChanged`, one for `JobRemoved`.
+struct Signals {
+    properties: MessageStream,
+    jobs: MessageStream,
+}
+
+/// Connects, listens, then subscribes: the streams exist before systemd starts sending, so
 /// nothing between the two is lost.
-async fn connect(bus: Option<&str>) -> zbus::Result<(Connection, MessageStream)> {
+async fn connect(bus: Option<&str>) -> zbus::Result<(Connection, Signals)> {
     let builder = match bus {
         Some(a) => zbus::conn::Builder::address(a),
         None => zbus::conn::Builder::system(),
     };
-    let conn = builder.build().await?;
-    // Matched by path rather than by sender: the rule then holds across a systemd
-    // re-execution, which gives the manager a new unique name on the bus.
-    let rule = MatchRule::builder().msg_type(MessageType::Signal).path_namespace(MANAGER_PATH).build()?;
-    let stream = MessageStream::for_match_rule(rule, &conn, None).await?;
+    let conn = builder.max_queued(QUEUE).build().await?;
+    let queue = Some(QUEUE);
+    // Matched by path and interface rather than by sender: the rules then hold across a
+    // systemd re-execution, which gives the manager a new unique name on the bus.
+    let properties = MatchRule::builder()
+        .msg_type(MessageType::Signal)
+        .interface(PROPERTIES)
+        .member("PropertiesChanged")
+        .path_namespace(UNIT_PATHS)
+        .arg(0, UNIT)
+        .build()?;
+    let jobs = MatchRule::builder()
+        .msg_type(MessageType::Signal)
+        .interface(MANAGER)
+        .member("JobRemoved")
+        .path(MANAGER_PATH)
+        .build()?;
+    let signals = Signals {
+        properties: MessageStream::for_match_rule(properties, &conn, queue).await?,
+        jobs: MessageStream::for_match_rule(jobs, &conn, queue).await?,
+    };
     conn.call_method(Some(DESTINATION), MANAGER_PATH, Some(MANAGER), "Subscribe", &()).await?;
-    Ok((conn, stream))
+    Ok((conn, signals))
 }
 
 async fn follow(
-    mut stream: MessageStream,
+    mut signals: Signals,
     units: &mut watch::Receiver<BTreeSet<String>>,
     tx: &mpsc::UnboundedSender<Change>,
 ) -> Ended {
     let mut paths = paths_of(&units.borrow_and_update());
     loop {
         tokio::select! {
-            msg = stream.next() => match msg {
+            msg = next_signal(&mut signals) => match msg {
                 Some(Ok(msg)) => {
                     if let Some(unit) = unit_of(&msg, &paths, units) {
                         if tx.send(Change::Unit { unit }).is_err() {
@@ -156,6 +191,14 @@ async fn follow(
             },
             _ = tx.closed() => return Ended::Stop,
         }
+    }
+}
+
+/// The next signal of either stream; `None` once either ends, which means the connection did.
+async fn next_signal(s: &mut Signals) -> Option<zbus::Result<Message>> {
+    tokio::select! {
+        m = s.properties.next() => m,
+        m = s.jobs.next() => m,
     }
 }
 
