@@ -20,8 +20,10 @@ PIDFILE=$RUN/nspawn.pid
 LOG=$RUN/nspawn.log
 MARKER=$ROOT/.mesh-host-testbed-ready
 
-t0=$(date +%s.%N)
-elapsed() { printf '%.1fs' "$(echo "$(date +%s.%N) - $t0" | bc)"; }
+# Microseconds since the epoch, from bash itself (5.0 and later): no external tool needed.
+now_us() { local t=${EPOCHREALTIME/./}; echo "${t#0}"; }
+t0=$(now_us)
+elapsed() { local d=$(( $(now_us) - t0 )); printf '%d.%01ds' $((d / 1000000)) $(((d % 1000000) / 100000)); }
 say() { echo "testbed systemd: $* ($(elapsed))"; }
 
 system_state() {
@@ -62,14 +64,13 @@ if alive && up "$(system_state)"; then
   exit 0
 fi
 
-# busctl (from the host's systemd package) asks the bus; bc prints the timings; dpkg-dev and
-# apt-utils build the tests' local apt repository.
+# busctl (from the host's systemd package) asks the bus; dpkg-dev and apt-utils build the
+# tests' local apt repository; passwd has useradd for the user tests.
 need=()
-for p in systemd systemd-container debootstrap apt-utils dpkg-dev bc passwd; do
+for p in systemd systemd-container debootstrap apt-utils dpkg-dev passwd; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
 done
 if ((${#need[@]})); then
-  # bc may be among what is missing, so this step is timed by the shell.
   SECONDS=0
   apt-get -o DPkg::Lock::Timeout=300 update -qq
   DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${need[@]}" >/dev/null
