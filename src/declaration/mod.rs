@@ -10,6 +10,9 @@ mod schema;
 mod types;
 mod validate;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::HashMap;
 
 use serde::Deserialize;

@@ -12,7 +12,9 @@ pub struct Scratch {
 
 impl Scratch {
     pub fn new() -> Scratch {
-        Scratch { dir: tempfile::Builder::new().prefix("mesh-host-it-").tempdir().expect("a scratch directory") }
+        Scratch {
+            dir: tempfile::Builder::new().prefix("mesh-host-it-").tempdir().expect("a scratch directory"),
+        }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {

@@ -15,11 +15,7 @@ pub enum Change {
     Path(PathBuf),
     /// A container event (die, stop, kill, oom, destroy...) of a container carrying a
     /// `mesh-host.id` label; `label` is that label's value.
-    Container {
-        label: String,
-        name: String,
-        action: String,
-    },
+    Container { label: String, name: String, action: String },
     /// A systemd unit changed state or a job on it finished.
     Unit { unit: String },
     /// The watcher may have missed changes (overflow, reconnect): reconcile everything.
