@@ -308,8 +308,17 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
             }
         }
         Spec::Archive(a) => {
-            if a.bytes.is_some() == a.source.is_some() {
-                problem("bytes", "an archive has exactly one of `bytes` or `source`".into());
+            // As for a file, the message says which case it is, and names the extra field.
+            match (&a.bytes, &a.source) {
+                (Some(_), Some(_)) => problem(
+                    "source",
+                    "an archive has exactly one of `bytes` or `source`; found bytes and source".into(),
+                ),
+                (None, None) => problem(
+                    "bytes",
+                    "an archive has exactly one of `bytes` or `source`; none was given".into(),
+                ),
+                _ => {}
             }
             if let Some(b) = &a.bytes {
                 if !base64_ok(b) {
@@ -482,7 +491,10 @@ fn across(resources: &[Resource], problems: &mut Problems) {
     }
 
     for r in resources {
-        for (field, list) in [("restart-on", r.spec.restart_on()), ("reload-on", r.spec.reload_on())] {
+        // The verb follows the list, so a `reload-on` problem does not speak of restarting.
+        for (field, verb, list) in
+            [("restart-on", "restart", r.spec.restart_on()), ("reload-on", "reload", r.spec.reload_on())]
+        {
             let mut seen = BTreeSet::new();
             for (i, named) in list.iter().enumerate() {
                 let field = format!("{field}[{i}]");
@@ -491,7 +503,7 @@ fn across(resources: &[Resource], problems: &mut Problems) {
                         Some(r.index),
                         Some(r.id.as_str()),
                         Some(&field),
-                        "a resource cannot restart on itself".into(),
+                        format!("a resource cannot {verb} on itself"),
                     );
                 } else if !ids.contains_key(named) {
                     problems.at(
