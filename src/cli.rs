@@ -63,7 +63,11 @@ pub enum Ended {
     Failed,
 }
 
-pub fn run(cli: Cli) -> anyhow::Result<Ended> {
+pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
+    // The store is reached by descriptors relative to its directory, so it is made absolute
+    // once, here, against the directory the command was started in.
+    cli.state = std::path::absolute(&cli.state)
+        .with_context(|| format!("cannot resolve the state path {}", cli.state.display()))?;
     match cli.command {
         Command::Check { file } => check(&file),
         Command::Plan { file, origin } => plan(&file, origin, &cli.state),
@@ -141,9 +145,19 @@ fn plan(file: &Path, origin: Origin, state: &Path) -> anyhow::Result<Ended> {
 }
 
 fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path) -> anyhow::Result<Ended> {
+    let t = std::time::Instant::now();
     let d = load(file)?;
+    tracing::debug!(
+        elapsed_ms = t.elapsed().as_secs_f64() * 1e3,
+        resources = d.resources.len(),
+        "declaration loaded"
+    );
+    let t = std::time::Instant::now();
     let mut store = Store::open(state)?;
+    tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "state store opened");
+    let t = std::time::Instant::now();
     let (mut report, _) = apply::apply(&d, &mut store, &options(origin, state, false));
+    tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "pass finished");
     // What worked is recorded even when something else failed: the record follows each fact.
     if let Err(e) = store.save() {
         let message = format!("{e}; what this apply did is on the machine but not recorded");
@@ -171,7 +185,9 @@ fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path) -> anyhow::R
     }
     for o in &report.outcomes {
         if o.action != Action::Unchanged {
-            tracing::info!(id = %o.id, kind = %o.kind, target = %o.target, action = %o.action, detail = o.detail.as_deref().unwrap_or(""), "resource changed");
+            // The report on stdout already says this to the person at the terminal; the log
+            // line is for journald when apply runs from a timer or a script.
+            tracing::debug!(id = %o.id, kind = %o.kind, target = %o.target, action = %o.action, detail = o.detail.as_deref().unwrap_or(""), "resource changed");
         }
     }
     if json {

@@ -468,7 +468,9 @@ fn across(resources: &[Resource], problems: &mut Problems) {
     let mut targets: HashMap<(&'static str, String), usize> = HashMap::with_capacity(resources.len());
     for r in resources {
         let class = match r.kind() {
-            Kind::Directory | Kind::File | Kind::Archive => Some("path"),
+            // An archive is unpacked into a directory, which may well be declared too.
+            Kind::Directory | Kind::File => Some("path"),
+            Kind::Archive => Some("archive"),
             Kind::Container => Some("container"),
             Kind::Network => Some("network"),
             Kind::User => Some("user"),
