@@ -45,6 +45,24 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Apply, then keep the machine matching: watch the declaration and every managed path,
+    /// put back what changes, serve metrics. Stops on SIGTERM or SIGINT.
+    Run {
+        /// A declaration file, or a directory whose `*.json` files are read as one declaration.
+        #[arg(long, value_name = "PATH", default_value = "/etc/mesh-host/declaration.d")]
+        declaration: PathBuf,
+        #[arg(long, value_enum, default_value = "declared")]
+        origin: Origin,
+        /// Where /metrics and /healthz listen; "off" for nowhere.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9787")]
+        metrics: String,
+        /// Seconds between full resyncs, beside what the watchers report.
+        #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+        resync: u64,
+        /// Milliseconds the declaration must be still before it is read.
+        #[arg(long, value_name = "MS", default_value_t = 50)]
+        settle_ms: u64,
+    },
     /// What is recorded, and whether the machine still holds each file and directory.
     Status {
         #[arg(long)]
@@ -53,6 +71,11 @@ pub enum Command {
     /// Print the JSON Schema of the declaration.
     Schema,
 }
+
+/// Bad usage found after parsing: exits 2, like clap's own.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
 
 /// How a command ended, when it ran to the end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +96,24 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
         Command::Plan { file, origin } => plan(&file, origin, &cli.state),
         Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state),
         Command::Status { json } => status(json, &cli.state),
+        Command::Run { declaration, origin, metrics, resync, settle_ms } => {
+            let metrics = match metrics.as_str() {
+                "off" | "none" => None,
+                addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
+            };
+            let declaration = std::path::absolute(&declaration)?;
+            let config = crate::controller::Config {
+                declaration,
+                state: cli.state.clone(),
+                origin,
+                metrics,
+                resync: std::time::Duration::from_secs(resync.max(1)),
+                settle: std::time::Duration::from_millis(settle_ms),
+                queue: crate::controller::queue::Config::default(),
+            };
+            tokio::runtime::Handle::current().block_on(crate::controller::run(config))?;
+            Ok(Ended::Converged)
+        }
         Command::Schema => {
             println!("{}", serde_json::to_string_pretty(&crate::declaration::json_schema())?);
             Ok(Ended::Converged)

@@ -70,6 +70,14 @@ impl Declaration {
         validate::parse(bytes)
     }
 
+    /// Parses several named documents as one declaration, in the order given (a directory's
+    /// `*.json` files, sorted by name). Problems name their document.
+    pub fn parse_sources(sources: &[(String, Vec<u8>)]) -> Result<Declaration, Refused> {
+        let refs: Vec<(Option<&str>, &[u8])> =
+            sources.iter().map(|(name, bytes)| (Some(name.as_str()), bytes.as_slice())).collect();
+        validate::parse_sources(&refs)
+    }
+
     pub fn get(&self, id: &Id) -> Option<&Resource> {
         self.by_id.get(id).map(|&i| &self.resources[i])
     }
