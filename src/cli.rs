@@ -207,6 +207,7 @@ fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path) -> anyhow::R
             kind: Kind::File,
             target: state.display().to_string(),
             message: message.clone(),
+            raced: false,
         };
         match &mut report.error {
             Some(err) => {
