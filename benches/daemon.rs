@@ -19,7 +19,7 @@ fn env_or(name: &str, default: u64) -> u64 {
 }
 
 fn start(state: &Path, decl: &Path, port: u16) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
         .env("MESH_HOST_LOG", "warn")
         .arg("--state")
         .arg(state)
@@ -36,6 +36,8 @@ fn start(state: &Path, decl: &Path, port: u16) -> Child {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("the daemon did not become ready");
 }
 
