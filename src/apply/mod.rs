@@ -205,6 +205,7 @@ impl<'a> Pass<'a> {
                             "this gate has not passed at its current declaration, so {} was not attempted",
                             resource.id
                         ),
+                        raced: false,
                     });
                     gated = true;
                     break;
@@ -240,7 +241,7 @@ impl<'a> Pass<'a> {
                 }
                 Err(e) => {
                     let unsupported = matches!(e, Error::Unsupported(_));
-                    self.fail(resource, e.to_string());
+                    self.fail(resource, &e);
                     // A missing applier says nothing about the machine, so it does not gate.
                     if resource.spec.is_gate() && !unsupported {
                         gated = true;
@@ -302,6 +303,7 @@ impl<'a> Pass<'a> {
                     kind: record.kind,
                     target: record.target,
                     message: format!("removing what is no longer declared: {e}"),
+                    raced: false,
                 }),
             }
         }
@@ -371,8 +373,14 @@ impl<'a> Pass<'a> {
         outcome
     }
 
-    fn fail(&mut self, r: &Resource, message: String) {
-        self.failures.push(Failure { id: r.id.to_string(), kind: r.kind(), target: r.target(), message });
+    fn fail(&mut self, r: &Resource, e: &Error) {
+        self.failures.push(Failure {
+            id: r.id.to_string(),
+            kind: r.kind(),
+            target: r.target(),
+            message: e.to_string(),
+            raced: e.raced(),
+        });
     }
 
     /// Commits the staged files, reads each back, and records those that passed.
@@ -393,7 +401,7 @@ impl<'a> Pass<'a> {
                     let outcome = self.settle(resource, outcome, Some(facts));
                     self.slots[slot] = Some(outcome);
                 }
-                Err(e) => self.fail(resource, e.to_string()),
+                Err(e) => self.fail(resource, &e),
             }
         }
     }

@@ -7,6 +7,7 @@
 mod support;
 
 mod actions;
+mod daemon;
 mod files;
 mod packages;
 mod systemd;
