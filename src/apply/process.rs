@@ -113,3 +113,39 @@ fn check_spec(ctx: &mut Ctx<'_>, unit: &str, want: &str) -> Result<(), Error> {
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(json: serde_json::Value) -> Process {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn the_spec_digest_changes_with_command_env_and_user_only() {
+        let base = process(serde_json::json!({"name": "w", "command": ["/bin/w"], "env": {"A": "1"}}));
+        let d = spec_digest(&base);
+        let same = process(
+            serde_json::json!({"name": "w", "command": ["/bin/w"], "env": {"A": "1"}, "restart-on": ["x.y"]}),
+        );
+        assert_eq!(spec_digest(&same), d, "restart-on restarts, it does not replace");
+        for other in [
+            serde_json::json!({"name": "w", "command": ["/bin/w", "-v"], "env": {"A": "1"}}),
+            serde_json::json!({"name": "w", "command": ["/bin/w"], "env": {"A": "2"}}),
+            serde_json::json!({"name": "w", "command": ["/bin/w"], "env": {"A": "1"}, "user": "nobody"}),
+        ] {
+            assert_ne!(spec_digest(&process(other)), d);
+        }
+    }
+
+    #[test]
+    fn the_description_carries_the_digest_back() {
+        let d = description("web", "sha256:abc");
+        assert_eq!(d, "mesh-host process web, spec sha256:abc");
+        assert_eq!(described_spec(&d), Some("sha256:abc"));
+        assert_eq!(described_spec("/bin/sleep 1000"), None);
+        assert_eq!(described_spec("something, spec unknown"), None);
+        assert_eq!(unit_name("web"), "mesh-host-web.service");
+    }
+}

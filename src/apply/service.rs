@@ -152,3 +152,22 @@ fn boot_is(b: Boot, found: &str) -> bool {
         Boot::Disabled => matches!(found, "disabled" | "static" | "masked"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boot_states_that_satisfy_the_declaration() {
+        assert!(boot_is(Boot::Enabled, "enabled"));
+        for s in ["disabled", "static", "masked", "indirect", "enabled-runtime", "linked"] {
+            assert!(!boot_is(Boot::Enabled, s), "{s}");
+        }
+        for s in ["disabled", "static", "masked"] {
+            assert!(boot_is(Boot::Disabled, s), "{s}");
+        }
+        for s in ["enabled", "enabled-runtime", "linked", "indirect"] {
+            assert!(!boot_is(Boot::Disabled, s), "{s}");
+        }
+    }
+}

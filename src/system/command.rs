@@ -90,3 +90,30 @@ pub fn exists(program: &str) -> bool {
         })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_is_described_by_its_last_words() {
+        let ran = Ran { code: Some(3), stdout: "noise\n".into(), stderr: "one\n\ntwo\nthree\nfour\n".into() };
+        assert_eq!(ran.describe(), "exited 3: two / three / four");
+        let quiet = Ran { code: Some(1), stdout: String::new(), stderr: String::new() };
+        assert_eq!(quiet.describe(), "exited 1");
+        let killed = Ran { code: None, stdout: "last\n".into(), stderr: String::new() };
+        assert_eq!(killed.describe(), "was killed by a signal: last");
+        let long = Ran { code: Some(1), stdout: String::new(), stderr: "x".repeat(1000) };
+        assert_eq!(long.describe().chars().count(), "exited 1: ...".len() + 400);
+    }
+
+    #[test]
+    fn argv_is_not_a_shell() {
+        let ran = run_str(&["echo", "$HOME; false"], &[("MESH_HOST_T", "1")]).unwrap();
+        assert!(ran.success());
+        assert_eq!(ran.stdout, "$HOME; false\n");
+        let env = run_str(&["sh", "-c", "echo $MESH_HOST_T"], &[("MESH_HOST_T", "yes")]).unwrap();
+        assert_eq!(env.stdout, "yes\n");
+        assert!(matches!(run_str(&["/nonexistent/program"], &[]), Err(CommandError::Spawn { .. })));
+    }
+}
