@@ -19,16 +19,20 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
 
     // Something this unit reflects changed in this pass, and it may be the unit's own file or a
     // drop-in: systemd keeps what it loaded until told to read them again, and a restart
-    // without that runs the old definition.
-    if !restart_for.is_empty() && !dry_run {
+    // without that runs the old definition. The same when systemd itself says the files
+    // changed on disk: a start or enable must act on the unit as it is written now.
+    if !dry_run && (!restart_for.is_empty() || sd.needs_reload(unit)?) {
         sd.reload_manager()?;
     }
 
     let before = sd.state(unit)?;
-    match before.load.as_str() {
-        "not-found" => return Err(SystemdError::NoUnit(unit.to_owned()).into()),
-        "masked" => return Err(SystemdError::Masked(unit.to_owned()).into()),
-        _ => {}
+    if before.load == "not-found" {
+        return Err(SystemdError::NoUnit(unit.to_owned()).into());
+    }
+    // A masked unit cannot be started or enabled, and unmasking is a person's decision; one
+    // declared stopped and disabled is already both.
+    if before.load == "masked" && (s.state == ServiceState::Running || s.boot == Some(Boot::Enabled)) {
+        return Err(SystemdError::Masked(unit.to_owned()).into());
     }
 
     let mut changes = Vec::new();

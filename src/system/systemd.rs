@@ -174,6 +174,15 @@ impl Systemd {
         })
     }
 
+    /// Whether systemd says the unit's file or drop-ins changed on disk since it loaded them.
+    pub fn needs_reload(&self, unit: &str) -> Result<bool> {
+        self.handle.block_on(async {
+            let path = self.load(unit).await?;
+            let value = self.get(unit, &path, "NeedDaemonReload").await?;
+            bool::try_from(value).map_err(|e| call("read the properties of", unit, e))
+        })
+    }
+
     /// A unit's description, read uncached.
     pub fn description(&self, unit: &str) -> Result<String> {
         self.handle.block_on(async {
@@ -368,13 +377,16 @@ impl Systemd {
     }
 
     async fn property(&self, unit: &str, path: &OwnedObjectPath, name: &str) -> Result<String> {
-        let value: OwnedVariant = self
-            .conn
+        let value = self.get(unit, path, name).await?;
+        String::try_from(value).map_err(|e| call("read the properties of", unit, e))
+    }
+
+    async fn get(&self, unit: &str, path: &OwnedObjectPath, name: &str) -> Result<OwnedVariant> {
+        self.conn
             .call_method(Some(DESTINATION), path.as_str(), Some(PROPERTIES), "Get", &(UNIT, name))
             .await
             .and_then(|m| m.body().deserialize())
-            .map_err(|e| call("read the properties of", unit, e))?;
-        String::try_from(value).map_err(|e| call("read the properties of", unit, e))
+            .map_err(|e| call("read the properties of", unit, e))
     }
 }
 

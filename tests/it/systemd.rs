@@ -217,6 +217,68 @@ fn a_missing_unit_is_an_error_and_removing_one_is_forgotten() {
 }
 
 #[test]
+fn a_unit_file_changed_on_disk_is_read_again_before_a_start() {
+    let t = testbed();
+    let name = unique("mh-it-edit");
+    let unit = format!("{name}.service");
+    let seen = format!("/var/lib/{name}.seen");
+    let body = |word: &str| {
+        format!("[Service]\nExecStart=/bin/sh -c 'echo {word} > {seen}; exec sleep infinity'\n[Install]\nWantedBy=multi-user.target\n")
+    };
+    t.unit(&unit, &body("old"));
+    // Enabled, so systemd keeps it loaded (the target wants it), then edited without telling
+    // systemd: the unit it holds is the old one.
+    t.systemctl(&["enable", &unit]);
+    // Other tests reload the manager at any moment, which would read the edit for us: edit
+    // until systemd is seen holding the old unit, so the apply has to be the one that reloads.
+    // (systemd compares modification times, so each edit comes a moment after the last.)
+    let mut edits = 0;
+    while t.show(&unit, "NeedDaemonReload") != "yes" {
+        edits += 1;
+        assert!(edits <= 20, "systemd never saw the unit file as changed");
+        std::thread::sleep(Duration::from_millis(100));
+        std::fs::write(t.path(&format!("/etc/systemd/system/{unit}")), body("new")).unwrap();
+    }
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "service", "id": "web.svc", "unit": unit, "state": "running"}]));
+    let (code, report) = apply_on(&s, &t.bus(), &d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(std::fs::read_to_string(t.path(&seen)).unwrap(), "new\n");
+    t.clean(&[&unit], &[&seen]);
+}
+
+#[test]
+fn a_masked_unit_is_refused_only_when_it_must_start() {
+    let t = testbed();
+    let unit = format!("{}.service", unique("mh-it-mask"));
+    // Where a package puts its units: masking writes a link in /etc, which a unit file there
+    // would be in the way of.
+    let vendor = t.path(&format!("/usr/lib/systemd/system/{unit}"));
+    std::fs::write(&vendor, sleeper("")).unwrap();
+    t.systemctl(&["daemon-reload"]);
+    t.systemctl(&["mask", &unit]);
+    assert_eq!(t.enabled(&unit), "masked");
+    let s = Scratch::new();
+    let bus = t.bus();
+    let d = s.declare(
+        json!([{"type": "service", "id": "web.svc", "unit": unit, "state": "stopped", "boot": "disabled"}]),
+    );
+    let (code, report) = apply_on(&s, &bus, &d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.svc"), "unchanged");
+    let d = s.declare(json!([{"type": "service", "id": "web.svc", "unit": unit, "state": "running"}]));
+    let (code, report) = apply_on(&s, &bus, &d);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(
+        report["error"]["message"].as_str().unwrap(),
+        format!("the unit {unit} is masked; mesh-host does not unmask a unit someone masked on purpose")
+    );
+    t.systemctl(&["unmask", &unit]);
+    let _ = std::fs::remove_file(vendor);
+    t.clean(&[&unit], &[]);
+}
+
+#[test]
 fn restart_on_a_changed_drop_in_reloads_units_then_restarts() {
     let t = testbed();
     let name = unique("mh-it-rst");
