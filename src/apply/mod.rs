@@ -124,6 +124,26 @@ fn begin(r: &Resource, action: Action, detail: Option<String>) -> Outcome {
     Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
 }
 
+/// The systemd unit a resource is carried out by, for the systemd watcher's set: a service's
+/// own unit, or the transient unit a process runs as. A change of that unit is a reason to
+/// reconcile the resource.
+pub fn systemd_unit(spec: &Spec) -> Option<String> {
+    match spec {
+        Spec::Service(s) => Some(s.unit.to_string()),
+        Spec::Process(p) => Some(process::unit_name(p.name.as_str())),
+        Spec::Directory(_)
+        | Spec::File(_)
+        | Spec::Access(_)
+        | Spec::Package(_)
+        | Spec::Container(_)
+        | Spec::Network(_)
+        | Spec::User(_)
+        | Spec::Archive(_)
+        | Spec::Action(_)
+        | Spec::Opening(_) => None,
+    }
+}
+
 /// Applies the whole declaration: orphans, then every resource.
 pub fn apply(declaration: &Declaration, store: &mut Store, opts: &Options) -> (Report, Diffs) {
     Pass::new(declaration, store, opts).run(None)

@@ -55,7 +55,7 @@ pub enum SystemdError {
     Masked(String),
     #[error("systemd refused to {op} {unit}: {reason}")]
     Call { op: &'static str, unit: String, reason: String },
-    #[error("the {op} job of {unit} ended {result}, not done")]
+    #[error("the {op} job of {unit} ended {result}, not done; journalctl -u {unit} says why")]
     Job { op: &'static str, unit: String, result: String },
     #[error("systemd did not finish the {op} job of {unit} within {} s", JOB_TIMEOUT.as_secs())]
     Timeout { op: &'static str, unit: String },

@@ -458,6 +458,14 @@ fn watcher_reports_a_unit_stopped_by_hand() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         t.systemctl(&["stop", &unit]);
         assert_eq!(next(&mut rx).await, Some(Change::Unit { unit: unit.clone() }));
+
+        // Killed rather than stopped: no job ends, so only the unit's own PropertiesChanged can
+        // say so.
+        t.systemctl(&["start", &unit]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        while rx.try_recv().is_ok() {}
+        t.systemctl(&["kill", "--signal=KILL", &unit]);
+        assert_eq!(next(&mut rx).await, Some(Change::Unit { unit: unit.clone() }));
         task.abort();
     });
     t.clean(&[&unit], &[]);
