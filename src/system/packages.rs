@@ -11,8 +11,6 @@ pub enum PackageError {
     Run(#[from] CommandError),
     #[error("this machine has neither apt (dpkg) nor dnf (rpm), so the package {0} cannot be installed")]
     NoManager(String),
-    #[error("refreshing apt's package lists before installing {package} failed: {how}")]
-    Update { package: String, how: String },
     #[error("installing {package} with {manager} failed: {how}")]
     Install { package: String, manager: &'static str, how: String },
     #[error("cannot read whether {package} is installed: {how}")]
@@ -40,7 +38,8 @@ impl Manager {
 #[derive(Default)]
 pub struct Packages {
     manager: Option<Manager>,
-    updated: bool,
+    /// Whether `apt-get update` ran in this pass, and how it failed if it did.
+    updated: Option<Result<(), String>>,
 }
 
 /// apt is told never to ask: no terminal questions (the frontend), the packaged version of a
@@ -102,23 +101,29 @@ impl Packages {
         let env = [("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "l")];
         match self.manager(package)? {
             Manager::Apt => {
-                if !self.updated {
+                if self.updated.is_none() {
                     let mut argv = vec!["apt-get"];
                     argv.extend_from_slice(APT_QUIET);
                     argv.push("update");
                     let ran = command::run_str(&argv, &env)?;
-                    check(ran, |how| PackageError::Update { package: package.to_owned(), how })?;
-                    self.updated = true;
+                    // A refresh that fails (one unreachable mirror, a machine offline with a
+                    // local cache) does not stop the install: the package may be known already.
+                    // Its failure is said if the install then fails too.
+                    self.updated = Some(if ran.success() { Ok(()) } else { Err(ran.describe()) });
                 }
                 let mut argv = vec!["apt-get"];
                 argv.extend_from_slice(APT_QUIET);
                 // Never an upgrade, even of a package that is half there.
                 argv.extend_from_slice(&["--no-upgrade", "install", package]);
                 let ran = command::run_str(&argv, &env)?;
+                let update = match &self.updated {
+                    Some(Err(how)) => format!(" (refreshing the package lists had failed first: {how})"),
+                    _ => String::new(),
+                };
                 check(ran, |how| PackageError::Install {
                     package: package.to_owned(),
                     manager: "apt-get",
-                    how,
+                    how: format!("{how}{update}"),
                 })
             }
             Manager::Dnf => {

@@ -47,7 +47,7 @@ pub const SETTLE: Duration = Duration::from_millis(300);
 /// A failure talking to systemd, naming the unit.
 #[derive(Debug, thiserror::Error)]
 pub enum SystemdError {
-    #[error("cannot reach systemd on the bus {bus}: {reason}")]
+    #[error("cannot reach systemd on {bus}: {reason}")]
     Connect { bus: String, reason: String },
     #[error("the unit {0} does not exist on this machine")]
     NoUnit(String),
@@ -114,9 +114,12 @@ pub struct Systemd {
     bus: String,
 }
 
-/// The address a `--bus` option gives, or the system bus.
+/// The bus a `--bus` option names, or the system bus, for messages.
 pub fn describe_bus(bus: Option<&str>) -> String {
-    bus.unwrap_or("the system bus").to_owned()
+    match bus {
+        Some(address) => format!("the bus at {address}"),
+        None => "the system bus".to_owned(),
+    }
 }
 
 impl Systemd {
