@@ -336,16 +336,29 @@ impl<'a> Pass<'a> {
         if adoption.taken.iter().any(|m| m == r.id.module()) || self.store.get(r.id.as_str()).is_some() {
             return None;
         }
-        let path = match &r.spec {
-            Spec::File(f) => &f.path,
-            Spec::Directory(d) => &d.path,
-            Spec::Archive(a) => &a.path,
-            // Holding the other types needs their appliers' way of finding what is present;
-            // until then they are applied as on any node.
-            _ => return None,
+        let present = match &r.spec {
+            Spec::File(f) => ctx.fs.meta(f.path.as_path()).map(|m| m.is_some()).map_err(Error::from),
+            Spec::Directory(d) => ctx.fs.meta(d.path.as_path()).map(|m| m.is_some()).map_err(Error::from),
+            Spec::Archive(a) => ctx.fs.meta(a.path.as_path()).map(|m| m.is_some()).map_err(Error::from),
+            // A unit that exists is the operator's as found, running or not: starting or
+            // stopping it is what taking the module will do.
+            Spec::Service(s) => ctx.systemd().and_then(|sd| Ok(sd.state(s.unit.as_str())?.exists())),
+            Spec::Process(p) => {
+                let unit = process::unit_name(p.name.as_str());
+                ctx.systemd().and_then(|sd| Ok(!sd.state(&unit)?.stopped()))
+            }
+            Spec::Package(p) => ctx.machine.packages.installed(p.package.as_str()).map_err(Error::from),
+            Spec::User(u) => {
+                crate::system::accounts::lookup(u.name.as_str()).map(|a| a.is_some()).map_err(Error::from)
+            }
+            // Holding the other types needs their appliers' way of finding what is present; an
+            // action has nothing present to find. Until then they are applied as on any node.
+            Spec::Access(_) | Spec::Container(_) | Spec::Network(_) | Spec::Action(_) | Spec::Opening(_) => {
+                return None
+            }
         };
-        match ctx.fs.meta(path.as_path()) {
-            Ok(Some(_)) => Some(Ok(Step::Done(
+        match present {
+            Ok(true) => Some(Ok(Step::Done(
                 begin(
                     r,
                     Action::Held,
@@ -356,8 +369,8 @@ impl<'a> Pass<'a> {
                 ),
                 None,
             ))),
-            Ok(None) => None,
-            Err(e) => Some(Err(e.into())),
+            Ok(false) => None,
+            Err(e) => Some(Err(e)),
         }
     }
 

@@ -573,3 +573,36 @@ async fn up(rx: &mut tokio::sync::mpsc::UnboundedReceiver<mesh_host_watchers::Ch
         }
     }
 }
+
+#[test]
+fn on_an_adopted_node_units_packages_and_users_of_untaken_modules_are_held() {
+    let t = testbed();
+    let unit = format!("{}.service", unique("mh-it-held"));
+    let taken = format!("{}.service", unique("mh-it-taken"));
+    t.unit(&unit, &sleeper(""));
+    t.unit(&taken, &sleeper(""));
+    let s = Scratch::new();
+    let d = s.path("adopted.json");
+    std::fs::write(
+        &d,
+        serde_json::to_vec(&json!({"version": 1, "adoption": {"taken": ["mine"]}, "resources": [
+            {"type": "service", "id": "theirs.svc", "unit": unit, "state": "running"},
+            {"type": "package", "id": "theirs.pkg", "package": "dpkg"},
+            {"type": "user", "id": "theirs.user", "name": "root"},
+            {"type": "service", "id": "mine.svc", "unit": taken, "state": "running"},
+        ]}))
+        .unwrap(),
+    )
+    .unwrap();
+    let (code, report) = apply_on(&s, &t.bus(), &d);
+    assert_eq!(code, 0, "{report:#}");
+    for id in ["theirs.svc", "theirs.pkg", "theirs.user"] {
+        assert_eq!(action(&report, id), "held", "{report:#}");
+    }
+    assert_eq!(action(&report, "mine.svc"), "updated");
+    assert_eq!(t.active(&unit), "inactive", "held as found, not started");
+    assert_eq!(t.active(&taken), "active");
+    let state = std::fs::read_to_string(s.state()).unwrap();
+    assert!(!state.contains("theirs."), "held is never recorded: {state}");
+    t.clean(&[&unit, &taken], &[]);
+}
