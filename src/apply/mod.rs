@@ -44,6 +44,7 @@ struct Facts {
     wrote: Option<String>,
     mode: Option<u32>,
     owner: Option<(u32, u32)>,
+    sig: Option<crate::system::Sig>,
     archive: Option<String>,
 }
 
@@ -323,6 +324,7 @@ impl<'a> Pass<'a> {
                     wrote: facts.wrote,
                     mode: facts.mode,
                     owner: facts.owner,
+                    sig: facts.sig,
                     archive: facts.archive,
                 },
             );
