@@ -87,6 +87,8 @@ impl FsError {
 
 pub type Result<T> = std::result::Result<T, FsError>;
 
+// The stat fields' types differ between architectures; the casts are not all no-ops everywhere.
+#[allow(clippy::unnecessary_cast)]
 fn meta_of(st: &rfs::Stat) -> Meta {
     let fmt = st.st_mode & libc_s_ifmt();
     let kind = if fmt == 0o100000 {
