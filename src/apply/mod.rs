@@ -52,6 +52,7 @@ struct Facts {
     wrote: Option<String>,
     mode: Option<u32>,
     owner: Option<(u32, u32)>,
+    sig: Option<crate::system::Sig>,
     archive: Option<String>,
     /// For a process: the digest of the spec its transient unit was started with.
     spec: Option<String>,
@@ -398,6 +399,7 @@ impl<'a> Pass<'a> {
                     wrote: facts.wrote,
                     mode: facts.mode,
                     owner: facts.owner,
+                    sig: facts.sig,
                     archive: facts.archive,
                     spec: facts.spec,
                 },

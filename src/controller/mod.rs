@@ -298,12 +298,20 @@ impl Worker {
         let Some(declaration) = &self.declaration else {
             return Verdict::Settled;
         };
+        let t = std::time::Instant::now();
         let (report, _) = apply::apply(declaration, &mut self.store, &options);
+        let pass = t.elapsed();
         self.account(&report, None, false);
         self.metrics.last_apply_timestamp.set(now_secs() as f64);
         self.metrics.last_apply_success.set(i64::from(report.error.is_none()));
         self.count_resources(&report);
+        let t = std::time::Instant::now();
         self.watch_paths();
+        tracing::debug!(
+            pass_ms = pass.as_secs_f64() * 1e3,
+            watch_ms = t.elapsed().as_secs_f64() * 1e3,
+            "full pass"
+        );
         if report.error.is_some() {
             Verdict::Failed
         } else {

@@ -13,7 +13,7 @@ pub mod users;
 
 pub use accounts::AccountError;
 pub use command::CommandError;
-pub use fs::{Fs, FsError, Meta, Staged};
+pub use fs::{Fs, FsError, Meta, Sig, Staged};
 pub use packages::{PackageError, Packages};
 pub use systemd::{Systemd, SystemdError};
 pub use users::{Accounts, UserError};
