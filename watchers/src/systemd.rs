@@ -27,6 +27,8 @@ const UNIT_PATHS: &str = "/org/freedesktop/systemd1/unit";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
 const UNIT: &str = "org.freedesktop.systemd1.Unit";
 const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
+/// The properties whose change means the unit moved.
+const STATES: [&str; 3] = ["ActiveState", "SubState", "LoadState"];
 
 /// How long connecting and subscribing may take before the attempt counts as failed and is
 /// made again. Without a bound, a reply that never comes would leave the watcher connected and
@@ -215,11 +217,13 @@ fn unit_of(
         (PROPERTIES, "PropertiesChanged") => {
             let path = header.path()?.as_str();
             let unit = paths.get(path)?;
-            // The Unit interface carries ActiveState and SubState; the type-specific ones
-            // (Service, Socket...) change alongside it.
-            let (iface, _, _): (String, HashMap<String, zbus::OwnedVariant>, Vec<String>) =
+            // Only a change of state counts: systemd also announces timestamps, the job queued,
+            // a unit file changed on disk (on every manager reload), none of which says the
+            // unit moved. The type-specific interfaces (Service, Socket...) change alongside.
+            let (iface, changed, invalidated): (String, HashMap<String, zbus::OwnedVariant>, Vec<String>) =
                 msg.body().deserialize().ok()?;
-            (iface == UNIT).then(|| unit.clone())
+            let moved = STATES.iter().any(|p| changed.contains_key(*p) || invalidated.iter().any(|i| i == p));
+            (iface == UNIT && moved).then(|| unit.clone())
         }
         (MANAGER, "JobRemoved") => {
             let (_, _, unit, _): (u32, OwnedObjectPath, String, String) = msg.body().deserialize().ok()?;
