@@ -5,6 +5,7 @@
 //! module allows them for itself only. Appliers decide; `system` does.
 
 pub mod fs;
+pub mod memory;
 pub mod users;
 
 pub use fs::{Fs, FsError, Meta, Sig, Staged};
