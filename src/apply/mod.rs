@@ -209,9 +209,9 @@ impl<'a> Pass<'a> {
         // Which gate, if any, holds back the rest when reconciling a part alone: the first one
         // not recorded at its current declaration.
         let closed_gate = only.as_ref().and_then(|_| {
-            self.declaration.resources.iter().find(|r| {
-                r.spec.is_gate() && self.store.get(r.id.as_str()).is_none_or(|rec| rec.declared != r.digest)
-            })
+            self.declaration
+                .gates()
+                .find(|r| self.store.get(r.id.as_str()).is_none_or(|rec| rec.declared != r.digest))
         });
 
         for resource in &self.declaration.resources {

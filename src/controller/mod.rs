@@ -331,10 +331,12 @@ impl Worker {
         let report = apply::reconcile(declaration, std::slice::from_ref(id), &mut self.store, &options);
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
         self.account(&report, Some(seen), quiet);
-        let moved = report.outcomes.iter().any(|o| o.action.moved());
-        if moved {
-            // A directory made again needs its watch made again.
-            self.watch_paths();
+        if report.outcomes.iter().any(|o| o.action.moved()) {
+            // A directory made again (by itself, or as a file's parent) needs its watch made
+            // again; this looks only at directories whose watch was lost.
+            for (dir, e) in self.files.rewatch() {
+                tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
+            }
         }
         match &report.error {
             // Someone wrote the file again between the host's write and its read-back: that is

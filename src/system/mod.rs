@@ -7,6 +7,7 @@
 pub mod accounts;
 pub mod command;
 pub mod fs;
+pub mod memory;
 pub mod packages;
 pub mod systemd;
 pub mod users;
