@@ -72,6 +72,13 @@ struct Worker {
     /// Keys whose changes and failures are logged at debug level only: contested ones (said
     /// once when the contest began) and ones already failing (said once when they began to).
     quiet: std::collections::HashSet<Key>,
+    /// For starting watchers when the declaration first needs them.
+    tx: mpsc::UnboundedSender<Change>,
+    /// The units the systemd watcher follows, updated with the declaration.
+    units: tokio::sync::watch::Sender<std::collections::BTreeSet<String>>,
+    /// Started when a declaration first names a systemd unit: a node with no services has no
+    /// reason to talk to systemd, nor to report a systemd watcher down.
+    systemd_watcher: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops intake, lets the reconcile in flight
@@ -98,6 +105,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics: Arc::clone(&metrics),
         heartbeat: Arc::clone(&heartbeat),
         quiet: std::collections::HashSet::new(),
+        tx: tx.clone(),
+        units: tokio::sync::watch::channel(std::collections::BTreeSet::new()).0,
+        systemd_watcher: None,
     };
 
     if let Some(addr) = config.metrics {
@@ -281,8 +291,19 @@ impl Worker {
         match Declaration::parse_sources(&named) {
             Ok(d) => {
                 tracing::info!(resources = d.resources.len(), "declaration accepted");
-                *self.index.write().unwrap_or_else(|e| e.into_inner()) = Index::new(&d);
+                let index = Index::new(&d);
+                let units = index.units();
+                *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
                 self.declaration = Some(d);
+                if !units.is_empty() && self.systemd_watcher.is_none() {
+                    let rx = self.units.subscribe();
+                    self.systemd_watcher = Some(mesh_host_watchers::systemd::spawn(
+                        self.config.bus.clone(),
+                        rx,
+                        self.tx.clone(),
+                    ));
+                }
+                self.units.send_replace(units);
             }
             Err(refused) => {
                 // Refused whole, and the declaration in force stays in force: a half-written

@@ -606,3 +606,33 @@ fn on_an_adopted_node_units_packages_and_users_of_untaken_modules_are_held() {
     assert!(!state.contains("theirs."), "held is never recorded: {state}");
     t.clean(&[&unit, &taken], &[]);
 }
+
+#[test]
+fn the_daemon_starts_again_a_unit_stopped_by_hand() {
+    let tb = testbed();
+    let unit = format!("{}.service", unique("mh-daemon-"));
+    tb.unit(&unit, &sleeper(""));
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "service", "id": "a.svc", "unit": unit, "state": "running"}]));
+    let bus = tb.bus();
+    let mut daemon = Daemon::start(&s, &d, &["--bus", &bus]);
+    assert_eq!(tb.active(&unit), "active", "the first apply started it:\n{}", daemon.log());
+    assert!(
+        wait_for(PATIENCE, || daemon.metric("mesh_host_watcher_up{watcher=\"systemd\"}") == 1.0),
+        "{}",
+        daemon.log()
+    );
+
+    let stopped = Instant::now();
+    tb.systemctl(&["stop", &unit]);
+    assert!(wait_for(PATIENCE, || tb.active(&unit) == "active"), "started again:\n{}", daemon.log());
+    let took = stopped.elapsed();
+    assert!(
+        wait_for(PATIENCE, || daemon.metric("mesh_host_drift_corrections_total{type=\"service\"}") >= 1.0),
+        "counted as drift:\n{}",
+        daemon.get("/metrics").unwrap_or_default()
+    );
+    assert!(took < Duration::from_secs(5), "within moments, not at the next resync: {took:?}");
+    assert_eq!(daemon.terminate(), Some(0));
+    tb.clean(&[&unit], &[]);
+}
