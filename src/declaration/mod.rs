@@ -18,7 +18,7 @@ use sha2::{Digest as _, Sha256};
 pub use error::{Problem, Refused};
 pub use model::*;
 pub use schema::json_schema;
-pub use types::{AbsPath, Argv, Cidr, Cron, Id, Mode, Name, Owner, Port};
+pub use types::{AbsPath, Argv, Cidr, Cron, Id, Image, Mode, Name, Owner, Port};
 
 /// The declaration versions this build understands.
 pub const VERSIONS: &[u64] = &[1];

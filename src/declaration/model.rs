@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::types::{AbsPath, Argv, Cidr, Cron, Id, Mode, Name, Owner, Port};
+use super::types::{AbsPath, Argv, Cidr, Cron, Id, Image, Mode, Name, Owner, Port};
 
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -108,7 +108,7 @@ pub struct Service {
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Container {
     pub name: Name,
-    pub image: Name,
+    pub image: Image,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default)]

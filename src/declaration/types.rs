@@ -417,3 +417,41 @@ impl JsonSchema for Name {
         json_schema!({"type": "string", "minLength": 1, "pattern": "^[^\\s/]+$"})
     }
 }
+
+/// A container image reference: `local/web:1`, `registry.example/web@sha256:…`, or an image id
+/// `sha256:…`. Unlike a [`Name`] it holds `/`; like one it is non-empty, without whitespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Image(String);
+
+impl Image {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Image {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Image {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.is_empty() || s.chars().any(|c| c.is_whitespace() || c.is_control()) || s.starts_with('/') {
+            return Err(D::Error::custom(format!(
+                "{s:?} is not an image reference such as \"local/web:1\": it must be non-empty, without whitespace"
+            )));
+        }
+        Ok(Image(s))
+    }
+}
+
+impl JsonSchema for Image {
+    fn schema_name() -> Cow<'static, str> {
+        "Image".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string", "minLength": 1, "pattern": "^[^\\s/][^\\s]*$"})
+    }
+}
