@@ -18,6 +18,10 @@ pub struct Cli {
     /// The state store: what this host applied.
     #[arg(long, global = true, value_name = "PATH", default_value = "/var/lib/mesh-host/state.json")]
     pub state: PathBuf,
+    /// The container runtime's socket, e.g. `unix:///run/podman/podman.sock`. Without it,
+    /// `DOCKER_HOST`, Docker's default socket and then Podman's system socket are tried.
+    #[arg(long, global = true, value_name = "URL")]
+    pub container_socket: Option<String>,
     /// Log as JSON lines instead of text.
     #[arg(long, global = true)]
     pub log_json: bool,
@@ -64,10 +68,11 @@ pub enum Ended {
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<Ended> {
+    let socket = cli.container_socket.clone();
     match cli.command {
         Command::Check { file } => check(&file),
-        Command::Plan { file, origin } => plan(&file, origin, &cli.state),
-        Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state),
+        Command::Plan { file, origin } => plan(&file, origin, &cli.state, socket),
+        Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state, socket),
         Command::Status { json } => status(json, &cli.state),
         Command::Schema => {
             println!("{}", serde_json::to_string_pretty(&crate::declaration::json_schema())?);
@@ -84,9 +89,9 @@ pub fn load(file: &Path) -> anyhow::Result<Declaration> {
     Ok(Declaration::parse(&bytes)?)
 }
 
-fn options(origin: Origin, state: &Path, dry_run: bool) -> Options {
+fn options(origin: Origin, state: &Path, dry_run: bool, container_socket: Option<String>) -> Options {
     let dir = state.parent().unwrap_or(Path::new("/"));
-    Options { origin, dry_run, kept: dir.join("kept") }
+    Options { origin, dry_run, kept: dir.join("kept"), container_socket }
 }
 
 fn check(file: &Path) -> anyhow::Result<Ended> {
@@ -117,10 +122,10 @@ fn check(file: &Path) -> anyhow::Result<Ended> {
     Ok(Ended::Converged)
 }
 
-fn plan(file: &Path, origin: Origin, state: &Path) -> anyhow::Result<Ended> {
+fn plan(file: &Path, origin: Origin, state: &Path, socket: Option<String>) -> anyhow::Result<Ended> {
     let d = load(file)?;
     let mut store = Store::read_only(state)?;
-    let (report, diffs) = apply::apply(&d, &mut store, &options(origin, state, true));
+    let (report, diffs) = apply::apply(&d, &mut store, &options(origin, state, true, socket));
     let mut out = String::new();
     for o in report.outcomes.iter().filter(|o| o.action != Action::Unchanged) {
         line(&mut out, o.action.planned(), &o.id, &o.target, o.detail.as_deref());
@@ -140,10 +145,16 @@ fn plan(file: &Path, origin: Origin, state: &Path) -> anyhow::Result<Ended> {
     Ok(if report.error.is_some() { Ended::Failed } else { Ended::Converged })
 }
 
-fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path) -> anyhow::Result<Ended> {
+fn apply_cmd(
+    file: &Path,
+    origin: Origin,
+    json: bool,
+    state: &Path,
+    socket: Option<String>,
+) -> anyhow::Result<Ended> {
     let d = load(file)?;
     let mut store = Store::open(state)?;
-    let (mut report, _) = apply::apply(&d, &mut store, &options(origin, state, false));
+    let (mut report, _) = apply::apply(&d, &mut store, &options(origin, state, false, socket));
     // What worked is recorded even when something else failed: the record follows each fact.
     if let Err(e) = store.save() {
         let message = format!("{e}; what this apply did is on the machine but not recorded");

@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod cli;
 pub mod declaration;
+pub mod schedule;
 pub mod store;
 pub mod system;
 pub mod telemetry;

@@ -2,6 +2,7 @@
 //! are lower-case, for a person reading a report.
 
 use crate::declaration::Kind;
+use crate::system::docker::DockerError;
 use crate::system::{FsError, UserError};
 
 #[derive(Debug, thiserror::Error)]
@@ -10,6 +11,8 @@ pub enum Error {
     Fs(#[from] FsError),
     #[error(transparent)]
     Account(#[from] UserError),
+    #[error(transparent)]
+    Runtime(#[from] DockerError),
     /// The read-back found something other than what was written.
     #[error("{path}: {what} is {found} after the host set it to {wanted}")]
     ReadBack { path: String, what: &'static str, wanted: String, found: String },

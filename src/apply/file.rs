@@ -114,7 +114,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
             wrote: record.and_then(|r| r.wrote.clone()).or_else(|| Some(digest(&bytes))),
             mode: Some(meta.mode),
             owner: Some((meta.uid, meta.gid)),
-            archive: None,
+            ..Facts::default()
         };
         let detail = "created once, and present: what is in it now is not the mesh's to change";
         return Ok(Step::Done(begin(r, Action::Kept, Some(detail.into())), Some(facts)));
@@ -130,7 +130,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
             Some(rec) if rec.declared == r.digest && rec.wrote.is_some() => rec.wrote.clone(),
             _ => Some(digest(&bytes)),
         };
-        let facts = Facts { wrote, mode: Some(meta.mode), owner: Some((meta.uid, meta.gid)), archive: None };
+        let facts =
+            Facts { wrote, mode: Some(meta.mode), owner: Some((meta.uid, meta.gid)), ..Facts::default() };
         return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
     }
 
@@ -242,8 +243,12 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
         action: c.action,
         detail: c.detail.clone(),
     };
-    let facts =
-        Facts { wrote: Some(found), mode: Some(meta.mode), owner: Some((meta.uid, meta.gid)), archive: None };
+    let facts = Facts {
+        wrote: Some(found),
+        mode: Some(meta.mode),
+        owner: Some((meta.uid, meta.gid)),
+        ..Facts::default()
+    };
     Ok((outcome, facts))
 }
 

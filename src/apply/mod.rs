@@ -7,20 +7,24 @@
 
 mod access;
 mod archive;
+mod container;
 mod directory;
 mod error;
 mod file;
+mod network;
 mod outcome;
 mod remove;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 
+pub use container::{run_scheduled, spec_digest, ScheduledRun};
 pub use error::Error;
 pub use outcome::{Action, ApplyError, Failure, Outcome, Report};
 
 use crate::declaration::{Declaration, Id, Kind, Resource, Spec};
 use crate::store::{Origin, Record, Store};
+use crate::system::docker::Runtime;
 use crate::system::{Accounts, Fs, Staged};
 
 /// How an apply is run.
@@ -32,6 +36,9 @@ pub struct Options {
     /// Where the original of a file the host has no record of is kept before it is first
     /// written over: `<kept>/<its path>`, once, never overwritten.
     pub kept: PathBuf,
+    /// The container runtime's socket (`unix:///run/podman/podman.sock`), when configured;
+    /// otherwise `DOCKER_HOST`, Docker's default socket, then Podman's are tried.
+    pub container_socket: Option<String>,
 }
 
 /// What a plan adds to a report: the diff of each file whose content would change.
@@ -45,10 +52,19 @@ struct Facts {
     mode: Option<u32>,
     owner: Option<(u32, u32)>,
     archive: Option<String>,
+    /// A container's spec digest; see `store::Record::spec`.
+    spec: Option<String>,
+    /// What a container read at creation, by path.
+    reads: BTreeMap<String, String>,
+    /// A scheduled step's cron expression.
+    schedule: Option<String>,
 }
 
 /// What an applier returns: done (with what to record, if anything), or a file staged for the
 /// next batch commit.
+// A step is returned once per resource and never kept in bulk, so its size does not matter
+// enough to box the common case.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Done(Outcome, Option<Facts>),
     Staged(Box<file::Pending>),
@@ -66,11 +82,9 @@ struct Ctx<'a> {
     store: &'a Store,
     opts: &'a Options,
     diffs: Diffs,
-    // Read by the appliers that restart or recreate on a change (services, containers,
-    // processes), which arrive with their own issues.
-    #[allow(dead_code)]
+    /// The container runtime, connected at its first use in this pass.
+    containers: &'a Runtime,
     declaration: &'a Declaration,
-    #[allow(dead_code)]
     /// Ids that moved earlier in this pass: what restart-on and reload-on react to.
     changed: &'a HashSet<Id>,
 }
@@ -136,9 +150,11 @@ impl<'a> Pass<'a> {
         let mut accounts = Accounts::default();
         let mut diffs = Diffs::default();
         let mut gated = false;
+        // One runtime connection for the whole pass, made only if something needs it.
+        let containers = Runtime::new(self.opts.container_socket.clone());
 
         if only.is_none() {
-            self.remove_orphans(&mut fs);
+            self.remove_orphans(&mut fs, &containers);
         }
         // Which gate, if any, holds back the rest when reconciling a part alone: the first one
         // not recorded at its current declaration.
@@ -181,6 +197,7 @@ impl<'a> Pass<'a> {
                     store: self.store,
                     opts: self.opts,
                     diffs: std::mem::take(&mut diffs),
+                    containers: &containers,
                     declaration: self.declaration,
                     changed: &self.changed,
                 };
@@ -227,7 +244,7 @@ impl<'a> Pass<'a> {
     /// resource renamed at the same path must not have its new file deleted after it was
     /// written. A record whose id is still declared but now names another target or type is
     /// treated the same way, since what it left behind is no longer declared by anything.
-    fn remove_orphans(&mut self, fs: &mut Fs) {
+    fn remove_orphans(&mut self, fs: &mut Fs, containers: &Runtime) {
         let mut orphans = self.store.orphans(self.declaration, self.opts.origin);
         let mut displaced: Vec<(String, Record)> = self
             .declaration
@@ -242,9 +259,12 @@ impl<'a> Pass<'a> {
         orphans.append(&mut displaced);
         orphans.sort_by_key(|o| std::cmp::Reverse(o.1.position));
         for (id, record) in orphans {
-            match remove::remove(fs, &record, self.opts.dry_run) {
+            match remove::remove(fs, containers, &record, self.opts.dry_run) {
                 Ok((action, detail)) => {
-                    if !self.opts.dry_run {
+                    // A network kept because something undeclared still uses it stays recorded,
+                    // so it is removed at a later apply once nothing does, instead of leaking.
+                    let retry = record.kind == Kind::Network && action == Action::Kept;
+                    if !self.opts.dry_run && !retry {
                         self.store.forget(&id);
                     }
                     self.slots.push(Some(Outcome {
@@ -322,6 +342,9 @@ impl<'a> Pass<'a> {
                     mode: facts.mode,
                     owner: facts.owner,
                     archive: facts.archive,
+                    spec: facts.spec,
+                    reads: facts.reads,
+                    schedule: facts.schedule,
                 },
             );
         }
@@ -364,10 +387,10 @@ fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
         Spec::File(f) => file::apply(ctx, r, f),
         Spec::Access(a) => access::apply(ctx, r, a),
         Spec::Archive(a) => archive::apply(ctx, r, a),
+        Spec::Container(c) => container::apply(ctx, r, c),
+        Spec::Network(n) => network::apply(ctx, r, n),
         Spec::Package(_)
         | Spec::Service(_)
-        | Spec::Container(_)
-        | Spec::Network(_)
         | Spec::User(_)
         | Spec::Process(_)
         | Spec::Action(_)

@@ -4,6 +4,7 @@
 //! path, or runs a program. `clippy.toml` disallows the std functions that would, and this
 //! module allows them for itself only. Appliers decide; `system` does.
 
+pub mod docker;
 pub mod fs;
 pub mod users;
 
