@@ -5,6 +5,8 @@
 //! [`Change`]s into a channel and, after any gap in what it saw (an inotify overflow, a
 //! reconnect), sends [`Change::Resynced`] so that everything is reconciled again.
 
+pub mod docker;
+
 use std::path::PathBuf;
 
 /// One thing that moved on the machine.
@@ -15,11 +17,7 @@ pub enum Change {
     Path(PathBuf),
     /// A container event (die, stop, kill, oom, destroy...) of a container carrying a
     /// `mesh-host.id` label; `label` is that label's value.
-    Container {
-        label: String,
-        name: String,
-        action: String,
-    },
+    Container { label: String, name: String, action: String },
     /// A systemd unit changed state or a job on it finished.
     Unit { unit: String },
     /// The watcher may have missed changes (overflow, reconnect): reconcile everything.
