@@ -6,4 +6,5 @@
 
 mod support;
 
+mod docker;
 mod files;
