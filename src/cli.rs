@@ -49,6 +49,24 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Apply, then keep the machine matching: watch the declaration and every managed path,
+    /// put back what changes, serve metrics. Stops on SIGTERM or SIGINT.
+    Run {
+        /// A declaration file, or a directory whose `*.json` files are read as one declaration.
+        #[arg(long, value_name = "PATH", default_value = "/etc/mesh-host/declaration.d")]
+        declaration: PathBuf,
+        #[arg(long, value_enum, default_value = "declared")]
+        origin: Origin,
+        /// Where /metrics and /healthz listen; "off" for nowhere.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9787")]
+        metrics: String,
+        /// Seconds between full resyncs, beside what the watchers report.
+        #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+        resync: u64,
+        /// Milliseconds the declaration must be still before it is read.
+        #[arg(long, value_name = "MS", default_value_t = 50)]
+        settle_ms: u64,
+    },
     /// What is recorded, and whether the machine still holds each file and directory.
     Status {
         #[arg(long)]
@@ -57,6 +75,11 @@ pub enum Command {
     /// Print the JSON Schema of the declaration.
     Schema,
 }
+
+/// Bad usage found after parsing: exits 2, like clap's own.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
 
 /// How a command ended, when it ran to the end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,13 +90,36 @@ pub enum Ended {
     Failed,
 }
 
-pub fn run(cli: Cli) -> anyhow::Result<Ended> {
+pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
+    // The store is reached by descriptors relative to its directory, so it is made absolute
+    // once, here, against the directory the command was started in.
+    cli.state = std::path::absolute(&cli.state)
+        .with_context(|| format!("cannot resolve the state path {}", cli.state.display()))?;
     let socket = cli.container_socket.clone();
     match cli.command {
         Command::Check { file } => check(&file),
         Command::Plan { file, origin } => plan(&file, origin, &cli.state, socket),
         Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state, socket),
         Command::Status { json } => status(json, &cli.state),
+        Command::Run { declaration, origin, metrics, resync, settle_ms } => {
+            let metrics = match metrics.as_str() {
+                "off" | "none" => None,
+                addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
+            };
+            let declaration = std::path::absolute(&declaration)?;
+            let config = crate::controller::Config {
+                declaration,
+                state: cli.state.clone(),
+                origin,
+                metrics,
+                resync: std::time::Duration::from_secs(resync.max(1)),
+                settle: std::time::Duration::from_millis(settle_ms),
+                queue: crate::controller::queue::Config::default(),
+                container_socket: socket,
+            };
+            tokio::runtime::Handle::current().block_on(crate::controller::run(config))?;
+            Ok(Ended::Converged)
+        }
         Command::Schema => {
             println!("{}", serde_json::to_string_pretty(&crate::declaration::json_schema())?);
             Ok(Ended::Converged)
@@ -152,9 +198,19 @@ fn apply_cmd(
     state: &Path,
     socket: Option<String>,
 ) -> anyhow::Result<Ended> {
+    let t = std::time::Instant::now();
     let d = load(file)?;
+    tracing::debug!(
+        elapsed_ms = t.elapsed().as_secs_f64() * 1e3,
+        resources = d.resources.len(),
+        "declaration loaded"
+    );
+    let t = std::time::Instant::now();
     let mut store = Store::open(state)?;
+    tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "state store opened");
+    let t = std::time::Instant::now();
     let (mut report, _) = apply::apply(&d, &mut store, &options(origin, state, false, socket));
+    tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "pass finished");
     // What worked is recorded even when something else failed: the record follows each fact.
     if let Err(e) = store.save() {
         let message = format!("{e}; what this apply did is on the machine but not recorded");
@@ -182,7 +238,9 @@ fn apply_cmd(
     }
     for o in &report.outcomes {
         if o.action != Action::Unchanged {
-            tracing::info!(id = %o.id, kind = %o.kind, target = %o.target, action = %o.action, detail = o.detail.as_deref().unwrap_or(""), "resource changed");
+            // The report on stdout already says this to the person at the terminal; the log
+            // line is for journald when apply runs from a timer or a script.
+            tracing::debug!(id = %o.id, kind = %o.kind, target = %o.target, action = %o.action, detail = o.detail.as_deref().unwrap_or(""), "resource changed");
         }
     }
     if json {

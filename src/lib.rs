@@ -6,6 +6,7 @@
 
 pub mod apply;
 pub mod cli;
+pub mod controller;
 pub mod declaration;
 pub mod schedule;
 pub mod store;

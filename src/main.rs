@@ -12,8 +12,9 @@ fn main() -> ExitCode {
     // clap itself exits with 2 on bad usage.
     let cli = Cli::parse();
     mesh_host::telemetry::init(cli.log_json);
-    // The whole command runs on a blocking thread of a small runtime: the apply engine is
-    // synchronous and reaches async protocols (Docker, D-Bus) through the runtime's handle.
+    // The command runs on the main thread with a small runtime entered: the apply engine is
+    // synchronous and reaches async protocols (Docker, D-Bus) through the runtime's handle,
+    // and the daemon blocks on its async controller from here.
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -21,13 +22,14 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let result = runtime
-        .block_on(runtime.spawn_blocking(move || cli::run(cli)))
-        .unwrap_or_else(|e| Err(anyhow::anyhow!("the command panicked: {e}")));
+    let result = {
+        let _entered = runtime.enter();
+        cli::run(cli)
+    };
     match result {
         Ok(Ended::Converged) => ExitCode::from(0),
         Ok(Ended::Failed) => ExitCode::from(1),
-        Err(e) if e.downcast_ref::<Refused>().is_some() => {
+        Err(e) if e.downcast_ref::<Refused>().is_some() || e.downcast_ref::<cli::Usage>().is_some() => {
             eprintln!("{e}");
             ExitCode::from(2)
         }

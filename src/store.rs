@@ -72,9 +72,36 @@ pub struct Record {
 }
 
 impl Record {
-    /// Whether two records say the same thing, ignoring when they were written.
+    /// Whether two records say the same thing, ignoring when they were written. Compared field
+    /// by field, without cloning: a steady pass compares ten thousand of these.
     fn same_as(&self, other: &Record) -> bool {
-        Record { applied_at: 0, ..self.clone() } == Record { applied_at: 0, ..other.clone() }
+        let Record {
+            origin,
+            kind,
+            target,
+            position,
+            declared,
+            applied_at: _,
+            wrote,
+            mode,
+            owner,
+            archive,
+            spec,
+            reads,
+            schedule,
+        } = self;
+        *origin == other.origin
+            && *kind == other.kind
+            && *target == other.target
+            && *position == other.position
+            && *declared == other.declared
+            && *wrote == other.wrote
+            && *mode == other.mode
+            && *owner == other.owner
+            && *archive == other.archive
+            && *spec == other.spec
+            && *reads == other.reads
+            && *schedule == other.schedule
     }
 }
 
@@ -102,7 +129,7 @@ pub enum StoreError {
     )]
     Locked { path: PathBuf },
     #[error("cannot write the state store: {0}")]
-    Write(#[from] fs::FsError),
+    Write(fs::FsError),
 }
 
 /// The store, loaded.
@@ -214,6 +241,12 @@ impl Store {
         fs::write_private(&self.path, &bytes)?;
         self.dirty = false;
         Ok(())
+    }
+}
+
+impl From<fs::FsError> for StoreError {
+    fn from(e: fs::FsError) -> StoreError {
+        StoreError::Write(e)
     }
 }
 

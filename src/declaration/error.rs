@@ -5,6 +5,8 @@ use std::fmt;
 /// One thing wrong with a declaration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
+    /// The document the problem is in, when the declaration came from several named ones.
+    pub source: Option<String>,
     /// The resource's position in `resources`, when the problem is inside one.
     pub index: Option<usize>,
     /// The resource's id, when it has a readable one.
@@ -16,6 +18,9 @@ pub struct Problem {
 
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(source) = &self.source {
+            write!(f, "{source}: ")?;
+        }
         match (self.index, &self.id) {
             (Some(i), Some(id)) => write!(f, "resources[{i}] (id {id:?})")?,
             (Some(i), None) => write!(f, "resources[{i}]")?,

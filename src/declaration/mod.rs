@@ -10,6 +10,9 @@ mod schema;
 mod types;
 mod validate;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::HashMap;
 
 use serde::Deserialize;
@@ -67,6 +70,14 @@ impl Declaration {
         validate::parse(bytes)
     }
 
+    /// Parses several named documents as one declaration, in the order given (a directory's
+    /// `*.json` files, sorted by name). Problems name their document.
+    pub fn parse_sources(sources: &[(String, Vec<u8>)]) -> Result<Declaration, Refused> {
+        let refs: Vec<(Option<&str>, &[u8])> =
+            sources.iter().map(|(name, bytes)| (Some(name.as_str()), bytes.as_slice())).collect();
+        validate::parse_sources(&refs)
+    }
+
     pub fn get(&self, id: &Id) -> Option<&Resource> {
         self.by_id.get(id).map(|&i| &self.resources[i])
     }
@@ -91,11 +102,12 @@ impl Declaration {
 
 /// `sha256:<hex>` of some bytes: the one digest format in records and reports.
 pub fn digest(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(71);
     s.push_str("sha256:");
     for b in Sha256::digest(bytes) {
-        use std::fmt::Write as _;
-        let _ = write!(s, "{b:02x}");
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
     }
     s
 }

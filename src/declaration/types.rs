@@ -160,8 +160,19 @@ impl fmt::Display for Mode {
 
 impl<'de> Deserialize<'de> for Mode {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        Mode::parse(&s).map_err(D::Error::custom)
+        // `"mode": 644` is the likeliest mistake (JSON has no octal numbers, so 0644 is not even
+        // JSON); the refusal says how to write it rather than only that a string was expected.
+        struct ModeText;
+        impl serde::de::Visitor<'_> for ModeText {
+            type Value = Mode;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string of three or four octal digits, such as \"0644\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Mode, E> {
+                Mode::parse(s).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(ModeText)
     }
 }
 
@@ -246,12 +257,28 @@ impl Port {
 
 impl<'de> Deserialize<'de> for Port {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let n = i64::deserialize(d)?;
-        if (1..=65535).contains(&n) {
-            Ok(Port(n as u16))
-        } else {
-            Err(D::Error::custom(format!("{n} is not a port: ports are 1 to 65535")))
+        // A visitor rather than `i64::deserialize`, so a port given as `"80"` is refused with
+        // words a person reads ("expected a port number") and not serde's "expected i64".
+        struct PortNumber;
+        impl serde::de::Visitor<'_> for PortNumber {
+            type Value = Port;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a port number, 1 to 65535")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Port, E> {
+                match u16::try_from(n) {
+                    Ok(p) if p > 0 => Ok(Port(p)),
+                    _ => Err(E::custom(format!("{n} is not a port: ports are 1 to 65535"))),
+                }
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Port, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(format!("{n} is not a port: ports are 1 to 65535"))),
+                }
+            }
         }
+        d.deserialize_u64(PortNumber)
     }
 }
 
@@ -418,8 +445,10 @@ impl JsonSchema for Name {
     }
 }
 
-/// A container image reference: `local/web:1`, `registry.example/web@sha256:…`, or an image id
-/// `sha256:…`. Unlike a [`Name`] it holds `/`; like one it is non-empty, without whitespace.
+/// A container image reference ("nginx:1.27", "registry.example:5000/team/web@sha256:...").
+///
+/// Not a `Name`: an image reference holds '/' between its registry, namespace and repository.
+/// Only its shape is checked here; whether it can be pulled is the runtime's to say, at apply.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct Image(String);
 
@@ -438,9 +467,9 @@ impl fmt::Display for Image {
 impl<'de> Deserialize<'de> for Image {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        if s.is_empty() || s.chars().any(|c| c.is_whitespace() || c.is_control()) || s.starts_with('/') {
+        if s.is_empty() || s.starts_with('/') || s.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(D::Error::custom(format!(
-                "{s:?} is not an image reference such as \"local/web:1\": it must be non-empty, without whitespace"
+                "{s:?} is not an image reference such as \"nginx:1.27\" or \"registry.example/web:1\""
             )));
         }
         Ok(Image(s))

@@ -20,12 +20,79 @@ struct Problems {
 
 impl Problems {
     fn at(&mut self, index: Option<usize>, id: Option<&str>, field: Option<&str>, message: String) {
-        self.all.push(Problem { index, id: id.map(str::to_owned), field: field.map(str::to_owned), message });
+        self.all.push(Problem {
+            source: None,
+            index,
+            id: id.map(str::to_owned),
+            field: field.map(str::to_owned),
+            message,
+        });
     }
 }
 
 pub(super) fn parse(bytes: &[u8]) -> Result<Declaration, Refused> {
+    parse_sources(&[(None, bytes)])
+}
+
+/// Parses several documents as one declaration: their resources in order, first document
+/// first. A problem names the document it is in (when there are names) and the index there.
+pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declaration, Refused> {
     let mut problems = Problems { all: Vec::new() };
+    let mut raw_resources = Vec::new();
+    // Where each resource came from: its document and its index there.
+    let mut origin: Vec<(usize, usize)> = Vec::new();
+    let mut adoption: Option<Adoption> = None;
+    let mut document_problems: Vec<(usize, usize)> = Vec::new();
+    for (doc, (_, bytes)) in sources.iter().enumerate() {
+        let before = problems.all.len();
+        let (list, adopted) = document(bytes, &mut problems);
+        document_problems.push((before, problems.all.len()));
+        if let Some(a) = adopted {
+            match &mut adoption {
+                Some(all) => all.taken.extend(a.taken),
+                None => adoption = Some(a),
+            }
+        }
+        for (local, raw) in list.into_iter().enumerate() {
+            origin.push((doc, local));
+            raw_resources.push(raw);
+        }
+    }
+    let top_level = problems.all.len();
+
+    let mut resources = Vec::with_capacity(raw_resources.len());
+    for (index, raw) in raw_resources.into_iter().enumerate() {
+        if let Some(r) = resource(index, raw, &mut problems) {
+            resources.push(r);
+        }
+    }
+
+    across(&resources, &mut problems);
+
+    if problems.all.is_empty() {
+        return Ok(Declaration::new(resources, adoption));
+    }
+    // Name the document of each problem, when the documents have names.
+    if sources.iter().any(|(name, _)| name.is_some()) {
+        for (i, p) in problems.all.iter_mut().enumerate() {
+            let doc = if i < top_level {
+                document_problems.iter().position(|(from, to)| (*from..*to).contains(&i))
+            } else {
+                p.index.map(|g| origin[g].0)
+            };
+            if let Some(doc) = doc {
+                p.source = sources[doc].0.map(str::to_owned);
+                if sources.len() > 1 {
+                    p.index = p.index.map(|g| origin[g].1);
+                }
+            }
+        }
+    }
+    Err(Refused { problems: problems.all })
+}
+
+/// The top level of one document: its resources, unparsed, and its adoption.
+fn document(bytes: &[u8], problems: &mut Problems) -> (Vec<Value>, Option<Adoption>) {
     let top: Value = match serde_json::from_slice(bytes) {
         Ok(v) => v,
         Err(e) => {
@@ -36,14 +103,13 @@ pub(super) fn parse(bytes: &[u8]) -> Result<Declaration, Refused> {
                 strip_position(&e.to_string())
             );
             problems.at(None, None, None, message);
-            return Err(Refused { problems: problems.all });
+            return (Vec::new(), None);
         }
     };
     let Value::Object(mut top) = top else {
         problems.at(None, None, None, "a declaration is a JSON object with `version` and `resources`".into());
-        return Err(Refused { problems: problems.all });
+        return (Vec::new(), None);
     };
-
     match top.remove("version") {
         None => problems.at(None, None, Some("version"), "missing; this build understands version 1".into()),
         Some(Value::Number(n)) if n.as_u64().is_some_and(|v| VERSIONS.contains(&v)) => {}
@@ -88,20 +154,7 @@ pub(super) fn parse(bytes: &[u8]) -> Result<Declaration, Refused> {
         );
     }
 
-    let mut resources = Vec::with_capacity(raw_resources.len());
-    for (index, raw) in raw_resources.into_iter().enumerate() {
-        if let Some(r) = resource(index, raw, &mut problems) {
-            resources.push(r);
-        }
-    }
-
-    across(&resources, &mut problems);
-
-    if problems.all.is_empty() {
-        Ok(Declaration::new(resources, adoption))
-    } else {
-        Err(Refused { problems: problems.all })
-    }
+    (raw_resources, adoption)
 }
 
 /// serde_json appends " at line X column Y" to its messages; the position is given once, in
@@ -308,8 +361,17 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
             }
         }
         Spec::Archive(a) => {
-            if a.bytes.is_some() == a.source.is_some() {
-                problem("bytes", "an archive has exactly one of `bytes` or `source`".into());
+            // As for a file, the message says which case it is, and names the extra field.
+            match (&a.bytes, &a.source) {
+                (Some(_), Some(_)) => problem(
+                    "source",
+                    "an archive has exactly one of `bytes` or `source`; found bytes and source".into(),
+                ),
+                (None, None) => problem(
+                    "bytes",
+                    "an archive has exactly one of `bytes` or `source`; none was given".into(),
+                ),
+                _ => {}
             }
             if let Some(b) = &a.bytes {
                 if !base64_ok(b) {
@@ -459,7 +521,9 @@ fn across(resources: &[Resource], problems: &mut Problems) {
     let mut targets: HashMap<(&'static str, String), usize> = HashMap::with_capacity(resources.len());
     for r in resources {
         let class = match r.kind() {
-            Kind::Directory | Kind::File | Kind::Archive => Some("path"),
+            // An archive is unpacked into a directory, which may well be declared too.
+            Kind::Directory | Kind::File => Some("path"),
+            Kind::Archive => Some("archive"),
             Kind::Container => Some("container"),
             Kind::Network => Some("network"),
             Kind::User => Some("user"),
@@ -482,7 +546,10 @@ fn across(resources: &[Resource], problems: &mut Problems) {
     }
 
     for r in resources {
-        for (field, list) in [("restart-on", r.spec.restart_on()), ("reload-on", r.spec.reload_on())] {
+        // The verb follows the list, so a `reload-on` problem does not speak of restarting.
+        for (field, verb, list) in
+            [("restart-on", "restart", r.spec.restart_on()), ("reload-on", "reload", r.spec.reload_on())]
+        {
             let mut seen = BTreeSet::new();
             for (i, named) in list.iter().enumerate() {
                 let field = format!("{field}[{i}]");
@@ -491,7 +558,7 @@ fn across(resources: &[Resource], problems: &mut Problems) {
                         Some(r.index),
                         Some(r.id.as_str()),
                         Some(&field),
-                        "a resource cannot restart on itself".into(),
+                        format!("a resource cannot {verb} on itself"),
                     );
                 } else if !ids.contains_key(named) {
                     problems.at(

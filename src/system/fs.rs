@@ -246,14 +246,28 @@ impl Fs {
         if meta.kind != Kind::File {
             return Ok(Some((meta, Vec::new())));
         }
-        let mut buf = Vec::with_capacity(st.st_size as usize + 1);
-        let file = std::fs::File::from(fd);
-        use std::io::Read as _;
-        (&file).read_to_end(&mut buf).map_err(|e| FsError::Io {
-            op: "read",
-            path: path.to_owned(),
-            source: e,
-        })?;
+        // One read of one byte more than the size usually returns everything and proves the
+        // end at once; a file that grew meanwhile is read to its end the ordinary way.
+        let size = st.st_size as usize;
+        let mut buf = vec![0u8; size + 1];
+        let mut n = 0;
+        loop {
+            match rustix::io::read(&fd, &mut buf[n..]) {
+                Ok(0) => break,
+                Ok(got) => {
+                    n += got;
+                    if n < buf.len() && n >= size {
+                        break;
+                    }
+                    if n == buf.len() {
+                        buf.resize(buf.len() * 2, 0);
+                    }
+                }
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(FsError::io("read", path, e)),
+            }
+        }
+        buf.truncate(n);
         Ok(Some((meta, buf)))
     }
 

@@ -1,6 +1,11 @@
 //! Logging set-up. Structured `tracing` events; plain text without colour when the output is
 //! not a terminal, or JSON lines when asked for.
 
+pub mod http;
+pub mod metrics;
+
+pub use metrics::Metrics;
+
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber. `MESH_HOST_LOG` filters (default `info`); logs go to

@@ -1,8 +1,16 @@
-//! Files, directories, access and archives against a real filesystem.
+//! Files, directories, access and archives against a real filesystem, through the real binary.
 
+use std::os::unix::fs::MetadataExt as _;
+use std::process::Command;
+
+use base64::Engine as _;
 use serde_json::json;
 
 use crate::support::*;
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
 
 #[test]
 fn create_then_reapply_is_unchanged() {
@@ -10,17 +18,555 @@ fn create_then_reapply_is_unchanged() {
     let d = s.declare(json!([
         {"type": "directory", "id": "web.root", "path": s.p("srv/web"), "mode": "0750"},
         {"type": "file", "id": "web.index", "path": s.p("srv/web/index.html"), "content": "hello\n"},
+        {"type": "file", "id": "web.logo", "path": s.p("srv/web/logo.bin"), "bytes": b64(&[0, 1, 2, 255]), "mode": "0600"},
     ]));
     let (code, report) = s.apply(&d);
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(action(&report, "web.root"), "created");
     assert_eq!(action(&report, "web.index"), "created");
+    assert_eq!(action(&report, "web.logo"), "created");
     assert_eq!(std::fs::read_to_string(s.path("srv/web/index.html")).unwrap(), "hello\n");
+    assert_eq!(std::fs::read(s.path("srv/web/logo.bin")).unwrap(), vec![0, 1, 2, 255]);
     assert_eq!(mode_of(&s.path("srv/web")), 0o750);
     assert_eq!(mode_of(&s.path("srv/web/index.html")), 0o644);
+    assert_eq!(mode_of(&s.path("srv/web/logo.bin")), 0o600);
+    assert_eq!(mode_of(&s.state()), 0o600, "the store is private");
 
     let (code, report) = s.apply(&d);
     assert_eq!(code, 0);
-    assert_eq!(action(&report, "web.root"), "unchanged");
-    assert_eq!(action(&report, "web.index"), "unchanged");
+    for id in ["web.root", "web.index", "web.logo"] {
+        assert_eq!(action(&report, id), "unchanged", "{report:#}");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(s.path("srv/web"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".mesh-host-"))
+        .collect();
+    assert!(leftovers.is_empty(), "no temporary files are left behind");
+}
+
+#[test]
+fn hand_edit_chmod_and_delete_are_corrected() {
+    let s = Scratch::new();
+    let f = s.path("etc/app.conf");
+    let d = s.declare(json!([
+        {"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"), "content": "port=80\n", "mode": "0640"},
+        {"type": "directory", "id": "app.data", "path": s.p("var/app"), "mode": "0700"},
+    ]));
+    assert_eq!(s.apply(&d).0, 0);
+
+    std::fs::write(&f, "port=8080\n").unwrap();
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0);
+    assert_eq!(action(&report, "app.conf"), "corrected");
+    assert!(detail(&report, "app.conf").contains("content"), "{report:#}");
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "port=80\n");
+
+    Command::new("chmod").arg("0666").arg(&f).status().unwrap();
+    Command::new("chmod").arg("0755").arg(s.path("var/app")).status().unwrap();
+    let (_, report) = s.apply(&d);
+    assert_eq!(action(&report, "app.conf"), "corrected");
+    assert!(detail(&report, "app.conf").contains("mode"), "{report:#}");
+    assert_eq!(action(&report, "app.data"), "corrected");
+    assert_eq!(mode_of(&f), 0o640);
+    assert_eq!(mode_of(&s.path("var/app")), 0o700);
+
+    std::fs::remove_file(&f).unwrap();
+    std::fs::remove_dir(s.path("var/app")).unwrap();
+    let (_, report) = s.apply(&d);
+    assert_eq!(action(&report, "app.conf"), "corrected");
+    assert!(detail(&report, "app.conf").contains("deleted"), "{report:#}");
+    assert_eq!(action(&report, "app.data"), "corrected");
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "port=80\n");
+}
+
+#[test]
+fn a_changed_declaration_is_an_update_not_a_correction() {
+    let s = Scratch::new();
+    let file = |content: &str, mode: &str| {
+        s.declare(json!([{"type": "file", "id": "app.conf", "path": s.p("app.conf"), "content": content, "mode": mode}]))
+    };
+    assert_eq!(s.apply(&file("a\n", "0644")).0, 0);
+    let (_, report) = s.apply(&file("b\n", "0600"));
+    assert_eq!(action(&report, "app.conf"), "updated");
+    assert_eq!(detail(&report, "app.conf"), "content, mode 0644 to 0600");
+    assert_eq!(std::fs::read_to_string(s.path("app.conf")).unwrap(), "b\n");
+    assert_eq!(mode_of(&s.path("app.conf")), 0o600);
+}
+
+/// A user made with the real useradd, removed when the test ends.
+struct TestUser(String);
+
+impl TestUser {
+    fn new(name: &str) -> TestUser {
+        let _ = Command::new("userdel").arg(name).output();
+        let out = Command::new("useradd")
+            .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
+            .output()
+            .expect("useradd must be installed (package passwd) and the tests run as root");
+        assert!(
+            out.status.success(),
+            "useradd {name} failed (tests must run as root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        TestUser(name.to_owned())
+    }
+
+    fn uid(&self) -> u32 {
+        let out = Command::new("id").args(["-u", &self.0]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+}
+
+impl Drop for TestUser {
+    fn drop(&mut self) {
+        let _ = Command::new("userdel").arg(&self.0).output();
+    }
+}
+
+#[test]
+fn owner_is_set_read_back_and_corrected() {
+    let user = TestUser::new("mh-it-owner");
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "directory", "id": "app.dir", "path": s.p("app"), "owner": "mh-it-owner"},
+        {"type": "file", "id": "app.conf", "path": s.p("app/conf"), "content": "x\n", "owner": "mh-it-owner"},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(std::fs::metadata(s.path("app/conf")).unwrap().uid(), user.uid());
+    assert_eq!(std::fs::metadata(s.path("app")).unwrap().uid(), user.uid());
+    assert_eq!(action(&s.apply(&d).1, "app.conf"), "unchanged");
+
+    Command::new("chown").arg("root:root").arg(s.path("app/conf")).status().unwrap();
+    let (_, report) = s.apply(&d);
+    assert_eq!(action(&report, "app.conf"), "corrected");
+    assert!(detail(&report, "app.conf").contains("owner"), "{report:#}");
+    assert_eq!(std::fs::metadata(s.path("app/conf")).unwrap().uid(), user.uid());
+}
+
+#[test]
+fn an_owner_that_does_not_exist_fails_that_resource_only() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "file", "id": "a.conf", "path": s.p("a.conf"), "content": "x", "owner": "mh-it-nobody-here"},
+        {"type": "file", "id": "b.conf", "path": s.p("b.conf"), "content": "y"},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1);
+    assert_eq!(report["error"]["resource"], "a.conf");
+    assert!(report["error"]["message"].as_str().unwrap().contains("mh-it-nobody-here"));
+    assert_eq!(action(&report, "b.conf"), "created");
+    assert!(!s.path("a.conf").exists());
+}
+
+#[test]
+fn create_once_is_kept_as_the_program_grew_it() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "file", "id": "db.seed", "path": s.p("seed.db"), "content": "initial\n", "create-once": true},
+    ]));
+    assert_eq!(action(&s.apply(&d).1, "db.seed"), "created");
+    std::fs::write(s.path("seed.db"), "initial\ngrown by the program\n").unwrap();
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0);
+    assert_eq!(action(&report, "db.seed"), "kept");
+    assert_eq!(std::fs::read_to_string(s.path("seed.db")).unwrap(), "initial\ngrown by the program\n");
+}
+
+#[test]
+fn a_rename_keeps_the_new_file() {
+    let s = Scratch::new();
+    let first = s.declare(json!([
+        {"type": "file", "id": "old.conf", "path": s.p("app.conf"), "content": "v1\n"},
+    ]));
+    assert_eq!(s.apply(&first).0, 0);
+    let second = s.declare(json!([
+        {"type": "file", "id": "new.conf", "path": s.p("app.conf"), "content": "v2\n"},
+    ]));
+    let (code, report) = s.apply(&second);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "old.conf"), "removed");
+    assert_eq!(action(&report, "new.conf"), "created");
+    assert_eq!(std::fs::read_to_string(s.path("app.conf")).unwrap(), "v2\n");
+}
+
+#[test]
+fn orphans_go_in_reverse_order_and_a_full_directory_is_kept() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "directory", "id": "a.dir", "path": s.p("a")},
+        {"type": "file", "id": "a.file", "path": s.p("a/f"), "content": "x"},
+        {"type": "directory", "id": "b.dir", "path": s.p("b")},
+    ]));
+    assert_eq!(s.apply(&d).0, 0);
+    std::fs::write(s.path("b/uploads.dat"), "someone's data").unwrap();
+
+    let (code, report) = s.apply(&s.declare(json!([])));
+    assert_eq!(code, 0, "{report:#}");
+    let order: Vec<&str> =
+        report["outcomes"].as_array().unwrap().iter().map(|o| o["id"].as_str().unwrap()).collect();
+    assert_eq!(order, ["b.dir", "a.file", "a.dir"]);
+    assert_eq!(action(&report, "a.file"), "removed");
+    assert_eq!(action(&report, "a.dir"), "removed");
+    assert_eq!(action(&report, "b.dir"), "kept");
+    assert!(detail(&report, "b.dir").contains("1 item"), "{report:#}");
+    assert!(!s.path("a").exists());
+    assert_eq!(std::fs::read_to_string(s.path("b/uploads.dat")).unwrap(), "someone's data");
+
+    // Orphans are the host's own footprint: a bundle's records are not a declared apply's.
+    let status = s.run(&["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["records"].as_array().unwrap().len(), 0, "kept and removed orphans are forgotten");
+}
+
+#[test]
+fn orphans_are_looked_for_in_the_same_origin_only() {
+    let s = Scratch::new();
+    let bundle =
+        s.declare(json!([{"type": "file", "id": "boot.conf", "path": s.p("boot.conf"), "content": "x"}]));
+    let out = s.run(&["apply", "--origin", "bundle", bundle.to_str().unwrap()]);
+    assert!(out.status.success());
+    let declared =
+        s.declare(json!([{"type": "file", "id": "mesh.conf", "path": s.p("mesh.conf"), "content": "y"}]));
+    let (code, report) = s.apply(&declared);
+    assert_eq!(code, 0);
+    assert_eq!(report["outcomes"].as_array().unwrap().len(), 1, "{report:#}");
+    assert!(s.path("boot.conf").exists());
+}
+
+#[test]
+fn a_hand_edited_orphan_is_kept() {
+    let s = Scratch::new();
+    assert_eq!(
+        s.apply(&s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "x"}]))).0,
+        0
+    );
+    std::fs::write(s.path("f"), "edited by a person").unwrap();
+    let (_, report) = s.apply(&s.declare(json!([])));
+    assert_eq!(action(&report, "a.f"), "kept");
+    assert_eq!(std::fs::read_to_string(s.path("f")).unwrap(), "edited by a person");
+}
+
+#[test]
+fn a_symlink_at_the_path_is_refused_and_nothing_is_written_outside() {
+    let s = Scratch::new();
+    std::fs::write(s.path("victim"), "precious").unwrap();
+    std::os::unix::fs::symlink(s.path("victim"), s.path("app.conf")).unwrap();
+    let d =
+        s.declare(json!([{"type": "file", "id": "app.conf", "path": s.p("app.conf"), "content": "pwned"}]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1);
+    assert!(report["error"]["message"].as_str().unwrap().contains("symlink"), "{report:#}");
+    assert_eq!(std::fs::read_to_string(s.path("victim")).unwrap(), "precious");
+    assert_eq!(mode_of(&s.path("victim")), 0o644);
+}
+
+#[test]
+fn a_symlink_in_a_parent_is_refused_and_nothing_is_written_outside() {
+    let s = Scratch::new();
+    std::fs::create_dir(s.path("outside")).unwrap();
+    std::os::unix::fs::symlink(s.path("outside"), s.path("conf.d")).unwrap();
+    let d = s.declare(json!([
+        {"type": "file", "id": "app.conf", "path": s.p("conf.d/app.conf"), "content": "pwned"},
+        {"type": "directory", "id": "app.sub", "path": s.p("conf.d/sub")},
+        {"type": "directory", "id": "app.link", "path": s.p("conf.d"), "mode": "0700"},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1);
+    assert_eq!(report["error"]["others"], 2, "{report:#}");
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains("symlink") && message.contains("conf.d"), "{message}");
+    assert_eq!(std::fs::read_dir(s.path("outside")).unwrap().count(), 0, "nothing written through the link");
+    assert_eq!(mode_of(&s.path("outside")), 0o755, "the link's target was not chmod-ed");
+}
+
+#[test]
+fn a_file_where_a_directory_is_declared_is_left_alone() {
+    let s = Scratch::new();
+    std::fs::write(s.path("thing"), "a file").unwrap();
+    let (code, report) =
+        s.apply(&s.declare(json!([{"type": "directory", "id": "a.d", "path": s.p("thing")}])));
+    assert_eq!(code, 1);
+    assert!(report["error"]["message"].as_str().unwrap().contains("not a directory"));
+    assert_eq!(std::fs::read_to_string(s.path("thing")).unwrap(), "a file");
+}
+
+#[test]
+fn access_is_confirmed_never_created() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "access", "id": "media.lib", "path": s.p("media"), "mode": "write"}]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1);
+    assert!(report["error"]["message"].as_str().unwrap().contains("operator"), "{report:#}");
+    assert!(!s.path("media").exists());
+    std::fs::create_dir(s.path("media")).unwrap();
+    Command::new("chmod").arg("0777").arg(s.path("media")).status().unwrap();
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0);
+    assert_eq!(action(&report, "media.lib"), "unchanged");
+    assert_eq!(mode_of(&s.path("media")), 0o777, "never chmod-ed");
+    let (_, report) = s.apply(&s.declare(json!([])));
+    assert_eq!(action(&report, "media.lib"), "forgotten");
+    assert!(s.path("media").exists());
+}
+
+/// A tar archive from (name, content) pairs, names written raw so that hostile ones can be made.
+fn tar_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+        h.set_size(data.len() as u64);
+        h.set_mode(0o640);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        b.append(&h, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(bytes).unwrap();
+    e.finish().unwrap()
+}
+
+#[test]
+fn an_archive_is_unpacked_once_and_again_when_it_changes() {
+    let s = Scratch::new();
+    let v1 = gzip(&tar_of(&[("bin/tool", b"v1"), ("README", b"read me")]));
+    let d = s
+        .declare(json!([{"type": "archive", "id": "tool.dist", "path": s.p("opt/tool"), "bytes": b64(&v1)}]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "tool.dist"), "created");
+    assert_eq!(std::fs::read(s.path("opt/tool/bin/tool")).unwrap(), b"v1");
+    assert_eq!(mode_of(&s.path("opt/tool/README")), 0o640);
+    // A file a program wrote beside what the archive holds stays.
+    std::fs::write(s.path("opt/tool/cache"), "mine").unwrap();
+    assert_eq!(action(&s.apply(&d).1, "tool.dist"), "unchanged");
+
+    let v2 = tar_of(&[("bin/tool", b"v2")]);
+    std::fs::write(s.path("v2.tar"), &v2).unwrap();
+    let d = s.declare(
+        json!([{"type": "archive", "id": "tool.dist", "path": s.p("opt/tool"), "source": s.p("v2.tar")}]),
+    );
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "tool.dist"), "updated");
+    assert_eq!(std::fs::read(s.path("opt/tool/bin/tool")).unwrap(), b"v2");
+    assert_eq!(std::fs::read_to_string(s.path("opt/tool/cache")).unwrap(), "mine");
+}
+
+#[test]
+fn an_archive_digest_that_does_not_match_is_refused() {
+    let s = Scratch::new();
+    let bytes = tar_of(&[("f", b"x")]);
+    let d = s.declare(json!([{"type": "archive", "id": "a.a", "path": s.p("out"), "bytes": b64(&bytes), "digest": "0".repeat(64)}]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1);
+    assert!(report["error"]["message"].as_str().unwrap().contains("nothing was unpacked"));
+    assert!(!s.path("out").exists());
+}
+
+#[test]
+fn an_archive_entry_that_would_land_outside_is_refused() {
+    for hostile in ["../escaped", "/tmp/mesh-host-it-absolute-escape", "a/../../escaped"] {
+        let s = Scratch::new();
+        let bytes = tar_of(&[("fine", b"ok"), (hostile, b"pwned")]);
+        let d =
+            s.declare(json!([{"type": "archive", "id": "a.a", "path": s.p("out/in"), "bytes": b64(&bytes)}]));
+        let (code, report) = s.apply(&d);
+        assert_eq!(code, 1, "{hostile}: {report:#}");
+        assert!(report["error"]["message"].as_str().unwrap().contains("outside"), "{report:#}");
+        assert!(!s.path("out/escaped").exists() && !s.path("escaped").exists());
+        assert!(!std::path::Path::new("/tmp/mesh-host-it-absolute-escape").exists());
+        assert!(!s.path("out/in/fine").exists(), "nothing is unpacked from a refused archive");
+    }
+}
+
+#[test]
+fn an_archive_symlink_cannot_carry_a_later_entry_outside() {
+    let s = Scratch::new();
+    std::fs::create_dir(s.path("outside")).unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    b.append_link(&mut h, "link", s.path("outside")).unwrap();
+    let mut h = tar::Header::new_gnu();
+    h.set_size(5);
+    h.set_mode(0o644);
+    b.append_data(&mut h, "link/evil", &b"pwned"[..]).unwrap();
+    let bytes = b.into_inner().unwrap();
+    let d = s.declare(json!([{"type": "archive", "id": "a.a", "path": s.p("out"), "bytes": b64(&bytes)}]));
+    let _ = s.apply(&d);
+    assert_eq!(std::fs::read_dir(s.path("outside")).unwrap().count(), 0, "nothing escaped through the link");
+}
+
+#[test]
+fn plan_writes_nothing() {
+    let s = Scratch::new();
+    std::fs::write(s.path("existing.conf"), "old\n").unwrap();
+    let d = s.declare(json!([
+        {"type": "directory", "id": "a.dir", "path": s.p("new")},
+        {"type": "file", "id": "a.conf", "path": s.p("existing.conf"), "content": "new\n"},
+    ]));
+    let out = s.run(&["plan", d.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("would create a.dir"), "{text}");
+    assert!(text.contains("-old") && text.contains("+new"), "a unified diff: {text}");
+    assert!(!s.path("new").exists());
+    assert_eq!(std::fs::read_to_string(s.path("existing.conf")).unwrap(), "old\n");
+    assert!(!s.state().exists(), "not even the store");
+    assert!(!s.path("state").exists());
+}
+
+#[test]
+fn a_file_found_with_no_record_is_kept_before_it_is_written_over() {
+    let s = Scratch::new();
+    std::fs::write(s.path("found.conf"), "the machine's own\n").unwrap();
+    let d =
+        s.declare(json!([{"type": "file", "id": "a.conf", "path": s.p("found.conf"), "content": "mesh\n"}]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0);
+    assert_eq!(action(&report, "a.conf"), "updated");
+    let kept = s.path("state/kept").join(s.path("found.conf").strip_prefix("/").unwrap());
+    assert!(detail(&report, "a.conf").contains(&kept.display().to_string()), "{report:#}");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "the machine's own\n");
+    assert_eq!(std::fs::read_to_string(s.path("found.conf")).unwrap(), "mesh\n");
+}
+
+#[test]
+fn a_refused_declaration_touches_nothing_and_exits_2() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "file", "id": "a.conf", "path": s.p("a.conf"), "content": "x"},
+        {"type": "file", "id": "b.conf", "path": s.p("b.conf"), "content": "x", "mdoe": "0644"},
+    ]));
+    let out = s.run(&["apply", d.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("resources[1] (id \"b.conf\"), field `mdoe`"), "{err}");
+    assert!(!s.path("a.conf").exists());
+    assert!(!s.state().exists());
+    assert_eq!(s.run(&["apply"]).status.code(), Some(2), "bad usage");
+    assert_eq!(s.run(&["check", d.to_str().unwrap()]).status.code(), Some(2));
+}
+
+#[test]
+fn an_unsupported_type_fails_without_gating() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "action", "id": "a.step", "command": ["true"], "verify": ["true"]},
+        {"type": "file", "id": "a.conf", "path": s.p("a.conf"), "content": "x"},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1);
+    assert_eq!(report["error"]["gated"], false);
+    assert!(report["error"]["message"].as_str().unwrap().contains("not supported yet"));
+    assert_eq!(action(&report, "a.conf"), "created");
+}
+
+#[test]
+fn a_corrupt_or_newer_store_is_refused_and_left_as_it_is() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.conf", "path": s.p("a.conf"), "content": "x"}]));
+    std::fs::create_dir_all(s.path("state")).unwrap();
+    for (bytes, says) in
+        [(&b"{not json"[..], "not readable"), (&b"{\"schema\": 99, \"records\": {}}"[..], "newer")]
+    {
+        std::fs::write(s.state(), bytes).unwrap();
+        let out = s.run(&["apply", d.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says) && err.contains(&s.state().display().to_string()), "{err}");
+        assert_eq!(std::fs::read(s.state()).unwrap(), bytes, "never silently replaced");
+        assert!(!s.path("a.conf").exists());
+    }
+}
+
+#[test]
+fn an_interrupted_store_write_leaves_the_previous_store_readable() {
+    let s = Scratch::new();
+    let one = s.declare(json!([{"type": "file", "id": "a.one", "path": s.p("one"), "content": "1"}]));
+    assert_eq!(s.apply(&one).0, 0);
+    let before = std::fs::read(s.state()).unwrap();
+
+    let two = s.declare(json!([
+        {"type": "file", "id": "a.one", "path": s.p("one"), "content": "1"},
+        {"type": "file", "id": "a.two", "path": s.p("two"), "content": "2"},
+    ]));
+    let mut cmd = assert_cmd::Command::cargo_bin("mesh-host").unwrap();
+    let out = cmd
+        .env("MESH_HOST_FAILPOINT", "store-write")
+        .arg("--state")
+        .arg(s.state())
+        .args(["apply", two.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the process died mid-write");
+    assert_eq!(std::fs::read(s.state()).unwrap(), before, "the previous store is intact");
+    let status = s.run(&["status", "--json"]);
+    assert!(status.status.success());
+
+    // The next apply recovers: the leftover temporary file is cleaned and the store written.
+    let (code, report) = s.apply(&two);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "a.two"), "unchanged", "the file was written before the crash");
+    let names: Vec<String> = std::fs::read_dir(s.path("state"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains(".mesh-host-")), "{names:?}");
+    let status: serde_json::Value = serde_json::from_slice(&s.run(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(status["records"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn status_says_what_the_machine_still_holds() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "file", "id": "a.keep", "path": s.p("keep"), "content": "k"},
+        {"type": "file", "id": "a.edit", "path": s.p("edit"), "content": "e"},
+        {"type": "file", "id": "a.gone", "path": s.p("gone"), "content": "g"},
+    ]));
+    assert_eq!(s.apply(&d).0, 0);
+    std::fs::write(s.path("edit"), "changed").unwrap();
+    std::fs::remove_file(s.path("gone")).unwrap();
+    let out = s.run(&["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let machine = |id: &str| {
+        status["records"].as_array().unwrap().iter().find(|r| r["id"] == id).unwrap()["machine"].clone()
+    };
+    assert_eq!(machine("a.keep"), "holds");
+    assert_eq!(machine("a.edit"), "changed");
+    assert_eq!(machine("a.gone"), "missing");
+    assert_eq!(std::fs::read_to_string(s.path("edit")).unwrap(), "changed", "status is read-only");
+}
+
+#[test]
+fn the_store_has_one_writer() {
+    let s = Scratch::new();
+    let d = s.declare(json!([]));
+    std::fs::create_dir_all(s.path("state")).unwrap();
+    // util-linux's flock holds the lock while it runs a second mesh-host.
+    let out = Command::new("flock")
+        .args(["--exclusive", "--nonblock"])
+        .arg(s.path("state/state.json.lock"))
+        .arg(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .args(["apply", d.to_str().unwrap()])
+        .output()
+        .expect("the `flock` program (util-linux) is needed for this test");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("another mesh-host"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

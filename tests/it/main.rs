@@ -6,5 +6,6 @@
 
 mod support;
 
+mod daemon;
 mod docker;
 mod files;

@@ -12,7 +12,9 @@ pub struct Scratch {
 
 impl Scratch {
     pub fn new() -> Scratch {
-        Scratch { dir: tempfile::Builder::new().prefix("mesh-host-it-").tempdir().expect("a scratch directory") }
+        Scratch {
+            dir: tempfile::Builder::new().prefix("mesh-host-it-").tempdir().expect("a scratch directory"),
+        }
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -82,4 +84,102 @@ pub fn detail(report: &Value, id: &str) -> String {
 pub fn mode_of(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// A running `mesh-host run`, stopped (SIGKILL) when dropped if the test did not stop it.
+pub struct Daemon {
+    pub child: Option<std::process::Child>,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+/// Polls `cond` every 5 ms until it holds or `timeout` passes.
+pub fn wait_for(timeout: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < timeout {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    cond()
+}
+
+pub const PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Daemon {
+    /// Starts the daemon on a declaration and waits until /healthz answers.
+    pub fn start(s: &Scratch, declaration: &Path, extra: &[&str]) -> Daemon {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let log = s.path(&format!("daemon-{port}.log"));
+        let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+            .arg("--state")
+            .arg(s.state())
+            .args(["run", "--declaration"])
+            .arg(declaration)
+            .args(["--metrics", &format!("127.0.0.1:{port}")])
+            .args(extra)
+            .env("MESH_HOST_LOG", "info")
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+            .spawn()
+            .expect("mesh-host starts");
+        let d = Daemon { child: Some(child), port, log };
+        assert!(
+            wait_for(PATIENCE, || d.get("/healthz").is_some_and(|b| b == "ok\n")),
+            "the daemon never answered /healthz:\n{}",
+            d.log()
+        );
+        d
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// GETs a path, returning the body of a 200 answer.
+    pub fn get(&self, path: &str) -> Option<String> {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        let (head, body) = out.split_once("\r\n\r\n")?;
+        head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+    }
+
+    /// The value of one sample, by its full name with labels, or 0 when absent.
+    pub fn metric(&self, sample: &str) -> f64 {
+        let body = self.get("/metrics").unwrap_or_default();
+        body.lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(0.0)
+    }
+
+    /// Sends SIGTERM and returns the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            if start.elapsed() > PATIENCE {
+                let _ = child.kill();
+                panic!("the daemon did not stop on SIGTERM:\n{}", self.log());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }

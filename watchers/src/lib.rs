@@ -9,6 +9,11 @@ pub mod docker;
 
 use std::path::PathBuf;
 
+pub mod declaration;
+pub mod file;
+
+pub use file::FileWatcher;
+
 /// One thing that moved on the machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
@@ -20,6 +25,8 @@ pub enum Change {
     Container { label: String, name: String, action: String },
     /// A systemd unit changed state or a job on it finished.
     Unit { unit: String },
+    /// The files of a watched source settled after a change: each path with its bytes.
+    Settled { files: Vec<(PathBuf, Vec<u8>)> },
     /// The watcher may have missed changes (overflow, reconnect): reconcile everything.
     Resynced { watcher: &'static str },
     /// Whether a watcher is connected to what it watches, for the `watcher_up` gauge.

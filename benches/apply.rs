@@ -1,0 +1,84 @@
+//! Cold and steady applies of 10,000 files of 1 KiB in 1,000 directories, through the real
+//! binary: wall time and peak RSS. Run with `cargo bench --bench apply`; figures go in
+//! BENCHMARKS.md. Set MESH_HOST_BENCH_DIR to choose the filesystem (default /var/tmp).
+#![allow(clippy::disallowed_methods)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const DIRS: usize = 1_000;
+const FILES_PER_DIR: usize = 10;
+
+fn declaration(root: &Path) -> serde_json::Value {
+    let mut resources = Vec::with_capacity(DIRS * (FILES_PER_DIR + 1));
+    let body: String = "x".repeat(1023) + "\n";
+    for d in 0..DIRS {
+        let dir = root.join(format!("d{d:04}"));
+        resources.push(serde_json::json!({"type": "directory", "id": format!("bench.d{d}"), "path": dir}));
+        for f in 0..FILES_PER_DIR {
+            resources.push(serde_json::json!({
+                "type": "file", "id": format!("bench.d{d}.f{f}"),
+                "path": dir.join(format!("f{f}.conf")), "content": body,
+            }));
+        }
+    }
+    serde_json::json!({"version": 1, "resources": resources})
+}
+
+/// Runs one apply; returns its wall time and the peak RSS of the largest child so far (KiB).
+fn apply(decl: &Path, state: &Path) -> (Duration, i64) {
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
+        .env("MESH_HOST_LOG", "warn")
+        .arg("--state")
+        .arg(state)
+        .arg("apply")
+        .arg(decl)
+        .output()
+        .expect("mesh-host runs");
+    let took = start.elapsed();
+    assert!(out.status.success(), "apply failed: {}", String::from_utf8_lossy(&out.stdout));
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).unwrap();
+    (took, usage.max_rss())
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let base = PathBuf::from(std::env::var("MESH_HOST_BENCH_DIR").unwrap_or_else(|_| "/var/tmp".into()));
+    let scratch = tempfile::Builder::new().prefix("mesh-host-bench-").tempdir_in(&base).unwrap();
+    let runs = 3;
+    let mut cold = Vec::new();
+    let mut steady = Vec::new();
+    let mut rss = 0;
+    for run in 0..runs {
+        let root = scratch.path().join(format!("run{run}"));
+        let decl = scratch.path().join(format!("decl{run}.json"));
+        std::fs::write(&decl, serde_json::to_vec(&declaration(&root.join("tree"))).unwrap()).unwrap();
+        let state = root.join("state.json");
+        let (t, r) = apply(&decl, &state);
+        cold.push(t);
+        rss = rss.max(r);
+        for _ in 0..3 {
+            let (t, r) = apply(&decl, &state);
+            steady.push(t);
+            rss = rss.max(r);
+        }
+    }
+    let files = DIRS * FILES_PER_DIR;
+    println!(
+        "apply of {files} files of 1 KiB in {DIRS} directories ({} resources), on {}",
+        files + DIRS,
+        base.display()
+    );
+    println!("  cold apply   median {:>8.1} ms  (runs: {cold:?})", median(cold.clone()).as_secs_f64() * 1e3);
+    println!(
+        "  steady apply median {:>8.1} ms  (runs: {steady:?})",
+        median(steady.clone()).as_secs_f64() * 1e3
+    );
+    println!("  peak RSS of any apply: {:.1} MiB", rss as f64 / 1024.0);
+}

@@ -1,0 +1,383 @@
+//! `mesh-host run`: the controller. A full apply, then watch: watchers push keys into the work
+//! queue, one worker drains it, each key reconciled and read back, metrics and one log line per
+//! change on the way.
+//!
+//! The stages, each small:
+//! - `trigger`: what a watcher's change means: a managed path is its resource's key, the
+//!   declaration settling is the declaration key, a gap in what a watcher saw is a full resync.
+//! - `queue`: de-duplication, the never-twice-at-once rule, backoff, the rate limit.
+//! - `worker` (here): one reconcile at a time. One worker is deliberate: reconciles take
+//!   milliseconds, and serialising them means the store, the filesystem session and the
+//!   declaration need no locks and two reconciles can never race on one path.
+//!
+//! Architecture Invariant: the controller knows nothing about how a resource is applied; it
+//! calls `apply::apply` and `apply::reconcile` and reads their reports.
+
+pub mod queue;
+mod trigger;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use mesh_host_watchers::{declaration as declaration_watcher, Change, FileWatcher};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::apply::{self, Action, Options, Report};
+use crate::declaration::{Declaration, Id, Kind};
+use crate::store::{Origin, Store};
+use crate::telemetry::Metrics;
+use queue::{Contest, Queue, Verdict};
+use trigger::Index;
+pub use trigger::Key;
+
+/// How the daemon runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// A declaration file, or a directory of `*.json` files read as one declaration.
+    pub declaration: PathBuf,
+    pub state: PathBuf,
+    pub origin: Origin,
+    /// Where `/metrics` and `/healthz` listen; `None` for nowhere.
+    pub metrics: Option<SocketAddr>,
+    /// How often everything is reconciled even when no watcher said anything.
+    pub resync: Duration,
+    /// How long the declaration must be still before it is read.
+    pub settle: Duration,
+    pub queue: queue::Config,
+    /// The container runtime's socket (`--container-socket`); `None` looks in the usual places.
+    pub container_socket: Option<String>,
+}
+
+/// The declaration files the watcher last handed over, until the worker takes them.
+type Settled = Arc<std::sync::Mutex<Option<Vec<(PathBuf, Vec<u8>)>>>>;
+
+/// What the worker owns: the declaration in force, the store, and the file watcher whose paths
+/// follow the declaration.
+struct Worker {
+    config: Config,
+    declaration: Option<Declaration>,
+    store: Store,
+    files: FileWatcher,
+    index: Arc<RwLock<Index>>,
+    /// The last files the declaration watcher handed over, taken by the declaration key.
+    settled: Settled,
+    metrics: Arc<Metrics>,
+    /// Seconds since the epoch of the worker's last finished reconcile, for `/healthz`.
+    heartbeat: Arc<AtomicI64>,
+}
+
+/// Runs the daemon until SIGTERM or SIGINT, then stops intake, lets the reconcile in flight
+/// finish, persists the store and returns.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    // Signals first: a SIGTERM during the first apply must stop the agent cleanly too.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let metrics = Arc::new(Metrics::new());
+    let store = Store::open(&config.state)?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Change>();
+    let files = FileWatcher::new(tx.clone()).context("cannot start the file watcher (inotify)")?;
+    metrics.watcher_up.get_or_create(&vec![("watcher", "file")]).set(1);
+    let heartbeat = Arc::new(AtomicI64::new(now_secs()));
+
+    let mut worker = Worker {
+        config: config.clone(),
+        declaration: None,
+        store,
+        files,
+        index: Arc::new(RwLock::new(Index::default())),
+        settled: Arc::new(std::sync::Mutex::new(None)),
+        metrics: Arc::clone(&metrics),
+        heartbeat: Arc::clone(&heartbeat),
+    };
+
+    if let Some(addr) = config.metrics {
+        let beat = Arc::clone(&heartbeat);
+        let resync = config.resync;
+        let started = Arc::clone(&ready);
+        let health: crate::telemetry::http::Health = Arc::new(move || {
+            if !started.load(Ordering::Relaxed) {
+                return Err("starting: the first apply has not finished".into());
+            }
+            // Healthy while the worker has finished something within two resync periods: a
+            // worker stuck in one reconcile is the failure this is for.
+            let age = now_secs() - beat.load(Ordering::Relaxed);
+            if age as u64 <= 2 * resync.as_secs().max(60) {
+                Ok(())
+            } else {
+                Err(format!("the worker has not finished a reconcile for {age} s"))
+            }
+        });
+        let (bound, _task) = crate::telemetry::http::serve(addr, Arc::clone(&metrics), health)
+            .await
+            .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+        tracing::info!(address = %bound, "serving /metrics and /healthz");
+    }
+
+    // Watch before the first apply, so a change made during it is not missed; what the
+    // watchers report meanwhile waits in the channel.
+    let _declaration_task = declaration_watcher::spawn(config.declaration.clone(), config.settle, tx.clone())
+        .with_context(|| format!("cannot watch the declaration {}", config.declaration.display()))?;
+    drop(tx);
+    // The first apply, before systemd hears we are ready.
+    let initial = declaration_watcher::read_source(&config.declaration)
+        .with_context(|| format!("cannot read the declaration {}", config.declaration.display()))?;
+    *worker.settled.lock().unwrap_or_else(|e| e.into_inner()) = Some(initial);
+    tokio::task::block_in_place(|| worker.reconcile(&Key::Declaration, Instant::now()));
+    ready.store(true, Ordering::Relaxed);
+
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+    tracing::info!(declaration = %config.declaration.display(), "mesh-host is running");
+    if let Some(interval) = sd_notify::watchdog_enabled() {
+        // Pinged from the worker's heartbeat, so a wedged worker stops the pings and systemd
+        // restarts the agent.
+        let beat = Arc::clone(&heartbeat);
+        let limit = 2 * config.resync.as_secs().max(60) as i64;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval / 2);
+            loop {
+                tick.tick().await;
+                if now_secs() - beat.load(Ordering::Relaxed) <= limit {
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+            }
+        });
+    }
+
+    let queue = Arc::new(Queue::<Key>::new(config.queue.clone()));
+    let index = Arc::clone(&worker.index);
+    let settled = Arc::clone(&worker.settled);
+
+    // The worker: one reconcile at a time, each on this runtime's blocking allowance.
+    let worker_queue = Arc::clone(&queue);
+    let worker_task = tokio::spawn(async move {
+        while let Some((key, seen)) = worker_queue.next().await {
+            let verdict = tokio::task::block_in_place(|| worker.reconcile(&key, seen));
+            if verdict == Verdict::Failed {
+                worker.metrics.queue_retries.inc();
+            }
+            match worker_queue.done(&key, verdict) {
+                Some(Contest::Began { hold }) => {
+                    tracing::warn!(key = %key, hold_ms = hold.as_millis() as u64, "contested: something keeps changing this resource back; corrections now back off")
+                }
+                Some(Contest::Ended) => tracing::info!(key = %key, "no longer contested"),
+                None => {}
+            }
+            let stats = worker_queue.stats();
+            worker.metrics.queue_depth.set(stats.depth as i64);
+            worker.metrics.queue_backing_off.set(stats.backing_off as i64);
+            worker.metrics.contested.set(stats.contested as i64);
+        }
+        // Intake has stopped and the last reconcile finished: persist what it recorded.
+        if let Err(e) = worker.store.save() {
+            tracing::error!(error = %e, "cannot write the state store on the way out");
+        }
+    });
+
+    let mut resync = tokio::time::interval_at(Instant::now() + config.resync, config.resync);
+    loop {
+        tokio::select! {
+            change = rx.recv() => {
+                let Some(change) = change else { break };
+                let added = {
+                    let index = index.read().unwrap_or_else(|e| e.into_inner());
+                    trigger::keys(&change, &index)
+                };
+                match change {
+                    Change::Settled { files } => {
+                        *settled.lock().unwrap_or_else(|e| e.into_inner()) = Some(files);
+                    }
+                    Change::Up { watcher, up } => {
+                        metrics.watcher_up.get_or_create(&vec![("watcher", watcher)]).set(i64::from(up));
+                    }
+                    _ => {}
+                }
+                for (key, source) in added {
+                    metrics.queue_adds.get_or_create(&vec![("source", source)]).inc();
+                    queue.add(key);
+                }
+                metrics.queue_depth.set(queue.stats().depth as i64);
+            }
+            _ = resync.tick() => {
+                metrics.queue_adds.get_or_create(&vec![("source", "resync")]).inc();
+                queue.add(Key::Full);
+            }
+            _ = term.recv() => { tracing::info!("SIGTERM: finishing the reconcile in flight, then stopping"); break }
+            _ = int.recv() => { tracing::info!("SIGINT: finishing the reconcile in flight, then stopping"); break }
+        }
+    }
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    queue.shut_down();
+    worker_task.await.context("the worker stopped abnormally")?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+impl Worker {
+    fn options(&self) -> Options {
+        let kept = self.config.state.parent().unwrap_or(std::path::Path::new("/")).join("kept");
+        Options {
+            origin: self.config.origin,
+            dry_run: false,
+            kept,
+            container_socket: self.config.container_socket.clone(),
+        }
+    }
+
+    /// Reconciles one key and says how it went.
+    fn reconcile(&mut self, key: &Key, seen: Instant) -> Verdict {
+        let started = Instant::now();
+        let verdict = match key {
+            Key::Declaration => {
+                self.load_declaration();
+                self.full()
+            }
+            Key::Full => self.full(),
+            Key::Resource(id) => self.one(id, seen),
+        };
+        let scope = if matches!(key, Key::Resource(_)) { "resource" } else { "full" };
+        self.metrics
+            .reconcile_duration
+            .get_or_create(&vec![("scope", scope)])
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = self.store.save() {
+            tracing::error!(error = %e, "cannot write the state store; what was applied is on the machine but not recorded");
+        }
+        self.heartbeat.store(now_secs(), Ordering::Relaxed);
+        verdict
+    }
+
+    /// Takes the settled declaration files, if any, and puts them in force when they parse.
+    fn load_declaration(&mut self) {
+        let Some(files) = self.settled.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        let named: Vec<(String, Vec<u8>)> =
+            files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
+        match Declaration::parse_sources(&named) {
+            Ok(d) => {
+                tracing::info!(resources = d.resources.len(), "declaration accepted");
+                *self.index.write().unwrap_or_else(|e| e.into_inner()) = Index::new(&d);
+                self.declaration = Some(d);
+            }
+            Err(refused) => {
+                // Refused whole, and the declaration in force stays in force: a half-written
+                // file, or a bad one, must not undo a working machine.
+                self.metrics.declaration_refusals.inc();
+                tracing::error!("{refused}; the declaration in force is kept");
+            }
+        }
+    }
+
+    fn full(&mut self) -> Verdict {
+        let options = self.options();
+        let Some(declaration) = &self.declaration else {
+            return Verdict::Settled;
+        };
+        let (report, _) = apply::apply(declaration, &mut self.store, &options);
+        self.account(&report, None);
+        self.metrics.last_apply_timestamp.set(now_secs() as f64);
+        self.metrics.last_apply_success.set(i64::from(report.error.is_none()));
+        self.count_resources(&report);
+        self.watch_paths();
+        if report.error.is_some() {
+            Verdict::Failed
+        } else {
+            Verdict::Settled
+        }
+    }
+
+    fn one(&mut self, id: &Id, seen: Instant) -> Verdict {
+        let options = self.options();
+        let Some(declaration) = &self.declaration else {
+            return Verdict::Settled;
+        };
+        if declaration.get(id).is_none() {
+            // Undeclared since the key was queued: the full apply that followed handled it.
+            return Verdict::Settled;
+        }
+        let report = apply::reconcile(declaration, std::slice::from_ref(id), &mut self.store, &options);
+        self.account(&report, Some(seen));
+        let moved = report.outcomes.iter().any(|o| o.action.moved());
+        if moved {
+            // A directory made again needs its watch made again.
+            self.watch_paths();
+        }
+        if report.error.is_some() {
+            Verdict::Failed
+        } else if report.outcomes.iter().any(|o| o.action == Action::Corrected && o.id == id.as_str()) {
+            Verdict::Corrected
+        } else {
+            Verdict::Settled
+        }
+    }
+
+    /// Metrics and one log line per change.
+    fn account(&self, report: &Report, seen: Option<Instant>) {
+        for o in &report.outcomes {
+            self.metrics
+                .outcomes
+                .get_or_create(&vec![("type", o.kind.as_str()), ("action", o.action.as_str())])
+                .inc();
+            if o.action == Action::Corrected {
+                self.metrics.drift_corrections.get_or_create(&vec![("type", o.kind.as_str())]).inc();
+                if let Some(seen) = seen {
+                    self.metrics.correction_latency.observe(seen.elapsed().as_secs_f64());
+                }
+            }
+            if o.action != Action::Unchanged {
+                let detail = o.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
+                tracing::info!(id = %o.id, r#type = %o.kind, action = %o.action, "{} {} ({}){detail}", o.action, o.id, o.target);
+            }
+        }
+        if let Some(e) = &report.error {
+            for f in &e.failures {
+                tracing::warn!(id = %f.id, r#type = %f.kind, "failed {} ({}): {}", f.id, f.target, f.message);
+            }
+        }
+    }
+
+    fn count_resources(&self, report: &Report) {
+        let Some(declaration) = &self.declaration else { return };
+        let failed: std::collections::HashSet<&str> =
+            report.error.iter().flat_map(|e| e.failures.iter().map(|f| f.id.as_str())).collect();
+        let held: std::collections::HashSet<&str> =
+            report.outcomes.iter().filter(|o| o.action == Action::Held).map(|o| o.id.as_str()).collect();
+        for kind in Kind::ALL {
+            let mut counts = [0i64; 3];
+            for r in declaration.resources.iter().filter(|r| r.kind() == kind) {
+                let i = if failed.contains(r.id.as_str()) {
+                    1
+                } else if held.contains(r.id.as_str()) {
+                    2
+                } else {
+                    0
+                };
+                counts[i] += 1;
+            }
+            for (state, n) in ["applied", "failed", "held"].into_iter().zip(counts) {
+                self.metrics.resources.get_or_create(&vec![("type", kind.as_str()), ("state", state)]).set(n);
+            }
+        }
+    }
+
+    /// Points the file watcher at the managed paths of the declaration in force.
+    fn watch_paths(&mut self) {
+        let paths = self.index.read().unwrap_or_else(|e| e.into_inner()).paths();
+        for (dir, e) in self.files.set_paths(paths) {
+            tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
+        }
+    }
+}

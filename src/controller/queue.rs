@@ -1,0 +1,566 @@
+//! The work queue: keys to reconcile, each waiting at most once, never run twice at once, with
+//! per-key backoff and a global rate limit.
+//!
+//! Modelled on client-go's workqueue and kube-runtime's scheduler, without the four traps found
+//! in client-go's tracker:
+//! - the global token bucket's wait is capped (`max_wait`), so ten thousand keys added at once
+//!   never wait for minutes;
+//! - backoff grows only on a failed reconcile or a repeated correction, never on an add, so a
+//!   storm of events cannot push a key to its maximum;
+//! - a key's failure count is reset by its first success;
+//! - the backoff state is visible: `stats()` feeds gauges, and `done` says when a key becomes or
+//!   stops being contested.
+//!
+//! All times are tokio's, so the tests run under paused time.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// How the queue behaves.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// First retry after a failure; doubles per further failure.
+    pub failure_base: Duration,
+    pub failure_cap: Duration,
+    /// First hold after a repeated correction; doubles per further one.
+    pub contest_base: Duration,
+    /// Kept short on purpose: once the fight stops, the file must be put back within it.
+    pub contest_cap: Duration,
+    /// A correction within this time of the previous one is a repeat.
+    pub contest_window: Duration,
+    /// How many repeats in a row make a key contested (reported once, counted in a gauge).
+    /// Holds start at the first repeat; the report waits for a pattern, so a person saving a
+    /// file twice in a second is not told they are fighting the agent.
+    pub contest_after: u32,
+    /// Token bucket: keys admitted per second, and the burst.
+    pub rate: f64,
+    pub burst: f64,
+    /// The longest the bucket makes any key wait.
+    pub max_wait: Duration,
+    /// Jitter added to backoffs, as a fraction of the delay (0.1 = up to 10 % more).
+    pub jitter: f64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            failure_base: Duration::from_millis(5),
+            failure_cap: Duration::from_secs(300),
+            contest_base: Duration::from_millis(10),
+            contest_cap: Duration::from_millis(500),
+            contest_window: Duration::from_secs(1),
+            contest_after: 3,
+            rate: 1000.0,
+            burst: 2000.0,
+            max_wait: Duration::from_secs(1),
+            jitter: 0.1,
+        }
+    }
+}
+
+/// How a reconcile of a key ended, which decides its backoff.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing to put back, or a change that was the declaration's: resets the key.
+    Settled,
+    /// The machine had drifted and was corrected.
+    Corrected,
+    /// The reconcile failed: retried with backoff.
+    Failed,
+}
+
+/// A change in a key's contested state, for one log line each way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contest {
+    Began { hold: Duration },
+    Ended,
+}
+
+/// What the queue holds now, for gauges.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Keys waiting (ready or delayed).
+    pub depth: usize,
+    /// Keys being reconciled.
+    pub processing: usize,
+    /// Keys held back by a failure or a contest.
+    pub backing_off: usize,
+    pub contested: usize,
+}
+
+#[derive(Default)]
+struct Backoff {
+    failures: u32,
+    /// Repeated corrections in a row.
+    streak: u32,
+    last_correction: Option<Instant>,
+    /// No run before this.
+    hold_until: Option<Instant>,
+}
+
+struct Waiting {
+    due: Instant,
+    /// When the earliest change behind this key was seen: the start of the latency measured.
+    seen: Instant,
+    /// Sequence number, to find the entry in `delayed`.
+    seq: u64,
+}
+
+struct Inner<K> {
+    waiting: HashMap<K, Waiting>,
+    /// Due times; an entry whose key was made earlier is removed and re-inserted.
+    delayed: BTreeMap<(Instant, u64), K>,
+    ready: VecDeque<(K, Instant)>,
+    processing: HashSet<K>,
+    /// Keys added while processing: run once more afterwards, from this time seen.
+    again: HashMap<K, Instant>,
+    backoff: HashMap<K, Backoff>,
+    tokens: f64,
+    refilled: Instant,
+    seq: u64,
+    closed: bool,
+    rng: u64,
+}
+
+/// A de-duplicating, rate-limited, delaying work queue of keys.
+pub struct Queue<K> {
+    inner: Mutex<Inner<K>>,
+    wake: Notify,
+    config: Config,
+}
+
+impl<K: Clone + Eq + Hash> Queue<K> {
+    pub fn new(config: Config) -> Queue<K> {
+        let now = Instant::now();
+        Queue {
+            inner: Mutex::new(Inner {
+                waiting: HashMap::new(),
+                delayed: BTreeMap::new(),
+                ready: VecDeque::new(),
+                processing: HashSet::new(),
+                again: HashMap::new(),
+                backoff: HashMap::new(),
+                tokens: config.burst,
+                refilled: now,
+                seq: 0,
+                closed: false,
+                rng: 0x9e37_79b9_7f4a_7c15,
+            }),
+            wake: Notify::new(),
+            config,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<K>> {
+        // A panic while holding the lock leaves plain data behind; carrying on is safe.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a key to run as soon as its hold and the rate limit allow. A key already waiting is
+    /// not added twice; a key being reconciled runs once more afterwards.
+    pub fn add(&self, key: K) {
+        self.add_seen(key, Instant::now(), Duration::ZERO);
+    }
+
+    /// Adds a key to run no sooner than `delay` from now.
+    pub fn add_after(&self, key: K, delay: Duration) {
+        self.add_seen(key, Instant::now(), delay);
+    }
+
+    fn add_seen(&self, key: K, seen: Instant, delay: Duration) {
+        let mut q = self.lock();
+        if q.closed {
+            return;
+        }
+        let now = Instant::now();
+        if q.processing.contains(&key) {
+            q.again.entry(key).or_insert(seen);
+            return;
+        }
+        let hold = q.backoff.get(&key).and_then(|b| b.hold_until).unwrap_or(now);
+        if let Some(w) = q.waiting.get(&key) {
+            // Already waiting: keep the earlier due time, never a later one, and the earliest
+            // sighting, so latency is measured from the first change.
+            let due = (now + delay).max(hold);
+            if due < w.due {
+                let (old_due, seq) = (w.due, w.seq);
+                q.delayed.remove(&(old_due, seq));
+                q.delayed.insert((due, seq), key.clone());
+                if let Some(w) = q.waiting.get_mut(&key) {
+                    w.due = due;
+                }
+                drop(q);
+                self.wake.notify_one();
+            }
+            return;
+        }
+        let wait = q.take_token(now, &self.config);
+        let due = (now + delay + wait).max(hold);
+        q.seq += 1;
+        let seq = q.seq;
+        q.waiting.insert(key.clone(), Waiting { due, seen, seq });
+        q.delayed.insert((due, seq), key);
+        drop(q);
+        self.wake.notify_one();
+    }
+
+    /// Waits for the next key that is due, and marks it processing. `None` once the queue is
+    /// shut down and nothing due remains to be handed out.
+    pub async fn next(&self) -> Option<(K, Instant)> {
+        loop {
+            let sleep_until = {
+                let mut q = self.lock();
+                let now = Instant::now();
+                while let Some((&(due, seq), _)) = q.delayed.first_key_value() {
+                    if due > now {
+                        break;
+                    }
+                    let key = q.delayed.remove(&(due, seq)).expect("the entry just seen");
+                    let seen = q.waiting.remove(&key).map_or(now, |w| w.seen);
+                    q.ready.push_back((key, seen));
+                }
+                if let Some((key, seen)) = q.ready.pop_front() {
+                    q.processing.insert(key.clone());
+                    return Some((key, seen));
+                }
+                if q.closed {
+                    return None;
+                }
+                q.delayed.first_key_value().map(|(&(due, _), _)| due)
+            };
+            match sleep_until {
+                Some(due) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(due) => {}
+                        _ = self.wake.notified() => {}
+                    }
+                }
+                None => self.wake.notified().await,
+            }
+        }
+    }
+
+    /// Marks a key done, with how its reconcile ended. Returns a change of its contested state.
+    pub fn done(&self, key: &K, verdict: Verdict) -> Option<Contest> {
+        let mut q = self.lock();
+        let now = Instant::now();
+        q.processing.remove(key);
+        let config = &self.config;
+        let jitter = q.jitter(config.jitter);
+        let b = q.backoff.entry(key.clone()).or_default();
+        let was_contested = b.streak >= config.contest_after;
+        let mut retry = None;
+        match verdict {
+            Verdict::Settled => {
+                b.failures = 0;
+                b.streak = 0;
+                b.hold_until = None;
+            }
+            Verdict::Failed => {
+                b.failures = b.failures.saturating_add(1);
+                let delay = grow(config.failure_base, b.failures, config.failure_cap, jitter);
+                b.hold_until = Some(now + delay);
+                retry = Some(delay);
+            }
+            Verdict::Corrected => {
+                b.failures = 0;
+                let repeat =
+                    b.last_correction.is_some_and(|at| now.duration_since(at) <= config.contest_window);
+                b.last_correction = Some(now);
+                if repeat {
+                    b.streak = b.streak.saturating_add(1);
+                    let delay = grow(config.contest_base, b.streak, config.contest_cap, jitter);
+                    b.hold_until = Some(now + delay);
+                    // Run again when the hold ends, so a fight that stops is put right then
+                    // even if no further event comes.
+                    retry = Some(delay);
+                } else {
+                    b.streak = 0;
+                    b.hold_until = None;
+                }
+            }
+        }
+        let now_contested = b.streak >= config.contest_after;
+        let hold = b.hold_until.map(|h| h.saturating_duration_since(now)).unwrap_or_default();
+        if b.failures == 0
+            && b.streak == 0
+            && b.last_correction.is_none_or(|at| now.duration_since(at) > config.contest_window)
+        {
+            // Nothing left to remember: a long-running daemon must not grow a map entry for
+            // every key it ever saw.
+            q.backoff.remove(key);
+        }
+        let again = q.again.remove(key);
+        drop(q);
+        if let Some(delay) = retry {
+            self.add_seen(key.clone(), now, delay);
+        }
+        if let Some(seen) = again {
+            self.add_seen(key.clone(), seen, Duration::ZERO);
+        }
+        match (was_contested, now_contested) {
+            (false, true) => Some(Contest::Began { hold }),
+            (true, false) => Some(Contest::Ended),
+            _ => None,
+        }
+    }
+
+    /// Stops taking keys. What is due is still handed out; `next` then returns `None`.
+    pub fn shut_down(&self) {
+        let mut q = self.lock();
+        q.closed = true;
+        // What is due now is still handed out; later work is dropped, since shutting down must
+        // not wait for a backoff to expire. The periodic resync after restart covers it.
+        let now = Instant::now();
+        let delayed = std::mem::take(&mut q.delayed);
+        for ((due, _), key) in delayed {
+            let seen = q.waiting.remove(&key).map_or(now, |w| w.seen);
+            if due <= now {
+                q.ready.push_back((key, seen));
+            }
+        }
+        drop(q);
+        self.wake.notify_waiters();
+    }
+
+    pub fn stats(&self) -> Stats {
+        let q = self.lock();
+        let now = Instant::now();
+        Stats {
+            depth: q.waiting.len() + q.ready.len(),
+            processing: q.processing.len(),
+            backing_off: q.backoff.values().filter(|b| b.hold_until.is_some_and(|h| h > now)).count(),
+            contested: q.backoff.values().filter(|b| b.streak >= self.config.contest_after).count(),
+        }
+    }
+}
+
+impl<K> Inner<K> {
+    /// Takes a token, returning how long to wait for it (capped).
+    fn take_token(&mut self, now: Instant, c: &Config) -> Duration {
+        let elapsed = now.duration_since(self.refilled).as_secs_f64();
+        self.refilled = now;
+        self.tokens = (self.tokens + elapsed * c.rate).min(c.burst);
+        self.tokens -= 1.0;
+        if self.tokens >= 0.0 {
+            return Duration::ZERO;
+        }
+        // The debt is bounded too, so the bucket recovers within `max_wait` once adds stop.
+        let floor = -(c.rate * c.max_wait.as_secs_f64());
+        self.tokens = self.tokens.max(floor);
+        Duration::from_secs_f64((-self.tokens / c.rate).min(c.max_wait.as_secs_f64()))
+    }
+
+    /// A factor in [1, 1 + spread): xorshift, which is plenty to spread retries apart.
+    fn jitter(&mut self, spread: f64) -> f64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        1.0 + spread * ((self.rng >> 11) as f64 / (1u64 << 53) as f64)
+    }
+}
+
+/// `base * 2^(n-1)`, capped, times the jitter factor (the cap itself is not exceeded).
+fn grow(base: Duration, n: u32, cap: Duration, jitter: f64) -> Duration {
+    let exp = n.saturating_sub(1).min(30);
+    let raw = base.saturating_mul(1u32 << exp).min(cap);
+    raw.mul_f64(jitter).min(cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quiet() -> Config {
+        Config { jitter: 0.0, ..Config::default() }
+    }
+
+    async fn next_now(q: &Queue<&'static str>) -> Option<&'static str> {
+        tokio::time::timeout(Duration::from_millis(0), q.next()).await.ok().flatten().map(|(k, _)| k)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_key_is_queued_once() {
+        let q = Queue::new(quiet());
+        q.add("a");
+        q.add("a");
+        q.add("b");
+        q.add("a");
+        assert_eq!(q.stats().depth, 2);
+        assert_eq!(next_now(&q).await, Some("a"));
+        assert_eq!(next_now(&q).await, Some("b"));
+        assert_eq!(next_now(&q).await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_added_while_processing_runs_once_afterwards_never_twice_at_once() {
+        let q = Queue::new(quiet());
+        q.add("a");
+        assert_eq!(next_now(&q).await, Some("a"));
+        q.add("a");
+        q.add("a");
+        assert_eq!(next_now(&q).await, None, "never handed out while it is processing");
+        assert_eq!(q.done(&"a", Verdict::Settled), None);
+        assert_eq!(next_now(&q).await, Some("a"), "runs once more");
+        q.done(&"a", Verdict::Settled);
+        assert_eq!(next_now(&q).await, None, "and only once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_back_off_exponentially_and_success_resets() {
+        let q = Queue::new(quiet());
+        q.add("a");
+        let (k, _) = q.next().await.unwrap();
+        let mut delays = Vec::new();
+        for _ in 0..5 {
+            q.done(&k, Verdict::Failed);
+            let before = Instant::now();
+            let (again, _) = q.next().await.unwrap();
+            assert_eq!(again, "a", "a failed key is retried without any event");
+            delays.push((Instant::now() - before).as_millis());
+        }
+        assert_eq!(delays, [5, 10, 20, 40, 80]);
+        q.done(&"a", Verdict::Settled);
+        q.add("a");
+        assert_eq!(next_now(&q).await, Some("a"), "success resets: no hold any more");
+        q.done(&"a", Verdict::Failed);
+        let before = Instant::now();
+        let _ = q.next().await.unwrap();
+        assert_eq!(Instant::now() - before, Duration::from_millis(5), "and the count starts again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn backoff_is_capped() {
+        let q = Queue::new(Config { failure_cap: Duration::from_secs(1), ..quiet() });
+        q.add("a");
+        for _ in 0..40 {
+            let (k, _) = q.next().await.unwrap();
+            q.done(&k, Verdict::Failed);
+        }
+        let before = Instant::now();
+        let _ = q.next().await.unwrap();
+        assert_eq!(Instant::now() - before, Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_do_not_grow_backoff() {
+        let q = Queue::new(quiet());
+        for _ in 0..1000 {
+            q.add("a");
+        }
+        let (k, _) = q.next().await.unwrap();
+        q.done(&k, Verdict::Failed);
+        let before = Instant::now();
+        let _ = q.next().await.unwrap();
+        assert_eq!(Instant::now() - before, Duration::from_millis(5), "one failure, one step");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_rate_limit_waits_but_never_longer_than_the_cap() {
+        let q =
+            Queue::new(Config { rate: 10.0, burst: 5.0, max_wait: Duration::from_millis(300), ..quiet() });
+        let keys: Vec<&'static str> =
+            (0..50).map(|i| &*Box::leak(format!("k{i}").into_boxed_str())).collect();
+        let start = Instant::now();
+        for k in &keys {
+            q.add(k);
+        }
+        let mut last = Duration::ZERO;
+        for _ in 0..50 {
+            let (k, _) = q.next().await.unwrap();
+            last = Instant::now() - start;
+            q.done(&k, Verdict::Settled);
+        }
+        assert!(last > Duration::ZERO, "beyond the burst, keys waited");
+        assert!(last <= Duration::from_millis(300), "no key waited beyond the cap: {last:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_repeated_correction_is_contested_held_and_settles() {
+        let q = Queue::new(quiet());
+        q.add("f");
+        let (k, _) = q.next().await.unwrap();
+        assert_eq!(q.done(&k, Verdict::Corrected), None, "the first correction is not a contest");
+        q.add("f");
+        let (k, _) = q.next().await.unwrap();
+        assert_eq!(Instant::now().elapsed(), Duration::ZERO, "and the next change is corrected at once");
+        assert_eq!(q.done(&k, Verdict::Corrected), None, "one repeat is held, not yet reported");
+        // Held: an event now does not run it at once.
+        q.add("f");
+        assert_eq!(next_now(&q).await, None);
+        let before = Instant::now();
+        let (k, _) = q.next().await.unwrap();
+        assert_eq!(Instant::now() - before, Duration::from_millis(10));
+        assert_eq!(q.done(&k, Verdict::Corrected), None);
+        let before = Instant::now();
+        let (k, _) = q.next().await.unwrap();
+        assert_eq!(Instant::now() - before, Duration::from_millis(20), "doubling");
+        assert!(
+            matches!(q.done(&k, Verdict::Corrected), Some(Contest::Began { .. })),
+            "a pattern is reported"
+        );
+        assert_eq!(q.stats().contested, 1);
+        let (k, _) = q.next().await.unwrap();
+        // The hold never exceeds the contest cap, so a fight that stops is put right quickly.
+        for _ in 0..20 {
+            q.done(&k, Verdict::Corrected);
+            let before = Instant::now();
+            let _ = q.next().await.unwrap();
+            assert!(Instant::now() - before <= Duration::from_millis(500));
+        }
+        assert_eq!(q.done(&"f", Verdict::Settled), Some(Contest::Ended));
+        assert_eq!(q.stats().contested, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn corrections_far_apart_are_not_a_contest() {
+        let q = Queue::new(quiet());
+        for _ in 0..5 {
+            q.add("f");
+            let (k, _) = q.next().await.unwrap();
+            assert_eq!(q.done(&k, Verdict::Corrected), None);
+            tokio::time::advance(Duration::from_secs(3)).await;
+        }
+        assert_eq!(q.stats().contested, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutting_down_hands_out_what_is_due_then_ends() {
+        let q = Queue::new(quiet());
+        q.add("a");
+        q.add_after("later", Duration::from_secs(60));
+        q.shut_down();
+        q.add("b");
+        assert_eq!(q.next().await.map(|(k, _)| k), Some("a"));
+        assert_eq!(q.next().await, None, "delayed work is dropped and new work refused");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latency_is_measured_from_the_first_sighting() {
+        let q = Queue::new(quiet());
+        let first = Instant::now();
+        q.add_after("a", Duration::from_millis(50));
+        tokio::time::advance(Duration::from_millis(10)).await;
+        q.add("a");
+        let (_, seen) = q.next().await.unwrap();
+        assert_eq!(seen, first);
+        assert_eq!(Instant::now() - first, Duration::from_millis(10), "the earlier due time won");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settled_keys_are_forgotten() {
+        let q = Queue::new(quiet());
+        for i in 0..100 {
+            let k: &'static str = Box::leak(format!("k{i}").into_boxed_str());
+            q.add(k);
+            let (k, _) = q.next().await.unwrap();
+            q.done(&k, Verdict::Settled);
+        }
+        assert_eq!(q.lock().backoff.len(), 0);
+    }
+}

@@ -1,0 +1,103 @@
+//! What a change on the machine means: which keys to reconcile.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use mesh_host_watchers::Change;
+
+use crate::declaration::{Declaration, Id, Spec};
+
+/// What the worker reconciles.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Key {
+    /// Everything, orphans included.
+    Full,
+    /// The declaration settled: read it, put it in force if it is valid, then everything.
+    Declaration,
+    /// One resource, and whatever names it in restart-on or reload-on.
+    Resource(Id),
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Key::Full => f.write_str("full"),
+            Key::Declaration => f.write_str("declaration"),
+            Key::Resource(id) => write!(f, "{id}"),
+        }
+    }
+}
+
+/// Managed paths to the resources that manage them.
+#[derive(Default)]
+pub struct Index {
+    paths: HashMap<PathBuf, Id>,
+}
+
+impl Index {
+    pub fn new(d: &Declaration) -> Index {
+        let mut paths = HashMap::new();
+        for r in &d.resources {
+            let path = match &r.spec {
+                Spec::File(f) => f.path.as_path(),
+                Spec::Directory(d) => d.path.as_path(),
+                Spec::Archive(a) => a.path.as_path(),
+                // An access path is the operator's: nothing to put back when it changes.
+                Spec::Access(_)
+                | Spec::Package(_)
+                | Spec::Service(_)
+                | Spec::Container(_)
+                | Spec::Network(_)
+                | Spec::User(_)
+                | Spec::Process(_)
+                | Spec::Action(_)
+                | Spec::Opening(_) => continue,
+            };
+            paths.insert(path.to_path_buf(), r.id.clone());
+        }
+        Index { paths }
+    }
+
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.paths.keys().cloned().collect()
+    }
+}
+
+/// The keys a change adds, each with the source label for `mesh_host_queue_adds_total`.
+pub fn keys(change: &Change, index: &Index) -> Vec<(Key, &'static str)> {
+    match change {
+        Change::Path(path) => {
+            index.paths.get(path).map(|id| (Key::Resource(id.clone()), "file")).into_iter().collect()
+        }
+        Change::Settled { .. } => vec![(Key::Declaration, "declaration")],
+        Change::Resynced { watcher } => vec![(Key::Full, *watcher)],
+        // Containers and units become keys when their watchers are wired in.
+        Change::Container { .. } | Change::Unit { .. } | Change::Up { .. } => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_managed_path_is_its_resource_and_others_are_nothing() {
+        let d = Declaration::parse(
+            br#"{"version": 1, "resources": [
+                {"type": "directory", "id": "a.dir", "path": "/srv/a"},
+                {"type": "file", "id": "a.conf", "path": "/srv/a/conf", "content": "x"},
+                {"type": "access", "id": "a.media", "path": "/srv/media"}
+            ]}"#,
+        )
+        .unwrap();
+        let index = Index::new(&d);
+        let id = |s: &str| Key::Resource(Id::parse(s).unwrap());
+        assert_eq!(keys(&Change::Path("/srv/a/conf".into()), &index), vec![(id("a.conf"), "file")]);
+        assert_eq!(keys(&Change::Path("/srv/a".into()), &index), vec![(id("a.dir"), "file")]);
+        assert!(keys(&Change::Path("/srv/media".into()), &index).is_empty());
+        assert!(keys(&Change::Path("/srv/a/.conf.mesh-host-1-2".into()), &index).is_empty());
+        assert_eq!(keys(&Change::Resynced { watcher: "file" }, &index), vec![(Key::Full, "file")]);
+        assert_eq!(keys(&Change::Settled { files: vec![] }, &index), vec![(Key::Declaration, "declaration")]);
+    }
+}

@@ -1,0 +1,193 @@
+//! `mesh-host run` end to end: the real daemon, real inotify, real files.
+
+use std::process::Command;
+
+use serde_json::json;
+
+use crate::support::*;
+
+fn read(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[test]
+fn hand_edits_are_put_back_and_counted_as_drift() {
+    let s = Scratch::new();
+    let conf = s.path("etc/app.conf");
+    let d = s.declare(json!([
+        {"type": "directory", "id": "app.etc", "path": s.p("etc"), "mode": "0750"},
+        {"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"), "content": "port=80\n", "mode": "0640"},
+    ]));
+    let mut daemon = Daemon::start(&s, &d, &[]);
+    assert_eq!(read(&conf), "port=80\n", "the first apply ran before READY");
+    let drift = |t: &str| daemon.metric(&format!("mesh_host_drift_corrections_total{{type=\"{t}\"}}"));
+
+    std::fs::write(&conf, "port=8080\n").unwrap();
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "a hand-edit is put back:\n{}", daemon.log());
+    assert!(wait_for(PATIENCE, || drift("file") >= 1.0));
+
+    Command::new("chmod").arg("0666").arg(&conf).status().unwrap();
+    assert!(wait_for(PATIENCE, || mode_of(&conf) == 0o640), "a chmod is put back:\n{}", daemon.log());
+    Command::new("chmod").arg("0777").arg(s.path("etc")).status().unwrap();
+    assert!(wait_for(PATIENCE, || mode_of(&s.path("etc")) == 0o750), "a directory's chmod is put back");
+    assert!(wait_for(PATIENCE, || drift("directory") >= 1.0));
+
+    std::fs::remove_file(&conf).unwrap();
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "port=80\n"),
+        "a deleted file is made again:\n{}",
+        daemon.log()
+    );
+
+    // An editor's save: a new file written beside, then renamed over the managed one.
+    let tmp = s.path("etc/.app.conf.swp");
+    std::fs::write(&tmp, "port=9090\n").unwrap();
+    std::fs::rename(&tmp, &conf).unwrap();
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "port=80\n"),
+        "a rename-over save is put back:\n{}",
+        daemon.log()
+    );
+
+    assert!(
+        wait_for(PATIENCE, || drift("file") >= 4.0),
+        "four file corrections counted:\n{}\n{}",
+        daemon.get("/metrics").unwrap(),
+        daemon.log()
+    );
+    assert!(daemon.metric("mesh_host_correction_latency_seconds_count") >= 4.0);
+    assert_eq!(daemon.metric("mesh_host_last_apply_success"), 1.0);
+    assert_eq!(daemon.terminate(), Some(0));
+    let log = daemon.log();
+    assert!(log.contains("corrected app.conf"), "{log}");
+}
+
+#[test]
+fn the_hosts_own_writes_are_not_drift() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "x"}]));
+    let daemon = Daemon::start(&s, &d, &[]);
+    // The first apply wrote the file; the events that write caused must not count.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}"), 0.0, "{}", daemon.log());
+    std::fs::write(s.path("f"), "y").unwrap();
+    assert!(wait_for(PATIENCE, || read(&s.path("f")) == "x"));
+    // The correction itself writes the file again; that write is not a second drift.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}"), 1.0, "{}", daemon.log());
+}
+
+#[test]
+fn an_edit_of_the_declaration_is_applied() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.one", "path": s.p("one"), "content": "1"}]));
+    let daemon = Daemon::start(&s, &d, &[]);
+    s.declare(json!([
+        {"type": "file", "id": "a.one", "path": s.p("one"), "content": "1"},
+        {"type": "file", "id": "a.two", "path": s.p("two"), "content": "2"},
+    ]));
+    assert!(wait_for(PATIENCE, || read(&s.path("two")) == "2"), "{}", daemon.log());
+    // And the new file is watched too.
+    std::fs::write(s.path("two"), "changed").unwrap();
+    assert!(wait_for(PATIENCE, || read(&s.path("two")) == "2"), "{}", daemon.log());
+    // A resource leaving the declaration is removed.
+    s.declare(json!([{"type": "file", "id": "a.two", "path": s.p("two"), "content": "2"}]));
+    assert!(wait_for(PATIENCE, || !s.path("one").exists()), "{}", daemon.log());
+}
+
+#[test]
+fn a_half_written_declaration_is_not_applied() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.one", "path": s.p("one"), "content": "1"}]));
+    let daemon = Daemon::start(&s, &d, &[]);
+    let full = serde_json::to_vec_pretty(&json!({"version": 1, "resources": [
+        {"type": "file", "id": "a.two", "path": s.p("two"), "content": "2"},
+    ]}))
+    .unwrap();
+    // Written in place and left half-way, as a slow writer or a crash would.
+    std::fs::write(&d, &full[..full.len() / 2]).unwrap();
+    assert!(
+        wait_for(PATIENCE, || daemon.metric("mesh_host_declaration_refusals_total") >= 1.0),
+        "{}",
+        daemon.log()
+    );
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(s.path("one").exists(), "the declaration in force was kept: nothing removed");
+    assert!(!s.path("two").exists(), "and nothing of the torn one applied");
+    // The one in force is still enforced.
+    std::fs::write(s.path("one"), "changed").unwrap();
+    assert!(wait_for(PATIENCE, || read(&s.path("one")) == "1"), "{}", daemon.log());
+
+    std::fs::write(&d, &full).unwrap();
+    assert!(wait_for(PATIENCE, || read(&s.path("two")) == "2"), "{}", daemon.log());
+    assert!(wait_for(PATIENCE, || !s.path("one").exists()));
+}
+
+#[test]
+fn a_directory_of_declarations_is_one_declaration() {
+    let s = Scratch::new();
+    let dir = s.path("declaration.d");
+    std::fs::create_dir(&dir).unwrap();
+    let doc = |resources: serde_json::Value| {
+        serde_json::to_vec(&json!({"version": 1, "resources": resources})).unwrap()
+    };
+    std::fs::write(
+        dir.join("10-base.json"),
+        doc(json!([{"type": "directory", "id": "base.dir", "path": s.p("srv")}])),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("20-web.json"),
+        doc(json!([{"type": "file", "id": "web.conf", "path": s.p("srv/web.conf"), "content": "w"}])),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&s, &dir, &[]);
+    assert_eq!(read(&s.path("srv/web.conf")), "w", "{}", daemon.log());
+    std::fs::write(
+        dir.join("30-more.json"),
+        doc(json!([{"type": "file", "id": "more.conf", "path": s.p("srv/more.conf"), "content": "m"}])),
+    )
+    .unwrap();
+    assert!(wait_for(PATIENCE, || read(&s.path("srv/more.conf")) == "m"), "{}", daemon.log());
+}
+
+#[test]
+fn sigterm_exits_0_and_persists_the_store() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "x"}]));
+    let mut daemon = Daemon::start(&s, &d, &[]);
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+    let status: serde_json::Value = serde_json::from_slice(&s.run(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(status["records"][0]["id"], "a.f");
+    assert!(daemon.log().contains("stopped"));
+}
+
+#[test]
+fn ready_is_notified_after_the_first_apply() {
+    use std::os::unix::net::UnixDatagram;
+    let s = Scratch::new();
+    let sock_path = s.path("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(PATIENCE)).unwrap();
+    let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "x"}]));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .args(["run", "--declaration"])
+        .arg(&d)
+        .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "200000")
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = sock.recv(&mut buf).expect("a notification");
+    let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(first.contains("READY=1"), "{first}");
+    assert_eq!(read(&s.path("f")), "x", "READY comes after the first apply");
+    let n = sock.recv(&mut buf).expect("a watchdog ping");
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("WATCHDOG=1"));
+    let _ = child.kill();
+    let _ = child.wait();
+}

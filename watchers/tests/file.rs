@@ -1,0 +1,109 @@
+//! The file and declaration watchers against real inotify in a scratch directory.
+#![allow(clippy::disallowed_methods)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use mesh_host_watchers::{declaration, Change, FileWatcher};
+use tokio::sync::mpsc;
+
+async fn expect_path(rx: &mut mpsc::UnboundedReceiver<Change>, path: &PathBuf, what: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(Change::Path(p))) if &p == path => return,
+            Ok(Some(_)) => continue,
+            _ => panic!("no change reported for {} after {what}", path.display()),
+        }
+    }
+}
+
+fn drain(rx: &mut mpsc::UnboundedReceiver<Change>) -> Vec<Change> {
+    let mut v = Vec::new();
+    while let Ok(c) = rx.try_recv() {
+        v.push(c);
+    }
+    v
+}
+
+#[tokio::test]
+async fn every_kind_of_change_at_a_watched_path_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("app.conf");
+    std::fs::write(&f, "a").unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut w = FileWatcher::new(tx).unwrap();
+    assert!(w.set_paths([f.clone()]).is_empty());
+    assert_eq!(w.watched(), 1);
+
+    std::fs::write(&f, "b").unwrap();
+    expect_path(&mut rx, &f, "a write").await;
+    std::process::Command::new("chmod").arg("600").arg(&f).status().unwrap();
+    expect_path(&mut rx, &f, "a chmod").await;
+    std::process::Command::new("chown").arg("nobody").arg(&f).status().unwrap();
+    expect_path(&mut rx, &f, "a chown").await;
+    let tmp = dir.path().join(".app.conf.swp");
+    std::fs::write(&tmp, "c").unwrap();
+    std::fs::rename(&tmp, &f).unwrap();
+    expect_path(&mut rx, &f, "a rename over it").await;
+    std::fs::remove_file(&f).unwrap();
+    expect_path(&mut rx, &f, "a delete").await;
+    std::fs::write(&f, "d").unwrap();
+    expect_path(&mut rx, &f, "a create").await;
+
+    // A neighbour in the same directory is not reported.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drain(&mut rx);
+    std::fs::write(dir.path().join("neighbour"), "n").unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(drain(&mut rx).iter().all(|c| !matches!(c, Change::Path(p) if p.ends_with("neighbour"))));
+}
+
+#[tokio::test]
+async fn a_removed_directory_is_watched_again_once_it_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let f = sub.join("x");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut w = FileWatcher::new(tx).unwrap();
+    assert!(w.set_paths([f.clone(), sub.clone()]).is_empty());
+    std::fs::remove_dir(&sub).unwrap();
+    expect_path(&mut rx, &sub, "the directory's removal").await;
+    std::fs::create_dir(&sub).unwrap();
+    // The owner calls set_paths again after it made the directory again.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(w.set_paths([f.clone(), sub.clone()]).is_empty());
+    std::fs::write(&f, "x").unwrap();
+    expect_path(&mut rx, &f, "a write in the directory made again").await;
+}
+
+#[tokio::test]
+async fn a_declaration_is_handed_over_only_once_it_settles() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("declaration.json");
+    std::fs::write(&d, "{}").unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _task = declaration::spawn(d.clone(), Duration::from_millis(200), tx).unwrap();
+    // A slow writer: pieces 50 ms apart, each well inside the quiet period.
+    let start = tokio::time::Instant::now();
+    for piece in ["{\"vers", "ion\": 1, ", "\"resources\": []}"] {
+        use std::io::Write as _;
+        let mut f = std::fs::OpenOptions::new().append(true).open(&d).unwrap();
+        if piece.starts_with('{') {
+            f.set_len(0).unwrap();
+        }
+        f.write_all(piece.as_bytes()).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
+    let Change::Settled { files } = change else { panic!("{change:?}") };
+    assert!(start.elapsed() >= Duration::from_millis(300), "not before the writer paused");
+    assert_eq!(
+        files,
+        vec![(d.clone(), b"{\"version\": 1, \"resources\": []}".to_vec())],
+        "whole, not a piece"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(rx.try_recv().is_err(), "handed over once for one burst of writes");
+}
