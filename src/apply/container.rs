@@ -30,7 +30,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     }
 
     // Read once, so the label and the record agree about a file even if it moves meanwhile.
-    let reads = reads(ctx.store, c)?;
+    let reads = reads(ctx.store, ctx.declaration, c)?;
     let want = spec(ctx.declaration, c, Some(&reads));
     let docker = ctx.containers.get()?;
     let found = docker.container(c.name.as_str())?;
@@ -85,7 +85,11 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
                     return Ok(Step::Done(begin(r, Action::Corrected, Some(detail)), None));
                 }
                 docker.start(c.name.as_str())?;
-                read_back(docker, c, facts.spec.as_deref().unwrap_or_default(), state.restarts)?;
+                // No settling here: this container ran with this very spec before, and if it dies
+                // again the runtime's event says so. Settling would add its whole wait to the
+                // time a killed container takes to come back, which is what the daemon is
+                // measured on.
+                read_back(docker, c, facts.spec.as_deref().unwrap_or_default(), state.restarts, false)?;
                 return Ok(Step::Done(begin(r, Action::Corrected, Some(detail)), Some(facts)));
             }
             let detail = if !changed_files.is_empty() {
@@ -120,7 +124,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     }
     docker.create(&new)?;
     docker.start(c.name.as_str())?;
-    read_back(docker, c, &want, 0)?;
+    read_back(docker, c, &want, 0, true)?;
     Ok(Step::Done(begin(r, action, detail), Some(facts)))
 }
 
@@ -134,9 +138,10 @@ fn stopped(state: &docker::ContainerState) -> String {
 }
 
 /// Reads back a container just started: there, running, not restarted since (`restarts` is
-/// the count before the start), and carrying the label. A start that returned success says the
-/// process began, not that it is still there.
-fn read_back(docker: &Docker, c: &Container, want: &str, restarts: i64) -> Result<(), Error> {
+/// the count before the start), and carrying the label; looked at a second time after
+/// [`SETTLE`] when `settle`. A start that returned success says the process began, not that it
+/// is still there.
+fn read_back(docker: &Docker, c: &Container, want: &str, restarts: i64, settle: bool) -> Result<(), Error> {
     let name = c.name.as_str();
     let look = || {
         docker.container(name)?.ok_or_else(|| {
@@ -144,7 +149,7 @@ fn read_back(docker: &Docker, c: &Container, want: &str, restarts: i64) -> Resul
         })
     };
     let mut state = look()?;
-    if state.running {
+    if state.running && settle {
         std::thread::sleep(SETTLE);
         state = look()?;
     }
@@ -348,10 +353,10 @@ fn spec(declaration: &Declaration, c: &Container, reads: Option<&BTreeMap<String
 /// that re-reads its routes live would be recreated on every route change). A module whose
 /// program reads such a file once says so with restart-on. Steps read nothing here: they read
 /// their files afresh each time they run.
-fn reads(store: &Store, c: &Container) -> Result<BTreeMap<String, String>, Error> {
+fn reads(store: &Store, declaration: &Declaration, c: &Container) -> Result<BTreeMap<String, String>, Error> {
     let mut out = BTreeMap::new();
     for path in &c.env_file {
-        let d = file_digest(store, path.as_path())?.unwrap_or_else(|| "absent".to_owned());
+        let d = file_digest(store, declaration, path.as_path())?.unwrap_or_else(|| "absent".to_owned());
         out.insert(path.to_string(), d);
     }
     for v in &c.volumes {
@@ -359,7 +364,7 @@ fn reads(store: &Store, c: &Container) -> Result<BTreeMap<String, String>, Error
         if !source.starts_with('/') {
             continue; // A named volume: the runtime's, holding data.
         }
-        if let Some(d) = file_digest(store, Path::new(source))? {
+        if let Some(d) = file_digest(store, declaration, Path::new(source))? {
             out.insert(source.to_owned(), d);
         }
     }
@@ -370,9 +375,20 @@ fn reads(store: &Store, c: &Container) -> Result<BTreeMap<String, String>, Error
 /// else what is on disk. The record is preferred because it is what the host means by the
 /// file: a seed created once digests as the seed, not as what the program grew in it. `None`
 /// when nothing readable is there, or it is not a regular file.
-fn file_digest(store: &Store, path: &Path) -> Result<Option<String>, Error> {
+///
+/// The record of the file resource this declaration has at that path comes first; another
+/// origin's record of the same path (a first-boot bundle's, which the mesh never removes) is
+/// only a fallback, the most recent one, for a path this declaration does not write.
+fn file_digest(store: &Store, declaration: &Declaration, path: &Path) -> Result<Option<String>, Error> {
     let text = path.display().to_string();
-    if let Some(wrote) = store.latest_at(Kind::File, &text).and_then(|(_, rec)| rec.wrote.clone()) {
+    let declared = declaration
+        .resources
+        .iter()
+        .find(|r| r.kind() == Kind::File && r.target() == text)
+        .and_then(|r| store.get(r.id.as_str()))
+        .filter(|rec| rec.kind == Kind::File && rec.target == text);
+    let record = declared.or_else(|| store.latest_at(Kind::File, &text).map(|(_, rec)| rec));
+    if let Some(wrote) = record.and_then(|rec| rec.wrote.clone()) {
         return Ok(Some(wrote));
     }
     docker::read_input_file(path)

@@ -303,6 +303,38 @@ fn docker_legacy_label_is_accepted_and_its_reads_recorded() {
 }
 
 #[test]
+fn docker_reads_are_found_by_name_when_a_new_id_takes_the_container_over() {
+    let n = Names::new(DOCKER, "byname");
+    let s = Scratch::new();
+    let db = n.container("db");
+    let declare = |file: &str, id: &str, secret: &str| {
+        declare_as(
+            &s,
+            file,
+            json!([
+                {"type": "file", "id": format!("{id}-secret"), "path": s.p("db.env"), "content": secret},
+                {"type": "container", "id": id, "name": db, "image": IMAGE, "args": SERVE,
+                 "env-file": [s.p("db.env")]},
+            ]),
+        )
+    };
+    // The bundle brings the store up at first boot, under its own id.
+    let bundle = declare("bundle.json", "store", "PASSWORD=a\n");
+    let out = s.run(&["apply", "--json", "--origin", "bundle", bundle.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let before = DOCKER.id(&db);
+
+    // The mesh's module takes the same container over under a new id, with a new secret in
+    // the file it reads: the new id has no record yet, so the bundle's, found by the
+    // container's name, says what it was created reading, and the file is named.
+    let module = declare("module.json", "postgres.server", "PASSWORD=b\n");
+    let report = applied(&s, &module);
+    assert_eq!(action(&report, "postgres.server"), "updated", "{report:#}");
+    assert_eq!(detail(&report, "postgres.server"), format!("recreated: {} changed", s.p("db.env")));
+    assert_ne!(DOCKER.id(&db), before);
+}
+
+#[test]
 fn docker_restart_on_recreates_when_the_named_resource_changed() {
     let n = Names::new(DOCKER, "restarton");
     let s = Scratch::new();
