@@ -128,6 +128,25 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     Ok(Step::Done(begin(r, action, detail), Some(facts)))
 }
 
+/// On an adopted node: whether the container or network a resource names is on the machine and
+/// was made by someone else (it has no `mesh-host.id` label, and no record holds its name), so
+/// that it is held as found. `None` for a step, which leaves nothing running to find.
+pub(super) fn found_made_by_others(ctx: &Ctx<'_>, r: &Resource) -> Option<Result<bool, Error>> {
+    let (kind, name) = match &r.spec {
+        Spec::Container(c) if !c.run_once && c.schedule.is_none() => (Kind::Container, c.name.as_str()),
+        Spec::Network(n) => (Kind::Network, n.name.as_str()),
+        _ => return None,
+    };
+    if ctx.store.holds_target(kind, name) {
+        return Some(Ok(false));
+    }
+    let found = ctx.containers.get().map_err(Error::from).and_then(|docker| match kind {
+        Kind::Container => Ok(docker.container(name)?.map(|c| c.labels)),
+        _ => Ok(docker.network(name)?.map(|n| n.labels)),
+    });
+    Some(found.map(|labels| labels.is_some_and(|l| !l.contains_key(ID_LABEL))))
+}
+
 /// How a stopped container is described: "exited with code 137".
 fn stopped(state: &docker::ContainerState) -> String {
     match (state.status.as_str(), state.exit_code) {

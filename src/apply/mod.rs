@@ -292,16 +292,17 @@ impl<'a> Pass<'a> {
         if adoption.taken.iter().any(|m| m == r.id.module()) || self.store.get(r.id.as_str()).is_some() {
             return None;
         }
-        let path = match &r.spec {
-            Spec::File(f) => &f.path,
-            Spec::Directory(d) => &d.path,
-            Spec::Archive(a) => &a.path,
+        let found = match &r.spec {
+            Spec::File(f) => ctx.fs.meta(f.path.as_path()).map(|m| m.is_some()).map_err(Error::from),
+            Spec::Directory(d) => ctx.fs.meta(d.path.as_path()).map(|m| m.is_some()).map_err(Error::from),
+            Spec::Archive(a) => ctx.fs.meta(a.path.as_path()).map(|m| m.is_some()).map_err(Error::from),
+            Spec::Container(_) | Spec::Network(_) => container::found_made_by_others(ctx, r)?,
             // Holding the other types needs their appliers' way of finding what is present;
             // until then they are applied as on any node.
             _ => return None,
         };
-        match ctx.fs.meta(path.as_path()) {
-            Ok(Some(_)) => Some(Ok(Step::Done(
+        match found {
+            Ok(true) => Some(Ok(Step::Done(
                 begin(
                     r,
                     Action::Held,
@@ -312,8 +313,8 @@ impl<'a> Pass<'a> {
                 ),
                 None,
             ))),
-            Ok(None) => None,
-            Err(e) => Some(Err(e.into())),
+            Ok(false) => None,
+            Err(e) => Some(Err(e)),
         }
     }
 

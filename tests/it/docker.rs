@@ -145,7 +145,8 @@ fn applied(s: &Scratch, d: &Path) -> Value {
 }
 
 fn record(s: &Scratch, id: &str) -> Value {
-    let store: Value = serde_json::from_slice(&std::fs::read(s.state()).unwrap()).unwrap();
+    let Ok(bytes) = std::fs::read(s.state()) else { return Value::Null };
+    let store: Value = serde_json::from_slice(&bytes).unwrap();
     store["records"][id].clone()
 }
 
@@ -538,7 +539,7 @@ fn docker_network_in_use_by_something_undeclared_is_kept_not_forced() {
     let d = s.declare(json!([{"type": "network", "id": "app.net", "name": net}]));
     applied(&s, &d);
     let other = n.container("theirs");
-    DOCKER.ok(&["run", "-d", "--name", &other, "--network", &net, IMAGE, "sleep", "3600"]);
+    DOCKER.ok(&["run", "-d", "--name", &other, "--network", &net, IMAGE, SERVE[0], SERVE[1], SERVE[2]]);
 
     let empty = s.declare(json!([]));
     let report = applied(&s, &empty);
@@ -568,7 +569,7 @@ fn docker_orphan_container_is_removed_and_one_made_by_hand_is_left() {
     // The same name, now someone else's: not the host's to remove.
     applied(&s, &d);
     DOCKER.ok(&["rm", "-f", &web]);
-    DOCKER.ok(&["run", "-d", "--name", &web, IMAGE, "sleep", "3600"]);
+    DOCKER.ok(&["run", "-d", "--name", &web, IMAGE, SERVE[0], SERVE[1], SERVE[2]]);
     let report = applied(&s, &s.declare(json!([])));
     assert_eq!(action(&report, "web.app"), "kept", "{report:#}");
     assert!(DOCKER.running(&web));
@@ -616,7 +617,7 @@ fn docker_no_runtime_fails_container_resources_only() {
 fn docker_exec_runs_a_command_inside_a_running_container() {
     let n = Names::new(DOCKER, "exec");
     let web = n.container("web");
-    DOCKER.ok(&["run", "-d", "--name", &web, IMAGE, "sleep", "3600"]);
+    DOCKER.ok(&["run", "-d", "--name", &web, IMAGE, SERVE[0], SERVE[1], SERVE[2]]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let name = web.clone();
     let (ok, failed, stopped) = rt
@@ -703,9 +704,20 @@ fn docker_watcher_reports_a_labelled_container_killed_by_hand() {
         expect_change(&mut rx, "the watcher up", |c| matches!(c, Change::Up { up: true, .. })).await;
         // An unlabelled container is not the host's: its events are not reported.
         let theirs = n.container("theirs");
-        DOCKER.ok(&["run", "-d", "--name", &theirs, IMAGE, "sleep", "3600"]);
+        DOCKER.ok(&["run", "-d", "--name", &theirs, IMAGE, SERVE[0], SERVE[1], SERVE[2]]);
         DOCKER.ok(&["rm", "-f", &theirs]);
-        DOCKER.ok(&["run", "-d", "--name", &web, "--label", "mesh-host.id=web.app", IMAGE, "sleep", "3600"]);
+        DOCKER.ok(&[
+            "run",
+            "-d",
+            "--name",
+            &web,
+            "--label",
+            "mesh-host.id=web.app",
+            IMAGE,
+            SERVE[0],
+            SERVE[1],
+            SERVE[2],
+        ]);
         DOCKER.ok(&["kill", &web]);
         let seen = expect_change(
             &mut rx,
@@ -811,4 +823,82 @@ fn podman_watcher_reconnects_and_resyncs_after_the_engine_restarts() {
         expect_change(&mut rx, "the kill", |c| matches!(c, Change::Container { name, .. } if *name == web))
             .await;
     });
+}
+
+#[test]
+fn docker_adopted_node_holds_a_container_and_network_it_did_not_make_until_taken() {
+    let mut n = Names::new(DOCKER, "adopt");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let net = n.network("legacy");
+    DOCKER.ok(&["network", "create", &net]);
+    DOCKER.ok(&["run", "-d", "--name", &web, "--network", &net, IMAGE, SERVE[0], SERVE[1], SERVE[2]]);
+    let before = DOCKER.id(&web);
+    let declare = |taken: &[&str]| {
+        let path = s.path("adopted.json");
+        let d = json!({"version": 1, "adoption": {"taken": taken}, "resources": [
+            {"type": "network", "id": "legacy.net", "name": net},
+            {"type": "container", "id": "legacy.web", "name": web, "image": IMAGE, "args": SERVE, "network": net},
+        ]});
+        std::fs::write(&path, serde_json::to_vec_pretty(&d).unwrap()).unwrap();
+        path
+    };
+    let report = applied(&s, &declare(&[]));
+    assert_eq!(action(&report, "legacy.net"), "held", "{report:#}");
+    assert_eq!(action(&report, "legacy.web"), "held", "{report:#}");
+    assert_eq!(DOCKER.id(&web), before, "held as found");
+    assert!(record(&s, "legacy.web").is_null(), "a hold is never recorded");
+
+    let report = applied(&s, &declare(&["legacy"]));
+    assert_eq!(action(&report, "legacy.net"), "unchanged", "{report:#}");
+    assert_eq!(action(&report, "legacy.web"), "updated", "{report:#}");
+    assert!(detail(&report, "legacy.web").contains("had not created"), "{report:#}");
+    assert_ne!(DOCKER.id(&web), before);
+}
+
+#[test]
+fn docker_plan_changes_nothing() {
+    let mut n = Names::new(DOCKER, "plan");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let net = n.network("plan");
+    let d = s.declare(json!([
+        {"type": "network", "id": "app.net", "name": net},
+        {"type": "container", "id": "app.web", "name": web, "image": IMAGE, "args": SERVE, "network": net},
+        {"type": "container", "id": "app.seed", "name": n.container("seed"), "image": IMAGE, "run-once": true,
+         "args": ["true"]},
+    ]));
+    let out = s.run(&["plan", d.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("would create app.web") && text.contains("would create app.net"), "{text}");
+    assert!(DOCKER.inspect(&web, "{{.Id}}").is_none());
+    assert!(!DOCKER.exists_network(&net));
+}
+
+#[test]
+fn podman_run_once_step_and_network() {
+    let mut n = Names::new(PODMAN_CLI, "podstep");
+    let s = Scratch::new();
+    let net = n.network("app");
+    let web = n.container("web");
+    std::fs::create_dir(s.path("out")).unwrap();
+    let d = s.declare(json!([
+        {"type": "network", "id": "app.net", "name": net},
+        {"type": "container", "id": "app.seed", "name": n.container("seed"), "image": IMAGE, "run-once": true,
+         "volumes": [format!("{}:/out", s.p("out"))], "args": ["sh", "-c", "echo seeded > /out/log"]},
+        {"type": "container", "id": "app.web", "name": web, "image": IMAGE, "args": SERVE, "network": net},
+    ]));
+    let (code, report) = apply_on(&s, &d, Some(PODMAN));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "app.seed"), "created");
+    assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "seeded\n");
+    assert!(PODMAN_CLI.running(&web));
+    assert!(PODMAN_CLI.exists_network(&net));
+
+    let (code, report) = apply_on(&s, &s.declare(json!([])), Some(PODMAN));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "app.web"), "removed");
+    assert_eq!(action(&report, "app.net"), "removed", "{report:#}");
+    assert!(!PODMAN_CLI.exists_network(&net));
 }
