@@ -902,3 +902,82 @@ fn podman_run_once_step_and_network() {
     assert_eq!(action(&report, "app.net"), "removed", "{report:#}");
     assert!(!PODMAN_CLI.exists_network(&net));
 }
+
+/// A Docker engine of this test's own (its own socket, data and state, no networking of its
+/// own), so restarting it disturbs neither the machine's engine nor any other test.
+struct PrivateDocker {
+    dir: std::path::PathBuf,
+    socket: String,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateDocker {
+    fn new(dir: &Path) -> PrivateDocker {
+        let socket = format!("unix://{}", dir.join("docker.sock").display());
+        let mut d = PrivateDocker { dir: dir.to_owned(), socket, child: None };
+        d.start();
+        d
+    }
+
+    fn start(&mut self) {
+        let arg = |name: &str| self.dir.join(name).display().to_string();
+        let child = Command::new("dockerd")
+            .args(["--host", &self.socket, "--data-root", &arg("data"), "--exec-root", &arg("exec")])
+            .args(["--pidfile", &arg("docker.pid"), "--iptables=false", "--ip6tables=false"])
+            .args(["--bridge=none", "--ip-masq=false"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join("dockerd.log")).unwrap())
+            .spawn()
+            .expect("dockerd starts");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if Command::new("docker")
+                .args(["-H", &self.socket, "info"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "a private dockerd did not answer within 10 s; see {}",
+            self.dir.join("dockerd.log").display()
+        );
+    }
+
+    /// Stops it as a service manager would (SIGTERM) and waits for it to end.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateDocker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[test]
+fn docker_watcher_reconnects_and_resyncs_after_the_engine_restarts() {
+    use mesh_host_watchers::Change;
+    require(DOCKER);
+    let s = Scratch::new();
+    let mut engine = PrivateDocker::new(s.dir.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let _task = mesh_host_watchers::docker::spawn(Some(engine.socket.clone()), tx);
+        expect_change(&mut rx, "the watcher up", |c| matches!(c, Change::Up { up: true, .. })).await;
+
+        tokio::task::block_in_place(|| engine.stop());
+        expect_change(&mut rx, "the watcher down", |c| matches!(c, Change::Up { up: false, .. })).await;
+        tokio::task::block_in_place(|| engine.start());
+        let seen =
+            expect_change(&mut rx, "a resync", |c| matches!(c, Change::Resynced { watcher: "docker" })).await;
+        assert!(seen.contains(&Change::Up { watcher: "docker", up: true }), "{seen:?}");
+    });
+}
