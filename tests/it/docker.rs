@@ -903,8 +903,9 @@ fn podman_run_once_step_and_network() {
     assert!(!PODMAN_CLI.exists_network(&net));
 }
 
-/// A Docker engine of this test's own (its own socket, data and state, no networking of its
-/// own), so restarting it disturbs neither the machine's engine nor any other test.
+/// A Docker engine of this test's own: its own socket, data and state, and its own network
+/// namespace, so restarting it disturbs neither the machine's engine nor any other test. (In
+/// the machine's namespace, a second dockerd deletes the first one's `docker0` bridge.)
 struct PrivateDocker {
     dir: std::path::PathBuf,
     socket: String,
@@ -921,7 +922,8 @@ impl PrivateDocker {
 
     fn start(&mut self) {
         let arg = |name: &str| self.dir.join(name).display().to_string();
-        let child = Command::new("dockerd")
+        let child = Command::new("unshare")
+            .args(["--net", "dockerd"])
             .args(["--host", &self.socket, "--data-root", &arg("data"), "--exec-root", &arg("exec")])
             .args(["--pidfile", &arg("docker.pid"), "--iptables=false", "--ip6tables=false"])
             .args(["--bridge=none", "--ip-masq=false"])
@@ -980,4 +982,30 @@ fn docker_watcher_reconnects_and_resyncs_after_the_engine_restarts() {
             expect_change(&mut rx, "a resync", |c| matches!(c, Change::Resynced { watcher: "docker" })).await;
         assert!(seen.contains(&Change::Up { watcher: "docker", up: true }), "{seen:?}");
     });
+}
+
+#[test]
+fn docker_an_env_file_secret_never_reaches_the_log() {
+    let n = Names::new(DOCKER, "secret");
+    let s = Scratch::new();
+    let secret = format!("s3cret-{}", std::process::id());
+    let d = s.declare(json!([
+        {"type": "file", "id": "db.env", "path": s.p("db.env"), "content": format!("PASSWORD={secret}\n"), "mode": "0600"},
+        {"type": "container", "id": "db.app", "name": n.container("db"), "image": IMAGE, "args": SERVE,
+         "env-file": [s.p("db.env")]},
+    ]));
+    for filter in ["trace", "bollard=trace"] {
+        let out = assert_cmd::Command::cargo_bin("mesh-host")
+            .unwrap()
+            .env("MESH_HOST_LOG", filter)
+            .arg("--state")
+            .arg(s.state())
+            .args(["apply", "--json", d.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!all.contains(&secret), "the secret is in the output with MESH_HOST_LOG={filter}");
+        DOCKER.ok(&["rm", "-f", &n.container("db")]);
+    }
 }
