@@ -85,11 +85,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
                     return Ok(Step::Done(begin(r, Action::Corrected, Some(detail)), None));
                 }
                 docker.start(c.name.as_str())?;
-                // No settling here: this container ran with this very spec before, and if it dies
-                // again the runtime's event says so. Settling would add its whole wait to the
-                // time a killed container takes to come back, which is what the daemon is
-                // measured on.
-                read_back(docker, c, facts.spec.as_deref().unwrap_or_default(), state.restarts, false)?;
+                read_back(docker, c, facts.spec.as_deref().unwrap_or_default(), false)?;
                 return Ok(Step::Done(begin(r, Action::Corrected, Some(detail)), Some(facts)));
             }
             let detail = if !changed_files.is_empty() {
@@ -124,7 +120,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     }
     docker.create(&new)?;
     docker.start(c.name.as_str())?;
-    read_back(docker, c, &want, 0, true)?;
+    read_back(docker, c, &want, true)?;
     Ok(Step::Done(begin(r, action, detail), Some(facts)))
 }
 
@@ -156,11 +152,16 @@ fn stopped(state: &docker::ContainerState) -> String {
     }
 }
 
-/// Reads back a container just started: there, running, not restarted since (`restarts` is
-/// the count before the start), and carrying the label; looked at a second time after
-/// [`SETTLE`] when `settle`. A start that returned success says the process began, not that it
-/// is still there.
-fn read_back(docker: &Docker, c: &Container, want: &str, restarts: i64, settle: bool) -> Result<(), Error> {
+/// Reads back a container just started: there, running, and carrying the label. A start that
+/// returned success says the process began, not that it is still there.
+///
+/// A container just created (`fresh`) is looked at a second time after [`SETTLE`], and must not
+/// have been restarted by its restart policy meanwhile: that is a process exiting at once. One
+/// started again after it stopped is not: it ran with this very spec before, its runtime may
+/// well be restarting it by its own policy at the same moment, and if it dies again its event
+/// says so. Settling there would add its whole wait to the time a killed container takes to
+/// come back, which is what the daemon is measured on.
+fn read_back(docker: &Docker, c: &Container, want: &str, fresh: bool) -> Result<(), Error> {
     let name = c.name.as_str();
     let look = || {
         docker.container(name)?.ok_or_else(|| {
@@ -168,11 +169,11 @@ fn read_back(docker: &Docker, c: &Container, want: &str, restarts: i64, settle: 
         })
     };
     let mut state = look()?;
-    if state.running && settle {
+    if state.running && fresh {
         std::thread::sleep(SETTLE);
         state = look()?;
     }
-    if state.restarts > restarts {
+    if fresh && state.restarts > 0 {
         return Err(Error::Refused(format!(
             "container {name} was started and is not running: it exited at once, and the runtime keeps restarting it; read its logs with `{} logs {name}`",
             docker.cli()
