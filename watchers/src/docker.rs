@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bollard::query_parameters::EventsOptions;
 use futures_util::StreamExt as _;
@@ -39,6 +39,13 @@ const DEFAULT_SOCKETS: [&str; 2] = ["unix:///var/run/docker.sock", "unix:///run/
 /// a long outage is noticed within seconds.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(5);
+
+/// How long the event stream must stay open after its request before the watcher counts itself
+/// subscribed.
+const SUBSCRIBED: Duration = Duration::from_millis(200);
+
+/// How long a stream must have lasted for its end to restart the backoff from the first wait.
+const STEADY: Duration = Duration::from_secs(10);
 
 /// Starts the watcher on the current tokio runtime. It runs until `tx`'s receiver is dropped.
 /// `socket` is the runtime's socket (`unix:///run/podman/podman.sock`); `None` looks in the
@@ -68,43 +75,75 @@ async fn run(socket: Option<String>, tx: UnboundedSender<Change>) {
                 let options =
                     EventsOptions { since: Some(since.clone()), until: None, filters: Some(filters) };
                 let mut events = client.events(Some(options));
-                if !set_up(&tx, &mut up, true) {
-                    return;
-                }
-                if connected_once {
-                    tracing::info!(watcher = WATCHER, "reconnected to the container runtime; resyncing");
-                    if tx.send(Change::Resynced { watcher: WATCHER }).is_err() {
+                // The first poll sends the request. An engine that refuses it answers at once;
+                // one still holding the stream open after a moment has subscribed us. Only then
+                // is the watcher up, so a socket that accepts and fails does not flap `Up` and
+                // `Resynced` on every retry.
+                let first = tokio::select! {
+                    _ = tx.closed() => return,
+                    first = tokio::time::timeout(SUBSCRIBED, events.next()) => first,
+                };
+                let pending = match first {
+                    Ok(Some(Err(e))) => {
+                        tracing::debug!(watcher = WATCHER, error = %e, "the container runtime refused the event stream");
+                        None
+                    }
+                    Ok(None) => None,
+                    Ok(Some(Ok(event))) => Some(Some(event)),
+                    Err(_) => Some(None),
+                };
+                if let Some(pending) = pending {
+                    if !set_up(&tx, &mut up, true) {
                         return;
                     }
-                }
-                connected_once = true;
-                wait = BACKOFF_FIRST;
-                loop {
-                    let item = tokio::select! {
-                        _ = tx.closed() => return,
-                        item = events.next() => item,
-                    };
-                    match item {
-                        Some(Ok(event)) => {
-                            if let Some(change) = change_of(event) {
-                                if tx.send(change).is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                        Some(Err(e)) => {
-                            tracing::warn!(watcher = WATCHER, error = %e, "the container runtime's event stream failed");
-                            break;
-                        }
-                        None => {
-                            tracing::warn!(watcher = WATCHER, "the container runtime ended its event stream");
-                            break;
+                    if connected_once {
+                        tracing::info!(watcher = WATCHER, "reconnected to the container runtime; resyncing");
+                        if tx.send(Change::Resynced { watcher: WATCHER }).is_err() {
+                            return;
                         }
                     }
+                    connected_once = true;
+                    let subscribed = Instant::now();
+                    if let Some(change) = pending.and_then(change_of) {
+                        if tx.send(change).is_err() {
+                            return;
+                        }
+                    }
+                    loop {
+                        let item = tokio::select! {
+                            _ = tx.closed() => return,
+                            item = events.next() => item,
+                        };
+                        match item {
+                            Some(Ok(event)) => {
+                                if let Some(change) = change_of(event) {
+                                    if tx.send(change).is_err() {
+                                        return;
+                                    }
+                                }
+                            }
+                            Some(Err(e)) => {
+                                tracing::warn!(watcher = WATCHER, error = %e, "the container runtime's event stream failed");
+                                break;
+                            }
+                            None => {
+                                tracing::warn!(
+                                    watcher = WATCHER,
+                                    "the container runtime ended its event stream"
+                                );
+                                break;
+                            }
+                        }
+                    }
+                    // A stream that lasted was a real connection: start the backoff afresh. One
+                    // that broke at once keeps growing it, so a failing engine is not hammered.
+                    if subscribed.elapsed() >= STEADY {
+                        wait = BACKOFF_FIRST;
+                    }
+                    // Resume from shortly before the stream ended: a replayed event costs one
+                    // extra reconcile, a missed one costs a container left down.
+                    since = now_minus(Duration::from_secs(1));
                 }
-                // Resume from shortly before the stream ended: a replayed event costs one
-                // extra reconcile, a missed one costs a container left down.
-                since = now_minus(Duration::from_secs(1));
             }
             Err(e) => tracing::debug!(watcher = WATCHER, error = %e, "no container runtime answers yet"),
         }
