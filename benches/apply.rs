@@ -7,24 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const DIRS: usize = 1_000;
-const FILES_PER_DIR: usize = 10;
-
-fn declaration(root: &Path) -> serde_json::Value {
-    let mut resources = Vec::with_capacity(DIRS * (FILES_PER_DIR + 1));
-    let body: String = "x".repeat(1023) + "\n";
-    for d in 0..DIRS {
-        let dir = root.join(format!("d{d:04}"));
-        resources.push(serde_json::json!({"type": "directory", "id": format!("bench.d{d}"), "path": dir}));
-        for f in 0..FILES_PER_DIR {
-            resources.push(serde_json::json!({
-                "type": "file", "id": format!("bench.d{d}.f{f}"),
-                "path": dir.join(format!("f{f}.conf")), "content": body,
-            }));
-        }
-    }
-    serde_json::json!({"version": 1, "resources": resources})
-}
+mod common;
+use common::{declaration, DIRS, FILES_PER_DIR};
 
 /// Runs one apply; returns its wall time and the peak RSS of the largest child so far (KiB).
 fn apply(decl: &Path, state: &Path) -> (Duration, i64) {

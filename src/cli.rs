@@ -219,6 +219,7 @@ fn apply_cmd(
             kind: Kind::File,
             target: state.display().to_string(),
             message: message.clone(),
+            raced: false,
         };
         match &mut report.error {
             Some(err) => {

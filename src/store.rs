@@ -53,6 +53,10 @@ pub struct Record {
     /// For a file or directory: the uid and gid the host left.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<(u32, u32)>,
+    /// For a file: its change signature when the host last looked (inode, ctime, size). While
+    /// it is the same, the file has not been touched and need not be read again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sig: Option<crate::system::Sig>,
     /// For an archive: the digest of the archive last unpacked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive: Option<String>,
@@ -85,6 +89,7 @@ impl Record {
             wrote,
             mode,
             owner,
+            sig,
             archive,
             spec,
             reads,
@@ -98,6 +103,7 @@ impl Record {
             && *wrote == other.wrote
             && *mode == other.mode
             && *owner == other.owner
+            && *sig == other.sig
             && *archive == other.archive
             && *spec == other.spec
             && *reads == other.reads

@@ -21,3 +21,12 @@ pub enum Error {
     #[error("a {0} resource is not supported yet: this build of mesh-host has no applier for it")]
     Unsupported(Kind),
 }
+
+impl Error {
+    /// Whether the machine changed between the host's write and its read-back: someone else
+    /// wrote the same content in that instant. Not a fault of the host's, and retried as a
+    /// contest is, not as a failure is.
+    pub fn raced(&self) -> bool {
+        matches!(self, Error::ReadBack { what: "the content" | "the file", .. })
+    }
+}

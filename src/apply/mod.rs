@@ -51,6 +51,7 @@ struct Facts {
     wrote: Option<String>,
     mode: Option<u32>,
     owner: Option<(u32, u32)>,
+    sig: Option<crate::system::Sig>,
     archive: Option<String>,
     /// A container's spec digest; see `store::Record::spec`.
     spec: Option<String>,
@@ -180,6 +181,7 @@ impl<'a> Pass<'a> {
                             "this gate has not passed at its current declaration, so {} was not attempted",
                             resource.id
                         ),
+                        raced: false,
                     });
                     gated = true;
                     break;
@@ -215,7 +217,7 @@ impl<'a> Pass<'a> {
                 }
                 Err(e) => {
                     let unsupported = matches!(e, Error::Unsupported(_));
-                    self.fail(resource, e.to_string());
+                    self.fail(resource, &e);
                     // A missing applier says nothing about the machine, so it does not gate.
                     if resource.spec.is_gate() && !unsupported {
                         gated = true;
@@ -280,6 +282,7 @@ impl<'a> Pass<'a> {
                     kind: record.kind,
                     target: record.target,
                     message: format!("removing what is no longer declared: {e}"),
+                    raced: false,
                 }),
             }
         }
@@ -342,6 +345,7 @@ impl<'a> Pass<'a> {
                     wrote: facts.wrote,
                     mode: facts.mode,
                     owner: facts.owner,
+                    sig: facts.sig,
                     archive: facts.archive,
                     spec: facts.spec,
                     reads: facts.reads,
@@ -352,8 +356,14 @@ impl<'a> Pass<'a> {
         outcome
     }
 
-    fn fail(&mut self, r: &Resource, message: String) {
-        self.failures.push(Failure { id: r.id.to_string(), kind: r.kind(), target: r.target(), message });
+    fn fail(&mut self, r: &Resource, e: &Error) {
+        self.failures.push(Failure {
+            id: r.id.to_string(),
+            kind: r.kind(),
+            target: r.target(),
+            message: e.to_string(),
+            raced: e.raced(),
+        });
     }
 
     /// Commits the staged files, reads each back, and records those that passed.
@@ -374,7 +384,7 @@ impl<'a> Pass<'a> {
                     let outcome = self.settle(resource, outcome, Some(facts));
                     self.slots[slot] = Some(outcome);
                 }
-                Err(e) => self.fail(resource, e.to_string()),
+                Err(e) => self.fail(resource, &e),
             }
         }
     }

@@ -94,6 +94,9 @@ pub struct Failure {
     pub kind: Kind,
     pub target: String,
     pub message: String,
+    /// The read-back found a change made by someone else after the host's write.
+    #[serde(skip)]
+    pub raced: bool,
 }
 
 /// Why an apply failed: the first failure, how many others, and whether it was a gate.

@@ -69,6 +69,9 @@ struct Worker {
     metrics: Arc<Metrics>,
     /// Seconds since the epoch of the worker's last finished reconcile, for `/healthz`.
     heartbeat: Arc<AtomicI64>,
+    /// Keys whose changes and failures are logged at debug level only: contested ones (said
+    /// once when the contest began) and ones already failing (said once when they began to).
+    quiet: std::collections::HashSet<Key>,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops intake, lets the reconcile in flight
@@ -94,6 +97,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         settled: Arc::new(std::sync::Mutex::new(None)),
         metrics: Arc::clone(&metrics),
         heartbeat: Arc::clone(&heartbeat),
+        quiet: std::collections::HashSet::new(),
     };
 
     if let Some(addr) = config.metrics {
@@ -163,10 +167,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             }
             match worker_queue.done(&key, verdict) {
                 Some(Contest::Began { hold }) => {
-                    tracing::warn!(key = %key, hold_ms = hold.as_millis() as u64, "contested: something keeps changing this resource back; corrections now back off")
+                    worker.quiet.insert(key.clone());
+                    tracing::warn!(key = %key, hold_ms = hold.as_millis() as u64, "contested: something keeps changing {key} back; its corrections now back off, and are logged at debug level until it settles")
                 }
-                Some(Contest::Ended) => tracing::info!(key = %key, "no longer contested"),
+                Some(Contest::Ended) => {
+                    worker.quiet.remove(&key);
+                    tracing::info!(key = %key, "{key} is no longer contested");
+                }
                 None => {}
+            }
+            match verdict {
+                Verdict::Failed => {
+                    worker.quiet.insert(key.clone());
+                }
+                Verdict::Settled if worker.quiet.remove(&key) => {
+                    tracing::info!(key = %key, "{key} reconciled again")
+                }
+                _ => {}
             }
             let stats = worker_queue.stats();
             worker.metrics.queue_depth.set(stats.depth as i64);
@@ -286,12 +303,20 @@ impl Worker {
         let Some(declaration) = &self.declaration else {
             return Verdict::Settled;
         };
+        let t = std::time::Instant::now();
         let (report, _) = apply::apply(declaration, &mut self.store, &options);
-        self.account(&report, None);
+        let pass = t.elapsed();
+        self.account(&report, None, false);
         self.metrics.last_apply_timestamp.set(now_secs() as f64);
         self.metrics.last_apply_success.set(i64::from(report.error.is_none()));
         self.count_resources(&report);
+        let t = std::time::Instant::now();
         self.watch_paths();
+        tracing::debug!(
+            pass_ms = pass.as_secs_f64() * 1e3,
+            watch_ms = t.elapsed().as_secs_f64() * 1e3,
+            "full pass"
+        );
         if report.error.is_some() {
             Verdict::Failed
         } else {
@@ -309,23 +334,27 @@ impl Worker {
             return Verdict::Settled;
         }
         let report = apply::reconcile(declaration, std::slice::from_ref(id), &mut self.store, &options);
-        self.account(&report, Some(seen));
+        let quiet = self.quiet.contains(&Key::Resource(id.clone()));
+        self.account(&report, Some(seen), quiet);
         let moved = report.outcomes.iter().any(|o| o.action.moved());
         if moved {
             // A directory made again needs its watch made again.
             self.watch_paths();
         }
-        if report.error.is_some() {
-            Verdict::Failed
-        } else if report.outcomes.iter().any(|o| o.action == Action::Corrected && o.id == id.as_str()) {
-            Verdict::Corrected
-        } else {
-            Verdict::Settled
+        match &report.error {
+            // Someone wrote the file again between the host's write and its read-back: that is
+            // a contest, held briefly and retried, not a failure whose backoff grows to minutes.
+            Some(e) if e.failures.iter().all(|f| f.raced) => Verdict::Corrected,
+            Some(_) => Verdict::Failed,
+            None if report.outcomes.iter().any(|o| o.action == Action::Corrected && o.id == id.as_str()) => {
+                Verdict::Corrected
+            }
+            None => Verdict::Settled,
         }
     }
 
     /// Metrics and one log line per change.
-    fn account(&self, report: &Report, seen: Option<Instant>) {
+    fn account(&self, report: &Report, seen: Option<Instant>, quiet: bool) {
         for o in &report.outcomes {
             self.metrics
                 .outcomes
@@ -339,12 +368,21 @@ impl Worker {
             }
             if o.action != Action::Unchanged {
                 let detail = o.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
-                tracing::info!(id = %o.id, r#type = %o.kind, action = %o.action, "{} {} ({}){detail}", o.action, o.id, o.target);
+                if quiet {
+                    tracing::debug!(id = %o.id, r#type = %o.kind, action = %o.action, "{} {} ({}){detail}", o.action, o.id, o.target);
+                } else {
+                    tracing::info!(id = %o.id, r#type = %o.kind, action = %o.action, "{} {} ({}){detail}", o.action, o.id, o.target);
+                }
             }
         }
         if let Some(e) = &report.error {
             for f in &e.failures {
-                tracing::warn!(id = %f.id, r#type = %f.kind, "failed {} ({}): {}", f.id, f.target, f.message);
+                // A raced read-back is a contest in progress, which has its own log line.
+                if quiet || f.raced {
+                    tracing::debug!(id = %f.id, r#type = %f.kind, "failed {} ({}): {}", f.id, f.target, f.message);
+                } else {
+                    tracing::warn!(id = %f.id, r#type = %f.kind, "failed {} ({}): {}", f.id, f.target, f.message);
+                }
             }
         }
     }

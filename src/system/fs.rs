@@ -40,6 +40,25 @@ pub struct Meta {
     pub uid: u32,
     pub gid: u32,
     pub dev: u64,
+    /// What changes whenever anything about the file does: inode, change time (which only the
+    /// kernel sets, to now, on any write, chmod, chown or rename), size. Equal signatures
+    /// mean the file was not touched in between.
+    pub sig: Sig,
+}
+
+/// A file's change signature: `(inode, ctime seconds, ctime nanoseconds, size)`.
+pub type Sig = (u64, i64, u32, u64);
+
+impl Meta {
+    /// The signature, if it can be trusted to change on the next change. The kernel stamps
+    /// ctime from a coarse clock (a few milliseconds), so a second write within the same tick
+    /// keeps the same ctime: a signature is only trusted once its ctime is older than that
+    /// (git's "racily clean" problem). `None` means: compare the content next time.
+    pub fn settled_sig(&self) -> Option<Sig> {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?;
+        let ctime = std::time::Duration::new(u64::try_from(self.sig.1).ok()?, self.sig.2);
+        (now.checked_sub(ctime)? > std::time::Duration::from_millis(50)).then_some(self.sig)
+    }
 }
 
 /// A failure, always naming the path.
@@ -68,6 +87,8 @@ impl FsError {
 
 pub type Result<T> = std::result::Result<T, FsError>;
 
+// The stat fields' types differ between architectures; the casts are not all no-ops everywhere.
+#[allow(clippy::unnecessary_cast)]
 fn meta_of(st: &rfs::Stat) -> Meta {
     let fmt = st.st_mode & libc_s_ifmt();
     let kind = if fmt == 0o100000 {
@@ -79,7 +100,14 @@ fn meta_of(st: &rfs::Stat) -> Meta {
     } else {
         Kind::Other
     };
-    Meta { kind, mode: st.st_mode & 0o7777, uid: st.st_uid, gid: st.st_gid, dev: st.st_dev }
+    Meta {
+        kind,
+        mode: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        dev: st.st_dev,
+        sig: (st.st_ino, st.st_ctime as i64, st.st_ctime_nsec as u32, st.st_size as u64),
+    }
 }
 
 const fn libc_s_ifmt() -> u32 {
@@ -101,6 +129,12 @@ pub struct Staged {
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// This process's id, asked of the kernel once.
+fn pid() -> u32 {
+    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *PID.get_or_init(std::process::id)
+}
 
 /// One session of filesystem work: it caches directory descriptors, so a batch of files in the
 /// same directories resolves each directory once. A session lives for one apply or reconcile,
@@ -303,7 +337,7 @@ impl Fs {
             let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
             let mut tmp = std::ffi::OsString::from(".");
             tmp.push(name);
-            tmp.push(format!(".mesh-host-{}-{n}", std::process::id()));
+            tmp.push(format!(".mesh-host-{}-{n}", pid()));
             let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
             match rfs::openat(dir, &tmp, flags, Mode::from_raw_mode(0o600)) {
                 Ok(fd) => break (tmp, fd),

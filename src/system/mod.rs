@@ -8,7 +8,7 @@ pub mod docker;
 pub mod fs;
 pub mod users;
 
-pub use fs::{Fs, FsError, Meta, Staged};
+pub use fs::{Fs, FsError, Meta, Sig, Staged};
 pub use users::{Accounts, UserError};
 
 /// Reads a whole file the agent itself owns (a declaration, an archive's source), following

@@ -570,3 +570,20 @@ fn the_store_has_one_writer() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_same_size_edit_is_seen_after_the_signature_is_recorded() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "aaaa"}]));
+    assert_eq!(s.apply(&d).0, 0);
+    // Old enough for its signature to be trusted, then recorded by a steady pass.
+    std::thread::sleep(std::time::Duration::from_millis(120));
+    assert_eq!(action(&s.apply(&d).1, "a.f"), "unchanged");
+    let state = std::fs::read_to_string(s.state()).unwrap();
+    assert!(state.contains("\"sig\""), "the signature is recorded: {state}");
+    // Same size, same mode: only the content (and so the change time) differs.
+    std::fs::write(s.path("f"), "bbbb").unwrap();
+    let (_, report) = s.apply(&d);
+    assert_eq!(action(&report, "a.f"), "corrected");
+    assert_eq!(std::fs::read_to_string(s.path("f")).unwrap(), "aaaa");
+}

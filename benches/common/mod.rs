@@ -1,0 +1,49 @@
+//! What the benchmark harnesses share: the 10,000-file declaration.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+pub const DIRS: usize = 1_000;
+pub const FILES_PER_DIR: usize = 10;
+
+/// 1,000 directories of 10 files of 1 KiB each, under `root`.
+pub fn declaration(root: &Path) -> serde_json::Value {
+    let mut resources = Vec::with_capacity(DIRS * (FILES_PER_DIR + 1));
+    let body: String = "x".repeat(1023) + "\n";
+    for d in 0..DIRS {
+        let dir = root.join(format!("d{d:04}"));
+        resources.push(serde_json::json!({"type": "directory", "id": format!("bench.d{d}"), "path": dir}));
+        for f in 0..FILES_PER_DIR {
+            resources.push(serde_json::json!({
+                "type": "file", "id": format!("bench.d{d}.f{f}"),
+                "path": dir.join(format!("f{f}.conf")), "content": body,
+            }));
+        }
+    }
+    serde_json::json!({"version": 1, "resources": resources})
+}
+
+/// The body every benchmark file holds.
+pub fn body() -> Vec<u8> {
+    ("x".repeat(1023) + "\n").into_bytes()
+}
+
+/// CPU seconds (user + system) a process has used, from /proc.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+/// A field of /proc/PID/status in KiB (VmRSS, VmHWM).
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}

@@ -1,0 +1,168 @@
+//! The daemon under load, through the real binary: hand-edit to corrected-and-read-back latency,
+//! idle CPU, RSS with 10,000 resources, and a storm of rewrites of one file.
+//! Run with `cargo bench --bench daemon`; figures go in BENCHMARKS.md.
+//! MESH_HOST_BENCH_DIR chooses the filesystem (default /var/tmp); MESH_HOST_BENCH_IDLE_SECS
+//! the idle window (default 60); MESH_HOST_BENCH_EDITS the number of edits (default 1000).
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use notify::{RecursiveMode, Watcher as _};
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn start(state: &Path, decl: &Path, port: u16) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
+        .env("MESH_HOST_LOG", "warn")
+        .arg("--state")
+        .arg(state)
+        .args(["run", "--declaration"])
+        .arg(decl)
+        .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("mesh-host starts");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        if get(port, "/healthz").is_some_and(|b| b.starts_with("ok")) {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("the daemon did not become ready");
+}
+
+fn get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Waits until `path` holds `want`, woken by inotify on its directory.
+fn wait_for_content(
+    rx: &mpsc::Receiver<notify::Result<notify::Event>>,
+    path: &Path,
+    want: &[u8],
+    limit: Duration,
+) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if std::fs::read(path).is_ok_and(|b| b == want) {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let _ = rx.recv_timeout(left.min(Duration::from_millis(5)));
+    }
+}
+
+fn main() {
+    let base = PathBuf::from(std::env::var("MESH_HOST_BENCH_DIR").unwrap_or_else(|_| "/var/tmp".into()));
+    let scratch = tempfile::Builder::new().prefix("mesh-host-bench-").tempdir_in(&base).unwrap();
+    let root = scratch.path().join("tree");
+    let decl = scratch.path().join("declaration.json");
+    std::fs::write(&decl, serde_json::to_vec(&common::declaration(&root)).unwrap()).unwrap();
+    let state = scratch.path().join("state/state.json");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+
+    let started = Instant::now();
+    let mut daemon = start(&state, &decl, port);
+    let pid = daemon.id();
+    println!(
+        "daemon with {} files in {} directories, on {}",
+        common::DIRS * common::FILES_PER_DIR,
+        common::DIRS,
+        base.display()
+    );
+    println!("  start-up to ready (cold apply included): {:.2} s", started.elapsed().as_secs_f64());
+    std::thread::sleep(Duration::from_secs(2));
+    println!("  RSS after start: {:.1} MiB", common::status_kib(pid, "VmRSS") as f64 / 1024.0);
+
+    // Idle CPU.
+    let idle = env_or("MESH_HOST_BENCH_IDLE_SECS", 60);
+    let before = common::cpu_seconds(pid);
+    std::thread::sleep(Duration::from_secs(idle));
+    let used = common::cpu_seconds(pid) - before;
+    println!("  idle CPU over {idle} s: {:.3} % of a core ({used:.2} s of CPU)", used / idle as f64 * 100.0);
+
+    // Latency of hand-edits, each to a different file, one at a time.
+    let body = common::body();
+    let edits = env_or("MESH_HOST_BENCH_EDITS", 1000) as usize;
+    let (tx, rx) = mpsc::channel();
+    let mut watcher = notify::recommended_watcher(move |e| {
+        let _ = tx.send(e);
+    })
+    .unwrap();
+    let mut latencies = Vec::with_capacity(edits);
+    for i in 0..edits {
+        let dir = root.join(format!("d{:04}", (i * 7) % common::DIRS));
+        let file = dir.join(format!("f{}.conf", i % common::FILES_PER_DIR));
+        watcher.watch(&dir, RecursiveMode::NonRecursive).unwrap();
+        while rx.try_recv().is_ok() {}
+        let t = Instant::now();
+        std::fs::write(&file, b"edited by hand\n").unwrap();
+        assert!(wait_for_content(&rx, &file, &body, Duration::from_secs(10)), "edit {i} was not put back");
+        latencies.push(t.elapsed());
+        watcher.unwatch(&dir).unwrap();
+    }
+    latencies.sort();
+    println!(
+        "  hand-edit to corrected-and-read-back over {edits} edits: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        percentile(&latencies, 0.5).as_secs_f64() * 1e3,
+        percentile(&latencies, 0.99).as_secs_f64() * 1e3,
+        latencies.last().unwrap().as_secs_f64() * 1e3
+    );
+    println!(
+        "  RSS after the edits: {:.1} MiB (peak {:.1} MiB)",
+        common::status_kib(pid, "VmRSS") as f64 / 1024.0,
+        common::status_kib(pid, "VmHWM") as f64 / 1024.0
+    );
+
+    // A storm: one file rewritten as fast as a loop can for 10 s.
+    let storm = root.join("d0000/f0.conf");
+    let before = common::cpu_seconds(pid);
+    let t = Instant::now();
+    let mut writes = 0u64;
+    while t.elapsed() < Duration::from_secs(10) {
+        std::fs::write(&storm, format!("storm {writes}\n")).unwrap();
+        writes += 1;
+    }
+    let used = common::cpu_seconds(pid) - before;
+    let stopped = Instant::now();
+    watcher.watch(&root.join("d0000"), RecursiveMode::NonRecursive).unwrap();
+    let converged = wait_for_content(&rx, &storm, &body, Duration::from_secs(30));
+    let converge = stopped.elapsed();
+    println!(
+        "  storm of {writes} rewrites of one file in 10 s: agent CPU {:.1} % of a core; converged {} {:.0} ms after it stopped",
+        used / 10.0 * 100.0,
+        if converged { "" } else { "NOT" },
+        converge.as_secs_f64() * 1e3
+    );
+    let metrics = get(port, "/metrics").unwrap_or_default();
+    for line in metrics.lines().filter(|l| {
+        l.starts_with("mesh_host_contested") || l.starts_with("mesh_host_drift_corrections_total")
+    }) {
+        println!("    {line}");
+    }
+    let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+    let _ = daemon.wait();
+}
