@@ -80,7 +80,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
                 }
                 // It stopped, or someone stopped it. Starting it again is the fastest way back
                 // and keeps what it had; its spec is still the declared one.
-                let detail = format!("it was {}; started again", stopped(state));
+                let detail = format!("it {}; started again", stopped(state));
                 if ctx.opts.dry_run {
                     return Ok(Step::Done(begin(r, Action::Corrected, Some(detail)), None));
                 }
@@ -143,12 +143,13 @@ pub(super) fn found_made_by_others(ctx: &Ctx<'_>, r: &Resource) -> Option<Result
     Some(found.map(|labels| labels.is_some_and(|l| !l.contains_key(ID_LABEL))))
 }
 
-/// How a stopped container is described: "exited with code 137".
+/// How a stopped container is described, after "it": "exited with code 137".
 fn stopped(state: &docker::ContainerState) -> String {
     match (state.status.as_str(), state.exit_code) {
         ("exited", Some(code)) => format!("exited with code {code}"),
-        ("", _) => "not running".to_owned(),
-        (status, _) => format!("{status}, not running"),
+        ("created", _) => "was created and not started".to_owned(),
+        ("", _) => "was not running".to_owned(),
+        (status, _) => format!("was {status}, not running"),
     }
 }
 

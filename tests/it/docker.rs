@@ -389,7 +389,8 @@ fn docker_stopped_by_hand_is_started_again() {
     DOCKER.ok(&["stop", "-t", "0", &web]);
     let report = applied(&s, &d);
     assert_eq!(action(&report, "web.app"), "corrected", "{report:#}");
-    assert!(detail(&report, "web.app").contains("started again"), "{report:#}");
+    let said = detail(&report, "web.app");
+    assert!(said.starts_with("it exited with code ") && said.ends_with("; started again"), "{report:#}");
     assert!(DOCKER.running(&web));
     assert_eq!(DOCKER.id(&web), before, "started again, not recreated");
 }
