@@ -174,7 +174,8 @@ fn docker_create_then_unchanged() {
     let d = s.declare(json!([
         {"type": "file", "id": "web.env", "path": s.p("web.env"), "content": "PORT=8080\n"},
         {"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
-         "env": {"MODE": "test"}, "env-file": [s.p("web.env")], "ports": ["127.0.0.1::80"]},
+         "env": {"MODE": "test"}, "env-file": [s.p("web.env")], "ports": ["127.0.0.1::80"],
+         "hosts": ["db.internal:10.1.2.3"]},
     ]));
     let report = applied(&s, &d);
     assert_eq!(action(&report, "web.app"), "created", "{report:#}");
@@ -185,6 +186,8 @@ fn docker_create_then_unchanged() {
     assert!(record(&s, "web.app")["reads"][s.p("web.env")].as_str().unwrap().starts_with("sha256:"));
     let env = DOCKER.ok(&["exec", &web, "env"]);
     assert!(env.contains("PORT=8080") && env.contains("MODE=test"), "{env}");
+    assert!(DOCKER.ok(&["port", &web, "80/tcp"]).starts_with("127.0.0.1:"));
+    assert!(DOCKER.ok(&["exec", &web, "cat", "/etc/hosts"]).contains("10.1.2.3\tdb.internal"));
 
     let id = DOCKER.id(&web);
     let report = applied(&s, &d);
@@ -1009,4 +1012,23 @@ fn docker_an_env_file_secret_never_reaches_the_log() {
         assert!(!all.contains(&secret), "the secret is in the output with MESH_HOST_LOG={filter}");
         DOCKER.ok(&["rm", "-f", &n.container("db")]);
     }
+}
+
+#[test]
+fn podman_is_found_through_docker_host_when_no_socket_is_configured() {
+    let n = Names::new(PODMAN_CLI, "dockerhost");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let d = s.declare(json!([sleeper("web.app", &web)]));
+    let out = assert_cmd::Command::cargo_bin("mesh-host")
+        .unwrap()
+        .env("DOCKER_HOST", PODMAN)
+        .arg("--state")
+        .arg(s.state())
+        .args(["apply", "--json", d.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(PODMAN_CLI.running(&web), "created on the runtime DOCKER_HOST names");
+    assert!(DOCKER.inspect(&web, "{{.Id}}").is_none(), "and not on Docker's default socket");
 }
