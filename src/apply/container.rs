@@ -85,7 +85,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
                     return Ok(Step::Done(begin(r, Action::Corrected, Some(detail)), None));
                 }
                 docker.start(c.name.as_str())?;
-                read_back(docker, c, facts.spec.as_deref().unwrap_or_default(), false)?;
+                read_back(docker, c, facts.spec.as_deref().unwrap_or_default(), Started::Again)?;
                 return Ok(Step::Done(begin(r, Action::Corrected, Some(detail)), Some(facts)));
             }
             let detail = if !changed_files.is_empty() {
@@ -120,7 +120,10 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     }
     docker.create(&new)?;
     docker.start(c.name.as_str())?;
-    read_back(docker, c, &want, true)?;
+    // A container removed by hand and made again at the spec it last ran with is not new to
+    // this machine: its recovery is timed like a restart's, without the settling wait.
+    let known = record.is_some_and(|rec| rec.spec.as_deref() == Some(want.as_str()));
+    read_back(docker, c, &want, if known { Started::Recreated } else { Started::New })?;
     Ok(Step::Done(begin(r, action, detail), Some(facts)))
 }
 
@@ -153,16 +156,29 @@ fn stopped(state: &docker::ContainerState) -> String {
     }
 }
 
+/// How the container being read back came to be running.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Started {
+    /// Created at a spec this machine has not run it with.
+    New,
+    /// Created again, at the spec it last ran with (it had been removed by hand).
+    Recreated,
+    /// The same container, started again after it stopped.
+    Again,
+}
+
 /// Reads back a container just started: there, running, and carrying the label. A start that
 /// returned success says the process began, not that it is still there.
 ///
-/// A container just created (`fresh`) is looked at a second time after [`SETTLE`], and must not
-/// have been restarted by its restart policy meanwhile: that is a process exiting at once. One
-/// started again after it stopped is not: it ran with this very spec before, its runtime may
-/// well be restarting it by its own policy at the same moment, and if it dies again its event
-/// says so. Settling there would add its whole wait to the time a killed container takes to
-/// come back, which is what the daemon is measured on.
-fn read_back(docker: &Docker, c: &Container, want: &str, fresh: bool) -> Result<(), Error> {
+/// A container created at a new spec is looked at a second time after [`SETTLE`]: a process
+/// exiting at once is the likeliest failure of a new configuration. Any created container must
+/// not have been restarted by its restart policy already, which is a process exiting at once.
+/// One started again after it stopped is held to neither: its runtime may be restarting it by
+/// its own policy at the same moment. A container that ran at this spec before is not settled
+/// either: if it dies again its event says so, and settling would add its whole wait to the
+/// time a killed or removed container takes to come back, which is what the daemon is measured
+/// on.
+fn read_back(docker: &Docker, c: &Container, want: &str, started: Started) -> Result<(), Error> {
     let name = c.name.as_str();
     let look = || {
         docker.container(name)?.ok_or_else(|| {
@@ -170,11 +186,11 @@ fn read_back(docker: &Docker, c: &Container, want: &str, fresh: bool) -> Result<
         })
     };
     let mut state = look()?;
-    if state.running && fresh {
+    if state.running && started == Started::New {
         std::thread::sleep(SETTLE);
         state = look()?;
     }
-    if fresh && state.restarts > 0 {
+    if started != Started::Again && state.restarts > 0 {
         return Err(Error::Refused(format!(
             "container {name} was started and is not running: it exited at once, and the runtime keeps restarting it; read its logs with `{} logs {name}`",
             docker.cli()
