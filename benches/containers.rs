@@ -2,9 +2,9 @@
 //!
 //! 1. a cold apply and a steady re-apply of 100 containers, each reading an env-file the
 //!    declaration writes, through the real binary: wall time;
-//! 2. a container killed by hand to running again, the way the daemon does it (the watcher's
-//!    event, then a reconcile of that one id), against the engine's own start of the same
-//!    stopped container.
+//! 2. a container killed by hand, and one removed by hand, to running again, the way the
+//!    daemon does it (the watcher's event, then a reconcile of that one id), against the
+//!    engine's own work for the same (start; create and start).
 //!
 //! Run with `cargo bench --bench containers`; figures go in BENCHMARKS.md, section Containers.
 #![allow(clippy::disallowed_methods)]
@@ -81,6 +81,7 @@ fn main() {
         for i in 0..CONTAINERS {
             let _ = Command::new("docker").args(["rm", "-f", &format!("{prefix}-{i}")]).output();
         }
+        let _ = Command::new("docker").args(["rm", "-f", &format!("{prefix}-spare")]).output();
     };
 
     let cold = apply_cli(&decl, &state);
@@ -103,71 +104,114 @@ fn main() {
         kept: scratch.path().join("kept"),
         container_socket: None,
     };
-    let mut recovered = Vec::new();
-    let mut event_lag = Vec::new();
-    let mut engine_start = Vec::new();
+    // Each disturbance: what is done by hand, and the event the daemon reacts to.
+    let disturbances: [(&str, &str, &str); 2] = [("killed", "kill", "die"), ("removed", "rm -f", "destroy")];
+    let mut figures = Vec::new();
     rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let _watcher = mesh_host_watchers::docker::spawn(None, tx);
         while !matches!(rx.recv().await, Some(Change::Up { up: true, .. })) {}
-        for k in 0..KILLS {
-            let name = format!("{prefix}-{k}");
-            let id = Id::parse(&format!("bench.c{k}")).unwrap();
-            let killed = Instant::now();
-            docker(&["kill", &name]);
-            // What the daemon reacts to: the container's death.
-            loop {
-                match rx.recv().await {
-                    Some(Change::Container { name: n, action, .. }) if n == name && action == "die" => break,
-                    Some(_) => {}
-                    None => panic!("the watcher ended"),
+        for (round, (what, command, event)) in disturbances.iter().enumerate() {
+            let (mut lag, mut recovered) = (Vec::new(), Vec::new());
+            for k in 0..KILLS {
+                let k = round * KILLS + k;
+                let name = format!("{prefix}-{k}");
+                let id = Id::parse(&format!("bench.c{k}")).unwrap();
+                let done = Instant::now();
+                let mut args: Vec<&str> = command.split(' ').collect();
+                args.push(&name);
+                docker(&args);
+                loop {
+                    match rx.recv().await {
+                        Some(Change::Container { name: n, action, .. }) if n == name && action == *event => {
+                            break
+                        }
+                        Some(_) => {}
+                        None => panic!("the watcher ended"),
+                    }
                 }
+                let seen = Instant::now();
+                lag.push(seen - done);
+                let (d, s) =
+                    (parsed.clone(), std::mem::replace(&mut store, Store::read_only(&state).unwrap()));
+                let o = opts.clone();
+                let (report, s) = tokio::task::spawn_blocking(move || {
+                    let mut s = s;
+                    let r = apply::reconcile(&d, &[id], &mut s, &o);
+                    (r, s)
+                })
+                .await
+                .unwrap();
+                recovered.push(seen.elapsed());
+                store = s;
+                assert!(report.error.is_none(), "{:?}", report.error);
+                let word = report.outcomes.iter().find(|o| o.target == name).map(|o| o.action.as_str());
+                assert!(matches!(word, Some("corrected" | "unchanged")), "{:?}", report.outcomes);
+                // Drain what the recovery itself caused.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                while rx.try_recv().is_ok() {}
             }
-            let seen = Instant::now();
-            event_lag.push(seen - killed);
-            let (d, s) = (parsed.clone(), std::mem::replace(&mut store, Store::read_only(&state).unwrap()));
-            let o = opts.clone();
-            let (report, s) = tokio::task::spawn_blocking(move || {
-                let mut s = s;
-                let r = apply::reconcile(&d, &[id], &mut s, &o);
-                (r, s)
-            })
-            .await
-            .unwrap();
-            recovered.push(seen.elapsed());
-            store = s;
-            assert!(report.error.is_none(), "{:?}", report.error);
-            let word = report.outcomes.iter().find(|o| o.target == name).map(|o| o.action.as_str());
-            assert!(matches!(word, Some("corrected" | "unchanged")), "{:?}", report.outcomes);
-            // Drain what the restart itself caused.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            while rx.try_recv().is_ok() {}
+            figures.push((*what, *command, *event, median(lag), median(recovered)));
         }
-        // The engine's own start of a stopped container, through the same API.
+    });
+
+    // The engine's own work for the same recoveries, through the same client: starting a killed
+    // container, and creating and starting a removed one.
+    let (mut engine_start, mut engine_create) = (Vec::new(), Vec::new());
+    let spare = format!("{prefix}-spare");
+    rt.block_on(async {
         let client = mesh_host::system::docker::connect_async(None).await.unwrap();
-        let name = format!("{prefix}-{}", KILLS);
+        let name = format!("{prefix}-{}", 2 * KILLS);
         for _ in 0..KILLS {
             docker(&["kill", &name]);
-            let t = tokio::task::spawn_blocking({
-                let client = client.clone();
-                let name = name.clone();
-                move || {
+            let (client, name) = (client.clone(), name.clone());
+            engine_start.push(
+                tokio::task::spawn_blocking(move || {
                     let t = Instant::now();
                     client.start(&name).unwrap();
                     assert!(client.container(&name).unwrap().unwrap().running);
                     t.elapsed()
-                }
-            })
-            .await
-            .unwrap();
-            engine_start.push(t);
+                })
+                .await
+                .unwrap(),
+            );
+        }
+        for _ in 0..KILLS {
+            let (client, spare) = (client.clone(), spare.clone());
+            engine_create.push(
+                tokio::task::spawn_blocking(move || {
+                    let new = mesh_host::system::docker::NewContainer {
+                        name: spare.clone(),
+                        image: IMAGE.into(),
+                        args: ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+                            .map(String::from)
+                            .to_vec(),
+                        keep_running: true,
+                        ..Default::default()
+                    };
+                    let t = Instant::now();
+                    client.create(&new).unwrap();
+                    client.start(&spare).unwrap();
+                    assert!(client.container(&spare).unwrap().unwrap().running);
+                    let took = t.elapsed();
+                    client.remove(&spare).unwrap();
+                    took
+                })
+                .await
+                .unwrap(),
+            );
         }
     });
-    let (recover, start) = (median(recovered), median(engine_start));
-    println!("killed to running again ({KILLS} kills, medians):");
-    println!("  kill command to the watcher's die event: {}", ms(median(event_lag)));
-    println!("  die event to running (reconcile of one id): {}", ms(recover));
-    println!("  the engine's own start + inspect:          {}", ms(start));
-    println!("  beyond the engine's own start:             {}", ms(recover.saturating_sub(start)));
+    let baselines = [median(engine_start), median(engine_create)];
+    for ((what, command, event, lag, recover), engine) in figures.into_iter().zip(baselines) {
+        println!("{what} by hand (`docker {command}`) to running again ({KILLS} times, medians):");
+        println!("  `docker {command}` issued to the watcher's {event} event: {}", ms(lag));
+        println!("  {event} event to running (reconcile of one id):     {}", ms(recover));
+        println!("  the engine's own work (start, or create + start), + inspect: {}", ms(engine));
+        println!(
+            "  beyond the engine's own work:                        {}",
+            ms(recover.saturating_sub(engine))
+        );
+    }
     cleanup();
 }

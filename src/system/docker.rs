@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bollard::errors::Error as Bollard;
@@ -128,7 +129,8 @@ pub const OUTPUT_LIMIT: usize = 64 * 1024;
 pub struct Docker {
     client: bollard::Docker,
     socket: String,
-    podman: bool,
+    /// Whether it is Podman, asked only when a message needs the runtime's name.
+    podman: Arc<OnceLock<bool>>,
 }
 
 fn block<F: std::future::Future>(f: F) -> F::Output {
@@ -136,8 +138,9 @@ fn block<F: std::future::Future>(f: F) -> F::Output {
 }
 
 /// Connects to the runtime: the configured socket if there is one, else the first of
-/// `DOCKER_HOST` and [`DEFAULT_SOCKETS`] that answers. The API version is negotiated, since
-/// bollard would otherwise ask for a newer one than Debian's engine (API 1.41) speaks.
+/// `DOCKER_HOST` and [`DEFAULT_SOCKETS`] that answers. The API version is settled with the
+/// engine (API 1.41, or the engine's own when older): bollard would otherwise ask for a newer
+/// one than Debian's engine speaks.
 pub fn connect(configured: Option<&str>) -> Result<Docker> {
     block(connect_async(configured))
 }
@@ -160,26 +163,40 @@ pub async fn connect_async(configured: Option<&str>) -> Result<Docker> {
     Err(DockerError::NoRuntime { tried: tried.join("; ") })
 }
 
+/// The Engine API version mesh-host speaks: Debian 12's engine (20.10) speaks 1.41, Podman 4's
+/// compatible API answers to it, and nothing newer is needed.
+const API: bollard::ClientVersion = bollard::ClientVersion { major_version: 1, minor_version: 41 };
+
 async fn try_socket(socket: &str) -> std::result::Result<Docker, String> {
     let address = if socket.contains("://") { socket.to_owned() } else { format!("unix://{socket}") };
-    if let Some(path) = address.strip_prefix("unix://") {
+    let client = if let Some(path) = address.strip_prefix("unix://") {
         if !Path::new(path).exists() {
             return Err("no socket there".into());
         }
+        bollard::Docker::connect_with_unix(&address, 120, &API)
+    } else {
+        bollard::Docker::connect_with_http(&address, 120, &API)
     }
-    let client = bollard::Docker::connect_with_host(&address).map_err(|e| e.to_string())?;
-    // A short timeout for the probe: a socket whose server hangs must not hold the apply for the
-    // two minutes bollard allows a request.
-    let probe = client.clone().with_timeout(Duration::from_secs(10));
-    let client = match tokio::time::timeout(Duration::from_secs(10), probe.negotiate_version()).await {
-        Ok(Ok(negotiated)) => negotiated.with_timeout(Duration::from_secs(120)),
+    .map_err(|e| e.to_string())?;
+    // A ping, asked at 1.41, is the whole probe: an engine that speaks 1.41 or newer answers in
+    // well under a millisecond. `/version` would settle the same, but Podman takes 400 ms to
+    // answer it, and a pass pays its probe once (a killed container's recovery is one pass).
+    // Only an older engine refuses, and bollard's own negotiation settles on its version. A
+    // short timeout: a socket whose server hangs must not hold the apply for two minutes.
+    let probe = Duration::from_secs(10);
+    let client = match tokio::time::timeout(probe, client.ping()).await {
+        Ok(Ok(_)) => client,
+        Ok(Err(Bollard::DockerResponseServerError { status_code: 400, .. })) => {
+            match tokio::time::timeout(probe, client.negotiate_version()).await {
+                Ok(Ok(older)) => older,
+                Ok(Err(e)) => return Err(api_message(&e)),
+                Err(_) => return Err("no answer within 10 s".into()),
+            }
+        }
         Ok(Err(e)) => return Err(api_message(&e)),
         Err(_) => return Err("no answer within 10 s".into()),
     };
-    let version = client.version().await.map_err(|e| api_message(&e))?;
-    let podman =
-        version.components.unwrap_or_default().iter().any(|c| c.name.to_ascii_lowercase().contains("podman"));
-    Ok(Docker { client, socket: address, podman })
+    Ok(Docker { client, socket: address, podman: Arc::new(OnceLock::new()) })
 }
 
 impl Docker {
@@ -188,14 +205,22 @@ impl Docker {
         &self.socket
     }
 
-    /// Whether the runtime is Podman (through its Docker-compatible API).
+    /// Whether the runtime is Podman (through its Docker-compatible API). Asks the runtime the
+    /// first time; a runtime that does not say is taken to be Docker.
     pub fn is_podman(&self) -> bool {
-        self.podman
+        *self.podman.get_or_init(|| {
+            block(self.client.version()).is_ok_and(|v| {
+                v.components
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.name.to_ascii_lowercase().contains("podman"))
+            })
+        })
     }
 
     /// The runtime's name, for messages: `docker` or `podman`.
     pub fn cli(&self) -> &'static str {
-        if self.podman {
+        if self.is_podman() {
             "podman"
         } else {
             "docker"
