@@ -102,6 +102,7 @@ fn main() {
         origin: Origin::Declared,
         dry_run: false,
         kept: scratch.path().join("kept"),
+        bus: None,
         container_socket: None,
     };
     // Each disturbance: what is done by hand, and the event the daemon reacts to.

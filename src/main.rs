@@ -16,6 +16,7 @@ use mesh_host::cli::{self, Cli, Ended};
 use mesh_host::declaration::Refused;
 
 fn main() -> ExitCode {
+    mesh_host::system::memory::configure();
     // clap itself exits with 2 on bad usage.
     let cli = Cli::parse();
     mesh_host::telemetry::init(cli.log_json);

@@ -61,8 +61,9 @@ pub struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive: Option<String>,
     /// For a container: the digest of the spec it was created from (the `mesh-host.spec`
-    /// label). For a run-once step, the spec it last completed at; for a scheduled step, the
-    /// spec it was installed at.
+    /// label); for a run-once step, the spec it last completed at; for a scheduled step, the
+    /// spec it was installed at. For a process: the digest of the command, environment and user
+    /// its transient unit was started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<String>,
     /// For a container: each file it read at creation (env-files, files mounted directly), by

@@ -32,7 +32,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     // Read once, so the label and the record agree about a file even if it moves meanwhile.
     let reads = reads(ctx.store, ctx.declaration, c)?;
     let want = spec(ctx.declaration, c, Some(&reads));
-    let docker = ctx.containers.get()?;
+    let docker = &ctx.docker()?;
     let found = docker.container(c.name.as_str())?;
 
     let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Container);
@@ -130,7 +130,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
 /// On an adopted node: whether the container or network a resource names is on the machine and
 /// was made by someone else (it has no `mesh-host.id` label, and no record holds its name), so
 /// that it is held as found. `None` for a step, which leaves nothing running to find.
-pub(super) fn found_made_by_others(ctx: &Ctx<'_>, r: &Resource) -> Option<Result<bool, Error>> {
+pub(super) fn found_made_by_others(ctx: &mut Ctx<'_>, r: &Resource) -> Option<Result<bool, Error>> {
     let (kind, name) = match &r.spec {
         Spec::Container(c) if !c.run_once && c.schedule.is_none() => (Kind::Container, c.name.as_str()),
         Spec::Network(n) => (Kind::Network, n.name.as_str()),
@@ -139,7 +139,7 @@ pub(super) fn found_made_by_others(ctx: &Ctx<'_>, r: &Resource) -> Option<Result
     if ctx.store.holds_target(kind, name) {
         return Some(Ok(false));
     }
-    let found = ctx.containers.get().map_err(Error::from).and_then(|docker| match kind {
+    let found = ctx.docker().and_then(|docker| match kind {
         Kind::Container => Ok(docker.container(name)?.map(|c| c.labels)),
         _ => Ok(docker.network(name)?.map(|n| n.labels)),
     });
@@ -233,7 +233,7 @@ fn run_once(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Erro
     if ctx.opts.dry_run {
         return Ok(Step::Done(begin(r, action, Some("run-once step would run".into())), None));
     }
-    let docker = ctx.containers.get()?;
+    let docker = &ctx.docker()?;
     ensure_image(docker, c)?;
     run_step(docker, r, c, &want, "run-once step")?;
     Ok(Step::Done(begin(r, action, Some(detail.into())), Some(facts)))
@@ -267,7 +267,7 @@ fn install_schedule(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     let want = spec(ctx.declaration, c, None);
     let schedule = c.schedule.as_ref().map(|s| s.as_str().to_owned());
     let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Container);
-    let docker = ctx.containers.get()?;
+    let docker = &ctx.docker()?;
     ensure_image(docker, c)?;
     let (action, detail) = match record.and_then(|rec| rec.spec.as_deref()) {
         Some(s) if s == want => (Action::Unchanged, "scheduled step, installed for this declaration"),

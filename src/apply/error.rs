@@ -3,7 +3,7 @@
 
 use crate::declaration::Kind;
 use crate::system::docker::DockerError;
-use crate::system::{FsError, UserError};
+use crate::system::{AccountError, CommandError, FsError, PackageError, SystemdError, UserError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -11,6 +11,14 @@ pub enum Error {
     Fs(#[from] FsError),
     #[error(transparent)]
     Account(#[from] UserError),
+    #[error(transparent)]
+    Systemd(#[from] SystemdError),
+    #[error(transparent)]
+    Package(#[from] PackageError),
+    #[error(transparent)]
+    Accounts(#[from] AccountError),
+    #[error(transparent)]
+    Command(#[from] CommandError),
     #[error(transparent)]
     Runtime(#[from] DockerError),
     /// The read-back found something other than what was written.

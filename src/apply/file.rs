@@ -82,6 +82,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
                         owner: rec.owner,
                         sig: Some(sig),
                         archive: None,
+                        spec: None,
                         ..Facts::default()
                     };
                     return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
@@ -142,6 +143,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
             owner: Some((meta.uid, meta.gid)),
             sig: None,
             archive: None,
+            spec: None,
             ..Facts::default()
         };
         let detail = "created once, and present: what is in it now is not the mesh's to change";
@@ -164,6 +166,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
             owner: Some((meta.uid, meta.gid)),
             sig: meta.settled_sig(),
             archive: None,
+            spec: None,
             ..Facts::default()
         };
         return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
@@ -283,6 +286,7 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
         owner: Some((meta.uid, meta.gid)),
         sig: meta.settled_sig(),
         archive: None,
+        spec: None,
         ..Facts::default()
     };
     Ok((outcome, facts))

@@ -6,6 +6,7 @@
 //! passed, and the caller persists the store once the pass is over.
 
 mod access;
+mod action;
 mod archive;
 mod container;
 mod directory;
@@ -13,7 +14,11 @@ mod error;
 mod file;
 mod network;
 mod outcome;
+mod package;
+mod process;
 mod remove;
+mod service;
+mod user;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
@@ -24,8 +29,8 @@ pub use outcome::{Action, ApplyError, Failure, Outcome, Report};
 
 use crate::declaration::{Declaration, Id, Kind, Resource, Spec};
 use crate::store::{Origin, Record, Store};
-use crate::system::docker::Runtime;
-use crate::system::{Accounts, Fs, Staged};
+use crate::system::docker::Docker;
+use crate::system::{Accounts, Fs, Packages, Staged, Systemd};
 
 /// How an apply is run.
 #[derive(Clone, Debug)]
@@ -36,6 +41,9 @@ pub struct Options {
     /// Where the original of a file the host has no record of is kept before it is first
     /// written over: `<kept>/<its path>`, once, never overwritten.
     pub kept: PathBuf,
+    /// The D-Bus address of the systemd to manage (`unix:path=...`); the system bus when
+    /// `None`.
+    pub bus: Option<String>,
     /// The container runtime's socket (`unix:///run/podman/podman.sock`), when configured;
     /// otherwise `DOCKER_HOST`, Docker's default socket, then Podman's are tried.
     pub container_socket: Option<String>,
@@ -53,7 +61,8 @@ struct Facts {
     owner: Option<(u32, u32)>,
     sig: Option<crate::system::Sig>,
     archive: Option<String>,
-    /// A container's spec digest; see `store::Record::spec`.
+    /// For a process, or a container: the digest of the spec it was started or created with;
+    /// see `store::Record::spec`.
     spec: Option<String>,
     /// What a container read at creation, by path.
     reads: BTreeMap<String, String>,
@@ -63,9 +72,10 @@ struct Facts {
 
 /// What an applier returns: done (with what to record, if anything), or a file staged for the
 /// next batch commit.
-// A step is returned once per resource and never kept in bulk, so its size does not matter
-// enough to box the common case.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "Done is what nearly every applier returns, once per resource, moved straight into the report; boxing it would allocate for every resource to save a copy of a few hundred bytes"
+)]
 enum Step {
     Done(Outcome, Option<Facts>),
     Staged(Box<file::Pending>),
@@ -83,11 +93,57 @@ struct Ctx<'a> {
     store: &'a Store,
     opts: &'a Options,
     diffs: Diffs,
-    /// The container runtime, connected at its first use in this pass.
-    containers: &'a Runtime,
     declaration: &'a Declaration,
     /// Ids that moved earlier in this pass: what restart-on and reload-on react to.
     changed: &'a HashSet<Id>,
+    machine: &'a mut Machine,
+}
+
+/// The connections and caches of one pass to the machine's managers, each made when the first
+/// resource needs it: a declaration of files alone never touches the bus.
+#[derive(Default)]
+struct Machine {
+    systemd: Option<Systemd>,
+    packages: Packages,
+    /// The container runtime, or why none answered. Unlike the bus, a failure is kept for the
+    /// pass: a socket whose server hangs would otherwise hold every container for the probe's
+    /// whole timeout, and a hundred containers on a machine without a runtime should fail fast.
+    docker: Option<Result<Docker, String>>,
+}
+
+impl Machine {
+    /// The pass's systemd connection, made on first use. A failure to connect is returned
+    /// each time it is asked for, so every service names the bus it could not reach.
+    fn systemd(&mut self, bus: Option<&str>) -> Result<&Systemd, Error> {
+        if self.systemd.is_none() {
+            self.systemd = Some(Systemd::connect(bus)?);
+        }
+        Ok(self.systemd.as_ref().expect("just connected"))
+    }
+
+    /// The pass's container runtime, connected on first use. A handle (cheap to clone), so an
+    /// applier can hold it while it reads the rest of the context.
+    fn docker(&mut self, socket: Option<&str>) -> Result<Docker, Error> {
+        let connected = self
+            .docker
+            .get_or_insert_with(|| crate::system::docker::connect(socket).map_err(|e| e.to_string()));
+        connected.clone().map_err(|e| Error::Runtime(crate::system::docker::DockerError::Other(e)))
+    }
+}
+
+impl Ctx<'_> {
+    fn systemd(&mut self) -> Result<&Systemd, Error> {
+        self.machine.systemd(self.opts.bus.as_deref())
+    }
+
+    fn docker(&mut self) -> Result<Docker, Error> {
+        self.machine.docker(self.opts.container_socket.as_deref())
+    }
+}
+
+/// The ids of `names` that moved earlier in this pass, for "restarted for ..." details.
+fn named(names: &[Id], changed: &HashSet<Id>) -> Vec<String> {
+    names.iter().filter(|id| changed.contains(*id)).map(|id| id.to_string()).collect()
 }
 
 /// How many files are staged before a batch is committed. Bounded so that open descriptors
@@ -97,6 +153,26 @@ const BATCH: usize = 512;
 
 fn begin(r: &Resource, action: Action, detail: Option<String>) -> Outcome {
     Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
+}
+
+/// The systemd unit a resource is carried out by, for the systemd watcher's set: a service's
+/// own unit, or the transient unit a process runs as. A change of that unit is a reason to
+/// reconcile the resource.
+pub fn systemd_unit(spec: &Spec) -> Option<String> {
+    match spec {
+        Spec::Service(s) => Some(s.unit.to_string()),
+        Spec::Process(p) => Some(process::unit_name(p.name.as_str())),
+        Spec::Directory(_)
+        | Spec::File(_)
+        | Spec::Access(_)
+        | Spec::Package(_)
+        | Spec::Container(_)
+        | Spec::Network(_)
+        | Spec::User(_)
+        | Spec::Archive(_)
+        | Spec::Action(_)
+        | Spec::Opening(_) => None,
+    }
 }
 
 /// Applies the whole declaration: orphans, then every resource.
@@ -150,19 +226,18 @@ impl<'a> Pass<'a> {
         let mut fs = Fs::new();
         let mut accounts = Accounts::default();
         let mut diffs = Diffs::default();
+        let mut machine = Machine::default();
         let mut gated = false;
-        // One runtime connection for the whole pass, made only if something needs it.
-        let containers = Runtime::new(self.opts.container_socket.clone());
 
         if only.is_none() {
-            self.remove_orphans(&mut fs, &containers);
+            self.remove_orphans(&mut fs, &mut machine);
         }
         // Which gate, if any, holds back the rest when reconciling a part alone: the first one
         // not recorded at its current declaration.
         let closed_gate = only.as_ref().and_then(|_| {
-            self.declaration.resources.iter().find(|r| {
-                r.spec.is_gate() && self.store.get(r.id.as_str()).is_none_or(|rec| rec.declared != r.digest)
-            })
+            self.declaration
+                .gates()
+                .find(|r| self.store.get(r.id.as_str()).is_none_or(|rec| rec.declared != r.digest))
         });
 
         for resource in &self.declaration.resources {
@@ -199,9 +274,9 @@ impl<'a> Pass<'a> {
                     store: self.store,
                     opts: self.opts,
                     diffs: std::mem::take(&mut diffs),
-                    containers: &containers,
                     declaration: self.declaration,
                     changed: &self.changed,
+                    machine: &mut machine,
                 };
                 let result = self.hold(&mut ctx, resource).unwrap_or_else(|| step(&mut ctx, resource));
                 fs = ctx.fs;
@@ -246,7 +321,7 @@ impl<'a> Pass<'a> {
     /// resource renamed at the same path must not have its new file deleted after it was
     /// written. A record whose id is still declared but now names another target or type is
     /// treated the same way, since what it left behind is no longer declared by anything.
-    fn remove_orphans(&mut self, fs: &mut Fs, containers: &Runtime) {
+    fn remove_orphans(&mut self, fs: &mut Fs, machine: &mut Machine) {
         let mut orphans = self.store.orphans(self.declaration, self.opts.origin);
         let mut displaced: Vec<(String, Record)> = self
             .declaration
@@ -261,7 +336,7 @@ impl<'a> Pass<'a> {
         orphans.append(&mut displaced);
         orphans.sort_by_key(|o| std::cmp::Reverse(o.1.position));
         for (id, record) in orphans {
-            match remove::remove(fs, containers, &record, self.opts.dry_run) {
+            match remove::remove(fs, machine, &record, self.opts) {
                 Ok((action, detail)) => {
                     // A network kept because something undeclared still uses it stays recorded,
                     // so it is removed at a later apply once nothing does, instead of leaking.
@@ -295,16 +370,27 @@ impl<'a> Pass<'a> {
         if adoption.taken.iter().any(|m| m == r.id.module()) || self.store.get(r.id.as_str()).is_some() {
             return None;
         }
-        let found = match &r.spec {
+        let present = match &r.spec {
             Spec::File(f) => ctx.fs.meta(f.path.as_path()).map(|m| m.is_some()).map_err(Error::from),
             Spec::Directory(d) => ctx.fs.meta(d.path.as_path()).map(|m| m.is_some()).map_err(Error::from),
             Spec::Archive(a) => ctx.fs.meta(a.path.as_path()).map(|m| m.is_some()).map_err(Error::from),
+            // A unit that exists is the operator's as found, running or not: starting or
+            // stopping it is what taking the module will do.
+            Spec::Service(s) => ctx.systemd().and_then(|sd| Ok(sd.state(s.unit.as_str())?.exists())),
+            Spec::Process(p) => {
+                let unit = process::unit_name(p.name.as_str());
+                ctx.systemd().and_then(|sd| Ok(!sd.state(&unit)?.stopped()))
+            }
+            Spec::Package(p) => ctx.machine.packages.installed(p.package.as_str()).map_err(Error::from),
+            Spec::User(u) => {
+                crate::system::accounts::lookup(u.name.as_str()).map(|a| a.is_some()).map_err(Error::from)
+            }
+            // Holding the other types needs their appliers' way of finding what is present; an
+            // action has nothing present to find. Until then they are applied as on any node.
             Spec::Container(_) | Spec::Network(_) => container::found_made_by_others(ctx, r)?,
-            // Holding the other types needs their appliers' way of finding what is present;
-            // until then they are applied as on any node.
-            _ => return None,
+            Spec::Access(_) | Spec::Action(_) | Spec::Opening(_) => return None,
         };
-        match found {
+        match present {
             Ok(true) => Some(Ok(Step::Done(
                 begin(
                     r,
@@ -398,13 +484,13 @@ fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
         Spec::File(f) => file::apply(ctx, r, f),
         Spec::Access(a) => access::apply(ctx, r, a),
         Spec::Archive(a) => archive::apply(ctx, r, a),
+        Spec::Package(p) => package::apply(ctx, r, p),
+        Spec::Service(s) => service::apply(ctx, r, s),
+        Spec::User(u) => user::apply(ctx, r, u),
+        Spec::Process(p) => process::apply(ctx, r, p),
+        Spec::Action(a) => action::apply(ctx, r, a),
         Spec::Container(c) => container::apply(ctx, r, c),
         Spec::Network(n) => network::apply(ctx, r, n),
-        Spec::Package(_)
-        | Spec::Service(_)
-        | Spec::User(_)
-        | Spec::Process(_)
-        | Spec::Action(_)
-        | Spec::Opening(_) => Err(Error::Unsupported(r.kind())),
+        Spec::Opening(_) => Err(Error::Unsupported(r.kind())),
     }
 }

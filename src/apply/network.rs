@@ -13,7 +13,7 @@ use crate::system::docker::ID_LABEL;
 
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, n: &Network) -> Result<Step, Error> {
     let name = n.name.as_str();
-    let docker = ctx.containers.get()?;
+    let docker = ctx.docker()?;
     let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Network);
     if let Some(found) = docker.network(name)? {
         let detail = (!found.labels.contains_key(ID_LABEL)).then(|| {

@@ -4,18 +4,20 @@
 //! it made and leaves what it merely configured or found. It returns the honest word: for much
 //! of the vocabulary that is `kept` or `forgotten`, not `removed`.
 
-use super::{Action, Error};
+use super::{process, Action, Error, Machine, Options};
 use crate::declaration::{digest, Kind};
 use crate::store::Record;
-use crate::system::docker::{Runtime, ID_LABEL};
+use crate::system::docker::ID_LABEL;
 use crate::system::fs::{Fs, Kind as FsKind};
+use crate::system::SystemdError;
 
 pub(super) fn remove(
     fs: &mut Fs,
-    containers: &Runtime,
+    machine: &mut Machine,
     rec: &Record,
-    dry_run: bool,
+    opts: &Options,
 ) -> Result<(Action, Option<String>), Error> {
+    let dry_run = opts.dry_run;
     let path = std::path::Path::new(&rec.target);
     let said = |action, detail: &str| Ok((action, Some(detail.to_owned())));
     match rec.kind {
@@ -77,10 +79,24 @@ pub(super) fn remove(
             Action::Forgotten,
             "left installed; the host does not uninstall what it cannot know is unused",
         ),
-        Kind::User => said(Action::Forgotten, "the account is left: it may own files"),
+        Kind::User => said(
+            Action::Forgotten,
+            "the account is left: it may own files, and a uid freed and handed out again would give them to someone else",
+        ),
         Kind::Action => said(Action::Forgotten, "an action leaves nothing the host owns"),
+        // A unit that is no longer declared is stopped, and its file left: the host set the
+        // unit's state, it did not install it. A unit that no longer exists at all is already
+        // where removal is going; failing on it would leave a record no apply could ever clear.
+        Kind::Service => stop(machine, opts, &rec.target, "the unit file is left: it is not the host's to delete"),
+        // The host started this unit; once stopped, systemd collects it and nothing is left.
+        Kind::Process => stop(
+            machine,
+            opts,
+            &process::unit_name(&rec.target),
+            "the transient unit is gone with it",
+        ),
         Kind::Container => {
-            let docker = containers.get()?;
+            let docker = machine.docker(opts.container_socket.as_deref())?;
             let name = rec.target.as_str();
             match docker.container(name)? {
                 // A step leaves nothing running, and a container removed by hand is already
@@ -104,7 +120,7 @@ pub(super) fn remove(
             }
         }
         Kind::Network => {
-            let docker = containers.get()?;
+            let docker = machine.docker(opts.container_socket.as_deref())?;
             let name = rec.target.as_str();
             match docker.network(name)? {
                 None => said(Action::Forgotten, "no longer declared, and no longer there"),
@@ -136,6 +152,38 @@ pub(super) fn remove(
                 }
             }
         }
-        Kind::Service | Kind::Process | Kind::Opening => Err(Error::Unsupported(rec.kind)),
+        Kind::Opening => Err(Error::Unsupported(rec.kind)),
     }
+}
+
+/// Stops a unit that is no longer declared, and reads back that it is down.
+fn stop(
+    machine: &mut Machine,
+    opts: &Options,
+    unit: &str,
+    left: &str,
+) -> Result<(Action, Option<String>), Error> {
+    let sd = machine.systemd(opts.bus.as_deref())?;
+    let before = sd.state(unit)?;
+    if !before.exists() {
+        return Ok((Action::Forgotten, Some(format!("no longer declared, and {unit} no longer exists"))));
+    }
+    if before.stopped() {
+        return Ok((
+            Action::Forgotten,
+            Some(format!("no longer declared, and {unit} was already {}", before.active)),
+        ));
+    }
+    if !opts.dry_run {
+        match sd.stop(unit) {
+            // Gone between the look and the stop: where removal was going anyway.
+            Err(SystemdError::NoUnit(_)) => {}
+            other => other?,
+        }
+        let after = sd.state(unit)?;
+        if after.exists() && !after.stopped() {
+            return Err(Error::Refused(format!("{unit} was stopped and is {after}")));
+        }
+    }
+    Ok((Action::Removed, Some(format!("no longer declared: {unit} stopped; {left}"))))
 }

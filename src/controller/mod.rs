@@ -49,6 +49,8 @@ pub struct Config {
     /// How long the declaration must be still before it is read.
     pub settle: Duration,
     pub queue: queue::Config,
+    /// The D-Bus address of the systemd to manage; the system bus when `None`.
+    pub bus: Option<String>,
     /// The container runtime's socket (`--container-socket`); `None` looks in the usual places.
     pub container_socket: Option<String>,
 }
@@ -72,6 +74,13 @@ struct Worker {
     /// Keys whose changes and failures are logged at debug level only: contested ones (said
     /// once when the contest began) and ones already failing (said once when they began to).
     quiet: std::collections::HashSet<Key>,
+    /// For starting watchers when the declaration first needs them.
+    tx: mpsc::UnboundedSender<Change>,
+    /// The units the systemd watcher follows, updated with the declaration.
+    units: tokio::sync::watch::Sender<std::collections::BTreeSet<String>>,
+    /// Started when a declaration first names a systemd unit: a node with no services has no
+    /// reason to talk to systemd, nor to report a systemd watcher down.
+    systemd_watcher: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops intake, lets the reconcile in flight
@@ -98,6 +107,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         metrics: Arc::clone(&metrics),
         heartbeat: Arc::clone(&heartbeat),
         quiet: std::collections::HashSet::new(),
+        tx: tx.clone(),
+        units: tokio::sync::watch::channel(std::collections::BTreeSet::new()).0,
+        systemd_watcher: None,
     };
 
     if let Some(addr) = config.metrics {
@@ -249,6 +261,7 @@ impl Worker {
             origin: self.config.origin,
             dry_run: false,
             kept,
+            bus: self.config.bus.clone(),
             container_socket: self.config.container_socket.clone(),
         }
     }
@@ -286,8 +299,19 @@ impl Worker {
         match Declaration::parse_sources(&named) {
             Ok(d) => {
                 tracing::info!(resources = d.resources.len(), "declaration accepted");
-                *self.index.write().unwrap_or_else(|e| e.into_inner()) = Index::new(&d);
+                let index = Index::new(&d);
+                let units = index.units();
+                *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
                 self.declaration = Some(d);
+                if !units.is_empty() && self.systemd_watcher.is_none() {
+                    let rx = self.units.subscribe();
+                    self.systemd_watcher = Some(mesh_host_watchers::systemd::spawn(
+                        self.config.bus.clone(),
+                        rx,
+                        self.tx.clone(),
+                    ));
+                }
+                self.units.send_replace(units);
             }
             Err(refused) => {
                 // Refused whole, and the declaration in force stays in force: a half-written
@@ -336,10 +360,12 @@ impl Worker {
         let report = apply::reconcile(declaration, std::slice::from_ref(id), &mut self.store, &options);
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
         self.account(&report, Some(seen), quiet);
-        let moved = report.outcomes.iter().any(|o| o.action.moved());
-        if moved {
-            // A directory made again needs its watch made again.
-            self.watch_paths();
+        if report.outcomes.iter().any(|o| o.action.moved()) {
+            // A directory made again (by itself, or as a file's parent) needs its watch made
+            // again; this looks only at directories whose watch was lost.
+            for (dir, e) in self.files.rewatch() {
+                tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
+            }
         }
         match &report.error {
             // Someone wrote the file again between the host's write and its read-back: that is

@@ -1,6 +1,6 @@
 //! What a change on the machine means: which keys to reconcile.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::path::PathBuf;
 
@@ -33,12 +33,18 @@ impl fmt::Display for Key {
 #[derive(Default)]
 pub struct Index {
     paths: HashMap<PathBuf, Id>,
+    /// systemd units (a service's, a process's transient one) to the resources that own them.
+    units: HashMap<String, Id>,
 }
 
 impl Index {
     pub fn new(d: &Declaration) -> Index {
         let mut paths = HashMap::new();
+        let mut units = HashMap::new();
         for r in &d.resources {
+            if let Some(unit) = crate::apply::systemd_unit(&r.spec) {
+                units.insert(unit, r.id.clone());
+            }
             let path = match &r.spec {
                 Spec::File(f) => f.path.as_path(),
                 Spec::Directory(d) => d.path.as_path(),
@@ -56,7 +62,12 @@ impl Index {
             };
             paths.insert(path.to_path_buf(), r.id.clone());
         }
-        Index { paths }
+        Index { paths, units }
+    }
+
+    /// The systemd units the declaration manages, for the systemd watcher.
+    pub fn units(&self) -> BTreeSet<String> {
+        self.units.keys().cloned().collect()
     }
 
     pub fn paths(&self) -> Vec<PathBuf> {
@@ -72,8 +83,11 @@ pub fn keys(change: &Change, index: &Index) -> Vec<(Key, &'static str)> {
         }
         Change::Settled { .. } => vec![(Key::Declaration, "declaration")],
         Change::Resynced { watcher } => vec![(Key::Full, *watcher)],
-        // Containers and units become keys when their watchers are wired in.
-        Change::Container { .. } | Change::Unit { .. } | Change::Up { .. } => Vec::new(),
+        Change::Unit { unit } => {
+            index.units.get(unit).map(|id| (Key::Resource(id.clone()), "systemd")).into_iter().collect()
+        }
+        // Containers become keys when their watcher is wired in.
+        Change::Container { .. } | Change::Up { .. } => Vec::new(),
     }
 }
 
@@ -87,7 +101,9 @@ mod tests {
             br#"{"version": 1, "resources": [
                 {"type": "directory", "id": "a.dir", "path": "/srv/a"},
                 {"type": "file", "id": "a.conf", "path": "/srv/a/conf", "content": "x"},
-                {"type": "access", "id": "a.media", "path": "/srv/media"}
+                {"type": "access", "id": "a.media", "path": "/srv/media"},
+                {"type": "service", "id": "a.web", "unit": "nginx.service", "state": "running"},
+                {"type": "process", "id": "a.worker", "name": "worker", "command": ["/bin/sleep", "9"]}
             ]}"#,
         )
         .unwrap();
@@ -98,6 +114,16 @@ mod tests {
         assert!(keys(&Change::Path("/srv/media".into()), &index).is_empty());
         assert!(keys(&Change::Path("/srv/a/.conf.mesh-host-1-2".into()), &index).is_empty());
         assert_eq!(keys(&Change::Resynced { watcher: "file" }, &index), vec![(Key::Full, "file")]);
+        assert_eq!(
+            keys(&Change::Unit { unit: "nginx.service".into() }, &index),
+            vec![(id("a.web"), "systemd")]
+        );
+        assert_eq!(
+            keys(&Change::Unit { unit: "mesh-host-worker.service".into() }, &index),
+            vec![(id("a.worker"), "systemd")]
+        );
+        assert!(keys(&Change::Unit { unit: "sshd.service".into() }, &index).is_empty());
+        assert_eq!(index.units().len(), 2);
         assert_eq!(keys(&Change::Settled { files: vec![] }, &index), vec![(Key::Declaration, "declaration")]);
     }
 }

@@ -32,6 +32,11 @@ pub struct Declaration {
     pub resources: Vec<Resource>,
     pub adoption: Option<Adoption>,
     by_id: HashMap<Id, usize>,
+    /// For each id, the resources naming it in restart-on or reload-on: the controller asks
+    /// this on every reconcile, so it is built once rather than found by a scan.
+    named_by: HashMap<Id, Vec<usize>>,
+    /// The positions of the gates (actions, run-once steps), in order.
+    gates: Vec<usize>,
 }
 
 /// A declaration that says the node ran before the mesh came.
@@ -89,14 +94,29 @@ impl Declaration {
 
     /// Resources that name `id` in restart-on or reload-on, in declaration order.
     pub fn dependents<'a>(&'a self, id: &'a Id) -> impl Iterator<Item = &'a Resource> + 'a {
-        self.resources
-            .iter()
-            .filter(move |r| r.spec.restart_on().contains(id) || r.spec.reload_on().contains(id))
+        self.named_by.get(id).into_iter().flatten().map(|&i| &self.resources[i])
+    }
+
+    /// The gates (actions and run-once steps), in declaration order.
+    pub fn gates(&self) -> impl Iterator<Item = &Resource> + '_ {
+        self.gates.iter().map(|&i| &self.resources[i])
     }
 
     pub(crate) fn new(resources: Vec<Resource>, adoption: Option<Adoption>) -> Declaration {
         let by_id = resources.iter().map(|r| (r.id.clone(), r.index)).collect();
-        Declaration { resources, adoption, by_id }
+        let mut named_by: HashMap<Id, Vec<usize>> = HashMap::new();
+        for r in &resources {
+            let mut names: Vec<&Id> = r.spec.restart_on().iter().chain(r.spec.reload_on()).collect();
+            names.dedup();
+            for id in names {
+                let list = named_by.entry(id.clone()).or_default();
+                if list.last() != Some(&r.index) {
+                    list.push(r.index);
+                }
+            }
+        }
+        let gates = resources.iter().filter(|r| r.spec.is_gate()).map(|r| r.index).collect();
+        Declaration { resources, adoption, by_id, named_by, gates }
     }
 }
 

@@ -468,27 +468,3 @@ pub fn read_input_file(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
 pub fn exists(path: &Path) -> bool {
     std::fs::metadata(path).is_ok()
 }
-
-/// The runtime for one pass: connected at its first use, so a declaration without containers
-/// never asks for one and "no runtime answers" fails container resources only. The outcome of
-/// that one attempt is kept for the whole pass, so a hundred containers on a machine without a
-/// runtime fail fast instead of probing a hundred times.
-#[derive(Debug, Default)]
-pub struct Runtime {
-    configured: Option<String>,
-    connected: std::sync::OnceLock<std::result::Result<Docker, String>>,
-}
-
-impl Runtime {
-    pub fn new(configured: Option<String>) -> Runtime {
-        Runtime { configured, connected: std::sync::OnceLock::new() }
-    }
-
-    /// The connected runtime, connecting on the first call.
-    pub fn get(&self) -> Result<&Docker> {
-        self.connected
-            .get_or_init(|| connect(self.configured.as_deref()).map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|e| DockerError::Other(e.clone()))
-    }
-}

@@ -4,11 +4,20 @@
 //! path, or runs a program. `clippy.toml` disallows the std functions that would, and this
 //! module allows them for itself only. Appliers decide; `system` does.
 
+pub mod accounts;
+pub mod command;
 pub mod docker;
 pub mod fs;
+pub mod memory;
+pub mod packages;
+pub mod systemd;
 pub mod users;
 
+pub use accounts::AccountError;
+pub use command::CommandError;
 pub use fs::{Fs, FsError, Meta, Sig, Staged};
+pub use packages::{PackageError, Packages};
+pub use systemd::{Systemd, SystemdError};
 pub use users::{Accounts, UserError};
 
 /// Reads a whole file the agent itself owns (a declaration, an archive's source), following

@@ -6,6 +6,10 @@
 
 mod support;
 
+mod actions;
 mod daemon;
 mod docker;
 mod files;
+mod packages;
+mod systemd;
+mod users;

@@ -24,7 +24,10 @@ struct Shared {
 pub struct FileWatcher {
     watcher: RecommendedWatcher,
     shared: Arc<Shared>,
+    /// Directories with a live watch.
     watched: HashSet<PathBuf>,
+    /// Directories that should have one: the parents of the paths of interest.
+    wanted: HashSet<PathBuf>,
 }
 
 impl FileWatcher {
@@ -60,7 +63,7 @@ impl FileWatcher {
                 }
             }
         })?;
-        Ok(FileWatcher { watcher, shared, watched: HashSet::new() })
+        Ok(FileWatcher { watcher, shared, watched: HashSet::new(), wanted: HashSet::new() })
     }
 
     /// Reports on exactly these paths from now on, watching their parent directories. Returns
@@ -68,10 +71,19 @@ impl FileWatcher {
     /// retries them. Idempotent and cheap when nothing changed.
     pub fn set_paths<I: IntoIterator<Item = PathBuf>>(&mut self, paths: I) -> Vec<(PathBuf, notify::Error)> {
         let interest: HashSet<PathBuf> = paths.into_iter().collect();
-        let dirs: HashSet<PathBuf> =
-            interest.iter().filter_map(|p| p.parent().map(Path::to_path_buf)).collect();
+        self.wanted = interest.iter().filter_map(|p| p.parent().map(Path::to_path_buf)).collect();
         *self.shared.interest.write().unwrap_or_else(|e| e.into_inner()) = interest;
+        let stale: Vec<PathBuf> = self.watched.difference(&self.wanted).cloned().collect();
+        for dir in stale {
+            let _ = self.watcher.unwatch(&dir);
+            self.watched.remove(&dir);
+        }
+        self.rewatch()
+    }
 
+    /// Watches again the directories whose watch was lost (removed and made again) or could
+    /// not be made before. Cheap when there is nothing to do: call it after every change.
+    pub fn rewatch(&mut self) -> Vec<(PathBuf, notify::Error)> {
         let lost: Vec<PathBuf> =
             std::mem::take(&mut *self.shared.lost.lock().unwrap_or_else(|e| e.into_inner()));
         for dir in lost {
@@ -79,21 +91,16 @@ impl FileWatcher {
                 let _ = self.watcher.unwatch(&dir);
             }
         }
-        let stale: Vec<PathBuf> = self.watched.difference(&dirs).cloned().collect();
-        for dir in stale {
-            let _ = self.watcher.unwatch(&dir);
-            self.watched.remove(&dir);
-        }
         let mut failed = Vec::new();
-        for dir in dirs {
-            if self.watched.contains(&dir) {
+        for dir in &self.wanted {
+            if self.watched.contains(dir) {
                 continue;
             }
-            match self.watcher.watch(&dir, RecursiveMode::NonRecursive) {
+            match self.watcher.watch(dir, RecursiveMode::NonRecursive) {
                 Ok(()) => {
-                    self.watched.insert(dir);
+                    self.watched.insert(dir.clone());
                 }
-                Err(e) => failed.push((dir, e)),
+                Err(e) => failed.push((dir.clone(), e)),
             }
         }
         failed

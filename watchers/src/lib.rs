@@ -6,6 +6,7 @@
 //! reconnect), sends [`Change::Resynced`] so that everything is reconciled again.
 
 pub mod docker;
+pub mod systemd;
 
 use std::path::PathBuf;
 

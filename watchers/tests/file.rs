@@ -107,3 +107,43 @@ async fn a_declaration_is_handed_over_only_once_it_settles() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(rx.try_recv().is_err(), "handed over once for one burst of writes");
 }
+
+/// The kernel's queue for one inotify instance is sized when the instance is made, from
+/// `fs.inotify.max_queued_events`. The test makes a watcher while the limit is tiny, restores
+/// it at once, and floods the watcher: the overflow must come out as a resync.
+#[tokio::test]
+async fn an_inotify_overflow_is_reported_as_a_resync() {
+    const KNOB: &str = "/proc/sys/fs/inotify/max_queued_events";
+    let before = std::fs::read_to_string(KNOB).expect("the inotify sysctl is readable (Linux)");
+    std::fs::write(KNOB, "8").expect("tests run as root, able to set fs.inotify.max_queued_events");
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("flood");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let made = FileWatcher::new(tx).map(|mut w| {
+        w.set_paths([f.clone()]);
+        w
+    });
+    std::fs::write(KNOB, before.trim()).unwrap();
+    let _w = made.unwrap();
+    // Batches of writes until the watcher says it lost events; each batch overflows the queue
+    // unless the watcher thread happens to keep up with it.
+    for batch in 0..100 {
+        for i in 0..200 {
+            std::fs::write(dir.path().join(format!("n{}", (batch + i) % 50)), "x").unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        while let Ok(change) = rx.try_recv() {
+            if change == (Change::Resynced { watcher: "file" }) {
+                return;
+            }
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(Change::Resynced { watcher: "file" })) => break,
+            Ok(Some(_)) => continue,
+            _ => panic!("no resync after flooding an 8-event queue"),
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! How long systemd takes, through mesh-host's own D-Bus client, to bring a trivial unit to
+//! running and read it back, and how soon the systemd watcher reports a unit stopped by hand.
+//!
+//! Runs against the testbed that `tests/testbed/systemd.sh` boots:
+//! `cargo bench --bench systemd`. Prints a table for BENCHMARKS.md.
+#![allow(clippy::disallowed_methods, reason = "a benchmark plays the person at the machine")]
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use mesh_host::system::Systemd;
+use mesh_host_watchers::Change;
+
+const ROOT: &str = "/var/lib/machines/mesh-host-testbed";
+const SOCKET: &str = "/run/mesh-host-testbed/bus/system_bus_socket";
+const UNIT: &str = "mh-bench.service";
+const ROUNDS: usize = 30;
+
+fn main() {
+    if !std::path::Path::new(SOCKET).exists() {
+        eprintln!("no systemd testbed at {SOCKET}: run `sudo tests/testbed/systemd.sh` first");
+        std::process::exit(1);
+    }
+    std::fs::write(format!("{ROOT}/etc/systemd/system/{UNIT}"), "[Service]\nExecStart=/bin/sleep infinity\n")
+        .expect("the unit file is written into the testbed");
+    let bus = format!("unix:path={SOCKET}");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+
+    let (units_tx, units) = tokio::sync::watch::channel(BTreeSet::from([UNIT.to_owned()]));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let watcher = {
+        let _runtime = rt.enter();
+        mesh_host_watchers::systemd::spawn(Some(bus.clone()), units, tx)
+    };
+
+    let (start, seen, again) = rt
+        .block_on(rt.spawn_blocking(move || {
+            let sd = Systemd::connect(Some(&bus)).expect("the testbed's systemd answers");
+            sd.reload_manager().unwrap();
+            assert_eq!(rx.blocking_recv(), Some(Change::Up { watcher: "systemd", up: true }));
+
+            // StartUnit of a stopped unit until it reads back running.
+            let mut start = Vec::new();
+            for _ in 0..ROUNDS {
+                sd.stop(UNIT).unwrap();
+                let t0 = Instant::now();
+                sd.start(UNIT).unwrap();
+                while !sd.state(UNIT).unwrap().running() {}
+                start.push(t0.elapsed());
+            }
+
+            // Stopped by hand (another client's StopUnit): how soon the watcher says so, and
+            // from then how long until the unit reads back running again.
+            let (mut seen, mut again) = (Vec::new(), Vec::new());
+            for _ in 0..ROUNDS {
+                std::thread::sleep(Duration::from_millis(50));
+                while rx.try_recv().is_ok() {}
+                let t0 = Instant::now();
+                sd.stop(UNIT).unwrap();
+                assert!(matches!(rx.blocking_recv(), Some(Change::Unit { .. })));
+                let t1 = Instant::now();
+                sd.start(UNIT).unwrap();
+                while !sd.state(UNIT).unwrap().running() {}
+                seen.push(t1 - t0);
+                again.push(t1.elapsed());
+            }
+            sd.stop(UNIT).unwrap();
+            (start, seen, again)
+        }))
+        .unwrap();
+    drop(units_tx);
+    watcher.abort();
+    let _ = std::fs::remove_file(format!("{ROOT}/etc/systemd/system/{UNIT}"));
+
+    println!("| measure ({ROUNDS} rounds) | median | p90 | max |");
+    println!("|---|---|---|---|");
+    row("StartUnit of a stopped trivial unit to ActiveState active, read back", start);
+    row("stop by another client to the watcher's Change::Unit", seen);
+    row("from that Change to running again (StartUnit, job done, read back)", again);
+}
+
+fn row(what: &str, mut d: Vec<Duration>) {
+    d.sort();
+    let ms = |x: Duration| format!("{:.1} ms", x.as_secs_f64() * 1000.0);
+    let p = |q: f64| d[((d.len() as f64 * q) as usize).min(d.len() - 1)];
+    println!("| {what} | {} | {} | {} |", ms(p(0.5)), ms(p(0.9)), ms(*d.last().unwrap()));
+}

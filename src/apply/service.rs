@@ -1,0 +1,177 @@
+//! `service`: a systemd unit's boot setting and state, through systemd's D-Bus API.
+
+use super::{begin, named, Action, Ctx, Error, Facts, Step};
+use crate::declaration::{Boot, Kind, Resource, Service, ServiceState};
+use crate::system::systemd::{Systemd, SystemdError, UnitState, SETTLE};
+
+pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step, Error> {
+    let unit = s.unit.as_str();
+    let restart_for = named(&s.restart_on, ctx.changed);
+    let reload_for = named(&s.reload_on, ctx.changed);
+    let dry_run = ctx.opts.dry_run;
+    // Whether the host has set this unit as declared before: a difference then is someone's
+    // hand on the machine (corrected), not the host's first visit or a new declaration.
+    let settled_before = ctx
+        .store
+        .get(r.id.as_str())
+        .is_some_and(|rec| rec.kind == Kind::Service && rec.target == unit && rec.declared == r.digest);
+    let sd = ctx.systemd()?;
+
+    // Something this unit reflects changed in this pass, and it may be the unit's own file or a
+    // drop-in: systemd keeps what it loaded until told to read them again, and a restart
+    // without that runs the old definition. The same when systemd itself says the files
+    // changed on disk: a start or enable must act on the unit as it is written now.
+    if !dry_run && (!restart_for.is_empty() || sd.needs_reload(unit)?) {
+        sd.reload_manager()?;
+    }
+
+    let before = sd.state(unit)?;
+    if before.load == "not-found" {
+        return Err(SystemdError::NoUnit(unit.to_owned()).into());
+    }
+    // A masked unit cannot be started or enabled, and unmasking is a person's decision; one
+    // declared stopped and disabled is already both.
+    if before.load == "masked" && (s.state == ServiceState::Running || s.boot == Some(Boot::Enabled)) {
+        return Err(SystemdError::Masked(unit.to_owned()).into());
+    }
+
+    let mut changes = Vec::new();
+    let mut drifted = false;
+
+    // Boot first. If the apply fails half way, enabled-and-stopped comes right at the next
+    // boot; running-and-disabled does not.
+    if let Some(boot) = s.boot {
+        let found = sd.boot(unit)?;
+        if !boot_is(boot, &found) {
+            let wanted = boot_word(boot);
+            if boot == Boot::Enabled && found == "static" {
+                return Err(Error::Refused(format!(
+                    "{unit} cannot be enabled: its unit file has no [Install] section (systemd calls it static)"
+                )));
+            }
+            if !dry_run {
+                sd.set_boot(unit, boot == Boot::Enabled)?;
+                let after = sd.boot(unit)?;
+                if !boot_is(boot, &after) {
+                    return Err(Error::Refused(format!(
+                        "{unit} was set to {wanted} at boot and systemd reads it back as {after}"
+                    )));
+                }
+            }
+            changes.push(format!("boot {found} to {wanted}"));
+            drifted = true;
+        }
+    }
+
+    match s.state {
+        ServiceState::Running if !before.running() => {
+            if !dry_run {
+                sd.start(unit)?;
+                stays_running(sd, unit, "was started")?;
+            }
+            changes.push(format!("started (was {})", before.active));
+            drifted = true;
+        }
+        ServiceState::Running if !restart_for.is_empty() => {
+            // Running already, and something it must reflect changed in this pass: a running
+            // program does not read its configuration again by itself, so leaving it alone
+            // would leave the machine right on disk and wrong in fact.
+            let why = restart_for.join(", ");
+            if !dry_run {
+                sd.restart(unit)?;
+                stays_running(sd, unit, &format!("was restarted for {why}"))?;
+            }
+            changes.push(format!("restarted for {why}"));
+        }
+        ServiceState::Running if !reload_for.is_empty() => {
+            // Told to read its configuration again rather than stopped: for a service whose
+            // restart would cut off what it serves.
+            let why = reload_for.join(", ");
+            if !dry_run {
+                sd.reload(unit)?;
+                let after = sd.state(unit)?;
+                if !after.running() {
+                    return Err(Error::Refused(format!(
+                        "{unit} was reloaded for {why} and is {after}; journalctl -u {unit} says why"
+                    )));
+                }
+            }
+            changes.push(format!("reloaded for {why}"));
+        }
+        ServiceState::Running => {}
+        ServiceState::Stopped if !before.stopped() => {
+            if !dry_run {
+                sd.stop(unit)?;
+                let after = sd.state(unit)?;
+                if !after.stopped() {
+                    return Err(Error::Refused(format!("{unit} was stopped and is {after}")));
+                }
+            }
+            changes.push(format!("stopped (was {})", before.active));
+            drifted = true;
+        }
+        ServiceState::Stopped => {}
+    }
+
+    let (action, detail) = if changes.is_empty() {
+        (Action::Unchanged, format!("{before}"))
+    } else if drifted && settled_before {
+        (Action::Corrected, format!("changed on the machine since the host set it: {}", changes.join(", ")))
+    } else {
+        (Action::Updated, changes.join(", "))
+    };
+    Ok(Step::Done(begin(r, action, Some(detail)), Some(Facts::default())))
+}
+
+/// Reads back a unit just started: active now, and still active a moment later. A simple
+/// service counts as started once its process is forked, so one that exits at once on a bad
+/// configuration passes the first look and not the second.
+pub(super) fn stays_running(sd: &Systemd, unit: &str, what: &str) -> Result<UnitState, Error> {
+    let mut after = sd.state(unit)?;
+    if after.running() {
+        std::thread::sleep(SETTLE);
+        after = sd.state(unit)?;
+    }
+    if after.running() {
+        Ok(after)
+    } else {
+        Err(Error::Refused(format!(
+            "{unit} {what} and is {after} a moment later: it exited or died at once; journalctl -u {unit} says why"
+        )))
+    }
+}
+
+fn boot_word(b: Boot) -> &'static str {
+    match b {
+        Boot::Enabled => "enabled",
+        Boot::Disabled => "disabled",
+    }
+}
+
+/// Whether systemd's unit file state satisfies the declaration. `static` units have no
+/// [Install] section and a masked unit cannot start at all, so neither starts at boot.
+fn boot_is(b: Boot, found: &str) -> bool {
+    match b {
+        Boot::Enabled => found == "enabled",
+        Boot::Disabled => matches!(found, "disabled" | "static" | "masked"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boot_states_that_satisfy_the_declaration() {
+        assert!(boot_is(Boot::Enabled, "enabled"));
+        for s in ["disabled", "static", "masked", "indirect", "enabled-runtime", "linked"] {
+            assert!(!boot_is(Boot::Enabled, s), "{s}");
+        }
+        for s in ["disabled", "static", "masked"] {
+            assert!(boot_is(Boot::Disabled, s), "{s}");
+        }
+        for s in ["enabled", "enabled-runtime", "linked", "indirect"] {
+            assert!(!boot_is(Boot::Disabled, s), "{s}");
+        }
+    }
+}

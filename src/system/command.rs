@@ -1,0 +1,119 @@
+//! Running a program: an argv, never a shell. Standard input is closed, so nothing can wait
+//! for an answer that will never come; standard output and error are captured for the report.
+
+use std::process::{Command, Stdio};
+
+/// A program that could not be run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How a program ended.
+#[derive(Debug)]
+pub struct Ran {
+    /// The exit code; `None` when a signal ended it.
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Ran {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// "exited 3: the last lines it wrote", for an error message.
+    pub fn describe(&self) -> String {
+        let how = match self.code {
+            Some(c) => format!("exited {c}"),
+            None => "was killed by a signal".to_owned(),
+        };
+        let said = if self.stderr.trim().is_empty() { &self.stdout } else { &self.stderr };
+        match tail(said) {
+            Some(t) => format!("{how}: {t}"),
+            None => how,
+        }
+    }
+}
+
+/// The last few lines of what a program wrote, at most 400 characters: enough to say why, and
+/// short enough for a report line.
+fn tail(text: &str) -> Option<String> {
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    if lines.is_empty() {
+        return None;
+    }
+    let joined = lines[lines.len().saturating_sub(3)..].join(" / ");
+    let chars: Vec<char> = joined.chars().collect();
+    Some(if chars.len() > 400 {
+        format!("...{}", chars[chars.len() - 400..].iter().collect::<String>())
+    } else {
+        joined
+    })
+}
+
+/// Runs `argv` to completion with extra environment variables.
+pub fn run(argv: &[String], env: &[(&str, &str)]) -> Result<Ran, CommandError> {
+    let (program, args) = argv.split_first().expect("an argv is never empty: the declaration refuses it");
+    #[allow(clippy::disallowed_methods, reason = "system/ is the one place programs are run")]
+    let mut cmd = Command::new(program);
+    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().map_err(|source| CommandError::Spawn { program: program.clone(), source })?;
+    Ok(Ran {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+/// Runs a program given as string slices.
+pub fn run_str(argv: &[&str], env: &[(&str, &str)]) -> Result<Ran, CommandError> {
+    let argv: Vec<String> = argv.iter().map(|s| (*s).to_owned()).collect();
+    run(&argv, env)
+}
+
+/// Whether a program of this name is on the PATH.
+pub fn exists(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            let p = dir.join(program);
+            std::fs::metadata(&p).is_ok_and(|m| m.is_file())
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_is_described_by_its_last_words() {
+        let ran = Ran { code: Some(3), stdout: "noise\n".into(), stderr: "one\n\ntwo\nthree\nfour\n".into() };
+        assert_eq!(ran.describe(), "exited 3: two / three / four");
+        let quiet = Ran { code: Some(1), stdout: String::new(), stderr: String::new() };
+        assert_eq!(quiet.describe(), "exited 1");
+        let killed = Ran { code: None, stdout: "last\n".into(), stderr: String::new() };
+        assert_eq!(killed.describe(), "was killed by a signal: last");
+        let long = Ran { code: Some(1), stdout: String::new(), stderr: "x".repeat(1000) };
+        assert_eq!(long.describe().chars().count(), "exited 1: ...".len() + 400);
+    }
+
+    #[test]
+    fn argv_is_not_a_shell() {
+        let ran = run_str(&["echo", "$HOME; false"], &[("MESH_HOST_T", "1")]).unwrap();
+        assert!(ran.success());
+        assert_eq!(ran.stdout, "$HOME; false\n");
+        let env = run_str(&["sh", "-c", "echo $MESH_HOST_T"], &[("MESH_HOST_T", "yes")]).unwrap();
+        assert_eq!(env.stdout, "yes\n");
+        assert!(matches!(run_str(&["/nonexistent/program"], &[]), Err(CommandError::Spawn { .. })));
+    }
+}

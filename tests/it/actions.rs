@@ -1,0 +1,86 @@
+//! Actions: verify, command, verify again, run as argv on the machine; a failed one gates.
+
+use serde_json::json;
+
+use crate::support::*;
+
+#[test]
+fn an_action_runs_only_when_verify_fails_and_is_read_back() {
+    let s = Scratch::new();
+    let flag = s.p("flag");
+    let count = s.p("count");
+    // The command leaves a mark each time it runs, so a second run would show.
+    let d = s.declare(json!([{"type": "action", "id": "db.init",
+        "command": ["sh", "-c", format!("echo ran >> {count} && touch {flag}")],
+        "verify": ["test", "-f", flag]}]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "db.init"), "created");
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "db.init"), "unchanged");
+    assert_eq!(std::fs::read_to_string(s.path("count")).unwrap(), "ran\n");
+
+    let (code, report) = s.apply(&s.declare(json!([])));
+    assert_eq!(code, 0);
+    assert_eq!(action(&report, "db.init"), "forgotten");
+}
+
+#[test]
+fn a_command_that_claims_success_and_did_nothing_fails_and_gates() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "action", "id": "db.init", "command": ["true"], "verify": ["test", "-f", s.p("never")]},
+        {"type": "file", "id": "db.after", "path": s.p("after"), "content": "x"},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1, "{report:#}");
+    let error = &report["error"];
+    assert_eq!(error["resource"], "db.init");
+    assert_eq!(error["gated"], true);
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("claimed success and did not do its job"), "{message}");
+    assert!(!s.path("after").exists(), "nothing after a failed gate is attempted");
+    assert!(report["outcomes"].as_array().unwrap().is_empty(), "{report:#}");
+}
+
+#[test]
+fn a_failing_command_is_reported_with_its_words_and_gates() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "action", "id": "db.init", "command": ["sh", "-c", "echo no database here >&2; exit 4"],
+         "verify": ["false"]},
+        {"type": "file", "id": "db.after", "path": s.p("after"), "content": "x"},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(report["error"]["gated"], true);
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains("exited 4: no database here"), "{message}");
+    assert!(!s.path("after").exists());
+}
+
+#[test]
+fn arguments_are_never_given_to_a_shell() {
+    let s = Scratch::new();
+    let odd = s.p("a file; touch pwned");
+    let d = s.declare(json!([{"type": "action", "id": "x.touch", "command": ["touch", odd], "verify": ["test", "-f", odd]}]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert!(s.path("a file; touch pwned").exists());
+    assert!(!std::path::Path::new("pwned").exists());
+}
+
+#[test]
+fn an_action_in_a_container_is_a_clear_error_until_the_runtime_is_wired() {
+    let s = Scratch::new();
+    let d = s.declare(
+        json!([{"type": "action", "id": "db.init", "command": ["true"], "verify": ["true"], "in": "db"}]),
+    );
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1, "{report:#}");
+    assert!(report["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("needs the container runtime, not wired yet"));
+}

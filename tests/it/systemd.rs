@@ -1,0 +1,638 @@
+//! Services, processes and the systemd watcher, against the real systemd that
+//! `tests/testbed/systemd.sh` boots with systemd-nspawn. mesh-host runs on the host and reaches
+//! that systemd over its bus; unit files are written into the booted tree. Every test uses unit
+//! names of its own, so they run in parallel.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+pub const ROOT: &str = "/var/lib/machines/mesh-host-testbed";
+pub const SOCKET: &str = "/run/mesh-host-testbed/bus/system_bus_socket";
+const PIDFILE: &str = "/run/mesh-host-testbed/nspawn.pid";
+
+/// The booted testbed. A test that cannot find it fails, saying how to start it: a test of
+/// systemd that passes without a systemd would prove nothing.
+pub struct Testbed {
+    /// The pid of systemd inside, for nsenter.
+    pid: u32,
+}
+
+pub fn testbed() -> Testbed {
+    let how = "run `sudo tests/testbed/systemd.sh` to boot the systemd testbed";
+    let nspawn: u32 = std::fs::read_to_string(PIDFILE)
+        .unwrap_or_else(|e| panic!("no systemd testbed ({PIDFILE}: {e}); {how}"))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{PIDFILE} does not hold a pid ({e}); {how}"));
+    let children = std::fs::read_dir(format!("/proc/{nspawn}/task"))
+        .unwrap_or_else(|e| panic!("the testbed's systemd-nspawn ({nspawn}) is not running ({e}); {how}"))
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
+        .collect::<String>();
+    let pid =
+        children.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or_else(|| {
+            panic!("the testbed's systemd-nspawn ({nspawn}) has no systemd inside; {how}")
+        });
+    assert!(Path::new(SOCKET).exists(), "no bus socket at {SOCKET}; {how}");
+    Testbed { pid }
+}
+
+impl Testbed {
+    pub fn bus(&self) -> String {
+        format!("unix:path={SOCKET}")
+    }
+
+    /// `systemctl` inside the testbed, as a person at its console would run it.
+    pub fn systemctl(&self, args: &[&str]) -> String {
+        let out = Command::new("nsenter")
+            .args(["-t", &self.pid.to_string(), "-a", "systemctl"])
+            .args(args)
+            .output()
+            .expect("nsenter runs");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    pub fn active(&self, unit: &str) -> String {
+        self.systemctl(&["is-active", unit])
+    }
+
+    pub fn enabled(&self, unit: &str) -> String {
+        self.systemctl(&["is-enabled", unit])
+    }
+
+    pub fn show(&self, unit: &str, property: &str) -> String {
+        self.systemctl(&["show", "--value", "-p", property, unit])
+    }
+
+    /// A path inside the testbed, as seen from the host.
+    pub fn path(&self, inside: &str) -> PathBuf {
+        Path::new(ROOT).join(inside.trim_start_matches('/'))
+    }
+
+    /// Writes a unit file and has systemd read it.
+    pub fn unit(&self, name: &str, body: &str) {
+        std::fs::write(self.path(&format!("/etc/systemd/system/{name}")), body).unwrap();
+        self.systemctl(&["daemon-reload"]);
+    }
+
+    /// Stops and removes a test's unit and whatever it left, even when the test failed.
+    pub fn clean(&self, units: &[&str], paths: &[&str]) {
+        for u in units {
+            self.systemctl(&["disable", "--now", u]);
+            self.systemctl(&["reset-failed", u]);
+            let _ = std::fs::remove_file(self.path(&format!("/etc/systemd/system/{u}")));
+            let _ = std::fs::remove_dir_all(self.path(&format!("/etc/systemd/system/{u}.d")));
+        }
+        for p in paths {
+            let _ = std::fs::remove_file(self.path(p));
+        }
+        self.systemctl(&["daemon-reload"]);
+    }
+}
+
+/// A name no other test, nor an earlier run, uses.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("{prefix}{}x{}x{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed), nanos % 100_000)
+}
+
+/// `apply --json` against the testbed's bus.
+pub fn apply_on(s: &Scratch, bus: &str, declaration: &Path) -> (i32, Value) {
+    let out = s.run(&["--bus", bus, "apply", "--json", declaration.to_str().unwrap()]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "apply printed no JSON report ({e}); stdout: {}; stderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code().unwrap_or(-1), report)
+}
+
+fn sleeper(extra: &str) -> String {
+    format!(
+        "[Unit]\nDescription=mesh-host test\n[Service]\nExecStart=/bin/sleep infinity\n{extra}\n[Install]\nWantedBy=multi-user.target\n"
+    )
+}
+
+#[test]
+fn service_start_stop_enable_disable_each_read_back() {
+    let t = testbed();
+    let unit = format!("{}.service", unique("mh-it-svc"));
+    t.unit(&unit, &sleeper(""));
+    let s = Scratch::new();
+    let bus = t.bus();
+
+    let d = s.declare(
+        json!([{"type": "service", "id": "web.svc", "unit": unit, "state": "running", "boot": "enabled"}]),
+    );
+    let (code, report) = apply_on(&s, &bus, &d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.svc"), "updated");
+    assert_eq!(detail(&report, "web.svc"), "boot disabled to enabled, started (was inactive)");
+    assert_eq!(t.active(&unit), "active");
+    assert_eq!(t.enabled(&unit), "enabled");
+
+    let (code, report) = apply_on(&s, &bus, &d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.svc"), "unchanged");
+
+    // Stopped by hand: put back, and said to be a correction.
+    t.systemctl(&["stop", &unit]);
+    let (code, report) = apply_on(&s, &bus, &d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.svc"), "corrected");
+    assert_eq!(t.active(&unit), "active");
+
+    let d = s.declare(
+        json!([{"type": "service", "id": "web.svc", "unit": unit, "state": "stopped", "boot": "disabled"}]),
+    );
+    let (code, report) = apply_on(&s, &bus, &d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.svc"), "updated");
+    assert_eq!(detail(&report, "web.svc"), "boot enabled to disabled, stopped (was active)");
+    assert_eq!(t.active(&unit), "inactive");
+    assert_eq!(t.enabled(&unit), "disabled");
+
+    // No longer declared while running: stopped, and the unit file is left where it was.
+    let d = s.declare(json!([{"type": "service", "id": "web.svc", "unit": unit, "state": "running"}]));
+    assert_eq!(apply_on(&s, &bus, &d).0, 0);
+    let (code, report) = apply_on(&s, &bus, &s.declare(json!([])));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.svc"), "removed");
+    assert_eq!(t.active(&unit), "inactive");
+    assert!(t.path(&format!("/etc/systemd/system/{unit}")).exists());
+    t.clean(&[&unit], &[]);
+}
+
+#[test]
+fn a_unit_that_dies_at_once_is_an_error() {
+    let t = testbed();
+    let unit = format!("{}.service", unique("mh-it-dies"));
+    t.unit(&unit, "[Service]\nExecStart=/bin/sh -c 'echo bad config >&2; exit 3'\n");
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "service", "id": "web.svc", "unit": unit, "state": "running"}]));
+    let (code, report) = apply_on(&s, &t.bus(), &d);
+    assert_eq!(code, 1, "{report:#}");
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains("exited or died at once"), "{message}");
+    assert!(message.contains(&unit), "{message}");
+    // Nothing recorded: the record follows the fact.
+    let state = std::fs::read_to_string(s.state()).unwrap_or_default();
+    assert!(!state.contains("web.svc"), "{state}");
+    t.clean(&[&unit], &[]);
+}
+
+#[test]
+fn a_missing_unit_is_an_error_and_removing_one_is_forgotten() {
+    let t = testbed();
+    let s = Scratch::new();
+    let bus = t.bus();
+    let missing = format!("{}.service", unique("mh-it-none"));
+    let d = s.declare(json!([{"type": "service", "id": "web.svc", "unit": missing, "state": "running"}]));
+    let (code, report) = apply_on(&s, &bus, &d);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(
+        report["error"]["message"].as_str().unwrap(),
+        format!("the unit {missing} does not exist on this machine")
+    );
+
+    // Applied once, then its unit uninstalled by hand: removal has nothing left to do.
+    let unit = format!("{}.service", unique("mh-it-gone"));
+    t.unit(&unit, &sleeper(""));
+    let d = s.declare(json!([{"type": "service", "id": "web.gone", "unit": unit, "state": "running"}]));
+    assert_eq!(apply_on(&s, &bus, &d).0, 0);
+    t.clean(&[&unit], &[]);
+    let (code, report) = apply_on(&s, &bus, &s.declare(json!([])));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.gone"), "forgotten");
+    assert!(detail(&report, "web.gone").contains("no longer exists"), "{report:#}");
+}
+
+#[test]
+fn a_unit_file_changed_on_disk_is_read_again_before_a_start() {
+    let t = testbed();
+    let name = unique("mh-it-edit");
+    let unit = format!("{name}.service");
+    let seen = format!("/var/lib/{name}.seen");
+    let body = |word: &str| {
+        format!("[Service]\nExecStart=/bin/sh -c 'echo {word} > {seen}; exec sleep infinity'\n[Install]\nWantedBy=multi-user.target\n")
+    };
+    t.unit(&unit, &body("old"));
+    // Enabled, so systemd keeps it loaded (the target wants it), then edited without telling
+    // systemd: the unit it holds is the old one.
+    t.systemctl(&["enable", &unit]);
+    // Other tests reload the manager at any moment, which would read the edit for us: edit
+    // until systemd is seen holding the old unit, so the apply has to be the one that reloads.
+    // (systemd compares modification times, so each edit comes a moment after the last.)
+    let mut edits = 0;
+    while t.show(&unit, "NeedDaemonReload") != "yes" {
+        edits += 1;
+        assert!(edits <= 20, "systemd never saw the unit file as changed");
+        std::thread::sleep(Duration::from_millis(100));
+        std::fs::write(t.path(&format!("/etc/systemd/system/{unit}")), body("new")).unwrap();
+    }
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "service", "id": "web.svc", "unit": unit, "state": "running"}]));
+    let (code, report) = apply_on(&s, &t.bus(), &d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(std::fs::read_to_string(t.path(&seen)).unwrap(), "new\n");
+    t.clean(&[&unit], &[&seen]);
+}
+
+#[test]
+fn a_masked_unit_is_refused_only_when_it_must_start() {
+    let t = testbed();
+    let unit = format!("{}.service", unique("mh-it-mask"));
+    // Where a package puts its units: masking writes a link in /etc, which a unit file there
+    // would be in the way of.
+    let vendor = t.path(&format!("/usr/lib/systemd/system/{unit}"));
+    std::fs::write(&vendor, sleeper("")).unwrap();
+    t.systemctl(&["daemon-reload"]);
+    t.systemctl(&["mask", &unit]);
+    assert_eq!(t.enabled(&unit), "masked");
+    let s = Scratch::new();
+    let bus = t.bus();
+    let d = s.declare(
+        json!([{"type": "service", "id": "web.svc", "unit": unit, "state": "stopped", "boot": "disabled"}]),
+    );
+    let (code, report) = apply_on(&s, &bus, &d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.svc"), "unchanged");
+    let d = s.declare(json!([{"type": "service", "id": "web.svc", "unit": unit, "state": "running"}]));
+    let (code, report) = apply_on(&s, &bus, &d);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(
+        report["error"]["message"].as_str().unwrap(),
+        format!("the unit {unit} is masked; mesh-host does not unmask a unit someone masked on purpose")
+    );
+    t.systemctl(&["unmask", &unit]);
+    let _ = std::fs::remove_file(vendor);
+    t.clean(&[&unit], &[]);
+}
+
+#[test]
+fn restart_on_a_changed_drop_in_reloads_units_then_restarts() {
+    let t = testbed();
+    let name = unique("mh-it-rst");
+    let unit = format!("{name}.service");
+    let seen = format!("/var/lib/{name}.seen");
+    t.unit(
+        &unit,
+        &format!("[Service]\nExecStart=/bin/sh -c 'echo \"$GREETING\" > {seen}; exec sleep infinity'\n"),
+    );
+    let dropin = t.path(&format!("/etc/systemd/system/{unit}.d/greeting.conf"));
+    std::fs::create_dir_all(dropin.parent().unwrap()).unwrap();
+    let s = Scratch::new();
+    let bus = t.bus();
+    let declare = |greeting: &str| {
+        s.declare(json!([
+            {"type": "file", "id": "web.greeting", "path": dropin.display().to_string(),
+             "content": format!("[Service]\nEnvironment=GREETING={greeting}\n")},
+            {"type": "service", "id": "web.svc", "unit": unit, "state": "running", "restart-on": ["web.greeting"]},
+        ]))
+    };
+    let (code, report) = apply_on(&s, &bus, &declare("one"));
+    assert_eq!(code, 0, "{report:#}");
+    // Reloaded before the start, so the drop-in written in this pass is what runs.
+    assert_eq!(std::fs::read_to_string(t.path(&seen)).unwrap(), "one\n");
+    let pid = t.show(&unit, "MainPID");
+
+    let (code, report) = apply_on(&s, &bus, &declare("one"));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.svc"), "unchanged");
+    assert_eq!(t.show(&unit, "MainPID"), pid);
+
+    let (code, report) = apply_on(&s, &bus, &declare("two"));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.greeting"), "updated");
+    assert_eq!(action(&report, "web.svc"), "updated");
+    assert_eq!(detail(&report, "web.svc"), "restarted for web.greeting");
+    assert_ne!(t.show(&unit, "MainPID"), pid);
+    assert_eq!(std::fs::read_to_string(t.path(&seen)).unwrap(), "two\n");
+    assert_eq!(t.show(&unit, "NeedDaemonReload"), "no");
+    t.clean(&[&unit], &[&seen]);
+}
+
+#[test]
+fn reload_on_reloads_a_running_unit_without_restarting_it() {
+    let t = testbed();
+    let name = unique("mh-it-rld");
+    let unit = format!("{name}.service");
+    let reloads = format!("/var/lib/{name}.reloads");
+    t.unit(&unit, &sleeper(&format!("ExecReload=/bin/sh -c 'echo reloaded >> {reloads}'")));
+    let conf = t.path(&format!("/etc/{name}.conf"));
+    let s = Scratch::new();
+    let bus = t.bus();
+    let declare = |content: &str| {
+        s.declare(json!([
+            {"type": "file", "id": "web.conf", "path": conf.display().to_string(), "content": content},
+            {"type": "service", "id": "web.svc", "unit": unit, "state": "running", "reload-on": ["web.conf"]},
+        ]))
+    };
+    let (code, report) = apply_on(&s, &bus, &declare("a\n"));
+    assert_eq!(code, 0, "{report:#}");
+    // Not running before: started, which reads the new file anyway; nothing to reload.
+    assert_eq!(detail(&report, "web.svc"), "started (was inactive)");
+    assert!(!t.path(&reloads).exists());
+    let pid = t.show(&unit, "MainPID");
+
+    let (code, report) = apply_on(&s, &bus, &declare("b\n"));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(detail(&report, "web.svc"), "reloaded for web.conf");
+    assert_eq!(std::fs::read_to_string(t.path(&reloads)).unwrap(), "reloaded\n");
+    assert_eq!(t.show(&unit, "MainPID"), pid, "reloaded, not restarted");
+    assert_eq!(t.active(&unit), "active");
+    t.clean(&[&unit], &[&reloads, &format!("/etc/{name}.conf")]);
+}
+
+#[test]
+fn a_process_is_created_replaced_on_change_restarted_and_removed() {
+    let t = testbed();
+    let name = unique("mh-it-proc");
+    let unit = format!("mesh-host-{name}.service");
+    let conf = t.path(&format!("/etc/{name}.conf"));
+    let s = Scratch::new();
+    let bus = t.bus();
+    let declare = |env: &str, conf_content: &str| {
+        s.declare(json!([
+            {"type": "file", "id": "job.conf", "path": conf.display().to_string(), "content": conf_content},
+            {"type": "process", "id": "job.worker", "name": name, "command": ["/bin/sleep", "1000"],
+             "env": {"MODE": env}, "user": "nobody", "restart-on": ["job.conf"]},
+        ]))
+    };
+    let (code, report) = apply_on(&s, &bus, &declare("one", "x"));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "job.worker"), "created");
+    assert_eq!(t.active(&unit), "active");
+    assert_eq!(t.show(&unit, "Environment"), "MODE=one");
+    assert_eq!(t.show(&unit, "User"), "nobody");
+    let pid = t.show(&unit, "MainPID");
+
+    let (code, report) = apply_on(&s, &bus, &declare("one", "x"));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "job.worker"), "unchanged");
+    assert_eq!(t.show(&unit, "MainPID"), pid);
+
+    // A changed environment is a different program: the unit is replaced.
+    let (code, report) = apply_on(&s, &bus, &declare("two", "x"));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "job.worker"), "updated");
+    assert!(detail(&report, "job.worker").contains("replaced"), "{report:#}");
+    assert_eq!(t.show(&unit, "Environment"), "MODE=two");
+    let replaced = t.show(&unit, "MainPID");
+    assert_ne!(replaced, pid);
+
+    let (code, report) = apply_on(&s, &bus, &declare("two", "y"));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(detail(&report, "job.worker"), format!("{unit} restarted for job.conf"));
+    assert_ne!(t.show(&unit, "MainPID"), replaced);
+
+    // Stopped by hand, a transient unit is gone: started again, as a correction.
+    t.systemctl(&["stop", &unit]);
+    let (code, report) = apply_on(&s, &bus, &declare("two", "y"));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "job.worker"), "corrected");
+    assert_eq!(t.active(&unit), "active");
+
+    let (code, report) = apply_on(&s, &bus, &s.declare(json!([])));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "job.worker"), "removed");
+    assert_eq!(t.show(&unit, "LoadState"), "not-found");
+    let _ = std::fs::remove_file(conf);
+}
+
+#[test]
+fn a_process_that_cannot_stay_up_is_an_error() {
+    let t = testbed();
+    let name = unique("mh-it-bad");
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "process", "id": "job.bad", "name": name, "command": ["/bin/false"]}]));
+    let (code, report) = apply_on(&s, &t.bus(), &d);
+    assert_eq!(code, 1, "{report:#}");
+    assert!(report["error"]["message"].as_str().unwrap().contains(&format!("mesh-host-{name}.service")));
+    t.systemctl(&["stop", &format!("mesh-host-{name}.service")]);
+}
+
+#[test]
+fn watcher_reports_a_unit_stopped_by_hand() {
+    let t = testbed();
+    let unit = format!("{}.service", unique("mh-it-watch"));
+    t.unit(&unit, &sleeper(""));
+    t.systemctl(&["start", &unit]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        use mesh_host_watchers::Change;
+        let (units_tx, units) = tokio::sync::watch::channel(BTreeSet::from([unit.clone()]));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = mesh_host_watchers::systemd::spawn(Some(t.bus()), units, tx);
+        up(&mut rx).await;
+
+        let stopped = Instant::now();
+        let out = Command::new("nsenter")
+            .args(["-t", &t.pid.to_string(), "-a", "systemctl", "stop", &unit])
+            .status()
+            .unwrap();
+        assert!(out.success());
+        let change = next(&mut rx).await;
+        assert_eq!(change, Some(Change::Unit { unit: unit.clone() }), "after {:?}", stopped.elapsed());
+
+        // A unit taken out of the set says nothing; put back, it is reported again. The stop
+        // above sent several signals (ActiveState moving, the job ending): let them all arrive.
+        units_tx.send(BTreeSet::new()).unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        while rx.try_recv().is_ok() {}
+        t.systemctl(&["start", &unit]);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if let Ok(c) = rx.try_recv() {
+            panic!("a change of a unit no longer watched was reported: {c:?}");
+        }
+        units_tx.send(BTreeSet::from([unit.clone()])).unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        t.systemctl(&["stop", &unit]);
+        assert_eq!(next(&mut rx).await, Some(Change::Unit { unit: unit.clone() }));
+
+        // Killed rather than stopped: no job ends, so only the unit's own PropertiesChanged can
+        // say so.
+        t.systemctl(&["start", &unit]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        while rx.try_recv().is_ok() {}
+        t.systemctl(&["kill", "--signal=KILL", &unit]);
+        assert_eq!(next(&mut rx).await, Some(Change::Unit { unit: unit.clone() }));
+        task.abort();
+    });
+    t.clean(&[&unit], &[]);
+}
+
+async fn next(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<mesh_host_watchers::Change>,
+) -> Option<mesh_host_watchers::Change> {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.ok().flatten()
+}
+
+/// A stand-in for the bus socket that forwards to the testbed's, and can cut every connection
+/// through it: the bus going away, as the watcher sees it, without stopping the testbed that
+/// other tests are using.
+struct Relay {
+    path: PathBuf,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    listener: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Relay {
+    fn new(path: PathBuf) -> Relay {
+        Relay { path, conns: Default::default(), listener: None }
+    }
+
+    fn listen(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        let listener = tokio::net::UnixListener::bind(&self.path).unwrap();
+        let conns = self.conns.clone();
+        self.listener = Some(tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let task = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::UnixStream::connect(SOCKET).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                conns.lock().unwrap().push(task);
+            }
+        }));
+    }
+
+    /// Closes every connection, and stops accepting new ones.
+    fn cut(&mut self) {
+        if let Some(l) = self.listener.take() {
+            l.abort();
+        }
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[test]
+fn watcher_reconnects_when_the_bus_goes_away_and_says_to_resync() {
+    use mesh_host_watchers::Change;
+    let t = testbed();
+    let unit = format!("{}.service", unique("mh-it-recon"));
+    t.unit(&unit, &sleeper(""));
+    let s = Scratch::new();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut relay = Relay::new(s.path("bus"));
+        let (_units_tx, units) = tokio::sync::watch::channel(BTreeSet::from([unit.clone()]));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = mesh_host_watchers::systemd::spawn(Some(format!("unix:path={}", s.p("bus"))), units, tx);
+
+        // Nothing listening yet: down, then up once it is, with a resync since it missed time.
+        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: "systemd", up: false }));
+        relay.listen();
+        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: "systemd", up: true }));
+        assert_eq!(next(&mut rx).await, Some(Change::Resynced { watcher: "systemd" }));
+
+        // The bus goes away while connected; what happens meanwhile is missed.
+        relay.cut();
+        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: "systemd", up: false }));
+        t.systemctl(&["start", &unit]);
+        let back = Instant::now();
+        relay.listen();
+        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: "systemd", up: true }));
+        assert_eq!(next(&mut rx).await, Some(Change::Resynced { watcher: "systemd" }));
+        assert!(back.elapsed() < Duration::from_secs(5), "reconnected after {:?}", back.elapsed());
+
+        // And it follows the unit again on the new connection.
+        t.systemctl(&["stop", &unit]);
+        assert_eq!(next(&mut rx).await, Some(Change::Unit { unit: unit.clone() }));
+
+        // Dropping the receiver ends the task.
+        drop(rx);
+        tokio::time::timeout(Duration::from_secs(5), task).await.expect("the watcher ends").unwrap();
+        relay.cut();
+    });
+    t.clean(&[&unit], &[]);
+}
+
+/// Waits for the watcher to say it is connected. A first attempt that fails (it is bounded in
+/// time, and retried) is allowed for: it is the watcher's contract, not a fault.
+async fn up(rx: &mut tokio::sync::mpsc::UnboundedReceiver<mesh_host_watchers::Change>) {
+    use mesh_host_watchers::Change;
+    loop {
+        match next(rx).await {
+            Some(Change::Up { up: true, .. }) => return,
+            Some(Change::Up { up: false, .. } | Change::Resynced { .. }) => continue,
+            other => panic!("the watcher did not come up: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn on_an_adopted_node_units_packages_and_users_of_untaken_modules_are_held() {
+    let t = testbed();
+    let unit = format!("{}.service", unique("mh-it-held"));
+    let taken = format!("{}.service", unique("mh-it-taken"));
+    t.unit(&unit, &sleeper(""));
+    t.unit(&taken, &sleeper(""));
+    let s = Scratch::new();
+    let d = s.path("adopted.json");
+    std::fs::write(
+        &d,
+        serde_json::to_vec(&json!({"version": 1, "adoption": {"taken": ["mine"]}, "resources": [
+            {"type": "service", "id": "theirs.svc", "unit": unit, "state": "running"},
+            {"type": "package", "id": "theirs.pkg", "package": "dpkg"},
+            {"type": "user", "id": "theirs.user", "name": "root"},
+            {"type": "service", "id": "mine.svc", "unit": taken, "state": "running"},
+        ]}))
+        .unwrap(),
+    )
+    .unwrap();
+    let (code, report) = apply_on(&s, &t.bus(), &d);
+    assert_eq!(code, 0, "{report:#}");
+    for id in ["theirs.svc", "theirs.pkg", "theirs.user"] {
+        assert_eq!(action(&report, id), "held", "{report:#}");
+    }
+    assert_eq!(action(&report, "mine.svc"), "updated");
+    assert_eq!(t.active(&unit), "inactive", "held as found, not started");
+    assert_eq!(t.active(&taken), "active");
+    let state = std::fs::read_to_string(s.state()).unwrap();
+    assert!(!state.contains("theirs."), "held is never recorded: {state}");
+    t.clean(&[&unit, &taken], &[]);
+}
+
+#[test]
+fn the_daemon_starts_again_a_unit_stopped_by_hand() {
+    let tb = testbed();
+    let unit = format!("{}.service", unique("mh-daemon-"));
+    tb.unit(&unit, &sleeper(""));
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "service", "id": "a.svc", "unit": unit, "state": "running"}]));
+    let bus = tb.bus();
+    let mut daemon = Daemon::start(&s, &d, &["--bus", &bus]);
+    assert_eq!(tb.active(&unit), "active", "the first apply started it:\n{}", daemon.log());
+    assert!(
+        wait_for(PATIENCE, || daemon.metric("mesh_host_watcher_up{watcher=\"systemd\"}") == 1.0),
+        "{}",
+        daemon.log()
+    );
+
+    let stopped = Instant::now();
+    tb.systemctl(&["stop", &unit]);
+    assert!(wait_for(PATIENCE, || tb.active(&unit) == "active"), "started again:\n{}", daemon.log());
+    let took = stopped.elapsed();
+    assert!(
+        wait_for(PATIENCE, || daemon.metric("mesh_host_drift_corrections_total{type=\"service\"}") >= 1.0),
+        "counted as drift:\n{}",
+        daemon.get("/metrics").unwrap_or_default()
+    );
+    assert!(took < Duration::from_secs(5), "within moments, not at the next resync: {took:?}");
+    assert_eq!(daemon.terminate(), Some(0));
+    tb.clean(&[&unit], &[]);
+}
