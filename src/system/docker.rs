@@ -120,6 +120,18 @@ pub struct ExecOutput {
 /// Seconds a container is given to stop on SIGTERM before it is killed: Docker's own default.
 pub const STOP_TIMEOUT: i32 = 10;
 
+impl From<ExecOutput> for super::command::Ran {
+    /// A command run inside a container, as one run on the machine would be reported: both of
+    /// its streams, interleaved as they came, stand as its standard output.
+    fn from(e: ExecOutput) -> Self {
+        super::command::Ran {
+            code: Some(i32::try_from(e.code).unwrap_or(i32::MAX)),
+            stdout: e.output,
+            stderr: String::new(),
+        }
+    }
+}
+
 /// At most this much of a command's output is kept: enough to say what went wrong, bounded so
 /// that a chatty command cannot fill the agent's memory.
 pub const OUTPUT_LIMIT: usize = 64 * 1024;

@@ -1032,3 +1032,46 @@ fn podman_is_found_through_docker_host_when_no_socket_is_configured() {
     assert!(PODMAN_CLI.running(&web), "created on the runtime DOCKER_HOST names");
     assert!(DOCKER.inspect(&web, "{{.Id}}").is_none(), "and not on Docker's default socket");
 }
+
+#[test]
+fn docker_action_in_a_container_verifies_runs_and_gates() {
+    let n = Names::new(DOCKER, "action");
+    let s = Scratch::new();
+    let db = n.container("db");
+    let d = declare_as(
+        &s,
+        "action.json",
+        json!([
+            sleeper("db.app", &db),
+            {"type": "action", "id": "db.schema", "in": db,
+             "verify": ["test", "-f", "/tmp/schema"], "command": ["sh", "-c", "echo done > /tmp/schema"]},
+            {"type": "file", "id": "db.after", "path": s.p("after"), "content": "x"},
+        ]),
+    );
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "db.schema"), "created", "{report:#}");
+    assert!(
+        DOCKER.run(&["exec", &db, "test", "-f", "/tmp/schema"]).0,
+        "the command ran inside the container"
+    );
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "db.schema"), "unchanged", "{report:#}");
+
+    // A command inside that does not make verify pass is a gate.
+    let failing = declare_as(
+        &s,
+        "failing.json",
+        json!([
+            sleeper("db.app", &db),
+            {"type": "action", "id": "db.migrate", "in": db,
+             "verify": ["test", "-f", "/tmp/never"], "command": ["sh", "-c", "echo no luck; exit 2"]},
+            {"type": "file", "id": "db.later", "path": s.p("later"), "content": "x"},
+        ]),
+    );
+    let (code, report) = s.apply(&failing);
+    assert_ne!(code, 0);
+    assert_eq!(report["error"]["resource"], "db.migrate", "{report:#}");
+    assert_eq!(report["error"]["gated"], true);
+    assert!(report["error"]["message"].as_str().unwrap().contains("exited 2: no luck"), "{report:#}");
+    assert!(!s.path("later").exists());
+}
