@@ -19,7 +19,7 @@ use bollard::models::{
     ContainerCreateBody, HostConfig, NetworkCreateRequest, PortBinding, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, InspectContainerOptions, InspectNetworkOptions, LogsOptionsBuilder,
+    CreateContainerOptionsBuilder, InspectContainerOptions, InspectNetworkOptions,
     RemoveContainerOptionsBuilder, StartContainerOptions, StopContainerOptions, WaitContainerOptionsBuilder,
 };
 use futures_util::StreamExt as _;
@@ -354,24 +354,6 @@ impl Docker {
                 "the runtime ended the wait for container {name} without an exit code"
             ))),
         }
-    }
-
-    /// The last lines a container wrote, for an operator who asked; never logged by the host.
-    pub fn logs_tail(&self, name: &str, lines: usize) -> Result<String> {
-        let options = LogsOptionsBuilder::new().stdout(true).stderr(true).tail(&lines.to_string()).build();
-        let mut stream = self.client.logs(name, Some(options));
-        let mut out = String::new();
-        while let Some(item) = block(stream.next()) {
-            let item = item.map_err(|source| DockerError::Api {
-                what: format!("cannot read the logs of {name}"),
-                source,
-            })?;
-            out.push_str(&String::from_utf8_lossy(&item.into_bytes()));
-            if out.len() > OUTPUT_LIMIT {
-                break;
-            }
-        }
-        Ok(out)
     }
 
     /// Runs a command inside a running container and returns its exit code and output.
