@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use super::{begin, Action, Ctx, Error, Facts, Step};
 use crate::declaration::{digest, Container, Declaration, Id, Kind, Resource, Spec};
 use crate::store::Store;
-use crate::system::docker::{self, Docker, NewContainer, ID_LABEL, SPEC_LABEL};
+use crate::system::docker::{self, Docker, NewContainer, ID_LABEL, SPEC_LABEL, STEP_LABEL};
 
 /// How long a freshly started container is given before it is looked at a second time. A
 /// process that exits at once (a bad flag, a missing file) is usually gone within this; one
@@ -476,8 +476,14 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
         })?);
     }
 
-    let labels =
+    let mut labels =
         HashMap::from([(SPEC_LABEL.to_owned(), want.to_owned()), (ID_LABEL.to_owned(), r.id.to_string())]);
+    // A step's container exits by design. Marked, so the event watcher does not take its end
+    // for drift: a failed run-once step would otherwise be run again at every exit of its own.
+    if !keep_running {
+        let kind = if c.schedule.is_some() { "scheduled" } else { "run-once" };
+        labels.insert(STEP_LABEL.to_owned(), kind.to_owned());
+    }
     Ok(NewContainer {
         name: name.to_owned(),
         image: c.image.as_str().to_owned(),

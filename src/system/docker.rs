@@ -28,6 +28,8 @@ use futures_util::StreamExt as _;
 pub const SPEC_LABEL: &str = "mesh-host.spec";
 /// The label holding the id of the resource that declared a container or network.
 pub const ID_LABEL: &str = "mesh-host.id";
+/// The label marking a step's container (`run-once` or `scheduled`): one that exits by design.
+pub const STEP_LABEL: &str = "mesh-host.step";
 
 /// Where a runtime is looked for when none is configured, in this order: Docker's own socket,
 /// then the system socket of Podman's service. `DOCKER_HOST`, when set, is tried first.

@@ -27,6 +27,9 @@ pub const WATCHER: &str = "docker";
 /// The label that marks a container the host made, holding the id of its resource.
 pub const ID_LABEL: &str = "mesh-host.id";
 
+/// The label that marks a step's container (run-once or scheduled), which exits by design.
+pub const STEP_LABEL: &str = "mesh-host.step";
+
 /// The events that mean a container the host keeps running may no longer be.
 pub const ACTIONS: [&str; 6] = ["die", "stop", "kill", "oom", "destroy", "remove"];
 
@@ -176,6 +179,11 @@ fn change_of(event: bollard::models::EventMessage) -> Option<Change> {
         return None;
     }
     let attributes = event.actor?.attributes?;
+    // A step ending is what a step does, not drift; reporting it would run a failed run-once
+    // step again at every exit of its own.
+    if attributes.contains_key(STEP_LABEL) {
+        return None;
+    }
     let label = attributes.get(ID_LABEL)?.clone();
     let name = attributes.get("name").cloned().unwrap_or_default();
     Some(Change::Container { label, name, action })
@@ -235,6 +243,10 @@ mod tests {
         if labelled {
             attributes.insert(ID_LABEL.to_owned(), "web.app".to_owned());
         }
+        event_with(action, attributes)
+    }
+
+    fn event_with(action: &str, attributes: HashMap<String, String>) -> EventMessage {
         EventMessage {
             action: Some(action.to_owned()),
             actor: Some(EventActor { id: Some("abc".into()), attributes: Some(attributes) }),
@@ -252,5 +264,10 @@ mod tests {
         assert_eq!(change_of(event("start", true)), None);
         assert_eq!(change_of(event("exec_die", true)), None);
         assert_eq!(change_of(event("die", false)), None);
+        let step = HashMap::from([
+            (ID_LABEL.to_owned(), "db.seed".to_owned()),
+            (STEP_LABEL.to_owned(), "run-once".to_owned()),
+        ]);
+        assert_eq!(change_of(event_with("die", step)), None, "a step ends by design");
     }
 }
