@@ -467,6 +467,8 @@ fn docker_run_once_failure_gates_what_follows() {
     assert!(DOCKER.inspect(&web, "{{.Id}}").is_none());
     assert!(record(&s, "db.migrate").is_null(), "a failed step is not recorded");
     assert!(DOCKER.inspect(&step, "{{.Id}}").is_some(), "the failed step's container is left for its logs");
+    // Marked as a step, so the event watcher does not take its exit for drift.
+    assert_eq!(DOCKER.inspect(&step, "{{index .Config.Labels \"mesh-host.step\"}}").unwrap(), "run-once");
 }
 
 #[test]
