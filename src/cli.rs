@@ -25,6 +25,10 @@ pub struct Cli {
     /// `unix:path=/run/dbus/system_bus_socket`. The system bus when left out.
     #[arg(long, global = true, value_name = "ADDRESS")]
     pub bus: Option<String>,
+    /// The container runtime's socket, such as `unix:///run/podman/podman.sock`. Without it,
+    /// `DOCKER_HOST`, Docker's default socket and then Podman's system socket are tried.
+    #[arg(long, global = true, value_name = "URL")]
+    pub container_socket: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -96,10 +100,11 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
     cli.state = std::path::absolute(&cli.state)
         .with_context(|| format!("cannot resolve the state path {}", cli.state.display()))?;
     let bus = cli.bus.clone();
+    let socket = cli.container_socket.clone();
     match cli.command {
         Command::Check { file } => check(&file),
-        Command::Plan { file, origin } => plan(&file, origin, &cli.state, bus),
-        Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state, bus),
+        Command::Plan { file, origin } => plan(&file, origin, &cli.state, bus, socket),
+        Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state, bus, socket),
         Command::Status { json } => status(json, &cli.state),
         Command::Run { declaration, origin, metrics, resync, settle_ms } => {
             let metrics = match metrics.as_str() {
@@ -116,6 +121,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                 settle: std::time::Duration::from_millis(settle_ms),
                 queue: crate::controller::queue::Config::default(),
                 bus: bus.clone(),
+                container_socket: socket,
             };
             tokio::runtime::Handle::current().block_on(crate::controller::run(config))?;
             Ok(Ended::Converged)
@@ -135,9 +141,15 @@ pub fn load(file: &Path) -> anyhow::Result<Declaration> {
     Ok(Declaration::parse(&bytes)?)
 }
 
-fn options(origin: Origin, state: &Path, dry_run: bool, bus: Option<String>) -> Options {
+fn options(
+    origin: Origin,
+    state: &Path,
+    dry_run: bool,
+    bus: Option<String>,
+    container_socket: Option<String>,
+) -> Options {
     let dir = state.parent().unwrap_or(Path::new("/"));
-    Options { origin, dry_run, kept: dir.join("kept"), bus }
+    Options { origin, dry_run, kept: dir.join("kept"), bus, container_socket }
 }
 
 fn check(file: &Path) -> anyhow::Result<Ended> {
@@ -168,10 +180,16 @@ fn check(file: &Path) -> anyhow::Result<Ended> {
     Ok(Ended::Converged)
 }
 
-fn plan(file: &Path, origin: Origin, state: &Path, bus: Option<String>) -> anyhow::Result<Ended> {
+fn plan(
+    file: &Path,
+    origin: Origin,
+    state: &Path,
+    bus: Option<String>,
+    socket: Option<String>,
+) -> anyhow::Result<Ended> {
     let d = load(file)?;
     let mut store = Store::read_only(state)?;
-    let (report, diffs) = apply::apply(&d, &mut store, &options(origin, state, true, bus));
+    let (report, diffs) = apply::apply(&d, &mut store, &options(origin, state, true, bus, socket));
     let mut out = String::new();
     for o in report.outcomes.iter().filter(|o| o.action != Action::Unchanged) {
         line(&mut out, o.action.planned(), &o.id, &o.target, o.detail.as_deref());
@@ -197,6 +215,7 @@ fn apply_cmd(
     json: bool,
     state: &Path,
     bus: Option<String>,
+    socket: Option<String>,
 ) -> anyhow::Result<Ended> {
     let t = std::time::Instant::now();
     let d = load(file)?;
@@ -209,7 +228,7 @@ fn apply_cmd(
     let mut store = Store::open(state)?;
     tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "state store opened");
     let t = std::time::Instant::now();
-    let (mut report, _) = apply::apply(&d, &mut store, &options(origin, state, false, bus));
+    let (mut report, _) = apply::apply(&d, &mut store, &options(origin, state, false, bus, socket));
     tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "pass finished");
     // What worked is recorded even when something else failed: the record follows each fact.
     if let Err(e) = store.save() {

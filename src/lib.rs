@@ -8,6 +8,7 @@ pub mod apply;
 pub mod cli;
 pub mod controller;
 pub mod declaration;
+pub mod schedule;
 pub mod store;
 pub mod system;
 pub mod telemetry;

@@ -60,10 +60,20 @@ pub struct Record {
     /// For an archive: the digest of the archive last unpacked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive: Option<String>,
-    /// For a process: the digest of the command, environment and user its transient unit was
-    /// started with.
+    /// For a container: the digest of the spec it was created from (the `mesh-host.spec`
+    /// label); for a run-once step, the spec it last completed at; for a scheduled step, the
+    /// spec it was installed at. For a process: the digest of the command, environment and user
+    /// its transient unit was started with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<String>,
+    /// For a container: each file it read at creation (env-files, files mounted directly), by
+    /// path, with the digest of what the file held then. What names the file in "recreated:
+    /// /etc/web/web.env changed".
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reads: BTreeMap<String, String>,
+    /// For a scheduled step: its 5-field cron expression (UTC), as installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
 }
 
 impl Record {
@@ -83,6 +93,8 @@ impl Record {
             sig,
             archive,
             spec,
+            reads,
+            schedule,
         } = self;
         *origin == other.origin
             && *kind == other.kind
@@ -95,6 +107,8 @@ impl Record {
             && *sig == other.sig
             && *archive == other.archive
             && *spec == other.spec
+            && *reads == other.reads
+            && *schedule == other.schedule
     }
 }
 
@@ -176,6 +190,18 @@ impl Store {
     /// Whether any record of this kind, under any id, holds this target.
     pub fn holds_target(&self, kind: Kind, target: &str) -> bool {
         self.file.records.values().any(|r| r.kind == kind && r.target == target)
+    }
+
+    /// The most recently applied record of this kind holding this target, under any id and
+    /// origin: how a container's record is found by its name when its id has none (the bundle's
+    /// `store` becoming the module's `postgres.server`), and how the digest the host recorded
+    /// for a file is found by its path.
+    pub fn latest_at(&self, kind: Kind, target: &str) -> Option<(&String, &Record)> {
+        self.file
+            .records
+            .iter()
+            .filter(|(_, r)| r.kind == kind && r.target == target)
+            .max_by_key(|(_, r)| r.applied_at)
     }
 
     /// Records what worked. A record that says the same as before keeps its time, so a steady

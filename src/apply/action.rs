@@ -3,19 +3,24 @@
 //! Verify is both the question "is there anything to do" and the read-back: the host does not
 //! know what a database or a migration is, so only the declaration can ask whether it is
 //! there, and asking again afterwards is how the host knows the command did what it claimed.
-//! Both are argv lists, run without a shell. A failed action is a gate; the engine stops there.
+//! Both are argv lists, run without a shell, on the machine or, with `in`, inside that running
+//! container through the runtime's exec. A failed action is a gate; the engine stops there.
 
 use super::{begin, Action, Ctx, Error, Facts, Step};
 use crate::declaration::{Action as ActionSpec, Resource};
-use crate::system::command;
+use crate::system::command::{self, Ran};
 
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &ActionSpec) -> Result<Step, Error> {
-    if let Some(container) = &a.in_container {
-        return Err(Error::Refused(format!(
-            "running an action inside a container (in: {container}) needs the container runtime, not wired yet"
-        )));
-    }
-    let first = command::run(&a.verify.0, &[])?;
+    // The runtime is asked for only when the action runs inside a container, so an action on
+    // the machine works where no runtime answers.
+    let docker = a.in_container.as_ref().map(|_| ctx.docker()).transpose()?;
+    let run = |argv: &[String]| -> Result<Ran, Error> {
+        match (&a.in_container, &docker) {
+            (Some(container), Some(docker)) => Ok(docker.exec(container.as_str(), argv)?.into()),
+            _ => Ok(command::run(argv, &[])?),
+        }
+    };
+    let first = run(&a.verify.0)?;
     if first.success() {
         return Ok(Step::Done(
             begin(r, Action::Unchanged, Some("verify passes".into())),
@@ -28,7 +33,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &ActionSpec) -> Result<S
             None,
         ));
     }
-    let ran = command::run(&a.command.0, &[])?;
+    let ran = run(&a.command.0)?;
     if !ran.success() {
         return Err(Error::Refused(format!(
             "verify {}, so the command ran, and it {}",
@@ -36,7 +41,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &ActionSpec) -> Result<S
             ran.describe()
         )));
     }
-    let again = command::run(&a.verify.0, &[])?;
+    let again = run(&a.verify.0)?;
     if !again.success() {
         return Err(Error::Refused(format!(
             "the command exited 0 and verify still fails ({}): the command claimed success and did not do its job",

@@ -2,6 +2,7 @@
 //! are lower-case, for a person reading a report.
 
 use crate::declaration::Kind;
+use crate::system::docker::DockerError;
 use crate::system::{AccountError, CommandError, FsError, PackageError, SystemdError, UserError};
 
 #[derive(Debug, thiserror::Error)]
@@ -18,6 +19,8 @@ pub enum Error {
     Accounts(#[from] AccountError),
     #[error(transparent)]
     Command(#[from] CommandError),
+    #[error(transparent)]
+    Runtime(#[from] DockerError),
     /// The read-back found something other than what was written.
     #[error("{path}: {what} is {found} after the host set it to {wanted}")]
     ReadBack { path: String, what: &'static str, wanted: String, found: String },

@@ -83,6 +83,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
                         sig: Some(sig),
                         archive: None,
                         spec: None,
+                        ..Facts::default()
                     };
                     return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
                 }
@@ -143,6 +144,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
             sig: None,
             archive: None,
             spec: None,
+            ..Facts::default()
         };
         let detail = "created once, and present: what is in it now is not the mesh's to change";
         return Ok(Step::Done(begin(r, Action::Kept, Some(detail.into())), Some(facts)));
@@ -165,6 +167,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
             sig: meta.settled_sig(),
             archive: None,
             spec: None,
+            ..Facts::default()
         };
         return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
     }
@@ -284,6 +287,7 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
         sig: meta.settled_sig(),
         archive: None,
         spec: None,
+        ..Facts::default()
     };
     Ok((outcome, facts))
 }

@@ -8,9 +8,11 @@
 mod access;
 mod action;
 mod archive;
+mod container;
 mod directory;
 mod error;
 mod file;
+mod network;
 mod outcome;
 mod package;
 mod process;
@@ -18,14 +20,16 @@ mod remove;
 mod service;
 mod user;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 
+pub use container::{run_scheduled, spec_digest, ScheduledRun};
 pub use error::Error;
 pub use outcome::{Action, ApplyError, Failure, Outcome, Report};
 
 use crate::declaration::{Declaration, Id, Kind, Resource, Spec};
 use crate::store::{Origin, Record, Store};
+use crate::system::docker::Docker;
 use crate::system::{Accounts, Fs, Packages, Staged, Systemd};
 
 /// How an apply is run.
@@ -40,6 +44,9 @@ pub struct Options {
     /// The D-Bus address of the systemd to manage (`unix:path=...`); the system bus when
     /// `None`.
     pub bus: Option<String>,
+    /// The container runtime's socket (`unix:///run/podman/podman.sock`), when configured;
+    /// otherwise `DOCKER_HOST`, Docker's default socket, then Podman's are tried.
+    pub container_socket: Option<String>,
 }
 
 /// What a plan adds to a report: the diff of each file whose content would change.
@@ -54,8 +61,13 @@ struct Facts {
     owner: Option<(u32, u32)>,
     sig: Option<crate::system::Sig>,
     archive: Option<String>,
-    /// For a process: the digest of the spec its transient unit was started with.
+    /// For a process, or a container: the digest of the spec it was started or created with;
+    /// see `store::Record::spec`.
     spec: Option<String>,
+    /// What a container read at creation, by path.
+    reads: BTreeMap<String, String>,
+    /// A scheduled step's cron expression.
+    schedule: Option<String>,
 }
 
 /// What an applier returns: done (with what to record, if anything), or a file staged for the
@@ -81,9 +93,6 @@ struct Ctx<'a> {
     store: &'a Store,
     opts: &'a Options,
     diffs: Diffs,
-    /// Read by the appliers that recreate on a change (containers), which arrive with their own
-    /// issue.
-    #[allow(dead_code)]
     declaration: &'a Declaration,
     /// Ids that moved earlier in this pass: what restart-on and reload-on react to.
     changed: &'a HashSet<Id>,
@@ -96,6 +105,10 @@ struct Ctx<'a> {
 struct Machine {
     systemd: Option<Systemd>,
     packages: Packages,
+    /// The container runtime, or why none answered. Unlike the bus, a failure is kept for the
+    /// pass: a socket whose server hangs would otherwise hold every container for the probe's
+    /// whole timeout, and a hundred containers on a machine without a runtime should fail fast.
+    docker: Option<Result<Docker, String>>,
 }
 
 impl Machine {
@@ -107,11 +120,24 @@ impl Machine {
         }
         Ok(self.systemd.as_ref().expect("just connected"))
     }
+
+    /// The pass's container runtime, connected on first use. A handle (cheap to clone), so an
+    /// applier can hold it while it reads the rest of the context.
+    fn docker(&mut self, socket: Option<&str>) -> Result<Docker, Error> {
+        let connected = self
+            .docker
+            .get_or_insert_with(|| crate::system::docker::connect(socket).map_err(|e| e.to_string()));
+        connected.clone().map_err(|e| Error::Runtime(crate::system::docker::DockerError::Other(e)))
+    }
 }
 
 impl Ctx<'_> {
     fn systemd(&mut self) -> Result<&Systemd, Error> {
         self.machine.systemd(self.opts.bus.as_deref())
+    }
+
+    fn docker(&mut self) -> Result<Docker, Error> {
+        self.machine.docker(self.opts.container_socket.as_deref())
     }
 }
 
@@ -312,7 +338,10 @@ impl<'a> Pass<'a> {
         for (id, record) in orphans {
             match remove::remove(fs, machine, &record, self.opts) {
                 Ok((action, detail)) => {
-                    if !self.opts.dry_run {
+                    // A network kept because something undeclared still uses it stays recorded,
+                    // so it is removed at a later apply once nothing does, instead of leaking.
+                    let retry = record.kind == Kind::Network && action == Action::Kept;
+                    if !self.opts.dry_run && !retry {
                         self.store.forget(&id);
                     }
                     self.slots.push(Some(Outcome {
@@ -358,9 +387,8 @@ impl<'a> Pass<'a> {
             }
             // Holding the other types needs their appliers' way of finding what is present; an
             // action has nothing present to find. Until then they are applied as on any node.
-            Spec::Access(_) | Spec::Container(_) | Spec::Network(_) | Spec::Action(_) | Spec::Opening(_) => {
-                return None
-            }
+            Spec::Container(_) | Spec::Network(_) => container::found_made_by_others(ctx, r)?,
+            Spec::Access(_) | Spec::Action(_) | Spec::Opening(_) => return None,
         };
         match present {
             Ok(true) => Some(Ok(Step::Done(
@@ -406,6 +434,8 @@ impl<'a> Pass<'a> {
                     sig: facts.sig,
                     archive: facts.archive,
                     spec: facts.spec,
+                    reads: facts.reads,
+                    schedule: facts.schedule,
                 },
             );
         }
@@ -459,6 +489,8 @@ fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
         Spec::User(u) => user::apply(ctx, r, u),
         Spec::Process(p) => process::apply(ctx, r, p),
         Spec::Action(a) => action::apply(ctx, r, a),
-        Spec::Container(_) | Spec::Network(_) | Spec::Opening(_) => Err(Error::Unsupported(r.kind())),
+        Spec::Container(c) => container::apply(ctx, r, c),
+        Spec::Network(n) => network::apply(ctx, r, n),
+        Spec::Opening(_) => Err(Error::Unsupported(r.kind())),
     }
 }

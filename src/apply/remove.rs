@@ -7,6 +7,7 @@
 use super::{process, Action, Error, Machine, Options};
 use crate::declaration::{digest, Kind};
 use crate::store::Record;
+use crate::system::docker::ID_LABEL;
 use crate::system::fs::{Fs, Kind as FsKind};
 use crate::system::SystemdError;
 
@@ -94,7 +95,64 @@ pub(super) fn remove(
             &process::unit_name(&rec.target),
             "the transient unit is gone with it",
         ),
-        Kind::Container | Kind::Network | Kind::Opening => Err(Error::Unsupported(rec.kind)),
+        Kind::Container => {
+            let docker = machine.docker(opts.container_socket.as_deref())?;
+            let name = rec.target.as_str();
+            match docker.container(name)? {
+                // A step leaves nothing running, and a container removed by hand is already
+                // where removal was going.
+                None => said(Action::Forgotten, "no longer declared, and no container of that name is there"),
+                Some(found) if found.label(ID_LABEL).is_none() => said(
+                    Action::Kept,
+                    "no longer declared, and the container of that name now was not created by mesh-host: left alone",
+                ),
+                Some(_) => {
+                    if !dry_run {
+                        docker.remove(name)?;
+                        if docker.container(name)?.is_some() {
+                            return Err(Error::Refused(format!(
+                                "container {name} is still there after removing it"
+                            )));
+                        }
+                    }
+                    said(Action::Removed, "no longer declared")
+                }
+            }
+        }
+        Kind::Network => {
+            let docker = machine.docker(opts.container_socket.as_deref())?;
+            let name = rec.target.as_str();
+            match docker.network(name)? {
+                None => said(Action::Forgotten, "no longer declared, and no longer there"),
+                Some(found) if !found.labels.contains_key(ID_LABEL) => {
+                    said(Action::Forgotten, "made outside mesh-host, so left in place")
+                }
+                // Orphans go in reverse declared order, so the containers declared after the
+                // network are gone by now. What still uses it is something this declaration
+                // does not name (or a container that moves to another network later in this
+                // pass): its connectivity is not the host's to cut, so the network is kept,
+                // and the record with it, to be tried again at the next apply.
+                Some(found) if !found.containers.is_empty() => Ok((
+                    Action::Kept,
+                    Some(format!(
+                        "no longer declared, and still used by {}: left in place, and removed once nothing uses it",
+                        found.containers.join(", ")
+                    )),
+                )),
+                Some(_) => {
+                    if !dry_run {
+                        docker.remove_network(name)?;
+                        if docker.network(name)?.is_some() {
+                            return Err(Error::Refused(format!(
+                                "network {name} is still there after removing it"
+                            )));
+                        }
+                    }
+                    said(Action::Removed, "no longer declared")
+                }
+            }
+        }
+        Kind::Opening => Err(Error::Unsupported(rec.kind)),
     }
 }
 

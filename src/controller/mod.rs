@@ -51,6 +51,8 @@ pub struct Config {
     pub queue: queue::Config,
     /// The D-Bus address of the systemd to manage; the system bus when `None`.
     pub bus: Option<String>,
+    /// The container runtime's socket (`--container-socket`); `None` looks in the usual places.
+    pub container_socket: Option<String>,
 }
 
 /// The declaration files the watcher last handed over, until the worker takes them.
@@ -255,7 +257,13 @@ fn now_secs() -> i64 {
 impl Worker {
     fn options(&self) -> Options {
         let kept = self.config.state.parent().unwrap_or(std::path::Path::new("/")).join("kept");
-        Options { origin: self.config.origin, dry_run: false, kept, bus: self.config.bus.clone() }
+        Options {
+            origin: self.config.origin,
+            dry_run: false,
+            kept,
+            bus: self.config.bus.clone(),
+            container_socket: self.config.container_socket.clone(),
+        }
     }
 
     /// Reconciles one key and says how it went.

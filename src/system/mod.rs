@@ -6,6 +6,7 @@
 
 pub mod accounts;
 pub mod command;
+pub mod docker;
 pub mod fs;
 pub mod memory;
 pub mod packages;

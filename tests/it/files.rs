@@ -461,8 +461,9 @@ fn a_refused_declaration_touches_nothing_and_exits_2() {
 fn an_unsupported_type_fails_without_gating() {
     let s = Scratch::new();
     let d = s.declare(json!([
-        // A gate type (a run-once container) whose applier is not in this build yet.
-        {"type": "container", "id": "a.step", "name": "a-step", "image": "local/a:1", "run-once": true},
+        // A type whose applier is not in this build yet. (Every gate type has its applier now,
+        // so this is an opening; the engine's rule that a missing applier never gates stands.)
+        {"type": "opening", "id": "a.step", "port": 8080},
         {"type": "file", "id": "a.conf", "path": s.p("a.conf"), "content": "x"},
     ]));
     let (code, report) = s.apply(&d);

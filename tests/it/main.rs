@@ -8,6 +8,7 @@ mod support;
 
 mod actions;
 mod daemon;
+mod docker;
 mod files;
 mod packages;
 mod systemd;

@@ -5,6 +5,7 @@
 //! [`Change`]s into a channel and, after any gap in what it saw (an inotify overflow, a
 //! reconnect), sends [`Change::Resynced`] so that everything is reconciled again.
 
+pub mod docker;
 pub mod systemd;
 
 use std::path::PathBuf;

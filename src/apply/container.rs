@@ -1,0 +1,585 @@
+//! `container`: a long-running container, a run-once step, or a scheduled step, on the machine's
+//! runtime (Docker, or Podman through its Docker-compatible API).
+//!
+//! A container's configuration is fixed when it is created, so there is no update in place:
+//! a container whose spec moved is replaced. Whether it moved is told by a digest of the spec
+//! carried on the container as a label, not by comparing what the runtime reports field by
+//! field: runtimes add defaults, normalise and reorder what they were given, and those
+//! differences cannot be told from real drift.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::{begin, Action, Ctx, Error, Facts, Step};
+use crate::declaration::{digest, Container, Declaration, Id, Kind, Resource, Spec};
+use crate::store::Store;
+use crate::system::docker::{self, Docker, NewContainer, ID_LABEL, SPEC_LABEL, STEP_LABEL};
+
+/// How long a freshly started container is given before it is looked at a second time. A
+/// process that exits at once (a bad flag, a missing file) is usually gone within this; one
+/// that fails later is the watcher's to see. Paid once per creation, never on a steady pass.
+const SETTLE: Duration = Duration::from_millis(100);
+
+pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Error> {
+    if c.run_once {
+        return run_once(ctx, r, c);
+    }
+    if c.schedule.is_some() {
+        return install_schedule(ctx, r, c);
+    }
+
+    // Read once, so the label and the record agree about a file even if it moves meanwhile.
+    let reads = reads(ctx.store, ctx.declaration, c)?;
+    let want = spec(ctx.declaration, c, Some(&reads));
+    let docker = &ctx.docker()?;
+    let found = docker.container(c.name.as_str())?;
+
+    let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Container);
+    // What it was created reading: by its id, and by its name when the id has no record. The
+    // bundle's `store` becomes the module's `postgres.server`, the same container under a new
+    // id, and a file that changes on the day it is adopted must still be named.
+    let was_reading = match record {
+        Some(rec) => Some(&rec.reads),
+        None => ctx.store.latest_at(Kind::Container, c.name.as_str()).map(|(_, rec)| &rec.reads),
+    };
+    let changed_files: Vec<&str> = was_reading
+        .into_iter()
+        .flatten()
+        .filter(|(path, was)| reads.get(*path).is_some_and(|now| now != *was))
+        .map(|(path, _)| path.as_str())
+        .collect();
+    let reasons: Vec<&str> =
+        c.restart_on.iter().filter(|id| ctx.changed.contains(*id)).map(Id::as_str).collect();
+
+    // A container labelled before the host folded in what it reads is accepted, not
+    // recreated: recreating every such container at once would be a restart storm across the
+    // mesh, the store first. What it reads is recorded from now on, so a change is caught from
+    // the next apply. The trade-off: a container already stale when this rule arrived is not
+    // caught, and could not have been either way.
+    let legacy = |label: &str| {
+        !reads.is_empty()
+            && label == spec(ctx.declaration, c, None)
+            && was_reading.is_none_or(|was| was.is_empty() || *was == reads)
+    };
+
+    let mut facts = Facts { spec: Some(want.clone()), reads: reads.clone(), ..Facts::default() };
+    let (action, detail) = match &found {
+        Some(state) => {
+            let label = state.label(SPEC_LABEL).unwrap_or_default();
+            let current = label == want || legacy(label);
+            if current && reasons.is_empty() {
+                if label != want {
+                    facts.spec = Some(label.to_owned());
+                }
+                if state.running {
+                    let detail = (label != want).then(|| {
+                        "accepted as labelled before mesh-host folded in the files a container reads; what it reads is recorded from now on".to_owned()
+                    });
+                    return Ok(Step::Done(begin(r, Action::Unchanged, detail), Some(facts)));
+                }
+                // It stopped, or someone stopped it. Starting it again is the fastest way back
+                // and keeps what it had; its spec is still the declared one.
+                let detail = format!("it {}; started again", stopped(state));
+                if ctx.opts.dry_run {
+                    return Ok(Step::Done(begin(r, Action::Corrected, Some(detail)), None));
+                }
+                docker.start(c.name.as_str())?;
+                read_back(docker, c, facts.spec.as_deref().unwrap_or_default(), Started::Again)?;
+                return Ok(Step::Done(begin(r, Action::Corrected, Some(detail)), Some(facts)));
+            }
+            let detail = if !changed_files.is_empty() {
+                let mut d = format!("recreated: {} changed", changed_files.join(", "));
+                if !reasons.is_empty() {
+                    d.push_str(&format!("; and to pick up {}", reasons.join(", ")));
+                }
+                d
+            } else if !reasons.is_empty() {
+                format!("recreated to pick up {}, changed in this apply", reasons.join(", "))
+            } else if state.label(ID_LABEL).is_none() {
+                "replaced a container of that name that mesh-host had not created".to_owned()
+            } else {
+                "recreated: its declaration changed, and a container's configuration is fixed when it is created"
+                    .to_owned()
+            };
+            (Action::Updated, Some(detail))
+        }
+        None if record.is_some() => {
+            (Action::Corrected, Some("it had been removed on the machine; created again".to_owned()))
+        }
+        None => (Action::Created, None),
+    };
+    if ctx.opts.dry_run {
+        return Ok(Step::Done(begin(r, action, detail), None));
+    }
+
+    ensure_image(docker, c)?;
+    let new = new_container(r, c, &want, true)?;
+    if found.is_some() {
+        docker.remove(c.name.as_str())?;
+    }
+    docker.create(&new)?;
+    docker.start(c.name.as_str())?;
+    // A container removed by hand and made again at the spec it last ran with is not new to
+    // this machine: its recovery is timed like a restart's, without the settling wait.
+    let known = record.is_some_and(|rec| rec.spec.as_deref() == Some(want.as_str()));
+    read_back(docker, c, &want, if known { Started::Recreated } else { Started::New })?;
+    Ok(Step::Done(begin(r, action, detail), Some(facts)))
+}
+
+/// On an adopted node: whether the container or network a resource names is on the machine and
+/// was made by someone else (it has no `mesh-host.id` label, and no record holds its name), so
+/// that it is held as found. `None` for a step, which leaves nothing running to find.
+pub(super) fn found_made_by_others(ctx: &mut Ctx<'_>, r: &Resource) -> Option<Result<bool, Error>> {
+    let (kind, name) = match &r.spec {
+        Spec::Container(c) if !c.run_once && c.schedule.is_none() => (Kind::Container, c.name.as_str()),
+        Spec::Network(n) => (Kind::Network, n.name.as_str()),
+        _ => return None,
+    };
+    if ctx.store.holds_target(kind, name) {
+        return Some(Ok(false));
+    }
+    let found = ctx.docker().and_then(|docker| match kind {
+        Kind::Container => Ok(docker.container(name)?.map(|c| c.labels)),
+        _ => Ok(docker.network(name)?.map(|n| n.labels)),
+    });
+    Some(found.map(|labels| labels.is_some_and(|l| !l.contains_key(ID_LABEL))))
+}
+
+/// How a stopped container is described, after "it": "exited with code 137".
+fn stopped(state: &docker::ContainerState) -> String {
+    match (state.status.as_str(), state.exit_code) {
+        ("exited", Some(code)) => format!("exited with code {code}"),
+        ("created", _) => "was created and not started".to_owned(),
+        ("", _) => "was not running".to_owned(),
+        (status, _) => format!("was {status}, not running"),
+    }
+}
+
+/// How the container being read back came to be running.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Started {
+    /// Created at a spec this machine has not run it with.
+    New,
+    /// Created again, at the spec it last ran with (it had been removed by hand).
+    Recreated,
+    /// The same container, started again after it stopped.
+    Again,
+}
+
+/// Reads back a container just started: there, running, and carrying the label. A start that
+/// returned success says the process began, not that it is still there.
+///
+/// A container created at a new spec is looked at a second time after [`SETTLE`]: a process
+/// exiting at once is the likeliest failure of a new configuration. Any created container must
+/// not have been restarted by its restart policy already, which is a process exiting at once.
+/// One started again after it stopped is held to neither: its runtime may be restarting it by
+/// its own policy at the same moment. A container that ran at this spec before is not settled
+/// either: if it dies again its event says so, and settling would add its whole wait to the
+/// time a killed or removed container takes to come back, which is what the daemon is measured
+/// on.
+fn read_back(docker: &Docker, c: &Container, want: &str, started: Started) -> Result<(), Error> {
+    let name = c.name.as_str();
+    let look = || {
+        docker.container(name)?.ok_or_else(|| {
+            Error::Refused(format!("container {name} was started and is not there afterwards"))
+        })
+    };
+    let mut state = look()?;
+    if state.running && started == Started::New {
+        std::thread::sleep(SETTLE);
+        state = look()?;
+    }
+    if started != Started::Again && state.restarts > 0 {
+        return Err(Error::Refused(format!(
+            "container {name} was started and is not running: it exited at once, and the runtime keeps restarting it; read its logs with `{} logs {name}`",
+            docker.cli()
+        )));
+    }
+    if !state.running {
+        return Err(Error::Refused(format!(
+            "container {name} was started and is not running: it {}; read its logs with `{} logs {name}`",
+            stopped(&state),
+            docker.cli()
+        )));
+    }
+    if state.label(SPEC_LABEL) != Some(want) {
+        return Err(Error::ReadBack {
+            path: format!("container {name}"),
+            what: "the label mesh-host.spec",
+            wanted: want.to_owned(),
+            found: state.label(SPEC_LABEL).unwrap_or("absent").to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// A run-once step: run in the foreground to completion, exit 0 required. Its record is its
+/// spec digest, since a step leaves nothing running to ask: it runs again only when what it
+/// was declared as changes. A failure is a gate (the engine stops the pass), so what is
+/// declared after a step never runs on a machine the step did not make ready.
+fn run_once(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Error> {
+    let want = spec(ctx.declaration, c, None);
+    let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Container);
+    let facts = Facts { spec: Some(want.clone()), ..Facts::default() };
+    if record.and_then(|rec| rec.spec.as_deref()) == Some(want.as_str()) {
+        let detail = "run-once step already completed for this declaration".to_owned();
+        return Ok(Step::Done(begin(r, Action::Unchanged, Some(detail)), Some(facts)));
+    }
+    let (action, detail) = match record {
+        Some(_) => (Action::Updated, "run-once step ran again, since its declaration changed, and completed"),
+        None => (Action::Created, "run-once step completed"),
+    };
+    if ctx.opts.dry_run {
+        return Ok(Step::Done(begin(r, action, Some("run-once step would run".into())), None));
+    }
+    let docker = &ctx.docker()?;
+    ensure_image(docker, c)?;
+    run_step(docker, r, c, &want, "run-once step")?;
+    Ok(Step::Done(begin(r, action, Some(detail.into())), Some(facts)))
+}
+
+/// Runs a step's container to completion and removes it. A failed one is left in place so its
+/// logs can be read; it is replaced at the next run.
+fn run_step(docker: &Docker, r: &Resource, c: &Container, want: &str, what: &str) -> Result<(), Error> {
+    let name = c.name.as_str();
+    // A container of this name from an earlier run, or a failed one, must not be mistaken for
+    // this run.
+    docker.remove(name)?;
+    let new = new_container(r, c, want, false)?;
+    docker.create(&new)?;
+    docker.start(name)?;
+    let code = docker.wait(name)?;
+    if code != 0 {
+        return Err(Error::Refused(format!(
+            "{what} {name} exited with code {code}; its container is left for its logs: `{} logs {name}`",
+            docker.cli()
+        )));
+    }
+    docker.remove(name)?;
+    Ok(())
+}
+
+/// A scheduled step is installed, not run: the schedule is recorded, and its image made
+/// present now so the first run does not find it missing. The daemon's scheduler runs it
+/// (see [`run_scheduled`]); a failed run never changes what an apply reported.
+fn install_schedule(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Error> {
+    let want = spec(ctx.declaration, c, None);
+    let schedule = c.schedule.as_ref().map(|s| s.as_str().to_owned());
+    let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Container);
+    let docker = &ctx.docker()?;
+    ensure_image(docker, c)?;
+    let (action, detail) = match record.and_then(|rec| rec.spec.as_deref()) {
+        Some(s) if s == want => (Action::Unchanged, "scheduled step, installed for this declaration"),
+        Some(_) => (Action::Updated, "scheduled step re-installed: its image, settings or cadence changed"),
+        None => (
+            Action::Created,
+            "scheduled step installed; not run now: the host's scheduler runs it on its cadence",
+        ),
+    };
+    let facts = (!ctx.opts.dry_run).then(|| Facts { spec: Some(want), schedule, ..Facts::default() });
+    Ok(Step::Done(begin(r, action, Some(detail.into())), facts))
+}
+
+/// What one run of a scheduled step did.
+#[derive(Clone, Debug)]
+pub struct ScheduledRun {
+    pub id: String,
+    pub took: Duration,
+}
+
+/// Runs one scheduled step to completion: what the daemon's scheduler calls at each fire.
+/// Success is an exit of 0; anything else is an error naming the step, to be logged and
+/// counted, never to change what an apply reported. Blocks: call it from a blocking thread of
+/// a tokio runtime (`spawn_blocking`).
+pub fn run_scheduled(
+    declaration: &Declaration,
+    id: &Id,
+    container_socket: Option<&str>,
+) -> Result<ScheduledRun, Error> {
+    let r = declaration.get(id).ok_or_else(|| Error::Refused(format!("{id} is not declared")))?;
+    let c = match &r.spec {
+        Spec::Container(c) if c.schedule.is_some() => c,
+        _ => return Err(Error::Refused(format!("{id} is not a scheduled container step"))),
+    };
+    let started = Instant::now();
+    let docker = docker::connect(container_socket)?;
+    ensure_image(&docker, c)?;
+    run_step(&docker, r, c, &spec(declaration, c, None), "scheduled step")?;
+    Ok(ScheduledRun { id: id.to_string(), took: started.elapsed() })
+}
+
+/// The image must already be on this machine: mesh-host does not pull. A name such as
+/// `local/web:1` pulled on a machine that lacks it would be resolved on a public registry,
+/// which may hold something else under that name; images reach a node by being loaded.
+fn ensure_image(docker: &Docker, c: &Container) -> Result<(), Error> {
+    let image = c.image.as_str();
+    if docker.has_image(image)? {
+        return Ok(());
+    }
+    if image.starts_with("sha256:") || image.contains("@sha256:") {
+        return Err(Error::Refused(format!(
+            "image {image} is not on this machine, and an image named by its digest cannot be fetched: nothing here serves it. Load it (`{} load`) before applying",
+            docker.cli()
+        )));
+    }
+    Err(Error::Refused(format!(
+        "image {image} is not on this machine; mesh-host does not pull images, so load or build it here (`{} load`, `{} import`) before applying",
+        docker.cli(),
+        docker.cli()
+    )))
+}
+
+/// The digest of a container's spec: what it is made from. `reads` are the files it reads at
+/// creation; `None` computes the spec as it was before those were folded in (the legacy label).
+///
+/// Besides what the contract lists (image, name, env, ports, volumes, args, schedule, the
+/// declared digest of each restart-on resource, the files read), the network and the extra
+/// hosts are in it, each only when set: changing either changes the container, and a
+/// container that sets neither keeps the digest the contract gives it.
+pub fn spec_digest(
+    declaration: &Declaration,
+    c: &Container,
+    reads: Option<&BTreeMap<String, String>>,
+) -> String {
+    spec(declaration, c, reads)
+}
+
+fn spec(declaration: &Declaration, c: &Container, reads: Option<&BTreeMap<String, String>>) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(s, "image {}", c.image.as_str());
+    let _ = writeln!(s, "name {}", c.name.as_str());
+    for (k, v) in &c.env {
+        let _ = writeln!(s, "env {k}={v}");
+    }
+    for p in &c.ports {
+        let _ = writeln!(s, "port {p}");
+    }
+    for v in &c.volumes {
+        let _ = writeln!(s, "volume {v}");
+    }
+    for a in &c.args {
+        let _ = writeln!(s, "arg {a}");
+    }
+    if let Some(n) = &c.network {
+        let _ = writeln!(s, "network {}", n.as_str());
+    }
+    for h in &c.hosts {
+        let _ = writeln!(s, "host {h}");
+    }
+    if let Some(cron) = &c.schedule {
+        let _ = writeln!(s, "schedule {}", cron.as_str());
+    }
+    // Sorted, so a reordering nobody meant does not recreate anything.
+    let mut named: Vec<&Id> = c.restart_on.iter().collect();
+    named.sort();
+    for id in named {
+        let declared = declaration.get(id).map_or("", |r| r.digest.as_str());
+        let _ = writeln!(s, "restart-on {id}={declared}");
+    }
+    for (path, d) in reads.into_iter().flatten() {
+        let _ = writeln!(s, "file {path}={d}");
+    }
+    digest(s.as_bytes())
+}
+
+/// What a long-running container reads at creation, by path: each env-file, and each file
+/// bind-mounted directly. A mounted directory is not looked inside, not even at files the host
+/// wrote there: what a program reads out of a directory, and when, is the program's (a proxy
+/// that re-reads its routes live would be recreated on every route change). A module whose
+/// program reads such a file once says so with restart-on. Steps read nothing here: they read
+/// their files afresh each time they run.
+fn reads(store: &Store, declaration: &Declaration, c: &Container) -> Result<BTreeMap<String, String>, Error> {
+    let mut out = BTreeMap::new();
+    for path in &c.env_file {
+        let d = file_digest(store, declaration, path.as_path())?.unwrap_or_else(|| "absent".to_owned());
+        out.insert(path.to_string(), d);
+    }
+    for v in &c.volumes {
+        let source = v.split(':').next().unwrap_or_default();
+        if !source.starts_with('/') {
+            continue; // A named volume: the runtime's, holding data.
+        }
+        if let Some(d) = file_digest(store, declaration, Path::new(source))? {
+            out.insert(source.to_owned(), d);
+        }
+    }
+    Ok(out)
+}
+
+/// What a file holds, by digest: what the host wrote there when it has a record of writing it,
+/// else what is on disk. The record is preferred because it is what the host means by the
+/// file: a seed created once digests as the seed, not as what the program grew in it. `None`
+/// when nothing readable is there, or it is not a regular file.
+///
+/// The record of the file resource this declaration has at that path comes first; another
+/// origin's record of the same path (a first-boot bundle's, which the mesh never removes) is
+/// only a fallback, the most recent one, for a path this declaration does not write.
+fn file_digest(store: &Store, declaration: &Declaration, path: &Path) -> Result<Option<String>, Error> {
+    let text = path.display().to_string();
+    let declared = declaration
+        .resources
+        .iter()
+        .find(|r| r.kind() == Kind::File && r.target() == text)
+        .and_then(|r| store.get(r.id.as_str()))
+        .filter(|rec| rec.kind == Kind::File && rec.target == text);
+    let record = declared.or_else(|| store.latest_at(Kind::File, &text).map(|(_, rec)| rec));
+    if let Some(wrote) = record.and_then(|rec| rec.wrote.clone()) {
+        return Ok(Some(wrote));
+    }
+    docker::read_input_file(path)
+        .map(|bytes| bytes.map(|b| digest(&b)))
+        .map_err(|e| Error::Refused(format!("cannot read {text}, which the container reads: {e}")))
+}
+
+/// Everything the runtime needs to create the container, resolved: env-files read, ports
+/// parsed, bind sources checked.
+fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) -> Result<NewContainer, Error> {
+    let name = c.name.as_str();
+    let mut env = Vec::new();
+    // The Engine API takes no env-file: the docker CLI reads it on the client side, and so
+    // does the host, in the CLI's format. Values are never logged.
+    for (i, path) in c.env_file.iter().enumerate() {
+        let bytes = docker::read_input_file(path.as_path())
+            .map_err(|e| Error::Refused(format!("container {name}: env-file[{i}] {path}: {e}")))?
+            .ok_or_else(|| {
+                Error::Refused(format!(
+                    "container {name}: env-file[{i}] {path} is not there (or not a file); declare it before the container"
+                ))
+            })?;
+        env.extend(
+            parse_env_file(&bytes)
+                .map_err(|e| Error::Refused(format!("container {name}: env-file[{i}] {path}: {e}")))?,
+        );
+    }
+    env.extend(c.env.iter().map(|(k, v)| format!("{k}={v}")));
+
+    let mut binds = Vec::new();
+    for (i, v) in c.volumes.iter().enumerate() {
+        let source = v.split(':').next().unwrap_or_default();
+        // Docker makes a missing bind source as an empty directory, owned by root. Where a file
+        // was meant (a credential not written yet) that directory then blocks the file for
+        // ever, so a missing source is refused instead.
+        if source.starts_with('/') && !docker::exists(Path::new(source)) {
+            return Err(Error::Refused(format!(
+                "container {name}: volumes[{i}]: {source} does not exist; declare it before the container"
+            )));
+        }
+        binds.push(v.clone());
+    }
+
+    let mut ports = Vec::new();
+    for (i, p) in c.ports.iter().enumerate() {
+        ports.push(parse_port(p).ok_or_else(|| {
+            Error::Refused(format!("container {name}: ports[{i}]: {p:?} is not a port mapping"))
+        })?);
+    }
+
+    let mut labels =
+        HashMap::from([(SPEC_LABEL.to_owned(), want.to_owned()), (ID_LABEL.to_owned(), r.id.to_string())]);
+    // A step's container exits by design. Marked, so the event watcher does not take its end
+    // for drift: a failed run-once step would otherwise be run again at every exit of its own.
+    if !keep_running {
+        let kind = if c.schedule.is_some() { "scheduled" } else { "run-once" };
+        labels.insert(STEP_LABEL.to_owned(), kind.to_owned());
+    }
+    Ok(NewContainer {
+        name: name.to_owned(),
+        image: c.image.as_str().to_owned(),
+        env,
+        args: c.args.clone(),
+        labels,
+        binds,
+        ports,
+        network: c.network.as_ref().map(|n| n.as_str().to_owned()),
+        hosts: c.hosts.clone(),
+        keep_running,
+    })
+}
+
+/// Parses an env-file the way the docker CLI does: `KEY=VALUE` lines, the value taken as
+/// written; blank lines and `#` comments skipped. A bare `KEY`, which the CLI fills from its
+/// own environment, is skipped: the agent's environment is not the container's.
+fn parse_env_file(bytes: &[u8]) -> Result<Vec<String>, String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_owned())?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim_start();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((key, _)) = line.split_once('=') else { continue };
+        if key.is_empty() || key.contains(char::is_whitespace) {
+            // The line number, never the line: it may hold a secret.
+            return Err(format!("line {} does not start with a variable name", n + 1));
+        }
+        out.push(line.to_owned());
+    }
+    Ok(out)
+}
+
+/// `[ip:][host:]container[/proto]` into (container port with protocol, host ip, host port).
+fn parse_port(p: &str) -> Option<(String, String, String)> {
+    let (ports, proto) = match p.rsplit_once('/') {
+        Some((ports, proto)) => (ports, proto),
+        None => (p, "tcp"),
+    };
+    let (ip, rest) = match ports.strip_prefix('[') {
+        Some(r) => {
+            let (ip, rest) = r.split_once("]:")?;
+            (ip.to_owned(), rest)
+        }
+        None => (String::new(), ports),
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    let (ip, host, container) = match (ip.is_empty(), parts.as_slice()) {
+        (true, [c]) => (String::new(), "", *c),
+        (_, [h, c]) => (ip, *h, *c),
+        (true, [ip, h, c]) => ((*ip).to_owned(), *h, *c),
+        _ => return None,
+    };
+    Some((format!("{container}/{proto}"), ip, host.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_parse_like_docker_run_publish() {
+        let p = |s: &str| parse_port(s).unwrap();
+        assert_eq!(p("80"), ("80/tcp".into(), "".into(), "".into()));
+        assert_eq!(p("8080:80"), ("80/tcp".into(), "".into(), "8080".into()));
+        assert_eq!(p("127.0.0.1:8080:80/udp"), ("80/udp".into(), "127.0.0.1".into(), "8080".into()));
+        assert_eq!(p("127.0.0.1::80"), ("80/tcp".into(), "127.0.0.1".into(), "".into()));
+        assert_eq!(p("[::1]:8080:80"), ("80/tcp".into(), "::1".into(), "8080".into()));
+    }
+
+    #[test]
+    fn env_files_parse_like_the_docker_cli() {
+        let got = parse_env_file(b"# a comment\n\nPORT=8080\n  NAME=a b \nBARE\nEMPTY=\n").unwrap();
+        assert_eq!(got, vec!["PORT=8080", "NAME=a b ", "EMPTY="]);
+        let err = parse_env_file(b"OK=1\nA B=secret\n").unwrap_err();
+        assert_eq!(err, "line 2 does not start with a variable name");
+        assert!(!err.contains("secret"));
+    }
+
+    #[test]
+    fn the_spec_moves_with_what_is_read_and_only_then() {
+        let d = Declaration::parse(
+            br#"{"version": 1, "resources": [
+                {"type": "container", "id": "web.app", "name": "web", "image": "local/web:1",
+                 "env": {"B": "2", "A": "1"}}]}"#,
+        )
+        .unwrap();
+        let Spec::Container(c) = &d.resources[0].spec else { unreachable!() };
+        let empty = BTreeMap::new();
+        // A container that reads nothing has the same digest with and without file lines.
+        assert_eq!(spec(&d, c, None), spec(&d, c, Some(&empty)));
+        let one = BTreeMap::from([("/etc/web.env".to_owned(), "sha256:1".to_owned())]);
+        let two = BTreeMap::from([("/etc/web.env".to_owned(), "sha256:2".to_owned())]);
+        assert_ne!(spec(&d, c, Some(&one)), spec(&d, c, Some(&two)));
+        assert_ne!(spec(&d, c, Some(&one)), spec(&d, c, None));
+    }
+}

@@ -1,0 +1,167 @@
+//! When a scheduled step fires next: a 5-field cron expression (minute hour day month weekday),
+//! read in UTC. Pure: the daemon's scheduler asks, sleeps until then, and runs the step with
+//! [`crate::apply::run_scheduled`].
+//!
+//! The fields mean what they mean to Vixie cron, which is what an operator writing one expects:
+//! `*`, a number, `a-b`, `*/n`, `a-b/n`, `a/n` (from `a` to the end, every `n`), and lists of
+//! these; weekday 0 and 7 are both Sunday. When both the day and the weekday are restricted
+//! (neither starts with `*`), a day matching either fires, as in Vixie cron.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::declaration::Cron;
+
+/// How far ahead to look. Eight years covers every leap day; an expression that has not fired
+/// by then (`0 0 30 2 *`, the 30th of February) never will.
+const HORIZON_DAYS: i64 = 366 * 8;
+
+/// The next time strictly after `after` at which the expression fires, at a whole minute;
+/// `None` if it never does.
+pub fn next_fire(cron: &Cron, after: SystemTime) -> Option<SystemTime> {
+    let fields: Vec<&str> = cron.as_str().split_whitespace().collect();
+    let minutes = set(fields[0], 0, 59)?;
+    let hours = set(fields[1], 0, 23)?;
+    let days = set(fields[2], 1, 31)?;
+    let months = set(fields[3], 1, 12)?;
+    let mut weekdays = set(fields[4], 0, 7)?;
+    if weekdays & (1 << 7) != 0 {
+        weekdays |= 1; // 7 is Sunday too.
+    }
+    let day_star = fields[2].starts_with('*');
+    let weekday_star = fields[4].starts_with('*');
+
+    let secs = after.duration_since(UNIX_EPOCH).ok()?.as_secs() as i64;
+    let first = secs.div_euclid(60) + 1; // The next whole minute, in minutes since the epoch.
+    let first_day = first.div_euclid(1440);
+    for day in first_day..first_day + HORIZON_DAYS {
+        let (_, month, dom) = civil(day);
+        let dow = (day + 4).rem_euclid(7) as u32; // 1970-01-01 was a Thursday.
+        if months & (1 << month) == 0 {
+            continue;
+        }
+        let dom_ok = days & (1 << dom) != 0;
+        let dow_ok = weekdays & (1 << dow) != 0;
+        let day_ok = if day_star || weekday_star { dom_ok && dow_ok } else { dom_ok || dow_ok };
+        if !day_ok {
+            continue;
+        }
+        let start = if day == first_day { first.rem_euclid(1440) } else { 0 };
+        for minute_of_day in start..1440 {
+            let (h, m) = (minute_of_day / 60, minute_of_day % 60);
+            if hours & (1 << h) != 0 && minutes & (1 << m) != 0 {
+                let at = (day * 1440 + minute_of_day) * 60;
+                return Some(UNIX_EPOCH + Duration::from_secs(at as u64));
+            }
+        }
+    }
+    None
+}
+
+/// The values a field allows, as bits.
+fn set(field: &str, lo: u32, hi: u32) -> Option<u64> {
+    let mut bits = 0u64;
+    for part in field.split(',') {
+        let (range, step) = match part.split_once('/') {
+            Some((r, s)) => (r, s.parse::<u32>().ok().filter(|s| *s > 0)?),
+            None => (part, 1),
+        };
+        let (from, to) = if range == "*" {
+            (lo, hi)
+        } else if let Some((a, b)) = range.split_once('-') {
+            (a.parse().ok()?, b.parse().ok()?)
+        } else {
+            let a: u32 = range.parse().ok()?;
+            // `a/n` runs from a to the end of the field; a plain `a` is a itself.
+            (a, if part.contains('/') { hi } else { a })
+        };
+        if from < lo || to > hi || from > to {
+            return None;
+        }
+        let mut v = from;
+        while v <= to {
+            bits |= 1 << v;
+            v += step;
+        }
+    }
+    Some(bits)
+}
+
+/// (year, month 1-12, day 1-31) of a day counted from 1970-01-01 (Howard Hinnant's algorithm).
+fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Seconds since the epoch of a UTC date and time.
+    fn at(y: i64, mo: u32, d: u32, h: u64, mi: u64) -> SystemTime {
+        // Days from civil, the inverse of `civil`.
+        let y = if mo <= 2 { y - 1 } else { y };
+        let era = y.div_euclid(400);
+        let yoe = y - era * 400;
+        let mp = if mo > 2 { mo - 3 } else { mo + 9 } as i64;
+        let doy = (153 * mp + 2) / 5 + d as i64 - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        let days = era * 146_097 + doe - 719_468;
+        UNIX_EPOCH + Duration::from_secs(days as u64 * 86_400 + h * 3600 + mi * 60)
+    }
+
+    fn next(expr: &str, after: SystemTime) -> Option<SystemTime> {
+        next_fire(&Cron::parse(expr).unwrap(), after)
+    }
+
+    #[test]
+    fn every_five_minutes_fires_at_the_next_multiple_strictly_after() {
+        assert_eq!(next("*/5 * * * *", at(2026, 11, 30, 4, 2)), Some(at(2026, 11, 30, 4, 5)));
+        assert_eq!(next("*/5 * * * *", at(2026, 11, 30, 4, 5)), Some(at(2026, 11, 30, 4, 10)));
+        let mid_minute = at(2026, 11, 30, 4, 5) + Duration::from_secs(30);
+        assert_eq!(next("*/5 * * * *", mid_minute), Some(at(2026, 11, 30, 4, 10)));
+    }
+
+    #[test]
+    fn daily_at_a_time_rolls_over_the_day_month_and_year() {
+        assert_eq!(next("30 2 * * *", at(2026, 11, 30, 4, 0)), Some(at(2026, 12, 1, 2, 30)));
+        assert_eq!(next("0 0 1 1 *", at(2026, 11, 30, 4, 0)), Some(at(2027, 1, 1, 0, 0)));
+        assert_eq!(next("59 23 31 12 *", at(2026, 12, 31, 23, 58)), Some(at(2026, 12, 31, 23, 59)));
+    }
+
+    #[test]
+    fn weekdays_with_sunday_as_0_or_7() {
+        // 2026-11-30 is a Monday.
+        assert_eq!(next("0 9 * * 1-5", at(2026, 11, 30, 10, 0)), Some(at(2026, 12, 1, 9, 0)));
+        assert_eq!(next("0 9 * * 0", at(2026, 11, 30, 10, 0)), Some(at(2026, 12, 6, 9, 0)));
+        assert_eq!(next("0 9 * * 7", at(2026, 11, 30, 10, 0)), Some(at(2026, 12, 6, 9, 0)));
+    }
+
+    #[test]
+    fn day_and_weekday_both_restricted_fire_on_either() {
+        // The 15th, or any Friday: from Monday the 30th, Friday 4 December comes first.
+        assert_eq!(next("0 0 15 * 5", at(2026, 11, 30, 0, 0)), Some(at(2026, 12, 4, 0, 0)));
+        // With the weekday a star, only the 15th.
+        assert_eq!(next("0 0 15 * *", at(2026, 11, 30, 0, 0)), Some(at(2026, 12, 15, 0, 0)));
+    }
+
+    #[test]
+    fn leap_days_and_impossible_dates() {
+        assert_eq!(next("0 0 29 2 *", at(2026, 11, 30, 0, 0)), Some(at(2028, 2, 29, 0, 0)));
+        assert_eq!(next("0 0 30 2 *", at(2026, 11, 30, 0, 0)), None);
+    }
+
+    #[test]
+    fn lists_ranges_and_steps() {
+        assert_eq!(next("15,45 8-10/2 * * *", at(2026, 11, 30, 8, 20)), Some(at(2026, 11, 30, 8, 45)));
+        assert_eq!(next("15,45 8-10/2 * * *", at(2026, 11, 30, 8, 50)), Some(at(2026, 11, 30, 10, 15)));
+        assert_eq!(next("50/5 * * * *", at(2026, 11, 30, 8, 56)), Some(at(2026, 11, 30, 9, 50)));
+    }
+}

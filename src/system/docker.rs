@@ -1,0 +1,466 @@
+//! The container runtime: the Docker Engine API through bollard, spoken to Docker itself or to
+//! Podman's Docker-compatible socket.
+//!
+//! Every call here blocks. Its callers (the appliers, the action applier, a scheduled run) run
+//! on a blocking thread of a tokio runtime, and blocking on the runtime's handle keeps their
+//! ordering plain: one request at a time, in the order the declaration asks. An async caller
+//! uses `tokio::task::spawn_blocking`.
+//!
+//! Architecture Invariant: this module knows the runtime's API and nothing of declarations. It
+//! says what is there and does what it is asked; deciding is the appliers'.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bollard::errors::Error as Bollard;
+use bollard::models::{
+    ContainerCreateBody, HostConfig, NetworkCreateRequest, PortBinding, RestartPolicy, RestartPolicyNameEnum,
+};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, InspectContainerOptions, InspectNetworkOptions,
+    RemoveContainerOptionsBuilder, StartContainerOptions, StopContainerOptions, WaitContainerOptionsBuilder,
+};
+use futures_util::StreamExt as _;
+
+/// The label holding the digest of the spec a container was created from.
+pub const SPEC_LABEL: &str = "mesh-host.spec";
+/// The label holding the id of the resource that declared a container or network.
+pub const ID_LABEL: &str = "mesh-host.id";
+/// The label marking a step's container (`run-once` or `scheduled`): one that exits by design.
+pub const STEP_LABEL: &str = "mesh-host.step";
+
+/// Where a runtime is looked for when none is configured, in this order: Docker's own socket,
+/// then the system socket of Podman's service. `DOCKER_HOST`, when set, is tried first.
+pub const DEFAULT_SOCKETS: [&str; 2] = ["unix:///var/run/docker.sock", "unix:///run/podman/podman.sock"];
+
+/// Why the runtime could not do something.
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    #[error("no container runtime answers on this machine (tried {tried}); start Docker or Podman's service, or configure its socket")]
+    NoRuntime { tried: String },
+    #[error("the configured container runtime socket {socket} does not answer: {reason}")]
+    Configured { socket: String, reason: String },
+    #[error("{what}: {}", api_message(.source))]
+    Api {
+        what: String,
+        #[source]
+        source: Bollard,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The engine's own words for an error it answered with, without bollard's wrapping.
+fn api_message(e: &Bollard) -> String {
+    match e {
+        Bollard::DockerResponseServerError { status_code, message } => {
+            format!("the runtime answered {status_code}: {}", message.trim())
+        }
+        other => other.to_string(),
+    }
+}
+
+fn is_not_found(e: &Bollard) -> bool {
+    matches!(e, Bollard::DockerResponseServerError { status_code: 404, .. })
+}
+
+type Result<T> = std::result::Result<T, DockerError>;
+
+/// What is known about a container, read fresh from the runtime.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerState {
+    pub id: String,
+    pub running: bool,
+    pub exit_code: Option<i64>,
+    /// The runtime's own status word: created, running, exited, dead...
+    pub status: String,
+    /// How many times the runtime restarted it by its restart policy. A container that exits
+    /// at once under `unless-stopped` is restarted within milliseconds and may look running
+    /// when looked at; this count is what gives it away.
+    pub restarts: i64,
+    pub labels: HashMap<String, String>,
+}
+
+impl ContainerState {
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.get(key).map(String::as_str)
+    }
+}
+
+/// What to create. Everything is already resolved: env-files are read, ports are parsed.
+#[derive(Clone, Debug, Default)]
+pub struct NewContainer {
+    pub name: String,
+    pub image: String,
+    /// `KEY=VALUE` entries, in the order given; a later one wins.
+    pub env: Vec<String>,
+    /// Arguments given to the image's entrypoint (Docker's `Cmd`); empty keeps the image's.
+    pub args: Vec<String>,
+    pub labels: HashMap<String, String>,
+    /// `source:destination[:options]`, as `docker run -v` takes them.
+    pub binds: Vec<String>,
+    /// `(container port with protocol, host ip, host port)`, e.g. `("80/tcp", "127.0.0.1", "8080")`.
+    pub ports: Vec<(String, String, String)>,
+    pub network: Option<String>,
+    /// `name:ip` entries for the container's own hosts file.
+    pub hosts: Vec<String>,
+    /// Restarted by the runtime itself when it exits or the machine boots (a long-running
+    /// container); a step is never restarted.
+    pub keep_running: bool,
+}
+
+/// What a command run inside a container did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecOutput {
+    pub code: i64,
+    /// Its standard output and error, interleaved as they came, cut at [`OUTPUT_LIMIT`].
+    pub output: String,
+}
+
+/// Seconds a container is given to stop on SIGTERM before it is killed: Docker's own default.
+pub const STOP_TIMEOUT: i32 = 10;
+
+impl From<ExecOutput> for super::command::Ran {
+    /// A command run inside a container, as one run on the machine would be reported: both of
+    /// its streams, interleaved as they came, stand as its standard output.
+    fn from(e: ExecOutput) -> Self {
+        super::command::Ran {
+            code: Some(i32::try_from(e.code).unwrap_or(i32::MAX)),
+            stdout: e.output,
+            stderr: String::new(),
+        }
+    }
+}
+
+/// At most this much of a command's output is kept: enough to say what went wrong, bounded so
+/// that a chatty command cannot fill the agent's memory.
+pub const OUTPUT_LIMIT: usize = 64 * 1024;
+
+/// A connected runtime.
+#[derive(Clone, Debug)]
+pub struct Docker {
+    client: bollard::Docker,
+    socket: String,
+    /// Whether it is Podman, asked only when a message needs the runtime's name.
+    podman: Arc<OnceLock<bool>>,
+}
+
+fn block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Handle::current().block_on(f)
+}
+
+/// Connects to the runtime: the configured socket if there is one, else the first of
+/// `DOCKER_HOST` and [`DEFAULT_SOCKETS`] that answers. The API version is settled with the
+/// engine (API 1.41, or the engine's own when older): bollard would otherwise ask for a newer
+/// one than Debian's engine speaks.
+pub fn connect(configured: Option<&str>) -> Result<Docker> {
+    block(connect_async(configured))
+}
+
+/// [`connect`], for an async caller.
+pub async fn connect_async(configured: Option<&str>) -> Result<Docker> {
+    if let Some(socket) = configured {
+        return try_socket(socket)
+            .await
+            .map_err(|reason| DockerError::Configured { socket: socket.to_owned(), reason });
+    }
+    let mut tried = Vec::new();
+    let from_env = std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty());
+    for socket in from_env.iter().map(String::as_str).chain(DEFAULT_SOCKETS) {
+        match try_socket(socket).await {
+            Ok(docker) => return Ok(docker),
+            Err(reason) => tried.push(format!("{socket}: {reason}")),
+        }
+    }
+    Err(DockerError::NoRuntime { tried: tried.join("; ") })
+}
+
+/// The Engine API version mesh-host speaks: Debian 12's engine (20.10) speaks 1.41, Podman 4's
+/// compatible API answers to it, and nothing newer is needed.
+const API: bollard::ClientVersion = bollard::ClientVersion { major_version: 1, minor_version: 41 };
+
+async fn try_socket(socket: &str) -> std::result::Result<Docker, String> {
+    let address = if socket.contains("://") { socket.to_owned() } else { format!("unix://{socket}") };
+    let client = if let Some(path) = address.strip_prefix("unix://") {
+        if !Path::new(path).exists() {
+            return Err("no socket there".into());
+        }
+        bollard::Docker::connect_with_unix(&address, 120, &API)
+    } else {
+        bollard::Docker::connect_with_http(&address, 120, &API)
+    }
+    .map_err(|e| e.to_string())?;
+    // A ping, asked at 1.41, is the whole probe: an engine that speaks 1.41 or newer answers in
+    // well under a millisecond. `/version` would settle the same, but Podman takes 400 ms to
+    // answer it, and a pass pays its probe once (a killed container's recovery is one pass).
+    // Only an older engine refuses, and bollard's own negotiation settles on its version. A
+    // short timeout: a socket whose server hangs must not hold the apply for two minutes.
+    let probe = Duration::from_secs(10);
+    let client = match tokio::time::timeout(probe, client.ping()).await {
+        Ok(Ok(_)) => client,
+        Ok(Err(Bollard::DockerResponseServerError { status_code: 400, .. })) => {
+            match tokio::time::timeout(probe, client.negotiate_version()).await {
+                Ok(Ok(older)) => older,
+                Ok(Err(e)) => return Err(api_message(&e)),
+                Err(_) => return Err("no answer within 10 s".into()),
+            }
+        }
+        Ok(Err(e)) => return Err(api_message(&e)),
+        Err(_) => return Err("no answer within 10 s".into()),
+    };
+    Ok(Docker { client, socket: address, podman: Arc::new(OnceLock::new()) })
+}
+
+impl Docker {
+    /// The socket this client speaks to.
+    pub fn socket(&self) -> &str {
+        &self.socket
+    }
+
+    /// Whether the runtime is Podman (through its Docker-compatible API). Asks the runtime the
+    /// first time; a runtime that does not say is taken to be Docker.
+    pub fn is_podman(&self) -> bool {
+        *self.podman.get_or_init(|| {
+            block(self.client.version()).is_ok_and(|v| {
+                v.components
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.name.to_ascii_lowercase().contains("podman"))
+            })
+        })
+    }
+
+    /// The runtime's name, for messages: `docker` or `podman`.
+    pub fn cli(&self) -> &'static str {
+        if self.is_podman() {
+            "podman"
+        } else {
+            "docker"
+        }
+    }
+
+    /// The container of this name, or `None` when there is none.
+    pub fn container(&self, name: &str) -> Result<Option<ContainerState>> {
+        let found = block(self.client.inspect_container(name, None::<InspectContainerOptions>));
+        match found {
+            Ok(c) => {
+                let state = c.state.unwrap_or_default();
+                Ok(Some(ContainerState {
+                    id: c.id.unwrap_or_default(),
+                    running: state.running.unwrap_or(false) && !state.restarting.unwrap_or(false),
+                    restarts: c.restart_count.unwrap_or(0),
+                    exit_code: state.exit_code,
+                    status: state.status.map(|s| s.to_string()).unwrap_or_default(),
+                    labels: c.config.and_then(|c| c.labels).unwrap_or_default(),
+                }))
+            }
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(source) => Err(DockerError::Api { what: format!("cannot inspect container {name}"), source }),
+        }
+    }
+
+    /// Whether the image is on this machine.
+    pub fn has_image(&self, image: &str) -> Result<bool> {
+        match block(self.client.inspect_image(image)) {
+            Ok(_) => Ok(true),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(source) => Err(DockerError::Api { what: format!("cannot inspect image {image}"), source }),
+        }
+    }
+
+    /// Creates a container, not started.
+    pub fn create(&self, c: &NewContainer) -> Result<String> {
+        let mut port_bindings: HashMap<String, Option<Vec<PortBinding>>> = HashMap::new();
+        for (port, ip, host_port) in &c.ports {
+            let binding = PortBinding {
+                host_ip: (!ip.is_empty()).then(|| ip.clone()),
+                host_port: (!host_port.is_empty()).then(|| host_port.clone()),
+            };
+            port_bindings
+                .entry(port.clone())
+                .or_insert_with(|| Some(Vec::new()))
+                .get_or_insert_default()
+                .push(binding);
+        }
+        let exposed: Vec<String> = port_bindings.keys().cloned().collect();
+        let body = ContainerCreateBody {
+            image: Some(c.image.clone()),
+            env: (!c.env.is_empty()).then(|| c.env.clone()),
+            cmd: (!c.args.is_empty()).then(|| c.args.clone()),
+            labels: Some(c.labels.clone()),
+            exposed_ports: (!exposed.is_empty()).then_some(exposed),
+            host_config: Some(HostConfig {
+                binds: (!c.binds.is_empty()).then(|| c.binds.clone()),
+                port_bindings: (!port_bindings.is_empty()).then_some(port_bindings),
+                network_mode: c.network.clone(),
+                extra_hosts: (!c.hosts.is_empty()).then(|| c.hosts.clone()),
+                restart_policy: Some(RestartPolicy {
+                    name: Some(if c.keep_running {
+                        RestartPolicyNameEnum::UNLESS_STOPPED
+                    } else {
+                        RestartPolicyNameEnum::NO
+                    }),
+                    maximum_retry_count: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let options = CreateContainerOptionsBuilder::new().name(&c.name).build();
+        block(self.client.create_container(Some(options), body)).map(|r| r.id).map_err(|source| {
+            DockerError::Api { what: format!("cannot create container {}", c.name), source }
+        })
+    }
+
+    pub fn start(&self, name: &str) -> Result<()> {
+        match block(self.client.start_container(name, None::<StartContainerOptions>)) {
+            Ok(()) => Ok(()),
+            // Already running: its restart policy, or another reconcile, was first.
+            Err(Bollard::DockerResponseServerError { status_code: 304, .. }) => Ok(()),
+            Err(source) => Err(DockerError::Api { what: format!("cannot start container {name}"), source }),
+        }
+    }
+
+    /// Stops a container (SIGTERM, then SIGKILL after [`STOP_TIMEOUT`]) and removes it. A
+    /// container already gone is fine: absence is what removal is for.
+    ///
+    /// Stopped first rather than removed by force, which kills at once: a database being
+    /// replaced deserves its clean shutdown. Podman's forced removal waits out the same
+    /// timeout anyway.
+    pub fn remove(&self, name: &str) -> Result<()> {
+        let stop = StopContainerOptions { t: Some(STOP_TIMEOUT), signal: None };
+        // Not running, or not there: either way the removal below settles it, and reads back.
+        let _ = block(self.client.stop_container(name, Some(stop)));
+        let options = RemoveContainerOptionsBuilder::new().force(true).build();
+        match block(self.client.remove_container(name, Some(options))) {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(source) => Err(DockerError::Api { what: format!("cannot remove container {name}"), source }),
+        }
+    }
+
+    /// Waits for a started container to exit and returns its exit code.
+    pub fn wait(&self, name: &str) -> Result<i64> {
+        let options = WaitContainerOptionsBuilder::new().condition("not-running").build();
+        let mut stream = self.client.wait_container(name, Some(options));
+        match block(stream.next()) {
+            Some(Ok(r)) => Ok(r.status_code),
+            // bollard turns a non-zero exit into an error carrying the code.
+            Some(Err(Bollard::DockerContainerWaitError { code, .. })) => Ok(code),
+            Some(Err(source)) => {
+                Err(DockerError::Api { what: format!("waiting for container {name} to exit"), source })
+            }
+            None => Err(DockerError::Other(format!(
+                "the runtime ended the wait for container {name} without an exit code"
+            ))),
+        }
+    }
+
+    /// Runs a command inside a running container and returns its exit code and output.
+    pub fn exec(&self, container: &str, argv: &[String]) -> Result<ExecOutput> {
+        block(async {
+            use bollard::exec::{CreateExecOptions, StartExecResults};
+            let api = |what: &str| {
+                let what = format!("{what} in container {container}");
+                move |source| DockerError::Api { what, source }
+            };
+            let created = self
+                .client
+                .create_exec(
+                    container,
+                    CreateExecOptions {
+                        attach_stdout: Some(true),
+                        attach_stderr: Some(true),
+                        cmd: Some(argv.to_vec()),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map_err(api("cannot run a command"))?;
+            let mut output = Vec::new();
+            match self.client.start_exec(&created.id, None).await.map_err(api("cannot start a command"))? {
+                StartExecResults::Attached { output: mut stream, .. } => {
+                    while let Some(item) = stream.next().await {
+                        let item = item.map_err(api("reading a command's output"))?;
+                        if output.len() < OUTPUT_LIMIT {
+                            output.extend_from_slice(&item.into_bytes());
+                        }
+                    }
+                }
+                StartExecResults::Detached => {}
+            }
+            output.truncate(OUTPUT_LIMIT);
+            let inspected = self
+                .client
+                .inspect_exec(&created.id)
+                .await
+                .map_err(api("cannot read a command's exit code"))?;
+            let code = inspected.exit_code.ok_or_else(|| {
+                DockerError::Other(format!("a command in container {container} ended without an exit code"))
+            })?;
+            Ok(ExecOutput { code, output: String::from_utf8_lossy(&output).into_owned() })
+        })
+    }
+
+    /// The network of this name: `None` when there is none, else its labels and the names of
+    /// the containers attached to it.
+    pub fn network(&self, name: &str) -> Result<Option<NetworkState>> {
+        match block(self.client.inspect_network(name, None::<InspectNetworkOptions>)) {
+            Ok(n) => {
+                let mut containers: Vec<String> = n
+                    .containers
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(id, c)| c.name.filter(|n| !n.is_empty()).unwrap_or(id))
+                    .collect();
+                containers.sort();
+                Ok(Some(NetworkState { labels: n.labels.unwrap_or_default(), containers }))
+            }
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(source) => Err(DockerError::Api { what: format!("cannot inspect network {name}"), source }),
+        }
+    }
+
+    pub fn create_network(&self, name: &str, labels: HashMap<String, String>) -> Result<()> {
+        let request =
+            NetworkCreateRequest { name: name.to_owned(), labels: Some(labels), ..Default::default() };
+        block(self.client.create_network(request))
+            .map(|_| ())
+            .map_err(|source| DockerError::Api { what: format!("cannot create network {name}"), source })
+    }
+
+    pub fn remove_network(&self, name: &str) -> Result<()> {
+        match block(self.client.remove_network(name)) {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(source) => Err(DockerError::Api { what: format!("cannot remove network {name}"), source }),
+        }
+    }
+}
+
+/// What is known about a network.
+#[derive(Clone, Debug, Default)]
+pub struct NetworkState {
+    pub labels: HashMap<String, String>,
+    /// The containers attached to it, by name.
+    pub containers: Vec<String>,
+}
+
+/// Reads a file a container will read at creation (an env-file, a file mounted into it),
+/// following symlinks as the runtime does. `None` when there is nothing there or it is not a
+/// regular file: a directory is not looked inside.
+pub fn read_input_file(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => std::fs::read(path).map(Some),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether anything is at a path (a bind mount's source), following symlinks.
+pub fn exists(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok()
+}
