@@ -14,6 +14,7 @@
 //! calls `apply::apply` and `apply::reconcile` and reads their reports.
 
 pub mod queue;
+mod schedule;
 mod trigger;
 
 use std::net::SocketAddr;
@@ -28,7 +29,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::apply::{self, Action, Options, Report};
-use crate::declaration::{Declaration, Id, Kind};
+use crate::declaration::{Declaration, Id, Kind, Spec};
 use crate::store::{Origin, Store};
 use crate::telemetry::Metrics;
 use queue::{Contest, Queue, Verdict};
@@ -62,7 +63,8 @@ type Settled = Arc<std::sync::Mutex<Option<Vec<(PathBuf, Vec<u8>)>>>>;
 /// follow the declaration.
 struct Worker {
     config: Config,
-    declaration: Option<Declaration>,
+    /// Shared with the scheduler, which runs steps of the declaration in force.
+    declaration: Option<Arc<Declaration>>,
     store: Store,
     files: FileWatcher,
     index: Arc<RwLock<Index>>,
@@ -81,6 +83,11 @@ struct Worker {
     /// Started when a declaration first names a systemd unit: a node with no services has no
     /// reason to talk to systemd, nor to report a systemd watcher down.
     systemd_watcher: Option<tokio::task::JoinHandle<()>>,
+    /// Started when a declaration first names a container, a network, or an action run in a
+    /// container, for the same reason.
+    docker_watcher: Option<tokio::task::JoinHandle<()>>,
+    /// The declaration in force, for the scheduler of scheduled steps.
+    in_force: tokio::sync::watch::Sender<Option<Arc<Declaration>>>,
 }
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops intake, lets the reconcile in flight
@@ -110,7 +117,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tx: tx.clone(),
         units: tokio::sync::watch::channel(std::collections::BTreeSet::new()).0,
         systemd_watcher: None,
+        docker_watcher: None,
+        in_force: tokio::sync::watch::channel(None).0,
     };
+    let _scheduler =
+        schedule::spawn(worker.in_force.subscribe(), config.container_socket.clone(), Arc::clone(&metrics));
 
     if let Some(addr) = config.metrics {
         let beat = Arc::clone(&heartbeat);
@@ -302,7 +313,20 @@ impl Worker {
                 let index = Index::new(&d);
                 let units = index.units();
                 *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
-                self.declaration = Some(d);
+                let uses_containers = d.resources.iter().any(|r| match &r.spec {
+                    Spec::Container(_) | Spec::Network(_) => true,
+                    Spec::Action(a) => a.in_container.is_some(),
+                    _ => false,
+                });
+                let d = Arc::new(d);
+                self.declaration = Some(Arc::clone(&d));
+                self.in_force.send_replace(Some(d));
+                if uses_containers && self.docker_watcher.is_none() {
+                    self.docker_watcher = Some(mesh_host_watchers::docker::spawn(
+                        self.config.container_socket.clone(),
+                        self.tx.clone(),
+                    ));
+                }
                 if !units.is_empty() && self.systemd_watcher.is_none() {
                     let rx = self.units.subscribe();
                     self.systemd_watcher = Some(mesh_host_watchers::systemd::spawn(
@@ -324,7 +348,7 @@ impl Worker {
 
     fn full(&mut self) -> Verdict {
         let options = self.options();
-        let Some(declaration) = &self.declaration else {
+        let Some(declaration) = self.declaration.as_deref() else {
             return Verdict::Settled;
         };
         let t = std::time::Instant::now();
@@ -350,7 +374,7 @@ impl Worker {
 
     fn one(&mut self, id: &Id, seen: Instant) -> Verdict {
         let options = self.options();
-        let Some(declaration) = &self.declaration else {
+        let Some(declaration) = self.declaration.as_deref() else {
             return Verdict::Settled;
         };
         if declaration.get(id).is_none() {
@@ -414,7 +438,7 @@ impl Worker {
     }
 
     fn count_resources(&self, report: &Report) {
-        let Some(declaration) = &self.declaration else { return };
+        let Some(declaration) = self.declaration.as_deref() else { return };
         let failed: std::collections::HashSet<&str> =
             report.error.iter().flat_map(|e| e.failures.iter().map(|f| f.id.as_str())).collect();
         let held: std::collections::HashSet<&str> =

@@ -35,13 +35,23 @@ pub struct Index {
     paths: HashMap<PathBuf, Id>,
     /// systemd units (a service's, a process's transient one) to the resources that own them.
     units: HashMap<String, Id>,
+    /// Containers by the resource id on their `mesh-host.id` label, and by name: a container
+    /// adopted from a bundle keeps its old id on its label until it is recreated.
+    containers: HashMap<Id, ()>,
+    container_names: HashMap<String, Id>,
 }
 
 impl Index {
     pub fn new(d: &Declaration) -> Index {
         let mut paths = HashMap::new();
         let mut units = HashMap::new();
+        let mut containers = HashMap::new();
+        let mut container_names = HashMap::new();
         for r in &d.resources {
+            if let Spec::Container(c) = &r.spec {
+                containers.insert(r.id.clone(), ());
+                container_names.insert(c.name.to_string(), r.id.clone());
+            }
             if let Some(unit) = crate::apply::systemd_unit(&r.spec) {
                 units.insert(unit, r.id.clone());
             }
@@ -62,7 +72,7 @@ impl Index {
             };
             paths.insert(path.to_path_buf(), r.id.clone());
         }
-        Index { paths, units }
+        Index { paths, units, containers, container_names }
     }
 
     /// The systemd units the declaration manages, for the systemd watcher.
@@ -86,8 +96,14 @@ pub fn keys(change: &Change, index: &Index) -> Vec<(Key, &'static str)> {
         Change::Unit { unit } => {
             index.units.get(unit).map(|id| (Key::Resource(id.clone()), "systemd")).into_iter().collect()
         }
-        // Containers become keys when their watcher is wired in.
-        Change::Container { .. } | Change::Up { .. } => Vec::new(),
+        Change::Container { label, name, .. } => Id::parse(label)
+            .ok()
+            .filter(|id| index.containers.contains_key(id))
+            .or_else(|| index.container_names.get(name).cloned())
+            .map(|id| (Key::Resource(id), "docker"))
+            .into_iter()
+            .collect(),
+        Change::Up { .. } => Vec::new(),
     }
 }
 
@@ -103,7 +119,8 @@ mod tests {
                 {"type": "file", "id": "a.conf", "path": "/srv/a/conf", "content": "x"},
                 {"type": "access", "id": "a.media", "path": "/srv/media"},
                 {"type": "service", "id": "a.web", "unit": "nginx.service", "state": "running"},
-                {"type": "process", "id": "a.worker", "name": "worker", "command": ["/bin/sleep", "9"]}
+                {"type": "process", "id": "a.worker", "name": "worker", "command": ["/bin/sleep", "9"]},
+                {"type": "container", "id": "a.app", "name": "app", "image": "local/app:1"}
             ]}"#,
         )
         .unwrap();
@@ -124,6 +141,14 @@ mod tests {
         );
         assert!(keys(&Change::Unit { unit: "sshd.service".into() }, &index).is_empty());
         assert_eq!(index.units().len(), 2);
+        let container = |label: &str, name: &str| Change::Container {
+            label: label.into(),
+            name: name.into(),
+            action: "die".into(),
+        };
+        assert_eq!(keys(&container("a.app", "app"), &index), vec![(id("a.app"), "docker")]);
+        assert_eq!(keys(&container("store", "app"), &index), vec![(id("a.app"), "docker")], "found by name");
+        assert!(keys(&container("other", "other"), &index).is_empty());
         assert_eq!(keys(&Change::Settled { files: vec![] }, &index), vec![(Key::Declaration, "declaration")]);
     }
 }

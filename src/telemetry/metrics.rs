@@ -30,6 +30,7 @@ pub struct Metrics {
     pub last_apply_success: Gauge,
     pub watcher_up: Family<Labels, Gauge>,
     pub declaration_refusals: Counter,
+    pub scheduled_runs: Family<Labels, Counter>,
     pub build_info: Family<Labels, Gauge>,
 }
 
@@ -56,6 +57,7 @@ impl Metrics {
             last_apply_success: Gauge::default(),
             watcher_up: Family::default(),
             declaration_refusals: Counter::default(),
+            scheduled_runs: Family::default(),
             build_info: Family::default(),
             registry: Registry::default(),
         };
@@ -125,6 +127,11 @@ impl Metrics {
             "mesh_host_declaration_refusals",
             "Declarations refused (invalid, or half-written); the previous one stays in force",
             m.declaration_refusals.clone(),
+        );
+        registry.register(
+            "mesh_host_scheduled_runs",
+            "Runs of scheduled steps, by result (succeeded, failed, skipped while still running)",
+            m.scheduled_runs.clone(),
         );
         registry.register("mesh_host_build_info", "The running build", m.build_info.clone());
         m.build_info.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))]).set(1);

@@ -1,0 +1,87 @@
+//! The scheduler of scheduled steps: containers with a `schedule` (5-field cron, UTC).
+//!
+//! An apply installs a step (records its schedule, makes sure its image is here) without
+//! running it; this runs it at each fire. A failed run is a log line and a count in
+//! `mesh_host_scheduled_runs_total{result="failed"}`, never a change to what an apply reported.
+//! A step still running at its next fire is not started twice; that fire is skipped and said.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+
+use crate::declaration::{Declaration, Id, Spec};
+use crate::telemetry::Metrics;
+
+/// Runs the scheduler until the declaration channel closes.
+pub fn spawn(
+    mut in_force: watch::Receiver<Option<Arc<Declaration>>>,
+    socket: Option<String>,
+    metrics: Arc<Metrics>,
+) -> tokio::task::JoinHandle<()> {
+    let running: Arc<Mutex<HashSet<Id>>> = Arc::default();
+    tokio::spawn(async move {
+        loop {
+            let declaration = in_force.borrow_and_update().clone();
+            let now = SystemTime::now();
+            // The next fire of every step, and the earliest of them.
+            let next: Vec<(SystemTime, Id)> = declaration
+                .iter()
+                .flat_map(|d| d.resources.iter())
+                .filter_map(|r| match &r.spec {
+                    Spec::Container(c) => c
+                        .schedule
+                        .as_ref()
+                        .and_then(|cron| crate::schedule::next_fire(cron, now))
+                        .map(|t| (t, r.id.clone())),
+                    _ => None,
+                })
+                .collect();
+            let Some(&(earliest, _)) = next.iter().min_by_key(|(t, _)| *t) else {
+                // Nothing scheduled: wait for another declaration.
+                if in_force.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            let wait = earliest.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
+            tokio::select! {
+                changed = in_force.changed() => {
+                    if changed.is_err() { return; }
+                    continue;
+                }
+                _ = tokio::time::sleep(wait) => {}
+            }
+            let Some(declaration) = declaration else { continue };
+            for (_, id) in next.into_iter().filter(|(t, _)| *t == earliest) {
+                if !running.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone()) {
+                    tracing::warn!(id = %id, "scheduled step {id} is still running from its last fire; this fire is skipped");
+                    metrics.scheduled_runs.get_or_create(&vec![("result", "skipped")]).inc();
+                    continue;
+                }
+                let (declaration, socket, metrics, running) =
+                    (Arc::clone(&declaration), socket.clone(), Arc::clone(&metrics), Arc::clone(&running));
+                tokio::task::spawn_blocking(move || {
+                    let result = crate::apply::run_scheduled(&declaration, &id, socket.as_deref());
+                    running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                    match result {
+                        Ok(run) => {
+                            metrics.scheduled_runs.get_or_create(&vec![("result", "succeeded")]).inc();
+                            tracing::info!(id = %id, took_ms = run.took.as_millis() as u64, "scheduled step {id} ran");
+                        }
+                        Err(e) => {
+                            metrics.scheduled_runs.get_or_create(&vec![("result", "failed")]).inc();
+                            tracing::warn!(id = %id, "scheduled step {id} failed: {e}");
+                        }
+                    }
+                });
+            }
+            // Past this minute, so the same fire is not taken twice.
+            let past = earliest + Duration::from_secs(1);
+            if let Ok(d) = past.duration_since(SystemTime::now()) {
+                tokio::time::sleep(d).await;
+            }
+        }
+    })
+}
