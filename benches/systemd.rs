@@ -72,7 +72,7 @@ fn main() {
     watcher.abort();
 
     // End to end through the daemon: a unit stopped by hand until it reads back running again.
-    let daemon_again = through_the_daemon();
+    let daemon_again = rt.block_on(rt.spawn_blocking(through_the_daemon)).expect("the end-to-end rounds ran");
     let _ = std::fs::remove_file(format!("{ROOT}/etc/systemd/system/{UNIT}"));
 
     println!("| measure ({ROUNDS} rounds) | median | p90 | max |");
@@ -96,14 +96,25 @@ fn through_the_daemon() -> Vec<Duration> {
     ]});
     std::fs::write(&decl, serde_json::to_vec(&d).unwrap()).unwrap();
     let bus = format!("unix:path={SOCKET}");
-    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_mesh-host"))
-        .env("MESH_HOST_LOG", "warn")
-        .arg("--state")
-        .arg(scratch.path().join("state.json"))
-        .args(["--bus", &bus, "run", "--metrics", "off", "--declaration"])
-        .arg(&decl)
-        .spawn()
-        .expect("mesh-host starts");
+    /// Stops the daemon however the rounds end, so a failed run leaves nothing behind.
+    struct Running(std::process::Child);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
+            let _ = self.0.wait();
+        }
+    }
+    let _daemon = Running(
+        std::process::Command::new(env!("CARGO_BIN_EXE_mesh-host"))
+            .env("MESH_HOST_LOG", "warn")
+            .arg("--state")
+            .arg(scratch.path().join("state.json"))
+            .args(["--bus", &bus, "run", "--metrics", "off", "--declaration"])
+            .arg(&decl)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("mesh-host starts"),
+    );
     let sd = Systemd::connect(Some(&bus)).expect("the testbed's systemd answers");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !sd.state(UNIT).unwrap().running() {
@@ -123,8 +134,6 @@ fn through_the_daemon() -> Vec<Duration> {
         }
         again.push(t0.elapsed());
     }
-    let _ = std::process::Command::new("kill").args(["-TERM", &daemon.id().to_string()]).status();
-    let _ = daemon.wait();
     sd.stop(UNIT).unwrap();
     again
 }
