@@ -122,10 +122,15 @@ impl Declaration {
 
 /// `sha256:<hex>` of some bytes: the one digest format in records and reports.
 pub fn digest(bytes: &[u8]) -> String {
+    hex_digest(&Sha256::digest(bytes))
+}
+
+/// `sha256:<hex>` of a finished sha256.
+pub(crate) fn hex_digest(sum: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(71);
     s.push_str("sha256:");
-    for b in Sha256::digest(bytes) {
+    for b in sum {
         s.push(HEX[(b >> 4) as usize] as char);
         s.push(HEX[(b & 15) as usize] as char);
     }

@@ -1138,3 +1138,33 @@ fn json_schema_names_every_type_and_refuses_unknown_keys() {
         assert!(text.contains(&format!("\"{}\"", kind.as_str())), "{kind} is missing from the schema");
     }
 }
+
+/// A declaration large enough to be validated on two threads gives exactly what one thread
+/// would: resources in order, problems in order, and rules across the halves still applied.
+#[test]
+fn a_large_declaration_is_validated_as_one() {
+    let mut resources: Vec<serde_json::Value> = (0..3000)
+        .map(|i| serde_json::json!({"type": "file", "id": format!("m.f{i}"), "path": format!("/srv/f{i}"), "content": "x"}))
+        .collect();
+    let good = serde_json::to_vec(&serde_json::json!({"version": 1, "resources": resources})).unwrap();
+    let d = Declaration::parse(&good).unwrap();
+    assert_eq!(d.resources.len(), 3000);
+    assert!(d.resources.iter().enumerate().all(|(i, r)| r.index == i && r.id.as_str() == format!("m.f{i}")));
+
+    resources[10]["mode"] = serde_json::json!("999");
+    resources[2990]["mode"] = serde_json::json!("888");
+    resources[2999]["id"] = serde_json::json!("m.f5");
+    let bad = serde_json::to_vec(&serde_json::json!({"version": 1, "resources": resources})).unwrap();
+    let refused = Declaration::parse(&bad).unwrap_err();
+    let at: Vec<(Option<usize>, Option<String>)> =
+        refused.problems.iter().map(|p| (p.index, p.field.clone())).collect();
+    assert_eq!(
+        at,
+        vec![
+            (Some(10), Some("mode".into())),
+            (Some(2990), Some("mode".into())),
+            (Some(2999), Some("id".into()))
+        ],
+        "{refused}"
+    );
+}

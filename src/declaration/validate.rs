@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use super::error::{Problem, Refused};
 use super::model::*;
 use super::types::Id;
-use super::{digest, Adoption, Declaration, Resource, VERSIONS};
+use super::{Adoption, Declaration, Resource, VERSIONS};
 
 /// Collects problems for one resource, so each carries the index and id without repeating them.
 struct Problems {
@@ -60,12 +60,7 @@ pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declara
     }
     let top_level = problems.all.len();
 
-    let mut resources = Vec::with_capacity(raw_resources.len());
-    for (index, raw) in raw_resources.into_iter().enumerate() {
-        if let Some(r) = resource(index, raw, &mut problems) {
-            resources.push(r);
-        }
-    }
+    let resources = resources_of(raw_resources, &mut problems);
 
     across(&resources, &mut problems);
 
@@ -89,6 +84,40 @@ pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declara
         }
     }
     Err(Refused { problems: problems.all })
+}
+
+/// Validates every resource. A large declaration is split in two halves validated on two
+/// threads (each resource stands alone until `across`), then joined in order, problems
+/// included, so the result is exactly what one thread would give.
+fn resources_of(raw: Vec<Value>, problems: &mut Problems) -> Vec<Resource> {
+    const PARALLEL_FROM: usize = 2_000;
+    let one = |start: usize, raw: Vec<Value>| {
+        let mut found = Problems { all: Vec::new() };
+        let mut out = Vec::with_capacity(raw.len());
+        for (i, r) in raw.into_iter().enumerate() {
+            if let Some(r) = resource(start + i, r, &mut found) {
+                out.push(r);
+            }
+        }
+        (out, found.all)
+    };
+    if raw.len() < PARALLEL_FROM {
+        let (out, found) = one(0, raw);
+        problems.all.extend(found);
+        return out;
+    }
+    let mut first = raw;
+    let second = first.split_off(first.len() / 2);
+    let split = first.len();
+    let ((mut out, found1), (out2, found2)) = std::thread::scope(|scope| {
+        let other = scope.spawn(|| one(split, second));
+        let mine = one(0, first);
+        (mine, other.join().expect("validating resources does not panic"))
+    });
+    out.extend(out2);
+    problems.all.extend(found1);
+    problems.all.extend(found2);
+    out
 }
 
 /// The top level of one document: its resources, unparsed, and its adoption.
@@ -185,8 +214,23 @@ fn resource(index: usize, raw: Value, problems: &mut Problems) -> Option<Resourc
     };
     // The digest is of the whole resource as declared, keys sorted (serde_json's map is ordered),
     // so it changes exactly when the declaration of this resource does.
-    let canonical = serde_json::to_vec(&map).expect("a JSON value serialises");
-    let digest = digest(&canonical);
+    let digest = {
+        use sha2::Digest as _;
+        // Serialised straight into the hash: no copy of the resource is made.
+        struct Hashing(sha2::Sha256);
+        impl std::io::Write for Hashing {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.update(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut h = Hashing(sha2::Sha256::new());
+        serde_json::to_writer(&mut h, &map).expect("a JSON value serialises");
+        super::hex_digest(&h.0.finalize())
+    };
 
     let id = match map.remove("id") {
         Some(Value::String(s)) => match Id::parse(&s) {
