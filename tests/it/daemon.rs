@@ -21,13 +21,20 @@ fn hand_edits_are_put_back_and_counted_as_drift() {
     let mut daemon = Daemon::start(&s, &d, &[]);
     assert_eq!(read(&conf), "port=80\n", "the first apply ran before READY");
     let drift = |t: &str| daemon.metric(&format!("mesh_host_drift_corrections_total{{type=\"{t}\"}}"));
+    // Each step waits for the daemon to have counted the last one: the file holds the right
+    // bytes as soon as the rename lands, a moment before the daemon's read-back, and a next
+    // edit inside that moment would make the read-back see it (a race, reported as such).
+    let counted = |n: f64| {
+        assert!(wait_for(PATIENCE, || drift("file") >= n), "{n} file corrections:\n{}", daemon.log())
+    };
 
     std::fs::write(&conf, "port=8080\n").unwrap();
     assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "a hand-edit is put back:\n{}", daemon.log());
-    assert!(wait_for(PATIENCE, || drift("file") >= 1.0));
+    counted(1.0);
 
     Command::new("chmod").arg("0666").arg(&conf).status().unwrap();
     assert!(wait_for(PATIENCE, || mode_of(&conf) == 0o640), "a chmod is put back:\n{}", daemon.log());
+    counted(2.0);
     Command::new("chmod").arg("0777").arg(s.path("etc")).status().unwrap();
     assert!(wait_for(PATIENCE, || mode_of(&s.path("etc")) == 0o750), "a directory's chmod is put back");
     assert!(wait_for(PATIENCE, || drift("directory") >= 1.0));
@@ -38,6 +45,7 @@ fn hand_edits_are_put_back_and_counted_as_drift() {
         "a deleted file is made again:\n{}",
         daemon.log()
     );
+    counted(3.0);
 
     // An editor's save: a new file written beside, then renamed over the managed one.
     let tmp = s.path("etc/.app.conf.swp");
