@@ -134,19 +134,10 @@ impl Drop for Names {
 
 /// `apply --json` with a container socket, returning the exit code and the report.
 fn apply_on(s: &Scratch, d: &Path, socket: Option<&str>) -> (i32, Value) {
-    let mut args = vec!["apply", "--json", d.to_str().unwrap()];
-    if let Some(socket) = socket {
-        args.extend(["--container-socket", socket]);
+    match socket {
+        Some(socket) => s.apply_with(&["--container-socket", socket], d),
+        None => s.apply(d),
     }
-    let out = s.run(&args);
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "apply printed no JSON report ({e}); stdout: {}; stderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code().unwrap_or(-1), report)
 }
 
 fn applied(s: &Scratch, d: &Path) -> Value {

@@ -47,7 +47,14 @@ impl Scratch {
 
     /// `apply --json`, returning the exit code and the report.
     pub fn apply(&self, declaration: &Path) -> (i32, Value) {
-        let out = self.run(&["apply", "--json", declaration.to_str().unwrap()]);
+        self.apply_with(&[], declaration)
+    }
+
+    /// `apply --json` with more options (a bus, a container socket).
+    pub fn apply_with(&self, options: &[&str], declaration: &Path) -> (i32, Value) {
+        let mut args = options.to_vec();
+        args.extend(["apply", "--json", declaration.to_str().unwrap()]);
+        let out = self.run(&args);
         let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
             panic!(
                 "apply printed no JSON report ({e}); stdout: {}; stderr: {}",

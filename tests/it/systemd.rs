@@ -105,15 +105,7 @@ pub fn unique(prefix: &str) -> String {
 
 /// `apply --json` against the testbed's bus.
 pub fn apply_on(s: &Scratch, bus: &str, declaration: &Path) -> (i32, Value) {
-    let out = s.run(&["--bus", bus, "apply", "--json", declaration.to_str().unwrap()]);
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "apply printed no JSON report ({e}); stdout: {}; stderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out.status.code().unwrap_or(-1), report)
+    s.apply_with(&["--bus", bus], declaration)
 }
 
 fn sleeper(extra: &str) -> String {
