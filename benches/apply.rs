@@ -4,32 +4,16 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
-use common::{declaration, DIRS, FILES_PER_DIR};
+use common::{apply_cli, declaration, median, DIRS, FILES_PER_DIR};
 
 /// Runs one apply; returns its wall time and the peak RSS of the largest child so far (KiB).
 fn apply(decl: &Path, state: &Path) -> (Duration, i64) {
-    let start = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
-        .env("MESH_HOST_LOG", "warn")
-        .arg("--state")
-        .arg(state)
-        .arg("apply")
-        .arg(decl)
-        .output()
-        .expect("mesh-host runs");
-    let took = start.elapsed();
-    assert!(out.status.success(), "apply failed: {}", String::from_utf8_lossy(&out.stdout));
+    let took = apply_cli(decl, state);
     let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).unwrap();
     (took, usage.max_rss())
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 fn main() {

@@ -9,6 +9,9 @@
 //! Run with `cargo bench --bench containers`; figures go in BENCHMARKS.md, section Containers.
 #![allow(clippy::disallowed_methods)]
 
+mod common;
+use common::{apply_cli, median};
+
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -35,26 +38,6 @@ fn declaration(root: &Path, prefix: &str) -> serde_json::Value {
         }));
     }
     serde_json::json!({"version": 1, "resources": resources})
-}
-
-fn apply_cli(decl: &Path, state: &Path) -> Duration {
-    let start = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
-        .env("MESH_HOST_LOG", "warn")
-        .arg("--state")
-        .arg(state)
-        .arg("apply")
-        .arg(decl)
-        .output()
-        .expect("mesh-host runs");
-    let took = start.elapsed();
-    assert!(out.status.success(), "apply failed: {}", String::from_utf8_lossy(&out.stdout));
-    took
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 fn ms(d: Duration) -> String {

@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 pub const DIRS: usize = 1_000;
 pub const FILES_PER_DIR: usize = 10;
@@ -46,4 +48,25 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// Runs `mesh-host apply` once through the real binary; returns its wall time.
+pub fn apply_cli(decl: &Path, state: &Path) -> Duration {
+    let start = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
+        .env("MESH_HOST_LOG", "warn")
+        .arg("--state")
+        .arg(state)
+        .arg("apply")
+        .arg(decl)
+        .output()
+        .expect("mesh-host runs");
+    let took = start.elapsed();
+    assert!(out.status.success(), "apply failed: {}", String::from_utf8_lossy(&out.stdout));
+    took
+}
+
+pub fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
 }

@@ -7,7 +7,7 @@ use base64::Engine as _;
 
 use super::{begin, Action, Ctx, Error, Facts, Outcome, Step};
 use crate::declaration::{digest, File, Kind, Resource};
-use crate::system::fs::{Fs, Kind as FsKind};
+use crate::system::fs::{Fs, Kind as FsKind, Meta};
 use crate::system::Staged;
 
 /// A file written to its temporary name, waiting for the batch commit.
@@ -81,8 +81,6 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
                         mode: rec.mode,
                         owner: rec.owner,
                         sig: Some(sig),
-                        archive: None,
-                        spec: None,
                         ..Facts::default()
                     };
                     return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
@@ -137,15 +135,9 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     // the mesh's to put back. The record keeps what the host once wrote, so a later change of
     // the seed in the declaration is not mistaken for drift.
     if f.create_once {
-        let facts = Facts {
-            wrote: record.and_then(|r| r.wrote.clone()).or_else(|| Some(digest(&bytes))),
-            mode: Some(meta.mode),
-            owner: Some((meta.uid, meta.gid)),
-            sig: None,
-            archive: None,
-            spec: None,
-            ..Facts::default()
-        };
+        // No signature: a seed is not compared, so there is nothing for one to save.
+        let wrote = record.and_then(|r| r.wrote.clone()).or_else(|| Some(digest(&bytes)));
+        let facts = Facts { sig: None, ..found(wrote, &meta) };
         let detail = "created once, and present: what is in it now is not the mesh's to change";
         return Ok(Step::Done(begin(r, Action::Kept, Some(detail.into())), Some(facts)));
     }
@@ -160,16 +152,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
             Some(rec) if rec.declared == r.digest && rec.wrote.is_some() => rec.wrote.clone(),
             _ => Some(digest(&bytes)),
         };
-        let facts = Facts {
-            wrote,
-            mode: Some(meta.mode),
-            owner: Some((meta.uid, meta.gid)),
-            sig: meta.settled_sig(),
-            archive: None,
-            spec: None,
-            ..Facts::default()
-        };
-        return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
+        return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(found(wrote, &meta))));
     }
 
     // Drift is a difference from what the host last left, not from what is declared now: a
@@ -261,9 +244,9 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
     if meta.kind != FsKind::File {
         return Err(mismatch("the file", "a regular file".into(), format!("{:?}", meta.kind)));
     }
-    let found = digest(&bytes);
-    if found != c.digest {
-        return Err(mismatch("the content", c.digest.clone(), found));
+    let digest_found = digest(&bytes);
+    if digest_found != c.digest {
+        return Err(mismatch("the content", c.digest.clone(), digest_found));
     }
     if meta.mode != c.mode {
         return Err(mismatch("the mode", format!("{:04o}", c.mode), format!("{:04o}", meta.mode)));
@@ -280,16 +263,19 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
         action: c.action,
         detail: c.detail.clone(),
     };
-    let facts = Facts {
-        wrote: Some(found),
+    Ok((outcome, found(Some(digest_found), &meta)))
+}
+
+/// What to record of a file as it was just found (or read back): the digest of what the host
+/// wrote, its mode, owner and, once trustworthy, its change signature.
+fn found(wrote: Option<String>, meta: &Meta) -> Facts {
+    Facts {
+        wrote,
         mode: Some(meta.mode),
         owner: Some((meta.uid, meta.gid)),
         sig: meta.settled_sig(),
-        archive: None,
-        spec: None,
         ..Facts::default()
-    };
-    Ok((outcome, facts))
+    }
 }
 
 /// `<kept>/<path>`: where the original of a file found on the machine is kept.
