@@ -310,11 +310,11 @@ fn status(json: bool, state: &Path) -> anyhow::Result<Ended> {
     let mut rows = Vec::new();
     let mut drifted = 0;
     for (id, rec) in store.records() {
-        let path = Path::new(&rec.target);
+        let path = Path::new(&*rec.target);
         let holds = match rec.kind {
             Kind::File => match fs.read(path) {
                 Ok(Some((m, bytes))) => {
-                    let same = rec.wrote.as_deref() == Some(crate::declaration::digest(&bytes).as_str())
+                    let same = rec.wrote == Some(crate::declaration::digest(&bytes))
                         && rec.mode.is_none_or(|mode| mode == m.mode);
                     Some(if same { "holds" } else { "changed" })
                 }

@@ -128,7 +128,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
             return Err(Error::Refused(format!("{}: the archive has no bytes or source", path.display())))
         }
     };
-    let got = digest(&bytes);
+    let got = digest(&bytes).to_string();
     if let Some(want) = &a.digest {
         let want = format!("sha256:{}", want.strip_prefix("sha256:").unwrap_or(want));
         if want != got {
@@ -139,7 +139,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
         }
     }
     let record =
-        ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Archive && rec.target == r.target());
+        ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Archive && *rec.target == *r.target());
     let present = match ctx.fs.meta(path)? {
         None => false,
         Some(m) if m.kind == FsKind::Directory => true,
@@ -152,19 +152,16 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
     };
     let facts = Facts { archive: Some(got.clone()), ..Facts::default() };
     let (action, detail) = match record {
-        Some(rec) if rec.archive.as_deref() == Some(got.as_str()) && present => {
+        Some(rec) if rec.archive() == Some(got.as_str()) && present => {
             return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
         }
-        Some(rec) if rec.archive.as_deref() == Some(got.as_str()) => (
+        Some(rec) if rec.archive() == Some(got.as_str()) => (
             Action::Corrected,
             Some("the directory it was unpacked into had been removed on the machine".to_owned()),
         ),
         Some(rec) => (
             Action::Updated,
-            Some(format!(
-                "the archive changed from {} to {got}",
-                rec.archive.as_deref().unwrap_or("nothing")
-            )),
+            Some(format!("the archive changed from {} to {got}", rec.archive().unwrap_or("nothing"))),
         ),
         None => (Action::Created, Some(format!("unpacked {got}"))),
     };

@@ -40,8 +40,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     // bundle's `store` becomes the module's `postgres.server`, the same container under a new
     // id, and a file that changes on the day it is adopted must still be named.
     let was_reading = match record {
-        Some(rec) => Some(&rec.reads),
-        None => ctx.store.latest_at(Kind::Container, c.name.as_str()).map(|(_, rec)| &rec.reads),
+        Some(rec) => rec.reads(),
+        None => ctx.store.latest_at(Kind::Container, c.name.as_str()).and_then(|(_, rec)| rec.reads()),
     };
     let changed_files: Vec<&str> = was_reading
         .into_iter()
@@ -122,7 +122,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     docker.start(c.name.as_str())?;
     // A container removed by hand and made again at the spec it last ran with is not new to
     // this machine: its recovery is timed like a restart's, without the settling wait.
-    let known = record.is_some_and(|rec| rec.spec.as_deref() == Some(want.as_str()));
+    let known = record.is_some_and(|rec| rec.spec() == Some(want.as_str()));
     read_back(docker, c, &want, if known { Started::Recreated } else { Started::New })?;
     Ok(Step::Done(begin(r, action, detail), Some(facts)))
 }
@@ -222,7 +222,7 @@ fn run_once(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Erro
     let want = spec(ctx.declaration, c, None);
     let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Container);
     let facts = Facts { spec: Some(want.clone()), ..Facts::default() };
-    if record.and_then(|rec| rec.spec.as_deref()) == Some(want.as_str()) {
+    if record.and_then(|rec| rec.spec()) == Some(want.as_str()) {
         let detail = "run-once step already completed for this declaration".to_owned();
         return Ok(Step::Done(begin(r, Action::Unchanged, Some(detail)), Some(facts)));
     }
@@ -269,7 +269,7 @@ fn install_schedule(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Container);
     let docker = &ctx.docker()?;
     ensure_image(docker, c)?;
-    let (action, detail) = match record.and_then(|rec| rec.spec.as_deref()) {
+    let (action, detail) = match record.and_then(|rec| rec.spec()) {
         Some(s) if s == want => (Action::Unchanged, "scheduled step, installed for this declaration"),
         Some(_) => (Action::Updated, "scheduled step re-installed: its image, settings or cadence changed"),
         None => (
@@ -375,13 +375,13 @@ fn spec(declaration: &Declaration, c: &Container, reads: Option<&BTreeMap<String
     let mut named: Vec<&Id> = c.restart_on.iter().collect();
     named.sort();
     for id in named {
-        let declared = declaration.get(id).map_or("", |r| r.digest.as_str());
+        let declared = declaration.get(id).map(|r| r.digest.to_string()).unwrap_or_default();
         let _ = writeln!(s, "restart-on {id}={declared}");
     }
     for (path, d) in reads.into_iter().flatten() {
         let _ = writeln!(s, "file {path}={d}");
     }
-    digest(s.as_bytes())
+    digest(s.as_bytes()).to_string()
 }
 
 /// What a long-running container reads at creation, by path: each env-file, and each file
@@ -419,17 +419,16 @@ fn reads(store: &Store, declaration: &Declaration, c: &Container) -> Result<BTre
 fn file_digest(store: &Store, declaration: &Declaration, path: &Path) -> Result<Option<String>, Error> {
     let text = path.display().to_string();
     let declared = declaration
-        .resources
-        .iter()
-        .find(|r| r.kind() == Kind::File && r.target() == text)
+        .at_path(path)
+        .filter(|r| r.kind() == Kind::File)
         .and_then(|r| store.get(r.id.as_str()))
-        .filter(|rec| rec.kind == Kind::File && rec.target == text);
+        .filter(|rec| rec.kind == Kind::File && *rec.target == *text);
     let record = declared.or_else(|| store.latest_at(Kind::File, &text).map(|(_, rec)| rec));
-    if let Some(wrote) = record.and_then(|rec| rec.wrote.clone()) {
-        return Ok(Some(wrote));
+    if let Some(wrote) = record.and_then(|rec| rec.wrote) {
+        return Ok(Some(wrote.to_string()));
     }
     docker::read_input_file(path)
-        .map(|bytes| bytes.map(|b| digest(&b)))
+        .map(|bytes| bytes.map(|b| digest(&b).to_string()))
         .map_err(|e| Error::Refused(format!("cannot read {text}, which the container reads: {e}")))
 }
 

@@ -11,7 +11,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, d: &Directory) -> Result<St
     let mode = d.mode.map_or(0o755, |m| m.bits());
     let owner = d.owner.as_ref().map(|o| ctx.accounts.resolve(o)).transpose()?;
     let record =
-        ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Directory && rec.target == r.target());
+        ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Directory && *rec.target == *r.target());
 
     let (action, detail) = match ctx.fs.meta(path)? {
         None => match record {

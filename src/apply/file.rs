@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use base64::Engine as _;
 
 use super::{begin, Action, Ctx, Error, Facts, Outcome, Step};
-use crate::declaration::{digest, File, Kind, Resource};
+use crate::declaration::{digest, Digest, File, Kind, Resource};
 use crate::system::fs::{Fs, Kind as FsKind, Meta};
 use crate::system::Staged;
 
@@ -22,7 +22,7 @@ pub(super) struct Checked {
     id: String,
     target: String,
     path: PathBuf,
-    digest: String,
+    digest: Digest,
     mode: u32,
     owner: Option<(u32, u32)>,
     action: Action,
@@ -62,7 +62,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     let mode = f.mode().bits();
     let owner = f.owner.as_ref().map(|o| ctx.accounts.resolve(o)).transpose()?;
     let record =
-        ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::File && rec.target == r.target());
+        ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::File && *rec.target == *r.target());
     // The steady state, and the hot path: a file whose signature (inode, ctime, size) is the
     // one recorded when the host last found it as declared has not been touched since, so it
     // is not read again. Only when the declaration is the one recorded, too.
@@ -77,7 +77,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
                     && owner_same
                 {
                     let facts = Facts {
-                        wrote: rec.wrote.clone(),
+                        wrote: rec.wrote,
                         mode: rec.mode,
                         owner: rec.owner,
                         sig: Some(sig),
@@ -136,7 +136,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     // the seed in the declaration is not mistaken for drift.
     if f.create_once {
         // No signature: a seed is not compared, so there is nothing for one to save.
-        let wrote = record.and_then(|r| r.wrote.clone()).or_else(|| Some(digest(&bytes)));
+        let wrote = record.and_then(|r| r.wrote).or_else(|| Some(digest(&bytes)));
         let facts = Facts { sig: None, ..found(wrote, &meta) };
         let detail = "created once, and present: what is in it now is not the mesh's to change";
         return Ok(Step::Done(begin(r, Action::Kept, Some(detail.into())), Some(facts)));
@@ -149,7 +149,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         // The steady state, and the hot path: no hashing when the declaration has not changed
         // since the record, because what the host wrote is then exactly what is declared.
         let wrote = match record {
-            Some(rec) if rec.declared == r.digest && rec.wrote.is_some() => rec.wrote.clone(),
+            Some(rec) if rec.declared == r.digest && rec.wrote.is_some() => rec.wrote,
             _ => Some(digest(&bytes)),
         };
         return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(found(wrote, &meta))));
@@ -162,7 +162,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     let mut changes = Vec::new();
     if !content_same {
         changes.push("content".to_owned());
-        if record.is_some_and(|rec| rec.wrote.as_deref() != Some(digest(&bytes).as_str())) {
+        if record.is_some_and(|rec| rec.wrote != Some(digest(&bytes))) {
             drifted.push("content".to_owned());
         }
     }
@@ -246,7 +246,7 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
     }
     let digest_found = digest(&bytes);
     if digest_found != c.digest {
-        return Err(mismatch("the content", c.digest.clone(), digest_found));
+        return Err(mismatch("the content", c.digest.to_string(), digest_found.to_string()));
     }
     if meta.mode != c.mode {
         return Err(mismatch("the mode", format!("{:04o}", c.mode), format!("{:04o}", meta.mode)));
@@ -268,7 +268,7 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
 
 /// What to record of a file as it was just found (or read back): the digest of what the host
 /// wrote, its mode, owner and, once trustworthy, its change signature.
-fn found(wrote: Option<String>, meta: &Meta) -> Facts {
+fn found(wrote: Option<Digest>, meta: &Meta) -> Facts {
     Facts {
         wrote,
         mode: Some(meta.mode),

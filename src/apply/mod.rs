@@ -27,8 +27,8 @@ pub use container::{run_scheduled, spec_digest, ScheduledRun};
 pub use error::Error;
 pub use outcome::{Action, ApplyError, Failure, Outcome, Report};
 
-use crate::declaration::{Declaration, Id, Kind, Resource, Spec};
-use crate::store::{Origin, Record, Store};
+use crate::declaration::{Declaration, Digest, Id, Kind, Resource, Spec};
+use crate::store::{More, Origin, Record, Store};
 use crate::system::docker::Docker;
 use crate::system::{Accounts, Fs, Packages, Staged, Systemd};
 
@@ -56,7 +56,7 @@ pub struct Diffs(pub Vec<(String, String)>);
 /// What the machine facts of a resource are after it applied: the store's record of it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Facts {
-    wrote: Option<String>,
+    wrote: Option<Digest>,
     mode: Option<u32>,
     owner: Option<(u32, u32)>,
     sig: Option<crate::system::Sig>,
@@ -329,7 +329,7 @@ impl<'a> Pass<'a> {
             .iter()
             .filter_map(|r| {
                 let rec = self.store.get(r.id.as_str())?;
-                (rec.origin == self.opts.origin && (rec.kind != r.kind() || rec.target != r.target()))
+                (rec.origin == self.opts.origin && (rec.kind != r.kind() || *rec.target != *r.target()))
                     .then(|| (r.id.to_string(), rec.clone()))
             })
             .collect();
@@ -347,7 +347,7 @@ impl<'a> Pass<'a> {
                     self.slots.push(Some(Outcome {
                         id,
                         kind: record.kind,
-                        target: record.target,
+                        target: record.target.into(),
                         action,
                         detail,
                     }));
@@ -355,7 +355,7 @@ impl<'a> Pass<'a> {
                 Err(e) => self.failures.push(Failure {
                     id,
                     kind: record.kind,
-                    target: record.target,
+                    target: record.target.into(),
                     message: format!("removing what is no longer declared: {e}"),
                     raced: false,
                 }),
@@ -424,18 +424,21 @@ impl<'a> Pass<'a> {
                 Record {
                     origin: self.opts.origin,
                     kind: r.kind(),
-                    target: r.target(),
-                    position: r.index,
-                    declared: r.digest.clone(),
+                    target: r.target().into_boxed_str(),
+                    position: u32::try_from(r.index).expect("fewer than 2^32 resources"),
+                    declared: r.digest,
                     applied_at: 0,
                     wrote: facts.wrote,
                     mode: facts.mode,
                     owner: facts.owner,
                     sig: facts.sig,
-                    archive: facts.archive,
-                    spec: facts.spec,
-                    reads: facts.reads,
-                    schedule: facts.schedule,
+                    more: More {
+                        archive: facts.archive,
+                        spec: facts.spec,
+                        reads: facts.reads,
+                        schedule: facts.schedule,
+                    }
+                    .boxed(),
                 },
             );
         }

@@ -12,7 +12,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Package) -> Result<Step
         return Ok(Step::Done(begin(r, Action::Unchanged, Some("installed".into())), Some(Facts::default())));
     }
     let recorded =
-        ctx.store.get(r.id.as_str()).is_some_and(|rec| rec.kind == Kind::Package && rec.target == name);
+        ctx.store.get(r.id.as_str()).is_some_and(|rec| rec.kind == Kind::Package && *rec.target == *name);
     let manager = packages.manager(name)?.name();
     let (action, detail) = if recorded {
         (Action::Corrected, format!("it had been removed on the machine; installed again with {manager}"))

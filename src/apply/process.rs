@@ -19,7 +19,7 @@ pub(super) fn unit_name(name: &str) -> String {
 /// program, it does not make the program a different one.
 fn spec_digest(p: &Process) -> String {
     let spec = serde_json::json!({"command": p.command.0, "env": p.env, "user": p.user.as_ref().map(|u| u.as_str())});
-    digest(spec.to_string().as_bytes())
+    digest(spec.to_string().as_bytes()).to_string()
 }
 
 fn description(name: &str, spec: &str) -> String {
@@ -38,7 +38,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Process) -> Result<Step
     let restart_for = named(&p.restart_on, ctx.changed);
     let dry_run = ctx.opts.dry_run;
     let recorded =
-        ctx.store.get(r.id.as_str()).is_some_and(|rec| rec.kind == Kind::Process && rec.target == name);
+        ctx.store.get(r.id.as_str()).is_some_and(|rec| rec.kind == Kind::Process && *rec.target == *name);
     let sd = ctx.systemd()?;
     let facts = Some(Facts { spec: Some(want.clone()), ..Facts::default() });
 

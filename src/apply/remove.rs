@@ -18,7 +18,7 @@ pub(super) fn remove(
     opts: &Options,
 ) -> Result<(Action, Option<String>), Error> {
     let dry_run = opts.dry_run;
-    let path = std::path::Path::new(&rec.target);
+    let path = std::path::Path::new(&*rec.target);
     let said = |action, detail: &str| Ok((action, Some(detail.to_owned())));
     match rec.kind {
         Kind::File => match fs.read(path)? {
@@ -97,7 +97,7 @@ pub(super) fn remove(
         ),
         Kind::Container => {
             let docker = machine.docker(opts.container_socket.as_deref())?;
-            let name = rec.target.as_str();
+            let name = &*rec.target;
             match docker.container(name)? {
                 // A step leaves nothing running, and a container removed by hand is already
                 // where removal was going.
@@ -121,7 +121,7 @@ pub(super) fn remove(
         }
         Kind::Network => {
             let docker = machine.docker(opts.container_socket.as_deref())?;
-            let name = rec.target.as_str();
+            let name = &*rec.target;
             match docker.network(name)? {
                 None => said(Action::Forgotten, "no longer declared, and no longer there"),
                 Some(found) if !found.labels.contains_key(ID_LABEL) => {

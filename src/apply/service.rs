@@ -14,7 +14,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
     let settled_before = ctx
         .store
         .get(r.id.as_str())
-        .is_some_and(|rec| rec.kind == Kind::Service && rec.target == unit && rec.declared == r.digest);
+        .is_some_and(|rec| rec.kind == Kind::Service && *rec.target == *unit && rec.declared == r.digest);
     let sd = ctx.systemd()?;
 
     // Something this unit reflects changed in this pass, and it may be the unit's own file or a

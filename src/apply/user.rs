@@ -16,7 +16,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, u: &User) -> Result<Step, E
     let recorded = ctx
         .store
         .get(r.id.as_str())
-        .is_some_and(|rec| rec.kind == Kind::User && rec.target == name && rec.declared == r.digest);
+        .is_some_and(|rec| rec.kind == Kind::User && *rec.target == *name && rec.declared == r.digest);
     let groups: Vec<&str> = u.groups.iter().map(|g| g.as_str()).collect();
     // Supplementary groups must exist already: there is no group resource, and making a group
     // from a typo would give an account a membership nobody meant.

@@ -310,6 +310,7 @@ impl Worker {
         match Declaration::parse_sources(&named) {
             Ok(d) => {
                 tracing::info!(resources = d.resources.len(), "declaration accepted");
+                let d = Arc::new(d);
                 let index = Index::new(&d);
                 let units = index.units();
                 *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
@@ -318,7 +319,6 @@ impl Worker {
                     Spec::Action(a) => a.in_container.is_some(),
                     _ => false,
                 });
-                let d = Arc::new(d);
                 self.declaration = Some(Arc::clone(&d));
                 self.in_force.send_replace(Some(d));
                 if uses_containers && self.docker_watcher.is_none() {
@@ -463,8 +463,8 @@ impl Worker {
 
     /// Points the file watcher at the managed paths of the declaration in force.
     fn watch_paths(&mut self) {
-        let paths = self.index.read().unwrap_or_else(|e| e.into_inner()).paths();
-        for (dir, e) in self.files.set_paths(paths) {
+        let index = self.index.read().unwrap_or_else(|e| e.into_inner());
+        for (dir, e) in self.files.set_paths(index.paths()) {
             tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
         }
     }

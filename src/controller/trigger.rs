@@ -2,7 +2,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::path::PathBuf;
+use std::path::Path;
+use std::sync::Arc;
 
 use mesh_host_watchers::Change;
 
@@ -29,10 +30,12 @@ impl fmt::Display for Key {
     }
 }
 
-/// Managed paths to the resources that manage them.
+/// What on the machine belongs to which resource.
 #[derive(Default)]
 pub struct Index {
-    paths: HashMap<PathBuf, Id>,
+    /// The declaration in force, whose own table finds the resource managing a path: no copy
+    /// of ten thousand paths is kept here.
+    declaration: Option<Arc<Declaration>>,
     /// systemd units (a service's, a process's transient one) to the resources that own them.
     units: HashMap<String, Id>,
     /// Containers by the resource id on their `mesh-host.id` label, and by name: a container
@@ -42,8 +45,7 @@ pub struct Index {
 }
 
 impl Index {
-    pub fn new(d: &Declaration) -> Index {
-        let mut paths = HashMap::new();
+    pub fn new(d: &Arc<Declaration>) -> Index {
         let mut units = HashMap::new();
         let mut containers = HashMap::new();
         let mut container_names = HashMap::new();
@@ -55,24 +57,8 @@ impl Index {
             if let Some(unit) = crate::apply::systemd_unit(&r.spec) {
                 units.insert(unit, r.id.clone());
             }
-            let path = match &r.spec {
-                Spec::File(f) => f.path.as_path(),
-                Spec::Directory(d) => d.path.as_path(),
-                Spec::Archive(a) => a.path.as_path(),
-                // An access path is the operator's: nothing to put back when it changes.
-                Spec::Access(_)
-                | Spec::Package(_)
-                | Spec::Service(_)
-                | Spec::Container(_)
-                | Spec::Network(_)
-                | Spec::User(_)
-                | Spec::Process(_)
-                | Spec::Action(_)
-                | Spec::Opening(_) => continue,
-            };
-            paths.insert(path.to_path_buf(), r.id.clone());
         }
-        Index { paths, units, containers, container_names }
+        Index { declaration: Some(Arc::clone(d)), units, containers, container_names }
     }
 
     /// The systemd units the declaration manages, for the systemd watcher.
@@ -80,8 +66,14 @@ impl Index {
         self.units.keys().cloned().collect()
     }
 
-    pub fn paths(&self) -> Vec<PathBuf> {
-        self.paths.keys().cloned().collect()
+    /// The paths the declaration manages, for the file watcher.
+    pub fn paths(&self) -> impl Iterator<Item = &Path> + '_ {
+        self.declaration.iter().flat_map(|d| d.resources.iter().filter_map(|r| r.spec.path()))
+    }
+
+    /// The resource managing exactly this path.
+    fn at_path(&self, path: &Path) -> Option<&Id> {
+        self.declaration.as_ref()?.at_path(path).map(|r| &r.id)
     }
 }
 
@@ -89,7 +81,7 @@ impl Index {
 pub fn keys(change: &Change, index: &Index) -> Vec<(Key, &'static str)> {
     match change {
         Change::Path(path) => {
-            index.paths.get(path).map(|id| (Key::Resource(id.clone()), "file")).into_iter().collect()
+            index.at_path(path).map(|id| (Key::Resource(id.clone()), "file")).into_iter().collect()
         }
         Change::Settled { .. } => vec![(Key::Declaration, "declaration")],
         Change::Resynced { watcher } => vec![(Key::Full, *watcher)],
@@ -124,7 +116,7 @@ mod tests {
             ]}"#,
         )
         .unwrap();
-        let index = Index::new(&d);
+        let index = Index::new(&Arc::new(d));
         let id = |s: &str| Key::Resource(Id::parse(s).unwrap());
         assert_eq!(keys(&Change::Path("/srv/a/conf".into()), &index), vec![(id("a.conf"), "file")]);
         assert_eq!(keys(&Change::Path("/srv/a".into()), &index), vec![(id("a.dir"), "file")]);

@@ -4,6 +4,7 @@
 //! function of its bytes, so `check` and `plan` are safe anywhere and a refused declaration has
 //! provably changed nothing.
 
+mod digest;
 mod error;
 mod model;
 mod schema;
@@ -14,10 +15,12 @@ mod validate;
 mod tests;
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher as _};
+use std::path::Path;
 
 use serde::Deserialize;
-use sha2::{Digest as _, Sha256};
 
+pub use digest::Digest;
 pub use error::{Problem, Refused};
 pub use model::*;
 pub use schema::json_schema;
@@ -31,7 +34,12 @@ pub const VERSIONS: &[u64] = &[1];
 pub struct Declaration {
     pub resources: Vec<Resource>,
     pub adoption: Option<Adoption>,
-    by_id: HashMap<Id, usize>,
+    /// (hash of the id, position), sorted: a lookup table of 16 bytes a resource that borrows
+    /// the ids from `resources` rather than copying them.
+    by_id: Vec<(u64, u32)>,
+    /// The same for the paths of files, directories and archives: what a watcher's event at a
+    /// path is matched against.
+    by_path: Vec<(u64, u32)>,
     /// For each id, the resources naming it in restart-on or reload-on: the controller asks
     /// this on every reconcile, so it is built once rather than found by a scan.
     named_by: HashMap<Id, Vec<usize>>,
@@ -55,8 +63,8 @@ pub struct Resource {
     pub index: usize,
     pub id: Id,
     pub spec: Spec,
-    /// `sha256:` of the resource's canonical JSON: changes exactly when its declaration does.
-    pub digest: String,
+    /// Of the resource's canonical JSON: changes exactly when its declaration does.
+    pub digest: Digest,
 }
 
 impl Resource {
@@ -84,12 +92,19 @@ impl Declaration {
     }
 
     pub fn get(&self, id: &Id) -> Option<&Resource> {
-        self.by_id.get(id).map(|&i| &self.resources[i])
+        self.find(id.as_str())
     }
 
     /// Looks an id up by its text.
     pub fn find(&self, id: &str) -> Option<&Resource> {
-        Id::parse(id).ok().and_then(|id| self.get(&id))
+        candidates(&self.by_id, hash_of(id)).map(|i| &self.resources[i]).find(|r| r.id.as_str() == id)
+    }
+
+    /// The file, directory or archive declared at exactly this path.
+    pub fn at_path(&self, path: &Path) -> Option<&Resource> {
+        candidates(&self.by_path, hash_of(path))
+            .map(|i| &self.resources[i])
+            .find(|r| r.spec.path().is_some_and(|p| p == path))
     }
 
     /// Resources that name `id` in restart-on or reload-on, in declaration order.
@@ -103,7 +118,8 @@ impl Declaration {
     }
 
     pub(crate) fn new(resources: Vec<Resource>, adoption: Option<Adoption>) -> Declaration {
-        let by_id = resources.iter().map(|r| (r.id.clone(), r.index)).collect();
+        let by_id = table(resources.iter().map(|r| (hash_of(r.id.as_str()), r.index)));
+        let by_path = table(resources.iter().filter_map(|r| r.spec.path().map(|p| (hash_of(p), r.index))));
         let mut named_by: HashMap<Id, Vec<usize>> = HashMap::new();
         for r in &resources {
             let mut names: Vec<&Id> = r.spec.restart_on().iter().chain(r.spec.reload_on()).collect();
@@ -116,23 +132,34 @@ impl Declaration {
             }
         }
         let gates = resources.iter().filter(|r| r.spec.is_gate()).map(|r| r.index).collect();
-        Declaration { resources, adoption, by_id, named_by, gates }
+        Declaration { resources, adoption, by_id, by_path, named_by, gates }
     }
 }
 
-/// `sha256:<hex>` of some bytes: the one digest format in records and reports.
-pub fn digest(bytes: &[u8]) -> String {
-    hex_digest(&Sha256::digest(bytes))
+/// The digest of some bytes: the one digest format in records and reports.
+pub fn digest(bytes: &[u8]) -> Digest {
+    Digest::of(bytes)
 }
 
-/// `sha256:<hex>` of a finished sha256.
-pub(crate) fn hex_digest(sum: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(71);
-    s.push_str("sha256:");
-    for b in sum {
-        s.push(HEX[(b >> 4) as usize] as char);
-        s.push(HEX[(b & 15) as usize] as char);
-    }
-    s
+/// A fixed hash (std's SipHash with its fixed keys): the tables below are rebuilt with each
+/// declaration and never leave the process, so no seed is needed.
+fn hash_of<T: Hash + ?Sized>(key: &T) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
+}
+
+/// A sorted table of (hash, position).
+fn table(entries: impl Iterator<Item = (u64, usize)>) -> Vec<(u64, u32)> {
+    let mut t: Vec<(u64, u32)> =
+        entries.map(|(h, i)| (h, u32::try_from(i).expect("fewer than 2^32 resources"))).collect();
+    t.sort_unstable();
+    t.shrink_to_fit();
+    t
+}
+
+/// The positions whose key hashes to `hash`: usually one, and the caller compares the key.
+fn candidates(table: &[(u64, u32)], hash: u64) -> impl Iterator<Item = usize> + '_ {
+    let from = table.partition_point(|&(h, _)| h < hash);
+    table[from..].iter().take_while(move |&&(h, _)| h == hash).map(|&(_, i)| i as usize)
 }

@@ -210,7 +210,7 @@ pub enum Spec {
     Access(Access),
     Package(Package),
     Service(Service),
-    Container(Container),
+    Container(Box<Container>),
     Network(Network),
     User(User),
     Archive(Archive),
@@ -322,6 +322,25 @@ impl Spec {
                     Protocol::Udp => "udp",
                 }
             ),
+        }
+    }
+
+    /// The path a file, directory or archive manages: where a change on the machine is its.
+    /// An access path is the operator's, not the host's, so it has none here.
+    pub fn path(&self) -> Option<&std::path::Path> {
+        match self {
+            Spec::File(r) => Some(r.path.as_path()),
+            Spec::Directory(r) => Some(r.path.as_path()),
+            Spec::Archive(r) => Some(r.path.as_path()),
+            Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::Service(_)
+            | Spec::Container(_)
+            | Spec::Network(_)
+            | Spec::User(_)
+            | Spec::Process(_)
+            | Spec::Action(_)
+            | Spec::Opening(_) => None,
         }
     }
 

@@ -1070,12 +1070,13 @@ fn dependents() {
 fn digest_follows_the_declaration_not_its_layout() {
     let digest_of = |resource: &str| {
         let d = parsed(&format!(r#"{{"version": 1, "resources": [{resource}]}}"#));
-        d.resources[0].digest.clone()
+        d.resources[0].digest
     };
     let base = digest_of(
         r#"{"type": "file", "id": "a.conf", "path": "/etc/a.conf", "content": "x=1\n", "mode": "0640"}"#,
     );
-    assert!(base.starts_with("sha256:") && base.len() == 71, "{base}");
+    let text = base.to_string();
+    assert!(text.starts_with("sha256:") && text.len() == 71, "{text}");
 
     // The same resource with its keys in another order and other whitespace: the same digest.
     let reordered = digest_of(
@@ -1167,4 +1168,27 @@ fn a_large_declaration_is_validated_as_one() {
         ],
         "{refused}"
     );
+}
+
+#[test]
+fn resources_are_found_by_id_and_by_managed_path() {
+    let mut resources = vec![r#"{"type": "access", "id": "a.media", "path": "/srv/media"}"#.to_owned()];
+    for n in 0..500 {
+        resources.push(format!(r#"{{"type": "directory", "id": "a.d{n}", "path": "/srv/d{n}"}}"#));
+        resources
+            .push(format!(r#"{{"type": "file", "id": "a.d{n}.f", "path": "/srv/d{n}/f", "content": "x"}}"#));
+    }
+    let d = parsed(&format!(r#"{{"version": 1, "resources": [{}]}}"#, resources.join(",")));
+    for n in [0, 1, 250, 499] {
+        let file = d.find(&format!("a.d{n}.f")).expect("found by id");
+        assert_eq!(file.target(), format!("/srv/d{n}/f"));
+        let at = d.at_path(std::path::Path::new(&format!("/srv/d{n}/f"))).expect("found by path");
+        assert_eq!(at.id.as_str(), format!("a.d{n}.f"));
+        let dir = d.at_path(std::path::Path::new(&format!("/srv/d{n}"))).expect("a directory too");
+        assert_eq!(dir.id.as_str(), format!("a.d{n}"));
+    }
+    assert!(d.find("a.d500.f").is_none() && d.find("not an id").is_none());
+    assert!(d.at_path(std::path::Path::new("/srv/media")).is_none(), "an access path is not managed");
+    assert!(d.at_path(std::path::Path::new("/srv/d1/g")).is_none());
+    assert_eq!(d.get(&Id::parse("a.media").unwrap()).map(|r| r.index), Some(0));
 }

@@ -229,7 +229,7 @@ fn resource(index: usize, raw: Value, problems: &mut Problems) -> Option<Resourc
         }
         let mut h = Hashing(sha2::Sha256::new());
         serde_json::to_writer(&mut h, &map).expect("a JSON value serialises");
-        super::hex_digest(&h.0.finalize())
+        super::Digest::from_sum(h.0.finalize().into())
     };
 
     let id = match map.remove("id") {
@@ -283,7 +283,7 @@ fn resource(index: usize, raw: Value, problems: &mut Problems) -> Option<Resourc
         Kind::Access => fields(map, index, id_text, problems).map(Spec::Access),
         Kind::Package => fields(map, index, id_text, problems).map(Spec::Package),
         Kind::Service => fields(map, index, id_text, problems).map(Spec::Service),
-        Kind::Container => fields(map, index, id_text, problems).map(Spec::Container),
+        Kind::Container => fields(map, index, id_text, problems).map(|c| Spec::Container(Box::new(c))),
         Kind::Network => fields(map, index, id_text, problems).map(Spec::Network),
         Kind::User => fields(map, index, id_text, problems).map(Spec::User),
         Kind::Archive => fields(map, index, id_text, problems).map(Spec::Archive),
