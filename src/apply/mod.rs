@@ -12,6 +12,7 @@ mod container;
 mod directory;
 mod error;
 mod file;
+pub use file::keep_contents_on_disk;
 mod network;
 mod outcome;
 mod package;

@@ -18,7 +18,7 @@ mod schedule;
 mod trigger;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -300,6 +300,26 @@ impl Worker {
         verdict
     }
 
+    /// Moves the declared bytes of files out of the heap into an unlinked file in the state
+    /// directory (`system::contents`): the daemon holds them for months only to put back what
+    /// drifts. Where that cannot be done, they stay in memory, which works the same.
+    fn keep_contents_on_disk(&self, d: &mut Declaration) {
+        let dir = self.config.state.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        match apply::keep_contents_on_disk(d, dir) {
+            Ok((files, bytes)) => tracing::info!(
+                files,
+                bytes,
+                directory = %dir.display(),
+                "declared content kept in an unlinked file in the state directory"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                directory = %dir.display(),
+                "cannot keep declared content in a file in the state directory; it is held in memory instead"
+            ),
+        }
+    }
+
     /// Takes the settled declaration files, if any, and puts them in force when they parse.
     fn load_declaration(&mut self) {
         let Some(files) = self.settled.lock().unwrap_or_else(|e| e.into_inner()).take() else {
@@ -308,8 +328,10 @@ impl Worker {
         let named: Vec<(String, Vec<u8>)> =
             files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
         match Declaration::parse_sources(&named) {
-            Ok(d) => {
+            Ok(mut d) => {
+                drop(named);
                 tracing::info!(resources = d.resources.len(), "declaration accepted");
+                self.keep_contents_on_disk(&mut d);
                 let d = Arc::new(d);
                 let index = Index::new(&d);
                 let units = index.units();

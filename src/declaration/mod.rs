@@ -17,8 +17,11 @@ mod tests;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher as _};
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::Deserialize;
+
+use crate::system::ContentFile;
 
 pub use digest::Digest;
 pub use error::{Problem, Refused};
@@ -45,6 +48,8 @@ pub struct Declaration {
     named_by: HashMap<Id, Vec<usize>>,
     /// The positions of the gates (actions, run-once steps), in order.
     gates: Vec<usize>,
+    /// Where the declared bytes of files are kept when not in memory (see `File::stored`).
+    contents: Option<Arc<ContentFile>>,
 }
 
 /// A declaration that says the node ran before the mesh came.
@@ -117,6 +122,16 @@ impl Declaration {
         self.gates.iter().map(|&i| &self.resources[i])
     }
 
+    /// The file the declared bytes of files were moved into, when they were.
+    pub fn contents(&self) -> Option<&ContentFile> {
+        self.contents.as_deref()
+    }
+
+    /// Puts in force the file that bodies were moved into.
+    pub fn set_contents(&mut self, file: Arc<ContentFile>) {
+        self.contents = Some(file);
+    }
+
     pub(crate) fn new(resources: Vec<Resource>, adoption: Option<Adoption>) -> Declaration {
         let by_id = table(resources.iter().map(|r| (hash_of(r.id.as_str()), r.index)));
         let by_path = table(resources.iter().filter_map(|r| r.spec.path().map(|p| (hash_of(p), r.index))));
@@ -132,7 +147,7 @@ impl Declaration {
             }
         }
         let gates = resources.iter().filter(|r| r.spec.is_gate()).map(|r| r.index).collect();
-        Declaration { resources, adoption, by_id, by_path, named_by, gates }
+        Declaration { resources, adoption, by_id, by_path, named_by, gates, contents: None }
     }
 }
 

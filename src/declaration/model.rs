@@ -42,6 +42,11 @@ pub struct File {
     #[serde(default)]
     pub create_once: bool,
     pub into: Option<Into>,
+    /// Where the daemon keeps the declared bytes once it has moved them out of `content` or
+    /// `bytes` into its content file (`Declaration::contents`); never part of a declaration.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub stored: Option<crate::system::Stored>,
 }
 
 impl File {

@@ -6,6 +6,7 @@
 
 pub mod accounts;
 pub mod command;
+pub mod contents;
 pub mod docker;
 pub mod fs;
 pub mod memory;
@@ -15,6 +16,7 @@ pub mod users;
 
 pub use accounts::AccountError;
 pub use command::CommandError;
+pub use contents::{ContentFile, ContentWriter, Stored};
 pub use fs::{Fs, FsError, Meta, Sig, Staged};
 pub use packages::{PackageError, Packages};
 pub use systemd::{Systemd, SystemdError};

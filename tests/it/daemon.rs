@@ -103,6 +103,56 @@ fn an_edit_of_the_declaration_is_applied() {
     assert!(wait_for(PATIENCE, || !s.path("one").exists()), "{}", daemon.log());
 }
 
+/// The daemon's unlinked content files, from its open descriptors: an `O_TMPFILE` shows as
+/// `<directory>/#<inode> (deleted)`.
+fn content_files(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.unwrap().path()).ok())
+        .map(|target| target.display().to_string())
+        .filter(|t| t.contains("/#") && t.ends_with(" (deleted)"))
+        .collect()
+}
+
+#[test]
+fn declared_content_is_kept_on_disk_and_put_back_from_there() {
+    use base64::Engine as _;
+    let s = Scratch::new();
+    let binary: Vec<u8> = (0..=255u8).chain([0, 0, 10]).collect();
+    let declare = |text: &str| {
+        s.declare(json!([
+            {"type": "file", "id": "a.text", "path": s.p("text"), "content": text},
+            {"type": "file", "id": "a.bin", "path": s.p("bin"),
+             "bytes": base64::engine::general_purpose::STANDARD.encode(&binary)},
+        ]))
+    };
+    let d = declare("port=80\n");
+    let daemon = Daemon::start(&s, &d, &[]);
+    let pid = daemon.child.as_ref().unwrap().id();
+    assert_eq!(std::fs::read(s.path("bin")).unwrap(), binary);
+    let files = content_files(pid);
+    assert_eq!(files.len(), 1, "one content file, in the state directory: {files:?}\n{}", daemon.log());
+    assert!(files[0].starts_with(&s.p("state/#")), "{files:?}");
+    assert_eq!(std::fs::read_dir(s.path("state")).unwrap().count(), 2, "by name only the store and its lock");
+    assert!(daemon.log().contains("declared content kept in an unlinked file"), "{}", daemon.log());
+
+    // Put back from the content file, byte for byte.
+    std::fs::write(s.path("bin"), b"edited").unwrap();
+    std::fs::write(s.path("text"), b"edited").unwrap();
+    assert!(
+        wait_for(PATIENCE, || std::fs::read(s.path("bin")).is_ok_and(|b| b == binary)),
+        "{}",
+        daemon.log()
+    );
+    assert!(wait_for(PATIENCE, || read(&s.path("text")) == "port=80\n"), "{}", daemon.log());
+
+    // A new declaration gets a new content file, and the old one is closed.
+    declare("port=81\n");
+    assert!(wait_for(PATIENCE, || read(&s.path("text")) == "port=81\n"), "{}", daemon.log());
+    assert!(wait_for(PATIENCE, || content_files(pid).len() == 1), "{:?}", content_files(pid));
+    assert_ne!(content_files(pid), files, "not the first one");
+}
+
 #[test]
 fn a_half_written_declaration_is_not_applied() {
     let s = Scratch::new();
