@@ -53,6 +53,22 @@ fn get(port: u16, path: &str) -> Option<String> {
     head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
 }
 
+/// The size of the daemon's content files (unlinked, so found through its descriptors).
+fn content_file_bytes(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|t| {
+                t.to_string_lossy().contains("/#") && t.to_string_lossy().ends_with(" (deleted)")
+            })
+        })
+        .filter_map(|e| std::fs::metadata(e.path()).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -97,7 +113,13 @@ fn main() {
     );
     println!("  start-up to ready (cold apply included): {:.2} s", started.elapsed().as_secs_f64());
     std::thread::sleep(Duration::from_secs(2));
-    println!("  RSS after start: {:.1} MiB", common::status_kib(pid, "VmRSS") as f64 / 1024.0);
+    println!(
+        "  RSS after start: {:.1} MiB (anonymous {:.1}, file-backed {:.1}); declared content in its unlinked file, in the page cache and not in RSS: {:.1} MiB",
+        common::status_kib(pid, "VmRSS") as f64 / 1024.0,
+        common::status_kib(pid, "RssAnon") as f64 / 1024.0,
+        common::status_kib(pid, "RssFile") as f64 / 1024.0,
+        content_file_bytes(pid) as f64 / (1024.0 * 1024.0)
+    );
 
     // Idle CPU.
     let idle = env_or("MESH_HOST_BENCH_IDLE_SECS", 60);
