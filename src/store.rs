@@ -87,11 +87,23 @@ impl More {
 }
 
 impl Record {
-    /// Whether two records say the same thing, ignoring when they were written. Compared field
-    /// by field, without cloning: a steady pass compares ten thousand of these.
+    /// Whether two records say the same thing, ignoring when they were written and the change
+    /// signature (a cache of "not touched since", not part of what the host did). Compared
+    /// field by field, without cloning: a steady pass compares ten thousand of these.
     fn same_as(&self, other: &Record) -> bool {
-        let Record { origin, kind, target, position, declared, applied_at: _, wrote, mode, owner, sig, more } =
-            self;
+        let Record {
+            origin,
+            kind,
+            target,
+            position,
+            declared,
+            applied_at: _,
+            wrote,
+            mode,
+            owner,
+            sig: _,
+            more,
+        } = self;
         *origin == other.origin
             && *kind == other.kind
             && *target == other.target
@@ -100,7 +112,6 @@ impl Record {
             && *wrote == other.wrote
             && *mode == other.mode
             && *owner == other.owner
-            && *sig == other.sig
             && *more == other.more
     }
 
@@ -223,7 +234,10 @@ pub enum StoreError {
 pub struct Store {
     path: PathBuf,
     file: File,
+    /// A record changed in what it says since the store was last written.
     dirty: bool,
+    /// Only change signatures changed since then: worth writing, but not at once (see `save`).
+    stale: bool,
     /// Records added under new ids since the map was last compacted.
     grown: usize,
     _lock: Option<fs::Lock>,
@@ -253,7 +267,8 @@ impl Store {
             }
             Err(source) => return Err(StoreError::Read { path: path.to_owned(), source }),
         };
-        let mut store = Store { path: path.to_owned(), file, dirty: false, grown: 0, _lock: None };
+        let mut store =
+            Store { path: path.to_owned(), file, dirty: false, stale: false, grown: 0, _lock: None };
         store.compact();
         Ok(store)
     }
@@ -287,10 +302,17 @@ impl Store {
     }
 
     /// Records what worked. A record that says the same as before keeps its time, so a steady
-    /// machine does not rewrite its store.
+    /// machine does not rewrite its store; one whose change signature alone moved (a file put
+    /// back after a hand-edit is a new inode) takes the new signature and leaves the store
+    /// stale rather than dirty.
     pub fn record(&mut self, id: &str, mut record: Record) {
-        match self.file.records.get(id) {
-            Some(old) if old.same_as(&record) => {}
+        match self.file.records.get_mut(id) {
+            Some(old) if old.same_as(&record) => {
+                if old.sig != record.sig {
+                    old.sig = record.sig;
+                    self.stale = true;
+                }
+            }
             _ => {
                 record.applied_at = now();
                 if self.file.records.insert(id.into(), record).is_none() {
@@ -321,11 +343,27 @@ impl Store {
         orphans
     }
 
-    /// Writes the store if anything changed since it was read.
+    /// Writes the store if anything changed since it was last written, signatures included:
+    /// after a whole pass, and on the way out.
     pub fn save(&mut self) -> Result<(), StoreError> {
+        if !self.dirty && !self.stale {
+            return Ok(());
+        }
+        self.write()
+    }
+
+    /// Writes the store only if a record changed in what it says. After a single resource's
+    /// reconcile: putting back a hand-edited file changes nothing but its signature, and
+    /// rewriting a store of ten thousand records for that would cost more than the correction.
+    /// A signature lost to a crash costs one extra read of that file in the next pass.
+    pub fn save_changes(&mut self) -> Result<(), StoreError> {
         if !self.dirty {
             return Ok(());
         }
+        self.write()
+    }
+
+    fn write(&mut self) -> Result<(), StoreError> {
         assert!(self._lock.is_some(), "a read-only store is never saved");
         self.file.schema = SCHEMA;
         if self.grown > self.file.records.len() / 8 {
@@ -334,6 +372,7 @@ impl Store {
         let bytes = serde_json::to_vec_pretty(&self.file).expect("the store serialises");
         fs::write_private(&self.path, &bytes)?;
         self.dirty = false;
+        self.stale = false;
         Ok(())
     }
 }
@@ -488,5 +527,28 @@ mod tests {
             assert_eq!(got.declared, Digest::of(&n.to_le_bytes()));
         }
         assert!(reread.get("web.app").is_some() && reread.get("m.f03000").is_none());
+    }
+
+    #[test]
+    fn a_signature_alone_is_written_with_the_next_whole_save_not_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let mut store = store_at(&dir, WRITTEN_BEFORE);
+        let mut conf = store.get("web.conf").unwrap().clone();
+        conf.sig = Some((42, 1_764_480_000, 0, 8));
+        store.record("web.conf", conf.clone());
+        assert_eq!(store.get("web.conf").unwrap().sig, conf.sig, "held at once");
+        assert_eq!(store.get("web.conf").unwrap().applied_at, 1764480000, "not a change of what it says");
+        store.save_changes().unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), WRITTEN_BEFORE, "not written for a signature");
+        store.save().unwrap();
+        let written = Store::read_only(&path).unwrap();
+        assert_eq!(written.get("web.conf").unwrap().sig, conf.sig, "written with the whole save");
+
+        // A change of what a record says is written at once.
+        conf.mode = Some(0o600);
+        store.record("web.conf", conf);
+        store.save_changes().unwrap();
+        assert_eq!(Store::read_only(&path).unwrap().get("web.conf").unwrap().mode, Some(0o600));
     }
 }

@@ -293,7 +293,9 @@ impl Worker {
             .reconcile_duration
             .get_or_create(&vec![("scope", scope)])
             .observe(started.elapsed().as_secs_f64());
-        if let Err(e) = self.store.save() {
+        let saved =
+            if matches!(key, Key::Resource(_)) { self.store.save_changes() } else { self.store.save() };
+        if let Err(e) = saved {
             tracing::error!(error = %e, "cannot write the state store; what was applied is on the machine but not recorded");
         }
         self.heartbeat.store(now_secs(), Ordering::Relaxed);
