@@ -16,9 +16,13 @@ use mesh_host::cli::{self, Cli, Ended};
 use mesh_host::declaration::Refused;
 
 fn main() -> ExitCode {
-    mesh_host::system::memory::configure();
     // clap itself exits with 2 on bad usage.
     let cli = Cli::parse();
+    if matches!(cli.command, cli::Command::Run { .. }) {
+        mesh_host::system::memory::for_the_daemon();
+    } else {
+        mesh_host::system::memory::for_a_command();
+    }
     mesh_host::telemetry::init(cli.log_json);
     // The command runs on the main thread with a small runtime entered: the apply engine is
     // synchronous and reaches async protocols (Docker, D-Bus) through the runtime's handle,
