@@ -34,7 +34,11 @@ impl Digest {
         if hex.len() != 64 {
             return None;
         }
-        let nibble = |c: u8| HEX.iter().position(|&h| h == c).map(|n| n as u8);
+        let nibble = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
         let mut out = [0u8; 32];
         for (byte, pair) in out.iter_mut().zip(hex.chunks_exact(2)) {
             *byte = nibble(pair[0])? << 4 | nibble(pair[1])?;

@@ -308,10 +308,10 @@ impl Spec {
     /// What a person would call the thing on the machine: a path, a unit, a name, a port.
     pub fn target(&self) -> String {
         match self {
-            Spec::Directory(r) => r.path.to_string(),
-            Spec::File(r) => r.path.to_string(),
-            Spec::Access(r) => r.path.to_string(),
-            Spec::Archive(r) => r.path.to_string(),
+            Spec::Directory(r) => r.path.as_str().to_owned(),
+            Spec::File(r) => r.path.as_str().to_owned(),
+            Spec::Access(r) => r.path.as_str().to_owned(),
+            Spec::Archive(r) => r.path.as_str().to_owned(),
             Spec::Package(r) => r.package.to_string(),
             Spec::Service(r) => r.unit.to_string(),
             Spec::Container(r) => r.name.to_string(),

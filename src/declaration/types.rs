@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::de::Error as _;
@@ -72,8 +72,11 @@ impl JsonSchema for Id {
 ///
 /// Normalised rather than resolved: the agent never resolves a declared path against the
 /// machine (that would follow symlinks), so what is declared must already be the real path.
+///
+/// Held as the text it was declared as (valid UTF-8, and already normalised, so equal text is an
+/// equal path): a report or a record gets it without a lossy conversion.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct AbsPath(PathBuf);
+pub struct AbsPath(Box<str>);
 
 impl AbsPath {
     pub fn parse(s: &str) -> Result<AbsPath, String> {
@@ -94,17 +97,21 @@ impl AbsPath {
                 _ => {}
             }
         }
-        Ok(AbsPath(PathBuf::from(trimmed)))
+        Ok(AbsPath(trimmed.into()))
     }
 
     pub fn as_path(&self) -> &Path {
+        Path::new(&*self.0)
+    }
+
+    pub fn as_str(&self) -> &str {
         &self.0
     }
 }
 
 impl fmt::Display for AbsPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0.display(), f)
+        f.write_str(&self.0)
     }
 }
 
@@ -117,7 +124,7 @@ impl<'de> Deserialize<'de> for AbsPath {
 
 impl Serialize for AbsPath {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0.to_string_lossy())
+        s.serialize_str(&self.0)
     }
 }
 
