@@ -217,16 +217,27 @@ fn apply_cmd(
     bus: Option<String>,
     socket: Option<String>,
 ) -> anyhow::Result<Ended> {
+    // The store is read while the declaration is parsed: two independent reads of about 20 and
+    // 30 ms at 10,000 resources. A refused declaration is still the error reported, as if the
+    // store had never been looked at.
     let t = std::time::Instant::now();
-    let d = load(file)?;
+    let (d, store) = std::thread::scope(|scope| {
+        let store = scope.spawn(|| {
+            let t = std::time::Instant::now();
+            let store = Store::open(state);
+            tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "state store opened");
+            store
+        });
+        let d = load(file);
+        (d, store.join().expect("opening the store does not panic"))
+    });
+    let d = d?;
+    let mut store = store?;
     tracing::debug!(
         elapsed_ms = t.elapsed().as_secs_f64() * 1e3,
         resources = d.resources.len(),
-        "declaration loaded"
+        "declaration and store loaded"
     );
-    let t = std::time::Instant::now();
-    let mut store = Store::open(state)?;
-    tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "state store opened");
     let t = std::time::Instant::now();
     let (mut report, _) = apply::apply(&d, &mut store, &options(origin, state, false, bus, socket));
     tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "pass finished");
