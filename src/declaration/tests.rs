@@ -1192,3 +1192,49 @@ fn resources_are_found_by_id_and_by_managed_path() {
     assert!(d.at_path(std::path::Path::new("/srv/d1/g")).is_none());
     assert_eq!(d.get(&Id::parse("a.media").unwrap()).map(|r| r.index), Some(0));
 }
+
+// Keys given twice: serde_json would keep the last one silently.
+
+#[test]
+fn a_key_given_twice_at_the_top_level() {
+    check(
+        r#"{"version": 1, "resources": [], "version": 1}"#,
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              declaration, field `version`: given twice in one object; a key may appear once"#]],
+    );
+}
+
+#[test]
+fn a_field_given_twice_in_a_resource() {
+    check(
+        r#"{"version": 1, "resources": [
+            {"type": "file", "id": "web.conf", "path": "/etc/web.conf", "content": "x", "mode": "0644", "mode": "0600"}]}"#,
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "web.conf"), field `mode`: given twice in one object; a key may appear once"#]],
+    );
+}
+
+#[test]
+fn a_key_given_twice_inside_a_field() {
+    check(
+        r#"{"version": 1, "resources": [
+            {"type": "container", "id": "web.app", "name": "app", "image": "local/app:1",
+             "env": {"PORT": "80", "MODE": "x", "PORT": "8080"}}]}"#,
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "web.app"), field `env.PORT`: given twice in one object; a key may appear once"#]],
+    );
+}
+
+#[test]
+fn an_id_given_twice() {
+    check(
+        r#"{"version": 1, "resources": [
+            {"type": "directory", "id": "web.a", "path": "/srv/a", "id": "web.b"}]}"#,
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0], field `id`: given twice in one object; a key may appear once"#]],
+    );
+}

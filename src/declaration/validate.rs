@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use base64::Engine as _;
 use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::error::{Problem, Refused};
@@ -89,14 +90,23 @@ pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declara
 /// Validates every resource. A large declaration is split in two halves validated on two
 /// threads (each resource stands alone until `across`), then joined in order, problems
 /// included, so the result is exactly what one thread would give.
-fn resources_of(raw: Vec<Value>, problems: &mut Problems) -> Vec<Resource> {
+fn resources_of(raw: Vec<&RawValue>, problems: &mut Problems) -> Vec<Resource> {
     const PARALLEL_FROM: usize = 2_000;
-    let one = |start: usize, raw: Vec<Value>| {
+    let one = |start: usize, raw: Vec<&RawValue>| {
         let mut found = Problems { all: Vec::new() };
         let mut out = Vec::with_capacity(raw.len());
         for (i, r) in raw.into_iter().enumerate() {
-            if let Some(r) = resource(start + i, r, &mut found) {
-                out.push(r);
+            let index = start + i;
+            match strict(r) {
+                Ok(value) => {
+                    if let Some(r) = resource(index, value, &mut found) {
+                        out.push(r);
+                    }
+                }
+                Err((field, message)) => {
+                    let id = id_in(r);
+                    found.at(Some(index), id.as_deref(), Some(&field), message);
+                }
             }
         }
         (out, found.all)
@@ -120,29 +130,59 @@ fn resources_of(raw: Vec<Value>, problems: &mut Problems) -> Vec<Resource> {
     out
 }
 
-/// The top level of one document: its resources, unparsed, and its adoption.
-fn document(bytes: &[u8], problems: &mut Problems) -> (Vec<Value>, Option<Adoption>) {
-    let top: Value = match serde_json::from_slice(bytes) {
+/// The top level of one document: its resources, as text not yet parsed (each is parsed on the
+/// thread that validates it), and its adoption.
+fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>, Option<Adoption>) {
+    let not_json = |e: serde_json::Error| {
+        format!("not JSON at line {}, column {}: {}", e.line(), e.column(), strip_position(&e.to_string()))
+    };
+    // The whole document is checked to be JSON first, so a syntax error anywhere is reported
+    // with its line and column before anything is looked at.
+    let top: &RawValue = match serde_json::from_slice(bytes) {
         Ok(v) => v,
         Err(e) => {
-            let message = format!(
-                "not JSON at line {}, column {}: {}",
-                e.line(),
-                e.column(),
-                strip_position(&e.to_string())
-            );
-            problems.at(None, None, None, message);
+            problems.at(None, None, None, not_json(e));
             return (Vec::new(), None);
         }
     };
-    let Value::Object(mut top) = top else {
+    let Ok(TopLevel(entries)) = serde_json::from_str::<TopLevel>(top.get()) else {
         problems.at(None, None, None, "a declaration is a JSON object with `version` and `resources`".into());
         return (Vec::new(), None);
     };
-    match top.remove("version") {
+    let mut version = None;
+    let mut adoption_raw = None;
+    let mut resources_raw = None;
+    // Told after the known keys, unknown ones by name, as before duplicates were looked for.
+    let mut unknown = BTreeSet::new();
+    let mut twice = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (key, raw) in entries {
+        if !seen.insert(key.clone()) {
+            twice.push(key);
+            continue;
+        }
+        match key.as_str() {
+            "version" => version = Some(raw),
+            "adoption" => adoption_raw = Some(raw),
+            "resources" => resources_raw = Some(raw),
+            _ => {
+                unknown.insert(key);
+            }
+        }
+    }
+    let value_of = |field: &str, raw: &RawValue, problems: &mut Problems| match strict(raw) {
+        Ok(v) => Some(v),
+        Err((inner, message)) => {
+            problems.at(None, None, Some(&format!("{field}.{inner}")), message);
+            None
+        }
+    };
+
+    match version.map(|raw| value_of("version", raw, problems)) {
         None => problems.at(None, None, Some("version"), "missing; this build understands version 1".into()),
-        Some(Value::Number(n)) if n.as_u64().is_some_and(|v| VERSIONS.contains(&v)) => {}
-        Some(other) => problems.at(
+        Some(None) => {}
+        Some(Some(Value::Number(n))) if n.as_u64().is_some_and(|v| VERSIONS.contains(&v)) => {}
+        Some(Some(other)) => problems.at(
             None,
             None,
             Some("version"),
@@ -150,7 +190,7 @@ fn document(bytes: &[u8], problems: &mut Problems) -> (Vec<Value>, Option<Adopti
         ),
     }
 
-    let adoption = match top.remove("adoption") {
+    let adoption = match adoption_raw.and_then(|raw| value_of("adoption", raw, problems)) {
         None | Some(Value::Null) => None,
         Some(v) => match serde_path_to_error::deserialize::<_, Adoption>(v) {
             Ok(a) => Some(a),
@@ -163,27 +203,155 @@ fn document(bytes: &[u8], problems: &mut Problems) -> (Vec<Value>, Option<Adopti
         },
     };
 
-    let raw_resources = match top.remove("resources") {
-        Some(Value::Array(list)) => list,
+    let raw_resources = match resources_raw {
         None => {
             problems.at(None, None, Some("resources"), "missing; give a list, possibly empty".into());
             Vec::new()
         }
-        Some(other) => {
-            problems.at(None, None, Some("resources"), format!("must be a list, found {}", kind_of(&other)));
-            Vec::new()
-        }
+        Some(raw) => match serde_json::from_str::<Vec<&RawValue>>(raw.get()) {
+            Ok(list) => list,
+            Err(_) => {
+                let found = serde_json::from_str::<Value>(raw.get()).map_or("not a list", |v| kind_of(&v));
+                problems.at(None, None, Some("resources"), format!("must be a list, found {found}"));
+                Vec::new()
+            }
+        },
     };
-    for key in top.keys() {
+
+    for key in unknown {
         problems.at(
             None,
             None,
-            Some(key),
+            Some(&key),
             "unknown key; the declaration has `version`, `resources` and `adoption`".into(),
         );
     }
+    for key in twice {
+        problems.at(None, None, Some(&key), TWICE.into());
+    }
 
     (raw_resources, adoption)
+}
+
+/// What a key given twice in one object is told. serde_json keeps the last silently; a
+/// declaration that says `mode` twice means one of them by mistake, and which one is not the
+/// agent's to guess.
+const TWICE: &str = "given twice in one object; a key may appear once";
+
+/// The top-level object's entries in order, duplicates kept so they can be refused.
+struct TopLevel<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = TopLevel<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TopLevel<'de>, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    entries.push((key, map.next_value::<&'de RawValue>()?));
+                }
+                Ok(TopLevel(entries))
+            }
+        }
+        d.deserialize_map(Entries)
+    }
+}
+
+/// Parses one value's text as serde_json's `Value`, refusing a key given twice in any object.
+/// The error is the path of the key (`env.PORT`) and the message.
+fn strict(raw: &RawValue) -> Result<Value, (String, String)> {
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    match serde_path_to_error::deserialize::<_, Strict>(&mut de) {
+        Ok(Strict(v)) => Ok(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let message = e.into_inner().to_string();
+            // The duplicate's own name is in the message, between backticks; the path is the
+            // object holding it.
+            let key =
+                message.strip_prefix('`').and_then(|rest| rest.split_once('`')).map(|(k, _)| k.to_owned());
+            match (path.as_str(), key) {
+                (".", Some(k)) => Err((k, TWICE.to_owned())),
+                (p, Some(k)) => Err((format!("{p}.{k}"), TWICE.to_owned())),
+                (p, None) => Err((p.to_owned(), message)),
+            }
+        }
+    }
+}
+
+/// serde_json's `Value`, built by a visitor that refuses a key given twice.
+struct Strict(Value);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Strict;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E>(self, b: bool) -> Result<Strict, E> {
+                Ok(Strict(Value::Bool(b)))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<Strict, E> {
+                Ok(Strict(Value::Number(n.into())))
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<Strict, E> {
+                Ok(Strict(Value::Number(n.into())))
+            }
+            fn visit_f64<E>(self, n: f64) -> Result<Strict, E> {
+                Ok(Strict(serde_json::Number::from_f64(n).map_or(Value::Null, Value::Number)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Strict, E> {
+                Ok(Strict(Value::String(s.to_owned())))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Strict, E> {
+                Ok(Strict(Value::String(s)))
+            }
+            fn visit_unit<E>(self) -> Result<Strict, E> {
+                Ok(Strict(Value::Null))
+            }
+            fn visit_none<E>(self) -> Result<Strict, E> {
+                Ok(Strict(Value::Null))
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Strict, D::Error> {
+                <Strict as serde::Deserialize>::deserialize(d)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Strict, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(Strict(v)) = seq.next_element()? {
+                    out.push(v);
+                }
+                Ok(Strict(Value::Array(out)))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Strict, A::Error> {
+                let mut out = Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if out.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format!("`{key}` {TWICE}")));
+                    }
+                    let Strict(v) = map.next_value()?;
+                    out.insert(key, v);
+                }
+                Ok(Strict(Value::Object(out)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The id of a resource whose text could not be parsed, if it says one plainly: for naming
+/// the resource in the refusal.
+fn id_in(raw: &RawValue) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        id: String,
+    }
+    serde_json::from_str::<Named>(raw.get()).ok().map(|n| n.id).filter(|id| Id::parse(id).is_ok())
 }
 
 /// serde_json appends " at line X column Y" to its messages; the position is given once, in
