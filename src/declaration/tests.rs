@@ -1238,3 +1238,32 @@ fn an_id_given_twice() {
               resources[0], field `id`: given twice in one object; a key may appear once"#]],
     );
 }
+
+// Every bad field of one resource is listed, not only the first serde met.
+
+#[test]
+fn every_bad_field_of_one_resource() {
+    check(
+        r#"{"version": 1, "resources": [
+            {"type": "file", "id": "web.conf", "path": "etc/web.conf", "content": "x", "mode": "644",
+             "owner": "a:b:c", "colour": "blue"}]}"#,
+        expect![[r#"
+            the declaration was refused (3 problems); nothing on the machine was touched
+              resources[0] (id "web.conf"), field `colour`: unknown field `colour`, expected one of `path`, `content`, `bytes`, `sealed`, `secrets`, `mode`, `owner`, `create-once`, `into`
+              resources[0] (id "web.conf"), field `owner`: "a:b:c" is not an owner: write "user" or "user:group" with account names
+              resources[0] (id "web.conf"), field `path`: "etc/web.conf" is a relative path; paths must be absolute"#]],
+    );
+}
+
+#[test]
+fn a_bad_field_and_a_missing_one() {
+    check(
+        r#"{"version": 1, "resources": [
+            {"type": "container", "id": "web.app", "name": "app web", "ports": ["80:80"], "env": {"A": 1}}]}"#,
+        expect![[r#"
+            the declaration was refused (3 problems); nothing on the machine was touched
+              resources[0] (id "web.app"), field `env.A`: invalid type: integer `1`, expected a string
+              resources[0] (id "web.app"), field `name`: "app web" is not a name: it must be non-empty, with no whitespace or '/'
+              resources[0] (id "web.app"), field `image`: missing field `image`"#]],
+    );
+}

@@ -99,7 +99,7 @@ fn resources_of(raw: Vec<&RawValue>, problems: &mut Problems) -> Vec<Resource> {
             let index = start + i;
             match strict(r) {
                 Ok(value) => {
-                    if let Some(r) = resource(index, value, &mut found) {
+                    if let Some(r) = resource(index, r, value, &mut found) {
                         out.push(r);
                     }
                 }
@@ -374,7 +374,7 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
-fn resource(index: usize, raw: Value, problems: &mut Problems) -> Option<Resource> {
+fn resource(index: usize, text: &RawValue, raw: Value, problems: &mut Problems) -> Option<Resource> {
     let at = Some(index);
     let Value::Object(mut map) = raw else {
         problems.at(at, None, None, format!("a resource is an object, found {}", kind_of(&raw)));
@@ -446,47 +446,72 @@ fn resource(index: usize, raw: Value, problems: &mut Problems) -> Option<Resourc
     let kind = kind?;
 
     let spec = match kind {
-        Kind::Directory => fields(map, index, id_text, problems).map(Spec::Directory),
-        Kind::File => fields(map, index, id_text, problems).map(Spec::File),
-        Kind::Access => fields(map, index, id_text, problems).map(Spec::Access),
-        Kind::Package => fields(map, index, id_text, problems).map(Spec::Package),
-        Kind::Service => fields(map, index, id_text, problems).map(Spec::Service),
-        Kind::Container => fields(map, index, id_text, problems).map(|c| Spec::Container(Box::new(c))),
-        Kind::Network => fields(map, index, id_text, problems).map(Spec::Network),
-        Kind::User => fields(map, index, id_text, problems).map(Spec::User),
-        Kind::Archive => fields(map, index, id_text, problems).map(Spec::Archive),
-        Kind::Process => fields(map, index, id_text, problems).map(Spec::Process),
-        Kind::Action => fields(map, index, id_text, problems).map(Spec::Action),
-        Kind::Opening => fields(map, index, id_text, problems).map(Spec::Opening),
+        Kind::Directory => fields(map, text, index, id_text, problems).map(Spec::Directory),
+        Kind::File => fields(map, text, index, id_text, problems).map(Spec::File),
+        Kind::Access => fields(map, text, index, id_text, problems).map(Spec::Access),
+        Kind::Package => fields(map, text, index, id_text, problems).map(Spec::Package),
+        Kind::Service => fields(map, text, index, id_text, problems).map(Spec::Service),
+        Kind::Container => fields(map, text, index, id_text, problems).map(|c| Spec::Container(Box::new(c))),
+        Kind::Network => fields(map, text, index, id_text, problems).map(Spec::Network),
+        Kind::User => fields(map, text, index, id_text, problems).map(Spec::User),
+        Kind::Archive => fields(map, text, index, id_text, problems).map(Spec::Archive),
+        Kind::Process => fields(map, text, index, id_text, problems).map(Spec::Process),
+        Kind::Action => fields(map, text, index, id_text, problems).map(Spec::Action),
+        Kind::Opening => fields(map, text, index, id_text, problems).map(Spec::Opening),
     }?;
 
     within(&spec, index, id_text, problems);
     Some(Resource { index, id: id?, spec, digest })
 }
 
-/// Deserialises a resource's own fields, naming the field that failed.
-fn fields<T: DeserializeOwned>(
+/// Deserialises a resource's own fields, naming the field that failed. serde stops at the
+/// first bad field; so that one round trip fixes them all, a resource that fails is tried again
+/// from its text without each field already found bad, until what is left parses, and every
+/// required field it lacks is named (serde would name only the first).
+fn fields<T: DeserializeOwned + schemars::JsonSchema>(
     map: Map<String, Value>,
+    text: &RawValue,
     index: usize,
     id: Option<&str>,
     problems: &mut Problems,
 ) -> Option<T> {
-    match serde_path_to_error::deserialize::<_, T>(Value::Object(map)) {
-        Ok(t) => Some(t),
-        Err(e) => {
-            let path = e.path().to_string();
-            let message = e.into_inner().to_string();
-            // serde reports a missing or unknown field at the object itself, with the field's
-            // name in the message; lift it into the field position so every problem reads alike.
-            let named = message
-                .strip_prefix("missing field `")
-                .or_else(|| message.strip_prefix("unknown field `"))
-                .and_then(|rest| rest.split('`').next());
-            let field = if path == "." { named.map(str::to_owned) } else { Some(path) };
-            problems.at(Some(index), id, field.as_deref(), message);
-            None
+    let first = match serde_path_to_error::deserialize::<_, T>(Value::Object(map)) {
+        Ok(t) => return Some(t),
+        Err(e) => e,
+    };
+    let Ok(Value::Object(mut map)) = strict(text) else { return None };
+    map.remove("id");
+    map.remove("type");
+    let given: BTreeSet<String> = map.keys().cloned().collect();
+    let mut error = first;
+    // Bounded by the number of fields a resource has; the cap only guards against a loop.
+    for _ in 0..64 {
+        let path = error.path().to_string();
+        let message = error.into_inner().to_string();
+        if message.starts_with("missing field `") {
+            break;
         }
+        // serde reports an unknown field at the object itself, with the field's name in the
+        // message; lift it into the field position so every problem reads alike.
+        let named = message.strip_prefix("unknown field `").and_then(|rest| rest.split('`').next());
+        let field = if path == "." { named.map(str::to_owned) } else { Some(path) };
+        problems.at(Some(index), id, field.as_deref(), message);
+        let top = field.as_deref().and_then(|f| f.split(['.', '[']).next());
+        if top.is_none_or(|top| map.remove(top).is_none()) {
+            break;
+        }
+        error = match serde_path_to_error::deserialize::<_, T>(Value::Object(map.clone())) {
+            Ok(_) => break,
+            Err(e) => e,
+        };
     }
+    // Required fields not given at all, from the type's schema, in its order.
+    let schema = schemars::schema_for!(T);
+    let required = schema.get("required").and_then(Value::as_array).into_iter().flatten();
+    for field in required.filter_map(Value::as_str).filter(|f| !given.contains(*f)) {
+        problems.at(Some(index), id, Some(field), format!("missing field `{field}`"));
+    }
+    None
 }
 
 /// Rules between the fields of one resource.
