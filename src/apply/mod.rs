@@ -101,8 +101,8 @@ struct Ctx<'a> {
 }
 
 /// The connections and caches of one pass to the machine's managers, each made when the first
-/// resource needs it: a declaration of files alone never touches the bus.
-#[derive(Default)]
+/// resource needs it (or kept from an earlier pass, see `Session`): a declaration of files
+/// alone never touches the bus.
 struct Machine {
     systemd: Option<Systemd>,
     packages: Packages,
@@ -176,9 +176,47 @@ pub fn systemd_unit(spec: &Spec) -> Option<String> {
     }
 }
 
+/// Connections to the machine's managers kept from one pass to the next. The daemon keeps one,
+/// so a reconcile of one unit or container does not connect anew (a D-Bus connection and its
+/// Subscribe, a runtime's ping); a command makes a fresh one for its single pass. A pass that
+/// failed at all drops them, so a manager restarted under the daemon is connected to again on
+/// the retry rather than failing on a dead connection.
+#[derive(Default)]
+pub struct Session {
+    systemd: Option<Systemd>,
+    docker: Option<Docker>,
+}
+
+impl Session {
+    fn start(&mut self) -> Machine {
+        Machine {
+            systemd: self.systemd.take(),
+            packages: Packages::default(),
+            docker: self.docker.take().map(Ok),
+        }
+    }
+
+    fn end(&mut self, machine: Machine, failed: bool) {
+        if !failed {
+            self.systemd = machine.systemd;
+            self.docker = machine.docker.and_then(Result::ok);
+        }
+    }
+}
+
 /// Applies the whole declaration: orphans, then every resource.
 pub fn apply(declaration: &Declaration, store: &mut Store, opts: &Options) -> (Report, Diffs) {
-    Pass::new(declaration, store, opts).run(None)
+    apply_in(&mut Session::default(), declaration, store, opts)
+}
+
+/// `apply`, with connections kept in `session`.
+pub fn apply_in(
+    session: &mut Session,
+    declaration: &Declaration,
+    store: &mut Store,
+    opts: &Options,
+) -> (Report, Diffs) {
+    Pass::new(declaration, store, opts).run(None, session)
 }
 
 /// Reconciles some resources alone, with whatever names them in restart-on or reload-on
@@ -186,6 +224,17 @@ pub fn apply(declaration: &Declaration, store: &mut Store, opts: &Options) -> (R
 /// action or run-once step not recorded at its current declaration) is not attempted. Orphans
 /// are not looked for: that is a full apply's job.
 pub fn reconcile(declaration: &Declaration, ids: &[Id], store: &mut Store, opts: &Options) -> Report {
+    reconcile_in(&mut Session::default(), declaration, ids, store, opts)
+}
+
+/// `reconcile`, with connections kept in `session`.
+pub fn reconcile_in(
+    session: &mut Session,
+    declaration: &Declaration,
+    ids: &[Id],
+    store: &mut Store,
+    opts: &Options,
+) -> Report {
     let mut selected: BTreeSet<usize> = BTreeSet::new();
     let mut todo: Vec<&Id> = ids.iter().collect();
     while let Some(id) = todo.pop() {
@@ -195,7 +244,7 @@ pub fn reconcile(declaration: &Declaration, ids: &[Id], store: &mut Store, opts:
             }
         }
     }
-    Pass::new(declaration, store, opts).run(Some(selected)).0
+    Pass::new(declaration, store, opts).run(Some(selected), session).0
 }
 
 struct Pass<'a> {
@@ -223,11 +272,11 @@ impl<'a> Pass<'a> {
         }
     }
 
-    fn run(mut self, only: Option<BTreeSet<usize>>) -> (Report, Diffs) {
+    fn run(mut self, only: Option<BTreeSet<usize>>, session: &mut Session) -> (Report, Diffs) {
         let mut fs = Fs::new();
         let mut accounts = Accounts::default();
         let mut diffs = Diffs::default();
-        let mut machine = Machine::default();
+        let mut machine = session.start();
         let mut gated = false;
 
         if only.is_none() {
@@ -303,6 +352,7 @@ impl<'a> Pass<'a> {
             }
         }
         self.flush(&mut fs);
+        session.end(machine, !self.failures.is_empty());
 
         let outcomes: Vec<Outcome> = self.slots.into_iter().flatten().collect();
         let error = (!self.failures.is_empty()).then(|| {

@@ -66,6 +66,8 @@ struct Worker {
     /// Shared with the scheduler, which runs steps of the declaration in force.
     declaration: Option<Arc<Declaration>>,
     store: Store,
+    /// Connections to systemd and the container runtime, kept between reconciles.
+    session: apply::Session,
     files: FileWatcher,
     index: Arc<RwLock<Index>>,
     /// The last files the declaration watcher handed over, taken by the declaration key.
@@ -108,6 +110,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config: config.clone(),
         declaration: None,
         store,
+        session: apply::Session::default(),
         files,
         index: Arc::new(RwLock::new(Index::default())),
         settled: Arc::new(std::sync::Mutex::new(None)),
@@ -376,7 +379,7 @@ impl Worker {
             return Verdict::Settled;
         };
         let t = std::time::Instant::now();
-        let (report, _) = apply::apply(declaration, &mut self.store, &options);
+        let (report, _) = apply::apply_in(&mut self.session, declaration, &mut self.store, &options);
         let pass = t.elapsed();
         self.account(&report, None, false);
         self.metrics.last_apply_timestamp.set(now_secs() as f64);
@@ -405,7 +408,13 @@ impl Worker {
             // Undeclared since the key was queued: the full apply that followed handled it.
             return Verdict::Settled;
         }
-        let report = apply::reconcile(declaration, std::slice::from_ref(id), &mut self.store, &options);
+        let report = apply::reconcile_in(
+            &mut self.session,
+            declaration,
+            std::slice::from_ref(id),
+            &mut self.store,
+            &options,
+        );
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
         self.account(&report, Some(seen), quiet);
         if report.outcomes.iter().any(|o| o.action.moved()) {

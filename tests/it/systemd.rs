@@ -628,3 +628,41 @@ fn the_daemon_starts_again_a_unit_stopped_by_hand() {
     assert_eq!(daemon.terminate(), Some(0));
     tb.clean(&[&unit], &[]);
 }
+
+#[test]
+fn the_daemon_connects_again_after_its_kept_bus_connection_is_cut() {
+    let tb = testbed();
+    let unit = format!("{}.service", unique("mh-daemon-cut-"));
+    tb.unit(&unit, &sleeper(""));
+    let s = Scratch::new();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _entered = rt.enter();
+    let mut relay = Relay::new(s.path("bus"));
+    relay.listen();
+    let d = s.declare(json!([{"type": "service", "id": "a.svc", "unit": unit, "state": "running"}]));
+    let bus = format!("unix:path={}", s.p("bus"));
+    let mut daemon = Daemon::start(&s, &d, &["--bus", &bus]);
+    assert_eq!(tb.active(&unit), "active", "the first apply started it:\n{}", daemon.log());
+    let up = || daemon.metric("mesh_host_watcher_up{watcher=\"systemd\"}") == 1.0;
+    assert!(wait_for(PATIENCE, up), "{}", daemon.log());
+    let corrections = || daemon.metric("mesh_host_drift_corrections_total{type=\"service\"}");
+
+    // Started again over the connection the daemon keeps between reconciles.
+    tb.systemctl(&["stop", &unit]);
+    assert!(wait_for(PATIENCE, || tb.active(&unit) == "active"), "started again:\n{}", daemon.log());
+    assert!(wait_for(PATIENCE, || corrections() >= 1.0), "{}", daemon.log());
+
+    // Every connection through the relay is cut, as when the bus restarts; then it listens again.
+    relay.cut();
+    relay.listen();
+    tb.systemctl(&["stop", &unit]);
+    assert!(
+        wait_for(PATIENCE, || tb.active(&unit) == "active"),
+        "started again on a new connection:\n{}",
+        daemon.log()
+    );
+    assert!(wait_for(PATIENCE, || corrections() >= 2.0), "{}", daemon.log());
+    assert_eq!(daemon.terminate(), Some(0));
+    relay.cut();
+    tb.clean(&[&unit], &[]);
+}
