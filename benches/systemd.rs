@@ -74,6 +74,7 @@ fn main() {
     // End to end through the daemon: a unit stopped by hand until it reads back running again.
     let daemon_again = rt.block_on(rt.spawn_blocking(through_the_daemon)).expect("the end-to-end rounds ran");
     let _ = std::fs::remove_file(format!("{ROOT}/etc/systemd/system/{UNIT}"));
+    let together = rt.block_on(rt.spawn_blocking(ten_starts)).expect("the applies ran");
 
     println!("| measure ({ROUNDS} rounds) | median | p90 | max |");
     println!("|---|---|---|---|");
@@ -84,6 +85,63 @@ fn main() {
         "stopped by hand to running again, through `mesh-host run` (watcher, queue, reconcile)",
         daemon_again,
     );
+    println!();
+    println!("| measure ({TOGETHER_ROUNDS} rounds) | median | p90 | max |");
+    println!("|---|---|---|---|");
+    row(&format!("`mesh-host apply` starting {TOGETHER} stopped units, each read back twice"), together);
+}
+
+const TOGETHER: usize = 10;
+const TOGETHER_ROUNDS: usize = 5;
+
+/// `mesh-host apply` of a declaration of `TOGETHER` services, all stopped before each round:
+/// what a cold apply of a service-heavy node pays for the second look at each started unit.
+fn ten_starts() -> Vec<Duration> {
+    let scratch = tempfile::tempdir().unwrap();
+    let units: Vec<String> = (0..TOGETHER).map(|i| format!("mh-bench-{i}.service")).collect();
+    for u in &units {
+        std::fs::write(
+            format!("{ROOT}/etc/systemd/system/{u}"),
+            "[Service]\nExecStart=/bin/sleep infinity\n",
+        )
+        .unwrap();
+    }
+    let bus = format!("unix:path={SOCKET}");
+    let sd = Systemd::connect(Some(&bus)).expect("the testbed's systemd answers");
+    sd.reload_manager().unwrap();
+    let resources: Vec<serde_json::Value> = units
+        .iter()
+        .enumerate()
+        .map(|(i, u)| serde_json::json!({"type": "service", "id": format!("bench.u{i}"), "unit": u, "state": "running"}))
+        .collect();
+    let decl = scratch.path().join("declaration.json");
+    std::fs::write(
+        &decl,
+        serde_json::to_vec(&serde_json::json!({"version": 1, "resources": resources})).unwrap(),
+    )
+    .unwrap();
+    let mut took = Vec::new();
+    for _ in 0..TOGETHER_ROUNDS {
+        for u in &units {
+            sd.stop(u).unwrap();
+        }
+        let t0 = Instant::now();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mesh-host"))
+            .env("MESH_HOST_LOG", "warn")
+            .arg("--state")
+            .arg(scratch.path().join("state.json"))
+            .args(["--bus", &bus, "apply"])
+            .arg(&decl)
+            .output()
+            .expect("mesh-host runs");
+        took.push(t0.elapsed());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    }
+    for u in &units {
+        sd.stop(u).unwrap();
+        let _ = std::fs::remove_file(format!("{ROOT}/etc/systemd/system/{u}"));
+    }
+    took
 }
 
 /// Runs the real daemon on a declaration of the unit, stops the unit from another client

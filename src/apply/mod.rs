@@ -31,6 +31,7 @@ pub use outcome::{Action, ApplyError, Failure, Outcome, Report};
 use crate::declaration::{Declaration, Digest, Id, Kind, Resource, Spec};
 use crate::store::{More, Origin, Record, Store};
 use crate::system::docker::Docker;
+use crate::system::systemd::SETTLE;
 use crate::system::{Accounts, Fs, Packages, Staged, Systemd};
 
 /// How an apply is run.
@@ -71,8 +72,8 @@ struct Facts {
     schedule: Option<String>,
 }
 
-/// What an applier returns: done (with what to record, if anything), or a file staged for the
-/// next batch commit.
+/// What an applier returns: done (with what to record, if anything), a file staged for the
+/// next batch commit, or a unit just started that must still be running a moment later.
 #[allow(
     clippy::large_enum_variant,
     reason = "Done is what nearly every applier returns, once per resource, moved straight into the report; boxing it would allocate for every resource to save a copy of a few hundred bytes"
@@ -80,6 +81,21 @@ struct Facts {
 enum Step {
     Done(Outcome, Option<Facts>),
     Staged(Box<file::Pending>),
+    Rising(Box<Rising>),
+}
+
+/// A unit just started (or restarted, or replaced): running at the first look, and done only if
+/// it still is `SETTLE` later. A simple service counts as started once its process is forked, so
+/// one that exits at once on a bad configuration passes the first look and not the second. The
+/// second look is the pass's: units started one after another settle together, before the next
+/// gate or at the end of the pass, rather than each holding the pass for `SETTLE`.
+struct Rising {
+    outcome: Outcome,
+    facts: Option<Facts>,
+    unit: String,
+    /// What was done to it, for the message if it died ("was started").
+    what: String,
+    since: std::time::Instant,
 }
 
 /// State shared by the appliers during one pass.
@@ -257,6 +273,8 @@ struct Pass<'a> {
     /// already reflected must not restart a service on every later pass.
     changed: HashSet<Id>,
     pending: Vec<(usize, Box<file::Pending>)>,
+    /// Units started in this pass awaiting their second look, with their slots.
+    rising: Vec<(usize, usize, Box<Rising>)>,
 }
 
 impl<'a> Pass<'a> {
@@ -269,6 +287,7 @@ impl<'a> Pass<'a> {
             failures: Vec::new(),
             changed: HashSet::new(),
             pending: Vec::new(),
+            rising: Vec::new(),
         }
     }
 
@@ -317,6 +336,11 @@ impl<'a> Pass<'a> {
             if !matches!(resource.kind(), Kind::File | Kind::Directory) || self.pending.len() >= BATCH {
                 self.flush(&mut fs);
             }
+            // A gate (an action, a run-once step) may depend on the units started before it:
+            // they settle first, as they did when each start held the pass.
+            if resource.spec.is_gate() {
+                self.settle_rising(&mut machine);
+            }
             let result = {
                 let mut ctx = Ctx {
                     fs: std::mem::take(&mut fs),
@@ -340,6 +364,15 @@ impl<'a> Pass<'a> {
                     self.pending.push((self.slots.len(), p));
                     self.slots.push(None);
                 }
+                Ok(Step::Rising(rising)) => {
+                    // It moved now, whatever the second look finds: what restarts on it must see
+                    // that in this pass.
+                    if rising.outcome.action.moved() {
+                        self.changed.insert(resource.id.clone());
+                    }
+                    self.rising.push((self.slots.len(), resource.index, rising));
+                    self.slots.push(None);
+                }
                 Err(e) => {
                     let unsupported = matches!(e, Error::Unsupported(_));
                     self.fail(resource, &e);
@@ -352,6 +385,7 @@ impl<'a> Pass<'a> {
             }
         }
         self.flush(&mut fs);
+        self.settle_rising(&mut machine);
         session.end(machine, !self.failures.is_empty());
 
         let outcomes: Vec<Outcome> = self.slots.into_iter().flatten().collect();
@@ -494,6 +528,26 @@ impl<'a> Pass<'a> {
             );
         }
         outcome
+    }
+
+    /// The second look at the units started since the last one: once `SETTLE` has passed since
+    /// the latest start, each still running is done and recorded; one that died is an error.
+    fn settle_rising(&mut self, machine: &mut Machine) {
+        let Some(latest) = self.rising.iter().map(|(_, _, r)| r.since).max() else { return };
+        std::thread::sleep((latest + SETTLE).saturating_duration_since(std::time::Instant::now()));
+        let declaration = self.declaration;
+        for (slot, index, rising) in std::mem::take(&mut self.rising) {
+            let resource = &declaration.resources[index];
+            let Rising { outcome, facts, unit, what, since: _ } = *rising;
+            let second = machine.systemd(self.opts.bus.as_deref()).and_then(|sd| Ok(sd.state(&unit)?));
+            match second {
+                Ok(state) if state.running() => {
+                    self.slots[slot] = Some(self.settle(resource, outcome, facts))
+                }
+                Ok(state) => self.fail(resource, &service::died(&unit, &what, &state)),
+                Err(e) => self.fail(resource, &e),
+            }
+        }
     }
 
     fn fail(&mut self, r: &Resource, e: &Error) {

@@ -5,7 +5,7 @@
 //! (command, environment, user), so the running unit itself says whether it is the one the
 //! declaration describes; a different digest means the unit is replaced.
 
-use super::service::stays_running;
+use super::service::{rise, running_now};
 use super::{begin, named, Action, Ctx, Error, Facts, Step};
 use crate::declaration::{digest, Kind, Process, Resource};
 use crate::system::systemd::Transient;
@@ -54,7 +54,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Process) -> Result<Step
         user: p.user.as_ref().map(|u| u.as_str()),
     };
 
-    let (action, detail) = match running_spec.as_deref().map(described_spec) {
+    let (action, detail, what) = match running_spec.as_deref().map(described_spec) {
         Some(Some(spec)) if spec == want => {
             if !before.running() {
                 // Supervised and coming back (auto-restart), or on its way down: either way,
@@ -69,9 +69,10 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Process) -> Result<Step
             let why = restart_for.join(", ");
             if !dry_run {
                 sd.restart(&unit)?;
-                stays_running(sd, &unit, &format!("was restarted for {why}"))?;
+                running_now(sd, &unit, &format!("was restarted for {why}"))?;
             }
-            (Action::Updated, format!("{unit} restarted for {why}"))
+            let what = (!dry_run).then(|| format!("was restarted for {why}"));
+            (Action::Updated, format!("{unit} restarted for {why}"), what)
         }
         Some(_) => {
             // Running something else: a changed command, environment or user, or a unit of
@@ -80,27 +81,29 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Process) -> Result<Step
                 sd.stop(&unit)?;
                 sd.reset_failed(&unit)?;
                 sd.start_transient(&transient)?;
-                stays_running(sd, &unit, "was replaced")?;
+                running_now(sd, &unit, "was replaced")?;
                 check_spec(ctx, &unit, &want)?;
             }
-            (Action::Updated, format!("{unit} replaced: its command, environment or user changed"))
+            let what = (!dry_run).then(|| "was replaced".to_owned());
+            (Action::Updated, format!("{unit} replaced: its command, environment or user changed"), what)
         }
         None => {
             if !dry_run {
                 // A failed unit of this name that was not collected yet would refuse a new one.
                 sd.reset_failed(&unit)?;
                 sd.start_transient(&transient)?;
-                stays_running(sd, &unit, "was started")?;
+                running_now(sd, &unit, "was started")?;
                 check_spec(ctx, &unit, &want)?;
             }
+            let what = (!dry_run).then(|| "was started".to_owned());
             if recorded {
-                (Action::Corrected, format!("{unit} was no longer running; started again"))
+                (Action::Corrected, format!("{unit} was no longer running; started again"), what)
             } else {
-                (Action::Created, format!("started as {unit}"))
+                (Action::Created, format!("started as {unit}"), what)
             }
         }
     };
-    Ok(Step::Done(begin(r, action, Some(detail)), facts))
+    Ok(rise(begin(r, action, Some(detail)), facts, &unit, what))
 }
 
 /// Reads back that the unit now running is the one just asked for.

@@ -1,8 +1,8 @@
 //! `service`: a systemd unit's boot setting and state, through systemd's D-Bus API.
 
-use super::{begin, named, Action, Ctx, Error, Facts, Step};
+use super::{begin, named, Action, Ctx, Error, Facts, Rising, Step};
 use crate::declaration::{Boot, Kind, Resource, Service, ServiceState};
-use crate::system::systemd::{Systemd, SystemdError, UnitState, SETTLE};
+use crate::system::systemd::{Systemd, SystemdError, UnitState};
 
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step, Error> {
     let unit = s.unit.as_str();
@@ -37,6 +37,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
 
     let mut changes = Vec::new();
     let mut drifted = false;
+    // Set when the unit was started or restarted: its second look is the pass's.
+    let mut rising = None;
 
     // Boot first. If the apply fails half way, enabled-and-stopped comes right at the next
     // boot; running-and-disabled does not.
@@ -67,7 +69,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
         ServiceState::Running if !before.running() => {
             if !dry_run {
                 sd.start(unit)?;
-                stays_running(sd, unit, "was started")?;
+                running_now(sd, unit, "was started")?;
+                rising = Some("was started".to_owned());
             }
             changes.push(format!("started (was {})", before.active));
             drifted = true;
@@ -79,7 +82,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
             let why = restart_for.join(", ");
             if !dry_run {
                 sd.restart(unit)?;
-                stays_running(sd, unit, &format!("was restarted for {why}"))?;
+                running_now(sd, unit, &format!("was restarted for {why}"))?;
+                rising = Some(format!("was restarted for {why}"));
             }
             changes.push(format!("restarted for {why}"));
         }
@@ -120,25 +124,40 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
     } else {
         (Action::Updated, changes.join(", "))
     };
-    Ok(Step::Done(begin(r, action, Some(detail)), Some(Facts::default())))
+    let outcome = begin(r, action, Some(detail));
+    Ok(rise(outcome, Some(Facts::default()), unit, rising))
 }
 
-/// Reads back a unit just started: active now, and still active a moment later. A simple
-/// service counts as started once its process is forked, so one that exits at once on a bad
-/// configuration passes the first look and not the second.
-pub(super) fn stays_running(sd: &Systemd, unit: &str, what: &str) -> Result<UnitState, Error> {
-    let mut after = sd.state(unit)?;
-    if after.running() {
-        std::thread::sleep(SETTLE);
-        after = sd.state(unit)?;
+/// Done, or, for a unit just started, rising: its second look comes later in the pass.
+pub(super) fn rise(outcome: super::Outcome, facts: Option<Facts>, unit: &str, what: Option<String>) -> Step {
+    match what {
+        Some(what) => Step::Rising(Box::new(Rising {
+            outcome,
+            facts,
+            unit: unit.to_owned(),
+            what,
+            since: std::time::Instant::now(),
+        })),
+        None => Step::Done(outcome, facts),
     }
+}
+
+/// The first look at a unit just started: running now. The second, a moment later, is the
+/// pass's (`Rising`).
+pub(super) fn running_now(sd: &Systemd, unit: &str, what: &str) -> Result<(), Error> {
+    let after = sd.state(unit)?;
     if after.running() {
-        Ok(after)
+        Ok(())
     } else {
-        Err(Error::Refused(format!(
-            "{unit} {what} and is {after} a moment later: it exited or died at once; journalctl -u {unit} says why"
-        )))
+        Err(died(unit, what, &after))
     }
+}
+
+/// A unit that did not stay up after it was started.
+pub(super) fn died(unit: &str, what: &str, after: &UnitState) -> Error {
+    Error::Refused(format!(
+        "{unit} {what} and is {after} a moment later: it exited or died at once; journalctl -u {unit} says why"
+    ))
 }
 
 fn boot_word(b: Boot) -> &'static str {

@@ -183,6 +183,36 @@ fn a_unit_that_dies_at_once_is_an_error() {
 }
 
 #[test]
+fn units_started_together_settle_together_and_one_that_dies_is_still_an_error() {
+    let t = testbed();
+    let dies = format!("{}.service", unique("mh-it-dies-"));
+    let stays = format!("{}.service", unique("mh-it-stays-"));
+    t.unit(&dies, "[Service]\nExecStart=/bin/sh -c 'sleep 0.1; exit 3'\n");
+    t.unit(&stays, &sleeper(""));
+    let s = Scratch::new();
+    // The action is a gate: the units before it have their second look before it runs, and a
+    // unit that died does not gate it.
+    let d = s.declare(json!([
+        {"type": "service", "id": "web.dies", "unit": dies, "state": "running"},
+        {"type": "service", "id": "web.stays", "unit": stays, "state": "running"},
+        {"type": "action", "id": "web.after", "command": ["touch", s.p("ran")], "verify": ["test", "-f", s.p("ran")]},
+    ]));
+    let (code, report) = apply_on(&s, &t.bus(), &d);
+    assert_eq!(code, 1, "{report:#}");
+    let failures = report["error"]["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{report:#}");
+    assert_eq!(failures[0]["id"], "web.dies");
+    let message = failures[0]["message"].as_str().unwrap();
+    assert!(message.contains("exited or died at once") && message.contains(&dies), "{message}");
+    assert_eq!(action(&report, "web.stays"), "updated", "{report:#}");
+    assert_eq!(t.active(&stays), "active");
+    assert!(s.path("ran").exists(), "the action after them ran: {report:#}");
+    let state = std::fs::read_to_string(s.state()).unwrap_or_default();
+    assert!(state.contains("web.stays") && !state.contains("web.dies"), "{state}");
+    t.clean(&[&dies, &stays], &[]);
+}
+
+#[test]
 fn a_missing_unit_is_an_error_and_removing_one_is_forgotten() {
     let t = testbed();
     let s = Scratch::new();
