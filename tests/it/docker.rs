@@ -621,6 +621,54 @@ fn docker_no_runtime_fails_container_resources_only() {
     assert_eq!(action(&report, "web.after"), "created");
 }
 
+/// With no socket configured and none of the usual ones answering, every container resource
+/// fails naming each socket tried, and the rest of the declaration is applied. The machine's own
+/// sockets are hidden by running the apply in a private mount namespace with an empty /run.
+#[test]
+fn docker_no_runtime_anywhere_names_every_socket_tried() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "network", "id": "web.net", "name": "mh-it-nowhere-net"},
+        {"type": "container", "id": "web.app", "name": "mh-it-nowhere", "image": IMAGE},
+        {"type": "file", "id": "web.after", "path": s.p("after"), "content": "x"},
+    ]));
+    let out = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t tmpfs none /run && exec \"$@\"",
+            "sh",
+        ])
+        .arg(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .args(["apply", "--json"])
+        .arg(&d)
+        .env_remove("DOCKER_HOST")
+        .env("MESH_HOST_LOG", "warn")
+        .output()
+        .expect("unshare runs (util-linux)");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    });
+    assert_eq!(out.status.code(), Some(1), "{report:#}");
+    let failures = report["error"]["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 2, "the network and the container: {report:#}");
+    for f in failures {
+        let message = f["message"].as_str().unwrap();
+        assert!(message.contains("no container runtime answers on this machine"), "{message}");
+        assert!(
+            message.contains("/var/run/docker.sock") || message.contains("/run/docker.sock"),
+            "{message}"
+        );
+        assert!(message.contains("podman"), "{message}");
+    }
+    assert_eq!(action(&report, "web.after"), "created", "{report:#}");
+}
+
 #[test]
 fn docker_exec_runs_a_command_inside_a_running_container() {
     let n = Names::new(DOCKER, "exec");
