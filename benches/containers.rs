@@ -87,6 +87,7 @@ fn main() {
         kept: scratch.path().join("kept"),
         bus: None,
         container_socket: None,
+        step_timeout: None,
     };
     // Each disturbance: what is done by hand, and the event the daemon reacts to.
     let disturbances: [(&str, &str, &str); 2] = [("killed", "kill", "die"), ("removed", "rm -f", "destroy")];

@@ -29,6 +29,10 @@ pub struct Cli {
     /// `DOCKER_HOST`, Docker's default socket and then Podman's system socket are tried.
     #[arg(long, global = true, value_name = "URL")]
     pub container_socket: Option<String>,
+    /// How long an action's command or verify, or a run-once or scheduled step, may run before
+    /// it is stopped and fails; 0 for no limit.
+    #[arg(long, global = true, value_name = "SECONDS", default_value_t = 3600)]
+    pub step_timeout: u64,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -99,12 +103,16 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
     // once, here, against the directory the command was started in.
     cli.state = std::path::absolute(&cli.state)
         .with_context(|| format!("cannot resolve the state path {}", cli.state.display()))?;
-    let bus = cli.bus.clone();
-    let socket = cli.container_socket.clone();
+    let reach = Reach {
+        bus: cli.bus.clone(),
+        socket: cli.container_socket.clone(),
+        step_timeout: (cli.step_timeout > 0).then(|| std::time::Duration::from_secs(cli.step_timeout)),
+    };
+    let (bus, socket, step_timeout) = (reach.bus.clone(), reach.socket.clone(), reach.step_timeout);
     match cli.command {
         Command::Check { file } => check(&file),
-        Command::Plan { file, origin } => plan(&file, origin, &cli.state, bus, socket),
-        Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state, bus, socket),
+        Command::Plan { file, origin } => plan(&file, origin, &cli.state, reach),
+        Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state, reach),
         Command::Status { json } => status(json, &cli.state),
         Command::Run { declaration, origin, metrics, resync, settle_ms } => {
             let metrics = match metrics.as_str() {
@@ -122,6 +130,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                 queue: crate::controller::queue::Config::default(),
                 bus: bus.clone(),
                 container_socket: socket,
+                step_timeout,
             };
             tokio::runtime::Handle::current().block_on(crate::controller::run(config))?;
             Ok(Ended::Converged)
@@ -141,15 +150,23 @@ pub fn load(file: &Path) -> anyhow::Result<Declaration> {
     Ok(Declaration::parse(&bytes)?)
 }
 
-fn options(
-    origin: Origin,
-    state: &Path,
-    dry_run: bool,
+/// How the machine's managers are reached, and how long a step may take: the global options.
+struct Reach {
     bus: Option<String>,
-    container_socket: Option<String>,
-) -> Options {
+    socket: Option<String>,
+    step_timeout: Option<std::time::Duration>,
+}
+
+fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options {
     let dir = state.parent().unwrap_or(Path::new("/"));
-    Options { origin, dry_run, kept: dir.join("kept"), bus, container_socket }
+    Options {
+        origin,
+        dry_run,
+        kept: dir.join("kept"),
+        bus: reach.bus,
+        container_socket: reach.socket,
+        step_timeout: reach.step_timeout,
+    }
 }
 
 fn check(file: &Path) -> anyhow::Result<Ended> {
@@ -180,16 +197,10 @@ fn check(file: &Path) -> anyhow::Result<Ended> {
     Ok(Ended::Converged)
 }
 
-fn plan(
-    file: &Path,
-    origin: Origin,
-    state: &Path,
-    bus: Option<String>,
-    socket: Option<String>,
-) -> anyhow::Result<Ended> {
+fn plan(file: &Path, origin: Origin, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
     let d = load(file)?;
     let mut store = Store::read_only(state)?;
-    let (report, diffs) = apply::apply(&d, &mut store, &options(origin, state, true, bus, socket));
+    let (report, diffs) = apply::apply(&d, &mut store, &options(origin, state, true, reach));
     let mut out = String::new();
     for o in report.outcomes.iter().filter(|o| o.action != Action::Unchanged) {
         line(&mut out, o.action.planned(), &o.id, &o.target, o.detail.as_deref());
@@ -209,14 +220,7 @@ fn plan(
     Ok(if report.error.is_some() { Ended::Failed } else { Ended::Converged })
 }
 
-fn apply_cmd(
-    file: &Path,
-    origin: Origin,
-    json: bool,
-    state: &Path,
-    bus: Option<String>,
-    socket: Option<String>,
-) -> anyhow::Result<Ended> {
+fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
     // The store is read while the declaration is parsed: two independent reads of about 20 and
     // 30 ms at 10,000 resources. A refused declaration is still the error reported, as if the
     // store had never been looked at.
@@ -239,7 +243,7 @@ fn apply_cmd(
         "declaration and store loaded"
     );
     let t = std::time::Instant::now();
-    let (mut report, _) = apply::apply(&d, &mut store, &options(origin, state, false, bus, socket));
+    let (mut report, _) = apply::apply(&d, &mut store, &options(origin, state, false, reach));
     tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "pass finished");
     // What worked is recorded even when something else failed: the record follows each fact.
     if let Err(e) = store.save() {

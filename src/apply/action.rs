@@ -14,10 +14,11 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &ActionSpec) -> Result<S
     // The runtime is asked for only when the action runs inside a container, so an action on
     // the machine works where no runtime answers.
     let docker = a.in_container.as_ref().map(|_| ctx.docker()).transpose()?;
+    let limit = ctx.opts.step_timeout;
     let run = |argv: &[String]| -> Result<Ran, Error> {
         match (&a.in_container, &docker) {
-            (Some(container), Some(docker)) => Ok(docker.exec(container.as_str(), argv)?.into()),
-            _ => Ok(command::run(argv, &[])?),
+            (Some(container), Some(docker)) => Ok(docker.exec(container.as_str(), argv, limit)?.into()),
+            _ => Ok(command::run_within(argv, &[], limit)?),
         }
     };
     let first = run(&a.verify.0)?;

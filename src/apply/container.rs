@@ -235,13 +235,20 @@ fn run_once(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Erro
     }
     let docker = &ctx.docker()?;
     ensure_image(docker, c)?;
-    run_step(docker, r, c, &want, "run-once step")?;
+    run_step(docker, r, c, &want, "run-once step", ctx.opts.step_timeout)?;
     Ok(Step::Done(begin(r, action, Some(detail.into())), Some(facts)))
 }
 
 /// Runs a step's container to completion and removes it. A failed one is left in place so its
 /// logs can be read; it is replaced at the next run.
-fn run_step(docker: &Docker, r: &Resource, c: &Container, want: &str, what: &str) -> Result<(), Error> {
+fn run_step(
+    docker: &Docker,
+    r: &Resource,
+    c: &Container,
+    want: &str,
+    what: &str,
+    limit: Option<std::time::Duration>,
+) -> Result<(), Error> {
     let name = c.name.as_str();
     // A container of this name from an earlier run, or a failed one, must not be mistaken for
     // this run.
@@ -249,7 +256,7 @@ fn run_step(docker: &Docker, r: &Resource, c: &Container, want: &str, what: &str
     let new = new_container(r, c, want, false)?;
     docker.create(&new)?;
     docker.start(name)?;
-    let code = docker.wait(name)?;
+    let code = docker.wait(name, limit)?;
     if code != 0 {
         return Err(Error::Refused(format!(
             "{what} {name} exited with code {code}; its container is left for its logs: `{} logs {name}`",
@@ -296,6 +303,7 @@ pub fn run_scheduled(
     declaration: &Declaration,
     id: &Id,
     container_socket: Option<&str>,
+    limit: Option<std::time::Duration>,
 ) -> Result<ScheduledRun, Error> {
     let r = declaration.get(id).ok_or_else(|| Error::Refused(format!("{id} is not declared")))?;
     let c = match &r.spec {
@@ -305,7 +313,7 @@ pub fn run_scheduled(
     let started = Instant::now();
     let docker = docker::connect(container_socket)?;
     ensure_image(&docker, c)?;
-    run_step(&docker, r, c, &spec(declaration, c, None), "scheduled step")?;
+    run_step(&docker, r, c, &spec(declaration, c, None), "scheduled step", limit)?;
     Ok(ScheduledRun { id: id.to_string(), took: started.elapsed() })
 }
 

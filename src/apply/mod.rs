@@ -49,6 +49,9 @@ pub struct Options {
     /// The container runtime's socket (`unix:///run/podman/podman.sock`), when configured;
     /// otherwise `DOCKER_HOST`, Docker's default socket, then Podman's are tried.
     pub container_socket: Option<String>,
+    /// How long an action's command or verify, or a run-once step, may run before it is
+    /// stopped and fails; `None` for no limit.
+    pub step_timeout: Option<std::time::Duration>,
 }
 
 /// What a plan adds to a report: the diff of each file whose content would change.

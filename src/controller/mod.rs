@@ -54,6 +54,8 @@ pub struct Config {
     pub bus: Option<String>,
     /// The container runtime's socket (`--container-socket`); `None` looks in the usual places.
     pub container_socket: Option<String>,
+    /// How long an action or a step may run (`--step-timeout`); `None` for no limit.
+    pub step_timeout: Option<Duration>,
 }
 
 /// The declaration files the watcher last handed over, until the worker takes them.
@@ -123,8 +125,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         docker_watcher: None,
         in_force: tokio::sync::watch::channel(None).0,
     };
-    let _scheduler =
-        schedule::spawn(worker.in_force.subscribe(), config.container_socket.clone(), Arc::clone(&metrics));
+    let _scheduler = schedule::spawn(
+        worker.in_force.subscribe(),
+        config.container_socket.clone(),
+        config.step_timeout,
+        Arc::clone(&metrics),
+    );
 
     if let Some(addr) = config.metrics {
         let beat = Arc::clone(&heartbeat);
@@ -277,6 +283,7 @@ impl Worker {
             kept,
             bus: self.config.bus.clone(),
             container_socket: self.config.container_socket.clone(),
+            step_timeout: self.config.step_timeout,
         }
     }
 

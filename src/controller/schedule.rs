@@ -18,6 +18,7 @@ use crate::telemetry::Metrics;
 pub fn spawn(
     mut in_force: watch::Receiver<Option<Arc<Declaration>>>,
     socket: Option<String>,
+    limit: Option<Duration>,
     metrics: Arc<Metrics>,
 ) -> tokio::task::JoinHandle<()> {
     let running: Arc<Mutex<HashSet<Id>>> = Arc::default();
@@ -63,7 +64,7 @@ pub fn spawn(
                 let (declaration, socket, metrics, running) =
                     (Arc::clone(&declaration), socket.clone(), Arc::clone(&metrics), Arc::clone(&running));
                 tokio::task::spawn_blocking(move || {
-                    let result = crate::apply::run_scheduled(&declaration, &id, socket.as_deref());
+                    let result = crate::apply::run_scheduled(&declaration, &id, socket.as_deref(), limit);
                     running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                     match result {
                         Ok(run) => {

@@ -1,7 +1,9 @@
 //! Running a program: an argv, never a shell. Standard input is closed, so nothing can wait
 //! for an answer that will never come; standard output and error are captured for the report.
 
+use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 /// A program that could not be run at all.
 #[derive(Debug, thiserror::Error)]
@@ -12,6 +14,8 @@ pub enum CommandError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{program} did not finish within {}; it was killed, with what it started", crate::system::human(*limit))]
+    TimedOut { program: String, limit: Duration },
 }
 
 /// How a program ended.
@@ -60,14 +64,47 @@ fn tail(text: &str) -> Option<String> {
 
 /// Runs `argv` to completion with extra environment variables.
 pub fn run(argv: &[String], env: &[(&str, &str)]) -> Result<Ran, CommandError> {
+    run_within(argv, env, None)
+}
+
+/// Runs `argv` to completion, or until `limit` has passed: then the program and every process
+/// it started in its process group are killed (SIGKILL), and the error says so. The program
+/// runs in a process group of its own for that reason.
+pub fn run_within(
+    argv: &[String],
+    env: &[(&str, &str)],
+    limit: Option<Duration>,
+) -> Result<Ran, CommandError> {
     let (program, args) = argv.split_first().expect("an argv is never empty: the declaration refuses it");
     #[allow(clippy::disallowed_methods, reason = "system/ is the one place programs are run")]
     let mut cmd = Command::new(program);
-    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd.output().map_err(|source| CommandError::Spawn { program: program.clone(), source })?;
+    let child = cmd.spawn().map_err(|source| CommandError::Spawn { program: program.clone(), source })?;
+    let pid = child.id();
+    // The wait (and the reading of both pipes) is on a thread of its own, so this one can give
+    // up at the limit.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match limit {
+        None => rx.recv().expect("the waiting thread sends once"),
+        Some(limit) => match rx.recv_timeout(limit) {
+            Ok(out) => out,
+            Err(_) => {
+                let group = nix::unistd::Pid::from_raw(pid as i32);
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+                // A process that left the group can keep the pipes open; the wait is not
+                // held for it.
+                let _ = rx.recv_timeout(Duration::from_secs(5));
+                return Err(CommandError::TimedOut { program: program.clone(), limit });
+            }
+        },
+    };
+    let out = out.map_err(|source| CommandError::Spawn { program: program.clone(), source })?;
     Ok(Ran {
         code: out.status.code(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -105,6 +142,31 @@ mod tests {
         assert_eq!(killed.describe(), "was killed by a signal: last");
         let long = Ran { code: Some(1), stdout: String::new(), stderr: "x".repeat(1000) };
         assert_eq!(long.describe().chars().count(), "exited 1: ...".len() + 400);
+    }
+
+    #[test]
+    fn a_program_past_its_limit_is_killed_with_what_it_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("child");
+        let script = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
+        let argv: Vec<String> = ["sh", "-c", &script].iter().map(|s| s.to_string()).collect();
+        let started = std::time::Instant::now();
+        let err = run_within(&argv, &[], Some(Duration::from_millis(300))).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5), "gave up at the limit: {:?}", started.elapsed());
+        assert_eq!(err.to_string(), "sh did not finish within 300 ms; it was killed, with what it started");
+        let child: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        // Killed with its group; reaped by init once its parent is gone.
+        let gone = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .map_or(true, |stat| stat.rsplit(") ").next().is_some_and(|rest| rest.starts_with('Z')))
+        });
+        assert!(gone, "the sleep it started was killed too");
+
+        // Within the limit, the same as `run`.
+        let quick: Vec<String> = ["sh", "-c", "echo hi"].iter().map(|s| s.to_string()).collect();
+        let ran = run_within(&quick, &[], Some(Duration::from_secs(10))).unwrap();
+        assert!(ran.success() && ran.stdout == "hi\n");
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub enum DockerError {
         #[source]
         source: Bollard,
     },
+    #[error("{what} did not finish within {}; {left}", crate::system::human(*limit))]
+    TimedOut { what: String, limit: std::time::Duration, left: &'static str },
     #[error("{0}")]
     Other(String),
 }
@@ -341,11 +343,28 @@ impl Docker {
         }
     }
 
-    /// Waits for a started container to exit and returns its exit code.
-    pub fn wait(&self, name: &str) -> Result<i64> {
+    /// Waits for a started container to exit and returns its exit code. With a limit, a
+    /// container still running when it passes is stopped (SIGTERM, then SIGKILL after
+    /// [`STOP_TIMEOUT`]) and left in place for its logs, and the error says so.
+    pub fn wait(&self, name: &str, limit: Option<std::time::Duration>) -> Result<i64> {
         let options = WaitContainerOptionsBuilder::new().condition("not-running").build();
         let mut stream = self.client.wait_container(name, Some(options));
-        match block(stream.next()) {
+        let next = match limit {
+            None => block(stream.next()),
+            Some(limit) => match block(tokio::time::timeout(limit, stream.next())) {
+                Ok(next) => next,
+                Err(_) => {
+                    let stop = StopContainerOptions { t: Some(STOP_TIMEOUT), signal: None };
+                    let _ = block(self.client.stop_container(name, Some(stop)));
+                    return Err(DockerError::TimedOut {
+                        what: format!("container {name}"),
+                        limit,
+                        left: "it was stopped, and is left for its logs",
+                    });
+                }
+            },
+        };
+        match next {
             Some(Ok(r)) => Ok(r.status_code),
             // bollard turns a non-zero exit into an error carrying the code.
             Some(Err(Bollard::DockerContainerWaitError { code, .. })) => Ok(code),
@@ -358,9 +377,30 @@ impl Docker {
         }
     }
 
-    /// Runs a command inside a running container and returns its exit code and output.
-    pub fn exec(&self, container: &str, argv: &[String]) -> Result<ExecOutput> {
-        block(async {
+    /// Runs a command inside a running container and returns its exit code and output. With a
+    /// limit, the wait for it ends when the limit passes; the runtime's API cannot kill what an
+    /// exec started, so the error says it may still be running.
+    pub fn exec(
+        &self,
+        container: &str,
+        argv: &[String],
+        limit: Option<std::time::Duration>,
+    ) -> Result<ExecOutput> {
+        let run = self.exec_unlimited(container, argv);
+        match limit {
+            None => block(run),
+            Some(limit) => block(tokio::time::timeout(limit, run)).unwrap_or_else(|_| {
+                Err(DockerError::TimedOut {
+                    what: format!("{} in container {container}", argv[0]),
+                    limit,
+                    left: "the runtime cannot stop it, so it may still be running in the container",
+                })
+            }),
+        }
+    }
+
+    async fn exec_unlimited(&self, container: &str, argv: &[String]) -> Result<ExecOutput> {
+        {
             use bollard::exec::{CreateExecOptions, StartExecResults};
             let api = |what: &str| {
                 let what = format!("{what} in container {container}");
@@ -401,7 +441,7 @@ impl Docker {
                 DockerError::Other(format!("a command in container {container} ended without an exit code"))
             })?;
             Ok(ExecOutput { code, output: String::from_utf8_lossy(&output).into_owned() })
-        })
+        }
     }
 
     /// The network of this name: `None` when there is none, else its labels and the names of

@@ -27,3 +27,17 @@ pub use users::{Accounts, UserError};
 pub fn read_input(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     std::fs::read(path)
 }
+
+/// A duration as a person reads it in a message: "90 s", "15 min", "1 h".
+pub fn human(d: std::time::Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 3600 && secs % 3600 == 0 {
+        format!("{} h", secs / 3600)
+    } else if secs >= 60 && secs % 60 == 0 {
+        format!("{} min", secs / 60)
+    } else if secs >= 1 && d.subsec_millis() == 0 {
+        format!("{secs} s")
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}

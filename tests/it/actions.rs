@@ -84,3 +84,21 @@ fn an_action_in_a_container_that_is_not_there_is_a_clear_error() {
     assert_eq!(report["error"]["gated"], true, "{report:#}");
     assert!(report["error"]["message"].as_str().unwrap().contains("mh-it-no-such-db"), "{report:#}");
 }
+
+#[test]
+fn a_command_that_hangs_is_killed_at_the_step_timeout_and_gates() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "action", "id": "db.init", "command": ["sleep", "300"], "verify": ["false"]},
+        {"type": "file", "id": "db.after", "path": s.p("after"), "content": "x"},
+    ]));
+    let started = std::time::Instant::now();
+    let (code, report) = s.apply_with(&["--step-timeout", "1"], &d);
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "{:?}", started.elapsed());
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(report["error"]["resource"], "db.init");
+    assert_eq!(report["error"]["gated"], true);
+    let message = report["error"]["message"].as_str().unwrap();
+    assert_eq!(message, "sleep did not finish within 1 s; it was killed, with what it started");
+    assert!(!s.path("after").exists(), "nothing after a failed gate is attempted");
+}

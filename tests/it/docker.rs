@@ -474,6 +474,29 @@ fn docker_run_once_failure_gates_what_follows() {
 }
 
 #[test]
+fn docker_run_once_step_that_hangs_is_stopped_at_the_step_timeout_and_gates() {
+    let n = Names::new(DOCKER, "hang");
+    let s = Scratch::new();
+    let step = n.container("migrate");
+    let d = s.declare(json!([
+        {"type": "container", "id": "db.migrate", "name": step, "image": IMAGE, "run-once": true,
+         "args": ["sh", "-c", "trap 'exit 143' TERM; sleep 300 & wait"]},
+        {"type": "file", "id": "db.after", "path": s.p("after"), "content": "x"},
+    ]));
+    let (code, report) = s.apply_with(&["--step-timeout", "2"], &d);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(report["error"]["resource"], "db.migrate", "{report:#}");
+    assert_eq!(report["error"]["gated"], true);
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains(&format!("container {step} did not finish within 2 s")), "{message}");
+    assert!(message.contains("stopped, and is left for its logs"), "{message}");
+    assert!(!s.path("after").exists(), "nothing after the step is attempted");
+    assert!(!DOCKER.running(&step), "the hung step was stopped");
+    assert!(DOCKER.inspect(&step, "{{.Id}}").is_some(), "and left for its logs");
+    assert!(record(&s, "db.migrate").is_null(), "a step that did not finish is not recorded");
+}
+
+#[test]
 fn docker_scheduled_step_is_installed_not_run_then_run_by_the_scheduler() {
     let n = Names::new(DOCKER, "sched");
     let s = Scratch::new();
@@ -497,7 +520,8 @@ fn docker_scheduled_step_is_installed_not_run_then_run_by_the_scheduler() {
     let run = |id: &str| {
         let parsed = parsed.clone();
         let id = mesh_host::declaration::Id::parse(id).unwrap();
-        rt.block_on(rt.spawn_blocking(move || mesh_host::apply::run_scheduled(&parsed, &id, None))).unwrap()
+        rt.block_on(rt.spawn_blocking(move || mesh_host::apply::run_scheduled(&parsed, &id, None, None)))
+            .unwrap()
     };
     run("db.backup").expect("the scheduled step runs");
     assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "ran\n");
@@ -680,9 +704,16 @@ fn docker_exec_runs_a_command_inside_a_running_container() {
         .block_on(rt.spawn_blocking(move || {
             let docker = mesh_host::system::docker::connect(None).unwrap();
             let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-            let ok = docker.exec(&name, &argv(&["sh", "-c", "echo out; echo err >&2"])).unwrap();
-            let failed = docker.exec(&name, &argv(&["sh", "-c", "exit 7"])).unwrap();
-            let stopped = docker.exec("mh-it-no-such-container", &argv(&["true"]));
+            let ok = docker.exec(&name, &argv(&["sh", "-c", "echo out; echo err >&2"]), None).unwrap();
+            let failed = docker.exec(&name, &argv(&["sh", "-c", "exit 7"]), None).unwrap();
+            let stopped = docker.exec("mh-it-no-such-container", &argv(&["true"]), None);
+            let limit = Some(Duration::from_millis(500));
+            let hung = docker.exec(&name, &argv(&["sleep", "30"]), limit).unwrap_err().to_string();
+            assert!(
+                hung.contains("sleep in container") && hung.contains("did not finish within 500 ms"),
+                "{hung}"
+            );
+            assert!(hung.contains("may still be running"), "{hung}");
             (ok, failed, stopped)
         }))
         .unwrap();
