@@ -58,6 +58,17 @@ pub struct Config {
     pub step_timeout: Option<Duration>,
 }
 
+impl Config {
+    /// How long the worker may go without finishing a reconcile before it is taken for stuck
+    /// (`/healthz` fails, the watchdog is no longer pinged): two resync periods, plus the step
+    /// time limit, since one reconcile may legitimately run a step that long. With no step
+    /// limit, a day: a long step cannot then be told from a stuck worker any sooner.
+    pub fn stale_after(&self) -> Duration {
+        2 * self.resync.max(Duration::from_secs(60))
+            + self.step_timeout.unwrap_or(Duration::from_secs(86_400))
+    }
+}
+
 /// The declaration files the watcher last handed over, until the worker takes them.
 type Settled = Arc<std::sync::Mutex<Option<Vec<(PathBuf, Vec<u8>)>>>>;
 
@@ -134,16 +145,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     if let Some(addr) = config.metrics {
         let beat = Arc::clone(&heartbeat);
-        let resync = config.resync;
+        let stale = config.stale_after();
         let started = Arc::clone(&ready);
         let health: crate::telemetry::http::Health = Arc::new(move || {
             if !started.load(Ordering::Relaxed) {
                 return Err("starting: the first apply has not finished".into());
             }
-            // Healthy while the worker has finished something within two resync periods: a
-            // worker stuck in one reconcile is the failure this is for.
+            // Healthy while the worker has finished something recently enough (`stale_after`):
+            // a worker stuck in one reconcile is the failure this is for.
             let age = now_secs() - beat.load(Ordering::Relaxed);
-            if age as u64 <= 2 * resync.as_secs().max(60) {
+            if age as u64 <= stale.as_secs() {
                 Ok(())
             } else {
                 Err(format!("the worker has not finished a reconcile for {age} s"))
@@ -173,7 +184,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         // Pinged from the worker's heartbeat, so a wedged worker stops the pings and systemd
         // restarts the agent.
         let beat = Arc::clone(&heartbeat);
-        let limit = 2 * config.resync.as_secs().max(60) as i64;
+        let limit = config.stale_after().as_secs() as i64;
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval / 2);
             loop {
@@ -507,5 +518,36 @@ impl Worker {
         for (dir, e) in self.files.set_paths(index.paths()) {
             tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(resync: u64, step: Option<u64>) -> Config {
+        Config {
+            declaration: PathBuf::from("/etc/mesh-host/declaration.d"),
+            state: PathBuf::from("/var/lib/mesh-host/state.json"),
+            origin: Origin::Declared,
+            metrics: None,
+            resync: Duration::from_secs(resync),
+            settle: Duration::from_millis(50),
+            queue: queue::Config::default(),
+            bus: None,
+            container_socket: None,
+            step_timeout: step.map(Duration::from_secs),
+        }
+    }
+
+    #[test]
+    fn a_worker_running_a_step_is_not_taken_for_stuck_before_the_step_limit() {
+        assert_eq!(config(600, Some(3600)).stale_after(), Duration::from_secs(1200 + 3600));
+        assert_eq!(
+            config(10, Some(30)).stale_after(),
+            Duration::from_secs(120 + 30),
+            "resync counts as 60 s at least"
+        );
+        assert_eq!(config(600, None).stale_after(), Duration::from_secs(1200 + 86_400));
     }
 }
