@@ -696,3 +696,69 @@ fn the_daemon_connects_again_after_its_kept_bus_connection_is_cut() {
     relay.cut();
     tb.clean(&[&unit], &[]);
 }
+
+/// The unit file in `deploy/`, as shipped, runs the agent under the testbed's systemd: it
+/// starts without its environment file, reaches READY, puts back a hand-edit, answers on
+/// `/healthz`, and stops cleanly on `systemctl stop`.
+#[test]
+fn the_deployed_unit_runs_the_agent_under_systemd() {
+    let t = testbed();
+    let unit = "mesh-host.service";
+    let dir = "/srv/mh-it-deploy";
+    let journal = |t: &Testbed| {
+        let out = Command::new("nsenter")
+            .args(["-t", &t.pid.to_string(), "-a", "journalctl", "-u", unit, "-n", "40", "--no-pager"])
+            .output()
+            .expect("nsenter runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/mesh-host.service")).unwrap();
+    std::fs::create_dir_all(t.path("/usr/local/bin")).unwrap();
+    let installed = t.path("/usr/local/bin/mesh-host");
+    let _ = std::fs::remove_file(&installed);
+    let binary = assert_cmd::cargo::cargo_bin("mesh-host");
+    if std::fs::hard_link(&binary, &installed).is_err() {
+        std::fs::copy(&binary, &installed).unwrap();
+    }
+    std::fs::create_dir_all(t.path("/etc/mesh-host/declaration.d")).unwrap();
+    let d = json!({"version": 1, "resources": [
+        {"type": "directory", "id": "it.dir", "path": dir},
+        {"type": "file", "id": "it.hello", "path": format!("{dir}/hello"), "content": "hello\n"},
+    ]});
+    std::fs::write(t.path("/etc/mesh-host/declaration.d/it.json"), d.to_string()).unwrap();
+    t.unit(unit, &text);
+
+    // Type=notify: the start returns once the agent said READY, after its first apply.
+    t.systemctl(&["start", unit]);
+    assert_eq!(t.active(unit), "active", "{}", journal(&t));
+    let hello = t.path(&format!("{dir}/hello"));
+    assert_eq!(std::fs::read_to_string(&hello).unwrap_or_default(), "hello\n", "{}", journal(&t));
+    std::fs::write(&hello, "edited by hand\n").unwrap();
+    assert!(
+        wait_for(PATIENCE, || std::fs::read_to_string(&hello).is_ok_and(|c| c == "hello\n")),
+        "put back:\n{}",
+        journal(&t)
+    );
+    // The testbed shares the host's network: its loopback is this one.
+    let health = {
+        use std::io::{Read as _, Write as _};
+        let mut s = std::net::TcpStream::connect("127.0.0.1:9787").expect("the agent listens on 9787");
+        write!(s, "GET /healthz HTTP/1.1\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"), "{health}");
+    let store = t.path("/var/lib/mesh-host/state.json");
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(std::fs::metadata(&store).unwrap().permissions().mode() & 0o777, 0o600);
+
+    t.systemctl(&["stop", unit]);
+    assert_eq!(t.active(unit), "inactive", "{}", journal(&t));
+    assert_eq!(t.show(unit, "ExecMainStatus"), "0", "SIGTERM is a clean exit:\n{}", journal(&t));
+
+    t.clean(&[unit], &["/usr/local/bin/mesh-host", "/etc/mesh-host/declaration.d/it.json"]);
+    let _ = std::fs::remove_dir_all(t.path(dir));
+    let _ = std::fs::remove_dir_all(t.path("/var/lib/mesh-host"));
+}
