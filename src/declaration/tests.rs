@@ -1267,3 +1267,31 @@ fn a_bad_field_and_a_missing_one() {
               resources[0] (id "web.app"), field `image`: missing field `image`"#]],
     );
 }
+
+// A directory of documents: problems name the document, and the other resource in a conflict is
+// named the same way.
+
+#[test]
+fn a_conflict_across_documents_names_both_where_they_are() {
+    let sources = vec![
+        (
+            "10-base.json".to_owned(),
+            br#"{"version": 1, "resources": [
+                {"type": "directory", "id": "web.root", "path": "/srv/web"},
+                {"type": "file", "id": "web.conf", "path": "/etc/web.conf", "content": "a"}]}"#
+                .to_vec(),
+        ),
+        (
+            "20-more.json".to_owned(),
+            br#"{"version": 1, "resources": [
+                {"type": "file", "id": "web.conf", "path": "/etc/other.conf", "content": "b"},
+                {"type": "file", "id": "web.again", "path": "/etc/web.conf", "content": "c"}]}"#
+                .to_vec(),
+        ),
+    ];
+    let refused = Declaration::parse_sources(&sources).expect_err("refused");
+    expect![[r#"
+        the declaration was refused (2 problems); nothing on the machine was touched
+          20-more.json: resources[0] (id "web.conf"), field `id`: duplicate id: resources[1] of 10-base.json already has it
+          20-more.json: resources[1] (id "web.again"), field `path`: "/etc/web.conf" is already declared by resources[1] of 10-base.json"#]].assert_eq(&refused.to_string());
+}

@@ -63,7 +63,16 @@ pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declara
 
     let resources = resources_of(raw_resources, &mut problems);
 
-    across(&resources, &mut problems);
+    // Another resource is named as the person wrote it: by its index in its own document, and
+    // the document when there are several.
+    let name = |global: usize| match (sources.len() > 1, origin.get(global)) {
+        (true, Some(&(doc, local))) => match sources[doc].0 {
+            Some(file) => format!("resources[{local}] of {file}"),
+            None => format!("resources[{local}]"),
+        },
+        _ => format!("resources[{global}]"),
+    };
+    across(&resources, &mut problems, &name);
 
     if problems.all.is_empty() {
         return Ok(Declaration::new(resources, adoption));
@@ -739,7 +748,7 @@ pub(crate) fn secret_holes(content: &str) -> Vec<&str> {
 }
 
 /// Rules between resources: unique ids, one owner per path or name, references that resolve.
-fn across(resources: &[Resource], problems: &mut Problems) {
+fn across(resources: &[Resource], problems: &mut Problems, name: &dyn Fn(usize) -> String) {
     let mut ids: HashMap<&Id, usize> = HashMap::with_capacity(resources.len());
     for r in resources {
         if let Some(first) = ids.insert(&r.id, r.index) {
@@ -748,7 +757,7 @@ fn across(resources: &[Resource], problems: &mut Problems) {
                 Some(r.index),
                 Some(r.id.as_str()),
                 Some("id"),
-                format!("duplicate id: resources[{first}] already has it"),
+                format!("duplicate id: {} already has it", name(first)),
             );
         }
     }
@@ -776,7 +785,7 @@ fn across(resources: &[Resource], problems: &mut Problems) {
                     Some(r.index),
                     Some(r.id.as_str()),
                     Some(target_field(r.kind())),
-                    format!("{:?} is already declared by resources[{first}]", r.target()),
+                    format!("{:?} is already declared by {}", r.target(), name(first)),
                 );
             }
         }
