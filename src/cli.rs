@@ -310,7 +310,10 @@ pub fn human(report: &Report, declared: usize) -> String {
             for f in &e.failures {
                 line(&mut out, "failed", &f.id, &f.target, Some(&f.message));
             }
-            let _ = writeln!(out, "apply failed: {e}\n  {counts}");
+            let _ = writeln!(out, "apply failed: {e}");
+            if !report.outcomes.is_empty() {
+                let _ = writeln!(out, "  of the rest: {counts}");
+            }
             if !e.gated {
                 out.push_str("  everything else was attempted; what is not listed as failed was done\n");
             }
