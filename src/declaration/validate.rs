@@ -39,6 +39,18 @@ pub(super) fn parse(bytes: &[u8]) -> Result<Declaration, Refused> {
 /// first. A problem names the document it is in (when there are names) and the index there.
 pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declaration, Refused> {
     let mut problems = Problems { all: Vec::new() };
+    // A directory emptied (by a deployment half done, or by mistake) is no declaration, not a
+    // declaration of nothing: taken as the latter, it would remove everything the host made.
+    // Declaring nothing is said explicitly.
+    if sources.is_empty() {
+        problems.at(
+            None,
+            None,
+            None,
+            "no declaration: the source holds no *.json file; to declare nothing, and have what the host made removed, write {\"version\": 1, \"resources\": []}".into(),
+        );
+        return Err(Refused { problems: problems.all });
+    }
     let mut raw_resources = Vec::new();
     // Where each resource came from: its document and its index there.
     let mut origin: Vec<(usize, usize)> = Vec::new();

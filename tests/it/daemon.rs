@@ -207,6 +207,21 @@ fn a_directory_of_declarations_is_one_declaration() {
     )
     .unwrap();
     assert!(wait_for(PATIENCE, || read(&s.path("srv/more.conf")) == "m"), "{}", daemon.log());
+
+    // Emptied, the directory is no declaration: refused, and what is in force stays in force.
+    for f in ["10-base.json", "20-web.json", "30-more.json"] {
+        std::fs::remove_file(dir.join(f)).unwrap();
+    }
+    assert!(
+        wait_for(PATIENCE, || daemon.metric("mesh_host_declaration_refusals_total") >= 1.0),
+        "{}",
+        daemon.log()
+    );
+    assert!(daemon.log().contains("no declaration: the source holds no *.json file"), "{}", daemon.log());
+    assert_eq!(read(&s.path("srv/web.conf")), "w", "nothing removed:\n{}", daemon.log());
+    // Declaring nothing, said explicitly, removes what the host made.
+    std::fs::write(dir.join("00-nothing.json"), doc(json!([]))).unwrap();
+    assert!(wait_for(PATIENCE, || !s.path("srv/web.conf").exists()), "{}", daemon.log());
 }
 
 #[test]
