@@ -157,18 +157,24 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
     let not_json = |e: serde_json::Error| {
         format!("not JSON at line {}, column {}: {}", e.line(), e.column(), strip_position(&e.to_string()))
     };
-    // The whole document is checked to be JSON first, so a syntax error anywhere is reported
-    // with its line and column before anything is looked at.
-    let top: &RawValue = match serde_json::from_slice(bytes) {
-        Ok(v) => v,
+    // One pass over the document: its top level read, each resource's text found (it is parsed
+    // later, on the thread that validates it). A syntax error is reported with its line and
+    // column; a document that is JSON but not an object, as such.
+    let entries = match serde_json::from_slice::<TopLevel>(bytes) {
+        Ok(TopLevel(entries)) => entries,
+        Err(e) if e.is_data() => {
+            problems.at(
+                None,
+                None,
+                None,
+                "a declaration is a JSON object with `version` and `resources`".into(),
+            );
+            return (Vec::new(), None);
+        }
         Err(e) => {
             problems.at(None, None, None, not_json(e));
             return (Vec::new(), None);
         }
-    };
-    let Ok(TopLevel(entries)) = serde_json::from_str::<TopLevel>(top.get()) else {
-        problems.at(None, None, None, "a declaration is a JSON object with `version` and `resources`".into());
-        return (Vec::new(), None);
     };
     let mut version = None;
     let mut adoption_raw = None;
@@ -182,10 +188,10 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
             twice.push(key);
             continue;
         }
-        match key.as_str() {
-            "version" => version = Some(raw),
-            "adoption" => adoption_raw = Some(raw),
-            "resources" => resources_raw = Some(raw),
+        match (key.as_str(), raw) {
+            ("version", Entry::Raw(raw)) => version = Some(raw),
+            ("adoption", Entry::Raw(raw)) => adoption_raw = Some(raw),
+            ("resources", listed) => resources_raw = Some(listed),
             _ => {
                 unknown.insert(key);
             }
@@ -229,14 +235,12 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
             problems.at(None, None, Some("resources"), "missing; give a list, possibly empty".into());
             Vec::new()
         }
-        Some(raw) => match serde_json::from_str::<Vec<&RawValue>>(raw.get()) {
-            Ok(list) => list,
-            Err(_) => {
-                let found = serde_json::from_str::<Value>(raw.get()).map_or("not a list", |v| kind_of(&v));
-                problems.at(None, None, Some("resources"), format!("must be a list, found {found}"));
-                Vec::new()
-            }
-        },
+        Some(Entry::Resources(Listed::List(list))) => list,
+        Some(Entry::Resources(Listed::Other(found))) => {
+            problems.at(None, None, Some("resources"), format!("must be a list, found {found}"));
+            Vec::new()
+        }
+        Some(Entry::Raw(_)) => unreachable!("`resources` is always read as a list or what it is instead"),
     };
 
     for key in unknown {
@@ -260,7 +264,19 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
 const TWICE: &str = "given twice in one object; a key may appear once";
 
 /// The top-level object's entries in order, duplicates kept so they can be refused.
-struct TopLevel<'a>(Vec<(String, &'a RawValue)>);
+struct TopLevel<'a>(Vec<(String, Entry<'a>)>);
+
+/// A top-level value: `resources` read as the texts of its elements, anything else as text.
+enum Entry<'a> {
+    Resources(Listed<'a>),
+    Raw(&'a RawValue),
+}
+
+/// `resources` as given: a list of texts, or what it was instead of a list.
+enum Listed<'a> {
+    List(Vec<&'a RawValue>),
+    Other(&'static str),
+}
 
 impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -273,12 +289,59 @@ impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TopLevel<'de>, A::Error> {
                 let mut entries = Vec::new();
                 while let Some(key) = map.next_key::<String>()? {
-                    entries.push((key, map.next_value::<&'de RawValue>()?));
+                    let value = if key == "resources" {
+                        Entry::Resources(map.next_value::<Listed<'de>>()?)
+                    } else {
+                        Entry::Raw(map.next_value::<&'de RawValue>()?)
+                    };
+                    entries.push((key, value));
                 }
                 Ok(TopLevel(entries))
             }
         }
         d.deserialize_map(Entries)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Listed<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Listed<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Listed<'de>, A::Error> {
+                let mut list = Vec::new();
+                while let Some(raw) = seq.next_element::<&'de RawValue>()? {
+                    list.push(raw);
+                }
+                Ok(Listed::List(list))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Listed<'de>, A::Error> {
+                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Listed::Other("an object"))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Listed<'de>, E> {
+                Ok(Listed::Other("a boolean"))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Listed<'de>, E> {
+                Ok(Listed::Other("a number"))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Listed<'de>, E> {
+                Ok(Listed::Other("a number"))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Listed<'de>, E> {
+                Ok(Listed::Other("a number"))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Listed<'de>, E> {
+                Ok(Listed::Other("a string"))
+            }
+            fn visit_unit<E>(self) -> Result<Listed<'de>, E> {
+                Ok(Listed::Other("null"))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
