@@ -356,8 +356,20 @@ fn status(json: bool, state: &Path) -> anyhow::Result<Ended> {
             "applied-at": rec.applied_at, "machine": holds,
         }));
     }
+    // The machine's own files the host copied before it first wrote over them: kept for ever, so
+    // a person can compare or put one back.
+    let kept_dir = state.parent().unwrap_or(Path::new("/")).join("kept");
+    let kept: Vec<serde_json::Value> = crate::system::fs::files_under(&kept_dir)
+        .with_context(|| format!("cannot list the kept originals under {}", kept_dir.display()))?
+        .into_iter()
+        .filter_map(|copy| {
+            let original = Path::new("/").join(copy.strip_prefix(&kept_dir).ok()?);
+            Some(serde_json::json!({"path": original, "copy": copy}))
+        })
+        .collect();
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"state": state, "records": rows}))?);
+        let all = serde_json::json!({"state": state, "records": rows, "kept": kept});
+        println!("{}", serde_json::to_string_pretty(&all)?);
     } else {
         for r in &rows {
             println!(
@@ -369,6 +381,21 @@ fn status(json: bool, state: &Path) -> anyhow::Result<Ended> {
             );
         }
         println!("{} records in {}; {drifted} no longer as the host left them", rows.len(), state.display());
+        for k in &kept {
+            println!(
+                "{:>10} {} (the machine's original, at {})",
+                "kept",
+                k["path"].as_str().unwrap_or(""),
+                k["copy"].as_str().unwrap_or("")
+            );
+        }
+        if !kept.is_empty() {
+            println!(
+                "kept originals: {} under {}, from before the host first wrote over them",
+                kept.len(),
+                kept_dir.display()
+            );
+        }
     }
     Ok(Ended::Converged)
 }

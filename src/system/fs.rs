@@ -512,6 +512,30 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Removes temporary files a crash left beside `path` (`.NAME.mesh-host-*`).
+/// Every regular file below `dir`, sorted; symlinks are listed as what they are (never
+/// followed). An absent `dir` has none.
+pub fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                todo.push(entry.path());
+            } else {
+                found.push(entry.path());
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
 pub fn remove_leftovers(path: &Path) -> Result<usize> {
     let mut fs = Fs::new();
     let (parent, name) = split(path);
