@@ -328,7 +328,22 @@ impl Worker {
     /// drifts. Where that cannot be done, they stay in memory, which works the same.
     fn keep_contents_on_disk(&self, d: &mut Declaration) {
         let dir = self.config.state.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        match apply::keep_contents_on_disk(d, dir) {
+        let held = |d: &Declaration| -> i64 {
+            d.resources
+                .iter()
+                .map(|r| match &r.spec {
+                    Spec::File(f) => {
+                        f.content.as_ref().map_or(0, String::len) + f.bytes.as_ref().map_or(0, String::len)
+                    }
+                    _ => 0,
+                })
+                .sum::<usize>() as i64
+        };
+        let result = apply::keep_contents_on_disk(d, dir);
+        let in_file = d.contents().map_or(0, |f| f.len() as i64);
+        self.metrics.declared_content.get_or_create(&vec![("where", "file")]).set(in_file);
+        self.metrics.declared_content.get_or_create(&vec![("where", "memory")]).set(held(d));
+        match result {
             Ok((files, bytes)) => tracing::info!(
                 files,
                 bytes,

@@ -31,6 +31,7 @@ pub struct Metrics {
     pub watcher_up: Family<Labels, Gauge>,
     pub declaration_refusals: Counter,
     pub scheduled_runs: Family<Labels, Counter>,
+    pub declared_content: Family<Labels, Gauge>,
     pub build_info: Family<Labels, Gauge>,
 }
 
@@ -58,6 +59,7 @@ impl Metrics {
             watcher_up: Family::default(),
             declaration_refusals: Counter::default(),
             scheduled_runs: Family::default(),
+            declared_content: Family::default(),
             build_info: Family::default(),
             registry: Registry::default(),
         };
@@ -132,6 +134,11 @@ impl Metrics {
             "mesh_host_scheduled_runs",
             "Runs of scheduled steps, by result (succeeded, failed, skipped while still running)",
             m.scheduled_runs.clone(),
+        );
+        registry.register(
+            "mesh_host_declared_content_bytes",
+            "Bytes of declared file content the daemon holds, by where: in its content file (page cache) or in memory",
+            m.declared_content.clone(),
         );
         registry.register("mesh_host_build_info", "The running build", m.build_info.clone());
         m.build_info.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))]).set(1);

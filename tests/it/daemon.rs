@@ -135,6 +135,9 @@ fn declared_content_is_kept_on_disk_and_put_back_from_there() {
     assert!(files[0].starts_with(&s.p("state/#")), "{files:?}");
     assert_eq!(std::fs::read_dir(s.path("state")).unwrap().count(), 2, "by name only the store and its lock");
     assert!(daemon.log().contains("declared content kept in an unlinked file"), "{}", daemon.log());
+    let bytes = |at: &str| daemon.metric(&format!("mesh_host_declared_content_bytes{{where=\"{at}\"}}"));
+    assert_eq!(bytes("file"), (8 + binary.len()) as f64, "{}", daemon.get("/metrics").unwrap_or_default());
+    assert_eq!(bytes("memory"), 0.0);
 
     // Put back from the content file, byte for byte.
     std::fs::write(s.path("bin"), b"edited").unwrap();
