@@ -39,6 +39,14 @@ pub fn for_a_command() {
     unsafe { mi_option_set(PURGE_DELAY, -1) }
 }
 
+/// This process's resident set in bytes, from `/proc/self/statm`; `None` where it cannot be read.
+pub fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    let page = rustix::param::page_size() as u64;
+    Some(pages * page)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +62,14 @@ mod tests {
         // purge_delay = 1000 ms. The test binary does not call `configure`, so they still hold.
         assert_eq!(option(ARENA_EAGER_COMMIT), 2);
         assert_eq!(option(PURGE_DELAY), 1000);
+    }
+
+    #[test]
+    fn resident_memory_is_read_from_proc() {
+        let before = resident_bytes().expect("/proc/self/statm is readable");
+        let held = vec![1u8; 32 << 20];
+        let after = resident_bytes().unwrap();
+        assert!(after >= before + (30 << 20), "{before} then {after} with 32 MiB touched");
+        drop(held);
     }
 }

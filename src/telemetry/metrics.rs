@@ -32,6 +32,9 @@ pub struct Metrics {
     pub declaration_refusals: Counter,
     pub scheduled_runs: Family<Labels, Counter>,
     pub declared_content: Family<Labels, Gauge>,
+    /// The process's resident memory, read at each scrape: a daemon that runs for months is
+    /// watched for growth.
+    pub resident_memory: Gauge,
     pub build_info: Family<Labels, Gauge>,
 }
 
@@ -60,6 +63,7 @@ impl Metrics {
             declaration_refusals: Counter::default(),
             scheduled_runs: Family::default(),
             declared_content: Family::default(),
+            resident_memory: Gauge::default(),
             build_info: Family::default(),
             registry: Registry::default(),
         };
@@ -140,6 +144,11 @@ impl Metrics {
             "Bytes of declared file content the daemon holds, by where: in its content file (page cache) or in memory",
             m.declared_content.clone(),
         );
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory of the agent's process, read at each scrape",
+            m.resident_memory.clone(),
+        );
         registry.register("mesh_host_build_info", "The running build", m.build_info.clone());
         m.build_info.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))]).set(1);
         Metrics { registry, ..m }
@@ -147,6 +156,9 @@ impl Metrics {
 
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
+        if let Some(bytes) = crate::system::memory::resident_bytes() {
+            self.resident_memory.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String does not fail");
         out

@@ -138,6 +138,7 @@ fn declared_content_is_kept_on_disk_and_put_back_from_there() {
     let bytes = |at: &str| daemon.metric(&format!("mesh_host_declared_content_bytes{{where=\"{at}\"}}"));
     assert_eq!(bytes("file"), (8 + binary.len()) as f64, "{}", daemon.get("/metrics").unwrap_or_default());
     assert_eq!(bytes("memory"), 0.0);
+    assert!(daemon.metric("process_resident_memory_bytes") > 1_000_000.0, "the agent's own RSS is exported");
 
     // Put back from the content file, byte for byte.
     std::fs::write(s.path("bin"), b"edited").unwrap();
