@@ -391,4 +391,17 @@ mod tests {
         assert_eq!(keep_contents_on_disk(&mut d, dir.path()).unwrap(), (0, 0));
         assert!(content(file_of(&d, "a.text"), &d).is_ok(), "the first content file stays in force");
     }
+
+    #[test]
+    fn where_no_content_file_can_be_made_every_body_stays_in_memory() {
+        let mut d = Declaration::parse(
+            br#"{"version": 1, "resources": [
+                {"type": "file", "id": "a.text", "path": "/srv/text", "content": "port=80\n"}]}"#,
+        )
+        .unwrap();
+        assert!(keep_contents_on_disk(&mut d, Path::new("/nonexistent/state")).is_err());
+        let f = file_of(&d, "a.text");
+        assert!(f.stored.is_none() && d.contents().is_none());
+        assert_eq!(content(f, &d).unwrap().as_ref(), b"port=80\n");
+    }
 }
