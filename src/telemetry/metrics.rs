@@ -170,3 +170,49 @@ impl Default for Metrics {
         Metrics::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names the exposition carries, with the suffixes Prometheus derives from them.
+    fn exported() -> std::collections::BTreeSet<String> {
+        let m = Metrics::new();
+        // Families with labels appear once they have a child.
+        m.resources.get_or_create(&vec![("type", "file"), ("state", "converged")]).set(1);
+        m.drift_corrections.get_or_create(&vec![("type", "file")]).inc();
+        m.outcomes.get_or_create(&vec![("type", "file"), ("action", "created")]).inc();
+        m.reconcile_duration.get_or_create(&vec![("scope", "full")]).observe(0.1);
+        m.queue_adds.get_or_create(&vec![("source", "file")]).inc();
+        m.watcher_up.get_or_create(&vec![("watcher", "file")]).set(1);
+        m.scheduled_runs.get_or_create(&vec![("result", "succeeded")]).inc();
+        m.declared_content.get_or_create(&vec![("where", "file")]).set(1);
+        m.encode()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn every_metric_the_alert_rules_and_the_dashboard_use_is_exported() {
+        let exported = exported();
+        for file in ["deploy/prometheus/mesh-host.rules.yml", "deploy/grafana/mesh-host.json"] {
+            let text = std::fs::read_to_string(format!("{}/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+            let mut used: Vec<&str> = Vec::new();
+            for (i, _) in text.match_indices("mesh_host_").chain(text.match_indices("process_resident")) {
+                let name = &text[i..];
+                let end = name.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(name.len());
+                used.push(&name[..end]);
+            }
+            assert!(!used.is_empty(), "{file} names no metric");
+            for name in used {
+                assert!(
+                    exported.contains(name),
+                    "{file} uses {name}, which /metrics does not export: {exported:?}"
+                );
+            }
+        }
+    }
+}
