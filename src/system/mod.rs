@@ -41,3 +41,18 @@ pub fn human(d: std::time::Duration) -> String {
         format!("{} ms", d.as_millis())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn durations_read_as_a_person_writes_them() {
+        assert_eq!(super::human(Duration::from_secs(3600)), "1 h");
+        assert_eq!(super::human(Duration::from_secs(900)), "15 min");
+        assert_eq!(super::human(Duration::from_secs(90)), "90 s");
+        assert_eq!(super::human(Duration::from_secs(1)), "1 s");
+        assert_eq!(super::human(Duration::from_millis(1500)), "1500 ms");
+        assert_eq!(super::human(Duration::from_millis(300)), "300 ms");
+    }
+}
