@@ -191,7 +191,7 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
         match (key.as_str(), raw) {
             ("version", Entry::Raw(raw)) => version = Some(raw),
             ("adoption", Entry::Raw(raw)) => adoption_raw = Some(raw),
-            ("resources", listed) => resources_raw = Some(listed),
+            ("resources", Entry::Resources(listed)) => resources_raw = Some(listed),
             _ => {
                 unknown.insert(key);
             }
@@ -235,12 +235,11 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
             problems.at(None, None, Some("resources"), "missing; give a list, possibly empty".into());
             Vec::new()
         }
-        Some(Entry::Resources(Listed::List(list))) => list,
-        Some(Entry::Resources(Listed::Other(found))) => {
+        Some(Listed::List(list)) => list,
+        Some(Listed::Other(found)) => {
             problems.at(None, None, Some("resources"), format!("must be a list, found {found}"));
             Vec::new()
         }
-        Some(Entry::Raw(_)) => unreachable!("`resources` is always read as a list or what it is instead"),
     };
 
     for key in unknown {

@@ -400,48 +400,43 @@ impl Docker {
     }
 
     async fn exec_unlimited(&self, container: &str, argv: &[String]) -> Result<ExecOutput> {
-        {
-            use bollard::exec::{CreateExecOptions, StartExecResults};
-            let api = |what: &str| {
-                let what = format!("{what} in container {container}");
-                move |source| DockerError::Api { what, source }
-            };
-            let created = self
-                .client
-                .create_exec(
-                    container,
-                    CreateExecOptions {
-                        attach_stdout: Some(true),
-                        attach_stderr: Some(true),
-                        cmd: Some(argv.to_vec()),
-                        ..Default::default()
-                    },
-                )
-                .await
-                .map_err(api("cannot run a command"))?;
-            let mut output = Vec::new();
-            match self.client.start_exec(&created.id, None).await.map_err(api("cannot start a command"))? {
-                StartExecResults::Attached { output: mut stream, .. } => {
-                    while let Some(item) = stream.next().await {
-                        let item = item.map_err(api("reading a command's output"))?;
-                        if output.len() < OUTPUT_LIMIT {
-                            output.extend_from_slice(&item.into_bytes());
-                        }
+        use bollard::exec::{CreateExecOptions, StartExecResults};
+        let api = |what: &str| {
+            let what = format!("{what} in container {container}");
+            move |source| DockerError::Api { what, source }
+        };
+        let created = self
+            .client
+            .create_exec(
+                container,
+                CreateExecOptions {
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    cmd: Some(argv.to_vec()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(api("cannot run a command"))?;
+        let mut output = Vec::new();
+        match self.client.start_exec(&created.id, None).await.map_err(api("cannot start a command"))? {
+            StartExecResults::Attached { output: mut stream, .. } => {
+                while let Some(item) = stream.next().await {
+                    let item = item.map_err(api("reading a command's output"))?;
+                    if output.len() < OUTPUT_LIMIT {
+                        output.extend_from_slice(&item.into_bytes());
                     }
                 }
-                StartExecResults::Detached => {}
             }
-            output.truncate(OUTPUT_LIMIT);
-            let inspected = self
-                .client
-                .inspect_exec(&created.id)
-                .await
-                .map_err(api("cannot read a command's exit code"))?;
-            let code = inspected.exit_code.ok_or_else(|| {
-                DockerError::Other(format!("a command in container {container} ended without an exit code"))
-            })?;
-            Ok(ExecOutput { code, output: String::from_utf8_lossy(&output).into_owned() })
+            StartExecResults::Detached => {}
         }
+        output.truncate(OUTPUT_LIMIT);
+        let inspected =
+            self.client.inspect_exec(&created.id).await.map_err(api("cannot read a command's exit code"))?;
+        let code = inspected.exit_code.ok_or_else(|| {
+            DockerError::Other(format!("a command in container {container} ended without an exit code"))
+        })?;
+        Ok(ExecOutput { code, output: String::from_utf8_lossy(&output).into_owned() })
     }
 
     /// The network of this name: `None` when there is none, else its labels and the names of
