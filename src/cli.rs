@@ -145,7 +145,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
 /// Reads and validates a declaration. A refusal is returned as itself so `main` can give it
 /// its own exit code.
 pub fn load(file: &Path) -> anyhow::Result<Declaration> {
-    let bytes = crate::system::read_input(file)
+    let bytes = crate::system::read_input(file, crate::system::input::DECLARATION_LIMIT)
         .with_context(|| format!("cannot read the declaration {}", file.display()))?;
     Ok(Declaration::parse(&bytes)?)
 }

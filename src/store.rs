@@ -260,7 +260,7 @@ impl Store {
 
     /// Opens the store to read only. It takes no lock and can never write.
     pub fn read_only(path: &Path) -> Result<Store, StoreError> {
-        let file = match crate::system::read_input(path) {
+        let file = match crate::system::read_input(path, crate::system::input::STORE_LIMIT) {
             Ok(bytes) => parse(path, &bytes)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 File { schema: SCHEMA, records: BTreeMap::new() }

@@ -122,7 +122,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
         (Some(b), _) => base64::engine::general_purpose::STANDARD
             .decode(b)
             .map_err(|e| Error::Refused(format!("{}: `bytes` is not base64: {e}", path.display())))?,
-        (None, Some(src)) => crate::system::read_input(src.as_path())
+        (None, Some(src)) => crate::system::read_input(src.as_path(), u64::MAX)
             .map_err(|e| Error::Refused(format!("cannot read the archive {src}: {e}")))?,
         (None, None) => {
             return Err(Error::Refused(format!("{}: the archive has no bytes or source", path.display())))

@@ -9,6 +9,7 @@ pub mod command;
 pub mod contents;
 pub mod docker;
 pub mod fs;
+pub mod input;
 pub mod memory;
 pub mod packages;
 pub mod systemd;
@@ -22,11 +23,7 @@ pub use packages::{PackageError, Packages};
 pub use systemd::{Systemd, SystemdError};
 pub use users::{Accounts, UserError};
 
-/// Reads a whole file the agent itself owns (a declaration, an archive's source), following
-/// symlinks as any reader would: these are inputs, not managed targets.
-pub fn read_input(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
-    std::fs::read(path)
-}
+pub use input::{read_input, read_source};
 
 /// A duration as a person reads it in a message: "90 s", "15 min", "1 h".
 pub fn human(d: std::time::Duration) -> String {

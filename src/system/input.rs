@@ -1,0 +1,148 @@
+//! Reading the agent's own inputs: a declaration, its directory, the state store, an archive's
+//! source. Unlike managed targets these are followed through symlinks, as any reader would, but
+//! nothing on the machine can make reading them hang or eat memory:
+//!
+//! - the path is opened `O_NONBLOCK`, so a FIFO planted there cannot block the open;
+//! - what was opened is checked on the descriptor (never by a second look at the path) to be a
+//!   regular file, and anything else (a FIFO, a device such as `/dev/zero`, a socket) is refused,
+//!   naming what it is;
+//! - reads are bounded: a file larger than the caller's limit is refused before its bytes are
+//!   read, and a file that grows past the limit while it is read is refused too.
+
+use std::fs::File;
+use std::io::{self, Read as _};
+use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
+
+/// The largest declaration file read: about 25,000 resources of 10 KiB of content each. A
+/// declaration is held in memory while it is parsed, so this bounds what a bad file can cost.
+pub const DECLARATION_LIMIT: u64 = 256 << 20;
+
+/// The largest state store read: a record is a few hundred bytes, so this is millions of them.
+pub const STORE_LIMIT: u64 = 1 << 30;
+
+/// What a file type is called in a message.
+fn what(ft: std::fs::FileType) -> &'static str {
+    if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_dir() {
+        "a directory"
+    } else if ft.is_symlink() {
+        "a symlink"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Opens a regular file for reading without blocking on it, refusing anything else. Returns the
+/// file and its size.
+pub fn open_regular(path: &Path) -> io::Result<(File, u64)> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32 | rustix::fs::OFlags::NOCTTY.bits() as i32)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(io::Error::other(format!(
+            "it is {}, not a regular file; mesh-host reads only regular files here",
+            what(meta.file_type())
+        )));
+    }
+    // Back to ordinary blocking reads: for a regular file it makes no difference, and it keeps
+    // a later reader from seeing EAGAIN on an exotic filesystem.
+    rustix::fs::fcntl_setfl(&file, rustix::fs::fcntl_getfl(&file)? - rustix::fs::OFlags::NONBLOCK)?;
+    Ok((file, meta.len()))
+}
+
+/// Reads a whole regular file of at most `limit` bytes (see the module's notes).
+pub fn read_input(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    let (file, size) = open_regular(path)?;
+    let too_big = |size: u64| {
+        io::Error::other(format!(
+            "it is {size} bytes, more than the {limit} bytes mesh-host reads from such a file"
+        ))
+    };
+    if size > limit {
+        return Err(too_big(size));
+    }
+    // The size only guides the first allocation; the read itself is bounded by the limit.
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    file.take(limit + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_big(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// The files of a declaration source, read now: the file itself, or every `*.json` in the
+/// directory (not hidden), sorted by name. Anything in the directory named `*.json` that is not
+/// a regular file (a FIFO, a device, a directory) is refused, naming it, rather than skipped: an
+/// operator who put it there meant it to be read.
+pub fn read_source(source: &Path) -> io::Result<Vec<(PathBuf, Vec<u8>)>> {
+    let meta = std::fs::metadata(source)?;
+    if !meta.is_dir() {
+        return Ok(vec![(source.to_path_buf(), read_input(source, DECLARATION_LIMIT)?)]);
+    }
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(source)? {
+        let path = entry?.path();
+        let hidden = path.file_name().is_some_and(|n| n.as_encoded_bytes().starts_with(b"."));
+        if path.extension().is_some_and(|e| e == "json") && !hidden {
+            names.push(path);
+        }
+    }
+    names.sort();
+    names
+        .into_iter()
+        .map(|p| match read_input(&p, DECLARATION_LIMIT) {
+            Ok(bytes) => Ok((p, bytes)),
+            Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", p.display()))),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods, reason = "the tests plant the inputs they then read")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fifo_is_refused_at_once_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.json");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let e = read_input(&fifo, 10).unwrap_err().to_string();
+        assert!(e.contains("a FIFO, not a regular file"), "{e}");
+        let e = read_source(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("fifo.json") && e.contains("a FIFO"), "{e}");
+    }
+
+    #[test]
+    fn a_device_is_refused_without_reading_it() {
+        let e = read_input(Path::new("/dev/zero"), 10).unwrap_err().to_string();
+        assert!(e.contains("a character device"), "{e}");
+    }
+
+    #[test]
+    fn a_file_over_the_limit_is_refused_naming_both_sizes() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![b'x'; 11]).unwrap();
+        let e = read_input(&big, 10).unwrap_err().to_string();
+        assert!(e.contains("11 bytes") && e.contains("10 bytes"), "{e}");
+        assert_eq!(read_input(&big, 11).unwrap().len(), 11);
+    }
+}
