@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
-use crate::apply::{self, Action, Options, Report};
+use crate::apply::{self, Action, ArchiveLimits, Options, Report};
 use crate::declaration::{Declaration, Kind};
 use crate::store::{Origin, Store};
 
@@ -33,6 +33,13 @@ pub struct Cli {
     /// it is stopped and fails; 0 for no limit.
     #[arg(long, global = true, value_name = "SECONDS", default_value_t = 3600)]
     pub step_timeout: u64,
+    /// The most bytes of file content one archive may unpack; an archive claiming more fails
+    /// its resource, nothing unpacked.
+    #[arg(long, global = true, value_name = "BYTES", default_value_t = ArchiveLimits::default().bytes)]
+    pub archive_max_bytes: u64,
+    /// The most entries one archive may hold.
+    #[arg(long, global = true, value_name = "COUNT", default_value_t = ArchiveLimits::default().entries)]
+    pub archive_max_entries: u64,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -107,8 +114,10 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
         bus: cli.bus.clone(),
         socket: cli.container_socket.clone(),
         step_timeout: (cli.step_timeout > 0).then(|| std::time::Duration::from_secs(cli.step_timeout)),
+        archive_limits: ArchiveLimits { bytes: cli.archive_max_bytes, entries: cli.archive_max_entries },
     };
     let (bus, socket, step_timeout) = (reach.bus.clone(), reach.socket.clone(), reach.step_timeout);
+    let archive_limits = reach.archive_limits;
     match cli.command {
         Command::Check { file } => check(&file),
         Command::Plan { file, origin } => plan(&file, origin, &cli.state, reach),
@@ -131,6 +140,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                 bus: bus.clone(),
                 container_socket: socket,
                 step_timeout,
+                archive_limits,
             };
             tokio::runtime::Handle::current().block_on(crate::controller::run(config))?;
             Ok(Ended::Converged)
@@ -145,8 +155,9 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
 /// Reads and validates a declaration. A refusal is returned as itself so `main` can give it
 /// its own exit code.
 pub fn load(file: &Path) -> anyhow::Result<Declaration> {
+    // Usage: the command was pointed at something that is not a declaration to read.
     let bytes = crate::system::read_input(file, crate::system::input::DECLARATION_LIMIT)
-        .with_context(|| format!("cannot read the declaration {}", file.display()))?;
+        .map_err(|e| Usage(format!("mesh-host: cannot read the declaration {}: {e}", file.display())))?;
     Ok(Declaration::parse(&bytes)?)
 }
 
@@ -155,6 +166,7 @@ struct Reach {
     bus: Option<String>,
     socket: Option<String>,
     step_timeout: Option<std::time::Duration>,
+    archive_limits: ArchiveLimits,
 }
 
 fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options {
@@ -166,6 +178,7 @@ fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options
         bus: reach.bus,
         container_socket: reach.socket,
         step_timeout: reach.step_timeout,
+        archive_limits: reach.archive_limits,
     }
 }
 
@@ -228,7 +241,7 @@ fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach
     let (d, store) = std::thread::scope(|scope| {
         let store = scope.spawn(|| {
             let t = std::time::Instant::now();
-            let store = Store::open(state);
+            let store = Store::read_only(state);
             tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "state store opened");
             store
         });
@@ -236,7 +249,8 @@ fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach
         (d, store.join().expect("opening the store does not panic"))
     });
     let d = d?;
-    let mut store = store?;
+    // Locked only once the declaration is accepted: a refused one touches nothing.
+    let mut store = store?.lock()?;
     tracing::debug!(
         elapsed_ms = t.elapsed().as_secs_f64() * 1e3,
         resources = d.resources.len(),
@@ -330,9 +344,10 @@ fn status(json: bool, state: &Path) -> anyhow::Result<Ended> {
     for (id, rec) in store.records() {
         let path = Path::new(&*rec.target);
         let holds = match rec.kind {
-            Kind::File => match fs.read(path) {
-                Ok(Some((m, bytes))) => {
-                    let same = rec.wrote == Some(crate::declaration::digest(&bytes))
+            Kind::File => match fs.digest(path) {
+                Ok(Some((m, sum))) => {
+                    let same = rec.wrote.is_some()
+                        && rec.wrote == sum.map(crate::declaration::Digest::from_sum)
                         && rec.mode.is_none_or(|mode| mode == m.mode);
                     Some(if same { "holds" } else { "changed" })
                 }

@@ -206,7 +206,76 @@ impl Serialize for Record {
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct File {
     schema: u32,
+    #[serde(deserialize_with = "unique_records")]
     records: BTreeMap<Box<str>, Record>,
+}
+
+/// The records, refusing an id given twice: JSON readers otherwise keep the last one silently,
+/// and the host would forget what the other one made.
+fn unique_records<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<Box<str>, Record>, D::Error> {
+    struct Records;
+    impl<'de> serde::de::Visitor<'de> for Records {
+        type Value = BTreeMap<Box<str>, Record>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object of records by id")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(id) = map.next_key::<Box<str>>()? {
+                let record: Record = map.next_value()?;
+                if out.contains_key(&id) {
+                    return Err(serde::de::Error::custom(format!("record {:?} is given twice", cut(&id))));
+                }
+                out.insert(id, record);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Records)
+}
+
+/// A value from the store as a message quotes it: at most 80 characters.
+fn cut(s: &str) -> String {
+    match s.char_indices().nth(80) {
+        Some((at, _)) => format!("{}… ({} bytes)", &s[..at], s.len()),
+        None => s.to_owned(),
+    }
+}
+
+impl File {
+    /// Checks every record as a declaration's resource is checked: an id the declaration would
+    /// accept, and a target that is an absolute, normalised path for the types that name a path.
+    /// The store decides what the host removes as an orphan, so a record it cannot trust (a
+    /// relative target would be resolved against the working directory) refuses the store.
+    fn validate(&self) -> Result<(), String> {
+        for (id, r) in &self.records {
+            let bad = |why: String| format!("record {:?}: {why}", cut(id));
+            crate::declaration::Id::parse(id)
+                .map_err(|e| bad(format!("its id is not one a declaration accepts: {}", cut(&e))))?;
+            match r.kind {
+                Kind::File | Kind::Directory | Kind::Archive | Kind::Access => {
+                    match crate::declaration::AbsPath::parse(&r.target) {
+                        Ok(p) if p.as_str() == &*r.target => {}
+                        Ok(_) => {
+                            return Err(bad(format!(
+                                "its target {:?} is not written as a declaration writes it (a trailing '/')",
+                                cut(&r.target)
+                            )))
+                        }
+                        Err(e) => return Err(bad(format!("its target: {}", cut(&e)))),
+                    }
+                }
+                _ if r.target.is_empty() || r.target.contains(['\0', '\n']) => {
+                    return Err(bad(format!(
+                        "its target {:?} is empty or holds a NUL or a newline",
+                        cut(&r.target)
+                    )))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Why the store could not be used.
@@ -240,20 +309,42 @@ pub struct Store {
     stale: bool,
     /// Records added under new ids since the map was last compacted.
     grown: usize,
+    /// The store file as it was when read: inode, change time and size.
+    stamp: Option<fs::Sig>,
     _lock: Option<fs::Lock>,
+}
+
+/// The change signature of the store file, or `None` when there is none.
+fn stamp(path: &Path) -> Option<fs::Sig> {
+    fs::Fs::new().meta(path).ok().flatten().map(|m| m.sig)
 }
 
 impl Store {
     /// Opens the store to read and write, holding its lock. An absent store is an empty one.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        let mut lock_path = path.as_os_str().to_owned();
+        Store::read_only(path)?.lock()
+    }
+
+    /// Takes the store's lock, to write it. What was read before the lock is read again if the
+    /// file changed meanwhile. Only here is anything made on the machine (the state directory,
+    /// the lock file), so a command refused before it gets here has touched nothing.
+    pub fn lock(self) -> Result<Store, StoreError> {
+        let mut lock_path = self.path.as_os_str().to_owned();
         lock_path.push(".lock");
         let lock = fs::try_lock(Path::new(&lock_path))?
-            .ok_or_else(|| StoreError::Locked { path: path.to_owned() })?;
+            .ok_or_else(|| StoreError::Locked { path: self.path.clone() })?;
         // A crash between writing and renaming leaves a temporary file; with the lock held, no
         // one else can be writing it.
-        fs::remove_leftovers(path)?;
-        let mut store = Store::read_only(path)?;
+        fs::remove_leftovers(&self.path)?;
+        let mut store = if stamp(&self.path) == self.stamp { self } else { Store::read_only(&self.path)? };
+        // Only root should read what the host owns; a store others can read is tightened.
+        let mut fsys = fs::Fs::new();
+        if let Some(meta) = fsys.meta(&store.path)? {
+            if meta.mode & 0o077 != 0 {
+                fsys.set_mode(&store.path, 0o600)?;
+                tracing::warn!(store = %store.path.display(), mode = format!("{:04o}", meta.mode), "the state store was readable by others; its mode is now 0600");
+            }
+        }
         store._lock = Some(lock);
         Ok(store)
     }
@@ -267,8 +358,15 @@ impl Store {
             }
             Err(source) => return Err(StoreError::Read { path: path.to_owned(), source }),
         };
-        let mut store =
-            Store { path: path.to_owned(), file, dirty: false, stale: false, grown: 0, _lock: None };
+        let mut store = Store {
+            path: path.to_owned(),
+            file,
+            dirty: false,
+            stale: false,
+            grown: 0,
+            stamp: stamp(path),
+            _lock: None,
+        };
         store.compact();
         Ok(store)
     }
@@ -403,7 +501,9 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<File, StoreError> {
     if version.schema > SCHEMA {
         return Err(StoreError::Newer { path: path.to_owned(), found: version.schema });
     }
-    serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))
+    let file: File = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+    file.validate().map_err(corrupt)?;
+    Ok(file)
 }
 
 fn now() -> u64 {

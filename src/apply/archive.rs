@@ -5,21 +5,48 @@
 //! through the same symlink-refusing path as a `file`, so even a symlink the archive itself
 //! made cannot carry a later entry outside the target.
 //!
+//! Nothing the archive says sizes an allocation, and nothing is held whole: the archive is read
+//! as a stream three times. The first pass looks only at the headers as they are written
+//! (sizes, kinds, the size of each long-name or pax record) against the limits
+//! (`--archive-max-bytes`, `--archive-max-entries`) and takes the digest; the second reads the
+//! names and checks each; the third streams each file into its temporary name. A source file
+//! that changes between passes is caught by its digest, and what was staged is removed.
+//!
 //! Decisions: entries are owned by root whatever the archive says (an archive does not pick
 //! accounts on this machine); set-id bits are dropped; files already in the directory that the
 //! archive does not name are left alone, as `tar -x` would.
 
-use std::io::Read as _;
+use std::io::{self, BufRead as _, Read, Seek as _};
 use std::path::{Component, Path, PathBuf};
 
 use base64::Engine as _;
+use sha2::Digest as _;
 
 use super::{begin, Action, Ctx, Error, Facts, Step};
-use crate::declaration::{digest, Archive, Kind, Resource};
+use crate::declaration::{Archive, Digest, Kind, Resource};
 use crate::system::fs::Kind as FsKind;
 
+/// How much one archive may unpack: a forged or runaway archive fails its resource instead of
+/// filling the disk or the agent's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArchiveLimits {
+    /// Bytes of file content in all, as the entries' headers give them.
+    pub bytes: u64,
+    /// Entries of any kind.
+    pub entries: u64,
+}
+
+impl Default for ArchiveLimits {
+    fn default() -> ArchiveLimits {
+        ArchiveLimits { bytes: 4 << 30, entries: 100_000 }
+    }
+}
+
+/// The largest long-name or pax record read: names and attributes, never content.
+const META_MAX: u64 = 1 << 20;
+
 enum Body {
-    File(Vec<u8>),
+    File { size: u64 },
     Dir,
     Symlink(PathBuf),
     HardLink(PathBuf),
@@ -29,6 +56,66 @@ struct Entry {
     path: PathBuf,
     mode: u32,
     body: Body,
+}
+
+/// The archive's bytes: declared inline, or a file on the machine, kept open so every pass
+/// reads the same file.
+enum Source {
+    Inline(Vec<u8>),
+    File(std::fs::File),
+}
+
+/// A reader that feeds everything it reads to a hash.
+struct Hashing<R> {
+    inner: R,
+    hasher: sha2::Sha256,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+impl Source {
+    /// One pass over the archive from its start: the raw bytes, hashed as they are read, and the
+    /// tar stream (gunzipped when the bytes start as gzip does).
+    fn pass(&mut self) -> io::Result<Pass<'_>> {
+        let raw: Box<dyn Read + '_> = match self {
+            Source::Inline(b) => Box::new(&b[..]),
+            Source::File(f) => {
+                f.rewind()?;
+                Box::new(&*f)
+            }
+        };
+        let mut raw = io::BufReader::new(Hashing { inner: raw, hasher: sha2::Sha256::new() });
+        let gz = raw.fill_buf()?.starts_with(&[0x1f, 0x8b]);
+        Ok(Pass { raw, gz })
+    }
+}
+
+struct Pass<'a> {
+    raw: io::BufReader<Hashing<Box<dyn Read + 'a>>>,
+    gz: bool,
+}
+
+impl Pass<'_> {
+    fn tar(&mut self) -> tar::Archive<Box<dyn Read + '_>> {
+        let stream: Box<dyn Read + '_> = if self.gz {
+            Box::new(flate2::bufread::GzDecoder::new(&mut self.raw))
+        } else {
+            Box::new(&mut self.raw)
+        };
+        tar::Archive::new(stream)
+    }
+
+    /// The digest of every raw byte, reading what the tar reader left unread.
+    fn digest(mut self) -> io::Result<Digest> {
+        io::copy(&mut self.raw, &mut io::sink())?;
+        Ok(Digest::from_sum(self.raw.into_inner().hasher.finalize().into()))
+    }
 }
 
 /// A relative path that stays beneath the target, or `None`.
@@ -44,94 +131,142 @@ fn beneath(name: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
-fn entries(bytes: &[u8], target: &Path) -> Result<Vec<Entry>, Error> {
-    let bad = |why: String| {
-        Error::Refused(format!("the archive for {} {why}; nothing was unpacked", target.display()))
-    };
-    let reader: Box<dyn std::io::Read + '_> = if bytes.starts_with(&[0x1f, 0x8b]) {
-        Box::new(flate2::read::GzDecoder::new(bytes))
-    } else {
-        Box::new(bytes)
-    };
-    let mut archive = tar::Archive::new(reader);
-    let mut out = Vec::new();
-    let iter = archive.entries().map_err(|e| bad(format!("is not a tar archive: {e}")))?;
-    for entry in iter {
-        let mut entry = entry.map_err(|e| bad(format!("cannot be read: {e}")))?;
-        let name = entry.path().map_err(|e| bad(format!("has an unreadable name: {e}")))?.into_owned();
-        let Some(path) = beneath(&name) else {
-            return Err(bad(format!(
-                "has an entry {:?} that would land outside it",
-                name.display().to_string()
-            )));
-        };
-        if path.as_os_str().is_empty() {
-            continue; // "./" itself
-        }
-        let mode = entry.header().mode().unwrap_or(0o644) & 0o1777;
-        let kind = entry.header().entry_type();
-        let body = if kind.is_dir() {
-            Body::Dir
-        } else if kind.is_file() {
-            let mut data = Vec::with_capacity(entry.size() as usize);
-            entry
-                .read_to_end(&mut data)
-                .map_err(|e| bad(format!("cannot be read at {}: {e}", path.display())))?;
-            Body::File(data)
-        } else if kind.is_symlink() {
-            let to = entry
-                .link_name()
-                .ok()
-                .flatten()
-                .ok_or_else(|| bad(format!("has a symlink {} with no target", path.display())))?;
-            Body::Symlink(to.into_owned())
-        } else if kind.is_hard_link() {
-            let to = entry
-                .link_name()
-                .ok()
-                .flatten()
-                .ok_or_else(|| bad(format!("has a hard link {} with no target", path.display())))?;
-            let Some(to) = beneath(&to) else {
+fn refused(target: &Path, why: impl std::fmt::Display) -> Error {
+    Error::Refused(format!("the archive for {} {why}; nothing was unpacked", target.display()))
+}
+
+/// Whether an entry carries names or attributes for the next one rather than being one itself.
+fn is_meta(kind: tar::EntryType) -> bool {
+    kind.is_pax_global_extensions()
+        || kind.is_pax_local_extensions()
+        || kind.is_gnu_longname()
+        || kind.is_gnu_longlink()
+}
+
+/// The first pass: every header as written, before any record in it is interpreted, against
+/// the limits; and the digest of the archive.
+fn measure(src: &mut Source, limits: ArchiveLimits, target: &Path) -> Result<Digest, Error> {
+    let bad = |why: String| refused(target, why);
+    let mut pass = src.pass().map_err(|e| bad(format!("cannot be read: {e}")))?;
+    {
+        let mut tar = pass.tar();
+        let iter = tar.entries().map_err(|e| bad(format!("is not a tar archive: {e}")))?.raw(true);
+        let (mut count, mut bytes) = (0u64, 0u64);
+        for entry in iter {
+            let entry = entry.map_err(|e| bad(format!("cannot be read: {e}")))?;
+            count += 1;
+            if count > limits.entries {
                 return Err(bad(format!(
-                    "has a hard link {} to {:?}, outside it",
-                    path.display(),
-                    to.display().to_string()
+                    "has more than {} entries, the limit (--archive-max-entries)",
+                    limits.entries
                 )));
-            };
-            Body::HardLink(to)
-        } else if kind.is_pax_global_extensions()
-            || kind.is_pax_local_extensions()
-            || kind.is_gnu_longname()
-            || kind.is_gnu_longlink()
-        {
-            continue;
-        } else {
+            }
+            let size =
+                entry.header().entry_size().map_err(|e| bad(format!("has an unreadable size: {e}")))?;
+            if is_meta(entry.header().entry_type()) {
+                if size > META_MAX {
+                    return Err(bad(format!(
+                        "has a name or attribute record of {size} bytes, more than the {META_MAX} mesh-host reads"
+                    )));
+                }
+            } else {
+                bytes = bytes.saturating_add(size);
+                if bytes > limits.bytes {
+                    return Err(bad(format!(
+                        "would unpack more than {} bytes, the limit (--archive-max-bytes): an entry claims {size} bytes",
+                        limits.bytes
+                    )));
+                }
+            }
+        }
+    }
+    pass.digest().map_err(|e| bad(format!("cannot be read: {e}")))
+}
+
+/// What one tar entry is, checked: `Ok(None)` for a record that only carries names.
+fn check(entry: &tar::Entry<'_, impl Read>, bad: &dyn Fn(String) -> Error) -> Result<Option<Entry>, Error> {
+    let name = entry.path().map_err(|e| bad(format!("has an unreadable name: {e}")))?.into_owned();
+    let Some(path) = beneath(&name) else {
+        return Err(bad(format!("has an entry {:?} that would land outside it", name.display().to_string())));
+    };
+    let kind = entry.header().entry_type();
+    if path.as_os_str().is_empty() || is_meta(kind) {
+        return Ok(None); // "./" itself, or names for the next entry
+    }
+    let mode = entry.header().mode().unwrap_or(0o644) & 0o1777;
+    let link = || {
+        entry
+            .link_name()
+            .ok()
+            .flatten()
+            .map(|l| l.into_owned())
+            .ok_or_else(|| bad(format!("has a link {} with no target", path.display())))
+    };
+    let body = if kind.is_dir() {
+        Body::Dir
+    } else if kind.is_file() {
+        Body::File { size: entry.size() }
+    } else if kind.is_symlink() {
+        Body::Symlink(link()?)
+    } else if kind.is_hard_link() {
+        let to = link()?;
+        let Some(to) = beneath(&to) else {
             return Err(bad(format!(
-                "has {} of a kind mesh-host does not unpack (device, fifo...)",
-                path.display()
+                "has a hard link {} to {:?}, outside it",
+                path.display(),
+                to.display().to_string()
             )));
         };
-        out.push(Entry { path, mode, body });
+        Body::HardLink(to)
+    } else {
+        return Err(bad(format!(
+            "has {} of a kind mesh-host does not unpack (device, fifo...)",
+            path.display()
+        )));
+    };
+    Ok(Some(Entry { path, mode, body }))
+}
+
+/// The second pass: every entry's name and kind, checked before anything is written.
+fn entries(src: &mut Source, target: &Path, measured: &Digest) -> Result<Vec<Entry>, Error> {
+    let bad = |why: String| refused(target, why);
+    let mut pass = src.pass().map_err(|e| bad(format!("cannot be read: {e}")))?;
+    let mut out = Vec::new();
+    {
+        let mut tar = pass.tar();
+        for entry in tar.entries().map_err(|e| bad(format!("is not a tar archive: {e}")))? {
+            let entry = entry.map_err(|e| bad(format!("cannot be read: {e}")))?;
+            out.extend(check(&entry, &bad)?);
+        }
+    }
+    if pass.digest().map_err(|e| bad(format!("cannot be read: {e}")))? != *measured {
+        return Err(bad("changed while it was read".to_owned()));
     }
     Ok(out)
 }
 
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step, Error> {
     let path = a.path.as_path();
-    let bytes = match (&a.bytes, &a.source) {
-        (Some(b), _) => base64::engine::general_purpose::STANDARD
-            .decode(b)
-            .map_err(|e| Error::Refused(format!("{}: `bytes` is not base64: {e}", path.display())))?,
-        (None, Some(src)) => crate::system::read_input(src.as_path(), u64::MAX)
-            .map_err(|e| Error::Refused(format!("cannot read the archive {src}: {e}")))?,
+    let mut src = match (&a.bytes, &a.source) {
+        (Some(b), _) => Source::Inline(
+            base64::engine::general_purpose::STANDARD
+                .decode(b)
+                .map_err(|e| Error::Refused(format!("{}: `bytes` is not base64: {e}", path.display())))?,
+        ),
+        (None, Some(src)) => Source::File(
+            crate::system::input::open_regular(src.as_path())
+                .map_err(|e| Error::Refused(format!("cannot read the archive {src}: {e}")))?
+                .0,
+        ),
         (None, None) => {
             return Err(Error::Refused(format!("{}: the archive has no bytes or source", path.display())))
         }
     };
-    let got = digest(&bytes).to_string();
+    let got = measure(&mut src, ctx.opts.archive_limits, path)?;
+    let got_text = got.to_string();
     if let Some(want) = &a.digest {
         let want = format!("sha256:{}", want.strip_prefix("sha256:").unwrap_or(want));
-        if want != got {
+        if want != got_text {
             return Err(Error::Refused(format!(
                 "the archive for {} is {got}, and the declaration says {want}; nothing was unpacked",
                 path.display()
@@ -150,12 +285,12 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
             )))
         }
     };
-    let facts = Facts { archive: Some(got.clone()), ..Facts::default() };
+    let facts = Facts { archive: Some(got_text.clone()), ..Facts::default() };
     let (action, detail) = match record {
-        Some(rec) if rec.archive() == Some(got.as_str()) && present => {
+        Some(rec) if rec.archive() == Some(got_text.as_str()) && present => {
             return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
         }
-        Some(rec) if rec.archive() == Some(got.as_str()) => (
+        Some(rec) if rec.archive() == Some(got_text.as_str()) => (
             Action::Corrected,
             Some("the directory it was unpacked into had been removed on the machine".to_owned()),
         ),
@@ -166,23 +301,48 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
         None => (Action::Created, Some(format!("unpacked {got}"))),
     };
 
-    let entries = entries(&bytes, path)?;
+    let entries = entries(&mut src, path, &got)?;
     if ctx.opts.dry_run {
         return Ok(Step::Done(begin(r, action, detail), None));
     }
 
+    // The third pass: each file streamed into its temporary name, in step with what was checked.
+    let bad = |why: String| refused(path, why);
     ctx.fs.make_dirs(path, 0o755)?;
     let mut staged = Vec::new();
-    for e in &entries {
-        let full = path.join(&e.path);
-        match &e.body {
-            Body::Dir => {
-                ctx.fs.make_dirs(&full, e.mode)?;
-                ctx.fs.set_mode(&full, e.mode)?;
+    let mut sums = Vec::new();
+    let mut pass = src.pass().map_err(|e| bad(format!("cannot be read: {e}")))?;
+    {
+        let mut tar = pass.tar();
+        let mut planned = entries.iter();
+        for entry in tar.entries().map_err(|e| bad(format!("is not a tar archive: {e}")))? {
+            let mut entry = entry.map_err(|e| bad(format!("cannot be read: {e}")))?;
+            let Some(seen) = check(&entry, &bad)? else { continue };
+            let e = planned
+                .next()
+                .filter(|e| {
+                    e.path == seen.path
+                        && std::mem::discriminant(&e.body) == std::mem::discriminant(&seen.body)
+                })
+                .ok_or_else(|| bad("changed while it was read".to_owned()))?;
+            let full = path.join(&e.path);
+            match &e.body {
+                Body::Dir => {
+                    ctx.fs.make_dirs(&full, e.mode)?;
+                    ctx.fs.set_mode(&full, e.mode)?;
+                }
+                Body::File { .. } => {
+                    let mut reader = Hashing { inner: &mut entry, hasher: sha2::Sha256::new() };
+                    staged.push(ctx.fs.stage_from(&full, &mut reader, e.mode, None)?);
+                    sums.push(Digest::from_sum(reader.hasher.finalize().into()));
+                }
+                Body::Symlink(_) | Body::HardLink(_) => {}
             }
-            Body::File(data) => staged.push(ctx.fs.stage(&full, data, e.mode, None)?),
-            Body::Symlink(_) | Body::HardLink(_) => {}
         }
+    }
+    // What was staged is removed again (when `staged` drops) if the source changed meanwhile.
+    if pass.digest().map_err(|e| bad(format!("cannot be read: {e}")))? != got {
+        return Err(bad("changed while it was read".to_owned()));
     }
     for result in ctx.fs.commit(staged) {
         result?;
@@ -193,19 +353,26 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
         match &e.body {
             Body::Symlink(to) => ctx.fs.symlink(&full, to)?,
             Body::HardLink(to) => ctx.fs.hard_link(&path.join(to), &full)?,
-            Body::Dir | Body::File(_) => {}
+            Body::Dir | Body::File { .. } => {}
         }
     }
 
-    // Read back every entry.
+    // Read back every entry, files as streams.
+    let mut sums = sums.into_iter();
     for e in &entries {
         let full = path.join(&e.path);
         let wrong = |what: &str| Error::Refused(format!("{} {what} after unpacking", full.display()));
         match &e.body {
-            Body::File(data) => match ctx.fs.read(&full)? {
-                Some((m, b)) if m.kind == FsKind::File && b == *data => {}
-                _ => return Err(wrong("does not hold what the archive holds")),
-            },
+            Body::File { size } => {
+                let want = sums.next();
+                match ctx.fs.read_up_to(&full, 0)? {
+                    Some((m, held))
+                        if m.kind == FsKind::File
+                            && held.size() == *size
+                            && held.sum().map(Digest::from_sum) == want => {}
+                    _ => return Err(wrong("does not hold what the archive holds")),
+                }
+            }
             Body::Dir => {
                 if ctx.fs.meta(&full)?.is_none_or(|m| m.kind != FsKind::Directory) {
                     return Err(wrong("is not a directory"));

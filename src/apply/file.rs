@@ -7,8 +7,12 @@ use base64::Engine as _;
 
 use super::{begin, Action, Ctx, Error, Facts, Outcome, Step};
 use crate::declaration::{digest, Declaration, Digest, File, Kind, Resource, Spec};
-use crate::system::fs::{Fs, Kind as FsKind, Meta};
+use crate::system::fs::{Content, Fs, Kind as FsKind, Meta};
 use crate::system::{ContentWriter, Staged};
+
+/// What is read whole of a file found at a managed path whose content is larger than what is
+/// declared: enough for a diff a person can read. Anything larger is hashed as a stream.
+const HOLD: u64 = 1 << 20;
 
 /// A file written to its temporary name, waiting for the batch commit.
 pub(super) struct Pending {
@@ -23,6 +27,7 @@ pub(super) struct Checked {
     target: String,
     path: PathBuf,
     digest: Digest,
+    len: u64,
     mode: u32,
     owner: Option<(u32, u32)>,
     action: Action,
@@ -142,7 +147,10 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
             }
         }
     }
-    let existing = ctx.fs.read(path)?;
+    // What is on the machine is read whole only up to the size of what is declared (or a
+    // megabyte, for a diff a person can read); anything larger is hashed as a stream, so a huge
+    // file at a managed path never sizes an allocation.
+    let existing = ctx.fs.read_up_to(path, (content.len() as u64).max(HOLD))?;
 
     let checked = |action, detail| Checked {
         index: r.index,
@@ -150,13 +158,14 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         target: r.target(),
         path: path.to_owned(),
         digest: digest(&content),
+        len: content.len() as u64,
         mode,
         owner,
         action,
         detail,
     };
 
-    let Some((meta, bytes)) = existing else {
+    let Some((meta, held)) = existing else {
         let (action, detail) = match record {
             Some(_) => (Action::Corrected, Some("it had been deleted on the machine".to_owned())),
             None => (Action::Created, None),
@@ -190,13 +199,14 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     // the seed in the declaration is not mistaken for drift.
     if f.create_once {
         // No signature: a seed is not compared, so there is nothing for one to save.
-        let wrote = record.and_then(|r| r.wrote).or_else(|| Some(digest(&bytes)));
+        let wrote = record.and_then(|r| r.wrote).or_else(|| held.sum().map(Digest::from_sum));
         let facts = Facts { sig: None, ..found(wrote, &meta) };
         let detail = "created once, and present: what is in it now is not the mesh's to change";
         return Ok(Step::Done(begin(r, Action::Kept, Some(detail.into())), Some(facts)));
     }
 
-    let content_same = bytes == *content;
+    let content_same = matches!(&held, Content::Bytes(b) if *b == *content);
+    let found_digest = || held.sum().map(Digest::from_sum);
     let mode_same = meta.mode == mode;
     let owner_same = owner.is_none_or(|o| o == (meta.uid, meta.gid));
     if content_same && mode_same && owner_same {
@@ -204,7 +214,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         // since the record, because what the host wrote is then exactly what is declared.
         let wrote = match record {
             Some(rec) if rec.declared == r.digest && rec.wrote.is_some() => rec.wrote,
-            _ => Some(digest(&bytes)),
+            _ => found_digest(),
         };
         return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(found(wrote, &meta))));
     }
@@ -216,7 +226,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     let mut changes = Vec::new();
     if !content_same {
         changes.push("content".to_owned());
-        if record.is_some_and(|rec| rec.wrote != Some(digest(&bytes))) {
+        if record.is_some_and(|rec| rec.wrote != found_digest()) {
             drifted.push("content".to_owned());
         }
     }
@@ -251,7 +261,15 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
             detail.push_str(&format!("; the file found here would be kept at {}", at.display()));
         }
         if !content_same {
-            ctx.diffs.0.push((path.display().to_string(), diff(f, &bytes, &content)));
+            let shown = match &held {
+                Content::Bytes(bytes) => diff(f, bytes, &content),
+                other => format!(
+                    "content differs: {} bytes on the machine (too large to show), {} declared\n",
+                    other.size(),
+                    content.len()
+                ),
+            };
+            ctx.diffs.0.push((path.display().to_string(), shown));
         }
         return Ok(Step::Done(begin(r, action, Some(detail)), None));
     }
@@ -260,7 +278,10 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         // Before anything is written: if the copy fails, the write does not happen, since the
         // original could not be had back otherwise.
         if ctx.fs.meta(&at)?.is_none() {
-            let copy = ctx.fs.stage(&at, &bytes, meta.mode & 0o700, None)?;
+            let copy = match &held {
+                Content::Bytes(bytes) => ctx.fs.stage(&at, bytes, meta.mode & 0o700, None)?,
+                _ => ctx.fs.stage_copy(path, &at, meta.mode & 0o700)?,
+            };
             ctx.fs.commit(vec![copy]).pop().unwrap_or(Ok(()))?;
         }
         detail.push_str(&format!(
@@ -270,6 +291,17 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     }
 
     if !content_same {
+        let staged = ctx.fs.stage(path, &content, mode, owner)?;
+        return Ok(Step::Staged(Box::new(Pending { staged, checked: checked(action, Some(detail)) })));
+    }
+    if meta.links > 1 {
+        // A chmod or chown here would reach every other name of this file too, paths the
+        // declaration does not name (a hard link from elsewhere, even to a credential file). The
+        // path gets a file of its own instead; the other names keep what they had.
+        detail.push_str(&format!(
+            "; it had {} names (hard links), so it was replaced by a file of its own instead of being changed in place, and the other names were left as they were",
+            meta.links
+        ));
         let staged = ctx.fs.stage(path, &content, mode, owner)?;
         return Ok(Step::Staged(Box::new(Pending { staged, checked: checked(action, Some(detail)) })));
     }
@@ -292,13 +324,13 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
         wanted,
         found,
     };
-    let Some((meta, bytes)) = fs.read(&c.path)? else {
+    let Some((meta, held)) = fs.read_up_to(&c.path, c.len)? else {
         return Err(mismatch("the file", "written".into(), "missing".into()));
     };
     if meta.kind != FsKind::File {
         return Err(mismatch("the file", "a regular file".into(), format!("{:?}", meta.kind)));
     }
-    let digest_found = digest(&bytes);
+    let digest_found = Digest::from_sum(held.sum().expect("a regular file has a sum"));
     if digest_found != c.digest {
         return Err(mismatch("the content", c.digest.to_string(), digest_found.to_string()));
     }

@@ -24,6 +24,7 @@ mod user;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 
+pub use archive::ArchiveLimits;
 pub use container::{run_scheduled, spec_digest, ScheduledRun};
 pub use error::Error;
 pub use outcome::{Action, ApplyError, Failure, Outcome, Report};
@@ -52,6 +53,8 @@ pub struct Options {
     /// How long an action's command or verify, or a run-once step, may run before it is
     /// stopped and fails; `None` for no limit.
     pub step_timeout: Option<std::time::Duration>,
+    /// How much one archive may unpack.
+    pub archive_limits: ArchiveLimits,
 }
 
 /// What a plan adds to a report: the diff of each file whose content would change.

@@ -5,7 +5,7 @@
 //! of the vocabulary that is `kept` or `forgotten`, not `removed`.
 
 use super::{process, Action, Error, Machine, Options};
-use crate::declaration::{digest, Kind};
+use crate::declaration::{Digest, Kind};
 use crate::store::Record;
 use crate::system::docker::ID_LABEL;
 use crate::system::fs::{Fs, Kind as FsKind};
@@ -21,7 +21,7 @@ pub(super) fn remove(
     let path = std::path::Path::new(&*rec.target);
     let said = |action, detail: &str| Ok((action, Some(detail.to_owned())));
     match rec.kind {
-        Kind::File => match fs.read(path)? {
+        Kind::File => match fs.digest(path)? {
             None => said(Action::Forgotten, "no longer declared, and no longer there"),
             Some((meta, _)) if meta.kind != FsKind::File => said(
                 Action::Kept,
@@ -29,7 +29,7 @@ pub(super) fn remove(
             ),
             // A file whose content is no longer what the host wrote holds someone's work (a
             // create-once seed a program grew, a hand edit): nothing is lost by leaving it.
-            Some((_, bytes)) if rec.wrote.as_ref().is_some_and(|w| *w != digest(&bytes)) => said(
+            Some((_, sum)) if rec.wrote.is_some_and(|w| sum.map(Digest::from_sum) != Some(w)) => said(
                 Action::Kept,
                 "no longer declared, and changed on the machine since the host wrote it: left in place so nothing is lost",
             ),

@@ -56,6 +56,8 @@ pub struct Config {
     pub container_socket: Option<String>,
     /// How long an action or a step may run (`--step-timeout`); `None` for no limit.
     pub step_timeout: Option<Duration>,
+    /// How much one archive may unpack (`--archive-max-bytes`, `--archive-max-entries`).
+    pub archive_limits: crate::apply::ArchiveLimits,
 }
 
 impl Config {
@@ -295,6 +297,7 @@ impl Worker {
             bus: self.config.bus.clone(),
             container_socket: self.config.container_socket.clone(),
             step_timeout: self.config.step_timeout,
+            archive_limits: self.config.archive_limits,
         }
     }
 
@@ -552,6 +555,7 @@ mod tests {
             bus: None,
             container_socket: None,
             step_timeout: step.map(Duration::from_secs),
+            archive_limits: crate::apply::ArchiveLimits::default(),
         }
     }
 

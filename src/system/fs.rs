@@ -21,6 +21,55 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
+use sha2::Digest as _;
+
+/// What a regular file holds, as `Fs::read_up_to` found it.
+#[derive(Debug)]
+pub enum Content {
+    /// Not a regular file: nothing was read.
+    NotFile,
+    /// Its bytes, at most the limit asked for.
+    Bytes(Vec<u8>),
+    /// Larger than the limit: its SHA-256 and size, read as a stream and never held.
+    Large { sum: [u8; 32], size: u64 },
+}
+
+impl Content {
+    /// The SHA-256 of the bytes, `None` for what is not a regular file.
+    pub fn sum(&self) -> Option<[u8; 32]> {
+        match self {
+            Content::NotFile => None,
+            Content::Bytes(b) => Some(sha2::Sha256::digest(b).into()),
+            Content::Large { sum, .. } => Some(*sum),
+        }
+    }
+
+    /// How many bytes the file holds (0 for what is not a regular file).
+    pub fn size(&self) -> u64 {
+        match self {
+            Content::NotFile => 0,
+            Content::Bytes(b) => b.len() as u64,
+            Content::Large { size, .. } => *size,
+        }
+    }
+}
+
+/// Feeds everything left in `reader` to `hasher`, 64 KiB at a time. Returns how many bytes.
+pub fn hash_stream(reader: &mut dyn io::Read, hasher: &mut sha2::Sha256) -> io::Result<u64> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut total = 0;
+    loop {
+        match reader.read(&mut buf) {
+            Ok(0) => return Ok(total),
+            Ok(n) => {
+                hasher.update(&buf[..n]);
+                total += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
 
 /// What is at a path, as read without following a symlink.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +89,9 @@ pub struct Meta {
     pub uid: u32,
     pub gid: u32,
     pub dev: u64,
+    /// How many names the file has. A file with more than one is never changed in place: a
+    /// chmod or chown would reach every other name too, outside the declared path.
+    pub links: u64,
     /// What changes whenever anything about the file does: inode, change time (which only the
     /// kernel sets, to now, on any write, chmod, chown or rename), size. Equal signatures
     /// mean the file was not touched in between.
@@ -106,6 +158,7 @@ fn meta_of(st: &rfs::Stat) -> Meta {
         uid: st.st_uid,
         gid: st.st_gid,
         dev: st.st_dev,
+        links: st.st_nlink as u64,
         sig: (st.st_ino, st.st_ctime as i64, st.st_ctime_nsec as u32, st.st_size as u64),
     }
 }
@@ -121,11 +174,33 @@ fn split(path: &Path) -> (&Path, &OsStr) {
 }
 
 /// A file written to a temporary name beside its target, waiting for `commit`.
+///
+/// Dropped without being committed (a later failure in the pass, a panic), it removes its
+/// temporary file: nothing the host half-made is left beside a target.
 pub struct Staged {
     dir: PathBuf,
     tmp: PathBuf,
     name: std::ffi::OsString,
     fd: OwnedFd,
+    /// Committed, or its temporary file already removed.
+    done: bool,
+}
+
+/// What marks the host's own temporary files: `.NAME` + this + `PID-N`.
+pub const TMP_MARK: &str = ".mesh-host-";
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+        if let Ok(dir) = rfs::openat2(rfs::CWD, &self.dir, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS) {
+            if let Some(name) = self.tmp.file_name() {
+                let _ = rfs::unlinkat(&dir, name, AtFlags::empty());
+            }
+        }
+    }
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -270,39 +345,43 @@ impl Fs {
         }
     }
 
-    /// Reads a regular file: its metadata and its bytes. `Ok(None)` when absent.
-    pub fn read(&mut self, path: &Path) -> Result<Option<(Meta, Vec<u8>)>> {
+    /// Reads a regular file whose size is at most `max` bytes; a larger one (or one that grows
+    /// past `max` while it is read) is hashed as a stream instead, so what sits at a managed path
+    /// never sizes an allocation. `Ok(None)` when absent.
+    pub fn read_up_to(&mut self, path: &Path, max: u64) -> Result<Option<(Meta, Content)>> {
         let Some(fd) = self.open_at(path, false)? else {
             return Ok(None);
         };
         let st = rfs::fstat(&fd).map_err(|e| FsError::io("look at", path, e))?;
         let meta = meta_of(&st);
         if meta.kind != Kind::File {
-            return Ok(Some((meta, Vec::new())));
+            return Ok(Some((meta, Content::NotFile)));
         }
-        // One read of one byte more than the size usually returns everything and proves the
-        // end at once; a file that grew meanwhile is read to its end the ordinary way.
-        let size = st.st_size as usize;
-        let mut buf = vec![0u8; size + 1];
-        let mut n = 0;
-        loop {
-            match rustix::io::read(&fd, &mut buf[n..]) {
-                Ok(0) => break,
-                Ok(got) => {
-                    n += got;
-                    if n < buf.len() && n >= size {
-                        break;
-                    }
-                    if n == buf.len() {
-                        buf.resize(buf.len() * 2, 0);
-                    }
-                }
-                Err(Errno::INTR) => continue,
-                Err(e) => return Err(FsError::io("read", path, e)),
+        let mut file = std::fs::File::from(fd);
+        let io = |e: io::Error| FsError::Io { op: "read", path: path.to_owned(), source: e };
+        let mut bytes = Vec::new();
+        if meta.sig.3 <= max {
+            use std::io::Read as _;
+            // One byte more than the limit proves the end, or shows the file grew past it.
+            let cap = usize::try_from(meta.sig.3).unwrap_or(0).saturating_add(1);
+            bytes.reserve_exact(cap);
+            (&mut file).take(max.saturating_add(1)).read_to_end(&mut bytes).map_err(io)?;
+            if bytes.len() as u64 <= max {
+                return Ok(Some((meta, Content::Bytes(bytes))));
             }
         }
-        buf.truncate(n);
-        Ok(Some((meta, buf)))
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(&bytes);
+        let mut size = bytes.len() as u64;
+        drop(bytes);
+        size += hash_stream(&mut file, &mut hasher).map_err(io)?;
+        Ok(Some((meta, Content::Large { sum: hasher.finalize().into(), size })))
+    }
+
+    /// The SHA-256 of a regular file's bytes, read as a stream. `Ok(None)` when absent; a sum of
+    /// `None` when what is there is not a regular file.
+    pub fn digest(&mut self, path: &Path) -> Result<Option<(Meta, Option<[u8; 32]>)>> {
+        Ok(self.read_up_to(path, 0)?.map(|(meta, content)| (meta, content.sum())))
     }
 
     /// Sets the permission bits of what is at `path` (file or directory, never through a link).
@@ -330,6 +409,19 @@ impl Fs {
         mode: u32,
         owner: Option<(u32, u32)>,
     ) -> Result<Staged> {
+        self.stage_from(path, &mut &*content, mode, owner)
+    }
+
+    /// `stage`, with the content streamed from `reader`: an archive's entry, a copy of a file
+    /// too large to hold. A failure part-way (a full disk, a reader's error) removes the
+    /// temporary file before it returns.
+    pub fn stage_from(
+        &mut self,
+        path: &Path,
+        reader: &mut dyn io::Read,
+        mode: u32,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Staged> {
         let (parent, name) = split(path);
         self.make_dirs(parent, 0o755)?;
         let dir = self.open_dir(parent)?.ok_or_else(|| FsError::NoParent { path: path.to_owned() })?;
@@ -337,7 +429,7 @@ impl Fs {
             let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
             let mut tmp = std::ffi::OsString::from(".");
             tmp.push(name);
-            tmp.push(format!(".mesh-host-{}-{n}", pid()));
+            tmp.push(format!("{TMP_MARK}{}-{n}", pid()));
             let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
             match rfs::openat(dir, &tmp, flags, Mode::from_raw_mode(0o600)) {
                 Ok(fd) => break (tmp, fd),
@@ -345,21 +437,43 @@ impl Fs {
                 Err(e) => return Err(FsError::io("write", path, e)),
             }
         };
-        let tmp = parent.join(&tmp_name);
-        let file = std::fs::File::from(fd);
-        use std::io::Write as _;
-        (&file).write_all(content).map_err(|e| FsError::Io {
+        // From here the temporary file is removed again if anything fails, when `staged` drops.
+        let staged = Staged {
+            dir: parent.to_owned(),
+            tmp: parent.join(&tmp_name),
+            name: name.to_owned(),
+            fd,
+            done: false,
+        };
+        let mut file = std::fs::File::from(staged.fd.try_clone().map_err(|e| FsError::Io {
+            op: "write",
+            path: path.to_owned(),
+            source: e,
+        })?);
+        io::copy(reader, &mut file).map_err(|e| FsError::Io {
             op: "write",
             path: path.to_owned(),
             source: e,
         })?;
-        let fd = OwnedFd::from(file);
+        drop(file);
         if let Some((uid, gid)) = owner {
-            rfs::fchown(&fd, Some(rfs::Uid::from_raw(uid)), Some(rfs::Gid::from_raw(gid)))
+            rfs::fchown(&staged.fd, Some(rfs::Uid::from_raw(uid)), Some(rfs::Gid::from_raw(gid)))
                 .map_err(|e| FsError::io("chown", path, e))?;
         }
-        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| FsError::io("chmod", path, e))?;
-        Ok(Staged { dir: parent.to_owned(), tmp, name: name.to_owned(), fd })
+        rfs::fchmod(&staged.fd, Mode::from_raw_mode(mode)).map_err(|e| FsError::io("chmod", path, e))?;
+        Ok(staged)
+    }
+
+    /// Stages a copy of the regular file at `from` (reached without following a symlink) to
+    /// `to`, streamed: for keeping the original of a file before the host first writes over it,
+    /// however large it is.
+    pub fn stage_copy(&mut self, from: &Path, to: &Path, mode: u32) -> Result<Staged> {
+        let fd = self.open_at(from, false)?.ok_or_else(|| FsError::io("copy", from, Errno::NOENT))?;
+        let st = rfs::fstat(&fd).map_err(|e| FsError::io("copy", from, e))?;
+        if meta_of(&st).kind != Kind::File {
+            return Err(FsError::io("copy", from, Errno::INVAL));
+        }
+        self.stage_from(to, &mut std::fs::File::from(fd), mode, None)
     }
 
     /// Makes staged files durable and puts each in place. Returns one result per staged file, in
@@ -368,7 +482,8 @@ impl Fs {
     /// Durability order: data first (fsync for one file, syncfs once per filesystem for more),
     /// then the renames, then an fsync of each directory, so after a crash each path holds either
     /// its old content or its complete new content, never a torn one.
-    pub fn commit(&mut self, staged: Vec<Staged>) -> Vec<Result<()>> {
+    pub fn commit(&mut self, mut staged: Vec<Staged>) -> Vec<Result<()>> {
+        failpoint("batch-staged");
         let mut results: Vec<Result<()>> = Vec::with_capacity(staged.len());
         let mut synced_devs: HashMap<u64, std::result::Result<(), Errno>> = HashMap::new();
         for s in &staged {
@@ -381,7 +496,7 @@ impl Fs {
             results.push(r.map_err(|e| FsError::io("sync", &s.dir.join(&s.name), e)));
         }
         let mut dirs: Vec<PathBuf> = Vec::new();
-        for (s, result) in staged.iter().zip(results.iter_mut()) {
+        for (s, result) in staged.iter_mut().zip(results.iter_mut()) {
             let target = s.dir.join(&s.name);
             let tmp_name = s.tmp.file_name().unwrap_or_default().to_owned();
             let Ok(Some(dir)) = self.open_dir(&s.dir) else {
@@ -400,7 +515,9 @@ impl Fs {
             if result.is_err() {
                 let _ = rfs::unlinkat(dir, &tmp_name, AtFlags::empty());
             }
+            s.done = true;
         }
+        failpoint("batch-renamed");
         dirs.sort();
         dirs.dedup();
         for d in dirs {
@@ -493,21 +610,31 @@ impl Fs {
     }
 }
 
+/// Aborts the process, as a crash would, when `MESH_HOST_FAILPOINT` names this point. For the
+/// crash tests and the reliability battery (RELIABILITY.md); the variable is read once. Points:
+/// `batch-staged` (a batch's files written to their temporary names, nothing synced or renamed),
+/// `batch-renamed` (renamed into place, directories not yet synced), `store-write` (the store's
+/// new file durable, not yet renamed).
+pub fn failpoint(name: &str) {
+    static POINT: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+    if POINT.get_or_init(|| std::env::var_os("MESH_HOST_FAILPOINT")).as_deref() == Some(OsStr::new(name)) {
+        std::process::abort();
+    }
+}
+
 /// Writes a private file (mode 0600) atomically and durably: temporary file in the same
 /// directory, fsync, rename, fsync of the directory. For the agent's own files (the state
 /// store), which are not managed targets; the directory is made 0700 when missing.
 ///
-/// `MESH_HOST_FAILPOINT=store-write` aborts the process after the temporary file is durable and
-/// before the rename: the crash a test needs in order to show the previous file survives.
+/// The failpoint `store-write` aborts the process after the temporary file is durable and before
+/// the rename: the crash a test needs in order to show the previous file survives.
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut fs = Fs::new();
     let (parent, _) = split(path);
     fs.make_dirs(parent, 0o700)?;
     let staged = fs.stage(path, bytes, 0o600, None)?;
     rfs::fsync(&staged.fd).map_err(|e| FsError::io("sync", path, e))?;
-    if std::env::var_os("MESH_HOST_FAILPOINT").is_some_and(|v| v == "store-write") {
-        std::process::abort();
-    }
+    failpoint("store-write");
     fs.commit(vec![staged]).pop().unwrap_or(Ok(()))
 }
 

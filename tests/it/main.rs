@@ -11,5 +11,6 @@ mod daemon;
 mod docker;
 mod files;
 mod packages;
+mod reliability;
 mod systemd;
 mod users;

@@ -1,0 +1,347 @@
+//! Regression tests for the faults an independent reliability battery found (issue 12), each
+//! named after its fault. Each failed before its fix.
+
+use std::os::unix::fs::MetadataExt as _;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::json;
+
+use crate::support::*;
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Runs mesh-host with `--state` in the scratch directory, killing it and failing the test if
+/// it has not ended within `limit`: the faults here are hangs.
+fn run_within(s: &Scratch, args: &[&str], limit: Duration) -> Output {
+    let child = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mesh-host starts");
+    let pid = child.id();
+    let start = Instant::now();
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    while !waiter.is_finished() {
+        if start.elapsed() > limit {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            let out = waiter.join().unwrap();
+            panic!(
+                "mesh-host {args:?} hung for more than {limit:?}; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    waiter.join().unwrap()
+}
+
+fn mkfifo(path: &Path) {
+    let status = Command::new("mkfifo").arg(path).status().expect("mkfifo runs");
+    assert!(status.success());
+}
+
+/// The largest resident set of any child this test process has waited for, in KiB.
+fn children_max_rss_kib() -> i64 {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).unwrap().max_rss()
+}
+
+/// A tar archive whose one entry's header claims `size` bytes, followed by only a few.
+fn forged_tar(size: u64) -> Vec<u8> {
+    let mut h = tar::Header::new_gnu();
+    h.set_path("huge").unwrap();
+    h.set_size(size);
+    h.set_mode(0o644);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    let mut bytes = h.as_bytes().to_vec();
+    bytes.extend_from_slice(&[b'x'; 512]);
+    bytes
+}
+
+#[test]
+fn fault1_a_forged_archive_size_fails_its_resource_and_does_not_abort() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "archive", "id": "tool.dist", "path": s.p("opt/tool"), "bytes": b64(&forged_tar(1 << 62))},
+        {"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"), "content": "port=80\n"}
+    ]));
+    let out = run_within(&s, &["apply", "--json", d.to_str().unwrap()], Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(1), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let failure = &report["error"]["failures"][0];
+    assert_eq!(failure["id"], "tool.dist");
+    let message = failure["message"].as_str().unwrap();
+    assert!(message.contains("--archive-max-bytes") && message.contains("nothing was unpacked"), "{message}");
+    assert_eq!(action(&report, "app.conf"), "created", "the rest is applied");
+    assert!(s.state().exists(), "the store is written");
+    assert!(!s.path("opt/tool/huge").exists());
+    assert!(children_max_rss_kib() < 200 * 1024, "the claimed size sized no allocation");
+}
+
+#[test]
+fn fault1_the_archive_limits_are_configurable() {
+    let s = Scratch::new();
+    let mut b = tar::Builder::new(Vec::new());
+    for name in ["a", "b", "c"] {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(4);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, &b"data"[..]).unwrap();
+    }
+    let bytes = b.into_inner().unwrap();
+    let d = s.declare(json!([{"type": "archive", "id": "a.a", "path": s.p("out"), "bytes": b64(&bytes)}]));
+    let (code, report) = s.apply_with(&["--archive-max-entries", "2"], &d);
+    assert_eq!(code, 1);
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("more than 2 entries") && message.contains("--archive-max-entries"),
+        "{message}"
+    );
+    let (code, report) = s.apply_with(&["--archive-max-bytes", "11"], &d);
+    assert_eq!(code, 1);
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains("more than 11 bytes"), "{message}");
+    assert!(!s.path("out/a").exists());
+    let (code, report) = s.apply_with(&["--archive-max-bytes", "12", "--archive-max-entries", "3"], &d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(std::fs::read(s.path("out/c")).unwrap(), b"data");
+}
+
+#[test]
+fn fault2_a_fifo_as_archive_source_fails_at_once() {
+    let s = Scratch::new();
+    mkfifo(&s.path("dist.tar"));
+    let d = s.declare(json!([
+        {"type": "archive", "id": "tool.dist", "path": s.p("opt/tool"), "source": s.p("dist.tar")},
+        {"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"), "content": "port=80\n"}
+    ]));
+    let out = run_within(&s, &["apply", "--json", d.to_str().unwrap()], Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains("dist.tar") && message.contains("a FIFO"), "{message}");
+    assert_eq!(action(&report, "app.conf"), "created");
+}
+
+#[test]
+fn fault2_a_fifo_or_device_as_the_declaration_is_refused_at_once() {
+    let s = Scratch::new();
+    mkfifo(&s.path("declaration.json"));
+    for (declaration, what) in
+        [(s.p("declaration.json"), "a FIFO"), ("/dev/zero".to_owned(), "a character device")]
+    {
+        for command in ["check", "plan", "apply"] {
+            let out = run_within(&s, &[command, &declaration], Duration::from_secs(20));
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{command} {declaration}: {stderr}");
+            assert!(stderr.contains(&declaration) && stderr.contains(what), "{stderr}");
+        }
+    }
+    assert!(!s.path("state").exists(), "nothing was touched");
+}
+
+#[test]
+fn fault2_a_fifo_at_the_store_path_is_refused_at_once() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path("state")).unwrap();
+    mkfifo(&s.state());
+    let d = s.declare(json!([{"type": "file", "id": "a.a", "path": s.p("a"), "content": "a"}]));
+    for args in [vec!["apply", d.to_str().unwrap()], vec!["status"]] {
+        let out = run_within(&s, &args, Duration::from_secs(20));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("a FIFO"), "{stderr}");
+    }
+    assert!(!s.path("a").exists());
+}
+
+#[test]
+fn fault2_a_fifo_or_device_at_a_managed_path_is_refused_and_left_alone() {
+    let s = Scratch::new();
+    mkfifo(&s.path("pipe"));
+    let d = s.declare(json!([
+        {"type": "file", "id": "a.pipe", "path": s.p("pipe"), "content": "a", "mode": "0600"},
+        {"type": "file", "id": "a.null", "path": "/dev/null", "content": "a", "mode": "0600"},
+    ]));
+    let before = std::fs::symlink_metadata("/dev/null").unwrap();
+    let out = run_within(&s, &["apply", "--json", d.to_str().unwrap()], Duration::from_secs(20));
+    assert_eq!(out.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let failures = report["error"]["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 2, "{report:#}");
+    for f in failures {
+        assert!(f["message"].as_str().unwrap().contains("is not a regular file"), "{f}");
+    }
+    let after = std::fs::symlink_metadata("/dev/null").unwrap();
+    assert_eq!((before.mode(), before.ino()), (after.mode(), after.ino()));
+    assert!(std::fs::symlink_metadata(s.path("pipe")).unwrap().file_type().is_fifo_like());
+}
+
+trait FifoLike {
+    fn is_fifo_like(&self) -> bool;
+}
+
+impl FifoLike for std::fs::FileType {
+    fn is_fifo_like(&self) -> bool {
+        use std::os::unix::fs::FileTypeExt as _;
+        self.is_fifo()
+    }
+}
+
+#[test]
+fn fault3_a_hard_linked_file_is_replaced_never_chmodded_or_chowned_in_place() {
+    let s = Scratch::new();
+    // A credential-like file elsewhere, and a hard link to it at the managed path.
+    let outside = s.path("secret/shadow");
+    std::fs::create_dir_all(outside.parent().unwrap()).unwrap();
+    std::fs::write(&outside, "root:x:1:\n").unwrap();
+    std::fs::set_permissions(&outside, std::os::unix::fs::PermissionsExt::from_mode(0o640)).unwrap();
+    std::os::unix::fs::chown(&outside, Some(65534), Some(65534)).unwrap();
+    std::fs::create_dir_all(s.path("etc")).unwrap();
+    std::fs::hard_link(&outside, s.path("etc/app.conf")).unwrap();
+    let d = s.declare(json!([{"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"),
+        "content": "root:x:1:\n", "mode": "0644", "owner": "root:root"}]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    let detail = detail(&report, "app.conf");
+    assert!(detail.contains("hard links") && detail.contains("file of its own"), "{detail}");
+    let o = std::fs::metadata(&outside).unwrap();
+    assert_eq!(
+        (o.mode() & 0o7777, o.uid(), o.gid(), o.nlink()),
+        (0o640, 65534, 65534, 1),
+        "the other name is untouched"
+    );
+    let m = std::fs::metadata(s.path("etc/app.conf")).unwrap();
+    assert_eq!((m.mode() & 0o7777, m.uid(), m.nlink()), (0o644, 0, 1));
+    assert_ne!(m.ino(), o.ino());
+    assert_eq!(std::fs::read(s.path("etc/app.conf")).unwrap(), b"root:x:1:\n");
+}
+
+/// A sparse file of `size` bytes: costs no disk.
+fn sparse(path: &Path, size: u64) {
+    std::fs::File::create(path).unwrap().set_len(size).unwrap();
+}
+
+#[test]
+fn fault4_a_huge_file_at_a_managed_path_is_hashed_as_a_stream_not_held() {
+    let s = Scratch::new();
+    let d = s.declare(
+        json!([{"type": "file", "id": "app.conf", "path": s.p("app.conf"), "content": "port=80\n"}]),
+    );
+    sparse(&s.path("app.conf"), 512 << 20);
+    // plan reads it to show a diff, and must not hold it.
+    let out = s.run(&["plan", d.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("536870912 bytes on the machine (too large to show)"), "{stdout}");
+    assert!(children_max_rss_kib() < 200 * 1024, "plan held the file: {} KiB", children_max_rss_kib());
+    // Recorded, then put back after someone writes 512 MiB there: corrected, not held either.
+    std::fs::remove_file(s.path("app.conf")).unwrap();
+    assert_eq!(s.apply(&d).0, 0);
+    sparse(&s.path("app.conf"), 512 << 20);
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "app.conf"), "corrected");
+    assert_eq!(std::fs::read(s.path("app.conf")).unwrap(), b"port=80\n");
+    assert!(children_max_rss_kib() < 200 * 1024, "apply held the file: {} KiB", children_max_rss_kib());
+}
+
+/// Writes a store file by hand, as a corrupted or forged one would be.
+fn plant_store(s: &Scratch, records: serde_json::Value) {
+    std::fs::create_dir_all(s.path("state")).unwrap();
+    let text = format!("{{\"schema\": 1, \"records\": {records}}}");
+    std::fs::write(s.state(), text).unwrap();
+    std::fs::set_permissions(s.state(), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+}
+
+fn record(target: &str) -> serde_json::Value {
+    json!({"origin": "declared", "type": "file", "target": target, "position": 0,
+        "declared": format!("sha256:{}", "0".repeat(64)), "applied-at": 1})
+}
+
+#[test]
+fn fault6_a_store_record_with_a_relative_or_unnormalised_target_refuses_the_store() {
+    let s = Scratch::new();
+    // What a relative target would name if it were taken: a file in the working directory.
+    std::fs::write(s.path("victim"), "keep me").unwrap();
+    let d = s.declare(json!([{"type": "file", "id": "a.a", "path": s.p("a"), "content": "a"}]));
+    for target in ["victim".to_owned(), format!("{}/../victim", s.p("x")), format!("{}//victim", s.p("x"))] {
+        plant_store(&s, json!({"old.file": record(&target)}));
+        let out = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+            .current_dir(s.dir.path())
+            .arg("--state")
+            .arg(s.state())
+            .args(["apply", d.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{target}: {stderr}");
+        assert!(stderr.contains("record \"old.file\"") && stderr.contains("its target"), "{stderr}");
+        assert_eq!(std::fs::read_to_string(s.path("victim")).unwrap(), "keep me");
+        assert!(!s.path("a").exists(), "nothing applied from a refused store");
+    }
+}
+
+#[test]
+fn fault6_a_store_with_an_id_given_twice_is_refused_naming_it() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path("state")).unwrap();
+    let r = record(&s.p("one"));
+    std::fs::write(
+        s.state(),
+        format!("{{\"schema\": 1, \"records\": {{\"old.file\": {r}, \"old.file\": {r}}}}}"),
+    )
+    .unwrap();
+    let d = s.declare(json!([{"type": "file", "id": "a.a", "path": s.p("a"), "content": "a"}]));
+    let out = s.run(&["apply", d.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("record \"old.file\" is given twice"), "{stderr}");
+    assert!(!s.path("a").exists());
+}
+
+#[test]
+fn fault9_a_refused_declaration_does_not_create_the_state_directory() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.a", "path": "relative", "content": "a"}]));
+    for command in ["apply", "plan", "check"] {
+        let out = s.run(&[command, d.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        assert!(!s.path("state").exists(), "{command} made the state directory");
+    }
+}
+
+#[test]
+fn fault9_a_missing_declaration_is_a_usage_error() {
+    let s = Scratch::new();
+    for command in ["apply", "plan", "check"] {
+        let out = s.run(&[command, s.p("nothing-here.json").as_str()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(stderr.contains("nothing-here.json"), "{stderr}");
+    }
+    let out = s.run(&["apply", s.dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "a directory is not a declaration file for apply");
+}
+
+#[test]
+fn fault9_a_store_readable_by_others_is_tightened_and_said() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.a", "path": s.p("a"), "content": "a"}]));
+    assert_eq!(s.apply(&d).0, 0);
+    std::fs::set_permissions(s.state(), std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let out = s.run(&["apply", d.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("readable by others") && stderr.contains("0644"), "{stderr}");
+    assert_eq!(mode_of(&s.state()), 0o600);
+}
