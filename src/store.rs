@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::declaration::{Declaration, Digest, Kind};
 use crate::system::fs;
+use crate::system::journal;
 
 /// The store format this build writes, and the newest it reads.
 pub const SCHEMA: u32 = 1;
@@ -311,6 +312,11 @@ pub struct Store {
     grown: usize,
     /// The store file as it was when read: inode, change time and size.
     stamp: Option<fs::Sig>,
+    /// What an unfinished pass left in the journal of intent, until a pass has used it and the
+    /// store is written.
+    recovered: Option<journal::Recovered>,
+    /// A pass wrote to the journal since the store was last written.
+    journaled: bool,
     _lock: Option<fs::Lock>,
 }
 
@@ -345,8 +351,49 @@ impl Store {
                 tracing::warn!(store = %store.path.display(), mode = format!("{:04o}", meta.mode), "the state store was readable by others; its mode is now 0600");
             }
         }
+        // The last pass did not finish: its temporary files go; its intents stay until this
+        // pass has used them.
+        if let Some(recovered) = &store.recovered {
+            let mut removed = 0;
+            for dir in &recovered.dirs {
+                removed += journal::remove_temporaries(dir)?;
+            }
+            tracing::info!(
+                directories = recovered.dirs.len(),
+                temporary_files_removed = removed,
+                files_in_flight = recovered.intents.len(),
+                "the last pass did not finish; its temporary files were removed, and the files it was writing will not be counted as drift"
+            );
+        }
         store._lock = Some(lock);
         Ok(store)
+    }
+
+    /// Where the journal of intent is kept: beside the store.
+    pub fn journal_path(&self) -> PathBuf {
+        let mut p = self.path.as_os_str().to_owned();
+        p.push(".journal");
+        PathBuf::from(p)
+    }
+
+    /// Notes that a pass wrote to the journal: it is removed once the store is written.
+    pub fn journaled(&mut self) {
+        self.journaled = true;
+    }
+
+    /// What an unfinished pass was writing at `path`, by the journal found at start-up.
+    pub fn intended(&self, path: &Path) -> &[journal::Intent] {
+        self.recovered.as_ref().and_then(|r| r.intents.get(path)).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Once the store holds what the passes did, the journal has nothing left to say.
+    fn forget_journal(&mut self) -> Result<(), StoreError> {
+        if self._lock.is_some() && (self.journaled || self.recovered.is_some()) {
+            journal::remove(&self.journal_path())?;
+            self.journaled = false;
+            self.recovered = None;
+        }
+        Ok(())
     }
 
     /// Opens the store to read only. It takes no lock and can never write.
@@ -365,8 +412,14 @@ impl Store {
             stale: false,
             grown: 0,
             stamp: stamp(path),
+            recovered: None,
+            journaled: false,
             _lock: None,
         };
+        // What the host was doing when it stopped, read even for a plan, so that a plan does not
+        // call the host's own unfinished work drift either.
+        store.recovered = journal::recover(&store.journal_path())
+            .map_err(|source| StoreError::Read { path: store.journal_path(), source })?;
         store.compact();
         Ok(store)
     }
@@ -444,10 +497,10 @@ impl Store {
     /// Writes the store if anything changed since it was last written, signatures included:
     /// after a whole pass, and on the way out.
     pub fn save(&mut self) -> Result<(), StoreError> {
-        if !self.dirty && !self.stale {
-            return Ok(());
+        if self.dirty || self.stale {
+            self.write()?;
         }
-        self.write()
+        self.forget_journal()
     }
 
     /// Writes the store only if a record changed in what it says. After a single resource's
@@ -455,10 +508,10 @@ impl Store {
     /// rewriting a store of ten thousand records for that would cost more than the correction.
     /// A signature lost to a crash costs one extra read of that file in the next pass.
     pub fn save_changes(&mut self) -> Result<(), StoreError> {
-        if !self.dirty {
-            return Ok(());
+        if self.dirty {
+            self.write()?;
         }
-        self.write()
+        self.forget_journal()
     }
 
     fn write(&mut self) -> Result<(), StoreError> {

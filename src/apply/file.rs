@@ -8,6 +8,7 @@ use base64::Engine as _;
 use super::{begin, Action, Ctx, Error, Facts, Outcome, Step};
 use crate::declaration::{digest, Declaration, Digest, File, Kind, Resource, Spec};
 use crate::system::fs::{Content, Fs, Kind as FsKind, Meta};
+use crate::system::journal::Intent;
 use crate::system::{ContentWriter, Staged};
 
 /// What is read whole of a file found at a managed path whose content is larger than what is
@@ -221,24 +222,32 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
 
     // Drift is a difference from what the host last left, not from what is declared now: a
     // declaration that changed its mind is an update, a machine that changed on its own was
-    // changed by hand.
+    // changed by hand. What an unfinished pass of the host's was writing (the journal found at
+    // start-up) is the host's own work, not a hand's.
+    let intended = ctx.store.intended(path);
+    let found_ours = !intended.is_empty()
+        && found_digest().is_some_and(|d| intended.iter().any(|i| i.sum == d.to_string()));
     let mut drifted = Vec::new();
     let mut changes = Vec::new();
     if !content_same {
         changes.push("content".to_owned());
-        if record.is_some_and(|rec| rec.wrote != found_digest()) {
+        if record.is_some_and(|rec| rec.wrote != found_digest()) && !found_ours {
             drifted.push("content".to_owned());
         }
     }
     if !mode_same {
         changes.push(format!("mode {:04o} to {:04o}", meta.mode, mode));
-        if record.is_some_and(|rec| rec.mode != Some(meta.mode)) {
+        if record.is_some_and(|rec| rec.mode != Some(meta.mode))
+            && !intended.iter().any(|i| i.mode == meta.mode)
+        {
             drifted.push(format!("mode (it was {:04o})", meta.mode));
         }
     }
     if let (false, Some((uid, gid))) = (owner_same, owner) {
         changes.push(format!("owner {}:{} to {uid}:{gid}", meta.uid, meta.gid));
-        if record.is_some_and(|rec| rec.owner != Some((meta.uid, meta.gid))) {
+        if record.is_some_and(|rec| rec.owner != Some((meta.uid, meta.gid)))
+            && !intended.iter().any(|i| i.owner == Some((meta.uid, meta.gid)))
+        {
             drifted.push(format!("owner (it was {}:{})", meta.uid, meta.gid));
         }
     }
@@ -253,7 +262,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
 
     // The original of a file the host has no record of, under any id, is the machine's until
     // the mesh writes over it: it is kept first, once, and never overwritten.
-    let keep = !content_same && record.is_none() && !ctx.store.holds_target(Kind::File, &r.target());
+    let keep =
+        !content_same && record.is_none() && !found_ours && !ctx.store.holds_target(Kind::File, &r.target());
     let kept_at = keep.then(|| kept_path(&ctx.opts.kept, path));
 
     if ctx.opts.dry_run {
@@ -313,6 +323,13 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     }
     let (outcome, facts) = read_back(&mut ctx.fs, &checked(action, Some(detail)))?;
     Ok(Step::Done(outcome, Some(facts)))
+}
+
+impl Checked {
+    /// What the journal of intent says of this write.
+    pub(super) fn intent(&self) -> Intent {
+        Intent { path: self.path.clone(), sum: self.digest.to_string(), mode: self.mode, owner: self.owner }
+    }
 }
 
 /// Reads the file back after a change: the bytes, the mode and the owner must be what was

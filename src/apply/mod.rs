@@ -298,7 +298,7 @@ impl<'a> Pass<'a> {
     }
 
     fn run(mut self, only: Option<BTreeSet<usize>>, session: &mut Session) -> (Report, Diffs) {
-        let mut fs = Fs::new();
+        let mut fs = if self.opts.dry_run { Fs::new() } else { Fs::journaled(self.store.journal_path()) };
         let mut accounts = Accounts::default();
         let mut diffs = Diffs::default();
         let mut machine = session.start();
@@ -391,6 +391,9 @@ impl<'a> Pass<'a> {
             }
         }
         self.flush(&mut fs);
+        if fs.journal_written() {
+            self.store.journaled();
+        }
         self.settle_rising(&mut machine);
         session.end(machine, !self.failures.is_empty());
 
@@ -575,6 +578,16 @@ impl<'a> Pass<'a> {
         let (slots, pending): (Vec<usize>, Vec<Box<file::Pending>>) = pending.into_iter().unzip();
         let (staged, rest): (Vec<Staged>, Vec<file::Checked>) =
             pending.into_iter().map(|p| (p.staged, p.checked)).unzip();
+        // What the batch is about to leave, durable before any of it is renamed into place, so
+        // that after a crash the host knows its own unfinished work from a hand-edit.
+        if let Err(e) = fs.intend(rest.iter().map(file::Checked::intent).collect()) {
+            // Nothing was renamed; the temporary files go when `staged` drops.
+            let e = Error::from(e);
+            for checked in &rest {
+                self.fail(&self.declaration.resources[checked.index], &e);
+            }
+            return;
+        }
         let committed = fs.commit(staged);
         for ((slot, result), checked) in slots.into_iter().zip(committed).zip(rest) {
             let resource = &self.declaration.resources[checked.index];

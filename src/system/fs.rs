@@ -217,6 +217,9 @@ fn pid() -> u32 {
 #[derive(Default)]
 pub struct Fs {
     dirs: HashMap<PathBuf, OwnedFd>,
+    /// Where the directories of temporary files and the intent of each batch are noted, for a
+    /// pass that writes (see `system::journal`).
+    journal: Option<super::journal::Journal>,
 }
 
 /// How many directory descriptors a session keeps. Resources in one directory are usually
@@ -227,6 +230,24 @@ const DIR_CACHE: usize = 256;
 impl Fs {
     pub fn new() -> Fs {
         Fs::default()
+    }
+
+    /// A session whose staged writes are noted in the journal at `journal`.
+    pub fn journaled(journal: PathBuf) -> Fs {
+        Fs { journal: Some(super::journal::Journal::new(journal)), ..Fs::default() }
+    }
+
+    /// Whether this session wrote to its journal.
+    pub fn journal_written(&self) -> bool {
+        self.journal.as_ref().is_some_and(|j| j.written())
+    }
+
+    /// Notes in the journal, durably, what a batch is about to leave. Call before `commit`.
+    pub fn intend(&mut self, intents: Vec<super::journal::Intent>) -> Result<()> {
+        match &mut self.journal {
+            Some(j) => j.intend(intents),
+            None => Ok(()),
+        }
     }
 
     /// Opens a directory without following any symlink on the way. `Ok(None)` when it (or an
@@ -424,6 +445,9 @@ impl Fs {
     ) -> Result<Staged> {
         let (parent, name) = split(path);
         self.make_dirs(parent, 0o755)?;
+        if let Some(journal) = &mut self.journal {
+            journal.note_dir(parent)?;
+        }
         let dir = self.open_dir(parent)?.ok_or_else(|| FsError::NoParent { path: path.to_owned() })?;
         let (tmp_name, fd) = loop {
             let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);

@@ -10,6 +10,7 @@ pub mod contents;
 pub mod docker;
 pub mod fs;
 pub mod input;
+pub mod journal;
 pub mod memory;
 pub mod packages;
 pub mod systemd;

@@ -345,3 +345,93 @@ fn fault9_a_store_readable_by_others_is_tightened_and_said() {
     assert!(stderr.contains("readable by others") && stderr.contains("0644"), "{stderr}");
     assert_eq!(mode_of(&s.state()), 0o600);
 }
+
+/// `count` files in `dirs` directories, each holding `content` and its own name.
+fn many_files(s: &Scratch, count: usize, dirs: usize, content: &str) -> serde_json::Value {
+    let files: Vec<serde_json::Value> = (0..count)
+        .map(|i| {
+            json!({"type": "file", "id": format!("f.n{i}"), "path": s.p(&format!("tree/d{}/f{i}", i % dirs)),
+                "content": format!("{content} {i}\n")})
+        })
+        .collect();
+    serde_json::Value::Array(files)
+}
+
+/// Every temporary file of the host's under `dir`.
+fn temporaries(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                todo.push(e.path());
+            } else if e.file_name().to_string_lossy().contains(".mesh-host-") {
+                found.push(e.path().display().to_string());
+            }
+        }
+    }
+    found
+}
+
+/// `apply --json` with a failpoint: the process aborts there, as a crash would.
+fn apply_crashing_at(s: &Scratch, d: &Path, point: &str) {
+    let out = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .args(["apply", "--json", d.to_str().unwrap()])
+        .env("MESH_HOST_FAILPOINT", point)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        None,
+        "{point}: the apply was to crash there, and ended with {:?}",
+        out.status
+    );
+}
+
+fn count_of(report: &serde_json::Value, word: &str) -> usize {
+    report["outcomes"].as_array().unwrap().iter().filter(|o| o["action"] == word).count()
+}
+
+#[test]
+fn fault7_temporary_files_a_crash_left_are_removed_by_the_next_pass() {
+    let s = Scratch::new();
+    let d = s.declare(many_files(&s, 1200, 40, "v1"));
+    apply_crashing_at(&s, &d, "batch-staged");
+    assert!(!temporaries(&s.path("tree")).is_empty(), "the crash left temporary files, as a kill would");
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{}", report["error"]);
+    assert_eq!(temporaries(&s.path("tree")), Vec::<String>::new());
+    assert!(!s.path("state/state.json.journal").exists(), "the journal is gone once the store is written");
+}
+
+#[test]
+fn fault8_the_host_s_own_interrupted_writes_are_not_counted_as_drift() {
+    let s = Scratch::new();
+    let v1 = many_files(&s, 1200, 40, "v1");
+    let d = s.declare(v1.clone());
+    assert_eq!(s.apply(&d).0, 0);
+    for point in ["batch-renamed", "batch-staged"] {
+        // Half-way through writing v2, the host crashes: some files hold v2, the store says v1.
+        let d = s.declare(many_files(&s, 1200, 40, "v2"));
+        apply_crashing_at(&s, &d, point);
+        // The control plane goes back to v1: what the host wrote of v2 is an update, not drift.
+        let d = s.declare(v1.clone());
+        let (code, report) = s.apply(&d);
+        assert_eq!(code, 0, "{}", report["error"]);
+        assert_eq!(count_of(&report, "corrected"), 0, "{point}: the host's own work was counted as drift");
+        if point == "batch-renamed" {
+            assert!(
+                count_of(&report, "updated") >= 512,
+                "{point}: the files written before the crash are put back"
+            );
+        }
+        assert!(!s.path("state/state.json.journal").exists());
+        assert_eq!(temporaries(&s.path("tree")), Vec::<String>::new());
+    }
+    // A hand-edit is still drift.
+    std::fs::write(s.path("tree/d0/f0"), "by hand\n").unwrap();
+    let (_, report) = s.apply(&d);
+    assert_eq!(action(&report, "f.n0"), "corrected");
+}

@@ -1,0 +1,219 @@
+//! The journal of intent: what the host is about to do to files, written before it does it.
+//!
+//! A crash (kill -9, a power cut) can stop the host between writing files and recording them in
+//! the store. Without a journal the next pass would find the host's own unfinished work and
+//! could not tell it from a person's: it would count it as drift, copy it away as an "original",
+//! and leave its temporary files (`.NAME.mesh-host-PID-N`) beside the targets for ever.
+//!
+//! So before a pass stages anything in a directory, that directory is noted in the journal
+//! (`<store>.journal`), and before a batch of files is renamed into place, each file's path and
+//! the digest, mode and owner the host is giving it are appended and synced. When the store has
+//! been written after the pass, the journal is removed. A journal found at start-up (with the
+//! store's lock held, so no other writer is alive) means the last pass did not finish: the
+//! temporary files in the directories it names are removed, and a file found holding what the
+//! journal says the host was writing is the host's own work, not a hand-edit.
+//!
+//! One JSON object per line; a line torn by the crash is ignored (it was never acted on: the
+//! sync of a batch's lines precedes its renames).
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::fs::{Fs, FsError, Result, TMP_MARK};
+
+/// What the host is about to leave at one path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    pub path: PathBuf,
+    /// SHA-256 of the content, in hex.
+    pub sum: String,
+    pub mode: u32,
+    pub owner: Option<(u32, u32)>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Line {
+    /// Temporary files may be made in this directory.
+    Dir(PathBuf),
+    /// A file about to be renamed into place.
+    Intent(Intent),
+}
+
+/// The journal of one pass, opened when it is first written.
+pub struct Journal {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+    dirs: HashSet<PathBuf>,
+}
+
+impl Journal {
+    pub fn new(path: PathBuf) -> Journal {
+        Journal { path, file: None, dirs: HashSet::new() }
+    }
+
+    /// Whether anything was written to it in this pass.
+    pub fn written(&self) -> bool {
+        self.file.is_some()
+    }
+
+    fn append(&mut self, lines: &[Line], sync: bool) -> Result<()> {
+        let io =
+            |e: std::io::Error| FsError::Io { op: "write the journal", path: self.path.clone(), source: e };
+        if self.file.is_none() {
+            let file = std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(
+                    rustix::fs::OFlags::NOFOLLOW.bits() as i32 | rustix::fs::OFlags::CLOEXEC.bits() as i32,
+                )
+                .open(&self.path)
+                .map_err(io)?;
+            self.file = Some(file);
+        }
+        let mut text = Vec::new();
+        for line in lines {
+            serde_json::to_writer(&mut text, line).expect("a journal line serialises");
+            text.push(b'\n');
+        }
+        let file = self.file.as_mut().expect("opened above");
+        file.write_all(&text).map_err(io)?;
+        if sync {
+            file.sync_data().map_err(io)?;
+        }
+        Ok(())
+    }
+
+    /// Notes that temporary files may be made in `dir` (once per pass). Not synced: a kill -9
+    /// cannot lose it (it is in the kernel's page cache), and after a power cut a temporary
+    /// file that was never synced is gone or empty.
+    pub fn note_dir(&mut self, dir: &Path) -> Result<()> {
+        if self.dirs.contains(dir) {
+            return Ok(());
+        }
+        self.append(&[Line::Dir(dir.to_owned())], false)?;
+        self.dirs.insert(dir.to_owned());
+        Ok(())
+    }
+
+    /// Appends what a batch is about to leave, and makes it durable before any rename. A batch
+    /// of one file (the daemon putting back a hand-edit) is not synced: a kill cannot lose the
+    /// line, and the sync would sit between the edit and its correction; after a power cut the
+    /// worst it costs is one correction counted twice.
+    pub fn intend(&mut self, intents: Vec<Intent>) -> Result<()> {
+        let sync = intents.len() > 1;
+        let lines: Vec<Line> = intents.into_iter().map(Line::Intent).collect();
+        self.append(&lines, sync)
+    }
+}
+
+/// What an unfinished pass left in its journal.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    pub dirs: Vec<PathBuf>,
+    /// What the host was writing, by path.
+    pub intents: HashMap<PathBuf, Vec<Intent>>,
+}
+
+/// Reads the journal at `path`, if there is one. Torn or unreadable lines are skipped.
+pub fn recover(path: &Path) -> std::io::Result<Option<Recovered>> {
+    let bytes = match super::input::read_input(path, super::input::STORE_LIMIT) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut found = Recovered::default();
+    for line in bytes.split(|b| *b == b'\n') {
+        match serde_json::from_slice::<Line>(line) {
+            Ok(Line::Dir(d)) => found.dirs.push(d),
+            Ok(Line::Intent(i)) => found.intents.entry(i.path.clone()).or_default().push(i),
+            Err(_) => {}
+        }
+    }
+    found.dirs.sort();
+    found.dirs.dedup();
+    Ok(Some(found))
+}
+
+/// Removes the host's temporary files in `dir` that another process of the host left: named
+/// `.NAME.mesh-host-PID-N` with a PID not this process's. Only called with the store's lock
+/// held, so the process that made them is gone. Returns how many.
+pub fn remove_temporaries(dir: &Path) -> Result<usize> {
+    let mut fs = Fs::new();
+    if fs.meta(dir)?.is_none_or(|m| m.kind != super::fs::Kind::Directory) {
+        return Ok(0);
+    }
+    let ours = format!("{}", std::process::id());
+    let mut removed = 0;
+    for name in fs.list(dir)? {
+        let Some(name) = name.to_str() else { continue };
+        let Some((_, tail)) = name.rsplit_once(TMP_MARK) else { continue };
+        let Some((pid, n)) = tail.split_once('-') else { continue };
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if name.starts_with('.') && digits(pid) && digits(n) && pid != ours {
+            let path = dir.join(name);
+            if fs.meta(&path)?.is_some_and(|m| m.kind == super::fs::Kind::File) {
+                fs.remove_file(&path)?;
+                removed += 1;
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// Removes the journal once the store holds what the pass did. Absent is success.
+pub fn remove(path: &Path) -> Result<()> {
+    Fs::new().remove_file(path)
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods, reason = "the tests plant what a crash leaves")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_journal_reads_back_what_was_written_and_skips_a_torn_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json.journal");
+        let mut j = Journal::new(path.clone());
+        assert!(!j.written());
+        j.note_dir(Path::new("/srv/a")).unwrap();
+        j.note_dir(Path::new("/srv/a")).unwrap();
+        let intent = Intent { path: "/srv/a/x".into(), sum: "ab".into(), mode: 0o644, owner: Some((0, 0)) };
+        j.intend(vec![intent.clone()]).unwrap();
+        assert!(j.written());
+        drop(j);
+        let mut f = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"intent\": {\"path\": \"/srv/b").unwrap();
+        let found = recover(&path).unwrap().unwrap();
+        assert_eq!(found.dirs, vec![PathBuf::from("/srv/a")]);
+        assert_eq!(found.intents[Path::new("/srv/a/x")], vec![intent]);
+        assert_eq!(found.intents.len(), 1);
+        remove(&path).unwrap();
+        assert!(recover(&path).unwrap().is_none());
+    }
+
+    #[test]
+    fn only_another_process_s_temporary_files_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = [
+            (".app.conf.mesh-host-1-7".to_owned(), true),
+            (format!(".app.conf.mesh-host-{}-7", std::process::id()), false),
+            (".app.conf.mesh-host-x-7".to_owned(), false),
+            ("app.conf.mesh-host-1-7".to_owned(), false),
+            ("app.conf".to_owned(), false),
+        ];
+        for (name, _) in &names {
+            std::fs::write(dir.path().join(name), "x").unwrap();
+        }
+        assert_eq!(remove_temporaries(dir.path()).unwrap(), 1);
+        for (name, gone) in &names {
+            assert_eq!(!dir.path().join(name).exists(), *gone, "{name}");
+        }
+    }
+}
