@@ -266,13 +266,22 @@ impl File {
                         Err(e) => return Err(bad(format!("its target: {}", cut(&e)))),
                     }
                 }
-                _ if r.target.is_empty() || r.target.contains(['\0', '\n']) => {
-                    return Err(bad(format!(
-                        "its target {:?} is empty or holds a NUL or a newline",
-                        cut(&r.target)
-                    )))
+                // A name: a unit, a container, a package, an account, a port.
+                Kind::Package
+                | Kind::Service
+                | Kind::Container
+                | Kind::Network
+                | Kind::User
+                | Kind::Process
+                | Kind::Action
+                | Kind::Opening => {
+                    if r.target.is_empty() || r.target.contains(['\0', '\n']) {
+                        return Err(bad(format!(
+                            "its target {:?} is empty or holds a NUL or a newline",
+                            cut(&r.target)
+                        )));
+                    }
                 }
-                _ => {}
             }
         }
         Ok(())

@@ -131,17 +131,31 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
 /// was made by someone else (it has no `mesh-host.id` label, and no record holds its name), so
 /// that it is held as found. `None` for a step, which leaves nothing running to find.
 pub(super) fn found_made_by_others(ctx: &mut Ctx<'_>, r: &Resource) -> Option<Result<bool, Error>> {
-    let (kind, name) = match &r.spec {
-        Spec::Container(c) if !c.run_once && c.schedule.is_none() => (Kind::Container, c.name.as_str()),
-        Spec::Network(n) => (Kind::Network, n.name.as_str()),
-        _ => return None,
+    let (container, name) = match &r.spec {
+        Spec::Container(c) if c.run_once || c.schedule.is_some() => return None,
+        Spec::Container(c) => (true, c.name.as_str()),
+        Spec::Network(n) => (false, n.name.as_str()),
+        Spec::Directory(_)
+        | Spec::File(_)
+        | Spec::Access(_)
+        | Spec::Package(_)
+        | Spec::Service(_)
+        | Spec::User(_)
+        | Spec::Archive(_)
+        | Spec::Process(_)
+        | Spec::Action(_)
+        | Spec::Opening(_) => return None,
     };
+    let kind = if container { Kind::Container } else { Kind::Network };
     if ctx.store.holds_target(kind, name) {
         return Some(Ok(false));
     }
-    let found = ctx.docker().and_then(|docker| match kind {
-        Kind::Container => Ok(docker.container(name)?.map(|c| c.labels)),
-        _ => Ok(docker.network(name)?.map(|n| n.labels)),
+    let found = ctx.docker().and_then(|docker| {
+        if container {
+            Ok(docker.container(name)?.map(|c| c.labels))
+        } else {
+            Ok(docker.network(name)?.map(|n| n.labels))
+        }
     });
     Some(found.map(|labels| labels.is_some_and(|l| !l.contains_key(ID_LABEL))))
 }
@@ -308,7 +322,18 @@ pub fn run_scheduled(
     let r = declaration.get(id).ok_or_else(|| Error::Refused(format!("{id} is not declared")))?;
     let c = match &r.spec {
         Spec::Container(c) if c.schedule.is_some() => c,
-        _ => return Err(Error::Refused(format!("{id} is not a scheduled container step"))),
+        Spec::Container(_)
+        | Spec::Directory(_)
+        | Spec::File(_)
+        | Spec::Access(_)
+        | Spec::Package(_)
+        | Spec::Service(_)
+        | Spec::User(_)
+        | Spec::Archive(_)
+        | Spec::Process(_)
+        | Spec::Action(_)
+        | Spec::Network(_)
+        | Spec::Opening(_) => return Err(Error::Refused(format!("{id} is not a scheduled container step"))),
     };
     let started = Instant::now();
     let docker = docker::connect(container_socket)?;

@@ -120,7 +120,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     let path = f.path.as_path();
     let content = content(f, ctx.declaration)?;
     let mode = f.mode().bits();
-    let owner = f.owner.as_ref().map(|o| ctx.accounts.resolve(o)).transpose()?;
+    let owner = f.owner.as_ref().map(|o| ctx.accounts.resolve(&o.user, o.group.as_deref())).transpose()?;
     let record =
         ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::File && *rec.target == *r.target());
     // The steady state, and the hot path: a file whose signature (inode, ctime, size) is the

@@ -355,7 +355,15 @@ impl Spec {
             Spec::Service(r) => &r.restart_on,
             Spec::Container(r) => &r.restart_on,
             Spec::Process(r) => &r.restart_on,
-            _ => &[],
+            Spec::Directory(_)
+            | Spec::File(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Action(_)
+            | Spec::Network(_)
+            | Spec::Opening(_) => &[],
         }
     }
 
@@ -363,7 +371,17 @@ impl Spec {
     pub fn reload_on(&self) -> &[Id] {
         match self {
             Spec::Service(r) => &r.reload_on,
-            _ => &[],
+            Spec::Directory(_)
+            | Spec::File(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Process(_)
+            | Spec::Action(_)
+            | Spec::Container(_)
+            | Spec::Network(_)
+            | Spec::Opening(_) => &[],
         }
     }
 
@@ -373,7 +391,16 @@ impl Spec {
         match self {
             Spec::Action(_) => true,
             Spec::Container(c) => c.run_once,
-            _ => false,
+            Spec::Directory(_)
+            | Spec::File(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::Service(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Process(_)
+            | Spec::Network(_)
+            | Spec::Opening(_) => false,
         }
     }
 }

@@ -1,9 +1,7 @@
-//! Account lookups (getpwnam_r / getgrnam_r through nix). Read-only: making accounts is the
-//! `user` applier's, which comes with the systemd issue.
+//! Account lookups by name (getpwnam_r / getgrnam_r through nix). Read-only: accounts are made
+//! by `system::accounts` (useradd/usermod), for the `user` applier.
 
 use std::collections::HashMap;
-
-use crate::declaration::Owner;
 
 /// A failure to find an account, naming it.
 #[derive(Debug, thiserror::Error)]
@@ -27,24 +25,27 @@ pub struct Accounts {
 }
 
 impl Accounts {
-    /// The uid and gid an owner names. `user` alone means the user's primary group.
-    pub fn resolve(&mut self, owner: &Owner) -> Result<(u32, u32), UserError> {
-        let key = owner.to_string();
+    /// The uid and gid of a user and group by name. A user alone means its primary group.
+    pub fn resolve(&mut self, user: &str, group: Option<&str>) -> Result<(u32, u32), UserError> {
+        let key = match group {
+            Some(g) => format!("{user}:{g}"),
+            None => user.to_owned(),
+        };
         if let Some(ids) = self.owners.get(&key) {
             return Ok(*ids);
         }
-        let user = nix::unistd::User::from_name(&owner.user)
-            .map_err(|source| UserError::Lookup { name: owner.user.clone(), source })?
-            .ok_or_else(|| UserError::NoUser(owner.user.clone()))?;
-        let gid = match &owner.group {
-            None => user.gid.as_raw(),
+        let account = nix::unistd::User::from_name(user)
+            .map_err(|source| UserError::Lookup { name: user.to_owned(), source })?
+            .ok_or_else(|| UserError::NoUser(user.to_owned()))?;
+        let gid = match group {
+            None => account.gid.as_raw(),
             Some(g) => nix::unistd::Group::from_name(g)
-                .map_err(|source| UserError::Lookup { name: g.clone(), source })?
-                .ok_or_else(|| UserError::NoGroup(g.clone()))?
+                .map_err(|source| UserError::Lookup { name: g.to_owned(), source })?
+                .ok_or_else(|| UserError::NoGroup(g.to_owned()))?
                 .gid
                 .as_raw(),
         };
-        let ids = (user.uid.as_raw(), gid);
+        let ids = (account.uid.as_raw(), gid);
         self.owners.insert(key, ids);
         Ok(ids)
     }
