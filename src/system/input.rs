@@ -73,7 +73,7 @@ pub fn read_input(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     }
     // The size only guides the first allocation; the read itself is bounded by the limit.
     let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-    file.take(limit + 1).read_to_end(&mut bytes)?;
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
         return Err(too_big(bytes.len() as u64));
     }
