@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use mesh_host_watchers::{declaration as declaration_watcher, Change, FileWatcher};
+use sha2::Digest as _;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -69,9 +70,6 @@ impl Config {
     }
 }
 
-/// The declaration files the watcher last handed over, until the worker takes them.
-type Settled = Arc<std::sync::Mutex<Option<Vec<(PathBuf, Vec<u8>)>>>>;
-
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths
 /// follow the declaration.
 struct Worker {
@@ -83,8 +81,10 @@ struct Worker {
     session: apply::Session,
     files: FileWatcher,
     index: Arc<RwLock<Index>>,
-    /// The last files the declaration watcher handed over, taken by the declaration key.
-    settled: Settled,
+    /// A digest of what the last read of the declaration source found (its files' names and
+    /// bytes, or the error), so that a full pass reads the source again cheaply and parses it
+    /// only when it changed.
+    source_seen: Option<[u8; 32]>,
     metrics: Arc<Metrics>,
     /// Seconds since the epoch of the worker's last finished reconcile, for `/healthz`.
     heartbeat: Arc<AtomicI64>,
@@ -126,7 +126,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         session: apply::Session::default(),
         files,
         index: Arc::new(RwLock::new(Index::default())),
-        settled: Arc::new(std::sync::Mutex::new(None)),
+        source_seen: None,
         metrics: Arc::clone(&metrics),
         heartbeat: Arc::clone(&heartbeat),
         quiet: std::collections::HashSet::new(),
@@ -171,10 +171,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let _declaration_task = declaration_watcher::spawn(config.declaration.clone(), config.settle, tx.clone())
         .with_context(|| format!("cannot watch the declaration {}", config.declaration.display()))?;
     drop(tx);
-    // The first apply, before systemd hears we are ready.
-    let initial = declaration_watcher::read_source(&config.declaration)
-        .with_context(|| format!("cannot read the declaration {}", config.declaration.display()))?;
-    *worker.settled.lock().unwrap_or_else(|e| e.into_inner()) = Some(initial);
+    // The first apply, before systemd hears we are ready. A declaration that cannot be read or
+    // is refused leaves nothing in force: the agent runs, and applies the first good
+    // declaration written to the source.
     tokio::task::block_in_place(|| worker.reconcile(&Key::Declaration, Instant::now()));
     ready.store(true, Ordering::Relaxed);
 
@@ -198,7 +197,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let queue = Arc::new(Queue::<Key>::new(config.queue.clone()));
     let index = Arc::clone(&worker.index);
-    let settled = Arc::clone(&worker.settled);
 
     // The worker: one reconcile at a time, each on this runtime's blocking allowance.
     let worker_queue = Arc::clone(&queue);
@@ -248,14 +246,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     let index = index.read().unwrap_or_else(|e| e.into_inner());
                     trigger::keys(&change, &index)
                 };
-                match change {
-                    Change::Settled { files } => {
-                        *settled.lock().unwrap_or_else(|e| e.into_inner()) = Some(files);
-                    }
-                    Change::Up { watcher, up } => {
-                        metrics.watcher_up.get_or_create(&vec![("watcher", watcher)]).set(i64::from(up));
-                    }
-                    _ => {}
+                if let Change::Up { watcher, up } = change {
+                    metrics.watcher_up.get_or_create(&vec![("watcher", watcher)]).set(i64::from(up));
                 }
                 for (key, source) in added {
                     metrics.queue_adds.get_or_create(&vec![("source", source)]).inc();
@@ -264,6 +256,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 metrics.queue_depth.set(queue.stats().depth as i64);
             }
             _ = resync.tick() => {
+                // A full pass reads the declaration source again too, so a new declaration the
+                // watcher missed (its directory's parent replaced, say) is applied by the resync.
                 metrics.queue_adds.get_or_create(&vec![("source", "resync")]).inc();
                 queue.add(Key::Full);
             }
@@ -276,6 +270,28 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     worker_task.await.context("the worker stopped abnormally")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// A digest of a read of the declaration source: each file's name, length and bytes, or the
+/// error. Two reads that digest the same found the same thing.
+fn fingerprint(read: &std::io::Result<Vec<(PathBuf, Vec<u8>)>>) -> [u8; 32] {
+    let mut h = sha2::Sha256::new();
+    match read {
+        Ok(files) => {
+            for (path, bytes) in files {
+                h.update(b"file\0");
+                h.update(path.as_os_str().as_encoded_bytes());
+                h.update(b"\0");
+                h.update((bytes.len() as u64).to_le_bytes());
+                h.update(bytes);
+            }
+        }
+        Err(e) => {
+            h.update(b"error\0");
+            h.update(e.to_string().as_bytes());
+        }
+    }
+    h.finalize().into()
 }
 
 fn now_secs() -> i64 {
@@ -302,11 +318,18 @@ impl Worker {
     fn reconcile(&mut self, key: &Key, seen: Instant) -> Verdict {
         let started = Instant::now();
         let verdict = match key {
+            // The declaration watcher saw the source change: read and parse it, even when its
+            // bytes are the same (touching it makes a new content file; see decisions.md).
             Key::Declaration => {
-                self.load_declaration();
+                self.load_declaration(true);
                 self.full()
             }
-            Key::Full => self.full(),
+            // A resync, or a watcher that may have missed something: the source is read again
+            // as well, and parsed only if it changed, since the watcher may have missed it too.
+            Key::Full => {
+                self.load_declaration(false);
+                self.full()
+            }
             Key::Resource(id) => self.one(id, seen),
         };
         let scope = if matches!(key, Key::Resource(_)) { "resource" } else { "full" };
@@ -358,10 +381,35 @@ impl Worker {
         }
     }
 
-    /// Takes the settled declaration files, if any, and puts them in force when they parse.
-    fn load_declaration(&mut self) {
-        let Some(files) = self.settled.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+    /// Reads the declaration source and puts what it holds in force when it parses. With
+    /// `force` false, a source that reads exactly as last time (the same files and bytes, or the
+    /// same error) is left at that: a full pass costs a read and a digest, not a parse, and an
+    /// unchanged bad declaration is not refused again at every resync.
+    ///
+    /// The source is read through `system::read_source`, never by plain opens: a FIFO or a
+    /// device planted at the path or in the directory is refused at once and named, where an
+    /// ordinary open would block the only worker for good, and `/dev/zero` cannot eat memory
+    /// (issue 12, fault 2).
+    fn load_declaration(&mut self, force: bool) {
+        let source = &self.config.declaration;
+        let read = crate::system::read_source(source);
+        let seen = fingerprint(&read);
+        if !force && self.source_seen == Some(seen) {
             return;
+        }
+        self.source_seen = Some(seen);
+        let kept = if self.declaration.is_some() {
+            "the declaration in force is kept"
+        } else {
+            "no declaration is in force"
+        };
+        let files = match read {
+            Ok(files) => files,
+            Err(e) => {
+                self.metrics.declaration_refusals.inc();
+                tracing::error!(source = %source.display(), "cannot read the declaration {}: {e}; {kept}", source.display());
+                return;
+            }
         };
         let named: Vec<(String, Vec<u8>)> =
             files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
@@ -401,7 +449,7 @@ impl Worker {
                 // Refused whole, and the declaration in force stays in force: a half-written
                 // file, or a bad one, must not undo a working machine.
                 self.metrics.declaration_refusals.inc();
-                tracing::error!("{refused}; the declaration in force is kept");
+                tracing::error!("{refused}; {kept}");
             }
         }
     }
