@@ -70,6 +70,9 @@ impl Config {
     }
 }
 
+/// Why no declaration is in force, for `/healthz`; `None` once one is.
+type NotInForce = Arc<std::sync::Mutex<Option<String>>>;
+
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths
 /// follow the declaration.
 struct Worker {
@@ -85,6 +88,8 @@ struct Worker {
     /// bytes, or the error), so that a full pass reads the source again cheaply and parses it
     /// only when it changed.
     source_seen: Option<[u8; 32]>,
+    /// Why no declaration is in force, shared with `/healthz`.
+    not_in_force: NotInForce,
     metrics: Arc<Metrics>,
     /// Seconds since the epoch of the worker's last finished reconcile, for `/healthz`.
     heartbeat: Arc<AtomicI64>,
@@ -127,6 +132,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         files,
         index: Arc::new(RwLock::new(Index::default())),
         source_seen: None,
+        not_in_force: Arc::new(std::sync::Mutex::new(Some("no declaration has been read yet".into()))),
         metrics: Arc::clone(&metrics),
         heartbeat: Arc::clone(&heartbeat),
         quiet: std::collections::HashSet::new(),
@@ -147,9 +153,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let beat = Arc::clone(&heartbeat);
         let stale = config.stale_after();
         let started = Arc::clone(&ready);
+        let not_in_force = Arc::clone(&worker.not_in_force);
         let health: crate::telemetry::http::Health = Arc::new(move || {
             if !started.load(Ordering::Relaxed) {
                 return Err("starting: the first apply has not finished".into());
+            }
+            // An agent enforcing nothing is not healthy, even though it runs: a declaration
+            // refused at start-up, and none accepted since (issue 12, fault 9).
+            if let Some(why) = not_in_force.lock().unwrap_or_else(|e| e.into_inner()).as_deref() {
+                return Err(format!("no declaration in force: {why}"));
             }
             // Healthy while the worker has finished something recently enough (`stale_after`):
             // a worker stuck in one reconcile is the failure this is for.
@@ -172,8 +184,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("cannot watch the declaration {}", config.declaration.display()))?;
     drop(tx);
     // The first apply, before systemd hears we are ready. A declaration that cannot be read or
-    // is refused leaves nothing in force: the agent runs, and applies the first good
-    // declaration written to the source.
+    // is refused leaves nothing in force: the agent runs, says so on /healthz, and applies the
+    // first good declaration written to the source.
     tokio::task::block_in_place(|| worker.reconcile(&Key::Declaration, Instant::now()));
     ready.store(true, Ordering::Relaxed);
 
@@ -408,6 +420,7 @@ impl Worker {
             Err(e) => {
                 self.metrics.declaration_refusals.inc();
                 tracing::error!(source = %source.display(), "cannot read the declaration {}: {e}; {kept}", source.display());
+                self.refused(format!("cannot read the declaration {}: {e}", source.display()));
                 return;
             }
         };
@@ -417,6 +430,7 @@ impl Worker {
             Ok(mut d) => {
                 drop(named);
                 tracing::info!(resources = d.resources.len(), "declaration accepted");
+                *self.not_in_force.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 self.keep_contents_on_disk(&mut d);
                 let d = Arc::new(d);
                 let index = Index::new(&d);
@@ -450,8 +464,31 @@ impl Worker {
                 // file, or a bad one, must not undo a working machine.
                 self.metrics.declaration_refusals.inc();
                 tracing::error!("{refused}; {kept}");
+                self.refused(refused.to_string());
             }
         }
+    }
+
+    /// Notes, for `/healthz`, why the source was refused, while no declaration is in force: the
+    /// first line of the message, cut, since a refusal can list many problems.
+    fn refused(&self, message: String) {
+        if self.declaration.is_some() {
+            return;
+        }
+        let mut line = message.lines().next().unwrap_or_default().to_owned();
+        if line.len() > 300 {
+            let mut end = 300;
+            while !line.is_char_boundary(end) {
+                end -= 1;
+            }
+            line.truncate(end);
+            line.push_str("...");
+        }
+        let why = format!(
+            "{line}; the log says more, and a valid declaration written to {} is applied",
+            self.config.declaration.display()
+        );
+        *self.not_in_force.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
     }
 
     fn full(&mut self) -> Verdict {

@@ -484,3 +484,30 @@ fn a_fifo_or_a_device_at_the_declaration_path_does_not_hang_the_daemon() {
     assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
     assert!(asked.elapsed() < std::time::Duration::from_secs(3), "stopped in {:?}", asked.elapsed());
 }
+
+/// Issue 12, fault 9: a daemon started with a refused declaration enforces nothing, and
+/// `/healthz` said "ok".
+#[test]
+fn a_daemon_started_with_a_refused_declaration_is_not_healthy() {
+    let s = Scratch::new();
+    let d = s.path("declaration.json");
+    // A file without its path: refused.
+    std::fs::write(&d, r#"{"version": 1, "resources": [{"type": "file", "id": "a.one", "content": "1"}]}"#)
+        .unwrap();
+    let daemon = Daemon::launch(&s, &d, &[], &[]);
+    let unhealthy = || daemon.answer("/healthz").filter(|(_, body)| body.contains("no declaration in force"));
+    assert!(
+        wait_for(PATIENCE, || unhealthy().is_some()),
+        "{:?}\n{}",
+        daemon.answer("/healthz"),
+        daemon.log()
+    );
+    let (status, body) = unhealthy().unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("the declaration was refused"), "{body}");
+    assert!(body.contains(&format!("a valid declaration written to {} is applied", d.display())), "{body}");
+
+    s.declare(json!([file(&s, "one", "1")]));
+    assert!(wait_for(PATIENCE, || daemon.get("/healthz").as_deref() == Some("ok\n")), "{}", daemon.log());
+    assert!(wait_for(PATIENCE, || read(&s.path("one")) == "1"), "{}", daemon.log());
+}
