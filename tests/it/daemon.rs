@@ -511,3 +511,57 @@ fn a_daemon_started_with_a_refused_declaration_is_not_healthy() {
     assert!(wait_for(PATIENCE, || daemon.get("/healthz").as_deref() == Some("ok\n")), "{}", daemon.log());
     assert!(wait_for(PATIENCE, || read(&s.path("one")) == "1"), "{}", daemon.log());
 }
+
+/// The daemon's open sockets, from its descriptors.
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.unwrap().path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
+}
+
+/// Issue 12, fault 9: `/metrics` had no limit on concurrent connections, so a flood of them
+/// took a descriptor each for as long as the clients liked.
+#[test]
+fn metrics_connections_are_limited_and_a_slow_client_is_cut_off() {
+    use std::io::{Read as _, Write as _};
+    let s = Scratch::new();
+    let d = s.declare(json!([file(&s, "one", "1")]));
+    let daemon = Daemon::start(&s, &d, &[]);
+    let pid = daemon.child.as_ref().unwrap().id();
+    let before = sockets(pid);
+
+    // 150 clients that connect and send nothing: at most 64 are taken in, and the rest wait in
+    // the listen queue (128 deep here), unseen by the daemon.
+    let idle: Vec<std::net::TcpStream> =
+        (0..150).map(|_| std::net::TcpStream::connect(("127.0.0.1", daemon.port)).unwrap()).collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let during = sockets(pid);
+    assert!(during <= before + 64, "{during} sockets held for 150 idle clients ({before} before)");
+    // Once they go, the slots are free again at once.
+    drop(idle);
+    assert!(wait_for(PATIENCE, || daemon.get("/healthz").as_deref() == Some("ok\n")), "{}", daemon.log());
+
+    // A client that trickles its request is cut off after the request limit (5 s).
+    let mut slow = std::net::TcpStream::connect(("127.0.0.1", daemon.port)).unwrap();
+    slow.set_read_timeout(Some(std::time::Duration::from_millis(200))).unwrap();
+    let started = std::time::Instant::now();
+    slow.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
+    let cut = loop {
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "the slow client was never cut off");
+        if slow.write_all(b"X-Slow: 1\r\n").is_err() {
+            break started.elapsed();
+        }
+        match slow.read(&mut [0u8; 64]) {
+            Ok(0) => break started.elapsed(),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+            }
+            Err(_) => break started.elapsed(),
+            Ok(_) => panic!("an answer to a request that never ended"),
+        }
+    };
+    assert!(cut < std::time::Duration::from_secs(8), "cut off after {cut:?}");
+    assert_eq!(daemon.get("/healthz").as_deref(), Some("ok\n"));
+}
