@@ -19,7 +19,7 @@ mod trigger;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -186,7 +186,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // The first apply, before systemd hears we are ready. A declaration that cannot be read or
     // is refused leaves nothing in force: the agent runs, says so on /healthz, and applies the
     // first good declaration written to the source.
-    tokio::task::block_in_place(|| worker.reconcile(&Key::Declaration, Instant::now()));
+    tokio::task::block_in_place(|| worker.reconcile_guarded(&Key::Declaration, Instant::now()));
     ready.store(true, Ordering::Relaxed);
 
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
@@ -214,7 +214,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let worker_queue = Arc::clone(&queue);
     let worker_task = tokio::spawn(async move {
         while let Some((key, seen)) = worker_queue.next().await {
-            let verdict = tokio::task::block_in_place(|| worker.reconcile(&key, seen));
+            let verdict = tokio::task::block_in_place(|| worker.reconcile_guarded(&key, seen));
             if verdict == Verdict::Failed {
                 worker.metrics.queue_retries.inc();
             }
@@ -306,6 +306,29 @@ fn fingerprint(read: &std::io::Result<Vec<(PathBuf, Vec<u8>)>>) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// What a panic said: its message, when it has one (`panic!` with a literal or a format).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic that carries no message".to_owned()
+    }
+}
+
+/// `MESH_HOST_FAILPOINT=panic-reconcile` makes the first single-resource reconcile of the process
+/// panic, once: the fault a test needs in order to show that a panic fails that resource and the
+/// daemon goes on. The other failpoint, `store-write`, is in `system::fs::write_private`.
+fn failpoint_panic_reconcile(id: &Id) {
+    static FIRED: AtomicBool = AtomicBool::new(false);
+    if std::env::var_os("MESH_HOST_FAILPOINT").is_some_and(|v| v == "panic-reconcile")
+        && !FIRED.swap(true, Ordering::Relaxed)
+    {
+        panic!("failpoint panic-reconcile: a panic in the reconcile of {id}");
+    }
+}
+
 fn now_secs() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -324,6 +347,40 @@ impl Worker {
             container_socket: self.config.container_socket.clone(),
             step_timeout: self.config.step_timeout,
         }
+    }
+
+    /// Reconciles one key, as `reconcile` does, and survives a panic in it: the key is failed
+    /// with the panic's message, the panic is counted (`mesh_host_panics_total`), and the daemon
+    /// goes on (issue 12, fault 10). A bug in one applier must not stop the agent from putting
+    /// back everything else, nor leave it running with a dead worker.
+    fn reconcile_guarded(&mut self, key: &Key, seen: Instant) -> Verdict {
+        // `AssertUnwindSafe`: what a panic can leave half-done is the reconcile's own work. The
+        // store records a resource only after its read-back, so a record is never ahead of the
+        // machine; the declaration in force and the index are replaced whole; the locks are
+        // taken through poisoning everywhere. The one piece of state kept across reconciles
+        // that a panic could leave mid-protocol, the connections to systemd and the container
+        // runtime, is dropped below and made again by the next reconcile that needs them.
+        let payload =
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.reconcile(key, seen))) {
+                Ok(verdict) => return verdict,
+                Err(payload) => payload,
+            };
+        let message = panic_message(payload.as_ref());
+        self.metrics.panics.inc();
+        self.session = apply::Session::default();
+        match key {
+            Key::Resource(id) => tracing::error!(
+                id = %id,
+                "failed {id}: its reconcile panicked: {message}; it is retried after a backoff, and the daemon goes on"
+            ),
+            Key::Declaration | Key::Full => tracing::error!(
+                key = %key,
+                "the full pass ({key}) panicked: {message}; it is retried after a backoff, and the daemon goes on"
+            ),
+        }
+        // The worker is alive: it finished this key, if badly.
+        self.heartbeat.store(now_secs(), Ordering::Relaxed);
+        Verdict::Failed
     }
 
     /// Reconciles one key and says how it went.
@@ -526,6 +583,7 @@ impl Worker {
             // Undeclared since the key was queued: the full apply that followed handled it.
             return Verdict::Settled;
         }
+        failpoint_panic_reconcile(id);
         let report = apply::reconcile_in(
             &mut self.session,
             declaration,

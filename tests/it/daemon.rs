@@ -565,3 +565,41 @@ fn metrics_connections_are_limited_and_a_slow_client_is_cut_off() {
     assert!(cut < std::time::Duration::from_secs(8), "cut off after {cut:?}");
     assert_eq!(daemon.get("/healthz").as_deref(), Some("ok\n"));
 }
+
+/// Issue 12, fault 10: a panic in a reconcile killed the only worker, and nothing was put back
+/// after it. The failpoint panics in the first single-resource reconcile of the process.
+#[test]
+fn a_panic_in_one_reconcile_does_not_take_the_daemon_down() {
+    let s = Scratch::new();
+    let conf = s.path("app.conf");
+    let d = s.declare(
+        json!([{"type": "file", "id": "app.conf", "path": s.p("app.conf"), "content": "port=80\n"}]),
+    );
+    let mut daemon = Daemon::launch(&s, &d, &[], &[("MESH_HOST_FAILPOINT", "panic-reconcile")]);
+    assert!(wait_for(PATIENCE, || daemon.get("/healthz").as_deref() == Some("ok\n")), "{}", daemon.log());
+
+    std::fs::write(&conf, "port=8080\n").unwrap();
+    assert!(
+        wait_for(PATIENCE, || daemon.metric("mesh_host_panics_total") == 1.0),
+        "the panic is counted:\n{}",
+        daemon.log()
+    );
+    assert!(
+        daemon.log().contains(
+            "failed app.conf: its reconcile panicked: failpoint panic-reconcile: a panic in the reconcile of app.conf"
+        ),
+        "{}",
+        daemon.log()
+    );
+    // The failed key is retried, and put back.
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "put back after the panic:\n{}", daemon.log());
+    assert_eq!(daemon.get("/healthz").as_deref(), Some("ok\n"));
+
+    // And the daemon goes on correcting.
+    assert!(wait_for(PATIENCE, || daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}") >= 1.0));
+    std::fs::write(&conf, "port=9090\n").unwrap();
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "a later edit is put back:\n{}", daemon.log());
+    assert!(wait_for(PATIENCE, || daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}") >= 2.0));
+    assert_eq!(daemon.metric("mesh_host_panics_total"), 1.0);
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}
