@@ -19,12 +19,13 @@ mod trigger;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use mesh_host_watchers::{declaration as declaration_watcher, Change, FileWatcher};
+use sha2::Digest as _;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -71,8 +72,8 @@ impl Config {
     }
 }
 
-/// The declaration files the watcher last handed over, until the worker takes them.
-type Settled = Arc<std::sync::Mutex<Option<Vec<(PathBuf, Vec<u8>)>>>>;
+/// Why no declaration is in force, for `/healthz`; `None` once one is.
+type NotInForce = Arc<std::sync::Mutex<Option<String>>>;
 
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths
 /// follow the declaration.
@@ -85,8 +86,12 @@ struct Worker {
     session: apply::Session,
     files: FileWatcher,
     index: Arc<RwLock<Index>>,
-    /// The last files the declaration watcher handed over, taken by the declaration key.
-    settled: Settled,
+    /// A digest of what the last read of the declaration source found (its files' names and
+    /// bytes, or the error), so that a full pass reads the source again cheaply and parses it
+    /// only when it changed.
+    source_seen: Option<[u8; 32]>,
+    /// Why no declaration is in force, shared with `/healthz`.
+    not_in_force: NotInForce,
     metrics: Arc<Metrics>,
     /// Seconds since the epoch of the worker's last finished reconcile, for `/healthz`.
     heartbeat: Arc<AtomicI64>,
@@ -128,7 +133,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         session: apply::Session::default(),
         files,
         index: Arc::new(RwLock::new(Index::default())),
-        settled: Arc::new(std::sync::Mutex::new(None)),
+        source_seen: None,
+        not_in_force: Arc::new(std::sync::Mutex::new(Some("no declaration has been read yet".into()))),
         metrics: Arc::clone(&metrics),
         heartbeat: Arc::clone(&heartbeat),
         quiet: std::collections::HashSet::new(),
@@ -149,9 +155,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let beat = Arc::clone(&heartbeat);
         let stale = config.stale_after();
         let started = Arc::clone(&ready);
+        let not_in_force = Arc::clone(&worker.not_in_force);
         let health: crate::telemetry::http::Health = Arc::new(move || {
             if !started.load(Ordering::Relaxed) {
                 return Err("starting: the first apply has not finished".into());
+            }
+            // An agent enforcing nothing is not healthy, even though it runs: a declaration
+            // refused at start-up, and none accepted since (issue 12, fault 9).
+            if let Some(why) = not_in_force.lock().unwrap_or_else(|e| e.into_inner()).as_deref() {
+                return Err(format!("no declaration in force: {why}"));
             }
             // Healthy while the worker has finished something recently enough (`stale_after`):
             // a worker stuck in one reconcile is the failure this is for.
@@ -173,11 +185,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let _declaration_task = declaration_watcher::spawn(config.declaration.clone(), config.settle, tx.clone())
         .with_context(|| format!("cannot watch the declaration {}", config.declaration.display()))?;
     drop(tx);
-    // The first apply, before systemd hears we are ready.
-    let initial = declaration_watcher::read_source(&config.declaration)
-        .with_context(|| format!("cannot read the declaration {}", config.declaration.display()))?;
-    *worker.settled.lock().unwrap_or_else(|e| e.into_inner()) = Some(initial);
-    tokio::task::block_in_place(|| worker.reconcile(&Key::Declaration, Instant::now()));
+    // The first apply, before systemd hears we are ready. A declaration that cannot be read or
+    // is refused leaves nothing in force: the agent runs, says so on /healthz, and applies the
+    // first good declaration written to the source.
+    tokio::task::block_in_place(|| worker.reconcile_guarded(&Key::Declaration, Instant::now()));
     ready.store(true, Ordering::Relaxed);
 
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
@@ -200,13 +211,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let queue = Arc::new(Queue::<Key>::new(config.queue.clone()));
     let index = Arc::clone(&worker.index);
-    let settled = Arc::clone(&worker.settled);
 
     // The worker: one reconcile at a time, each on this runtime's blocking allowance.
     let worker_queue = Arc::clone(&queue);
     let worker_task = tokio::spawn(async move {
         while let Some((key, seen)) = worker_queue.next().await {
-            let verdict = tokio::task::block_in_place(|| worker.reconcile(&key, seen));
+            let verdict = tokio::task::block_in_place(|| worker.reconcile_guarded(&key, seen));
             if verdict == Verdict::Failed {
                 worker.metrics.queue_retries.inc();
             }
@@ -250,14 +260,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     let index = index.read().unwrap_or_else(|e| e.into_inner());
                     trigger::keys(&change, &index)
                 };
-                match change {
-                    Change::Settled { files } => {
-                        *settled.lock().unwrap_or_else(|e| e.into_inner()) = Some(files);
-                    }
-                    Change::Up { watcher, up } => {
-                        metrics.watcher_up.get_or_create(&vec![("watcher", watcher)]).set(i64::from(up));
-                    }
-                    _ => {}
+                if let Change::Up { watcher, up } = change {
+                    metrics.watcher_up.get_or_create(&vec![("watcher", watcher)]).set(i64::from(up));
                 }
                 for (key, source) in added {
                     metrics.queue_adds.get_or_create(&vec![("source", source)]).inc();
@@ -266,6 +270,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 metrics.queue_depth.set(queue.stats().depth as i64);
             }
             _ = resync.tick() => {
+                // A full pass reads the declaration source again too, so a new declaration the
+                // watcher missed (its directory's parent replaced, say) is applied by the resync.
                 metrics.queue_adds.get_or_create(&vec![("source", "resync")]).inc();
                 queue.add(Key::Full);
             }
@@ -278,6 +284,50 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     worker_task.await.context("the worker stopped abnormally")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// A digest of a read of the declaration source: each file's name, length and bytes, or the
+/// error. Two reads that digest the same found the same thing.
+fn fingerprint(read: &std::io::Result<Vec<(PathBuf, Vec<u8>)>>) -> [u8; 32] {
+    let mut h = sha2::Sha256::new();
+    match read {
+        Ok(files) => {
+            for (path, bytes) in files {
+                h.update(b"file\0");
+                h.update(path.as_os_str().as_encoded_bytes());
+                h.update(b"\0");
+                h.update((bytes.len() as u64).to_le_bytes());
+                h.update(bytes);
+            }
+        }
+        Err(e) => {
+            h.update(b"error\0");
+            h.update(e.to_string().as_bytes());
+        }
+    }
+    h.finalize().into()
+}
+
+/// What a panic said: its message, when it has one (`panic!` with a literal or a format).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic that carries no message".to_owned()
+    }
+}
+
+/// `MESH_HOST_FAILPOINT=panic-reconcile` makes the first single-resource reconcile of the process
+/// panic, once: the fault a test needs in order to show that a panic fails that resource and the
+/// daemon goes on. The others (`system::fs::failpoint`) abort around the writes.
+fn failpoint_panic_reconcile(id: &Id) {
+    static FIRED: AtomicBool = AtomicBool::new(false);
+    if crate::system::fs::failpoint_named("panic-reconcile") && !FIRED.swap(true, Ordering::Relaxed)
+    {
+        panic!("failpoint panic-reconcile: a panic in the reconcile of {id}");
+    }
 }
 
 fn now_secs() -> i64 {
@@ -301,15 +351,56 @@ impl Worker {
         }
     }
 
+    /// Reconciles one key, as `reconcile` does, and survives a panic in it: the key is failed
+    /// with the panic's message, the panic is counted (`mesh_host_panics_total`), and the daemon
+    /// goes on (issue 12, fault 10). A bug in one applier must not stop the agent from putting
+    /// back everything else, nor leave it running with a dead worker.
+    fn reconcile_guarded(&mut self, key: &Key, seen: Instant) -> Verdict {
+        // `AssertUnwindSafe`: what a panic can leave half-done is the reconcile's own work. The
+        // store records a resource only after its read-back, so a record is never ahead of the
+        // machine; the declaration in force and the index are replaced whole; the locks are
+        // taken through poisoning everywhere. The one piece of state kept across reconciles
+        // that a panic could leave mid-protocol, the connections to systemd and the container
+        // runtime, is dropped below and made again by the next reconcile that needs them.
+        let payload =
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.reconcile(key, seen))) {
+                Ok(verdict) => return verdict,
+                Err(payload) => payload,
+            };
+        let message = panic_message(payload.as_ref());
+        self.metrics.panics.inc();
+        self.session = apply::Session::default();
+        match key {
+            Key::Resource(id) => tracing::error!(
+                id = %id,
+                "failed {id}: its reconcile panicked: {message}; it is retried after a backoff, and the daemon goes on"
+            ),
+            Key::Declaration | Key::Full => tracing::error!(
+                key = %key,
+                "the full pass ({key}) panicked: {message}; it is retried after a backoff, and the daemon goes on"
+            ),
+        }
+        // The worker is alive: it finished this key, if badly.
+        self.heartbeat.store(now_secs(), Ordering::Relaxed);
+        Verdict::Failed
+    }
+
     /// Reconciles one key and says how it went.
     fn reconcile(&mut self, key: &Key, seen: Instant) -> Verdict {
         let started = Instant::now();
         let verdict = match key {
+            // The declaration watcher saw the source change: read and parse it, even when its
+            // bytes are the same (touching it makes a new content file; see decisions.md).
             Key::Declaration => {
-                self.load_declaration();
+                self.load_declaration(true);
                 self.full()
             }
-            Key::Full => self.full(),
+            // A resync, or a watcher that may have missed something: the source is read again
+            // as well, and parsed only if it changed, since the watcher may have missed it too.
+            Key::Full => {
+                self.load_declaration(false);
+                self.full()
+            }
             Key::Resource(id) => self.one(id, seen),
         };
         let scope = if matches!(key, Key::Resource(_)) { "resource" } else { "full" };
@@ -361,10 +452,36 @@ impl Worker {
         }
     }
 
-    /// Takes the settled declaration files, if any, and puts them in force when they parse.
-    fn load_declaration(&mut self) {
-        let Some(files) = self.settled.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+    /// Reads the declaration source and puts what it holds in force when it parses. With
+    /// `force` false, a source that reads exactly as last time (the same files and bytes, or the
+    /// same error) is left at that: a full pass costs a read and a digest, not a parse, and an
+    /// unchanged bad declaration is not refused again at every resync.
+    ///
+    /// The source is read through `system::read_source`, never by plain opens: a FIFO or a
+    /// device planted at the path or in the directory is refused at once and named, where an
+    /// ordinary open would block the only worker for good, and `/dev/zero` cannot eat memory
+    /// (issue 12, fault 2).
+    fn load_declaration(&mut self, force: bool) {
+        let source = &self.config.declaration;
+        let read = crate::system::read_source(source);
+        let seen = fingerprint(&read);
+        if !force && self.source_seen == Some(seen) {
             return;
+        }
+        self.source_seen = Some(seen);
+        let kept = if self.declaration.is_some() {
+            "the declaration in force is kept"
+        } else {
+            "no declaration is in force"
+        };
+        let files = match read {
+            Ok(files) => files,
+            Err(e) => {
+                self.metrics.declaration_refusals.inc();
+                tracing::error!(source = %source.display(), "cannot read the declaration {}: {e}; {kept}", source.display());
+                self.refused(format!("cannot read the declaration {}: {e}", source.display()));
+                return;
+            }
         };
         let named: Vec<(String, Vec<u8>)> =
             files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
@@ -372,6 +489,7 @@ impl Worker {
             Ok(mut d) => {
                 drop(named);
                 tracing::info!(resources = d.resources.len(), "declaration accepted");
+                *self.not_in_force.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 self.keep_contents_on_disk(&mut d);
                 let d = Arc::new(d);
                 let index = Index::new(&d);
@@ -404,9 +522,32 @@ impl Worker {
                 // Refused whole, and the declaration in force stays in force: a half-written
                 // file, or a bad one, must not undo a working machine.
                 self.metrics.declaration_refusals.inc();
-                tracing::error!("{refused}; the declaration in force is kept");
+                tracing::error!("{refused}; {kept}");
+                self.refused(refused.to_string());
             }
         }
+    }
+
+    /// Notes, for `/healthz`, why the source was refused, while no declaration is in force: the
+    /// first line of the message, cut, since a refusal can list many problems.
+    fn refused(&self, message: String) {
+        if self.declaration.is_some() {
+            return;
+        }
+        let mut line = message.lines().next().unwrap_or_default().to_owned();
+        if line.len() > 300 {
+            let mut end = 300;
+            while !line.is_char_boundary(end) {
+                end -= 1;
+            }
+            line.truncate(end);
+            line.push_str("...");
+        }
+        let why = format!(
+            "{line}; the log says more, and a valid declaration written to {} is applied",
+            self.config.declaration.display()
+        );
+        *self.not_in_force.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
     }
 
     fn full(&mut self) -> Verdict {
@@ -444,6 +585,7 @@ impl Worker {
             // Undeclared since the key was queued: the full apply that followed handled it.
             return Verdict::Settled;
         }
+        failpoint_panic_reconcile(id);
         let report = apply::reconcile_in(
             &mut self.session,
             declaration,

@@ -141,6 +141,9 @@ mod tests {
         assert_eq!(keys(&container("a.app", "app"), &index), vec![(id("a.app"), "docker")]);
         assert_eq!(keys(&container("store", "app"), &index), vec![(id("a.app"), "docker")], "found by name");
         assert!(keys(&container("other", "other"), &index).is_empty());
-        assert_eq!(keys(&Change::Settled { files: vec![] }, &index), vec![(Key::Declaration, "declaration")]);
+        assert_eq!(
+            keys(&Change::Settled { source: "/etc/mesh-host/declaration.d".into() }, &index),
+            vec![(Key::Declaration, "declaration")]
+        );
     }
 }

@@ -640,10 +640,16 @@ impl Fs {
 /// `batch-renamed` (renamed into place, directories not yet synced), `store-write` (the store's
 /// new file durable, not yet renamed).
 pub fn failpoint(name: &str) {
-    static POINT: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
-    if POINT.get_or_init(|| std::env::var_os("MESH_HOST_FAILPOINT")).as_deref() == Some(OsStr::new(name)) {
+    if failpoint_named(name) {
         std::process::abort();
     }
+}
+
+/// Whether `MESH_HOST_FAILPOINT` names this point (read once), for a failpoint that does
+/// something other than abort (the controller's `panic-reconcile`).
+pub fn failpoint_named(name: &str) -> bool {
+    static POINT: std::sync::OnceLock<Option<std::ffi::OsString>> = std::sync::OnceLock::new();
+    POINT.get_or_init(|| std::env::var_os("MESH_HOST_FAILPOINT")).as_deref() == Some(OsStr::new(name))
 }
 
 /// Writes a private file (mode 0600) atomically and durably: temporary file in the same

@@ -30,6 +30,8 @@ pub struct Metrics {
     pub last_apply_success: Gauge,
     pub watcher_up: Family<Labels, Gauge>,
     pub declaration_refusals: Counter,
+    /// Reconciles that panicked: each failed its key, and the daemon went on.
+    pub panics: Counter,
     pub scheduled_runs: Family<Labels, Counter>,
     pub declared_content: Family<Labels, Gauge>,
     /// The process's resident memory, read at each scrape: a daemon that runs for months is
@@ -61,6 +63,7 @@ impl Metrics {
             last_apply_success: Gauge::default(),
             watcher_up: Family::default(),
             declaration_refusals: Counter::default(),
+            panics: Counter::default(),
             scheduled_runs: Family::default(),
             declared_content: Family::default(),
             resident_memory: Gauge::default(),
@@ -133,6 +136,11 @@ impl Metrics {
             "mesh_host_declaration_refusals",
             "Declarations refused (invalid, or half-written); the previous one stays in force",
             m.declaration_refusals.clone(),
+        );
+        registry.register(
+            "mesh_host_panics",
+            "Reconciles that panicked; each failed its key, which is retried, and the daemon went on",
+            m.panics.clone(),
         );
         registry.register(
             "mesh_host_scheduled_runs",

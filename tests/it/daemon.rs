@@ -310,3 +310,296 @@ fn a_file_something_keeps_rewriting_is_contested_and_settles_after() {
         "one line for the contest:\n{log}"
     );
 }
+
+/// Writes a declaration document with these resources at `path`.
+fn write_doc(path: &std::path::Path, resources: serde_json::Value) {
+    let d = json!({"version": 1, "resources": resources});
+    std::fs::write(path, serde_json::to_vec_pretty(&d).unwrap()).unwrap();
+}
+
+/// A file resource `a.<name>` at `<scratch>/<name>` holding `content`.
+fn file(s: &Scratch, name: &str, content: &str) -> serde_json::Value {
+    json!({"type": "file", "id": format!("a.{name}"), "path": s.p(name), "content": content})
+}
+
+/// Issue 12, fault 5: inotify watched the directory's inode, so a directory removed and made
+/// again was never looked at again.
+#[test]
+fn a_declaration_directory_removed_and_made_again_is_applied() {
+    let s = Scratch::new();
+    let dir = s.path("declaration.d");
+    std::fs::create_dir(&dir).unwrap();
+    write_doc(&dir.join("10-a.json"), json!([file(&s, "one", "1")]));
+    let daemon = Daemon::start(&s, &dir, &[]);
+    assert_eq!(read(&s.path("one")), "1", "{}", daemon.log());
+
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    write_doc(&dir.join("10-a.json"), json!([file(&s, "two", "2")]));
+    assert!(
+        wait_for(PATIENCE, || read(&s.path("two")) == "2"),
+        "the new declaration is applied:\n{}",
+        daemon.log()
+    );
+    assert!(wait_for(PATIENCE, || !s.path("one").exists()), "{}", daemon.log());
+
+    // The directory made again is watched: a file added to it later is applied too.
+    write_doc(&dir.join("20-b.json"), json!([file(&s, "three", "3")]));
+    assert!(wait_for(PATIENCE, || read(&s.path("three")) == "3"), "{}", daemon.log());
+}
+
+/// Issue 12, fault 5: a directory swapped in by a rename, the way deployment tools replace a
+/// tree whole, was never applied either.
+#[test]
+fn a_declaration_directory_swapped_in_by_a_rename_is_applied() {
+    let s = Scratch::new();
+    let dir = s.path("declaration.d");
+    std::fs::create_dir(&dir).unwrap();
+    write_doc(&dir.join("10-a.json"), json!([file(&s, "one", "1")]));
+    let daemon = Daemon::start(&s, &dir, &[]);
+
+    // Two renames: the old directory moves aside, the new one takes its name.
+    let new = s.path("declaration.d.new");
+    std::fs::create_dir(&new).unwrap();
+    write_doc(&new.join("10-a.json"), json!([file(&s, "two", "2")]));
+    std::fs::rename(&dir, s.path("declaration.d.old")).unwrap();
+    std::fs::rename(&new, &dir).unwrap();
+    assert!(
+        wait_for(PATIENCE, || read(&s.path("two")) == "2"),
+        "the directory renamed into place:\n{}",
+        daemon.log()
+    );
+    assert!(wait_for(PATIENCE, || !s.path("one").exists()), "{}", daemon.log());
+
+    // One atomic exchange (renameat2 RENAME_EXCHANGE): the name never goes missing.
+    let next = s.path("declaration.d.next");
+    std::fs::create_dir(&next).unwrap();
+    write_doc(&next.join("10-a.json"), json!([file(&s, "three", "3")]));
+    rustix::fs::renameat_with(
+        rustix::fs::CWD,
+        &next,
+        rustix::fs::CWD,
+        &dir,
+        rustix::fs::RenameFlags::EXCHANGE,
+    )
+    .unwrap();
+    assert!(
+        wait_for(PATIENCE, || read(&s.path("three")) == "3"),
+        "the directory exchanged:\n{}",
+        daemon.log()
+    );
+    assert!(wait_for(PATIENCE, || !s.path("two").exists()), "{}", daemon.log());
+
+    // What is at the name now is watched, and what was moved aside is not the declaration.
+    write_doc(&next.join("20-b.json"), json!([file(&s, "aside", "x")]));
+    write_doc(&dir.join("20-b.json"), json!([file(&s, "four", "4")]));
+    assert!(wait_for(PATIENCE, || read(&s.path("four")) == "4"), "{}", daemon.log());
+    assert!(!s.path("aside").exists(), "{}", daemon.log());
+}
+
+/// Issue 12, fault 5: the periodic resync did not read the declaration source, so what the
+/// watcher missed stayed missed. Here its parent directory is replaced, which no watch on the
+/// old one can see; only the resync finds the new declaration.
+#[test]
+fn the_periodic_resync_reads_the_declaration_source_again() {
+    let s = Scratch::new();
+    let conf = s.path("conf");
+    let dir = conf.join("declaration.d");
+    std::fs::create_dir_all(&dir).unwrap();
+    write_doc(&dir.join("10-a.json"), json!([file(&s, "one", "1")]));
+    let daemon = Daemon::start(&s, &dir, &["--resync", "1"]);
+
+    std::fs::rename(&conf, s.path("conf.old")).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    write_doc(&dir.join("10-a.json"), json!([file(&s, "two", "2")]));
+    assert!(wait_for(PATIENCE, || read(&s.path("two")) == "2"), "the resync applied it:\n{}", daemon.log());
+    assert!(wait_for(PATIENCE, || !s.path("one").exists()), "{}", daemon.log());
+    // An unchanged source is not parsed again at each resync: one acceptance at start, one for
+    // the new declaration.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert_eq!(daemon.log().matches("declaration accepted").count(), 2, "{}", daemon.log());
+}
+
+fn mkfifo(path: &std::path::Path) {
+    assert!(Command::new("mkfifo").arg(path).status().unwrap().success(), "mkfifo {}", path.display());
+}
+
+/// Issue 12, fault 2: a FIFO named `*.json` in the declaration directory must not block the
+/// daemon's read of its declaration; it is refused, naming it, and everything else goes on.
+#[test]
+fn a_fifo_in_the_declaration_directory_does_not_hang_the_daemon() {
+    let s = Scratch::new();
+    let dir = s.path("declaration.d");
+    std::fs::create_dir(&dir).unwrap();
+    write_doc(&dir.join("10-a.json"), json!([file(&s, "one", "1")]));
+    let mut daemon = Daemon::start(&s, &dir, &[]);
+
+    mkfifo(&dir.join("x.json"));
+    let named = format!("{}: it is a FIFO, not a regular file", dir.join("x.json").display());
+    assert!(
+        wait_for(PATIENCE, || daemon.log().contains(&named)),
+        "refused, naming the FIFO:\n{}",
+        daemon.log()
+    );
+    assert!(daemon.metric("mesh_host_declaration_refusals_total") >= 1.0);
+    assert!(daemon.log().contains("the declaration in force is kept"), "{}", daemon.log());
+
+    // The declaration in force is still enforced, and the agent is healthy.
+    std::fs::write(s.path("one"), "changed").unwrap();
+    assert!(wait_for(PATIENCE, || read(&s.path("one")) == "1"), "drift still corrected:\n{}", daemon.log());
+    assert_eq!(daemon.get("/healthz").as_deref(), Some("ok\n"));
+    let asked = std::time::Instant::now();
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+    assert!(asked.elapsed() < std::time::Duration::from_secs(3), "stopped in {:?}", asked.elapsed());
+}
+
+/// Issue 12, fault 2: the same for a FIFO, or a device, at the declaration's own path. A FIFO
+/// blocked the read there forever; `/dev/zero` would have been read until memory ran out.
+#[test]
+fn a_fifo_or_a_device_at_the_declaration_path_does_not_hang_the_daemon() {
+    let s = Scratch::new();
+    let d = s.declare(json!([file(&s, "one", "1")]));
+    let mut daemon = Daemon::start(&s, &d, &[]);
+
+    std::fs::remove_file(&d).unwrap();
+    mkfifo(&d);
+    assert!(
+        wait_for(PATIENCE, || daemon.log().contains("it is a FIFO, not a regular file")),
+        "{}",
+        daemon.log()
+    );
+    std::fs::write(s.path("one"), "changed").unwrap();
+    assert!(wait_for(PATIENCE, || read(&s.path("one")) == "1"), "drift still corrected:\n{}", daemon.log());
+
+    std::fs::remove_file(&d).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &d).unwrap();
+    assert!(
+        wait_for(PATIENCE, || daemon.log().contains("it is a character device, not a regular file")),
+        "{}",
+        daemon.log()
+    );
+    std::fs::write(s.path("one"), "changed again").unwrap();
+    assert!(wait_for(PATIENCE, || read(&s.path("one")) == "1"), "{}", daemon.log());
+    let asked = std::time::Instant::now();
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+    assert!(asked.elapsed() < std::time::Duration::from_secs(3), "stopped in {:?}", asked.elapsed());
+}
+
+/// Issue 12, fault 9: a daemon started with a refused declaration enforces nothing, and
+/// `/healthz` said "ok".
+#[test]
+fn a_daemon_started_with_a_refused_declaration_is_not_healthy() {
+    let s = Scratch::new();
+    let d = s.path("declaration.json");
+    // A file without its path: refused.
+    std::fs::write(&d, r#"{"version": 1, "resources": [{"type": "file", "id": "a.one", "content": "1"}]}"#)
+        .unwrap();
+    let daemon = Daemon::launch(&s, &d, &[], &[]);
+    let unhealthy = || daemon.answer("/healthz").filter(|(_, body)| body.contains("no declaration in force"));
+    assert!(
+        wait_for(PATIENCE, || unhealthy().is_some()),
+        "{:?}\n{}",
+        daemon.answer("/healthz"),
+        daemon.log()
+    );
+    let (status, body) = unhealthy().unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("the declaration was refused"), "{body}");
+    assert!(body.contains(&format!("a valid declaration written to {} is applied", d.display())), "{body}");
+
+    s.declare(json!([file(&s, "one", "1")]));
+    assert!(wait_for(PATIENCE, || daemon.get("/healthz").as_deref() == Some("ok\n")), "{}", daemon.log());
+    assert!(wait_for(PATIENCE, || read(&s.path("one")) == "1"), "{}", daemon.log());
+}
+
+/// The daemon's open sockets, from its descriptors.
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.unwrap().path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
+}
+
+/// Issue 12, fault 9: `/metrics` had no limit on concurrent connections, so a flood of them
+/// took a descriptor each for as long as the clients liked.
+#[test]
+fn metrics_connections_are_limited_and_a_slow_client_is_cut_off() {
+    use std::io::{Read as _, Write as _};
+    let s = Scratch::new();
+    let d = s.declare(json!([file(&s, "one", "1")]));
+    let daemon = Daemon::start(&s, &d, &[]);
+    let pid = daemon.child.as_ref().unwrap().id();
+    let before = sockets(pid);
+
+    // 150 clients that connect and send nothing: at most 64 are taken in, and the rest wait in
+    // the listen queue (128 deep here), unseen by the daemon.
+    let idle: Vec<std::net::TcpStream> =
+        (0..150).map(|_| std::net::TcpStream::connect(("127.0.0.1", daemon.port)).unwrap()).collect();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let during = sockets(pid);
+    assert!(during <= before + 64, "{during} sockets held for 150 idle clients ({before} before)");
+    // Once they go, the slots are free again at once.
+    drop(idle);
+    assert!(wait_for(PATIENCE, || daemon.get("/healthz").as_deref() == Some("ok\n")), "{}", daemon.log());
+
+    // A client that trickles its request is cut off after the request limit (5 s).
+    let mut slow = std::net::TcpStream::connect(("127.0.0.1", daemon.port)).unwrap();
+    slow.set_read_timeout(Some(std::time::Duration::from_millis(200))).unwrap();
+    let started = std::time::Instant::now();
+    slow.write_all(b"GET /metrics HTTP/1.1\r\n").unwrap();
+    let cut = loop {
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "the slow client was never cut off");
+        if slow.write_all(b"X-Slow: 1\r\n").is_err() {
+            break started.elapsed();
+        }
+        match slow.read(&mut [0u8; 64]) {
+            Ok(0) => break started.elapsed(),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+            }
+            Err(_) => break started.elapsed(),
+            Ok(_) => panic!("an answer to a request that never ended"),
+        }
+    };
+    assert!(cut < std::time::Duration::from_secs(8), "cut off after {cut:?}");
+    assert_eq!(daemon.get("/healthz").as_deref(), Some("ok\n"));
+}
+
+/// Issue 12, fault 10: a panic in a reconcile killed the only worker, and nothing was put back
+/// after it. The failpoint panics in the first single-resource reconcile of the process.
+#[test]
+fn a_panic_in_one_reconcile_does_not_take_the_daemon_down() {
+    let s = Scratch::new();
+    let conf = s.path("app.conf");
+    let d = s.declare(
+        json!([{"type": "file", "id": "app.conf", "path": s.p("app.conf"), "content": "port=80\n"}]),
+    );
+    let mut daemon = Daemon::launch(&s, &d, &[], &[("MESH_HOST_FAILPOINT", "panic-reconcile")]);
+    assert!(wait_for(PATIENCE, || daemon.get("/healthz").as_deref() == Some("ok\n")), "{}", daemon.log());
+
+    std::fs::write(&conf, "port=8080\n").unwrap();
+    assert!(
+        wait_for(PATIENCE, || daemon.metric("mesh_host_panics_total") == 1.0),
+        "the panic is counted:\n{}",
+        daemon.log()
+    );
+    assert!(
+        daemon.log().contains(
+            "failed app.conf: its reconcile panicked: failpoint panic-reconcile: a panic in the reconcile of app.conf"
+        ),
+        "{}",
+        daemon.log()
+    );
+    // The failed key is retried, and put back.
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "put back after the panic:\n{}", daemon.log());
+    assert_eq!(daemon.get("/healthz").as_deref(), Some("ok\n"));
+
+    // And the daemon goes on correcting.
+    assert!(wait_for(PATIENCE, || daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}") >= 1.0));
+    std::fs::write(&conf, "port=9090\n").unwrap();
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "a later edit is put back:\n{}", daemon.log());
+    assert!(wait_for(PATIENCE, || daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}") >= 2.0));
+    assert_eq!(daemon.metric("mesh_host_panics_total"), 1.0);
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}

@@ -115,8 +115,20 @@ pub fn wait_for(timeout: std::time::Duration, mut cond: impl FnMut() -> bool) ->
 pub const PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Daemon {
-    /// Starts the daemon on a declaration and waits until /healthz answers.
+    /// Starts the daemon on a declaration and waits until /healthz answers "ok".
     pub fn start(s: &Scratch, declaration: &Path, extra: &[&str]) -> Daemon {
+        let d = Daemon::launch(s, declaration, extra, &[]);
+        assert!(
+            wait_for(PATIENCE, || d.get("/healthz").is_some_and(|b| b == "ok\n")),
+            "the daemon never answered /healthz with ok:\n{}",
+            d.log()
+        );
+        d
+    }
+
+    /// Starts the daemon with more environment (a failpoint) and waits until /healthz answers
+    /// anything, healthy or not.
+    pub fn launch(s: &Scratch, declaration: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let log = s.path(&format!("daemon-{port}.log"));
         let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
@@ -127,13 +139,14 @@ impl Daemon {
             .args(["--metrics", &format!("127.0.0.1:{port}")])
             .args(extra)
             .env("MESH_HOST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(std::fs::File::create(&log).unwrap())
             .stderr(std::fs::File::options().append(true).open(&log).unwrap())
             .spawn()
             .expect("mesh-host starts");
         let d = Daemon { child: Some(child), port, log };
         assert!(
-            wait_for(PATIENCE, || d.get("/healthz").is_some_and(|b| b == "ok\n")),
+            wait_for(PATIENCE, || d.answer("/healthz").is_some()),
             "the daemon never answered /healthz:\n{}",
             d.log()
         );
@@ -146,13 +159,19 @@ impl Daemon {
 
     /// GETs a path, returning the body of a 200 answer.
     pub fn get(&self, path: &str) -> Option<String> {
+        self.answer(path).and_then(|(status, body)| (status == 200).then_some(body))
+    }
+
+    /// GETs a path, returning the status code and the body of whatever answer came.
+    pub fn answer(&self, path: &str) -> Option<(u16, String)> {
         use std::io::{Read as _, Write as _};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).ok()?;
         write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
         let mut out = String::new();
         s.read_to_string(&mut out).ok()?;
         let (head, body) = out.split_once("\r\n\r\n")?;
-        head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+        let status = head.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
+        Some((status, body.to_owned()))
     }
 
     /// The value of one sample, by its full name with labels, or 0 when absent.

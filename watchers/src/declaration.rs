@@ -1,8 +1,15 @@
-//! The declaration's files: a file, or a directory of `*.json` files. Their bytes are handed
-//! over only once they have settled (no event for a quiet period), so a declaration being
-//! written is not read half-way. What the bytes mean is the controller's business: a reader that
-//! still gets a torn file (a writer pausing longer than the quiet period) hands it to a parser
-//! that refuses it whole.
+//! The declaration's source: a file, or a directory of `*.json` files. It reports that the
+//! source settled (no event for a quiet period) after a change, so a declaration being written is
+//! not read half-way; reading it, and what the bytes mean, is the controller's business. A
+//! reader that still gets a torn file (a writer pausing longer than the quiet period) hands it to
+//! a parser that refuses it whole.
+//!
+//! The source's parent directory is always watched, so the source's own name is followed: a
+//! file written in place, or renamed over, and a directory removed and made again, renamed away,
+//! or swapped in by a rename. A directory source is watched as well, for its files; inotify
+//! watches an inode, not a name, so after every settle that watch is made again on whatever
+//! directory is at the source's path now. Without that, a directory replaced under the daemon
+//! was never seen again (issue 12, fault 5).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,56 +19,37 @@ use tokio::sync::mpsc::{self, UnboundedSender};
 
 use crate::Change;
 
-/// The files of a declaration source, read now: the file itself, or every `*.json` in the
-/// directory (not hidden), sorted by name.
-pub fn read_source(source: &Path) -> std::io::Result<Vec<(PathBuf, Vec<u8>)>> {
-    if source.is_dir() {
-        let mut names: Vec<PathBuf> = std::fs::read_dir(source)?
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| {
-                p.extension().is_some_and(|e| e == "json")
-                    && !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'))
-                    && p.is_file()
-            })
-            .collect();
-        names.sort();
-        names.into_iter().map(|p| std::fs::read(&p).map(|b| (p, b))).collect()
-    } else {
-        Ok(vec![(source.to_path_buf(), std::fs::read(source)?)])
-    }
-}
-
-/// Watches a declaration source and sends `Change::Settled` with its files each time they
-/// have settled after a change. Ends when the receiver is dropped.
+/// Watches a declaration source and sends `Change::Settled` each time it has settled after a
+/// change. Fails when the source's parent directory cannot be watched. Ends when the receiver is
+/// dropped.
 pub fn spawn(
     source: PathBuf,
     quiet: Duration,
     tx: UnboundedSender<Change>,
 ) -> notify::Result<tokio::task::JoinHandle<()>> {
     let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<()>();
-    let is_dir = source.is_dir();
-    let watch_dir =
-        if is_dir { source.clone() } else { source.parent().unwrap_or(Path::new("/")).to_path_buf() };
+    let parent = source.parent().unwrap_or(Path::new("/")).to_path_buf();
     let target = source.clone();
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<Event>| {
         let Ok(event) = res else {
             let _ = raw_tx.send(());
             return;
         };
+        // Opens and reads are not changes, and the controller's own reads of the source would
+        // otherwise trigger the next read.
         if matches!(event.kind, EventKind::Access(_)) {
             return;
         }
-        let relevant = event.need_rescan()
-            || event.paths.iter().any(|p| if is_dir { p.starts_with(&target) } else { *p == target });
-        if relevant {
+        // The source itself (its name in the parent: made, removed, renamed, written) or
+        // anything in it. `starts_with` compares whole components, so a neighbour such as
+        // `declaration.d.new` is not taken for the source.
+        if event.need_rescan() || event.paths.iter().any(|p| p.starts_with(&target)) {
             let _ = raw_tx.send(());
         }
     })?;
-    watcher.watch(&watch_dir, RecursiveMode::NonRecursive)?;
+    watcher.watch(&parent, RecursiveMode::NonRecursive)?;
+    rewatch(&mut watcher, &source);
     Ok(tokio::spawn(async move {
-        // The watcher lives as long as this task.
-        let _watcher = watcher;
         while raw_rx.recv().await.is_some() {
             // Wait for quiet: every further event restarts the wait.
             loop {
@@ -71,16 +59,29 @@ pub fn spawn(
                     Err(_) => break,
                 }
             }
-            match read_source(&source) {
-                Ok(files) => {
-                    if tx.send(Change::Settled { files }).is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(source = %source.display(), error = %e, "cannot read the declaration source")
-                }
+            // Before the controller is told, so that a file written in the new directory after
+            // its read is seen, and one written before is in what it reads.
+            rewatch(&mut watcher, &source);
+            if tx.send(Change::Settled { source: source.clone() }).is_err() {
+                return;
             }
         }
     }))
+}
+
+/// Makes the watch on a directory source follow what is at its path now. notify drops the watch
+/// itself when the directory is removed or renamed away (its parent reports the name leaving),
+/// and does not add one for a directory that appears, so it is always removed and added again
+/// rather than compared by inode: a directory made again can get the inode number of the one it
+/// replaced. Neither removing a watch nor adding one causes an event, so this cannot feed itself.
+fn rewatch(watcher: &mut notify::RecommendedWatcher, source: &Path) {
+    // Not watched (a file source, or a watch notify already dropped) is the usual failure here,
+    // and the wanted state either way.
+    let _ = watcher.unwatch(source);
+    if source.is_dir() {
+        if let Err(e) = watcher.watch(source, RecursiveMode::NonRecursive) {
+            // Removed again since: its parent's watch reports when it is back.
+            tracing::debug!(source = %source.display(), error = %e, "cannot watch the declaration directory yet");
+        }
+    }
 }

@@ -26,8 +26,9 @@ pub enum Change {
     Container { label: String, name: String, action: String },
     /// A systemd unit changed state or a job on it finished.
     Unit { unit: String },
-    /// The files of a watched source settled after a change: each path with its bytes.
-    Settled { files: Vec<(PathBuf, Vec<u8>)> },
+    /// A declaration source changed and has since been still for the quiet period: time to
+    /// read it. The watcher does not read it; the controller does, through its own checks.
+    Settled { source: PathBuf },
     /// The watcher may have missed changes (overflow, reconnect): reconcile everything.
     Resynced { watcher: &'static str },
     /// Whether a watcher is connected to what it watches, for the `watcher_up` gauge.

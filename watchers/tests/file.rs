@@ -79,7 +79,7 @@ async fn a_removed_directory_is_watched_again_once_it_is_back() {
 }
 
 #[tokio::test]
-async fn a_declaration_is_handed_over_only_once_it_settles() {
+async fn a_declaration_is_reported_only_once_it_settles() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("declaration.json");
     std::fs::write(&d, "{}").unwrap();
@@ -97,15 +97,58 @@ async fn a_declaration_is_handed_over_only_once_it_settles() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
-    let Change::Settled { files } = change else { panic!("{change:?}") };
+    assert_eq!(change, Change::Settled { source: d.clone() });
     assert!(start.elapsed() >= Duration::from_millis(300), "not before the writer paused");
-    assert_eq!(
-        files,
-        vec![(d.clone(), b"{\"version\": 1, \"resources\": []}".to_vec())],
-        "whole, not a piece"
-    );
+    assert_eq!(std::fs::read(&d).unwrap(), b"{\"version\": 1, \"resources\": []}", "whole when reported");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(rx.try_recv().is_err(), "handed over once for one burst of writes");
+    assert!(rx.try_recv().is_err(), "reported once for one burst of writes");
+}
+
+/// Issue 12, fault 5: inotify watches an inode, so a declaration directory replaced under the
+/// watcher used to be lost for good.
+#[tokio::test]
+async fn a_declaration_directory_removed_made_again_or_swapped_in_is_still_watched() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("declaration.d");
+    std::fs::create_dir(&d).unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _task = declaration::spawn(d.clone(), Duration::from_millis(50), tx).unwrap();
+    let settled = Change::Settled { source: d.clone() };
+    async fn next(rx: &mut mpsc::UnboundedReceiver<Change>, what: &str) -> Change {
+        match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
+            Ok(Some(change)) => change,
+            _ => panic!("nothing reported after {what}"),
+        }
+    }
+    // Lets the settle that a step caused pass, then forgets it.
+    async fn quiet(rx: &mut mpsc::UnboundedReceiver<Change>) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drain(rx);
+    }
+
+    std::fs::remove_dir(&d).unwrap();
+    assert_eq!(next(&mut rx, "the directory's removal").await, settled);
+    std::fs::create_dir(&d).unwrap();
+    assert_eq!(next(&mut rx, "the directory made again").await, settled);
+    quiet(&mut rx).await;
+    std::fs::write(d.join("a.json"), "{}").unwrap();
+    assert_eq!(next(&mut rx, "a file written in the directory made again").await, settled);
+    quiet(&mut rx).await;
+
+    // Swapped in by two renames: the old directory moves aside, a new one takes its name.
+    let new = dir.path().join("declaration.d.new");
+    std::fs::create_dir(&new).unwrap();
+    quiet(&mut rx).await;
+    assert!(rx.try_recv().is_err(), "a neighbour is not the source");
+    std::fs::rename(&d, dir.path().join("declaration.d.old")).unwrap();
+    std::fs::rename(&new, &d).unwrap();
+    assert_eq!(next(&mut rx, "the swap").await, settled);
+    quiet(&mut rx).await;
+    std::fs::write(dir.path().join("declaration.d.old/b.json"), "{}").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(rx.try_recv().is_err(), "the directory moved aside is no longer the source");
+    std::fs::write(d.join("b.json"), "{}").unwrap();
+    assert_eq!(next(&mut rx, "a file written in the directory swapped in").await, settled);
 }
 
 /// The kernel's queue for one inotify instance is sized when the instance is made, from
