@@ -179,6 +179,8 @@ fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options
         container_socket: reach.socket,
         step_timeout: reach.step_timeout,
         archive_limits: reach.archive_limits,
+        // A command holds its declaration for moments: the bodies stay in it.
+        contents: None,
     }
 }
 

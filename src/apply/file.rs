@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use base64::Engine as _;
 
 use super::{begin, Action, Ctx, Error, Facts, Outcome, Step};
-use crate::declaration::{digest, Declaration, Digest, File, Kind, Resource, Spec};
+use crate::declaration::{digest, Digest, File, Kind, Resource};
 use crate::system::fs::{Content, Fs, Kind as FsKind, Meta};
 use crate::system::journal::Intent;
-use crate::system::{ContentWriter, Staged};
+use crate::system::{ContentFile, Place, Staged};
 
 /// What is read whole of a file found at a managed path whose content is larger than what is
 /// declared: enough for a diff a person can read. Anything larger is hashed as a stream.
@@ -35,50 +35,9 @@ pub(super) struct Checked {
     detail: Option<String>,
 }
 
-/// Moves the declared bytes of the declaration's files out of memory into a content file in
-/// `dir` (see `system::contents`), for the daemon, which holds a declaration for months. All or
-/// nothing: if the file cannot be made or written, every body stays in memory. Files carrying a
-/// sealed value or writing keys `into` a file are left as they are: they are refused at apply.
-/// Returns how many bodies moved and their bytes.
-pub fn keep_contents_on_disk(d: &mut Declaration, dir: &Path) -> std::io::Result<(usize, u64)> {
-    if d.contents().is_some() {
-        // Done already: every body it could move is in that file, which stays in force.
-        return Ok((0, 0));
-    }
-    let mut writer = ContentWriter::create(dir)?;
-    let mut moved = Vec::new();
-    for r in &d.resources {
-        let Spec::File(f) = &r.spec else { continue };
-        if f.stored.is_some() || f.carries_secret() || f.into.is_some() {
-            continue;
-        }
-        let bytes = match (&f.content, &f.bytes) {
-            (Some(c), _) => Cow::Borrowed(c.as_bytes()),
-            (None, Some(b)) => match base64::engine::general_purpose::STANDARD.decode(b) {
-                Ok(bytes) => Cow::Owned(bytes),
-                // Refused at apply, with its reason; nothing to move.
-                Err(_) => continue,
-            },
-            (None, None) => continue,
-        };
-        moved.push((r.index, writer.push(&bytes)?));
-    }
-    let file = writer.finish()?;
-    let count = moved.len();
-    for (index, stored) in moved {
-        if let Spec::File(f) = &mut d.resources[index].spec {
-            f.stored = Some(stored);
-            f.content = None;
-            f.bytes = None;
-        }
-    }
-    let len = file.len();
-    d.set_contents(std::sync::Arc::new(file));
-    Ok((count, len))
-}
-
-/// The bytes the declaration puts in the file.
-fn content<'a>(f: &'a File, d: &Declaration) -> Result<Cow<'a, [u8]>, Error> {
+/// The bytes the declaration puts in the file: its content, its decoded `bytes`, or what the
+/// daemon's content file holds for it.
+pub fn declared_bytes<'a>(f: &'a File, contents: Option<&ContentFile>) -> Result<Cow<'a, [u8]>, Error> {
     if f.carries_secret() {
         // Refused, never skipped: a machine that quietly leaves out the one file holding a
         // credential looks configured and cannot connect. Opening sealed values needs this
@@ -95,10 +54,10 @@ fn content<'a>(f: &'a File, d: &Declaration) -> Result<Cow<'a, [u8]>, Error> {
         )));
     }
     if let Some(stored) = &f.stored {
-        let read = d
-            .contents()
-            .ok_or_else(|| std::io::Error::other("the declaration has no content file"))
-            .and_then(|file| file.read(stored));
+        let place = Place { at: stored.at, len: stored.len, sum: stored.sum };
+        let read = contents
+            .ok_or_else(|| std::io::Error::other("the daemon has no content file"))
+            .and_then(|file| file.read(&place));
         return read.map(Cow::Owned).map_err(|e| {
             Error::Refused(format!(
                 "cannot read the declared content of {} from the agent's content file: {e}; touch the declaration to have it read again",
@@ -118,7 +77,7 @@ fn content<'a>(f: &'a File, d: &Declaration) -> Result<Cow<'a, [u8]>, Error> {
 
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, Error> {
     let path = f.path.as_path();
-    let content = content(f, ctx.declaration)?;
+    let content = declared_bytes(f, ctx.opts.contents.as_deref())?;
     let mode = f.mode().bits();
     let owner = f.owner.as_ref().map(|o| ctx.accounts.resolve(&o.user, o.group.as_deref())).transpose()?;
     let record =
@@ -396,61 +355,5 @@ fn diff(f: &File, old: &[u8], new: &[u8]) -> String {
             .header(&format!("{} (on the machine)", f.path), &format!("{} (declared)", f.path))
             .to_string(),
         _ => format!("binary content differs: {} bytes on the machine, {} declared\n", old.len(), new.len()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn file_of<'a>(d: &'a Declaration, id: &str) -> &'a File {
-        match &d.find(id).unwrap().spec {
-            Spec::File(f) => f,
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn bodies_move_to_the_content_file_and_read_back_the_same() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut d = Declaration::parse(
-            br#"{"version": 1, "resources": [
-                {"type": "file", "id": "a.text", "path": "/srv/text", "content": "port=80\n"},
-                {"type": "file", "id": "a.bin", "path": "/srv/bin", "bytes": "AAEC/w=="},
-                {"type": "file", "id": "a.empty", "path": "/srv/empty", "content": ""},
-                {"type": "file", "id": "a.key", "path": "/srv/key", "sealed": "age1sealed"},
-                {"type": "directory", "id": "a.dir", "path": "/srv"}
-            ]}"#,
-        )
-        .unwrap();
-        let before: Vec<Vec<u8>> = ["a.text", "a.bin", "a.empty"]
-            .iter()
-            .map(|id| content(file_of(&d, id), &d).unwrap().into_owned())
-            .collect();
-        assert_eq!(keep_contents_on_disk(&mut d, dir.path()).unwrap(), (3, 12));
-        for (id, bytes) in ["a.text", "a.bin", "a.empty"].iter().zip(&before) {
-            let f = file_of(&d, id);
-            assert!(f.content.is_none() && f.bytes.is_none() && f.stored.is_some(), "{id} left memory");
-            assert_eq!(&content(f, &d).unwrap().into_owned(), bytes, "{id}");
-        }
-        let sealed = file_of(&d, "a.key");
-        assert!(sealed.stored.is_none() && sealed.sealed.is_some(), "a sealed file is left as it is");
-        assert!(content(sealed, &d).is_err());
-        // A second call moves nothing more.
-        assert_eq!(keep_contents_on_disk(&mut d, dir.path()).unwrap(), (0, 0));
-        assert!(content(file_of(&d, "a.text"), &d).is_ok(), "the first content file stays in force");
-    }
-
-    #[test]
-    fn where_no_content_file_can_be_made_every_body_stays_in_memory() {
-        let mut d = Declaration::parse(
-            br#"{"version": 1, "resources": [
-                {"type": "file", "id": "a.text", "path": "/srv/text", "content": "port=80\n"}]}"#,
-        )
-        .unwrap();
-        assert!(keep_contents_on_disk(&mut d, Path::new("/nonexistent/state")).is_err());
-        let f = file_of(&d, "a.text");
-        assert!(f.stored.is_none() && d.contents().is_none());
-        assert_eq!(content(f, &d).unwrap().as_ref(), b"port=80\n");
     }
 }

@@ -12,7 +12,7 @@ mod container;
 mod directory;
 mod error;
 mod file;
-pub use file::keep_contents_on_disk;
+pub use file::declared_bytes;
 mod network;
 mod outcome;
 mod package;
@@ -55,6 +55,9 @@ pub struct Options {
     pub step_timeout: Option<std::time::Duration>,
     /// How much one archive may unpack.
     pub archive_limits: ArchiveLimits,
+    /// The daemon's content file, where the declared bytes of files are when the declaration
+    /// says `stored` instead of holding them (`controller::contents`).
+    pub contents: Option<std::sync::Arc<crate::system::ContentFile>>,
 }
 
 /// What a plan adds to a report: the diff of each file whose content would change.
@@ -176,26 +179,6 @@ const BATCH: usize = 512;
 
 fn begin(r: &Resource, action: Action, detail: Option<String>) -> Outcome {
     Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
-}
-
-/// The systemd unit a resource is carried out by, for the systemd watcher's set: a service's
-/// own unit, or the transient unit a process runs as. A change of that unit is a reason to
-/// reconcile the resource.
-pub fn systemd_unit(spec: &Spec) -> Option<String> {
-    match spec {
-        Spec::Service(s) => Some(s.unit.to_string()),
-        Spec::Process(p) => Some(process::unit_name(p.name.as_str())),
-        Spec::Directory(_)
-        | Spec::File(_)
-        | Spec::Access(_)
-        | Spec::Package(_)
-        | Spec::Container(_)
-        | Spec::Network(_)
-        | Spec::User(_)
-        | Spec::Archive(_)
-        | Spec::Action(_)
-        | Spec::Opening(_) => None,
-    }
 }
 
 /// Connections to the machine's managers kept from one pass to the next. The daemon keeps one,

@@ -12,7 +12,7 @@ use crate::system::systemd::Transient;
 
 /// The transient unit a process runs as.
 pub(super) fn unit_name(name: &str) -> String {
-    format!("mesh-host-{name}.service")
+    Process::unit_name(name)
 }
 
 /// The digest of what the unit runs. restart-on is not in it: a change it names restarts the

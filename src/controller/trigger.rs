@@ -54,7 +54,7 @@ impl Index {
                 containers.insert(r.id.clone(), ());
                 container_names.insert(c.name.to_string(), r.id.clone());
             }
-            if let Some(unit) = crate::apply::systemd_unit(&r.spec) {
+            if let Some(unit) = r.spec.unit() {
                 units.insert(unit, r.id.clone());
             }
         }

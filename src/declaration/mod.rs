@@ -17,11 +17,8 @@ mod tests;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher as _};
 use std::path::Path;
-use std::sync::Arc;
 
 use serde::Deserialize;
-
-use crate::system::ContentFile;
 
 pub use digest::Digest;
 pub use error::{Problem, Refused};
@@ -48,8 +45,6 @@ pub struct Declaration {
     named_by: HashMap<Id, Vec<usize>>,
     /// The positions of the gates (actions, run-once steps), in order.
     gates: Vec<usize>,
-    /// Where the declared bytes of files are kept when not in memory (see `File::stored`).
-    contents: Option<Arc<ContentFile>>,
 }
 
 /// A declaration that says the node ran before the mesh came.
@@ -117,19 +112,25 @@ impl Declaration {
         self.named_by.get(id).into_iter().flatten().map(|&i| &self.resources[i])
     }
 
+    /// Whether anything in it talks to the container runtime (the controller then follows the
+    /// runtime's events).
+    pub fn needs_container_runtime(&self) -> bool {
+        self.resources.iter().any(|r| r.spec.uses_containers())
+    }
+
+    /// The scheduled steps, with their cron expressions.
+    pub fn scheduled_steps(&self) -> impl Iterator<Item = (&Id, &Cron)> + '_ {
+        self.resources.iter().filter_map(|r| r.spec.schedule().map(|c| (&r.id, c)))
+    }
+
+    /// The declared bytes of files held in the declaration itself, not in a content file.
+    pub fn inline_bytes(&self) -> usize {
+        self.resources.iter().map(|r| r.spec.inline_bytes()).sum()
+    }
+
     /// The gates (actions and run-once steps), in declaration order.
     pub fn gates(&self) -> impl Iterator<Item = &Resource> + '_ {
         self.gates.iter().map(|&i| &self.resources[i])
-    }
-
-    /// The file the declared bytes of files were moved into, when they were.
-    pub fn contents(&self) -> Option<&ContentFile> {
-        self.contents.as_deref()
-    }
-
-    /// Puts in force the file that bodies were moved into.
-    pub fn set_contents(&mut self, file: Arc<ContentFile>) {
-        self.contents = Some(file);
     }
 
     pub(crate) fn new(resources: Vec<Resource>, adoption: Option<Adoption>) -> Declaration {
@@ -147,7 +148,7 @@ impl Declaration {
             }
         }
         let gates = resources.iter().filter(|r| r.spec.is_gate()).map(|r| r.index).collect();
-        Declaration { resources, adoption, by_id, by_path, named_by, gates, contents: None }
+        Declaration { resources, adoption, by_id, by_path, named_by, gates }
     }
 }
 

@@ -43,10 +43,20 @@ pub struct File {
     pub create_once: bool,
     pub into: Option<Into>,
     /// Where the daemon keeps the declared bytes once it has moved them out of `content` or
-    /// `bytes` into its content file (`Declaration::contents`); never part of a declaration.
+    /// `bytes` into its content file (`controller::contents`); never part of a declaration.
     #[serde(skip)]
     #[schemars(skip)]
-    pub stored: Option<crate::system::Stored>,
+    pub stored: Option<Stored>,
+}
+
+/// Where one file's declared bytes are in the daemon's content file, and their checksum: plain
+/// values. The declaration holds no handle to anything; the file itself is the daemon's, handed
+/// to each apply in its options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stored {
+    pub at: u64,
+    pub len: u32,
+    pub sum: u64,
 }
 
 impl File {
@@ -177,6 +187,13 @@ pub struct Process {
     pub user: Option<Name>,
     #[serde(default)]
     pub restart_on: Vec<Id>,
+}
+
+impl Process {
+    /// The transient unit a process runs as: `mesh-host-NAME.service`.
+    pub fn unit_name(name: &str) -> String {
+        format!("mesh-host-{name}.service")
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
@@ -327,6 +344,82 @@ impl Spec {
                     Protocol::Udp => "udp",
                 }
             ),
+        }
+    }
+
+    /// The systemd unit this resource is carried out by: a service's own unit, or the transient
+    /// unit a process runs as. A change of that unit is a reason to reconcile the resource.
+    pub fn unit(&self) -> Option<String> {
+        match self {
+            Spec::Service(s) => Some(s.unit.to_string()),
+            Spec::Process(p) => Some(Process::unit_name(p.name.as_str())),
+            Spec::Directory(_)
+            | Spec::File(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::Container(_)
+            | Spec::Network(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Action(_)
+            | Spec::Opening(_) => None,
+        }
+    }
+
+    /// Whether applying this resource talks to the container runtime: a container or step, a
+    /// network, an action run inside a container.
+    pub fn uses_containers(&self) -> bool {
+        match self {
+            Spec::Container(_) | Spec::Network(_) => true,
+            Spec::Action(a) => a.in_container.is_some(),
+            Spec::Directory(_)
+            | Spec::File(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::Service(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Process(_)
+            | Spec::Opening(_) => false,
+        }
+    }
+
+    /// A scheduled step's cron expression.
+    pub fn schedule(&self) -> Option<&Cron> {
+        match self {
+            Spec::Container(c) => c.schedule.as_ref(),
+            Spec::Directory(_)
+            | Spec::File(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::Service(_)
+            | Spec::Network(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Process(_)
+            | Spec::Action(_)
+            | Spec::Opening(_) => None,
+        }
+    }
+
+    /// The declared bytes of a file held in the declaration itself (text or base64), not moved
+    /// to the daemon's content file.
+    pub fn inline_bytes(&self) -> usize {
+        match self {
+            Spec::File(f) => {
+                f.content.as_ref().map_or(0, String::len) + f.bytes.as_ref().map_or(0, String::len)
+            }
+            Spec::Directory(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::Service(_)
+            | Spec::Container(_)
+            | Spec::Network(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Process(_)
+            | Spec::Action(_)
+            | Spec::Opening(_) => 0,
         }
     }
 

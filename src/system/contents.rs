@@ -23,20 +23,10 @@ pub struct ContentFile {
 
 /// Where one body is in a content file, and its checksum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stored {
-    at: u64,
-    len: u32,
-    sum: u64,
-}
-
-impl Stored {
-    pub fn len(&self) -> usize {
-        self.len as usize
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
+pub struct Place {
+    pub at: u64,
+    pub len: u32,
+    pub sum: u64,
 }
 
 /// Fills a content file: bodies are appended through a buffer, then `finish` writes the rest.
@@ -62,10 +52,10 @@ impl ContentWriter {
     }
 
     /// Appends a body; returns where it is.
-    pub fn push(&mut self, bytes: &[u8]) -> io::Result<Stored> {
+    pub fn push(&mut self, bytes: &[u8]) -> io::Result<Place> {
         let len = u32::try_from(bytes.len())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a body of 4 GiB or more"))?;
-        let stored = Stored { at: self.at + self.buf.len() as u64, len, sum: checksum(bytes) };
+        let stored = Place { at: self.at + self.buf.len() as u64, len, sum: checksum(bytes) };
         if self.buf.len() + bytes.len() > BUFFER {
             self.file.write_all(&self.buf)?;
             self.at += self.buf.len() as u64;
@@ -95,8 +85,8 @@ impl ContentWriter {
 
 impl ContentFile {
     /// Reads a body back, and refuses it if it is not what was written.
-    pub fn read(&self, s: &Stored) -> io::Result<Vec<u8>> {
-        let mut out = vec![0; s.len()];
+    pub fn read(&self, s: &Place) -> io::Result<Vec<u8>> {
+        let mut out = vec![0; s.len as usize];
         self.file.read_exact_at(&mut out, s.at)?;
         if checksum(&out) != s.sum {
             return Err(io::Error::new(
@@ -142,7 +132,7 @@ mod tests {
         let big = vec![7u8; BUFFER + 10];
         let bodies: Vec<Vec<u8>> =
             vec![b"first\n".to_vec(), Vec::new(), big.clone(), vec![1; BUFFER - 3], b"last".to_vec()];
-        let stored: Vec<Stored> = bodies.iter().map(|b| w.push(b).unwrap()).collect();
+        let stored: Vec<Place> = bodies.iter().map(|b| w.push(b).unwrap()).collect();
         let file = w.finish().unwrap();
         for (body, s) in bodies.iter().zip(&stored) {
             assert_eq!(&file.read(s).unwrap(), body);

@@ -20,7 +20,7 @@ pub mod users;
 
 pub use accounts::AccountError;
 pub use command::CommandError;
-pub use contents::{ContentFile, ContentWriter, Stored};
+pub use contents::{ContentFile, ContentWriter, Place};
 pub use fs::{Fs, FsError, Meta, Sig, Staged};
 pub use packages::{PackageError, Packages};
 pub use systemd::{Systemd, SystemdError};

@@ -33,11 +33,12 @@ pub const REQUEST_LIMIT: Duration = Duration::from_secs(5);
 /// How long writing an answer may take, for a client that does not read it.
 const ANSWER_LIMIT: Duration = Duration::from_secs(10);
 
-/// Binds and serves until the task is dropped. Returns the bound address (for port 0).
+/// Binds and serves until `shutdown`. Returns the bound address (for port 0) and the task.
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     health: Health,
+    shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
@@ -47,8 +48,16 @@ pub async fn serve(
             // A slot before the connection, not after: a connection accepted only to be closed
             // for want of a slot would still cost a descriptor while it lasts, and a client
             // refused that way retries at once. The semaphore is never closed.
-            let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
-            let Ok((stream, _)) = listener.accept().await else {
+            let slot = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                slot = Arc::clone(&slots).acquire_owned() => slot,
+            };
+            let Ok(slot) = slot else { return };
+            let accepted = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                accepted = listener.accept() => accepted,
+            };
+            let Ok((stream, _)) = accepted else {
                 // Out of descriptors, most likely: wait rather than spin.
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;

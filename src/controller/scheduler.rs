@@ -4,40 +4,55 @@
 //! running it; this runs it at each fire. A failed run is a log line and a count in
 //! `mesh_host_scheduled_runs_total{result="failed"}`, never a change to what an apply reported.
 //! A step still running at its next fire is not started twice; that fire is skipped and said.
+//!
+//! At shutdown the scheduler stops at once: no fire is started after it. A step already running
+//! is a container under the runtime, not a child of the agent: it runs to its end, and its result
+//! is neither logged nor counted (the agent is gone).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
-use crate::declaration::{Declaration, Id, Spec};
+use crate::declaration::{Declaration, Id};
 use crate::telemetry::Metrics;
 
-/// Runs the scheduler until the declaration channel closes.
+/// Runs the scheduler until shutdown (or until the declaration channel closes).
 pub fn spawn(
+    in_force: watch::Receiver<Option<Arc<Declaration>>>,
+    socket: Option<String>,
+    limit: Option<Duration>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = schedule(in_force, socket, limit, metrics) => {}
+        }
+    })
+}
+
+async fn schedule(
     mut in_force: watch::Receiver<Option<Arc<Declaration>>>,
     socket: Option<String>,
     limit: Option<Duration>,
     metrics: Arc<Metrics>,
-) -> tokio::task::JoinHandle<()> {
+) {
+    // Steps running now: inserted here when a fire starts one, removed by its blocking task when
+    // it ends; the lock is held only to insert or remove.
     let running: Arc<Mutex<HashSet<Id>>> = Arc::default();
-    tokio::spawn(async move {
+    {
         loop {
             let declaration = in_force.borrow_and_update().clone();
             let now = SystemTime::now();
             // The next fire of every step, and the earliest of them.
             let next: Vec<(SystemTime, Id)> = declaration
                 .iter()
-                .flat_map(|d| d.resources.iter())
-                .filter_map(|r| match &r.spec {
-                    Spec::Container(c) => c
-                        .schedule
-                        .as_ref()
-                        .and_then(|cron| crate::schedule::next_fire(cron, now))
-                        .map(|t| (t, r.id.clone())),
-                    _ => None,
-                })
+                .flat_map(|d| d.scheduled_steps())
+                .filter_map(|(id, cron)| crate::schedule::next_fire(cron, now).map(|t| (t, id.clone())))
                 .collect();
             let Some(&(earliest, _)) = next.iter().min_by_key(|(t, _)| *t) else {
                 // Nothing scheduled: wait for another declaration.
@@ -84,5 +99,5 @@ pub fn spawn(
                 tokio::time::sleep(d).await;
             }
         }
-    })
+    }
 }

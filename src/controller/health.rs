@@ -1,0 +1,123 @@
+//! Whether the agent is doing its job, for `/healthz` and systemd's watchdog.
+//!
+//! Shared state, and who touches it:
+//! - `ready` is set once by `run` when the first apply has finished; read by `/healthz`.
+//! - `heartbeat` is written by the worker after every reconcile (finished or panicked); read by
+//!   `/healthz` and the watchdog task.
+//! - `not_in_force` is written by the worker when a declaration is refused while none is in
+//!   force, and cleared when one is accepted; read by `/healthz`.
+//!
+//! Atomics and a mutex held only to copy a short string: no reader ever waits on the worker.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+/// The agent's health, shared between the worker, `/healthz` and the watchdog.
+pub struct Health {
+    ready: AtomicBool,
+    /// Seconds since the epoch of the worker's last finished reconcile.
+    heartbeat: AtomicI64,
+    /// Why no declaration is in force; `None` once one is.
+    not_in_force: Mutex<Option<String>>,
+    /// How long the worker may go without finishing a reconcile (`Config::stale_after`).
+    stale_after: Duration,
+}
+
+pub fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+impl Health {
+    pub fn new(stale_after: Duration) -> Health {
+        Health {
+            ready: AtomicBool::new(false),
+            heartbeat: AtomicI64::new(now_secs()),
+            not_in_force: Mutex::new(Some("no declaration has been read yet".into())),
+            stale_after,
+        }
+    }
+
+    /// The first apply has finished.
+    pub fn ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    /// The worker finished a reconcile (or survived one that panicked).
+    pub fn beat(&self) {
+        self.heartbeat.store(now_secs(), Ordering::Relaxed);
+    }
+
+    /// Why no declaration is in force, or `None` once one is.
+    pub fn set_not_in_force(&self, why: Option<String>) {
+        *self.not_in_force.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
+    /// Whether the worker has finished something recently enough.
+    pub fn alive(&self) -> bool {
+        now_secs() - self.heartbeat.load(Ordering::Relaxed) <= self.stale_after.as_secs() as i64
+    }
+
+    /// What `/healthz` says: healthy, or why not.
+    pub fn check(&self) -> Result<(), String> {
+        if !self.ready.load(Ordering::Relaxed) {
+            return Err("starting: the first apply has not finished".into());
+        }
+        // An agent enforcing nothing is not healthy, even though it runs: a declaration refused
+        // at start-up, and none accepted since (issue 12, fault 9).
+        if let Some(why) = self.not_in_force.lock().unwrap_or_else(|e| e.into_inner()).as_deref() {
+            return Err(format!("no declaration in force: {why}"));
+        }
+        // A worker stuck in one reconcile is the failure this is for.
+        if self.alive() {
+            Ok(())
+        } else {
+            let age = now_secs() - self.heartbeat.load(Ordering::Relaxed);
+            Err(format!("the worker has not finished a reconcile for {age} s"))
+        }
+    }
+}
+
+/// Pings systemd's watchdog while the worker is alive, until shutdown. A wedged worker stops
+/// the pings, and systemd restarts the agent. `None` when the unit has no watchdog.
+pub fn watchdog(health: Arc<Health>, shutdown: CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
+    let interval = sd_notify::watchdog_enabled()?;
+    Some(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval / 2);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {
+                    if health.alive() {
+                        let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                    }
+                }
+            }
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healthy_only_when_ready_in_force_and_beating() {
+        let h = Health::new(Duration::from_secs(60));
+        assert!(h.check().unwrap_err().starts_with("starting"));
+        h.ready();
+        assert!(h.check().unwrap_err().starts_with("no declaration in force"));
+        h.set_not_in_force(None);
+        assert_eq!(h.check(), Ok(()));
+        h.heartbeat.store(now_secs() - 61, Ordering::Relaxed);
+        assert!(h.check().unwrap_err().contains("has not finished a reconcile for"));
+        assert!(!h.alive());
+        h.beat();
+        assert_eq!(h.check(), Ok(()));
+    }
+}

@@ -1,0 +1,528 @@
+//! The worker: one reconcile at a time. One worker is deliberate: reconciles take milliseconds,
+//! and serialising them means the store, the filesystem session and the declaration need no
+//! locks, and two reconciles can never race on one path.
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use mesh_host_watchers::{Change, FileWatcher};
+use sha2::Digest as _;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::health::{now_secs, Health};
+use super::queue::{Contest, Queue, Verdict};
+use super::trigger::{Index, Key};
+use super::{contents, Config};
+use crate::apply::{self, Action, Options, Report};
+use crate::declaration::{Declaration, Id, Kind};
+use crate::store::Store;
+use crate::telemetry::Metrics;
+
+/// What the worker owns: the declaration in force, the store, and the file watcher whose paths
+/// follow the declaration. Only the worker's task touches it; what others read is shared
+/// explicitly (`index`, `health`, `in_force`, `units`), each said below.
+pub struct Worker {
+    config: Config,
+    /// Shared with the scheduler, which runs steps of the declaration in force.
+    declaration: Option<Arc<Declaration>>,
+    store: Store,
+    /// Connections to systemd and the container runtime, kept between reconciles.
+    session: apply::Session,
+    files: FileWatcher,
+    /// Paths, units and names to keys. Written here when a declaration is accepted (replaced
+    /// whole); read by the intake loop for every change. A read lock held only for a lookup.
+    index: Arc<RwLock<Index>>,
+    /// A digest of what the last read of the declaration source found (its files' names and
+    /// bytes, or the error), so that a full pass reads the source again cheaply and parses it
+    /// only when it changed.
+    source_seen: Option<[u8; 32]>,
+    /// The daemon's content file for the declaration in force (`contents`), handed to each
+    /// apply; replaced with the declaration.
+    contents: Option<Arc<crate::system::ContentFile>>,
+    metrics: Arc<Metrics>,
+    /// Written here (heartbeat, declaration in force); read by `/healthz` and the watchdog.
+    health: Arc<Health>,
+    /// Keys whose changes and failures are logged at debug level only: contested ones (said
+    /// once when the contest began) and ones already failing (said once when they began to).
+    quiet: std::collections::HashSet<Key>,
+    /// For starting watchers when the declaration first needs them. Unbounded: a watcher must
+    /// never block on the agent (inotify would overflow); the intake loop drains it at once
+    /// into the queue, which de-duplicates.
+    tx: mpsc::UnboundedSender<Change>,
+    /// The units the systemd watcher follows: sent here with each declaration, read by it.
+    units: tokio::sync::watch::Sender<std::collections::BTreeSet<String>>,
+    /// Started when a declaration first names a systemd unit: a node with no services has no
+    /// reason to talk to systemd, nor to report a systemd watcher down.
+    systemd_watcher: Option<tokio::task::JoinHandle<()>>,
+    /// Started when a declaration first names a container, a network, or an action run in a
+    /// container, for the same reason.
+    docker_watcher: Option<tokio::task::JoinHandle<()>>,
+    /// The declaration in force: sent here, read by the scheduler of scheduled steps (a watch
+    /// channel: the scheduler sees the latest, never a queue of old ones).
+    in_force: tokio::sync::watch::Sender<Option<Arc<Declaration>>>,
+}
+
+/// Drains the queue until it is shut down: each key reconciled, the queue told how it went,
+/// contests and failures said once. Then persists the store.
+pub async fn drain(mut worker: Worker, queue: Arc<Queue<Key>>) {
+    while let Some((key, seen)) = queue.next().await {
+        let verdict = tokio::task::block_in_place(|| worker.reconcile_guarded(&key, seen));
+        if verdict == Verdict::Failed {
+            worker.metrics.queue_retries.inc();
+        }
+        match queue.done(&key, verdict) {
+            Some(Contest::Began { hold }) => {
+                worker.quiet.insert(key.clone());
+                tracing::warn!(key = %key, hold_ms = hold.as_millis() as u64, "contested: something keeps changing {key} back; its corrections now back off, and are logged at debug level until it settles")
+            }
+            Some(Contest::Ended) => {
+                worker.quiet.remove(&key);
+                tracing::info!(key = %key, "{key} is no longer contested");
+            }
+            None => {}
+        }
+        match verdict {
+            Verdict::Failed => {
+                worker.quiet.insert(key.clone());
+            }
+            Verdict::Settled if worker.quiet.remove(&key) => {
+                tracing::info!(key = %key, "{key} reconciled again")
+            }
+            _ => {}
+        }
+        let stats = queue.stats();
+        worker.metrics.queue_depth.set(stats.depth as i64);
+        worker.metrics.queue_backing_off.set(stats.backing_off as i64);
+        worker.metrics.contested.set(stats.contested as i64);
+    }
+    // Intake has stopped and the last reconcile finished: persist what it recorded.
+    if let Err(e) = worker.store.save() {
+        tracing::error!(error = %e, "cannot write the state store on the way out");
+    }
+    for task in worker.watcher_tasks() {
+        task.abort();
+        let _ = task.await;
+    }
+}
+
+/// A digest of a read of the declaration source: each file's name, length and bytes, or the
+/// error. Two reads that digest the same found the same thing.
+fn fingerprint(read: &std::io::Result<Vec<(PathBuf, Vec<u8>)>>) -> [u8; 32] {
+    let mut h = sha2::Sha256::new();
+    match read {
+        Ok(files) => {
+            for (path, bytes) in files {
+                h.update(b"file\0");
+                h.update(path.as_os_str().as_encoded_bytes());
+                h.update(b"\0");
+                h.update((bytes.len() as u64).to_le_bytes());
+                h.update(bytes);
+            }
+        }
+        Err(e) => {
+            h.update(b"error\0");
+            h.update(e.to_string().as_bytes());
+        }
+    }
+    h.finalize().into()
+}
+
+/// What a panic said: its message, when it has one (`panic!` with a literal or a format).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic that carries no message".to_owned()
+    }
+}
+
+/// `MESH_HOST_FAILPOINT=panic-reconcile` makes the first single-resource reconcile of the process
+/// panic, once: the fault a test needs in order to show that a panic fails that resource and the
+/// daemon goes on. The others (`system::fs::failpoint`) abort around the writes.
+fn failpoint_panic_reconcile(id: &Id) {
+    static FIRED: AtomicBool = AtomicBool::new(false);
+    if crate::system::fs::failpoint_named("panic-reconcile") && !FIRED.swap(true, Ordering::Relaxed) {
+        panic!("failpoint panic-reconcile: a panic in the reconcile of {id}");
+    }
+}
+
+impl Worker {
+    pub fn new(
+        config: Config,
+        store: Store,
+        files: FileWatcher,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+        tx: mpsc::UnboundedSender<Change>,
+    ) -> Worker {
+        Worker {
+            config,
+            declaration: None,
+            store,
+            session: apply::Session::default(),
+            files,
+            index: Arc::new(RwLock::new(Index::default())),
+            source_seen: None,
+            contents: None,
+            metrics,
+            health,
+            quiet: HashSet::new(),
+            tx,
+            units: tokio::sync::watch::channel(BTreeSet::new()).0,
+            systemd_watcher: None,
+            docker_watcher: None,
+            in_force: tokio::sync::watch::channel(None).0,
+        }
+    }
+
+    /// The index the intake loop maps changes with.
+    pub fn index(&self) -> Arc<RwLock<Index>> {
+        Arc::clone(&self.index)
+    }
+
+    /// The declaration in force, as the scheduler follows it.
+    pub fn in_force(&self) -> tokio::sync::watch::Receiver<Option<Arc<Declaration>>> {
+        self.in_force.subscribe()
+    }
+
+    /// The watcher tasks the worker started, for shutdown to stop.
+    pub fn watcher_tasks(&mut self) -> Vec<tokio::task::JoinHandle<()>> {
+        self.systemd_watcher.take().into_iter().chain(self.docker_watcher.take()).collect()
+    }
+
+    fn options(&self) -> Options {
+        let kept = self.config.state.parent().unwrap_or(std::path::Path::new("/")).join("kept");
+        Options {
+            origin: self.config.origin,
+            dry_run: false,
+            kept,
+            bus: self.config.bus.clone(),
+            container_socket: self.config.container_socket.clone(),
+            step_timeout: self.config.step_timeout,
+            archive_limits: self.config.archive_limits,
+            contents: self.contents.clone(),
+        }
+    }
+
+    /// Reconciles one key, as `reconcile` does, and survives a panic in it: the key is failed
+    /// with the panic's message, the panic is counted (`mesh_host_panics_total`), and the daemon
+    /// goes on (issue 12, fault 10). A bug in one applier must not stop the agent from putting
+    /// back everything else, nor leave it running with a dead worker.
+    pub fn reconcile_guarded(&mut self, key: &Key, seen: Instant) -> Verdict {
+        // `AssertUnwindSafe`: what a panic can leave half-done is the reconcile's own work. The
+        // store records a resource only after its read-back, so a record is never ahead of the
+        // machine; the declaration in force and the index are replaced whole; the locks are
+        // taken through poisoning everywhere. The one piece of state kept across reconciles
+        // that a panic could leave mid-protocol, the connections to systemd and the container
+        // runtime, is dropped below and made again by the next reconcile that needs them.
+        let payload =
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.reconcile(key, seen))) {
+                Ok(verdict) => return verdict,
+                Err(payload) => payload,
+            };
+        let message = panic_message(payload.as_ref());
+        self.metrics.panics.inc();
+        self.session = apply::Session::default();
+        match key {
+            Key::Resource(id) => tracing::error!(
+                id = %id,
+                "failed {id}: its reconcile panicked: {message}; it is retried after a backoff, and the daemon goes on"
+            ),
+            Key::Declaration | Key::Full => tracing::error!(
+                key = %key,
+                "the full pass ({key}) panicked: {message}; it is retried after a backoff, and the daemon goes on"
+            ),
+        }
+        // The worker is alive: it finished this key, if badly.
+        self.health.beat();
+        Verdict::Failed
+    }
+
+    /// Reconciles one key and says how it went.
+    fn reconcile(&mut self, key: &Key, seen: Instant) -> Verdict {
+        let started = Instant::now();
+        let verdict = match key {
+            // The declaration watcher saw the source change: read and parse it, even when its
+            // bytes are the same (touching it makes a new content file; see decisions.md).
+            Key::Declaration => {
+                self.load_declaration(true);
+                self.full()
+            }
+            // A resync, or a watcher that may have missed something: the source is read again
+            // as well, and parsed only if it changed, since the watcher may have missed it too.
+            Key::Full => {
+                self.load_declaration(false);
+                self.full()
+            }
+            Key::Resource(id) => self.one(id, seen),
+        };
+        let scope = if matches!(key, Key::Resource(_)) { "resource" } else { "full" };
+        self.metrics
+            .reconcile_duration
+            .get_or_create(&vec![("scope", scope)])
+            .observe(started.elapsed().as_secs_f64());
+        let saved =
+            if matches!(key, Key::Resource(_)) { self.store.save_changes() } else { self.store.save() };
+        if let Err(e) = saved {
+            tracing::error!(error = %e, "cannot write the state store; what was applied is on the machine but not recorded");
+        }
+        self.health.beat();
+        verdict
+    }
+
+    /// Moves the declared bytes of the new declaration's files out of the heap into a content
+    /// file in the state directory (`contents`). Where that cannot be done, they stay in
+    /// memory, which works the same.
+    fn keep_contents_on_disk(&mut self, d: &mut Declaration) {
+        let dir = self.config.state.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        self.contents = None;
+        match contents::keep_on_disk(d, dir) {
+            Ok((file, files)) => {
+                tracing::info!(
+                    files,
+                    bytes = file.len(),
+                    directory = %dir.display(),
+                    "declared content kept in an unlinked file in the state directory"
+                );
+                self.contents = Some(Arc::new(file));
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                directory = %dir.display(),
+                "cannot keep declared content in a file in the state directory; it is held in memory instead"
+            ),
+        }
+        let in_file = self.contents.as_ref().map_or(0, |f| f.len() as i64);
+        self.metrics.declared_content.get_or_create(&vec![("where", "file")]).set(in_file);
+        self.metrics.declared_content.get_or_create(&vec![("where", "memory")]).set(d.inline_bytes() as i64);
+    }
+
+    /// Reads the declaration source and puts what it holds in force when it parses. With
+    /// `force` false, a source that reads exactly as last time (the same files and bytes, or the
+    /// same error) is left at that: a full pass costs a read and a digest, not a parse, and an
+    /// unchanged bad declaration is not refused again at every resync.
+    ///
+    /// The source is read through `system::read_source`, never by plain opens: a FIFO or a
+    /// device planted at the path or in the directory is refused at once and named, where an
+    /// ordinary open would block the only worker for good, and `/dev/zero` cannot eat memory
+    /// (issue 12, fault 2).
+    fn load_declaration(&mut self, force: bool) {
+        let source = &self.config.declaration;
+        let read = crate::system::read_source(source);
+        let seen = fingerprint(&read);
+        if !force && self.source_seen == Some(seen) {
+            return;
+        }
+        self.source_seen = Some(seen);
+        let kept = if self.declaration.is_some() {
+            "the declaration in force is kept"
+        } else {
+            "no declaration is in force"
+        };
+        let files = match read {
+            Ok(files) => files,
+            Err(e) => {
+                self.metrics.declaration_refusals.inc();
+                tracing::error!(source = %source.display(), "cannot read the declaration {}: {e}; {kept}", source.display());
+                self.refused(format!("cannot read the declaration {}: {e}", source.display()));
+                return;
+            }
+        };
+        let named: Vec<(String, Vec<u8>)> =
+            files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
+        match Declaration::parse_sources(&named) {
+            Ok(mut d) => {
+                drop(named);
+                tracing::info!(resources = d.resources.len(), "declaration accepted");
+                self.health.set_not_in_force(None);
+                self.keep_contents_on_disk(&mut d);
+                let d = Arc::new(d);
+                let index = Index::new(&d);
+                let units = index.units();
+                *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
+                let uses_containers = d.needs_container_runtime();
+                self.declaration = Some(Arc::clone(&d));
+                self.in_force.send_replace(Some(d));
+                if uses_containers && self.docker_watcher.is_none() {
+                    self.docker_watcher = Some(mesh_host_watchers::docker::spawn(
+                        self.config.container_socket.clone(),
+                        self.tx.clone(),
+                    ));
+                }
+                if !units.is_empty() && self.systemd_watcher.is_none() {
+                    let rx = self.units.subscribe();
+                    self.systemd_watcher = Some(mesh_host_watchers::systemd::spawn(
+                        self.config.bus.clone(),
+                        rx,
+                        self.tx.clone(),
+                    ));
+                }
+                self.units.send_replace(units);
+            }
+            Err(refused) => {
+                // Refused whole, and the declaration in force stays in force: a half-written
+                // file, or a bad one, must not undo a working machine.
+                self.metrics.declaration_refusals.inc();
+                tracing::error!("{refused}; {kept}");
+                self.refused(refused.to_string());
+            }
+        }
+    }
+
+    /// Notes, for `/healthz`, why the source was refused, while no declaration is in force: the
+    /// first line of the message, cut, since a refusal can list many problems.
+    fn refused(&self, message: String) {
+        if self.declaration.is_some() {
+            return;
+        }
+        let mut line = message.lines().next().unwrap_or_default().to_owned();
+        if line.len() > 300 {
+            let mut end = 300;
+            while !line.is_char_boundary(end) {
+                end -= 1;
+            }
+            line.truncate(end);
+            line.push_str("...");
+        }
+        let why = format!(
+            "{line}; the log says more, and a valid declaration written to {} is applied",
+            self.config.declaration.display()
+        );
+        self.health.set_not_in_force(Some(why));
+    }
+
+    fn full(&mut self) -> Verdict {
+        let options = self.options();
+        let Some(declaration) = self.declaration.as_deref() else {
+            return Verdict::Settled;
+        };
+        let t = std::time::Instant::now();
+        let (report, _) = apply::apply_in(&mut self.session, declaration, &mut self.store, &options);
+        let pass = t.elapsed();
+        self.account(&report, None, false);
+        self.metrics.last_apply_timestamp.set(now_secs() as f64);
+        self.metrics.last_apply_success.set(i64::from(report.error.is_none()));
+        self.count_resources(&report);
+        let t = std::time::Instant::now();
+        self.watch_paths();
+        tracing::debug!(
+            pass_ms = pass.as_secs_f64() * 1e3,
+            watch_ms = t.elapsed().as_secs_f64() * 1e3,
+            "full pass"
+        );
+        if report.error.is_some() {
+            Verdict::Failed
+        } else {
+            Verdict::Settled
+        }
+    }
+
+    fn one(&mut self, id: &Id, seen: Instant) -> Verdict {
+        let options = self.options();
+        let Some(declaration) = self.declaration.as_deref() else {
+            return Verdict::Settled;
+        };
+        if declaration.get(id).is_none() {
+            // Undeclared since the key was queued: the full apply that followed handled it.
+            return Verdict::Settled;
+        }
+        failpoint_panic_reconcile(id);
+        let report = apply::reconcile_in(
+            &mut self.session,
+            declaration,
+            std::slice::from_ref(id),
+            &mut self.store,
+            &options,
+        );
+        let quiet = self.quiet.contains(&Key::Resource(id.clone()));
+        self.account(&report, Some(seen), quiet);
+        if report.outcomes.iter().any(|o| o.action.moved()) {
+            // A directory made again (by itself, or as a file's parent) needs its watch made
+            // again; this looks only at directories whose watch was lost.
+            for (dir, e) in self.files.rewatch() {
+                tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
+            }
+        }
+        match &report.error {
+            // Someone wrote the file again between the host's write and its read-back: that is
+            // a contest, held briefly and retried, not a failure whose backoff grows to minutes.
+            Some(e) if e.failures.iter().all(|f| f.raced) => Verdict::Corrected,
+            Some(_) => Verdict::Failed,
+            None if report.outcomes.iter().any(|o| o.action == Action::Corrected && o.id == id.as_str()) => {
+                Verdict::Corrected
+            }
+            None => Verdict::Settled,
+        }
+    }
+
+    /// Metrics and one log line per change.
+    fn account(&self, report: &Report, seen: Option<Instant>, quiet: bool) {
+        for o in &report.outcomes {
+            self.metrics
+                .outcomes
+                .get_or_create(&vec![("type", o.kind.as_str()), ("action", o.action.as_str())])
+                .inc();
+            if o.action == Action::Corrected {
+                self.metrics.drift_corrections.get_or_create(&vec![("type", o.kind.as_str())]).inc();
+                if let Some(seen) = seen {
+                    self.metrics.correction_latency.observe(seen.elapsed().as_secs_f64());
+                }
+            }
+            if o.action != Action::Unchanged {
+                let detail = o.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
+                if quiet {
+                    tracing::debug!(id = %o.id, r#type = %o.kind, action = %o.action, "{} {} ({}){detail}", o.action, o.id, o.target);
+                } else {
+                    tracing::info!(id = %o.id, r#type = %o.kind, action = %o.action, "{} {} ({}){detail}", o.action, o.id, o.target);
+                }
+            }
+        }
+        if let Some(e) = &report.error {
+            for f in &e.failures {
+                // A raced read-back is a contest in progress, which has its own log line.
+                if quiet || f.raced {
+                    tracing::debug!(id = %f.id, r#type = %f.kind, "failed {} ({}): {}", f.id, f.target, f.message);
+                } else {
+                    tracing::warn!(id = %f.id, r#type = %f.kind, "failed {} ({}): {}", f.id, f.target, f.message);
+                }
+            }
+        }
+    }
+
+    fn count_resources(&self, report: &Report) {
+        let Some(declaration) = self.declaration.as_deref() else { return };
+        let failed: std::collections::HashSet<&str> =
+            report.error.iter().flat_map(|e| e.failures.iter().map(|f| f.id.as_str())).collect();
+        let held: std::collections::HashSet<&str> =
+            report.outcomes.iter().filter(|o| o.action == Action::Held).map(|o| o.id.as_str()).collect();
+        for kind in Kind::ALL {
+            let mut counts = [0i64; 3];
+            for r in declaration.resources.iter().filter(|r| r.kind() == kind) {
+                let i = if failed.contains(r.id.as_str()) {
+                    1
+                } else if held.contains(r.id.as_str()) {
+                    2
+                } else {
+                    0
+                };
+                counts[i] += 1;
+            }
+            for (state, n) in ["applied", "failed", "held"].into_iter().zip(counts) {
+                self.metrics.resources.get_or_create(&vec![("type", kind.as_str()), ("state", state)]).set(n);
+            }
+        }
+    }
+
+    /// Points the file watcher at the managed paths of the declaration in force.
+    fn watch_paths(&mut self) {
+        let index = self.index.read().unwrap_or_else(|e| e.into_inner());
+        for (dir, e) in self.files.set_paths(index.paths()) {
+            tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! Tidy checks, in the spirit of rust-analyzer's: the invariants ARCHITECTURE.md states, checked
+//! on the source text so that breaking one fails the suite instead of waiting for a reviewer.
+//!
+//! - The dependency arrows between the crate's modules: `declaration` and `system` depend on
+//!   nothing else in the crate (so the model is pure and the machine layer knows no declaration
+//!   type), and no module reaches a later stage (`apply` never reaches the controller).
+//! - The watchers crate knows nothing of the root crate.
+//! - No catch-all arm (`_ =>`) in a match over `Spec`, `Kind` or `Action`: a new resource type or
+//!   outcome word must be decided at every place that tells them apart, by the compiler.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// What each top-level module of `src/` may name with `crate::`.
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("declaration", &[]),
+    ("system", &[]),
+    ("schedule", &["declaration"]),
+    ("store", &["declaration", "system"]),
+    ("telemetry", &["system"]),
+    ("apply", &["declaration", "schedule", "store", "system"]),
+    ("controller", &["apply", "declaration", "schedule", "store", "system", "telemetry"]),
+    ("cli", &["apply", "controller", "declaration", "schedule", "store", "system", "telemetry"]),
+    ("lib", &[]),
+];
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The source with comments and the contents of string and char literals blanked (kept as
+/// spaces, so positions and lines stay where they were).
+fn code_only(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i..].starts_with(b"//") {
+            while i < b.len() && b[i] != b'\n' {
+                out.push(b' ');
+                i += 1;
+            }
+        } else if b[i..].starts_with(b"/*") {
+            while i < b.len() && !b[i..].starts_with(b"*/") {
+                out.push(if b[i] == b'\n' { b'\n' } else { b' ' });
+                i += 1;
+            }
+            out.extend_from_slice(b"  ");
+            i = (i + 2).min(b.len());
+        } else if b[i] == b'r' && (b[i..].starts_with(b"r\"") || b[i..].starts_with(b"r#")) {
+            // A raw string: r"..." or r#"..."#.
+            let hashes = b[i + 1..].iter().take_while(|c| **c == b'#').count();
+            if b.get(i + 1 + hashes) != Some(&b'"') {
+                out.push(b[i]);
+                i += 1;
+                continue;
+            }
+            let mut close = vec![b'"'];
+            close.extend(std::iter::repeat_n(b'#', hashes));
+            out.extend(std::iter::repeat_n(b' ', 2 + hashes));
+            i += 2 + hashes;
+            while i < b.len() && !b[i..].starts_with(&close) {
+                out.push(if b[i] == b'\n' { b'\n' } else { b' ' });
+                i += 1;
+            }
+            out.extend(std::iter::repeat_n(b' ', close.len()));
+            i += close.len();
+        } else if b[i] == b'"' {
+            out.push(b' ');
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                if b[i] == b'\\' {
+                    out.push(b' ');
+                    i += 1;
+                }
+                if i < b.len() {
+                    out.push(if b[i] == b'\n' { b'\n' } else { b' ' });
+                    i += 1;
+                }
+            }
+            out.push(b' ');
+            i += 1;
+        } else if b[i] == b'\'' && b.get(i + 2) == Some(&b'\'') {
+            out.extend_from_slice(b"   ");
+            i += 3;
+        } else if b[i] == b'\'' && b.get(i + 1) == Some(&b'\\') {
+            let end = b[i + 2..].iter().position(|c| *c == b'\'').map_or(b.len(), |p| i + 3 + p);
+            out.extend(std::iter::repeat_n(b' ', end - i));
+            i = end;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The module a file belongs to: `src/apply/file.rs` is `apply`, `src/store.rs` is `store`.
+fn module_of(src: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
+    first.trim_end_matches(".rs").to_owned()
+}
+
+/// Every `crate::name` in the code.
+fn arrows(code: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().next_back();
+        let after = &rest[at + "crate::".len()..];
+        let name: String = after.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') && !name.is_empty() {
+            found.insert(name);
+        }
+        rest = after;
+    }
+    found
+}
+
+#[test]
+fn modules_depend_only_along_the_allowed_arrows() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let allowed: BTreeMap<&str, &[&str]> = ALLOWED.iter().copied().collect();
+    let mut wrong = Vec::new();
+    for file in rust_files(&src) {
+        let module = module_of(&src, &file);
+        if module == "main" {
+            continue; // the binary, outside the library
+        }
+        let Some(may) = allowed.get(module.as_str()) else {
+            wrong.push(format!(
+                "{}: module `{module}` is not in tests/tidy.rs's ALLOWED table",
+                file.display()
+            ));
+            continue;
+        };
+        let code = code_only(&std::fs::read_to_string(&file).unwrap());
+        for to in arrows(&code) {
+            if to != module && !may.contains(&to.as_str()) {
+                wrong.push(format!("{}: `{module}` reaches `crate::{to}`", file.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "forbidden arrows between modules (ARCHITECTURE.md, Invariants):\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_watchers_crate_knows_nothing_of_the_root_crate() {
+    let watchers = Path::new(env!("CARGO_MANIFEST_DIR")).join("watchers");
+    let manifest = std::fs::read_to_string(watchers.join("Cargo.toml")).unwrap();
+    assert!(!manifest.contains("mesh-host ="), "watchers/Cargo.toml depends on mesh-host");
+    for file in rust_files(&watchers.join("src")) {
+        let code = code_only(&std::fs::read_to_string(&file).unwrap());
+        assert!(!code.contains("mesh_host::"), "{} names mesh_host", file.display());
+    }
+}
+
+/// The arms of every `match` in `code`: for each, its line and its patterns' text.
+fn matches(code: &str) -> Vec<(usize, Vec<String>)> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(off) = code[i..].find("match ") {
+        let at = i + off;
+        i = at + 6;
+        let word_start = at == 0 || !(b[at - 1].is_ascii_alphanumeric() || b[at - 1] == b'_');
+        if !word_start {
+            continue;
+        }
+        // The scrutinee ends at the first `{` outside brackets.
+        let mut j = i;
+        let mut depth = 0i32;
+        while j < b.len() {
+            match b[j] {
+                b'(' | b'[' => depth += 1,
+                b')' | b']' => depth -= 1,
+                b'{' if depth == 0 => break,
+                b';' if depth == 0 => break,
+                _ => {}
+            }
+            j += 1;
+        }
+        if j >= b.len() || b[j] != b'{' {
+            continue;
+        }
+        // The arms: a pattern runs from an arm's start to its `=>` at the block's own depth.
+        let line = code[..at].matches('\n').count() + 1;
+        let mut arms = Vec::new();
+        let mut depth = 0i32;
+        let mut start = j + 1;
+        let mut in_pattern = true;
+        let mut k = j + 1;
+        while k < b.len() {
+            let c = b[k];
+            match c {
+                b'(' | b'[' | b'{' => depth += 1,
+                b')' | b']' => depth -= 1,
+                b'}' if depth == 0 => break,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 && !in_pattern {
+                        // The end of a block body: the next arm may start without a comma.
+                        in_pattern = true;
+                        start = k + 1;
+                    }
+                }
+                b',' if depth == 0 && !in_pattern => {
+                    in_pattern = true;
+                    start = k + 1;
+                }
+                b'=' if depth == 0 && in_pattern && b.get(k + 1) == Some(&b'>') => {
+                    arms.push(code[start..k].trim().to_owned());
+                    in_pattern = false;
+                    k += 1;
+                }
+                _ => {}
+            }
+            k += 1;
+        }
+        out.push((line, arms));
+    }
+    out
+}
+
+/// Whether a pattern names a variant of the enum `name` (`Spec::File(..)`, `Kind::File`), not
+/// of another type that ends the same way (`FsKind::File`).
+fn names_enum(pattern: &str, name: &str) -> bool {
+    let needle = format!("{name}::");
+    pattern.match_indices(&needle).any(|(at, _)| {
+        let before = pattern[..at].chars().next_back();
+        !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    })
+}
+
+#[test]
+fn no_catch_all_arm_over_spec_kind_or_action() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut wrong = Vec::new();
+    for file in rust_files(&src) {
+        // The machine layer has a `Kind` of its own (what is at a path), not the resource kind.
+        if file.starts_with(src.join("system")) {
+            continue;
+        }
+        let code = code_only(&std::fs::read_to_string(&file).unwrap());
+        for (line, arms) in matches(&code) {
+            let over = ["Spec", "Kind", "Action"].into_iter().find(|e| arms.iter().any(|a| names_enum(a, e)));
+            let catch_all = arms.iter().any(|a| a == "_" || a.starts_with("_ if"));
+            if let (Some(e), true) = (over, catch_all) {
+                wrong.push(format!("{}:{line}: a `_ =>` arm in a match over `{e}`", file.display()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "name every variant instead, so a new one is decided everywhere:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_checks_see_what_they_look_for() {
+    // The scanner itself: a catch-all over Spec is found, comments and strings are not code.
+    let code = code_only("match r.spec { Spec::File(f) => 1, _ => 2 } // crate::apply\n\"crate::cli\"");
+    let found = matches(&code);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].1, vec!["Spec::File(f)".to_owned(), "_".to_owned()]);
+    assert!(arrows(&code).is_empty());
+    assert!(names_enum("Kind::File | Kind::Directory", "Kind"));
+    assert!(!names_enum("FsKind::File", "Kind"));
+    assert!(!names_enum("fs::Kind::File", "Kind"));
+    let nested = code_only("match a { Kind::File => { if x { 1 } else { 2 } } _ if y => 3, _ => 4 }");
+    assert_eq!(matches(&nested)[0].1, vec!["Kind::File", "_ if y", "_"]);
+}
