@@ -10,6 +10,12 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo deny (licenses, bans, sources; advisories need GitHub, out of reach here)"
+if ! command -v cargo-deny >/dev/null 2>&1; then
+  # A debug build installs in about half the time of a release one, and checks as well.
+  cargo install --locked --debug cargo-deny@0.20.2
+fi
+cargo deny check licenses bans sources
 echo "== tests"
 # nextest runs each test in its own process, in parallel, and reports slow ones; plain cargo
 # test is the fallback where it is not installed.
