@@ -38,7 +38,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{Origin, Store};
-use crate::telemetry::Metrics;
+use crate::telemetry::{events, Event as _, Metrics};
 use health::Health;
 use queue::Queue;
 pub use trigger::Key;
@@ -91,7 +91,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let store = Store::open(&config.state)?;
     let (tx, mut rx) = mpsc::unbounded_channel::<Change>();
     let files = FileWatcher::new(tx.clone()).context("cannot start the file watcher (inotify)")?;
-    metrics.watcher_up.get_or_create(&vec![("watcher", "file")]).set(1);
+    events::WatcherState { watcher: "file", up: true }.emit(&metrics);
     let mut worker =
         Worker::new(config.clone(), store, files, Arc::clone(&metrics), Arc::clone(&health), tx.clone());
     let index = worker.index();
@@ -146,18 +146,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     trigger::keys(&change, &index)
                 };
                 if let Change::Up { watcher, up } = change {
-                    metrics.watcher_up.get_or_create(&vec![("watcher", watcher)]).set(i64::from(up));
+                    events::WatcherState { watcher, up }.emit(&metrics);
                 }
                 for (key, source) in added {
-                    metrics.queue_adds.get_or_create(&vec![("source", source)]).inc();
+                    events::KeyQueued { source }.emit(&metrics);
                     queue.add(key);
                 }
-                metrics.queue_depth.set(queue.stats().depth as i64);
+                events::QueueDepth(queue.stats().depth).emit(&metrics);
             }
             _ = resync.tick() => {
                 // A full pass reads the declaration source again too, so a new declaration the
                 // watcher missed (its directory's parent replaced, say) is applied by the resync.
-                metrics.queue_adds.get_or_create(&vec![("source", "resync")]).inc();
+                events::KeyQueued { source: "resync" }.emit(&metrics);
                 queue.add(Key::Full);
             }
         }

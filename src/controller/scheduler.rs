@@ -17,7 +17,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::declaration::{Declaration, Id};
-use crate::telemetry::Metrics;
+use crate::telemetry::events::ScheduledRun;
+use crate::telemetry::{Event as _, Metrics};
 
 /// Runs the scheduler until shutdown (or until the declaration channel closes).
 pub fn spawn(
@@ -72,8 +73,7 @@ async fn schedule(
             let Some(declaration) = declaration else { continue };
             for (_, id) in next.into_iter().filter(|(t, _)| *t == earliest) {
                 if !running.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone()) {
-                    tracing::warn!(id = %id, "scheduled step {id} is still running from its last fire; this fire is skipped");
-                    metrics.scheduled_runs.get_or_create(&vec![("result", "skipped")]).inc();
+                    ScheduledRun::Skipped { id: id.as_str() }.emit(&metrics);
                     continue;
                 }
                 let (declaration, socket, metrics, running) =
@@ -82,13 +82,9 @@ async fn schedule(
                     let result = crate::apply::run_scheduled(&declaration, &id, socket.as_deref(), limit);
                     running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                     match result {
-                        Ok(run) => {
-                            metrics.scheduled_runs.get_or_create(&vec![("result", "succeeded")]).inc();
-                            tracing::info!(id = %id, took_ms = run.took.as_millis() as u64, "scheduled step {id} ran");
-                        }
+                        Ok(run) => ScheduledRun::Succeeded { id: id.as_str(), took: run.took }.emit(&metrics),
                         Err(e) => {
-                            metrics.scheduled_runs.get_or_create(&vec![("result", "failed")]).inc();
-                            tracing::warn!(id = %id, "scheduled step {id} failed: {e}");
+                            ScheduledRun::Failed { id: id.as_str(), message: &e.to_string() }.emit(&metrics)
                         }
                     }
                 });

@@ -19,7 +19,7 @@ use super::{contents, Config};
 use crate::apply::{self, Action, Options, Report};
 use crate::declaration::{Declaration, Id, Kind};
 use crate::store::Store;
-use crate::telemetry::Metrics;
+use crate::telemetry::{events, Event as _, Metrics};
 
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths
 /// follow the declaration. Only the worker's task touches it; what others read is shared
@@ -70,17 +70,15 @@ pub struct Worker {
 pub async fn drain(mut worker: Worker, queue: Arc<Queue<Key>>) {
     while let Some((key, seen)) = queue.next().await {
         let verdict = tokio::task::block_in_place(|| worker.reconcile_guarded(&key, seen));
-        if verdict == Verdict::Failed {
-            worker.metrics.queue_retries.inc();
-        }
+        let name = key.to_string();
         match queue.done(&key, verdict) {
             Some(Contest::Began { hold }) => {
                 worker.quiet.insert(key.clone());
-                tracing::warn!(key = %key, hold_ms = hold.as_millis() as u64, "contested: something keeps changing {key} back; its corrections now back off, and are logged at debug level until it settles")
+                events::ContestBegan { key: &name, hold }.emit(&worker.metrics);
             }
             Some(Contest::Ended) => {
                 worker.quiet.remove(&key);
-                tracing::info!(key = %key, "{key} is no longer contested");
+                events::ContestEnded { key: &name }.emit(&worker.metrics);
             }
             None => {}
         }
@@ -89,14 +87,18 @@ pub async fn drain(mut worker: Worker, queue: Arc<Queue<Key>>) {
                 worker.quiet.insert(key.clone());
             }
             Verdict::Settled if worker.quiet.remove(&key) => {
-                tracing::info!(key = %key, "{key} reconciled again")
+                events::Recovered { key: &name }.emit(&worker.metrics)
             }
-            _ => {}
+            Verdict::Settled | Verdict::Corrected => {}
         }
         let stats = queue.stats();
-        worker.metrics.queue_depth.set(stats.depth as i64);
-        worker.metrics.queue_backing_off.set(stats.backing_off as i64);
-        worker.metrics.contested.set(stats.contested as i64);
+        events::QueueSampled {
+            depth: stats.depth,
+            backing_off: stats.backing_off,
+            contested: stats.contested,
+            retrying: verdict == Verdict::Failed,
+        }
+        .emit(&worker.metrics);
     }
     // Intake has stopped and the last reconcile finished: persist what it recorded.
     if let Err(e) = worker.store.save() {
@@ -226,18 +228,12 @@ impl Worker {
                 Err(payload) => payload,
             };
         let message = panic_message(payload.as_ref());
-        self.metrics.panics.inc();
         self.session = apply::Session::default();
-        match key {
-            Key::Resource(id) => tracing::error!(
-                id = %id,
-                "failed {id}: its reconcile panicked: {message}; it is retried after a backoff, and the daemon goes on"
-            ),
-            Key::Declaration | Key::Full => tracing::error!(
-                key = %key,
-                "the full pass ({key}) panicked: {message}; it is retried after a backoff, and the daemon goes on"
-            ),
-        }
+        let id = match key {
+            Key::Resource(id) => Some(id.as_str()),
+            Key::Declaration | Key::Full => None,
+        };
+        events::ReconcilePanicked { id, key: &key.to_string(), message: &message }.emit(&self.metrics);
         // The worker is alive: it finished this key, if badly.
         self.health.beat();
         Verdict::Failed
@@ -262,10 +258,7 @@ impl Worker {
             Key::Resource(id) => self.one(id, seen),
         };
         let scope = if matches!(key, Key::Resource(_)) { "resource" } else { "full" };
-        self.metrics
-            .reconcile_duration
-            .get_or_create(&vec![("scope", scope)])
-            .observe(started.elapsed().as_secs_f64());
+        events::ReconcileFinished { scope, took: started.elapsed() }.emit(&self.metrics);
         let saved =
             if matches!(key, Key::Resource(_)) { self.store.save_changes() } else { self.store.save() };
         if let Err(e) = saved {
@@ -280,7 +273,7 @@ impl Worker {
     /// memory, which works the same.
     fn keep_contents_on_disk(&mut self, d: &mut Declaration) {
         let dir = self.config.state.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        self.contents = None;
+        // The old file stays open until the new one is made: the new one never takes its inode.
         match contents::keep_on_disk(d, dir) {
             Ok((file, files)) => {
                 tracing::info!(
@@ -291,15 +284,20 @@ impl Worker {
                 );
                 self.contents = Some(Arc::new(file));
             }
-            Err(e) => tracing::warn!(
-                error = %e,
-                directory = %dir.display(),
-                "cannot keep declared content in a file in the state directory; it is held in memory instead"
-            ),
+            Err(e) => {
+                self.contents = None;
+                tracing::warn!(
+                    error = %e,
+                    directory = %dir.display(),
+                    "cannot keep declared content in a file in the state directory; it is held in memory instead"
+                )
+            }
         }
-        let in_file = self.contents.as_ref().map_or(0, |f| f.len() as i64);
-        self.metrics.declared_content.get_or_create(&vec![("where", "file")]).set(in_file);
-        self.metrics.declared_content.get_or_create(&vec![("where", "memory")]).set(d.inline_bytes() as i64);
+        events::ContentHeld {
+            in_file: self.contents.as_ref().map_or(0, |f| f.len()),
+            in_memory: d.inline_bytes() as u64,
+        }
+        .emit(&self.metrics);
     }
 
     /// Reads the declaration source and puts what it holds in force when it parses. With
@@ -327,9 +325,9 @@ impl Worker {
         let files = match read {
             Ok(files) => files,
             Err(e) => {
-                self.metrics.declaration_refusals.inc();
-                tracing::error!(source = %source.display(), "cannot read the declaration {}: {e}; {kept}", source.display());
-                self.refused(format!("cannot read the declaration {}: {e}", source.display()));
+                let message = format!("cannot read the declaration {}: {e}", source.display());
+                events::DeclarationRefused { message: &message, kept }.emit(&self.metrics);
+                self.refused(message);
                 return;
             }
         };
@@ -338,7 +336,7 @@ impl Worker {
         match Declaration::parse_sources(&named) {
             Ok(mut d) => {
                 drop(named);
-                tracing::info!(resources = d.resources.len(), "declaration accepted");
+                events::DeclarationAccepted { resources: d.resources.len() }.emit(&self.metrics);
                 self.health.set_not_in_force(None);
                 self.keep_contents_on_disk(&mut d);
                 let d = Arc::new(d);
@@ -367,9 +365,9 @@ impl Worker {
             Err(refused) => {
                 // Refused whole, and the declaration in force stays in force: a half-written
                 // file, or a bad one, must not undo a working machine.
-                self.metrics.declaration_refusals.inc();
-                tracing::error!("{refused}; {kept}");
-                self.refused(refused.to_string());
+                let message = refused.to_string();
+                events::DeclarationRefused { message: &message, kept }.emit(&self.metrics);
+                self.refused(message);
             }
         }
     }
@@ -405,8 +403,7 @@ impl Worker {
         let (report, _) = apply::apply_in(&mut self.session, declaration, &mut self.store, &options);
         let pass = t.elapsed();
         self.account(&report, None, false);
-        self.metrics.last_apply_timestamp.set(now_secs() as f64);
-        self.metrics.last_apply_success.set(i64::from(report.error.is_none()));
+        events::ApplyFinished { at: now_secs(), succeeded: report.error.is_none() }.emit(&self.metrics);
         self.count_resources(&report);
         let t = std::time::Instant::now();
         self.watch_paths();
@@ -460,37 +457,30 @@ impl Worker {
         }
     }
 
-    /// Metrics and one log line per change.
+    /// Metrics and one log line per change and per failure.
     fn account(&self, report: &Report, seen: Option<Instant>, quiet: bool) {
         for o in &report.outcomes {
-            self.metrics
-                .outcomes
-                .get_or_create(&vec![("type", o.kind.as_str()), ("action", o.action.as_str())])
-                .inc();
-            if o.action == Action::Corrected {
-                self.metrics.drift_corrections.get_or_create(&vec![("type", o.kind.as_str())]).inc();
-                if let Some(seen) = seen {
-                    self.metrics.correction_latency.observe(seen.elapsed().as_secs_f64());
-                }
+            events::ResourceChanged {
+                id: &o.id,
+                kind: o.kind.as_str(),
+                target: &o.target,
+                action: o.action.as_str(),
+                detail: o.detail.as_deref(),
+                since_seen: seen.map(|s| s.elapsed()),
+                quiet,
             }
-            if o.action != Action::Unchanged {
-                let detail = o.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
-                if quiet {
-                    tracing::debug!(id = %o.id, r#type = %o.kind, action = %o.action, "{} {} ({}){detail}", o.action, o.id, o.target);
-                } else {
-                    tracing::info!(id = %o.id, r#type = %o.kind, action = %o.action, "{} {} ({}){detail}", o.action, o.id, o.target);
-                }
-            }
+            .emit(&self.metrics);
         }
-        if let Some(e) = &report.error {
-            for f in &e.failures {
-                // A raced read-back is a contest in progress, which has its own log line.
-                if quiet || f.raced {
-                    tracing::debug!(id = %f.id, r#type = %f.kind, "failed {} ({}): {}", f.id, f.target, f.message);
-                } else {
-                    tracing::warn!(id = %f.id, r#type = %f.kind, "failed {} ({}): {}", f.id, f.target, f.message);
-                }
+        for f in report.error.iter().flat_map(|e| &e.failures) {
+            // A raced read-back is a contest in progress, which has its own log line.
+            events::ResourceFailed {
+                id: &f.id,
+                kind: f.kind.as_str(),
+                target: &f.target,
+                message: &f.message,
+                quiet: quiet || f.raced,
             }
+            .emit(&self.metrics);
         }
     }
 
@@ -501,20 +491,18 @@ impl Worker {
         let held: std::collections::HashSet<&str> =
             report.outcomes.iter().filter(|o| o.action == Action::Held).map(|o| o.id.as_str()).collect();
         for kind in Kind::ALL {
-            let mut counts = [0i64; 3];
+            let (mut applied, mut failed_n, mut held_n) = (0, 0, 0);
             for r in declaration.resources.iter().filter(|r| r.kind() == kind) {
-                let i = if failed.contains(r.id.as_str()) {
-                    1
+                if failed.contains(r.id.as_str()) {
+                    failed_n += 1;
                 } else if held.contains(r.id.as_str()) {
-                    2
+                    held_n += 1;
                 } else {
-                    0
-                };
-                counts[i] += 1;
+                    applied += 1;
+                }
             }
-            for (state, n) in ["applied", "failed", "held"].into_iter().zip(counts) {
-                self.metrics.resources.get_or_create(&vec![("type", kind.as_str()), ("state", state)]).set(n);
-            }
+            events::ResourcesCounted { kind: kind.as_str(), applied, failed: failed_n, held: held_n }
+                .emit(&self.metrics);
         }
     }
 

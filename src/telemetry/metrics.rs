@@ -18,6 +18,8 @@ pub struct Metrics {
     registry: Registry,
     pub drift_corrections: Family<Labels, Counter>,
     pub outcomes: Family<Labels, Counter>,
+    /// Resources that failed in a pass, by type.
+    pub failures: Family<Labels, Counter>,
     pub resources: Family<Labels, Gauge>,
     pub correction_latency: Histogram,
     pub reconcile_duration: Family<Labels, Histogram>,
@@ -51,6 +53,7 @@ impl Metrics {
         let m = Metrics {
             drift_corrections: Family::default(),
             outcomes: Family::default(),
+            failures: Family::default(),
             resources: Family::default(),
             correction_latency: latency_buckets(),
             reconcile_duration: Family::new_with_constructor(latency_buckets),
@@ -80,6 +83,11 @@ impl Metrics {
             "mesh_host_resource_outcomes",
             "Outcomes of resources, by type and action",
             m.outcomes.clone(),
+        );
+        registry.register(
+            "mesh_host_resource_failures",
+            "Resources that failed in a pass, by type; the log line beside each says why",
+            m.failures.clone(),
         );
         registry.register(
             "mesh_host_resources",

@@ -1,9 +1,11 @@
 //! Logging set-up. Structured `tracing` events; plain text without colour when the output is
 //! not a terminal, or JSON lines when asked for.
 
+pub mod events;
 pub mod http;
 pub mod metrics;
 
+pub use events::Event;
 pub use metrics::Metrics;
 
 use tracing_subscriber::EnvFilter;

@@ -1,0 +1,375 @@
+//! Typed events, in the way of vector's internal events: one struct for each thing the agent
+//! says, whose `emit` writes the log line and moves its metrics together. A log line and the
+//! counter beside it cannot disagree, and every metric the daemon moves is moved here.
+//!
+//! The events carry plain values (ids, words, durations), not the engine's types: telemetry
+//! knows nothing of how a resource is applied.
+
+use std::time::Duration;
+
+use super::Metrics;
+
+/// Something the agent says, and counts.
+pub trait Event {
+    fn emit(self, metrics: &Metrics);
+}
+
+/// One resource's outcome in a pass: counted by type and action; a correction also in the drift
+/// counter and, when the change that caused it was seen, the correction latency. Anything but
+/// `unchanged` is logged, at debug level while the resource is contested or failing.
+pub struct ResourceChanged<'a> {
+    pub id: &'a str,
+    pub kind: &'static str,
+    pub target: &'a str,
+    pub action: &'static str,
+    pub detail: Option<&'a str>,
+    /// From the change seen on the machine to now, for a correction the daemon was woken for.
+    pub since_seen: Option<Duration>,
+    pub quiet: bool,
+}
+
+impl Event for ResourceChanged<'_> {
+    fn emit(self, m: &Metrics) {
+        m.outcomes.get_or_create(&vec![("type", self.kind), ("action", self.action)]).inc();
+        if self.action == "corrected" {
+            m.drift_corrections.get_or_create(&vec![("type", self.kind)]).inc();
+            if let Some(latency) = self.since_seen {
+                m.correction_latency.observe(latency.as_secs_f64());
+            }
+        }
+        if self.action == "unchanged" {
+            return;
+        }
+        let (id, kind, target, action) = (self.id, self.kind, self.target, self.action);
+        let detail = self.detail.map(|d| format!(": {d}")).unwrap_or_default();
+        if self.quiet {
+            tracing::debug!(id, r#type = kind, action, "{action} {id} ({target}){detail}");
+        } else {
+            tracing::info!(id, r#type = kind, action, "{action} {id} ({target}){detail}");
+        }
+    }
+}
+
+/// A resource that failed in a pass: counted by type, logged as a warning (at debug level while
+/// it is contested or already failing, and when the read-back raced another writer, which is
+/// a contest with a line of its own).
+pub struct ResourceFailed<'a> {
+    pub id: &'a str,
+    pub kind: &'static str,
+    pub target: &'a str,
+    pub message: &'a str,
+    pub quiet: bool,
+}
+
+impl Event for ResourceFailed<'_> {
+    fn emit(self, m: &Metrics) {
+        m.failures.get_or_create(&vec![("type", self.kind)]).inc();
+        let (id, kind, target, message) = (self.id, self.kind, self.target, self.message);
+        if self.quiet {
+            tracing::debug!(id, r#type = kind, "failed {id} ({target}): {message}");
+        } else {
+            tracing::warn!(id, r#type = kind, "failed {id} ({target}): {message}");
+        }
+    }
+}
+
+/// A key something keeps changing back: its corrections now back off.
+pub struct ContestBegan<'a> {
+    pub key: &'a str,
+    pub hold: Duration,
+}
+
+impl Event for ContestBegan<'_> {
+    fn emit(self, _: &Metrics) {
+        let key = self.key;
+        tracing::warn!(key, hold_ms = self.hold.as_millis() as u64, "contested: something keeps changing {key} back; its corrections now back off, and are logged at debug level until it settles");
+    }
+}
+
+/// A contested key that settled.
+pub struct ContestEnded<'a> {
+    pub key: &'a str,
+}
+
+impl Event for ContestEnded<'_> {
+    fn emit(self, _: &Metrics) {
+        let key = self.key;
+        tracing::info!(key, "{key} is no longer contested");
+    }
+}
+
+/// A key that had failed reconciled again.
+pub struct Recovered<'a> {
+    pub key: &'a str,
+}
+
+impl Event for Recovered<'_> {
+    fn emit(self, _: &Metrics) {
+        let key = self.key;
+        tracing::info!(key, "{key} reconciled again");
+    }
+}
+
+/// The work queue as it stands after a reconcile.
+pub struct QueueSampled {
+    pub depth: usize,
+    pub backing_off: usize,
+    pub contested: usize,
+    /// The reconcile just finished failed, and its key will be retried.
+    pub retrying: bool,
+}
+
+impl Event for QueueSampled {
+    fn emit(self, m: &Metrics) {
+        if self.retrying {
+            m.queue_retries.inc();
+        }
+        m.queue_depth.set(self.depth as i64);
+        m.queue_backing_off.set(self.backing_off as i64);
+        m.contested.set(self.contested as i64);
+    }
+}
+
+/// Keys added to the queue by a watcher's change or the resync.
+pub struct KeyQueued {
+    pub source: &'static str,
+}
+
+impl Event for KeyQueued {
+    fn emit(self, m: &Metrics) {
+        m.queue_adds.get_or_create(&vec![("source", self.source)]).inc();
+    }
+}
+
+/// The queue's depth after keys were added.
+pub struct QueueDepth(pub usize);
+
+impl Event for QueueDepth {
+    fn emit(self, m: &Metrics) {
+        m.queue_depth.set(self.0 as i64);
+    }
+}
+
+/// A watcher connected or lost its source (the runtime's events, systemd's signals).
+pub struct WatcherState {
+    pub watcher: &'static str,
+    pub up: bool,
+}
+
+impl Event for WatcherState {
+    fn emit(self, m: &Metrics) {
+        let gauge = m.watcher_up.get_or_create(&vec![("watcher", self.watcher)]);
+        let was = gauge.get();
+        gauge.set(i64::from(self.up));
+        let watcher = self.watcher;
+        match (was == 1, self.up) {
+            (false, true) => tracing::info!(watcher, "the {watcher} watcher is up"),
+            (true, false) => tracing::warn!(
+                watcher,
+                "the {watcher} watcher is down; it reconnects, and resyncs when it is back"
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// A declaration accepted and put in force.
+pub struct DeclarationAccepted {
+    pub resources: usize,
+}
+
+impl Event for DeclarationAccepted {
+    fn emit(self, _: &Metrics) {
+        tracing::info!(resources = self.resources, "declaration accepted");
+    }
+}
+
+/// A declaration refused whole (or that could not be read): the one in force, if any, stays.
+pub struct DeclarationRefused<'a> {
+    pub message: &'a str,
+    /// "the declaration in force is kept", or "no declaration is in force".
+    pub kept: &'a str,
+}
+
+impl Event for DeclarationRefused<'_> {
+    fn emit(self, m: &Metrics) {
+        m.declaration_refusals.inc();
+        tracing::error!("{}; {}", self.message, self.kept);
+    }
+}
+
+/// A reconcile that panicked: its key failed, and the daemon goes on.
+pub struct ReconcilePanicked<'a> {
+    /// The resource's id, or `None` for a full pass.
+    pub id: Option<&'a str>,
+    pub key: &'a str,
+    pub message: &'a str,
+}
+
+impl Event for ReconcilePanicked<'_> {
+    fn emit(self, m: &Metrics) {
+        m.panics.inc();
+        let (key, message) = (self.key, self.message);
+        match self.id {
+            Some(id) => tracing::error!(
+                id,
+                "failed {id}: its reconcile panicked: {message}; it is retried after a backoff, and the daemon goes on"
+            ),
+            None => tracing::error!(
+                key,
+                "the full pass ({key}) panicked: {message}; it is retried after a backoff, and the daemon goes on"
+            ),
+        }
+    }
+}
+
+/// A reconcile finished, by scope (`resource` or `full`).
+pub struct ReconcileFinished {
+    pub scope: &'static str,
+    pub took: Duration,
+}
+
+impl Event for ReconcileFinished {
+    fn emit(self, m: &Metrics) {
+        m.reconcile_duration.get_or_create(&vec![("scope", self.scope)]).observe(self.took.as_secs_f64());
+    }
+}
+
+/// A full apply ended.
+pub struct ApplyFinished {
+    /// Seconds since the epoch.
+    pub at: i64,
+    pub succeeded: bool,
+}
+
+impl Event for ApplyFinished {
+    fn emit(self, m: &Metrics) {
+        m.last_apply_timestamp.set(self.at as f64);
+        m.last_apply_success.set(i64::from(self.succeeded));
+    }
+}
+
+/// Where the declared content of the declaration in force is held, in bytes.
+pub struct ContentHeld {
+    pub in_file: u64,
+    pub in_memory: u64,
+}
+
+impl Event for ContentHeld {
+    fn emit(self, m: &Metrics) {
+        m.declared_content.get_or_create(&vec![("where", "file")]).set(self.in_file as i64);
+        m.declared_content.get_or_create(&vec![("where", "memory")]).set(self.in_memory as i64);
+    }
+}
+
+/// How many resources of one type the last full pass left applied, failed and held.
+pub struct ResourcesCounted {
+    pub kind: &'static str,
+    pub applied: usize,
+    pub failed: usize,
+    pub held: usize,
+}
+
+impl Event for ResourcesCounted {
+    fn emit(self, m: &Metrics) {
+        for (state, n) in [("applied", self.applied), ("failed", self.failed), ("held", self.held)] {
+            m.resources.get_or_create(&vec![("type", self.kind), ("state", state)]).set(n as i64);
+        }
+    }
+}
+
+/// How a scheduled step's fire went.
+pub enum ScheduledRun<'a> {
+    Succeeded {
+        id: &'a str,
+        took: Duration,
+    },
+    Failed {
+        id: &'a str,
+        message: &'a str,
+    },
+    /// Still running from its last fire: this one is skipped.
+    Skipped {
+        id: &'a str,
+    },
+}
+
+impl Event for ScheduledRun<'_> {
+    fn emit(self, m: &Metrics) {
+        let result = match self {
+            ScheduledRun::Succeeded { id, took } => {
+                tracing::info!(id, took_ms = took.as_millis() as u64, "scheduled step {id} ran");
+                "succeeded"
+            }
+            ScheduledRun::Failed { id, message } => {
+                tracing::warn!(id, "scheduled step {id} failed: {message}");
+                "failed"
+            }
+            ScheduledRun::Skipped { id } => {
+                tracing::warn!(
+                    id,
+                    "scheduled step {id} is still running from its last fire; this fire is skipped"
+                );
+                "skipped"
+            }
+        };
+        m.scheduled_runs.get_or_create(&vec![("result", result)]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(m: &Metrics, name: &str) -> f64 {
+        let text = m.encode();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .map_or(0.0, |v| v.trim().parse().unwrap())
+    }
+
+    #[test]
+    fn a_correction_moves_its_outcome_drift_and_latency_together() {
+        let m = Metrics::new();
+        ResourceChanged {
+            id: "web.conf",
+            kind: "file",
+            target: "/etc/web.conf",
+            action: "corrected",
+            detail: None,
+            since_seen: Some(Duration::from_millis(2)),
+            quiet: false,
+        }
+        .emit(&m);
+        assert_eq!(sample(&m, "mesh_host_resource_outcomes_total{type=\"file\",action=\"corrected\"}"), 1.0);
+        assert_eq!(sample(&m, "mesh_host_drift_corrections_total{type=\"file\"}"), 1.0);
+        assert_eq!(sample(&m, "mesh_host_correction_latency_seconds_count"), 1.0);
+        ResourceChanged {
+            id: "web.conf",
+            kind: "file",
+            target: "/etc/web.conf",
+            action: "updated",
+            detail: None,
+            since_seen: None,
+            quiet: false,
+        }
+        .emit(&m);
+        assert_eq!(
+            sample(&m, "mesh_host_drift_corrections_total{type=\"file\"}"),
+            1.0,
+            "an update is not drift"
+        );
+    }
+
+    #[test]
+    fn a_failure_and_a_refusal_are_counted() {
+        let m = Metrics::new();
+        ResourceFailed { id: "a.a", kind: "service", target: "a.service", message: "it died", quiet: true }
+            .emit(&m);
+        DeclarationRefused { message: "refused", kept: "no declaration is in force" }.emit(&m);
+        ScheduledRun::Skipped { id: "a.b" }.emit(&m);
+        assert_eq!(sample(&m, "mesh_host_resource_failures_total{type=\"service\"}"), 1.0);
+        assert_eq!(sample(&m, "mesh_host_declaration_refusals_total"), 1.0);
+        assert_eq!(sample(&m, "mesh_host_scheduled_runs_total{result=\"skipped\"}"), 1.0);
+    }
+}
