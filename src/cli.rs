@@ -340,31 +340,11 @@ pub fn human(report: &Report, declared: usize) -> String {
 
 fn status(json: bool, state: &Path) -> anyhow::Result<Ended> {
     let store = Store::read_only(state)?;
-    let mut fs = crate::system::Fs::new();
+    let mut looker = apply::status::Looker::default();
     let mut rows = Vec::new();
     let mut drifted = 0;
     for (id, rec) in store.records() {
-        let path = Path::new(&*rec.target);
-        let holds = match rec.kind {
-            Kind::File => match fs.digest(path) {
-                Ok(Some((m, sum))) => {
-                    let same = rec.wrote.is_some()
-                        && rec.wrote == sum.map(crate::declaration::Digest::from_sum)
-                        && rec.mode.is_none_or(|mode| mode == m.mode);
-                    Some(if same { "holds" } else { "changed" })
-                }
-                Ok(None) => Some("missing"),
-                Err(_) => Some("unreadable"),
-            },
-            Kind::Directory => match fs.meta(path) {
-                Ok(Some(m)) => {
-                    Some(if rec.mode.is_none_or(|mode| mode == m.mode) { "holds" } else { "changed" })
-                }
-                Ok(None) => Some("missing"),
-                Err(_) => Some("unreadable"),
-            },
-            _ => None,
-        };
+        let holds = looker.holds(rec).map(apply::status::Holds::as_str);
         if holds.is_some_and(|h| h != "holds") {
             drifted += 1;
         }

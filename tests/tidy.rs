@@ -222,7 +222,9 @@ fn matches(code: &str) -> Vec<(usize, Vec<String>)> {
                         start = k + 1;
                     }
                 }
-                b',' if depth == 0 && !in_pattern => {
+                // A comma at the block's depth ends an arm (a pattern has none outside brackets),
+                // also after a block body that was already taken for the arm's end.
+                b',' if depth == 0 => {
                     in_pattern = true;
                     start = k + 1;
                 }
@@ -288,4 +290,6 @@ fn the_checks_see_what_they_look_for() {
     assert!(!names_enum("fs::Kind::File", "Kind"));
     let nested = code_only("match a { Kind::File => { if x { 1 } else { 2 } } _ if y => 3, _ => 4 }");
     assert_eq!(matches(&nested)[0].1, vec!["Kind::File", "_ if y", "_"]);
+    let inner = code_only("match k { Kind::File => match x { A => 1, B => 2 }, Kind::Dir => 3, _ => 4 }");
+    assert_eq!(matches(&inner)[0].1, vec!["Kind::File", "Kind::Dir", "_"]);
 }

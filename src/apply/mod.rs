@@ -19,6 +19,7 @@ mod package;
 mod process;
 mod remove;
 mod service;
+pub mod status;
 mod user;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
