@@ -26,14 +26,9 @@ use futures_util::StreamExt as _;
 
 /// The label holding the digest of the spec a container was created from.
 pub const SPEC_LABEL: &str = "mesh-host.spec";
-/// The label holding the id of the resource that declared a container or network.
-pub const ID_LABEL: &str = "mesh-host.id";
-/// The label marking a step's container (`run-once` or `scheduled`): one that exits by design.
-pub const STEP_LABEL: &str = "mesh-host.step";
-
-/// Where a runtime is looked for when none is configured, in this order: Docker's own socket,
-/// then the system socket of Podman's service. `DOCKER_HOST`, when set, is tried first.
-pub const DEFAULT_SOCKETS: [&str; 2] = ["unix:///var/run/docker.sock", "unix:///run/podman/podman.sock"];
+/// The labels the watcher reads (the id of the resource that declared a container or network;
+/// a step's mark) and the sockets both look in: defined once, in the watchers crate.
+pub use mesh_host_watchers::docker::{DEFAULT_SOCKETS, ID_LABEL, STEP_LABEL};
 
 /// Why the runtime could not do something.
 #[derive(Debug, thiserror::Error)]

@@ -15,11 +15,7 @@ use tokio::runtime::Handle;
 use zbus::message::Type as MessageType;
 use zbus::{Connection, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant, Variant};
 
-const DESTINATION: &str = "org.freedesktop.systemd1";
-const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
-const MANAGER: &str = "org.freedesktop.systemd1.Manager";
-const UNIT: &str = "org.freedesktop.systemd1.Unit";
-const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
+use mesh_host_watchers::systemd::{DESTINATION, MANAGER, MANAGER_PATH, PROPERTIES, UNIT};
 
 /// How long one method call may go unanswered before it is an error, so that a reply lost for
 /// any reason fails the resource instead of hanging the apply. A manager reload on a large

@@ -35,7 +35,10 @@ pub const ACTIONS: [&str; 6] = ["die", "stop", "kill", "oom", "destroy", "remove
 
 /// Where a runtime is looked for when no socket is given: `DOCKER_HOST` if set, then these.
 /// The same order as the agent's own connection, so both talk to the same runtime.
-const DEFAULT_SOCKETS: [&str; 2] = ["unix:///var/run/docker.sock", "unix:///run/podman/podman.sock"];
+/// Where a runtime is looked for when none is configured, in this order: Docker's own socket,
+/// then the system socket of Podman's service. `DOCKER_HOST`, when set, is tried first. The
+/// agent's own client (`system::docker`) uses these, so the two never disagree.
+pub const DEFAULT_SOCKETS: [&str; 2] = ["unix:///var/run/docker.sock", "unix:///run/podman/podman.sock"];
 
 /// The first wait before reconnecting, and the cap: short at first, since a restarting
 /// engine is usually back within a second, and capped so that a runtime that comes back after

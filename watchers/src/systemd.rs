@@ -21,12 +21,13 @@ use zbus::{Connection, MatchRule, Message, MessageStream, OwnedObjectPath};
 use crate::Change;
 
 const WATCHER: &str = "systemd";
-const DESTINATION: &str = "org.freedesktop.systemd1";
-const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
+/// systemd's D-Bus names, defined once here; the agent's own client (`system::systemd`) uses them.
+pub const DESTINATION: &str = "org.freedesktop.systemd1";
+pub const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
 const UNIT_PATHS: &str = "/org/freedesktop/systemd1/unit";
-const MANAGER: &str = "org.freedesktop.systemd1.Manager";
-const UNIT: &str = "org.freedesktop.systemd1.Unit";
-const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
+pub const MANAGER: &str = "org.freedesktop.systemd1.Manager";
+pub const UNIT: &str = "org.freedesktop.systemd1.Unit";
+pub const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
 /// The properties whose change means the unit moved.
 const STATES: [&str; 3] = ["ActiveState", "SubState", "LoadState"];
 
