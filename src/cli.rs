@@ -135,7 +135,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                 origin,
                 metrics,
                 resync: std::time::Duration::from_secs(resync.max(1)),
-                settle: std::time::Duration::from_millis(settle_ms),
+                quiet: std::time::Duration::from_millis(settle_ms),
                 queue: crate::controller::queue::Config::default(),
                 bus: bus.clone(),
                 container_socket: socket,

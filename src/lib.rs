@@ -7,8 +7,8 @@
 pub mod apply;
 pub mod cli;
 pub mod controller;
+pub mod cron;
 pub mod declaration;
-pub mod schedule;
 pub mod store;
 pub mod system;
 pub mod telemetry;

@@ -326,7 +326,8 @@ pub struct Store {
     recovered: Option<journal::Recovered>,
     /// A pass wrote to the journal since the store was last written.
     journaled: bool,
-    _lock: Option<fs::Lock>,
+    /// The store's lock, held while the store may be written; `None` for a read-only store.
+    lock: Option<fs::Lock>,
 }
 
 /// The change signature of the store file, or `None` when there is none.
@@ -374,7 +375,7 @@ impl Store {
                 "the last pass did not finish; its temporary files were removed, and the files it was writing will not be counted as drift"
             );
         }
-        store._lock = Some(lock);
+        store.lock = Some(lock);
         Ok(store)
     }
 
@@ -397,7 +398,7 @@ impl Store {
 
     /// Once the store holds what the passes did, the journal has nothing left to say.
     fn forget_journal(&mut self) -> Result<(), StoreError> {
-        if self._lock.is_some() && (self.journaled || self.recovered.is_some()) {
+        if self.lock.is_some() && (self.journaled || self.recovered.is_some()) {
             journal::remove(&self.journal_path())?;
             self.journaled = false;
             self.recovered = None;
@@ -423,7 +424,7 @@ impl Store {
             stamp: stamp(path),
             recovered: None,
             journaled: false,
-            _lock: None,
+            lock: None,
         };
         // What the host was doing when it stopped, read even for a plan, so that a plan does not
         // call the host's own unfinished work drift either.
@@ -524,7 +525,7 @@ impl Store {
     }
 
     fn write(&mut self) -> Result<(), StoreError> {
-        assert!(self._lock.is_some(), "a read-only store is never saved");
+        assert!(self.lock.is_some(), "a read-only store is never saved");
         self.file.schema = SCHEMA;
         if self.grown > self.file.records.len() / 8 {
             self.compact();

@@ -15,12 +15,12 @@ use std::path::{Path, PathBuf};
 const ALLOWED: &[(&str, &[&str])] = &[
     ("declaration", &[]),
     ("system", &[]),
-    ("schedule", &["declaration"]),
+    ("cron", &["declaration"]),
     ("store", &["declaration", "system"]),
     ("telemetry", &["system"]),
-    ("apply", &["declaration", "schedule", "store", "system"]),
-    ("controller", &["apply", "declaration", "schedule", "store", "system", "telemetry"]),
-    ("cli", &["apply", "controller", "declaration", "schedule", "store", "system", "telemetry"]),
+    ("apply", &["cron", "declaration", "store", "system"]),
+    ("controller", &["apply", "cron", "declaration", "store", "system", "telemetry"]),
+    ("cli", &["apply", "controller", "cron", "declaration", "store", "system", "telemetry"]),
     ("lib", &[]),
 ];
 

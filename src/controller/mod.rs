@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use mesh_host_watchers::{declaration as declaration_watcher, Change, FileWatcher};
+use mesh_host_watchers::{source as source_watcher, Change, FileWatcher};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -56,7 +56,7 @@ pub struct Config {
     /// How often everything is reconciled even when no watcher said anything.
     pub resync: Duration,
     /// How long the declaration must be still before it is read.
-    pub settle: Duration,
+    pub quiet: Duration,
     pub queue: queue::Config,
     /// The D-Bus address of the systemd to manage; the system bus when `None`.
     pub bus: Option<String>,
@@ -118,7 +118,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Watch before the first apply, so a change made during it is not missed; what the
     // watchers report meanwhile waits in the channel.
     tasks.push(
-        declaration_watcher::spawn(config.declaration.clone(), config.settle, tx.clone())
+        source_watcher::spawn(config.declaration.clone(), config.quiet, tx.clone())
             .with_context(|| format!("cannot watch the declaration {}", config.declaration.display()))?,
     );
     drop(tx);
@@ -204,7 +204,7 @@ mod tests {
             origin: Origin::Declared,
             metrics: None,
             resync: Duration::from_secs(resync),
-            settle: Duration::from_millis(50),
+            quiet: Duration::from_millis(50),
             queue: queue::Config::default(),
             bus: None,
             container_socket: None,

@@ -67,7 +67,7 @@ impl Default for Config {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// Nothing to put back, or a change that was the declaration's: resets the key.
-    Settled,
+    Clean,
     /// The machine had drifted and was corrected.
     Corrected,
     /// The reconcile failed: retried with backoff.
@@ -256,7 +256,7 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         let was_contested = b.streak >= config.contest_after;
         let mut retry = None;
         match verdict {
-            Verdict::Settled => {
+            Verdict::Clean => {
                 b.failures = 0;
                 b.streak = 0;
                 b.hold_until = None;
@@ -405,9 +405,9 @@ mod tests {
         q.add("a");
         q.add("a");
         assert_eq!(next_now(&q).await, None, "never handed out while it is processing");
-        assert_eq!(q.done(&"a", Verdict::Settled), None);
+        assert_eq!(q.done(&"a", Verdict::Clean), None);
         assert_eq!(next_now(&q).await, Some("a"), "runs once more");
-        q.done(&"a", Verdict::Settled);
+        q.done(&"a", Verdict::Clean);
         assert_eq!(next_now(&q).await, None, "and only once");
     }
 
@@ -425,7 +425,7 @@ mod tests {
             delays.push((Instant::now() - before).as_millis());
         }
         assert_eq!(delays, [5, 10, 20, 40, 80]);
-        q.done(&"a", Verdict::Settled);
+        q.done(&"a", Verdict::Clean);
         q.add("a");
         assert_eq!(next_now(&q).await, Some("a"), "success resets: no hold any more");
         q.done(&"a", Verdict::Failed);
@@ -474,7 +474,7 @@ mod tests {
         for _ in 0..50 {
             let (k, _) = q.next().await.unwrap();
             last = Instant::now() - start;
-            q.done(&k, Verdict::Settled);
+            q.done(&k, Verdict::Clean);
         }
         assert!(last > Duration::ZERO, "beyond the burst, keys waited");
         assert!(last <= Duration::from_millis(300), "no key waited beyond the cap: {last:?}");
@@ -513,7 +513,7 @@ mod tests {
             let _ = q.next().await.unwrap();
             assert!(Instant::now() - before <= Duration::from_millis(500));
         }
-        assert_eq!(q.done(&"f", Verdict::Settled), Some(Contest::Ended));
+        assert_eq!(q.done(&"f", Verdict::Clean), Some(Contest::Ended));
         assert_eq!(q.stats().contested, 0);
     }
 
@@ -559,7 +559,7 @@ mod tests {
             let k: &'static str = Box::leak(format!("k{i}").into_boxed_str());
             q.add(k);
             let (k, _) = q.next().await.unwrap();
-            q.done(&k, Verdict::Settled);
+            q.done(&k, Verdict::Clean);
         }
         assert_eq!(q.lock().backoff.len(), 0);
     }

@@ -53,7 +53,7 @@ async fn schedule(
             let next: Vec<(SystemTime, Id)> = declaration
                 .iter()
                 .flat_map(|d| d.scheduled_steps())
-                .filter_map(|(id, cron)| crate::schedule::next_fire(cron, now).map(|t| (t, id.clone())))
+                .filter_map(|(id, cron)| crate::cron::next_fire(cron, now).map(|t| (t, id.clone())))
                 .collect();
             let Some(&(earliest, _)) = next.iter().min_by_key(|(t, _)| *t) else {
                 // Nothing scheduled: wait for another declaration.

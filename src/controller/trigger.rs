@@ -83,7 +83,7 @@ pub fn keys(change: &Change, index: &Index) -> Vec<(Key, &'static str)> {
         Change::Path(path) => {
             index.at_path(path).map(|id| (Key::Resource(id.clone()), "file")).into_iter().collect()
         }
-        Change::Settled { .. } => vec![(Key::Declaration, "declaration")],
+        Change::SourceChanged { .. } => vec![(Key::Declaration, "declaration")],
         Change::Resynced { watcher } => vec![(Key::Full, *watcher)],
         Change::Unit { unit } => {
             index.units.get(unit).map(|id| (Key::Resource(id.clone()), "systemd")).into_iter().collect()
@@ -142,7 +142,7 @@ mod tests {
         assert_eq!(keys(&container("store", "app"), &index), vec![(id("a.app"), "docker")], "found by name");
         assert!(keys(&container("other", "other"), &index).is_empty());
         assert_eq!(
-            keys(&Change::Settled { source: "/etc/mesh-host/declaration.d".into() }, &index),
+            keys(&Change::SourceChanged { source: "/etc/mesh-host/declaration.d".into() }, &index),
             vec![(Key::Declaration, "declaration")]
         );
     }

@@ -86,10 +86,10 @@ pub async fn drain(mut worker: Worker, queue: Arc<Queue<Key>>) {
             Verdict::Failed => {
                 worker.quiet.insert(key.clone());
             }
-            Verdict::Settled if worker.quiet.remove(&key) => {
+            Verdict::Clean if worker.quiet.remove(&key) => {
                 events::Recovered { key: &name }.emit(&worker.metrics)
             }
-            Verdict::Settled | Verdict::Corrected => {}
+            Verdict::Clean | Verdict::Corrected => {}
         }
         let stats = queue.stats();
         events::QueueSampled {
@@ -397,7 +397,7 @@ impl Worker {
     fn full(&mut self) -> Verdict {
         let options = self.options();
         let Some(declaration) = self.declaration.as_deref() else {
-            return Verdict::Settled;
+            return Verdict::Clean;
         };
         let t = std::time::Instant::now();
         let (report, _) = apply::apply_in(&mut self.session, declaration, &mut self.store, &options);
@@ -415,18 +415,18 @@ impl Worker {
         if report.error.is_some() {
             Verdict::Failed
         } else {
-            Verdict::Settled
+            Verdict::Clean
         }
     }
 
     fn one(&mut self, id: &Id, seen: Instant) -> Verdict {
         let options = self.options();
         let Some(declaration) = self.declaration.as_deref() else {
-            return Verdict::Settled;
+            return Verdict::Clean;
         };
         if declaration.get(id).is_none() {
             // Undeclared since the key was queued: the full apply that followed handled it.
-            return Verdict::Settled;
+            return Verdict::Clean;
         }
         failpoint_panic_reconcile(id);
         let report = apply::reconcile_in(
@@ -453,7 +453,7 @@ impl Worker {
             None if report.outcomes.iter().any(|o| o.action == Action::Corrected && o.id == id.as_str()) => {
                 Verdict::Corrected
             }
-            None => Verdict::Settled,
+            None => Verdict::Clean,
         }
     }
 

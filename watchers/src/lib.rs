@@ -10,8 +10,8 @@ pub mod systemd;
 
 use std::path::PathBuf;
 
-pub mod declaration;
 pub mod file;
+pub mod source;
 
 pub use file::FileWatcher;
 
@@ -28,7 +28,7 @@ pub enum Change {
     Unit { unit: String },
     /// A declaration source changed and has since been still for the quiet period: time to
     /// read it. The watcher does not read it; the controller does, through its own checks.
-    Settled { source: PathBuf },
+    SourceChanged { source: PathBuf },
     /// The watcher may have missed changes (overflow, reconnect): reconcile everything.
     Resynced { watcher: &'static str },
     /// Whether a watcher is connected to what it watches, for the `watcher_up` gauge.

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use mesh_host_watchers::{declaration, Change, FileWatcher};
+use mesh_host_watchers::{source, Change, FileWatcher};
 use tokio::sync::mpsc;
 
 async fn expect_path(rx: &mut mpsc::UnboundedReceiver<Change>, path: &PathBuf, what: &str) {
@@ -84,7 +84,7 @@ async fn a_declaration_is_reported_only_once_it_settles() {
     let d = dir.path().join("declaration.json");
     std::fs::write(&d, "{}").unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let _task = declaration::spawn(d.clone(), Duration::from_millis(200), tx).unwrap();
+    let _task = source::spawn(d.clone(), Duration::from_millis(200), tx).unwrap();
     // A slow writer: pieces 50 ms apart, each well inside the quiet period.
     let start = tokio::time::Instant::now();
     for piece in ["{\"vers", "ion\": 1, ", "\"resources\": []}"] {
@@ -97,7 +97,7 @@ async fn a_declaration_is_reported_only_once_it_settles() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap();
-    assert_eq!(change, Change::Settled { source: d.clone() });
+    assert_eq!(change, Change::SourceChanged { source: d.clone() });
     assert!(start.elapsed() >= Duration::from_millis(300), "not before the writer paused");
     assert_eq!(std::fs::read(&d).unwrap(), b"{\"version\": 1, \"resources\": []}", "whole when reported");
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -112,8 +112,8 @@ async fn a_declaration_directory_removed_made_again_or_swapped_in_is_still_watch
     let d = dir.path().join("declaration.d");
     std::fs::create_dir(&d).unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let _task = declaration::spawn(d.clone(), Duration::from_millis(50), tx).unwrap();
-    let settled = Change::Settled { source: d.clone() };
+    let _task = source::spawn(d.clone(), Duration::from_millis(50), tx).unwrap();
+    let settled = Change::SourceChanged { source: d.clone() };
     async fn next(rx: &mut mpsc::UnboundedReceiver<Change>, what: &str) -> Change {
         match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
             Ok(Some(change)) => change,

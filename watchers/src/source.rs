@@ -19,7 +19,7 @@ use tokio::sync::mpsc::{self, UnboundedSender};
 
 use crate::Change;
 
-/// Watches a declaration source and sends `Change::Settled` each time it has settled after a
+/// Watches a declaration source and sends `Change::SourceChanged` each time it has settled after a
 /// change. Fails when the source's parent directory cannot be watched. Ends when the receiver is
 /// dropped.
 pub fn spawn(
@@ -62,7 +62,7 @@ pub fn spawn(
             // Before the controller is told, so that a file written in the new directory after
             // its read is seen, and one written before is in what it reads.
             rewatch(&mut watcher, &source);
-            if tx.send(Change::Settled { source: source.clone() }).is_err() {
+            if tx.send(Change::SourceChanged { source: source.clone() }).is_err() {
                 return;
             }
         }
