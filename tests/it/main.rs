@@ -9,6 +9,7 @@ mod support;
 mod actions;
 mod daemon;
 mod docker;
+mod faults;
 mod files;
 mod packages;
 mod systemd;
