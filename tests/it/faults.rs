@@ -106,9 +106,17 @@ fn assert_no_record_ahead(s: &Scratch) {
         }
         let path = Path::new(rec["target"].as_str().unwrap());
         let held = std::fs::read(path).map(|b| sha256(&b)).unwrap_or_else(|_| "absent".into());
-        assert_eq!(rec["wrote"].as_str(), Some(held.as_str()), "the record of {id} claims what {path:?} does not hold");
+        assert_eq!(
+            rec["wrote"].as_str(),
+            Some(held.as_str()),
+            "the record of {id} claims what {path:?} does not hold"
+        );
         let mode = std::fs::metadata(path).unwrap().mode() & 0o7777;
-        assert_eq!(rec["mode"].as_u64(), Some(u64::from(mode)), "the record of {id} claims a mode {path:?} does not have");
+        assert_eq!(
+            rec["mode"].as_u64(),
+            Some(u64::from(mode)),
+            "the record of {id} claims a mode {path:?} does not have"
+        );
     }
 }
 
@@ -161,7 +169,10 @@ fn assert_full_disk_failed_cleanly(m: &Mount, s: &Scratch, report: &Value) {
     // Each small file holds its old content or its new one, whole; one that failed, the old.
     for (name, id) in [("a", "full.a"), ("b", "full.b"), ("c", "full.c")] {
         let held = std::fs::read_to_string(m.dir.join(format!("app/{name}.conf"))).unwrap();
-        assert!(held == format!("old {name}\n") || held == format!("new {name}\n"), "{name}.conf is torn: {held:?}");
+        assert!(
+            held == format!("old {name}\n") || held == format!("new {name}\n"),
+            "{name}.conf is torn: {held:?}"
+        );
         if failed_ids(report).iter().any(|f| f == id) {
             assert_eq!(held, format!("old {name}\n"), "{id} failed and keeps its old content");
         }
@@ -186,7 +197,12 @@ fn a_full_ext4_fails_the_resource_and_keeps_old_files_whole() {
     // Room for the small files again, not for the big one.
     let filler = m.dir.join("filler");
     let len = std::fs::metadata(&filler).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&filler).unwrap().set_len(len.saturating_sub(256 << 10)).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&filler)
+        .unwrap()
+        .set_len(len.saturating_sub(256 << 10))
+        .unwrap();
     let report = full_disk(&m, &s);
     assert_full_disk_failed_cleanly(&m, &s, &report);
 }
@@ -205,9 +221,12 @@ fn a_full_disk_under_the_store_keeps_the_previous_store_and_no_temporary_file_fa
     let s = Scratch::new();
     let m = Mount::tmpfs(s.path("state"), "size=256k");
     let resources = |content: &str| {
-        let mut r = vec![json!({"type": "file", "id": "st.a", "path": s.p("tree/a.conf"), "content": content})];
+        let mut r =
+            vec![json!({"type": "file", "id": "st.a", "path": s.p("tree/a.conf"), "content": content})];
         for i in 0..200 {
-            r.push(json!({"type": "directory", "id": format!("st.d{i}"), "path": s.p(&format!("tree/d{i}"))}));
+            r.push(
+                json!({"type": "directory", "id": format!("st.d{i}"), "path": s.p(&format!("tree/d{i}"))}),
+            );
         }
         serde_json::Value::Array(r)
     };
@@ -275,7 +294,11 @@ fn inode_exhaustion_fails_the_resource_keeps_old_files_whole_and_leaves_no_tempo
         let path = m.dir.join(format!("app/n{i}.conf"));
         let id = format!("ino.n{i}");
         assert_eq!(path.exists(), !failed.contains(&id), "{id}");
-        assert_eq!(records(&s).contains_key(&id), !failed.contains(&id), "the record of {id} follows the fact");
+        assert_eq!(
+            records(&s).contains_key(&id),
+            !failed.contains(&id),
+            "the record of {id} follows the fact"
+        );
     }
     assert_no_record_ahead(&s);
     let left = temporary_files(&m.dir);
@@ -305,7 +328,11 @@ fn a_read_only_filesystem_fails_each_resource_naming_it_and_changes_nothing() {
     assert_eq!(code, 1, "{report:#}");
     let mut failed = failed_ids(&report);
     failed.sort();
-    assert_eq!(failed, ["ro.content", "ro.dir", "ro.mode", "ro.new", "ro.newdir"], "every resource fails: {report:#}");
+    assert_eq!(
+        failed,
+        ["ro.content", "ro.dir", "ro.mode", "ro.new", "ro.newdir"],
+        "every resource fails: {report:#}"
+    );
     for (id, path) in [
         ("ro.dir", "app"),
         ("ro.content", "content.conf"),
@@ -325,7 +352,10 @@ fn a_read_only_filesystem_fails_each_resource_naming_it_and_changes_nothing() {
     for id in ["ro.dir", "ro.content", "ro.mode"] {
         let (b, a) = (&before["records"][id], &after["records"][id]);
         for field in ["wrote", "mode", "declared"] {
-            assert_eq!(a[field], b[field], "the record of {id} keeps its {field}: the store claims nothing that failed");
+            assert_eq!(
+                a[field], b[field],
+                "the record of {id} keeps its {field}: the store claims nothing that failed"
+            );
         }
     }
     assert!(after["records"].get("ro.new").is_none() && after["records"].get("ro.newdir").is_none());

@@ -7,6 +7,7 @@
 mod support;
 
 mod actions;
+mod attacks;
 mod daemon;
 mod docker;
 mod faults;

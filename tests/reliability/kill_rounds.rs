@@ -212,7 +212,8 @@ fn knows_failpoint(bin: &Path, base: &Path, name: &str) -> bool {
         .map(|i| json!({"type": "file", "id": format!("probe.f{i}"), "path": dir.join(format!("f{i}")), "content": "x"}))
         .collect();
     let decl = dir.join("probe.json");
-    std::fs::write(&decl, serde_json::to_vec(&json!({"version": 1, "resources": resources})).unwrap()).unwrap();
+    std::fs::write(&decl, serde_json::to_vec(&json!({"version": 1, "resources": resources})).unwrap())
+        .unwrap();
     let status = Command::new(bin)
         .env("MESH_HOST_FAILPOINT", name)
         .env("MESH_HOST_LOG", "off")
@@ -262,17 +263,16 @@ fn kill_rounds() {
         "MESH_HOST_KILL_SEED",
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
     );
-    let wanted_points: Vec<String> = env_or(
-        "MESH_HOST_KILL_FAILPOINTS",
-        "batch-staged,batch-renamed,store-write".to_owned(),
-    )
-    .split(',')
-    .map(|s| s.trim().to_owned())
-    .filter(|s| !s.is_empty())
-    .collect();
+    let wanted_points: Vec<String> =
+        env_or("MESH_HOST_KILL_FAILPOINTS", "batch-staged,batch-renamed,store-write".to_owned())
+            .split(',')
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect();
     let dirs = (files / FILES_PER_DIR).max(1);
     let root_user = nix::unistd::geteuid().is_root();
-    let where_: String = env_or("MESH_HOST_KILL_DIR", if root_user { "loop".into() } else { "/var/tmp".into() });
+    let where_: String =
+        env_or("MESH_HOST_KILL_DIR", if root_user { "loop".into() } else { "/var/tmp".into() });
 
     // No core files from the aborts at failpoints: hundreds of them would fill a disk.
     nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0).unwrap();
@@ -301,7 +301,8 @@ fn kill_rounds() {
     let root = base.join("tree");
     let decls = [0, 1, 2].map(|i| {
         let path = work.path().join(format!("decl{i}.json"));
-        std::fs::write(&path, serde_json::to_vec(&declaration(&root, dirs, i, &contents[i])).unwrap()).unwrap();
+        std::fs::write(&path, serde_json::to_vec(&declaration(&root, dirs, i, &contents[i])).unwrap())
+            .unwrap();
         path
     });
     let tree = Tree { root, state: base.join("state/state.json"), dirs, contents, digests, decls };
@@ -311,7 +312,9 @@ fn kill_rounds() {
         if knows_failpoint(&bin, work.path(), p) {
             points.push(p.clone());
         } else {
-            let note = format!("failpoint {p:?} skipped: this binary does not know it (an apply with it set ran to the end)");
+            let note = format!(
+                "failpoint {p:?} skipped: this binary does not know it (an apply with it set ran to the end)"
+            );
             println!("note: {note}");
             figures.notes.push(note);
         }
@@ -392,7 +395,9 @@ fn kill_rounds() {
                 };
                 let bytes = std::fs::read(&path).unwrap_or_default();
                 match tree.contents.iter().position(|c| *c == bytes) {
-                    Some(i) if meta.file_type().is_file() && meta.permissions().mode() & 0o7777 == MODES[i] => {
+                    Some(i)
+                        if meta.file_type().is_file() && meta.permissions().mode() & 0o7777 == MODES[i] =>
+                    {
                         if i != p && i != k {
                             unexpected += 1;
                         }
@@ -407,7 +412,8 @@ fn kill_rounds() {
         }
 
         // The store: it parses, and no record is ahead of the machine.
-        let status = Command::new(&bin).arg("--state").arg(&tree.state).args(["status", "--json"]).output().unwrap();
+        let status =
+            Command::new(&bin).arg("--state").arg(&tree.state).args(["status", "--json"]).output().unwrap();
         let store_ok = status.status.success() && serde_json::from_slice::<Value>(&status.stdout).is_ok();
         let (mut ahead, mut lost) = (0, 0);
         match std::fs::read(&tree.state).ok().and_then(|b| serde_json::from_slice::<Value>(&b).ok()) {
@@ -518,7 +524,10 @@ fn kill_rounds() {
         ("records lost", f.records_lost),
         ("converging applies that failed", f.converge_failed),
         ("files not as declared after a converging apply", f.not_converged),
-        ("files corrected after a crash (fault 8: the host's own work counted as drift)", f.corrected_same + f.corrected_new),
+        (
+            "files corrected after a crash (fault 8: the host's own work counted as drift)",
+            f.corrected_same + f.corrected_new,
+        ),
         ("temporary files left after a converging apply (fault 7)", f.temp_after_converge_max),
     ] {
         if n > 0 {
