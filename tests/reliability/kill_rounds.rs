@@ -279,14 +279,18 @@ fn kill_rounds() {
 
     let work = tempfile::Builder::new().prefix("mesh-host-kill-").tempdir_in("/tmp").unwrap();
     let mut figures = Figures::default();
-    let (_loop_fs, base) = if where_ == "loop" {
+    // Both the loop filesystem and a scratch directory go when the run ends.
+    let (_loop_fs, _scratch, base) = if where_ == "loop" {
         let fs = LoopFs::new(work.path()).unwrap_or_else(|e| panic!("cannot make the loop filesystem: {e}"));
         let base = fs.mount.clone();
-        (Some(fs), base)
+        (Some(fs), None, base)
     } else {
-        let dir = tempfile::Builder::new().prefix("mesh-host-kill-").tempdir_in(&where_).unwrap().keep();
-        figures.notes.push(format!("tree in a scratch directory {} (not a fresh filesystem)", dir.display()));
-        (None, dir)
+        let dir = tempfile::Builder::new().prefix("mesh-host-kill-").tempdir_in(&where_).unwrap();
+        let base = dir.path().to_owned();
+        figures
+            .notes
+            .push(format!("tree in a scratch directory {} (not a fresh filesystem)", base.display()));
+        (None, Some(dir), base)
     };
 
     let original_bin: PathBuf = std::env::var_os("MESH_HOST_BIN")
