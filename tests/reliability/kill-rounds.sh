@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The kill rounds of the reliability battery, in full (RELIABILITY.md): 100 rounds over 10,000
 # files of 1 KiB in 1,000 directories, on a fresh loop-mounted ext4, killed at random moments
-# and aborted at the failpoints. As root (mount, mkfs.ext4). About 15 minutes with a debug build
-# on 2 cores, 6 with --release.
+# and aborted at the failpoints. As root (mount, mkfs.ext4). About 20 minutes with a debug build
+# on 2 cores (2026-11-30); less with --release, which first builds with fat LTO.
 #
 #   tests/reliability/kill-rounds.sh [--release] [REPORT.json]
 #
