@@ -7,8 +7,10 @@
 mod support;
 
 mod actions;
+mod attacks;
 mod daemon;
 mod docker;
+mod faults;
 mod files;
 mod packages;
 mod reliability;

@@ -16,6 +16,9 @@ need=()
 command -v useradd >/dev/null || need+=(passwd)
 command -v flock >/dev/null || need+=(util-linux)
 command -v chown >/dev/null || need+=(coreutils)
+# The reliability battery mounts small filesystems (tests/it/faults.rs, tests/reliability/).
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+command -v losetup >/dev/null || need+=(mount)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
