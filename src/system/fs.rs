@@ -506,8 +506,16 @@ impl Fs {
     /// Durability order: data first (fsync for one file, syncfs once per filesystem for more),
     /// then the renames, then an fsync of each directory, so after a crash each path holds either
     /// its old content or its complete new content, never a torn one.
-    pub fn commit(&mut self, mut staged: Vec<Staged>) -> Vec<Result<()>> {
-        failpoint("batch-staged");
+    pub fn commit(&mut self, staged: Vec<Staged>) -> Vec<Result<()>> {
+        self.commit_batch(staged, true)
+    }
+
+    /// `commit`, with the batch failpoints (`batch-staged`, `batch-renamed`) only where asked:
+    /// the store's own write is not a batch of managed files.
+    fn commit_batch(&mut self, mut staged: Vec<Staged>, failpoints: bool) -> Vec<Result<()>> {
+        if failpoints {
+            failpoint("batch-staged");
+        }
         let mut results: Vec<Result<()>> = Vec::with_capacity(staged.len());
         let mut synced_devs: HashMap<u64, std::result::Result<(), Errno>> = HashMap::new();
         for s in &staged {
@@ -541,7 +549,9 @@ impl Fs {
             }
             s.done = true;
         }
-        failpoint("batch-renamed");
+        if failpoints {
+            failpoint("batch-renamed");
+        }
         dirs.sort();
         dirs.dedup();
         for d in dirs {
@@ -665,7 +675,7 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     let staged = fs.stage(path, bytes, 0o600, None)?;
     rfs::fsync(&staged.fd).map_err(|e| FsError::io("sync", path, e))?;
     failpoint("store-write");
-    fs.commit(vec![staged]).pop().unwrap_or(Ok(()))
+    fs.commit_batch(vec![staged], false).pop().unwrap_or(Ok(()))
 }
 
 /// Removes temporary files a crash left beside `path` (`.NAME.mesh-host-*`).

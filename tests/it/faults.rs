@@ -235,18 +235,28 @@ fn a_full_disk_under_the_store_keeps_the_previous_store_and_no_temporary_file_fa
     m.fill();
 
     let (code, report) = s.apply(&s.declare(resources("two\n")));
-    assert_eq!(code, 1, "a store that cannot be written fails the apply: {report:#}");
-    let message = failure_message(&report, "state-store");
-    assert!(message.contains("No space left on device"), "{message}");
+    assert_eq!(code, 1, "a state directory that cannot be written fails the apply: {report:#}");
+    // The journal of intent, beside the store, is written before any file: with no room for
+    // it, the file is not written either (the host writes nothing it could not account for).
+    let message = failure_message(&report, "st.a");
+    assert!(
+        message.contains("No space left on device") && message.contains("state.json.journal"),
+        "{message}"
+    );
+    assert_eq!(
+        std::fs::read(s.path("tree/a.conf")).unwrap(),
+        b"one\n",
+        "nothing it could not record was written"
+    );
     assert_eq!(std::fs::read(s.state()).unwrap(), before, "the previous store is intact");
     assert!(s.run(&["status", "--json"]).status.success(), "and readable");
     let left = temporary_files(&m.dir);
 
-    // With room again, the next apply records what the failed one did, as the host's own work.
+    // With room again, the next apply does what the failed one could not.
     std::fs::remove_file(m.dir.join("filler")).unwrap();
     let (code, report) = s.apply(&s.declare(resources("two\n")));
     assert_eq!(code, 0, "{report:#}");
-    assert_eq!(action(&report, "st.a"), "unchanged", "{report:#}");
+    assert_eq!(action(&report, "st.a"), "updated", "{report:#}");
     assert_no_record_ahead(&s);
     assert!(left.is_empty(), "temporary files left beside the store on a full disk: {left:?}");
 }
