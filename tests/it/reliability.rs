@@ -435,3 +435,49 @@ fn fault8_the_host_s_own_interrupted_writes_are_not_counted_as_drift() {
     let (_, report) = s.apply(&d);
     assert_eq!(action(&report, "f.n0"), "corrected");
 }
+
+#[test]
+fn sigterm_during_a_large_first_apply_finishes_it_writes_the_store_and_exits_0() {
+    let s = Scratch::new();
+    let d = s.declare(many_files(&s, 3000, 100, "v1"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .args(["run", "--declaration"])
+        .arg(&d)
+        .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        // A file, not a pipe: 3,000 lines of "created" would fill a pipe nobody reads yet.
+        .stderr(std::fs::File::create(s.path("daemon.log")).unwrap())
+        .spawn()
+        .unwrap();
+    // Mid-apply: some files are there, not all.
+    assert!(wait_for(PATIENCE, || s.path("tree/d0/f0").exists()), "the first apply never started writing");
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the daemon did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let log = read(&s.path("daemon.log"));
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(log.contains("SIGTERM") && log.contains("stopped"), "{log}");
+    // The apply in flight finished and was recorded: every file, whole, and a record of each.
+    for i in (0..3000).step_by(97) {
+        assert_eq!(read(&s.path(&format!("tree/d{}/f{i}", i % 100))), format!("v1 {i}\n"));
+    }
+    let status: serde_json::Value = serde_json::from_slice(&s.run(&["status", "--json"]).stdout).unwrap();
+    let records = status["records"].as_array().unwrap();
+    assert_eq!(records.len(), 3000, "every file written was recorded before the agent stopped");
+    assert!(records.iter().all(|r| r["machine"] == "holds"), "no record ahead of the machine");
+    assert_eq!(temporaries(&s.path("tree")), Vec::<String>::new());
+    assert!(!s.path("state/state.json.journal").exists());
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
