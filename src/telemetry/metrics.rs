@@ -197,6 +197,7 @@ mod tests {
         // Families with labels appear once they have a child.
         m.resources.get_or_create(&vec![("type", "file"), ("state", "converged")]).set(1);
         m.drift_corrections.get_or_create(&vec![("type", "file")]).inc();
+        m.failures.get_or_create(&vec![("type", "file")]).inc();
         m.outcomes.get_or_create(&vec![("type", "file"), ("action", "created")]).inc();
         m.reconcile_duration.get_or_create(&vec![("scope", "full")]).observe(0.1);
         m.queue_adds.get_or_create(&vec![("source", "file")]).inc();
