@@ -527,6 +527,24 @@ impl Fs {
             };
             results.push(r.map_err(|e| FsError::io("sync", &s.dir.join(&s.name), e)));
         }
+        // The batch's intents must be durable before any rename. The syncfs above covered them
+        // if the journal is on a filesystem it synced; otherwise the journal is synced itself.
+        // Not for a batch of one, which is not synced there (see `Journal::intend`).
+        if staged.len() > 1 {
+            if let Some(journal) = &mut self.journal {
+                if let Err(e) = journal.make_durable(|dev| synced_devs.get(&dev).is_some_and(|r| r.is_ok())) {
+                    // Nothing is renamed: a write the journal cannot account for is not made.
+                    let why = e.to_string();
+                    for (s, r) in staged.iter().zip(results.iter_mut()).filter(|(_, r)| r.is_ok()) {
+                        *r = Err(FsError::Io {
+                            op: "put in place",
+                            path: s.dir.join(&s.name),
+                            source: io::Error::other(why.clone()),
+                        });
+                    }
+                }
+            }
+        }
         let mut dirs: Vec<PathBuf> = Vec::new();
         for (s, result) in staged.iter_mut().zip(results.iter_mut()) {
             let target = s.dir.join(&s.name);

@@ -101,14 +101,28 @@ impl Journal {
         Ok(())
     }
 
-    /// Appends what a batch is about to leave, and makes it durable before any rename. A batch
-    /// of one file (the daemon putting back a hand-edit) is not synced: a kill cannot lose the
-    /// line, and the sync would sit between the edit and its correction; after a power cut the
-    /// worst it costs is one correction counted twice.
+    /// Appends what a batch is about to leave. The commit then makes it durable before any
+    /// rename (`make_durable`): usually for free, since the batch's own `syncfs` covers the
+    /// journal when both are on one filesystem. A batch of one file (the daemon putting back a
+    /// hand-edit) is not synced: a kill cannot lose the line, and a sync would sit between the
+    /// edit and its correction; after a power cut the worst it costs is one correction counted
+    /// twice.
     pub fn intend(&mut self, intents: Vec<Intent>) -> Result<()> {
-        let sync = intents.len() > 1;
         let lines: Vec<Line> = intents.into_iter().map(Line::Intent).collect();
-        self.append(&lines, sync)
+        self.append(&lines, false)
+    }
+
+    /// Makes what was appended durable, unless `synced` says the filesystem it is on (by device)
+    /// was synced whole since.
+    pub fn make_durable(&mut self, synced: impl Fn(u64) -> bool) -> Result<()> {
+        let Some(file) = &self.file else { return Ok(()) };
+        let io =
+            |e: std::io::Error| FsError::Io { op: "sync the journal", path: self.path.clone(), source: e };
+        let dev = std::os::unix::fs::MetadataExt::dev(&file.metadata().map_err(io)?);
+        if !synced(dev) {
+            file.sync_data().map_err(io)?;
+        }
+        Ok(())
     }
 }
 
