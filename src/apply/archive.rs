@@ -131,8 +131,8 @@ fn beneath(name: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
-fn refused(target: &Path, why: impl std::fmt::Display) -> Error {
-    Error::Refused(format!("the archive for {} {why}; nothing was unpacked", target.display()))
+fn refused(target: &Path, why: String) -> Error {
+    Error::ArchiveRefused { path: target.to_owned(), why }
 }
 
 /// Whether an entry carries names or attributes for the next one rather than being one itself.
@@ -251,26 +251,21 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
         (Some(b), _) => Source::Inline(
             base64::engine::general_purpose::STANDARD
                 .decode(b)
-                .map_err(|e| Error::Refused(format!("{}: `bytes` is not base64: {e}", path.display())))?,
+                .map_err(|error| Error::NotBase64 { path: path.to_owned(), error })?,
         ),
         (None, Some(src)) => Source::File(
             crate::system::input::open_regular(src.as_path())
-                .map_err(|e| Error::Refused(format!("cannot read the archive {src}: {e}")))?
+                .map_err(|error| Error::ArchiveSource { path: src.as_path().to_owned(), error })?
                 .0,
         ),
-        (None, None) => {
-            return Err(Error::Refused(format!("{}: the archive has no bytes or source", path.display())))
-        }
+        (None, None) => return Err(Error::NoArchive { path: path.to_owned() }),
     };
     let got = measure(&mut src, ctx.opts.archive_limits, path)?;
     let got_text = got.to_string();
     if let Some(want) = &a.digest {
         let want = format!("sha256:{}", want.strip_prefix("sha256:").unwrap_or(want));
         if want != got_text {
-            return Err(Error::Refused(format!(
-                "the archive for {} is {got}, and the declaration says {want}; nothing was unpacked",
-                path.display()
-            )));
+            return Err(refused(path, format!("is {got}, and the declaration says {want}")));
         }
     }
     let record =
@@ -278,11 +273,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
     let present = match ctx.fs.meta(path)? {
         None => false,
         Some(m) if m.kind == FsKind::Directory => true,
-        Some(_) => {
-            return Err(Error::Refused(format!(
-                "{} exists and is not a directory to unpack into; it was left alone",
-                path.display()
-            )))
+        Some(m) => {
+            return Err(Error::WrongKind { path: path.to_owned(), declared: Kind::Archive, found: m.kind })
         }
     };
     let facts = Facts { archive: Some(got_text.clone()), ..Facts::default() };
@@ -361,7 +353,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
     let mut sums = sums.into_iter();
     for e in &entries {
         let full = path.join(&e.path);
-        let wrong = |what: &str| Error::Refused(format!("{} {what} after unpacking", full.display()));
+        let wrong = |what| Error::Unpacked { path: full.clone(), what };
         match &e.body {
             Body::File { size } => {
                 let want = sums.next();

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{begin, Action, Ctx, Error, Facts, Step};
+use super::{begin, Action, Aspect, Ctx, Error, Facts, Need, Step, Target};
 use crate::declaration::{digest, Container, Declaration, Id, Kind, Resource, Spec};
 use crate::store::Store;
 use crate::system::docker::{self, Docker, NewContainer, ID_LABEL, SPEC_LABEL, STEP_LABEL};
@@ -195,9 +195,9 @@ enum Started {
 fn read_back(docker: &Docker, c: &Container, want: &str, started: Started) -> Result<(), Error> {
     let name = c.name.as_str();
     let look = || {
-        docker.container(name)?.ok_or_else(|| {
-            Error::Refused(format!("container {name} was started and is not there afterwards"))
-        })
+        docker
+            .container(name)?
+            .ok_or_else(|| Error::Vanished { target: Target::Container(name.to_owned()), did: "started" })
     };
     let mut state = look()?;
     if state.running && started == Started::New {
@@ -205,22 +205,15 @@ fn read_back(docker: &Docker, c: &Container, want: &str, started: Started) -> Re
         state = look()?;
     }
     if started != Started::Again && state.restarts > 0 {
-        return Err(Error::Refused(format!(
-            "container {name} was started and is not running: it exited at once, and the runtime keeps restarting it; read its logs with `{} logs {name}`",
-            docker.cli()
-        )));
+        return Err(Error::ContainerRestarting { name: name.to_owned(), cli: docker.cli() });
     }
     if !state.running {
-        return Err(Error::Refused(format!(
-            "container {name} was started and is not running: it {}; read its logs with `{} logs {name}`",
-            stopped(&state),
-            docker.cli()
-        )));
+        return Err(Error::ContainerDied { name: name.to_owned(), how: stopped(&state), cli: docker.cli() });
     }
     if state.label(SPEC_LABEL) != Some(want) {
         return Err(Error::ReadBack {
-            path: format!("container {name}"),
-            what: "the label mesh-host.spec",
+            target: Target::Container(name.to_owned()),
+            what: Aspect::SpecLabel,
             wanted: want.to_owned(),
             found: state.label(SPEC_LABEL).unwrap_or("absent").to_owned(),
         });
@@ -260,7 +253,7 @@ fn run_step(
     r: &Resource,
     c: &Container,
     want: &str,
-    what: &str,
+    what: &'static str,
     limit: Option<std::time::Duration>,
 ) -> Result<(), Error> {
     let name = c.name.as_str();
@@ -272,10 +265,7 @@ fn run_step(
     docker.start(name)?;
     let code = docker.wait(name, limit)?;
     if code != 0 {
-        return Err(Error::Refused(format!(
-            "{what} {name} exited with code {code}; its container is left for its logs: `{} logs {name}`",
-            docker.cli()
-        )));
+        return Err(Error::StepFailed { step: what, name: name.to_owned(), code, cli: docker.cli() });
     }
     docker.remove(name)?;
     Ok(())
@@ -319,7 +309,7 @@ pub fn run_scheduled(
     container_socket: Option<&str>,
     limit: Option<std::time::Duration>,
 ) -> Result<ScheduledRun, Error> {
-    let r = declaration.get(id).ok_or_else(|| Error::Refused(format!("{id} is not declared")))?;
+    let r = declaration.get(id).ok_or_else(|| Error::NotDeclared { id: id.to_string() })?;
     let c = match &r.spec {
         Spec::Container(c) if c.schedule.is_some() => c,
         Spec::Container(_)
@@ -333,7 +323,7 @@ pub fn run_scheduled(
         | Spec::Process(_)
         | Spec::Action(_)
         | Spec::Network(_)
-        | Spec::Opening(_) => return Err(Error::Refused(format!("{id} is not a scheduled container step"))),
+        | Spec::Opening(_) => return Err(Error::NotScheduled { id: id.to_string() }),
     };
     let started = Instant::now();
     let docker = docker::connect(container_socket)?;
@@ -350,17 +340,7 @@ fn ensure_image(docker: &Docker, c: &Container) -> Result<(), Error> {
     if docker.has_image(image)? {
         return Ok(());
     }
-    if image.starts_with("sha256:") || image.contains("@sha256:") {
-        return Err(Error::Refused(format!(
-            "image {image} is not on this machine, and an image named by its digest cannot be fetched: nothing here serves it. Load it (`{} load`) before applying",
-            docker.cli()
-        )));
-    }
-    Err(Error::Refused(format!(
-        "image {image} is not on this machine; mesh-host does not pull images, so load or build it here (`{} load`, `{} import`) before applying",
-        docker.cli(),
-        docker.cli()
-    )))
+    Err(Error::ImageMissing { image: image.to_owned(), cli: docker.cli() })
 }
 
 /// The digest of a container's spec: what it is made from. `reads` are the files it reads at
@@ -462,7 +442,7 @@ fn file_digest(store: &Store, declaration: &Declaration, path: &Path) -> Result<
     }
     docker::read_input_file(path)
         .map(|bytes| bytes.map(|b| digest(&b).to_string()))
-        .map_err(|e| Error::Refused(format!("cannot read {text}, which the container reads: {e}")))
+        .map_err(|error| Error::ContainerReads { path: path.to_owned(), error })
 }
 
 /// Everything the runtime needs to create the container, resolved: env-files read, ports
@@ -473,17 +453,19 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
     // The Engine API takes no env-file: the docker CLI reads it on the client side, and so
     // does the host, in the CLI's format. Values are never logged.
     for (i, path) in c.env_file.iter().enumerate() {
+        let unusable = |why: String| Error::EnvFile {
+            container: name.to_owned(),
+            index: i,
+            path: path.as_path().to_owned(),
+            why,
+        };
         let bytes = docker::read_input_file(path.as_path())
-            .map_err(|e| Error::Refused(format!("container {name}: env-file[{i}] {path}: {e}")))?
-            .ok_or_else(|| {
-                Error::Refused(format!(
-                    "container {name}: env-file[{i}] {path} is not there (or not a file); declare it before the container"
-                ))
+            .map_err(|e| unusable(e.to_string()))?
+            .ok_or_else(|| Error::Missing {
+                path: path.as_path().to_owned(),
+                need: Need::EnvFile { container: name.to_owned(), index: i },
             })?;
-        env.extend(
-            parse_env_file(&bytes)
-                .map_err(|e| Error::Refused(format!("container {name}: env-file[{i}] {path}: {e}")))?,
-        );
+        env.extend(parse_env_file(&bytes).map_err(unusable)?);
     }
     env.extend(c.env.iter().map(|(k, v)| format!("{k}={v}")));
 
@@ -494,17 +476,20 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
         // was meant (a credential not written yet) that directory then blocks the file for
         // ever, so a missing source is refused instead.
         if source.starts_with('/') && !docker::exists(Path::new(source)) {
-            return Err(Error::Refused(format!(
-                "container {name}: volumes[{i}]: {source} does not exist; declare it before the container"
-            )));
+            return Err(Error::Missing {
+                path: source.into(),
+                need: Need::BindSource { container: name.to_owned(), index: i },
+            });
         }
         binds.push(v.clone());
     }
 
     let mut ports = Vec::new();
     for (i, p) in c.ports.iter().enumerate() {
-        ports.push(parse_port(p).ok_or_else(|| {
-            Error::Refused(format!("container {name}: ports[{i}]: {p:?} is not a port mapping"))
+        ports.push(parse_port(p).ok_or_else(|| Error::NotAPortMapping {
+            container: name.to_owned(),
+            index: i,
+            port: p.clone(),
         })?);
     }
 

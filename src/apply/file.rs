@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 
-use super::{begin, Action, Ctx, Error, Facts, Outcome, Step};
+use super::{begin, Action, Aspect, Ctx, Error, Facts, Outcome, Step, Target};
 use crate::declaration::{digest, Digest, File, Kind, Resource};
 use crate::system::fs::{Content, Fs, Kind as FsKind, Meta};
 use crate::system::journal::Intent;
@@ -42,36 +42,27 @@ pub fn declared_bytes<'a>(f: &'a File, contents: Option<&ContentFile>) -> Result
         // Refused, never skipped: a machine that quietly leaves out the one file holding a
         // credential looks configured and cannot connect. Opening sealed values needs this
         // node's sealing key, which comes with `keygen` and `seal` (not built yet).
-        return Err(Error::Refused(format!(
-            "{} carries a sealed value and this node has no sealing key; nothing was written",
-            f.path
-        )));
+        return Err(Error::Sealed { path: f.path.as_path().to_owned() });
     }
     if f.into.is_some() {
-        return Err(Error::Refused(format!(
-            "writing keys into {} (`into`) is not supported yet; nothing was written",
-            f.path
-        )));
+        return Err(Error::IntoUnsupported { path: f.path.as_path().to_owned() });
     }
     if let Some(stored) = &f.stored {
         let place = Place { at: stored.at, len: stored.len, sum: stored.sum };
         let read = contents
             .ok_or_else(|| std::io::Error::other("the daemon has no content file"))
             .and_then(|file| file.read(&place));
-        return read.map(Cow::Owned).map_err(|e| {
-            Error::Refused(format!(
-                "cannot read the declared content of {} from the agent's content file: {e}; touch the declaration to have it read again",
-                f.path
-            ))
-        });
+        return read
+            .map(Cow::Owned)
+            .map_err(|error| Error::ContentFile { path: f.path.as_path().to_owned(), error });
     }
     match (&f.content, &f.bytes) {
         (Some(c), _) => Ok(Cow::Borrowed(c.as_bytes())),
         (None, Some(b)) => base64::engine::general_purpose::STANDARD
             .decode(b)
             .map(Cow::Owned)
-            .map_err(|e| Error::Refused(format!("{}: `bytes` is not base64: {e}", f.path))),
-        (None, None) => Err(Error::Refused(format!("{} declares no content", f.path))),
+            .map_err(|error| Error::NotBase64 { path: f.path.as_path().to_owned(), error }),
+        (None, None) => Err(Error::NoContent { path: f.path.as_path().to_owned() }),
     }
 }
 
@@ -138,20 +129,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         return Ok(Step::Staged(Box::new(Pending { staged, checked: checked(action, detail) })));
     };
 
-    match meta.kind {
-        FsKind::File => {}
-        FsKind::Symlink => {
-            return Err(Error::Refused(format!(
-                "{} is a symlink; mesh-host never writes through a symlink, and does not replace one it did not make: remove it, or declare the real path",
-                path.display()
-            )))
-        }
-        FsKind::Directory | FsKind::Other => {
-            return Err(Error::Refused(format!(
-                "{} exists and is not a regular file; it was left alone",
-                path.display()
-            )))
-        }
+    if meta.kind != FsKind::File {
+        return Err(Error::WrongKind { path: path.to_owned(), declared: Kind::File, found: meta.kind });
     }
 
     // A seed that is present is left exactly as it is: what the program grew in it since is not
@@ -295,27 +274,31 @@ impl Checked {
 /// asked. A write that returned success is not evidence that the value took.
 pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Error> {
     let mismatch = |what, wanted: String, found: String| Error::ReadBack {
-        path: c.path.display().to_string(),
+        target: Target::Path(c.path.clone()),
         what,
         wanted,
         found,
     };
     let Some((meta, held)) = fs.read_up_to(&c.path, c.len)? else {
-        return Err(mismatch("the file", "written".into(), "missing".into()));
+        return Err(mismatch(Aspect::File, "written".into(), "missing".into()));
     };
     if meta.kind != FsKind::File {
-        return Err(mismatch("the file", "a regular file".into(), format!("{:?}", meta.kind)));
+        return Err(mismatch(Aspect::File, "a regular file".into(), format!("{:?}", meta.kind)));
     }
     let digest_found = Digest::from_sum(held.sum().expect("a regular file has a sum"));
     if digest_found != c.digest {
-        return Err(mismatch("the content", c.digest.to_string(), digest_found.to_string()));
+        return Err(mismatch(Aspect::Content, c.digest.to_string(), digest_found.to_string()));
     }
     if meta.mode != c.mode {
-        return Err(mismatch("the mode", format!("{:04o}", c.mode), format!("{:04o}", meta.mode)));
+        return Err(mismatch(Aspect::Mode, format!("{:04o}", c.mode), format!("{:04o}", meta.mode)));
     }
     if let Some((uid, gid)) = c.owner {
         if (meta.uid, meta.gid) != (uid, gid) {
-            return Err(mismatch("the owner", format!("{uid}:{gid}"), format!("{}:{}", meta.uid, meta.gid)));
+            return Err(mismatch(
+                Aspect::Owner,
+                format!("{uid}:{gid}"),
+                format!("{}:{}", meta.uid, meta.gid),
+            ));
         }
     }
     let outcome = Outcome {

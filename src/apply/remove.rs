@@ -4,7 +4,7 @@
 //! it made and leaves what it merely configured or found. It returns the honest word: for much
 //! of the vocabulary that is `kept` or `forgotten`, not `removed`.
 
-use super::{process, Action, Error, Machine, Options};
+use super::{process, Action, Error, Machine, Options, Target};
 use crate::declaration::{Digest, Kind};
 use crate::store::Record;
 use crate::system::docker::ID_LABEL;
@@ -37,7 +37,7 @@ pub(super) fn remove(
                 if !dry_run {
                     fs.remove_file(path)?;
                     if fs.meta(path)?.is_some() {
-                        return Err(Error::Refused(format!("{} is still there after removing it", path.display())));
+                        return Err(Error::StillThere { target: Target::Path(path.to_owned()) });
                     }
                 }
                 said(Action::Removed, "no longer declared")
@@ -110,9 +110,7 @@ pub(super) fn remove(
                     if !dry_run {
                         docker.remove(name)?;
                         if docker.container(name)?.is_some() {
-                            return Err(Error::Refused(format!(
-                                "container {name} is still there after removing it"
-                            )));
+                            return Err(Error::StillThere { target: Target::Container(name.to_owned()) });
                         }
                     }
                     said(Action::Removed, "no longer declared")
@@ -143,9 +141,7 @@ pub(super) fn remove(
                     if !dry_run {
                         docker.remove_network(name)?;
                         if docker.network(name)?.is_some() {
-                            return Err(Error::Refused(format!(
-                                "network {name} is still there after removing it"
-                            )));
+                            return Err(Error::StillThere { target: Target::Network(name.to_owned()) });
                         }
                     }
                     said(Action::Removed, "no longer declared")
@@ -182,7 +178,7 @@ fn stop(
         }
         let after = sd.state(unit)?;
         if after.exists() && !after.stopped() {
-            return Err(Error::Refused(format!("{unit} was stopped and is {after}")));
+            return Err(Error::StillRunning { unit: unit.to_owned(), state: Box::new(after) });
         }
     }
     Ok((Action::Removed, Some(format!("no longer declared: {unit} stopped; {left}"))))

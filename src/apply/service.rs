@@ -47,17 +47,13 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
         if !boot_is(boot, &found) {
             let wanted = boot_word(boot);
             if boot == Boot::Enabled && found == "static" {
-                return Err(Error::Refused(format!(
-                    "{unit} cannot be enabled: its unit file has no [Install] section (systemd calls it static)"
-                )));
+                return Err(Error::StaticUnit { unit: unit.to_owned() });
             }
             if !dry_run {
                 sd.set_boot(unit, boot == Boot::Enabled)?;
                 let after = sd.boot(unit)?;
                 if !boot_is(boot, &after) {
-                    return Err(Error::Refused(format!(
-                        "{unit} was set to {wanted} at boot and systemd reads it back as {after}"
-                    )));
+                    return Err(Error::BootReadBack { unit: unit.to_owned(), wanted, found: after });
                 }
             }
             changes.push(format!("boot {found} to {wanted}"));
@@ -95,9 +91,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
                 sd.reload(unit)?;
                 let after = sd.state(unit)?;
                 if !after.running() {
-                    return Err(Error::Refused(format!(
-                        "{unit} was reloaded for {why} and is {after}; journalctl -u {unit} says why"
-                    )));
+                    return Err(Error::ReloadDied { unit: unit.to_owned(), why, state: Box::new(after) });
                 }
             }
             changes.push(format!("reloaded for {why}"));
@@ -108,7 +102,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
                 sd.stop(unit)?;
                 let after = sd.state(unit)?;
                 if !after.stopped() {
-                    return Err(Error::Refused(format!("{unit} was stopped and is {after}")));
+                    return Err(Error::StillRunning { unit: unit.to_owned(), state: Box::new(after) });
                 }
             }
             changes.push(format!("stopped (was {})", before.active));
@@ -155,9 +149,7 @@ pub(super) fn running_now(sd: &Systemd, unit: &str, what: &str) -> Result<(), Er
 
 /// A unit that did not stay up after it was started.
 pub(super) fn died(unit: &str, what: &str, after: &UnitState) -> Error {
-    Error::Refused(format!(
-        "{unit} {what} and is {after} a moment later: it exited or died at once; journalctl -u {unit} says why"
-    ))
+    Error::UnitDied { unit: unit.to_owned(), did: what.to_owned(), state: Box::new(after.clone()) }
 }
 
 fn boot_word(b: Boot) -> &'static str {
