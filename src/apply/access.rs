@@ -6,21 +6,17 @@
 //! it picks, which is exactly the silent wrong ownership this resource exists to prevent. So the
 //! host says plainly that the operator must provide it.
 
-use super::{begin, Action, Ctx, Error, Facts, Step};
-use crate::declaration::{Access, AccessMode, Resource};
+use super::{begin, Action, Ctx, Error, Facts, Need, Step};
+use crate::declaration::{Access, AccessMode, Kind, Resource};
 use crate::system::fs::Kind as FsKind;
 
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Access) -> Result<Step, Error> {
     let path = a.path.as_path();
     match ctx.fs.meta(path)? {
-        None => Err(Error::Refused(format!(
-            "{} is not there, and it is the operator's to provide: an access names shared data that mesh-host never creates",
-            path.display()
-        ))),
-        Some(m) if m.kind != FsKind::Directory => Err(Error::Refused(format!(
-            "{} is not a directory; an access names a directory the operator provides",
-            path.display()
-        ))),
+        None => Err(Error::Missing { path: path.to_owned(), need: Need::Access }),
+        Some(m) if m.kind != FsKind::Directory => {
+            Err(Error::WrongKind { path: path.to_owned(), declared: Kind::Access, found: m.kind })
+        }
         Some(_) => {
             let how = match a.mode {
                 AccessMode::Read => "read",

@@ -36,18 +36,11 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &ActionSpec) -> Result<S
     }
     let ran = run(&a.command.0)?;
     if !ran.success() {
-        return Err(Error::Refused(format!(
-            "verify {}, so the command ran, and it {}",
-            first.describe(),
-            ran.describe()
-        )));
+        return Err(Error::CommandFailed { verify: first.describe(), ran: ran.describe() });
     }
     let again = run(&a.verify.0)?;
     if !again.success() {
-        return Err(Error::Refused(format!(
-            "the command exited 0 and verify still fails ({}): the command claimed success and did not do its job",
-            again.describe()
-        )));
+        return Err(Error::VerifyStillFails { verify: again.describe() });
     }
     Ok(Step::Done(
         begin(r, Action::Created, Some("verify failed; the command ran and verify now passes".into())),

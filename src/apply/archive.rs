@@ -24,7 +24,8 @@ use sha2::Digest as _;
 
 use super::{begin, Action, Ctx, Error, Facts, Step};
 use crate::declaration::{Archive, Digest, Kind, Resource};
-use crate::system::fs::Kind as FsKind;
+use crate::store::Record;
+use crate::system::fs::{Fs, Kind as FsKind};
 
 /// How much one archive may unpack: a forged or runaway archive fails its resource instead of
 /// filling the disk or the agent's memory.
@@ -131,8 +132,8 @@ fn beneath(name: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
-fn refused(target: &Path, why: impl std::fmt::Display) -> Error {
-    Error::Refused(format!("the archive for {} {why}; nothing was unpacked", target.display()))
+fn refused(target: &Path, why: String) -> Error {
+    Error::ArchiveRefused { path: target.to_owned(), why }
 }
 
 /// Whether an entry carries names or attributes for the next one rather than being one itself.
@@ -245,70 +246,101 @@ fn entries(src: &mut Source, target: &Path, measured: &Digest) -> Result<Vec<Ent
     Ok(out)
 }
 
+/// Reads the archive twice to check it, decides (`decide`, pure), then unpacks and reads back.
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step, Error> {
     let path = a.path.as_path();
-    let mut src = match (&a.bytes, &a.source) {
-        (Some(b), _) => Source::Inline(
-            base64::engine::general_purpose::STANDARD
-                .decode(b)
-                .map_err(|e| Error::Refused(format!("{}: `bytes` is not base64: {e}", path.display())))?,
-        ),
-        (None, Some(src)) => Source::File(
-            crate::system::input::open_regular(src.as_path())
-                .map_err(|e| Error::Refused(format!("cannot read the archive {src}: {e}")))?
-                .0,
-        ),
-        (None, None) => {
-            return Err(Error::Refused(format!("{}: the archive has no bytes or source", path.display())))
-        }
-    };
+    let mut src = source(a)?;
     let got = measure(&mut src, ctx.opts.archive_limits, path)?;
-    let got_text = got.to_string();
-    if let Some(want) = &a.digest {
-        let want = format!("sha256:{}", want.strip_prefix("sha256:").unwrap_or(want));
-        if want != got_text {
-            return Err(Error::Refused(format!(
-                "the archive for {} is {got}, and the declaration says {want}; nothing was unpacked",
-                path.display()
-            )));
-        }
-    }
+    check_digest(path, a.digest.as_deref(), &got)?;
     let record =
         ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Archive && *rec.target == *r.target());
-    let present = match ctx.fs.meta(path)? {
-        None => false,
-        Some(m) if m.kind == FsKind::Directory => true,
-        Some(_) => {
-            return Err(Error::Refused(format!(
-                "{} exists and is not a directory to unpack into; it was left alone",
-                path.display()
-            )))
-        }
+    let found = ctx.fs.meta(path)?.map(|m| m.kind);
+    let facts = Facts { archive: Some(got.to_string()), ..Facts::default() };
+    let (action, detail) = match decide(path, record, found, &got)? {
+        Plan::Unchanged => return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts))),
+        Plan::Unpack(action, detail) => (action, Some(detail)),
     };
-    let facts = Facts { archive: Some(got_text.clone()), ..Facts::default() };
-    let (action, detail) = match record {
-        Some(rec) if rec.archive() == Some(got_text.as_str()) && present => {
-            return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
-        }
-        Some(rec) if rec.archive() == Some(got_text.as_str()) => (
-            Action::Corrected,
-            Some("the directory it was unpacked into had been removed on the machine".to_owned()),
-        ),
-        Some(rec) => (
-            Action::Updated,
-            Some(format!("the archive changed from {} to {got}", rec.archive().unwrap_or("nothing"))),
-        ),
-        None => (Action::Created, Some(format!("unpacked {got}"))),
-    };
-
     let entries = entries(&mut src, path, &got)?;
     if ctx.opts.dry_run {
         return Ok(Step::Done(begin(r, action, detail), None));
     }
+    let sums = unpack(&mut ctx.fs, &mut src, path, &entries, &got)?;
+    read_back(&mut ctx.fs, path, &entries, sums)?;
+    Ok(Step::Done(begin(r, action, detail), Some(facts)))
+}
 
-    // The third pass: each file streamed into its temporary name, in step with what was checked.
+/// The archive's bytes, as declared: inline, or a regular file on the machine.
+fn source(a: &Archive) -> Result<Source, Error> {
+    let path = a.path.as_path();
+    match (&a.bytes, &a.source) {
+        (Some(b), _) => base64::engine::general_purpose::STANDARD
+            .decode(b)
+            .map(Source::Inline)
+            .map_err(|error| Error::NotBase64 { path: path.to_owned(), error }),
+        (None, Some(src)) => crate::system::input::open_regular(src.as_path())
+            .map(|(file, _)| Source::File(file))
+            .map_err(|error| Error::ArchiveSource { path: src.as_path().to_owned(), error }),
+        (None, None) => Err(Error::NoArchive { path: path.to_owned() }),
+    }
+}
+
+/// The archive must be the one the declaration names by digest, when it names one.
+fn check_digest(path: &Path, declared: Option<&str>, got: &Digest) -> Result<(), Error> {
+    let Some(want) = declared else { return Ok(()) };
+    let want = format!("sha256:{}", want.strip_prefix("sha256:").unwrap_or(want));
+    if want != got.to_string() {
+        return Err(refused(path, format!("is {got}, and the declaration says {want}")));
+    }
+    Ok(())
+}
+
+/// What to do with an archive.
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    /// Unpacked at this digest already, and its directory is there.
+    Unchanged,
+    /// Unpacked, and what the report says.
+    Unpack(Action, String),
+}
+
+/// Decides from the kind of what is at the target (`None`: nothing), the record, and the
+/// digest of the archive now. Pure. Only the archive's digest is compared, never the files it
+/// unpacked: those may be changed or added to, as after `tar -x`.
+fn decide(path: &Path, record: Option<&Record>, found: Option<FsKind>, got: &Digest) -> Result<Plan, Error> {
+    let present = match found {
+        None => false,
+        Some(FsKind::Directory) => true,
+        Some(kind) => {
+            return Err(Error::WrongKind { path: path.to_owned(), declared: Kind::Archive, found: kind })
+        }
+    };
+    let got_text = got.to_string();
+    Ok(match record.map(|rec| rec.archive()) {
+        Some(Some(was)) if was == got_text && present => Plan::Unchanged,
+        Some(Some(was)) if was == got_text => Plan::Unpack(
+            Action::Corrected,
+            "the directory it was unpacked into had been removed on the machine".to_owned(),
+        ),
+        Some(was) => Plan::Unpack(
+            Action::Updated,
+            format!("the archive changed from {} to {got}", was.unwrap_or("nothing")),
+        ),
+        None => Plan::Unpack(Action::Created, format!("unpacked {got}")),
+    })
+}
+
+/// The third pass: each file streamed into its temporary name, in step with what was checked,
+/// then committed; links last, once everything they may point at is in place. Returns the
+/// digest of each file, in order, for the read-back.
+fn unpack(
+    fs: &mut Fs,
+    src: &mut Source,
+    path: &Path,
+    entries: &[Entry],
+    got: &Digest,
+) -> Result<Vec<Digest>, Error> {
     let bad = |why: String| refused(path, why);
-    ctx.fs.make_dirs(path, 0o755)?;
+    fs.make_dirs(path, 0o755)?;
     let mut staged = Vec::new();
     let mut sums = Vec::new();
     let mut pass = src.pass().map_err(|e| bad(format!("cannot be read: {e}")))?;
@@ -328,12 +360,12 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
             let full = path.join(&e.path);
             match &e.body {
                 Body::Dir => {
-                    ctx.fs.make_dirs(&full, e.mode)?;
-                    ctx.fs.set_mode(&full, e.mode)?;
+                    fs.make_dirs(&full, e.mode)?;
+                    fs.set_mode(&full, e.mode)?;
                 }
                 Body::File { .. } => {
                     let mut reader = Hashing { inner: &mut entry, hasher: sha2::Sha256::new() };
-                    staged.push(ctx.fs.stage_from(&full, &mut reader, e.mode, None)?);
+                    staged.push(fs.stage_from(&full, &mut reader, e.mode, None)?);
                     sums.push(Digest::from_sum(reader.hasher.finalize().into()));
                 }
                 Body::Symlink(_) | Body::HardLink(_) => {}
@@ -341,31 +373,34 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
         }
     }
     // What was staged is removed again (when `staged` drops) if the source changed meanwhile.
-    if pass.digest().map_err(|e| bad(format!("cannot be read: {e}")))? != got {
+    if pass.digest().map_err(|e| bad(format!("cannot be read: {e}")))? != *got {
         return Err(bad("changed while it was read".to_owned()));
     }
-    for result in ctx.fs.commit(staged) {
+    for result in fs.commit(staged) {
         result?;
     }
-    // Links last, once everything they may point at is in place.
-    for e in &entries {
+    for e in entries {
         let full = path.join(&e.path);
         match &e.body {
-            Body::Symlink(to) => ctx.fs.symlink(&full, to)?,
-            Body::HardLink(to) => ctx.fs.hard_link(&path.join(to), &full)?,
+            Body::Symlink(to) => fs.symlink(&full, to)?,
+            Body::HardLink(to) => fs.hard_link(&path.join(to), &full)?,
             Body::Dir | Body::File { .. } => {}
         }
     }
+    Ok(sums)
+}
 
-    // Read back every entry, files as streams.
+/// Reads back every entry, files as streams: each file must hold what the archive holds
+/// (`sums`, in order), each directory and link must be there.
+fn read_back(fs: &mut Fs, path: &Path, entries: &[Entry], sums: Vec<Digest>) -> Result<(), Error> {
     let mut sums = sums.into_iter();
-    for e in &entries {
+    for e in entries {
         let full = path.join(&e.path);
-        let wrong = |what: &str| Error::Refused(format!("{} {what} after unpacking", full.display()));
+        let wrong = |what| Error::Unpacked { path: full.clone(), what };
         match &e.body {
             Body::File { size } => {
                 let want = sums.next();
-                match ctx.fs.read_up_to(&full, 0)? {
+                match fs.read_up_to(&full, 0)? {
                     Some((m, held))
                         if m.kind == FsKind::File
                             && held.size() == *size
@@ -374,21 +409,97 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
                 }
             }
             Body::Dir => {
-                if ctx.fs.meta(&full)?.is_none_or(|m| m.kind != FsKind::Directory) {
+                if fs.meta(&full)?.is_none_or(|m| m.kind != FsKind::Directory) {
                     return Err(wrong("is not a directory"));
                 }
             }
             Body::Symlink(to) => {
-                if ctx.fs.read_link(&full)? != *to {
+                if fs.read_link(&full)? != *to {
                     return Err(wrong("is not the symlink the archive holds"));
                 }
             }
             Body::HardLink(_) => {
-                if ctx.fs.meta(&full)?.is_none() {
+                if fs.meta(&full)?.is_none() {
                     return Err(wrong("is missing"));
                 }
             }
         }
     }
-    Ok(Step::Done(begin(r, action, detail), Some(facts)))
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::declaration::digest;
+
+    fn record(archive: Option<&str>) -> Record {
+        Record {
+            origin: crate::store::Origin::Declared,
+            kind: Kind::Archive,
+            target: "/srv/site".into(),
+            position: 0,
+            declared: digest(b"v1"),
+            applied_at: 0,
+            wrote: None,
+            mode: None,
+            owner: None,
+            sig: None,
+            more: crate::store::More { archive: archive.map(str::to_owned), ..Default::default() }.boxed(),
+        }
+    }
+
+    #[test]
+    fn an_archive_is_unpacked_again_only_when_it_or_its_directory_changed() {
+        let path = Path::new("/srv/site");
+        let got = digest(b"the archive");
+        let at = got.to_string();
+        let plan = |rec: Option<&Record>, found| decide(path, rec, found, &got).unwrap();
+        assert_eq!(plan(None, None), Plan::Unpack(Action::Created, format!("unpacked {got}")));
+        // Into a directory that is there already, as `tar -x` would.
+        assert_eq!(
+            plan(None, Some(FsKind::Directory)),
+            Plan::Unpack(Action::Created, format!("unpacked {got}"))
+        );
+        let same = record(Some(&at));
+        assert_eq!(plan(Some(&same), Some(FsKind::Directory)), Plan::Unchanged);
+        assert_eq!(
+            plan(Some(&same), None),
+            Plan::Unpack(
+                Action::Corrected,
+                "the directory it was unpacked into had been removed on the machine".into()
+            )
+        );
+        assert_eq!(
+            plan(Some(&record(Some("sha256:old"))), Some(FsKind::Directory)),
+            Plan::Unpack(Action::Updated, format!("the archive changed from sha256:old to {got}"))
+        );
+        assert_eq!(
+            plan(Some(&record(None)), Some(FsKind::Directory)),
+            Plan::Unpack(Action::Updated, format!("the archive changed from nothing to {got}"))
+        );
+        for kind in [FsKind::File, FsKind::Symlink, FsKind::Other] {
+            assert!(
+                matches!(decide(path, Some(&same), Some(kind), &got), Err(Error::WrongKind { found, .. }) if found == kind),
+                "{kind:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_declared_digest_is_checked_with_or_without_its_prefix() {
+        let path = Path::new("/srv/site");
+        let got = digest(b"the archive");
+        let hex = got.to_string().trim_start_matches("sha256:").to_owned();
+        assert!(check_digest(path, None, &got).is_ok());
+        assert!(check_digest(path, Some(&hex), &got).is_ok());
+        assert!(check_digest(path, Some(&format!("sha256:{hex}")), &got).is_ok());
+        let other = digest(b"another").to_string();
+        assert_eq!(
+            check_digest(path, Some(&other), &got).unwrap_err().to_string(),
+            format!(
+                "the archive for /srv/site is {got}, and the declaration says {other}; nothing was unpacked"
+            )
+        );
+    }
 }

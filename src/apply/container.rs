@@ -11,9 +11,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{begin, Action, Ctx, Error, Facts, Step};
+use super::{begin, Action, Aspect, Ctx, Error, Facts, Need, Step, Target};
 use crate::declaration::{digest, Container, Declaration, Id, Kind, Resource, Spec};
-use crate::store::Store;
+use crate::store::{Record, Store};
 use crate::system::docker::{self, Docker, NewContainer, ID_LABEL, SPEC_LABEL, STEP_LABEL};
 
 /// How long a freshly started container is given before it is looked at a second time. A
@@ -21,6 +21,7 @@ use crate::system::docker::{self, Docker, NewContainer, ID_LABEL, SPEC_LABEL, ST
 /// that fails later is the watcher's to see. Paid once per creation, never on a steady pass.
 const SETTLE: Duration = Duration::from_millis(100);
 
+/// A long-running container: looked at, decided (`decide`, pure), then started or created.
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Error> {
     if c.run_once {
         return run_once(ctx, r, c);
@@ -31,10 +32,14 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
 
     // Read once, so the label and the record agree about a file even if it moves meanwhile.
     let reads = reads(ctx.store, ctx.declaration, c)?;
-    let want = spec(ctx.declaration, c, Some(&reads));
+    let spec_now = spec(ctx.declaration, c, Some(&reads));
+    // Only a container that reads files can carry a label from before they were folded in.
+    let legacy = (!reads.is_empty()).then(|| spec(ctx.declaration, c, None));
+    let reasons: Vec<&str> =
+        c.restart_on.iter().filter(|id| ctx.changed.contains(*id)).map(Id::as_str).collect();
+    let want = Wanted { spec: &spec_now, legacy: legacy.as_deref(), reads: &reads, reasons: &reasons };
     let docker = &ctx.docker()?;
     let found = docker.container(c.name.as_str())?;
-
     let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Container);
     // What it was created reading: by its id, and by its name when the id has no record. The
     // bundle's `store` becomes the module's `postgres.server`, the same container under a new
@@ -43,88 +48,143 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
         Some(rec) => rec.reads(),
         None => ctx.store.latest_at(Kind::Container, c.name.as_str()).and_then(|(_, rec)| rec.reads()),
     };
-    let changed_files: Vec<&str> = was_reading
-        .into_iter()
-        .flatten()
-        .filter(|(path, was)| reads.get(*path).is_some_and(|now| now != *was))
-        .map(|(path, _)| path.as_str())
-        .collect();
-    let reasons: Vec<&str> =
-        c.restart_on.iter().filter(|id| ctx.changed.contains(*id)).map(Id::as_str).collect();
+    let plan = decide(found.as_ref(), record, was_reading, &want);
 
+    let done = |facts| Ok(Step::Done(begin(r, plan.action, plan.detail.clone()), facts));
+    let facts = Facts { spec: Some(plan.spec.clone()), reads: reads.clone(), ..Facts::default() };
+    if plan.run == Run::Leave {
+        return done(Some(facts));
+    }
+    if ctx.opts.dry_run {
+        return done(None);
+    }
+    match plan.run {
+        Run::Leave => {}
+        // It stopped, or someone stopped it. Starting it again is the fastest way back and
+        // keeps what it had; its spec is still the declared one.
+        Run::StartAgain => {
+            docker.start(c.name.as_str())?;
+            read_back(docker, c, &plan.spec, Started::Again)?;
+        }
+        Run::Create { replace, started } => {
+            ensure_image(docker, c)?;
+            let new = new_container(r, c, &plan.spec, true)?;
+            if replace {
+                docker.remove(c.name.as_str())?;
+            }
+            docker.create(&new)?;
+            docker.start(c.name.as_str())?;
+            read_back(docker, c, &plan.spec, started)?;
+        }
+    }
+    done(Some(facts))
+}
+
+/// What the declaration asks of a long-running container, resolved to plain values.
+struct Wanted<'a> {
+    /// The digest of its spec, with the files it reads (the `mesh-host.spec` label).
+    spec: &'a str,
+    /// The digest of its spec as computed before the files it reads were folded in; only for
+    /// a container that reads files.
+    legacy: Option<&'a str>,
+    /// What it reads now, by path, with each file's digest.
+    reads: &'a BTreeMap<String, String>,
+    /// Its restart-on ids that moved in this pass.
+    reasons: &'a [&'a str],
+}
+
+/// What to do with a long-running container, and what to report.
+#[derive(Debug, PartialEq, Eq)]
+struct Plan {
+    action: Action,
+    detail: Option<String>,
+    /// The spec to record, and to find on the container afterwards: the declared one, or the
+    /// legacy label a container is accepted at.
+    spec: String,
+    run: Run,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Run {
+    /// Running at its spec: nothing to do.
+    Leave,
+    /// Stopped, at its spec: started again.
+    StartAgain,
+    /// Created at the declared spec (replacing the container of that name, when there is one)
+    /// and started.
+    Create { replace: bool, started: Started },
+}
+
+/// Decides from the container found by name, the record (by id), what the container was last
+/// created reading (by id, or by name), and what is declared. Pure.
+fn decide(
+    found: Option<&docker::ContainerState>,
+    record: Option<&Record>,
+    was_reading: Option<&BTreeMap<String, String>>,
+    want: &Wanted<'_>,
+) -> Plan {
     // A container labelled before the host folded in what it reads is accepted, not
     // recreated: recreating every such container at once would be a restart storm across the
     // mesh, the store first. What it reads is recorded from now on, so a change is caught from
     // the next apply. The trade-off: a container already stale when this rule arrived is not
     // caught, and could not have been either way.
     let legacy = |label: &str| {
-        !reads.is_empty()
-            && label == spec(ctx.declaration, c, None)
-            && was_reading.is_none_or(|was| was.is_empty() || *was == reads)
+        want.legacy == Some(label) && was_reading.is_none_or(|was| was.is_empty() || was == want.reads)
     };
-
-    let mut facts = Facts { spec: Some(want.clone()), reads: reads.clone(), ..Facts::default() };
-    let (action, detail) = match &found {
-        Some(state) => {
-            let label = state.label(SPEC_LABEL).unwrap_or_default();
-            let current = label == want || legacy(label);
-            if current && reasons.is_empty() {
-                if label != want {
-                    facts.spec = Some(label.to_owned());
-                }
-                if state.running {
-                    let detail = (label != want).then(|| {
-                        "accepted as labelled before mesh-host folded in the files a container reads; what it reads is recorded from now on".to_owned()
-                    });
-                    return Ok(Step::Done(begin(r, Action::Unchanged, detail), Some(facts)));
-                }
-                // It stopped, or someone stopped it. Starting it again is the fastest way back
-                // and keeps what it had; its spec is still the declared one.
-                let detail = format!("it {}; started again", stopped(state));
-                if ctx.opts.dry_run {
-                    return Ok(Step::Done(begin(r, Action::Corrected, Some(detail)), None));
-                }
-                docker.start(c.name.as_str())?;
-                read_back(docker, c, facts.spec.as_deref().unwrap_or_default(), Started::Again)?;
-                return Ok(Step::Done(begin(r, Action::Corrected, Some(detail)), Some(facts)));
-            }
-            let detail = if !changed_files.is_empty() {
-                let mut d = format!("recreated: {} changed", changed_files.join(", "));
-                if !reasons.is_empty() {
-                    d.push_str(&format!("; and to pick up {}", reasons.join(", ")));
-                }
-                d
-            } else if !reasons.is_empty() {
-                format!("recreated to pick up {}, changed in this apply", reasons.join(", "))
-            } else if state.label(ID_LABEL).is_none() {
-                "replaced a container of that name that mesh-host had not created".to_owned()
-            } else {
-                "recreated: its declaration changed, and a container's configuration is fixed when it is created"
-                    .to_owned()
-            };
-            (Action::Updated, Some(detail))
-        }
-        None if record.is_some() => {
-            (Action::Corrected, Some("it had been removed on the machine; created again".to_owned()))
-        }
-        None => (Action::Created, None),
-    };
-    if ctx.opts.dry_run {
-        return Ok(Step::Done(begin(r, action, detail), None));
-    }
-
-    ensure_image(docker, c)?;
-    let new = new_container(r, c, &want, true)?;
-    if found.is_some() {
-        docker.remove(c.name.as_str())?;
-    }
-    docker.create(&new)?;
-    docker.start(c.name.as_str())?;
     // A container removed by hand and made again at the spec it last ran with is not new to
     // this machine: its recovery is timed like a restart's, without the settling wait.
-    let known = record.is_some_and(|rec| rec.spec() == Some(want.as_str()));
-    read_back(docker, c, &want, if known { Started::Recreated } else { Started::New })?;
-    Ok(Step::Done(begin(r, action, detail), Some(facts)))
+    let started = if record.is_some_and(|rec| rec.spec() == Some(want.spec)) {
+        Started::Recreated
+    } else {
+        Started::New
+    };
+    let create = |action, detail: Option<&str>, replace| Plan {
+        action,
+        detail: detail.map(str::to_owned),
+        spec: want.spec.to_owned(),
+        run: Run::Create { replace, started },
+    };
+    let Some(state) = found else {
+        return match record {
+            Some(_) => {
+                create(Action::Corrected, Some("it had been removed on the machine; created again"), false)
+            }
+            None => create(Action::Created, None, false),
+        };
+    };
+    let label = state.label(SPEC_LABEL).unwrap_or_default();
+    if (label == want.spec || legacy(label)) && want.reasons.is_empty() {
+        let (action, detail, run) = if state.running {
+            let detail = (label != want.spec).then(|| {
+                "accepted as labelled before mesh-host folded in the files a container reads; what it reads is recorded from now on".to_owned()
+            });
+            (Action::Unchanged, detail, Run::Leave)
+        } else {
+            (Action::Corrected, Some(format!("it {}; started again", stopped(state))), Run::StartAgain)
+        };
+        return Plan { action, detail, spec: label.to_owned(), run };
+    }
+    let changed_files: Vec<&str> = was_reading
+        .into_iter()
+        .flatten()
+        .filter(|(path, was)| want.reads.get(*path).is_some_and(|now| now != *was))
+        .map(|(path, _)| path.as_str())
+        .collect();
+    let detail = if !changed_files.is_empty() {
+        let mut d = format!("recreated: {} changed", changed_files.join(", "));
+        if !want.reasons.is_empty() {
+            d.push_str(&format!("; and to pick up {}", want.reasons.join(", ")));
+        }
+        d
+    } else if !want.reasons.is_empty() {
+        format!("recreated to pick up {}, changed in this apply", want.reasons.join(", "))
+    } else if state.label(ID_LABEL).is_none() {
+        "replaced a container of that name that mesh-host had not created".to_owned()
+    } else {
+        "recreated: its declaration changed, and a container's configuration is fixed when it is created"
+            .to_owned()
+    };
+    create(Action::Updated, Some(&detail), true)
 }
 
 /// On an adopted node: whether the container or network a resource names is on the machine and
@@ -171,7 +231,7 @@ fn stopped(state: &docker::ContainerState) -> String {
 }
 
 /// How the container being read back came to be running.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Started {
     /// Created at a spec this machine has not run it with.
     New,
@@ -195,9 +255,9 @@ enum Started {
 fn read_back(docker: &Docker, c: &Container, want: &str, started: Started) -> Result<(), Error> {
     let name = c.name.as_str();
     let look = || {
-        docker.container(name)?.ok_or_else(|| {
-            Error::Refused(format!("container {name} was started and is not there afterwards"))
-        })
+        docker
+            .container(name)?
+            .ok_or_else(|| Error::Vanished { target: Target::Container(name.to_owned()), did: "started" })
     };
     let mut state = look()?;
     if state.running && started == Started::New {
@@ -205,22 +265,15 @@ fn read_back(docker: &Docker, c: &Container, want: &str, started: Started) -> Re
         state = look()?;
     }
     if started != Started::Again && state.restarts > 0 {
-        return Err(Error::Refused(format!(
-            "container {name} was started and is not running: it exited at once, and the runtime keeps restarting it; read its logs with `{} logs {name}`",
-            docker.cli()
-        )));
+        return Err(Error::ContainerRestarting { name: name.to_owned(), cli: docker.cli() });
     }
     if !state.running {
-        return Err(Error::Refused(format!(
-            "container {name} was started and is not running: it {}; read its logs with `{} logs {name}`",
-            stopped(&state),
-            docker.cli()
-        )));
+        return Err(Error::ContainerDied { name: name.to_owned(), how: stopped(&state), cli: docker.cli() });
     }
     if state.label(SPEC_LABEL) != Some(want) {
         return Err(Error::ReadBack {
-            path: format!("container {name}"),
-            what: "the label mesh-host.spec",
+            target: Target::Container(name.to_owned()),
+            what: Aspect::SpecLabel,
             wanted: want.to_owned(),
             found: state.label(SPEC_LABEL).unwrap_or("absent").to_owned(),
         });
@@ -260,7 +313,7 @@ fn run_step(
     r: &Resource,
     c: &Container,
     want: &str,
-    what: &str,
+    what: &'static str,
     limit: Option<std::time::Duration>,
 ) -> Result<(), Error> {
     let name = c.name.as_str();
@@ -272,10 +325,7 @@ fn run_step(
     docker.start(name)?;
     let code = docker.wait(name, limit)?;
     if code != 0 {
-        return Err(Error::Refused(format!(
-            "{what} {name} exited with code {code}; its container is left for its logs: `{} logs {name}`",
-            docker.cli()
-        )));
+        return Err(Error::StepFailed { step: what, name: name.to_owned(), code, cli: docker.cli() });
     }
     docker.remove(name)?;
     Ok(())
@@ -319,7 +369,7 @@ pub fn run_scheduled(
     container_socket: Option<&str>,
     limit: Option<std::time::Duration>,
 ) -> Result<ScheduledRun, Error> {
-    let r = declaration.get(id).ok_or_else(|| Error::Refused(format!("{id} is not declared")))?;
+    let r = declaration.get(id).ok_or_else(|| Error::NotDeclared { id: id.to_string() })?;
     let c = match &r.spec {
         Spec::Container(c) if c.schedule.is_some() => c,
         Spec::Container(_)
@@ -333,7 +383,7 @@ pub fn run_scheduled(
         | Spec::Process(_)
         | Spec::Action(_)
         | Spec::Network(_)
-        | Spec::Opening(_) => return Err(Error::Refused(format!("{id} is not a scheduled container step"))),
+        | Spec::Opening(_) => return Err(Error::NotScheduled { id: id.to_string() }),
     };
     let started = Instant::now();
     let docker = docker::connect(container_socket)?;
@@ -350,17 +400,7 @@ fn ensure_image(docker: &Docker, c: &Container) -> Result<(), Error> {
     if docker.has_image(image)? {
         return Ok(());
     }
-    if image.starts_with("sha256:") || image.contains("@sha256:") {
-        return Err(Error::Refused(format!(
-            "image {image} is not on this machine, and an image named by its digest cannot be fetched: nothing here serves it. Load it (`{} load`) before applying",
-            docker.cli()
-        )));
-    }
-    Err(Error::Refused(format!(
-        "image {image} is not on this machine; mesh-host does not pull images, so load or build it here (`{} load`, `{} import`) before applying",
-        docker.cli(),
-        docker.cli()
-    )))
+    Err(Error::ImageMissing { image: image.to_owned(), cli: docker.cli() })
 }
 
 /// The digest of a container's spec: what it is made from. `reads` are the files it reads at
@@ -462,7 +502,7 @@ fn file_digest(store: &Store, declaration: &Declaration, path: &Path) -> Result<
     }
     docker::read_input_file(path)
         .map(|bytes| bytes.map(|b| digest(&b).to_string()))
-        .map_err(|e| Error::Refused(format!("cannot read {text}, which the container reads: {e}")))
+        .map_err(|error| Error::ContainerReads { path: path.to_owned(), error })
 }
 
 /// Everything the runtime needs to create the container, resolved: env-files read, ports
@@ -473,17 +513,19 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
     // The Engine API takes no env-file: the docker CLI reads it on the client side, and so
     // does the host, in the CLI's format. Values are never logged.
     for (i, path) in c.env_file.iter().enumerate() {
+        let unusable = |why: String| Error::EnvFile {
+            container: name.to_owned(),
+            index: i,
+            path: path.as_path().to_owned(),
+            why,
+        };
         let bytes = docker::read_input_file(path.as_path())
-            .map_err(|e| Error::Refused(format!("container {name}: env-file[{i}] {path}: {e}")))?
-            .ok_or_else(|| {
-                Error::Refused(format!(
-                    "container {name}: env-file[{i}] {path} is not there (or not a file); declare it before the container"
-                ))
+            .map_err(|e| unusable(e.to_string()))?
+            .ok_or_else(|| Error::Missing {
+                path: path.as_path().to_owned(),
+                need: Need::EnvFile { container: name.to_owned(), index: i },
             })?;
-        env.extend(
-            parse_env_file(&bytes)
-                .map_err(|e| Error::Refused(format!("container {name}: env-file[{i}] {path}: {e}")))?,
-        );
+        env.extend(parse_env_file(&bytes).map_err(unusable)?);
     }
     env.extend(c.env.iter().map(|(k, v)| format!("{k}={v}")));
 
@@ -494,17 +536,20 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
         // was meant (a credential not written yet) that directory then blocks the file for
         // ever, so a missing source is refused instead.
         if source.starts_with('/') && !docker::exists(Path::new(source)) {
-            return Err(Error::Refused(format!(
-                "container {name}: volumes[{i}]: {source} does not exist; declare it before the container"
-            )));
+            return Err(Error::Missing {
+                path: source.into(),
+                need: Need::BindSource { container: name.to_owned(), index: i },
+            });
         }
         binds.push(v.clone());
     }
 
     let mut ports = Vec::new();
     for (i, p) in c.ports.iter().enumerate() {
-        ports.push(parse_port(p).ok_or_else(|| {
-            Error::Refused(format!("container {name}: ports[{i}]: {p:?} is not a port mapping"))
+        ports.push(parse_port(p).ok_or_else(|| Error::NotAPortMapping {
+            container: name.to_owned(),
+            index: i,
+            port: p.clone(),
         })?);
     }
 
@@ -613,5 +658,136 @@ mod tests {
         let two = BTreeMap::from([("/etc/web.env".to_owned(), "sha256:2".to_owned())]);
         assert_ne!(spec(&d, c, Some(&one)), spec(&d, c, Some(&two)));
         assert_ne!(spec(&d, c, Some(&one)), spec(&d, c, None));
+    }
+
+    // The decision for a long-running container, without a runtime.
+
+    fn container(running: bool, labels: &[(&str, &str)]) -> docker::ContainerState {
+        docker::ContainerState {
+            running,
+            status: if running { "running" } else { "exited" }.into(),
+            exit_code: (!running).then_some(137),
+            labels: labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn ours(spec: &str) -> Vec<(&str, &str)> {
+        vec![(SPEC_LABEL, spec), (ID_LABEL, "web.app")]
+    }
+
+    fn record(spec: &str) -> Record {
+        Record {
+            origin: crate::store::Origin::Declared,
+            kind: Kind::Container,
+            target: "web".into(),
+            position: 0,
+            declared: digest(b"v1"),
+            applied_at: 0,
+            wrote: None,
+            mode: None,
+            owner: None,
+            sig: None,
+            more: crate::store::More { spec: Some(spec.to_owned()), ..Default::default() }.boxed(),
+        }
+    }
+
+    const NOTHING: &BTreeMap<String, String> = &BTreeMap::new();
+
+    fn wanted<'a>(reasons: &'a [&'a str]) -> Wanted<'a> {
+        Wanted { spec: "sha256:now", legacy: None, reads: NOTHING, reasons }
+    }
+
+    #[test]
+    fn a_container_running_at_its_spec_is_left_and_one_stopped_is_started_again() {
+        let rec = record("sha256:now");
+        let p = decide(Some(&container(true, &ours("sha256:now"))), Some(&rec), None, &wanted(&[]));
+        assert_eq!(
+            p,
+            Plan { action: Action::Unchanged, detail: None, spec: "sha256:now".into(), run: Run::Leave }
+        );
+        let p = decide(Some(&container(false, &ours("sha256:now"))), Some(&rec), None, &wanted(&[]));
+        assert_eq!(
+            (p.action, p.detail.as_deref(), &p.run),
+            (Action::Corrected, Some("it exited with code 137; started again"), &Run::StartAgain)
+        );
+    }
+
+    #[test]
+    fn a_container_not_there_is_created_and_one_removed_by_hand_created_again() {
+        let p = decide(None, None, None, &wanted(&[]));
+        assert_eq!(
+            p,
+            Plan {
+                action: Action::Created,
+                detail: None,
+                spec: "sha256:now".into(),
+                run: Run::Create { replace: false, started: Started::New }
+            }
+        );
+        // At the spec it last ran with: timed as a restart, without the settling wait.
+        let p = decide(None, Some(&record("sha256:now")), None, &wanted(&[]));
+        assert_eq!(
+            (p.action, p.detail.as_deref()),
+            (Action::Corrected, Some("it had been removed on the machine; created again"))
+        );
+        assert_eq!(p.run, Run::Create { replace: false, started: Started::Recreated });
+        let p = decide(None, Some(&record("sha256:before")), None, &wanted(&[]));
+        assert_eq!(p.run, Run::Create { replace: false, started: Started::New });
+    }
+
+    #[test]
+    fn a_container_at_another_spec_is_replaced_and_says_why() {
+        let rec = record("sha256:before");
+        let replaced =
+            |found: &docker::ContainerState, was: Option<&BTreeMap<String, String>>, want: &Wanted<'_>| {
+                let p = decide(Some(found), Some(&rec), was, want);
+                assert_eq!(
+                    (p.action, &p.run),
+                    (Action::Updated, &Run::Create { replace: true, started: Started::New })
+                );
+                p.detail.unwrap()
+            };
+        assert_eq!(
+            replaced(&container(true, &ours("sha256:before")), None, &wanted(&[])),
+            "recreated: its declaration changed, and a container's configuration is fixed when it is created"
+        );
+        assert_eq!(
+            replaced(&container(true, &[]), None, &wanted(&[])),
+            "replaced a container of that name that mesh-host had not created"
+        );
+        // At its spec, but something it names in restart-on moved in this pass.
+        assert_eq!(
+            replaced(&container(true, &ours("sha256:now")), None, &wanted(&["web.conf"])),
+            "recreated to pick up web.conf, changed in this apply"
+        );
+        // A file it reads changed since it was created.
+        let was = BTreeMap::from([("/etc/web.env".to_owned(), "sha256:1".to_owned())]);
+        let now = BTreeMap::from([("/etc/web.env".to_owned(), "sha256:2".to_owned())]);
+        let want = Wanted { reads: &now, ..wanted(&["web.conf"]) };
+        assert_eq!(
+            replaced(&container(true, &ours("sha256:before")), Some(&was), &want),
+            "recreated: /etc/web.env changed; and to pick up web.conf"
+        );
+    }
+
+    #[test]
+    fn a_container_labelled_before_reads_were_folded_in_is_accepted_once() {
+        let reads = BTreeMap::from([("/etc/web.env".to_owned(), "sha256:1".to_owned())]);
+        let want = Wanted { legacy: Some("sha256:legacy"), reads: &reads, ..wanted(&[]) };
+        let found = container(true, &ours("sha256:legacy"));
+        let p = decide(Some(&found), None, None, &want);
+        assert_eq!((p.action, &p.run, p.spec.as_str()), (Action::Unchanged, &Run::Leave, "sha256:legacy"));
+        assert_eq!(
+            p.detail.as_deref(),
+            Some("accepted as labelled before mesh-host folded in the files a container reads; what it reads is recorded from now on")
+        );
+        // Once what it reads is recorded, a change of it is caught.
+        let was = BTreeMap::from([("/etc/web.env".to_owned(), "sha256:0".to_owned())]);
+        let p = decide(Some(&found), None, Some(&was), &want);
+        assert_eq!(p.detail.as_deref(), Some("recreated: /etc/web.env changed"));
+        // Stopped at the legacy label: started again, and read back at that label.
+        let p = decide(Some(&container(false, &ours("sha256:legacy"))), None, Some(&reads), &want);
+        assert_eq!((&p.run, p.spec.as_str()), (&Run::StartAgain, "sha256:legacy"));
     }
 }

@@ -1,6 +1,6 @@
 //! `directory`: made if absent; mode and owner maintained, not only set at creation.
 
-use super::{begin, Action, Ctx, Error, Facts, Step};
+use super::{begin, Action, Aspect, Ctx, Error, Facts, Step, Target};
 use crate::declaration::{Directory, Kind, Resource};
 use crate::system::fs::Kind as FsKind;
 
@@ -18,17 +18,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, d: &Directory) -> Result<St
             Some(_) => (Action::Corrected, Some("it had been removed on the machine".to_owned())),
             None => (Action::Created, None),
         },
-        Some(m) if m.kind == FsKind::Symlink => {
-            return Err(Error::Refused(format!(
-            "{} is a symlink; mesh-host never manages a directory through a symlink: declare the real path",
-            path.display()
-        )))
-        }
         Some(m) if m.kind != FsKind::Directory => {
-            return Err(Error::Refused(format!(
-                "{} exists and is not a directory; it was left alone",
-                path.display()
-            )))
+            return Err(Error::WrongKind { path: path.to_owned(), declared: Kind::Directory, found: m.kind })
         }
         Some(m) => {
             let mode_same = m.mode == mode;
@@ -68,21 +59,21 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, d: &Directory) -> Result<St
 
     // Read back.
     let readback = |what, wanted: String, found: String| Error::ReadBack {
-        path: path.display().to_string(),
+        target: Target::Path(path.to_owned()),
         what,
         wanted,
         found,
     };
-    let m = ctx.fs.meta(path)?.ok_or_else(|| readback("the directory", "made".into(), "missing".into()))?;
+    let m = ctx.fs.meta(path)?.ok_or_else(|| readback(Aspect::Directory, "made".into(), "missing".into()))?;
     if m.kind != FsKind::Directory {
-        return Err(readback("the directory", "a directory".into(), format!("{:?}", m.kind)));
+        return Err(readback(Aspect::Directory, "a directory".into(), format!("{:?}", m.kind)));
     }
     if m.mode != mode {
-        return Err(readback("the mode", format!("{mode:04o}"), format!("{:04o}", m.mode)));
+        return Err(readback(Aspect::Mode, format!("{mode:04o}"), format!("{:04o}", m.mode)));
     }
     if let Some((uid, gid)) = owner {
         if (m.uid, m.gid) != (uid, gid) {
-            return Err(readback("the owner", format!("{uid}:{gid}"), format!("{}:{}", m.uid, m.gid)));
+            return Err(readback(Aspect::Owner, format!("{uid}:{gid}"), format!("{}:{}", m.uid, m.gid)));
         }
     }
     let facts = Facts { mode: Some(m.mode), owner: Some((m.uid, m.gid)), ..Facts::default() };

@@ -1,12 +1,24 @@
 //! Why one resource could not be applied. Messages describe the machine, name the path, and
 //! are lower-case, for a person reading a report.
+//!
+//! Each variant says what happened, so code that must tell failures apart (a contest from a
+//! fault, a missing applier from a machine that is not ready) matches on a variant, never on a
+//! message: rewording a message cannot change how the daemon treats the failure. The variants
+//! are grouped by when they happen: what the declaration asks that cannot be done here, what
+//! the host found before it changed anything, and what a read-back found after it did.
+
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::declaration::Kind;
 use crate::system::docker::DockerError;
+use crate::system::fs::Kind as FsKind;
+use crate::system::systemd::UnitState;
 use crate::system::{AccountError, CommandError, FsError, PackageError, SystemdError, UserError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    // What a manager of the machine answered.
     #[error(transparent)]
     Fs(#[from] FsError),
     #[error(transparent)]
@@ -19,22 +31,523 @@ pub enum Error {
     Accounts(#[from] AccountError),
     #[error(transparent)]
     Command(#[from] CommandError),
+    /// The container runtime's answer. Shared, because a runtime that could not be reached is
+    /// the answer for every container of the pass (see `Machine::docker`).
     #[error(transparent)]
-    Runtime(#[from] DockerError),
-    /// The read-back found something other than what was written.
-    #[error("{path}: {what} is {found} after the host set it to {wanted}")]
-    ReadBack { path: String, what: &'static str, wanted: String, found: String },
-    #[error("{0}")]
-    Refused(String),
+    Runtime(Arc<DockerError>),
+
+    // What the declaration asks that this build or this node cannot do. Nothing was changed.
     #[error("a {0} resource is not supported yet: this build of mesh-host has no applier for it")]
     Unsupported(Kind),
+    /// A file writing keys `into` another: not built yet.
+    #[error("writing keys into {path} (`into`) is not supported yet; nothing was written")]
+    IntoUnsupported { path: PathBuf },
+    /// A file carrying a sealed value, on a node without the key to open it.
+    #[error("{path} carries a sealed value and this node has no sealing key; nothing was written")]
+    Sealed { path: PathBuf },
+    #[error("{path} declares no content")]
+    NoContent { path: PathBuf },
+    #[error("{path}: the archive has no bytes or source")]
+    NoArchive { path: PathBuf },
+    #[error("{path}: `bytes` is not base64: {error}")]
+    NotBase64 { path: PathBuf, error: base64::DecodeError },
+    /// The daemon's content file did not give back a file's declared bytes.
+    #[error(
+        "cannot read the declared content of {path} from the agent's content file: {error}; touch the declaration to have it read again"
+    )]
+    ContentFile { path: PathBuf, error: std::io::Error },
+    /// A scheduled run asked for an id the declaration in force does not have.
+    #[error("{id} is not declared")]
+    NotDeclared { id: String },
+    #[error("{id} is not a scheduled container step")]
+    NotScheduled { id: String },
+
+    // What the host found before changing anything. Nothing was changed.
+    /// Something of another kind at a declared path: a symlink, a directory or a FIFO where a
+    /// file is declared, a file where a directory is.
+    #[error("{path} {}", wrong_kind(*.declared, *.found))]
+    WrongKind { path: PathBuf, declared: Kind, found: FsKind },
+    /// What a resource needs and the host never makes is not there.
+    #[error("{}", missing(.path, .need))]
+    Missing { path: PathBuf, need: Need },
+    /// The archive is refused whole, before anything is unpacked.
+    #[error("the archive for {path} {why}; nothing was unpacked")]
+    ArchiveRefused { path: PathBuf, why: String },
+    #[error("cannot read the archive {path}: {error}")]
+    ArchiveSource { path: PathBuf, error: std::io::Error },
+    #[error("cannot read {path}, which the container reads: {error}")]
+    ContainerReads { path: PathBuf, error: std::io::Error },
+    /// An env-file that cannot be read or is not in the env-file format.
+    #[error("container {container}: env-file[{index}] {path}: {why}")]
+    EnvFile { container: String, index: usize, path: PathBuf, why: String },
+    #[error("container {container}: ports[{index}]: {port:?} is not a port mapping")]
+    NotAPortMapping { container: String, index: usize, port: String },
+    /// The image is not on this machine, which does not pull (see `container::ensure_image`).
+    #[error("{}", image_missing(.image, .cli))]
+    ImageMissing { image: String, cli: &'static str },
+    #[error("{unit} cannot be enabled: its unit file has no [Install] section (systemd calls it static)")]
+    StaticUnit { unit: String },
+    /// A transient unit of the host's that systemd keeps restarting.
+    #[error("{unit} is {state}: the program keeps exiting; journalctl -u {unit} says why")]
+    UnitKeepsExiting { unit: String, state: Box<UnitState> },
+    #[error("{user}: the group {group:?} named in groups does not exist on this machine")]
+    NoGroup { user: String, group: String },
+    #[error(
+        "{user} has uid {found} and the declaration says {declared}; mesh-host does not renumber an account (its files would keep the old number): change it by hand or declare {found}"
+    )]
+    Renumber { user: String, found: u32, declared: u32 },
+
+    // What a read-back found after the host changed something. The write returned success and
+    // did not take, or something undid it at once.
+    /// A property of what was written is not what the host set it to.
+    #[error("{target}: {what} is {found} after the host set it to {wanted}")]
+    ReadBack { target: Target, what: Aspect, wanted: String, found: String },
+    #[error("{target} was {did} and is not there afterwards")]
+    Vanished { target: Target, did: &'static str },
+    #[error("{target} is still there after removing it")]
+    StillThere { target: Target },
+    /// An entry just unpacked is not what the archive holds.
+    #[error("{path} {what} after unpacking")]
+    Unpacked { path: PathBuf, what: &'static str },
+    /// A unit just started, restarted or replaced that did not stay up.
+    #[error("{unit} {did} and is {state} a moment later: it exited or died at once; journalctl -u {unit} says why")]
+    UnitDied { unit: String, did: String, state: Box<UnitState> },
+    #[error("{unit} was reloaded for {why} and is {state}; journalctl -u {unit} says why")]
+    ReloadDied { unit: String, why: String, state: Box<UnitState> },
+    #[error("{unit} was stopped and is {state}")]
+    StillRunning { unit: String, state: Box<UnitState> },
+    #[error("{unit} was set to {wanted} at boot and systemd reads it back as {found}")]
+    BootReadBack { unit: String, wanted: &'static str, found: String },
+    /// A transient unit whose description does not carry the spec it was started with.
+    #[error("{unit} was started with spec {wanted} and systemd describes it as {described:?}")]
+    UnitSpec { unit: String, wanted: String, described: String },
+    /// A container the runtime keeps restarting by its policy: it exits at once.
+    #[error(
+        "container {name} was started and is not running: it exited at once, and the runtime keeps restarting it; read its logs with `{cli} logs {name}`"
+    )]
+    ContainerRestarting { name: String, cli: &'static str },
+    /// A container that is not running after its start; `how` says how it stopped.
+    #[error(
+        "container {name} was started and is not running: it {how}; read its logs with `{cli} logs {name}`"
+    )]
+    ContainerDied { name: String, how: String, cli: &'static str },
+    /// A run-once or scheduled step whose container exited non-zero.
+    #[error(
+        "{step} {name} exited with code {code}; its container is left for its logs: `{cli} logs {name}`"
+    )]
+    StepFailed { step: &'static str, name: String, code: i64, cli: &'static str },
+    #[error(
+        "{manager} installed {package} without an error and the package database does not have it installed"
+    )]
+    NotInstalled { manager: &'static str, package: String },
+    #[error("{user} was added without an error and does not exist")]
+    AccountMissing { user: String },
+    #[error("{user} was made with uid {wanted} and has uid {found}")]
+    AccountUid { user: String, wanted: u32, found: u32 },
+    /// An account changed without an error that still differs; `left` says how.
+    #[error("{user} was changed without an error and still differs: {left}")]
+    AccountDiffers { user: String, left: String },
+    /// An action's command failed; `verify` and `ran` say how each ended.
+    #[error("verify {verify}, so the command ran, and it {ran}")]
+    CommandFailed { verify: String, ran: String },
+    /// An action's command exited 0 and its verify still fails.
+    #[error(
+        "the command exited 0 and verify still fails ({verify}): the command claimed success and did not do its job"
+    )]
+    VerifyStillFails { verify: String },
+}
+
+impl From<DockerError> for Error {
+    fn from(e: DockerError) -> Error {
+        Error::Runtime(Arc::new(e))
+    }
 }
 
 impl Error {
     /// Whether the machine changed between the host's write and its read-back: someone else
-    /// wrote the same content in that instant. Not a fault of the host's, and retried as a
-    /// contest is, not as a failure is.
+    /// wrote the same file in that instant. Not a fault of the host's, and retried as a contest
+    /// is, not as a failure is (a minute-long backoff).
     pub fn raced(&self) -> bool {
-        matches!(self, Error::ReadBack { what: "the content" | "the file", .. })
+        matches!(self, Error::ReadBack { what: Aspect::File | Aspect::Content, .. })
+    }
+}
+
+/// What a read-back, a removal or a start names: a path, or a container or network by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Path(PathBuf),
+    Container(String),
+    Network(String),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Path(p) => write!(f, "{}", p.display()),
+            Target::Container(name) => write!(f, "container {name}"),
+            Target::Network(name) => write!(f, "network {name}"),
+        }
+    }
+}
+
+/// What a read-back compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Aspect {
+    /// Whether a regular file is there at all.
+    File,
+    /// Whether a directory is there at all.
+    Directory,
+    Content,
+    Mode,
+    Owner,
+    /// The `mesh-host.spec` label a container carries.
+    SpecLabel,
+}
+
+impl std::fmt::Display for Aspect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Aspect::File => "the file",
+            Aspect::Directory => "the directory",
+            Aspect::Content => "the content",
+            Aspect::Mode => "the mode",
+            Aspect::Owner => "the owner",
+            Aspect::SpecLabel => "the label mesh-host.spec",
+        })
+    }
+}
+
+/// Who needs a path that is not there, and that the host never makes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// An access: the operator provides the directory.
+    Access,
+    /// A container's env-file, by its index.
+    EnvFile { container: String, index: usize },
+    /// A container's bind-mount source, by the volume's index.
+    BindSource { container: String, index: usize },
+}
+
+fn missing(path: &std::path::Path, need: &Need) -> String {
+    let path = path.display();
+    match need {
+        Need::Access => format!(
+            "{path} is not there, and it is the operator's to provide: an access names shared data that mesh-host never creates"
+        ),
+        Need::EnvFile { container, index } => format!(
+            "container {container}: env-file[{index}] {path} is not there (or not a file); declare it before the container"
+        ),
+        Need::BindSource { container, index } => format!(
+            "container {container}: volumes[{index}]: {path} does not exist; declare it before the container"
+        ),
+    }
+}
+
+/// What follows the path when something of another kind is found there.
+fn wrong_kind(declared: Kind, found: FsKind) -> &'static str {
+    match (declared, found) {
+        (Kind::File, FsKind::Symlink) => {
+            "is a symlink; mesh-host never writes through a symlink, and does not replace one it did not make: remove it, or declare the real path"
+        }
+        (Kind::File, FsKind::File | FsKind::Directory | FsKind::Other) => {
+            "exists and is not a regular file; it was left alone"
+        }
+        (Kind::Directory, FsKind::Symlink) => {
+            "is a symlink; mesh-host never manages a directory through a symlink: declare the real path"
+        }
+        (Kind::Archive, _) => "exists and is not a directory to unpack into; it was left alone",
+        (Kind::Access, _) => "is not a directory; an access names a directory the operator provides",
+        // The other kinds name no path; a directory is what they would need, if any.
+        (Kind::Directory, FsKind::File | FsKind::Directory | FsKind::Other)
+        | (
+            Kind::Package
+            | Kind::Service
+            | Kind::Container
+            | Kind::Network
+            | Kind::User
+            | Kind::Process
+            | Kind::Action
+            | Kind::Opening,
+            _,
+        ) => "exists and is not a directory; it was left alone",
+    }
+}
+
+/// Which of two messages: an image named by its digest cannot be fetched at all.
+fn image_missing(image: &str, cli: &str) -> String {
+    if image.starts_with("sha256:") || image.contains("@sha256:") {
+        format!(
+            "image {image} is not on this machine, and an image named by its digest cannot be fetched: nothing here serves it. Load it (`{cli} load`) before applying"
+        )
+    } else {
+        format!(
+            "image {image} is not on this machine; mesh-host does not pull images, so load or build it here (`{cli} load`, `{cli} import`) before applying"
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(active: &str, sub: &str) -> Box<UnitState> {
+        Box::new(UnitState { load: "loaded".into(), active: active.into(), sub: sub.into() })
+    }
+
+    fn io() -> std::io::Error {
+        std::io::Error::other("boom")
+    }
+
+    /// Every message, word for word as a person reads it in a report: the integration tests
+    /// match on many of them, and each was a format string before it was a variant.
+    #[test]
+    fn every_message_reads_as_it_did() {
+        let p = || PathBuf::from("/etc/app.conf");
+        let base64 = {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD.decode("!").unwrap_err()
+        };
+        let cases: Vec<(Error, String)> = vec![
+            (
+                Error::Unsupported(Kind::Opening),
+                "a opening resource is not supported yet: this build of mesh-host has no applier for it".into(),
+            ),
+            (
+                Error::IntoUnsupported { path: p() },
+                "writing keys into /etc/app.conf (`into`) is not supported yet; nothing was written".into(),
+            ),
+            (
+                Error::Sealed { path: p() },
+                "/etc/app.conf carries a sealed value and this node has no sealing key; nothing was written".into(),
+            ),
+            (Error::NoContent { path: p() }, "/etc/app.conf declares no content".into()),
+            (Error::NoArchive { path: p() }, "/etc/app.conf: the archive has no bytes or source".into()),
+            (
+                Error::NotBase64 { path: p(), error: base64.clone() },
+                format!("/etc/app.conf: `bytes` is not base64: {base64}"),
+            ),
+            (
+                Error::ContentFile { path: p(), error: io() },
+                "cannot read the declared content of /etc/app.conf from the agent's content file: boom; touch the declaration to have it read again".into(),
+            ),
+            (Error::NotDeclared { id: "a.b".into() }, "a.b is not declared".into()),
+            (Error::NotScheduled { id: "a.b".into() }, "a.b is not a scheduled container step".into()),
+            (
+                Error::WrongKind { path: p(), declared: Kind::File, found: FsKind::Symlink },
+                "/etc/app.conf is a symlink; mesh-host never writes through a symlink, and does not replace one it did not make: remove it, or declare the real path".into(),
+            ),
+            (
+                Error::WrongKind { path: p(), declared: Kind::File, found: FsKind::Other },
+                "/etc/app.conf exists and is not a regular file; it was left alone".into(),
+            ),
+            (
+                Error::WrongKind { path: p(), declared: Kind::File, found: FsKind::Directory },
+                "/etc/app.conf exists and is not a regular file; it was left alone".into(),
+            ),
+            (
+                Error::WrongKind { path: p(), declared: Kind::Directory, found: FsKind::Symlink },
+                "/etc/app.conf is a symlink; mesh-host never manages a directory through a symlink: declare the real path".into(),
+            ),
+            (
+                Error::WrongKind { path: p(), declared: Kind::Directory, found: FsKind::File },
+                "/etc/app.conf exists and is not a directory; it was left alone".into(),
+            ),
+            (
+                Error::WrongKind { path: p(), declared: Kind::Archive, found: FsKind::Symlink },
+                "/etc/app.conf exists and is not a directory to unpack into; it was left alone".into(),
+            ),
+            (
+                Error::WrongKind { path: p(), declared: Kind::Access, found: FsKind::File },
+                "/etc/app.conf is not a directory; an access names a directory the operator provides".into(),
+            ),
+            (
+                Error::Missing { path: p(), need: Need::Access },
+                "/etc/app.conf is not there, and it is the operator's to provide: an access names shared data that mesh-host never creates".into(),
+            ),
+            (
+                Error::Missing { path: p(), need: Need::EnvFile { container: "web".into(), index: 1 } },
+                "container web: env-file[1] /etc/app.conf is not there (or not a file); declare it before the container".into(),
+            ),
+            (
+                Error::Missing { path: p(), need: Need::BindSource { container: "web".into(), index: 2 } },
+                "container web: volumes[2]: /etc/app.conf does not exist; declare it before the container".into(),
+            ),
+            (
+                Error::ArchiveRefused { path: p(), why: "changed while it was read".into() },
+                "the archive for /etc/app.conf changed while it was read; nothing was unpacked".into(),
+            ),
+            (
+                Error::ArchiveSource { path: p(), error: io() },
+                "cannot read the archive /etc/app.conf: boom".into(),
+            ),
+            (
+                Error::ContainerReads { path: p(), error: io() },
+                "cannot read /etc/app.conf, which the container reads: boom".into(),
+            ),
+            (
+                Error::EnvFile { container: "web".into(), index: 0, path: p(), why: "is not UTF-8 text".into() },
+                "container web: env-file[0] /etc/app.conf: is not UTF-8 text".into(),
+            ),
+            (
+                Error::NotAPortMapping { container: "web".into(), index: 3, port: "a:b:c:d".into() },
+                "container web: ports[3]: \"a:b:c:d\" is not a port mapping".into(),
+            ),
+            (
+                Error::ImageMissing { image: "local/web:1".into(), cli: "podman" },
+                "image local/web:1 is not on this machine; mesh-host does not pull images, so load or build it here (`podman load`, `podman import`) before applying".into(),
+            ),
+            (
+                Error::ImageMissing { image: "local/web@sha256:ab".into(), cli: "docker" },
+                "image local/web@sha256:ab is not on this machine, and an image named by its digest cannot be fetched: nothing here serves it. Load it (`docker load`) before applying".into(),
+            ),
+            (
+                Error::StaticUnit { unit: "a.service".into() },
+                "a.service cannot be enabled: its unit file has no [Install] section (systemd calls it static)".into(),
+            ),
+            (
+                Error::UnitKeepsExiting { unit: "a.service".into(), state: state("activating", "auto-restart") },
+                "a.service is activating (auto-restart): the program keeps exiting; journalctl -u a.service says why".into(),
+            ),
+            (
+                Error::NoGroup { user: "app".into(), group: "wheel".into() },
+                "app: the group \"wheel\" named in groups does not exist on this machine".into(),
+            ),
+            (
+                Error::Renumber { user: "app".into(), found: 1001, declared: 1002 },
+                "app has uid 1001 and the declaration says 1002; mesh-host does not renumber an account (its files would keep the old number): change it by hand or declare 1001".into(),
+            ),
+            (
+                Error::ReadBack {
+                    target: Target::Path(p()),
+                    what: Aspect::Mode,
+                    wanted: "0640".into(),
+                    found: "0644".into(),
+                },
+                "/etc/app.conf: the mode is 0644 after the host set it to 0640".into(),
+            ),
+            (
+                Error::ReadBack {
+                    target: Target::Container("web".into()),
+                    what: Aspect::SpecLabel,
+                    wanted: "sha256:1".into(),
+                    found: "absent".into(),
+                },
+                "container web: the label mesh-host.spec is absent after the host set it to sha256:1".into(),
+            ),
+            (
+                Error::Vanished { target: Target::Network("net".into()), did: "created" },
+                "network net was created and is not there afterwards".into(),
+            ),
+            (
+                Error::Vanished { target: Target::Container("web".into()), did: "started" },
+                "container web was started and is not there afterwards".into(),
+            ),
+            (
+                Error::StillThere { target: Target::Path(p()) },
+                "/etc/app.conf is still there after removing it".into(),
+            ),
+            (
+                Error::StillThere { target: Target::Container("web".into()) },
+                "container web is still there after removing it".into(),
+            ),
+            (
+                Error::StillThere { target: Target::Network("net".into()) },
+                "network net is still there after removing it".into(),
+            ),
+            (
+                Error::Unpacked { path: p(), what: "is missing" },
+                "/etc/app.conf is missing after unpacking".into(),
+            ),
+            (
+                Error::UnitDied {
+                    unit: "a.service".into(),
+                    did: "was restarted for b.c".into(),
+                    state: state("failed", "failed"),
+                },
+                "a.service was restarted for b.c and is failed (failed) a moment later: it exited or died at once; journalctl -u a.service says why".into(),
+            ),
+            (
+                Error::ReloadDied { unit: "a.service".into(), why: "b.c".into(), state: state("inactive", "dead") },
+                "a.service was reloaded for b.c and is inactive (dead); journalctl -u a.service says why".into(),
+            ),
+            (
+                Error::StillRunning { unit: "a.service".into(), state: state("active", "running") },
+                "a.service was stopped and is active (running)".into(),
+            ),
+            (
+                Error::BootReadBack { unit: "a.service".into(), wanted: "enabled", found: "disabled".into() },
+                "a.service was set to enabled at boot and systemd reads it back as disabled".into(),
+            ),
+            (
+                Error::UnitSpec { unit: "a.service".into(), wanted: "sha256:1".into(), described: "x".into() },
+                "a.service was started with spec sha256:1 and systemd describes it as \"x\"".into(),
+            ),
+            (
+                Error::ContainerRestarting { name: "web".into(), cli: "docker" },
+                "container web was started and is not running: it exited at once, and the runtime keeps restarting it; read its logs with `docker logs web`".into(),
+            ),
+            (
+                Error::ContainerDied { name: "web".into(), how: "exited with code 1".into(), cli: "docker" },
+                "container web was started and is not running: it exited with code 1; read its logs with `docker logs web`".into(),
+            ),
+            (
+                Error::StepFailed { step: "run-once step", name: "mig".into(), code: 3, cli: "podman" },
+                "run-once step mig exited with code 3; its container is left for its logs: `podman logs mig`".into(),
+            ),
+            (
+                Error::NotInstalled { manager: "apt", package: "curl".into() },
+                "apt installed curl without an error and the package database does not have it installed".into(),
+            ),
+            (
+                Error::AccountMissing { user: "app".into() },
+                "app was added without an error and does not exist".into(),
+            ),
+            (
+                Error::AccountUid { user: "app".into(), wanted: 1002, found: 1001 },
+                "app was made with uid 1002 and has uid 1001".into(),
+            ),
+            (
+                Error::AccountDiffers { user: "app".into(), left: "shell /bin/sh to /bin/bash".into() },
+                "app was changed without an error and still differs: shell /bin/sh to /bin/bash".into(),
+            ),
+            (
+                Error::CommandFailed { verify: "exited 1".into(), ran: "exited 2: no".into() },
+                "verify exited 1, so the command ran, and it exited 2: no".into(),
+            ),
+            (
+                Error::VerifyStillFails { verify: "exited 1".into() },
+                "the command exited 0 and verify still fails (exited 1): the command claimed success and did not do its job".into(),
+            ),
+            (
+                Error::from(DockerError::NoRuntime { tried: "/run/docker.sock".into() }),
+                DockerError::NoRuntime { tried: "/run/docker.sock".into() }.to_string(),
+            ),
+        ];
+        for (error, said) in cases {
+            assert_eq!(error.to_string(), said, "{error:?}");
+        }
+    }
+
+    /// Every applier returns `Result<_, Error>`: a large error makes every one of those results
+    /// large, on the hot path too. What is big and rare (a unit's state) is boxed.
+    #[test]
+    fn an_error_stays_small() {
+        assert!(std::mem::size_of::<Error>() <= 96, "{}", std::mem::size_of::<Error>());
+    }
+
+    #[test]
+    fn only_a_read_back_of_the_file_or_its_content_is_a_race() {
+        let read_back = |what| Error::ReadBack {
+            target: Target::Path("/etc/a".into()),
+            what,
+            wanted: String::new(),
+            found: String::new(),
+        };
+        assert!(read_back(Aspect::Content).raced());
+        assert!(read_back(Aspect::File).raced());
+        for what in [Aspect::Directory, Aspect::Mode, Aspect::Owner, Aspect::SpecLabel] {
+            assert!(!read_back(what).raced(), "{what}");
+        }
+        assert!(!Error::StillThere { target: Target::Path("/etc/a".into()) }.raced());
     }
 }

@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 
-use super::{begin, Action, Ctx, Error, Facts, Outcome, Step};
+use super::{begin, Action, Aspect, Ctx, Error, Facts, Outcome, Step, Target};
 use crate::declaration::{digest, Digest, File, Kind, Resource};
+use crate::store::Record;
 use crate::system::fs::{Content, Fs, Kind as FsKind, Meta};
 use crate::system::journal::Intent;
 use crate::system::{ContentFile, Place, Staged};
@@ -42,148 +43,232 @@ pub fn declared_bytes<'a>(f: &'a File, contents: Option<&ContentFile>) -> Result
         // Refused, never skipped: a machine that quietly leaves out the one file holding a
         // credential looks configured and cannot connect. Opening sealed values needs this
         // node's sealing key, which comes with `keygen` and `seal` (not built yet).
-        return Err(Error::Refused(format!(
-            "{} carries a sealed value and this node has no sealing key; nothing was written",
-            f.path
-        )));
+        return Err(Error::Sealed { path: f.path.as_path().to_owned() });
     }
     if f.into.is_some() {
-        return Err(Error::Refused(format!(
-            "writing keys into {} (`into`) is not supported yet; nothing was written",
-            f.path
-        )));
+        return Err(Error::IntoUnsupported { path: f.path.as_path().to_owned() });
     }
     if let Some(stored) = &f.stored {
         let place = Place { at: stored.at, len: stored.len, sum: stored.sum };
         let read = contents
             .ok_or_else(|| std::io::Error::other("the daemon has no content file"))
             .and_then(|file| file.read(&place));
-        return read.map(Cow::Owned).map_err(|e| {
-            Error::Refused(format!(
-                "cannot read the declared content of {} from the agent's content file: {e}; touch the declaration to have it read again",
-                f.path
-            ))
-        });
+        return read
+            .map(Cow::Owned)
+            .map_err(|error| Error::ContentFile { path: f.path.as_path().to_owned(), error });
     }
     match (&f.content, &f.bytes) {
         (Some(c), _) => Ok(Cow::Borrowed(c.as_bytes())),
         (None, Some(b)) => base64::engine::general_purpose::STANDARD
             .decode(b)
             .map(Cow::Owned)
-            .map_err(|e| Error::Refused(format!("{}: `bytes` is not base64: {e}", f.path))),
-        (None, None) => Err(Error::Refused(format!("{} declares no content", f.path))),
+            .map_err(|error| Error::NotBase64 { path: f.path.as_path().to_owned(), error }),
+        (None, None) => Err(Error::NoContent { path: f.path.as_path().to_owned() }),
     }
 }
 
+/// Looks at the file, decides what to do (`decide`, pure), then does it (`act`): what can be
+/// decided without the machine is, so every branch of it is tested without root.
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, Error> {
     let path = f.path.as_path();
     let content = declared_bytes(f, ctx.opts.contents.as_deref())?;
-    let mode = f.mode().bits();
     let owner = f.owner.as_ref().map(|o| ctx.accounts.resolve(&o.user, o.group.as_deref())).transpose()?;
-    let record =
-        ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::File && *rec.target == *r.target());
-    // The steady state, and the hot path: a file whose signature (inode, ctime, size) is the
-    // one recorded when the host last found it as declared has not been touched since, so it
-    // is not read again. Only when the declaration is the one recorded, too.
-    if let (Some(rec), false) = (record, f.create_once) {
-        if let (Some(sig), true) = (rec.sig, rec.declared == r.digest) {
-            if let Some(m) = ctx.fs.meta(path)? {
-                let owner_same = owner.is_none_or(|o| Some(o) == rec.owner);
-                if m.kind == FsKind::File
-                    && m.sig == sig
-                    && m.mode == mode
-                    && rec.mode == Some(mode)
-                    && owner_same
-                {
-                    let facts = Facts {
-                        wrote: rec.wrote,
-                        mode: rec.mode,
-                        owner: rec.owner,
-                        sig: Some(sig),
-                        ..Facts::default()
-                    };
-                    return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
-                }
-            }
+    let want = Declared {
+        path,
+        content: &content,
+        declared: r.digest,
+        mode: f.mode().bits(),
+        owner,
+        create_once: f.create_once,
+    };
+    let store = ctx.store;
+    let record = store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::File && *rec.target == *r.target());
+    // The hot path: a file untouched since the host last found it as declared is not read.
+    if let Some(rec) = record.filter(|rec| may_be_untouched(rec, &want)) {
+        if let Some(facts) = ctx.fs.meta(path)?.and_then(|m| untouched(rec, &want, &m)) {
+            return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
         }
     }
     // What is on the machine is read whole only up to the size of what is declared (or a
     // megabyte, for a diff a person can read); anything larger is hashed as a stream, so a huge
     // file at a managed path never sizes an allocation.
-    let existing = ctx.fs.read_up_to(path, (content.len() as u64).max(HOLD))?;
-
-    let checked = |action, detail| Checked {
-        index: r.index,
-        id: r.id.to_string(),
-        target: r.target(),
-        path: path.to_owned(),
-        digest: digest(&content),
-        len: content.len() as u64,
-        mode,
-        owner,
-        action,
-        detail,
+    let found = ctx.fs.read_up_to(path, (content.len() as u64).max(HOLD))?;
+    let known = Known {
+        record,
+        intended: store.intended(path),
+        recorded_elsewhere: &|| store.holds_target(Kind::File, &r.target()),
+        kept: &ctx.opts.kept,
     };
+    let plan = decide(found.as_ref().map(|(meta, held)| (meta, held)), &known, &want)?;
+    if let Change::None(facts) = plan.change {
+        return Ok(Step::Done(begin(r, plan.action, plan.detail), Some(facts)));
+    }
+    if ctx.opts.dry_run {
+        if let Some(shown) = planned_diff(&plan, found.as_ref().map(|(_, held)| held), f, &content) {
+            ctx.diffs.0.push((path.display().to_string(), shown));
+        }
+        return Ok(Step::Done(begin(r, plan.action, plan.planned()), None));
+    }
+    act(&mut ctx.fs, r, &want, plan, found.as_ref())
+}
 
-    let Some((meta, held)) = existing else {
+/// What the declaration asks of one file, resolved to plain values.
+struct Declared<'a> {
+    path: &'a Path,
+    content: &'a [u8],
+    /// The digest of the resource's declaration, to compare with the record's.
+    declared: Digest,
+    mode: u32,
+    owner: Option<(u32, u32)>,
+    create_once: bool,
+}
+
+/// What the host knows of a file besides what is on the machine.
+struct Known<'a> {
+    /// Its record, when it names this file at this path.
+    record: Option<&'a Record>,
+    /// What an unfinished pass of the host's was writing here (the journal found at start-up).
+    intended: &'a [Intent],
+    /// Whether any record, under any id, holds this path. Asked only when an original might be
+    /// kept: it is a scan of the store.
+    recorded_elsewhere: &'a dyn Fn() -> bool,
+    /// Where originals are kept (`Options::kept`).
+    kept: &'a Path,
+}
+
+/// What to do with a file, and what to report.
+struct Plan {
+    action: Action,
+    /// What the report says, before what only acting can add (see `Plan::applied`).
+    detail: Option<String>,
+    change: Change,
+}
+
+enum Change {
+    /// Nothing: the file is as declared, or is a seed and present. Recorded as found.
+    None(Facts),
+    /// The declared content written to a temporary name and renamed over whatever is there.
+    Write {
+        /// Where the original, found with no record of the host's, is kept first.
+        keep: Option<PathBuf>,
+    },
+    /// Mode or owner differ on a file that has other names (hard links): a chmod or chown in
+    /// place would reach those too, so a file of its own, with the same content, replaces it.
+    Replace { links: u64 },
+    /// Mode and owner set in place; `None` where already as declared.
+    Set { mode: Option<u32>, owner: Option<(u32, u32)> },
+}
+
+impl Plan {
+    /// What `plan` reports.
+    fn planned(&self) -> Option<String> {
+        match &self.change {
+            Change::Write { keep: Some(at) } => {
+                Some(self.said(&format!("; the file found here would be kept at {}", at.display())))
+            }
+            Change::None(_) | Change::Write { keep: None } | Change::Replace { .. } | Change::Set { .. } => {
+                self.detail.clone()
+            }
+        }
+    }
+
+    /// What `apply` reports once the change is made.
+    fn applied(&self) -> Option<String> {
+        match &self.change {
+            Change::Write { keep: Some(at) } => Some(self.said(&format!(
+                "; the file found here, which the host had no record of, was kept at {}",
+                at.display()
+            ))),
+            Change::Replace { links } => Some(self.said(&format!(
+                "; it had {links} names (hard links), so it was replaced by a file of its own instead of being changed in place, and the other names were left as they were"
+            ))),
+            Change::None(_) | Change::Write { keep: None } | Change::Set { .. } => self.detail.clone(),
+        }
+    }
+
+    fn said(&self, more: &str) -> String {
+        format!("{}{more}", self.detail.as_deref().unwrap_or_default())
+    }
+}
+
+/// Whether the record allows skipping the read: the host last found the file as declared, under
+/// this same declaration, and took its signature then. A seed is never compared, so has none.
+fn may_be_untouched(rec: &Record, want: &Declared<'_>) -> bool {
+    !want.create_once && rec.sig.is_some() && rec.declared == want.declared
+}
+
+/// The steady state, and the hot path: a file whose signature (inode, ctime, size) is the one
+/// recorded when the host last found it as declared has not been touched since, so it is not
+/// read again. What to record when so.
+fn untouched(rec: &Record, want: &Declared<'_>, m: &Meta) -> Option<Facts> {
+    let owner_same = want.owner.is_none_or(|o| Some(o) == rec.owner);
+    let same = may_be_untouched(rec, want)
+        && m.kind == FsKind::File
+        && rec.sig == Some(m.sig)
+        && m.mode == want.mode
+        && rec.mode == Some(want.mode)
+        && owner_same;
+    same.then(|| Facts {
+        wrote: rec.wrote,
+        mode: rec.mode,
+        owner: rec.owner,
+        sig: rec.sig,
+        ..Facts::default()
+    })
+}
+
+/// Decides what to do with a file from what was found at its path (its metadata and what it
+/// holds, `None` when nothing is there), what the host knows of it, and what is declared. Pure:
+/// nothing here touches the machine.
+fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'_>) -> Result<Plan, Error> {
+    let record = known.record;
+    let Some((meta, held)) = found else {
         let (action, detail) = match record {
             Some(_) => (Action::Corrected, Some("it had been deleted on the machine".to_owned())),
             None => (Action::Created, None),
         };
-        if ctx.opts.dry_run {
-            ctx.diffs.0.push((path.display().to_string(), diff(f, b"", &content)));
-            return Ok(Step::Done(begin(r, action, detail), None));
-        }
-        let staged = ctx.fs.stage(path, &content, mode, owner)?;
-        return Ok(Step::Staged(Box::new(Pending { staged, checked: checked(action, detail) })));
+        return Ok(Plan { action, detail, change: Change::Write { keep: None } });
     };
-
-    match meta.kind {
-        FsKind::File => {}
-        FsKind::Symlink => {
-            return Err(Error::Refused(format!(
-                "{} is a symlink; mesh-host never writes through a symlink, and does not replace one it did not make: remove it, or declare the real path",
-                path.display()
-            )))
-        }
-        FsKind::Directory | FsKind::Other => {
-            return Err(Error::Refused(format!(
-                "{} exists and is not a regular file; it was left alone",
-                path.display()
-            )))
-        }
+    if meta.kind != FsKind::File {
+        return Err(Error::WrongKind { path: want.path.to_owned(), declared: Kind::File, found: meta.kind });
     }
 
     // A seed that is present is left exactly as it is: what the program grew in it since is not
     // the mesh's to put back. The record keeps what the host once wrote, so a later change of
     // the seed in the declaration is not mistaken for drift.
-    if f.create_once {
+    if want.create_once {
         // No signature: a seed is not compared, so there is nothing for one to save.
         let wrote = record.and_then(|r| r.wrote).or_else(|| held.sum().map(Digest::from_sum));
-        let facts = Facts { sig: None, ..found(wrote, &meta) };
         let detail = "created once, and present: what is in it now is not the mesh's to change";
-        return Ok(Step::Done(begin(r, Action::Kept, Some(detail.into())), Some(facts)));
+        let facts = Facts { sig: None, ..as_found(wrote, meta) };
+        return Ok(Plan { action: Action::Kept, detail: Some(detail.into()), change: Change::None(facts) });
     }
 
-    let content_same = matches!(&held, Content::Bytes(b) if *b == *content);
-    let found_digest = || held.sum().map(Digest::from_sum);
-    let mode_same = meta.mode == mode;
-    let owner_same = owner.is_none_or(|o| o == (meta.uid, meta.gid));
+    // Hashed at most once, and only when needed: the steady state below never hashes.
+    let digest_found = std::cell::OnceCell::new();
+    let found_digest = || *digest_found.get_or_init(|| held.sum().map(Digest::from_sum));
+    let content_same = matches!(held, Content::Bytes(b) if *b == *want.content);
+    let mode_same = meta.mode == want.mode;
+    let owner_same = want.owner.is_none_or(|o| o == (meta.uid, meta.gid));
     if content_same && mode_same && owner_same {
-        // The steady state, and the hot path: no hashing when the declaration has not changed
-        // since the record, because what the host wrote is then exactly what is declared.
+        // No hashing when the declaration has not changed since the record, because what the
+        // host wrote is then exactly what is declared.
         let wrote = match record {
-            Some(rec) if rec.declared == r.digest && rec.wrote.is_some() => rec.wrote,
+            Some(rec) if rec.declared == want.declared && rec.wrote.is_some() => rec.wrote,
             _ => found_digest(),
         };
-        return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(found(wrote, &meta))));
+        return Ok(Plan {
+            action: Action::Unchanged,
+            detail: None,
+            change: Change::None(as_found(wrote, meta)),
+        });
     }
 
     // Drift is a difference from what the host last left, not from what is declared now: a
     // declaration that changed its mind is an update, a machine that changed on its own was
     // changed by hand. What an unfinished pass of the host's was writing (the journal found at
     // start-up) is the host's own work, not a hand's.
-    let intended = ctx.store.intended(path);
+    let intended = known.intended;
     let found_ours = !intended.is_empty()
         && found_digest().is_some_and(|d| intended.iter().any(|i| i.sum == d.to_string()));
     let mut drifted = Vec::new();
@@ -195,14 +280,15 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         }
     }
     if !mode_same {
-        changes.push(format!("mode {:04o} to {:04o}", meta.mode, mode));
+        changes.push(format!("mode {:04o} to {:04o}", meta.mode, want.mode));
         if record.is_some_and(|rec| rec.mode != Some(meta.mode))
             && !intended.iter().any(|i| i.mode == meta.mode)
         {
             drifted.push(format!("mode (it was {:04o})", meta.mode));
         }
     }
-    if let (false, Some((uid, gid))) = (owner_same, owner) {
+    let owner_change = want.owner.filter(|_| !owner_same);
+    if let Some((uid, gid)) = owner_change {
         changes.push(format!("owner {}:{} to {uid}:{gid}", meta.uid, meta.gid));
         if record.is_some_and(|rec| rec.owner != Some((meta.uid, meta.gid)))
             && !intended.iter().any(|i| i.owner == Some((meta.uid, meta.gid)))
@@ -210,7 +296,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
             drifted.push(format!("owner (it was {}:{})", meta.uid, meta.gid));
         }
     }
-    let (action, mut detail) = if drifted.is_empty() {
+    let (action, detail) = if drifted.is_empty() {
         (Action::Updated, changes.join(", "))
     } else {
         (
@@ -219,69 +305,90 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         )
     };
 
-    // The original of a file the host has no record of, under any id, is the machine's until
-    // the mesh writes over it: it is kept first, once, and never overwritten.
-    let keep =
-        !content_same && record.is_none() && !found_ours && !ctx.store.holds_target(Kind::File, &r.target());
-    let kept_at = keep.then(|| kept_path(&ctx.opts.kept, path));
-
-    if ctx.opts.dry_run {
-        if let Some(at) = &kept_at {
-            detail.push_str(&format!("; the file found here would be kept at {}", at.display()));
-        }
-        if !content_same {
-            let shown = match &held {
-                Content::Bytes(bytes) => diff(f, bytes, &content),
-                other => format!(
-                    "content differs: {} bytes on the machine (too large to show), {} declared\n",
-                    other.size(),
-                    content.len()
-                ),
-            };
-            ctx.diffs.0.push((path.display().to_string(), shown));
-        }
-        return Ok(Step::Done(begin(r, action, Some(detail)), None));
-    }
-
-    if let Some(at) = kept_at {
-        // Before anything is written: if the copy fails, the write does not happen, since the
-        // original could not be had back otherwise.
-        if ctx.fs.meta(&at)?.is_none() {
-            let copy = match &held {
-                Content::Bytes(bytes) => ctx.fs.stage(&at, bytes, meta.mode & 0o700, None)?,
-                _ => ctx.fs.stage_copy(path, &at, meta.mode & 0o700)?,
-            };
-            ctx.fs.commit(vec![copy]).pop().unwrap_or(Ok(()))?;
-        }
-        detail.push_str(&format!(
-            "; the file found here, which the host had no record of, was kept at {}",
-            at.display()
-        ));
-    }
-
-    if !content_same {
-        let staged = ctx.fs.stage(path, &content, mode, owner)?;
-        return Ok(Step::Staged(Box::new(Pending { staged, checked: checked(action, Some(detail)) })));
-    }
-    if meta.links > 1 {
+    let change = if !content_same {
+        // The original of a file the host has no record of, under any id, is the machine's
+        // until the mesh writes over it: it is kept first, once, and never overwritten.
+        let keep = record.is_none() && !found_ours && !(known.recorded_elsewhere)();
+        Change::Write { keep: keep.then(|| kept_path(known.kept, want.path)) }
+    } else if meta.links > 1 {
         // A chmod or chown here would reach every other name of this file too, paths the
         // declaration does not name (a hard link from elsewhere, even to a credential file). The
         // path gets a file of its own instead; the other names keep what they had.
-        detail.push_str(&format!(
-            "; it had {} names (hard links), so it was replaced by a file of its own instead of being changed in place, and the other names were left as they were",
-            meta.links
-        ));
-        let staged = ctx.fs.stage(path, &content, mode, owner)?;
-        return Ok(Step::Staged(Box::new(Pending { staged, checked: checked(action, Some(detail)) })));
+        Change::Replace { links: meta.links }
+    } else {
+        Change::Set { mode: (!mode_same).then_some(want.mode), owner: owner_change }
+    };
+    Ok(Plan { action, detail: Some(detail), change })
+}
+
+/// What a plan shows of the content it would write: a diff, where the content changes.
+fn planned_diff(plan: &Plan, held: Option<&Content>, f: &File, content: &[u8]) -> Option<String> {
+    let Change::Write { .. } = plan.change else { return None };
+    Some(match held {
+        None => diff(f, b"", content),
+        Some(Content::Bytes(bytes)) => diff(f, bytes, content),
+        Some(other) => format!(
+            "content differs: {} bytes on the machine (too large to show), {} declared\n",
+            other.size(),
+            content.len()
+        ),
+    })
+}
+
+/// Carries out a plan that changes the file: writes are staged for the pass's batch commit and
+/// read back after it; a change of mode or owner in place is read back at once.
+fn act(
+    fs: &mut Fs,
+    r: &Resource,
+    want: &Declared<'_>,
+    plan: Plan,
+    found: Option<&(Meta, Content)>,
+) -> Result<Step, Error> {
+    let path = want.path;
+    let checked = Checked {
+        index: r.index,
+        id: r.id.to_string(),
+        target: r.target(),
+        path: path.to_owned(),
+        digest: digest(want.content),
+        len: want.content.len() as u64,
+        mode: want.mode,
+        owner: want.owner,
+        action: plan.action,
+        detail: plan.applied(),
+    };
+    match plan.change {
+        Change::None(facts) => Ok(Step::Done(begin(r, plan.action, plan.detail), Some(facts))),
+        Change::Write { keep } => {
+            if let (Some(at), Some((meta, held))) = (keep, found) {
+                // Before anything is written: if the copy fails, the write does not happen,
+                // since the original could not be had back otherwise.
+                if fs.meta(&at)?.is_none() {
+                    let copy = match held {
+                        Content::Bytes(bytes) => fs.stage(&at, bytes, meta.mode & 0o700, None)?,
+                        _ => fs.stage_copy(path, &at, meta.mode & 0o700)?,
+                    };
+                    fs.commit(vec![copy]).pop().unwrap_or(Ok(()))?;
+                }
+            }
+            let staged = fs.stage(path, want.content, want.mode, want.owner)?;
+            Ok(Step::Staged(Box::new(Pending { staged, checked })))
+        }
+        Change::Replace { .. } => {
+            let staged = fs.stage(path, want.content, want.mode, want.owner)?;
+            Ok(Step::Staged(Box::new(Pending { staged, checked })))
+        }
+        Change::Set { mode, owner } => {
+            if let Some((uid, gid)) = owner {
+                fs.set_owner(path, uid, gid)?;
+            }
+            if let Some(mode) = mode {
+                fs.set_mode(path, mode)?;
+            }
+            let (outcome, facts) = read_back(fs, &checked)?;
+            Ok(Step::Done(outcome, Some(facts)))
+        }
     }
-    if let (false, Some((uid, gid))) = (owner_same, owner) {
-        ctx.fs.set_owner(path, uid, gid)?;
-    }
-    if !mode_same {
-        ctx.fs.set_mode(path, mode)?;
-    }
-    let (outcome, facts) = read_back(&mut ctx.fs, &checked(action, Some(detail)))?;
-    Ok(Step::Done(outcome, Some(facts)))
 }
 
 impl Checked {
@@ -295,27 +402,31 @@ impl Checked {
 /// asked. A write that returned success is not evidence that the value took.
 pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Error> {
     let mismatch = |what, wanted: String, found: String| Error::ReadBack {
-        path: c.path.display().to_string(),
+        target: Target::Path(c.path.clone()),
         what,
         wanted,
         found,
     };
     let Some((meta, held)) = fs.read_up_to(&c.path, c.len)? else {
-        return Err(mismatch("the file", "written".into(), "missing".into()));
+        return Err(mismatch(Aspect::File, "written".into(), "missing".into()));
     };
     if meta.kind != FsKind::File {
-        return Err(mismatch("the file", "a regular file".into(), format!("{:?}", meta.kind)));
+        return Err(mismatch(Aspect::File, "a regular file".into(), format!("{:?}", meta.kind)));
     }
     let digest_found = Digest::from_sum(held.sum().expect("a regular file has a sum"));
     if digest_found != c.digest {
-        return Err(mismatch("the content", c.digest.to_string(), digest_found.to_string()));
+        return Err(mismatch(Aspect::Content, c.digest.to_string(), digest_found.to_string()));
     }
     if meta.mode != c.mode {
-        return Err(mismatch("the mode", format!("{:04o}", c.mode), format!("{:04o}", meta.mode)));
+        return Err(mismatch(Aspect::Mode, format!("{:04o}", c.mode), format!("{:04o}", meta.mode)));
     }
     if let Some((uid, gid)) = c.owner {
         if (meta.uid, meta.gid) != (uid, gid) {
-            return Err(mismatch("the owner", format!("{uid}:{gid}"), format!("{}:{}", meta.uid, meta.gid)));
+            return Err(mismatch(
+                Aspect::Owner,
+                format!("{uid}:{gid}"),
+                format!("{}:{}", meta.uid, meta.gid),
+            ));
         }
     }
     let outcome = Outcome {
@@ -325,12 +436,12 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
         action: c.action,
         detail: c.detail.clone(),
     };
-    Ok((outcome, found(Some(digest_found), &meta)))
+    Ok((outcome, as_found(Some(digest_found), &meta)))
 }
 
 /// What to record of a file as it was just found (or read back): the digest of what the host
 /// wrote, its mode, owner and, once trustworthy, its change signature.
-fn found(wrote: Option<Digest>, meta: &Meta) -> Facts {
+fn as_found(wrote: Option<Digest>, meta: &Meta) -> Facts {
     Facts {
         wrote,
         mode: Some(meta.mode),
@@ -355,5 +466,274 @@ fn diff(f: &File, old: &[u8], new: &[u8]) -> String {
             .header(&format!("{} (on the machine)", f.path), &format!("{} (declared)", f.path))
             .to_string(),
         _ => format!("binary content differs: {} bytes on the machine, {} declared\n", old.len(), new.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::declaration::{Declaration, Spec};
+
+    fn file_of<'a>(d: &'a Declaration, id: &str) -> &'a File {
+        match &d.find(id).unwrap().spec {
+            Spec::File(f) => f,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // The decision, without a machine: plain values in, a plan out.
+
+    const PATH: &str = "/etc/app.conf";
+    const SIG: crate::system::Sig = (7, 1_000, 0, 3);
+
+    fn meta(kind: FsKind, mode: u32, owner: (u32, u32), links: u64) -> Meta {
+        Meta { kind, mode, uid: owner.0, gid: owner.1, dev: 1, links, sig: SIG }
+    }
+
+    fn file(mode: u32) -> Meta {
+        meta(FsKind::File, mode, (0, 0), 1)
+    }
+
+    fn bytes(b: &[u8]) -> Content {
+        Content::Bytes(b.to_vec())
+    }
+
+    /// What the host left: `wrote` under the declaration `declared`, with mode and owner.
+    fn record(wrote: &[u8], mode: u32, owner: (u32, u32), declared: &str) -> Record {
+        Record {
+            origin: crate::store::Origin::Declared,
+            kind: Kind::File,
+            target: PATH.into(),
+            position: 0,
+            declared: digest(declared.as_bytes()),
+            applied_at: 0,
+            wrote: Some(digest(wrote)),
+            mode: Some(mode),
+            owner: Some(owner),
+            sig: Some(SIG),
+            more: None,
+        }
+    }
+
+    fn want<'a>(content: &'a [u8], mode: u32, owner: Option<(u32, u32)>) -> Declared<'a> {
+        Declared { path: Path::new(PATH), content, declared: digest(b"v2"), mode, owner, create_once: false }
+    }
+
+    fn known<'a>(record: Option<&'a Record>, intended: &'a [Intent]) -> Known<'a> {
+        Known { record, intended, recorded_elsewhere: &|| false, kept: Path::new("/var/lib/mesh-host/kept") }
+    }
+
+    fn intent(content: &[u8], mode: u32, owner: Option<(u32, u32)>) -> Intent {
+        Intent { path: PATH.into(), sum: digest(content).to_string(), mode, owner }
+    }
+
+    fn plan(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'_>) -> Plan {
+        decide(found, known, want).unwrap()
+    }
+
+    fn said(p: &Plan) -> (Action, Option<&str>) {
+        (p.action, p.detail.as_deref())
+    }
+
+    #[test]
+    fn a_file_not_there_is_created_or_put_back() {
+        let w = want(b"new", 0o644, None);
+        let p = plan(None, &known(None, &[]), &w);
+        assert_eq!(said(&p), (Action::Created, None));
+        assert!(matches!(p.change, Change::Write { keep: None }));
+        let rec = record(b"new", 0o644, (0, 0), "v2");
+        let p = plan(None, &known(Some(&rec), &[]), &w);
+        assert_eq!(said(&p), (Action::Corrected, Some("it had been deleted on the machine")));
+        assert!(matches!(p.change, Change::Write { keep: None }));
+    }
+
+    #[test]
+    fn a_symlink_a_directory_or_a_fifo_where_a_file_is_declared_is_refused() {
+        for kind in [FsKind::Symlink, FsKind::Directory, FsKind::Other] {
+            let found = meta(kind, 0o644, (0, 0), 1);
+            match decide(Some((&found, &Content::NotFile)), &known(None, &[]), &want(b"x", 0o644, None)) {
+                Err(Error::WrongKind { declared: Kind::File, found, .. }) => assert_eq!(found, kind),
+                Err(other) => panic!("{kind:?}: {other}"),
+                Ok(p) => panic!("{kind:?}: {:?}", said(&p)),
+            }
+        }
+    }
+
+    #[test]
+    fn a_seed_that_is_present_is_kept_whatever_it_holds() {
+        let w = Declared { create_once: true, ..want(b"seed", 0o600, Some((1, 1))) };
+        let grown = bytes(b"what the program grew");
+        // No record: what is there is recorded as what the host found.
+        let p = plan(Some((&file(0o644), &grown)), &known(None, &[]), &w);
+        assert_eq!(p.action, Action::Kept);
+        let Change::None(facts) = &p.change else { panic!("a seed is not changed") };
+        assert_eq!(facts.wrote, Some(digest(b"what the program grew")));
+        assert_eq!(facts.sig, None, "a seed is never compared, so has no signature");
+        // A record: what the host once wrote stays recorded, so a new seed is not drift.
+        let rec = record(b"seed", 0o600, (1, 1), "v1");
+        let p = plan(Some((&file(0o644), &grown)), &known(Some(&rec), &[]), &w);
+        let Change::None(facts) = &p.change else { panic!("a seed is not changed") };
+        assert_eq!(facts.wrote, Some(digest(b"seed")));
+        // And it is never read untouched by signature, either.
+        assert!(untouched(&rec, &w, &file(0o600)).is_none());
+    }
+
+    #[test]
+    fn a_file_as_declared_is_unchanged_and_hashed_only_when_the_declaration_moved() {
+        let w = want(b"same", 0o644, Some((0, 0)));
+        // Recorded at this declaration: what the host wrote is what is declared, not rehashed.
+        let rec = Record {
+            declared: digest(b"v2"),
+            wrote: Some(digest(b"as recorded")),
+            ..record(b"", 0o644, (0, 0), "")
+        };
+        let p = plan(Some((&file(0o644), &bytes(b"same"))), &known(Some(&rec), &[]), &w);
+        assert_eq!(said(&p), (Action::Unchanged, None));
+        let Change::None(facts) = &p.change else { panic!("nothing to change") };
+        assert_eq!(facts.wrote, Some(digest(b"as recorded")));
+        // Recorded at another declaration, or not at all: what is there is digested.
+        for rec in [Some(record(b"old", 0o644, (0, 0), "v1")), None] {
+            let p = plan(Some((&file(0o644), &bytes(b"same"))), &known(rec.as_ref(), &[]), &w);
+            let Change::None(facts) = &p.change else { panic!("nothing to change") };
+            assert_eq!(facts.wrote, Some(digest(b"same")));
+            assert_eq!((facts.mode, facts.owner), (Some(0o644), Some((0, 0))));
+        }
+    }
+
+    #[test]
+    fn new_content_is_an_update_and_content_changed_by_hand_a_correction() {
+        let w = want(b"new", 0o644, None);
+        let found = bytes(b"old");
+        // The host wrote what is there: the declaration changed its mind.
+        let rec = record(b"old", 0o644, (0, 0), "v1");
+        let p = plan(Some((&file(0o644), &found)), &known(Some(&rec), &[]), &w);
+        assert_eq!(said(&p), (Action::Updated, Some("content")));
+        assert!(matches!(p.change, Change::Write { keep: None }));
+        // The host wrote something else: a hand changed it.
+        let rec = record(b"what the host wrote", 0o644, (0, 0), "v1");
+        let p = plan(Some((&file(0o644), &found)), &known(Some(&rec), &[]), &w);
+        assert_eq!(
+            said(&p),
+            (Action::Corrected, Some("changed on the machine since the host last wrote it: content"))
+        );
+        // Unless the journal says the host itself was writing that when it was stopped.
+        let ours = [intent(b"old", 0o644, None)];
+        let p = plan(Some((&file(0o644), &found)), &known(Some(&rec), &ours), &w);
+        assert_eq!(said(&p), (Action::Updated, Some("content")));
+    }
+
+    #[test]
+    fn the_original_of_a_file_the_host_has_no_record_of_is_kept_once() {
+        let w = want(b"new", 0o644, None);
+        let found = bytes(b"the machine's own");
+        let p = plan(Some((&file(0o644), &found)), &known(None, &[]), &w);
+        let Change::Write { keep: Some(at) } = &p.change else { panic!("the original is kept") };
+        assert_eq!(at, Path::new("/var/lib/mesh-host/kept/etc/app.conf"));
+        assert_eq!(
+            p.planned().as_deref(),
+            Some("content; the file found here would be kept at /var/lib/mesh-host/kept/etc/app.conf")
+        );
+        assert_eq!(
+            p.applied().as_deref(),
+            Some("content; the file found here, which the host had no record of, was kept at /var/lib/mesh-host/kept/etc/app.conf")
+        );
+        // A record of this path under another id: the host wrote it, so there is nothing to keep.
+        let elsewhere = Known { recorded_elsewhere: &|| true, ..known(None, &[]) };
+        assert!(matches!(
+            plan(Some((&file(0o644), &found)), &elsewhere, &w).change,
+            Change::Write { keep: None }
+        ));
+        // Nor when the journal says it is the host's own unfinished write.
+        let ours = [intent(b"the machine's own", 0o600, None)];
+        assert!(matches!(
+            plan(Some((&file(0o644), &found)), &known(None, &ours), &w).change,
+            Change::Write { keep: None }
+        ));
+        // Nor when only the mode differs: nothing is written over.
+        assert!(matches!(
+            plan(Some((&file(0o600), &bytes(b"new"))), &known(None, &[]), &w).change,
+            Change::Set { mode: Some(0o644), owner: None }
+        ));
+    }
+
+    #[test]
+    fn a_mode_or_owner_set_by_hand_is_a_correction_and_a_new_one_an_update() {
+        let w = want(b"same", 0o644, Some((10, 10)));
+        let found = bytes(b"same");
+        // The host left 0644 and 10:10; the machine has 0600 and 0:0.
+        let rec = record(b"same", 0o644, (10, 10), "v2");
+        let p = plan(Some((&file(0o600), &found)), &known(Some(&rec), &[]), &w);
+        assert_eq!(
+            said(&p),
+            (
+                Action::Corrected,
+                Some("changed on the machine since the host last wrote it: mode (it was 0600), owner (it was 0:0)")
+            )
+        );
+        assert!(matches!(p.change, Change::Set { mode: Some(0o644), owner: Some((10, 10)) }));
+        // The host left 0600 and 0:0 itself: the declaration moved.
+        let rec = record(b"same", 0o600, (0, 0), "v1");
+        let p = plan(Some((&file(0o600), &found)), &known(Some(&rec), &[]), &w);
+        assert_eq!(said(&p), (Action::Updated, Some("mode 0600 to 0644, owner 0:0 to 10:10")));
+        // What the journal says the host was setting is not a hand's either.
+        let rec = record(b"same", 0o644, (10, 10), "v2");
+        let ours = [intent(b"same", 0o600, Some((0, 0)))];
+        let p = plan(Some((&file(0o600), &found)), &known(Some(&rec), &ours), &w);
+        assert_eq!(p.action, Action::Updated);
+        // An owner not declared is not compared.
+        let p = plan(Some((&file(0o600), &found)), &known(None, &[]), &want(b"same", 0o644, None));
+        assert!(matches!(p.change, Change::Set { mode: Some(0o644), owner: None }));
+    }
+
+    #[test]
+    fn a_file_with_other_names_gets_a_file_of_its_own_instead_of_a_chmod() {
+        let linked = meta(FsKind::File, 0o600, (0, 0), 3);
+        let p = plan(Some((&linked, &bytes(b"same"))), &known(None, &[]), &want(b"same", 0o644, None));
+        assert!(matches!(p.change, Change::Replace { links: 3 }));
+        assert_eq!(p.planned().as_deref(), Some("mode 0600 to 0644"));
+        assert_eq!(
+            p.applied().as_deref(),
+            Some("mode 0600 to 0644; it had 3 names (hard links), so it was replaced by a file of its own instead of being changed in place, and the other names were left as they were")
+        );
+    }
+
+    #[test]
+    fn a_plan_shows_a_diff_only_where_the_content_changes() {
+        let d: Declaration = Declaration::parse(
+            br#"{"version": 1, "resources": [{"type": "file", "id": "a.f", "path": "/etc/app.conf", "content": "b\n"}]}"#,
+        )
+        .unwrap();
+        let f = file_of(&d, "a.f");
+        let write = Plan { action: Action::Created, detail: None, change: Change::Write { keep: None } };
+        let shown = planned_diff(&write, None, f, b"b\n").unwrap();
+        assert!(shown.contains("+b"), "{shown}");
+        let shown = planned_diff(&write, Some(&bytes(b"a\n")), f, b"b\n").unwrap();
+        assert!(shown.contains("-a") && shown.contains("+b"), "{shown}");
+        let large = Content::Large { sum: [0; 32], size: 5 << 20 };
+        assert_eq!(
+            planned_diff(&write, Some(&large), f, b"b\n").unwrap(),
+            "content differs: 5242880 bytes on the machine (too large to show), 2 declared\n"
+        );
+        let set = Plan { change: Change::Set { mode: Some(0o644), owner: None }, ..write };
+        assert_eq!(planned_diff(&set, Some(&bytes(b"b\n")), f, b"b\n"), None);
+    }
+
+    #[test]
+    fn a_file_untouched_since_the_record_is_not_read_again() {
+        let w = want(b"x", 0o644, Some((1, 1)));
+        let rec = record(b"x", 0o644, (1, 1), "v2");
+        let m = meta(FsKind::File, 0o644, (1, 1), 1);
+        let facts = untouched(&rec, &w, &m).expect("untouched");
+        assert_eq!((facts.wrote, facts.sig), (rec.wrote, Some(SIG)));
+        // Anything that says otherwise sends it to be read.
+        let touched = Meta { sig: (8, 1_000, 0, 3), ..m };
+        assert!(untouched(&rec, &w, &touched).is_none(), "another signature");
+        assert!(untouched(&rec, &w, &Meta { mode: 0o600, ..m }).is_none(), "another mode");
+        assert!(untouched(&rec, &want(b"x", 0o600, Some((1, 1))), &m).is_none(), "a new mode declared");
+        assert!(untouched(&rec, &want(b"x", 0o644, Some((2, 2))), &m).is_none(), "a new owner declared");
+        let older = record(b"x", 0o644, (1, 1), "v1");
+        assert!(untouched(&older, &w, &m).is_none(), "another declaration");
+        let unsigned = Record { sig: None, ..rec.clone() };
+        assert!(untouched(&unsigned, &w, &m).is_none(), "no signature recorded");
     }
 }

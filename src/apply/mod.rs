@@ -24,15 +24,16 @@ mod user;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 pub use archive::ArchiveLimits;
 pub use container::{run_scheduled, spec_digest, ScheduledRun};
-pub use error::Error;
+pub use error::{Aspect, Error, Need, Target};
 pub use outcome::{Action, ApplyError, Failure, Outcome, Report};
 
 use crate::declaration::{Declaration, Digest, Id, Kind, Resource, Spec};
 use crate::store::{More, Origin, Record, Store};
-use crate::system::docker::Docker;
+use crate::system::docker::{Docker, DockerError};
 use crate::system::systemd::SETTLE;
 use crate::system::{Accounts, Fs, Packages, Staged, Systemd};
 
@@ -135,7 +136,7 @@ struct Machine {
     /// The container runtime, or why none answered. Unlike the bus, a failure is kept for the
     /// pass: a socket whose server hangs would otherwise hold every container for the probe's
     /// whole timeout, and a hundred containers on a machine without a runtime should fail fast.
-    docker: Option<Result<Docker, String>>,
+    docker: Option<Result<Docker, Arc<DockerError>>>,
 }
 
 impl Machine {
@@ -151,10 +152,9 @@ impl Machine {
     /// The pass's container runtime, connected on first use. A handle (cheap to clone), so an
     /// applier can hold it while it reads the rest of the context.
     fn docker(&mut self, socket: Option<&str>) -> Result<Docker, Error> {
-        let connected = self
-            .docker
-            .get_or_insert_with(|| crate::system::docker::connect(socket).map_err(|e| e.to_string()));
-        connected.clone().map_err(|e| Error::Runtime(crate::system::docker::DockerError::Other(e)))
+        let connected =
+            self.docker.get_or_insert_with(|| crate::system::docker::connect(socket).map_err(Arc::new));
+        connected.clone().map_err(Error::Runtime)
     }
 }
 

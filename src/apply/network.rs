@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::{begin, Action, Ctx, Error, Facts, Step};
+use super::{begin, Action, Ctx, Error, Facts, Step, Target};
 use crate::declaration::{Kind, Network, Resource};
 use crate::system::docker::ID_LABEL;
 
@@ -33,7 +33,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, n: &Network) -> Result<Step
     // Read back: a network reported made and not there leaves every container that joins it
     // failing to start, with the cause one step away.
     if docker.network(name)?.is_none() {
-        return Err(Error::Refused(format!("network {name} was created and is not there afterwards")));
+        return Err(Error::Vanished { target: Target::Network(name.to_owned()), did: "created" });
     }
     Ok(Step::Done(begin(r, action, detail), Some(Facts::default())))
 }

@@ -26,9 +26,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Package) -> Result<Step
     // Read back from the package database: a package manager exiting 0 says its transaction
     // ran, not that this package is what it installed.
     if !packages.installed(name)? {
-        return Err(Error::Refused(format!(
-            "{manager} installed {name} without an error and the package database does not have it installed"
-        )));
+        return Err(Error::NotInstalled { manager, package: name.to_owned() });
     }
     Ok(Step::Done(begin(r, action, Some(detail)), Some(Facts::default())))
 }

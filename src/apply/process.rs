@@ -59,9 +59,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Process) -> Result<Step
             if !before.running() {
                 // Supervised and coming back (auto-restart), or on its way down: either way,
                 // not a program that stays up.
-                return Err(Error::Refused(format!(
-                    "{unit} is {before}: the program keeps exiting; journalctl -u {unit} says why"
-                )));
+                return Err(Error::UnitKeepsExiting { unit: unit.clone(), state: Box::new(before.clone()) });
             }
             if restart_for.is_empty() {
                 return Ok(Step::Done(begin(r, Action::Unchanged, Some(format!("{unit} {before}"))), facts));
@@ -111,9 +109,7 @@ fn check_spec(ctx: &mut Ctx<'_>, unit: &str, want: &str) -> Result<(), Error> {
     let found = ctx.systemd()?.description(unit)?;
     match described_spec(&found) {
         Some(spec) if spec == want => Ok(()),
-        _ => Err(Error::Refused(format!(
-            "{unit} was started with spec {want} and systemd describes it as {found:?}"
-        ))),
+        _ => Err(Error::UnitSpec { unit: unit.to_owned(), wanted: want.to_owned(), described: found }),
     }
 }
 

@@ -3,8 +3,13 @@
 //! Only ever called for a record in the store, which is what bounds it: the host removes what
 //! it made and leaves what it merely configured or found. It returns the honest word: for much
 //! of the vocabulary that is `kept` or `forgotten`, not `removed`.
+//!
+//! `look` reads what the record names, as far as its kind needs; `decide` says, from plain
+//! values, whether to leave it or remove it; `act` removes and reads back.
 
-use super::{process, Action, Error, Machine, Options};
+use std::path::{Path, PathBuf};
+
+use super::{process, Action, Error, Machine, Options, Target};
 use crate::declaration::{Digest, Kind};
 use crate::store::Record;
 use crate::system::docker::ID_LABEL;
@@ -17,173 +22,343 @@ pub(super) fn remove(
     rec: &Record,
     opts: &Options,
 ) -> Result<(Action, Option<String>), Error> {
-    let dry_run = opts.dry_run;
-    let path = std::path::Path::new(&*rec.target);
-    let said = |action, detail: &str| Ok((action, Some(detail.to_owned())));
-    match rec.kind {
-        Kind::File => match fs.digest(path)? {
-            None => said(Action::Forgotten, "no longer declared, and no longer there"),
-            Some((meta, _)) if meta.kind != FsKind::File => said(
-                Action::Kept,
-                "no longer declared, and what is there now is not the file the host wrote: left alone",
-            ),
-            // A file whose content is no longer what the host wrote holds someone's work (a
-            // create-once seed a program grew, a hand edit): nothing is lost by leaving it.
-            Some((_, sum)) if rec.wrote.is_some_and(|w| sum.map(Digest::from_sum) != Some(w)) => said(
-                Action::Kept,
-                "no longer declared, and changed on the machine since the host wrote it: left in place so nothing is lost",
-            ),
-            Some(_) => {
-                if !dry_run {
-                    fs.remove_file(path)?;
-                    if fs.meta(path)?.is_some() {
-                        return Err(Error::Refused(format!("{} is still there after removing it", path.display())));
-                    }
-                }
-                said(Action::Removed, "no longer declared")
+    match look(fs, machine, rec, opts)? {
+        Plan::Leave(action, detail) => Ok((action, Some(detail))),
+        Plan::Remove(removal, detail) => {
+            if !opts.dry_run {
+                act(fs, machine, opts, &removal)?;
             }
-        },
-        Kind::Directory => {
-            // A directory with anything left in it is kept: everything the host put inside is
-            // itself declared, and orphans go in reverse order, so what the host wrote there is
-            // already gone. What remains is data nobody declared.
-            match fs.meta(path)? {
-                None => return said(Action::Forgotten, "no longer declared, and no longer there"),
-                Some(m) if m.kind != FsKind::Directory => {
-                    return said(Action::Kept, "no longer declared, and no longer a directory: left alone")
-                }
-                Some(_) => {}
-            }
-            let inside = fs.list(path)?.len();
-            if inside > 0 {
-                return Ok((
-                    Action::Kept,
-                    Some(format!(
-                        "no longer declared, and {inside} item{} inside that the mesh did not put there; remove it by hand once you know what {}",
-                        if inside == 1 { "" } else { "s" },
-                        if inside == 1 { "it is" } else { "they are" }
-                    )),
-                ));
-            }
-            if !dry_run {
-                fs.remove_dir(path)?;
-            }
-            said(Action::Removed, "no longer declared, and empty")
+            Ok((Action::Removed, Some(detail)))
         }
-        Kind::Access => said(Action::Forgotten, "an operator-owned path is never the host's to remove"),
-        Kind::Archive => said(
-            Action::Forgotten,
-            "the files it unpacked are left in place: they may have been changed or added to since",
-        ),
-        Kind::Package => said(
-            Action::Forgotten,
-            "left installed; the host does not uninstall what it cannot know is unused",
-        ),
-        Kind::User => said(
-            Action::Forgotten,
+    }
+}
+
+/// What removal does with what one record names.
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    /// Left as it is (forgotten, or kept), and why.
+    Leave(Action, String),
+    /// Removed (a unit: stopped), and what the report says.
+    Remove(Removal, String),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Removal {
+    File(PathBuf),
+    Directory(PathBuf),
+    /// Stopped: the host set the unit's state, it did not install it.
+    Unit(String),
+    Container(String),
+    Network(String),
+}
+
+/// Looks at what a record names, as far as its kind needs, and decides.
+fn look(fs: &mut Fs, machine: &mut Machine, rec: &Record, opts: &Options) -> Result<Plan, Error> {
+    let path = Path::new(&*rec.target);
+    let forget = |why: &str| Ok(Plan::Leave(Action::Forgotten, why.to_owned()));
+    match rec.kind {
+        Kind::File => {
+            let found = fs.digest(path)?.map(|(meta, sum)| (meta.kind, sum.map(Digest::from_sum)));
+            Ok(decide::file(path, rec.wrote, found))
+        }
+        Kind::Directory => {
+            let found = match fs.meta(path)? {
+                Some(m) if m.kind == FsKind::Directory => Some((m.kind, fs.list(path)?.len())),
+                other => other.map(|m| (m.kind, 0)),
+            };
+            Ok(decide::directory(path, found))
+        }
+        Kind::Access => forget("an operator-owned path is never the host's to remove"),
+        Kind::Archive => {
+            forget("the files it unpacked are left in place: they may have been changed or added to since")
+        }
+        Kind::Package => forget("left installed; the host does not uninstall what it cannot know is unused"),
+        Kind::User => forget(
             "the account is left: it may own files, and a uid freed and handed out again would give them to someone else",
         ),
-        Kind::Action => said(Action::Forgotten, "an action leaves nothing the host owns"),
-        // A unit that is no longer declared is stopped, and its file left: the host set the
-        // unit's state, it did not install it. A unit that no longer exists at all is already
-        // where removal is going; failing on it would leave a record no apply could ever clear.
-        Kind::Service => stop(machine, opts, &rec.target, "the unit file is left: it is not the host's to delete"),
+        Kind::Action => forget("an action leaves nothing the host owns"),
+        Kind::Service => {
+            let state = machine.systemd(opts.bus.as_deref())?.state(&rec.target)?;
+            Ok(decide::unit(&rec.target, &state, "the unit file is left: it is not the host's to delete"))
+        }
         // The host started this unit; once stopped, systemd collects it and nothing is left.
-        Kind::Process => stop(
-            machine,
-            opts,
-            &process::unit_name(&rec.target),
-            "the transient unit is gone with it",
-        ),
+        Kind::Process => {
+            let unit = process::unit_name(&rec.target);
+            let state = machine.systemd(opts.bus.as_deref())?.state(&unit)?;
+            Ok(decide::unit(&unit, &state, "the transient unit is gone with it"))
+        }
         Kind::Container => {
-            let docker = machine.docker(opts.container_socket.as_deref())?;
-            let name = &*rec.target;
-            match docker.container(name)? {
-                // A step leaves nothing running, and a container removed by hand is already
-                // where removal was going.
-                None => said(Action::Forgotten, "no longer declared, and no container of that name is there"),
-                Some(found) if found.label(ID_LABEL).is_none() => said(
-                    Action::Kept,
-                    "no longer declared, and the container of that name now was not created by mesh-host: left alone",
-                ),
-                Some(_) => {
-                    if !dry_run {
-                        docker.remove(name)?;
-                        if docker.container(name)?.is_some() {
-                            return Err(Error::Refused(format!(
-                                "container {name} is still there after removing it"
-                            )));
-                        }
-                    }
-                    said(Action::Removed, "no longer declared")
-                }
-            }
+            let found = machine.docker(opts.container_socket.as_deref())?.container(&rec.target)?;
+            Ok(decide::container(&rec.target, found.map(|c| c.label(ID_LABEL).is_some())))
         }
         Kind::Network => {
-            let docker = machine.docker(opts.container_socket.as_deref())?;
-            let name = &*rec.target;
-            match docker.network(name)? {
-                None => said(Action::Forgotten, "no longer declared, and no longer there"),
-                Some(found) if !found.labels.contains_key(ID_LABEL) => {
-                    said(Action::Forgotten, "made outside mesh-host, so left in place")
-                }
-                // Orphans go in reverse declared order, so the containers declared after the
-                // network are gone by now. What still uses it is something this declaration
-                // does not name (or a container that moves to another network later in this
-                // pass): its connectivity is not the host's to cut, so the network is kept,
-                // and the record with it, to be tried again at the next apply.
-                Some(found) if !found.containers.is_empty() => Ok((
-                    Action::Kept,
-                    Some(format!(
-                        "no longer declared, and still used by {}: left in place, and removed once nothing uses it",
-                        found.containers.join(", ")
-                    )),
-                )),
-                Some(_) => {
-                    if !dry_run {
-                        docker.remove_network(name)?;
-                        if docker.network(name)?.is_some() {
-                            return Err(Error::Refused(format!(
-                                "network {name} is still there after removing it"
-                            )));
-                        }
-                    }
-                    said(Action::Removed, "no longer declared")
-                }
-            }
+            let found = machine.docker(opts.container_socket.as_deref())?.network(&rec.target)?;
+            Ok(decide::network(&rec.target, found.map(|n| (n.labels.contains_key(ID_LABEL), n.containers))))
         }
         Kind::Opening => Err(Error::Unsupported(rec.kind)),
     }
 }
 
-/// Stops a unit that is no longer declared, and reads back that it is down.
-fn stop(
-    machine: &mut Machine,
-    opts: &Options,
-    unit: &str,
-    left: &str,
-) -> Result<(Action, Option<String>), Error> {
-    let sd = machine.systemd(opts.bus.as_deref())?;
-    let before = sd.state(unit)?;
-    if !before.exists() {
-        return Ok((Action::Forgotten, Some(format!("no longer declared, and {unit} no longer exists"))));
+/// The decisions, from plain values: what was found, and what the record says.
+mod decide {
+    use super::{Action, Digest, FsKind, Path, Plan, Removal};
+    use crate::system::systemd::UnitState;
+
+    fn leave(action: Action, why: &str) -> Plan {
+        Plan::Leave(action, why.to_owned())
     }
-    if before.stopped() {
-        return Ok((
-            Action::Forgotten,
-            Some(format!("no longer declared, and {unit} was already {}", before.active)),
+
+    const GONE: &str = "no longer declared, and no longer there";
+
+    /// A file: what is there (its kind, and the digest of what it holds), against what the host
+    /// wrote.
+    pub(super) fn file(path: &Path, wrote: Option<Digest>, found: Option<(FsKind, Option<Digest>)>) -> Plan {
+        match found {
+            None => leave(Action::Forgotten, GONE),
+            Some((kind, _)) if kind != FsKind::File => leave(
+                Action::Kept,
+                "no longer declared, and what is there now is not the file the host wrote: left alone",
+            ),
+            // A file whose content is no longer what the host wrote holds someone's work (a
+            // create-once seed a program grew, a hand edit): nothing is lost by leaving it.
+            Some((_, sum)) if wrote.is_some_and(|w| sum != Some(w)) => leave(
+                Action::Kept,
+                "no longer declared, and changed on the machine since the host wrote it: left in place so nothing is lost",
+            ),
+            Some(_) => Plan::Remove(Removal::File(path.to_owned()), "no longer declared".to_owned()),
+        }
+    }
+
+    /// A directory: what is there, and how many entries it holds if it is a directory.
+    ///
+    /// A directory with anything left in it is kept: everything the host put inside is itself
+    /// declared, and orphans go in reverse order, so what the host wrote there is already gone.
+    /// What remains is data nobody declared.
+    pub(super) fn directory(path: &Path, found: Option<(FsKind, usize)>) -> Plan {
+        match found {
+            None => leave(Action::Forgotten, GONE),
+            Some((kind, _)) if kind != FsKind::Directory => {
+                leave(Action::Kept, "no longer declared, and no longer a directory: left alone")
+            }
+            Some((_, 0)) => Plan::Remove(Removal::Directory(path.to_owned()), "no longer declared, and empty".to_owned()),
+            Some((_, inside)) => Plan::Leave(
+                Action::Kept,
+                format!(
+                    "no longer declared, and {inside} item{} inside that the mesh did not put there; remove it by hand once you know what {}",
+                    if inside == 1 { "" } else { "s" },
+                    if inside == 1 { "it is" } else { "they are" }
+                ),
+            ),
+        }
+    }
+
+    /// A unit that is no longer declared is stopped; `left` says what stays behind. A unit that
+    /// no longer exists at all is already where removal is going; failing on it would leave a
+    /// record no apply could ever clear.
+    pub(super) fn unit(unit: &str, state: &UnitState, left: &str) -> Plan {
+        if !state.exists() {
+            return Plan::Leave(
+                Action::Forgotten,
+                format!("no longer declared, and {unit} no longer exists"),
+            );
+        }
+        if state.stopped() {
+            return Plan::Leave(
+                Action::Forgotten,
+                format!("no longer declared, and {unit} was already {}", state.active),
+            );
+        }
+        Plan::Remove(Removal::Unit(unit.to_owned()), format!("no longer declared: {unit} stopped; {left}"))
+    }
+
+    /// A container of the recorded name: `Some(true)` when it carries the host's label.
+    pub(super) fn container(name: &str, found: Option<bool>) -> Plan {
+        match found {
+            // A step leaves nothing running, and a container removed by hand is already where
+            // removal was going.
+            None => leave(Action::Forgotten, "no longer declared, and no container of that name is there"),
+            Some(false) => leave(
+                Action::Kept,
+                "no longer declared, and the container of that name now was not created by mesh-host: left alone",
+            ),
+            Some(true) => Plan::Remove(Removal::Container(name.to_owned()), "no longer declared".to_owned()),
+        }
+    }
+
+    /// A network of the recorded name: whether it carries the host's label, and the containers
+    /// that use it.
+    pub(super) fn network(name: &str, found: Option<(bool, Vec<String>)>) -> Plan {
+        match found {
+            None => leave(Action::Forgotten, GONE),
+            Some((false, _)) => leave(Action::Forgotten, "made outside mesh-host, so left in place"),
+            // Orphans go in reverse declared order, so the containers declared after the
+            // network are gone by now. What still uses it is something this declaration does
+            // not name (or a container that moves to another network later in this pass): its
+            // connectivity is not the host's to cut, so the network is kept, and the record
+            // with it, to be tried again at the next apply.
+            Some((true, users)) if !users.is_empty() => Plan::Leave(
+                Action::Kept,
+                format!(
+                    "no longer declared, and still used by {}: left in place, and removed once nothing uses it",
+                    users.join(", ")
+                ),
+            ),
+            Some((true, _)) => Plan::Remove(Removal::Network(name.to_owned()), "no longer declared".to_owned()),
+        }
+    }
+}
+
+/// Removes, and reads back that it is gone (a unit: that it is down).
+fn act(fs: &mut Fs, machine: &mut Machine, opts: &Options, removal: &Removal) -> Result<(), Error> {
+    match removal {
+        Removal::File(path) => {
+            fs.remove_file(path)?;
+            if fs.meta(path)?.is_some() {
+                return Err(Error::StillThere { target: Target::Path(path.clone()) });
+            }
+        }
+        Removal::Directory(path) => fs.remove_dir(path)?,
+        Removal::Unit(unit) => {
+            let sd = machine.systemd(opts.bus.as_deref())?;
+            match sd.stop(unit) {
+                // Gone between the look and the stop: where removal was going anyway.
+                Err(SystemdError::NoUnit(_)) => {}
+                other => other?,
+            }
+            let after = sd.state(unit)?;
+            if after.exists() && !after.stopped() {
+                return Err(Error::StillRunning { unit: unit.clone(), state: Box::new(after) });
+            }
+        }
+        Removal::Container(name) => {
+            let docker = machine.docker(opts.container_socket.as_deref())?;
+            docker.remove(name)?;
+            if docker.container(name)?.is_some() {
+                return Err(Error::StillThere { target: Target::Container(name.clone()) });
+            }
+        }
+        Removal::Network(name) => {
+            let docker = machine.docker(opts.container_socket.as_deref())?;
+            docker.remove_network(name)?;
+            if docker.network(name)?.is_some() {
+                return Err(Error::StillThere { target: Target::Network(name.clone()) });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::declaration::digest;
+    use crate::system::systemd::UnitState;
+
+    fn said(plan: &Plan) -> (Action, &str) {
+        match plan {
+            Plan::Leave(action, detail) => (*action, detail),
+            Plan::Remove(_, detail) => (Action::Removed, detail),
+        }
+    }
+
+    #[test]
+    fn a_file_is_removed_only_while_it_holds_what_the_host_wrote() {
+        let path = Path::new("/etc/app.conf");
+        let wrote = Some(digest(b"ours"));
+        assert_eq!(
+            decide::file(path, wrote, Some((FsKind::File, Some(digest(b"ours"))))),
+            Plan::Remove(Removal::File(path.into()), "no longer declared".into())
+        );
+        assert_eq!(
+            said(&decide::file(path, wrote, Some((FsKind::File, Some(digest(b"edited")))))),
+            (
+                Action::Kept,
+                "no longer declared, and changed on the machine since the host wrote it: left in place so nothing is lost"
+            )
+        );
+        assert_eq!(
+            said(&decide::file(path, wrote, None)),
+            (Action::Forgotten, "no longer declared, and no longer there")
+        );
+        for kind in [FsKind::Symlink, FsKind::Directory, FsKind::Other] {
+            assert_eq!(said(&decide::file(path, wrote, Some((kind, None)))).0, Action::Kept, "{kind:?}");
+        }
+        // A record without a digest (from before digests were kept) removes what is there.
+        assert!(matches!(
+            decide::file(path, None, Some((FsKind::File, Some(digest(b"any"))))),
+            Plan::Remove(..)
         ));
     }
-    if !opts.dry_run {
-        match sd.stop(unit) {
-            // Gone between the look and the stop: where removal was going anyway.
-            Err(SystemdError::NoUnit(_)) => {}
-            other => other?,
-        }
-        let after = sd.state(unit)?;
-        if after.exists() && !after.stopped() {
-            return Err(Error::Refused(format!("{unit} was stopped and is {after}")));
-        }
+
+    #[test]
+    fn a_directory_is_removed_only_when_empty() {
+        let path = Path::new("/srv/app");
+        assert_eq!(
+            decide::directory(path, Some((FsKind::Directory, 0))),
+            Plan::Remove(Removal::Directory(path.into()), "no longer declared, and empty".into())
+        );
+        assert_eq!(
+            said(&decide::directory(path, Some((FsKind::Directory, 1)))),
+            (
+                Action::Kept,
+                "no longer declared, and 1 item inside that the mesh did not put there; remove it by hand once you know what it is"
+            )
+        );
+        assert_eq!(
+            said(&decide::directory(path, Some((FsKind::Directory, 2)))).1,
+            "no longer declared, and 2 items inside that the mesh did not put there; remove it by hand once you know what they are"
+        );
+        assert_eq!(said(&decide::directory(path, Some((FsKind::Symlink, 0)))).0, Action::Kept);
+        assert_eq!(said(&decide::directory(path, None)).0, Action::Forgotten);
     }
-    Ok((Action::Removed, Some(format!("no longer declared: {unit} stopped; {left}"))))
+
+    #[test]
+    fn a_unit_is_stopped_unless_it_is_down_or_gone() {
+        let state = |load: &str, active: &str| UnitState {
+            load: load.into(),
+            active: active.into(),
+            sub: "x".into(),
+        };
+        assert_eq!(
+            decide::unit("web.service", &state("loaded", "active"), "the unit file is left"),
+            Plan::Remove(
+                Removal::Unit("web.service".into()),
+                "no longer declared: web.service stopped; the unit file is left".into()
+            )
+        );
+        assert_eq!(
+            said(&decide::unit("web.service", &state("loaded", "failed"), "")),
+            (Action::Forgotten, "no longer declared, and web.service was already failed")
+        );
+        assert_eq!(
+            said(&decide::unit("web.service", &state("not-found", "inactive"), "")),
+            (Action::Forgotten, "no longer declared, and web.service no longer exists")
+        );
+    }
+
+    #[test]
+    fn a_container_or_network_is_removed_only_when_the_host_made_it_and_nothing_uses_it() {
+        assert_eq!(
+            decide::container("web", Some(true)),
+            Plan::Remove(Removal::Container("web".into()), "no longer declared".into())
+        );
+        assert_eq!(said(&decide::container("web", Some(false))).0, Action::Kept);
+        assert_eq!(said(&decide::container("web", None)).0, Action::Forgotten);
+        assert_eq!(
+            decide::network("net", Some((true, vec![]))),
+            Plan::Remove(Removal::Network("net".into()), "no longer declared".into())
+        );
+        assert_eq!(
+            said(&decide::network("net", Some((true, vec!["a".into(), "b".into()])))),
+            (
+                Action::Kept,
+                "no longer declared, and still used by a, b: left in place, and removed once nothing uses it"
+            )
+        );
+        assert_eq!(
+            said(&decide::network("net", Some((false, vec!["a".into()])))),
+            (Action::Forgotten, "made outside mesh-host, so left in place")
+        );
+        assert_eq!(said(&decide::network("net", None)).0, Action::Forgotten);
+    }
 }

@@ -4,10 +4,12 @@ use super::{begin, named, Action, Ctx, Error, Facts, Rising, Step};
 use crate::declaration::{Boot, Kind, Resource, Service, ServiceState};
 use crate::system::systemd::{Systemd, SystemdError, UnitState};
 
+/// Looks at the unit, decides (`decide`, pure), then acts (`act`) unless this is a plan.
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step, Error> {
     let unit = s.unit.as_str();
     let restart_for = named(&s.restart_on, ctx.changed);
     let reload_for = named(&s.reload_on, ctx.changed);
+    let want = Declared { state: s.state, boot: s.boot, restart_for: &restart_for, reload_for: &reload_for };
     let dry_run = ctx.opts.dry_run;
     // Whether the host has set this unit as declared before: a difference then is someone's
     // hand on the machine (corrected), not the host's first visit or a new declaration.
@@ -25,107 +27,168 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
         sd.reload_manager()?;
     }
 
-    let before = sd.state(unit)?;
-    if before.load == "not-found" {
+    let state = sd.state(unit)?;
+    refuse(unit, &state, &want)?;
+    let boot = s.boot.map(|_| sd.boot(unit)).transpose()?;
+    let plan = decide(unit, &state, boot.as_deref(), &want, settled_before)?;
+    // Set when the unit was started or restarted: its second look is the pass's.
+    let rising = if dry_run { None } else { act(sd, unit, &plan)? };
+    Ok(rise(begin(r, plan.action, Some(plan.detail)), Some(Facts::default()), unit, rising))
+}
+
+/// What the declaration asks of a unit, and what it reflects that moved in this pass.
+struct Declared<'a> {
+    state: ServiceState,
+    boot: Option<Boot>,
+    /// The restart-on ids that moved in this pass.
+    restart_for: &'a [String],
+    /// The reload-on ids that moved in this pass.
+    reload_for: &'a [String],
+}
+
+/// What to do with a unit, and what to report.
+#[derive(Debug, PartialEq, Eq)]
+struct Plan {
+    /// The boot setting to make, where it differs.
+    boot: Option<Boot>,
+    run: Run,
+    action: Action,
+    detail: String,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Run {
+    Leave,
+    Start,
+    /// Restarted for what moved, named.
+    Restart(String),
+    /// Reloaded for what moved, named.
+    Reload(String),
+    Stop,
+}
+
+/// What is refused at the first look, before anything else is asked of systemd.
+fn refuse(unit: &str, state: &UnitState, want: &Declared<'_>) -> Result<(), Error> {
+    if state.load == "not-found" {
         return Err(SystemdError::NoUnit(unit.to_owned()).into());
     }
     // A masked unit cannot be started or enabled, and unmasking is a person's decision; one
     // declared stopped and disabled is already both.
-    if before.load == "masked" && (s.state == ServiceState::Running || s.boot == Some(Boot::Enabled)) {
+    if state.load == "masked" && (want.state == ServiceState::Running || want.boot == Some(Boot::Enabled)) {
         return Err(SystemdError::Masked(unit.to_owned()).into());
     }
+    Ok(())
+}
 
+/// Decides what to do with a unit from its state and boot setting (`boot` is read only when
+/// one is declared), what is declared, and whether the host set it as declared before. Pure.
+fn decide(
+    unit: &str,
+    state: &UnitState,
+    boot: Option<&str>,
+    want: &Declared<'_>,
+    settled_before: bool,
+) -> Result<Plan, Error> {
     let mut changes = Vec::new();
     let mut drifted = false;
-    // Set when the unit was started or restarted: its second look is the pass's.
-    let mut rising = None;
 
     // Boot first. If the apply fails half way, enabled-and-stopped comes right at the next
     // boot; running-and-disabled does not.
-    if let Some(boot) = s.boot {
-        let found = sd.boot(unit)?;
-        if !boot_is(boot, &found) {
-            let wanted = boot_word(boot);
-            if boot == Boot::Enabled && found == "static" {
-                return Err(Error::Refused(format!(
-                    "{unit} cannot be enabled: its unit file has no [Install] section (systemd calls it static)"
-                )));
+    let set_boot = match (want.boot, boot) {
+        (Some(wanted), Some(found)) if !boot_is(wanted, found) => {
+            if wanted == Boot::Enabled && found == "static" {
+                return Err(Error::StaticUnit { unit: unit.to_owned() });
             }
-            if !dry_run {
-                sd.set_boot(unit, boot == Boot::Enabled)?;
-                let after = sd.boot(unit)?;
-                if !boot_is(boot, &after) {
-                    return Err(Error::Refused(format!(
-                        "{unit} was set to {wanted} at boot and systemd reads it back as {after}"
-                    )));
-                }
-            }
-            changes.push(format!("boot {found} to {wanted}"));
+            changes.push(format!("boot {found} to {}", boot_word(wanted)));
             drifted = true;
+            Some(wanted)
         }
-    }
+        _ => None,
+    };
 
-    match s.state {
-        ServiceState::Running if !before.running() => {
-            if !dry_run {
-                sd.start(unit)?;
-                running_now(sd, unit, "was started")?;
-                rising = Some("was started".to_owned());
-            }
-            changes.push(format!("started (was {})", before.active));
+    let run = match want.state {
+        ServiceState::Running if !state.running() => {
+            changes.push(format!("started (was {})", state.active));
             drifted = true;
+            Run::Start
         }
-        ServiceState::Running if !restart_for.is_empty() => {
-            // Running already, and something it must reflect changed in this pass: a running
-            // program does not read its configuration again by itself, so leaving it alone
-            // would leave the machine right on disk and wrong in fact.
-            let why = restart_for.join(", ");
-            if !dry_run {
-                sd.restart(unit)?;
-                running_now(sd, unit, &format!("was restarted for {why}"))?;
-                rising = Some(format!("was restarted for {why}"));
-            }
+        // Running already, and something it must reflect changed in this pass: a running
+        // program does not read its configuration again by itself, so leaving it alone would
+        // leave the machine right on disk and wrong in fact.
+        ServiceState::Running if !want.restart_for.is_empty() => {
+            let why = want.restart_for.join(", ");
             changes.push(format!("restarted for {why}"));
+            Run::Restart(why)
         }
-        ServiceState::Running if !reload_for.is_empty() => {
-            // Told to read its configuration again rather than stopped: for a service whose
-            // restart would cut off what it serves.
-            let why = reload_for.join(", ");
-            if !dry_run {
-                sd.reload(unit)?;
-                let after = sd.state(unit)?;
-                if !after.running() {
-                    return Err(Error::Refused(format!(
-                        "{unit} was reloaded for {why} and is {after}; journalctl -u {unit} says why"
-                    )));
-                }
-            }
+        // Told to read its configuration again rather than stopped: for a service whose
+        // restart would cut off what it serves.
+        ServiceState::Running if !want.reload_for.is_empty() => {
+            let why = want.reload_for.join(", ");
             changes.push(format!("reloaded for {why}"));
+            Run::Reload(why)
         }
-        ServiceState::Running => {}
-        ServiceState::Stopped if !before.stopped() => {
-            if !dry_run {
-                sd.stop(unit)?;
-                let after = sd.state(unit)?;
-                if !after.stopped() {
-                    return Err(Error::Refused(format!("{unit} was stopped and is {after}")));
-                }
-            }
-            changes.push(format!("stopped (was {})", before.active));
+        ServiceState::Stopped if !state.stopped() => {
+            changes.push(format!("stopped (was {})", state.active));
             drifted = true;
+            Run::Stop
         }
-        ServiceState::Stopped => {}
-    }
+        ServiceState::Running | ServiceState::Stopped => Run::Leave,
+    };
 
     let (action, detail) = if changes.is_empty() {
-        (Action::Unchanged, format!("{before}"))
+        (Action::Unchanged, format!("{state}"))
     } else if drifted && settled_before {
         (Action::Corrected, format!("changed on the machine since the host set it: {}", changes.join(", ")))
     } else {
         (Action::Updated, changes.join(", "))
     };
-    let outcome = begin(r, action, Some(detail));
-    Ok(rise(outcome, Some(Facts::default()), unit, rising))
+    Ok(Plan { boot: set_boot, run, action, detail })
+}
+
+/// Carries out a plan, reading back each change. Returns what was done to a unit that must
+/// still be running at its second look ("was started"), if anything was.
+fn act(sd: &Systemd, unit: &str, plan: &Plan) -> Result<Option<String>, Error> {
+    if let Some(boot) = plan.boot {
+        sd.set_boot(unit, boot == Boot::Enabled)?;
+        let after = sd.boot(unit)?;
+        if !boot_is(boot, &after) {
+            return Err(Error::BootReadBack { unit: unit.to_owned(), wanted: boot_word(boot), found: after });
+        }
+    }
+    match &plan.run {
+        Run::Leave => Ok(None),
+        Run::Start => {
+            sd.start(unit)?;
+            running_now(sd, unit, "was started")?;
+            Ok(Some("was started".to_owned()))
+        }
+        Run::Restart(why) => {
+            let what = format!("was restarted for {why}");
+            sd.restart(unit)?;
+            running_now(sd, unit, &what)?;
+            Ok(Some(what))
+        }
+        Run::Reload(why) => {
+            sd.reload(unit)?;
+            let after = sd.state(unit)?;
+            if !after.running() {
+                return Err(Error::ReloadDied {
+                    unit: unit.to_owned(),
+                    why: why.clone(),
+                    state: Box::new(after),
+                });
+            }
+            Ok(None)
+        }
+        Run::Stop => {
+            sd.stop(unit)?;
+            let after = sd.state(unit)?;
+            if !after.stopped() {
+                return Err(Error::StillRunning { unit: unit.to_owned(), state: Box::new(after) });
+            }
+            Ok(None)
+        }
+    }
 }
 
 /// Done, or, for a unit just started, rising: its second look comes later in the pass.
@@ -155,9 +218,7 @@ pub(super) fn running_now(sd: &Systemd, unit: &str, what: &str) -> Result<(), Er
 
 /// A unit that did not stay up after it was started.
 pub(super) fn died(unit: &str, what: &str, after: &UnitState) -> Error {
-    Error::Refused(format!(
-        "{unit} {what} and is {after} a moment later: it exited or died at once; journalctl -u {unit} says why"
-    ))
+    Error::UnitDied { unit: unit.to_owned(), did: what.to_owned(), state: Box::new(after.clone()) }
 }
 
 fn boot_word(b: Boot) -> &'static str {
@@ -192,5 +253,128 @@ mod tests {
         for s in ["enabled", "enabled-runtime", "linked", "indirect"] {
             assert!(!boot_is(Boot::Disabled, s), "{s}");
         }
+    }
+
+    fn state(load: &str, active: &str, sub: &str) -> UnitState {
+        UnitState { load: load.into(), active: active.into(), sub: sub.into() }
+    }
+
+    fn running() -> UnitState {
+        state("loaded", "active", "running")
+    }
+
+    fn dead() -> UnitState {
+        state("loaded", "inactive", "dead")
+    }
+
+    fn want(state: ServiceState, boot: Option<Boot>) -> Declared<'static> {
+        Declared { state, boot, restart_for: &[], reload_for: &[] }
+    }
+
+    fn plan(found: &UnitState, boot: Option<&str>, want: &Declared<'_>, settled_before: bool) -> Plan {
+        decide("web.service", found, boot, want, settled_before).unwrap()
+    }
+
+    #[test]
+    fn a_missing_unit_is_refused_and_a_masked_one_only_when_it_must_start() {
+        let up = want(ServiceState::Running, None);
+        let down = want(ServiceState::Stopped, Some(Boot::Disabled));
+        let refused =
+            |found: &UnitState, w: &Declared<'_>| refuse("web.service", found, w).map_err(|e| e.to_string());
+        assert_eq!(
+            refused(&state("not-found", "inactive", "dead"), &down),
+            Err("the unit web.service does not exist on this machine".to_owned())
+        );
+        let masked = state("masked", "inactive", "dead");
+        assert!(matches!(refuse("web.service", &masked, &up), Err(Error::Systemd(SystemdError::Masked(_)))));
+        let enabled = want(ServiceState::Stopped, Some(Boot::Enabled));
+        assert!(matches!(
+            refuse("web.service", &masked, &enabled),
+            Err(Error::Systemd(SystemdError::Masked(_)))
+        ));
+        assert_eq!(refused(&masked, &down), Ok(()), "stopped and disabled already");
+        assert_eq!(refused(&running(), &up), Ok(()));
+    }
+
+    #[test]
+    fn a_unit_as_declared_is_unchanged_and_says_its_state() {
+        let p = plan(&running(), None, &want(ServiceState::Running, None), true);
+        assert_eq!(
+            p,
+            Plan {
+                boot: None,
+                run: Run::Leave,
+                action: Action::Unchanged,
+                detail: "active (running)".into()
+            }
+        );
+        let p = plan(
+            &state("loaded", "failed", "failed"),
+            Some("disabled"),
+            &want(ServiceState::Stopped, Some(Boot::Disabled)),
+            true,
+        );
+        assert_eq!((p.run, p.action), (Run::Leave, Action::Unchanged), "failed counts as stopped");
+    }
+
+    #[test]
+    fn a_unit_stopped_by_hand_is_started_and_corrected_once_the_host_had_set_it() {
+        let w = want(ServiceState::Running, None);
+        let p = plan(&dead(), None, &w, true);
+        assert_eq!((&p.run, p.action), (&Run::Start, Action::Corrected));
+        assert_eq!(p.detail, "changed on the machine since the host set it: started (was inactive)");
+        // The host's first visit, or a declaration that changed: an update.
+        let p = plan(&dead(), None, &w, false);
+        assert_eq!(
+            (&p.run, p.action, p.detail.as_str()),
+            (&Run::Start, Action::Updated, "started (was inactive)")
+        );
+        // And the other way.
+        let p = plan(&running(), None, &want(ServiceState::Stopped, None), true);
+        assert_eq!((&p.run, p.action), (&Run::Stop, Action::Corrected));
+        assert_eq!(p.detail, "changed on the machine since the host set it: stopped (was active)");
+    }
+
+    #[test]
+    fn what_moved_restarts_or_reloads_a_running_unit_and_is_never_drift() {
+        let moved = ["web.conf".to_owned(), "web.key".to_owned()];
+        let w = Declared { restart_for: &moved, ..want(ServiceState::Running, None) };
+        let p = plan(&running(), None, &w, true);
+        assert_eq!((&p.run, p.action), (&Run::Restart("web.conf, web.key".into()), Action::Updated));
+        assert_eq!(p.detail, "restarted for web.conf, web.key");
+        // Restart wins over reload; a unit that is down is started, which reads everything anew.
+        let both = Declared { reload_for: &moved[..1], ..w };
+        assert_eq!(plan(&running(), None, &both, true).run, Run::Restart("web.conf, web.key".into()));
+        assert_eq!(plan(&dead(), None, &both, true).run, Run::Start);
+        let reload = Declared { reload_for: &moved[..1], ..want(ServiceState::Running, None) };
+        let p = plan(&running(), None, &reload, true);
+        assert_eq!((&p.run, p.detail.as_str()), (&Run::Reload("web.conf".into()), "reloaded for web.conf"));
+        // A stopped unit stays stopped, whatever moved.
+        let stopped = Declared { restart_for: &moved, ..want(ServiceState::Stopped, None) };
+        assert_eq!(plan(&dead(), None, &stopped, true).run, Run::Leave);
+    }
+
+    #[test]
+    fn boot_is_set_first_and_a_static_unit_cannot_be_enabled() {
+        let w = want(ServiceState::Running, Some(Boot::Enabled));
+        let p = plan(&dead(), Some("disabled"), &w, true);
+        assert_eq!(p.boot, Some(Boot::Enabled));
+        assert_eq!(
+            p.detail,
+            "changed on the machine since the host set it: boot disabled to enabled, started (was inactive)"
+        );
+        assert_eq!(plan(&running(), Some("enabled"), &w, true).boot, None);
+        assert!(matches!(
+            decide("web.service", &running(), Some("static"), &w, true),
+            Err(Error::StaticUnit { .. })
+        ));
+        // Static is as disabled as a unit gets.
+        let off = want(ServiceState::Running, Some(Boot::Disabled));
+        assert_eq!(plan(&running(), Some("static"), &off, true).action, Action::Unchanged);
+        let p = plan(&running(), Some("enabled"), &off, false);
+        assert_eq!(
+            (p.boot, p.action, p.detail.as_str()),
+            (Some(Boot::Disabled), Action::Updated, "boot enabled to disabled")
+        );
     }
 }

@@ -22,9 +22,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, u: &User) -> Result<Step, E
     // from a typo would give an account a membership nobody meant.
     for g in &groups {
         if !accounts::group_exists(g)? {
-            return Err(Error::Refused(format!(
-                "{name}: the group {g:?} named in groups does not exist on this machine"
-            )));
+            return Err(Error::NoGroup { user: name.to_owned(), group: (*g).to_owned() });
         }
     }
     let dry_run = ctx.opts.dry_run;
@@ -52,10 +50,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, u: &User) -> Result<Step, E
 
     if let Some(uid) = u.uid {
         if uid != found.uid {
-            return Err(Error::Refused(format!(
-                "{name} has uid {} and the declaration says {uid}; mesh-host does not renumber an account (its files would keep the old number): change it by hand or declare {}",
-                found.uid, found.uid
-            )));
+            return Err(Error::Renumber { user: name.to_owned(), found: found.uid, declared: uid });
         }
     }
     let (changes, said) = differences(u, &found, &groups);
@@ -123,17 +118,13 @@ fn ensure_group(u: &User) -> Result<(), Error> {
 /// Reads the account again and checks every declared field took.
 fn read_back(u: &User, name: &str) -> Result<(), Error> {
     let groups: Vec<&str> = u.groups.iter().map(|g| g.as_str()).collect();
-    let found = accounts::lookup(name)?
-        .ok_or_else(|| Error::Refused(format!("{name} was added without an error and does not exist")))?;
+    let found = accounts::lookup(name)?.ok_or_else(|| Error::AccountMissing { user: name.to_owned() })?;
     if let Some(uid) = u.uid.filter(|uid| *uid != found.uid) {
-        return Err(Error::Refused(format!("{name} was made with uid {uid} and has uid {}", found.uid)));
+        return Err(Error::AccountUid { user: name.to_owned(), wanted: uid, found: found.uid });
     }
     let (left, said) = differences(u, &found, &groups);
     if !left.is_empty() {
-        return Err(Error::Refused(format!(
-            "{name} was changed without an error and still differs: {}",
-            said.join(", ")
-        )));
+        return Err(Error::AccountDiffers { user: name.to_owned(), left: said.join(", ") });
     }
     Ok(())
 }
