@@ -39,6 +39,8 @@ pub struct Worker {
     /// bytes, or the error), so that a full pass reads the source again cheaply and parses it
     /// only when it changed.
     source_seen: Option<[u8; 32]>,
+    /// A new declaration was put in force and the file watcher does not follow its paths yet.
+    paths_stale: bool,
     /// The daemon's content file for the declaration in force (`contents`), handed to each
     /// apply; replaced with the declaration.
     contents: Option<Arc<crate::system::ContentFile>>,
@@ -170,6 +172,7 @@ impl Worker {
             files,
             index: Arc::new(RwLock::new(Index::default())),
             source_seen: None,
+            paths_stale: false,
             contents: None,
             metrics,
             health,
@@ -345,6 +348,7 @@ impl Worker {
                 *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
                 let uses_containers = d.needs_container_runtime();
                 self.declaration = Some(Arc::clone(&d));
+                self.paths_stale = true;
                 self.in_force.send_replace(Some(d));
                 if uses_containers && self.docker_watcher.is_none() {
                     self.docker_watcher = Some(mesh_host_watchers::docker::spawn(
@@ -396,9 +400,17 @@ impl Worker {
 
     fn full(&mut self) -> Verdict {
         let options = self.options();
-        let Some(declaration) = self.declaration.as_deref() else {
+        if self.declaration.is_none() {
             return Verdict::Clean;
-        };
+        }
+        if std::mem::take(&mut self.paths_stale) {
+            // A new declaration: its paths are watched before the pass writes them, so a hand-edit
+            // right after the host's write is seen. Watched again after the pass, for the
+            // directories the pass made (an edit in one of those before its watch is added is
+            // left to the periodic resync).
+            self.watch_paths();
+        }
+        let Some(declaration) = self.declaration.as_deref() else { return Verdict::Clean };
         let t = std::time::Instant::now();
         let (report, _) = apply::apply_in(&mut self.session, declaration, &mut self.store, &options);
         let pass = t.elapsed();
