@@ -307,6 +307,9 @@ pub enum StoreError {
     Locked { path: PathBuf },
     #[error("cannot write the state store: {0}")]
     Write(fs::FsError),
+    /// Taking the lock, or tidying what a crash left, failed: nothing was read or applied.
+    #[error("cannot open the state store for writing: {0}")]
+    Open(fs::FsError),
 }
 
 /// The store, loaded.
@@ -347,17 +350,18 @@ impl Store {
     pub fn lock(self) -> Result<Store, StoreError> {
         let mut lock_path = self.path.as_os_str().to_owned();
         lock_path.push(".lock");
-        let lock = fs::try_lock(Path::new(&lock_path))?
+        let lock = fs::try_lock(Path::new(&lock_path))
+            .map_err(StoreError::Open)?
             .ok_or_else(|| StoreError::Locked { path: self.path.clone() })?;
         // A crash between writing and renaming leaves a temporary file; with the lock held, no
         // one else can be writing it.
-        fs::remove_leftovers(&self.path)?;
+        fs::remove_leftovers(&self.path).map_err(StoreError::Open)?;
         let mut store = if stamp(&self.path) == self.stamp { self } else { Store::read_only(&self.path)? };
         // Only root should read what the host owns; a store others can read is tightened.
         let mut fsys = fs::Fs::new();
-        if let Some(meta) = fsys.meta(&store.path)? {
+        if let Some(meta) = fsys.meta(&store.path).map_err(StoreError::Open)? {
             if meta.mode & 0o077 != 0 {
-                fsys.set_mode(&store.path, 0o600)?;
+                fsys.set_mode(&store.path, 0o600).map_err(StoreError::Open)?;
                 tracing::warn!(store = %store.path.display(), mode = format!("{:04o}", meta.mode), "the state store was readable by others; its mode is now 0600");
             }
         }
@@ -366,7 +370,7 @@ impl Store {
         if let Some(recovered) = &store.recovered {
             let mut removed = 0;
             for dir in &recovered.dirs {
-                removed += journal::remove_temporaries(dir)?;
+                removed += journal::remove_temporaries(dir).map_err(StoreError::Open)?;
             }
             tracing::info!(
                 directories = recovered.dirs.len(),
