@@ -194,8 +194,10 @@ mod tests {
     /// The names the exposition carries, with the suffixes Prometheus derives from them.
     fn exported() -> std::collections::BTreeSet<String> {
         let m = Metrics::new();
-        // Families with labels appear once they have a child.
-        m.resources.get_or_create(&vec![("type", "file"), ("state", "converged")]).set(1);
+        // Families with labels appear once they have a child. Each is given a label value
+        // production emits (controller::worker::count_resources: applied, failed, held), so the
+        // fixture reads as the exposition does.
+        m.resources.get_or_create(&vec![("type", "file"), ("state", "applied")]).set(1);
         m.drift_corrections.get_or_create(&vec![("type", "file")]).inc();
         m.failures.get_or_create(&vec![("type", "file")]).inc();
         m.outcomes.get_or_create(&vec![("type", "file"), ("action", "created")]).inc();
