@@ -30,10 +30,12 @@ fn drain(rx: &mut mpsc::UnboundedReceiver<Change>) -> Vec<Change> {
 async fn every_kind_of_change_at_a_watched_path_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("app.conf");
+    // A second watched path, changed only at the end: the sentinel.
+    let sentinel = dir.path().join("sentinel");
     std::fs::write(&f, "a").unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut w = FileWatcher::new(tx).unwrap();
-    assert!(w.set_paths([f.clone()]).is_empty());
+    assert!(w.set_paths([f.clone(), sentinel.clone()]).is_empty());
     assert_eq!(w.watched(), 1);
 
     std::fs::write(&f, "b").unwrap();
@@ -51,12 +53,51 @@ async fn every_kind_of_change_at_a_watched_path_is_reported() {
     std::fs::write(&f, "d").unwrap();
     expect_path(&mut rx, &f, "a create").await;
 
-    // A neighbour in the same directory is not reported.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    drain(&mut rx);
+    // A neighbour in the same directory is not reported. The sentinel, written after it, is
+    // reported after anything the neighbour would have caused: the kernel queues one
+    // instance's events in order and the watcher sends each as it reads it.
     std::fs::write(dir.path().join("neighbour"), "n").unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(drain(&mut rx).iter().all(|c| !matches!(c, Change::Path(p) if p.ends_with("neighbour"))));
+    std::fs::write(&sentinel, "s").unwrap();
+    let before = until_path(&mut rx, &sentinel, "the sentinel").await;
+    assert!(
+        before.iter().all(|c| !matches!(c, Change::Path(p) if p.ends_with("neighbour"))),
+        "the neighbour was reported: {before:?}"
+    );
+}
+
+/// Every change reported before the first one for `path`.
+async fn until_path(rx: &mut mpsc::UnboundedReceiver<Change>, path: &PathBuf, what: &str) -> Vec<Change> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut before = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(Change::Path(p))) if &p == path => return before,
+            Ok(Some(c)) => before.push(c),
+            _ => panic!("no change reported for {} after {what}; before it: {before:?}", path.display()),
+        }
+    }
+}
+
+/// Asserts that the declaration watcher says nothing more about what came before: it waits a
+/// little, makes `sentinel` (a change of the source), and requires the next report to be the
+/// sentinel's. The watcher reports only after `quiet` without events, so the sentinel's report
+/// comes at least `quiet` after it, and one that an earlier event caused comes sooner (the
+/// wait, two quiet periods, keeps such a report from being merged into the sentinel's).
+async fn nothing_before_the_sentinel(
+    rx: &mut mpsc::UnboundedReceiver<Change>,
+    source: &std::path::Path,
+    quiet: Duration,
+    sentinel: impl FnOnce(),
+    what: &str,
+) {
+    tokio::time::sleep(quiet * 2).await;
+    let made = tokio::time::Instant::now();
+    sentinel();
+    let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+    let after = made.elapsed();
+    let settled = Change::SourceChanged { source: source.to_path_buf() };
+    assert_eq!(change, Ok(Some(settled)), "the sentinel's report, after {what}");
+    assert!(after >= quiet, "{what}: a report came {after:?} after the sentinel, sooner than {quiet:?}: it was not the sentinel's");
 }
 
 #[tokio::test]
@@ -100,8 +141,15 @@ async fn a_declaration_is_reported_only_once_it_settles() {
     assert_eq!(change, Change::SourceChanged { source: d.clone() });
     assert!(start.elapsed() >= Duration::from_millis(300), "not before the writer paused");
     assert_eq!(std::fs::read(&d).unwrap(), b"{\"version\": 1, \"resources\": []}", "whole when reported");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(rx.try_recv().is_err(), "reported once for one burst of writes");
+    let touch = || std::fs::write(&d, "{\"version\": 1, \"resources\": []}\n").unwrap();
+    nothing_before_the_sentinel(
+        &mut rx,
+        &d,
+        Duration::from_millis(200),
+        touch,
+        "one burst of writes reported once",
+    )
+    .await;
 }
 
 /// Issue 12, fault 5: inotify watches an inode, so a declaration directory replaced under the
@@ -112,7 +160,8 @@ async fn a_declaration_directory_removed_made_again_or_swapped_in_is_still_watch
     let d = dir.path().join("declaration.d");
     std::fs::create_dir(&d).unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let _task = source::spawn(d.clone(), Duration::from_millis(50), tx).unwrap();
+    let quiet_period = Duration::from_millis(50);
+    let _task = source::spawn(d.clone(), quiet_period, tx).unwrap();
     let settled = Change::SourceChanged { source: d.clone() };
     async fn next(rx: &mut mpsc::UnboundedReceiver<Change>, what: &str) -> Change {
         match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
@@ -138,15 +187,24 @@ async fn a_declaration_directory_removed_made_again_or_swapped_in_is_still_watch
     // Swapped in by two renames: the old directory moves aside, a new one takes its name.
     let new = dir.path().join("declaration.d.new");
     std::fs::create_dir(&new).unwrap();
-    quiet(&mut rx).await;
-    assert!(rx.try_recv().is_err(), "a neighbour is not the source");
+    let sentinel = |name: &str| {
+        let path = d.join(name);
+        move || std::fs::write(path, "{}").unwrap()
+    };
+    nothing_before_the_sentinel(&mut rx, &d, quiet_period, sentinel("s1.json"), "a neighbour made").await;
     std::fs::rename(&d, dir.path().join("declaration.d.old")).unwrap();
     std::fs::rename(&new, &d).unwrap();
     assert_eq!(next(&mut rx, "the swap").await, settled);
     quiet(&mut rx).await;
     std::fs::write(dir.path().join("declaration.d.old/b.json"), "{}").unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(rx.try_recv().is_err(), "the directory moved aside is no longer the source");
+    nothing_before_the_sentinel(
+        &mut rx,
+        &d,
+        quiet_period,
+        sentinel("s2.json"),
+        "a write in the directory moved aside, which is no longer the source",
+    )
+    .await;
     std::fs::write(d.join("b.json"), "{}").unwrap();
     assert_eq!(next(&mut rx, "a file written in the directory swapped in").await, settled);
 }
