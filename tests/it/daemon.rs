@@ -6,6 +6,10 @@ use serde_json::json;
 
 use crate::support::*;
 
+/// Full passes the daemon finished (its first apply, each declaration change, each resync):
+/// counted when a pass ends, so a pass counted has done all it will.
+const FULL_PASSES: &str = "mesh_host_reconcile_duration_seconds_count{scope=\"full\"}";
+
 fn read(path: &std::path::Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
@@ -73,16 +77,36 @@ fn hand_edits_are_put_back_and_counted_as_drift() {
 #[test]
 fn the_hosts_own_writes_are_not_drift() {
     let s = Scratch::new();
-    let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "x"}]));
+    // A directory beside the file is the sentinel: its drift is counted under its own type, so
+    // the file's counters say only what happened to the file.
+    let d = s.declare(json!([
+        {"type": "file", "id": "a.f", "path": s.p("f"), "content": "x"},
+        {"type": "directory", "id": "a.sentinel", "path": s.p("sentinel"), "mode": "0750"},
+    ]));
     let daemon = Daemon::start(&s, &d, &[]);
-    // The first apply wrote the file; the events that write caused must not count.
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    assert_eq!(daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}"), 0.0, "{}", daemon.log());
-    std::fs::write(s.path("f"), "y").unwrap();
-    assert!(wait_for(PATIENCE, || read(&s.path("f")) == "x"));
-    // The correction itself writes the file again; that write is not a second drift.
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    assert_eq!(daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}"), 1.0, "{}", daemon.log());
+    let drift = |t: &str| daemon.metric(&format!("mesh_host_drift_corrections_total{{type=\"{t}\"}}"));
+    let unchanged = || daemon.metric("mesh_host_resource_outcomes_total{type=\"file\",action=\"unchanged\"}");
+
+    // The first apply wrote the file. Whatever that caused is handled before a change made
+    // after it (one worker, keys in the order they came): a chmod of the sentinel, corrected.
+    Command::new("chmod").arg("0777").arg(s.path("sentinel")).status().unwrap();
+    assert!(wait_for(PATIENCE, || drift("directory") == 1.0), "the sentinel corrected:\n{}", daemon.log());
+    assert_eq!(drift("file"), 0.0, "the first apply's write counted as drift:\n{}", daemon.log());
+
+    // An editor's save (one event), put back. The correction writes the file again, and the
+    // event that write causes comes while the correction runs, so the next reconcile of the
+    // file is the one it caused: it must find the file unchanged, and count nothing.
+    let before = unchanged();
+    std::fs::write(s.path(".f.swp"), "y").unwrap();
+    std::fs::rename(s.path(".f.swp"), s.path("f")).unwrap();
+    assert!(wait_for(PATIENCE, || read(&s.path("f")) == "x"), "{}", daemon.log());
+    assert!(
+        wait_for(PATIENCE, || unchanged() > before),
+        "no reconcile found the file unchanged after its correction:\n{}\n{}",
+        daemon.get("/metrics").unwrap_or_default(),
+        daemon.log()
+    );
+    assert_eq!(drift("file"), 1.0, "the correction's own write counted as drift:\n{}", daemon.log());
 }
 
 #[test]
@@ -167,13 +191,17 @@ fn a_half_written_declaration_is_not_applied() {
     ]}))
     .unwrap();
     // Written in place and left half-way, as a slow writer or a crash would.
+    let passes = || daemon.metric(FULL_PASSES);
+    let before = passes();
     std::fs::write(&d, &full[..full.len() / 2]).unwrap();
+    // The refusal is counted inside the pass that read the torn file, and that pass is counted
+    // when it ends: once both moved, whatever it did is on the machine.
     assert!(
-        wait_for(PATIENCE, || daemon.metric("mesh_host_declaration_refusals_total") >= 1.0),
+        wait_for(PATIENCE, || daemon.metric("mesh_host_declaration_refusals_total") >= 1.0
+            && passes() > before),
         "{}",
         daemon.log()
     );
-    std::thread::sleep(std::time::Duration::from_millis(200));
     assert!(s.path("one").exists(), "the declaration in force was kept: nothing removed");
     assert!(!s.path("two").exists(), "and nothing of the torn one applied");
     // The one in force is still enforced.
@@ -415,8 +443,10 @@ fn the_periodic_resync_reads_the_declaration_source_again() {
     assert!(wait_for(PATIENCE, || read(&s.path("two")) == "2"), "the resync applied it:\n{}", daemon.log());
     assert!(wait_for(PATIENCE, || !s.path("one").exists()), "{}", daemon.log());
     // An unchanged source is not parsed again at each resync: one acceptance at start, one for
-    // the new declaration.
-    std::thread::sleep(std::time::Duration::from_millis(2500));
+    // the new declaration. Two more passes counted means at least one whole resync after the
+    // one that accepted it.
+    let after = daemon.metric(FULL_PASSES);
+    assert!(wait_for(PATIENCE, || daemon.metric(FULL_PASSES) >= after + 2.0), "{}", daemon.log());
     assert_eq!(daemon.log().matches("declaration accepted").count(), 2, "{}", daemon.log());
 }
 
@@ -521,6 +551,20 @@ fn sockets(pid: u32) -> usize {
         .count()
 }
 
+/// How many connections wait in the accept queue of the listening socket on `port` (IPv4
+/// loopback): for a listening socket, `/proc/net/tcp` gives the queue's length as `rx_queue`.
+fn accept_queue(port: u16) -> Option<usize> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let local = format!("0100007F:{port:04X}");
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // sl, local address, remote address, state (0A: listening), tx_queue:rx_queue.
+        (fields.get(1) == Some(&local.as_str()) && fields.get(3) == Some(&"0A"))
+            .then(|| usize::from_str_radix(fields.get(4)?.split(':').nth(1)?, 16).ok())
+            .flatten()
+    })
+}
+
 /// Issue 12, fault 9: `/metrics` had no limit on concurrent connections, so a flood of them
 /// took a descriptor each for as long as the clients liked.
 #[test]
@@ -533,10 +577,17 @@ fn metrics_connections_are_limited_and_a_slow_client_is_cut_off() {
     let before = sockets(pid);
 
     // 150 clients that connect and send nothing: at most 64 are taken in, and the rest wait in
-    // the listen queue (128 deep here), unseen by the daemon.
+    // the listen queue (128 deep here), unseen by the daemon. Each connect returns once its
+    // connection is in the kernel's accept queue, so the 150 are all either taken in or still
+    // queued: 86 queued is 64 taken in, and a daemon that took in more never shows 86.
     let idle: Vec<std::net::TcpStream> =
         (0..150).map(|_| std::net::TcpStream::connect(("127.0.0.1", daemon.port)).unwrap()).collect();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        wait_for(PATIENCE, || accept_queue(daemon.port) == Some(150 - 64)),
+        "{:?} of 150 idle clients waiting to be accepted; the daemon holds {} sockets ({before} before)",
+        accept_queue(daemon.port),
+        sockets(pid)
+    );
     let during = sockets(pid);
     assert!(during <= before + 64, "{during} sockets held for 150 idle clients ({before} before)");
     // Once they go, the slots are free again at once.
