@@ -447,16 +447,30 @@ fn a_process_that_cannot_stay_up_is_an_error() {
 fn watcher_reports_a_unit_stopped_by_hand() {
     let t = testbed();
     let unit = format!("{}.service", unique("mh-it-watch"));
+    // Barriers: a sentinel unit's kill is one state change, reported only after everything
+    // systemd sent before it (watchers::systemd::next_signal). Each is killed once, so the
+    // first change reported for it is its kill's.
+    let sentinels: Vec<String> = (0..3).map(|_| format!("{}.service", unique("mh-it-sentinel"))).collect();
     t.unit(&unit, &sleeper(""));
+    for s in &sentinels {
+        t.unit(s, &sleeper(""));
+        t.systemctl(&["start", s]);
+    }
     t.systemctl(&["start", &unit]);
+    let all = |with_unit: bool| {
+        let mut set: BTreeSet<String> = sentinels.iter().cloned().collect();
+        if with_unit {
+            set.insert(unit.clone());
+        }
+        set
+    };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         use mesh_host_watchers::Change;
-        let (units_tx, units) = tokio::sync::watch::channel(BTreeSet::from([unit.clone()]));
+        let (units_tx, units) = tokio::sync::watch::channel(all(true));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let task = mesh_host_watchers::systemd::spawn(Some(t.bus()), units, tx);
         up(&mut rx).await;
-
         let stopped = Instant::now();
         let out = Command::new("nsenter")
             .args(["-t", &t.pid.to_string(), "-a", "systemctl", "stop", &unit])
@@ -465,32 +479,62 @@ fn watcher_reports_a_unit_stopped_by_hand() {
         assert!(out.success());
         let change = next(&mut rx).await;
         assert_eq!(change, Some(Change::Unit { unit: unit.clone() }), "after {:?}", stopped.elapsed());
+        // The stop sent several signals (ActiveState moving, the job ending): past the barrier,
+        // all of them have been reported.
+        barrier(&t, &sentinels[0], &mut rx).await;
 
-        // A unit taken out of the set says nothing; put back, it is reported again. The stop
-        // above sent several signals (ActiveState moving, the job ending): let them all arrive.
-        units_tx.send(BTreeSet::new()).unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        while rx.try_recv().is_ok() {}
+        // A unit taken out of the set says nothing; put back, it is reported again.
+        units_tx.send(all(false)).unwrap();
         t.systemctl(&["start", &unit]);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        if let Ok(c) = rx.try_recv() {
-            panic!("a change of a unit no longer watched was reported: {c:?}");
-        }
-        units_tx.send(BTreeSet::from([unit.clone()])).unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let before = barrier(&t, &sentinels[1], &mut rx).await;
+        let moved = Change::Unit { unit: unit.clone() };
+        assert!(!before.contains(&moved), "a change of a unit no longer watched was reported: {before:?}");
+        units_tx.send(all(true)).unwrap();
         t.systemctl(&["stop", &unit]);
-        assert_eq!(next(&mut rx).await, Some(Change::Unit { unit: unit.clone() }));
+        until_unit(&mut rx, unit.clone()).await;
 
         // Killed rather than stopped: no job ends, so only the unit's own PropertiesChanged can
-        // say so.
+        // say so. Past the barrier every signal of the start has been reported, so the change
+        // that follows is the kill's.
         t.systemctl(&["start", &unit]);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        while rx.try_recv().is_ok() {}
+        barrier(&t, &sentinels[2], &mut rx).await;
         t.systemctl(&["kill", "--signal=KILL", &unit]);
-        assert_eq!(next(&mut rx).await, Some(Change::Unit { unit: unit.clone() }));
+        let before = until_unit(&mut rx, unit.clone()).await;
+        assert!(
+            before.iter().all(|c| matches!(c, Change::Unit { unit } if sentinels.contains(unit))),
+            "{before:?}"
+        );
         task.abort();
     });
-    t.clean(&[&unit], &[]);
+    let mut units: Vec<&str> = sentinels.iter().map(String::as_str).collect();
+    units.push(&unit);
+    t.clean(&units, &[]);
+}
+
+/// Kills a sentinel unit (once per test: it stays dead) and returns what the watcher reported
+/// before its kill, which is everything systemd sent before it.
+async fn barrier(
+    t: &Testbed,
+    sentinel: &str,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<mesh_host_watchers::Change>,
+) -> Vec<mesh_host_watchers::Change> {
+    t.systemctl(&["kill", "--signal=KILL", sentinel]);
+    until_unit(rx, sentinel.to_owned()).await
+}
+
+/// Every change reported before the first one of `unit`, which must come within 10 s.
+async fn until_unit(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<mesh_host_watchers::Change>,
+    unit: String,
+) -> Vec<mesh_host_watchers::Change> {
+    let mut before = Vec::new();
+    loop {
+        match next(rx).await {
+            Some(mesh_host_watchers::Change::Unit { unit: u }) if u == unit => return before,
+            Some(c) => before.push(c),
+            None => panic!("no change of {unit} within 10 s; before: {before:?}"),
+        }
+    }
 }
 
 async fn next(

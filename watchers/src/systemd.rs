@@ -174,7 +174,14 @@ async fn follow(
 ) -> Ended {
     let mut paths = paths_of(&units.borrow_and_update());
     loop {
+        // In this order: a change of the set applies to every signal handled after it, and a
+        // signal waiting is handled before the end of the channel is noticed.
         tokio::select! {
+            biased;
+            changed = units.changed() => match changed {
+                Ok(()) => paths = paths_of(&units.borrow_and_update()),
+                Err(_) => return Ended::Stop,
+            },
             msg = next_signal(&mut signals) => match msg {
                 Some(Ok(msg)) => {
                     if let Some(unit) = unit_of(&msg, &paths, units) {
@@ -188,20 +195,25 @@ async fn follow(
                 }
                 None => return Ended::Lost,
             },
-            changed = units.changed() => match changed {
-                Ok(()) => paths = paths_of(&units.borrow_and_update()),
-                Err(_) => return Ended::Stop,
-            },
             _ = tx.closed() => return Ended::Stop,
         }
     }
 }
 
 /// The next signal of either stream; `None` once either ends, which means the connection did.
+///
+/// Job ends first. zbus reads the connection in order and puts each signal in its stream's
+/// queue, so when a unit's `PropertiesChanged` is taken, every `JobRemoved` that came before it
+/// on the connection is already queued, and taken first. The two streams are then reported in
+/// the order systemd sent them but for job ends overtaking state changes, which the controller
+/// does not mind (either only names the unit), and a test can use one unit's state change as
+/// a barrier behind everything sent before it. Without a bias, tokio picks a ready branch at
+/// random.
 async fn next_signal(s: &mut Signals) -> Option<zbus::Result<Message>> {
     tokio::select! {
-        m = s.properties.next() => m,
+        biased;
         m = s.jobs.next() => m,
+        m = s.properties.next() => m,
     }
 }
 
