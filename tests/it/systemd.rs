@@ -627,6 +627,78 @@ fn watcher_reconnects_when_the_bus_goes_away_and_says_to_resync() {
     t.clean(&[&unit], &[]);
 }
 
+/// Sends `PropertiesChanged` signals for a unit nobody watches, as fast as one connection can,
+/// until `stop` or `limit`; returns how many. Any client may send a signal on the bus, and the
+/// watcher's match rules name no sender (they must hold across a systemd re-execution), so
+/// these reach its stream exactly as a burst from systemd would.
+async fn flood(bus: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>, limit: Duration) -> u64 {
+    use std::collections::HashMap;
+    use zbus::Variant as Value;
+    let conn = zbus::conn::Builder::address(bus.as_str()).build().await.unwrap();
+    let body: (&str, HashMap<&str, Value>, Vec<&str>) =
+        ("org.freedesktop.systemd1.Unit", HashMap::from([("ActiveState", Value::from("active"))]), vec![]);
+    let path = mesh_host_watchers::systemd::unit_path("mh-it-flood-nobody-watches.service");
+    let started = Instant::now();
+    let mut sent = 0;
+    while !stop.load(Ordering::Relaxed) && started.elapsed() < limit {
+        conn.emit_signal(
+            None::<&str>,
+            path.as_str(),
+            "org.freedesktop.DBus.Properties",
+            "PropertiesChanged",
+            &body,
+        )
+        .await
+        .unwrap();
+        sent += 1;
+    }
+    sent
+}
+
+/// The incident recorded at `QUEUE` in watchers/src/systemd.rs: the watcher's streams exist
+/// before it subscribes, and nothing reads them while `Subscribe` is awaited. A burst of
+/// signals meanwhile (then: other clients' manager reloads) filled a stream's 64-message queue,
+/// zbus stopped reading the connection, the reply with it, and the watcher sat connected and
+/// deaf. Here a flood runs while the watcher connects: its first attempt must succeed (a
+/// timed-out one says `Up` false first), and it must then report a unit stopped.
+#[test]
+fn regression_zbus_queue_a_burst_of_signals_while_subscribing_leaves_the_watcher_neither_stuck_nor_deaf() {
+    use mesh_host_watchers::Change;
+    let t = testbed();
+    let unit = format!("{}.service", unique("mh-it-burst"));
+    t.unit(&unit, &sleeper(""));
+    t.systemctl(&["start", &unit]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sent = rt.block_on(async {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Past CONNECT_TIMEOUT (5 s), so a watcher stuck on its first attempt shows it.
+        let floods: Vec<_> =
+            (0..4).map(|_| tokio::spawn(flood(t.bus(), stop.clone(), Duration::from_secs(8)))).collect();
+        // The flood is under way before the watcher makes its streams.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (_units_tx, units) = tokio::sync::watch::channel(BTreeSet::from([unit.clone()]));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = mesh_host_watchers::systemd::spawn(Some(t.bus()), units, tx);
+        let first = next(&mut rx).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut sent = 0;
+        for f in floods {
+            sent += f.await.unwrap();
+        }
+        assert_eq!(
+            first,
+            Some(Change::Up { watcher: "systemd", up: true }),
+            "the first connection did not come up during a burst of {sent} signals"
+        );
+        t.systemctl(&["stop", &unit]);
+        until_unit(&mut rx, unit.clone()).await;
+        task.abort();
+        sent
+    });
+    eprintln!("{sent} signals sent during the watcher's connection");
+    t.clean(&[&unit], &[]);
+}
+
 /// Waits for the watcher to say it is connected. A first attempt that fails (it is bounded in
 /// time, and retried) is allowed for: it is the watcher's contract, not a fault.
 async fn up(rx: &mut tokio::sync::mpsc::UnboundedReceiver<mesh_host_watchers::Change>) {
