@@ -1,0 +1,519 @@
+//! Containers: made, left unchanged, recreated for what they read, put back after a hand-made
+//! change, held, planned, and failing with the reason; and finding the runtime.
+
+use super::*;
+
+#[test]
+fn docker_create_then_unchanged() {
+    let n = Names::new(DOCKER, "create");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let d = s.declare(json!([
+        {"type": "file", "id": "web.env", "path": s.p("web.env"), "content": "PORT=8080\n"},
+        {"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
+         "env": {"MODE": "test"}, "env-file": [s.p("web.env")], "ports": ["127.0.0.1::80"],
+         "hosts": ["db.internal:10.1.2.3"]},
+    ]));
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "web.app"), "created", "{report:#}");
+    assert!(DOCKER.running(&web));
+    assert_eq!(DOCKER.inspect(&web, "{{index .Config.Labels \"mesh-host.id\"}}").unwrap(), "web.app");
+    let label = DOCKER.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap();
+    assert_eq!(record(&s, "web.app")["spec"], label);
+    assert!(record(&s, "web.app")["reads"][s.p("web.env")].as_str().unwrap().starts_with("sha256:"));
+    let env = DOCKER.ok(&["exec", &web, "env"]);
+    assert!(env.contains("PORT=8080") && env.contains("MODE=test"), "{env}");
+    assert!(DOCKER.ok(&["port", &web, "80/tcp"]).starts_with("127.0.0.1:"));
+    assert!(DOCKER.ok(&["exec", &web, "cat", "/etc/hosts"]).contains("10.1.2.3\tdb.internal"));
+
+    let id = DOCKER.id(&web);
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
+    assert_eq!(DOCKER.id(&web), id, "an unchanged container is the same container");
+}
+
+#[test]
+fn docker_env_file_change_recreates_and_names_the_file() {
+    let n = Names::new(DOCKER, "envfile");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let declare = |port: &str| {
+        s.declare(json!([
+            {"type": "file", "id": "web.env", "path": s.p("web.env"), "content": format!("PORT={port}\n")},
+            {"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
+             "env-file": [s.p("web.env")]},
+        ]))
+    };
+    applied(&s, &declare("8080"));
+    let before = DOCKER.id(&web);
+
+    let report = applied(&s, &declare("9090"));
+    assert_eq!(action(&report, "web.env"), "updated");
+    assert_eq!(action(&report, "web.app"), "updated");
+    assert_eq!(detail(&report, "web.app"), format!("recreated: {} changed", s.p("web.env")));
+    assert_ne!(DOCKER.id(&web), before);
+    assert!(DOCKER.ok(&["exec", &web, "env"]).contains("PORT=9090"));
+}
+
+#[test]
+fn docker_directly_mounted_file_change_recreates() {
+    let n = Names::new(DOCKER, "mountfile");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let declare = |secret: &str| {
+        s.declare(json!([
+            {"type": "file", "id": "web.key", "path": s.p("key"), "content": secret, "mode": "0600"},
+            {"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
+             "volumes": [format!("{}:/run/key:ro", s.p("key"))]},
+        ]))
+    };
+    applied(&s, &declare("one"));
+    let report = applied(&s, &declare("two"));
+    assert_eq!(action(&report, "web.app"), "updated");
+    assert_eq!(detail(&report, "web.app"), format!("recreated: {} changed", s.p("key")));
+    assert_eq!(DOCKER.ok(&["exec", &web, "cat", "/run/key"]), "two");
+}
+
+#[test]
+fn docker_change_inside_a_mounted_directory_does_not_recreate() {
+    let n = Names::new(DOCKER, "mountdir");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let declare = |routes: &str| {
+        s.declare(json!([
+            {"type": "directory", "id": "proxy.dir", "path": s.p("routes")},
+            {"type": "file", "id": "proxy.routes", "path": s.p("routes/routes.conf"), "content": routes},
+            {"type": "container", "id": "proxy.app", "name": web, "image": IMAGE, "args": SERVE,
+             "volumes": [format!("{}:/etc/routes", s.p("routes"))]},
+        ]))
+    };
+    applied(&s, &declare("a\n"));
+    let before = DOCKER.id(&web);
+    let report = applied(&s, &declare("b\n"));
+    assert_eq!(action(&report, "proxy.routes"), "updated");
+    assert_eq!(action(&report, "proxy.app"), "unchanged", "{report:#}");
+    assert_eq!(DOCKER.id(&web), before);
+    // It sees the new file live, which is why it is not recreated.
+    assert_eq!(DOCKER.ok(&["exec", &web, "cat", "/etc/routes/routes.conf"]), "b");
+}
+
+#[test]
+fn docker_legacy_label_is_accepted_and_its_reads_recorded() {
+    let n = Names::new(DOCKER, "legacy");
+    let s = Scratch::new();
+    let web = n.container("web");
+    std::fs::write(s.path("web.env"), "PORT=8080\n").unwrap();
+    let resources = json!([
+        {"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
+         "env-file": [s.p("web.env")]},
+    ]);
+    let d = s.declare(resources.clone());
+    // The label as it was computed before the files a container reads were folded in.
+    let parsed = mesh_host::declaration::Declaration::parse(&std::fs::read(&d).unwrap()).unwrap();
+    let mesh_host::declaration::Spec::Container(c) = &parsed.resources[0].spec else { unreachable!() };
+    let legacy = mesh_host::apply::spec_digest(&parsed, c, None);
+    DOCKER.ok(&[
+        "run",
+        "-d",
+        "--name",
+        &web,
+        "--label",
+        &format!("mesh-host.spec={legacy}"),
+        "--label",
+        "mesh-host.id=web.app",
+        "--env-file",
+        &s.p("web.env"),
+        IMAGE,
+        "sleep",
+        "3600",
+    ]);
+    let before = DOCKER.id(&web);
+
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
+    assert!(detail(&report, "web.app").starts_with("accepted as labelled before"), "{report:#}");
+    assert_eq!(DOCKER.id(&web), before, "a legacy label is not a reason to recreate");
+    assert!(record(&s, "web.app")["reads"][s.p("web.env")].is_string(), "its reads are recorded");
+
+    // From then on a change of what it reads is caught, and named.
+    std::fs::write(s.path("web.env"), "PORT=9090\n").unwrap();
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "web.app"), "updated", "{report:#}");
+    assert_eq!(detail(&report, "web.app"), format!("recreated: {} changed", s.p("web.env")));
+    assert!(DOCKER.ok(&["exec", &web, "env"]).contains("PORT=9090"));
+}
+
+#[test]
+fn docker_reads_are_found_by_name_when_a_new_id_takes_the_container_over() {
+    let n = Names::new(DOCKER, "byname");
+    let s = Scratch::new();
+    let db = n.container("db");
+    let declare = |file: &str, id: &str, secret: &str| {
+        declare_as(
+            &s,
+            file,
+            json!([
+                {"type": "file", "id": format!("{id}-secret"), "path": s.p("db.env"), "content": secret},
+                {"type": "container", "id": id, "name": db, "image": IMAGE, "args": SERVE,
+                 "env-file": [s.p("db.env")]},
+            ]),
+        )
+    };
+    // The bundle brings the store up at first boot, under its own id.
+    let bundle = declare("bundle.json", "store", "PASSWORD=a\n");
+    let out = s.run(&["apply", "--json", "--origin", "bundle", bundle.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    let before = DOCKER.id(&db);
+
+    // The mesh's module takes the same container over under a new id, with a new secret in
+    // the file it reads: the new id has no record yet, so the bundle's, found by the
+    // container's name, says what it was created reading, and the file is named.
+    let module = declare("module.json", "postgres.server", "PASSWORD=b\n");
+    let report = applied(&s, &module);
+    assert_eq!(action(&report, "postgres.server"), "updated", "{report:#}");
+    assert_eq!(detail(&report, "postgres.server"), format!("recreated: {} changed", s.p("db.env")));
+    assert_ne!(DOCKER.id(&db), before);
+}
+
+#[test]
+fn docker_restart_on_recreates_when_the_named_resource_changed() {
+    let n = Names::new(DOCKER, "restarton");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let declare = |conf: &str| {
+        s.declare(json!([
+            {"type": "file", "id": "web.conf", "path": s.p("conf/web.conf"), "content": conf},
+            {"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
+             "volumes": [format!("{}:/etc/web", s.p("conf"))], "restart-on": ["web.conf"]},
+        ]))
+    };
+    applied(&s, &declare("a\n"));
+    let before = DOCKER.id(&web);
+    let report = applied(&s, &declare("b\n"));
+    assert_eq!(action(&report, "web.app"), "updated", "{report:#}");
+    assert!(detail(&report, "web.app").contains("web.conf"), "{report:#}");
+    assert_ne!(DOCKER.id(&web), before);
+    let report = applied(&s, &declare("b\n"));
+    assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
+}
+
+#[test]
+fn docker_killed_or_removed_by_hand_is_corrected() {
+    let n = Names::new(DOCKER, "drift");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let d = s.declare(json!([sleeper("web.app", &web)]));
+    applied(&s, &d);
+    DOCKER.ok(&["kill", &web]);
+    // The runtime's own restart policy may bring it back first; either way it must run after.
+    let report = applied(&s, &d);
+    let word = action(&report, "web.app");
+    assert!(word == "corrected" || word == "unchanged", "{report:#}");
+    assert!(DOCKER.running(&web));
+
+    DOCKER.ok(&["rm", "-f", &web]);
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "web.app"), "corrected", "{report:#}");
+    assert!(detail(&report, "web.app").contains("removed"), "{report:#}");
+    assert!(DOCKER.running(&web));
+}
+
+#[test]
+fn docker_stopped_by_hand_is_started_again() {
+    let n = Names::new(DOCKER, "stopped");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let d = s.declare(json!([sleeper("web.app", &web)]));
+    applied(&s, &d);
+    let before = DOCKER.id(&web);
+    DOCKER.ok(&["stop", "-t", "0", &web]);
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "web.app"), "corrected", "{report:#}");
+    let said = detail(&report, "web.app");
+    assert!(said.starts_with("it exited with code ") && said.ends_with("; started again"), "{report:#}");
+    assert!(DOCKER.running(&web));
+    assert_eq!(DOCKER.id(&web), before, "started again, not recreated");
+}
+
+#[test]
+fn docker_a_container_that_exits_at_once_is_an_error_pointing_at_its_logs() {
+    let n = Names::new(DOCKER, "exits");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let d = s.declare(json!([
+        {"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": ["sh", "-c", "exit 3"]},
+        {"type": "file", "id": "web.after", "path": s.p("after"), "content": "x"},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_ne!(code, 0);
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains("not running") && message.contains("logs"), "{message}");
+    assert_eq!(report["error"]["gated"], false, "an ordinary container does not gate");
+    assert!(s.path("after").exists(), "what follows was still applied");
+    assert!(record(&s, "web.app").is_null(), "nothing is recorded for what did not work");
+}
+
+#[test]
+fn docker_orphan_container_is_removed_and_one_made_by_hand_is_left() {
+    let n = Names::new(DOCKER, "orphan");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let d = declare_as(&s, "web.json", json!([sleeper("web.app", &web)]));
+    applied(&s, &d);
+    let report = applied(&s, &s.declare(json!([])));
+    assert_eq!(action(&report, "web.app"), "removed", "{report:#}");
+    assert!(DOCKER.inspect(&web, "{{.Id}}").is_none());
+
+    // The same name, now someone else's: not the host's to remove.
+    applied(&s, &d);
+    DOCKER.ok(&["rm", "-f", &web]);
+    DOCKER.ok(&["run", "-d", "--name", &web, IMAGE, SERVE[0], SERVE[1], SERVE[2]]);
+    let report = applied(&s, &s.declare(json!([])));
+    assert_eq!(action(&report, "web.app"), "kept", "{report:#}");
+    assert!(DOCKER.running(&web));
+}
+
+#[test]
+fn docker_absent_images_are_errors_saying_why() {
+    let n = Names::new(DOCKER, "noimage");
+    let s = Scratch::new();
+    let digest = format!("sha256:{}", "0".repeat(64));
+    let d = s.declare(json!([
+        {"type": "container", "id": "a.digest", "name": n.container("a"), "image": digest, "args": ["true"]},
+        {"type": "container", "id": "b.tag", "name": n.container("b"), "image": "local/absent:1", "args": ["true"]},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_ne!(code, 0);
+    let failures = report["error"]["failures"].as_array().unwrap();
+    let message = |id: &str| {
+        failures.iter().find(|f| f["id"] == id).unwrap_or_else(|| panic!("{report:#}"))["message"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert!(message("a.digest").contains("cannot be fetched"), "{report:#}");
+    assert!(message("b.tag").contains("does not pull"), "{report:#}");
+}
+
+#[test]
+fn docker_no_runtime_fails_container_resources_only() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "file", "id": "web.env", "path": s.p("web.env"), "content": "PORT=1\n"},
+        {"type": "container", "id": "web.app", "name": "mh-it-nowhere", "image": IMAGE},
+        {"type": "file", "id": "web.after", "path": s.p("after"), "content": "x"},
+    ]));
+    let (code, report) = apply_on(&s, &d, Some("unix:///nonexistent/docker.sock"));
+    assert_ne!(code, 0);
+    assert_eq!(report["error"]["resource"], "web.app", "{report:#}");
+    assert!(report["error"]["message"].as_str().unwrap().contains("does not answer"), "{report:#}");
+    assert_eq!(action(&report, "web.env"), "created");
+    assert_eq!(action(&report, "web.after"), "created");
+}
+
+/// With no socket configured and none of the usual ones answering, every container resource
+/// fails naming each socket tried, and the rest of the declaration is applied. The machine's own
+/// sockets are hidden by running the apply in a private mount namespace with an empty /run.
+#[test]
+fn docker_no_runtime_anywhere_names_every_socket_tried() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "network", "id": "web.net", "name": "mh-it-nowhere-net"},
+        {"type": "container", "id": "web.app", "name": "mh-it-nowhere", "image": IMAGE},
+        {"type": "file", "id": "web.after", "path": s.p("after"), "content": "x"},
+    ]));
+    let out = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t tmpfs none /run && exec \"$@\"",
+            "sh",
+        ])
+        .arg(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .args(["apply", "--json"])
+        .arg(&d)
+        .env_remove("DOCKER_HOST")
+        .env("MESH_HOST_LOG", "warn")
+        .output()
+        .expect("unshare runs (util-linux)");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    });
+    assert_eq!(out.status.code(), Some(1), "{report:#}");
+    let failures = report["error"]["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 2, "the network and the container: {report:#}");
+    for f in failures {
+        let message = f["message"].as_str().unwrap();
+        assert!(message.contains("no container runtime answers on this machine"), "{message}");
+        assert!(
+            message.contains("/var/run/docker.sock") || message.contains("/run/docker.sock"),
+            "{message}"
+        );
+        assert!(message.contains("podman"), "{message}");
+    }
+    assert_eq!(action(&report, "web.after"), "created", "{report:#}");
+}
+
+#[test]
+fn docker_exec_runs_a_command_inside_a_running_container() {
+    let n = Names::new(DOCKER, "exec");
+    let web = n.container("web");
+    DOCKER.ok(&["run", "-d", "--name", &web, IMAGE, SERVE[0], SERVE[1], SERVE[2]]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let name = web.clone();
+    let (ok, failed, stopped) = rt
+        .block_on(rt.spawn_blocking(move || {
+            let docker = mesh_host::system::docker::connect(None).unwrap();
+            let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+            let ok = docker.exec(&name, &argv(&["sh", "-c", "echo out; echo err >&2"]), None).unwrap();
+            let failed = docker.exec(&name, &argv(&["sh", "-c", "exit 7"]), None).unwrap();
+            let stopped = docker.exec("mh-it-no-such-container", &argv(&["true"]), None);
+            let limit = Some(Duration::from_millis(500));
+            let hung = docker.exec(&name, &argv(&["sleep", "30"]), limit).unwrap_err().to_string();
+            assert!(
+                hung.contains("sleep in container") && hung.contains("did not finish within 500 ms"),
+                "{hung}"
+            );
+            assert!(hung.contains("may still be running"), "{hung}");
+            (ok, failed, stopped)
+        }))
+        .unwrap();
+    assert_eq!(ok.code, 0);
+    assert!(ok.output.contains("out") && ok.output.contains("err"), "{ok:?}");
+    assert_eq!(failed.code, 7);
+    assert!(stopped.unwrap_err().to_string().contains("mh-it-no-such-container"));
+}
+
+#[test]
+fn podman_create_unchanged_and_recreate_on_an_env_file_change() {
+    let n = Names::new(PODMAN_CLI, "podman");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let declare = |port: &str| {
+        s.declare(json!([
+            {"type": "file", "id": "web.env", "path": s.p("web.env"), "content": format!("PORT={port}\n")},
+            {"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
+             "env-file": [s.p("web.env")]},
+        ]))
+    };
+    let (code, report) = apply_on(&s, &declare("8080"), Some(PODMAN));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.app"), "created");
+    assert!(PODMAN_CLI.running(&web));
+    let before = PODMAN_CLI.id(&web);
+
+    let (code, report) = apply_on(&s, &declare("8080"), Some(PODMAN));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
+
+    let (code, report) = apply_on(&s, &declare("9090"), Some(PODMAN));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(detail(&report, "web.app"), format!("recreated: {} changed", s.p("web.env")));
+    assert_ne!(PODMAN_CLI.id(&web), before);
+    assert!(PODMAN_CLI.ok(&["exec", &web, "env"]).contains("PORT=9090"));
+
+    let (code, report) = apply_on(&s, &s.declare(json!([])), Some(PODMAN));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.app"), "removed");
+}
+
+#[test]
+fn docker_adopted_node_holds_a_container_and_network_it_did_not_make_until_taken() {
+    let mut n = Names::new(DOCKER, "adopt");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let net = n.network("legacy");
+    DOCKER.ok(&["network", "create", &net]);
+    DOCKER.ok(&["run", "-d", "--name", &web, "--network", &net, IMAGE, SERVE[0], SERVE[1], SERVE[2]]);
+    let before = DOCKER.id(&web);
+    let declare = |taken: &[&str]| {
+        let path = s.path("adopted.json");
+        let d = json!({"version": 1, "adoption": {"taken": taken}, "resources": [
+            {"type": "network", "id": "legacy.net", "name": net},
+            {"type": "container", "id": "legacy.web", "name": web, "image": IMAGE, "args": SERVE, "network": net},
+        ]});
+        std::fs::write(&path, serde_json::to_vec_pretty(&d).unwrap()).unwrap();
+        path
+    };
+    let report = applied(&s, &declare(&[]));
+    assert_eq!(action(&report, "legacy.net"), "held", "{report:#}");
+    assert_eq!(action(&report, "legacy.web"), "held", "{report:#}");
+    assert_eq!(DOCKER.id(&web), before, "held as found");
+    assert!(record(&s, "legacy.web").is_null(), "a hold is never recorded");
+
+    let report = applied(&s, &declare(&["legacy"]));
+    assert_eq!(action(&report, "legacy.net"), "unchanged", "{report:#}");
+    assert_eq!(action(&report, "legacy.web"), "updated", "{report:#}");
+    assert!(detail(&report, "legacy.web").contains("had not created"), "{report:#}");
+    assert_ne!(DOCKER.id(&web), before);
+}
+
+#[test]
+fn docker_plan_changes_nothing() {
+    let mut n = Names::new(DOCKER, "plan");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let net = n.network("plan");
+    let d = s.declare(json!([
+        {"type": "network", "id": "app.net", "name": net},
+        {"type": "container", "id": "app.web", "name": web, "image": IMAGE, "args": SERVE, "network": net},
+        {"type": "container", "id": "app.seed", "name": n.container("seed"), "image": IMAGE, "run-once": true,
+         "args": ["true"]},
+    ]));
+    let out = s.run(&["plan", d.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("would create app.web") && text.contains("would create app.net"), "{text}");
+    assert!(DOCKER.inspect(&web, "{{.Id}}").is_none());
+    assert!(!DOCKER.exists_network(&net));
+}
+
+#[test]
+fn docker_an_env_file_secret_never_reaches_the_log() {
+    let n = Names::new(DOCKER, "secret");
+    let s = Scratch::new();
+    let secret = format!("s3cret-{}", std::process::id());
+    let d = s.declare(json!([
+        {"type": "file", "id": "db.env", "path": s.p("db.env"), "content": format!("PASSWORD={secret}\n"), "mode": "0600"},
+        {"type": "container", "id": "db.app", "name": n.container("db"), "image": IMAGE, "args": SERVE,
+         "env-file": [s.p("db.env")]},
+    ]));
+    for filter in ["trace", "bollard=trace"] {
+        let out = assert_cmd::Command::cargo_bin("mesh-host")
+            .unwrap()
+            .env("MESH_HOST_LOG", filter)
+            .arg("--state")
+            .arg(s.state())
+            .args(["apply", "--json", d.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!all.contains(&secret), "the secret is in the output with MESH_HOST_LOG={filter}");
+        DOCKER.ok(&["rm", "-f", &n.container("db")]);
+    }
+}
+
+#[test]
+fn podman_is_found_through_docker_host_when_no_socket_is_configured() {
+    let n = Names::new(PODMAN_CLI, "dockerhost");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let d = s.declare(json!([sleeper("web.app", &web)]));
+    let out = assert_cmd::Command::cargo_bin("mesh-host")
+        .unwrap()
+        .env("DOCKER_HOST", PODMAN)
+        .arg("--state")
+        .arg(s.state())
+        .args(["apply", "--json", d.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(PODMAN_CLI.running(&web), "created on the runtime DOCKER_HOST names");
+    assert!(DOCKER.inspect(&web, "{{.Id}}").is_none(), "and not on Docker's default socket");
+}

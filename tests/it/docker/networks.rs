@@ -1,0 +1,83 @@
+//! Networks: made, removed after what uses them, kept while something undeclared does.
+
+use super::*;
+
+#[test]
+fn docker_network_lifecycle() {
+    let mut n = Names::new(DOCKER, "network");
+    let s = Scratch::new();
+    let net = n.network("app");
+    let web = n.container("web");
+    let d = s.declare(json!([
+        {"type": "network", "id": "app.net", "name": net},
+        {"type": "container", "id": "app.web", "name": web, "image": IMAGE, "args": SERVE, "network": net},
+    ]));
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "app.net"), "created");
+    assert_eq!(action(&report, "app.web"), "created");
+    assert!(DOCKER.inspect(&web, "{{json .NetworkSettings.Networks}}").unwrap().contains(&net));
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "app.net"), "unchanged");
+
+    // Undeclared: the container goes first, then the network it used.
+    let empty = s.declare(json!([]));
+    let report = applied(&s, &empty);
+    assert_eq!(action(&report, "app.web"), "removed", "{report:#}");
+    assert_eq!(action(&report, "app.net"), "removed", "{report:#}");
+    let order: Vec<&str> =
+        report["outcomes"].as_array().unwrap().iter().map(|o| o["id"].as_str().unwrap()).collect();
+    assert_eq!(order, ["app.web", "app.net"]);
+    assert!(DOCKER.inspect(&web, "{{.Id}}").is_none());
+    assert!(!DOCKER.exists_network(&net));
+}
+
+#[test]
+fn docker_network_in_use_by_something_undeclared_is_kept_not_forced() {
+    let mut n = Names::new(DOCKER, "netinuse");
+    let s = Scratch::new();
+    let net = n.network("shared");
+    let d = s.declare(json!([{"type": "network", "id": "app.net", "name": net}]));
+    applied(&s, &d);
+    let other = n.container("theirs");
+    DOCKER.ok(&["run", "-d", "--name", &other, "--network", &net, IMAGE, SERVE[0], SERVE[1], SERVE[2]]);
+
+    let empty = s.declare(json!([]));
+    let report = applied(&s, &empty);
+    assert_eq!(action(&report, "app.net"), "kept", "{report:#}");
+    assert!(detail(&report, "app.net").contains(&other), "{report:#}");
+    assert!(DOCKER.exists_network(&net));
+    assert!(DOCKER.running(&other), "what uses it is left alone");
+
+    // Still recorded, so it goes once nothing uses it.
+    DOCKER.ok(&["rm", "-f", &other]);
+    let report = applied(&s, &empty);
+    assert_eq!(action(&report, "app.net"), "removed", "{report:#}");
+    assert!(!DOCKER.exists_network(&net));
+}
+
+#[test]
+fn podman_run_once_step_and_network() {
+    let mut n = Names::new(PODMAN_CLI, "podstep");
+    let s = Scratch::new();
+    let net = n.network("app");
+    let web = n.container("web");
+    std::fs::create_dir(s.path("out")).unwrap();
+    let d = s.declare(json!([
+        {"type": "network", "id": "app.net", "name": net},
+        {"type": "container", "id": "app.seed", "name": n.container("seed"), "image": IMAGE, "run-once": true,
+         "volumes": [format!("{}:/out", s.p("out"))], "args": ["sh", "-c", "echo seeded > /out/log"]},
+        {"type": "container", "id": "app.web", "name": web, "image": IMAGE, "args": SERVE, "network": net},
+    ]));
+    let (code, report) = apply_on(&s, &d, Some(PODMAN));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "app.seed"), "created");
+    assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "seeded\n");
+    assert!(PODMAN_CLI.running(&web));
+    assert!(PODMAN_CLI.exists_network(&net));
+
+    let (code, report) = apply_on(&s, &s.declare(json!([])), Some(PODMAN));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "app.web"), "removed");
+    assert_eq!(action(&report, "app.net"), "removed", "{report:#}");
+    assert!(!PODMAN_CLI.exists_network(&net));
+}

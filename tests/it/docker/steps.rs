@@ -1,0 +1,163 @@
+//! Run-once and scheduled steps, and actions run inside a container: each runs when it must,
+//! is recorded by its spec, and gates what follows when it fails or hangs.
+
+use super::*;
+
+#[test]
+fn docker_run_once_runs_once_and_is_recorded_by_its_spec() {
+    let n = Names::new(DOCKER, "runonce");
+    let s = Scratch::new();
+    let step = n.container("seed");
+    std::fs::create_dir(s.path("out")).unwrap();
+    let declare = |word: &str| {
+        s.declare(json!([
+            {"type": "container", "id": "db.seed", "name": step, "image": IMAGE, "run-once": true,
+             "volumes": [format!("{}:/out", s.p("out"))],
+             "args": ["sh", "-c", format!("echo {word} >> /out/log")]},
+            {"type": "file", "id": "db.after", "path": s.p("after"), "content": "x"},
+        ]))
+    };
+    let report = applied(&s, &declare("one"));
+    assert_eq!(action(&report, "db.seed"), "created", "{report:#}");
+    assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "one\n");
+    assert!(DOCKER.inspect(&step, "{{.Id}}").is_none(), "a completed step leaves no container");
+
+    let report = applied(&s, &declare("one"));
+    assert_eq!(action(&report, "db.seed"), "unchanged");
+    assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "one\n", "not run again");
+
+    let report = applied(&s, &declare("two"));
+    assert_eq!(action(&report, "db.seed"), "updated");
+    assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "one\ntwo\n");
+}
+
+#[test]
+fn docker_run_once_failure_gates_what_follows() {
+    let n = Names::new(DOCKER, "gate");
+    let s = Scratch::new();
+    let step = n.container("migrate");
+    let web = n.container("web");
+    let d = s.declare(json!([
+        {"type": "file", "id": "db.before", "path": s.p("before"), "content": "x"},
+        {"type": "container", "id": "db.migrate", "name": step, "image": IMAGE, "run-once": true,
+         "args": ["sh", "-c", "exit 3"]},
+        {"type": "file", "id": "db.after", "path": s.p("after"), "content": "x"},
+        sleeper("web.app", &web),
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_ne!(code, 0);
+    assert_eq!(report["error"]["resource"], "db.migrate", "{report:#}");
+    assert_eq!(report["error"]["gated"], true);
+    assert!(report["error"]["message"].as_str().unwrap().contains("exited with code 3"), "{report:#}");
+    assert!(s.path("before").exists());
+    assert!(!s.path("after").exists(), "nothing after a failed step is attempted");
+    assert!(DOCKER.inspect(&web, "{{.Id}}").is_none());
+    assert!(record(&s, "db.migrate").is_null(), "a failed step is not recorded");
+    assert!(DOCKER.inspect(&step, "{{.Id}}").is_some(), "the failed step's container is left for its logs");
+    // Marked as a step, so the event watcher does not take its exit for drift.
+    assert_eq!(DOCKER.inspect(&step, "{{index .Config.Labels \"mesh-host.step\"}}").unwrap(), "run-once");
+}
+
+#[test]
+fn docker_run_once_step_that_hangs_is_stopped_at_the_step_timeout_and_gates() {
+    let n = Names::new(DOCKER, "hang");
+    let s = Scratch::new();
+    let step = n.container("migrate");
+    let d = s.declare(json!([
+        {"type": "container", "id": "db.migrate", "name": step, "image": IMAGE, "run-once": true,
+         "args": ["sh", "-c", "trap 'exit 143' TERM; sleep 300 & wait"]},
+        {"type": "file", "id": "db.after", "path": s.p("after"), "content": "x"},
+    ]));
+    let (code, report) = s.apply_with(&["--step-timeout", "2"], &d);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(report["error"]["resource"], "db.migrate", "{report:#}");
+    assert_eq!(report["error"]["gated"], true);
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains(&format!("container {step} did not finish within 2 s")), "{message}");
+    assert!(message.contains("stopped, and is left for its logs"), "{message}");
+    assert!(!s.path("after").exists(), "nothing after the step is attempted");
+    assert!(!DOCKER.running(&step), "the hung step was stopped");
+    assert!(DOCKER.inspect(&step, "{{.Id}}").is_some(), "and left for its logs");
+    assert!(record(&s, "db.migrate").is_null(), "a step that did not finish is not recorded");
+}
+
+#[test]
+fn docker_scheduled_step_is_installed_not_run_then_run_by_the_scheduler() {
+    let n = Names::new(DOCKER, "sched");
+    let s = Scratch::new();
+    let step = n.container("backup");
+    std::fs::create_dir(s.path("out")).unwrap();
+    let d = s.declare(json!([
+        {"type": "container", "id": "db.backup", "name": step, "image": IMAGE, "schedule": "*/5 * * * *",
+         "volumes": [format!("{}:/out", s.p("out"))], "args": ["sh", "-c", "echo ran >> /out/log"]},
+        {"type": "container", "id": "db.broken", "name": n.container("broken"), "image": IMAGE,
+         "schedule": "0 3 * * *", "args": ["sh", "-c", "exit 4"]},
+    ]));
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "db.backup"), "created", "{report:#}");
+    assert!(!s.path("out/log").exists(), "installing a scheduled step does not run it");
+    assert!(DOCKER.inspect(&step, "{{.Id}}").is_none());
+    assert_eq!(record(&s, "db.backup")["schedule"], "*/5 * * * *");
+
+    // What the daemon's scheduler does at a fire.
+    let parsed = mesh_host::declaration::Declaration::parse(&std::fs::read(&d).unwrap()).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let run = |id: &str| {
+        let parsed = parsed.clone();
+        let id = mesh_host::declaration::Id::parse(id).unwrap();
+        rt.block_on(rt.spawn_blocking(move || mesh_host::apply::run_scheduled(&parsed, &id, None, None)))
+            .unwrap()
+    };
+    run("db.backup").expect("the scheduled step runs");
+    assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "ran\n");
+    let failed = run("db.broken").expect_err("a failing step is an error for the scheduler");
+    assert!(failed.to_string().contains("exited with code 4"), "{failed}");
+
+    // A run, failed or not, changes nothing an apply reports.
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "db.backup"), "unchanged");
+    assert_eq!(action(&report, "db.broken"), "unchanged");
+}
+
+#[test]
+fn docker_action_in_a_container_verifies_runs_and_gates() {
+    let n = Names::new(DOCKER, "action");
+    let s = Scratch::new();
+    let db = n.container("db");
+    let d = declare_as(
+        &s,
+        "action.json",
+        json!([
+            sleeper("db.app", &db),
+            {"type": "action", "id": "db.schema", "in": db,
+             "verify": ["test", "-f", "/tmp/schema"], "command": ["sh", "-c", "echo done > /tmp/schema"]},
+            {"type": "file", "id": "db.after", "path": s.p("after"), "content": "x"},
+        ]),
+    );
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "db.schema"), "created", "{report:#}");
+    assert!(
+        DOCKER.run(&["exec", &db, "test", "-f", "/tmp/schema"]).0,
+        "the command ran inside the container"
+    );
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "db.schema"), "unchanged", "{report:#}");
+
+    // A command inside that does not make verify pass is a gate.
+    let failing = declare_as(
+        &s,
+        "failing.json",
+        json!([
+            sleeper("db.app", &db),
+            {"type": "action", "id": "db.migrate", "in": db,
+             "verify": ["test", "-f", "/tmp/never"], "command": ["sh", "-c", "echo no luck; exit 2"]},
+            {"type": "file", "id": "db.later", "path": s.p("later"), "content": "x"},
+        ]),
+    );
+    let (code, report) = s.apply(&failing);
+    assert_ne!(code, 0);
+    assert_eq!(report["error"]["resource"], "db.migrate", "{report:#}");
+    assert_eq!(report["error"]["gated"], true);
+    assert!(report["error"]["message"].as_str().unwrap().contains("exited 2: no luck"), "{report:#}");
+    assert!(!s.path("later").exists());
+}
