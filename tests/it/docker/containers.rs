@@ -33,29 +33,6 @@ fn docker_create_then_unchanged() {
 }
 
 #[test]
-fn docker_env_file_change_recreates_and_names_the_file() {
-    let n = Names::new(DOCKER, "envfile");
-    let s = Scratch::new();
-    let web = n.container("web");
-    let declare = |port: &str| {
-        s.declare(json!([
-            {"type": "file", "id": "web.env", "path": s.p("web.env"), "content": format!("PORT={port}\n")},
-            {"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
-             "env-file": [s.p("web.env")]},
-        ]))
-    };
-    applied(&s, &declare("8080"));
-    let before = DOCKER.id(&web);
-
-    let report = applied(&s, &declare("9090"));
-    assert_eq!(action(&report, "web.env"), "updated");
-    assert_eq!(action(&report, "web.app"), "updated");
-    assert_eq!(detail(&report, "web.app"), format!("recreated: {} changed", s.p("web.env")));
-    assert_ne!(DOCKER.id(&web), before);
-    assert!(DOCKER.ok(&["exec", &web, "env"]).contains("PORT=9090"));
-}
-
-#[test]
 fn docker_directly_mounted_file_change_recreates() {
     let n = Names::new(DOCKER, "mountfile");
     let s = Scratch::new();
@@ -389,9 +366,10 @@ fn docker_exec_runs_a_command_inside_a_running_container() {
     assert!(stopped.unwrap_err().to_string().contains("mh-it-no-such-container"));
 }
 
-#[test]
-fn podman_create_unchanged_and_recreate_on_an_env_file_change() {
-    let n = Names::new(PODMAN_CLI, "podman");
+/// Made, left unchanged, recreated when the env file it reads changes (naming the file), and
+/// removed once undeclared: on each runtime.
+fn an_env_file_change_recreates_and_names_the_file(rt: Cli) {
+    let n = Names::new(rt, "envfile");
     let s = Scratch::new();
     let web = n.container("web");
     let declare = |port: &str| {
@@ -401,25 +379,35 @@ fn podman_create_unchanged_and_recreate_on_an_env_file_change() {
              "env-file": [s.p("web.env")]},
         ]))
     };
-    let (code, report) = apply_on(&s, &declare("8080"), Some(PODMAN));
-    assert_eq!(code, 0, "{report:#}");
-    assert_eq!(action(&report, "web.app"), "created");
-    assert!(PODMAN_CLI.running(&web));
-    let before = PODMAN_CLI.id(&web);
+    let report = rt.applied(&s, &declare("8080"));
+    assert_eq!(action(&report, "web.app"), "created", "{report:#}");
+    assert!(rt.running(&web));
+    let before = rt.id(&web);
 
-    let (code, report) = apply_on(&s, &declare("8080"), Some(PODMAN));
-    assert_eq!(code, 0, "{report:#}");
+    let report = rt.applied(&s, &declare("8080"));
     assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
+    assert_eq!(rt.id(&web), before, "an unchanged container is the same container");
 
-    let (code, report) = apply_on(&s, &declare("9090"), Some(PODMAN));
-    assert_eq!(code, 0, "{report:#}");
+    let report = rt.applied(&s, &declare("9090"));
+    assert_eq!(action(&report, "web.env"), "updated", "{report:#}");
+    assert_eq!(action(&report, "web.app"), "updated", "{report:#}");
     assert_eq!(detail(&report, "web.app"), format!("recreated: {} changed", s.p("web.env")));
-    assert_ne!(PODMAN_CLI.id(&web), before);
-    assert!(PODMAN_CLI.ok(&["exec", &web, "env"]).contains("PORT=9090"));
+    assert_ne!(rt.id(&web), before);
+    assert!(rt.ok(&["exec", &web, "env"]).contains("PORT=9090"));
 
-    let (code, report) = apply_on(&s, &s.declare(json!([])), Some(PODMAN));
-    assert_eq!(code, 0, "{report:#}");
-    assert_eq!(action(&report, "web.app"), "removed");
+    let report = rt.applied(&s, &s.declare(json!([])));
+    assert_eq!(action(&report, "web.app"), "removed", "{report:#}");
+    assert!(rt.inspect(&web, "{{.Id}}").is_none());
+}
+
+#[test]
+fn docker_an_env_file_change_recreates_and_names_the_file() {
+    an_env_file_change_recreates_and_names_the_file(DOCKER);
+}
+
+#[test]
+fn podman_an_env_file_change_recreates_and_names_the_file() {
+    an_env_file_change_recreates_and_names_the_file(PODMAN_CLI);
 }
 
 #[test]

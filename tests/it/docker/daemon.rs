@@ -37,19 +37,19 @@ fn daemon_resyncs_after_the_engine_restarts() {
     let s = Scratch::new();
     let web = n.container("web");
     let socket = format!("unix://{}", s.p("podman.sock"));
-    let mut service = Service::start(&socket);
+    let mut service = Service::new(&socket);
     let d = s.declare(json!([sleeper("web.app", &web)]));
     let daemon = Daemon::start(&s, &d, &["--container-socket", &socket]);
     let up = || daemon.metric("mesh_host_watcher_up{watcher=\"docker\"}");
     assert!(wait_for(PATIENCE, || up() == 1.0), "{}", daemon.log());
     assert!(PODMAN_CLI.running(&web));
 
-    service.kill();
+    service.stop();
     assert!(wait_for(PATIENCE, || up() == 0.0), "the watcher says the engine is gone:\n{}", daemon.log());
     // While the engine's API is down, the container goes away behind its back.
     let (ok, text) = Cli { podman: true }.run_local(&["rm", "-f", &web]);
     assert!(ok, "{text}");
-    let _again = Service::start(&socket);
+    service.start();
     assert!(wait_for(PATIENCE, || up() == 1.0), "reconnected:\n{}", daemon.log());
     assert!(wait_for(PATIENCE, || PODMAN_CLI.running(&web)), "the resync made it again:\n{}", daemon.log());
     assert!(daemon.metric("mesh_host_queue_adds_total{source=\"docker\"}") >= 1.0);

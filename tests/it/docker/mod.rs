@@ -37,6 +37,33 @@ const DOCKER: Cli = Cli { podman: false };
 const PODMAN_CLI: Cli = Cli { podman: true };
 
 impl Cli {
+    /// The runtime's name, in the names a test makes and in messages.
+    fn name(&self) -> &'static str {
+        if self.podman {
+            "podman"
+        } else {
+            "docker"
+        }
+    }
+
+    /// What mesh-host is given to reach this runtime: nothing for Docker, whose default
+    /// socket it finds by itself, and Podman's service socket.
+    fn socket(&self) -> Option<&'static str> {
+        self.podman.then_some(PODMAN)
+    }
+
+    /// `apply --json` on this runtime, returning the exit code and the report.
+    fn apply(&self, s: &Scratch, d: &Path) -> (i32, Value) {
+        apply_on(s, d, self.socket())
+    }
+
+    /// `apply --json` on this runtime, which must succeed; the report.
+    fn applied(&self, s: &Scratch, d: &Path) -> Value {
+        let (code, report) = self.apply(s, d);
+        assert_eq!(code, 0, "{report:#}");
+        report
+    }
+
     fn cmd(&self) -> Command {
         if self.podman {
             let mut c = Command::new("podman");
@@ -109,7 +136,11 @@ struct Names {
 impl Names {
     fn new(cli: Cli, test: &str) -> Names {
         require(cli);
-        Names { cli, prefix: format!("mh-it-{test}-{}", std::process::id()), networks: Vec::new() }
+        Names {
+            cli,
+            prefix: format!("mh-it-{}-{test}-{}", cli.name(), std::process::id()),
+            networks: Vec::new(),
+        }
     }
 
     fn container(&self, n: &str) -> String {
@@ -178,45 +209,91 @@ fn declare_as(s: &Scratch, file: &str, resources: Value) -> std::path::PathBuf {
     path
 }
 
-/// A Podman API service of this test's own, so stopping it disturbs no other test.
+/// An engine of a test's own, which the test may stop and start again without disturbing the
+/// machine's engines or any other test.
+trait OwnEngine {
+    /// Its API socket, `unix://...`.
+    fn socket(&self) -> &str;
+
+    /// Starts it, and waits until it answers.
+    fn start(&mut self);
+
+    /// Stops it as a service manager would, and waits for it to end.
+    fn stop(&mut self);
+
+    /// Runs its CLI, pointed at it; the command must succeed.
+    fn ok(&self, args: &[&str]) -> String;
+}
+
+/// Runs a CLI; the command must succeed.
+fn cli_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("the runtime's CLI runs");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{cmd:?} failed: {text}");
+    text.trim().to_owned()
+}
+
+/// A Podman API service of this test's own, so stopping it disturbs no other test. It serves
+/// the machine's Podman storage: what the shared service's CLI makes, it sees.
 struct Service {
-    child: std::process::Child,
+    socket: String,
+    child: Option<std::process::Child>,
 }
 
 impl Service {
-    fn start(socket: &str) -> Service {
-        let path = socket.trim_start_matches("unix://");
+    fn new(socket: &str) -> Service {
+        let mut service = Service { socket: socket.to_owned(), child: None };
+        service.start();
+        service
+    }
+}
+
+impl OwnEngine for Service {
+    fn socket(&self) -> &str {
+        &self.socket
+    }
+
+    fn start(&mut self) {
+        let path = self.socket.trim_start_matches("unix://");
         let _ = std::fs::remove_file(path);
         let child = Command::new("podman")
-            .args(["system", "service", "--time=0", socket])
+            .args(["system", "service", "--time=0", &self.socket])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("podman starts");
+        self.child = Some(child);
         for _ in 0..100 {
             if Path::new(path).exists() {
-                break;
+                return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Service { child }
+        panic!("a private podman service did not make {path} within 5 s");
     }
 
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        cli_ok(Command::new("podman").arg("--url").arg(&self.socket).args(args))
     }
 }
 
 impl Drop for Service {
     fn drop(&mut self) {
-        self.kill();
+        self.stop();
     }
 }
 
 /// A Docker engine of this test's own: its own socket, data and state, and its own network
 /// namespace, so restarting it disturbs neither the machine's engine nor any other test. (In
-/// the machine's namespace, a second dockerd deletes the first one's `docker0` bridge.)
+/// the machine's namespace, a second dockerd deletes the first one's `docker0` bridge.) It has
+/// no bridge: its containers run with `--network none`.
 struct PrivateDocker {
     dir: std::path::PathBuf,
     socket: String,
@@ -229,6 +306,18 @@ impl PrivateDocker {
         let mut d = PrivateDocker { dir: dir.to_owned(), socket, child: None };
         d.start();
         d
+    }
+
+    /// Copies the test image from the machine's engine, which its data root does not have.
+    fn load_image(&self) {
+        let script = format!("docker save {IMAGE} | docker -H {} load", self.socket);
+        cli_ok(Command::new("sh").args(["-c", &script]));
+    }
+}
+
+impl OwnEngine for PrivateDocker {
+    fn socket(&self) -> &str {
+        &self.socket
     }
 
     fn start(&mut self) {
@@ -259,12 +348,16 @@ impl PrivateDocker {
         );
     }
 
-    /// Stops it as a service manager would (SIGTERM) and waits for it to end.
+    /// SIGTERM, as a service manager would stop it.
     fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
             let _ = child.wait();
         }
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        cli_ok(Command::new("docker").arg("-H").arg(&self.socket).args(args))
     }
 }
 

@@ -2,9 +2,10 @@
 
 use super::*;
 
-#[test]
-fn docker_network_lifecycle() {
-    let mut n = Names::new(DOCKER, "network");
+/// A network made with the container on it, and removed after the container once both are
+/// undeclared. On each runtime.
+fn network_lifecycle(rt: Cli) {
+    let mut n = Names::new(rt, "network");
     let s = Scratch::new();
     let net = n.network("app");
     let web = n.container("web");
@@ -12,23 +13,33 @@ fn docker_network_lifecycle() {
         {"type": "network", "id": "app.net", "name": net},
         {"type": "container", "id": "app.web", "name": web, "image": IMAGE, "args": SERVE, "network": net},
     ]));
-    let report = applied(&s, &d);
+    let report = rt.applied(&s, &d);
     assert_eq!(action(&report, "app.net"), "created");
     assert_eq!(action(&report, "app.web"), "created");
-    assert!(DOCKER.inspect(&web, "{{json .NetworkSettings.Networks}}").unwrap().contains(&net));
-    let report = applied(&s, &d);
+    assert!(rt.inspect(&web, "{{json .NetworkSettings.Networks}}").unwrap().contains(&net));
+    let report = rt.applied(&s, &d);
     assert_eq!(action(&report, "app.net"), "unchanged");
 
     // Undeclared: the container goes first, then the network it used.
     let empty = s.declare(json!([]));
-    let report = applied(&s, &empty);
+    let report = rt.applied(&s, &empty);
     assert_eq!(action(&report, "app.web"), "removed", "{report:#}");
     assert_eq!(action(&report, "app.net"), "removed", "{report:#}");
     let order: Vec<&str> =
         report["outcomes"].as_array().unwrap().iter().map(|o| o["id"].as_str().unwrap()).collect();
     assert_eq!(order, ["app.web", "app.net"]);
-    assert!(DOCKER.inspect(&web, "{{.Id}}").is_none());
-    assert!(!DOCKER.exists_network(&net));
+    assert!(rt.inspect(&web, "{{.Id}}").is_none());
+    assert!(!rt.exists_network(&net));
+}
+
+#[test]
+fn docker_network_lifecycle() {
+    network_lifecycle(DOCKER);
+}
+
+#[test]
+fn podman_network_lifecycle() {
+    network_lifecycle(PODMAN_CLI);
 }
 
 #[test]
@@ -53,31 +64,4 @@ fn docker_network_in_use_by_something_undeclared_is_kept_not_forced() {
     let report = applied(&s, &empty);
     assert_eq!(action(&report, "app.net"), "removed", "{report:#}");
     assert!(!DOCKER.exists_network(&net));
-}
-
-#[test]
-fn podman_run_once_step_and_network() {
-    let mut n = Names::new(PODMAN_CLI, "podstep");
-    let s = Scratch::new();
-    let net = n.network("app");
-    let web = n.container("web");
-    std::fs::create_dir(s.path("out")).unwrap();
-    let d = s.declare(json!([
-        {"type": "network", "id": "app.net", "name": net},
-        {"type": "container", "id": "app.seed", "name": n.container("seed"), "image": IMAGE, "run-once": true,
-         "volumes": [format!("{}:/out", s.p("out"))], "args": ["sh", "-c", "echo seeded > /out/log"]},
-        {"type": "container", "id": "app.web", "name": web, "image": IMAGE, "args": SERVE, "network": net},
-    ]));
-    let (code, report) = apply_on(&s, &d, Some(PODMAN));
-    assert_eq!(code, 0, "{report:#}");
-    assert_eq!(action(&report, "app.seed"), "created");
-    assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "seeded\n");
-    assert!(PODMAN_CLI.running(&web));
-    assert!(PODMAN_CLI.exists_network(&net));
-
-    let (code, report) = apply_on(&s, &s.declare(json!([])), Some(PODMAN));
-    assert_eq!(code, 0, "{report:#}");
-    assert_eq!(action(&report, "app.web"), "removed");
-    assert_eq!(action(&report, "app.net"), "removed", "{report:#}");
-    assert!(!PODMAN_CLI.exists_network(&net));
 }

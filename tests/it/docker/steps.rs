@@ -3,9 +3,10 @@
 
 use super::*;
 
-#[test]
-fn docker_run_once_runs_once_and_is_recorded_by_its_spec() {
-    let n = Names::new(DOCKER, "runonce");
+/// Run once, recorded by its spec: not run again while the spec is the same, run again when it
+/// changes; a completed step leaves no container. On each runtime.
+fn run_once_runs_once_and_is_recorded_by_its_spec(rt: Cli) {
+    let n = Names::new(rt, "runonce");
     let s = Scratch::new();
     let step = n.container("seed");
     std::fs::create_dir(s.path("out")).unwrap();
@@ -17,18 +18,28 @@ fn docker_run_once_runs_once_and_is_recorded_by_its_spec() {
             {"type": "file", "id": "db.after", "path": s.p("after"), "content": "x"},
         ]))
     };
-    let report = applied(&s, &declare("one"));
+    let report = rt.applied(&s, &declare("one"));
     assert_eq!(action(&report, "db.seed"), "created", "{report:#}");
     assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "one\n");
-    assert!(DOCKER.inspect(&step, "{{.Id}}").is_none(), "a completed step leaves no container");
+    assert!(rt.inspect(&step, "{{.Id}}").is_none(), "a completed step leaves no container");
 
-    let report = applied(&s, &declare("one"));
+    let report = rt.applied(&s, &declare("one"));
     assert_eq!(action(&report, "db.seed"), "unchanged");
     assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "one\n", "not run again");
 
-    let report = applied(&s, &declare("two"));
+    let report = rt.applied(&s, &declare("two"));
     assert_eq!(action(&report, "db.seed"), "updated");
     assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "one\ntwo\n");
+}
+
+#[test]
+fn docker_run_once_runs_once_and_is_recorded_by_its_spec() {
+    run_once_runs_once_and_is_recorded_by_its_spec(DOCKER);
+}
+
+#[test]
+fn podman_run_once_runs_once_and_is_recorded_by_its_spec() {
+    run_once_runs_once_and_is_recorded_by_its_spec(PODMAN_CLI);
 }
 
 #[test]

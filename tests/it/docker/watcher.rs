@@ -84,55 +84,14 @@ fn docker_watcher_reports_a_labelled_container_killed_by_hand() {
     });
 }
 
-#[test]
-fn podman_watcher_reconnects_and_resyncs_after_the_engine_restarts() {
+/// The watcher on an engine of the test's own, which stops and starts again: it says it is down,
+/// then up and resynced, and goes on reporting a labelled container killed by hand.
+fn watcher_reconnects_and_resyncs_after_the_engine_restarts(engine: &mut dyn OwnEngine, web: &str) {
     use mesh_host_watchers::Change;
-    let n = Names::new(PODMAN_CLI, "rewatch");
-    let web = n.container("web");
-    let s = Scratch::new();
-    let socket = format!("unix://{}", s.p("podman.sock"));
-    let mut service = Service::start(&socket);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let _task = mesh_host_watchers::docker::spawn(Some(socket.clone()), tx);
-        expect_change(&mut rx, "the watcher up", |c| matches!(c, Change::Up { up: true, .. })).await;
-
-        service.kill();
-        expect_change(&mut rx, "the watcher down", |c| matches!(c, Change::Up { up: false, .. })).await;
-        let _again = Service::start(&socket);
-        let seen =
-            expect_change(&mut rx, "a resync", |c| matches!(c, Change::Resynced { watcher: "docker" })).await;
-        assert!(seen.contains(&Change::Up { watcher: "docker", up: true }), "{seen:?}");
-
-        // And it still reports what it watches.
-        PODMAN_CLI.ok(&[
-            "run",
-            "-d",
-            "--name",
-            &web,
-            "--label",
-            "mesh-host.id=web.app",
-            IMAGE,
-            "sleep",
-            "3600",
-        ]);
-        PODMAN_CLI.ok(&["kill", &web]);
-        expect_change(&mut rx, "the kill", |c| matches!(c, Change::Container { name, .. } if *name == web))
-            .await;
-    });
-}
-
-#[test]
-fn docker_watcher_reconnects_and_resyncs_after_the_engine_restarts() {
-    use mesh_host_watchers::Change;
-    require(DOCKER);
-    let s = Scratch::new();
-    let mut engine = PrivateDocker::new(s.dir.path());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let _task = mesh_host_watchers::docker::spawn(Some(engine.socket.clone()), tx);
+        let _task = mesh_host_watchers::docker::spawn(Some(engine.socket().to_owned()), tx);
         expect_change(&mut rx, "the watcher up", |c| matches!(c, Change::Up { up: true, .. })).await;
 
         tokio::task::block_in_place(|| engine.stop());
@@ -141,5 +100,35 @@ fn docker_watcher_reconnects_and_resyncs_after_the_engine_restarts() {
         let seen =
             expect_change(&mut rx, "a resync", |c| matches!(c, Change::Resynced { watcher: "docker" })).await;
         assert!(seen.contains(&Change::Up { watcher: "docker", up: true }), "{seen:?}");
+
+        // And it still reports what it watches.
+        tokio::task::block_in_place(|| {
+            engine.ok(&["run", "-d", "--name", web, "--network", "none", "--label", "mesh-host.id=web.app"]
+                .into_iter()
+                .chain([IMAGE, "sleep", "3600"])
+                .collect::<Vec<_>>());
+            engine.ok(&["kill", web]);
+        });
+        expect_change(&mut rx, "the kill", |c| matches!(c, Change::Container { name, .. } if name == web))
+            .await;
     });
+    let _ = engine.ok(&["rm", "-f", web]);
+}
+
+#[test]
+fn docker_watcher_reconnects_and_resyncs_after_the_engine_restarts() {
+    require(DOCKER);
+    let s = Scratch::new();
+    let mut engine = PrivateDocker::new(s.dir.path());
+    engine.load_image();
+    watcher_reconnects_and_resyncs_after_the_engine_restarts(&mut engine, "mh-it-docker-rewatch-web");
+}
+
+#[test]
+fn podman_watcher_reconnects_and_resyncs_after_the_engine_restarts() {
+    // The service shares the machine's Podman storage: the guard removes what it made.
+    let n = Names::new(PODMAN_CLI, "rewatch");
+    let s = Scratch::new();
+    let mut engine = Service::new(&format!("unix://{}", s.p("podman.sock")));
+    watcher_reconnects_and_resyncs_after_the_engine_restarts(&mut engine, &n.container("web"));
 }
