@@ -17,10 +17,13 @@ if ! command -v cargo-deny >/dev/null 2>&1; then
 fi
 cargo deny check licenses bans sources
 echo "== tests"
+# Tests that need the testbed (Docker, Podman, systemd, apt, useradd) are marked
+# `#[ignore = "needs the testbed: ..."]`, so a bare `cargo test` elsewhere reports them as
+# ignored instead of failing or passing in silence. Here the testbed is up: run them all.
 # nextest runs each test in its own process, in parallel, and reports slow ones; plain cargo
 # test is the fallback where it is not installed.
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast --failure-output final
+  cargo nextest run --workspace --no-fail-fast --failure-output final --run-ignored all
 else
-  cargo test --workspace --no-fail-fast
+  cargo test --workspace --no-fail-fast -- --include-ignored
 fi

@@ -72,6 +72,7 @@ fn arguments_are_never_given_to_a_shell() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn an_action_in_a_container_that_is_not_there_is_a_clear_error() {
     // Actions inside a running container are tested in docker.rs; here, one whose container
     // does not exist fails naming it, and gates.

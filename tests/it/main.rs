@@ -2,6 +2,13 @@
 //! (scratch directories, and the Docker engine and systemd that `tests/testbed/up.sh` starts).
 //!
 //! Tests play the person at the machine, so they use std's filesystem calls freely.
+//!
+//! Two tiers. A test that needs only root and a filesystem runs everywhere. A test that needs
+//! the testbed (Docker, Podman, systemd, apt, useradd) carries
+//! `#[ignore = "needs the testbed: tests/run.sh sets it up"]`: a bare `cargo test` reports it
+//! ignored, with the count, and `tests/run.sh` runs it (`--run-ignored all`, or
+//! `--include-ignored` under plain cargo test). Run alone where the testbed is missing, such a
+//! test fails naming what is missing and how to start it; it never passes in silence.
 #![allow(clippy::disallowed_methods)]
 
 mod support;

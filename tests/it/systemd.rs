@@ -115,6 +115,7 @@ fn sleeper(extra: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn service_start_stop_enable_disable_each_read_back() {
     let t = testbed();
     let unit = format!("{}.service", unique("mh-it-svc"));
@@ -165,6 +166,7 @@ fn service_start_stop_enable_disable_each_read_back() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn a_unit_that_dies_at_once_is_an_error() {
     let t = testbed();
     let unit = format!("{}.service", unique("mh-it-dies"));
@@ -183,6 +185,7 @@ fn a_unit_that_dies_at_once_is_an_error() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn units_started_together_settle_together_and_one_that_dies_is_still_an_error() {
     let t = testbed();
     let dies = format!("{}.service", unique("mh-it-dies-"));
@@ -213,6 +216,7 @@ fn units_started_together_settle_together_and_one_that_dies_is_still_an_error() 
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn a_missing_unit_is_an_error_and_removing_one_is_forgotten() {
     let t = testbed();
     let s = Scratch::new();
@@ -239,6 +243,7 @@ fn a_missing_unit_is_an_error_and_removing_one_is_forgotten() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn a_unit_file_changed_on_disk_is_read_again_before_a_start() {
     let t = testbed();
     let name = unique("mh-it-edit");
@@ -270,6 +275,7 @@ fn a_unit_file_changed_on_disk_is_read_again_before_a_start() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn a_masked_unit_is_refused_only_when_it_must_start() {
     let t = testbed();
     let unit = format!("{}.service", unique("mh-it-mask"));
@@ -301,6 +307,7 @@ fn a_masked_unit_is_refused_only_when_it_must_start() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn restart_on_a_changed_drop_in_reloads_units_then_restarts() {
     let t = testbed();
     let name = unique("mh-it-rst");
@@ -344,6 +351,7 @@ fn restart_on_a_changed_drop_in_reloads_units_then_restarts() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn reload_on_reloads_a_running_unit_without_restarting_it() {
     let t = testbed();
     let name = unique("mh-it-rld");
@@ -376,6 +384,7 @@ fn reload_on_reloads_a_running_unit_without_restarting_it() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn a_process_is_created_replaced_on_change_restarted_and_removed() {
     let t = testbed();
     let name = unique("mh-it-proc");
@@ -432,6 +441,7 @@ fn a_process_is_created_replaced_on_change_restarted_and_removed() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn a_process_that_cannot_stay_up_is_an_error() {
     let t = testbed();
     let name = unique("mh-it-bad");
@@ -444,6 +454,7 @@ fn a_process_that_cannot_stay_up_is_an_error() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn watcher_reports_a_unit_stopped_by_hand() {
     let t = testbed();
     let unit = format!("{}.service", unique("mh-it-watch"));
@@ -586,6 +597,7 @@ impl Relay {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn watcher_reconnects_when_the_bus_goes_away_and_says_to_resync() {
     use mesh_host_watchers::Change;
     let t = testbed();
@@ -662,6 +674,7 @@ async fn flood(bus: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 /// deaf. Here a flood runs while the watcher connects: its first attempt must succeed (a
 /// timed-out one says `Up` false first), and it must then report a unit stopped.
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn regression_zbus_queue_a_burst_of_signals_while_subscribing_leaves_the_watcher_neither_stuck_nor_deaf() {
     use mesh_host_watchers::Change;
     let t = testbed();
@@ -713,6 +726,7 @@ async fn up(rx: &mut tokio::sync::mpsc::UnboundedReceiver<mesh_host_watchers::Ch
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn on_an_adopted_node_units_packages_and_users_of_untaken_modules_are_held() {
     let t = testbed();
     let unit = format!("{}.service", unique("mh-it-held"));
@@ -746,6 +760,7 @@ fn on_an_adopted_node_units_packages_and_users_of_untaken_modules_are_held() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn the_daemon_starts_again_a_unit_stopped_by_hand() {
     let tb = testbed();
     let unit = format!("{}.service", unique("mh-daemon-"));
@@ -776,6 +791,7 @@ fn the_daemon_starts_again_a_unit_stopped_by_hand() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn the_daemon_connects_again_after_its_kept_bus_connection_is_cut() {
     let tb = testbed();
     let unit = format!("{}.service", unique("mh-daemon-cut-"));
@@ -817,6 +833,7 @@ fn the_daemon_connects_again_after_its_kept_bus_connection_is_cut() {
 /// starts without its environment file, reaches READY, puts back a hand-edit, answers on
 /// `/healthz`, and stops cleanly on `systemctl stop`.
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn the_deployed_unit_runs_the_agent_under_systemd() {
     let t = testbed();
     let unit = "mesh-host.service";

@@ -4,6 +4,7 @@
 use super::*;
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_create_then_unchanged() {
     let n = Names::new(DOCKER, "create");
     let s = Scratch::new();
@@ -33,6 +34,7 @@ fn docker_create_then_unchanged() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_directly_mounted_file_change_recreates() {
     let n = Names::new(DOCKER, "mountfile");
     let s = Scratch::new();
@@ -52,6 +54,7 @@ fn docker_directly_mounted_file_change_recreates() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_change_inside_a_mounted_directory_does_not_recreate() {
     let n = Names::new(DOCKER, "mountdir");
     let s = Scratch::new();
@@ -75,6 +78,7 @@ fn docker_change_inside_a_mounted_directory_does_not_recreate() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_legacy_label_is_accepted_and_its_reads_recorded() {
     let n = Names::new(DOCKER, "legacy");
     let s = Scratch::new();
@@ -121,6 +125,7 @@ fn docker_legacy_label_is_accepted_and_its_reads_recorded() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_reads_are_found_by_name_when_a_new_id_takes_the_container_over() {
     let n = Names::new(DOCKER, "byname");
     let s = Scratch::new();
@@ -153,6 +158,7 @@ fn docker_reads_are_found_by_name_when_a_new_id_takes_the_container_over() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_restart_on_recreates_when_the_named_resource_changed() {
     let n = Names::new(DOCKER, "restarton");
     let s = Scratch::new();
@@ -175,6 +181,7 @@ fn docker_restart_on_recreates_when_the_named_resource_changed() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_killed_or_removed_by_hand_is_corrected() {
     let n = Names::new(DOCKER, "drift");
     let s = Scratch::new();
@@ -196,6 +203,7 @@ fn docker_killed_or_removed_by_hand_is_corrected() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_stopped_by_hand_is_started_again() {
     let n = Names::new(DOCKER, "stopped");
     let s = Scratch::new();
@@ -213,6 +221,7 @@ fn docker_stopped_by_hand_is_started_again() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_a_container_that_exits_at_once_is_an_error_pointing_at_its_logs() {
     let n = Names::new(DOCKER, "exits");
     let s = Scratch::new();
@@ -231,6 +240,7 @@ fn docker_a_container_that_exits_at_once_is_an_error_pointing_at_its_logs() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_orphan_container_is_removed_and_one_made_by_hand_is_left() {
     let n = Names::new(DOCKER, "orphan");
     let s = Scratch::new();
@@ -251,6 +261,7 @@ fn docker_orphan_container_is_removed_and_one_made_by_hand_is_left() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_absent_images_are_errors_saying_why() {
     let n = Names::new(DOCKER, "noimage");
     let s = Scratch::new();
@@ -337,6 +348,7 @@ fn docker_no_runtime_anywhere_names_every_socket_tried() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_exec_runs_a_command_inside_a_running_container() {
     let n = Names::new(DOCKER, "exec");
     let web = n.container("web");
@@ -401,16 +413,19 @@ fn an_env_file_change_recreates_and_names_the_file(rt: Cli) {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_an_env_file_change_recreates_and_names_the_file() {
     an_env_file_change_recreates_and_names_the_file(DOCKER);
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn podman_an_env_file_change_recreates_and_names_the_file() {
     an_env_file_change_recreates_and_names_the_file(PODMAN_CLI);
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_adopted_node_holds_a_container_and_network_it_did_not_make_until_taken() {
     let mut n = Names::new(DOCKER, "adopt");
     let s = Scratch::new();
@@ -442,6 +457,7 @@ fn docker_adopted_node_holds_a_container_and_network_it_did_not_make_until_taken
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_plan_changes_nothing() {
     let mut n = Names::new(DOCKER, "plan");
     let s = Scratch::new();
@@ -462,6 +478,7 @@ fn docker_plan_changes_nothing() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_an_env_file_secret_never_reaches_the_log() {
     let n = Names::new(DOCKER, "secret");
     let s = Scratch::new();
@@ -488,6 +505,7 @@ fn docker_an_env_file_secret_never_reaches_the_log() {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn podman_is_found_through_docker_host_when_no_socket_is_configured() {
     let n = Names::new(PODMAN_CLI, "dockerhost");
     let s = Scratch::new();

@@ -33,16 +33,19 @@ fn network_lifecycle(rt: Cli) {
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_network_lifecycle() {
     network_lifecycle(DOCKER);
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn podman_network_lifecycle() {
     network_lifecycle(PODMAN_CLI);
 }
 
 #[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_network_in_use_by_something_undeclared_is_kept_not_forced() {
     let mut n = Names::new(DOCKER, "netinuse");
     let s = Scratch::new();
