@@ -1,4 +1,7 @@
 //! `mesh-host run` end to end: the real daemon, real inotify, real files.
+//!
+//! A test named `faultN_` is the regression test of fault N of issue 12 (as in reliability.rs):
+//! it failed before that fault was fixed.
 
 use std::process::Command;
 
@@ -353,7 +356,7 @@ fn file(s: &Scratch, name: &str, content: &str) -> serde_json::Value {
 /// Issue 12, fault 5: inotify watched the directory's inode, so a directory removed and made
 /// again was never looked at again.
 #[test]
-fn a_declaration_directory_removed_and_made_again_is_applied() {
+fn fault5_a_declaration_directory_removed_and_made_again_is_applied() {
     let s = Scratch::new();
     let dir = s.path("declaration.d");
     std::fs::create_dir(&dir).unwrap();
@@ -379,7 +382,7 @@ fn a_declaration_directory_removed_and_made_again_is_applied() {
 /// Issue 12, fault 5: a directory swapped in by a rename, the way deployment tools replace a
 /// tree whole, was never applied either.
 #[test]
-fn a_declaration_directory_swapped_in_by_a_rename_is_applied() {
+fn fault5_a_declaration_directory_swapped_in_by_a_rename_is_applied() {
     let s = Scratch::new();
     let dir = s.path("declaration.d");
     std::fs::create_dir(&dir).unwrap();
@@ -429,7 +432,7 @@ fn a_declaration_directory_swapped_in_by_a_rename_is_applied() {
 /// watcher missed stayed missed. Here its parent directory is replaced, which no watch on the
 /// old one can see; only the resync finds the new declaration.
 #[test]
-fn the_periodic_resync_reads_the_declaration_source_again() {
+fn fault5_the_periodic_resync_reads_the_declaration_source_again() {
     let s = Scratch::new();
     let conf = s.path("conf");
     let dir = conf.join("declaration.d");
@@ -457,7 +460,7 @@ fn mkfifo(path: &std::path::Path) {
 /// Issue 12, fault 2: a FIFO named `*.json` in the declaration directory must not block the
 /// daemon's read of its declaration; it is refused, naming it, and everything else goes on.
 #[test]
-fn a_fifo_in_the_declaration_directory_does_not_hang_the_daemon() {
+fn fault2_a_fifo_in_the_declaration_directory_does_not_hang_the_daemon() {
     let s = Scratch::new();
     let dir = s.path("declaration.d");
     std::fs::create_dir(&dir).unwrap();
@@ -486,7 +489,7 @@ fn a_fifo_in_the_declaration_directory_does_not_hang_the_daemon() {
 /// Issue 12, fault 2: the same for a FIFO, or a device, at the declaration's own path. A FIFO
 /// blocked the read there forever; `/dev/zero` would have been read until memory ran out.
 #[test]
-fn a_fifo_or_a_device_at_the_declaration_path_does_not_hang_the_daemon() {
+fn fault2_a_fifo_or_a_device_at_the_declaration_path_does_not_hang_the_daemon() {
     let s = Scratch::new();
     let d = s.declare(json!([file(&s, "one", "1")]));
     let mut daemon = Daemon::start(&s, &d, &[]);
@@ -518,7 +521,7 @@ fn a_fifo_or_a_device_at_the_declaration_path_does_not_hang_the_daemon() {
 /// Issue 12, fault 9: a daemon started with a refused declaration enforces nothing, and
 /// `/healthz` said "ok".
 #[test]
-fn a_daemon_started_with_a_refused_declaration_is_not_healthy() {
+fn fault9_a_daemon_started_with_a_refused_declaration_is_not_healthy() {
     let s = Scratch::new();
     let d = s.path("declaration.json");
     // A file without its path: refused.
@@ -568,7 +571,7 @@ fn accept_queue(port: u16) -> Option<usize> {
 /// Issue 12, fault 9: `/metrics` had no limit on concurrent connections, so a flood of them
 /// took a descriptor each for as long as the clients liked.
 #[test]
-fn metrics_connections_are_limited_and_a_slow_client_is_cut_off() {
+fn fault9_metrics_connections_are_limited_and_a_slow_client_is_cut_off() {
     use std::io::{Read as _, Write as _};
     let s = Scratch::new();
     let d = s.declare(json!([file(&s, "one", "1")]));
@@ -620,7 +623,7 @@ fn metrics_connections_are_limited_and_a_slow_client_is_cut_off() {
 /// Issue 12, fault 10: a panic in a reconcile killed the only worker, and nothing was put back
 /// after it. The failpoint panics in the first single-resource reconcile of the process.
 #[test]
-fn a_panic_in_one_reconcile_does_not_take_the_daemon_down() {
+fn fault10_a_panic_in_one_reconcile_does_not_take_the_daemon_down() {
     let s = Scratch::new();
     let conf = s.path("app.conf");
     let d = s.declare(

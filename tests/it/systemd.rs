@@ -1,7 +1,8 @@
 //! Services, processes and the systemd watcher, against the real systemd that
 //! `tests/testbed/systemd.sh` boots with systemd-nspawn. mesh-host runs on the host and reaches
 //! that systemd over its bus; unit files are written into the booted tree. Every test uses unit
-//! names of its own, so they run in parallel.
+//! names of its own, so they run in parallel. A test named after an incident (`zbus_queue_`) is
+//! its regression test: it fails on the code before that incident's fix.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -675,7 +676,7 @@ async fn flood(bus: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 /// timed-out one says `Up` false first), and it must then report a unit stopped.
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
-fn regression_zbus_queue_a_burst_of_signals_while_subscribing_leaves_the_watcher_neither_stuck_nor_deaf() {
+fn zbus_queue_a_burst_of_signals_while_subscribing_leaves_the_watcher_neither_stuck_nor_deaf() {
     use mesh_host_watchers::Change;
     let t = testbed();
     let unit = format!("{}.service", unique("mh-it-burst"));

@@ -34,7 +34,7 @@ const STATES: [&str; 3] = ["ActiveState", "SubState", "LoadState"];
 /// How long connecting and subscribing may take before the attempt counts as failed and is
 /// made again. Without a bound, a reply that never comes would leave the watcher connected and
 /// deaf for good. (That was seen once: a stream's full queue stopped zbus reading the reply;
-/// see QUEUE.)
+/// see QUEUE, and its regression test `zbus_queue_...` in tests/it/systemd.rs.)
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The first wait before connecting again, and the longest.

@@ -1,4 +1,5 @@
-//! The file and declaration watchers against real inotify in a scratch directory.
+//! The file and declaration watchers against real inotify in a scratch directory. A test named
+//! `faultN_` is the regression test of fault N of issue 12.
 #![allow(clippy::disallowed_methods)]
 
 use std::path::PathBuf;
@@ -155,7 +156,7 @@ async fn a_declaration_is_reported_only_once_it_settles() {
 /// Issue 12, fault 5: inotify watches an inode, so a declaration directory replaced under the
 /// watcher used to be lost for good.
 #[tokio::test]
-async fn a_declaration_directory_removed_made_again_or_swapped_in_is_still_watched() {
+async fn fault5_a_declaration_directory_removed_made_again_or_swapped_in_is_still_watched() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("declaration.d");
     std::fs::create_dir(&d).unwrap();
