@@ -641,10 +641,15 @@ fn watcher_reconnects_when_the_bus_goes_away_and_says_to_resync() {
 }
 
 /// Sends `PropertiesChanged` signals for a unit nobody watches, as fast as one connection can,
-/// until `stop` or `limit`; returns how many. Any client may send a signal on the bus, and the
+/// until `stop` or `limit`, counting them in `sent`. Any client may send a signal on the bus, and the
 /// watcher's match rules name no sender (they must hold across a systemd re-execution), so
 /// these reach its stream exactly as a burst from systemd would.
-async fn flood(bus: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>, limit: Duration) -> u64 {
+async fn flood(
+    bus: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sent: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    limit: Duration,
+) {
     use std::collections::HashMap;
     use zbus::Variant as Value;
     let conn = zbus::conn::Builder::address(bus.as_str()).build().await.unwrap();
@@ -652,7 +657,6 @@ async fn flood(bus: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
         ("org.freedesktop.systemd1.Unit", HashMap::from([("ActiveState", Value::from("active"))]), vec![]);
     let path = mesh_host_watchers::systemd::unit_path("mh-it-flood-nobody-watches.service");
     let started = Instant::now();
-    let mut sent = 0;
     while !stop.load(Ordering::Relaxed) && started.elapsed() < limit {
         conn.emit_signal(
             None::<&str>,
@@ -663,9 +667,8 @@ async fn flood(bus: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
         )
         .await
         .unwrap();
-        sent += 1;
+        sent.fetch_add(1, Ordering::Relaxed);
     }
-    sent
 }
 
 /// The incident recorded at `QUEUE` in watchers/src/systemd.rs: the watcher's streams exist
@@ -685,20 +688,27 @@ fn zbus_queue_a_burst_of_signals_while_subscribing_leaves_the_watcher_neither_st
     let rt = tokio::runtime::Runtime::new().unwrap();
     let sent = rt.block_on(async {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         // Past CONNECT_TIMEOUT (5 s), so a watcher stuck on its first attempt shows it.
-        let floods: Vec<_> =
-            (0..4).map(|_| tokio::spawn(flood(t.bus(), stop.clone(), Duration::from_secs(8)))).collect();
+        let floods: Vec<_> = (0..4)
+            .map(|_| tokio::spawn(flood(t.bus(), stop.clone(), sent.clone(), Duration::from_secs(8))))
+            .collect();
         // The flood is under way before the watcher makes its streams.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let under_way = async {
+            while sent.load(Ordering::Relaxed) < 1000 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), under_way).await.expect("the flood began");
         let (_units_tx, units) = tokio::sync::watch::channel(BTreeSet::from([unit.clone()]));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let task = mesh_host_watchers::systemd::spawn(Some(t.bus()), units, tx);
         let first = next(&mut rx).await;
         stop.store(true, Ordering::Relaxed);
-        let mut sent = 0;
         for f in floods {
-            sent += f.await.unwrap();
+            f.await.unwrap();
         }
+        let sent = sent.load(Ordering::Relaxed);
         assert_eq!(
             first,
             Some(Change::Up { watcher: "systemd", up: true }),
