@@ -21,13 +21,7 @@ struct Problems {
 
 impl Problems {
     fn at(&mut self, index: Option<usize>, id: Option<&str>, field: Option<&str>, message: String) {
-        self.all.push(Problem {
-            source: None,
-            index,
-            id: id.map(str::to_owned),
-            field: field.map(str::to_owned),
-            message,
-        });
+        self.all.push(Problem::new(index, id, field, &message));
     }
 }
 
@@ -709,10 +703,12 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
             if !s.unit.as_str().contains('.') {
                 problem(
                     "unit",
+                    // The suggestion quoted as the name is, so a quote in the name cannot
+                    // unpair the quotes of the message (see `Problem::new`).
                     format!(
-                        "{:?} is not a unit name: give its suffix, such as \"{}.service\"",
+                        "{:?} is not a unit name: give its suffix, such as {:?}",
                         s.unit.as_str(),
-                        s.unit.as_str()
+                        format!("{}.service", s.unit.as_str())
                     ),
                 );
             }
