@@ -160,15 +160,18 @@ impl fmt::Display for Problem {
 }
 
 /// A declaration refused whole. Every problem found is listed, not only the first, so one
-/// round trip through the control plane fixes them all.
+/// round trip through the control plane fixes them all; past the first hundred, problems are
+/// counted in `unlisted` rather than kept.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct Refused {
     pub problems: Vec<Problem>,
+    /// Problems found after those in `problems`, and not kept.
+    pub unlisted: usize,
 }
 
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let n = self.problems.len();
+        let n = self.problems.len() + self.unlisted;
         write!(
             f,
             "the declaration was refused ({n} problem{}); nothing on the machine was touched",
@@ -176,6 +179,14 @@ impl fmt::Display for Refused {
         )?;
         for p in &self.problems {
             write!(f, "\n  {p}")?;
+        }
+        if self.unlisted > 0 {
+            write!(
+                f,
+                "\n  … and {} more problem{}, not listed",
+                self.unlisted,
+                if self.unlisted == 1 { "" } else { "s" }
+            )?;
         }
         Ok(())
     }
