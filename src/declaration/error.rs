@@ -123,19 +123,14 @@ fn kept(value: &str, quote: u8) -> Option<&str> {
             return Some(&value[..at]);
         }
         n += 1;
-        if c == '\\' && quote == b'"' {
-            match chars.next() {
-                // `\u{...}` as Rust writes it, or `\uXXXX` as JSON does.
-                Some((_, 'u')) => {
-                    if chars.peek().is_some_and(|&(_, c)| c == '{') {
-                        while chars.next().is_some_and(|(_, c)| c != '}') {}
-                    } else {
-                        for _ in 0..4 {
-                            chars.next();
-                        }
-                    }
+        // The escaped character; `\u{...}` as Rust writes it, or `\uXXXX` as JSON does, runs on.
+        if c == '\\' && quote == b'"' && chars.next().is_some_and(|(_, c)| c == 'u') {
+            if chars.peek().is_some_and(|&(_, c)| c == '{') {
+                while chars.next().is_some_and(|(_, c)| c != '}') {}
+            } else {
+                for _ in 0..4 {
+                    chars.next();
                 }
-                Some(_) | None => {}
             }
         }
     }

@@ -1408,3 +1408,39 @@ fn problems_past_the_first_hundred_are_counted_not_listed() {
     expect![[r#"  resources[99]: a resource is an object, found a number"#]].assert_eq(lines[100]);
     expect![[r#"  … and 2900 more problems, not listed"#]].assert_eq(lines[101]);
 }
+
+// What serde_json refuses inside one value is placed by the value's path: its line and column
+// are in the value's own text, not the document's, and were dropped.
+
+#[test]
+fn a_version_past_the_largest_number() {
+    check(
+        r#"{"version": 1e400, "resources": []}"#,
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              declaration, field `version`: number out of range"#]],
+    );
+}
+
+#[test]
+fn a_field_nested_past_the_recursion_limit() {
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    check(
+        &format!(
+            r#"{{"version": 1, "resources": [{{"type": "file", "id": "a.f", "path": "/a", "content": {deep}}}]}}"#
+        ),
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "a.f"), field `content[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]…`: recursion limit exceeded"#]],
+    );
+}
+
+#[test]
+fn a_resource_with_a_bad_escape() {
+    check(
+        r#"{"version": 1, "resources": [{"type": "file", "id": "a.f", "path": "/a", "content": "\ud800"}]}"#,
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "a.f"), field `content`: unexpected end of hex escape"#]],
+    );
+}

@@ -150,7 +150,8 @@ fn resources_of(raw: Vec<&RawValue>, problems: &mut Problems) -> Vec<Resource> {
                 }
                 Err((field, message)) => {
                     let id = id_in(r);
-                    found.at(Some(index), id.as_deref(), Some(&field), message);
+                    let field = (field != ".").then_some(field.as_str());
+                    found.at(Some(index), id.as_deref(), field, message);
                 }
             }
         }
@@ -228,7 +229,8 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
     let value_of = |field: &str, raw: &RawValue, problems: &mut Problems| match strict(raw) {
         Ok(v) => Some(v),
         Err((inner, message)) => {
-            problems.at(None, None, Some(&format!("{field}.{inner}")), message);
+            let at = if inner == "." { field.to_owned() } else { format!("{field}.{inner}") };
+            problems.at(None, None, Some(&at), message);
             None
         }
     };
@@ -373,7 +375,7 @@ impl<'de> serde::Deserialize<'de> for Listed<'de> {
 }
 
 /// Parses one value's text as serde_json's `Value`, refusing a key given twice in any object.
-/// The error is the path of the key (`env.PORT`) and the message.
+/// The error is the path of the key (`env.PORT`, or `.` for the value itself) and the message.
 fn strict(raw: &RawValue) -> Result<Value, (String, String)> {
     let mut de = serde_json::Deserializer::from_str(raw.get());
     match serde_path_to_error::deserialize::<_, Strict>(&mut de) {
@@ -388,7 +390,9 @@ fn strict(raw: &RawValue) -> Result<Value, (String, String)> {
             match (path.as_str(), key) {
                 (".", Some(k)) => Err((k, TWICE.to_owned())),
                 (p, Some(k)) => Err((format!("{p}.{k}"), TWICE.to_owned())),
-                (p, None) => Err((p.to_owned(), message)),
+                // serde_json's position is in this value's text, not in the document: a person
+                // looking there would look in the wrong place, so the path alone says where.
+                (p, None) => Err((p.to_owned(), strip_position(&message).to_owned())),
             }
         }
     }
