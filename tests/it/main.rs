@@ -10,6 +10,7 @@ mod actions;
 mod daemon;
 mod docker;
 mod files;
+mod malformed;
 mod packages;
 mod systemd;
 mod users;
