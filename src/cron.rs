@@ -77,10 +77,13 @@ fn set(field: &str, lo: u32, hi: u32) -> Option<u64> {
         if from < lo || to > hi || from > to {
             return None;
         }
-        let mut v = from;
-        while v <= to {
-            bits |= 1 << v;
-            v += step;
+        // A step past the field's end (`1/4294967295`, which the declaration accepts) ends
+        // the walk: added in u32 it overflowed, a panic in a debug build and, wrapped round, a
+        // fire at minute 0 too in a release one.
+        let mut v = Some(from);
+        while let Some(at) = v.filter(|at| *at <= to) {
+            bits |= 1 << at;
+            v = at.checked_add(step);
         }
     }
     Some(bits)
@@ -119,6 +122,14 @@ mod tests {
 
     fn next(expr: &str, after: SystemTime) -> Option<SystemTime> {
         next_fire(&Cron::parse(expr).unwrap(), after)
+    }
+
+    #[test]
+    fn a_step_past_the_end_of_the_field_fires_at_its_start_only() {
+        let t = at(2026, 11, 30, 4, 0) + Duration::from_secs(30);
+        assert_eq!(next("1/4294967295 * * * *", t), Some(at(2026, 11, 30, 4, 1)));
+        assert_eq!(next("1/4294967295 * * * *", at(2026, 11, 30, 4, 1)), Some(at(2026, 11, 30, 5, 1)));
+        assert_eq!(next("0 1/4294967295 * * *", t), Some(at(2026, 12, 1, 1, 0)));
     }
 
     #[test]

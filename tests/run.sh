@@ -27,3 +27,8 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast -- --include-ignored
 fi
+echo "== fuzz (short)"
+# The four fuzz targets, 15 s each, from the seeds and what earlier runs kept; the long runs'
+# figures are in RELIABILITY.md. The first build of the instrumented targets takes about 13
+# minutes on two cores.
+fuzz/run.sh 15

@@ -578,7 +578,7 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
 /// Parses an env-file the way the docker CLI does: `KEY=VALUE` lines, the value taken as
 /// written; blank lines and `#` comments skipped. A bare `KEY`, which the CLI fills from its
 /// own environment, is skipped: the agent's environment is not the container's.
-fn parse_env_file(bytes: &[u8]) -> Result<Vec<String>, String> {
+pub fn parse_env_file(bytes: &[u8]) -> Result<Vec<String>, String> {
     let text = std::str::from_utf8(bytes).map_err(|_| "is not UTF-8 text".to_owned())?;
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {

@@ -1295,3 +1295,152 @@ fn a_conflict_across_documents_names_both_where_they_are() {
           20-more.json: resources[0] (id "web.conf"), field `id`: duplicate id: resources[1] of 10-base.json already has it
           20-more.json: resources[1] (id "web.again"), field `path`: "/etc/web.conf" is already declared by resources[1] of 10-base.json"#]].assert_eq(&refused.to_string());
 }
+
+// Values in messages are cut: a refusal used to repeat a bad value in full (52 MB on stderr for a
+// 50 MB `mode`). Each case here quotes a value of a few hundred characters, which is cut after
+// 100; the 50 MB case itself runs through the binary in tests/it/malformed.rs.
+
+/// A declaration of one file resource with `field` set to this JSON value.
+fn one_file_with(field: &str, value: &str) -> String {
+    format!(
+        r#"{{"version": 1, "resources": [{{"type": "file", "id": "web.conf", "path": "/etc/web.conf", "content": "x", "{field}": {value}}}]}}"#
+    )
+}
+
+#[test]
+fn a_long_mode_is_cut_in_the_refusal() {
+    check(
+        &one_file_with("mode", &format!("\"{}\"", "7".repeat(300))),
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "web.conf"), field `mode`: "7777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777777…" (300 bytes) is not a mode: write three or four octal digits, such as "0644""#]],
+    );
+}
+
+#[test]
+fn a_long_value_of_the_wrong_type_is_cut_in_serdes_words() {
+    check(
+        &one_file_with("create-once", &format!("\"{}\"", "yes".repeat(100))),
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "web.conf"), field `create-once`: invalid type: string "yesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesyesy…" (300 bytes), expected a boolean"#]],
+    );
+}
+
+#[test]
+fn a_long_unknown_field_is_cut_where_it_is_named() {
+    // Named twice: as the field, and by serde between backticks.
+    check(
+        &one_file_with(&"k".repeat(300), "1"),
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "web.conf"), field `kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk…`: unknown field `kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk…` (300 bytes), expected one of `path`, `content`, `bytes`, `sealed`, `secrets`, `mode`, `owner`, `create-once`, `into`"#]],
+    );
+}
+
+#[test]
+fn a_long_id_is_cut_where_the_resource_is_named() {
+    // A valid id, however long, names the resource; here the path is what is refused.
+    let json = format!(
+        r#"{{"version": 1, "resources": [{{"type": "directory", "id": "{}", "path": "srv"}}]}}"#,
+        "a".repeat(300)
+    );
+    check(
+        &json,
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa…"), field `path`: "srv" is a relative path; paths must be absolute"#]],
+    );
+}
+
+#[test]
+fn an_escape_in_a_long_value_is_never_split() {
+    // 99 plain characters, then escapes: the cut falls after the first escape, whole.
+    let value = format!("{}{}", "x".repeat(99), "\\u0001".repeat(50));
+    check(
+        &one_file_with("owner", &format!("\"{value}\"")),
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "web.conf"), field `owner`: "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\u{1}…" (349 bytes) is not an owner: write "user" or "user:group" with account names"#]],
+    );
+}
+
+#[test]
+fn a_long_value_shown_unquoted_is_cut_with_the_message() {
+    // A version given as a list is written back as JSON, with no quotes to find; the message
+    // as a whole is cut at 1,000 bytes.
+    let list = vec!["1"; 2_000].join(",");
+    let refusal = refused(&format!(r#"{{"version": [{list}], "resources": []}}"#));
+    let line = refusal.lines().nth(1).expect("one problem");
+    assert!(line.len() < 1_100, "a line of {} bytes: {line}", line.len());
+    assert!(line.ends_with("… (a message of 4062 bytes, cut)"), "{line}");
+}
+
+#[test]
+fn a_quote_in_a_unit_name_leaves_the_messages_quotes_paired() {
+    check(
+        &format!(
+            r#"{{"version": 1, "resources": [{{"type": "service", "id": "web.svc", "unit": "q\"{}", "state": "running"}}]}}"#,
+            "u".repeat(300)
+        ),
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "web.svc"), field `unit`: "q\"uuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuu…" (303 bytes) is not a unit name: give its suffix, such as "q\"uuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuuu…" (311 bytes)"#]],
+    );
+}
+
+/// Past the first hundred, problems are counted rather than kept: five million bad resources
+/// used to take 2 GB and 309 MB of text. Across the two halves of a large declaration, the
+/// first hundred are still the first in order.
+#[test]
+fn problems_past_the_first_hundred_are_counted_not_listed() {
+    let list = vec!["1"; 3000].join(",");
+    let refused = Declaration::parse(format!(r#"{{"version": 1, "resources": [{list}]}}"#).as_bytes())
+        .expect_err("refused");
+    assert_eq!(refused.problems.len(), 100);
+    assert_eq!(refused.unlisted, 2900);
+    assert!(refused.problems.iter().enumerate().all(|(i, p)| p.index == Some(i)), "{refused}");
+    let text = refused.to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 102);
+    expect![[r#"the declaration was refused (3000 problems); nothing on the machine was touched"#]]
+        .assert_eq(lines[0]);
+    expect![[r#"  resources[99]: a resource is an object, found a number"#]].assert_eq(lines[100]);
+    expect![[r#"  … and 2900 more problems, not listed"#]].assert_eq(lines[101]);
+}
+
+// What serde_json refuses inside one value is placed by the value's path: its line and column
+// are in the value's own text, not the document's, and were dropped.
+
+#[test]
+fn a_version_past_the_largest_number() {
+    check(
+        r#"{"version": 1e400, "resources": []}"#,
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              declaration, field `version`: number out of range"#]],
+    );
+}
+
+#[test]
+fn a_field_nested_past_the_recursion_limit() {
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    check(
+        &format!(
+            r#"{{"version": 1, "resources": [{{"type": "file", "id": "a.f", "path": "/a", "content": {deep}}}]}}"#
+        ),
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "a.f"), field `content[0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0][0]…`: recursion limit exceeded"#]],
+    );
+}
+
+#[test]
+fn a_resource_with_a_bad_escape() {
+    check(
+        r#"{"version": 1, "resources": [{"type": "file", "id": "a.f", "path": "/a", "content": "\ud800"}]}"#,
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "a.f"), field `content`: unexpected end of hex escape"#]],
+    );
+}

@@ -19,6 +19,7 @@ mod daemon;
 mod docker;
 mod faults;
 mod files;
+mod malformed;
 mod packages;
 mod reliability;
 mod systemd;
