@@ -11,6 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
+# FUZZ_SANITIZER: address (the default, for the long runs) or none (CI: coverage-guided all the
+# same, and the instrumented build takes a fraction of the time).
 seconds=${1:-15}
 shift || true
 targets=("$@")
@@ -35,7 +37,7 @@ for t in "${targets[@]}"; do
   echo "== fuzz $t for ${seconds}s"
   # -timeout: one input taking 10 s is a hang. -rss_limit_mb (and the malloc limit it sets):
   # more than 2 GiB for inputs of at most 64 KiB is memory out of bounds.
-  nice -n 19 cargo fuzz run "$t" "corpus/$t" "seeds/$t" -- \
+  nice -n 19 cargo fuzz run --sanitizer "${FUZZ_SANITIZER:-address}" "$t" "corpus/$t" "seeds/$t" -- \
     -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="artifacts/$t/" "${options[@]}" >"logs/$t.log" 2>&1 || {
     code=$?
