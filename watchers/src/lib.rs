@@ -4,6 +4,7 @@
 //! Architecture Invariant: this crate does not depend on `mesh-host`. Every watcher sends
 //! [`Change`]s into a channel and, after any gap in what it saw (an inotify overflow, a
 //! reconnect), sends [`Change::Resynced`] so that everything is reconciled again.
+#![warn(missing_docs)]
 
 pub mod docker;
 pub mod systemd;
@@ -22,15 +23,36 @@ pub enum Change {
     /// of these is not said: the controller compares with the machine anyway.
     Path(PathBuf),
     /// A container event (die, stop, kill, oom, destroy...) of a container carrying a
-    /// `mesh-host.id` label; `label` is that label's value.
-    Container { label: String, name: String, action: String },
+    /// `mesh-host.id` label.
+    Container {
+        /// The `mesh-host.id` label's value: the resource that declared the container.
+        label: String,
+        /// The container's name.
+        name: String,
+        /// The engine's word for what happened (`die`, `stop`, ...).
+        action: String,
+    },
     /// A systemd unit changed state or a job on it finished.
-    Unit { unit: String },
+    Unit {
+        /// The unit's name (`web.service`).
+        unit: String,
+    },
     /// A declaration source changed and has since been still for the quiet period: time to
     /// read it. The watcher does not read it; the controller does, through its own checks.
-    SourceChanged { source: PathBuf },
+    SourceChanged {
+        /// The file or directory watched.
+        source: PathBuf,
+    },
     /// The watcher may have missed changes (overflow, reconnect): reconcile everything.
-    Resynced { watcher: &'static str },
+    Resynced {
+        /// Which watcher (`file`, `docker`, `systemd`).
+        watcher: &'static str,
+    },
     /// Whether a watcher is connected to what it watches, for the `watcher_up` gauge.
-    Up { watcher: &'static str, up: bool },
+    Up {
+        /// Which watcher.
+        watcher: &'static str,
+        /// Connected now.
+        up: bool,
+    },
 }

@@ -21,12 +21,17 @@ use zbus::{Connection, MatchRule, Message, MessageStream, OwnedObjectPath};
 use crate::Change;
 
 const WATCHER: &str = "systemd";
-/// systemd's D-Bus names, defined once here; the agent's own client (`system::systemd`) uses them.
+// systemd's D-Bus names, defined once here; the agent's own client (`system::systemd`) uses them.
+/// systemd's bus name.
 pub const DESTINATION: &str = "org.freedesktop.systemd1";
+/// The manager's object path.
 pub const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
 const UNIT_PATHS: &str = "/org/freedesktop/systemd1/unit";
+/// The manager's interface.
 pub const MANAGER: &str = "org.freedesktop.systemd1.Manager";
+/// A unit's interface.
 pub const UNIT: &str = "org.freedesktop.systemd1.Unit";
+/// The standard properties interface.
 pub const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
 /// The properties whose change means the unit moved.
 const STATES: [&str; 3] = ["ActiveState", "SubState", "LoadState"];
