@@ -11,8 +11,13 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-# FUZZ_SANITIZER: address (the default, for the long runs) or none (CI: coverage-guided all the
-# same, and the instrumented build takes a fraction of the time).
+# FUZZ_SANITIZER: address (the default, for the long runs) or none. FUZZ_DEV=1 builds without
+# optimisation. CI sets both: still coverage-guided, with debug assertions and overflow checks,
+# and the four targets build in about 3 minutes on two cores instead of about 13 for one.
+build=(--sanitizer "${FUZZ_SANITIZER:-address}")
+if [ "${FUZZ_DEV:-0}" = 1 ]; then
+  build+=(--dev)
+fi
 seconds=${1:-15}
 shift || true
 targets=("$@")
@@ -37,7 +42,7 @@ for t in "${targets[@]}"; do
   echo "== fuzz $t for ${seconds}s"
   # -timeout: one input taking 10 s is a hang. -rss_limit_mb (and the malloc limit it sets):
   # more than 2 GiB for inputs of at most 64 KiB is memory out of bounds.
-  nice -n 19 cargo fuzz run --sanitizer "${FUZZ_SANITIZER:-address}" "$t" "corpus/$t" "seeds/$t" -- \
+  nice -n 19 cargo fuzz run "${build[@]}" "$t" "corpus/$t" "seeds/$t" -- \
     -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="artifacts/$t/" "${options[@]}" >"logs/$t.log" 2>&1 || {
     code=$?
