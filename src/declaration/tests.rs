@@ -405,6 +405,58 @@ fn relative_env_file() {
 }
 
 #[test]
+fn every_bad_element_of_a_list_is_named_at_its_declared_index() {
+    check(
+        r#"{"version": 1, "resources": [{"type": "container", "id": "web.app", "name": "web", "image": "local/web:1",
+            "env-file": ["web.env", "/etc/web/web.env", "other.env", "/etc/web/more.env", "last.env"]}]}"#,
+        expect![[r#"
+            the declaration was refused (3 problems); nothing on the machine was touched
+              resources[0] (id "web.app"), field `env-file[0]`: "web.env" is a relative path; paths must be absolute
+              resources[0] (id "web.app"), field `env-file[2]`: "other.env" is a relative path; paths must be absolute
+              resources[0] (id "web.app"), field `env-file[4]`: "last.env" is a relative path; paths must be absolute"#]],
+    );
+}
+
+#[test]
+fn past_eight_bad_elements_of_a_list_the_ninth_is_named_and_the_rest_not_read() {
+    // Each bad element costs a read of the resource; a list of a million must not cost a million.
+    let files: Vec<String> = (0..20).map(|i| format!("\"web{i}.env\"")).collect();
+    check(
+        &format!(
+            r#"{{"version": 1, "resources": [{{"type": "container", "id": "web.app", "name": "web", "image": "local/web:1", "env-file": [{}]}}]}}"#,
+            files.join(", ")
+        ),
+        expect![[r#"
+            the declaration was refused (9 problems); nothing on the machine was touched
+              resources[0] (id "web.app"), field `env-file[0]`: "web0.env" is a relative path; paths must be absolute
+              resources[0] (id "web.app"), field `env-file[1]`: "web1.env" is a relative path; paths must be absolute
+              resources[0] (id "web.app"), field `env-file[2]`: "web2.env" is a relative path; paths must be absolute
+              resources[0] (id "web.app"), field `env-file[3]`: "web3.env" is a relative path; paths must be absolute
+              resources[0] (id "web.app"), field `env-file[4]`: "web4.env" is a relative path; paths must be absolute
+              resources[0] (id "web.app"), field `env-file[5]`: "web5.env" is a relative path; paths must be absolute
+              resources[0] (id "web.app"), field `env-file[6]`: "web6.env" is a relative path; paths must be absolute
+              resources[0] (id "web.app"), field `env-file[7]`: "web7.env" is a relative path; paths must be absolute
+              resources[0] (id "web.app"), field `env-file[8]`: "web8.env" is a relative path; paths must be absolute"#]],
+    );
+}
+
+#[test]
+fn in_a_list_of_more_than_a_thousand_the_first_bad_element_is_named_and_the_rest_not_read() {
+    let mut files = vec!["\"/etc/web.env\""; 1_001];
+    files[500] = "\"web.env\"";
+    files[1_000] = "\"other.env\"";
+    check(
+        &format!(
+            r#"{{"version": 1, "resources": [{{"type": "container", "id": "web.app", "name": "web", "image": "local/web:1", "env-file": [{}]}}]}}"#,
+            files.join(", ")
+        ),
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "web.app"), field `env-file[500]`: "web.env" is a relative path; paths must be absolute"#]],
+    );
+}
+
+#[test]
 fn mode_not_octal() {
     check(
         r#"{"version": 1, "resources": [{"type": "directory", "id": "web.root", "path": "/srv/web", "mode": "0999"}]}"#,
@@ -831,6 +883,16 @@ fn command_as_a_shell_string() {
         expect![[r#"
             the declaration was refused (1 problem); nothing on the machine was touched
               resources[0] (id "web.worker"), field `command`: invalid type: string "worker --queue default", expected a sequence"#]],
+    );
+}
+
+#[test]
+fn a_command_whose_only_element_is_bad_is_not_also_called_empty() {
+    check(
+        r#"{"version": 1, "resources": [{"type": "action", "id": "db.migrate", "command": [5], "verify": ["migrate", "--check"]}]}"#,
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "db.migrate"), field `command[0]`: invalid type: integer `5`, expected a string"#]],
     );
 }
 

@@ -583,6 +583,13 @@ fn resource(index: usize, text: &RawValue, raw: Value, problems: &mut Problems) 
 /// first bad field; so that one round trip fixes them all, a resource that fails is tried again
 /// from its text without each field already found bad, until what is left parses, and every
 /// required field it lacks is named (serde would name only the first).
+///
+/// A bad element of a list or a bad entry of a map (`ports[1]`, `env.PORT=8080`) is taken out
+/// on its own rather than with its whole field, so a second bad port in the same list is named
+/// too, at the index it was declared at. Each retry reads the resource again, so this is done
+/// for the first `ONE_BY_ONE` bad elements of a field of at most `SHORT` elements; past them,
+/// the next one found is named and the field dropped whole, as every other bad field is. A
+/// list of a million bad ports costs two reads, not a million.
 fn fields<T: DeserializeOwned + schemars::JsonSchema>(
     map: Map<String, Value>,
     text: &RawValue,
@@ -590,6 +597,10 @@ fn fields<T: DeserializeOwned + schemars::JsonSchema>(
     id: Option<&str>,
     problems: &mut Problems,
 ) -> Option<T> {
+    use serde_path_to_error::Segment;
+    const ONE_BY_ONE: usize = 8;
+    const SHORT: usize = 1_000;
+
     let first = match serde_path_to_error::deserialize::<_, T>(Value::Object(map)) {
         Ok(t) => return Some(t),
         Err(e) => e,
@@ -598,24 +609,79 @@ fn fields<T: DeserializeOwned + schemars::JsonSchema>(
     map.remove("id");
     map.remove("type");
     let given: BTreeSet<String> = map.keys().cloned().collect();
+    // For each field elements or entries were taken out of: how many.
+    let mut taken: HashMap<String, usize> = HashMap::new();
+    // For each list: the declared indices of the elements taken out, so an element found bad
+    // afterwards is named at the index it was declared at.
+    let mut gone: HashMap<String, Vec<usize>> = HashMap::new();
     let mut error = first;
-    // Bounded by the number of fields a resource has; the cap only guards against a loop.
+    // Bounded by the number of fields a resource has, and `ONE_BY_ONE` more for each; the cap
+    // only guards against a loop.
     for _ in 0..64 {
+        let segments: Vec<Segment> = error.path().iter().cloned().collect();
         let path = error.path().to_string();
         let message = error.into_inner().to_string();
         if message.starts_with("missing field `") {
             break;
         }
-        // serde reports an unknown field at the object itself, with the field's name in the
-        // message; lift it into the field position so every problem reads alike.
-        let named = message.strip_prefix("unknown field `").and_then(|rest| rest.split('`').next());
-        let field = if path == "." { named.map(str::to_owned) } else { Some(path) };
-        problems.at(Some(index), id, field.as_deref(), message);
-        let top = field.as_deref().and_then(|f| f.split(['.', '[']).next());
-        if top.is_none_or(|top| map.remove(top).is_none()) {
-            break;
+        match segments.as_slice() {
+            [Segment::Map { key: top }, Segment::Seq { index: at }]
+                if map.get(top).and_then(Value::as_array).is_some_and(|list| *at < list.len()) =>
+            {
+                let gone = gone.entry(top.clone()).or_default();
+                let declared = (0..).filter(|i| !gone.contains(i)).nth(*at).unwrap_or(*at);
+                problems.at(Some(index), id, Some(&format!("{top}[{declared}]")), message);
+                let taken = taken.entry(top.clone()).or_default();
+                match map.get_mut(top) {
+                    Some(Value::Array(list)) if *taken < ONE_BY_ONE && list.len() <= SHORT => {
+                        list.remove(*at);
+                        gone.push(declared);
+                        *taken += 1;
+                    }
+                    _ => {
+                        map.remove(top);
+                    }
+                }
+            }
+            [Segment::Map { key: top }, Segment::Map { key }]
+                if map.get(top).and_then(Value::as_object).is_some_and(|m| m.contains_key(key)) =>
+            {
+                problems.at(Some(index), id, Some(&path), message);
+                let taken = taken.entry(top.clone()).or_default();
+                match map.get_mut(top) {
+                    Some(Value::Object(entries)) if *taken < ONE_BY_ONE && entries.len() <= SHORT => {
+                        entries.remove(key);
+                        *taken += 1;
+                    }
+                    _ => {
+                        map.remove(top);
+                    }
+                }
+            }
+            // A rule over a whole list some elements were taken out of (an argv left empty) is
+            // not about the list that was declared: the field is dropped without a problem.
+            [Segment::Map { key: top }] if taken.contains_key(top) => {
+                map.remove(top);
+            }
+            _ => {
+                // serde reports an unknown field at the object itself, with the field's name in
+                // the message; lift it into the field position so every problem reads alike.
+                let named = message.strip_prefix("unknown field `").and_then(|rest| rest.split('`').next());
+                let field = if path == "." { named.map(str::to_owned) } else { Some(path) };
+                problems.at(Some(index), id, field.as_deref(), message);
+                let top = field.as_deref().and_then(|f| f.split(['.', '[']).next());
+                if top.is_none_or(|top| map.remove(top).is_none()) {
+                    break;
+                }
+            }
         }
-        error = match serde_path_to_error::deserialize::<_, T>(Value::Object(map.clone())) {
+        // Read by reference: a retry copies nothing, however long a list is.
+        let resource = Value::Object(std::mem::take(&mut map));
+        let retried = serde_path_to_error::deserialize::<_, T>(&resource);
+        if let Value::Object(back) = resource {
+            map = back;
+        }
+        error = match retried {
             Ok(_) => break,
             Err(e) => e,
         };
