@@ -24,7 +24,7 @@ pub use digest::Digest;
 pub use error::{Problem, Refused};
 pub use model::*;
 pub use schema::json_schema;
-pub use types::{AbsPath, Argv, Cidr, Cron, Id, Image, Mode, Name, Owner, Port};
+pub use types::{AbsPath, Argv, Cidr, Cron, EnvName, Id, Image, Mode, Name, Owner, Port};
 
 /// The declaration versions this build understands.
 pub const VERSIONS: &[u64] = &[1];

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::types::{AbsPath, Argv, Cidr, Cron, Id, Image, Mode, Name, Owner, Port};
+use super::types::{AbsPath, Argv, Cidr, Cron, EnvName, Id, Image, Mode, Name, Owner, Port};
 
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -125,7 +125,7 @@ pub struct Container {
     pub name: Name,
     pub image: Image,
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<EnvName, String>,
     #[serde(default)]
     pub env_file: Vec<AbsPath>,
     #[serde(default)]
@@ -183,7 +183,7 @@ pub struct Process {
     pub name: Name,
     pub command: Argv,
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<EnvName, String>,
     pub user: Option<Name>,
     #[serde(default)]
     pub restart_on: Vec<Id>,

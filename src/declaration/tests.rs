@@ -808,6 +808,18 @@ fn env_name_with_equals() {
 }
 
 #[test]
+fn env_names_of_a_process_every_bad_one_named() {
+    check(
+        r#"{"version": 1, "resources": [{"type": "process", "id": "web.worker", "name": "worker", "command": ["worker"],
+            "env": {"": "x", "QUEUE": "default", "A=B": "y"}}]}"#,
+        expect![[r#"
+            the declaration was refused (2 problems); nothing on the machine was touched
+              resources[0] (id "web.worker"), field `env.`: is not an environment variable name
+              resources[0] (id "web.worker"), field `env.A=B`: is not an environment variable name"#]],
+    );
+}
+
+#[test]
 fn image_with_whitespace() {
     // An image reference holds '/' (the spec's own example is "local/web:1"), but never a space.
     check(

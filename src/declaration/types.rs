@@ -491,3 +491,107 @@ impl JsonSchema for Image {
         json_schema!({"type": "string", "minLength": 1, "pattern": "^[^\\s/][^\\s]*$"})
     }
 }
+
+/// The schema of a value declared as a plain string, inlined exactly as `String`'s: the type
+/// refuses what is not its grammar while deserialising, and the schema users see does not
+/// change because the parser learned the grammar.
+macro_rules! schema_of_a_string {
+    ($t:ty) => {
+        impl JsonSchema for $t {
+            fn inline_schema() -> bool {
+                true
+            }
+            fn schema_name() -> Cow<'static, str> {
+                String::schema_name()
+            }
+            fn schema_id() -> Cow<'static, str> {
+                String::schema_id()
+            }
+            fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+                String::json_schema(generator)
+            }
+        }
+    };
+}
+
+/// Deserialise from a string through the type's `parse`, and serialise back as the declared
+/// text.
+macro_rules! text_serde {
+    ($t:ty) => {
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = <Cow<'de, str>>::deserialize(d)?;
+                <$t>::parse(&s).map_err(D::Error::custom)
+            }
+        }
+
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+/// The name of an environment variable: non-empty, without `=` (which would end the name).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EnvName(Box<str>);
+
+impl EnvName {
+    pub fn parse(s: &str) -> Result<EnvName, String> {
+        if s.is_empty() || s.contains('=') {
+            // The key is the field's path (`env.PORT=8080`), so the message need not repeat it.
+            return Err("is not an environment variable name".to_owned());
+        }
+        Ok(EnvName(s.into()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for EnvName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+text_serde!(EnvName);
+schema_of_a_string!(EnvName);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What deserialising a JSON value into `T` gives: the value, or the refusal's message.
+    fn from_json<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, String> {
+        serde_json::from_str(json).map_err(|e| {
+            let message = e.to_string();
+            message.split(" at line ").next().unwrap_or(&message).to_owned()
+        })
+    }
+
+    #[test]
+    fn an_env_name_is_anything_but_empty_or_holding_an_equals_sign() {
+        for ok in ["PORT", "lower_case", "WITH SPACE", "1ST", "É"] {
+            assert_eq!(EnvName::parse(ok).unwrap().as_str(), ok);
+        }
+        for bad in ["", "A=B", "="] {
+            assert_eq!(EnvName::parse(bad).unwrap_err(), "is not an environment variable name");
+        }
+        // As a map's key, in declared order sorted as the text sorts, and written back as is.
+        let env: std::collections::BTreeMap<EnvName, String> = from_json(r#"{"B": "2", "A": "1"}"#).unwrap();
+        assert_eq!(env.keys().map(EnvName::as_str).collect::<Vec<_>>(), ["A", "B"]);
+        assert_eq!(env.get("A").map(String::as_str), Some("1"));
+        assert_eq!(serde_json::to_string(&env).unwrap(), r#"{"A":"1","B":"2"}"#);
+        let refused = from_json::<std::collections::BTreeMap<EnvName, String>>(r#"{"A=B": "1"}"#);
+        assert_eq!(refused.unwrap_err(), "is not an environment variable name");
+    }
+}

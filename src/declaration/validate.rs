@@ -852,20 +852,9 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
                     problem(&format!("hosts[{i}]"), format!("{h:?} is not \"name:ip\""));
                 }
             }
-            for key in c.env.keys() {
-                if key.is_empty() || key.contains('=') {
-                    problem(&format!("env.{key}"), "is not an environment variable name".into());
-                }
-            }
-        }
-        Spec::Process(p) => {
-            for key in p.env.keys() {
-                if key.is_empty() || key.contains('=') {
-                    problem(&format!("env.{key}"), "is not an environment variable name".into());
-                }
-            }
         }
         Spec::Directory(_)
+        | Spec::Process(_)
         | Spec::Access(_)
         | Spec::Package(_)
         | Spec::Network(_)
