@@ -505,8 +505,8 @@ fn file_digest(store: &Store, declaration: &Declaration, path: &Path) -> Result<
         .map_err(|error| Error::ContainerReads { path: path.to_owned(), error })
 }
 
-/// Everything the runtime needs to create the container, resolved: env-files read, ports
-/// parsed, bind sources checked.
+/// Everything the runtime needs to create the container, resolved: env-files read, bind
+/// sources checked. The ports were parsed with the declaration.
 fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) -> Result<NewContainer, Error> {
     let name = c.name.as_str();
     let mut env = Vec::new();
@@ -544,14 +544,16 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
         binds.push(v.clone());
     }
 
-    let mut ports = Vec::new();
-    for (i, p) in c.ports.iter().enumerate() {
-        ports.push(parse_port(p).ok_or_else(|| Error::NotAPortMapping {
-            container: name.to_owned(),
-            index: i,
-            port: p.clone(),
-        })?);
-    }
+    let ports = c
+        .ports
+        .iter()
+        .map(|p| docker::Publish {
+            container_port: p.container_port(),
+            transport: p.transport().as_str(),
+            host_ip: p.host_ip(),
+            host_port: p.host_port(),
+        })
+        .collect();
 
     let mut labels =
         HashMap::from([(SPEC_LABEL.to_owned(), want.to_owned()), (ID_LABEL.to_owned(), r.id.to_string())]);
@@ -596,42 +598,9 @@ pub fn parse_env_file(bytes: &[u8]) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-/// `[ip:][host:]container[/proto]` into (container port with protocol, host ip, host port).
-fn parse_port(p: &str) -> Option<(String, String, String)> {
-    let (ports, proto) = match p.rsplit_once('/') {
-        Some((ports, proto)) => (ports, proto),
-        None => (p, "tcp"),
-    };
-    let (ip, rest) = match ports.strip_prefix('[') {
-        Some(r) => {
-            let (ip, rest) = r.split_once("]:")?;
-            (ip.to_owned(), rest)
-        }
-        None => (String::new(), ports),
-    };
-    let parts: Vec<&str> = rest.split(':').collect();
-    let (ip, host, container) = match (ip.is_empty(), parts.as_slice()) {
-        (true, [c]) => (String::new(), "", *c),
-        (_, [h, c]) => (ip, *h, *c),
-        (true, [ip, h, c]) => ((*ip).to_owned(), *h, *c),
-        _ => return None,
-    };
-    Some((format!("{container}/{proto}"), ip, host.to_owned()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ports_parse_like_docker_run_publish() {
-        let p = |s: &str| parse_port(s).unwrap();
-        assert_eq!(p("80"), ("80/tcp".into(), "".into(), "".into()));
-        assert_eq!(p("8080:80"), ("80/tcp".into(), "".into(), "8080".into()));
-        assert_eq!(p("127.0.0.1:8080:80/udp"), ("80/udp".into(), "127.0.0.1".into(), "8080".into()));
-        assert_eq!(p("127.0.0.1::80"), ("80/tcp".into(), "127.0.0.1".into(), "".into()));
-        assert_eq!(p("[::1]:8080:80"), ("80/tcp".into(), "::1".into(), "8080".into()));
-    }
 
     #[test]
     fn env_files_parse_like_the_docker_cli() {

@@ -80,8 +80,6 @@ pub enum Error {
     /// An env-file that cannot be read or is not in the env-file format.
     #[error("container {container}: env-file[{index}] {path}: {why}")]
     EnvFile { container: String, index: usize, path: PathBuf, why: String },
-    #[error("container {container}: ports[{index}]: {port:?} is not a port mapping")]
-    NotAPortMapping { container: String, index: usize, port: String },
     /// The image is not on this machine, which does not pull (see `container::ensure_image`).
     #[error("{}", image_missing(.image, .cli))]
     ImageMissing { image: String, cli: &'static str },
@@ -387,10 +385,6 @@ mod tests {
             (
                 Error::EnvFile { container: "web".into(), index: 0, path: p(), why: "is not UTF-8 text".into() },
                 "container web: env-file[0] /etc/app.conf: is not UTF-8 text".into(),
-            ),
-            (
-                Error::NotAPortMapping { container: "web".into(), index: 3, port: "a:b:c:d".into() },
-                "container web: ports[3]: \"a:b:c:d\" is not a port mapping".into(),
             ),
             (
                 Error::ImageMissing { image: "local/web:1".into(), cli: "podman" },

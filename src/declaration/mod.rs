@@ -24,7 +24,9 @@ pub use digest::Digest;
 pub use error::{Problem, Refused};
 pub use model::*;
 pub use schema::json_schema;
-pub use types::{AbsPath, Argv, Cidr, Cron, EnvName, Id, Image, Mode, Name, Owner, Port};
+pub use types::{
+    AbsPath, Argv, Cidr, Cron, EnvName, Id, Image, Mode, Name, Owner, Port, PortMapping, Transport,
+};
 
 /// The declaration versions this build understands.
 pub const VERSIONS: &[u64] = &[1];

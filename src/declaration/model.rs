@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::types::{AbsPath, Argv, Cidr, Cron, EnvName, Id, Image, Mode, Name, Owner, Port};
+use super::types::{AbsPath, Argv, Cidr, Cron, EnvName, Id, Image, Mode, Name, Owner, Port, PortMapping};
 
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -129,7 +129,7 @@ pub struct Container {
     #[serde(default)]
     pub env_file: Vec<AbsPath>,
     #[serde(default)]
-    pub ports: Vec<String>,
+    pub ports: Vec<PortMapping>,
     #[serde(default)]
     pub volumes: Vec<String>,
     pub network: Option<Name>,

@@ -566,6 +566,100 @@ impl std::borrow::Borrow<str> for EnvName {
 text_serde!(EnvName);
 schema_of_a_string!(EnvName);
 
+/// The transport of a published port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transport {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Transport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Udp => "udp",
+            Transport::Sctp => "sctp",
+        }
+    }
+}
+
+/// A container's published port, as `docker run --publish` takes it:
+/// `[ip:][host port:]container port[/tcp|udp|sctp]`, the ip IPv6 in brackets. A host ip with
+/// an empty host port (`127.0.0.1::80`) lets the runtime pick the port.
+///
+/// Kept with the text it was declared as, which is what a container's spec digest is of: the
+/// same mapping written another way is another declaration, as it always was.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PortMapping {
+    text: Box<str>,
+    host_ip: Option<std::net::IpAddr>,
+    host_port: Option<u16>,
+    container_port: u16,
+    transport: Transport,
+}
+
+impl PortMapping {
+    pub fn parse(s: &str) -> Result<PortMapping, String> {
+        let bad = || format!("{s:?} is not a port mapping such as \"8080:80\" or \"127.0.0.1:8080:80/tcp\"");
+        let (ports, transport) = match s.rsplit_once('/') {
+            Some((ports, "tcp")) => (ports, Transport::Tcp),
+            Some((ports, "udp")) => (ports, Transport::Udp),
+            Some((ports, "sctp")) => (ports, Transport::Sctp),
+            Some(_) => return Err(bad()),
+            None => (s, Transport::Tcp),
+        };
+        let port = |p: &str| p.parse::<u16>().ok().filter(|n| *n > 0).ok_or_else(bad);
+        // The host address may be IPv6 in brackets, which itself holds colons.
+        let (v6, rest) = match ports.strip_prefix('[') {
+            Some(r) => {
+                let (a, rest) = r.split_once("]:").ok_or_else(bad)?;
+                let a: std::net::Ipv6Addr = a.parse().map_err(|_| bad())?;
+                (Some(a), rest)
+            }
+            None => (None, ports),
+        };
+        let parts: Vec<&str> = rest.split(':').collect();
+        let (host_ip, host_port, container_port) = match (v6, parts.as_slice()) {
+            (Some(a), [h, c]) => (Some(a.into()), Some(port(h)?), port(c)?),
+            (None, [c]) => (None, None, port(c)?),
+            (None, [h, c]) => (None, Some(port(h)?), port(c)?),
+            (None, [ip, h, c]) => {
+                let ip: std::net::Ipv4Addr = ip.parse().map_err(|_| bad())?;
+                let h = if h.is_empty() { None } else { Some(port(h)?) };
+                (Some(ip.into()), h, port(c)?)
+            }
+            _ => return Err(bad()),
+        };
+        Ok(PortMapping { text: s.into(), host_ip, host_port, container_port, transport })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The address on the machine it is published on; `None` is every address.
+    pub fn host_ip(&self) -> Option<std::net::IpAddr> {
+        self.host_ip
+    }
+
+    /// The port on the machine; `None` lets the runtime pick one.
+    pub fn host_port(&self) -> Option<u16> {
+        self.host_port
+    }
+
+    pub fn container_port(&self) -> u16 {
+        self.container_port
+    }
+
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+}
+
+text_serde!(PortMapping);
+schema_of_a_string!(PortMapping);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -593,5 +687,52 @@ mod tests {
         assert_eq!(serde_json::to_string(&env).unwrap(), r#"{"A":"1","B":"2"}"#);
         let refused = from_json::<std::collections::BTreeMap<EnvName, String>>(r#"{"A=B": "1"}"#);
         assert_eq!(refused.unwrap_err(), "is not an environment variable name");
+    }
+
+    #[test]
+    fn a_port_mapping_reads_as_docker_run_publish_does() {
+        let p = |s: &str| {
+            let m = PortMapping::parse(s).unwrap();
+            assert_eq!(m.as_str(), s, "the declared text is kept");
+            (m.host_ip().map(|ip| ip.to_string()), m.host_port(), m.container_port(), m.transport().as_str())
+        };
+        assert_eq!(p("80"), (None, None, 80, "tcp"));
+        assert_eq!(p("8080:80"), (None, Some(8080), 80, "tcp"));
+        assert_eq!(p("127.0.0.1:8080:80/udp"), (Some("127.0.0.1".into()), Some(8080), 80, "udp"));
+        assert_eq!(p("127.0.0.1::80"), (Some("127.0.0.1".into()), None, 80, "tcp"));
+        assert_eq!(p("[::1]:8080:80"), (Some("::1".into()), Some(8080), 80, "tcp"));
+        assert_eq!(p("[fd00::5]:53:53/sctp"), (Some("fd00::5".into()), Some(53), 53, "sctp"));
+    }
+
+    #[test]
+    fn a_port_mapping_out_of_its_grammar_is_refused_by_its_text() {
+        for bad in [
+            "",
+            "http",
+            "8080:http",
+            "0",
+            "8080:0",
+            "65536",
+            "80/icmp",
+            "80/",
+            "1:2:3:4",
+            "localhost:8080:80",
+            "::1:8080:80",
+            "[::1]::80",
+            "[::1]:80",
+            "[127.0.0.1]:8080:80",
+            "[::1:8080:80",
+            "10.0.0.1:80",
+        ] {
+            assert_eq!(
+                PortMapping::parse(bad).unwrap_err(),
+                format!("{bad:?} is not a port mapping such as \"8080:80\" or \"127.0.0.1:8080:80/tcp\""),
+            );
+        }
+        assert_eq!(from_json::<PortMapping>("\"8080:80\"").unwrap().to_string(), "8080:80");
+        assert_eq!(
+            from_json::<PortMapping>("\"80/icmp\"").unwrap_err(),
+            r#""80/icmp" is not a port mapping such as "8080:80" or "127.0.0.1:8080:80/tcp""#
+        );
     }
 }

@@ -821,16 +821,6 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
             if c.run_once && c.schedule.is_some() {
                 problem("schedule", "a container is either `run-once` or on a `schedule`, not both".into());
             }
-            for (i, p) in c.ports.iter().enumerate() {
-                if !port_mapping_ok(p) {
-                    problem(
-                        &format!("ports[{i}]"),
-                        format!(
-                            "{p:?} is not a port mapping such as \"8080:80\" or \"127.0.0.1:8080:80/tcp\""
-                        ),
-                    );
-                }
-            }
             for (i, v) in c.volumes.iter().enumerate() {
                 let parts: Vec<&str> = v.split(':').collect();
                 let ok = (2..=3).contains(&parts.len())
@@ -861,35 +851,6 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
         | Spec::User(_)
         | Spec::Action(_)
         | Spec::Opening(_) => {}
-    }
-}
-
-fn port_mapping_ok(p: &str) -> bool {
-    let (ports, proto) = match p.rsplit_once('/') {
-        Some((ports, proto)) => (ports, Some(proto)),
-        None => (p, None),
-    };
-    if proto.is_some_and(|proto| !matches!(proto, "tcp" | "udp" | "sctp")) {
-        return false;
-    }
-    let port = |s: &str| s.parse::<u16>().is_ok_and(|n| n > 0);
-    // The host address may be IPv6 in brackets, which itself holds colons.
-    let (addr, rest) = match ports.strip_prefix('[') {
-        Some(r) => match r.split_once("]:") {
-            Some((a, rest)) => (Some(a), rest),
-            None => return false,
-        },
-        None => (None, ports),
-    };
-    let parts: Vec<&str> = rest.split(':').collect();
-    match (addr, parts.as_slice()) {
-        (Some(a), [h, c]) => a.parse::<std::net::Ipv6Addr>().is_ok() && port(h) && port(c),
-        (None, [c]) => port(c),
-        (None, [h, c]) => port(h) && port(c),
-        (None, [ip, h, c]) => {
-            ip.parse::<std::net::Ipv4Addr>().is_ok() && (h.is_empty() || port(h)) && port(c)
-        }
-        _ => false,
     }
 }
 

@@ -98,14 +98,25 @@ pub struct NewContainer {
     pub labels: HashMap<String, String>,
     /// `source:destination[:options]`, as `docker run -v` takes them.
     pub binds: Vec<String>,
-    /// `(container port with protocol, host ip, host port)`, e.g. `("80/tcp", "127.0.0.1", "8080")`.
-    pub ports: Vec<(String, String, String)>,
+    pub ports: Vec<Publish>,
     pub network: Option<String>,
     /// `name:ip` entries for the container's own hosts file.
     pub hosts: Vec<String>,
     /// Restarted by the runtime itself when it exits or the machine boots (a long-running
     /// container); a step is never restarted.
     pub keep_running: bool,
+}
+
+/// A port published from a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Publish {
+    pub container_port: u16,
+    /// `tcp`, `udp` or `sctp`.
+    pub transport: &'static str,
+    /// `None` publishes on every address.
+    pub host_ip: Option<std::net::IpAddr>,
+    /// `None` lets the runtime pick the port.
+    pub host_port: Option<u16>,
 }
 
 /// What a command run inside a container did.
@@ -270,13 +281,13 @@ impl Docker {
     /// Creates a container, not started.
     pub fn create(&self, c: &NewContainer) -> Result<String> {
         let mut port_bindings: HashMap<String, Option<Vec<PortBinding>>> = HashMap::new();
-        for (port, ip, host_port) in &c.ports {
+        for p in &c.ports {
             let binding = PortBinding {
-                host_ip: (!ip.is_empty()).then(|| ip.clone()),
-                host_port: (!host_port.is_empty()).then(|| host_port.clone()),
+                host_ip: p.host_ip.map(|ip| ip.to_string()),
+                host_port: p.host_port.map(|port| port.to_string()),
             };
             port_bindings
-                .entry(port.clone())
+                .entry(format!("{}/{}", p.container_port, p.transport))
                 .or_insert_with(|| Some(Vec::new()))
                 .get_or_insert_default()
                 .push(binding);
