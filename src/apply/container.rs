@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::{begin, Action, Aspect, Ctx, Error, Facts, Need, Step, Target};
-use crate::declaration::{digest, Container, Declaration, Id, Kind, Resource, Spec};
+use crate::declaration::{digest, Container, Declaration, Id, Kind, Resource, Spec, Volume};
 use crate::store::{Record, Store};
 use crate::system::docker::{self, Docker, NewContainer, ID_LABEL, SPEC_LABEL, STEP_LABEL};
 
@@ -469,13 +469,10 @@ fn reads(store: &Store, declaration: &Declaration, c: &Container) -> Result<BTre
         let d = file_digest(store, declaration, path.as_path())?.unwrap_or_else(|| "absent".to_owned());
         out.insert(path.to_string(), d);
     }
-    for v in &c.volumes {
-        let source = v.split(':').next().unwrap_or_default();
-        if !source.starts_with('/') {
-            continue; // A named volume: the runtime's, holding data.
-        }
-        if let Some(d) = file_digest(store, declaration, Path::new(source))? {
-            out.insert(source.to_owned(), d);
+    // A named volume is the runtime's, holding data: only a bind from the machine is read.
+    for source in c.volumes.iter().filter_map(Volume::host_path) {
+        if let Some(d) = file_digest(store, declaration, source.as_path())? {
+            out.insert(source.to_string(), d);
         }
     }
     Ok(out)
@@ -531,17 +528,23 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
 
     let mut binds = Vec::new();
     for (i, v) in c.volumes.iter().enumerate() {
-        let source = v.split(':').next().unwrap_or_default();
         // Docker makes a missing bind source as an empty directory, owned by root. Where a file
         // was meant (a credential not written yet) that directory then blocks the file for
         // ever, so a missing source is refused instead.
-        if source.starts_with('/') && !docker::exists(Path::new(source)) {
+        if let Some(source) = v.host_path().filter(|p| !docker::exists(p.as_path())) {
             return Err(Error::Missing {
-                path: source.into(),
+                path: source.as_path().to_owned(),
                 need: Need::BindSource { container: name.to_owned(), index: i },
             });
         }
-        binds.push(v.clone());
+        // Given in the runtime's own form, from the parts: the source is the path that was
+        // just checked, not text cut from the declaration again.
+        let mut bind = format!("{}:{}", v.source(), v.target());
+        if let Some(options) = v.options() {
+            bind.push(':');
+            bind.push_str(options);
+        }
+        binds.push(bind);
     }
 
     let ports = c
@@ -572,7 +575,7 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
         binds,
         ports,
         network: c.network.as_ref().map(|n| n.as_str().to_owned()),
-        hosts: c.hosts.clone(),
+        hosts: c.hosts.iter().map(|h| h.as_str().to_owned()).collect(),
         keep_running,
     })
 }

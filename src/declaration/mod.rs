@@ -25,7 +25,8 @@ pub use error::{Problem, Refused};
 pub use model::*;
 pub use schema::json_schema;
 pub use types::{
-    AbsPath, Argv, Cidr, Cron, EnvName, Id, Image, Mode, Name, Owner, Port, PortMapping, Transport,
+    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping,
+    Transport, Volume, VolumeSource,
 };
 
 /// The declaration versions this build understands.

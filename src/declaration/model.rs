@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::types::{AbsPath, Argv, Cidr, Cron, EnvName, Id, Image, Mode, Name, Owner, Port, PortMapping};
+use super::types::{
+    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Volume,
+};
 
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
@@ -131,12 +133,12 @@ pub struct Container {
     #[serde(default)]
     pub ports: Vec<PortMapping>,
     #[serde(default)]
-    pub volumes: Vec<String>,
+    pub volumes: Vec<Volume>,
     pub network: Option<Name>,
     #[serde(default)]
     pub args: Vec<String>,
     #[serde(default)]
-    pub hosts: Vec<String>,
+    pub hosts: Vec<HostEntry>,
     #[serde(default)]
     pub restart_on: Vec<Id>,
     #[serde(default)]

@@ -660,6 +660,122 @@ impl PortMapping {
 text_serde!(PortMapping);
 schema_of_a_string!(PortMapping);
 
+/// What a volume mounts: a path on the machine (bind-mounted) or a volume of the runtime's.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum VolumeSource {
+    Path(AbsPath),
+    Named(Box<str>),
+}
+
+impl fmt::Display for VolumeSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VolumeSource::Path(p) => f.write_str(p.as_str()),
+            VolumeSource::Named(n) => f.write_str(n),
+        }
+    }
+}
+
+/// A container's volume, as `docker run --volume` takes it: `source:target[:options]`, the
+/// source an absolute path on the machine or the name of a volume (no '/'), the target an
+/// absolute path in the container.
+///
+/// Kept with the text it was declared as, which is what a container's spec digest is of.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Volume {
+    text: Box<str>,
+    source: VolumeSource,
+    target: Box<str>,
+    options: Option<Box<str>>,
+}
+
+impl Volume {
+    pub fn parse(s: &str) -> Result<Volume, String> {
+        let bad = || format!("{s:?} is not a volume such as \"/srv/data:/data\" or \"name:/data:ro\"");
+        let (source, target, options) = match s.split(':').collect::<Vec<&str>>().as_slice() {
+            [source, target] => (*source, *target, None),
+            [source, target, options] => (*source, *target, Some(*options)),
+            _ => return Err(bad()),
+        };
+        if source.is_empty() || !target.starts_with('/') {
+            return Err(bad());
+        }
+        // A source with a '/' is a path, and then it must be one the host would name so; one
+        // without is a volume's name.
+        let source = if source.contains('/') {
+            VolumeSource::Path(AbsPath::parse(source).map_err(|_| bad())?)
+        } else {
+            VolumeSource::Named(source.into())
+        };
+        Ok(Volume { text: s.into(), source, target: target.into(), options: options.map(Into::into) })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    pub fn source(&self) -> &VolumeSource {
+        &self.source
+    }
+
+    /// The path on the machine it bind-mounts; `None` for a named volume.
+    pub fn host_path(&self) -> Option<&AbsPath> {
+        match &self.source {
+            VolumeSource::Path(p) => Some(p),
+            VolumeSource::Named(_) => None,
+        }
+    }
+
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// What follows the target (`ro`, `z`...), for the runtime to read.
+    pub fn options(&self) -> Option<&str> {
+        self.options.as_deref()
+    }
+}
+
+text_serde!(Volume);
+schema_of_a_string!(Volume);
+
+/// An entry of a container's own hosts file: `name:ip`, the ip IPv4 or IPv6 (`db6:fd00::5`).
+///
+/// Kept with the text it was declared as, which is what a container's spec digest is of, and
+/// what the runtime is given (it is the runtime's own form).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HostEntry {
+    text: Box<str>,
+    ip: std::net::IpAddr,
+}
+
+impl HostEntry {
+    pub fn parse(s: &str) -> Result<HostEntry, String> {
+        match s.split_once(':') {
+            Some((name, ip)) if !name.is_empty() => match ip.parse() {
+                Ok(ip) => Ok(HostEntry { text: s.into(), ip }),
+                Err(_) => Err(format!("{s:?} is not \"name:ip\"")),
+            },
+            _ => Err(format!("{s:?} is not \"name:ip\"")),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    pub fn name(&self) -> &str {
+        self.text.split_once(':').map_or("", |(name, _)| name)
+    }
+
+    pub fn ip(&self) -> std::net::IpAddr {
+        self.ip
+    }
+}
+
+text_serde!(HostEntry);
+schema_of_a_string!(HostEntry);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -734,5 +850,54 @@ mod tests {
             from_json::<PortMapping>("\"80/icmp\"").unwrap_err(),
             r#""80/icmp" is not a port mapping such as "8080:80" or "127.0.0.1:8080:80/tcp""#
         );
+    }
+
+    #[test]
+    fn a_volume_is_a_path_or_a_name_then_a_target() {
+        let v = Volume::parse("/srv/web:/srv/web:ro").unwrap();
+        assert_eq!(v.host_path().map(AbsPath::as_str), Some("/srv/web"));
+        assert_eq!((v.target(), v.options(), v.as_str()), ("/srv/web", Some("ro"), "/srv/web:/srv/web:ro"));
+        let v = Volume::parse("web-data:/data").unwrap();
+        assert_eq!(v.source(), &VolumeSource::Named("web-data".into()));
+        assert_eq!((v.host_path(), v.target(), v.options()), (None, "/data", None));
+        // The source path is normalised as every declared path is; the text is kept.
+        let v = Volume::parse("/srv/web/:/data").unwrap();
+        assert_eq!(v.source().to_string(), "/srv/web");
+        assert_eq!(v.to_string(), "/srv/web/:/data");
+    }
+
+    #[test]
+    fn a_volume_out_of_its_grammar_is_refused_by_its_text() {
+        for bad in [
+            "",
+            "/srv/web",
+            "/srv/web:data",
+            ":/data",
+            "srv/web:/data",
+            "/srv/../web:/data",
+            "/srv//web:/data",
+            "a:/b:ro:extra",
+        ] {
+            assert_eq!(
+                Volume::parse(bad).unwrap_err(),
+                format!("{bad:?} is not a volume such as \"/srv/data:/data\" or \"name:/data:ro\""),
+            );
+        }
+        assert_eq!(
+            from_json::<Volume>("\"/srv/web:data\"").unwrap_err(),
+            r#""/srv/web:data" is not a volume such as "/srv/data:/data" or "name:/data:ro""#
+        );
+    }
+
+    #[test]
+    fn a_host_entry_is_a_name_and_an_address() {
+        let h = HostEntry::parse("db:10.0.0.5").unwrap();
+        assert_eq!((h.name(), h.ip().to_string(), h.as_str()), ("db", "10.0.0.5".into(), "db:10.0.0.5"));
+        let h = HostEntry::parse("db6:fd00::5").unwrap();
+        assert_eq!((h.name(), h.ip().to_string()), ("db6", "fd00::5".into()));
+        for bad in ["cache", ":10.0.0.5", "db:", "db:not-an-ip", "db:10.0.0.256"] {
+            assert_eq!(HostEntry::parse(bad).unwrap_err(), format!("{bad:?} is not \"name:ip\""));
+        }
+        assert_eq!(from_json::<HostEntry>("\"cache\"").unwrap_err(), r#""cache" is not "name:ip""#);
     }
 }

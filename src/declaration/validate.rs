@@ -821,27 +821,6 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
             if c.run_once && c.schedule.is_some() {
                 problem("schedule", "a container is either `run-once` or on a `schedule`, not both".into());
             }
-            for (i, v) in c.volumes.iter().enumerate() {
-                let parts: Vec<&str> = v.split(':').collect();
-                let ok = (2..=3).contains(&parts.len())
-                    && !parts[0].is_empty()
-                    && parts[1].starts_with('/')
-                    && (!parts[0].contains('/') || super::AbsPath::parse(parts[0]).is_ok());
-                if !ok {
-                    problem(
-                        &format!("volumes[{i}]"),
-                        format!("{v:?} is not a volume such as \"/srv/data:/data\" or \"name:/data:ro\""),
-                    );
-                }
-            }
-            for (i, h) in c.hosts.iter().enumerate() {
-                let ok = h
-                    .split_once(':')
-                    .is_some_and(|(n, ip)| !n.is_empty() && ip.parse::<std::net::IpAddr>().is_ok());
-                if !ok {
-                    problem(&format!("hosts[{i}]"), format!("{h:?} is not \"name:ip\""));
-                }
-            }
         }
         Spec::Directory(_)
         | Spec::Process(_)
