@@ -23,7 +23,7 @@ use base64::Engine as _;
 use sha2::Digest as _;
 
 use super::{begin, Action, Ctx, Error, Facts, Step};
-use crate::declaration::{Archive, Digest, Kind, Resource};
+use crate::declaration::{Archive, Digest, Kind, Resource, Sha256};
 use crate::store::Record;
 use crate::system::fs::{Fs, Kind as FsKind};
 
@@ -251,7 +251,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
     let path = a.path.as_path();
     let mut src = source(a)?;
     let got = measure(&mut src, ctx.opts.archive_limits, path)?;
-    check_digest(path, a.digest.as_deref(), &got)?;
+    check_digest(path, a.digest.map(Sha256::digest), &got)?;
     let record =
         ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Archive && *rec.target == *r.target());
     let found = ctx.fs.meta(path)?.map(|m| m.kind);
@@ -285,10 +285,9 @@ fn source(a: &Archive) -> Result<Source, Error> {
 }
 
 /// The archive must be the one the declaration names by digest, when it names one.
-fn check_digest(path: &Path, declared: Option<&str>, got: &Digest) -> Result<(), Error> {
+fn check_digest(path: &Path, declared: Option<Digest>, got: &Digest) -> Result<(), Error> {
     let Some(want) = declared else { return Ok(()) };
-    let want = format!("sha256:{}", want.strip_prefix("sha256:").unwrap_or(want));
-    if want != got.to_string() {
+    if want != *got {
         return Err(refused(path, format!("is {got}, and the declaration says {want}")));
     }
     Ok(())
@@ -487,16 +486,14 @@ mod tests {
     }
 
     #[test]
-    fn the_declared_digest_is_checked_with_or_without_its_prefix() {
+    fn the_declared_digest_is_checked_when_there_is_one() {
         let path = Path::new("/srv/site");
         let got = digest(b"the archive");
-        let hex = got.to_string().trim_start_matches("sha256:").to_owned();
         assert!(check_digest(path, None, &got).is_ok());
-        assert!(check_digest(path, Some(&hex), &got).is_ok());
-        assert!(check_digest(path, Some(&format!("sha256:{hex}")), &got).is_ok());
-        let other = digest(b"another").to_string();
+        assert!(check_digest(path, Some(got), &got).is_ok());
+        let other = digest(b"another");
         assert_eq!(
-            check_digest(path, Some(&other), &got).unwrap_err().to_string(),
+            check_digest(path, Some(other), &got).unwrap_err().to_string(),
             format!(
                 "the archive for /srv/site is {got}, and the declaration says {other}; nothing was unpacked"
             )

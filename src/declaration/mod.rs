@@ -25,7 +25,7 @@ pub use error::{Problem, Refused};
 pub use model::*;
 pub use schema::json_schema;
 pub use types::{
-    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping,
+    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Sha256,
     Transport, Volume, VolumeSource,
 };
 

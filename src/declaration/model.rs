@@ -9,7 +9,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::types::{
-    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Volume,
+    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Sha256,
+    Volume,
 };
 
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
@@ -176,7 +177,7 @@ pub struct Archive {
     /// A tar or tar.gz archive on the machine.
     pub source: Option<AbsPath>,
     /// The sha256 of the archive, 64 hex digits; checked before anything is unpacked.
-    pub digest: Option<String>,
+    pub digest: Option<Sha256>,
 }
 
 #[derive(Clone, Debug, Deserialize, JsonSchema)]

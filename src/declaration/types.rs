@@ -10,6 +10,8 @@ use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::Digest;
+
 /// A resource identity: `[a-z0-9][a-z0-9._-]*`. The part before the first `.` is its module.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Id(String);
@@ -776,6 +778,33 @@ impl HostEntry {
 text_serde!(HostEntry);
 schema_of_a_string!(HostEntry);
 
+/// A sha256 the declaration names a thing by (an archive's), as 64 lower-case hex digits with
+/// or without the `sha256:` prefix; held as the `Digest` it is, so it is compared, not re-read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Sha256(Digest);
+
+impl Sha256 {
+    pub fn parse(s: &str) -> Result<Sha256, String> {
+        let hex = s.strip_prefix("sha256:").unwrap_or(s);
+        Digest::parse(&format!("sha256:{hex}"))
+            .map(Sha256)
+            .ok_or_else(|| format!("{s:?} is not a sha256 digest (64 lower-case hex digits)"))
+    }
+
+    pub fn digest(self) -> Digest {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Sha256 {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <Cow<'de, str>>::deserialize(d)?;
+        Sha256::parse(&s).map_err(D::Error::custom)
+    }
+}
+
+schema_of_a_string!(Sha256);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -899,5 +928,29 @@ mod tests {
             assert_eq!(HostEntry::parse(bad).unwrap_err(), format!("{bad:?} is not \"name:ip\""));
         }
         assert_eq!(from_json::<HostEntry>("\"cache\"").unwrap_err(), r#""cache" is not "name:ip""#);
+    }
+
+    #[test]
+    fn a_sha256_is_64_lower_case_hex_digits_with_or_without_its_prefix() {
+        let hex = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+        let want = Digest::of(b"test");
+        assert_eq!(Sha256::parse(hex).unwrap().digest(), want);
+        assert_eq!(Sha256::parse(&format!("sha256:{hex}")).unwrap().digest(), want);
+        for bad in [
+            String::new(),
+            "sha256:".to_owned(),
+            hex.to_uppercase(),
+            hex[1..].to_owned(),
+            format!("{hex}0"),
+            format!("sha256:zz{}", &hex[2..]),
+            format!("sha512:{hex}"),
+            format!("sha256:sha256:{hex}"),
+        ] {
+            assert_eq!(
+                Sha256::parse(&bad).unwrap_err(),
+                format!("{bad:?} is not a sha256 digest (64 lower-case hex digits)")
+            );
+        }
+        assert_eq!(from_json::<Sha256>(&format!("\"{hex}\"")).unwrap().digest(), want);
     }
 }

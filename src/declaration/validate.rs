@@ -796,12 +796,6 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
                     problem("bytes", "is not standard base64".into());
                 }
             }
-            if let Some(d) = &a.digest {
-                let hex = d.strip_prefix("sha256:").unwrap_or(d);
-                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
-                    problem("digest", format!("{d:?} is not a sha256 digest (64 lower-case hex digits)"));
-                }
-            }
         }
         Spec::Service(s) => {
             if !s.unit.as_str().contains('.') {
