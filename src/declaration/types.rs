@@ -340,41 +340,132 @@ impl JsonSchema for Cidr {
     }
 }
 
-/// A 5-field cron expression (minute hour day-of-month month day-of-week), evaluated in UTC.
-/// Only its shape is checked here; the scheduler that runs it comes with the container issue.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
-pub struct Cron(String);
+/// A 5-field cron expression (minute hour day-of-month month day-of-week), evaluated in UTC,
+/// compiled while it is read: each field becomes the set of values it allows, as bits, so
+/// `crate::cron` walks bits and never reads the text again. What the fields mean is Vixie
+/// cron's (see `crate::cron`).
+///
+/// Kept with the text it was declared as: a step's spec digest and its record are of it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Cron {
+    text: Box<str>,
+    /// Bit m: fires at minute m (0-59).
+    minutes: u64,
+    /// Bit h: fires in hour h (0-23).
+    hours: u32,
+    /// Bit d: fires on day d of the month (1-31).
+    days: u32,
+    /// Bit m: fires in month m (1-12).
+    months: u16,
+    /// Bit w: fires on weekday w (0-6, Sunday 0; a declared 7 is Sunday too).
+    weekdays: u8,
+    /// Both the day and the weekday are restricted (neither starts with `*`): a day matching
+    /// either fires. Otherwise a day must match both.
+    either_day: bool,
+}
 
 impl Cron {
     pub fn parse(s: &str) -> Result<Cron, String> {
         let fields: Vec<&str> = s.split_whitespace().collect();
-        if fields.len() != 5 {
+        let [minutes, hours, days, months, weekdays] = fields.as_slice() else {
             return Err(format!("{s:?} is not a 5-field cron expression (minute hour day month weekday)"));
-        }
-        let ranges = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)];
-        for (field, (lo, hi)) in fields.iter().zip(ranges) {
-            for part in field.split(',') {
-                let (range, step) = match part.split_once('/') {
-                    Some((r, st)) => (r, Some(st)),
-                    None => (part, None),
-                };
-                let in_range = |v: &str| v.parse::<u32>().ok().filter(|n| (lo..=hi).contains(n));
-                let range_ok = range == "*"
-                    || in_range(range).is_some()
-                    || range.split_once('-').is_some_and(
-                        |(a, b)| matches!((in_range(a), in_range(b)), (Some(a), Some(b)) if a <= b),
-                    );
-                let step_ok = step.is_none_or(|st| st.parse::<u32>().is_ok_and(|n| n > 0));
-                if !range_ok || !step_ok {
-                    return Err(format!("{s:?}: {part:?} is not a cron field between {lo} and {hi}"));
-                }
-            }
-        }
-        Ok(Cron(s.to_owned()))
+        };
+        let set = |field: &str, lo: u32, hi: u32| {
+            field_bits(field, lo, hi)
+                .map_err(|part| format!("{s:?}: {part:?} is not a cron field between {lo} and {hi}"))
+        };
+        let (minutes_bits, hours_bits, days_bits, months_bits, weekday_bits) = (
+            set(minutes, 0, 59)?,
+            set(hours, 0, 23)?,
+            set(days, 1, 31)?,
+            set(months, 1, 12)?,
+            set(weekdays, 0, 7)?,
+        );
+        // Bit 7 (Sunday written as 7) folds onto bit 0; the casts keep only bits the field's
+        // range allows.
+        let weekdays_bits = (weekday_bits | weekday_bits >> 7) & 0x7f;
+        Ok(Cron {
+            text: s.into(),
+            minutes: minutes_bits,
+            hours: hours_bits as u32,
+            days: days_bits as u32,
+            months: months_bits as u16,
+            weekdays: weekdays_bits as u8,
+            either_day: !days.starts_with('*') && !weekdays.starts_with('*'),
+        })
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
+    }
+
+    /// The minutes of an hour it fires at: bit m for minute m.
+    pub fn minutes(&self) -> u64 {
+        self.minutes
+    }
+
+    /// The hours of a day it fires in: bit h for hour h.
+    pub fn hours(&self) -> u32 {
+        self.hours
+    }
+
+    /// Whether it fires on a day: its month (1-12), its day of the month (1-31) and its
+    /// weekday (0-6, Sunday 0).
+    pub fn fires_on(&self, month: u32, day: u32, weekday: u32) -> bool {
+        let bit = |set: u32, at: u32| at < 32 && set & (1 << at) != 0;
+        if !bit(u32::from(self.months), month) {
+            return false;
+        }
+        let (day_ok, weekday_ok) = (bit(self.days, day), bit(u32::from(self.weekdays), weekday));
+        if self.either_day {
+            day_ok || weekday_ok
+        } else {
+            day_ok && weekday_ok
+        }
+    }
+}
+
+/// The values one field allows, as bits (bit v for value v); the part that is not a field
+/// between `lo` and `hi` when one is not. A part is `*`, `a`, `a-b`, each optionally `/step`,
+/// and `a/step` runs from `a` to `hi`.
+fn field_bits(field: &str, lo: u32, hi: u32) -> Result<u64, &str> {
+    let mut bits = 0u64;
+    for part in field.split(',') {
+        let (range, step) = match part.split_once('/') {
+            Some((range, step)) => (range, step.parse::<u32>().ok().filter(|n| *n > 0).ok_or(part)?),
+            None => (part, 1),
+        };
+        let value = |v: &str| v.parse::<u32>().ok().filter(|n| (lo..=hi).contains(n)).ok_or(part);
+        let (from, to) = if range == "*" {
+            (lo, hi)
+        } else if let Some((a, b)) = range.split_once('-') {
+            let (a, b) = (value(a)?, value(b)?);
+            if a > b {
+                return Err(part);
+            }
+            (a, b)
+        } else {
+            let a = value(range)?;
+            // `a/n` runs from a to the end of the field; a plain `a` is a itself.
+            (a, if part.contains('/') { hi } else { a })
+        };
+        // Stepped as an iterator: a step as large as u32 allows must not overflow the count.
+        for v in (from..=to).step_by(step as usize) {
+            bits |= 1 << v;
+        }
+    }
+    Ok(bits)
+}
+
+impl Serialize for Cron {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl fmt::Display for Cron {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
     }
 }
 
@@ -952,5 +1043,50 @@ mod tests {
             );
         }
         assert_eq!(from_json::<Sha256>(&format!("\"{hex}\"")).unwrap().digest(), want);
+    }
+
+    #[test]
+    fn a_cron_expression_is_compiled_into_the_sets_it_allows() {
+        let c = Cron::parse("15,45 8-10/2 * * *").unwrap();
+        assert_eq!(c.minutes(), 1 << 15 | 1 << 45);
+        assert_eq!(c.hours(), 1 << 8 | 1 << 10);
+        assert_eq!(c.as_str(), "15,45 8-10/2 * * *");
+        assert_eq!(Cron::parse("50/5 * * * *").unwrap().minutes(), 1 << 50 | 1 << 55);
+        assert_eq!(Cron::parse("*/20 * * * *").unwrap().minutes(), 1 | 1 << 20 | 1 << 40);
+        // A step as large as u32 allows takes the first value only, and does not overflow.
+        assert_eq!(Cron::parse("5/4294967295 * * * *").unwrap().minutes(), 1 << 5);
+        // Sunday is 0 or 7.
+        let (monday, sunday) = ((12, 14, 1), (12, 13, 0));
+        let on = |c: &Cron, (month, day, weekday): (u32, u32, u32)| c.fires_on(month, day, weekday);
+        assert!(on(&Cron::parse("0 9 * * 7").unwrap(), sunday));
+        assert!(!on(&Cron::parse("0 9 * * 7").unwrap(), monday));
+        // A day must match both, unless both are restricted: then either.
+        assert!(!on(&Cron::parse("0 0 15 * *").unwrap(), monday));
+        assert!(on(&Cron::parse("0 0 15 * 1").unwrap(), monday));
+        assert!(!on(&Cron::parse("0 0 */2 * 1").unwrap(), monday), "a day field starting with * is a star");
+        assert!(!on(&Cron::parse("0 0 * 1-11 *").unwrap(), monday), "December is not in 1-11");
+    }
+
+    #[test]
+    fn a_cron_expression_out_of_its_grammar_is_refused_naming_the_part() {
+        let refused = |s: &str| Cron::parse(s).unwrap_err();
+        assert_eq!(
+            refused("0 0 3 * * *"),
+            r#""0 0 3 * * *" is not a 5-field cron expression (minute hour day month weekday)"#
+        );
+        assert_eq!(refused(""), r#""" is not a 5-field cron expression (minute hour day month weekday)"#);
+        assert_eq!(refused("61 3 * * *"), r#""61 3 * * *": "61" is not a cron field between 0 and 59"#);
+        assert_eq!(refused("0 24 * * *"), r#""0 24 * * *": "24" is not a cron field between 0 and 23"#);
+        assert_eq!(refused("0 0 0 * *"), r#""0 0 0 * *": "0" is not a cron field between 1 and 31"#);
+        assert_eq!(refused("0 0 * 13 *"), r#""0 0 * 13 *": "13" is not a cron field between 1 and 12"#);
+        assert_eq!(refused("0 0 * * 8"), r#""0 0 * * 8": "8" is not a cron field between 0 and 7"#);
+        assert_eq!(refused("5-1 * * * *"), r#""5-1 * * * *": "5-1" is not a cron field between 0 and 59"#);
+        assert_eq!(refused("*/0 * * * *"), r#""*/0 * * * *": "*/0" is not a cron field between 0 and 59"#);
+        assert_eq!(refused("1,,2 * * * *"), r#""1,,2 * * * *": "" is not a cron field between 0 and 59"#);
+        assert_eq!(refused("* * * jan *"), r#""* * * jan *": "jan" is not a cron field between 1 and 12"#);
+        assert_eq!(
+            from_json::<Cron>(r#""61 3 * * *""#).unwrap_err(),
+            r#""61 3 * * *": "61" is not a cron field between 0 and 59"#
+        );
     }
 }
