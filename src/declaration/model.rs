@@ -34,6 +34,10 @@ pub struct File {
     pub path: AbsPath,
     pub content: Option<String>,
     /// Base64 of the file's bytes, for what is not text.
+    // Absent is `None`, as for any `Option`; `serde(default)` says so only because the field
+    // has its own deserialiser, and the schemars attribute keeps that out of the schema.
+    #[serde(default, deserialize_with = "super::types::base64_text")]
+    #[schemars(skip_serializing_if = "Option::is_none")]
     pub bytes: Option<String>,
     /// The whole file, sealed to this node's key (age X25519).
     pub sealed: Option<String>,
@@ -173,6 +177,10 @@ pub struct Archive {
     /// The directory the archive is unpacked into.
     pub path: AbsPath,
     /// Base64 of a tar or tar.gz archive.
+    // Absent is `None`, as for any `Option`; `serde(default)` says so only because the field
+    // has its own deserialiser, and the schemars attribute keeps that out of the schema.
+    #[serde(default, deserialize_with = "super::types::base64_text")]
+    #[schemars(skip_serializing_if = "Option::is_none")]
     pub bytes: Option<String>,
     /// A tar or tar.gz archive on the machine.
     pub source: Option<AbsPath>,

@@ -539,6 +539,16 @@ fn bytes_not_base64() {
 }
 
 #[test]
+fn archive_bytes_not_base64() {
+    check(
+        r#"{"version": 1, "resources": [{"type": "archive", "id": "web.static", "path": "/srv/web", "bytes": "not base64!"}]}"#,
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "web.static"), field `bytes`: is not standard base64"#]],
+    );
+}
+
+#[test]
 fn secret_hole_without_a_secret() {
     check(
         r#"{"version": 1, "resources": [{"type": "file", "id": "db.env", "path": "/etc/db.env",

@@ -896,6 +896,20 @@ impl<'de> Deserialize<'de> for Sha256 {
 
 schema_of_a_string!(Sha256);
 
+/// Base64 text (standard alphabet, padded), for the fields that carry bytes that are not text.
+/// Kept as the text: the bytes are decoded where they are used (the daemon moves them to its
+/// content file; an apply writes or unpacks them), so a declaration does not hold them twice.
+pub(super) fn base64_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    use base64::Engine as _;
+    let text = Option::<String>::deserialize(d)?;
+    match &text {
+        Some(t) if base64::engine::general_purpose::STANDARD.decode(t).is_err() => {
+            Err(D::Error::custom("is not standard base64"))
+        }
+        _ => Ok(text),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1088,5 +1102,26 @@ mod tests {
             from_json::<Cron>(r#""61 3 * * *""#).unwrap_err(),
             r#""61 3 * * *": "61" is not a cron field between 0 and 59"#
         );
+    }
+
+    #[test]
+    fn base64_text_is_kept_as_text_and_refused_when_it_is_not_base64() {
+        #[derive(Deserialize)]
+        struct Carries {
+            #[serde(default, deserialize_with = "base64_text")]
+            bytes: Option<String>,
+        }
+        let bytes = |json: &str| from_json::<Carries>(json).map(|c| c.bytes);
+        assert_eq!(bytes(r#"{"bytes": "UE9SVD04MDgwCg=="}"#), Ok(Some("UE9SVD04MDgwCg==".to_owned())));
+        assert_eq!(bytes(r#"{"bytes": ""}"#), Ok(Some(String::new())));
+        assert_eq!(bytes("{}"), Ok(None));
+        assert_eq!(bytes(r#"{"bytes": null}"#), Ok(None));
+        for bad in ["not base64!", "UE9SVD04MDgwCg", "UE9SVD04MDgwCg=", "-_-_"] {
+            assert_eq!(
+                bytes(&format!(r#"{{"bytes": "{bad}"}}"#)),
+                Err("is not standard base64".to_owned()),
+                "{bad}"
+            );
+        }
     }
 }

@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use base64::Engine as _;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -695,38 +694,24 @@ fn fields<T: DeserializeOwned + schemars::JsonSchema>(
     None
 }
 
-/// Rules between the fields of one resource.
+/// Rules between the fields of one resource. A rule about one field alone belongs to the
+/// field's type, which refuses a bad value while the resource is read (`types.rs`), so these run
+/// on a resource whose every field is already good.
+///
+/// One single-field rule stays here on purpose: a service's unit without a suffix. Refused
+/// here, the service is still read, so what it names in `restart-on` and `reload-on` is checked
+/// in the same round trip (a unit is often written bare by mistake; its references rarely are).
 fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) {
     let mut problem = |field: &str, message: String| problems.at(Some(index), id, Some(field), message);
-    let base64_ok = |s: &str| base64::engine::general_purpose::STANDARD.decode(s).is_ok();
     match spec {
         Spec::File(f) => {
-            let given: Vec<&str> = [
+            let given = [
                 ("content", f.content.is_some()),
                 ("bytes", f.bytes.is_some()),
                 ("sealed", f.sealed.is_some()),
-            ]
-            .into_iter()
-            .filter_map(|(name, set)| set.then_some(name))
-            .collect();
-            if given.len() != 1 {
-                let field = given.get(1).copied().unwrap_or("content");
-                problem(
-                    field,
-                    format!(
-                        "a file has exactly one of `content`, `bytes` or `sealed`; {}",
-                        if given.is_empty() {
-                            "none was given".to_owned()
-                        } else {
-                            format!("found {}", given.join(" and "))
-                        }
-                    ),
-                );
-            }
-            if let Some(b) = &f.bytes {
-                if !base64_ok(b) {
-                    problem("bytes", "is not standard base64".into());
-                }
+            ];
+            if let Some((field, message)) = exactly_one("a file", &given) {
+                problem(field, message);
             }
             if !f.secrets.is_empty() && f.content.is_none() {
                 problem(
@@ -734,79 +719,51 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
                     "secrets fill `${secret:NAME}` holes in `content`, and this file has no `content`".into(),
                 );
             }
-            if let Some(content) = &f.content {
-                for name in secret_holes(content) {
-                    if !f.secrets.contains_key(name) {
-                        problem(
-                            "content",
-                            format!("`${{secret:{name}}}` names a secret that `secrets` does not declare"),
-                        );
-                    }
+            for name in f.content.as_deref().map(secret_holes).unwrap_or_default() {
+                if !f.secrets.contains_key(name) {
+                    problem(
+                        "content",
+                        format!("`${{secret:{name}}}` names a secret that `secrets` does not declare"),
+                    );
                 }
             }
-            if let Some(into) = f.into {
-                if f.create_once {
-                    problem("into", "`into` and `create-once` cannot be combined: the first owns keys in a file, the second leaves the whole file alone".into());
+            let Some(into) = f.into else { return };
+            if f.create_once {
+                problem("into", "`into` and `create-once` cannot be combined: the first owns keys in a file, the second leaves the whole file alone".into());
+            }
+            match (&f.content, into) {
+                (None, _) => {
+                    problem("into", "`into` sets keys from `content`, and this file has no `content`".into())
                 }
-                match (&f.content, into) {
-                    (None, _) => problem(
-                        "into",
-                        "`into` sets keys from `content`, and this file has no `content`".into(),
-                    ),
-                    (Some(c), Into::Json) => {
-                        if !matches!(serde_json::from_str::<Value>(c), Ok(Value::Object(_))) {
-                            problem(
-                                "content",
-                                "with `\"into\": \"json\"`, content must be a JSON object".into(),
-                            );
-                        }
+                (Some(c), Into::Json) => {
+                    if !matches!(serde_json::from_str::<Value>(c), Ok(Value::Object(_))) {
+                        problem("content", "with `\"into\": \"json\"`, content must be a JSON object".into());
                     }
-                    (Some(c), Into::Env) => {
-                        for (n, line) in c.lines().enumerate() {
-                            let line = line.trim();
-                            if line.is_empty() || line.starts_with('#') {
-                                continue;
-                            }
-                            if line.split_once('=').is_none_or(|(k, _)| k.trim().is_empty()) {
-                                problem(
-                                    "content",
-                                    format!("with `\"into\": \"env\"`, line {} is not KEY=VALUE", n + 1),
-                                );
-                            }
-                        }
+                }
+                (Some(c), Into::Env) => {
+                    for n in not_key_value(c) {
+                        problem("content", format!("with `\"into\": \"env\"`, line {n} is not KEY=VALUE"));
                     }
                 }
             }
         }
         Spec::Archive(a) => {
-            // As for a file, the message says which case it is, and names the extra field.
-            match (&a.bytes, &a.source) {
-                (Some(_), Some(_)) => problem(
-                    "source",
-                    "an archive has exactly one of `bytes` or `source`; found bytes and source".into(),
-                ),
-                (None, None) => problem(
-                    "bytes",
-                    "an archive has exactly one of `bytes` or `source`; none was given".into(),
-                ),
-                _ => {}
-            }
-            if let Some(b) = &a.bytes {
-                if !base64_ok(b) {
-                    problem("bytes", "is not standard base64".into());
-                }
+            if let Some((field, message)) =
+                exactly_one("an archive", &[("bytes", a.bytes.is_some()), ("source", a.source.is_some())])
+            {
+                problem(field, message);
             }
         }
         Spec::Service(s) => {
-            if !s.unit.as_str().contains('.') {
+            let unit = s.unit.as_str();
+            if !unit.contains('.') {
                 problem(
                     "unit",
                     // The suggestion quoted as the name is, so a quote in the name cannot
                     // unpair the quotes of the message (see `Problem::new`).
                     format!(
-                        "{:?} is not a unit name: give its suffix, such as {:?}",
-                        s.unit.as_str(),
-                        format!("{}.service", s.unit.as_str())
+                        "{unit:?} is not a unit name: give its suffix, such as {:?}",
+                        format!("{unit}.service")
                     ),
                 );
             }
@@ -825,6 +782,31 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
         | Spec::Action(_)
         | Spec::Opening(_) => {}
     }
+}
+
+/// When not exactly one of some fields is given: the field to name (the second one given, or
+/// the first of them when none is) and a message saying which case it is.
+fn exactly_one<'a>(what: &str, fields: &[(&'a str, bool)]) -> Option<(&'a str, String)> {
+    let given: Vec<&str> = fields.iter().filter(|(_, set)| *set).map(|(name, _)| *name).collect();
+    if given.len() == 1 {
+        return None;
+    }
+    let names: Vec<String> = fields.iter().map(|(name, _)| format!("`{name}`")).collect();
+    let (last, rest) = names.split_last()?;
+    let case =
+        if given.is_empty() { "none was given".to_owned() } else { format!("found {}", given.join(" and ")) };
+    let field = given.get(1).copied().unwrap_or(fields[0].0);
+    Some((field, format!("{what} has exactly one of {} or {last}; {case}", rest.join(", "))))
+}
+
+/// The lines (from 1) of an env file's text that are neither blank, a comment, nor KEY=VALUE.
+fn not_key_value(content: &str) -> impl Iterator<Item = usize> + '_ {
+    content.lines().enumerate().filter_map(|(n, line)| {
+        let line = line.trim();
+        let skipped = line.is_empty() || line.starts_with('#');
+        let bad = !skipped && line.split_once('=').is_none_or(|(k, _)| k.trim().is_empty());
+        bad.then_some(n + 1)
+    })
 }
 
 /// The names of the `${secret:NAME}` holes in a text, in order of appearance.
