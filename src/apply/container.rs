@@ -615,6 +615,59 @@ mod tests {
     }
 
     #[test]
+    fn the_spec_is_of_the_declared_text_of_ports_volumes_hosts_env_and_schedule() {
+        // The values are parsed into types, but the digest (the label on every running
+        // container, and the record of every step) is of the text as declared, as it was when
+        // they were strings: a change of it would recreate every container on the mesh.
+        let d = Declaration::parse(
+            br#"{"version": 1, "resources": [
+                {"type": "container", "id": "web.backup", "name": "web-backup", "image": "local/web:1",
+                 "env": {"B": "2", "A": "1"}, "ports": ["127.0.0.1:8080:80", "[::1]:8081:81/udp"],
+                 "volumes": ["/srv/web/:/srv/web:ro", "web-data:/data"], "hosts": ["db6:fd00:0::5"],
+                 "schedule": "*/15 3-5 * * 1,3"}]}"#,
+        )
+        .unwrap();
+        let Spec::Container(c) = &d.resources[0].spec else { unreachable!() };
+        let text = "image local/web:1\nname web-backup\nenv A=1\nenv B=2\n\
+                    port 127.0.0.1:8080:80\nport [::1]:8081:81/udp\n\
+                    volume /srv/web/:/srv/web:ro\nvolume web-data:/data\n\
+                    host db6:fd00:0::5\nschedule */15 3-5 * * 1,3\n";
+        assert_eq!(spec(&d, c, None), digest(text.as_bytes()).to_string());
+    }
+
+    #[test]
+    fn the_runtime_is_given_the_parsed_ports_binds_and_hosts() {
+        let d = Declaration::parse(
+            br#"{"version": 1, "resources": [
+                {"type": "container", "id": "web.app", "name": "web", "image": "local/web:1",
+                 "ports": ["80", "127.0.0.1::8080", "[::1]:8443:443/tcp", "5353:53/udp"],
+                 "volumes": ["/tmp/:/scratch:ro", "web-data:/data"], "hosts": ["db:10.0.0.5"]}]}"#,
+        )
+        .unwrap();
+        let r = &d.resources[0];
+        let Spec::Container(c) = &r.spec else { unreachable!() };
+        let new = new_container(r, c, "sha256:want", true).unwrap();
+        let publish = |container_port, transport, host_ip: Option<&str>, host_port| docker::Publish {
+            container_port,
+            transport,
+            host_ip: host_ip.map(|ip| ip.parse().unwrap()),
+            host_port,
+        };
+        assert_eq!(
+            new.ports,
+            [
+                publish(80, "tcp", None, None),
+                publish(8080, "tcp", Some("127.0.0.1"), None),
+                publish(443, "tcp", Some("::1"), Some(8443)),
+                publish(53, "udp", None, Some(5353)),
+            ]
+        );
+        // The source as checked (normalised), in the runtime's own form.
+        assert_eq!(new.binds, ["/tmp:/scratch:ro", "web-data:/data"]);
+        assert_eq!(new.hosts, ["db:10.0.0.5"]);
+    }
+
+    #[test]
     fn the_spec_moves_with_what_is_read_and_only_then() {
         let d = Declaration::parse(
             br#"{"version": 1, "resources": [
