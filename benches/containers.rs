@@ -84,7 +84,7 @@ fn main() {
     let opts = Options {
         origin: Origin::Declared,
         dry_run: false,
-        kept: scratch.path().join("kept"),
+        originals: scratch.path().join("kept"),
         bus: None,
         container_socket: None,
         step_timeout: None,

@@ -174,7 +174,7 @@ fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options
     Options {
         origin,
         dry_run,
-        kept: dir.join("kept"),
+        originals: dir.join("kept"),
         bus: reach.bus,
         container_socket: reach.socket,
         step_timeout: reach.step_timeout,

@@ -97,7 +97,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         record,
         intended: store.intended(path),
         recorded_elsewhere: &|| store.holds_target(Kind::File, &r.target()),
-        kept: &ctx.opts.kept,
+        kept: &ctx.opts.originals,
     };
     let plan = decide(found.as_ref().map(|(meta, held)| (meta, held)), &known, &want)?;
     if let Change::None(facts) = plan.change {

@@ -47,8 +47,9 @@ pub struct Options {
     /// Decide and report, change nothing (`plan`).
     pub dry_run: bool,
     /// Where the original of a file the host has no record of is kept before it is first
-    /// written over: `<kept>/<its path>`, once, never overwritten.
-    pub kept: PathBuf,
+    /// written over: `<originals>/<its path>` (the `kept` directory beside the store), once,
+    /// never overwritten.
+    pub originals: PathBuf,
     /// The D-Bus address of the systemd to manage (`unix:path=...`); the system bus when
     /// `None`.
     pub bus: Option<String>,

@@ -201,11 +201,11 @@ impl Worker {
     }
 
     fn options(&self) -> Options {
-        let kept = self.config.state.parent().unwrap_or(std::path::Path::new("/")).join("kept");
+        let originals = self.config.state.parent().unwrap_or(std::path::Path::new("/")).join("kept");
         Options {
             origin: self.config.origin,
             dry_run: false,
-            kept,
+            originals,
             bus: self.config.bus.clone(),
             container_socket: self.config.container_socket.clone(),
             step_timeout: self.config.step_timeout,

@@ -23,7 +23,10 @@ pub struct Directory {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
-pub enum Into {
+/// How a file's keys are merged into a file someone else owns (`into`). Named `Into` in the JSON
+/// Schema, as it always was; the Rust name says what it does.
+#[schemars(rename = "Into")]
+pub enum MergeInto {
     Json,
     Env,
 }
@@ -48,7 +51,7 @@ pub struct File {
     pub owner: Option<Owner>,
     #[serde(default)]
     pub create_once: bool,
-    pub into: Option<Into>,
+    pub into: Option<MergeInto>,
     /// Where the daemon keeps the declared bytes once it has moved them out of `content` or
     /// `bytes` into its content file (`controller::contents`); never part of a declaration.
     #[serde(skip)]

@@ -735,12 +735,12 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
                 (None, _) => {
                     problem("into", "`into` sets keys from `content`, and this file has no `content`".into())
                 }
-                (Some(c), Into::Json) => {
+                (Some(c), MergeInto::Json) => {
                     if !matches!(serde_json::from_str::<Value>(c), Ok(Value::Object(_))) {
                         problem("content", "with `\"into\": \"json\"`, content must be a JSON object".into());
                     }
                 }
-                (Some(c), Into::Env) => {
+                (Some(c), MergeInto::Env) => {
                     for n in not_key_value(c) {
                         problem("content", format!("with `\"into\": \"env\"`, line {n} is not KEY=VALUE"));
                     }
