@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
-use crate::apply::{self, Action, ArchiveLimits, Options, Report};
+use crate::apply::{self, ArchiveLimits, Options, Report, Verb};
 use crate::declaration::{Declaration, Kind};
 use crate::store::{Origin, Store};
 
@@ -217,7 +217,7 @@ fn plan(file: &Path, origin: Origin, state: &Path, reach: Reach) -> anyhow::Resu
     let mut store = Store::read_only(state)?;
     let (report, diffs) = apply::apply(&d, &mut store, &options(origin, state, true, reach));
     let mut out = String::new();
-    for o in report.outcomes.iter().filter(|o| o.action != Action::Unchanged) {
+    for o in report.outcomes.iter().filter(|o| o.action != Verb::Unchanged) {
         line(&mut out, o.action.planned(), &o.id, &o.target, o.detail.as_deref());
     }
     for (_, diff) in &diffs.0 {
@@ -288,7 +288,7 @@ fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach
         }
     }
     for o in &report.outcomes {
-        if o.action != Action::Unchanged {
+        if o.action != Verb::Unchanged {
             // The report on stdout already says this to the person at the terminal; the log
             // line is for journald when apply runs from a timer or a script.
             tracing::debug!(id = %o.id, kind = %o.kind, target = %o.target, action = %o.action, detail = o.detail.as_deref().unwrap_or(""), "resource changed");
@@ -313,7 +313,7 @@ fn line(out: &mut String, word: &str, id: &str, target: &str, detail: Option<&st
 /// The report for a person: one line per resource that changed, each failure, a summary.
 pub fn human(report: &Report, declared: usize) -> String {
     let mut out = String::new();
-    for o in report.outcomes.iter().filter(|o| o.action != Action::Unchanged) {
+    for o in report.outcomes.iter().filter(|o| o.action != Verb::Unchanged) {
         line(&mut out, o.action.as_str(), &o.id, &o.target, o.detail.as_deref());
     }
     let counts: Vec<String> = report.counts().iter().map(|(a, n)| format!("{n} {a}")).collect();

@@ -5,7 +5,7 @@
 //!   nothing else in the crate (so the model is pure and the machine layer knows no declaration
 //!   type), and no module reaches a later stage (`apply` never reaches the controller).
 //! - The watchers crate knows nothing of the root crate.
-//! - No catch-all arm (`_ =>`) in a match over `Spec`, `Kind` or `Action`: a new resource type or
+//! - No catch-all arm (`_ =>`) in a match over `Spec`, `Kind` or `Verb`: a new resource type or
 //!   outcome word must be decided at every place that tells them apart, by the compiler.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -253,7 +253,7 @@ fn names_enum(pattern: &str, name: &str) -> bool {
 }
 
 #[test]
-fn no_catch_all_arm_over_spec_kind_or_action() {
+fn no_catch_all_arm_over_spec_kind_or_verb() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut wrong = Vec::new();
     for file in rust_files(&src) {
@@ -263,7 +263,7 @@ fn no_catch_all_arm_over_spec_kind_or_action() {
         }
         let code = code_only(&std::fs::read_to_string(&file).unwrap());
         for (line, arms) in matches(&code) {
-            let over = ["Spec", "Kind", "Action"].into_iter().find(|e| arms.iter().any(|a| names_enum(a, e)));
+            let over = ["Spec", "Kind", "Verb"].into_iter().find(|e| arms.iter().any(|a| names_enum(a, e)));
             let catch_all = arms.iter().any(|a| a == "_" || a.starts_with("_ if"));
             if let (Some(e), true) = (over, catch_all) {
                 wrong.push(format!("{}:{line}: a `_ =>` arm in a match over `{e}`", file.display()));

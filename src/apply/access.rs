@@ -6,7 +6,7 @@
 //! it picks, which is exactly the silent wrong ownership this resource exists to prevent. So the
 //! host says plainly that the operator must provide it.
 
-use super::{begin, Action, Ctx, Error, Facts, Need, Step};
+use super::{begin, Ctx, Error, Facts, Need, Step, Verb};
 use crate::declaration::{Access, AccessMode, Kind, Resource};
 use crate::system::fs::Kind as FsKind;
 
@@ -23,7 +23,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Access) -> Result<Step,
                 AccessMode::Write => "write",
             };
             let detail = format!("operator-owned; present, {how}, nothing managed");
-            Ok(Step::Done(begin(r, Action::Unchanged, Some(detail)), Some(Facts::default())))
+            Ok(Step::Done(begin(r, Verb::Unchanged, Some(detail)), Some(Facts::default())))
         }
     }
 }

@@ -6,7 +6,7 @@
 //! Both are argv lists, run without a shell, on the machine or, with `in`, inside that running
 //! container through the runtime's exec. A failed action is a gate; the engine stops there.
 
-use super::{begin, Action, Ctx, Error, Facts, Step};
+use super::{begin, Ctx, Error, Facts, Step, Verb};
 use crate::declaration::{Action as ActionSpec, Resource};
 use crate::system::command::{self, Ran};
 
@@ -24,13 +24,13 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &ActionSpec) -> Result<S
     let first = run(&a.verify.0)?;
     if first.success() {
         return Ok(Step::Done(
-            begin(r, Action::Unchanged, Some("verify passes".into())),
+            begin(r, Verb::Unchanged, Some("verify passes".into())),
             Some(Facts::default()),
         ));
     }
     if ctx.opts.dry_run {
         return Ok(Step::Done(
-            begin(r, Action::Created, Some(format!("verify {}, so the command would run", first.describe()))),
+            begin(r, Verb::Created, Some(format!("verify {}, so the command would run", first.describe()))),
             None,
         ));
     }
@@ -43,7 +43,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &ActionSpec) -> Result<S
         return Err(Error::VerifyStillFails { verify: again.describe() });
     }
     Ok(Step::Done(
-        begin(r, Action::Created, Some("verify failed; the command ran and verify now passes".into())),
+        begin(r, Verb::Created, Some("verify failed; the command ran and verify now passes".into())),
         Some(Facts::default()),
     ))
 }

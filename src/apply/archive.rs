@@ -22,7 +22,7 @@ use std::path::{Component, Path, PathBuf};
 use base64::Engine as _;
 use sha2::Digest as _;
 
-use super::{begin, Action, Ctx, Error, Facts, Step};
+use super::{begin, Ctx, Error, Facts, Step, Verb};
 use crate::declaration::{Archive, Digest, Kind, Resource, Sha256};
 use crate::store::Record;
 use crate::system::fs::{Fs, Kind as FsKind};
@@ -257,7 +257,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
     let found = ctx.fs.meta(path)?.map(|m| m.kind);
     let facts = Facts { archive: Some(got.to_string()), ..Facts::default() };
     let (action, detail) = match decide(path, record, found, &got)? {
-        Plan::Unchanged => return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts))),
+        Plan::Unchanged => return Ok(Step::Done(begin(r, Verb::Unchanged, None), Some(facts))),
         Plan::Unpack(action, detail) => (action, Some(detail)),
     };
     let entries = entries(&mut src, path, &got)?;
@@ -299,7 +299,7 @@ enum Plan {
     /// Unpacked at this digest already, and its directory is there.
     Unchanged,
     /// Unpacked, and what the report says.
-    Unpack(Action, String),
+    Unpack(Verb, String),
 }
 
 /// Decides from the kind of what is at the target (`None`: nothing), the record, and the
@@ -317,14 +317,14 @@ fn decide(path: &Path, record: Option<&Record>, found: Option<FsKind>, got: &Dig
     Ok(match record.map(|rec| rec.archive()) {
         Some(Some(was)) if was == got_text && present => Plan::Unchanged,
         Some(Some(was)) if was == got_text => Plan::Unpack(
-            Action::Corrected,
+            Verb::Corrected,
             "the directory it was unpacked into had been removed on the machine".to_owned(),
         ),
         Some(was) => Plan::Unpack(
-            Action::Updated,
+            Verb::Updated,
             format!("the archive changed from {} to {got}", was.unwrap_or("nothing")),
         ),
-        None => Plan::Unpack(Action::Created, format!("unpacked {got}")),
+        None => Plan::Unpack(Verb::Created, format!("unpacked {got}")),
     })
 }
 
@@ -454,28 +454,28 @@ mod tests {
         let got = digest(b"the archive");
         let at = got.to_string();
         let plan = |rec: Option<&Record>, found| decide(path, rec, found, &got).unwrap();
-        assert_eq!(plan(None, None), Plan::Unpack(Action::Created, format!("unpacked {got}")));
+        assert_eq!(plan(None, None), Plan::Unpack(Verb::Created, format!("unpacked {got}")));
         // Into a directory that is there already, as `tar -x` would.
         assert_eq!(
             plan(None, Some(FsKind::Directory)),
-            Plan::Unpack(Action::Created, format!("unpacked {got}"))
+            Plan::Unpack(Verb::Created, format!("unpacked {got}"))
         );
         let same = record(Some(&at));
         assert_eq!(plan(Some(&same), Some(FsKind::Directory)), Plan::Unchanged);
         assert_eq!(
             plan(Some(&same), None),
             Plan::Unpack(
-                Action::Corrected,
+                Verb::Corrected,
                 "the directory it was unpacked into had been removed on the machine".into()
             )
         );
         assert_eq!(
             plan(Some(&record(Some("sha256:old"))), Some(FsKind::Directory)),
-            Plan::Unpack(Action::Updated, format!("the archive changed from sha256:old to {got}"))
+            Plan::Unpack(Verb::Updated, format!("the archive changed from sha256:old to {got}"))
         );
         assert_eq!(
             plan(Some(&record(None)), Some(FsKind::Directory)),
-            Plan::Unpack(Action::Updated, format!("the archive changed from nothing to {got}"))
+            Plan::Unpack(Verb::Updated, format!("the archive changed from nothing to {got}"))
         );
         for kind in [FsKind::File, FsKind::Symlink, FsKind::Other] {
             assert!(

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{begin, Action, Aspect, Ctx, Error, Facts, Need, Step, Target};
+use super::{begin, Aspect, Ctx, Error, Facts, Need, Step, Target, Verb};
 use crate::declaration::{digest, Container, Declaration, Id, Kind, Resource, Spec, Volume};
 use crate::store::{Record, Store};
 use crate::system::docker::{self, Docker, NewContainer, ID_LABEL, SPEC_LABEL, STEP_LABEL};
@@ -96,7 +96,7 @@ struct Wanted<'a> {
 /// What to do with a long-running container, and what to report.
 #[derive(Debug, PartialEq, Eq)]
 struct Plan {
-    action: Action,
+    action: Verb,
     detail: Option<String>,
     /// The spec to record, and to find on the container afterwards: the declared one, or the
     /// legacy label a container is accepted at.
@@ -147,9 +147,9 @@ fn decide(
     let Some(state) = found else {
         return match record {
             Some(_) => {
-                create(Action::Corrected, Some("it had been removed on the machine; created again"), false)
+                create(Verb::Corrected, Some("it had been removed on the machine; created again"), false)
             }
-            None => create(Action::Created, None, false),
+            None => create(Verb::Created, None, false),
         };
     };
     let label = state.label(SPEC_LABEL).unwrap_or_default();
@@ -158,9 +158,9 @@ fn decide(
             let detail = (label != want.spec).then(|| {
                 "accepted as labelled before mesh-host folded in the files a container reads; what it reads is recorded from now on".to_owned()
             });
-            (Action::Unchanged, detail, Run::Leave)
+            (Verb::Unchanged, detail, Run::Leave)
         } else {
-            (Action::Corrected, Some(format!("it {}; started again", stopped(state))), Run::StartAgain)
+            (Verb::Corrected, Some(format!("it {}; started again", stopped(state))), Run::StartAgain)
         };
         return Plan { action, detail, spec: label.to_owned(), run };
     }
@@ -184,7 +184,7 @@ fn decide(
         "recreated: its declaration changed, and a container's configuration is fixed when it is created"
             .to_owned()
     };
-    create(Action::Updated, Some(&detail), true)
+    create(Verb::Updated, Some(&detail), true)
 }
 
 /// On an adopted node: whether the container or network a resource names is on the machine and
@@ -291,11 +291,11 @@ fn run_once(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Erro
     let facts = Facts { spec: Some(want.clone()), ..Facts::default() };
     if record.and_then(|rec| rec.spec()) == Some(want.as_str()) {
         let detail = "run-once step already completed for this declaration".to_owned();
-        return Ok(Step::Done(begin(r, Action::Unchanged, Some(detail)), Some(facts)));
+        return Ok(Step::Done(begin(r, Verb::Unchanged, Some(detail)), Some(facts)));
     }
     let (action, detail) = match record {
-        Some(_) => (Action::Updated, "run-once step ran again, since its declaration changed, and completed"),
-        None => (Action::Created, "run-once step completed"),
+        Some(_) => (Verb::Updated, "run-once step ran again, since its declaration changed, and completed"),
+        None => (Verb::Created, "run-once step completed"),
     };
     if ctx.opts.dry_run {
         return Ok(Step::Done(begin(r, action, Some("run-once step would run".into())), None));
@@ -341,10 +341,10 @@ fn install_schedule(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     let docker = &ctx.docker()?;
     ensure_image(docker, c)?;
     let (action, detail) = match record.and_then(|rec| rec.spec()) {
-        Some(s) if s == want => (Action::Unchanged, "scheduled step, installed for this declaration"),
-        Some(_) => (Action::Updated, "scheduled step re-installed: its image, settings or cadence changed"),
+        Some(s) if s == want => (Verb::Unchanged, "scheduled step, installed for this declaration"),
+        Some(_) => (Verb::Updated, "scheduled step re-installed: its image, settings or cadence changed"),
         None => (
-            Action::Created,
+            Verb::Created,
             "scheduled step installed; not run now: the host's scheduler runs it on its cadence",
         ),
     };
@@ -729,12 +729,12 @@ mod tests {
         let p = decide(Some(&container(true, &ours("sha256:now"))), Some(&rec), None, &wanted(&[]));
         assert_eq!(
             p,
-            Plan { action: Action::Unchanged, detail: None, spec: "sha256:now".into(), run: Run::Leave }
+            Plan { action: Verb::Unchanged, detail: None, spec: "sha256:now".into(), run: Run::Leave }
         );
         let p = decide(Some(&container(false, &ours("sha256:now"))), Some(&rec), None, &wanted(&[]));
         assert_eq!(
             (p.action, p.detail.as_deref(), &p.run),
-            (Action::Corrected, Some("it exited with code 137; started again"), &Run::StartAgain)
+            (Verb::Corrected, Some("it exited with code 137; started again"), &Run::StartAgain)
         );
     }
 
@@ -744,7 +744,7 @@ mod tests {
         assert_eq!(
             p,
             Plan {
-                action: Action::Created,
+                action: Verb::Created,
                 detail: None,
                 spec: "sha256:now".into(),
                 run: Run::Create { replace: false, started: Started::New }
@@ -754,7 +754,7 @@ mod tests {
         let p = decide(None, Some(&record("sha256:now")), None, &wanted(&[]));
         assert_eq!(
             (p.action, p.detail.as_deref()),
-            (Action::Corrected, Some("it had been removed on the machine; created again"))
+            (Verb::Corrected, Some("it had been removed on the machine; created again"))
         );
         assert_eq!(p.run, Run::Create { replace: false, started: Started::Recreated });
         let p = decide(None, Some(&record("sha256:before")), None, &wanted(&[]));
@@ -769,7 +769,7 @@ mod tests {
                 let p = decide(Some(found), Some(&rec), was, want);
                 assert_eq!(
                     (p.action, &p.run),
-                    (Action::Updated, &Run::Create { replace: true, started: Started::New })
+                    (Verb::Updated, &Run::Create { replace: true, started: Started::New })
                 );
                 p.detail.unwrap()
             };
@@ -802,7 +802,7 @@ mod tests {
         let want = Wanted { legacy: Some("sha256:legacy"), reads: &reads, ..wanted(&[]) };
         let found = container(true, &ours("sha256:legacy"));
         let p = decide(Some(&found), None, None, &want);
-        assert_eq!((p.action, &p.run, p.spec.as_str()), (Action::Unchanged, &Run::Leave, "sha256:legacy"));
+        assert_eq!((p.action, &p.run, p.spec.as_str()), (Verb::Unchanged, &Run::Leave, "sha256:legacy"));
         assert_eq!(
             p.detail.as_deref(),
             Some("accepted as labelled before mesh-host folded in the files a container reads; what it reads is recorded from now on")

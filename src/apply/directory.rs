@@ -1,6 +1,6 @@
 //! `directory`: made if absent; mode and owner maintained, not only set at creation.
 
-use super::{begin, Action, Aspect, Ctx, Error, Facts, Step, Target};
+use super::{begin, Aspect, Ctx, Error, Facts, Step, Target, Verb};
 use crate::declaration::{Directory, Kind, Resource};
 use crate::system::fs::Kind as FsKind;
 
@@ -15,8 +15,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, d: &Directory) -> Result<St
 
     let (action, detail) = match ctx.fs.meta(path)? {
         None => match record {
-            Some(_) => (Action::Corrected, Some("it had been removed on the machine".to_owned())),
-            None => (Action::Created, None),
+            Some(_) => (Verb::Corrected, Some("it had been removed on the machine".to_owned())),
+            None => (Verb::Created, None),
         },
         Some(m) if m.kind != FsKind::Directory => {
             return Err(Error::WrongKind { path: path.to_owned(), declared: Kind::Directory, found: m.kind })
@@ -26,7 +26,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, d: &Directory) -> Result<St
             let owner_same = owner.is_none_or(|o| o == (m.uid, m.gid));
             if mode_same && owner_same {
                 let facts = Facts { mode: Some(m.mode), owner: Some((m.uid, m.gid)), ..Facts::default() };
-                return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
+                return Ok(Step::Done(begin(r, Verb::Unchanged, None), Some(facts)));
             }
             let mut changes = Vec::new();
             let mut drifted = false;
@@ -41,9 +41,9 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, d: &Directory) -> Result<St
             if drifted {
                 let detail =
                     format!("changed on the machine since the host last set it: {}", changes.join(", "));
-                (Action::Corrected, Some(detail))
+                (Verb::Corrected, Some(detail))
             } else {
-                (Action::Updated, Some(changes.join(", ")))
+                (Verb::Updated, Some(changes.join(", ")))
             }
         }
     };

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 
-use super::{begin, Action, Aspect, Ctx, Error, Facts, Outcome, Step, Target};
+use super::{begin, Aspect, Ctx, Error, Facts, Outcome, Step, Target, Verb};
 use crate::declaration::{digest, Digest, File, Kind, Resource};
 use crate::store::Record;
 use crate::system::fs::{Content, Fs, Kind as FsKind, Meta};
@@ -32,7 +32,7 @@ pub(super) struct Checked {
     len: u64,
     mode: u32,
     owner: Option<(u32, u32)>,
-    action: Action,
+    action: Verb,
     detail: Option<String>,
 }
 
@@ -86,7 +86,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     // The hot path: a file untouched since the host last found it as declared is not read.
     if let Some(rec) = record.filter(|rec| may_be_untouched(rec, &want)) {
         if let Some(facts) = ctx.fs.meta(path)?.and_then(|m| untouched(rec, &want, &m)) {
-            return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(facts)));
+            return Ok(Step::Done(begin(r, Verb::Unchanged, None), Some(facts)));
         }
     }
     // What is on the machine is read whole only up to the size of what is declared (or a
@@ -138,7 +138,7 @@ struct Known<'a> {
 
 /// What to do with a file, and what to report.
 struct Plan {
-    action: Action,
+    action: Verb,
     /// What the report says, before what only acting can add (see `Plan::applied`).
     detail: Option<String>,
     change: Change,
@@ -224,8 +224,8 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
     let record = known.record;
     let Some((meta, held)) = found else {
         let (action, detail) = match record {
-            Some(_) => (Action::Corrected, Some("it had been deleted on the machine".to_owned())),
-            None => (Action::Created, None),
+            Some(_) => (Verb::Corrected, Some("it had been deleted on the machine".to_owned())),
+            None => (Verb::Created, None),
         };
         return Ok(Plan { action, detail, change: Change::Write { keep: None } });
     };
@@ -241,7 +241,7 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
         let wrote = record.and_then(|r| r.wrote).or_else(|| held.sum().map(Digest::from_sum));
         let detail = "created once, and present: what is in it now is not the mesh's to change";
         let facts = Facts { sig: None, ..as_found(wrote, meta) };
-        return Ok(Plan { action: Action::Kept, detail: Some(detail.into()), change: Change::None(facts) });
+        return Ok(Plan { action: Verb::Kept, detail: Some(detail.into()), change: Change::None(facts) });
     }
 
     // Hashed at most once, and only when needed: the steady state below never hashes.
@@ -258,7 +258,7 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
             _ => found_digest(),
         };
         return Ok(Plan {
-            action: Action::Unchanged,
+            action: Verb::Unchanged,
             detail: None,
             change: Change::None(as_found(wrote, meta)),
         });
@@ -297,10 +297,10 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
         }
     }
     let (action, detail) = if drifted.is_empty() {
-        (Action::Updated, changes.join(", "))
+        (Verb::Updated, changes.join(", "))
     } else {
         (
-            Action::Corrected,
+            Verb::Corrected,
             format!("changed on the machine since the host last wrote it: {}", drifted.join(", ")),
         )
     };
@@ -531,7 +531,7 @@ mod tests {
         decide(found, known, want).unwrap()
     }
 
-    fn said(p: &Plan) -> (Action, Option<&str>) {
+    fn said(p: &Plan) -> (Verb, Option<&str>) {
         (p.action, p.detail.as_deref())
     }
 
@@ -539,11 +539,11 @@ mod tests {
     fn a_file_not_there_is_created_or_put_back() {
         let w = want(b"new", 0o644, None);
         let p = plan(None, &known(None, &[]), &w);
-        assert_eq!(said(&p), (Action::Created, None));
+        assert_eq!(said(&p), (Verb::Created, None));
         assert!(matches!(p.change, Change::Write { keep: None }));
         let rec = record(b"new", 0o644, (0, 0), "v2");
         let p = plan(None, &known(Some(&rec), &[]), &w);
-        assert_eq!(said(&p), (Action::Corrected, Some("it had been deleted on the machine")));
+        assert_eq!(said(&p), (Verb::Corrected, Some("it had been deleted on the machine")));
         assert!(matches!(p.change, Change::Write { keep: None }));
     }
 
@@ -565,7 +565,7 @@ mod tests {
         let grown = bytes(b"what the program grew");
         // No record: what is there is recorded as what the host found.
         let p = plan(Some((&file(0o644), &grown)), &known(None, &[]), &w);
-        assert_eq!(p.action, Action::Kept);
+        assert_eq!(p.action, Verb::Kept);
         let Change::None(facts) = &p.change else { panic!("a seed is not changed") };
         assert_eq!(facts.wrote, Some(digest(b"what the program grew")));
         assert_eq!(facts.sig, None, "a seed is never compared, so has no signature");
@@ -588,7 +588,7 @@ mod tests {
             ..record(b"", 0o644, (0, 0), "")
         };
         let p = plan(Some((&file(0o644), &bytes(b"same"))), &known(Some(&rec), &[]), &w);
-        assert_eq!(said(&p), (Action::Unchanged, None));
+        assert_eq!(said(&p), (Verb::Unchanged, None));
         let Change::None(facts) = &p.change else { panic!("nothing to change") };
         assert_eq!(facts.wrote, Some(digest(b"as recorded")));
         // Recorded at another declaration, or not at all: what is there is digested.
@@ -607,19 +607,19 @@ mod tests {
         // The host wrote what is there: the declaration changed its mind.
         let rec = record(b"old", 0o644, (0, 0), "v1");
         let p = plan(Some((&file(0o644), &found)), &known(Some(&rec), &[]), &w);
-        assert_eq!(said(&p), (Action::Updated, Some("content")));
+        assert_eq!(said(&p), (Verb::Updated, Some("content")));
         assert!(matches!(p.change, Change::Write { keep: None }));
         // The host wrote something else: a hand changed it.
         let rec = record(b"what the host wrote", 0o644, (0, 0), "v1");
         let p = plan(Some((&file(0o644), &found)), &known(Some(&rec), &[]), &w);
         assert_eq!(
             said(&p),
-            (Action::Corrected, Some("changed on the machine since the host last wrote it: content"))
+            (Verb::Corrected, Some("changed on the machine since the host last wrote it: content"))
         );
         // Unless the journal says the host itself was writing that when it was stopped.
         let ours = [intent(b"old", 0o644, None)];
         let p = plan(Some((&file(0o644), &found)), &known(Some(&rec), &ours), &w);
-        assert_eq!(said(&p), (Action::Updated, Some("content")));
+        assert_eq!(said(&p), (Verb::Updated, Some("content")));
     }
 
     #[test]
@@ -666,7 +666,7 @@ mod tests {
         assert_eq!(
             said(&p),
             (
-                Action::Corrected,
+                Verb::Corrected,
                 Some("changed on the machine since the host last wrote it: mode (it was 0600), owner (it was 0:0)")
             )
         );
@@ -674,12 +674,12 @@ mod tests {
         // The host left 0600 and 0:0 itself: the declaration moved.
         let rec = record(b"same", 0o600, (0, 0), "v1");
         let p = plan(Some((&file(0o600), &found)), &known(Some(&rec), &[]), &w);
-        assert_eq!(said(&p), (Action::Updated, Some("mode 0600 to 0644, owner 0:0 to 10:10")));
+        assert_eq!(said(&p), (Verb::Updated, Some("mode 0600 to 0644, owner 0:0 to 10:10")));
         // What the journal says the host was setting is not a hand's either.
         let rec = record(b"same", 0o644, (10, 10), "v2");
         let ours = [intent(b"same", 0o600, Some((0, 0)))];
         let p = plan(Some((&file(0o600), &found)), &known(Some(&rec), &ours), &w);
-        assert_eq!(p.action, Action::Updated);
+        assert_eq!(p.action, Verb::Updated);
         // An owner not declared is not compared.
         let p = plan(Some((&file(0o600), &found)), &known(None, &[]), &want(b"same", 0o644, None));
         assert!(matches!(p.change, Change::Set { mode: Some(0o644), owner: None }));
@@ -704,7 +704,7 @@ mod tests {
         )
         .unwrap();
         let f = file_of(&d, "a.f");
-        let write = Plan { action: Action::Created, detail: None, change: Change::Write { keep: None } };
+        let write = Plan { action: Verb::Created, detail: None, change: Change::Write { keep: None } };
         let shown = planned_diff(&write, None, f, b"b\n").unwrap();
         assert!(shown.contains("+b"), "{shown}");
         let shown = planned_diff(&write, Some(&bytes(b"a\n")), f, b"b\n").unwrap();

@@ -32,7 +32,7 @@ pub use archive::ArchiveLimits;
 pub use container::parse_env_file;
 pub use container::{run_scheduled, spec_digest, ScheduledRun};
 pub use error::{Aspect, Error, Need, Target};
-pub use outcome::{Action, ApplyError, Failure, Outcome, Report};
+pub use outcome::{ApplyError, Failure, Outcome, Report, Verb};
 
 use crate::declaration::{Declaration, Digest, Id, Kind, Resource, Spec};
 use crate::store::{More, Origin, Record, Store};
@@ -182,7 +182,7 @@ fn named(names: &[Id], changed: &HashSet<Id>) -> Vec<String> {
 /// content in memory at once.
 const BATCH: usize = 512;
 
-fn begin(r: &Resource, action: Action, detail: Option<String>) -> Outcome {
+fn begin(r: &Resource, action: Verb, detail: Option<String>) -> Outcome {
     Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
 }
 
@@ -422,7 +422,7 @@ impl<'a> Pass<'a> {
                 Ok((action, detail)) => {
                     // A network kept because something undeclared still uses it stays recorded,
                     // so it is removed at a later apply once nothing does, instead of leaking.
-                    let retry = record.kind == Kind::Network && action == Action::Kept;
+                    let retry = record.kind == Kind::Network && action == Verb::Kept;
                     if !self.opts.dry_run && !retry {
                         self.store.forget(&id);
                     }
@@ -476,7 +476,7 @@ impl<'a> Pass<'a> {
             Ok(true) => Some(Ok(Step::Done(
                 begin(
                     r,
-                    Action::Held,
+                    Verb::Held,
                     Some(format!(
                         "found present, and module {:?} is not taken yet: left as found",
                         r.id.module()

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use super::{begin, Action, Ctx, Error, Facts, Step, Target};
+use super::{begin, Ctx, Error, Facts, Step, Target, Verb};
 use crate::declaration::{Kind, Network, Resource};
 use crate::system::docker::ID_LABEL;
 
@@ -20,11 +20,11 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, n: &Network) -> Result<Step
             "already there, made outside mesh-host: used as it is, and not removed when no longer declared"
                 .to_owned()
         });
-        return Ok(Step::Done(begin(r, Action::Unchanged, detail), Some(Facts::default())));
+        return Ok(Step::Done(begin(r, Verb::Unchanged, detail), Some(Facts::default())));
     }
     let (action, detail) = match record {
-        Some(_) => (Action::Corrected, Some("it had been removed on the machine; created again".to_owned())),
-        None => (Action::Created, None),
+        Some(_) => (Verb::Corrected, Some("it had been removed on the machine; created again".to_owned())),
+        None => (Verb::Created, None),
     };
     if ctx.opts.dry_run {
         return Ok(Step::Done(begin(r, action, detail), None));

@@ -4,12 +4,13 @@ use serde::Serialize;
 
 use crate::declaration::Kind;
 
-/// The outcome words. `Corrected` is its own word and not a kind of `Updated`: it means the
+/// The outcome words (the report's `action`; `Verb` in the code, so as not to be mistaken for
+/// the `action` resource type). `Corrected` is its own word and not a kind of `Updated`: it means the
 /// machine had drifted from what the host last wrote, so someone changed it by hand. Being
 /// unable to tell those apart is how a person ends up fixing the same file every five minutes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Action {
+pub enum Verb {
     Created,
     Updated,
     Unchanged,
@@ -20,55 +21,55 @@ pub enum Action {
     Held,
 }
 
-impl Action {
-    pub const ALL: [Action; 8] = [
-        Action::Created,
-        Action::Updated,
-        Action::Unchanged,
-        Action::Corrected,
-        Action::Removed,
-        Action::Kept,
-        Action::Forgotten,
-        Action::Held,
+impl Verb {
+    pub const ALL: [Verb; 8] = [
+        Verb::Created,
+        Verb::Updated,
+        Verb::Unchanged,
+        Verb::Corrected,
+        Verb::Removed,
+        Verb::Kept,
+        Verb::Forgotten,
+        Verb::Held,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Action::Created => "created",
-            Action::Updated => "updated",
-            Action::Unchanged => "unchanged",
-            Action::Corrected => "corrected",
-            Action::Removed => "removed",
-            Action::Kept => "kept",
-            Action::Forgotten => "forgotten",
-            Action::Held => "held",
+            Verb::Created => "created",
+            Verb::Updated => "updated",
+            Verb::Unchanged => "unchanged",
+            Verb::Corrected => "corrected",
+            Verb::Removed => "removed",
+            Verb::Kept => "kept",
+            Verb::Forgotten => "forgotten",
+            Verb::Held => "held",
         }
     }
 
     /// What `plan` says instead: the same word, in the conditional.
     pub fn planned(self) -> &'static str {
         match self {
-            Action::Created => "would create",
-            Action::Updated => "would update",
-            Action::Unchanged => "unchanged",
-            Action::Corrected => "would correct",
-            Action::Removed => "would remove",
-            Action::Kept => "would keep",
-            Action::Forgotten => "would forget",
-            Action::Held => "would hold",
+            Verb::Created => "would create",
+            Verb::Updated => "would update",
+            Verb::Unchanged => "unchanged",
+            Verb::Corrected => "would correct",
+            Verb::Removed => "would remove",
+            Verb::Kept => "would keep",
+            Verb::Forgotten => "would forget",
+            Verb::Held => "would hold",
         }
     }
 
     /// Whether the machine moved. Keeping, holding and forgetting leave it as it was.
     pub fn moved(self) -> bool {
         match self {
-            Action::Created | Action::Updated | Action::Corrected | Action::Removed => true,
-            Action::Unchanged | Action::Kept | Action::Forgotten | Action::Held => false,
+            Verb::Created | Verb::Updated | Verb::Corrected | Verb::Removed => true,
+            Verb::Unchanged | Verb::Kept | Verb::Forgotten | Verb::Held => false,
         }
     }
 }
 
-impl std::fmt::Display for Action {
+impl std::fmt::Display for Verb {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
@@ -81,7 +82,7 @@ pub struct Outcome {
     #[serde(rename = "type")]
     pub kind: Kind,
     pub target: String,
-    pub action: Action,
+    pub action: Verb,
     /// A sentence for a person, where it helps ("mode 0644 to 0600"); null otherwise.
     pub detail: Option<String>,
 }
@@ -142,9 +143,9 @@ impl Report {
         self.outcomes.iter().any(|o| o.action.moved())
     }
 
-    /// How many outcomes of each action, in the order of `Action::ALL`, zeros left out.
-    pub fn counts(&self) -> Vec<(Action, usize)> {
-        Action::ALL
+    /// How many outcomes of each action, in the order of `Verb::ALL`, zeros left out.
+    pub fn counts(&self) -> Vec<(Verb, usize)> {
+        Verb::ALL
             .into_iter()
             .map(|a| (a, self.outcomes.iter().filter(|o| o.action == a).count()))
             .filter(|(_, n)| *n > 0)

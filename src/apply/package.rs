@@ -2,22 +2,22 @@
 //! resource says: which version is the package manager's business, not a second opinion the
 //! host keeps.
 
-use super::{begin, Action, Ctx, Error, Facts, Step};
+use super::{begin, Ctx, Error, Facts, Step, Verb};
 use crate::declaration::{Kind, Package, Resource};
 
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Package) -> Result<Step, Error> {
     let name = p.package.as_str();
     let packages = &mut ctx.machine.packages;
     if packages.installed(name)? {
-        return Ok(Step::Done(begin(r, Action::Unchanged, Some("installed".into())), Some(Facts::default())));
+        return Ok(Step::Done(begin(r, Verb::Unchanged, Some("installed".into())), Some(Facts::default())));
     }
     let recorded =
         ctx.store.get(r.id.as_str()).is_some_and(|rec| rec.kind == Kind::Package && *rec.target == *name);
     let manager = packages.manager(name)?.name();
     let (action, detail) = if recorded {
-        (Action::Corrected, format!("it had been removed on the machine; installed again with {manager}"))
+        (Verb::Corrected, format!("it had been removed on the machine; installed again with {manager}"))
     } else {
-        (Action::Created, format!("installed with {manager}"))
+        (Verb::Created, format!("installed with {manager}"))
     };
     if ctx.opts.dry_run {
         return Ok(Step::Done(begin(r, action, Some(detail)), None));

@@ -6,7 +6,7 @@
 //! declaration describes; a different digest means the unit is replaced.
 
 use super::service::{rise, running_now};
-use super::{begin, named, Action, Ctx, Error, Facts, Step};
+use super::{begin, named, Ctx, Error, Facts, Step, Verb};
 use crate::declaration::{digest, Kind, Process, Resource};
 use crate::system::systemd::Transient;
 
@@ -62,7 +62,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Process) -> Result<Step
                 return Err(Error::UnitKeepsExiting { unit: unit.clone(), state: Box::new(before.clone()) });
             }
             if restart_for.is_empty() {
-                return Ok(Step::Done(begin(r, Action::Unchanged, Some(format!("{unit} {before}"))), facts));
+                return Ok(Step::Done(begin(r, Verb::Unchanged, Some(format!("{unit} {before}"))), facts));
             }
             let why = restart_for.join(", ");
             if !dry_run {
@@ -70,7 +70,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Process) -> Result<Step
                 running_now(sd, &unit, &format!("was restarted for {why}"))?;
             }
             let what = (!dry_run).then(|| format!("was restarted for {why}"));
-            (Action::Updated, format!("{unit} restarted for {why}"), what)
+            (Verb::Updated, format!("{unit} restarted for {why}"), what)
         }
         Some(_) => {
             // Running something else: a changed command, environment or user, or a unit of
@@ -83,7 +83,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Process) -> Result<Step
                 check_spec(ctx, &unit, &want)?;
             }
             let what = (!dry_run).then(|| "was replaced".to_owned());
-            (Action::Updated, format!("{unit} replaced: its command, environment or user changed"), what)
+            (Verb::Updated, format!("{unit} replaced: its command, environment or user changed"), what)
         }
         None => {
             if !dry_run {
@@ -95,9 +95,9 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Process) -> Result<Step
             }
             let what = (!dry_run).then(|| "was started".to_owned());
             if recorded {
-                (Action::Corrected, format!("{unit} was no longer running; started again"), what)
+                (Verb::Corrected, format!("{unit} was no longer running; started again"), what)
             } else {
-                (Action::Created, format!("started as {unit}"), what)
+                (Verb::Created, format!("started as {unit}"), what)
             }
         }
     };

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{process, Action, Error, Machine, Options, Target};
+use super::{process, Error, Machine, Options, Target, Verb};
 use crate::declaration::{Digest, Kind};
 use crate::store::Record;
 use crate::system::docker::ID_LABEL;
@@ -21,14 +21,14 @@ pub(super) fn remove(
     machine: &mut Machine,
     rec: &Record,
     opts: &Options,
-) -> Result<(Action, Option<String>), Error> {
+) -> Result<(Verb, Option<String>), Error> {
     match look(fs, machine, rec, opts)? {
         Plan::Leave(action, detail) => Ok((action, Some(detail))),
         Plan::Remove(removal, detail) => {
             if !opts.dry_run {
                 act(fs, machine, opts, &removal)?;
             }
-            Ok((Action::Removed, Some(detail)))
+            Ok((Verb::Removed, Some(detail)))
         }
     }
 }
@@ -37,7 +37,7 @@ pub(super) fn remove(
 #[derive(Debug, PartialEq, Eq)]
 enum Plan {
     /// Left as it is (forgotten, or kept), and why.
-    Leave(Action, String),
+    Leave(Verb, String),
     /// Removed (a unit: stopped), and what the report says.
     Remove(Removal, String),
 }
@@ -55,7 +55,7 @@ enum Removal {
 /// Looks at what a record names, as far as its kind needs, and decides.
 fn look(fs: &mut Fs, machine: &mut Machine, rec: &Record, opts: &Options) -> Result<Plan, Error> {
     let path = Path::new(&*rec.target);
-    let forget = |why: &str| Ok(Plan::Leave(Action::Forgotten, why.to_owned()));
+    let forget = |why: &str| Ok(Plan::Leave(Verb::Forgotten, why.to_owned()));
     match rec.kind {
         Kind::File => {
             let found = fs.digest(path)?.map(|(meta, sum)| (meta.kind, sum.map(Digest::from_sum)));
@@ -101,10 +101,10 @@ fn look(fs: &mut Fs, machine: &mut Machine, rec: &Record, opts: &Options) -> Res
 
 /// The decisions, from plain values: what was found, and what the record says.
 mod decide {
-    use super::{Action, Digest, FsKind, Path, Plan, Removal};
+    use super::{Digest, FsKind, Path, Plan, Removal, Verb};
     use crate::system::systemd::UnitState;
 
-    fn leave(action: Action, why: &str) -> Plan {
+    fn leave(action: Verb, why: &str) -> Plan {
         Plan::Leave(action, why.to_owned())
     }
 
@@ -114,15 +114,15 @@ mod decide {
     /// wrote.
     pub(super) fn file(path: &Path, wrote: Option<Digest>, found: Option<(FsKind, Option<Digest>)>) -> Plan {
         match found {
-            None => leave(Action::Forgotten, GONE),
+            None => leave(Verb::Forgotten, GONE),
             Some((kind, _)) if kind != FsKind::File => leave(
-                Action::Kept,
+                Verb::Kept,
                 "no longer declared, and what is there now is not the file the host wrote: left alone",
             ),
             // A file whose content is no longer what the host wrote holds someone's work (a
             // create-once seed a program grew, a hand edit): nothing is lost by leaving it.
             Some((_, sum)) if wrote.is_some_and(|w| sum != Some(w)) => leave(
-                Action::Kept,
+                Verb::Kept,
                 "no longer declared, and changed on the machine since the host wrote it: left in place so nothing is lost",
             ),
             Some(_) => Plan::Remove(Removal::File(path.to_owned()), "no longer declared".to_owned()),
@@ -136,13 +136,13 @@ mod decide {
     /// What remains is data nobody declared.
     pub(super) fn directory(path: &Path, found: Option<(FsKind, usize)>) -> Plan {
         match found {
-            None => leave(Action::Forgotten, GONE),
+            None => leave(Verb::Forgotten, GONE),
             Some((kind, _)) if kind != FsKind::Directory => {
-                leave(Action::Kept, "no longer declared, and no longer a directory: left alone")
+                leave(Verb::Kept, "no longer declared, and no longer a directory: left alone")
             }
             Some((_, 0)) => Plan::Remove(Removal::Directory(path.to_owned()), "no longer declared, and empty".to_owned()),
             Some((_, inside)) => Plan::Leave(
-                Action::Kept,
+                Verb::Kept,
                 format!(
                     "no longer declared, and {inside} item{} inside that the mesh did not put there; remove it by hand once you know what {}",
                     if inside == 1 { "" } else { "s" },
@@ -157,14 +157,11 @@ mod decide {
     /// record no apply could ever clear.
     pub(super) fn unit(unit: &str, state: &UnitState, left: &str) -> Plan {
         if !state.exists() {
-            return Plan::Leave(
-                Action::Forgotten,
-                format!("no longer declared, and {unit} no longer exists"),
-            );
+            return Plan::Leave(Verb::Forgotten, format!("no longer declared, and {unit} no longer exists"));
         }
         if state.stopped() {
             return Plan::Leave(
-                Action::Forgotten,
+                Verb::Forgotten,
                 format!("no longer declared, and {unit} was already {}", state.active),
             );
         }
@@ -176,9 +173,9 @@ mod decide {
         match found {
             // A step leaves nothing running, and a container removed by hand is already where
             // removal was going.
-            None => leave(Action::Forgotten, "no longer declared, and no container of that name is there"),
+            None => leave(Verb::Forgotten, "no longer declared, and no container of that name is there"),
             Some(false) => leave(
-                Action::Kept,
+                Verb::Kept,
                 "no longer declared, and the container of that name now was not created by mesh-host: left alone",
             ),
             Some(true) => Plan::Remove(Removal::Container(name.to_owned()), "no longer declared".to_owned()),
@@ -189,15 +186,15 @@ mod decide {
     /// that use it.
     pub(super) fn network(name: &str, found: Option<(bool, Vec<String>)>) -> Plan {
         match found {
-            None => leave(Action::Forgotten, GONE),
-            Some((false, _)) => leave(Action::Forgotten, "made outside mesh-host, so left in place"),
+            None => leave(Verb::Forgotten, GONE),
+            Some((false, _)) => leave(Verb::Forgotten, "made outside mesh-host, so left in place"),
             // Orphans go in reverse declared order, so the containers declared after the
             // network are gone by now. What still uses it is something this declaration does
             // not name (or a container that moves to another network later in this pass): its
             // connectivity is not the host's to cut, so the network is kept, and the record
             // with it, to be tried again at the next apply.
             Some((true, users)) if !users.is_empty() => Plan::Leave(
-                Action::Kept,
+                Verb::Kept,
                 format!(
                     "no longer declared, and still used by {}: left in place, and removed once nothing uses it",
                     users.join(", ")
@@ -254,10 +251,10 @@ mod tests {
     use crate::declaration::digest;
     use crate::system::systemd::UnitState;
 
-    fn said(plan: &Plan) -> (Action, &str) {
+    fn said(plan: &Plan) -> (Verb, &str) {
         match plan {
             Plan::Leave(action, detail) => (*action, detail),
-            Plan::Remove(_, detail) => (Action::Removed, detail),
+            Plan::Remove(_, detail) => (Verb::Removed, detail),
         }
     }
 
@@ -272,16 +269,16 @@ mod tests {
         assert_eq!(
             said(&decide::file(path, wrote, Some((FsKind::File, Some(digest(b"edited")))))),
             (
-                Action::Kept,
+                Verb::Kept,
                 "no longer declared, and changed on the machine since the host wrote it: left in place so nothing is lost"
             )
         );
         assert_eq!(
             said(&decide::file(path, wrote, None)),
-            (Action::Forgotten, "no longer declared, and no longer there")
+            (Verb::Forgotten, "no longer declared, and no longer there")
         );
         for kind in [FsKind::Symlink, FsKind::Directory, FsKind::Other] {
-            assert_eq!(said(&decide::file(path, wrote, Some((kind, None)))).0, Action::Kept, "{kind:?}");
+            assert_eq!(said(&decide::file(path, wrote, Some((kind, None)))).0, Verb::Kept, "{kind:?}");
         }
         // A record without a digest (from before digests were kept) removes what is there.
         assert!(matches!(
@@ -300,7 +297,7 @@ mod tests {
         assert_eq!(
             said(&decide::directory(path, Some((FsKind::Directory, 1)))),
             (
-                Action::Kept,
+                Verb::Kept,
                 "no longer declared, and 1 item inside that the mesh did not put there; remove it by hand once you know what it is"
             )
         );
@@ -308,8 +305,8 @@ mod tests {
             said(&decide::directory(path, Some((FsKind::Directory, 2)))).1,
             "no longer declared, and 2 items inside that the mesh did not put there; remove it by hand once you know what they are"
         );
-        assert_eq!(said(&decide::directory(path, Some((FsKind::Symlink, 0)))).0, Action::Kept);
-        assert_eq!(said(&decide::directory(path, None)).0, Action::Forgotten);
+        assert_eq!(said(&decide::directory(path, Some((FsKind::Symlink, 0)))).0, Verb::Kept);
+        assert_eq!(said(&decide::directory(path, None)).0, Verb::Forgotten);
     }
 
     #[test]
@@ -328,11 +325,11 @@ mod tests {
         );
         assert_eq!(
             said(&decide::unit("web.service", &state("loaded", "failed"), "")),
-            (Action::Forgotten, "no longer declared, and web.service was already failed")
+            (Verb::Forgotten, "no longer declared, and web.service was already failed")
         );
         assert_eq!(
             said(&decide::unit("web.service", &state("not-found", "inactive"), "")),
-            (Action::Forgotten, "no longer declared, and web.service no longer exists")
+            (Verb::Forgotten, "no longer declared, and web.service no longer exists")
         );
     }
 
@@ -342,8 +339,8 @@ mod tests {
             decide::container("web", Some(true)),
             Plan::Remove(Removal::Container("web".into()), "no longer declared".into())
         );
-        assert_eq!(said(&decide::container("web", Some(false))).0, Action::Kept);
-        assert_eq!(said(&decide::container("web", None)).0, Action::Forgotten);
+        assert_eq!(said(&decide::container("web", Some(false))).0, Verb::Kept);
+        assert_eq!(said(&decide::container("web", None)).0, Verb::Forgotten);
         assert_eq!(
             decide::network("net", Some((true, vec![]))),
             Plan::Remove(Removal::Network("net".into()), "no longer declared".into())
@@ -351,14 +348,14 @@ mod tests {
         assert_eq!(
             said(&decide::network("net", Some((true, vec!["a".into(), "b".into()])))),
             (
-                Action::Kept,
+                Verb::Kept,
                 "no longer declared, and still used by a, b: left in place, and removed once nothing uses it"
             )
         );
         assert_eq!(
             said(&decide::network("net", Some((false, vec!["a".into()])))),
-            (Action::Forgotten, "made outside mesh-host, so left in place")
+            (Verb::Forgotten, "made outside mesh-host, so left in place")
         );
-        assert_eq!(said(&decide::network("net", None)).0, Action::Forgotten);
+        assert_eq!(said(&decide::network("net", None)).0, Verb::Forgotten);
     }
 }

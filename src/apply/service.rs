@@ -1,6 +1,6 @@
 //! `service`: a systemd unit's boot setting and state, through systemd's D-Bus API.
 
-use super::{begin, named, Action, Ctx, Error, Facts, Rising, Step};
+use super::{begin, named, Ctx, Error, Facts, Rising, Step, Verb};
 use crate::declaration::{Boot, Kind, Resource, Service, ServiceState};
 use crate::system::systemd::{Systemd, SystemdError, UnitState};
 
@@ -52,7 +52,7 @@ struct Plan {
     /// The boot setting to make, where it differs.
     boot: Option<Boot>,
     run: Run,
-    action: Action,
+    action: Verb,
     detail: String,
 }
 
@@ -136,11 +136,11 @@ fn decide(
     };
 
     let (action, detail) = if changes.is_empty() {
-        (Action::Unchanged, format!("{state}"))
+        (Verb::Unchanged, format!("{state}"))
     } else if drifted && settled_before {
-        (Action::Corrected, format!("changed on the machine since the host set it: {}", changes.join(", ")))
+        (Verb::Corrected, format!("changed on the machine since the host set it: {}", changes.join(", ")))
     } else {
-        (Action::Updated, changes.join(", "))
+        (Verb::Updated, changes.join(", "))
     };
     Ok(Plan { boot: set_boot, run, action, detail })
 }
@@ -301,12 +301,7 @@ mod tests {
         let p = plan(&running(), None, &want(ServiceState::Running, None), true);
         assert_eq!(
             p,
-            Plan {
-                boot: None,
-                run: Run::Leave,
-                action: Action::Unchanged,
-                detail: "active (running)".into()
-            }
+            Plan { boot: None, run: Run::Leave, action: Verb::Unchanged, detail: "active (running)".into() }
         );
         let p = plan(
             &state("loaded", "failed", "failed"),
@@ -314,24 +309,24 @@ mod tests {
             &want(ServiceState::Stopped, Some(Boot::Disabled)),
             true,
         );
-        assert_eq!((p.run, p.action), (Run::Leave, Action::Unchanged), "failed counts as stopped");
+        assert_eq!((p.run, p.action), (Run::Leave, Verb::Unchanged), "failed counts as stopped");
     }
 
     #[test]
     fn a_unit_stopped_by_hand_is_started_and_corrected_once_the_host_had_set_it() {
         let w = want(ServiceState::Running, None);
         let p = plan(&dead(), None, &w, true);
-        assert_eq!((&p.run, p.action), (&Run::Start, Action::Corrected));
+        assert_eq!((&p.run, p.action), (&Run::Start, Verb::Corrected));
         assert_eq!(p.detail, "changed on the machine since the host set it: started (was inactive)");
         // The host's first visit, or a declaration that changed: an update.
         let p = plan(&dead(), None, &w, false);
         assert_eq!(
             (&p.run, p.action, p.detail.as_str()),
-            (&Run::Start, Action::Updated, "started (was inactive)")
+            (&Run::Start, Verb::Updated, "started (was inactive)")
         );
         // And the other way.
         let p = plan(&running(), None, &want(ServiceState::Stopped, None), true);
-        assert_eq!((&p.run, p.action), (&Run::Stop, Action::Corrected));
+        assert_eq!((&p.run, p.action), (&Run::Stop, Verb::Corrected));
         assert_eq!(p.detail, "changed on the machine since the host set it: stopped (was active)");
     }
 
@@ -340,7 +335,7 @@ mod tests {
         let moved = ["web.conf".to_owned(), "web.key".to_owned()];
         let w = Declared { restart_for: &moved, ..want(ServiceState::Running, None) };
         let p = plan(&running(), None, &w, true);
-        assert_eq!((&p.run, p.action), (&Run::Restart("web.conf, web.key".into()), Action::Updated));
+        assert_eq!((&p.run, p.action), (&Run::Restart("web.conf, web.key".into()), Verb::Updated));
         assert_eq!(p.detail, "restarted for web.conf, web.key");
         // Restart wins over reload; a unit that is down is started, which reads everything anew.
         let both = Declared { reload_for: &moved[..1], ..w };
@@ -370,11 +365,11 @@ mod tests {
         ));
         // Static is as disabled as a unit gets.
         let off = want(ServiceState::Running, Some(Boot::Disabled));
-        assert_eq!(plan(&running(), Some("static"), &off, true).action, Action::Unchanged);
+        assert_eq!(plan(&running(), Some("static"), &off, true).action, Verb::Unchanged);
         let p = plan(&running(), Some("enabled"), &off, false);
         assert_eq!(
             (p.boot, p.action, p.detail.as_str()),
-            (Some(Boot::Disabled), Action::Updated, "boot enabled to disabled")
+            (Some(Boot::Disabled), Verb::Updated, "boot enabled to disabled")
         );
     }
 }

@@ -6,7 +6,7 @@
 //! exists, `system` (it only chooses the uid range at creation). Supplementary groups are added,
 //! never taken away: a group an administrator added by hand may be how they log in.
 
-use super::{begin, Action, Ctx, Error, Facts, Step};
+use super::{begin, Ctx, Error, Facts, Step, Verb};
 use crate::declaration::{Kind, Resource, User};
 use crate::system::accounts::{self, Account, Changes, NewAccount};
 
@@ -29,7 +29,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, u: &User) -> Result<Step, E
 
     let Some(found) = accounts::lookup(name)? else {
         let detail = if recorded { "it had been removed on the machine; added again" } else { "added" };
-        let action = if recorded { Action::Corrected } else { Action::Created };
+        let action = if recorded { Verb::Corrected } else { Verb::Created };
         if dry_run {
             return Ok(Step::Done(begin(r, action, Some(detail.into())), None));
         }
@@ -55,12 +55,12 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, u: &User) -> Result<Step, E
     }
     let (changes, said) = differences(u, &found, &groups);
     if changes.is_empty() {
-        return Ok(Step::Done(begin(r, Action::Unchanged, None), Some(Facts::default())));
+        return Ok(Step::Done(begin(r, Verb::Unchanged, None), Some(Facts::default())));
     }
     let (action, detail) = if recorded {
-        (Action::Corrected, format!("changed on the machine since the host set it: {}", said.join(", ")))
+        (Verb::Corrected, format!("changed on the machine since the host set it: {}", said.join(", ")))
     } else {
-        (Action::Updated, said.join(", "))
+        (Verb::Updated, said.join(", "))
     };
     if dry_run {
         return Ok(Step::Done(begin(r, action, Some(detail)), None));

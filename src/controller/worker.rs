@@ -16,7 +16,7 @@ use super::health::{now_secs, Health};
 use super::queue::{Contest, Queue, Verdict};
 use super::trigger::{Index, Key};
 use super::{contents, Config};
-use crate::apply::{self, Action, Options, Report};
+use crate::apply::{self, Options, Report, Verb};
 use crate::declaration::{Declaration, Id, Kind};
 use crate::store::Store;
 use crate::telemetry::{events, Event as _, Metrics};
@@ -462,7 +462,7 @@ impl Worker {
             // a contest, held briefly and retried, not a failure whose backoff grows to minutes.
             Some(e) if e.failures.iter().all(|f| f.raced) => Verdict::Corrected,
             Some(_) => Verdict::Failed,
-            None if report.outcomes.iter().any(|o| o.action == Action::Corrected && o.id == id.as_str()) => {
+            None if report.outcomes.iter().any(|o| o.action == Verb::Corrected && o.id == id.as_str()) => {
                 Verdict::Corrected
             }
             None => Verdict::Clean,
@@ -501,7 +501,7 @@ impl Worker {
         let failed: std::collections::HashSet<&str> =
             report.error.iter().flat_map(|e| e.failures.iter().map(|f| f.id.as_str())).collect();
         let held: std::collections::HashSet<&str> =
-            report.outcomes.iter().filter(|o| o.action == Action::Held).map(|o| o.id.as_str()).collect();
+            report.outcomes.iter().filter(|o| o.action == Verb::Held).map(|o| o.id.as_str()).collect();
         for kind in Kind::ALL {
             let (mut applied, mut failed_n, mut held_n) = (0, 0, 0);
             for r in declaration.resources.iter().filter(|r| r.kind() == kind) {

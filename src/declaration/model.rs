@@ -23,8 +23,9 @@ pub struct Directory {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
-/// How a file's keys are merged into a file someone else owns (`into`). Named `Into` in the JSON
-/// Schema, as it always was; the Rust name says what it does.
+// How a file's keys are merged into a file someone else owns (`into`). Named `Into` in the JSON
+// Schema, as it always was; the Rust name says what it does. (Not a doc comment: the schema
+// would carry it as the type's description.)
 #[schemars(rename = "Into")]
 pub enum MergeInto {
     Json,
