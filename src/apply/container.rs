@@ -19,7 +19,7 @@ use crate::system::docker::{self, Docker, NewContainer, ID_LABEL, SPEC_LABEL, ST
 /// How long a freshly started container is given before it is looked at a second time. A
 /// process that exits at once (a bad flag, a missing file) is usually gone within this; one
 /// that fails later is the watcher's to see. Paid once per creation, never on a steady pass.
-const SETTLE: Duration = Duration::from_millis(100);
+const CONTAINER_SECOND_LOOK: Duration = Duration::from_millis(100);
 
 /// A long-running container: looked at, decided (`decide`, pure), then started or created.
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Error> {
@@ -244,7 +244,7 @@ enum Started {
 /// Reads back a container just started: there, running, and carrying the label. A start that
 /// returned success says the process began, not that it is still there.
 ///
-/// A container created at a new spec is looked at a second time after [`SETTLE`]: a process
+/// A container created at a new spec is looked at a second time after [`CONTAINER_SECOND_LOOK`]: a process
 /// exiting at once is the likeliest failure of a new configuration. Any created container must
 /// not have been restarted by its restart policy already, which is a process exiting at once.
 /// One started again after it stopped is held to neither: its runtime may be restarting it by
@@ -261,7 +261,7 @@ fn read_back(docker: &Docker, c: &Container, want: &str, started: Started) -> Re
     };
     let mut state = look()?;
     if state.running && started == Started::New {
-        std::thread::sleep(SETTLE);
+        std::thread::sleep(CONTAINER_SECOND_LOOK);
         state = look()?;
     }
     if started != Started::Again && state.restarts > 0 {

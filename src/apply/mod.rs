@@ -37,7 +37,7 @@ pub use outcome::{ApplyError, Failure, Outcome, Report, Verb};
 use crate::declaration::{Declaration, Digest, Id, Kind, Resource, Spec};
 use crate::store::{More, Origin, Record, Store};
 use crate::system::docker::{Docker, DockerError};
-use crate::system::systemd::SETTLE;
+use crate::system::systemd::UNIT_SECOND_LOOK;
 use crate::system::{Accounts, Fs, Packages, Staged, Systemd};
 
 /// How an apply is run.
@@ -100,10 +100,10 @@ enum Step {
 }
 
 /// A unit just started (or restarted, or replaced): running at the first look, and done only if
-/// it still is `SETTLE` later. A simple service counts as started once its process is forked, so
+/// it still is `UNIT_SECOND_LOOK` later. A simple service counts as started once its process is forked, so
 /// one that exits at once on a bad configuration passes the first look and not the second. The
 /// second look is the pass's: units started one after another settle together, before the next
-/// gate or at the end of the pass, rather than each holding the pass for `SETTLE`.
+/// gate or at the end of the pass, rather than each holding the pass for `UNIT_SECOND_LOOK`.
 struct Rising {
     outcome: Outcome,
     facts: Option<Facts>,
@@ -333,7 +333,7 @@ impl<'a> Pass<'a> {
             // A gate (an action, a run-once step) may depend on the units started before it:
             // they settle first, as they did when each start held the pass.
             if resource.spec.is_gate() {
-                self.settle_rising(&mut machine);
+                self.second_look(&mut machine);
             }
             let result = {
                 let mut ctx = Ctx {
@@ -382,7 +382,7 @@ impl<'a> Pass<'a> {
         if fs.journal_written() {
             self.store.journaled();
         }
-        self.settle_rising(&mut machine);
+        self.second_look(&mut machine);
         session.end(machine, !self.failures.is_empty());
 
         let outcomes: Vec<Outcome> = self.slots.into_iter().flatten().collect();
@@ -490,12 +490,12 @@ impl<'a> Pass<'a> {
     }
 
     fn done(&mut self, r: &Resource, outcome: Outcome, facts: Option<Facts>) {
-        let outcome = self.settle(r, outcome, facts);
+        let outcome = self.record(r, outcome, facts);
         self.slots.push(Some(outcome));
     }
 
     /// Notes a resource that worked: marks it changed if it moved, and records it.
-    fn settle(&mut self, r: &Resource, outcome: Outcome, facts: Option<Facts>) -> Outcome {
+    fn record(&mut self, r: &Resource, outcome: Outcome, facts: Option<Facts>) -> Outcome {
         if outcome.action.moved() {
             self.changed.insert(r.id.clone());
         }
@@ -527,11 +527,11 @@ impl<'a> Pass<'a> {
         outcome
     }
 
-    /// The second look at the units started since the last one: once `SETTLE` has passed since
+    /// The second look at the units started since the last one: once `UNIT_SECOND_LOOK` has passed since
     /// the latest start, each still running is done and recorded; one that died is an error.
-    fn settle_rising(&mut self, machine: &mut Machine) {
+    fn second_look(&mut self, machine: &mut Machine) {
         let Some(latest) = self.rising.iter().map(|(_, _, r)| r.since).max() else { return };
-        std::thread::sleep((latest + SETTLE).saturating_duration_since(std::time::Instant::now()));
+        std::thread::sleep((latest + UNIT_SECOND_LOOK).saturating_duration_since(std::time::Instant::now()));
         let declaration = self.declaration;
         for (slot, index, rising) in std::mem::take(&mut self.rising) {
             let resource = &declaration.resources[index];
@@ -539,7 +539,7 @@ impl<'a> Pass<'a> {
             let second = machine.systemd(self.opts.bus.as_deref()).and_then(|sd| Ok(sd.state(&unit)?));
             match second {
                 Ok(state) if state.running() => {
-                    self.slots[slot] = Some(self.settle(resource, outcome, facts))
+                    self.slots[slot] = Some(self.record(resource, outcome, facts))
                 }
                 Ok(state) => self.fail(resource, &service::died(&unit, &what, &state)),
                 Err(e) => self.fail(resource, &e),
@@ -582,7 +582,7 @@ impl<'a> Pass<'a> {
             let outcome = result.map_err(Error::from).and_then(|()| file::read_back(fs, &checked));
             match outcome {
                 Ok((outcome, facts)) => {
-                    let outcome = self.settle(resource, outcome, Some(facts));
+                    let outcome = self.record(resource, outcome, Some(facts));
                     self.slots[slot] = Some(outcome);
                 }
                 Err(e) => self.fail(resource, &e),

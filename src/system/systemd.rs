@@ -38,7 +38,7 @@ const JOB_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long a unit that was just started must stay active to count as running. A simple
 /// service is "started" by systemd as soon as its process is forked, so a program that exits at
 /// once on a bad configuration satisfies the start job; it is only seen dead a moment later.
-pub const SETTLE: Duration = Duration::from_millis(300);
+pub const UNIT_SECOND_LOOK: Duration = Duration::from_millis(300);
 
 /// A failure talking to systemd, naming the unit.
 #[derive(Debug, thiserror::Error)]
