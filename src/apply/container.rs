@@ -370,20 +370,9 @@ pub fn run_scheduled(
     limit: Option<std::time::Duration>,
 ) -> Result<ScheduledRun, Error> {
     let r = declaration.get(id).ok_or_else(|| Error::NotDeclared { id: id.to_string() })?;
-    let c = match &r.spec {
-        Spec::Container(c) if c.schedule.is_some() => c,
-        Spec::Container(_)
-        | Spec::Directory(_)
-        | Spec::File(_)
-        | Spec::Access(_)
-        | Spec::Package(_)
-        | Spec::Service(_)
-        | Spec::User(_)
-        | Spec::Archive(_)
-        | Spec::Process(_)
-        | Spec::Action(_)
-        | Spec::Network(_)
-        | Spec::Opening(_) => return Err(Error::NotScheduled { id: id.to_string() }),
+    // `Spec::schedule` is the one place that knows which types have a schedule.
+    let (Spec::Container(c), Some(_)) = (&r.spec, r.spec.schedule()) else {
+        return Err(Error::NotScheduled { id: id.to_string() });
     };
     let started = Instant::now();
     let docker = docker::connect(container_socket)?;
