@@ -696,7 +696,6 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     fs.commit_batch(vec![staged], false).pop().unwrap_or(Ok(()))
 }
 
-/// Removes temporary files a crash left beside `path` (`.NAME.mesh-host-*`).
 /// Every regular file below `dir`, sorted; symlinks are listed as what they are (never
 /// followed). An absent `dir` has none.
 pub fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
@@ -719,25 +718,6 @@ pub fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     }
     found.sort();
     Ok(found)
-}
-
-pub fn remove_leftovers(path: &Path) -> Result<usize> {
-    let mut fs = Fs::new();
-    let (parent, name) = split(path);
-    if fs.open_dir(parent)?.is_none() {
-        return Ok(0);
-    }
-    let mut prefix = std::ffi::OsString::from(".");
-    prefix.push(name);
-    prefix.push(".mesh-host-");
-    let mut removed = 0;
-    for entry in fs.list(parent)? {
-        if entry.as_bytes().starts_with(prefix.as_bytes()) {
-            fs.remove_file(&parent.join(&entry))?;
-            removed += 1;
-        }
-    }
-    Ok(removed)
 }
 
 /// An exclusive advisory lock on a file, held while the value lives.
