@@ -35,16 +35,20 @@ pub enum Error {
     /// the answer for every container of the pass (see `Machine::docker`).
     #[error(transparent)]
     Runtime(Arc<DockerError>),
+    /// What nft answered. Shared, because one load of the filter is every opening's.
+    #[error(transparent)]
+    Firewall(Arc<crate::system::firewall::FirewallError>),
 
     // What the declaration asks that this build or this node cannot do. Nothing was changed.
-    #[error("a {0} resource is not supported yet: this build of mesh-host has no applier for it")]
-    Unsupported(Kind),
     /// A file writing keys `into` another: not built yet.
     #[error("writing keys into {path} (`into`) is not supported yet; nothing was written")]
     IntoUnsupported { path: PathBuf },
     /// A file carrying a sealed value, on a node without the key to open it.
     #[error("{path} carries a sealed value and this node has no sealing key; nothing was written")]
     Sealed { path: PathBuf },
+    /// An opening whose id cannot be its rules' comment, which is how its rules are told apart.
+    #[error("the id {id:?} is longer than {max} bytes, the most nftables keeps as a rule's comment; this opening was not loaded (the others were)")]
+    IdTooLongForRule { id: String, max: usize },
     #[error("{path} declares no content")]
     NoContent { path: PathBuf },
     #[error("{path}: the archive has no bytes or source")]
@@ -100,6 +104,9 @@ pub enum Error {
     /// A property of what was written is not what the host set it to.
     #[error("{target}: {what} is {found} after the host set it to {wanted}")]
     ReadBack { target: Target, what: Aspect, wanted: String, found: String },
+    /// The host's filter, loaded without an error, listed differently.
+    #[error("table inet mesh_host was loaded and reads back different: {differs}")]
+    FilterReadBack { differs: String },
     #[error("{target} was {did} and is not there afterwards")]
     Vanished { target: Target, did: &'static str },
     #[error("{target} is still there after removing it")]
@@ -307,8 +314,12 @@ mod tests {
         };
         let cases: Vec<(Error, String)> = vec![
             (
-                Error::Unsupported(Kind::Opening),
-                "a opening resource is not supported yet: this build of mesh-host has no applier for it".into(),
+                Error::IdTooLongForRule { id: "a.b".into(), max: 128 },
+                "the id \"a.b\" is longer than 128 bytes, the most nftables keeps as a rule's comment; this opening was not loaded (the others were)".into(),
+            ),
+            (
+                Error::FilterReadBack { differs: "its rules were reordered".into() },
+                "table inet mesh_host was loaded and reads back different: its rules were reordered".into(),
             ),
             (
                 Error::IntoUnsupported { path: p() },

@@ -14,6 +14,7 @@ mod error;
 mod file;
 pub use file::declared_bytes;
 mod network;
+mod opening;
 mod outcome;
 mod package;
 mod process;
@@ -269,6 +270,10 @@ struct Pass<'a> {
     pending: Vec<(usize, Box<file::Pending>)>,
     /// Units started in this pass awaiting their second look, with their slots.
     rising: Vec<(usize, usize, Box<Rising>)>,
+    /// Orphan openings, left for the firewall step.
+    orphan_openings: Vec<(String, Record)>,
+    /// The slots of the declared openings, filled by the firewall step, by resource index.
+    openings: Vec<(usize, usize)>,
 }
 
 impl<'a> Pass<'a> {
@@ -282,6 +287,8 @@ impl<'a> Pass<'a> {
             changed: HashSet::new(),
             pending: Vec::new(),
             rising: Vec::new(),
+            orphan_openings: Vec::new(),
+            openings: Vec::new(),
         }
     }
 
@@ -324,6 +331,12 @@ impl<'a> Pass<'a> {
                     gated = true;
                     break;
                 }
+            }
+            // The filter is made from every opening at once, after everything else.
+            if matches!(resource.spec, Spec::Opening(_)) {
+                self.openings.push((resource.index, self.slots.len()));
+                self.slots.push(None);
+                continue;
             }
             // Files are committed in batches; anything that is not a file or directory may
             // depend on them (a service restarted on a file), so the batch is finished first.
@@ -368,10 +381,8 @@ impl<'a> Pass<'a> {
                     self.slots.push(None);
                 }
                 Err(e) => {
-                    let unsupported = matches!(e, Error::Unsupported(_));
                     self.fail(resource, &e);
-                    // A missing applier says nothing about the machine, so it does not gate.
-                    if resource.spec.is_gate() && !unsupported {
+                    if resource.spec.is_gate() {
                         gated = true;
                         break;
                     }
@@ -383,6 +394,11 @@ impl<'a> Pass<'a> {
             self.store.journaled();
         }
         self.second_look(&mut machine);
+        if gated {
+            self.firewall_held_by_gate();
+        } else if !self.openings.is_empty() || !self.orphan_openings.is_empty() {
+            self.firewall();
+        }
         session.end(machine, !self.failures.is_empty());
 
         let outcomes: Vec<Outcome> = self.slots.into_iter().flatten().collect();
@@ -417,6 +433,13 @@ impl<'a> Pass<'a> {
             .collect();
         orphans.append(&mut displaced);
         orphans.sort_by_key(|o| std::cmp::Reverse(o.1.position));
+        // Openings leave the filter last, in the firewall step's one load: taking a port out of
+        // the filter first would close it while the rest of the pass may still fail. An opening
+        // whose port or protocol changed under the same id is simply loaded anew.
+        let (openings, orphans): (Vec<_>, Vec<_>) =
+            orphans.into_iter().partition(|o| o.1.kind == Kind::Opening);
+        self.orphan_openings =
+            openings.into_iter().filter(|(id, _)| self.declaration.find(id).is_none()).collect();
         for (id, record) in orphans {
             match remove::remove(fs, machine, &record, self.opts) {
                 Ok((action, detail)) => {
@@ -442,6 +465,69 @@ impl<'a> Pass<'a> {
                     raced: false,
                 }),
             }
+        }
+    }
+
+    /// The firewall step: the host's filter from every declared opening, loaded once, after
+    /// everything else; orphan openings leave it in the same load.
+    fn firewall(&mut self) {
+        let orphans = std::mem::take(&mut self.orphan_openings);
+        let done = opening::apply(self.declaration, self.store, self.opts, orphans);
+        let slots: BTreeMap<usize, usize> = self.openings.iter().copied().collect();
+        let declaration = self.declaration;
+        for (index, result) in done.declared {
+            let resource = &declaration.resources[index];
+            match (result, slots.get(&index)) {
+                (Ok(outcome), Some(&slot)) => {
+                    self.slots[slot] = Some(self.record(resource, outcome, Some(Facts::default())))
+                }
+                // An opening outside a reconcile's selection is loaded with the others (the
+                // filter is one), reported and recorded like them.
+                (Ok(outcome), None) => {
+                    let outcome = self.record(resource, outcome, Some(Facts::default()));
+                    self.slots.push(Some(outcome));
+                }
+                (Err(e), _) => self.fail(resource, &e),
+            }
+        }
+        for (id, record, result) in done.orphans {
+            match result {
+                Ok((action, detail)) => {
+                    if !self.opts.dry_run {
+                        self.store.forget(&id);
+                    }
+                    self.slots.push(Some(Outcome {
+                        id,
+                        kind: record.kind,
+                        target: record.target.into(),
+                        action,
+                        detail,
+                    }));
+                }
+                Err(e) => self.failures.push(Failure {
+                    id,
+                    kind: record.kind,
+                    target: record.target.into(),
+                    message: format!("removing what is no longer declared: {e}"),
+                    raced: false,
+                }),
+            }
+        }
+    }
+
+    /// A gate failed, so not every opening was reached: the filter is left as it was, its
+    /// orphans stay recorded, and each opening set aside says why it was not loaded.
+    fn firewall_held_by_gate(&mut self) {
+        let declaration = self.declaration;
+        for (index, _) in std::mem::take(&mut self.openings) {
+            let r = &declaration.resources[index];
+            self.failures.push(Failure {
+                id: r.id.to_string(),
+                kind: r.kind(),
+                target: r.target(),
+                message: "not loaded: a gate failed in this pass, and the filter is loaded only with every opening reached; it was left as it was".to_owned(),
+                raced: false,
+            });
         }
     }
 
@@ -591,8 +677,7 @@ impl<'a> Pass<'a> {
     }
 }
 
-/// One resource, by its type. Types whose applier has not been built yet fail plainly, and do
-/// not gate: a missing applier says nothing about whether the machine is ready.
+/// One resource, by its type.
 fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
     match &r.spec {
         Spec::Directory(d) => directory::apply(ctx, r, d),
@@ -606,6 +691,8 @@ fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
         Spec::Action(a) => action::apply(ctx, r, a),
         Spec::Container(c) => container::apply(ctx, r, c),
         Spec::Network(n) => network::apply(ctx, r, n),
-        Spec::Opening(_) => Err(Error::Unsupported(r.kind())),
+        // Openings are one filter, loaded by the firewall step once everything else is applied
+        // (`opening::apply`); the pass sets them aside and never steps them one by one.
+        Spec::Opening(_) => unreachable!("the pass sets openings aside for the firewall step"),
     }
 }
