@@ -35,6 +35,15 @@ pub enum Error {
     /// the answer for every container of the pass (see `Machine::docker`).
     #[error(transparent)]
     Runtime(Arc<DockerError>),
+    /// What ufw answered, found active on an adopted node. Shared, like nft's.
+    #[error("ufw: {0}")]
+    Ufw(Arc<crate::system::ufw::UfwError>),
+    /// The flip from ufw to the host's own filter stopped after the filter was loaded.
+    #[error("the host's own filter was loaded, and retiring ufw failed: {0}; ufw and the openings made in it stay, and the next pass tries again")]
+    Flip(Arc<crate::system::ufw::UfwError>),
+    /// The flip from ufw waits: something else in the pass failed.
+    #[error("the flip from ufw to the host's own filter waits until everything applies without failure ({failed} failed); ufw and the openings made in it were left in force")]
+    FlipWaits { failed: usize },
     /// What nft answered. Shared, because one load of the filter is every opening's.
     #[error(transparent)]
     Firewall(Arc<crate::system::firewall::FirewallError>),
@@ -104,6 +113,9 @@ pub enum Error {
     /// A property of what was written is not what the host set it to.
     #[error("{target}: {what} is {found} after the host set it to {wanted}")]
     ReadBack { target: Target, what: Aspect, wanted: String, found: String },
+    /// An opening's rules in ufw, added without an error, read back differently.
+    #[error("{id}: ufw reads back different: {differs}")]
+    UfwReadBack { id: String, differs: String },
     /// The host's filter, loaded without an error, listed differently.
     #[error("table inet mesh_host was loaded and reads back different: {differs}")]
     FilterReadBack { differs: String },

@@ -274,6 +274,8 @@ struct Pass<'a> {
     orphan_openings: Vec<(String, Record)>,
     /// The slots of the declared openings, filled by the firewall step, by resource index.
     openings: Vec<(usize, usize)>,
+    /// The firewall found in force on an adopted node (looked for first).
+    found: opening::Found,
 }
 
 impl<'a> Pass<'a> {
@@ -289,10 +291,39 @@ impl<'a> Pass<'a> {
             rising: Vec::new(),
             orphan_openings: Vec::new(),
             openings: Vec::new(),
+            found: opening::Found::Nothing,
         }
     }
 
     fn run(mut self, only: Option<BTreeSet<usize>>, session: &mut Session) -> (Report, Diffs) {
+        // On an adopted node, the firewall found in force is looked for before anything else:
+        // one the host cannot manage refuses the whole declaration, with nothing touched.
+        // Only a pass that reaches the openings looks: a reconcile of one file does not run ufw.
+        let reaches_openings = only.as_ref().is_none_or(|only| {
+            only.iter().any(|&i| matches!(self.declaration.resources[i].spec, Spec::Opening(_)))
+        });
+        if self.declaration.adoption.is_some() && reaches_openings {
+            match opening::found_firewall() {
+                Ok(found) => self.found = found,
+                Err(message) => {
+                    let failure = Failure {
+                        id: "the firewall found on this machine".to_owned(),
+                        kind: Kind::Opening,
+                        target: "the input hook".to_owned(),
+                        message,
+                        raced: false,
+                    };
+                    let error = ApplyError {
+                        resource: failure.id.clone(),
+                        message: failure.message.clone(),
+                        others: 0,
+                        gated: false,
+                        failures: vec![failure],
+                    };
+                    return (Report { outcomes: Vec::new(), error: Some(error) }, Diffs::default());
+                }
+            }
+        }
         let mut fs = if self.opts.dry_run { Fs::new() } else { Fs::journaled(self.store.journal_path()) };
         let mut accounts = Accounts::default();
         let mut diffs = Diffs::default();
@@ -472,19 +503,44 @@ impl<'a> Pass<'a> {
     /// everything else; orphan openings leave it in the same load.
     fn firewall(&mut self) {
         let orphans = std::mem::take(&mut self.orphan_openings);
-        let done = opening::apply(self.declaration, self.store, self.opts, orphans);
+        let in_ufw = self.found == opening::Found::Ufw;
+        // The flip: a node adopted behind ufw whose declaration no longer says `adoption`. What
+        // protects the node goes last: only once everything else applied without failure.
+        let flipping = !in_ufw
+            && self.declaration.adoption.is_none()
+            && self.store.records().any(|(_, rec)| {
+                rec.kind == Kind::Opening
+                    && rec.origin == self.opts.origin
+                    && rec.more.as_ref().and_then(|m| m.spec.as_deref()) == Some(opening::UFW)
+            });
+        if flipping && !self.failures.is_empty() {
+            let failed = self.failures.len();
+            let declaration = self.declaration;
+            for (index, _) in std::mem::take(&mut self.openings) {
+                self.fail(&declaration.resources[index], &Error::FlipWaits { failed });
+            }
+            return;
+        }
+        let done = if in_ufw {
+            opening::apply_ufw(self.declaration, self.store, self.opts, orphans)
+        } else if flipping {
+            opening::flip(self.declaration, self.store, self.opts, orphans)
+        } else {
+            opening::apply(self.declaration, self.store, self.opts, orphans)
+        };
+        let facts = || Facts { spec: in_ufw.then(|| opening::UFW.to_owned()), ..Facts::default() };
         let slots: BTreeMap<usize, usize> = self.openings.iter().copied().collect();
         let declaration = self.declaration;
         for (index, result) in done.declared {
             let resource = &declaration.resources[index];
             match (result, slots.get(&index)) {
                 (Ok(outcome), Some(&slot)) => {
-                    self.slots[slot] = Some(self.record(resource, outcome, Some(Facts::default())))
+                    self.slots[slot] = Some(self.record(resource, outcome, Some(facts())))
                 }
                 // An opening outside a reconcile's selection is loaded with the others (the
                 // filter is one), reported and recorded like them.
                 (Ok(outcome), None) => {
-                    let outcome = self.record(resource, outcome, Some(Facts::default()));
+                    let outcome = self.record(resource, outcome, Some(facts()));
                     self.slots.push(Some(outcome));
                 }
                 (Err(e), _) => self.fail(resource, &e),

@@ -23,6 +23,7 @@ use super::{Error, Options, Outcome, Verb};
 use crate::declaration::{Cidr, Declaration, Opening, Protocol, Resource, Spec};
 use crate::store::{Record, Store};
 use crate::system::firewall::{self, Listener, Transport, FAMILY, TABLE};
+use crate::system::ufw;
 
 /// The base chain's name in the host's table.
 const CHAIN: &str = "input";
@@ -347,24 +348,7 @@ pub(super) fn apply(
     opts: &Options,
     orphans: Vec<(String, Record)>,
 ) -> Done {
-    let declared: Vec<(&Resource, &Opening)> = declaration
-        .resources
-        .iter()
-        .filter_map(|r| match &r.spec {
-            Spec::Opening(o) => Some((r, o)),
-            Spec::Directory(_)
-            | Spec::File(_)
-            | Spec::Access(_)
-            | Spec::Package(_)
-            | Spec::Service(_)
-            | Spec::Container(_)
-            | Spec::Network(_)
-            | Spec::User(_)
-            | Spec::Archive(_)
-            | Spec::Process(_)
-            | Spec::Action(_) => None,
-        })
-        .collect();
+    let declared = declared_openings(declaration);
     let mut done = Done { declared: Vec::new(), orphans: Vec::new() };
     if declared.is_empty() && orphans.is_empty() {
         return done;
@@ -617,6 +601,46 @@ mod tests {
     }
 
     #[test]
+    fn an_opening_in_ufw_is_written_as_ufw_shows_it() {
+        let any = ufw_rules("dns.udp", &opening(53, "udp", &[]));
+        assert_eq!(any[0].shown, "ufw allow 53/udp comment 'mesh-host dns.udp'");
+        assert_eq!(
+            any[0].in_force,
+            vec![
+                "-A ufw-user-input -p udp -m udp --dport 53 -j ACCEPT",
+                "-A ufw6-user-input -p udp -m udp --dport 53 -j ACCEPT"
+            ]
+        );
+        let from = ufw_rules("web.admin", &opening(22, "tcp", &["10.1.2.3/8", "192.0.2.7", "fd00::/8"]));
+        assert_eq!(
+            from[0].shown,
+            "ufw allow from 10.0.0.0/8 to any port 22 proto tcp comment 'mesh-host web.admin'"
+        );
+        assert_eq!(
+            from[1].shown,
+            "ufw allow from 192.0.2.7 to any port 22 proto tcp comment 'mesh-host web.admin'"
+        );
+        assert_eq!(
+            from[1].in_force,
+            vec!["-A ufw-user-input -s 192.0.2.7/32 -p tcp -m tcp --dport 22 -j ACCEPT"]
+        );
+        assert_eq!(
+            from[2].in_force,
+            vec!["-A ufw6-user-input -s fd00::/8 -p tcp -m tcp --dport 22 -j ACCEPT"]
+        );
+        let added = vec![
+            "ufw allow 53/udp comment 'mesh-host dns.udp'".to_owned(),
+            "ufw allow 53/udp comment 'mesh-host dns.udp2'".to_owned(),
+            "ufw allow 22/tcp".to_owned(),
+        ];
+        assert_eq!(
+            ufw_added_for(&added, "dns.udp"),
+            vec![(added[0].clone(), vec!["allow".to_owned(), "53/udp".to_owned()])],
+            "its comment exactly, and the words that delete it"
+        );
+    }
+
+    #[test]
     fn a_port_is_newly_closed_only_if_it_was_open_listening_and_is_not_declared() {
         let l = |t, addr: &str, port| Listener { transport: t, addr: addr.parse().unwrap(), port };
         let listeners = [
@@ -644,4 +668,383 @@ mod tests {
             "a chain that accepts closes nothing"
         );
     }
+}
+
+/// The firewall found in force on an adopted node, looked for before anything else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Found {
+    /// Nothing filters the input hook but, perhaps, the host's own table.
+    Nothing,
+    /// ufw is active: openings are made in it.
+    Ufw,
+}
+
+/// Which firewall is in force here, or why the declaration is refused: firewalld (not handled
+/// by this build) or any other filter on the input hook, named.
+pub(super) fn found_firewall() -> Result<Found, String> {
+    let failed = |e: &dyn std::fmt::Display| {
+        format!("cannot tell which firewall is in force: {e}; nothing was touched")
+    };
+    if ufw::active().map_err(|e| failed(&e))? {
+        return Ok(Found::Ufw);
+    }
+    if ufw::firewalld_running().map_err(|e| failed(&e))? {
+        return Err("firewalld is running on this adopted node, and this build of mesh-host cannot make openings in firewalld yet; the declaration was refused and nothing was touched".to_owned());
+    }
+    let in_force: Vec<String> = firewall::input_chains()
+        .map_err(|e| failed(&e))?
+        .into_iter()
+        .filter(|c| c.policy != "accept" || c.rules > 0)
+        .map(|c| {
+            format!(
+                "table {} {} chain {} (policy {}, {} rules)",
+                c.family, c.table, c.chain, c.policy, c.rules
+            )
+        })
+        .collect();
+    if in_force.is_empty() {
+        Ok(Found::Nothing)
+    } else {
+        Err(format!(
+            "a filter other than ufw or firewalld is in force on the input hook of this adopted node: {}; mesh-host does not load its own filter beside one it cannot manage, so the declaration was refused and nothing was touched",
+            in_force.join(", ")
+        ))
+    }
+}
+
+/// The comment of an opening's rules in ufw.
+fn ufw_comment(id: &str) -> String {
+    format!("mesh-host {id}")
+}
+
+/// One rule of an opening in ufw: the words after `ufw` that add it, the line `ufw show added`
+/// prints for it, and the lines `iptables -S` prints for it once in force.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct UfwRule {
+    pub words: Vec<String>,
+    pub shown: String,
+    pub in_force: Vec<String>,
+}
+
+/// An opening's rules in ufw: one for the port from anywhere (IPv4 and IPv6), or one per
+/// `from` network.
+pub(super) fn ufw_rules(id: &str, o: &Opening) -> Vec<UfwRule> {
+    let proto = transport(o.protocol).as_str();
+    let port = o.port.get();
+    let comment = ufw_comment(id);
+    let accept = |chain: &str, source: &str| {
+        format!("-A {chain} {source}-p {proto} -m {proto} --dport {port} -j ACCEPT")
+    };
+    if o.from.is_empty() {
+        let words = vec!["allow".to_owned(), format!("{port}/{proto}")];
+        return vec![UfwRule {
+            shown: format!("ufw {} comment '{comment}'", words.join(" ")),
+            words,
+            in_force: vec![accept("ufw-user-input", ""), accept("ufw6-user-input", "")],
+        }];
+    }
+    let mut seen = BTreeSet::new();
+    o.from
+        .iter()
+        .map(network)
+        .filter(|n| seen.insert(*n))
+        .map(|(addr, prefix)| {
+            let (chain, full) =
+                if addr.is_ipv4() { ("ufw-user-input", 32) } else { ("ufw6-user-input", 128) };
+            let source = if prefix == full { addr.to_string() } else { format!("{addr}/{prefix}") };
+            let words: Vec<String> =
+                ["allow", "from", &source, "to", "any", "port", &port.to_string(), "proto", proto]
+                    .iter()
+                    .map(|w| (*w).to_owned())
+                    .collect();
+            UfwRule {
+                shown: format!("ufw {} comment '{comment}'", words.join(" ")),
+                words,
+                in_force: vec![accept(chain, &format!("-s {addr}/{prefix} "))],
+            }
+        })
+        .collect()
+}
+
+/// The rules `ufw show added` lists under an opening's comment, as the words that delete them.
+fn ufw_added_for(added: &[String], id: &str) -> Vec<(String, Vec<String>)> {
+    let suffix = format!(" comment '{}'", ufw_comment(id));
+    added
+        .iter()
+        .filter_map(|line| {
+            let words = line.strip_suffix(&suffix)?.strip_prefix("ufw ")?;
+            Some((line.clone(), words.split(' ').map(str::to_owned).collect()))
+        })
+        .collect()
+}
+
+/// Openings made in ufw, found active on an adopted node: each opening's rules added with its
+/// comment, anything else under its comment deleted, orphan openings' rules deleted; then read
+/// back in ufw's saved rules (permanent) and in the filter in force (runtime), reloading ufw
+/// once if the saved rules are not all in force.
+pub(super) fn apply_ufw(
+    declaration: &Declaration,
+    store: &Store,
+    opts: &Options,
+    orphans: Vec<(String, Record)>,
+) -> Done {
+    let declared = declared_openings(declaration);
+    let mut done = Done { declared: Vec::new(), orphans: Vec::new() };
+    let ufw_failed = |e: ufw::UfwError| std::sync::Arc::new(e);
+    let found = ufw::added().and_then(|a| Ok((a, ufw::in_force()?))).map_err(ufw_failed);
+    let (added, in_force) = match found {
+        Ok(found) => found,
+        Err(e) => {
+            done.declared.extend(declared.iter().map(|(r, _)| (r.index, Err(Error::Ufw(e.clone())))));
+            done.orphans.extend(orphans.into_iter().map(|(id, rec)| (id, rec, Err(Error::Ufw(e.clone())))));
+            return done;
+        }
+    };
+    let mut seen = Vec::new();
+    let mut change: Result<(), std::sync::Arc<ufw::UfwError>> = Ok(());
+    for (r, o) in &declared {
+        let want = ufw_rules(r.id.as_str(), o);
+        let have = ufw_added_for(&added, r.id.as_str());
+        let saved = {
+            let mut a: Vec<&String> = have.iter().map(|(line, _)| line).collect();
+            let mut b: Vec<&String> = want.iter().map(|w| &w.shown).collect();
+            a.sort();
+            b.sort();
+            a == b
+        };
+        let loaded = want.iter().flat_map(|w| &w.in_force).all(|l| in_force.contains(l));
+        seen.push((saved, loaded));
+        if !saved && !opts.dry_run && change.is_ok() {
+            change = have
+                .iter()
+                .try_for_each(|(_, words)| ufw::delete(words))
+                .and_then(|()| want.iter().try_for_each(|w| ufw::add(&w.words, &ufw_comment(r.id.as_str()))))
+                .map_err(ufw_failed);
+        }
+    }
+    let mut orphan_found = Vec::new();
+    for (id, _) in &orphans {
+        let have = ufw_added_for(&added, id);
+        orphan_found.push(!have.is_empty());
+        if !opts.dry_run && change.is_ok() {
+            change = have.iter().try_for_each(|(_, words)| ufw::delete(words)).map_err(ufw_failed);
+        }
+    }
+    // Read back: saved, and in force. A rule saved and not in force (the filter flushed by hand)
+    // is put in force by loading ufw's saved rules again.
+    let read_back = || -> Result<(Vec<String>, Vec<String>), std::sync::Arc<ufw::UfwError>> {
+        Ok((ufw::added().map_err(ufw_failed)?, ufw::in_force().map_err(ufw_failed)?))
+    };
+    let after = change.and_then(|()| {
+        if opts.dry_run {
+            return Ok((added.clone(), in_force.clone()));
+        }
+        let (a, f) = read_back()?;
+        let all_in_force = declared
+            .iter()
+            .flat_map(|(r, o)| ufw_rules(r.id.as_str(), o))
+            .flat_map(|w| w.in_force)
+            .all(|l| f.contains(&l));
+        if all_in_force {
+            Ok((a, f))
+        } else {
+            ufw::reload().map_err(ufw_failed)?;
+            read_back()
+        }
+    });
+    for ((r, o), (saved, loaded)) in declared.iter().zip(seen) {
+        let result = match &after {
+            Err(e) => Err(Error::Ufw(e.clone())),
+            Ok((a, f)) if !opts.dry_run => {
+                let want = ufw_rules(r.id.as_str(), o);
+                let have = ufw_added_for(a, r.id.as_str());
+                let missing: Vec<&String> =
+                    want.iter().map(|w| &w.shown).filter(|s| !have.iter().any(|(l, _)| l == *s)).collect();
+                let not_loaded: Vec<&String> =
+                    want.iter().flat_map(|w| &w.in_force).filter(|l| !f.contains(l)).collect();
+                if have.len() != want.len() || !missing.is_empty() || !not_loaded.is_empty() {
+                    Err(Error::UfwReadBack {
+                        id: r.id.to_string(),
+                        differs: format!(
+                            "saved {} rule(s) under its comment for {} wanted, missing {missing:?}; not in force {not_loaded:?}",
+                            have.len(),
+                            want.len()
+                        ),
+                    })
+                } else {
+                    Ok(())
+                }
+            }
+            Ok(_) => Ok(()),
+        };
+        let result = result.map(|()| {
+            let recorded = store.get(r.id.as_str()).map(|rec| {
+                rec.declared == r.digest && rec.more.as_ref().and_then(|m| m.spec.as_deref()) == Some(UFW)
+            });
+            let (action, detail) =
+                decide(&Seen { recorded, intact: saved && loaded, table_absent: false, common: &[] });
+            let detail = match detail {
+                Some(d) => format!("{d}; in ufw, found active on this adopted node"),
+                None => "in ufw, found active on this adopted node (runtime and permanent)".to_owned(),
+            };
+            Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail: Some(detail) }
+        });
+        done.declared.push((r.index, result));
+    }
+    for ((id, rec), was_there) in orphans.into_iter().zip(orphan_found) {
+        let result = match &after {
+            Err(e) => Err(Error::Ufw(e.clone())),
+            Ok((a, _)) if !opts.dry_run && !ufw_added_for(a, &id).is_empty() => Err(Error::UfwReadBack {
+                id: id.clone(),
+                differs: "its rules are still in ufw after deleting them".into(),
+            }),
+            Ok(_) => Ok((
+                Verb::Removed,
+                Some(
+                    if was_there {
+                        "its rules were deleted from ufw"
+                    } else {
+                        "its rules were already gone from ufw"
+                    }
+                    .to_owned(),
+                ),
+            )),
+        };
+        done.orphans.push((id, rec, result));
+    }
+    done
+}
+
+/// What the record of an opening made in ufw says in its `spec`.
+pub(super) const UFW: &str = "ufw";
+
+/// Every declared opening, with its fields.
+fn declared_openings(declaration: &Declaration) -> Vec<(&Resource, &Opening)> {
+    declaration
+        .resources
+        .iter()
+        .filter_map(|r| match &r.spec {
+            Spec::Opening(o) => Some((r, o)),
+            Spec::Directory(_)
+            | Spec::File(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::Service(_)
+            | Spec::Container(_)
+            | Spec::Network(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Process(_)
+            | Spec::Action(_) => None,
+        })
+        .collect()
+}
+
+/// The flip, on a node whose openings were made in ufw and whose declaration no longer says
+/// `adoption`: the host's own filter is loaded (the caller has checked that everything else
+/// applied), then ufw is disabled, then the host's rules are deleted from ufw; the orphan
+/// openings are told last. Anything that fails after the load fails every opening, so their
+/// records stay those of ufw and the next pass tries the rest again: the filter already loaded
+/// is found as wanted, ufw is disabled, its rules deleted.
+pub(super) fn flip(
+    declaration: &Declaration,
+    store: &Store,
+    opts: &Options,
+    orphans: Vec<(String, Record)>,
+) -> Done {
+    let made_in_ufw: Vec<String> = store
+        .records()
+        .filter(|(_, rec)| rec.kind == crate::declaration::Kind::Opening && rec.origin == opts.origin)
+        .filter(|(_, rec)| rec.more.as_ref().and_then(|m| m.spec.as_deref()) == Some(UFW))
+        .map(|(id, _)| id.to_owned())
+        .collect();
+    let mut done = apply(declaration, store, opts, orphans);
+    let failed = done.declared.iter().filter(|(_, r)| r.is_err()).count()
+        + done.orphans.iter().filter(|(_, _, r)| r.is_err()).count();
+    if failed > 0 {
+        // One opening that could not be loaded keeps ufw in force for all: retiring it now would
+        // drop that port.
+        for (_, result) in &mut done.declared {
+            if result.is_ok() {
+                *result = Err(Error::FlipWaits { failed });
+            }
+        }
+        return done;
+    }
+    let retired = if opts.dry_run { Ok(()) } else { retire_ufw(&made_in_ufw) };
+    match retired {
+        Ok(()) => {
+            for (_, result) in &mut done.declared {
+                if let Ok(o) = result {
+                    o.action = Verb::Updated;
+                    let closes = o.detail.take().filter(|d| d.contains("new connections are dropped"));
+                    let moved = "moved from ufw into table inet mesh_host; ufw was disabled and the host's rules in it deleted";
+                    o.detail = Some(match closes {
+                        Some(c) => format!("{moved}; {}", c.rsplit("; ").next().unwrap_or(&c)),
+                        None => moved.to_owned(),
+                    });
+                }
+            }
+            for (id, _, result) in &mut done.orphans {
+                if made_in_ufw.contains(id) {
+                    *result = Ok((
+                        Verb::Removed,
+                        Some("its rules were deleted from ufw, which was disabled".to_owned()),
+                    ));
+                }
+            }
+        }
+        Err(e) => {
+            let e = std::sync::Arc::new(e);
+            for (_, result) in &mut done.declared {
+                *result = Err(Error::Flip(e.clone()));
+            }
+            for (_, _, result) in &mut done.orphans {
+                *result = Err(Error::Flip(e.clone()));
+            }
+        }
+    }
+    done
+}
+
+/// Disables ufw and deletes the host's rules in it; read back: ufw inactive, none of the
+/// host's comments left in its saved rules.
+///
+/// ufw takes its filter down in steps (its chains deleted, then the INPUT policy set to
+/// accept), and in between it drops every new connection, even to a port the host's filter,
+/// already loaded, accepts; its `ufw default allow` stops and starts it the same way. So the
+/// INPUT chains' policy is set to accept first (one change each, in force at once, while the
+/// host's filter stands), then ufw is disabled. If disabling fails, the policies found are put
+/// back: a ufw left in force must still drop what it does not allow.
+fn retire_ufw(ids: &[String]) -> Result<(), ufw::UfwError> {
+    let found = ufw::input_policies()?;
+    for (program, _) in &found {
+        ufw::set_input_policy(program, "ACCEPT")?;
+    }
+    if let Err(e) = ufw::disable() {
+        for (program, policy) in &found {
+            ufw::set_input_policy(program, policy)?;
+        }
+        return Err(e);
+    }
+    if ufw::active()? {
+        return Err(ufw::UfwError::Failed {
+            command: "ufw disable".into(),
+            how: "returned success and ufw still says it is active".into(),
+        });
+    }
+    let added = ufw::added()?;
+    for id in ids {
+        for (_, words) in ufw_added_for(&added, id) {
+            ufw::delete(&words)?;
+        }
+    }
+    let left = ufw::added()?;
+    if let Some(id) = ids.iter().find(|id| !ufw_added_for(&left, id).is_empty()) {
+        return Err(ufw::UfwError::Failed {
+            command: format!("ufw delete (the rules of {id})"),
+            how: "returned success and the rules are still saved".into(),
+        });
+    }
+    Ok(())
 }

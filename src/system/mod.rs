@@ -17,6 +17,7 @@ pub mod journal;
 pub mod memory;
 pub mod packages;
 pub mod systemd;
+pub mod ufw;
 pub mod users;
 
 pub use accounts::AccountError;

@@ -30,6 +30,9 @@ pub struct Net {
     pub node: String,
     pub a: String,
     pub b: String,
+    /// A private copy of /etc/ufw, bound over it for every command run in the node (ufw keeps
+    /// its state there, and the machine's own must never change).
+    pub ufw_etc: Option<tempfile::TempDir>,
 }
 
 fn sh(argv: &[&str]) -> Output {
@@ -58,7 +61,8 @@ impl Net {
         need_the_tools();
         static N: AtomicUsize = AtomicUsize::new(0);
         let tag = format!("fw{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-        let net = Net { node: format!("{tag}-node"), a: format!("{tag}-a"), b: format!("{tag}-b") };
+        let net =
+            Net { node: format!("{tag}-node"), a: format!("{tag}-a"), b: format!("{tag}-b"), ufw_etc: None };
         for ns in [&net.node, &net.a, &net.b] {
             must(&["ip", "netns", "add", ns]);
             must(&["ip", "-n", ns, "link", "set", "lo", "up"]);
@@ -91,6 +95,44 @@ impl Net {
         .unwrap()
     }
 
+    /// The same, with ufw enabled in the node (its state in a private copy of /etc/ufw).
+    pub fn with_ufw() -> Net {
+        let found = Command::new("ufw").arg("version").output().is_ok_and(|o| o.status.success());
+        assert!(
+            found,
+            "ufw is not installed: tests/testbed/up.sh (50-firewall.sh) installs it, or run tests/run.sh"
+        );
+        let mut net = Net::new();
+        let etc = tempfile::Builder::new().prefix("mesh-host-fw-ufw-").tempdir().unwrap();
+        must(&["cp", "-a", "/etc/ufw/.", etc.path().to_str().unwrap()]);
+        // The default policies are kept in /etc/default/ufw: a private copy of it too.
+        must(&["cp", "-a", "/etc/default/ufw", etc.path().join("default-ufw").to_str().unwrap()]);
+        net.ufw_etc = Some(etc);
+        net.ufw(&["--force", "enable"]);
+        net
+    }
+
+    /// The argv that runs a program in the node, with the private /etc/ufw bound when there is one.
+    fn in_node(&self, program: &std::ffi::OsStr) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.node]);
+        if let Some(etc) = &self.ufw_etc {
+            // `ip netns exec` gives each command a mount namespace of its own, so the binding
+            // lasts as long as the command.
+            cmd.args(["sh", "-c", r#"mount --bind "$0" /etc/ufw && mount --bind "$0/default-ufw" /etc/default/ufw && exec "$@""#])
+                .arg(etc.path());
+        }
+        cmd.arg(program);
+        cmd
+    }
+
+    /// ufw in the node; its output.
+    pub fn ufw(&self, args: &[&str]) -> String {
+        let out = self.in_node("ufw".as_ref()).args(args).output().unwrap();
+        assert!(out.status.success(), "ufw {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// nft, in the node's namespace.
     pub fn nft(&self, args: &[&str]) -> String {
         let mut argv = vec!["ip", "netns", "exec", &self.node, "nft"];
@@ -106,9 +148,13 @@ impl Net {
 
     /// mesh-host, run in the node's namespace with the scratch directory's store.
     pub fn agent(&self, s: &Scratch, args: &[&str]) -> Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.node])
-            .arg(assert_cmd::cargo::cargo_bin("mesh-host"))
+        self.agent_with(s, args, &[])
+    }
+
+    /// mesh-host with more environment (a failpoint).
+    pub fn agent_with(&self, s: &Scratch, args: &[&str], env: &[(&str, &str)]) -> Output {
+        self.in_node(assert_cmd::cargo::cargo_bin("mesh-host").as_os_str())
+            .envs(env.iter().copied())
             .arg("--state")
             .arg(s.state())
             .args(args)
@@ -118,7 +164,17 @@ impl Net {
 
     /// `apply --json` in the node's namespace.
     pub fn apply(&self, s: &Scratch, declaration: &std::path::Path) -> (i32, Value) {
-        let out = self.agent(s, &["apply", "--json", declaration.to_str().unwrap()]);
+        self.apply_with(s, declaration, &[])
+    }
+
+    /// `apply --json` with more environment.
+    pub fn apply_with(
+        &self,
+        s: &Scratch,
+        declaration: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> (i32, Value) {
+        let out = self.agent_with(s, &["apply", "--json", declaration.to_str().unwrap()], env);
         let report = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("no JSON report ({e}): {}", String::from_utf8_lossy(&out.stderr)));
         (out.status.code().unwrap_or(-1), report)
@@ -550,4 +606,204 @@ fn the_daemon_puts_back_a_rule_deleted_by_hand_and_counts_it_as_drift() {
         "{}",
         agent.log()
     );
+}
+
+/// Opens new connections to `to` from `ns`, again and again, until stopped, and counts how many
+/// were answered and how many were not: a port must stay open (or closed) through a change.
+pub struct Prober {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<(usize, usize)>>,
+}
+
+impl Prober {
+    pub fn start(ns: &str, to: &str) -> Prober {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (ns, to, flag) = (ns.to_owned(), to.to_owned(), std::sync::Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            let (mut yes, mut no) = (0, 0);
+            while !flag.load(Ordering::Relaxed) {
+                if connects(&ns, &to) {
+                    yes += 1;
+                } else {
+                    no += 1;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            (yes, no)
+        });
+        Prober { stop, thread: Some(thread) }
+    }
+
+    /// (answered, not answered).
+    pub fn stop(mut self) -> (usize, usize) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn on_an_adopted_node_openings_are_made_in_ufw_runtime_and_permanent_and_read_back() {
+    let net = Net::with_ufw();
+    let s = Scratch::new();
+    for port in [8080, 8081, 8082] {
+        net.serve_tcp(port);
+    }
+    assert!(!connects(&net.a, "10.77.1.1:8080"), "ufw drops what it was not told to allow");
+    let d = s.declare_adopted(json!([
+        {"type": "opening", "id": "web.http", "port": 8080},
+        {"type": "opening", "id": "web.admin", "port": 8081, "from": ["10.77.1.0/24", "fd77:1::/64"]},
+    ]));
+    let (code, report) = net.apply(&s, &d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.http"), "created");
+    assert!(detail(&report, "web.http").contains("in ufw"), "{report:#}");
+    assert_eq!(net.table(), None, "the host's own table is not loaded beside ufw");
+    let added = net.ufw(&["show", "added"]);
+    assert!(added.contains("ufw allow 8080/tcp comment 'mesh-host web.http'"), "{added}");
+    assert!(
+        added
+            .contains("ufw allow from 10.77.1.0/24 to any port 8081 proto tcp comment 'mesh-host web.admin'"),
+        "{added}"
+    );
+
+    for (peer, n) in [(&net.a, 1), (&net.b, 2)] {
+        assert!(connects(peer, &format!("10.77.{n}.1:8080")));
+        assert!(connects(peer, &format!("[fd77:{n}::1]:8080")));
+        assert!(!connects(peer, &format!("10.77.{n}.1:8082")));
+    }
+    assert!(connects(&net.a, "10.77.1.1:8081") && connects(&net.a, "[fd77:1::1]:8081"));
+    assert!(!connects(&net.b, "10.77.2.1:8081") && !connects(&net.b, "[fd77:2::1]:8081"));
+
+    // Steady, then the rules in force flushed by hand: put back from ufw's saved rules.
+    let (_, report) = net.apply(&s, &d);
+    assert_eq!(action(&report, "web.http"), "unchanged");
+    must(&["ip", "netns", "exec", &net.node, "iptables", "-F", "ufw-user-input"]);
+    assert!(!connects(&net.a, "10.77.1.1:8080"));
+    let (code, report) = net.apply(&s, &d);
+    assert_eq!((code, action(&report, "web.http")), (0, "corrected".into()), "{report:#}");
+    assert!(connects(&net.a, "10.77.1.1:8080"));
+
+    // An opening leaving takes its rules out of ufw.
+    let one = s.declare_adopted(json!([{"type": "opening", "id": "web.http", "port": 8080}]));
+    let (_, report) = net.apply(&s, &one);
+    assert_eq!(action(&report, "web.admin"), "removed");
+    assert!(!net.ufw(&["show", "added"]).contains("web.admin"));
+    assert!(!connects(&net.a, "10.77.1.1:8081"));
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn another_filter_on_an_adopted_node_refuses_the_declaration_and_touches_nothing() {
+    let net = Net::new();
+    let s = Scratch::new();
+    net.nft(&["add", "table", "ip", "fwtest_guard"]);
+    net.nft(&[
+        "add",
+        "chain",
+        "ip",
+        "fwtest_guard",
+        "c",
+        "{ type filter hook input priority 0; policy drop; }",
+    ]);
+    let before = net.nft(&["-a", "-j", "list", "ruleset"]);
+    let d = s.declare_adopted(json!([
+        {"type": "file", "id": "web.conf", "path": s.p("web.conf"), "content": "x"},
+        {"type": "opening", "id": "web.http", "port": 8080},
+    ]));
+    let (code, report) = net.apply(&s, &d);
+    assert_eq!(code, 1, "{report:#}");
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains("table ip fwtest_guard chain c (policy drop, 0 rules)"), "{message}");
+    assert!(message.contains("nothing was touched"), "{message}");
+    assert_eq!(report["outcomes"], json!([]));
+    assert!(!s.path("web.conf").exists(), "nothing applied");
+    assert_eq!(net.nft(&["-a", "-j", "list", "ruleset"]), before, "no table made, none changed");
+    // The same declaration on a node that is not adopted: the found filter does not matter.
+    let plain = s.declare(json!([{"type": "opening", "id": "web.http", "port": 8080}]));
+    assert_eq!(net.apply(&s, &plain).0, 0);
+    assert!(net.table().is_some());
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn the_flip_from_ufw_waits_for_every_other_resource_then_loads_the_filter_and_retires_ufw() {
+    let net = Net::with_ufw();
+    let s = Scratch::new();
+    for port in [8080, 8082, 9090] {
+        net.serve_tcp(port);
+    }
+    let adopted = s.declare_adopted(json!([
+        {"type": "opening", "id": "web.http", "port": 8080},
+        {"type": "opening", "id": "web.old", "port": 9090},
+    ]));
+    assert_eq!(net.apply(&s, &adopted).0, 0);
+    let check = |open: &[u16], closed: &[u16], when: &str| {
+        for port in open {
+            assert!(connects(&net.a, &format!("10.77.1.1:{port}")), "{port} is open {when}");
+            assert!(connects(&net.a, &format!("[fd77:1::1]:{port}")), "{port} is open over IPv6 {when}");
+        }
+        for port in closed {
+            assert!(!connects(&net.a, &format!("10.77.1.1:{port}")), "{port} is closed {when}");
+        }
+    };
+    check(&[8080, 9090], &[8082], "behind ufw");
+
+    // The declaration loses `adoption`, and something else in it fails: nothing of the flip.
+    let failing = s.declare(json!([
+        {"type": "file", "id": "web.conf", "path": "/proc/version/web.conf", "content": "x"},
+        {"type": "opening", "id": "web.http", "port": 8080},
+    ]));
+    let (code, report) = net.apply(&s, &failing);
+    assert_eq!(code, 1);
+    let failures = report["error"]["failures"].as_array().unwrap();
+    let http = failures.iter().find(|f| f["id"] == "web.http").expect("the opening says why it waits");
+    assert!(http["message"].as_str().unwrap().contains("waits until everything applies"), "{report:#}");
+    assert!(net.ufw(&["status"]).contains("Status: active"));
+    assert_eq!(net.table(), None);
+    assert!(
+        net.ufw(&["show", "added"]).contains("mesh-host web.old"),
+        "the orphan opening stays, for the next try"
+    );
+    check(&[8080, 9090], &[8082], "after a failed flip");
+
+    // The flip fails in its middle: the host's filter loaded, ufw not disabled. Both filters
+    // stand, and a packet must pass both: the declared port is open, the rest closed.
+    let flip = s.declare(json!([{"type": "opening", "id": "web.http", "port": 8080}]));
+    let (code, report) = net.apply_with(&s, &flip, &[("MESH_HOST_FAILPOINT", "ufw-disable")]);
+    assert_eq!(code, 1, "{report:#}");
+    assert!(report["error"]["message"].as_str().unwrap().contains("retiring ufw failed"), "{report:#}");
+    assert!(net.table().is_some() && net.ufw(&["status"]).contains("Status: active"));
+    check(&[8080], &[8082, 9090], "with both filters loaded");
+    let policy = must(&["ip", "netns", "exec", &net.node, "iptables", "-S", "INPUT"]);
+    assert!(policy.contains("-P INPUT DROP"), "ufw, left in force, still drops by default: {policy}");
+
+    // The flip, while a prober opens new connections to the declared port and to an
+    // undeclared one all along.
+    let declared = Prober::start(&net.a, "10.77.1.1:8080");
+    let undeclared = Prober::start(&net.b, "10.77.2.1:8082");
+    let (code, report) = net.apply(&s, &flip);
+    let (declared, undeclared) = (declared.stop(), undeclared.stop());
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.http"), "updated");
+    assert!(detail(&report, "web.http").contains("moved from ufw"), "{report:#}");
+    assert_eq!(action(&report, "web.old"), "removed");
+    assert_eq!(
+        declared.1, 0,
+        "the declared port never refused a new connection during the flip: {declared:?}"
+    );
+    assert!(declared.0 > 0);
+    assert_eq!(undeclared.0, 0, "the undeclared port never let one in: {undeclared:?}");
+    assert!(net.ufw(&["status"]).contains("Status: inactive"));
+    assert!(!net.ufw(&["show", "added"]).contains("mesh-host"), "the host's rules are gone from ufw");
+    assert!(
+        net.ufw(&["status", "verbose"]).contains("Status: inactive")
+            && std::fs::read_to_string(net.ufw_etc.as_ref().unwrap().path().join("default-ufw"))
+                .unwrap()
+                .contains("DEFAULT_INPUT_POLICY=\"DROP\""),
+        "ufw's saved default policy is as it was found, for whoever enables it again"
+    );
+    check(&[8080], &[8082, 9090], "after the flip");
+    let (code, report) = net.apply(&s, &flip);
+    assert_eq!((code, action(&report, "web.http")), (0, "unchanged".into()));
 }

@@ -8,6 +8,8 @@ need=()
 command -v nft >/dev/null || need+=(nftables)
 command -v ip >/dev/null || need+=(iproute2)
 command -v ping >/dev/null || need+=(iputils-ping)
+# ufw, found on adopted nodes; the tests run it in their namespaces with a private /etc/ufw.
+command -v ufw >/dev/null || need+=(ufw)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
