@@ -375,21 +375,23 @@ pub(super) fn apply(
     let want = (!fits.is_empty()).then(|| wanted(fits.iter().map(|(r, o)| (r.id.as_str(), *o))));
     let ids: BTreeSet<&str> = fits.iter().map(|(r, _)| r.id.as_str()).collect();
 
-    // The listening ports this filter closes, said before it is loaded (and by `plan`).
-    let closes = match &want {
-        None => Ok(Vec::new()),
-        Some(_) => firewall::listening().map(|listeners| {
-            let open: BTreeSet<(Transport, u16)> =
-                fits.iter().map(|(_, o)| (transport(o.protocol), o.port.get())).collect();
-            newly_closed(&listeners, found.as_ref(), &open)
-        }),
-    };
-
     let change = match (&want, &found) {
         (Some(w), Some(f)) => w != f,
         (Some(_), None) => true,
         (None, found) => found.is_some(),
     };
+    // The listening ports this filter closes, said before it is loaded (and by `plan`).
+    let closes = match &want {
+        // A table left as it is closes nothing new; reading every socket of a busy server on
+        // each pass would be paid for nothing.
+        Some(_) if change => firewall::listening().map(|listeners| {
+            let open: BTreeSet<(Transport, u16)> =
+                fits.iter().map(|(_, o)| (transport(o.protocol), o.port.get())).collect();
+            newly_closed(&listeners, found.as_ref(), &open)
+        }),
+        _ => Ok(Vec::new()),
+    };
+
     let loaded = if change && !opts.dry_run { load(want.as_ref()) } else { Ok(()) };
 
     let common = match (&want, &found) {

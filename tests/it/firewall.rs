@@ -807,3 +807,29 @@ fn the_flip_from_ufw_waits_for_every_other_resource_then_loads_the_filter_and_re
     let (code, report) = net.apply(&s, &flip);
     assert_eq!((code, action(&report, "web.http")), (0, "unchanged".into()));
 }
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_failed_gate_leaves_the_filter_as_it_was() {
+    let net = Net::new();
+    let s = Scratch::new();
+    net.serve_tcp(8080);
+    let d = s.declare(json!([{"type": "opening", "id": "web.http", "port": 8080}]));
+    assert_eq!(net.apply(&s, &d).0, 0);
+    let loaded = net.table().unwrap();
+    // An action that fails is a gate; the opening declared before it is not loaded without the
+    // one declared after it, which was never reached: the filter stays exactly as it was.
+    let gated = s.declare(json!([
+        {"type": "opening", "id": "web.http", "port": 8080},
+        {"type": "action", "id": "web.check", "command": ["false"], "verify": ["false"]},
+        {"type": "opening", "id": "web.https", "port": 8443},
+    ]));
+    let (code, report) = net.apply(&s, &gated);
+    assert_eq!(code, 1);
+    assert_eq!(report["error"]["gated"], true, "{report:#}");
+    let failures = report["error"]["failures"].as_array().unwrap();
+    let http = failures.iter().find(|f| f["id"] == "web.http").expect("the opening says why");
+    assert!(http["message"].as_str().unwrap().contains("a gate failed"), "{report:#}");
+    assert_eq!(net.table().unwrap(), loaded);
+    assert!(connects(&net.a, "10.77.1.1:8080"));
+}
