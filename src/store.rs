@@ -489,6 +489,17 @@ impl Store {
         }
     }
 
+    /// Records the signature of a file found, once its change time is old enough to trust,
+    /// that a record was just made for. The store is then stale, not dirty: see `record`.
+    pub fn sign(&mut self, id: &str, sig: fs::Sig) {
+        if let Some(rec) = self.file.records.get_mut(id) {
+            if rec.sig != Some(sig) {
+                rec.sig = Some(sig);
+                self.stale = true;
+            }
+        }
+    }
+
     pub fn forget(&mut self, id: &str) {
         if self.file.records.remove(id).is_some() {
             self.dirty = true;

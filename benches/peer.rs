@@ -1,0 +1,188 @@
+//! mesh-host side by side with CFEngine (`cf-agent`, Debian's `cfengine3`) on the same work, in
+//! the same run: 10,000 files of 1 KiB in 1,000 directories, a cold apply on a new ext4
+//! filesystem (a loop image made anew for every cold run of either tool, so no run pays for
+//! another's file churn), then the first steady apply and three more. What to compare is the
+//! ratio within a run: these machines are noisy, and both tools share the noise.
+//!
+//! Run with `cargo bench --bench peer` as root; figures go in BENCHMARKS.md. Needs `cf-agent`
+//! (`apt-get install cfengine3`), `mkfs.ext4` and loop devices. `MESH_HOST_BENCH_RUNS` sets how
+//! many rounds (default 3); `MESH_HOST_BENCH_DIR` where the images are kept (default /var/tmp).
+#![allow(clippy::disallowed_methods)]
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{apply_cli, declaration, median, DIRS, FILES_PER_DIR};
+
+/// An ext4 filesystem in a loop image made for one cold run, unmounted and deleted on drop.
+struct Fresh {
+    image: PathBuf,
+    mount: PathBuf,
+}
+
+impl Fresh {
+    fn new(base: &Path, name: &str) -> Fresh {
+        let image = base.join(format!("mesh-host-peer-{name}.img"));
+        let mount = base.join(format!("mesh-host-peer-{name}"));
+        // What an interrupted earlier run left behind, if anything.
+        let _ = Command::new("umount").arg(&mount).stderr(std::process::Stdio::null()).status();
+        let _ = std::fs::remove_file(&image);
+        std::fs::create_dir_all(&mount).unwrap();
+        // 1 GiB is room for 10,000 files of 1 KiB, their directories, the store and the journal.
+        run("truncate", &["-s", "1G", image.to_str().unwrap()]);
+        run("mkfs.ext4", &["-q", "-F", image.to_str().unwrap()]);
+        run("mount", &["-o", "loop", image.to_str().unwrap(), mount.to_str().unwrap()]);
+        Fresh { image, mount }
+    }
+}
+
+impl Drop for Fresh {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount).status();
+        let _ = std::fs::remove_file(&self.image);
+        let _ = std::fs::remove_dir(&self.mount);
+    }
+}
+
+fn run(program: &str, args: &[&str]) {
+    let status = Command::new(program).args(args).status().unwrap_or_else(|e| {
+        panic!("cannot run {program}: {e}; the peer benchmark needs e2fsprogs, mount and cfengine3")
+    });
+    assert!(status.success(), "{program} {args:?} failed: {status}");
+}
+
+/// The same tree as a CFEngine policy: each directory made with mode 0755, each file with its
+/// whole content (the `content` attribute, CFEngine 3.16 and later) and mode 0644.
+fn policy(root: &Path) -> String {
+    let body = "x".repeat(1023);
+    let mut p = String::with_capacity(12 << 20);
+    p.push_str("body common control { bundlesequence => { \"main\" }; }\n");
+    p.push_str("body perms m(mode) { mode => \"$(mode)\"; rxdirs => \"false\"; }\n");
+    p.push_str("bundle agent main {\nfiles:\n");
+    for d in 0..DIRS {
+        let dir = root.join(format!("d{d:04}"));
+        writeln!(p, "  \"{}/.\" create => \"true\", perms => m(\"0755\");", dir.display()).unwrap();
+    }
+    for d in 0..DIRS {
+        let dir = root.join(format!("d{d:04}"));
+        for f in 0..FILES_PER_DIR {
+            writeln!(
+                p,
+                "  \"{}/f{f}.conf\" create => \"true\", content => \"{body}$(const.n)\", perms => m(\"0644\");",
+                dir.display()
+            )
+            .unwrap();
+        }
+    }
+    p.push_str("}\n");
+    p
+}
+
+/// Runs `cf-agent` once on the policy, ignoring its locks (`-K`), as a cold or steady run.
+fn cf_agent(policy: &Path) -> Duration {
+    let start = Instant::now();
+    let out = Command::new("cf-agent")
+        .arg("-K")
+        .arg("-f")
+        .arg(policy)
+        .output()
+        .expect("cf-agent runs: apt-get install cfengine3");
+    let took = start.elapsed();
+    assert!(out.status.success(), "cf-agent failed: {}", String::from_utf8_lossy(&out.stderr));
+    took
+}
+
+/// Checks that a tool made the whole tree: every file present with its 1 KiB.
+fn check_tree(root: &Path) {
+    for d in [0, DIRS / 2, DIRS - 1] {
+        for f in 0..FILES_PER_DIR {
+            let path = root.join(format!("d{d:04}/f{f}.conf"));
+            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            assert_eq!(len, 1024, "{} was not made", path.display());
+        }
+    }
+}
+
+/// One tool's times in one round: cold, first steady, and the steady ones after it.
+struct Times {
+    cold: Duration,
+    first: Duration,
+    steady: Vec<Duration>,
+}
+
+fn mesh_host(base: &Path, round: usize) -> Times {
+    let fs = Fresh::new(base, &format!("mesh-{round}"));
+    let root = fs.mount.join("tree");
+    let decl = fs.mount.join("declaration.json");
+    std::fs::write(&decl, serde_json::to_vec(&declaration(&root)).unwrap()).unwrap();
+    let state = fs.mount.join("state/state.json");
+    let cold = apply_cli(&decl, &state);
+    check_tree(&root);
+    let first = apply_cli(&decl, &state);
+    let steady = (0..3).map(|_| apply_cli(&decl, &state)).collect();
+    Times { cold, first, steady }
+}
+
+fn cfengine(base: &Path, round: usize) -> Times {
+    let fs = Fresh::new(base, &format!("cfe-{round}"));
+    let root = fs.mount.join("tree");
+    let file = fs.mount.join("policy.cf");
+    std::fs::write(&file, policy(&root)).unwrap();
+    let cold = cf_agent(&file);
+    check_tree(&root);
+    let first = cf_agent(&file);
+    let steady = (0..3).map(|_| cf_agent(&file)).collect();
+    Times { cold, first, steady }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn main() {
+    assert!(nix::unistd::geteuid().is_root(), "the peer benchmark mounts loop images: run it as root");
+    let base = PathBuf::from(std::env::var("MESH_HOST_BENCH_DIR").unwrap_or_else(|_| "/var/tmp".into()));
+    let rounds: usize = std::env::var("MESH_HOST_BENCH_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
+    let (mut cold, mut first, mut steady) = (Vec::new(), Vec::new(), Vec::new());
+    println!("mesh-host and CFEngine, 10,000 files of 1 KiB in 1,000 directories, a new ext4 per cold run");
+    for round in 0..rounds {
+        // Alternate which tool goes first, so neither always meets the other's leftovers in
+        // the page cache or the disk's queue.
+        let (m, c) = if round % 2 == 0 {
+            let m = mesh_host(&base, round);
+            (m, cfengine(&base, round))
+        } else {
+            let c = cfengine(&base, round);
+            (mesh_host(&base, round), c)
+        };
+        let (ms_steady, cf_steady) = (median(m.steady.clone()), median(c.steady.clone()));
+        println!(
+            "round {round}: cold {:.0} ms vs {:.0} ms ({:.2}x); first steady {:.0} vs {:.0} ms ({:.1}x); steady {:.0} vs {:.0} ms ({:.1}x)",
+            ms(m.cold),
+            ms(c.cold),
+            c.cold.as_secs_f64() / m.cold.as_secs_f64(),
+            ms(m.first),
+            ms(c.first),
+            c.first.as_secs_f64() / m.first.as_secs_f64(),
+            ms(ms_steady),
+            ms(cf_steady),
+            cf_steady.as_secs_f64() / ms_steady.as_secs_f64(),
+        );
+        cold.push(c.cold.as_secs_f64() / m.cold.as_secs_f64());
+        first.push(c.first.as_secs_f64() / m.first.as_secs_f64());
+        steady.push(cf_steady.as_secs_f64() / ms_steady.as_secs_f64());
+    }
+    let mid = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "median ratio (CFEngine's time / mesh-host's): cold {:.2}x, first steady {:.1}x, steady {:.1}x",
+        mid(cold),
+        mid(first),
+        mid(steady)
+    );
+}
