@@ -392,6 +392,9 @@ impl<'a> Pass<'a> {
             }
         }
         self.flush(&mut fs);
+        // Directories made since the last batch (a directory resource alone, say), durable
+        // before the store records them.
+        fs.make_durable();
         if fs.journal_written() {
             self.store.journaled();
         }
