@@ -290,7 +290,9 @@ impl<'a> Pass<'a> {
         let mut accounts = Accounts::default();
         let mut diffs = Diffs::default();
         let mut machine = session.start();
-        let mut gated = false;
+        // The failure that closed the pass, when a gate did: where it is in `failures`. The
+        // report's error is that gate's own, whatever failed before it.
+        let mut gate_at: Option<usize> = None;
 
         if only.is_none() {
             self.remove_orphans(&mut fs, &mut machine);
@@ -311,6 +313,7 @@ impl<'a> Pass<'a> {
             }
             if let Some(gate) = closed_gate {
                 if resource.index > gate.index {
+                    gate_at = Some(self.failures.len());
                     self.failures.push(Failure {
                         id: gate.id.to_string(),
                         kind: gate.kind(),
@@ -321,7 +324,6 @@ impl<'a> Pass<'a> {
                         ),
                         raced: false,
                     });
-                    gated = true;
                     break;
                 }
             }
@@ -372,7 +374,7 @@ impl<'a> Pass<'a> {
                     self.fail(resource, &e);
                     // A missing applier says nothing about the machine, so it does not gate.
                     if resource.spec.is_gate() && !unsupported {
-                        gated = true;
+                        gate_at = Some(self.failures.len() - 1);
                         break;
                     }
                 }
@@ -387,12 +389,14 @@ impl<'a> Pass<'a> {
 
         let outcomes: Vec<Outcome> = self.slots.into_iter().flatten().collect();
         let error = (!self.failures.is_empty()).then(|| {
-            let first = &self.failures[0];
+            // A gate's failure is the one that matters: it is why the rest was not attempted,
+            // and the error says "it is a gate" of whatever it names. Otherwise the first.
+            let named = &self.failures[gate_at.unwrap_or(0)];
             ApplyError {
-                resource: first.id.clone(),
-                message: first.message.clone(),
+                resource: named.id.clone(),
+                message: named.message.clone(),
                 others: self.failures.len() - 1,
-                gated,
+                gated: gate_at.is_some(),
                 failures: self.failures.clone(),
             }
         });
