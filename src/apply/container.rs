@@ -359,13 +359,32 @@ pub struct ScheduledRun {
     pub took: Duration,
 }
 
+/// The scheduled steps of `declaration` that an apply installed at their current declaration,
+/// each with the spec it was recorded at: the only ones the scheduler may run. A step whose
+/// install failed, that sat behind a failed gate, or that was held on an adopted node has no
+/// such record, and a backup must not run against a store whose migration never passed.
+pub fn installed_steps(declaration: &Declaration, store: &Store) -> HashMap<Id, String> {
+    declaration
+        .scheduled_steps()
+        .filter_map(|(id, _)| {
+            let r = declaration.get(id)?;
+            let Spec::Container(c) = &r.spec else { return None };
+            let rec = store.get(id.as_str()).filter(|rec| rec.kind == Kind::Container)?;
+            let want = spec(declaration, c, None);
+            (rec.spec() == Some(want.as_str())).then(|| (id.clone(), want))
+        })
+        .collect()
+}
+
 /// Runs one scheduled step to completion: what the daemon's scheduler calls at each fire.
-/// Success is an exit of 0; anything else is an error naming the step, to be logged and
-/// counted, never to change what an apply reported. Blocks: call it from a blocking thread of
-/// a tokio runtime (`spawn_blocking`).
+/// `installed` is the spec the step was installed at ([`installed_steps`]); a step not
+/// installed at the spec declared now is refused, not run. Success is an exit of 0; anything
+/// else is an error naming the step, to be logged and counted, never to change what an apply
+/// reported. Blocks: call it from a blocking thread of a tokio runtime (`spawn_blocking`).
 pub fn run_scheduled(
     declaration: &Declaration,
     id: &Id,
+    installed: Option<&str>,
     container_socket: Option<&str>,
     limit: Option<std::time::Duration>,
 ) -> Result<ScheduledRun, Error> {
@@ -374,10 +393,14 @@ pub fn run_scheduled(
     let (Spec::Container(c), Some(_)) = (&r.spec, r.spec.schedule()) else {
         return Err(Error::NotScheduled { id: id.to_string() });
     };
+    let want = spec(declaration, c, None);
+    if installed != Some(want.as_str()) {
+        return Err(Error::StepNotInstalled { id: id.to_string() });
+    }
     let started = Instant::now();
     let docker = docker::connect(container_socket)?;
     ensure_image(&docker, c)?;
-    run_step(&docker, r, c, &spec(declaration, c, None), "scheduled step", limit)?;
+    run_step(&docker, r, c, &want, "scheduled step", limit)?;
     Ok(ScheduledRun { id: id.to_string(), took: started.elapsed() })
 }
 

@@ -61,6 +61,12 @@ pub enum Error {
     NotDeclared { id: String },
     #[error("{id} is not a scheduled container step")]
     NotScheduled { id: String },
+    /// A fire of a step that no apply installed at its current declaration: its install
+    /// failed, a gate before it failed, or its module is not taken yet.
+    #[error(
+        "scheduled step {id} is not installed at its current declaration (its install failed, a gate before it failed, or its module is not taken yet), so it was not run"
+    )]
+    StepNotInstalled { id: String },
 
     // What the host found before changing anything. Nothing was changed.
     /// Something of another kind at a declared path: a symlink, a directory or a FIFO where a
@@ -330,6 +336,10 @@ mod tests {
             ),
             (Error::NotDeclared { id: "a.b".into() }, "a.b is not declared".into()),
             (Error::NotScheduled { id: "a.b".into() }, "a.b is not a scheduled container step".into()),
+            (
+                Error::StepNotInstalled { id: "a.b".into() },
+                "scheduled step a.b is not installed at its current declaration (its install failed, a gate before it failed, or its module is not taken yet), so it was not run".into(),
+            ),
             (
                 Error::WrongKind { path: p(), declared: Kind::File, found: FsKind::Symlink },
                 "/etc/app.conf is a symlink; mesh-host never writes through a symlink, and does not replace one it did not make: remove it, or declare the real path".into(),

@@ -30,7 +30,7 @@ pub use archive::ArchiveLimits;
 /// For the `env_file` fuzz target (`fuzz/`): the parser of a container's env-file.
 #[doc(hidden)]
 pub use container::parse_env_file;
-pub use container::{run_scheduled, spec_digest, ScheduledRun};
+pub use container::{installed_steps, run_scheduled, spec_digest, ScheduledRun};
 pub use error::{Aspect, Error, Need, Target};
 pub use outcome::{ApplyError, Failure, Outcome, Report, Verb};
 
