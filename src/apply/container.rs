@@ -298,12 +298,22 @@ fn run_once(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Erro
         None => (Verb::Created, "run-once step completed"),
     };
     if ctx.opts.dry_run {
-        return Ok(Step::Done(begin(r, action, Some("run-once step would run".into())), None));
+        let detail = format!("run-once step would run{}", ports_unpublished(c));
+        return Ok(Step::Done(begin(r, action, Some(detail)), None));
     }
     let docker = &ctx.docker()?;
     ensure_image(docker, c)?;
     run_step(docker, r, c, &want, "run-once step", ctx.opts.step_timeout)?;
-    Ok(Step::Done(begin(r, action, Some(detail.into())), Some(facts)))
+    Ok(Step::Done(begin(r, action, Some(format!("{detail}{}", ports_unpublished(c)))), Some(facts)))
+}
+
+/// What a step's outcome adds when it declares ports, which a step does not publish.
+fn ports_unpublished(c: &Container) -> &'static str {
+    if c.ports.is_empty() {
+        ""
+    } else {
+        "; its ports are not published: a step runs beside the service that holds them"
+    }
 }
 
 /// Runs a step's container to completion and removes it. A failed one is left in place so its
@@ -349,7 +359,7 @@ fn install_schedule(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
         ),
     };
     let facts = (!ctx.opts.dry_run).then(|| Facts { spec: Some(want), schedule, ..Facts::default() });
-    Ok(Step::Done(begin(r, action, Some(detail.into())), facts))
+    Ok(Step::Done(begin(r, action, Some(format!("{detail}{}", ports_unpublished(c)))), facts))
 }
 
 /// What one run of a scheduled step did.
@@ -559,8 +569,12 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
         binds.push(bind);
     }
 
-    let ports = c
-        .ports
+    // A step publishes nothing: it runs beside the service it prepares, which holds those
+    // ports, and a run-once step or a fire would otherwise fail on them (or, before the
+    // service is up, expose a migration to the network for as long as it runs). A step that
+    // declares ports (a template shared with its service) is told so in its outcome.
+    let published = if keep_running { &c.ports[..] } else { &[] };
+    let ports = published
         .iter()
         .map(|p| docker::Publish {
             container_port: p.container_port(),
@@ -677,6 +691,10 @@ mod tests {
         // The source as checked (normalised), in the runtime's own form.
         assert_eq!(new.binds, ["/tmp:/scratch:ro", "web-data:/data"]);
         assert_eq!(new.hosts, ["db:10.0.0.5"]);
+        // A step publishes none of them: it runs beside the service that holds them.
+        let step = new_container(r, c, "sha256:want", false).unwrap();
+        assert!(step.ports.is_empty());
+        assert_eq!(step.binds, new.binds);
     }
 
     #[test]

@@ -128,6 +128,30 @@ fn docker_scheduled_step_is_installed_not_run_then_run_by_the_scheduler() {
     assert_eq!(action(&report, "db.broken"), "unchanged");
 }
 
+/// Regression (issue 11): a run-once step published its declared ports, so a step declared
+/// from its service's template (the same ports) clashed with the service already holding them
+/// and failed its gate. A step publishes no ports, and says so.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_a_run_once_step_does_not_publish_its_ports() {
+    let n = Names::new(DOCKER, "stepports");
+    let s = Scratch::new();
+    let port = 20_000 + std::process::id() % 20_000;
+    let ports = json!([format!("127.0.0.1:{port}:80")]);
+    let mut web = sleeper("web.app", &n.container("web"));
+    web["ports"] = ports.clone();
+    let d = s.declare(json!([
+        web,
+        {"type": "container", "id": "web.migrate", "name": n.container("migrate"), "image": IMAGE,
+         "run-once": true, "ports": ports, "args": ["true"]},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "the step ran beside the service holding the port:\n{report:#}");
+    assert_eq!(action(&report, "web.migrate"), "created");
+    assert!(detail(&report, "web.migrate").contains("not published"), "{report:#}");
+    assert!(DOCKER.running(&n.container("web")));
+}
+
 /// What the daemon's scheduler does at a fire of `id`: run the step if the store says an apply
 /// installed it at the declaration in `d`.
 fn fire(
