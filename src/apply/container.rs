@@ -67,7 +67,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
             read_back(docker, c, &plan.spec, Started::Again)?;
         }
         Run::Create { replace, started } => {
-            ensure_image(docker, c)?;
+            let got = ensure_image(docker, c)?;
             let new = new_container(r, c, &plan.spec, true)?;
             if replace {
                 docker.remove(c.name.as_str())?;
@@ -75,6 +75,13 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
             docker.create(&new)?;
             docker.start(c.name.as_str())?;
             read_back(docker, c, &plan.spec, started)?;
+            if got {
+                let detail = match &plan.detail {
+                    Some(d) => format!("{d}{}", pulled(c, true)),
+                    None => pulled(c, true).trim_start_matches("; ").to_owned(),
+                };
+                return Ok(Step::Done(begin(r, plan.action, Some(detail)), Some(facts)));
+            }
         }
     }
     done(Some(facts))
@@ -302,9 +309,10 @@ fn run_once(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Erro
         return Ok(Step::Done(begin(r, action, Some(detail)), None));
     }
     let docker = &ctx.docker()?;
-    ensure_image(docker, c)?;
+    let got = ensure_image(docker, c)?;
     run_step(docker, r, c, &want, "run-once step", ctx.opts.step_timeout)?;
-    Ok(Step::Done(begin(r, action, Some(format!("{detail}{}", ports_unpublished(c)))), Some(facts)))
+    let detail = format!("{detail}{}{}", ports_unpublished(c), pulled(c, got));
+    Ok(Step::Done(begin(r, action, Some(detail)), Some(facts)))
 }
 
 /// What a step's outcome adds when it declares ports, which a step does not publish.
@@ -348,8 +356,14 @@ fn install_schedule(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     let want = spec(ctx.declaration, c, None);
     let schedule = c.schedule.as_ref().map(|s| s.as_str().to_owned());
     let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Container);
+    // Made present now, so the first fire does not find it missing; a plan only looks.
     let docker = &ctx.docker()?;
-    ensure_image(docker, c)?;
+    let got = if ctx.opts.dry_run {
+        docker.image(c.image.as_str())?;
+        false
+    } else {
+        ensure_image(docker, c)?
+    };
     let (action, detail) = match record.and_then(|rec| rec.spec()) {
         Some(s) if s == want => (Verb::Unchanged, "scheduled step, installed for this declaration"),
         Some(_) => (Verb::Updated, "scheduled step re-installed: its image, settings or cadence changed"),
@@ -359,7 +373,8 @@ fn install_schedule(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
         ),
     };
     let facts = (!ctx.opts.dry_run).then(|| Facts { spec: Some(want), schedule, ..Facts::default() });
-    Ok(Step::Done(begin(r, action, Some(format!("{detail}{}", ports_unpublished(c)))), facts))
+    let detail = format!("{detail}{}{}", ports_unpublished(c), pulled(c, got));
+    Ok(Step::Done(begin(r, action, Some(detail)), facts))
 }
 
 /// What one run of a scheduled step did.
@@ -414,15 +429,50 @@ pub fn run_scheduled(
     Ok(ScheduledRun { id: id.to_string(), took: started.elapsed() })
 }
 
-/// The image must already be on this machine: mesh-host does not pull. A name such as
-/// `local/web:1` pulled on a machine that lacks it would be resolved on a public registry,
-/// which may hold something else under that name; images reach a node by being loaded.
-fn ensure_image(docker: &Docker, c: &Container) -> Result<(), Error> {
+/// Makes the image present: inspected, pulled when absent (by digest when it is named by one),
+/// and inspected again. Returns whether it was pulled, for the outcome. The runtime's own
+/// registry configuration applies: a name without a registry is looked up where the runtime
+/// looks (Docker Hub for Docker, Podman's search registries), so a module names its images
+/// fully, or by digest, when it must have exactly them.
+fn ensure_image(docker: &Docker, c: &Container) -> Result<bool, Error> {
     let image = c.image.as_str();
-    if docker.has_image(image)? {
+    if let Some(found) = docker.image(image)? {
+        same_digest(image, &found)?;
+        return Ok(false);
+    }
+    // An image id alone names no repository: nothing can be asked for it.
+    if image.starts_with("sha256:") {
+        return Err(Error::ImageMissing { image: image.to_owned(), cli: docker.cli() });
+    }
+    docker.pull(image).map_err(|answer| Error::PullFailed { image: image.to_owned(), answer })?;
+    // Read back: a pull that said it finished is not evidence the image is there.
+    let found = docker.image(image)?.ok_or_else(|| Error::PulledNotThere { image: image.to_owned() })?;
+    same_digest(image, &found)?;
+    Ok(true)
+}
+
+/// An image named by digest must be held at that digest. The runtime answers an inspect by
+/// `name@sha256:...` only for an image it holds at that digest; this is the read-back of that,
+/// never taken on trust from the pull.
+fn same_digest(image: &str, found: &docker::ImageFound) -> Result<(), Error> {
+    let Some((_, digest)) = image.split_once('@') else { return Ok(()) };
+    if found.repo_digests.iter().any(|d| d.rsplit_once('@').is_some_and(|(_, at)| at == digest)) {
         return Ok(());
     }
-    Err(Error::ImageMissing { image: image.to_owned(), cli: docker.cli() })
+    let found = match found.repo_digests.as_slice() {
+        [] => format!("{}, with no repository digest", found.id),
+        digests => digests.join(", "),
+    };
+    Err(Error::ImageDigest { image: image.to_owned(), found })
+}
+
+/// What an outcome adds when the image was pulled for it.
+fn pulled(c: &Container, pulled: bool) -> String {
+    if pulled {
+        format!("; image {} pulled", c.image.as_str())
+    } else {
+        String::new()
+    }
 }
 
 /// The digest of a container's spec: what it is made from. `reads` are the files it reads at
@@ -713,6 +763,30 @@ mod tests {
         let two = BTreeMap::from([("/etc/web.env".to_owned(), "sha256:2".to_owned())]);
         assert_ne!(spec(&d, c, Some(&one)), spec(&d, c, Some(&two)));
         assert_ne!(spec(&d, c, Some(&one)), spec(&d, c, None));
+    }
+
+    #[test]
+    fn an_image_named_by_digest_must_be_held_at_it() {
+        let d = format!("sha256:{}", "a".repeat(64));
+        let other = format!("sha256:{}", "b".repeat(64));
+        let held = |digests: &[String]| docker::ImageFound {
+            id: "sha256:id".into(),
+            repo_digests: digests.to_vec(),
+        };
+        let named = format!("reg:5000/web@{d}");
+        // Held at it, by whatever repository the runtime came by it.
+        assert!(same_digest(&named, &held(&[format!("other/web@{d}")])).is_ok());
+        let err = same_digest(&named, &held(&[format!("reg:5000/web@{other}")])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("image {named} is named by its digest, and the runtime holds it as reg:5000/web@{other}; nothing was created")
+        );
+        assert!(same_digest(&named, &held(&[]))
+            .unwrap_err()
+            .to_string()
+            .contains("sha256:id, with no repository digest"));
+        // A tag is not held to a digest.
+        assert!(same_digest("reg:5000/web:1", &held(&[])).is_ok());
     }
 
     // The decision for a long-running container, without a runtime.

@@ -86,9 +86,22 @@ pub enum Error {
     /// An env-file that cannot be read or is not in the env-file format.
     #[error("container {container}: env-file[{index}] {path}: {why}")]
     EnvFile { container: String, index: usize, path: PathBuf, why: String },
-    /// The image is not on this machine, which does not pull (see `container::ensure_image`).
-    #[error("{}", image_missing(.image, .cli))]
+    /// The image is not on this machine, and is named by its id alone, which no registry serves.
+    #[error(
+        "image {image} is not on this machine, and an image named by its id alone cannot be pulled: name it by repository and digest (name@sha256:...), or load it (`{cli} load`) before applying"
+    )]
     ImageMissing { image: String, cli: &'static str },
+    /// The image was absent and the pull failed: the registry's answer, as the runtime relays it.
+    #[error("image {image} is not on this machine and cannot be pulled: {answer}")]
+    PullFailed { image: String, answer: String },
+    /// The pull said it succeeded and the image is not there.
+    #[error("image {image} was pulled, and the runtime does not have it afterwards")]
+    PulledNotThere { image: String },
+    /// An image named by digest is held at another one.
+    #[error(
+        "image {image} is named by its digest, and the runtime holds it as {found}; nothing was created"
+    )]
+    ImageDigest { image: String, found: String },
     #[error("{unit} cannot be enabled: its unit file has no [Install] section (systemd calls it static)")]
     StaticUnit { unit: String },
     /// A transient unit of the host's that systemd keeps restarting.
@@ -278,18 +291,6 @@ fn wrong_kind(declared: Kind, found: FsKind) -> &'static str {
 }
 
 /// Which of two messages: an image named by its digest cannot be fetched at all.
-fn image_missing(image: &str, cli: &str) -> String {
-    if image.starts_with("sha256:") || image.contains("@sha256:") {
-        format!(
-            "image {image} is not on this machine, and an image named by its digest cannot be fetched: nothing here serves it. Load it (`{cli} load`) before applying"
-        )
-    } else {
-        format!(
-            "image {image} is not on this machine; mesh-host does not pull images, so load or build it here (`{cli} load`, `{cli} import`) before applying"
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -397,12 +398,20 @@ mod tests {
                 "container web: env-file[0] /etc/app.conf: is not UTF-8 text".into(),
             ),
             (
-                Error::ImageMissing { image: "local/web:1".into(), cli: "podman" },
-                "image local/web:1 is not on this machine; mesh-host does not pull images, so load or build it here (`podman load`, `podman import`) before applying".into(),
+                Error::ImageMissing { image: "sha256:ab".into(), cli: "podman" },
+                "image sha256:ab is not on this machine, and an image named by its id alone cannot be pulled: name it by repository and digest (name@sha256:...), or load it (`podman load`) before applying".into(),
             ),
             (
-                Error::ImageMissing { image: "local/web@sha256:ab".into(), cli: "docker" },
-                "image local/web@sha256:ab is not on this machine, and an image named by its digest cannot be fetched: nothing here serves it. Load it (`docker load`) before applying".into(),
+                Error::PullFailed { image: "web:1".into(), answer: "manifest unknown".into() },
+                "image web:1 is not on this machine and cannot be pulled: manifest unknown".into(),
+            ),
+            (
+                Error::PulledNotThere { image: "web:1".into() },
+                "image web:1 was pulled, and the runtime does not have it afterwards".into(),
+            ),
+            (
+                Error::ImageDigest { image: "web@sha256:ab".into(), found: "web@sha256:cd".into() },
+                "image web@sha256:ab is named by its digest, and the runtime holds it as web@sha256:cd; nothing was created".into(),
             ),
             (
                 Error::StaticUnit { unit: "a.service".into() },
