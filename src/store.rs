@@ -78,6 +78,23 @@ pub struct More {
     pub reads: BTreeMap<String, String>,
     /// For a scheduled step: its 5-field cron expression (UTC), as installed.
     pub schedule: Option<String>,
+    /// For a file that sets keys `into` someone else's: what to put back when it leaves.
+    pub into: Option<Merged>,
+}
+
+/// What a file with `into` found before the host first set each of its keys, so the keys can
+/// be put back when the resource leaves.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Merged {
+    pub format: crate::declaration::MergeInto,
+    /// Each owned key, with the value it had (as written in the file) before the host first
+    /// set it, or `None` when it was absent.
+    pub was: BTreeMap<String, Option<String>>,
+    /// The host created the file: once its keys are taken out and nothing else is in it, it is
+    /// removed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub made: bool,
 }
 
 impl More {
@@ -132,6 +149,11 @@ impl Record {
     pub fn schedule(&self) -> Option<&str> {
         self.more.as_ref().and_then(|m| m.schedule.as_deref())
     }
+
+    /// For a file with `into`: what its keys held before the host set them.
+    pub fn into(&self) -> Option<&Merged> {
+        self.more.as_ref().and_then(|m| m.into.as_ref())
+    }
 }
 
 /// A record as the store file spells it: one flat object.
@@ -161,6 +183,8 @@ struct Wire<T> {
     reads: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     schedule: Option<T>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    into: Option<Merged>,
 }
 
 impl From<Wire<String>> for Record {
@@ -176,7 +200,14 @@ impl From<Wire<String>> for Record {
             mode: w.mode,
             owner: w.owner,
             sig: w.sig,
-            more: More { archive: w.archive, spec: w.spec, reads: w.reads, schedule: w.schedule }.boxed(),
+            more: More {
+                archive: w.archive,
+                spec: w.spec,
+                reads: w.reads,
+                schedule: w.schedule,
+                into: w.into,
+            }
+            .boxed(),
         }
     }
 }
@@ -199,6 +230,7 @@ impl Serialize for Record {
             spec: self.spec(),
             reads: self.reads().cloned().unwrap_or_default(),
             schedule: self.schedule(),
+            into: self.into().cloned(),
         }
         .serialize(s)
     }

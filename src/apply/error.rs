@@ -39,9 +39,18 @@ pub enum Error {
     // What the declaration asks that this build or this node cannot do. Nothing was changed.
     #[error("a {0} resource is not supported yet: this build of mesh-host has no applier for it")]
     Unsupported(Kind),
-    /// A file writing keys `into` another: not built yet.
-    #[error("writing keys into {path} (`into`) is not supported yet; nothing was written")]
+    /// A file writing keys `into` another asked for its whole content, which it does not have:
+    /// its keys are set by `apply::into`, never written as a file.
+    #[error("{path} sets keys `into` a file that belongs to someone else; it has no content of its own to write whole, and nothing was written")]
     IntoUnsupported { path: PathBuf },
+    /// A file with `into` whose text is not of its format (or too large to edit): nothing was
+    /// written.
+    #[error("{path} {why}; mesh-host sets keys only in a file it can read as {format}, so it left the file exactly as it is")]
+    IntoUnreadable { path: PathBuf, why: String, format: &'static str },
+    /// After writing a file with `into`, an owned key does not hold its declared value. The
+    /// value is not quoted: it may be a secret.
+    #[error("{path} was written, and reading it back {key} does not hold the declared value")]
+    IntoReadBack { path: PathBuf, key: String },
     /// A file carrying a sealed value, on a node without the key to open it.
     #[error("{path} carries a sealed value and this node has no sealing key; nothing was written")]
     Sealed { path: PathBuf },
@@ -319,7 +328,15 @@ mod tests {
             ),
             (
                 Error::IntoUnsupported { path: p() },
-                "writing keys into /etc/app.conf (`into`) is not supported yet; nothing was written".into(),
+                "/etc/app.conf sets keys `into` a file that belongs to someone else; it has no content of its own to write whole, and nothing was written".into(),
+            ),
+            (
+                Error::IntoUnreadable { path: p(), why: "is not valid JSON (line 3, column 7: expected `:`)".into(), format: "a JSON object" },
+                "/etc/app.conf is not valid JSON (line 3, column 7: expected `:`); mesh-host sets keys only in a file it can read as a JSON object, so it left the file exactly as it is".into(),
+            ),
+            (
+                Error::IntoReadBack { path: p(), key: "PORT".into() },
+                "/etc/app.conf was written, and reading it back PORT does not hold the declared value".into(),
             ),
             (
                 Error::Sealed { path: p() },

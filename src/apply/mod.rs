@@ -13,6 +13,7 @@ mod directory;
 mod error;
 mod file;
 pub use file::declared_bytes;
+mod into;
 mod network;
 mod outcome;
 mod package;
@@ -85,6 +86,8 @@ struct Facts {
     reads: BTreeMap<String, String>,
     /// A scheduled step's cron expression.
     schedule: Option<String>,
+    /// For a file with `into`: what its keys held before the host set them.
+    into: Option<crate::store::Merged>,
 }
 
 /// What an applier returns: done (with what to record, if anything), a file staged for the
@@ -523,6 +526,7 @@ impl<'a> Pass<'a> {
                         spec: facts.spec,
                         reads: facts.reads,
                         schedule: facts.schedule,
+                        into: facts.into,
                     }
                     .boxed(),
                 },
@@ -600,6 +604,9 @@ impl<'a> Pass<'a> {
 fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
     match &r.spec {
         Spec::Directory(d) => directory::apply(ctx, r, d),
+        // Keys in a file that belongs to someone else: its own applier, which never writes the
+        // file whole.
+        Spec::File(f) if f.into.is_some() => into::apply(ctx, r, f),
         Spec::File(f) => file::apply(ctx, r, f),
         Spec::Access(a) => access::apply(ctx, r, a),
         Spec::Archive(a) => archive::apply(ctx, r, a),
