@@ -458,7 +458,7 @@ fn as_found(wrote: Option<Digest>, meta: &Meta) -> Facts {
 }
 
 /// `<kept>/<path>`: where the original of a file found on the machine is kept.
-fn kept_path(kept: &Path, path: &Path) -> PathBuf {
+pub(super) fn kept_path(kept: &Path, path: &Path) -> PathBuf {
     kept.join(path.strip_prefix("/").unwrap_or(path))
 }
 

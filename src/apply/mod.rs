@@ -13,6 +13,7 @@ mod directory;
 mod error;
 mod file;
 pub use file::declared_bytes;
+mod into;
 mod network;
 mod outcome;
 mod package;
@@ -30,7 +31,7 @@ pub use archive::ArchiveLimits;
 /// For the `env_file` fuzz target (`fuzz/`): the parser of a container's env-file.
 #[doc(hidden)]
 pub use container::parse_env_file;
-pub use container::{run_scheduled, spec_digest, ScheduledRun};
+pub use container::{installed_steps, run_scheduled, spec_digest, ScheduledRun};
 pub use error::{Aspect, Error, Need, Target};
 pub use outcome::{ApplyError, Failure, Outcome, Report, Verb};
 
@@ -88,6 +89,8 @@ struct Facts {
     reads: BTreeMap<String, String>,
     /// A scheduled step's cron expression.
     schedule: Option<String>,
+    /// For a file with `into`: what its keys held before the host set them.
+    into: Option<crate::store::Merged>,
 }
 
 /// What an applier returns: done (with what to record, if anything), a file staged for the
@@ -303,7 +306,9 @@ impl<'a> Pass<'a> {
         let mut accounts = Accounts::default();
         let mut diffs = Diffs::default();
         let mut machine = session.start();
-        let mut gated = false;
+        // The failure that closed the pass, when a gate did: where it is in `failures`. The
+        // report's error is that gate's own, whatever failed before it.
+        let mut gate_at: Option<usize> = None;
 
         if only.is_none() {
             self.remove_orphans(&mut fs, &mut machine);
@@ -324,6 +329,7 @@ impl<'a> Pass<'a> {
             }
             if let Some(gate) = closed_gate {
                 if resource.index > gate.index {
+                    gate_at = Some(self.failures.len());
                     self.failures.push(Failure {
                         id: gate.id.to_string(),
                         kind: gate.kind(),
@@ -334,7 +340,6 @@ impl<'a> Pass<'a> {
                         ),
                         raced: false,
                     });
-                    gated = true;
                     break;
                 }
             }
@@ -385,7 +390,7 @@ impl<'a> Pass<'a> {
                     self.fail(resource, &e);
                     // A missing applier says nothing about the machine, so it does not gate.
                     if resource.spec.is_gate() && !unsupported {
-                        gated = true;
+                        gate_at = Some(self.failures.len() - 1);
                         break;
                     }
                 }
@@ -406,12 +411,14 @@ impl<'a> Pass<'a> {
 
         let outcomes: Vec<Outcome> = self.slots.into_iter().flatten().collect();
         let error = (!self.failures.is_empty()).then(|| {
-            let first = &self.failures[0];
+            // A gate's failure is the one that matters: it is why the rest was not attempted,
+            // and the error says "it is a gate" of whatever it names. Otherwise the first.
+            let named = &self.failures[gate_at.unwrap_or(0)];
             ApplyError {
-                resource: first.id.clone(),
-                message: first.message.clone(),
+                resource: named.id.clone(),
+                message: named.message.clone(),
                 others: self.failures.len() - 1,
-                gated,
+                gated: gate_at.is_some(),
                 failures: self.failures.clone(),
             }
         });
@@ -542,6 +549,7 @@ impl<'a> Pass<'a> {
                         spec: facts.spec,
                         reads: facts.reads,
                         schedule: facts.schedule,
+                        into: facts.into,
                     }
                     .boxed(),
                 },
@@ -643,6 +651,9 @@ impl<'a> Pass<'a> {
 fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
     match &r.spec {
         Spec::Directory(d) => directory::apply(ctx, r, d),
+        // Keys in a file that belongs to someone else: its own applier, which never writes the
+        // file whole.
+        Spec::File(f) if f.into.is_some() => into::apply(ctx, r, f),
         Spec::File(f) => file::apply(ctx, r, f),
         Spec::Access(a) => access::apply(ctx, r, a),
         Spec::Archive(a) => archive::apply(ctx, r, a),

@@ -361,6 +361,40 @@ fn an_archive_is_unpacked_once_and_again_when_it_changes() {
     assert_eq!(std::fs::read_to_string(s.path("opt/tool/cache")).unwrap(), "mine");
 }
 
+/// Regression (issue 11): an archive unpacked over files already there overwrote them with no
+/// copy kept. Each is kept as a file's original is: once, before it is written over.
+#[test]
+fn an_archive_keeps_the_files_it_finds_before_unpacking_over_them() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path("opt/tool/bin")).unwrap();
+    std::fs::write(s.path("opt/tool/bin/tool"), "the operator's tool\n").unwrap();
+    std::fs::write(s.path("opt/tool/notes"), "not in the archive\n").unwrap();
+    let v1 = tar_of(&[("bin/tool", b"v1"), ("README", b"read me")]);
+    let d = s
+        .declare(json!([{"type": "archive", "id": "tool.dist", "path": s.p("opt/tool"), "bytes": b64(&v1)}]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "tool.dist"), "created");
+    assert_eq!(std::fs::read(s.path("opt/tool/bin/tool")).unwrap(), b"v1");
+    let kept = s.path("state/kept").join(s.path("opt/tool/bin/tool").strip_prefix("/").unwrap());
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "the operator's tool\n", "{report:#}");
+    assert!(detail(&report, "tool.dist").contains("kept under"), "{report:#}");
+    // Only what the archive wrote over: a file it does not name is left in place, not copied.
+    assert!(!s.path("state/kept").join(s.path("opt/tool/notes").strip_prefix("/").unwrap()).exists());
+    assert!(!s.path("state/kept").join(s.path("opt/tool/README").strip_prefix("/").unwrap()).exists());
+
+    // A later version unpacks over the host's own files: nothing more is kept, and the copy
+    // of the original is never overwritten.
+    let v2 = tar_of(&[("bin/tool", b"v2")]);
+    let d = s
+        .declare(json!([{"type": "archive", "id": "tool.dist", "path": s.p("opt/tool"), "bytes": b64(&v2)}]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "tool.dist"), "updated");
+    assert!(!detail(&report, "tool.dist").contains("kept"), "{report:#}");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "the operator's tool\n");
+}
+
 #[test]
 fn an_archive_digest_that_does_not_match_is_refused() {
     let s = Scratch::new();
