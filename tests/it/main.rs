@@ -20,6 +20,7 @@ mod docker;
 mod faults;
 mod files;
 mod malformed;
+mod operator;
 mod packages;
 mod reliability;
 mod systemd;
