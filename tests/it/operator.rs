@@ -167,3 +167,101 @@ fn plan_says_binary_content_differs_by_size_instead_of_printing_it() {
     assert!(!text.contains('\u{1b}'), "no escape sequence reaches the terminal: {text:?}");
     assert_eq!(std::fs::read(s.path("blob.bin")).unwrap(), found, "plan wrote nothing");
 }
+
+/// promtool, from Debian's `prometheus` package; a test that needs it fails, saying how to get
+/// it, where it is missing.
+fn promtool() -> std::process::Command {
+    let found = std::process::Command::new("promtool").arg("--version").output();
+    assert!(
+        found.is_ok_and(|o| o.status.success()),
+        "promtool is missing: tests/testbed/60-prometheus.sh installs it (tests/run.sh and tests/testbed/up.sh run it)"
+    );
+    std::process::Command::new("promtool")
+}
+
+/// GETs /metrics from a daemon with this `Accept` header (none when `None`, as curl sends
+/// `*/*`), returning the head and the body.
+fn scrape(port: u16, accept: Option<&str>) -> (String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n{accept}\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    (head.to_owned(), body.to_owned())
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn promtool_finds_the_live_metrics_clean() {
+    let mut promtool = promtool();
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "op.conf", "path": s.p("op.conf"), "content": "a\n"}]));
+    let daemon = crate::support::Daemon::start(&s, &d, &["--resync", "900"]);
+
+    // What `curl /metrics` gets: the classic text, which promtool reads without a complaint.
+    let (head, body) = scrape(daemon.port, None);
+    assert!(head.contains("Content-Type: text/plain; version=0.0.4"), "{head}");
+    let mut check = promtool
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut check.stdin.take().unwrap(), body.as_bytes()).unwrap();
+    let checked = check.wait_with_output().unwrap();
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&checked.stdout), String::from_utf8_lossy(&checked.stderr));
+    assert!(checked.status.success() && said.trim().is_empty(), "promtool check metrics: {said}\n{body}");
+
+    // Every labelled counter is there at 0 before anything happened to it: the first
+    // correction after a start is then an increase() Prometheus can see.
+    for series in [
+        r#"mesh_host_drift_corrections_total{type="file"} 0"#,
+        r#"mesh_host_drift_corrections_total{type="container"} 0"#,
+        r#"mesh_host_resource_failures_total{type="service"} 0"#,
+        r#"mesh_host_resource_outcomes_total{type="file",action="corrected"} 0"#,
+        r#"mesh_host_scheduled_runs_total{result="failed"} 0"#,
+        r#"mesh_host_queue_adds_total{source="docker"} 0"#,
+        "mesh_host_resync_period_seconds 900.0",
+    ] {
+        assert!(body.lines().any(|l| l == series), "{series} is not exported:\n{body}");
+    }
+    // And it moves from there.
+    std::fs::write(s.path("op.conf"), "by hand\n").unwrap();
+    assert!(
+        crate::support::wait_for(crate::support::PATIENCE, || {
+            daemon.metric(r#"mesh_host_drift_corrections_total{type="file"}"#) == 1.0
+        }),
+        "the correction was not counted:\n{}",
+        daemon.log()
+    );
+
+    // Prometheus asks for OpenMetrics first, and gets it.
+    let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+    let (head, body) = scrape(daemon.port, Some(prometheus));
+    assert!(head.contains("Content-Type: application/openmetrics-text; version=1.0.0"), "{head}");
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    assert!(body.contains("# TYPE mesh_host_drift_corrections counter"), "{body}");
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn the_alert_rules_pass_promtool_and_their_own_tests() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/prometheus");
+    let checked =
+        promtool().args(["check", "rules"]).arg(format!("{dir}/mesh-host.rules.yml")).output().unwrap();
+    assert!(
+        checked.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    let tested =
+        promtool().args(["test", "rules"]).arg(format!("{dir}/mesh-host.rules.test.yml")).output().unwrap();
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&tested.stdout), String::from_utf8_lossy(&tested.stderr));
+    assert!(tested.status.success() && said.contains("SUCCESS"), "promtool test rules: {said}");
+}
