@@ -23,5 +23,6 @@ mod malformed;
 mod operator;
 mod packages;
 mod reliability;
+mod schema;
 mod systemd;
 mod users;
