@@ -148,6 +148,8 @@ fn corpus() -> Vec<(&'static str, Value)> {
         ("version-as-float", json!({"version": 1.0, "resources": []})),
         ("resources-missing", json!({"version": 1})),
         ("resources-not-a-list", json!({"version": 1, "resources": {}})),
+        // Written by the test itself: the json! macro cannot repeat a key.
+        ("duplicate-json-key", Value::Null),
         ("unknown-top-level-key", json!({"version": 1, "resources": [], "extra": true})),
         ("adoption-unknown-key", json!({"version": 1, "resources": [], "adoption": {"took": []}})),
         ("resource-not-an-object", d(json!(["a.f"]))),
@@ -352,7 +354,6 @@ fn the_schema_accepts_and_refuses_what_the_agent_does() {
     // One the json! macro cannot write: the same key twice in an object.
     let duplicate = s.path("duplicate-json-key.json");
     std::fs::write(&duplicate, r#"{"version": 1, "resources": [{"type": "directory", "id": "a.d", "path": "/srv/a", "path": "/srv/b"}]}"#).unwrap();
-    names.insert("duplicate-json-key");
     for listed in CANNOT_SAY {
         assert!(names.contains(listed.0), "{} is listed but not in the corpus", listed.0);
     }
