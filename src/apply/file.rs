@@ -465,14 +465,25 @@ pub(super) fn kept_path(kept: &Path, path: &Path) -> PathBuf {
 /// A unified diff of the content a plan would write. Only for text declared in the clear: a
 /// file carrying a secret never reaches here, and binary content is summarised.
 fn diff(f: &File, old: &[u8], new: &[u8]) -> String {
-    match (std::str::from_utf8(old), std::str::from_utf8(new)) {
-        (Ok(old), Ok(new)) => similar::TextDiff::from_lines(old, new)
+    match (as_text(old), as_text(new)) {
+        (Some(old), Some(new)) => similar::TextDiff::from_lines(old, new)
             .unified_diff()
             .context_radius(3)
             .header(&format!("{} (on the machine)", f.path), &format!("{} (declared)", f.path))
             .to_string(),
-        _ => format!("binary content differs: {} bytes on the machine, {} declared\n", old.len(), new.len()),
+        // Raw bytes in a terminal are noise at best and escape sequences at worst: the sizes
+        // say what a person can act on.
+        _ => format!("{}: binary content differs ({} bytes to {} bytes)\n", f.path, old.len(), new.len()),
     }
+}
+
+/// Content a diff can show as lines: UTF-8 with no NUL byte. A NUL marks binary content even
+/// where the bytes happen to decode, as git decides.
+fn as_text(bytes: &[u8]) -> Option<&str> {
+    if bytes.contains(&0) {
+        return None;
+    }
+    std::str::from_utf8(bytes).ok()
 }
 
 #[cfg(test)]
@@ -719,6 +730,14 @@ mod tests {
         assert_eq!(
             planned_diff(&write, Some(&large), f, b"b\n").unwrap(),
             "content differs: 5242880 bytes on the machine (too large to show), 2 declared\n"
+        );
+        assert_eq!(
+            planned_diff(&write, Some(&bytes(b"\x7fELF\x00\x01")), f, b"b\n").unwrap(),
+            "/etc/app.conf: binary content differs (6 bytes to 2 bytes)\n"
+        );
+        assert_eq!(
+            planned_diff(&write, Some(&bytes(b"a\n")), f, &[0xff, 0xfe, 0]).unwrap(),
+            "/etc/app.conf: binary content differs (2 bytes to 3 bytes)\n"
         );
         let set = Plan { change: Change::Set { mode: Some(0o644), owner: None }, ..write };
         assert_eq!(planned_diff(&set, Some(&bytes(b"b\n")), f, b"b\n"), None);
