@@ -559,6 +559,17 @@ impl<'a> Pass<'a> {
         let declaration = self.declaration;
         for (index, result) in done.declared {
             let resource = &declaration.resources[index];
+            // A held opening is reported and never recorded: it is not the host's yet.
+            let result = match result {
+                Ok(outcome) if outcome.action == Verb::Held => {
+                    match slots.get(&index) {
+                        Some(&slot) => self.slots[slot] = Some(outcome),
+                        None => self.slots.push(Some(outcome)),
+                    }
+                    continue;
+                }
+                other => other,
+            };
             match (result, slots.get(&index)) {
                 (Ok(outcome), Some(&slot)) => {
                     self.slots[slot] = Some(self.record(resource, outcome, Some(facts())))

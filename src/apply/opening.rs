@@ -275,6 +275,36 @@ pub(super) fn decide(seen: &Seen<'_>) -> (Verb, Option<String>) {
     }
 }
 
+/// Whether an opening may be held: the declaration is an adopted node's, its module is not
+/// taken, and the host has no record of it.
+fn holdable(declaration: &Declaration, store: &Store, r: &Resource) -> bool {
+    declaration.adoption.as_ref().is_some_and(|a| !a.taken.iter().any(|m| m == r.id.module()))
+        && store.get(r.id.as_str()).is_none()
+}
+
+fn held_detail(r: &Resource) -> String {
+    format!("found open, and module {:?} is not taken yet: left open as found", r.id.module())
+}
+
+/// Whether a rule ufw keeps (one not of the host's) lets this port in: `ufw allow 22`, `ufw
+/// allow 22/tcp`, `ufw allow from 10.0.0.0/8 to any port 22 proto tcp`. An application profile
+/// (`ufw allow OpenSSH`) is not resolved, so its port is not found open.
+pub(super) fn ufw_lets_in(added: &[String], t: Transport, port: u16) -> bool {
+    added.iter().filter(|l| !l.contains(" comment 'mesh-host ")).any(|line| {
+        let words: Vec<&str> = line.split(' ').collect();
+        if words.get(1) != Some(&"allow") {
+            return false;
+        }
+        let proto = words.iter().position(|w| *w == "proto").and_then(|i| words.get(i + 1)).copied();
+        let proto_ok = proto.is_none_or(|p| p == t.as_str());
+        let by_port = words.iter().position(|w| *w == "port").and_then(|i| words.get(i + 1))
+            == Some(&&*port.to_string());
+        let bare =
+            words.get(2).is_some_and(|w| *w == port.to_string() || *w == format!("{port}/{}", t.as_str()));
+        (by_port && proto_ok) || bare
+    })
+}
+
 /// Whether a table lets new connections to this port in: no table at all, a chain that does
 /// not drop, or a rule accepting the port (from some source or all).
 fn lets_in(found: Option<&Table>, t: Transport, port: u16) -> bool {
@@ -372,7 +402,21 @@ pub(super) fn apply(
             return done;
         }
     };
-    let want = (!fits.is_empty()).then(|| wanted(fits.iter().map(|(r, o)| (r.id.as_str(), *o))));
+    // On an adopted node, an opening of a module not taken yet whose port was let in before
+    // this pass (no filter of the host's at all, or one that accepts it) is held: it stays open,
+    // its rule in the table, but it is not the host's yet. When every opening is held and no
+    // table of the host's is there, none is loaded: a filter with policy drop would close what
+    // the node was found with.
+    let held: BTreeSet<usize> = fits
+        .iter()
+        .filter(|(r, o)| {
+            holdable(declaration, store, r) && lets_in(found.as_ref(), transport(o.protocol), o.port.get())
+        })
+        .map(|(r, _)| r.index)
+        .collect();
+    let all_held = fits.iter().all(|(r, _)| held.contains(&r.index));
+    let nothing_to_load = fits.is_empty() || (all_held && found.is_none());
+    let want = (!nothing_to_load).then(|| wanted(fits.iter().map(|(r, o)| (r.id.as_str(), *o))));
     let ids: BTreeSet<&str> = fits.iter().map(|(r, _)| r.id.as_str()).collect();
 
     let change = match (&want, &found) {
@@ -410,7 +454,11 @@ pub(super) fn apply(
                 table_absent: found.is_none(),
                 common: if first { &common } else { &[] },
             };
-            let (action, mut detail) = decide(&seen);
+            let (action, mut detail) = if held.contains(&r.index) {
+                (Verb::Held, Some(held_detail(r)))
+            } else {
+                decide(&seen)
+            };
             if first {
                 let said = match &closes {
                     Ok(c) if c.is_empty() => None,
@@ -643,6 +691,27 @@ mod tests {
     }
 
     #[test]
+    fn an_operator_rule_in_ufw_is_found_by_its_port() {
+        let added: Vec<String> = [
+            "ufw allow 22/tcp",
+            "ufw allow 53",
+            "ufw allow from 10.0.0.0/8 to any port 5432 proto tcp",
+            "ufw allow OpenSSH",
+            "ufw deny 23/tcp",
+            "ufw allow 8080/tcp comment 'mesh-host web.http'",
+        ]
+        .iter()
+        .map(|l| (*l).to_owned())
+        .collect();
+        assert!(ufw_lets_in(&added, Transport::Tcp, 22));
+        assert!(!ufw_lets_in(&added, Transport::Udp, 22));
+        assert!(ufw_lets_in(&added, Transport::Udp, 53) && ufw_lets_in(&added, Transport::Tcp, 53));
+        assert!(ufw_lets_in(&added, Transport::Tcp, 5432));
+        assert!(!ufw_lets_in(&added, Transport::Tcp, 23), "a deny lets nothing in");
+        assert!(!ufw_lets_in(&added, Transport::Tcp, 8080), "the host's own rule is not the operator's");
+    }
+
+    #[test]
     fn a_port_is_newly_closed_only_if_it_was_open_listening_and_is_not_declared() {
         let l = |t, addr: &str, port| Listener { transport: t, addr: addr.parse().unwrap(), port };
         let listeners = [
@@ -804,6 +873,35 @@ pub(super) fn apply_ufw(
     };
     let mut seen = Vec::new();
     let mut change: Result<(), std::sync::Arc<ufw::UfwError>> = Ok(());
+    // An opening of a module not taken yet, whose port a rule of ufw's own already lets in, is
+    // held: nothing of the host's is added beside the operator's rule.
+    let held: BTreeSet<usize> = declared
+        .iter()
+        .filter(|(r, o)| {
+            holdable(declaration, store, r) && ufw_lets_in(&added, transport(o.protocol), o.port.get())
+        })
+        .map(|(r, _)| r.index)
+        .collect();
+    let declared: Vec<(&Resource, &Opening)> = declared
+        .into_iter()
+        .filter(|(r, _)| {
+            if held.contains(&r.index) {
+                done.declared.push((
+                    r.index,
+                    Ok(Outcome {
+                        id: r.id.to_string(),
+                        kind: r.kind(),
+                        target: r.target(),
+                        action: Verb::Held,
+                        detail: Some(held_detail(r)),
+                    }),
+                ));
+                false
+            } else {
+                true
+            }
+        })
+        .collect();
     for (r, o) in &declared {
         let want = ufw_rules(r.id.as_str(), o);
         let have = ufw_added_for(&added, r.id.as_str());

@@ -650,13 +650,22 @@ fn on_an_adopted_node_openings_are_made_in_ufw_runtime_and_permanent_and_read_ba
         net.serve_tcp(port);
     }
     assert!(!connects(&net.a, "10.77.1.1:8080"), "ufw drops what it was not told to allow");
+    // The operator's own rule for 8082: an opening of a module not taken yet is held there.
+    net.ufw(&["allow", "8082/tcp"]);
     let d = s.declare_adopted(json!([
         {"type": "opening", "id": "web.http", "port": 8080},
         {"type": "opening", "id": "web.admin", "port": 8081, "from": ["10.77.1.0/24", "fd77:1::/64"]},
+        {"type": "opening", "id": "web.alt", "port": 8082},
     ]));
     let (code, report) = net.apply(&s, &d);
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(action(&report, "web.http"), "created");
+    assert_eq!(action(&report, "web.alt"), "held", "{report:#}");
+    assert!(
+        !net.ufw(&["show", "added"]).contains("mesh-host web.alt"),
+        "nothing added beside the operator's rule"
+    );
+    net.ufw(&["delete", "allow", "8082/tcp"]);
     assert!(detail(&report, "web.http").contains("in ufw"), "{report:#}");
     assert_eq!(net.table(), None, "the host's own table is not loaded beside ufw");
     let added = net.ufw(&["show", "added"]);
@@ -685,7 +694,10 @@ fn on_an_adopted_node_openings_are_made_in_ufw_runtime_and_permanent_and_read_ba
     assert!(connects(&net.a, "10.77.1.1:8080"));
 
     // An opening leaving takes its rules out of ufw.
-    let one = s.declare_adopted(json!([{"type": "opening", "id": "web.http", "port": 8080}]));
+    let one = s.declare_adopted(json!([
+        {"type": "opening", "id": "web.http", "port": 8080},
+        {"type": "opening", "id": "web.alt", "port": 8082},
+    ]));
     let (_, report) = net.apply(&s, &one);
     assert_eq!(action(&report, "web.admin"), "removed");
     assert!(!net.ufw(&["show", "added"]).contains("web.admin"));
@@ -832,4 +844,32 @@ fn a_failed_gate_leaves_the_filter_as_it_was() {
     assert!(http["message"].as_str().unwrap().contains("a gate failed"), "{report:#}");
     assert_eq!(net.table().unwrap(), loaded);
     assert!(connects(&net.a, "10.77.1.1:8080"));
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn on_an_adopted_node_without_a_firewall_openings_of_untaken_modules_are_held_and_nothing_is_loaded() {
+    let net = Net::new();
+    let s = Scratch::new();
+    net.serve_tcp(8080);
+    net.serve_tcp(2222);
+    let untaken = s.declare_adopted(json!([{"type": "opening", "id": "web.http", "port": 8080}]));
+    let (code, report) = net.apply(&s, &untaken);
+    assert_eq!((code, action(&report, "web.http")), (0, "held".into()), "{report:#}");
+    assert_eq!(net.table(), None, "a filter with policy drop would close what the node was found with");
+    assert!(connects(&net.a, "10.77.1.1:2222"));
+    // The module is taken: the host's filter is loaded, and the opening is the host's.
+    let taken = s.path("taken.json");
+    std::fs::write(
+        &taken,
+        serde_json::to_vec(&json!({"version": 1, "adoption": {"taken": ["web"]},
+            "resources": [{"type": "opening", "id": "web.http", "port": 8080}]}))
+        .unwrap(),
+    )
+    .unwrap();
+    let (code, report) = net.apply(&s, &taken);
+    assert_eq!((code, action(&report, "web.http")), (0, "created".into()), "{report:#}");
+    assert!(net.table().is_some());
+    assert!(connects(&net.a, "10.77.1.1:8080"));
+    assert!(!connects(&net.a, "10.77.1.1:2222"));
 }
