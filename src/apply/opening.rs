@@ -387,6 +387,7 @@ pub(super) fn apply(
     // that opening fails alone, and the others are loaded without it.
     let (fits, too_long): (Vec<_>, Vec<_>) =
         declared.into_iter().partition(|(r, _)| r.id.as_str().len() <= COMMENT_MAX);
+    let any_too_long = !too_long.is_empty();
     for (r, _) in too_long {
         done.declared
             .push((r.index, Err(Error::IdTooLongForRule { id: r.id.to_string(), max: COMMENT_MAX })));
@@ -422,6 +423,9 @@ pub(super) fn apply(
     let change = match (&want, &found) {
         (Some(w), Some(f)) => w != f,
         (Some(_), None) => true,
+        // Openings are declared and none could be loaded: the filter in force stays, rather
+        // than the table going and every port with it.
+        (None, _) if any_too_long => false,
         (None, found) => found.is_some(),
     };
     // The listening ports this filter closes, said before it is loaded (and by `plan`).
