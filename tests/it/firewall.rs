@@ -693,6 +693,13 @@ fn on_an_adopted_node_openings_are_made_in_ufw_runtime_and_permanent_and_read_ba
     assert_eq!((code, action(&report, "web.http")), (0, "corrected".into()), "{report:#}");
     assert!(connects(&net.a, "10.77.1.1:8080"));
 
+    // `plan` changes nothing in ufw.
+    let saved = net.ufw(&["show", "added"]);
+    let other = s.declare_adopted(json!([{"type": "opening", "id": "web.http", "port": 9999}]));
+    let out = net.agent(&s, &["plan", other.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("would update web.http"), "{out:?}");
+    assert_eq!(net.ufw(&["show", "added"]), saved);
+
     // An opening leaving takes its rules out of ufw.
     let one = s.declare_adopted(json!([
         {"type": "opening", "id": "web.http", "port": 8080},
