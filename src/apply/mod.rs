@@ -547,14 +547,35 @@ impl<'a> Pass<'a> {
             }
             return;
         }
-        let done = if in_ufw {
-            opening::apply_ufw(self.declaration, self.store, self.opts, orphans)
+        let opening_spec = |spec: &str| {
+            self.store.records().any(|(_, rec)| {
+                rec.kind == Kind::Opening
+                    && rec.origin == self.opts.origin
+                    && rec.more.as_ref().and_then(|m| m.spec.as_deref()) == Some(spec)
+            })
+        };
+        // The way back: a declaration with `adoption` returning to a node whose ufw the host
+        // retired. Its openings go into ufw, ufw is enabled, and only then does the host's own
+        // table go: the mirror of the flip. It does not wait for a clean pass: the host's table
+        // protects the node until ufw is up, and ufw is what the adopted node is to be behind.
+        let retired = opening_spec(opening::UFW_RETIRED);
+        let returning = !in_ufw && self.declaration.adoption.is_some() && retired;
+        let done = if in_ufw || returning {
+            let done = opening::apply_ufw(self.declaration, self.store, self.opts, orphans, returning);
+            opening::without_own_table(done, self.opts)
         } else if flipping {
             opening::flip(self.declaration, self.store, self.opts, orphans)
         } else {
             opening::apply(self.declaration, self.store, self.opts, orphans)
         };
-        let facts = || Facts { spec: in_ufw.then(|| opening::UFW.to_owned()), ..Facts::default() };
+        let spec = if in_ufw || returning {
+            Some(opening::UFW)
+        } else if flipping || retired {
+            Some(opening::UFW_RETIRED)
+        } else {
+            None
+        };
+        let facts = || Facts { spec: spec.map(str::to_owned), ..Facts::default() };
         let slots: BTreeMap<usize, usize> = self.openings.iter().copied().collect();
         let declaration = self.declaration;
         for (index, result) in done.declared {

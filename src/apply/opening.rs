@@ -857,11 +857,16 @@ fn ufw_added_for(added: &[String], id: &str) -> Vec<(String, Vec<String>)> {
 /// comment, anything else under its comment deleted, orphan openings' rules deleted; then read
 /// back in ufw's saved rules (permanent) and in the filter in force (runtime), reloading ufw
 /// once if the saved rules are not all in force.
+///
+/// `enable`: the way back, ufw found disabled by the host's own flip. Its rules are saved
+/// first, then it is enabled (ufw's start loads the saved rules before it sets its policy, so
+/// no declared port is closed meanwhile), then read back.
 pub(super) fn apply_ufw(
     declaration: &Declaration,
     store: &Store,
     opts: &Options,
     orphans: Vec<(String, Record)>,
+    enable: bool,
 ) -> Done {
     let declared = declared_openings(declaration);
     let mut done = Done { declared: Vec::new(), orphans: Vec::new() };
@@ -943,6 +948,9 @@ pub(super) fn apply_ufw(
         if opts.dry_run {
             return Ok((added.clone(), in_force.clone()));
         }
+        if enable {
+            ufw::enable().map_err(ufw_failed)?;
+        }
         let (a, f) = read_back()?;
         let all_in_force = declared
             .iter()
@@ -1021,6 +1029,54 @@ pub(super) fn apply_ufw(
 
 /// What the record of an opening made in ufw says in its `spec`.
 pub(super) const UFW: &str = "ufw";
+
+/// What the record of an opening in the host's table says in its `spec` on a node whose ufw the
+/// host retired in a flip: what the way back looks for.
+pub(super) const UFW_RETIRED: &str = "ufw-retired";
+
+/// After openings were made in ufw: the host's own table, if it is there (left by a flip, on
+/// the way back), is removed, since a packet would have to pass both filters. Read back.
+pub(super) fn without_own_table(mut done: Done, opts: &Options) -> Done {
+    let failed =
+        done.declared.iter().any(|(_, r)| r.is_err()) || done.orphans.iter().any(|(_, _, r)| r.is_err());
+    if failed || opts.dry_run {
+        return done;
+    }
+    let removed = firewall::read_table().and_then(|found| match found {
+        None => Ok(false),
+        Some(_) => firewall::remove_table().map(|()| true),
+    });
+    let removed = removed.and_then(|was| match firewall::read_table()? {
+        None => Ok(was),
+        Some(_) => Err(firewall::FirewallError::Nft {
+            what: "remove table inet mesh_host",
+            how: "returned success and the table is still there".into(),
+        }),
+    });
+    match removed {
+        Ok(true) => {
+            for (_, result) in &mut done.declared {
+                if let Ok(o) = result {
+                    if o.action != Verb::Held {
+                        o.action = Verb::Updated;
+                        o.detail = Some(
+                            "moved into ufw, enabled again; table inet mesh_host was removed after ufw was read back"
+                                .to_owned(),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(false) => {}
+        Err(e) => {
+            let e = std::sync::Arc::new(e);
+            for (_, result) in &mut done.declared {
+                *result = Err(Error::Firewall(e.clone()));
+            }
+        }
+    }
+    done
+}
 
 /// Every declared opening, with its fields.
 fn declared_openings(declaration: &Declaration) -> Vec<(&Resource, &Opening)> {

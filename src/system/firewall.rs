@@ -150,7 +150,7 @@ pub fn input_chains() -> Result<Vec<InputChain>, FirewallError> {
             rules: 0,
         })
         .collect();
-    for rule in objects.iter().filter_map(|o| o.get("rule")) {
+    for rule in objects.iter().filter_map(|o| o.get("rule")).filter(|r| !only_into_ufw(r)) {
         if let Some(c) = chains.iter_mut().find(|c| {
             rule["family"] == c.family.as_str()
                 && rule["table"] == c.table.as_str()
@@ -160,6 +160,22 @@ pub fn input_chains() -> Result<Vec<InputChain>, FirewallError> {
         }
     }
     Ok(chains)
+}
+
+/// Whether a rule only jumps into one of ufw's chains (counting on the way): what a disabled
+/// ufw leaves in INPUT, jumps to chains it emptied, which filter nothing. With ufw active the
+/// chains hold its rules, and ufw is found as itself before this is asked.
+fn only_into_ufw(rule: &Value) -> bool {
+    let Some(expr) = rule.get("expr").and_then(Value::as_array) else { return false };
+    let into_ufw = |e: &Value| {
+        ["jump", "goto"].iter().any(|k| {
+            e.get(*k)
+                .and_then(|j| j.get("target"))
+                .and_then(Value::as_str)
+                .is_some_and(|t| t.starts_with("ufw-") || t.starts_with("ufw6-"))
+        })
+    };
+    expr.iter().any(into_ufw) && expr.iter().all(|e| into_ufw(e) || e.get("counter").is_some())
 }
 
 fn text(v: &Value) -> String {
@@ -288,6 +304,17 @@ mod tests {
             vec![Listener { transport: Transport::Udp, addr: "0.0.0.0".parse().unwrap(), port: 53 }],
             "a connected datagram socket receives from its peer only"
         );
+    }
+
+    #[test]
+    fn the_jumps_a_disabled_ufw_leaves_filter_nothing() {
+        let jump = json!({"family": "ip", "table": "filter", "chain": "INPUT",
+            "expr": [{"counter": {"packets": 0, "bytes": 0}}, {"jump": {"target": "ufw-before-input"}}]});
+        assert!(only_into_ufw(&jump));
+        let accept = json!({"expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 22}}, {"accept": null}]});
+        assert!(!only_into_ufw(&accept));
+        let other = json!({"expr": [{"jump": {"target": "guard"}}]});
+        assert!(!only_into_ufw(&other));
     }
 
     #[test]

@@ -110,6 +110,18 @@ pub fn set_input_policy(program: &str, policy: &str) -> Result<(), UfwError> {
     checked(&[program, "-P", "INPUT", policy]).map(drop)
 }
 
+/// Turns ufw on, now and at boot. The failpoint `ufw-enable` (tests only) makes it fail
+/// without running ufw: the middle of the way back, after the host's rules are saved in ufw.
+pub fn enable() -> Result<(), UfwError> {
+    if super::fs::failpoint_named("ufw-enable") {
+        return Err(UfwError::Failed {
+            command: "ufw enable".into(),
+            how: "failed at the failpoint ufw-enable".into(),
+        });
+    }
+    checked(&["ufw", "--force", "enable"]).map(drop)
+}
+
 /// Turns ufw off, now and at boot. The failpoint `ufw-disable` (tests only) makes it fail
 /// without running ufw: the middle of the flip, after the host's filter is loaded.
 pub fn disable() -> Result<(), UfwError> {

@@ -746,7 +746,7 @@ fn another_filter_on_an_adopted_node_refuses_the_declaration_and_touches_nothing
 
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
-fn the_flip_from_ufw_waits_for_every_other_resource_then_loads_the_filter_and_retires_ufw() {
+fn the_flip_from_ufw_and_the_way_back_keep_declared_ports_open_and_others_closed_at_every_step() {
     let net = Net::with_ufw();
     let s = Scratch::new();
     for port in [8080, 8082, 9090] {
@@ -825,6 +825,34 @@ fn the_flip_from_ufw_waits_for_every_other_resource_then_loads_the_filter_and_re
     check(&[8080], &[8082, 9090], "after the flip");
     let (code, report) = net.apply(&s, &flip);
     assert_eq!((code, action(&report, "web.http")), (0, "unchanged".into()));
+
+    // The way back: `adoption` returns. Its openings are saved in ufw, ufw is enabled, and only
+    // then is the host's table removed. First with ufw failing to start: the host's table stays.
+    let back = s.declare_adopted(json!([{"type": "opening", "id": "web.http", "port": 8080}]));
+    let (code, report) = net.apply_with(&s, &back, &[("MESH_HOST_FAILPOINT", "ufw-enable")]);
+    assert_eq!(code, 1, "{report:#}");
+    assert!(report["error"]["message"].as_str().unwrap().contains("failpoint ufw-enable"), "{report:#}");
+    assert!(net.table().is_some(), "the host's table stays while ufw is not up");
+    assert!(net.ufw(&["status"]).contains("Status: inactive"));
+    check(&[8080], &[8082, 9090], "with ufw failing to start");
+    let declared = Prober::start(&net.a, "10.77.1.1:8080");
+    let undeclared = Prober::start(&net.b, "10.77.2.1:8082");
+    let (code, report) = net.apply(&s, &back);
+    let (declared, undeclared) = (declared.stop(), undeclared.stop());
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.http"), "updated", "{report:#}");
+    assert!(detail(&report, "web.http").contains("moved into ufw"), "{report:#}");
+    assert_eq!(
+        declared.1, 0,
+        "the declared port never refused a new connection on the way back: {declared:?}"
+    );
+    assert_eq!(undeclared.0, 0, "the undeclared port never let one in on the way back: {undeclared:?}");
+    assert!(net.ufw(&["status"]).contains("Status: active"));
+    assert!(net.ufw(&["show", "added"]).contains("comment 'mesh-host web.http'"));
+    assert_eq!(net.table(), None, "the host's table is gone once ufw is up");
+    check(&[8080], &[8082, 9090], "behind ufw again");
+    let (code, report) = net.apply(&s, &back);
+    assert_eq!((code, action(&report, "web.http")), (0, "unchanged".into()), "{report:#}");
 }
 
 #[test]
