@@ -537,7 +537,7 @@ impl<'a> Pass<'a> {
             && self.store.records().any(|(_, rec)| {
                 rec.kind == Kind::Opening
                     && rec.origin == self.opts.origin
-                    && rec.more.as_ref().and_then(|m| m.spec.as_deref()) == Some(opening::UFW)
+                    && rec.spec() == Some(opening::UFW)
             });
         if flipping && !self.failures.is_empty() {
             let failed = self.failures.len();
@@ -549,9 +549,7 @@ impl<'a> Pass<'a> {
         }
         let opening_spec = |spec: &str| {
             self.store.records().any(|(_, rec)| {
-                rec.kind == Kind::Opening
-                    && rec.origin == self.opts.origin
-                    && rec.more.as_ref().and_then(|m| m.spec.as_deref()) == Some(spec)
+                rec.kind == Kind::Opening && rec.origin == self.opts.origin && rec.spec() == Some(spec)
             })
         };
         // The way back: a declaration with `adoption` returning to a node whose ufw the host

@@ -11,8 +11,14 @@
 //! the way in. It also means a declaration that adds a service and its opening never has the
 //! port open before the service's files are in place.
 //!
-//! `wanted`, `compare` and `decide` are pure and unit-tested; `apply` reads, loads and reads
-//! back through `system::firewall`.
+//! On an adopted node the firewall found in force comes first (`found_firewall`): behind ufw
+//! the openings are made in ufw instead (`apply_ufw`); the flip to the host's filter when
+//! `adoption` goes (`flip`) and the way back when it returns are ordered so that what protects
+//! the node goes last on the way in and first on the way back.
+//!
+//! `wanted`, `parse`, `common_drift`, `decide`, `newly_closed`, `ufw_rules` and `ufw_lets_in`
+//! are pure and unit-tested; `apply`, `apply_ufw` and `flip` act through `system::firewall`
+//! and `system::ufw`, and read back.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -564,187 +570,6 @@ fn batch(want: &Table) -> Vec<Value> {
     commands
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn opening(port: u16, protocol: &str, from: &[&str]) -> Opening {
-        serde_json::from_value(json!({"port": port, "protocol": protocol, "from": from})).unwrap()
-    }
-
-    #[test]
-    fn a_from_network_is_written_as_nft_lists_it() {
-        let rules = opening_rules(
-            "web.admin",
-            &opening(22, "tcp", &["10.1.2.3/8", "10.9.9.9/8", "fd00::1/8", "192.0.2.7"]),
-        );
-        let sources: Vec<&Value> = rules.iter().map(|r| &r.expr[0]["match"]["right"]).collect();
-        assert_eq!(
-            sources,
-            vec![
-                &json!({"prefix": {"addr": "10.0.0.0", "len": 8}}),
-                &json!({"prefix": {"addr": "fd00::", "len": 8}}),
-                &json!("192.0.2.7"),
-            ],
-            "host bits cleared, the same network once, a single address bare"
-        );
-        assert!(rules.iter().all(|r| r.comment.as_deref() == Some("web.admin")));
-        assert_eq!(rules[1].expr[0]["match"]["left"]["payload"]["protocol"], "ip6");
-        let any = opening_rules("web.dns", &opening(53, "udp", &[]));
-        assert_eq!(any.len(), 1);
-        assert_eq!(any[0].expr[0]["match"]["left"]["payload"], json!({"protocol": "udp", "field": "dport"}));
-        assert_eq!(network(&Cidr::parse("0.0.0.0/0").unwrap()).1, 0);
-    }
-
-    #[test]
-    fn the_order_nft_lists_a_set_in_is_not_a_change() {
-        let want = wanted([("web.http", &opening(80, "tcp", &[]))]);
-        let mut listed: Vec<Value> =
-            vec![json!({"table": {"family": "inet", "name": "mesh_host", "handle": 3}})];
-        let mut chain = base_chain();
-        chain["family"] = json!("inet");
-        chain["table"] = json!("mesh_host");
-        chain["handle"] = json!(1);
-        listed.push(json!({ "chain": chain }));
-        for (i, r) in want.rules.iter().enumerate() {
-            let mut expr = r.expr.clone();
-            if let Some(set) = expr[0]["match"]["right"].get_mut("set").and_then(Value::as_array_mut) {
-                set.reverse();
-            }
-            let mut rule = json!({"family": "inet", "table": "mesh_host", "chain": "input", "handle": i + 2, "expr": expr});
-            if let Some(c) = &r.comment {
-                rule["comment"] = json!(c);
-            }
-            listed.push(json!({ "rule": rule }));
-        }
-        assert_eq!(parse(&listed), want);
-        listed.push(json!({"set": {"family": "inet", "table": "mesh_host", "name": "extra"}}));
-        let found = parse(&listed);
-        assert_ne!(found, want);
-        assert_eq!(
-            common_drift(&found, &want, &BTreeSet::from(["web.http"])),
-            vec!["a set \"extra\" was added to it"]
-        );
-    }
-
-    #[test]
-    fn drift_is_told_from_a_change_of_declaration() {
-        let seen = |recorded, intact, table_absent, common: &'static [String]| {
-            decide(&Seen { recorded, intact, table_absent, common })
-        };
-        assert_eq!(seen(None, false, true, &[]).0, Verb::Created);
-        assert_eq!(seen(Some(true), true, false, &[]), (Verb::Unchanged, None));
-        assert_eq!(seen(Some(false), false, false, &[]).0, Verb::Updated, "declared otherwise: updated");
-        let (verb, said) = seen(Some(true), false, false, &[]);
-        assert_eq!(
-            (verb, said.unwrap()),
-            (Verb::Corrected, "its rule had been changed or deleted by hand".into())
-        );
-        let (verb, said) = seen(Some(true), false, true, &[]);
-        assert_eq!(
-            (verb, said.unwrap()),
-            (Verb::Corrected, "table inet mesh_host had been deleted by hand".into())
-        );
-        let common = Box::leak(Box::new(vec!["its rules were reordered".to_owned()]));
-        assert_eq!(seen(Some(true), true, false, common).0, Verb::Corrected);
-        assert_eq!(
-            seen(None, true, false, common).0,
-            Verb::Unchanged,
-            "nothing of its own was found changed"
-        );
-    }
-
-    #[test]
-    fn an_opening_in_ufw_is_written_as_ufw_shows_it() {
-        let any = ufw_rules("dns.udp", &opening(53, "udp", &[]));
-        assert_eq!(any[0].shown, "ufw allow 53/udp comment 'mesh-host dns.udp'");
-        assert_eq!(
-            any[0].in_force,
-            vec![
-                "-A ufw-user-input -p udp -m udp --dport 53 -j ACCEPT",
-                "-A ufw6-user-input -p udp -m udp --dport 53 -j ACCEPT"
-            ]
-        );
-        let from = ufw_rules("web.admin", &opening(22, "tcp", &["10.1.2.3/8", "192.0.2.7", "fd00::/8"]));
-        assert_eq!(
-            from[0].shown,
-            "ufw allow from 10.0.0.0/8 to any port 22 proto tcp comment 'mesh-host web.admin'"
-        );
-        assert_eq!(
-            from[1].shown,
-            "ufw allow from 192.0.2.7 to any port 22 proto tcp comment 'mesh-host web.admin'"
-        );
-        assert_eq!(
-            from[1].in_force,
-            vec!["-A ufw-user-input -s 192.0.2.7/32 -p tcp -m tcp --dport 22 -j ACCEPT"]
-        );
-        assert_eq!(
-            from[2].in_force,
-            vec!["-A ufw6-user-input -s fd00::/8 -p tcp -m tcp --dport 22 -j ACCEPT"]
-        );
-        let added = vec![
-            "ufw allow 53/udp comment 'mesh-host dns.udp'".to_owned(),
-            "ufw allow 53/udp comment 'mesh-host dns.udp2'".to_owned(),
-            "ufw allow 22/tcp".to_owned(),
-        ];
-        assert_eq!(
-            ufw_added_for(&added, "dns.udp"),
-            vec![(added[0].clone(), vec!["allow".to_owned(), "53/udp".to_owned()])],
-            "its comment exactly, and the words that delete it"
-        );
-    }
-
-    #[test]
-    fn an_operator_rule_in_ufw_is_found_by_its_port() {
-        let added: Vec<String> = [
-            "ufw allow 22/tcp",
-            "ufw allow 53",
-            "ufw allow from 10.0.0.0/8 to any port 5432 proto tcp",
-            "ufw allow OpenSSH",
-            "ufw deny 23/tcp",
-            "ufw allow 8080/tcp comment 'mesh-host web.http'",
-        ]
-        .iter()
-        .map(|l| (*l).to_owned())
-        .collect();
-        assert!(ufw_lets_in(&added, Transport::Tcp, 22));
-        assert!(!ufw_lets_in(&added, Transport::Udp, 22));
-        assert!(ufw_lets_in(&added, Transport::Udp, 53) && ufw_lets_in(&added, Transport::Tcp, 53));
-        assert!(ufw_lets_in(&added, Transport::Tcp, 5432));
-        assert!(!ufw_lets_in(&added, Transport::Tcp, 23), "a deny lets nothing in");
-        assert!(!ufw_lets_in(&added, Transport::Tcp, 8080), "the host's own rule is not the operator's");
-    }
-
-    #[test]
-    fn a_port_is_newly_closed_only_if_it_was_open_listening_and_is_not_declared() {
-        let l = |t, addr: &str, port| Listener { transport: t, addr: addr.parse().unwrap(), port };
-        let listeners = [
-            l(Transport::Tcp, "0.0.0.0", 22),
-            l(Transport::Tcp, "::", 22),
-            l(Transport::Tcp, "127.0.0.1", 631),
-            l(Transport::Tcp, "::ffff:127.0.0.1", 632),
-            l(Transport::Udp, "::", 53),
-            l(Transport::Tcp, "10.0.0.1", 80),
-        ];
-        let declared = BTreeSet::from([(Transport::Tcp, 80)]);
-        assert_eq!(
-            newly_closed(&listeners, None, &declared),
-            vec!["22/tcp (listening on 0.0.0.0, ::)", "53/udp (listening on ::)"],
-            "with no table, every listening port not declared and not on loopback"
-        );
-        // A table of the host's that already drops 22 and lets 53/udp in.
-        let table = wanted([("dns", &opening(53, "udp", &["10.0.0.0/8"]))]);
-        assert_eq!(newly_closed(&listeners, Some(&table), &declared), vec!["53/udp (listening on ::)"]);
-        let mut open = table.clone();
-        open.chains[0]["policy"] = json!("accept");
-        assert_eq!(
-            newly_closed(&listeners, Some(&open), &declared).len(),
-            2,
-            "a chain that accepts closes nothing"
-        );
-    }
-}
-
 /// The firewall found in force on an adopted node, looked for before anything else.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Found {
@@ -990,9 +815,8 @@ pub(super) fn apply_ufw(
             Ok(_) => Ok(()),
         };
         let result = result.map(|()| {
-            let recorded = store.get(r.id.as_str()).map(|rec| {
-                rec.declared == r.digest && rec.more.as_ref().and_then(|m| m.spec.as_deref()) == Some(UFW)
-            });
+            let recorded =
+                store.get(r.id.as_str()).map(|rec| rec.declared == r.digest && rec.spec() == Some(UFW));
             let (action, detail) =
                 decide(&Seen { recorded, intact: saved && loaded, table_absent: false, common: &[] });
             let detail = match detail {
@@ -1115,7 +939,7 @@ pub(super) fn flip(
     let made_in_ufw: Vec<String> = store
         .records()
         .filter(|(_, rec)| rec.kind == crate::declaration::Kind::Opening && rec.origin == opts.origin)
-        .filter(|(_, rec)| rec.more.as_ref().and_then(|m| m.spec.as_deref()) == Some(UFW))
+        .filter(|(_, rec)| rec.spec() == Some(UFW))
         .map(|(id, _)| id.to_owned())
         .collect();
     let mut done = apply(declaration, store, opts, orphans);
@@ -1207,4 +1031,185 @@ fn retire_ufw(ids: &[String]) -> Result<(), ufw::UfwError> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opening(port: u16, protocol: &str, from: &[&str]) -> Opening {
+        serde_json::from_value(json!({"port": port, "protocol": protocol, "from": from})).unwrap()
+    }
+
+    #[test]
+    fn a_from_network_is_written_as_nft_lists_it() {
+        let rules = opening_rules(
+            "web.admin",
+            &opening(22, "tcp", &["10.1.2.3/8", "10.9.9.9/8", "fd00::1/8", "192.0.2.7"]),
+        );
+        let sources: Vec<&Value> = rules.iter().map(|r| &r.expr[0]["match"]["right"]).collect();
+        assert_eq!(
+            sources,
+            vec![
+                &json!({"prefix": {"addr": "10.0.0.0", "len": 8}}),
+                &json!({"prefix": {"addr": "fd00::", "len": 8}}),
+                &json!("192.0.2.7"),
+            ],
+            "host bits cleared, the same network once, a single address bare"
+        );
+        assert!(rules.iter().all(|r| r.comment.as_deref() == Some("web.admin")));
+        assert_eq!(rules[1].expr[0]["match"]["left"]["payload"]["protocol"], "ip6");
+        let any = opening_rules("web.dns", &opening(53, "udp", &[]));
+        assert_eq!(any.len(), 1);
+        assert_eq!(any[0].expr[0]["match"]["left"]["payload"], json!({"protocol": "udp", "field": "dport"}));
+        assert_eq!(network(&Cidr::parse("0.0.0.0/0").unwrap()).1, 0);
+    }
+
+    #[test]
+    fn the_order_nft_lists_a_set_in_is_not_a_change() {
+        let want = wanted([("web.http", &opening(80, "tcp", &[]))]);
+        let mut listed: Vec<Value> =
+            vec![json!({"table": {"family": "inet", "name": "mesh_host", "handle": 3}})];
+        let mut chain = base_chain();
+        chain["family"] = json!("inet");
+        chain["table"] = json!("mesh_host");
+        chain["handle"] = json!(1);
+        listed.push(json!({ "chain": chain }));
+        for (i, r) in want.rules.iter().enumerate() {
+            let mut expr = r.expr.clone();
+            if let Some(set) = expr[0]["match"]["right"].get_mut("set").and_then(Value::as_array_mut) {
+                set.reverse();
+            }
+            let mut rule = json!({"family": "inet", "table": "mesh_host", "chain": "input", "handle": i + 2, "expr": expr});
+            if let Some(c) = &r.comment {
+                rule["comment"] = json!(c);
+            }
+            listed.push(json!({ "rule": rule }));
+        }
+        assert_eq!(parse(&listed), want);
+        listed.push(json!({"set": {"family": "inet", "table": "mesh_host", "name": "extra"}}));
+        let found = parse(&listed);
+        assert_ne!(found, want);
+        assert_eq!(
+            common_drift(&found, &want, &BTreeSet::from(["web.http"])),
+            vec!["a set \"extra\" was added to it"]
+        );
+    }
+
+    #[test]
+    fn drift_is_told_from_a_change_of_declaration() {
+        let seen = |recorded, intact, table_absent, common: &'static [String]| {
+            decide(&Seen { recorded, intact, table_absent, common })
+        };
+        assert_eq!(seen(None, false, true, &[]).0, Verb::Created);
+        assert_eq!(seen(Some(true), true, false, &[]), (Verb::Unchanged, None));
+        assert_eq!(seen(Some(false), false, false, &[]).0, Verb::Updated, "declared otherwise: updated");
+        let (verb, said) = seen(Some(true), false, false, &[]);
+        assert_eq!(
+            (verb, said.unwrap()),
+            (Verb::Corrected, "its rule had been changed or deleted by hand".into())
+        );
+        let (verb, said) = seen(Some(true), false, true, &[]);
+        assert_eq!(
+            (verb, said.unwrap()),
+            (Verb::Corrected, "table inet mesh_host had been deleted by hand".into())
+        );
+        let common = Box::leak(Box::new(vec!["its rules were reordered".to_owned()]));
+        assert_eq!(seen(Some(true), true, false, common).0, Verb::Corrected);
+        assert_eq!(
+            seen(None, true, false, common).0,
+            Verb::Unchanged,
+            "nothing of its own was found changed"
+        );
+    }
+
+    #[test]
+    fn an_opening_in_ufw_is_written_as_ufw_shows_it() {
+        let any = ufw_rules("dns.udp", &opening(53, "udp", &[]));
+        assert_eq!(any[0].shown, "ufw allow 53/udp comment 'mesh-host dns.udp'");
+        assert_eq!(
+            any[0].in_force,
+            vec![
+                "-A ufw-user-input -p udp -m udp --dport 53 -j ACCEPT",
+                "-A ufw6-user-input -p udp -m udp --dport 53 -j ACCEPT"
+            ]
+        );
+        let from = ufw_rules("web.admin", &opening(22, "tcp", &["10.1.2.3/8", "192.0.2.7", "fd00::/8"]));
+        assert_eq!(
+            from[0].shown,
+            "ufw allow from 10.0.0.0/8 to any port 22 proto tcp comment 'mesh-host web.admin'"
+        );
+        assert_eq!(
+            from[1].shown,
+            "ufw allow from 192.0.2.7 to any port 22 proto tcp comment 'mesh-host web.admin'"
+        );
+        assert_eq!(
+            from[1].in_force,
+            vec!["-A ufw-user-input -s 192.0.2.7/32 -p tcp -m tcp --dport 22 -j ACCEPT"]
+        );
+        assert_eq!(
+            from[2].in_force,
+            vec!["-A ufw6-user-input -s fd00::/8 -p tcp -m tcp --dport 22 -j ACCEPT"]
+        );
+        let added = vec![
+            "ufw allow 53/udp comment 'mesh-host dns.udp'".to_owned(),
+            "ufw allow 53/udp comment 'mesh-host dns.udp2'".to_owned(),
+            "ufw allow 22/tcp".to_owned(),
+        ];
+        assert_eq!(
+            ufw_added_for(&added, "dns.udp"),
+            vec![(added[0].clone(), vec!["allow".to_owned(), "53/udp".to_owned()])],
+            "its comment exactly, and the words that delete it"
+        );
+    }
+
+    #[test]
+    fn an_operator_rule_in_ufw_is_found_by_its_port() {
+        let added: Vec<String> = [
+            "ufw allow 22/tcp",
+            "ufw allow 53",
+            "ufw allow from 10.0.0.0/8 to any port 5432 proto tcp",
+            "ufw allow OpenSSH",
+            "ufw deny 23/tcp",
+            "ufw allow 8080/tcp comment 'mesh-host web.http'",
+        ]
+        .iter()
+        .map(|l| (*l).to_owned())
+        .collect();
+        assert!(ufw_lets_in(&added, Transport::Tcp, 22));
+        assert!(!ufw_lets_in(&added, Transport::Udp, 22));
+        assert!(ufw_lets_in(&added, Transport::Udp, 53) && ufw_lets_in(&added, Transport::Tcp, 53));
+        assert!(ufw_lets_in(&added, Transport::Tcp, 5432));
+        assert!(!ufw_lets_in(&added, Transport::Tcp, 23), "a deny lets nothing in");
+        assert!(!ufw_lets_in(&added, Transport::Tcp, 8080), "the host's own rule is not the operator's");
+    }
+
+    #[test]
+    fn a_port_is_newly_closed_only_if_it_was_open_listening_and_is_not_declared() {
+        let l = |t, addr: &str, port| Listener { transport: t, addr: addr.parse().unwrap(), port };
+        let listeners = [
+            l(Transport::Tcp, "0.0.0.0", 22),
+            l(Transport::Tcp, "::", 22),
+            l(Transport::Tcp, "127.0.0.1", 631),
+            l(Transport::Tcp, "::ffff:127.0.0.1", 632),
+            l(Transport::Udp, "::", 53),
+            l(Transport::Tcp, "10.0.0.1", 80),
+        ];
+        let declared = BTreeSet::from([(Transport::Tcp, 80)]);
+        assert_eq!(
+            newly_closed(&listeners, None, &declared),
+            vec!["22/tcp (listening on 0.0.0.0, ::)", "53/udp (listening on ::)"],
+            "with no table, every listening port not declared and not on loopback"
+        );
+        // A table of the host's that already drops 22 and lets 53/udp in.
+        let table = wanted([("dns", &opening(53, "udp", &["10.0.0.0/8"]))]);
+        assert_eq!(newly_closed(&listeners, Some(&table), &declared), vec!["53/udp (listening on ::)"]);
+        let mut open = table.clone();
+        open.chains[0]["policy"] = json!("accept");
+        assert_eq!(
+            newly_closed(&listeners, Some(&open), &declared).len(),
+            2,
+            "a chain that accepts closes nothing"
+        );
+    }
 }
