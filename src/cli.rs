@@ -149,6 +149,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                 state: cli.state.clone(),
                 origin,
                 metrics,
+                // A resync of 0 would be a full pass in a loop: one second is the floor.
                 resync: std::time::Duration::from_secs(resync.max(1)),
                 quiet: std::time::Duration::from_millis(settle_ms),
                 queue: crate::controller::queue::Config::default(),

@@ -894,7 +894,7 @@ mod tests {
         let path = dir.path().join("state.json");
         let mut store = store_at(&dir, WRITTEN_BEFORE);
         let mut conf = store.get("web.conf").unwrap().clone();
-        conf.sig = Some((42, 1_764_480_000, 0, 8));
+        conf.sig = Some((42, 1_764_480_000, 0, 8).into());
         store.record("web.conf", conf.clone());
         assert_eq!(store.get("web.conf").unwrap().sig, conf.sig, "held at once");
         assert_eq!(store.get("web.conf").unwrap().applied_at, 1764480000, "not a change of what it says");
