@@ -765,8 +765,13 @@ fn on_an_adopted_node_units_packages_and_users_of_untaken_modules_are_held() {
     assert_eq!(action(&report, "mine.svc"), "updated");
     assert_eq!(t.active(&unit), "inactive", "held as found, not started");
     assert_eq!(t.active(&taken), "active");
-    let state = std::fs::read_to_string(s.state()).unwrap();
-    assert!(!state.contains("theirs."), "held is never recorded: {state}");
+    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(s.state()).unwrap()).unwrap();
+    let records = state["records"].as_object().unwrap();
+    assert!(records.keys().all(|id| !id.starts_with("theirs.")), "held is never recorded: {state:#}");
+    // It is remembered as held, until its module is taken.
+    for id in ["theirs.svc", "theirs.pkg", "theirs.user"] {
+        assert!(state["held"][id].is_object(), "{state:#}");
+    }
     t.clean(&[&unit, &taken], &[]);
 }
 
