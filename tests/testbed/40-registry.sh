@@ -15,13 +15,15 @@ DIR=/var/lib/mesh-host-testbed/registry
 CONF=/run/mesh-host-testbed/registry.yml
 LOG=/tmp/mesh-host-registry.log
 
-if ! command -v docker-registry >/dev/null; then
+# The package's own service would listen on :5000 under systemd; there is no systemd as PID 1
+# here, and this script runs its own instance, on loopback only.
+need=()
+command -v docker-registry >/dev/null || need+=(docker-registry)
+command -v curl >/dev/null || need+=(curl)
+if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
-  # The package's own service would listen on :5000 under systemd; there is no systemd as PID 1
-  # here, and this script runs its own instance on loopback only.
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
-command -v curl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null
 
 mkdir -p "$DIR" "$(dirname "$CONF")"
 cat >"$CONF" <<EOF
