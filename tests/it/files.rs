@@ -629,3 +629,47 @@ fn a_same_size_edit_is_seen_after_the_signature_is_recorded() {
     assert_eq!(action(&report, "a.f"), "corrected");
     assert_eq!(std::fs::read_to_string(s.path("f")).unwrap(), "aaaa");
 }
+
+/// The cold apply signs what it wrote, once the clock tick has passed (issue 15): the first
+/// steady apply then finds every file untouched by its signature alone, reads none of them, and
+/// does not rewrite the store.
+#[test]
+fn the_cold_apply_records_signatures_so_the_first_steady_apply_rewrites_nothing() {
+    let s = Scratch::new();
+    let files: Vec<serde_json::Value> = (0..20)
+        .map(|i| json!({"type": "file", "id": format!("a.f{i}"), "path": s.p(&format!("f{i}")), "content": "aaaa"}))
+        .collect();
+    let d = s.declare(serde_json::Value::Array(files));
+    assert_eq!(s.apply(&d).0, 0);
+    let store: serde_json::Value = serde_json::from_slice(&std::fs::read(s.state()).unwrap()).unwrap();
+    let records = store["records"].as_object().expect("the store has records");
+    assert_eq!(records.len(), 20);
+    for (id, rec) in records {
+        assert!(rec["sig"].is_array(), "{id} was signed by the cold apply: {rec}");
+    }
+    let before = std::fs::metadata(s.state()).unwrap();
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0);
+    for i in 0..20 {
+        assert_eq!(action(&report, &format!("a.f{i}")), "unchanged");
+    }
+    let after = std::fs::metadata(s.state()).unwrap();
+    assert_eq!(
+        (before.ino(), before.mtime(), before.mtime_nsec()),
+        (after.ino(), after.mtime(), after.mtime_nsec()),
+        "the first steady apply rewrote the store"
+    );
+}
+
+/// What the cold apply signed is still compared: a same-size edit right after it (within the
+/// same second, as soon as the apply returns) is seen and put back by the next apply.
+#[test]
+fn an_edit_right_after_a_cold_apply_is_still_corrected() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "aaaa"}]));
+    assert_eq!(s.apply(&d).0, 0);
+    std::fs::write(s.path("f"), "bbbb").unwrap();
+    let (_, report) = s.apply(&d);
+    assert_eq!(action(&report, "a.f"), "corrected");
+    assert_eq!(std::fs::read_to_string(s.path("f")).unwrap(), "aaaa");
+}
