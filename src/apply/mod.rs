@@ -336,11 +336,13 @@ impl<'a> Pass<'a> {
             self.remove_orphans(&mut fs, &mut machine);
         }
         // Which gate, if any, holds back the rest when reconciling a part alone: the first one
-        // not recorded at its current declaration.
+        // not recorded at its current declaration. A held gate is not closed: a full pass goes
+        // past it (held is not a failure), and it is never recorded while it is held.
         let closed_gate = only.as_ref().and_then(|_| {
-            self.declaration
-                .gates()
-                .find(|r| self.store.get(r.id.as_str()).is_none_or(|rec| rec.declared != r.digest))
+            self.declaration.gates().find(|r| {
+                self.store.get(r.id.as_str()).is_none_or(|rec| rec.declared != r.digest)
+                    && held_step(self.declaration, &found, r).is_none()
+            })
         });
 
         for resource in &self.declaration.resources {
@@ -515,12 +517,8 @@ impl<'a> Pass<'a> {
         let adoption = self.declaration.adoption.as_ref()?;
         let module = r.id.module();
         let held = |detail: String| Some((Ok(Step::Done(begin(r, Verb::Held, Some(detail)), None)), None));
-        if let Spec::Action(a) = &r.spec {
-            if let Some(name) = a.in_container.as_ref().filter(|c| found.containers.contains(c.as_str())) {
-                return held(format!(
-                    "it would run inside container {name}, which is held as found until its module is taken: not run"
-                ));
-            }
+        if let Some(why) = held_step(self.declaration, found, r) {
+            return held(why);
         }
         if adoption.taken.iter().any(|m| m == module) {
             return None;
@@ -531,16 +529,6 @@ impl<'a> Pass<'a> {
             ));
         }
         if self.store.get(r.id.as_str()).is_some() {
-            return None;
-        }
-        let step = matches!(&r.spec, Spec::Action(_))
-            || matches!(&r.spec, Spec::Container(c) if c.run_once || c.schedule.is_some());
-        if step {
-            if found.modules.contains(module) {
-                return held(format!(
-                    "module {module:?} is not taken yet, and what it would act on is held as found: not run"
-                ));
-            }
             return None;
         }
         match found.present.remove(&r.index)? {
@@ -738,6 +726,39 @@ struct Found {
     modules: HashSet<String>,
     /// Names of containers held: an action run `in` one does not run.
     containers: HashSet<String>,
+}
+
+/// Why an action or step is held on an adopted node, or `None` when it runs: it would run
+/// inside a held container (whatever its module), or its module is not taken and holds
+/// something it would act on. Decided at each pass, never remembered: a step has nothing of its
+/// own to find.
+fn held_step(declaration: &Declaration, found: &Found, r: &Resource) -> Option<String> {
+    let adoption = declaration.adoption.as_ref()?;
+    let module = r.id.module();
+    let step = match &r.spec {
+        Spec::Action(a) => {
+            if let Some(name) = a.in_container.as_ref().filter(|c| found.containers.contains(c.as_str())) {
+                return Some(format!(
+                    "it would run inside container {name}, which is held as found until its module is taken: not run"
+                ));
+            }
+            true
+        }
+        Spec::Container(c) => c.run_once || c.schedule.is_some(),
+        Spec::Directory(_)
+        | Spec::File(_)
+        | Spec::Access(_)
+        | Spec::Package(_)
+        | Spec::Service(_)
+        | Spec::User(_)
+        | Spec::Archive(_)
+        | Spec::Process(_)
+        | Spec::Network(_)
+        | Spec::Opening(_) => false,
+    };
+    (step && !adoption.taken.iter().any(|m| m == module) && found.modules.contains(module)).then(|| {
+        format!("module {module:?} is not taken yet, and what it would act on is held as found: not run")
+    })
 }
 
 /// Looks, before anything in the pass, at what each resource of a module not yet taken would

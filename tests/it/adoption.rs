@@ -177,3 +177,29 @@ fn a_hold_no_longer_declared_is_forgotten_and_left_as_found() {
     assert_eq!(read(&s.path("theirs.conf")), "theirs\n");
     assert!(store(&s)["held"].is_null());
 }
+
+/// Regression (issue 11): a held action is never recorded, and the daemon's reconcile of one
+/// resource took every unrecorded gate before it as closed, so nothing declared after a held
+/// action was put back until the next full resync. A held gate is not a closed one.
+#[test]
+fn the_daemon_corrects_what_follows_a_held_action() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path("db")).unwrap();
+    let d = adopted(
+        &s,
+        &["web"],
+        json!([
+            {"type": "directory", "id": "db.data", "path": s.p("db")},
+            {"type": "action", "id": "db.migrate", "command": ["true"], "verify": ["false"]},
+            {"type": "file", "id": "web.conf", "path": s.p("web.conf"), "content": "port=80\n"},
+        ]),
+    );
+    let daemon = Daemon::start(&s, &d, &[]);
+    assert_eq!(read(&s.path("web.conf")), "port=80\n", "the first apply ran before READY");
+    std::fs::write(s.path("web.conf"), "port=8080\n").unwrap();
+    assert!(
+        wait_for(PATIENCE, || read(&s.path("web.conf")) == "port=80\n"),
+        "put back by its own reconcile:\n{}",
+        daemon.log()
+    );
+}
