@@ -59,6 +59,11 @@ fn files_directories_and_archives_found_are_held_until_their_module_is_taken() {
     let st = store(&s);
     assert!(st["records"].as_object().is_none_or(|r| r.is_empty()), "held is never recorded: {st:#}");
     assert_eq!(st["held"]["app.conf"]["target"], s.p("theirs/app.conf"), "{st:#}");
+    // And status says so.
+    let status: Value = serde_json::from_slice(&s.run(&["status", "--json"]).stdout).unwrap();
+    assert!(status["held"].as_array().unwrap().iter().any(|h| h["id"] == "app.conf"), "{status:#}");
+    let text = String::from_utf8(s.run(&["status"]).stdout).unwrap();
+    assert!(text.contains("held as found: 3, until their modules are taken"), "{text}");
 
     // Gone from the machine, still held: it disappearing does not make it the host's to create.
     std::fs::remove_file(s.path("theirs/app.conf")).unwrap();
