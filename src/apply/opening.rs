@@ -288,6 +288,12 @@ fn holdable(declaration: &Declaration, store: &Store, r: &Resource) -> bool {
         && store.get(r.id.as_str()).is_none()
 }
 
+/// Whether an opening that may be held is: held before (a hold lasts until its module is taken,
+/// whatever became of the port since), or its port found open now.
+fn held_now(store: &Store, r: &Resource, found_open: bool) -> bool {
+    store.held(r.id.as_str()).is_some() || found_open
+}
+
 fn held_detail(r: &Resource) -> String {
     format!("found open, and module {:?} is not taken yet: left open as found", r.id.module())
 }
@@ -417,7 +423,8 @@ pub(super) fn apply(
     let held: BTreeSet<usize> = fits
         .iter()
         .filter(|(r, o)| {
-            holdable(declaration, store, r) && lets_in(found.as_ref(), transport(o.protocol), o.port.get())
+            holdable(declaration, store, r)
+                && held_now(store, r, lets_in(found.as_ref(), transport(o.protocol), o.port.get()))
         })
         .map(|(r, _)| r.index)
         .collect();
@@ -712,7 +719,8 @@ pub(super) fn apply_ufw(
     let held: BTreeSet<usize> = declared
         .iter()
         .filter(|(r, o)| {
-            holdable(declaration, store, r) && ufw_lets_in(&added, transport(o.protocol), o.port.get())
+            holdable(declaration, store, r)
+                && held_now(store, r, ufw_lets_in(&added, transport(o.protocol), o.port.get()))
         })
         .map(|(r, _)| r.index)
         .collect();
