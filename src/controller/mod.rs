@@ -66,6 +66,8 @@ pub struct Config {
     pub step_timeout: Option<Duration>,
     /// How much one archive may unpack (`--archive-max-bytes`, `--archive-max-entries`).
     pub archive_limits: crate::apply::ArchiveLimits,
+    /// The node's sealing key (`--key`), read in each pass that opens a sealed value.
+    pub key: PathBuf,
 }
 
 impl Config {
@@ -210,6 +212,7 @@ mod tests {
             container_socket: None,
             step_timeout: step.map(Duration::from_secs),
             archive_limits: crate::apply::ArchiveLimits::default(),
+            key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
         }
     }
 

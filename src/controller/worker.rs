@@ -211,6 +211,7 @@ impl Worker {
             step_timeout: self.config.step_timeout,
             archive_limits: self.config.archive_limits,
             contents: self.contents.clone(),
+            key: self.config.key.clone(),
         }
     }
 

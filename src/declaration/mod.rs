@@ -28,6 +28,8 @@ pub use types::{
     AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Sha256,
     Transport, Volume, VolumeSource,
 };
+#[cfg(test)]
+pub(crate) use validate::secret_holes;
 
 /// The declaration versions this build understands.
 pub const VERSIONS: &[u64] = &[1];

@@ -22,5 +22,6 @@ mod files;
 mod malformed;
 mod packages;
 mod reliability;
+mod secrets;
 mod systemd;
 mod users;
