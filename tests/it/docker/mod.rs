@@ -9,6 +9,7 @@
 mod containers;
 mod daemon;
 mod networks;
+mod secrets;
 mod steps;
 mod watcher;
 

@@ -1,0 +1,48 @@
+//! A container that reads a file carrying a secret (issue 9; issue 11's point 5): recreated
+//! when the opened value moves, never when the same value is sealed again, and labelled with
+//! nothing a guess could be checked against.
+
+use super::*;
+use crate::secrets::{keygen, seal};
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_a_container_is_recreated_when_a_secret_it_reads_moves_and_not_when_it_is_sealed_again() {
+    let n = Names::new(DOCKER, "secret");
+    let s = Scratch::new();
+    let public = keygen(&s);
+    let web = n.container("web");
+    let declare = |password: &[u8]| {
+        s.declare(json!([
+            {"type": "file", "id": "web.env", "path": s.p("web.env"), "content": "PASSWORD=${secret:pw}\n",
+             "secrets": {"pw": seal(&public, password)}},
+            {"type": "file", "id": "web.key", "path": s.p("web.key"), "sealed": seal(&public, b"the key")},
+            {"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
+             "env-file": [s.p("web.env")], "restart-on": ["web.key"]},
+        ]))
+    };
+    let report = applied(&s, &declare(b"one"));
+    assert_eq!(action(&report, "web.app"), "created", "{report:#}");
+    assert!(DOCKER.ok(&["exec", &web, "env"]).contains("PASSWORD=one"));
+    let label = DOCKER.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap();
+    let reads = record(&s, "web.app")["reads"][s.p("web.env")].as_str().unwrap().to_owned();
+    assert!(reads.starts_with("hmac-sha256:"), "what it read is recorded by a keyed digest: {reads}");
+    let id = DOCKER.id(&web);
+
+    // Every value sealed again: new ciphertexts, the same values. Nothing moves.
+    let report = applied(&s, &declare(b"one"));
+    assert_eq!(action(&report, "web.env"), "unchanged", "{report:#}");
+    assert_eq!(action(&report, "web.key"), "unchanged", "{report:#}");
+    assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
+    assert_eq!(DOCKER.id(&web), id, "not recreated");
+    assert_eq!(DOCKER.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap(), label);
+
+    // A new value: recreated, naming the file.
+    let report = applied(&s, &declare(b"two"));
+    assert_eq!(action(&report, "web.app"), "updated", "{report:#}");
+    assert_eq!(detail(&report, "web.app"), format!("recreated: {} changed", s.p("web.env")));
+    assert_ne!(DOCKER.id(&web), id);
+    assert!(DOCKER.ok(&["exec", &web, "env"]).contains("PASSWORD=two"));
+    let labels = DOCKER.inspect(&web, "{{json .Config.Labels}}").unwrap();
+    assert!(!labels.contains("two") && !labels.contains("one"), "{labels}");
+}
