@@ -354,3 +354,155 @@ fn without_a_key_the_files_carrying_secrets_fail_naming_it_and_the_rest_applies(
     assert!(!report.to_string().contains("hunter2"));
     assert!(!s.path("etc/app.key").exists() && !s.path("etc/app.env").exists());
 }
+
+/// Every place an opened value could leak to, searched for a planted secret and its plain
+/// sha256 (issue 9, item 6): the reports and logs at trace level, as text and as JSON, of
+/// apply, plan and status; a daemon's logs, metrics, and /proc cmdline, environ and content
+/// file while it corrects a hand-edit; a failure's message; what a step the agent starts sees
+/// of its own environment and arguments; the store, its journal and the kept originals.
+#[test]
+fn no_opened_value_leaks_anywhere_the_agent_writes_or_shows() {
+    const PLANT: &str = "canary-4d8f1c-never-print-me";
+    let s = Scratch::new();
+    let public = keygen(&s);
+    let filled = format!("USER=app\nPASSWORD={PLANT}\n");
+    let forbidden = [PLANT.to_owned(), sha256_hex(PLANT.as_bytes()), sha256_hex(filled.as_bytes())];
+    let mut seen: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut note = |what: &str, bytes: &[u8]| seen.push((what.to_owned(), bytes.to_vec()));
+
+    // A file the machine already had where the secret goes: its original is kept.
+    std::fs::create_dir_all(s.path("etc/app")).unwrap();
+    std::fs::write(s.path("etc/app/secret"), "the machine's own\n").unwrap();
+    std::fs::create_dir_all(s.path("etc/app/broken")).unwrap();
+    let proc_dump = s.p("child-proc");
+    let d = s.declare(serde_json::json!([
+        {"type": "file", "id": "app.secret", "path": s.p("etc/app/secret"), "sealed": seal(&public, PLANT.as_bytes())},
+        {"type": "file", "id": "app.env", "path": s.p("etc/app/env"), "content": "USER=app\nPASSWORD=${secret:pw}\n",
+         "secrets": {"pw": seal(&public, PLANT.as_bytes())}},
+        {"type": "file", "id": "app.conf", "path": s.p("etc/app/conf"), "content": "port=80\n"},
+        // A failure after the value was opened: a directory where the file goes.
+        {"type": "file", "id": "app.broken", "path": s.p("etc/app/broken"), "sealed": seal(&public, PLANT.as_bytes())},
+        // A program the agent starts: what it sees of its own arguments and environment.
+        {"type": "action", "id": "app.step", "verify": ["test", "-s", proc_dump.as_str()],
+         "command": ["sh", "-c", format!("cat /proc/self/environ /proc/self/cmdline /proc/$PPID/environ /proc/$PPID/cmdline > {proc_dump}")]},
+    ]));
+    let dpath = d.to_str().unwrap();
+    let traced = |args: &[&str]| {
+        let out = assert_cmd::Command::cargo_bin("mesh-host")
+            .unwrap()
+            .arg("--state")
+            .arg(s.state())
+            .args(args)
+            .env("MESH_HOST_LOG", "trace")
+            .output()
+            .unwrap();
+        (out.status.code(), [out.stdout, out.stderr].concat())
+    };
+
+    // Plan first (the original would be written over), then apply, as text and as JSON logs.
+    let (_, out) = traced(&["plan", dpath]);
+    note("plan", &out);
+    let (code, out) = traced(&["--log-json", "apply", "--json", dpath]);
+    assert_eq!(code, Some(1), "app.broken fails: {}", String::from_utf8_lossy(&out));
+    note("apply --json --log-json", &out);
+    let text = String::from_utf8_lossy(&out);
+    assert!(
+        text.contains("\"resource\": \"app.broken\"") && text.contains("is not a regular file"),
+        "{text}"
+    );
+    assert_eq!(std::fs::read_to_string(s.path("etc/app/secret")).unwrap(), PLANT, "it was applied");
+    assert_eq!(std::fs::read_to_string(s.path("etc/app/env")).unwrap(), filled);
+    let child = std::fs::read(&proc_dump).expect("the action ran");
+    note("a child's /proc", &child);
+
+    // A hand-edit, planned and then corrected by apply.
+    std::fs::write(s.path("etc/app/env"), "USER=app\nPASSWORD=guess\n").unwrap();
+    let (_, out) = traced(&["plan", dpath]);
+    assert!(String::from_utf8_lossy(&out).contains("content differs (not shown: it carries a secret)"));
+    note("plan of a hand-edit", &out);
+    let (_, out) = traced(&["apply", dpath]);
+    assert!(String::from_utf8_lossy(&out).contains("corrected app.env"), "{}", String::from_utf8_lossy(&out));
+    note("apply (text)", &out);
+    for args in [&["status"][..], &["status", "--json"], &["--log-json", "status", "--json"]] {
+        let (_, out) = traced(args);
+        note(&args.join(" "), &out);
+    }
+
+    // The daemon: trace logs as JSON, a hand-edit put back, metrics, its /proc.
+    let mut daemon = Daemon::launch(&s, &d, &["--log-json"], &[("MESH_HOST_LOG", "trace")]);
+    std::fs::write(s.path("etc/app/secret"), "changed by hand\n").unwrap();
+    assert!(
+        wait_for(PATIENCE, || std::fs::read_to_string(s.path("etc/app/secret")).is_ok_and(|c| c == PLANT)),
+        "the daemon put the secret back: {}",
+        daemon.log()
+    );
+    assert!(wait_for(PATIENCE, || daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}") >= 1.0));
+    note("metrics", daemon.get("/metrics").unwrap_or_default().as_bytes());
+    let pid = daemon.child.as_ref().unwrap().id();
+    for what in ["cmdline", "environ"] {
+        note(&format!("/proc/{pid}/{what}"), &std::fs::read(format!("/proc/{pid}/{what}")).unwrap());
+    }
+    // The daemon's content file (unlinked) and anything else it holds open in its state directory.
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+        let target = std::fs::read_link(fd.path()).unwrap_or_default();
+        if target.starts_with(s.path("state")) {
+            if let Ok(bytes) = std::fs::read(fd.path()) {
+                note(&format!("the daemon's open file {}", target.display()), &bytes);
+            }
+        }
+    }
+    assert_eq!(daemon.terminate(), Some(0));
+    note("daemon log", daemon.log().as_bytes());
+
+    // Everything left in the state directory: the store, its lock and journal, kept originals.
+    let mut todo = vec![s.path("state")];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p != key_of(&s) {
+                note(&p.display().to_string(), &std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    assert!(seen.iter().any(|(w, _)| w.ends_with("state.json")), "the store was searched");
+    assert!(seen.iter().any(|(w, _)| w.contains("/kept/")), "the kept original was searched");
+
+    for (what, bytes) in &seen {
+        let text = String::from_utf8_lossy(bytes);
+        for f in &forbidden {
+            assert!(!text.contains(f.as_str()), "{what} carries {f}:\n{text}");
+        }
+    }
+}
+
+/// Item 7: `plan` never shows what is on the machine when that file is not world-readable (a
+/// credential already on disk), though it still diffs a file anyone may read.
+#[test]
+fn plan_never_shows_a_file_others_cannot_read() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path("etc")).unwrap();
+    std::fs::write(s.path("etc/db.conf"), "password=on-disk-credential\n").unwrap();
+    std::fs::set_permissions(s.path("etc/db.conf"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::write(s.path("etc/motd"), "old greeting\n").unwrap();
+    std::fs::set_permissions(s.path("etc/motd"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let d = s.declare(serde_json::json!([
+        {"type": "file", "id": "db.conf", "path": s.p("etc/db.conf"), "content": "password=declared\n", "mode": "0640"},
+        {"type": "file", "id": "os.motd", "path": s.p("etc/motd"), "content": "new greeting\n"},
+    ]));
+    let out = s.run(&["plan", d.to_str().unwrap()]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(!shown.contains("on-disk-credential"), "{shown}");
+    assert!(
+        shown.contains(&format!(
+            "{}: content differs (not shown: the file on the machine is not world-readable, mode 0640)",
+            s.p("etc/db.conf")
+        )),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("-old greeting") && shown.contains("+new greeting"),
+        "a readable file is still diffed: {shown}"
+    );
+}
