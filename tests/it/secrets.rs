@@ -506,3 +506,39 @@ fn plan_never_shows_a_file_others_cannot_read() {
         "a readable file is still diffed: {shown}"
     );
 }
+
+/// A file that carried a secret, no longer declared: removed when it still holds what the host
+/// wrote (told by its keyed digest), kept when changed since, and kept when the node has lost
+/// its key and cannot tell; `status` says `unreadable` rather than guess.
+#[test]
+fn an_orphan_that_carried_a_secret_is_removed_only_when_the_key_says_it_is_the_hosts() {
+    let s = Scratch::new();
+    let public = keygen(&s);
+    let both = s.declare(serde_json::json!([
+        {"type": "file", "id": "app.a", "path": s.p("etc/a"), "sealed": seal(&public, b"a")},
+        {"type": "file", "id": "app.b", "path": s.p("etc/b"), "sealed": seal(&public, b"b")},
+        {"type": "file", "id": "app.c", "path": s.p("etc/c"), "sealed": seal(&public, b"c")},
+    ]));
+    assert_eq!(s.apply(&both).0, 0);
+    std::fs::write(s.path("etc/b"), "changed by hand").unwrap();
+    let only_c = s.declare(serde_json::json!([
+        {"type": "file", "id": "app.c", "path": s.p("etc/c"), "sealed": seal(&public, b"c")},
+    ]));
+    let (code, report) = s.apply(&only_c);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "app.a"), "removed", "{report:#}");
+    assert_eq!(action(&report, "app.b"), "kept", "{report:#}");
+    assert!(!s.path("etc/a").exists() && s.path("etc/b").exists());
+
+    // The key is lost: nothing can be told, so nothing is removed, and status does not guess.
+    std::fs::rename(key_of(&s), s.path("elsewhere.key")).unwrap();
+    let out = s.run(&["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = status["records"].as_array().unwrap().iter().find(|r| r["id"] == "app.c").unwrap().clone();
+    assert_eq!(c["machine"], "unreadable", "{status:#}");
+    let (code, report) = s.apply(&s.declare(serde_json::json!([])));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "app.c"), "kept", "{report:#}");
+    assert!(detail(&report, "app.c").contains("without this node's sealing key"), "{report:#}");
+    assert!(s.path("etc/c").exists());
+}
