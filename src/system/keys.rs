@@ -20,7 +20,7 @@ pub const DEFAULT_NAME: &str = "sealing.key";
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
     #[error(
-        "the key file {path} is readable by others than its owner (mode {mode:04o}): it is refused, since anyone who can read it can open every secret sealed to this node; `chmod 600 {path}` once you have made sure nobody copied it, or rotate the key (`mesh-host keygen --rotate`)"
+        "the key file {path} is readable by others than its owner (mode {mode:04o}): it is refused, since anyone who can read it can open every secret sealed to this node; `chmod 600 {path}`, then, if it may have been copied, rotate it (`mesh-host keygen --rotate`) and have every value sealed again"
     )]
     Exposed { path: PathBuf, mode: u32 },
     #[error("the key file {path} is owned by uid {uid}, not by the agent (uid {agent}): it is refused")]

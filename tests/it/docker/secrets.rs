@@ -12,16 +12,16 @@ fn docker_a_container_is_recreated_when_a_secret_it_reads_moves_and_not_when_it_
     let s = Scratch::new();
     let public = keygen(&s);
     let web = n.container("web");
-    let declare = |password: &[u8]| {
+    let declare = |password: &[u8], key: &[u8]| {
         s.declare(json!([
             {"type": "file", "id": "web.env", "path": s.p("web.env"), "content": "PASSWORD=${secret:pw}\n",
              "secrets": {"pw": seal(&public, password)}},
-            {"type": "file", "id": "web.key", "path": s.p("web.key"), "sealed": seal(&public, b"the key")},
+            {"type": "file", "id": "web.key", "path": s.p("web.key"), "sealed": seal(&public, key)},
             {"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
              "env-file": [s.p("web.env")], "restart-on": ["web.key"]},
         ]))
     };
-    let report = applied(&s, &declare(b"one"));
+    let report = applied(&s, &declare(b"one", b"key one"));
     assert_eq!(action(&report, "web.app"), "created", "{report:#}");
     assert!(DOCKER.ok(&["exec", &web, "env"]).contains("PASSWORD=one"));
     let label = DOCKER.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap();
@@ -30,7 +30,7 @@ fn docker_a_container_is_recreated_when_a_secret_it_reads_moves_and_not_when_it_
     let id = DOCKER.id(&web);
 
     // Every value sealed again: new ciphertexts, the same values. Nothing moves.
-    let report = applied(&s, &declare(b"one"));
+    let report = applied(&s, &declare(b"one", b"key one"));
     assert_eq!(action(&report, "web.env"), "unchanged", "{report:#}");
     assert_eq!(action(&report, "web.key"), "unchanged", "{report:#}");
     assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
@@ -38,11 +38,20 @@ fn docker_a_container_is_recreated_when_a_secret_it_reads_moves_and_not_when_it_
     assert_eq!(DOCKER.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap(), label);
 
     // A new value: recreated, naming the file.
-    let report = applied(&s, &declare(b"two"));
+    let report = applied(&s, &declare(b"two", b"key one"));
     assert_eq!(action(&report, "web.app"), "updated", "{report:#}");
     assert_eq!(detail(&report, "web.app"), format!("recreated: {} changed", s.p("web.env")));
     assert_ne!(DOCKER.id(&web), id);
     assert!(DOCKER.ok(&["exec", &web, "env"]).contains("PASSWORD=two"));
+
+    // A new value of the file it restarts on: recreated too, and its label moves.
+    let (id, label) =
+        (DOCKER.id(&web), DOCKER.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap());
+    let report = applied(&s, &declare(b"two", b"key two"));
+    assert_eq!(action(&report, "web.key"), "updated", "{report:#}");
+    assert_eq!(action(&report, "web.app"), "updated", "{report:#}");
+    assert_ne!(DOCKER.id(&web), id);
+    assert_ne!(DOCKER.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap(), label);
     let labels = DOCKER.inspect(&web, "{{json .Config.Labels}}").unwrap();
     assert!(!labels.contains("two") && !labels.contains("one"), "{labels}");
 }
