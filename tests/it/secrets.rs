@@ -542,3 +542,50 @@ fn an_orphan_that_carried_a_secret_is_removed_only_when_the_key_says_it_is_the_h
     assert!(detail(&report, "app.c").contains("without this node's sealing key"), "{report:#}");
     assert!(s.path("etc/c").exists());
 }
+
+/// A service restarts on a file carrying a secret when its value moves, and not when the same
+/// value is sealed again (issue 9, item 4), under the testbed's systemd.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_service_restarts_when_a_secret_moves_and_not_when_it_is_sealed_again() {
+    use crate::systemd::{apply_on, testbed, unique};
+    let t = testbed();
+    let name = unique("mh-it-sec");
+    let unit = format!("{name}.service");
+    let seen = format!("/var/lib/{name}.seen");
+    t.unit(
+        &unit,
+        &format!("[Service]\nExecStart=/bin/sh -c 'echo \"$TOKEN\" > {seen}; exec sleep infinity'\n"),
+    );
+    let dropin = t.path(&format!("/etc/systemd/system/{unit}.d/token.conf"));
+    std::fs::create_dir_all(dropin.parent().unwrap()).unwrap();
+    let s = Scratch::new();
+    let public = keygen(&s);
+    let bus = t.bus();
+    let declare = |token: &[u8]| {
+        s.declare(serde_json::json!([
+            {"type": "file", "id": "web.token", "path": dropin.display().to_string(),
+             "content": "[Service]\nEnvironment=TOKEN=${secret:token}\n", "secrets": {"token": seal(&public, token)}},
+            {"type": "service", "id": "web.svc", "unit": unit, "state": "running", "restart-on": ["web.token"]},
+        ]))
+    };
+    let (code, report) = apply_on(&s, &bus, &declare(b"one"));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(std::fs::read_to_string(t.path(&seen)).unwrap(), "one\n");
+    assert_eq!(mode_of(&dropin), 0o600);
+    let pid = t.show(&unit, "MainPID");
+
+    let (code, report) = apply_on(&s, &bus, &declare(b"one"));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.token"), "unchanged", "sealed again, same value: {report:#}");
+    assert_eq!(action(&report, "web.svc"), "unchanged", "{report:#}");
+    assert_eq!(t.show(&unit, "MainPID"), pid);
+
+    let (code, report) = apply_on(&s, &bus, &declare(b"two"));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.svc"), "updated", "{report:#}");
+    assert_eq!(detail(&report, "web.svc"), "restarted for web.token");
+    assert_ne!(t.show(&unit, "MainPID"), pid);
+    assert_eq!(std::fs::read_to_string(t.path(&seen)).unwrap(), "two\n");
+    t.clean(&[&unit], &[&seen]);
+}
