@@ -589,3 +589,38 @@ fn a_service_restarts_when_a_secret_moves_and_not_when_it_is_sealed_again() {
     assert_eq!(std::fs::read_to_string(t.path(&seen)).unwrap(), "two\n");
     t.clean(&[&unit], &[&seen]);
 }
+
+/// The daemon reads the key in each pass that opens a value: a rotation under it is used at
+/// once, for a declaration sealed to the new key, and a hand-edit of a file carrying a secret
+/// is put back from the values it keeps sealed.
+#[test]
+fn the_daemon_opens_values_per_pass_with_the_key_as_it_is_now() {
+    let s = Scratch::new();
+    let first = keygen(&s);
+    let target = s.path("etc/token");
+    let declare = |to: &str, value: &[u8]| {
+        s.declare(serde_json::json!([
+            {"type": "file", "id": "app.token", "path": target.display().to_string(), "sealed": seal(to, value)},
+        ]))
+    };
+    let d = declare(&first, b"first");
+    let mut daemon = Daemon::start(&s, &d, &[]);
+    assert_eq!(std::fs::read(&target).unwrap(), b"first");
+
+    let out = s.run(&["keygen", "--rotate"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let second = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    declare(&second, b"second");
+    assert!(
+        wait_for(PATIENCE, || std::fs::read(&target).is_ok_and(|b| b == b"second")),
+        "the value sealed to the rotated key was applied: {}",
+        daemon.log()
+    );
+    std::fs::write(&target, "by hand").unwrap();
+    assert!(
+        wait_for(PATIENCE, || std::fs::read(&target).is_ok_and(|b| b == b"second")),
+        "put back: {}",
+        daemon.log()
+    );
+    assert_eq!(daemon.terminate(), Some(0));
+}
