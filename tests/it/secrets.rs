@@ -14,7 +14,7 @@ fn age_tool() {
         && Command::new("age-keygen").arg("--version").output().is_ok_and(|o| o.status.success());
     assert!(
         found,
-        "the `age` tool (Debian package `age`) is not installed: tests/testbed/up.sh installs it (tests/testbed/40-age.sh)"
+        "the `age` tool (Debian package `age`) is not installed: tests/testbed/up.sh installs it (tests/testbed/45-age.sh)"
     );
 }
 
