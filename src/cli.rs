@@ -51,16 +51,31 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Validate a declaration and summarise it. Touches nothing.
-    Check { file: PathBuf },
+    Check {
+        /// The declaration: a file, a directory whose `*.json` files are read in name order as
+        /// one declaration (as `run` reads it), or `-` for standard input.
+        #[arg(value_name = "DECLARATION")]
+        file: PathBuf,
+        /// Print the summary, or the refusal, as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show what apply would do, with a diff of each file whose content would change. Writes
     /// nothing, not even the state store.
     Plan {
+        /// The declaration: a file, a directory of `*.json` files, or `-` for standard input.
+        #[arg(value_name = "DECLARATION")]
         file: PathBuf,
         #[arg(long, value_enum, default_value = "declared")]
         origin: Origin,
+        /// Print the plan (the report apply would print, and the diffs), or the refusal, as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Make the machine match the declaration, once.
     Apply {
+        /// The declaration: a file, a directory of `*.json` files, or `-` for standard input.
+        #[arg(value_name = "DECLARATION")]
         file: PathBuf,
         #[arg(long, value_enum, default_value = "declared")]
         origin: Origin,
@@ -146,8 +161,8 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
     let (bus, socket, step_timeout) = (reach.bus.clone(), reach.socket.clone(), reach.step_timeout);
     let archive_limits = reach.archive_limits;
     match cli.command {
-        Command::Check { file } => check(&file),
-        Command::Plan { file, origin } => plan(&file, origin, &cli.state, reach),
+        Command::Check { file, json } => check(&file, json),
+        Command::Plan { file, origin, json } => plan(&file, origin, json, &cli.state, reach),
         Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state, reach),
         Command::Status { json } => status(json, &cli.state, &reach.key),
         Command::Run { declaration, origin, metrics, resync, settle_ms } => {
@@ -251,13 +266,77 @@ fn seal(to: &str) -> anyhow::Result<Ended> {
     Ok(Ended::Converged)
 }
 
-/// Reads and validates a declaration. A refusal is returned as itself so `main` can give it
-/// its own exit code.
-pub fn load(file: &Path) -> anyhow::Result<Declaration> {
+/// Reads and validates a declaration from what `run` reads (a file, or a directory whose
+/// `*.json` files are one declaration) or from standard input when `source` is `-`, so that
+/// what `check` and `plan` say of the live `declaration.d` is what the daemon will do with it.
+/// A refusal is returned as itself so `main` can give it its own exit code.
+pub fn load(source: &Path) -> anyhow::Result<Declaration> {
+    use crate::system::input::DECLARATION_LIMIT;
     // Usage: the command was pointed at something that is not a declaration to read.
-    let bytes = crate::system::read_input(file, crate::system::input::DECLARATION_LIMIT)
-        .map_err(|e| Usage(format!("mesh-host: cannot read the declaration {}: {e}", file.display())))?;
-    Ok(Declaration::parse(&bytes)?)
+    let unreadable = |e: std::io::Error| {
+        let shown =
+            if source == Path::new("-") { "on standard input".into() } else { source.display().to_string() };
+        Usage(format!("mesh-host: cannot read the declaration {shown}: {e}"))
+    };
+    if source == Path::new("-") {
+        let bytes = crate::system::read_stdin(DECLARATION_LIMIT).map_err(unreadable)?;
+        return Ok(Declaration::parse(&bytes)?);
+    }
+    let mut files = crate::system::read_source(source).map_err(unreadable)?;
+    // A single file's problems are named as before, without the file's name on each line: the
+    // person just typed it. A directory's name the file each is in, as the daemon's do.
+    if files.len() == 1 && files[0].0 == source {
+        let (_, bytes) = files.pop().expect("one file");
+        return Ok(Declaration::parse(&bytes)?);
+    }
+    let named: Vec<(String, Vec<u8>)> =
+        files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
+    Ok(Declaration::parse_sources(&named)?)
+}
+
+/// Loads a declaration for a command that may answer in JSON: under `--json` a refusal, or a
+/// source that cannot be read, is also printed on stdout as JSON, so a script reading stdout
+/// gets a document whatever happened. The error is still returned, for the exit code (2) and
+/// the text on stderr.
+fn load_for(source: &Path, json: bool) -> anyhow::Result<Declaration> {
+    load(source).inspect_err(|e| {
+        if json {
+            if let Some(refusal) = refusal_json(e) {
+                println!("{refusal:#}");
+            }
+        }
+    })
+}
+
+/// A refusal as JSON: `{"refused": {"message", "problems": [{"source", "index", "id",
+/// "field", "message"}], "unlisted"}}`, the same problems the text lists. A declaration that
+/// could not be read is one problem with no index. `None` for any other error.
+pub fn refusal_json(e: &anyhow::Error) -> Option<serde_json::Value> {
+    if let Some(r) = e.downcast_ref::<crate::declaration::Refused>() {
+        let problems: Vec<serde_json::Value> = r
+            .problems
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "source": p.source, "index": p.index, "id": p.id, "field": p.field, "message": p.message,
+                })
+            })
+            .collect();
+        let message = r.to_string();
+        let message = message.lines().next().unwrap_or_default();
+        return Some(serde_json::json!({
+            "refused": {"message": message, "problems": problems, "unlisted": r.unlisted}
+        }));
+    }
+    let usage = e.downcast_ref::<Usage>()?;
+    let message = usage.0.strip_prefix("mesh-host: ").unwrap_or(&usage.0);
+    Some(serde_json::json!({
+        "refused": {
+            "message": "the declaration could not be read; nothing on the machine was touched",
+            "problems": [{"source": null, "index": null, "id": null, "field": null, "message": message}],
+            "unlisted": 0,
+        }
+    }))
 }
 
 /// How the machine's managers are reached, and how long a step may take: the global options.
@@ -285,8 +364,8 @@ fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options
     }
 }
 
-fn check(file: &Path) -> anyhow::Result<Ended> {
-    let d = load(file)?;
+fn check(file: &Path, json: bool) -> anyhow::Result<Ended> {
+    let d = load_for(file, json)?;
     let mut by_kind: Vec<(Kind, usize)> = Kind::ALL
         .into_iter()
         .map(|k| (k, d.resources.iter().filter(|r| r.kind() == k).count()))
@@ -296,10 +375,20 @@ fn check(file: &Path) -> anyhow::Result<Ended> {
     let mut modules: Vec<&str> = d.resources.iter().map(|r| r.id.module()).collect();
     modules.sort();
     modules.dedup();
+    if json {
+        let types: serde_json::Map<String, serde_json::Value> =
+            by_kind.iter().map(|(k, n)| (k.to_string(), (*n).into())).collect();
+        let summary = serde_json::json!({
+            "declaration": file, "resources": d.resources.len(), "types": types, "modules": modules,
+            "adoption": d.adoption.as_ref().map(|a| serde_json::json!({"taken": a.taken})),
+        });
+        println!("{summary:#}");
+        return Ok(Ended::Converged);
+    }
     let kinds: Vec<String> = by_kind.iter().map(|(k, n)| format!("{n} {k}")).collect();
     println!(
         "{}: valid, {} resources ({}) in {} modules",
-        file.display(),
+        if file == Path::new("-") { "standard input".into() } else { file.display().to_string() },
         d.resources.len(),
         if kinds.is_empty() { "none".to_owned() } else { kinds.join(", ") },
         modules.len()
@@ -313,10 +402,20 @@ fn check(file: &Path) -> anyhow::Result<Ended> {
     Ok(Ended::Converged)
 }
 
-fn plan(file: &Path, origin: Origin, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
-    let d = load(file)?;
+fn plan(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+    let d = load_for(file, json)?;
     let mut store = Store::read_only(state)?;
     let (report, diffs) = apply::apply(&d, &mut store, &options(origin, state, true, reach));
+    let ended = if report.error.is_some() { Ended::Failed } else { Ended::Converged };
+    if json {
+        // The report apply would print (each action the one apply would report), and the diffs.
+        let mut shown = serde_json::to_value(&report)?;
+        let diffs: Vec<serde_json::Value> =
+            diffs.0.iter().map(|(path, diff)| serde_json::json!({"path": path, "diff": diff})).collect();
+        shown["diffs"] = diffs.into();
+        println!("{shown:#}");
+        return Ok(ended);
+    }
     let mut out = String::new();
     for o in report.outcomes.iter().filter(|o| o.action != Verb::Unchanged) {
         line(&mut out, o.action.planned(), &o.id, &o.target, o.detail.as_deref());
@@ -333,7 +432,7 @@ fn plan(file: &Path, origin: Origin, state: &Path, reach: Reach) -> anyhow::Resu
     let _ =
         writeln!(out, "plan: {moving} of {} resources would change; nothing was written", d.resources.len());
     print!("{out}");
-    Ok(if report.error.is_some() { Ended::Failed } else { Ended::Converged })
+    Ok(ended)
 }
 
 fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
@@ -348,7 +447,7 @@ fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach
             tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "state store opened");
             store
         });
-        let d = load(file);
+        let d = load_for(file, json);
         (d, store.join().expect("opening the store does not panic"))
     });
     let d = d?;

@@ -121,7 +121,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     };
     let plan = decide(found.as_ref().map(|(meta, held)| (meta, held)), &known, &want)?;
     if let Change::None(facts) = plan.change {
-        return Ok(Step::Done(begin(r, plan.action, plan.detail), Some(facts)));
+        return Ok(Step::Done(begin(r, plan.action, plan.detail), Some(*facts)));
     }
     if ctx.opts.dry_run {
         if let Some(shown) = planned_diff(&plan, found.as_ref(), f, &content) {
@@ -201,7 +201,7 @@ struct Plan {
 
 enum Change {
     /// Nothing: the file is as declared, or is a seed and present. Recorded as found.
-    None(Facts),
+    None(Box<Facts>),
     /// The declared content written to a temporary name and renamed over whatever is there.
     Write {
         /// Where the original, found with no record of the host's, is kept first.
@@ -295,8 +295,12 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
         // No signature: a seed is not compared, so there is nothing for one to save.
         let wrote = record.and_then(|r| r.wrote).or_else(|| want.digest_found(held));
         let detail = "created once, and present: what is in it now is not the mesh's to change";
-        let facts = Facts { sig: None, ..as_found(wrote, meta) };
-        return Ok(Plan { action: Verb::Kept, detail: Some(detail.into()), change: Change::None(facts) });
+        let facts = Facts { sig: None, fresh: None, ..as_found(wrote, meta) };
+        return Ok(Plan {
+            action: Verb::Kept,
+            detail: Some(detail.into()),
+            change: Change::None(Box::new(facts)),
+        });
     }
 
     // Hashed at most once, and only when needed: the steady state below never hashes.
@@ -320,7 +324,7 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
         return Ok(Plan {
             action: Verb::Unchanged,
             detail: None,
-            change: Change::None(as_found(wrote, meta)),
+            change: Change::None(Box::new(as_found(wrote, meta))),
         });
     }
 
@@ -432,7 +436,7 @@ fn act(
         keyed: want.keyed.clone(),
     };
     match plan.change {
-        Change::None(facts) => Ok(Step::Done(begin(r, plan.action, plan.detail), Some(facts))),
+        Change::None(facts) => Ok(Step::Done(begin(r, plan.action, plan.detail), Some(*facts))),
         Change::Write { keep } => {
             if let (Some(at), Some((meta, held))) = (keep, found) {
                 // Before anything is written: if the copy fails, the write does not happen,
@@ -529,31 +533,44 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
 /// What to record of a file as it was just found (or read back): the digest of what the host
 /// wrote, its mode, owner and, once trustworthy, its change signature.
 fn as_found(wrote: Option<Digest>, meta: &Meta) -> Facts {
+    let sig = meta.settled_sig();
     Facts {
         wrote,
         mode: Some(meta.mode),
         owner: Some((meta.uid, meta.gid)),
-        sig: meta.settled_sig(),
+        sig,
+        fresh: sig.is_none().then_some(meta.sig),
         ..Facts::default()
     }
 }
 
 /// `<kept>/<path>`: where the original of a file found on the machine is kept.
-fn kept_path(kept: &Path, path: &Path) -> PathBuf {
+pub(super) fn kept_path(kept: &Path, path: &Path) -> PathBuf {
     kept.join(path.strip_prefix("/").unwrap_or(path))
 }
 
 /// A unified diff of the content a plan would write. Only for text declared in the clear: a
 /// file carrying a secret never reaches here, and binary content is summarised.
 fn diff(f: &File, old: &[u8], new: &[u8]) -> String {
-    match (std::str::from_utf8(old), std::str::from_utf8(new)) {
-        (Ok(old), Ok(new)) => similar::TextDiff::from_lines(old, new)
+    match (as_text(old), as_text(new)) {
+        (Some(old), Some(new)) => similar::TextDiff::from_lines(old, new)
             .unified_diff()
             .context_radius(3)
             .header(&format!("{} (on the machine)", f.path), &format!("{} (declared)", f.path))
             .to_string(),
-        _ => format!("binary content differs: {} bytes on the machine, {} declared\n", old.len(), new.len()),
+        // Raw bytes in a terminal are noise at best and escape sequences at worst: the sizes
+        // say what a person can act on.
+        _ => format!("{}: binary content differs ({} bytes to {} bytes)\n", f.path, old.len(), new.len()),
     }
+}
+
+/// Content a diff can show as lines: UTF-8 with no NUL byte. A NUL marks binary content even
+/// where the bytes happen to decode, as git decides.
+fn as_text(bytes: &[u8]) -> Option<&str> {
+    if bytes.contains(&0) {
+        return None;
+    }
+    std::str::from_utf8(bytes).ok()
 }
 
 #[cfg(test)]
@@ -808,6 +825,14 @@ mod tests {
         assert_eq!(
             planned_diff(&write, Some(&(file(0o644), large)), f, b"b\n").unwrap(),
             "content differs: 5242880 bytes on the machine (too large to show), 2 declared\n"
+        );
+        assert_eq!(
+            planned_diff(&write, Some(&(file(0o644), bytes(b"\x7fELF\x00\x01"))), f, b"b\n").unwrap(),
+            "/etc/app.conf: binary content differs (6 bytes to 2 bytes)\n"
+        );
+        assert_eq!(
+            planned_diff(&write, Some(&(file(0o644), bytes(b"a\n"))), f, &[0xff, 0xfe, 0]).unwrap(),
+            "/etc/app.conf: binary content differs (2 bytes to 3 bytes)\n"
         );
         let set = Plan { change: Change::Set { mode: Some(0o644), owner: None }, ..write };
         assert_eq!(planned_diff(&set, Some(&(file(0o644), bytes(b"b\n"))), f, b"b\n"), None);

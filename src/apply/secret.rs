@@ -12,7 +12,7 @@ use std::sync::Arc;
 use age::secrecy::{ExposeSecret as _, SecretBox};
 
 use super::{Ctx, Error, Machine};
-use crate::declaration::{Digest, File, Resource, Spec};
+use crate::declaration::{Digest, File};
 use crate::secrets::{Keyring, Opened};
 
 /// What opens `${secret:NAME}` in `content`.
@@ -128,19 +128,24 @@ pub(super) fn found_keyed(
     Ok(Some((meta, d)))
 }
 
-/// The declared digest of a resource, as `restart-on` and a container's spec fold it in: the
-/// digest of its declaration, or, for a file carrying a secret, the keyed digest of its opened
-/// content, which moves when a value moves and not when the same value is sealed again.
-pub(super) fn declared_digest(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Digest, Error> {
-    let Spec::File(f) = &r.spec else { return Ok(r.digest) };
-    if !f.carries_secret() {
-        return Ok(r.digest);
-    }
-    let ring = keyring(ctx, f)?;
-    let opened = open(&ring, f)?;
+/// The declared digest of a file carrying a secret, as `restart-on` and a container's spec
+/// fold it in: the keyed digest of its opened content, which moves when a value moves and not
+/// when the same value is sealed again.
+pub(super) fn declared_digest(ring: &Keyring, f: &File) -> Result<Digest, Error> {
+    let opened = open(ring, f)?;
     Ok(Digest::from_keyed(ring.digest(opened.expose_secret())))
 }
 
+/// A keyring for code outside a pass (the scheduler, `installed_steps`): the key file read once,
+/// when first asked, and each file carrying a secret failed as in a pass when it cannot be.
+pub(super) fn ring_at(key: &Path) -> impl FnMut(&File) -> Result<Arc<Keyring>, Error> + '_ {
+    let mut loaded = None;
+    move |f| match loaded.get_or_insert_with(|| load(key)) {
+        Ok(Some(ring)) => Ok(Arc::clone(ring)),
+        Ok(None) => Err(Error::NoKey { path: f.path.as_path().to_owned(), key: key.to_owned() }),
+        Err(error) => Err(Error::KeyUnusable { path: f.path.as_path().to_owned(), error: Arc::clone(error) }),
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -88,7 +88,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Signals first: a SIGTERM during the first apply must stop the agent cleanly too (after
     // that apply, which is not interrupted half way).
     let signals = signals(shutdown.clone())?;
-    let metrics = Arc::new(Metrics::new());
+    let types: Vec<&'static str> = crate::declaration::Kind::ALL.iter().map(|k| k.as_str()).collect();
+    let actions: Vec<&'static str> = crate::apply::Verb::ALL.iter().map(|v| v.as_str()).collect();
+    let known =
+        crate::telemetry::metrics::Known { types: &types, actions: &actions, sources: &trigger::SOURCES };
+    let metrics = Arc::new(Metrics::for_daemon(&known, config.resync));
     let health = Arc::new(Health::new(config.stale_after()));
     let store = Store::open(&config.state)?;
     let (tx, mut rx) = mpsc::unbounded_channel::<Change>();
@@ -101,8 +105,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut tasks = vec![signals];
     tasks.push(scheduler::spawn(
         worker.in_force(),
+        worker.installed_steps(),
         config.container_socket.clone(),
         config.step_timeout,
+        config.key.clone(),
         Arc::clone(&metrics),
         shutdown.clone(),
     ));

@@ -77,6 +77,11 @@ impl Index {
     }
 }
 
+/// Every source label a key can be queued with (`mesh_host_queue_adds_total`): what `keys`
+/// returns, the watchers' names in `Resynced`, and the periodic resync. The metric is created
+/// at 0 for each, so the first add is seen by `increase()`.
+pub const SOURCES: [&str; 5] = ["file", "declaration", "systemd", "docker", "resync"];
+
 /// The keys a change adds, each with the source label for `mesh_host_queue_adds_total`.
 pub fn keys(change: &Change, index: &Index) -> Vec<(Key, &'static str)> {
     match change {
@@ -145,5 +150,20 @@ mod tests {
             keys(&Change::SourceChanged { source: "/etc/mesh-host/declaration.d".into() }, &index),
             vec![(Key::Declaration, "declaration")]
         );
+        // Every source seen here is one the metric starts at 0 for.
+        let changes = [
+            Change::Path("/srv/a/conf".into()),
+            Change::Unit { unit: "nginx.service".into() },
+            container("a.app", "app"),
+            Change::SourceChanged { source: "/etc/mesh-host/declaration.d".into() },
+            Change::Resynced { watcher: "file" },
+            Change::Resynced { watcher: mesh_host_watchers::docker::WATCHER },
+            Change::Resynced { watcher: "systemd" },
+        ];
+        for change in &changes {
+            for (_, source) in keys(change, &index) {
+                assert!(SOURCES.contains(&source), "{source} is not in SOURCES");
+            }
+        }
     }
 }

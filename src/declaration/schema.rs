@@ -27,6 +27,71 @@ fn variant<T: JsonSchema>(gen: &mut SchemaGenerator, kind: Kind) -> Value {
     json!({"if": {"properties": {"type": {"const": kind.as_str()}}}, "then": schema})
 }
 
+/// A value given and not null: `Option` fields take `null` as absent, as the parser does.
+fn given(field: &str) -> Value {
+    json!({"required": [field], "properties": {field: {"not": {"type": "null"}}}})
+}
+
+/// Exactly one of these fields given (and not null).
+fn exactly_one(fields: &[&str]) -> Value {
+    json!({"oneOf": fields.iter().map(|f| given(f)).collect::<Vec<_>>()})
+}
+
+/// Standard base64, padded, with the unused bits of the last group zero: what the `base64`
+/// crate's standard engine decodes, and so what `bytes` accepts.
+const BASE64: &str = "^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$";
+
+/// Adds to the generated definitions the rules that span fields (`validate::within`) and the
+/// grammar of values the structs hold as plain strings, so the schema refuses what the parser
+/// refuses wherever JSON Schema can say it. What it cannot say (references between resources,
+/// duplicates across them, the holes in a file's content) is listed in `tests/it/schema.rs`.
+fn within(defs: &mut serde_json::Map<String, Value>) {
+    let mut add = |name: &str, rules: Value| {
+        if let Some(def) = defs.get_mut(name).and_then(Value::as_object_mut) {
+            for (key, value) in rules.as_object().into_iter().flatten() {
+                def.insert(key.clone(), value.clone());
+            }
+        }
+    };
+    add(
+        "File",
+        json!({
+            "allOf": [
+                exactly_one(&["content", "bytes", "sealed"]),
+                // Secrets fill holes in `content`: a file with any has content.
+                {"if": {"required": ["secrets"], "properties": {"secrets": {"minProperties": 1}}},
+                 "then": given("content")},
+                // `into` sets keys from `content`, and owns keys where `create-once` leaves the
+                // whole file alone.
+                {"if": given("into"),
+                 "then": {"allOf": [given("content"), {"not": {"required": ["create-once"], "properties": {"create-once": {"const": true}}}}]}}
+            ]
+        }),
+    );
+    add("Archive", exactly_one(&["bytes", "source"]));
+    // A container is run once or on a schedule, not both.
+    add(
+        "Container",
+        json!({"not": {"allOf": [
+            {"required": ["run-once"], "properties": {"run-once": {"const": true}}},
+            given("schedule"),
+        ]}}),
+    );
+    for def in ["File", "Archive"] {
+        if let Some(bytes) = defs.get_mut(def).and_then(|d| d.pointer_mut("/properties/bytes")) {
+            bytes["pattern"] = json!(BASE64);
+        }
+    }
+    // schemars says `format: uint32`, which validators need not assert: the bound is spelled out.
+    if let Some(uid) = defs.get_mut("User").and_then(|d| d.pointer_mut("/properties/uid")) {
+        uid["maximum"] = json!(u32::MAX);
+    }
+    // A service's unit is named with its suffix (`nginx.service`).
+    if let Some(unit) = defs.get_mut("Service").and_then(|d| d.pointer_mut("/properties/unit")) {
+        *unit = json!({"allOf": [unit.clone(), {"pattern": "\\."}]});
+    }
+}
+
 /// The JSON Schema (draft 2020-12) of a version 1 declaration.
 pub fn json_schema() -> Value {
     let mut gen = SchemaGenerator::default();
@@ -48,7 +113,10 @@ pub fn json_schema() -> Value {
             Kind::Opening => variant::<Opening>(&mut gen, kind),
         });
     }
-    let adoption = gen.subschema_for::<Adoption>().to_value();
+    // `"adoption": null` is a declaration without adoption, as the parser reads it.
+    let adoption = json!({"anyOf": [gen.subschema_for::<Adoption>().to_value(), {"type": "null"}]});
+    let mut defs = gen.definitions().clone();
+    within(&mut defs);
     let kinds: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -69,6 +137,6 @@ pub fn json_schema() -> Value {
                 }
             }
         },
-        "$defs": gen.definitions().clone()
+        "$defs": defs
     })
 }

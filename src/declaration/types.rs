@@ -12,6 +12,27 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::Digest;
 
+/// The pieces the schema's patterns are made of (`mesh-host schema`), each matching what the
+/// parser below accepts, so a validator refuses what the agent refuses wherever a regular
+/// expression can say it (issue 13). Written for both ECMA-262 and Python `re`, the dialects
+/// JSON Schema validators use. The corpus in `tests/it/schema.rs` holds them to the parser.
+pub(crate) mod pattern {
+    /// An IPv4 address as Rust parses one: four decimal octets, no leading zero.
+    pub const IPV4: &str =
+        r"(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])){3}";
+    /// An IPv6 address, loosely: hex digits, colons (at least two), and dots for an embedded
+    /// IPv4 tail. A malformed one it lets through (`1:::2`) the agent refuses: a listed
+    /// disagreement, since the full grammar as one expression would be unreadable.
+    pub const IPV6: &str = r"[0-9A-Fa-f.]*:[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*";
+    /// A port, 1 to 65535, leading zeros allowed as Rust's integer parse allows them.
+    pub const PORT: &str =
+        r"0*([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])";
+    /// One path segment after its `/`: not `.` or `..`, no NUL; `end` lists what else ends it.
+    pub fn segment(end: &str) -> String {
+        format!(r"/(?!\.\.?(/|{end}$))[^/{end}\x00]+")
+    }
+}
+
 /// A resource identity: `[a-z0-9][a-z0-9._-]*`. The part before the first `.` is its module.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Id(String);
@@ -135,7 +156,8 @@ impl JsonSchema for AbsPath {
         "AbsolutePath".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "string", "pattern": "^/", "description": "an absolute path with no '.', '..' or empty segment"})
+        let pattern = format!("^/$|^({})+/*$", pattern::segment(""));
+        json_schema!({"type": "string", "pattern": pattern, "description": "an absolute path with no '.', '..' or empty segment"})
     }
 }
 
@@ -250,7 +272,9 @@ impl JsonSchema for Owner {
         "Owner".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "string", "pattern": "^[^:]+(:[^:]+)?$"})
+        // `account_name_ok`: up to 32 of letters, digits, `_ - . $`, not starting with `-`.
+        let name = r"[A-Za-z0-9_.$][A-Za-z0-9_.$-]{0,31}";
+        json_schema!({"type": "string", "pattern": format!("^{name}(:{name})?$")})
     }
 }
 
@@ -336,7 +360,13 @@ impl JsonSchema for Cidr {
         "Cidr".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "string", "description": "an address or network in CIDR notation"})
+        let v4 = format!(r"{}(/0*(3[0-2]|[12]?[0-9]))?", pattern::IPV4);
+        let v6 = format!(r"{}(/0*(12[0-8]|1[01][0-9]|[1-9]?[0-9]))?", pattern::IPV6);
+        json_schema!({
+            "type": "string",
+            "pattern": format!("^({v4}|{v6})$"),
+            "description": "an address or network in CIDR notation"
+        })
     }
 }
 
@@ -481,7 +511,24 @@ impl JsonSchema for Cron {
         "Cron".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "string", "description": "5-field cron expression, UTC"})
+        // Each field is `field_bits`' grammar over its own range; a range written backwards
+        // (`5-1`) is the one thing the pattern cannot see.
+        let field = |value: &str| {
+            let part = format!(r"(\*|{value}(-{value})?)(/0*[1-9][0-9]*)?");
+            format!("{part}(,{part})*")
+        };
+        let fields = [
+            field("0*[1-5]?[0-9]"),
+            field("0*(1?[0-9]|2[0-3])"),
+            field("0*([1-9]|[12][0-9]|3[01])"),
+            field("0*([1-9]|1[0-2])"),
+            field("0*[0-7]"),
+        ];
+        json_schema!({
+            "type": "string",
+            "pattern": format!(r"^\s*{}\s*$", fields.join(r"\s+")),
+            "description": "5-field cron expression, UTC"
+        })
     }
 }
 
@@ -504,7 +551,12 @@ impl JsonSchema for Argv {
         "Argv".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "array", "items": {"type": "string"}, "minItems": 1})
+        json_schema!({
+            "type": "array",
+            "prefixItems": [{"type": "string", "minLength": 1}],
+            "items": {"type": "string"},
+            "minItems": 1
+        })
     }
 }
 
@@ -541,7 +593,7 @@ impl JsonSchema for Name {
         "Name".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "string", "minLength": 1, "pattern": "^[^\\s/]+$"})
+        json_schema!({"type": "string", "minLength": 1, "pattern": "^[^\\s/\\x00-\\x1f\\x7f-\\x9f]+$"})
     }
 }
 
@@ -581,27 +633,19 @@ impl JsonSchema for Image {
         "Image".into()
     }
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "string", "minLength": 1, "pattern": "^[^\\s/][^\\s]*$"})
+        json_schema!({"type": "string", "minLength": 1, "pattern": "^[^\\s/\\x00-\\x1f\\x7f-\\x9f][^\\s\\x00-\\x1f\\x7f-\\x9f]*$"})
     }
 }
 
-/// The schema of a value declared as a plain string, inlined exactly as `String`'s: the type
-/// refuses what is not its grammar while deserialising, and the schema users see does not
-/// change because the parser learned the grammar.
-macro_rules! schema_of_a_string {
-    ($t:ty) => {
+/// The schema of a value declared as a string of a grammar: its pattern, under the type's name.
+macro_rules! schema_of_a_pattern {
+    ($t:ty, $name:literal, $pattern:expr, $description:literal) => {
         impl JsonSchema for $t {
-            fn inline_schema() -> bool {
-                true
-            }
             fn schema_name() -> Cow<'static, str> {
-                String::schema_name()
+                $name.into()
             }
-            fn schema_id() -> Cow<'static, str> {
-                String::schema_id()
-            }
-            fn json_schema(generator: &mut SchemaGenerator) -> Schema {
-                String::json_schema(generator)
+            fn json_schema(_: &mut SchemaGenerator) -> Schema {
+                json_schema!({"type": "string", "pattern": $pattern, "description": $description})
             }
         }
     };
@@ -657,7 +701,7 @@ impl std::borrow::Borrow<str> for EnvName {
 }
 
 text_serde!(EnvName);
-schema_of_a_string!(EnvName);
+schema_of_a_pattern!(EnvName, "EnvName", "^[^=]+$", "an environment variable's name: not empty, no '='");
 
 /// The transport of a published port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -751,7 +795,16 @@ impl PortMapping {
 }
 
 text_serde!(PortMapping);
-schema_of_a_string!(PortMapping);
+schema_of_a_pattern!(
+    PortMapping,
+    "PortMapping",
+    {
+        let port = pattern::PORT;
+        let (v4, v6) = (pattern::IPV4, pattern::IPV6);
+        format!(r"^({port}|{port}:{port}|{v4}:({port})?:{port}|\[{v6}\]:{port}:{port})(/(tcp|udp|sctp))?$")
+    },
+    "a published port: \"80\", \"8080:80\", \"127.0.0.1:8080:80\", \"[::1]:8080:80\", each optionally /tcp, /udp or /sctp"
+);
 
 /// What a volume mounts: a path on the machine (bind-mounted) or a volume of the runtime's.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -830,7 +883,12 @@ impl Volume {
 }
 
 text_serde!(Volume);
-schema_of_a_string!(Volume);
+schema_of_a_pattern!(
+    Volume,
+    "Volume",
+    format!(r"^([^:/]+|/|({})+/*):/[^:]*(:[^:]*)?$", pattern::segment(":")),
+    "SOURCE:TARGET[:OPTIONS]: SOURCE a volume's name or an absolute path, TARGET absolute"
+);
 
 /// An entry of a container's own hosts file: `name:ip`, the ip IPv4 or IPv6 (`db6:fd00::5`).
 ///
@@ -867,7 +925,12 @@ impl HostEntry {
 }
 
 text_serde!(HostEntry);
-schema_of_a_string!(HostEntry);
+schema_of_a_pattern!(
+    HostEntry,
+    "HostEntry",
+    format!(r"^[^:]+:({}|{})$", pattern::IPV4, pattern::IPV6),
+    "NAME:IP, an entry of the container's /etc/hosts"
+);
 
 /// A sha256 the declaration names a thing by (an archive's), as 64 lower-case hex digits with
 /// or without the `sha256:` prefix; held as the `Digest` it is, so it is compared, not re-read.
@@ -894,7 +957,12 @@ impl<'de> Deserialize<'de> for Sha256 {
     }
 }
 
-schema_of_a_string!(Sha256);
+schema_of_a_pattern!(
+    Sha256,
+    "Sha256",
+    "^(sha256:)?[0-9a-f]{64}$",
+    "a sha256 digest: 64 lower-case hex digits, optionally after \"sha256:\""
+);
 
 /// Base64 text (standard alphabet, padded), for the fields that carry bytes that are not text.
 /// Kept as the text: the bytes are decoded where they are used (the daemon moves them to its

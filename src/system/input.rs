@@ -80,6 +80,20 @@ pub fn read_input(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Reads standard input to its end, at most `limit` bytes: a declaration piped to a command
+/// (`mesh-host check -`). Bounded like a file, so `cat /dev/zero | mesh-host check -` is refused
+/// rather than eating memory.
+pub fn read_stdin(limit: u64) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    io::stdin().lock().take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(io::Error::other(format!(
+            "standard input holds more than the {limit} bytes mesh-host reads as a declaration"
+        )));
+    }
+    Ok(bytes)
+}
+
 /// The files of a declaration source, read now: the file itself, or every `*.json` in the
 /// directory (not hidden), sorted by name. Anything in the directory named `*.json` that is not
 /// a regular file (a FIFO, a device, a directory) is refused, naming it, rather than skipped: an

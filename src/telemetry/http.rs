@@ -89,6 +89,14 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
     Ok(Some(buf))
 }
 
+/// The value of a request header (its name compared without case), the first if repeated.
+fn header<'a>(request: &'a str, name: &str) -> Option<&'a str> {
+    request.split("\r\n").skip(1).find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.trim().eq_ignore_ascii_case(name).then(|| value.trim())
+    })
+}
+
 async fn respond(mut stream: TcpStream, metrics: &Metrics, health: &Health) -> std::io::Result<()> {
     // Too slow, closed early or too long: the connection is dropped without an answer.
     let Ok(Ok(Some(buf))) = tokio::time::timeout(REQUEST_LIMIT, read_head(&mut stream)).await else {
@@ -99,7 +107,8 @@ async fn respond(mut stream: TcpStream, metrics: &Metrics, health: &Health) -> s
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let (status, content_type, body) = match (method, path.split('?').next().unwrap_or("")) {
         ("GET", "/metrics") => {
-            ("200 OK", "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.encode())
+            let (content_type, body) = metrics.exposition(header(&request, "accept"));
+            ("200 OK", content_type, body)
         }
         ("GET", "/healthz") => match health() {
             Ok(()) => ("200 OK", "text/plain; charset=utf-8", "ok\n".to_owned()),

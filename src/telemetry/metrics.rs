@@ -40,7 +40,35 @@ pub struct Metrics {
     /// watched for growth.
     pub resident_memory: Gauge,
     pub build_info: Family<Labels, Gauge>,
+    /// The daemon's period of full resyncs, so an alert on a stale apply follows the node's
+    /// own setting rather than a constant in the rules.
+    pub resync_period: Gauge<f64, AtomicU64>,
 }
+
+/// The label values known before anything happens, so that every labelled counter is exported
+/// at 0 from the start. A series that first appears at 1 is invisible to `increase()` and
+/// `rate()`, which need two samples: the first correction after a start would be lost to every
+/// alert. Telemetry knows nothing of the engine, so the engine's words are handed in.
+pub struct Known<'a> {
+    /// Every resource type (`declaration::Kind::ALL`).
+    pub types: &'a [&'static str],
+    /// Every outcome word (`apply::Verb::ALL`).
+    pub actions: &'a [&'static str],
+    /// Every source a key is queued from (`controller::trigger::SOURCES`).
+    pub sources: &'a [&'static str],
+}
+
+/// What a scheduled step's run can end as: the `result` label of `mesh_host_scheduled_runs`.
+pub const SCHEDULED_RESULTS: [&str; 3] = ["succeeded", "failed", "skipped"];
+
+/// What a reconcile covers: the `scope` label of `mesh_host_reconcile_duration_seconds`.
+pub const SCOPES: [&str; 2] = ["resource", "full"];
+
+/// The classic text exposition's content type (Prometheus 0.0.4).
+pub const CLASSIC: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The OpenMetrics exposition's content type.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 fn latency_buckets() -> Histogram {
     // 100 µs to about 13 s: hand-edit corrections are milliseconds, a full pass can be seconds.
@@ -71,6 +99,7 @@ impl Metrics {
             declared_content: Family::default(),
             resident_memory: Gauge::default(),
             build_info: Family::default(),
+            resync_period: Gauge::default(),
             registry: Registry::default(),
         };
         // Counters are registered without `_total`: the library adds it.
@@ -166,8 +195,50 @@ impl Metrics {
             m.resident_memory.clone(),
         );
         registry.register("mesh_host_build_info", "The running build", m.build_info.clone());
+        registry.register(
+            "mesh_host_resync_period_seconds",
+            "Seconds between the daemon's full resyncs (--resync): a full apply older than a few of these is stale",
+            m.resync_period.clone(),
+        );
         m.build_info.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))]).set(1);
         Metrics { registry, ..m }
+    }
+
+    /// The metrics a daemon exports: every labelled counter created at 0 for each label value
+    /// it can take (see `Known`), the resync period set.
+    pub fn for_daemon(known: &Known<'_>, resync: std::time::Duration) -> Metrics {
+        let m = Metrics::new();
+        // Each child is made by looking it up; the guard the lookup returns is let go at once.
+        for &kind in known.types {
+            drop(m.drift_corrections.get_or_create(&vec![("type", kind)]));
+            drop(m.failures.get_or_create(&vec![("type", kind)]));
+            for &action in known.actions {
+                drop(m.outcomes.get_or_create(&vec![("type", kind), ("action", action)]));
+            }
+        }
+        for &source in known.sources {
+            drop(m.queue_adds.get_or_create(&vec![("source", source)]));
+        }
+        for result in SCHEDULED_RESULTS {
+            drop(m.scheduled_runs.get_or_create(&vec![("result", result)]));
+        }
+        for scope in SCOPES {
+            drop(m.reconcile_duration.get_or_create(&vec![("scope", scope)]));
+        }
+        m.resync_period.set(resync.as_secs_f64());
+        m
+    }
+
+    /// The exposition a client asked for by its `Accept` header: OpenMetrics when it names
+    /// OpenMetrics at least as high as the classic text (Prometheus does, since 2.5), the
+    /// classic 0.0.4 text otherwise (curl, promtool, older scrapers), as the Go client does.
+    /// Returns the content type and the body.
+    pub fn exposition(&self, accept: Option<&str>) -> (&'static str, String) {
+        if accept.is_some_and(prefers_openmetrics) {
+            (OPENMETRICS, self.encode())
+        } else {
+            (CLASSIC, classic(&self.encode()))
+        }
     }
 
     /// The OpenMetrics text exposition.
@@ -181,6 +252,77 @@ impl Metrics {
     }
 }
 
+/// Whether an `Accept` header asks for OpenMetrics rather than the classic text: its quality
+/// (`q`, 1 when not given) is above 0 and at least that of `text/plain` (or of `*/*` when the
+/// header names no text/plain).
+fn prefers_openmetrics(accept: &str) -> bool {
+    let (mut openmetrics, mut text, mut any) = (0.0f64, None::<f64>, 0.0f64);
+    for range in accept.split(',') {
+        let mut parts = range.split(';').map(str::trim);
+        let media = parts.next().unwrap_or("").to_ascii_lowercase();
+        let q = parts
+            .filter_map(|p| p.strip_prefix("q=").or_else(|| p.strip_prefix("Q=")))
+            .find_map(|q| q.trim().parse::<f64>().ok())
+            .unwrap_or(1.0);
+        match media.as_str() {
+            "application/openmetrics-text" => openmetrics = openmetrics.max(q),
+            "text/plain" => text = Some(text.unwrap_or(0.0).max(q)),
+            "*/*" | "text/*" => any = any.max(q),
+            _ => {}
+        }
+    }
+    openmetrics > 0.0 && openmetrics >= text.unwrap_or(any)
+}
+
+/// The classic text format (0.0.4) of an OpenMetrics exposition written by prometheus-client:
+/// the parts both formats share are kept as they are; what differs is rewritten. A counter's
+/// family is named with its samples' `_total` in `# HELP` and `# TYPE` (in OpenMetrics the
+/// family has no suffix, and a classic parser would take the samples for another, untyped,
+/// family without help: what `promtool check metrics` complains of); `# UNIT` and `# EOF` are
+/// OpenMetrics' own and left out; a type classic text has no word for is `untyped`.
+fn classic(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut lines = openmetrics.lines().peekable();
+    while let Some(line) = lines.next() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            // prometheus-client writes each family's HELP, then its TYPE.
+            let kind = lines
+                .peek()
+                .and_then(|l| l.strip_prefix("# TYPE "))
+                .and_then(|t| t.split_once(' '))
+                .filter(|(n, _)| *n == name)
+                .map(|(_, kind)| kind);
+            let name = classic_name(name, kind);
+            out.push_str(&format!("# HELP {name} {help}\n"));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
+            let classic_kind = match kind {
+                "counter" | "gauge" | "histogram" | "summary" => kind,
+                _ => "untyped",
+            };
+            out.push_str(&format!("# TYPE {} {classic_kind}\n", classic_name(name, Some(kind))));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// A family's name in the classic text: a counter's with `_total`, as its samples are named.
+fn classic_name(name: &str, kind: Option<&str>) -> String {
+    match kind {
+        Some("counter") if !name.ends_with("_total") => format!("{name}_total"),
+        _ => name.to_owned(),
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Metrics {
         Metrics::new()
@@ -190,6 +332,7 @@ impl Default for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// The names the exposition carries, with the suffixes Prometheus derives from them.
     fn exported() -> std::collections::BTreeSet<String> {
@@ -212,6 +355,96 @@ mod tests {
             .filter_map(|l| l.split(['{', ' ']).next())
             .map(str::to_owned)
             .collect()
+    }
+
+    #[test]
+    fn every_labelled_counter_is_at_zero_from_the_start() {
+        let known =
+            Known { types: &["file", "service"], actions: &["created", "corrected"], sources: &["file"] };
+        let m = Metrics::for_daemon(&known, std::time::Duration::from_secs(600));
+        let text = m.encode();
+        for series in [
+            r#"mesh_host_drift_corrections_total{type="file"} 0"#,
+            r#"mesh_host_drift_corrections_total{type="service"} 0"#,
+            r#"mesh_host_resource_failures_total{type="service"} 0"#,
+            r#"mesh_host_resource_outcomes_total{type="service",action="corrected"} 0"#,
+            r#"mesh_host_queue_adds_total{source="file"} 0"#,
+            r#"mesh_host_scheduled_runs_total{result="skipped"} 0"#,
+            r#"mesh_host_reconcile_duration_seconds_count{scope="resource"} 0"#,
+            "mesh_host_resync_period_seconds 600.0",
+        ] {
+            assert!(text.lines().any(|l| l == series), "{series} missing from:\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_classic_text_names_counters_with_their_samples_and_keeps_every_help() {
+        let m = Metrics::for_daemon(
+            &Known { types: &["file"], actions: &["created"], sources: &[] },
+            Duration::ZERO,
+        );
+        let (kind, text) = m.exposition(None);
+        assert_eq!(kind, CLASSIC);
+        assert!(!text.contains("# EOF") && !text.contains("# UNIT"), "{text}");
+        assert!(text.contains("# HELP mesh_host_drift_corrections_total Resources found changed"), "{text}");
+        assert!(text.contains("# TYPE mesh_host_drift_corrections_total counter\n"), "{text}");
+        assert!(text.contains("# TYPE mesh_host_queue_depth gauge\n"), "{text}");
+        assert!(text.contains("# TYPE mesh_host_correction_latency_seconds histogram\n"), "{text}");
+        // Every family a sample belongs to has its HELP and TYPE, under the sample's name.
+        let helped: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# HELP "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        for sample in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = sample.split(['{', ' ']).next().unwrap();
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|f| helped.contains(f)))
+                .unwrap_or(name);
+            assert!(helped.contains(&family), "{name} has no HELP in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn openmetrics_is_served_to_a_client_that_asks_for_it_first() {
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert!(prefers_openmetrics(prometheus));
+        assert!(prefers_openmetrics("application/openmetrics-text"));
+        assert!(!prefers_openmetrics("*/*"), "curl");
+        assert!(!prefers_openmetrics("text/plain;version=0.0.4"));
+        assert!(!prefers_openmetrics("text/plain, application/openmetrics-text;q=0.5"));
+        assert!(!prefers_openmetrics("application/openmetrics-text;q=0"));
+        let m = Metrics::new();
+        assert_eq!(m.exposition(Some(prometheus)).0, OPENMETRICS);
+        assert!(m.exposition(Some(prometheus)).1.ends_with("# EOF\n"));
+        assert_eq!(m.exposition(Some("*/*")).0, CLASSIC);
+    }
+
+    #[test]
+    fn every_dashboard_panel_has_an_id_a_description_and_grafanas_rate_interval() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/grafana/mesh-host.json");
+        let dashboard: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let panels = dashboard["panels"].as_array().unwrap();
+        let mut ids = std::collections::BTreeSet::new();
+        for panel in panels {
+            let title = panel["title"].as_str().unwrap();
+            let id = panel["id"].as_u64().unwrap_or_else(|| panic!("panel {title:?} has no id"));
+            assert!(ids.insert(id), "panel id {id} is used twice");
+            assert!(
+                panel["description"].as_str().is_some_and(|d| d.len() > 20),
+                "panel {title:?} has no description"
+            );
+            for target in panel["targets"].as_array().unwrap() {
+                let expr = target["expr"].as_str().unwrap();
+                // A fixed range is wrong at some scrape interval: too short for a slow scrape
+                // (no two samples), smoothing away what a fast one shows.
+                if expr.contains("rate(") {
+                    assert!(expr.contains("[$__rate_interval]"), "panel {title:?}: {expr}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -430,12 +430,11 @@ fn no_opened_value_leaks_anywhere_the_agent_writes_or_shows() {
 
     // The daemon: trace logs as JSON, a hand-edit put back, metrics, its /proc.
     let mut daemon = Daemon::launch(&s, &d, &["--log-json"], &[("MESH_HOST_LOG", "trace")]);
+    // Its first pass is over (app.broken failing does not make it unhealthy).
+    assert!(wait_for(PATIENCE, || daemon.get("/healthz").is_some_and(|b| b == "ok\n")), "{}", daemon.log());
     std::fs::write(s.path("etc/app/secret"), "changed by hand\n").unwrap();
-    assert!(
-        wait_for(PATIENCE, || std::fs::read_to_string(s.path("etc/app/secret")).is_ok_and(|c| c == PLANT)),
-        "the daemon put the secret back: {}",
-        daemon.log()
-    );
+    let back = || std::fs::read_to_string(s.path("etc/app/secret")).is_ok_and(|c| c == PLANT);
+    assert!(wait_for(PATIENCE, back), "the daemon did not put the secret back:\n{}", daemon.log());
     assert!(wait_for(PATIENCE, || daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}") >= 1.0));
     note("metrics", daemon.get("/metrics").unwrap_or_default().as_bytes());
     let pid = daemon.child.as_ref().unwrap().id();
