@@ -55,3 +55,47 @@ fn docker_a_container_is_recreated_when_a_secret_it_reads_moves_and_not_when_it_
     let labels = DOCKER.inspect(&web, "{{json .Config.Labels}}").unwrap();
     assert!(!labels.contains("two") && !labels.contains("one"), "{labels}");
 }
+
+/// Steps that restart on a file carrying a secret: a run-once step runs again when the value
+/// moves and not when it is sealed again; a scheduled one stays installed through a sealing
+/// again, and the scheduler, which checks that with the node's key, runs it.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_steps_that_restart_on_a_secret_run_again_only_when_it_moves() {
+    let n = Names::new(DOCKER, "secretsteps");
+    let s = Scratch::new();
+    let public = keygen(&s);
+    std::fs::create_dir(s.path("out")).unwrap();
+    let declare = |token: &[u8]| {
+        s.declare(json!([
+            {"type": "file", "id": "db.token", "path": s.p("token"), "sealed": seal(&public, token)},
+            {"type": "container", "id": "db.migrate", "name": n.container("migrate"), "image": IMAGE,
+             "run-once": true, "restart-on": ["db.token"],
+             "volumes": [format!("{}:/out", s.p("out"))], "args": ["sh", "-c", "echo ran >> /out/migrate"]},
+            {"type": "container", "id": "db.backup", "name": n.container("backup"), "image": IMAGE,
+             "schedule": "*/5 * * * *", "restart-on": ["db.token"],
+             "volumes": [format!("{}:/out", s.p("out"))], "args": ["sh", "-c", "echo ran >> /out/backup"]},
+        ]))
+    };
+    let runs = |f: &str| std::fs::read_to_string(s.path(f)).unwrap_or_default().lines().count();
+    let d = declare(b"one");
+    applied(&s, &d);
+    assert_eq!(runs("out/migrate"), 1);
+    super::steps::fire(&s, &d, "db.backup").expect("installed, and run by the scheduler");
+    assert_eq!(runs("out/backup"), 1);
+
+    let d = declare(b"one");
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "db.migrate"), "unchanged", "sealed again, same value: {report:#}");
+    assert_eq!(action(&report, "db.backup"), "unchanged", "{report:#}");
+    assert_eq!(runs("out/migrate"), 1);
+    super::steps::fire(&s, &d, "db.backup").expect("still installed");
+    assert_eq!(runs("out/backup"), 2);
+
+    let d = declare(b"two");
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "db.migrate"), "updated", "{report:#}");
+    assert_eq!(action(&report, "db.backup"), "updated", "{report:#}");
+    assert_eq!(runs("out/migrate"), 2);
+    super::steps::fire(&s, &d, "db.backup").expect("installed at the new value");
+}

@@ -154,7 +154,7 @@ fn docker_a_run_once_step_does_not_publish_its_ports() {
 
 /// What the daemon's scheduler does at a fire of `id`: run the step if the store says an apply
 /// installed it at the declaration in `d`.
-fn fire(
+pub(super) fn fire(
     s: &Scratch,
     d: &std::path::Path,
     id: &str,
