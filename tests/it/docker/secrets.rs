@@ -8,7 +8,17 @@ use crate::secrets::{keygen, seal};
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_a_container_is_recreated_when_a_secret_it_reads_moves_and_not_when_it_is_sealed_again() {
-    let n = Names::new(DOCKER, "secret");
+    recreated_only_when_a_secret_moves(DOCKER);
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn podman_a_container_is_recreated_when_a_secret_it_reads_moves_and_not_when_it_is_sealed_again() {
+    recreated_only_when_a_secret_moves(PODMAN_CLI);
+}
+
+fn recreated_only_when_a_secret_moves(cli: Cli) {
+    let n = Names::new(cli, "secret");
     let s = Scratch::new();
     let public = keygen(&s);
     let web = n.container("web");
@@ -21,38 +31,38 @@ fn docker_a_container_is_recreated_when_a_secret_it_reads_moves_and_not_when_it_
              "env-file": [s.p("web.env")], "restart-on": ["web.key"]},
         ]))
     };
-    let report = applied(&s, &declare(b"one", b"key one"));
+    let report = cli.applied(&s, &declare(b"one", b"key one"));
     assert_eq!(action(&report, "web.app"), "created", "{report:#}");
-    assert!(DOCKER.ok(&["exec", &web, "env"]).contains("PASSWORD=one"));
-    let label = DOCKER.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap();
+    assert!(cli.ok(&["exec", &web, "env"]).contains("PASSWORD=one"));
+    let label = cli.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap();
     let reads = record(&s, "web.app")["reads"][s.p("web.env")].as_str().unwrap().to_owned();
     assert!(reads.starts_with("hmac-sha256:"), "what it read is recorded by a keyed digest: {reads}");
-    let id = DOCKER.id(&web);
+    let id = cli.id(&web);
 
     // Every value sealed again: new ciphertexts, the same values. Nothing moves.
-    let report = applied(&s, &declare(b"one", b"key one"));
+    let report = cli.applied(&s, &declare(b"one", b"key one"));
     assert_eq!(action(&report, "web.env"), "unchanged", "{report:#}");
     assert_eq!(action(&report, "web.key"), "unchanged", "{report:#}");
     assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
-    assert_eq!(DOCKER.id(&web), id, "not recreated");
-    assert_eq!(DOCKER.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap(), label);
+    assert_eq!(cli.id(&web), id, "not recreated");
+    assert_eq!(cli.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap(), label);
 
     // A new value: recreated, naming the file.
-    let report = applied(&s, &declare(b"two", b"key one"));
+    let report = cli.applied(&s, &declare(b"two", b"key one"));
     assert_eq!(action(&report, "web.app"), "updated", "{report:#}");
     assert_eq!(detail(&report, "web.app"), format!("recreated: {} changed", s.p("web.env")));
-    assert_ne!(DOCKER.id(&web), id);
-    assert!(DOCKER.ok(&["exec", &web, "env"]).contains("PASSWORD=two"));
+    assert_ne!(cli.id(&web), id);
+    assert!(cli.ok(&["exec", &web, "env"]).contains("PASSWORD=two"));
 
     // A new value of the file it restarts on: recreated too, and its label moves.
     let (id, label) =
-        (DOCKER.id(&web), DOCKER.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap());
-    let report = applied(&s, &declare(b"two", b"key two"));
+        (cli.id(&web), cli.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap());
+    let report = cli.applied(&s, &declare(b"two", b"key two"));
     assert_eq!(action(&report, "web.key"), "updated", "{report:#}");
     assert_eq!(action(&report, "web.app"), "updated", "{report:#}");
-    assert_ne!(DOCKER.id(&web), id);
-    assert_ne!(DOCKER.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap(), label);
-    let labels = DOCKER.inspect(&web, "{{json .Config.Labels}}").unwrap();
+    assert_ne!(cli.id(&web), id);
+    assert_ne!(cli.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap(), label);
+    let labels = cli.inspect(&web, "{{json .Config.Labels}}").unwrap();
     assert!(!labels.contains("two") && !labels.contains("one"), "{labels}");
 }
 
