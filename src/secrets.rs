@@ -176,7 +176,9 @@ impl Keyring {
             age::DecryptError::NoMatchingKeys => OpenError::NotOurs,
             other => OpenError::Corrupt(other.to_string()),
         })?;
-        let mut plain = Vec::new();
+        // The plaintext is shorter than the ciphertext: room for all of it up front, so the
+        // buffer never grows and leaves a copy of a value behind in memory freed unzeroed.
+        let mut plain = Vec::with_capacity(bytes.len());
         if let Err(e) = reader.read_to_end(&mut plain) {
             // What was read before the failure is as secret as the rest.
             plain.zeroize();
@@ -197,7 +199,11 @@ impl Keyring {
 
     /// The key file's text for this keyring.
     fn to_text(&self) -> SecretString {
-        let mut text = String::from(
+        use std::fmt::Write as _;
+        // Room for the whole file up front (it is under a kilobyte): a string that grew would
+        // leave copies of the private key in memory freed unzeroed.
+        let mut text = String::with_capacity(2048);
+        text.push_str(
             "# mesh-host sealing identity: this node's private key. Mode 0600, read by the agent alone.\n\
              # Values sealed to the public key below open on this node only (`mesh-host pubkey`).\n",
         );
@@ -208,17 +214,22 @@ impl Keyring {
                      # `mesh-host keygen --retire-previous` drops it.\n",
                 );
             }
-            text.push_str(&format!("# public key: {}\n", identity.to_public()));
+            let _ = writeln!(text, "# public key: {}", identity.to_public());
             text.push_str(identity.to_string().expose_secret());
             text.push('\n');
         }
         text.push_str("# The key of the keyed digests in the store and in labels; kept through rotations.\n");
         text.push_str(DIGEST_LINE);
         for b in self.digest_key.expose_secret() {
-            text.push_str(&format!("{b:02x}"));
+            let _ = write!(text, "{b:02x}");
         }
         text.push('\n');
-        SecretString::from(text)
+        // `into_boxed_str` (inside `SecretString::from`) moves the text to an allocation of its
+        // exact length and frees this one without zeroing it; copying into an exact box first
+        // lets this buffer be zeroed here.
+        let exact = SecretString::from(text.as_str());
+        zeroize::Zeroize::zeroize(&mut text);
+        exact
     }
 }
 

@@ -68,7 +68,10 @@ pub fn read(path: &Path) -> Result<Option<SecretString>, KeyFileError> {
     if meta.len() > LIMIT {
         return Err(failed(std::io::Error::other(format!("it is {} bytes: not a key file", meta.len()))));
     }
-    let mut bytes = Vec::with_capacity(LIMIT as usize);
+    // Exactly the file's size: `SecretString` boxes the text, which would reallocate (and leave
+    // a copy of the key behind, unzeroed) a buffer with room to spare, and `read_to_end` probes
+    // for the end without growing a buffer that is exactly full.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
     if let Err(e) = file.take(LIMIT).read_to_end(&mut bytes) {
         bytes.zeroize();
         return Err(failed(e));
