@@ -830,7 +830,7 @@ mod tests {
     fn a_restart_on_file_carrying_a_secret_is_folded_in_by_its_keyed_digest() {
         let d = Declaration::parse(
             br#"{"version": 1, "resources": [
-                {"type": "file", "id": "web.key", "path": "/etc/web.key", "sealed": "age1sealed"},
+                {"type": "file", "id": "web.key", "path": "/etc/web.key", "sealed": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="},
                 {"type": "container", "id": "web.app", "name": "web", "image": "local/web:1",
                  "restart-on": ["web.key"]}]}"#,
         )

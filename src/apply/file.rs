@@ -843,7 +843,7 @@ mod tests {
         let d: Declaration = Declaration::parse(
             br#"{"version": 1, "resources": [
                 {"type": "file", "id": "a.f", "path": "/etc/app.conf", "content": "b\n"},
-                {"type": "file", "id": "a.s", "path": "/etc/app.key", "sealed": "age1sealed"}]}"#,
+                {"type": "file", "id": "a.s", "path": "/etc/app.key", "sealed": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}]}"#,
         )
         .unwrap();
         let write = Plan { action: Verb::Updated, detail: None, change: Change::Write { keep: None } };

@@ -53,7 +53,7 @@ pub(super) fn open(ring: &Keyring, f: &File) -> Result<Opened, Error> {
     let not_opened =
         |field: String, error| Error::NotOpened { path: f.path.as_path().to_owned(), field, error };
     if let Some(sealed) = &f.sealed {
-        return ring.open(sealed).map_err(|e| not_opened("sealed".into(), e));
+        return ring.open(sealed.as_str()).map_err(|e| not_opened("sealed".into(), e));
     }
     let content = f.content.as_deref().unwrap_or_default();
     let mut opened: BTreeMap<&str, Opened> = BTreeMap::new();
@@ -65,7 +65,7 @@ pub(super) fn open(ring: &Keyring, f: &File) -> Result<Opened, Error> {
         let sealed = f.secrets.get(name).ok_or_else(|| {
             not_opened(format!("secrets.{name}"), crate::secrets::OpenError::Corrupt("not declared".into()))
         })?;
-        let value = ring.open(sealed).map_err(|e| not_opened(format!("secrets.{name}"), e))?;
+        let value = ring.open(sealed.as_str()).map_err(|e| not_opened(format!("secrets.{name}"), e))?;
         opened.insert(name, value);
     }
     Ok(fill(content, &opened))

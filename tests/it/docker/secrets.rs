@@ -52,7 +52,8 @@ fn recreated_only_when_a_secret_moves(cli: Cli) {
     assert_eq!(action(&report, "web.app"), "updated", "{report:#}");
     assert_eq!(detail(&report, "web.app"), format!("recreated: {} changed", s.p("web.env")));
     assert_ne!(cli.id(&web), id);
-    assert!(cli.ok(&["exec", &web, "env"]).contains("PASSWORD=two"));
+    // Podman may answer an exec by name a moment before the new container is the one named.
+    assert!(wait_for(PATIENCE, || cli.run(&["exec", &web, "env"]).1.contains("PASSWORD=two")));
 
     // A new value of the file it restarts on: recreated too, and its label moves.
     let (id, label) =
