@@ -400,8 +400,10 @@ fn no_opened_value_leaks_anywhere_the_agent_writes_or_shows() {
     };
 
     // Plan first (the original would be written over), then apply, as text and as JSON logs.
-    let (_, out) = traced(&["plan", dpath]);
-    note("plan", &out);
+    for args in [&["plan", dpath][..], &["--log-json", "plan", "--json", dpath], &["check", "--json", dpath]] {
+        let (_, out) = traced(args);
+        note(&args.join(" "), &out);
+    }
     let (code, out) = traced(&["--log-json", "apply", "--json", dpath]);
     assert_eq!(code, Some(1), "app.broken fails: {}", String::from_utf8_lossy(&out));
     note("apply --json --log-json", &out);
