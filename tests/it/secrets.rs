@@ -103,8 +103,18 @@ fn a_key_file_readable_by_others_is_refused() {
         );
         assert!(!err.contains("AGE-SECRET-KEY"), "{err}");
     }
-    // A symlink to a key is not followed.
+    // Private, and someone else's: refused too.
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::chown(&key, Some(65534), None).unwrap();
+    let out = s.run(&["pubkey"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("owned by uid 65534, not by the agent"),
+        "{}",
+        text(&out)
+    );
+    std::os::unix::fs::chown(&key, Some(0), None).unwrap();
+    // A symlink to a key is not followed.
     let link = s.path("link.key");
     std::os::unix::fs::symlink(&key, &link).unwrap();
     let out = s.run(&["--key", link.to_str().unwrap(), "pubkey"]);
@@ -400,7 +410,8 @@ fn no_opened_value_leaks_anywhere_the_agent_writes_or_shows() {
     };
 
     // Plan first (the original would be written over), then apply, as text and as JSON logs.
-    for args in [&["plan", dpath][..], &["--log-json", "plan", "--json", dpath], &["check", "--json", dpath]] {
+    for args in [&["plan", dpath][..], &["--log-json", "plan", "--json", dpath], &["check", "--json", dpath]]
+    {
         let (_, out) = traced(args);
         note(&args.join(" "), &out);
     }
