@@ -176,6 +176,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                 state: cli.state.clone(),
                 origin,
                 metrics,
+                // A resync of 0 would be a full pass in a loop: one second is the floor.
                 resync: std::time::Duration::from_secs(resync.max(1)),
                 quiet: std::time::Duration::from_millis(settle_ms),
                 queue: crate::controller::queue::Config::default(),
@@ -564,8 +565,13 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
             Some(serde_json::json!({"path": original, "copy": copy}))
         })
         .collect();
+    // What an adopted node holds as found: never applied, so not among the records.
+    let held: Vec<serde_json::Value> = store
+        .holds()
+        .map(|(id, h)| serde_json::json!({"id": id, "type": h.kind, "target": h.target, "origin": h.origin}))
+        .collect();
     if json {
-        let all = serde_json::json!({"state": state, "records": rows, "kept": kept});
+        let all = serde_json::json!({"state": state, "records": rows, "kept": kept, "held": held});
         println!("{}", serde_json::to_string_pretty(&all)?);
     } else {
         for r in &rows {
@@ -592,6 +598,18 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
                 kept.len(),
                 kept_dir.display()
             );
+        }
+        for h in &held {
+            println!(
+                "{:>10} {} {} ({})",
+                "held",
+                h["type"].as_str().unwrap_or(""),
+                h["id"].as_str().unwrap_or(""),
+                h["target"].as_str().unwrap_or("")
+            );
+        }
+        if !held.is_empty() {
+            println!("held as found: {}, until their modules are taken", held.len());
         }
     }
     Ok(Ended::Converged)

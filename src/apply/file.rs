@@ -442,6 +442,10 @@ fn act(
                 // Before anything is written: if the copy fails, the write does not happen,
                 // since the original could not be had back otherwise.
                 if fs.meta(&at)?.is_none() {
+                    // The copy keeps only the owner's bits of the original's mode: whatever the
+                    // file held (a credential, often) is readable by root alone in `kept/`,
+                    // whoever could read it at its own path (docs/decisions.md, "A file found
+                    // with no record").
                     let copy = match held {
                         Content::Bytes(bytes) => fs.stage(&at, bytes, meta.mode & 0o700, None)?,
                         _ => fs.stage_copy(path, &at, meta.mode & 0o700)?,
@@ -588,7 +592,7 @@ mod tests {
     // The decision, without a machine: plain values in, a plan out.
 
     const PATH: &str = "/etc/app.conf";
-    const SIG: crate::system::Sig = (7, 1_000, 0, 3);
+    const SIG: crate::system::Sig = crate::system::Sig { inode: 7, ctime: 1_000, ctime_nsec: 0, size: 3 };
 
     fn meta(kind: FsKind, mode: u32, owner: (u32, u32), links: u64) -> Meta {
         Meta { kind, mode, uid: owner.0, gid: owner.1, dev: 1, links, sig: SIG }
@@ -874,7 +878,7 @@ mod tests {
         let facts = untouched(&rec, &w, &m).expect("untouched");
         assert_eq!((facts.wrote, facts.sig), (rec.wrote, Some(SIG)));
         // Anything that says otherwise sends it to be read.
-        let touched = Meta { sig: (8, 1_000, 0, 3), ..m };
+        let touched = Meta { sig: crate::system::Sig { inode: 8, ..SIG }, ..m };
         assert!(untouched(&rec, &w, &touched).is_none(), "another signature");
         assert!(untouched(&rec, &w, &Meta { mode: 0o600, ..m }).is_none(), "another mode");
         assert!(untouched(&rec, &want(b"x", 0o600, Some((1, 1))), &m).is_none(), "a new mode declared");

@@ -95,6 +95,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::for_daemon(&known, config.resync));
     let health = Arc::new(Health::new(config.stale_after()));
     let store = Store::open(&config.state)?;
+    // Unbounded, unlike mini-redis's channels: a watcher must never block on the agent (inotify
+    // would overflow its queue meanwhile), and the intake loop drains it at once into the queue,
+    // which de-duplicates, so it holds at most the changes of one wake-up (ARCHITECTURE.md,
+    // "The queue").
     let (tx, mut rx) = mpsc::unbounded_channel::<Change>();
     let files = FileWatcher::new(tx.clone()).context("cannot start the file watcher (inotify)")?;
     events::WatcherState { watcher: "file", up: true }.emit(&metrics);

@@ -14,6 +14,7 @@
 mod support;
 
 mod actions;
+mod adoption;
 mod attacks;
 mod daemon;
 mod docker;
