@@ -20,6 +20,7 @@ mod outcome;
 mod package;
 mod process;
 mod remove;
+mod secret;
 mod service;
 pub mod status;
 mod user;
@@ -37,6 +38,7 @@ pub use error::{Aspect, Error, Need, Target};
 pub use outcome::{ApplyError, Failure, Outcome, Report, Verb};
 
 use crate::declaration::{Declaration, Digest, Id, Kind, Resource, Spec};
+use crate::secrets::Keyring;
 use crate::store::{More, Origin, Record, Store};
 use crate::system::docker::{Docker, DockerError};
 use crate::system::systemd::UNIT_SECOND_LOOK;
@@ -66,6 +68,10 @@ pub struct Options {
     /// The daemon's content file, where the declared bytes of files are when the declaration
     /// says `stored` instead of holding them (`controller::contents`).
     pub contents: Option<std::sync::Arc<crate::system::ContentFile>>,
+    /// The node's key file (`--key`): read once in a pass, when the first file carrying a
+    /// secret must be written or compared, so a key made or rotated under the daemon is used
+    /// from its next pass.
+    pub key: PathBuf,
 }
 
 /// What a plan adds to a report: the diff of each file whose content would change.
@@ -148,6 +154,10 @@ struct Machine {
     /// pass: a socket whose server hangs would otherwise hold every container for the probe's
     /// whole timeout, and a hundred containers on a machine without a runtime should fail fast.
     docker: Option<Result<Docker, Arc<DockerError>>>,
+    /// The node's keyring, read when the first secret of the pass is opened, or why it could
+    /// not be: `None` for no key file. Never kept between passes (`Session` does not hold it),
+    /// so a daemon holds the private key only while a pass needs it.
+    keyring: Option<Result<Option<Arc<Keyring>>, Arc<str>>>,
 }
 
 impl Machine {
@@ -214,6 +224,7 @@ impl Session {
             systemd: self.systemd.take(),
             packages: Packages::default(),
             docker: self.docker.take().map(Ok),
+            keyring: None,
         }
     }
 

@@ -66,6 +66,8 @@ pub struct Config {
     pub step_timeout: Option<Duration>,
     /// How much one archive may unpack (`--archive-max-bytes`, `--archive-max-entries`).
     pub archive_limits: crate::apply::ArchiveLimits,
+    /// The node's sealing key (`--key`), read in each pass that opens a sealed value.
+    pub key: PathBuf,
 }
 
 impl Config {
@@ -110,6 +112,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         worker.installed_steps(),
         config.container_socket.clone(),
         config.step_timeout,
+        config.key.clone(),
         Arc::clone(&metrics),
         shutdown.clone(),
     ));
@@ -219,6 +222,7 @@ mod tests {
             container_socket: None,
             step_timeout: step.map(Duration::from_secs),
             archive_limits: crate::apply::ArchiveLimits::default(),
+            key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
         }
     }
 

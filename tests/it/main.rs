@@ -27,5 +27,6 @@ mod operator;
 mod packages;
 mod reliability;
 mod schema;
+mod secrets;
 mod systemd;
 mod users;
