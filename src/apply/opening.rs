@@ -246,9 +246,16 @@ pub(super) fn common_drift(found: &Table, wanted: &Table, ids: &BTreeSet<&str>) 
     drift
 }
 
-/// One opening's rules in a table.
-fn rules_of<'t>(t: &'t Table, id: &str) -> Vec<&'t Rule> {
-    t.rules.iter().filter(|r| r.comment.as_deref() == Some(id)).collect()
+/// Each opening's rules in a table, by comment: looked up once per opening, so a declaration of
+/// thousands of openings is not compared in quadratic time.
+fn by_comment(t: &Table) -> std::collections::HashMap<&str, Vec<&Rule>> {
+    let mut map: std::collections::HashMap<&str, Vec<&Rule>> = std::collections::HashMap::new();
+    for r in &t.rules {
+        if let Some(c) = r.comment.as_deref() {
+            map.entry(c).or_default().push(r);
+        }
+    }
+    map
 }
 
 /// What happened to one declared opening, from plain values.
@@ -459,11 +466,14 @@ pub(super) fn apply(
         (Some(w), Some(f)) => common_drift(f, w, &ids),
         (_, _) => Vec::new(),
     };
+    let found_by_comment = found.as_ref().map(by_comment);
     let mut first = true;
     for (r, o) in &fits {
         let result = loaded.as_ref().map_err(Failed::error).map(|()| {
             let own = opening_rules(r.id.as_str(), o).into_iter().map(canonical_rule).collect::<Vec<_>>();
-            let intact = found.as_ref().is_some_and(|f| rules_of(f, r.id.as_str()).into_iter().eq(own.iter()));
+            let intact = found_by_comment
+                .as_ref()
+                .is_some_and(|f| f.get(r.id.as_str()).is_some_and(|rules| rules.iter().copied().eq(own.iter())));
             let recorded: Option<bool> = store.get(r.id.as_str()).map(|rec| rec.declared == r.digest);
             let seen = Seen {
                 recorded,
@@ -493,7 +503,7 @@ pub(super) fn apply(
         done.declared.push((r.index, result));
     }
     for (id, rec) in orphans {
-        let was_there = found.as_ref().is_some_and(|f| !rules_of(f, &id).is_empty());
+        let was_there = found_by_comment.as_ref().is_some_and(|f| f.contains_key(id.as_str()));
         let result = loaded.as_ref().map_err(Failed::error).map(|()| {
             let detail = match (was_there, want.is_some()) {
                 (false, _) => "its rule was already gone",
@@ -542,9 +552,10 @@ fn load(want: Option<&Table>) -> Result<(), Failed> {
                     let ids: BTreeSet<&str> =
                         want.rules.iter().filter_map(|r| r.comment.as_deref()).collect();
                     let mut differs = common_drift(&found, want, &ids);
+                    let (found_by_comment, wanted_by_comment) = (by_comment(&found), by_comment(want));
                     differs.extend(
                         ids.iter()
-                            .filter(|id| rules_of(&found, id) != rules_of(want, id))
+                            .filter(|id| found_by_comment.get(*id) != wanted_by_comment.get(*id))
                             .map(|id| format!("the rules of {id} differ")),
                     );
                     Err(Failed::ReadBack(differs.join(", ")))
