@@ -16,19 +16,27 @@ use crate::system::fs::Kind as FsKind;
 use crate::system::systemd::UnitState;
 use crate::system::{AccountError, CommandError, FsError, PackageError, SystemdError, UserError};
 
+/// Why one resource could not be applied; each variant is one cause, matched on by the daemon
+/// and shown to a person by its message.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     // What a manager of the machine answered.
+    /// A filesystem call failed, as `system::fs` reports it.
     #[error(transparent)]
     Fs(#[from] FsError),
+    /// Reading or changing a user account failed, as `system::users` reports it.
     #[error(transparent)]
     Account(#[from] UserError),
+    /// systemd refused or failed a call over D-Bus.
     #[error(transparent)]
     Systemd(#[from] SystemdError),
+    /// The package manager failed, as `system::packages` reports it.
     #[error(transparent)]
     Package(#[from] PackageError),
+    /// The account tools (`useradd`, `usermod`, ...) failed.
     #[error(transparent)]
     Accounts(#[from] AccountError),
+    /// A command the host ran failed to start or to finish in time.
     #[error(transparent)]
     Command(#[from] CommandError),
     /// The container runtime's answer. Shared, because a runtime that could not be reached is
@@ -43,7 +51,10 @@ pub enum Error {
     Flip(Arc<crate::system::ufw::UfwError>),
     /// The flip from ufw waits: something else in the pass failed.
     #[error("the flip from ufw to the host's own filter waits until everything applies without failure ({failed} failed); ufw and the openings made in it were left in force")]
-    FlipWaits { failed: usize },
+    FlipWaits {
+        /// How many other resources of the pass failed.
+        failed: usize,
+    },
     /// What nft answered. Shared, because one load of the filter is every opening's.
     #[error(transparent)]
     Firewall(Arc<crate::system::firewall::FirewallError>),
@@ -52,172 +63,443 @@ pub enum Error {
     /// A file writing keys `into` another asked for its whole content, which it does not have:
     /// its keys are set by `apply::into`, never written as a file.
     #[error("{path} sets keys `into` a file that belongs to someone else; it has no content of its own to write whole, and nothing was written")]
-    IntoUnsupported { path: PathBuf },
+    IntoUnsupported {
+        /// The file that writes keys into another.
+        path: PathBuf,
+    },
     /// A file with `into` whose text is not of its format (or too large to edit): nothing was
     /// written.
     #[error("{path} {why}; mesh-host sets keys only in a file it can read as {format}, so it left the file exactly as it is")]
-    IntoUnreadable { path: PathBuf, why: String, format: &'static str },
+    IntoUnreadable {
+        /// The file the keys go into.
+        path: PathBuf,
+        /// What is wrong with its text, as a phrase that follows the path.
+        why: String,
+        /// The format the file is read as, in words ("a JSON object").
+        format: &'static str,
+    },
     /// After writing a file with `into`, an owned key does not hold its declared value. The
     /// value is not quoted: it may be a secret.
     #[error("{path} was written, and reading it back {key} does not hold the declared value")]
-    IntoReadBack { path: PathBuf, key: String },
+    IntoReadBack {
+        /// The file written.
+        path: PathBuf,
+        /// The owned key that does not hold its value.
+        key: String,
+    },
     /// The declared bytes of a file carrying a secret were asked for as plain bytes: they are
     /// opened only by the file's applier, with the node's key.
     #[error("{path} carries a sealed value, which is opened only when the file is applied")]
-    Sealed { path: PathBuf },
+    Sealed {
+        /// The file whose bytes were asked for.
+        path: PathBuf,
+    },
     /// An opening whose id cannot be its rules' comment, which is how its rules are told apart.
     #[error("the id {id:?} is longer than {max} bytes, the most nftables keeps as a rule's comment; this opening was not loaded (the others were)")]
-    IdTooLongForRule { id: String, max: usize },
+    IdTooLongForRule {
+        /// The opening's id, quoted.
+        id: String,
+        /// The longest comment nftables keeps, in bytes.
+        max: usize,
+    },
     /// An `into` file carrying a secret: not built yet.
     #[error(
         "{path} sets keys `into` a file and carries a sealed value: secrets in `into` files are not supported yet; nothing was written"
     )]
-    IntoSecret { path: PathBuf },
+    IntoSecret {
+        /// The `into` file.
+        path: PathBuf,
+    },
     /// A file carrying a sealed value, on a node without the key to open it.
     #[error(
         "{path} carries a sealed value and this node has no sealing key at {key}: make one with `mesh-host keygen` and seal the value to the public key it prints; nothing was written"
     )]
-    NoKey { path: PathBuf, key: PathBuf },
+    NoKey {
+        /// The file carrying the sealed value.
+        path: PathBuf,
+        /// Where this node's sealing key is looked for.
+        key: PathBuf,
+    },
     /// The node's key file is there and cannot be used (readable by others, not a key file).
     #[error("{path} carries a sealed value and the node's sealing key cannot be used: {error}; nothing was written")]
-    KeyUnusable { path: PathBuf, error: Arc<str> },
+    KeyUnusable {
+        /// The file carrying the sealed value.
+        path: PathBuf,
+        /// Why the key file cannot be used.
+        error: Arc<str>,
+    },
     /// A sealed value that does not open with this node's key. Names the field, never what it
     /// held or what a failed attempt produced.
     #[error("{path}: `{field}` does not open: {error}; nothing was written")]
-    NotOpened { path: PathBuf, field: String, error: crate::secrets::OpenError },
+    NotOpened {
+        /// The file carrying the sealed value.
+        path: PathBuf,
+        /// The field whose value does not open, by its name in the declaration.
+        field: String,
+        /// Why it does not open, with nothing of the value in it.
+        error: crate::secrets::OpenError,
+    },
+    /// A file declared with neither `content` nor `bytes` (nor `into`): there is nothing to write.
     #[error("{path} declares no content")]
-    NoContent { path: PathBuf },
+    NoContent {
+        /// The declared file.
+        path: PathBuf,
+    },
+    /// An archive declared with neither `bytes` nor `source`: there is nothing to unpack.
     #[error("{path}: the archive has no bytes or source")]
-    NoArchive { path: PathBuf },
+    NoArchive {
+        /// The directory the archive unpacks into.
+        path: PathBuf,
+    },
+    /// A file's or archive's `bytes` that do not decode as base64.
     #[error("{path}: `bytes` is not base64: {error}")]
-    NotBase64 { path: PathBuf, error: base64::DecodeError },
+    NotBase64 {
+        /// The declared path.
+        path: PathBuf,
+        /// The decoder's error, saying where the text stops being base64.
+        error: base64::DecodeError,
+    },
     /// The daemon's content file did not give back a file's declared bytes.
     #[error(
         "cannot read the declared content of {path} from the agent's content file: {error}; touch the declaration to have it read again"
     )]
-    ContentFile { path: PathBuf, error: std::io::Error },
+    ContentFile {
+        /// The file whose bytes were asked for.
+        path: PathBuf,
+        /// Why the content file could not be read.
+        error: std::io::Error,
+    },
     /// A scheduled run asked for an id the declaration in force does not have.
     #[error("{id} is not declared")]
-    NotDeclared { id: String },
+    NotDeclared {
+        /// The id asked for.
+        id: String,
+    },
+    /// A scheduled run asked for an id that is declared and is not a scheduled container step.
     #[error("{id} is not a scheduled container step")]
-    NotScheduled { id: String },
+    NotScheduled {
+        /// The id asked for.
+        id: String,
+    },
     /// A fire of a step that no apply installed at its current declaration: its install
     /// failed, a gate before it failed, or its module is not taken yet.
     #[error(
         "scheduled step {id} is not installed at its current declaration (its install failed, a gate before it failed, or its module is not taken yet), so it was not run"
     )]
-    StepNotInstalled { id: String },
+    StepNotInstalled {
+        /// The step's id.
+        id: String,
+    },
 
     // What the host found before changing anything. Nothing was changed.
     /// Something of another kind at a declared path: a symlink, a directory or a FIFO where a
     /// file is declared, a file where a directory is.
     #[error("{path} {}", wrong_kind(*.declared, *.found))]
-    WrongKind { path: PathBuf, declared: Kind, found: FsKind },
+    WrongKind {
+        /// The declared path.
+        path: PathBuf,
+        /// What the declaration asks for there.
+        declared: Kind,
+        /// What is there instead.
+        found: FsKind,
+    },
     /// What a resource needs and the host never makes is not there.
     #[error("{}", missing(.path, .need))]
-    Missing { path: PathBuf, need: Need },
+    Missing {
+        /// The path that is not there.
+        path: PathBuf,
+        /// Who needs it, which says what the operator must provide.
+        need: Need,
+    },
     /// The archive is refused whole, before anything is unpacked.
     #[error("the archive for {path} {why}; nothing was unpacked")]
-    ArchiveRefused { path: PathBuf, why: String },
+    ArchiveRefused {
+        /// The directory the archive unpacks into.
+        path: PathBuf,
+        /// Why it is refused, as a phrase that follows "the archive for <path>".
+        why: String,
+    },
+    /// An archive's `source` that cannot be read; nothing was unpacked.
     #[error("cannot read the archive {path}: {error}")]
-    ArchiveSource { path: PathBuf, error: std::io::Error },
+    ArchiveSource {
+        /// The archive's source file.
+        path: PathBuf,
+        /// Why it cannot be read.
+        error: std::io::Error,
+    },
+    /// A file a container reads (an env-file, a mounted file) that cannot be read to compute the container's digest.
     #[error("cannot read {path}, which the container reads: {error}")]
-    ContainerReads { path: PathBuf, error: std::io::Error },
+    ContainerReads {
+        /// The file the container reads.
+        path: PathBuf,
+        /// Why it cannot be read.
+        error: std::io::Error,
+    },
     /// An env-file that cannot be read or is not in the env-file format.
     #[error("container {container}: env-file[{index}] {path}: {why}")]
-    EnvFile { container: String, index: usize, path: PathBuf, why: String },
+    EnvFile {
+        /// The container's name.
+        container: String,
+        /// The env-file's index in the container's `env-file` list.
+        index: usize,
+        /// The env-file's path.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// The image is not on this machine, and is named by its id alone, which no registry serves.
     #[error(
         "image {image} is not on this machine, and an image named by its id alone cannot be pulled: name it by repository and digest (name@sha256:...), or load it (`{cli} load`) before applying"
     )]
-    ImageMissing { image: String, cli: &'static str },
+    ImageMissing {
+        /// The image as declared.
+        image: String,
+        /// The runtime's command-line tool (`docker` or `podman`), for the advice.
+        cli: &'static str,
+    },
     /// The image was absent and the pull failed: the registry's answer, as the runtime relays it.
     #[error("image {image} is not on this machine and cannot be pulled: {answer}")]
-    PullFailed { image: String, answer: String },
+    PullFailed {
+        /// The image as declared.
+        image: String,
+        /// The error the runtime relayed from the registry.
+        answer: String,
+    },
     /// The pull said it succeeded and the image is not there.
     #[error("image {image} was pulled, and the runtime does not have it afterwards")]
-    PulledNotThere { image: String },
+    PulledNotThere {
+        /// The image as declared.
+        image: String,
+    },
     /// An image named by digest is held at another one.
     #[error(
         "image {image} is named by its digest, and the runtime holds it as {found}; nothing was created"
     )]
-    ImageDigest { image: String, found: String },
+    ImageDigest {
+        /// The image as declared, by digest.
+        image: String,
+        /// The digest the runtime holds it at.
+        found: String,
+    },
+    /// A service declared `enabled` whose unit file has no `[Install]` section, so systemd cannot enable it.
     #[error("{unit} cannot be enabled: its unit file has no [Install] section (systemd calls it static)")]
-    StaticUnit { unit: String },
+    StaticUnit {
+        /// The unit's name.
+        unit: String,
+    },
     /// A transient unit of the host's that systemd keeps restarting.
     #[error("{unit} is {state}: the program keeps exiting; journalctl -u {unit} says why")]
-    UnitKeepsExiting { unit: String, state: Box<UnitState> },
+    UnitKeepsExiting {
+        /// The unit's name.
+        unit: String,
+        /// The unit's state as systemd reports it.
+        state: Box<UnitState>,
+    },
+    /// An account declared in a group that does not exist on this machine.
     #[error("{user}: the group {group:?} named in groups does not exist on this machine")]
-    NoGroup { user: String, group: String },
+    NoGroup {
+        /// The account's name.
+        user: String,
+        /// The group named in `groups`.
+        group: String,
+    },
+    /// An account that exists with another uid than the declared one; the host never renumbers an account.
     #[error(
         "{user} has uid {found} and the declaration says {declared}; mesh-host does not renumber an account (its files would keep the old number): change it by hand or declare {found}"
     )]
-    Renumber { user: String, found: u32, declared: u32 },
+    Renumber {
+        /// The account's name.
+        user: String,
+        /// The uid it has.
+        found: u32,
+        /// The uid declared.
+        declared: u32,
+    },
 
     // What a read-back found after the host changed something. The write returned success and
     // did not take, or something undid it at once.
     /// A property of what was written is not what the host set it to.
     #[error("{target}: {what} is {found} after the host set it to {wanted}")]
-    ReadBack { target: Target, what: Aspect, wanted: String, found: String },
+    ReadBack {
+        /// What was read back.
+        target: Target,
+        /// Which property of it differs.
+        what: Aspect,
+        /// The value the host set, in words.
+        wanted: String,
+        /// The value read back, in words.
+        found: String,
+    },
     /// An opening's rules in ufw, added without an error, read back differently.
     #[error("{id}: ufw reads back different: {differs}")]
-    UfwReadBack { id: String, differs: String },
+    UfwReadBack {
+        /// The opening's id.
+        id: String,
+        /// How its rules differ, in words.
+        differs: String,
+    },
     /// The host's filter, loaded without an error, listed differently.
     #[error("table inet mesh_host was loaded and reads back different: {differs}")]
-    FilterReadBack { differs: String },
+    FilterReadBack {
+        /// How the listed table differs from the one loaded, in words.
+        differs: String,
+    },
+    /// Something the host made or started that is not there when read back.
     #[error("{target} was {did} and is not there afterwards")]
-    Vanished { target: Target, did: &'static str },
+    Vanished {
+        /// What was made.
+        target: Target,
+        /// What the host did to it ("created", "started"), as a past participle.
+        did: &'static str,
+    },
+    /// Something the host removed that is still there when read back.
     #[error("{target} is still there after removing it")]
-    StillThere { target: Target },
+    StillThere {
+        /// What was removed.
+        target: Target,
+    },
     /// An entry just unpacked is not what the archive holds.
     #[error("{path} {what} after unpacking")]
-    Unpacked { path: PathBuf, what: &'static str },
+    Unpacked {
+        /// The unpacked entry.
+        path: PathBuf,
+        /// How it differs, as a phrase that follows the path.
+        what: &'static str,
+    },
     /// A unit just started, restarted or replaced that did not stay up.
     #[error("{unit} {did} and is {state} a moment later: it exited or died at once; journalctl -u {unit} says why")]
-    UnitDied { unit: String, did: String, state: Box<UnitState> },
+    UnitDied {
+        /// The unit's name.
+        unit: String,
+        /// What the host did to it ("was started", "was restarted").
+        did: String,
+        /// The unit's state a moment later.
+        state: Box<UnitState>,
+    },
+    /// A unit reloaded to take a change that is not up after the reload.
     #[error("{unit} was reloaded for {why} and is {state}; journalctl -u {unit} says why")]
-    ReloadDied { unit: String, why: String, state: Box<UnitState> },
+    ReloadDied {
+        /// The unit's name.
+        unit: String,
+        /// What the reload was for.
+        why: String,
+        /// The unit's state after the reload.
+        state: Box<UnitState>,
+    },
+    /// A unit the host stopped that is still active.
     #[error("{unit} was stopped and is {state}")]
-    StillRunning { unit: String, state: Box<UnitState> },
+    StillRunning {
+        /// The unit's name.
+        unit: String,
+        /// The unit's state after the stop.
+        state: Box<UnitState>,
+    },
+    /// A unit enabled or disabled without an error whose boot setting reads back otherwise.
     #[error("{unit} was set to {wanted} at boot and systemd reads it back as {found}")]
-    BootReadBack { unit: String, wanted: &'static str, found: String },
+    BootReadBack {
+        /// The unit's name.
+        unit: String,
+        /// The setting the host made ("enabled" or "disabled").
+        wanted: &'static str,
+        /// What systemd reports.
+        found: String,
+    },
     /// A transient unit whose description does not carry the spec it was started with.
     #[error("{unit} was started with spec {wanted} and systemd describes it as {described:?}")]
-    UnitSpec { unit: String, wanted: String, described: String },
+    UnitSpec {
+        /// The unit's name.
+        unit: String,
+        /// The spec digest it was started with.
+        wanted: String,
+        /// The description systemd has for it.
+        described: String,
+    },
     /// A container the runtime keeps restarting by its policy: it exits at once.
     #[error(
         "container {name} was started and is not running: it exited at once, and the runtime keeps restarting it; read its logs with `{cli} logs {name}`"
     )]
-    ContainerRestarting { name: String, cli: &'static str },
+    ContainerRestarting {
+        /// The container's name.
+        name: String,
+        /// The runtime's command-line tool, for the advice.
+        cli: &'static str,
+    },
     /// A container that is not running after its start; `how` says how it stopped.
     #[error(
         "container {name} was started and is not running: it {how}; read its logs with `{cli} logs {name}`"
     )]
-    ContainerDied { name: String, how: String, cli: &'static str },
+    ContainerDied {
+        /// The container's name.
+        name: String,
+        /// How it stopped ("exited with code 1", ...), as a phrase that follows "it".
+        how: String,
+        /// The runtime's command-line tool, for the advice.
+        cli: &'static str,
+    },
     /// A run-once or scheduled step whose container exited non-zero.
     #[error(
         "{step} {name} exited with code {code}; its container is left for its logs: `{cli} logs {name}`"
     )]
-    StepFailed { step: &'static str, name: String, code: i64, cli: &'static str },
+    StepFailed {
+        /// What kind of step it is ("run-once step", "scheduled step").
+        step: &'static str,
+        /// The container's name, kept for its logs.
+        name: String,
+        /// The exit code.
+        code: i64,
+        /// The runtime's command-line tool, for the advice.
+        cli: &'static str,
+    },
+    /// A package the manager installed without an error that its database does not list as installed.
     #[error(
         "{manager} installed {package} without an error and the package database does not have it installed"
     )]
-    NotInstalled { manager: &'static str, package: String },
+    NotInstalled {
+        /// The package manager (`apt`, `dnf`, ...).
+        manager: &'static str,
+        /// The package's name.
+        package: String,
+    },
+    /// An account added without an error that does not exist when read back.
     #[error("{user} was added without an error and does not exist")]
-    AccountMissing { user: String },
+    AccountMissing {
+        /// The account's name.
+        user: String,
+    },
+    /// An account created with a uid it does not have when read back.
     #[error("{user} was made with uid {wanted} and has uid {found}")]
-    AccountUid { user: String, wanted: u32, found: u32 },
+    AccountUid {
+        /// The account's name.
+        user: String,
+        /// The uid it was made with.
+        wanted: u32,
+        /// The uid it has.
+        found: u32,
+    },
     /// An account changed without an error that still differs; `left` says how.
     #[error("{user} was changed without an error and still differs: {left}")]
-    AccountDiffers { user: String, left: String },
+    AccountDiffers {
+        /// The account's name.
+        user: String,
+        /// What still differs, in words.
+        left: String,
+    },
     /// An action's command failed; `verify` and `ran` say how each ended.
     #[error("verify {verify}, so the command ran, and it {ran}")]
-    CommandFailed { verify: String, ran: String },
+    CommandFailed {
+        /// How the verify ended before the command ran.
+        verify: String,
+        /// How the command ended.
+        ran: String,
+    },
     /// An action's command exited 0 and its verify still fails.
     #[error(
         "the command exited 0 and verify still fails ({verify}): the command claimed success and did not do its job"
     )]
-    VerifyStillFails { verify: String },
+    VerifyStillFails {
+        /// How the verify ended after the command.
+        verify: String,
+    },
 }
 
 impl From<DockerError> for Error {
@@ -238,8 +520,11 @@ impl Error {
 /// What a read-back, a removal or a start names: a path, or a container or network by name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
+    /// A file or directory on this machine.
     Path(PathBuf),
+    /// A container, by its name.
     Container(String),
+    /// A container network, by its name.
     Network(String),
 }
 
@@ -260,8 +545,11 @@ pub enum Aspect {
     File,
     /// Whether a directory is there at all.
     Directory,
+    /// The bytes of a file.
     Content,
+    /// The permission bits.
     Mode,
+    /// The owning user and group.
     Owner,
     /// The `mesh-host.spec` label a container carries.
     SpecLabel,
@@ -286,9 +574,19 @@ pub enum Need {
     /// An access: the operator provides the directory.
     Access,
     /// A container's env-file, by its index.
-    EnvFile { container: String, index: usize },
+    EnvFile {
+        /// The container's name.
+        container: String,
+        /// The env-file's index in its `env-file` list.
+        index: usize,
+    },
     /// A container's bind-mount source, by the volume's index.
-    BindSource { container: String, index: usize },
+    BindSource {
+        /// The container's name.
+        container: String,
+        /// The volume's index in its `volumes` list.
+        index: usize,
+    },
 }
 
 fn missing(path: &std::path::Path, need: &Need) -> String {

@@ -13,29 +13,41 @@ use super::types::{
     Sha256, Volume,
 };
 
+/// A directory the host makes if absent, and whose mode and owner it maintains.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Directory {
+    /// The directory's absolute path.
     pub path: AbsPath,
+    /// An octal string of three or four digits; "0755" by default.
     pub mode: Option<Mode>,
+    /// "user" or "user:group"; left as the directory has it when absent.
     pub owner: Option<Owner>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 // How a file's keys are merged into a file someone else owns (`into`). Named `Into` in the JSON
-// Schema, as it always was; the Rust name says what it does. (Not a doc comment: the schema
-// would carry it as the type's description.)
+// Schema, as it always was; the Rust name says what it does. (Not in the doc comment: the schema
+// carries that as the type's description, so it is written for the declaration's author.)
+/// How the keys of a file are set into a file that belongs to someone else.
 #[schemars(rename = "Into")]
 pub enum MergeInto {
+    /// `content` is a JSON object whose top-level keys are set in the file's object.
     Json,
+    /// `content` holds KEY=VALUE lines, each set in the file.
     Env,
 }
 
+/// A file, written atomically (a temporary file in the same directory, fsync, rename) and never
+/// through a symlink.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct File {
+    /// The file's absolute path.
     pub path: AbsPath,
+    /// The file's text; one of `content`, `bytes` and `sealed` is given. May hold `${secret:NAME}`
+    /// holes, filled from `secrets`.
     pub content: Option<String>,
     /// Base64 of the file's bytes, for what is not text.
     // Absent is `None`, as for any `Option`; `serde(default)` says so only because the field
@@ -48,10 +60,18 @@ pub struct File {
     /// Sealed values by name, for `${secret:NAME}` holes in `content`.
     #[serde(default)]
     pub secrets: BTreeMap<String, Sealed>,
+    /// An octal string of three or four digits; "0644" by default, "0600" when the file carries a
+    /// secret.
     pub mode: Option<Mode>,
+    /// "user" or "user:group"; one that does not exist on the machine fails the file at apply, not
+    /// the parse.
     pub owner: Option<Owner>,
+    /// Written if absent; if present, left exactly as it is (what the program grew in it is not the
+    /// mesh's) and reported `kept`. False by default.
     #[serde(default)]
     pub create_once: bool,
+    /// The file belongs to someone else and the mesh owns some keys in it: `content` holds those
+    /// keys, in this format. What they held before is put back when the resource is removed.
     pub into: Option<MergeInto>,
     /// Where the daemon keeps the declared bytes once it has moved them out of `content` or
     /// `bytes` into its content file (`controller::contents`); never part of a declaration.
@@ -65,8 +85,11 @@ pub struct File {
 /// to each apply in its options.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stored {
+    /// Where the bytes start in the content file, from its beginning.
     pub at: u64,
+    /// How many bytes they are.
     pub len: u32,
+    /// Their checksum, checked when they are read back from the content file.
     pub sum: u64,
 }
 
@@ -82,99 +105,152 @@ impl File {
     }
 }
 
+/// What an access needs of its directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum AccessMode {
+    /// The directory is only read.
     #[default]
     Read,
+    /// The directory is written too.
     Write,
 }
 
+/// An operator-owned directory that must already exist; never created, chmod-ed or removed.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Access {
+    /// The directory's absolute path.
     pub path: AbsPath,
+    /// "read" or "write"; "read" by default.
     #[serde(default)]
     pub mode: AccessMode,
 }
 
+/// A package, installed if absent; never upgraded, never removed.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Package {
+    /// The package's name, as the machine's package manager knows it.
     pub package: Name,
 }
 
+/// What a service's unit must be doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum ServiceState {
+    /// The unit is active.
     Running,
+    /// The unit is stopped.
     Stopped,
 }
 
+/// Whether a service's unit starts at boot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Boot {
+    /// The unit starts at boot.
     Enabled,
+    /// The unit does not start at boot.
     Disabled,
 }
 
+/// A systemd unit's state, through systemd's D-Bus API.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Service {
+    /// The unit's full name, with its suffix ("nginx.service").
     pub unit: Name,
+    /// "running" or "stopped".
     pub state: ServiceState,
+    /// "enabled" or "disabled"; left as it is when absent.
     pub boot: Option<Boot>,
+    /// Ids whose change in an apply restarts the unit. Empty by default.
     #[serde(default)]
     pub restart_on: Vec<Id>,
+    /// Ids whose change in an apply reloads the running unit instead of restarting it. Empty by
+    /// default.
     #[serde(default)]
     pub reload_on: Vec<Id>,
 }
 
+/// A container of the machine's runtime (Docker, or Podman through its Docker-compatible API).
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Container {
+    /// The container's name.
     pub name: Name,
+    /// The image, by name and tag or by repository and digest (`name@sha256:...`); made present at
+    /// apply.
     pub image: Image,
+    /// Environment variables by name. Empty by default.
     #[serde(default)]
     pub env: BTreeMap<EnvName, String>,
+    /// Absolute paths of env-files, read when the container is created; each is part of its spec.
+    /// Empty by default.
     #[serde(default)]
     pub env_file: Vec<AbsPath>,
+    /// Published ports, "[ip:]host:container[/udp]". Empty by default.
     #[serde(default)]
     pub ports: Vec<PortMapping>,
+    /// Volumes, "source:target[:ro]"; a bind-mounted file is part of the container's spec. Empty by
+    /// default.
     #[serde(default)]
     pub volumes: Vec<Volume>,
+    /// The container network to join; the runtime's default network when absent.
     pub network: Option<Name>,
+    /// Arguments given after the image's entrypoint. Empty by default.
     #[serde(default)]
     pub args: Vec<String>,
+    /// Extra entries for the container's /etc/hosts, "name:ip". Empty by default.
     #[serde(default)]
     pub hosts: Vec<HostEntry>,
+    /// Ids whose change in an apply recreates the container. Empty by default.
     #[serde(default)]
     pub restart_on: Vec<Id>,
+    /// A step, run in the foreground to completion, which must exit 0; it runs again only when its
+    /// declaration changes, and gates what follows when it fails. False by default.
     #[serde(default)]
     pub run_once: bool,
+    /// A 5-field cron expression (UTC): the container is a scheduled step the host's scheduler runs
+    /// on that cadence.
     pub schedule: Option<Cron>,
 }
 
+/// A container network, present.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Network {
+    /// The network's name.
     pub name: Name,
 }
 
+/// A local account, present.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct User {
+    /// The account's name.
     pub name: Name,
+    /// A system account: chooses the uid range at creation only, and is refused for an account that
+    /// exists. False by default.
     #[serde(default)]
     pub system: bool,
+    /// The account's uid; chosen by the machine when absent. An existing account is never
+    /// renumbered.
     pub uid: Option<u32>,
+    /// The account's primary group, made if absent; left as the machine has it when not declared.
     pub group: Option<Name>,
+    /// Supplementary groups, which must exist on the machine. Empty by default.
     #[serde(default)]
     pub groups: Vec<Name>,
+    /// The account's home directory; left as the machine has it when not declared.
     pub home: Option<AbsPath>,
+    /// The account's login shell; left as the machine has it when not declared.
     pub shell: Option<AbsPath>,
 }
 
+/// An archive (tar or tar.gz) unpacked into a directory, and unpacked again only when the archive
+/// changes.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Archive {
@@ -192,14 +268,20 @@ pub struct Archive {
     pub digest: Option<Sha256>,
 }
 
+/// A long-running program, supervised by systemd as a transient unit the host starts over D-Bus.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Process {
+    /// The process's name; its unit is `mesh-host-NAME.service`.
     pub name: Name,
+    /// The program and its arguments, as a list, never a shell string.
     pub command: Argv,
+    /// Environment variables by name. Empty by default.
     #[serde(default)]
     pub env: BTreeMap<EnvName, String>,
+    /// The account it runs as; systemd's default (root) when absent.
     pub user: Option<Name>,
+    /// Ids whose change in an apply restarts the process. Empty by default.
     #[serde(default)]
     pub restart_on: Vec<Id>,
 }
@@ -211,30 +293,41 @@ impl Process {
     }
 }
 
+/// A command made true by checking: `verify` first; if it fails, `command`, then `verify` again,
+/// which must now pass.
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Action {
+    /// The program and arguments that make the change.
     pub command: Argv,
+    /// The program and arguments that check it, exiting 0 when it holds.
     pub verify: Argv,
     /// Run both inside this container.
     #[serde(rename = "in")]
     pub in_container: Option<Name>,
 }
 
+/// The protocol an opening is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Protocol {
+    /// TCP.
     #[default]
     Tcp,
+    /// UDP.
     Udp,
 }
 
+/// A port open in the machine's firewall (the host's own nftables table by default).
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Opening {
+    /// The port's number.
     pub port: Port,
+    /// "tcp" or "udp"; "tcp" by default.
     #[serde(default)]
     pub protocol: Protocol,
+    /// Networks the port is open to, in CIDR notation; every address when empty, the default.
     #[serde(default)]
     pub from: Vec<Cidr>,
 }
@@ -242,17 +335,29 @@ pub struct Opening {
 /// What a resource is, with the fields of its type.
 #[derive(Clone, Debug)]
 pub enum Spec {
+    /// A directory the host makes and maintains.
     Directory(Directory),
+    /// A file the host writes.
     File(File),
+    /// An operator-owned directory that must already exist.
     Access(Access),
+    /// A package, installed if absent.
     Package(Package),
+    /// A systemd unit's state.
     Service(Service),
+    /// A container, a run-once step or a scheduled step.
     Container(Box<Container>),
+    /// A container network.
     Network(Network),
+    /// A local account.
     User(User),
+    /// An archive unpacked into a directory.
     Archive(Archive),
+    /// A program supervised by systemd as a transient unit.
     Process(Process),
+    /// A command with its verify.
     Action(Action),
+    /// A port open in the firewall.
     Opening(Opening),
 }
 
@@ -261,21 +366,34 @@ pub enum Spec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
+    /// A `directory`.
     Directory,
+    /// A `file`.
     File,
+    /// An `access`.
     Access,
+    /// A `package`.
     Package,
+    /// A `service`.
     Service,
+    /// A `container` (a run-once or scheduled step included).
     Container,
+    /// A `network`.
     Network,
+    /// A `user`.
     User,
+    /// An `archive`.
     Archive,
+    /// A `process`.
     Process,
+    /// An `action`.
     Action,
+    /// An `opening`.
     Opening,
 }
 
 impl Kind {
+    /// Every kind, in the order the spec's table lists them.
     pub const ALL: [Kind; 12] = [
         Kind::Directory,
         Kind::File,
@@ -291,6 +409,7 @@ impl Kind {
         Kind::Opening,
     ];
 
+    /// The kind's name as the declaration's `type` spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Directory => "directory",
@@ -308,6 +427,7 @@ impl Kind {
         }
     }
 
+    /// The kind a `type` names, or `None` for a name that is no kind.
     pub fn parse(s: &str) -> Option<Kind> {
         Kind::ALL.into_iter().find(|k| k.as_str() == s)
     }
@@ -320,6 +440,7 @@ impl std::fmt::Display for Kind {
 }
 
 impl Spec {
+    /// The kind of resource this is.
     pub fn kind(&self) -> Kind {
         match self {
             Spec::Directory(_) => Kind::Directory,

@@ -53,6 +53,7 @@ impl Id {
         }
     }
 
+    /// The id as written.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -102,6 +103,8 @@ impl JsonSchema for Id {
 pub struct AbsPath(Box<str>);
 
 impl AbsPath {
+    /// Reads an absolute path with no `.`, `..` or empty segment (a trailing `/` dropped), or says
+    /// why it is not one.
     pub fn parse(s: &str) -> Result<AbsPath, String> {
         if !s.starts_with('/') {
             return Err(format!("{s:?} is a relative path; paths must be absolute"));
@@ -123,10 +126,12 @@ impl AbsPath {
         Ok(AbsPath(trimmed.into()))
     }
 
+    /// The path, for the filesystem calls.
     pub fn as_path(&self) -> &Path {
         Path::new(&*self.0)
     }
 
+    /// The path as text, for messages and the store.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -166,10 +171,12 @@ impl JsonSchema for AbsPath {
 pub struct Mode(u32);
 
 impl Mode {
+    /// The mode of these permission bits; bits above 0o7777 are dropped.
     pub const fn new(bits: u32) -> Mode {
         Mode(bits & 0o7777)
     }
 
+    /// Reads three or four octal digits ("0644"), or says why they are not a mode.
     pub fn parse(s: &str) -> Result<Mode, String> {
         let ok = (3..=4).contains(&s.len()) && s.bytes().all(|b| (b'0'..=b'7').contains(&b));
         if !ok {
@@ -178,6 +185,7 @@ impl Mode {
         u32::from_str_radix(s, 8).map(Mode).map_err(|e| e.to_string())
     }
 
+    /// The permission bits, for `chmod`.
     pub fn bits(self) -> u32 {
         self.0
     }
@@ -225,7 +233,9 @@ impl JsonSchema for Mode {
 /// `user` or `user:group`. Whether they exist is the machine's business, checked at apply.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Owner {
+    /// The owning user's name.
     pub user: String,
+    /// The owning group's name; the user's primary group when absent.
     pub group: Option<String>,
 }
 
@@ -237,6 +247,7 @@ fn account_name_ok(s: &str) -> bool {
 }
 
 impl Owner {
+    /// Reads `user` or `user:group`, or says why it is not an owner.
     pub fn parse(s: &str) -> Result<Owner, String> {
         let (user, group) = match s.split_once(':') {
             Some((u, g)) => (u, Some(g)),
@@ -283,6 +294,7 @@ impl JsonSchema for Owner {
 pub struct Port(u16);
 
 impl Port {
+    /// The port's number.
     pub fn get(self) -> u16 {
         self.0
     }
@@ -327,11 +339,14 @@ impl JsonSchema for Port {
 /// An IPv4 or IPv6 network in CIDR notation; a bare address means just that host.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Cidr {
+    /// The address, IPv4 or IPv6.
     pub addr: std::net::IpAddr,
+    /// The prefix length: how many leading bits name the network.
     pub prefix: u8,
 }
 
 impl Cidr {
+    /// Reads an address or a network in CIDR notation, or says why it is not one.
     pub fn parse(s: &str) -> Result<Cidr, String> {
         let bad = || format!("{s:?} is not a CIDR such as \"10.0.0.0/8\" or \"fd00::/8\"");
         let (addr, prefix) = match s.split_once('/') {
@@ -395,6 +410,8 @@ pub struct Cron {
 }
 
 impl Cron {
+    /// Compiles a 5-field cron expression (minute hour day month weekday, UTC), or says why it is
+    /// not one.
     pub fn parse(s: &str) -> Result<Cron, String> {
         let fields: Vec<&str> = s.split_whitespace().collect();
         let [minutes, hours, days, months, weekdays] = fields.as_slice() else {
@@ -425,6 +442,7 @@ impl Cron {
         })
     }
 
+    /// The expression as declared.
     pub fn as_str(&self) -> &str {
         &self.text
     }
@@ -565,6 +583,7 @@ impl JsonSchema for Argv {
 pub struct Name(String);
 
 impl Name {
+    /// The name as declared.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -605,6 +624,7 @@ impl JsonSchema for Name {
 pub struct Image(String);
 
 impl Image {
+    /// The image as declared.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -681,6 +701,7 @@ macro_rules! text_serde {
 pub struct EnvName(Box<str>);
 
 impl EnvName {
+    /// Reads an environment variable name (not empty, no `=`), or says why it is not one.
     pub fn parse(s: &str) -> Result<EnvName, String> {
         if s.is_empty() || s.contains('=') {
             // The key is the field's path (`env.PORT=8080`), so the message need not repeat it.
@@ -689,6 +710,7 @@ impl EnvName {
         Ok(EnvName(s.into()))
     }
 
+    /// The name as declared.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -706,12 +728,16 @@ schema_of_a_pattern!(EnvName, "EnvName", "^[^=]+$", "an environment variable's n
 /// The transport of a published port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Transport {
+    /// TCP, the default.
     Tcp,
+    /// UDP.
     Udp,
+    /// SCTP.
     Sctp,
 }
 
 impl Transport {
+    /// The transport as the runtime spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             Transport::Tcp => "tcp",
@@ -737,6 +763,7 @@ pub struct PortMapping {
 }
 
 impl PortMapping {
+    /// Reads "[ip:]host:container[/tcp|udp|sctp]", or says why it is not a port mapping.
     pub fn parse(s: &str) -> Result<PortMapping, String> {
         let bad = || format!("{s:?} is not a port mapping such as \"8080:80\" or \"127.0.0.1:8080:80/tcp\"");
         let (ports, transport) = match s.rsplit_once('/') {
@@ -771,6 +798,7 @@ impl PortMapping {
         Ok(PortMapping { text: s.into(), host_ip, host_port, container_port, transport })
     }
 
+    /// The mapping as declared.
     pub fn as_str(&self) -> &str {
         &self.text
     }
@@ -785,10 +813,12 @@ impl PortMapping {
         self.host_port
     }
 
+    /// The port inside the container.
     pub fn container_port(&self) -> u16 {
         self.container_port
     }
 
+    /// The transport it is published for.
     pub fn transport(&self) -> Transport {
         self.transport
     }
@@ -809,7 +839,9 @@ schema_of_a_pattern!(
 /// What a volume mounts: a path on the machine (bind-mounted) or a volume of the runtime's.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum VolumeSource {
+    /// A path on the machine, bind-mounted.
     Path(AbsPath),
+    /// A volume of the runtime's, by its name.
     Named(Box<str>),
 }
 
@@ -836,6 +868,7 @@ pub struct Volume {
 }
 
 impl Volume {
+    /// Reads "source:target[:options]", or says why it is not a volume.
     pub fn parse(s: &str) -> Result<Volume, String> {
         let bad = || format!("{s:?} is not a volume such as \"/srv/data:/data\" or \"name:/data:ro\"");
         let (source, target, options) = match s.split(':').collect::<Vec<&str>>().as_slice() {
@@ -856,10 +889,12 @@ impl Volume {
         Ok(Volume { text: s.into(), source, target: target.into(), options: options.map(Into::into) })
     }
 
+    /// The volume as declared.
     pub fn as_str(&self) -> &str {
         &self.text
     }
 
+    /// What it mounts.
     pub fn source(&self) -> &VolumeSource {
         &self.source
     }
@@ -872,6 +907,7 @@ impl Volume {
         }
     }
 
+    /// Where it is mounted inside the container.
     pub fn target(&self) -> &str {
         &self.target
     }
@@ -901,6 +937,7 @@ pub struct HostEntry {
 }
 
 impl HostEntry {
+    /// Reads "name:ip", or says why it is not a host entry.
     pub fn parse(s: &str) -> Result<HostEntry, String> {
         match s.split_once(':') {
             Some((name, ip)) if !name.is_empty() => match ip.parse() {
@@ -911,14 +948,17 @@ impl HostEntry {
         }
     }
 
+    /// The entry as declared.
     pub fn as_str(&self) -> &str {
         &self.text
     }
 
+    /// The host name it adds.
     pub fn name(&self) -> &str {
         self.text.split_once(':').map_or("", |(name, _)| name)
     }
 
+    /// The address the name resolves to.
     pub fn ip(&self) -> std::net::IpAddr {
         self.ip
     }
@@ -938,6 +978,7 @@ schema_of_a_pattern!(
 pub struct Sha256(Digest);
 
 impl Sha256 {
+    /// Reads 64 hex digits, with or without a `sha256:` prefix, or says why they are not a digest.
     pub fn parse(s: &str) -> Result<Sha256, String> {
         let hex = s.strip_prefix("sha256:").unwrap_or(s);
         Digest::parse(&format!("sha256:{hex}"))
@@ -945,6 +986,7 @@ impl Sha256 {
             .ok_or_else(|| format!("{s:?} is not a sha256 digest (64 lower-case hex digits)"))
     }
 
+    /// The digest, in the form the rest of the host compares.
     pub fn digest(self) -> Digest {
         self.0
     }
@@ -982,6 +1024,8 @@ const BINARY_BEGIN: &str = "YWdlLWVuY3J5cHRpb24ub3Jn";
 pub(super) const SEALED_PATTERN: &str = "^(-----BEGIN AGE ENCRYPTED FILE-----[\\s\\S]*-----END AGE ENCRYPTED FILE-----[ \\t\\r\\n]*|YWdlLWVuY3J5cHRpb24ub3Jn([A-Za-z0-9+/]{4})*([A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?)$";
 
 impl Sealed {
+    /// Reads an age ciphertext, armored or as base64 of binary, or says why it is not one; it is
+    /// never opened here.
     pub fn parse(s: &str) -> Result<Sealed, String> {
         use base64::Engine as _;
         let body = s.trim_end_matches([' ', '\t', '\r', '\n']);
@@ -999,6 +1043,7 @@ impl Sealed {
         }
     }
 
+    /// The ciphertext as declared.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -11,6 +11,7 @@ use super::Metrics;
 
 /// Something the agent says, and counts.
 pub trait Event {
+    /// Writes the event's log line, if it has one, and moves its metrics.
     fn emit(self, metrics: &Metrics);
 }
 
@@ -18,13 +19,19 @@ pub trait Event {
 /// counter and, when the change that caused it was seen, the correction latency. Anything but
 /// `unchanged` is logged, at debug level while the resource is contested or failing.
 pub struct ResourceChanged<'a> {
+    /// The resource's id.
     pub id: &'a str,
+    /// The resource's type, as the declaration spells it.
     pub kind: &'static str,
+    /// What it names on the machine: a path, a unit, a name, a port.
     pub target: &'a str,
+    /// The outcome word (`created`, `corrected`, ...).
     pub action: &'static str,
+    /// What a person is told beside the word, if anything.
     pub detail: Option<&'a str>,
     /// From the change seen on the machine to now, for a correction the daemon was woken for.
     pub since_seen: Option<Duration>,
+    /// Log at debug level: the resource is contested or was failing.
     pub quiet: bool,
 }
 
@@ -54,10 +61,15 @@ impl Event for ResourceChanged<'_> {
 /// it is contested or already failing, and when the read-back raced another writer, which is
 /// a contest with a line of its own).
 pub struct ResourceFailed<'a> {
+    /// The resource's id.
     pub id: &'a str,
+    /// The resource's type, as the declaration spells it.
     pub kind: &'static str,
+    /// What it names on the machine.
     pub target: &'a str,
+    /// Why it failed, as the report says it.
     pub message: &'a str,
+    /// Log at debug level: contested, already failing, or a raced read-back.
     pub quiet: bool,
 }
 
@@ -75,7 +87,9 @@ impl Event for ResourceFailed<'_> {
 
 /// A key something keeps changing back: its corrections now back off.
 pub struct ContestBegan<'a> {
+    /// The queue key, which names the resource.
     pub key: &'a str,
+    /// How long its next correction is held off.
     pub hold: Duration,
 }
 
@@ -88,6 +102,7 @@ impl Event for ContestBegan<'_> {
 
 /// A contested key that settled.
 pub struct ContestEnded<'a> {
+    /// The queue key, which names the resource.
     pub key: &'a str,
 }
 
@@ -100,6 +115,7 @@ impl Event for ContestEnded<'_> {
 
 /// A key that had failed reconciled again.
 pub struct Recovered<'a> {
+    /// The queue key, which names the resource.
     pub key: &'a str,
 }
 
@@ -112,8 +128,11 @@ impl Event for Recovered<'_> {
 
 /// The work queue as it stands after a reconcile.
 pub struct QueueSampled {
+    /// Keys waiting in the queue.
     pub depth: usize,
+    /// Keys waiting out a backoff after a failure.
     pub backing_off: usize,
+    /// Keys held off because something keeps changing them back.
     pub contested: usize,
     /// The reconcile just finished failed, and its key will be retried.
     pub retrying: bool,
@@ -132,6 +151,7 @@ impl Event for QueueSampled {
 
 /// Keys added to the queue by a watcher's change or the resync.
 pub struct KeyQueued {
+    /// What queued them: a watcher's name, or the resync.
     pub source: &'static str,
 }
 
@@ -152,7 +172,9 @@ impl Event for QueueDepth {
 
 /// A watcher connected or lost its source (the runtime's events, systemd's signals).
 pub struct WatcherState {
+    /// The watcher's name.
     pub watcher: &'static str,
+    /// Whether it is connected now.
     pub up: bool,
 }
 
@@ -175,6 +197,7 @@ impl Event for WatcherState {
 
 /// A declaration accepted and put in force.
 pub struct DeclarationAccepted {
+    /// How many resources it declares.
     pub resources: usize,
 }
 
@@ -186,6 +209,7 @@ impl Event for DeclarationAccepted {
 
 /// A declaration refused whole (or that could not be read): the one in force, if any, stays.
 pub struct DeclarationRefused<'a> {
+    /// Why it was refused, as the parser says it.
     pub message: &'a str,
     /// "the declaration in force is kept", or "no declaration is in force".
     pub kept: &'a str,
@@ -202,7 +226,9 @@ impl Event for DeclarationRefused<'_> {
 pub struct ReconcilePanicked<'a> {
     /// The resource's id, or `None` for a full pass.
     pub id: Option<&'a str>,
+    /// The queue key of the reconcile.
     pub key: &'a str,
+    /// The panic's message.
     pub message: &'a str,
 }
 
@@ -225,7 +251,9 @@ impl Event for ReconcilePanicked<'_> {
 
 /// A reconcile finished, by scope (`resource` or `full`).
 pub struct ReconcileFinished {
+    /// `resource` for one key, `full` for a full pass.
     pub scope: &'static str,
+    /// How long it took.
     pub took: Duration,
 }
 
@@ -239,6 +267,7 @@ impl Event for ReconcileFinished {
 pub struct ApplyFinished {
     /// Seconds since the epoch.
     pub at: i64,
+    /// Whether every resource applied.
     pub succeeded: bool,
 }
 
@@ -251,7 +280,9 @@ impl Event for ApplyFinished {
 
 /// Where the declared content of the declaration in force is held, in bytes.
 pub struct ContentHeld {
+    /// Bytes kept in the daemon's content file.
     pub in_file: u64,
+    /// Bytes kept in memory, in the declaration itself.
     pub in_memory: u64,
 }
 
@@ -264,9 +295,13 @@ impl Event for ContentHeld {
 
 /// How many resources of one type the last full pass left applied, failed and held.
 pub struct ResourcesCounted {
+    /// The resource type.
     pub kind: &'static str,
+    /// Resources applied.
     pub applied: usize,
+    /// Resources failed.
     pub failed: usize,
+    /// Resources held as found, their module not taken yet.
     pub held: usize,
 }
 
@@ -280,21 +315,29 @@ impl Event for ResourcesCounted {
 
 /// How a scheduled step's fire went.
 pub enum ScheduledRun<'a> {
+    /// The run exited 0.
     Succeeded {
+        /// The step's id.
         id: &'a str,
+        /// How long the run took.
         took: Duration,
     },
+    /// The run failed.
     Failed {
+        /// The step's id.
         id: &'a str,
+        /// Why it failed.
         message: &'a str,
     },
     /// Still running from its last fire: this one is skipped.
     Skipped {
+        /// The step's id.
         id: &'a str,
     },
     /// Not installed at its current declaration by any apply (its install failed, a gate before
     /// it failed, its module is not taken): not run.
     NotInstalled {
+        /// The step's id.
         id: &'a str,
     },
 }
