@@ -40,8 +40,12 @@ pub enum Origin {
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(from = "Wire<String>")]
 pub struct Record {
+    /// Where the declaration that applied it came from: orphans are looked for among one origin's
+    /// records only.
     pub origin: Origin,
+    /// The resource's type.
     pub kind: Kind,
+    /// What it names on the machine: a path, a unit, a name, a port.
     pub target: Box<str>,
     /// Position in the declaration that last applied it: orphans go in reverse of this order.
     pub position: u32,
@@ -88,6 +92,7 @@ pub struct More {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct Merged {
+    /// Whether the file is JSON or env lines.
     pub format: crate::declaration::MergeInto,
     /// Each owned key, with the value it had (as written in the file) before the host first
     /// set it, or `None` when it was absent.
@@ -134,10 +139,12 @@ impl Record {
             && *more == other.more
     }
 
+    /// For an archive: the digest of the archive last unpacked.
     pub fn archive(&self) -> Option<&str> {
         self.more.as_ref().and_then(|m| m.archive.as_deref())
     }
 
+    /// The spec digest a container, step, process or opening was applied at (see `More::spec`).
     pub fn spec(&self) -> Option<&str> {
         self.more.as_ref().and_then(|m| m.spec.as_deref())
     }
@@ -147,6 +154,7 @@ impl Record {
         self.more.as_ref().map(|m| &m.reads)
     }
 
+    /// For a scheduled step: its cron expression, as installed.
     pub fn schedule(&self) -> Option<&str> {
         self.more.as_ref().and_then(|m| m.schedule.as_deref())
     }
@@ -253,8 +261,10 @@ struct File {
 /// A resource held as found on an adopted node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Held {
+    /// The resource's type.
     #[serde(rename = "type")]
     pub kind: Kind,
+    /// What it names on the machine.
     pub target: Box<str>,
     /// The origin of the declaration that found it: only that origin's declarations release it
     /// when they no longer name it.
@@ -341,20 +351,40 @@ impl File {
 /// Why the store could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The file is there and is not a store: the host stops rather than forget what it created.
     #[error("the state store at {path} is not readable as a store ({reason}); it was left exactly as it is. Move it aside to start afresh, knowing that a fresh store forgets what this host created, so orphans from before will not be removed")]
-    Corrupt { path: PathBuf, reason: String },
+    Corrupt {
+        /// The store's file.
+        path: PathBuf,
+        /// Why it cannot be read as a store.
+        reason: String,
+    },
+    /// The store was written by a newer mesh-host, in a schema this one does not know.
     #[error("the state store at {path} has schema {found}, newer than this mesh-host understands ({SCHEMA}); run the newer mesh-host that wrote it")]
-    Newer { path: PathBuf, found: u32 },
+    Newer {
+        /// The store's file.
+        path: PathBuf,
+        /// The schema it has.
+        found: u32,
+    },
+    /// The file could not be read.
     #[error("cannot read the state store at {path}: {source}")]
     Read {
+        /// The store's file.
         path: PathBuf,
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },
+    /// Another mesh-host holds the store's lock.
     #[error(
         "another mesh-host is writing the state store {path} (it holds {path}.lock); one writer at a time"
     )]
-    Locked { path: PathBuf },
+    Locked {
+        /// The store's file; its lock is beside it.
+        path: PathBuf,
+    },
+    /// Writing the store failed; what was applied is not recorded.
     #[error("cannot write the state store: {0}")]
     Write(fs::FsError),
     /// Taking the lock, or tidying what a crash left, failed: nothing was read or applied.
@@ -511,10 +541,12 @@ impl Store {
         Ok(store)
     }
 
+    /// Where the store's file is.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The record of one resource, by its id.
     pub fn get(&self, id: &str) -> Option<&Record> {
         self.file.records.get(id)
     }
@@ -601,6 +633,7 @@ impl Store {
         }
     }
 
+    /// Drops the record of a resource removed or forgotten; written at the next save.
     pub fn forget(&mut self, id: &str) {
         if let Some(old) = self.file.records.remove(id) {
             count_out(&mut self.targets, &old);

@@ -11,17 +11,30 @@ use crate::declaration::Kind;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Verb {
+    /// It was not there, and the host made it.
     Created,
+    /// It differed from the declaration (the declaration changed), and the host changed it.
     Updated,
+    /// It was as declared; nothing was done.
     Unchanged,
+    /// It had drifted from what the host last wrote, so someone changed it by hand; the host put it
+    /// back.
     Corrected,
+    /// No longer declared, and the host removed what it had made.
     Removed,
+    /// Left exactly as it is, on purpose: a directory with data inside, a `create-once` file
+    /// already there, a network still in use.
     Kept,
+    /// No longer declared, and its record dropped with nothing undone: a package, an access, an
+    /// action.
     Forgotten,
+    /// Found present on an adopted node, its module not taken yet: reported as found, never
+    /// recorded and never removed.
     Held,
 }
 
 impl Verb {
+    /// Every word, in the order the spec lists them.
     pub const ALL: [Verb; 8] = [
         Verb::Created,
         Verb::Updated,
@@ -33,6 +46,7 @@ impl Verb {
         Verb::Held,
     ];
 
+    /// The word as a report spells it.
     pub fn as_str(self) -> &'static str {
         match self {
             Verb::Created => "created",
@@ -78,10 +92,14 @@ impl std::fmt::Display for Verb {
 /// What happened to one resource.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Outcome {
+    /// The resource's id.
     pub id: String,
+    /// The resource's type.
     #[serde(rename = "type")]
     pub kind: Kind,
+    /// What it names on the machine: a path, a unit, a name, a port.
     pub target: String,
+    /// What happened to it.
     pub action: Verb,
     /// A sentence for a person, where it helps ("mode 0644 to 0600"); null otherwise.
     pub detail: Option<String>,
@@ -90,10 +108,14 @@ pub struct Outcome {
 /// One resource that failed, with why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Failure {
+    /// The resource's id.
     pub id: String,
+    /// The resource's type.
     #[serde(rename = "type")]
     pub kind: Kind,
+    /// What it names on the machine.
     pub target: String,
+    /// Why it failed, as a person reads it.
     pub message: String,
     /// The read-back found a change made by someone else after the host's write.
     #[serde(skip)]
@@ -107,6 +129,7 @@ pub struct ApplyError {
     /// The id of the gate whose failure stopped the pass, or of the first resource that failed
     /// when no gate did.
     pub resource: String,
+    /// Why it failed, as a person reads it.
     pub message: String,
     /// How many more resources failed, besides this one.
     pub others: usize,
@@ -135,7 +158,9 @@ impl std::fmt::Display for ApplyError {
 /// What an apply did, in the order it did it; `error` when anything failed.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Report {
+    /// Each resource's outcome, in the order it was applied.
     pub outcomes: Vec<Outcome>,
+    /// Why the apply failed, or `None` when nothing did.
     pub error: Option<ApplyError>,
 }
 

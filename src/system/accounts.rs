@@ -12,52 +12,79 @@ use super::command::{self, CommandError};
 /// A failure to read or change an account, naming it.
 #[derive(Debug, thiserror::Error)]
 pub enum AccountError {
+    /// A tool could not be run, or did not finish in time.
     #[error(transparent)]
     Run(#[from] CommandError),
+    /// The user and group databases could not be read.
     #[error("cannot look up {name:?}: {source}")]
     Lookup {
+        /// The account or group looked up.
         name: String,
+        /// The system's error.
         #[source]
         source: nix::Error,
     },
+    /// A tool ran and failed.
     #[error("{tool} for {name} failed: {how}")]
-    Failed { tool: &'static str, name: String, how: String },
+    Failed {
+        /// The tool (`useradd`, `usermod`, `groupadd`).
+        tool: &'static str,
+        /// The account or group it was run for.
+        name: String,
+        /// How it ended: its exit and what it printed.
+        how: String,
+    },
 }
 
 /// An account as the machine has it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Account {
+    /// The account's uid.
     pub uid: u32,
     /// The primary group's name (its number when it has no name).
     pub group: String,
     /// Supplementary groups, by name, the primary one left out.
     pub groups: BTreeSet<String>,
+    /// The home directory.
     pub home: String,
+    /// The login shell.
     pub shell: String,
 }
 
 /// What `useradd` is asked for.
 pub struct NewAccount<'a> {
+    /// The account's name.
     pub name: &'a str,
+    /// A system account: made with `--system`, no home made for it, and `/usr/sbin/nologin` as its
+    /// shell unless one is given.
     pub system: bool,
+    /// The uid; `useradd` chooses one when absent.
     pub uid: Option<u32>,
+    /// The primary group, which must exist.
     pub group: Option<&'a str>,
+    /// Supplementary groups, which must exist.
     pub groups: &'a [&'a str],
+    /// The home directory; `useradd`'s default when absent.
     pub home: Option<&'a str>,
+    /// The login shell; `useradd`'s default when absent.
     pub shell: Option<&'a str>,
 }
 
 /// What `usermod` is asked to change; `None` leaves a field as it is.
 #[derive(Default)]
 pub struct Changes {
+    /// A new primary group.
     pub group: Option<String>,
     /// Added to the account's supplementary groups; none are taken away.
     pub add_groups: Vec<String>,
+    /// A new home directory: pointed to, never moved into.
     pub home: Option<String>,
+    /// A new login shell.
     pub shell: Option<String>,
 }
 
 impl Changes {
+    /// Whether there is nothing to change, so `usermod` need not run.
     pub fn is_empty(&self) -> bool {
         self.group.is_none() && self.add_groups.is_empty() && self.home.is_none() && self.shell.is_none()
     }
@@ -88,12 +115,14 @@ pub fn lookup(name: &str) -> Result<Option<Account>, AccountError> {
     }))
 }
 
+/// Whether a group of this name exists.
 pub fn group_exists(name: &str) -> Result<bool, AccountError> {
     Ok(Group::from_name(name)
         .map_err(|source| AccountError::Lookup { name: name.to_owned(), source })?
         .is_some())
 }
 
+/// Makes a group with `groupadd`, a system group when asked.
 pub fn add_group(name: &str, system: bool) -> Result<(), AccountError> {
     let mut argv = vec!["groupadd"];
     if system {
@@ -103,6 +132,7 @@ pub fn add_group(name: &str, system: bool) -> Result<(), AccountError> {
     tool("groupadd", name, &argv)
 }
 
+/// Makes an account with `useradd`.
 pub fn add(a: &NewAccount<'_>) -> Result<(), AccountError> {
     let uid = a.uid.map(|u| u.to_string());
     let groups = a.groups.join(",");
@@ -134,6 +164,7 @@ pub fn add(a: &NewAccount<'_>) -> Result<(), AccountError> {
     tool("useradd", a.name, &argv)
 }
 
+/// Changes an account with `usermod`; supplementary groups are only added to.
 pub fn modify(name: &str, c: &Changes) -> Result<(), AccountError> {
     let groups = c.add_groups.join(",");
     let mut argv = vec!["usermod"];

@@ -33,18 +33,40 @@ pub use mesh_host_watchers::docker::{DEFAULT_SOCKETS, ID_LABEL, STEP_LABEL};
 /// Why the runtime could not do something.
 #[derive(Debug, thiserror::Error)]
 pub enum DockerError {
+    /// No socket of the ones looked in answers.
     #[error("no container runtime answers on this machine (tried {tried}); start Docker or Podman's service, or configure its socket")]
-    NoRuntime { tried: String },
+    NoRuntime {
+        /// The sockets tried, as a list for a person.
+        tried: String,
+    },
+    /// The socket the configuration names does not answer; the default ones are not tried.
     #[error("the configured container runtime socket {socket} does not answer: {reason}")]
-    Configured { socket: String, reason: String },
+    Configured {
+        /// The configured socket.
+        socket: String,
+        /// Why it does not answer.
+        reason: String,
+    },
+    /// The runtime answered a call with an error.
     #[error("{what}: {}", api_message(.source))]
     Api {
+        /// What the host was doing, as the message's start ("cannot start container web").
         what: String,
+        /// The client's error, holding the runtime's answer.
         #[source]
         source: Bollard,
     },
+    /// A call that did not finish within its limit.
     #[error("{what} did not finish within {}; {left}", crate::system::human(*limit))]
-    TimedOut { what: String, limit: std::time::Duration, left: &'static str },
+    TimedOut {
+        /// What the host was doing.
+        what: String,
+        /// How long it was given.
+        limit: std::time::Duration,
+        /// What is left behind, as a person must know it.
+        left: &'static str,
+    },
+    /// Anything else, in words.
     #[error("{0}")]
     Other(String),
 }
@@ -63,7 +85,9 @@ fn api_message(e: &Bollard) -> String {
 /// (`repo@sha256:...`) it is known by.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ImageFound {
+    /// The image's id (`sha256:...`).
     pub id: String,
+    /// The repository digests it is known by (`repo@sha256:...`).
     pub repo_digests: Vec<String>,
 }
 
@@ -164,8 +188,11 @@ type Result<T> = std::result::Result<T, DockerError>;
 /// What is known about a container, read fresh from the runtime.
 #[derive(Clone, Debug, Default)]
 pub struct ContainerState {
+    /// The container's id.
     pub id: String,
+    /// Whether it is running now.
     pub running: bool,
+    /// The code it exited with, once it has exited.
     pub exit_code: Option<i64>,
     /// The runtime's own status word: created, running, exited, dead...
     pub status: String,
@@ -173,10 +200,12 @@ pub struct ContainerState {
     /// at once under `unless-stopped` is restarted within milliseconds and may look running
     /// when looked at; this count is what gives it away.
     pub restarts: i64,
+    /// Its labels, the host's `mesh-host.*` among them.
     pub labels: HashMap<String, String>,
 }
 
 impl ContainerState {
+    /// The value of one label, if the container has it.
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels.get(key).map(String::as_str)
     }
@@ -185,16 +214,21 @@ impl ContainerState {
 /// What to create. Everything is already resolved: env-files are read, ports are parsed.
 #[derive(Clone, Debug, Default)]
 pub struct NewContainer {
+    /// The container's name.
     pub name: String,
+    /// The image, by name or digest.
     pub image: String,
     /// `KEY=VALUE` entries, in the order given; a later one wins.
     pub env: Vec<String>,
     /// Arguments given to the image's entrypoint (Docker's `Cmd`); empty keeps the image's.
     pub args: Vec<String>,
+    /// Labels to put on it: the resource's id and the spec's digest.
     pub labels: HashMap<String, String>,
     /// `source:destination[:options]`, as `docker run -v` takes them.
     pub binds: Vec<String>,
+    /// Ports to publish.
     pub ports: Vec<Publish>,
+    /// The network to join; the runtime's default when absent.
     pub network: Option<String>,
     /// `name:ip` entries for the container's own hosts file.
     pub hosts: Vec<String>,
@@ -206,6 +240,7 @@ pub struct NewContainer {
 /// A port published from a container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Publish {
+    /// The port inside the container.
     pub container_port: u16,
     /// `tcp`, `udp` or `sctp`.
     pub transport: &'static str,
@@ -218,6 +253,7 @@ pub struct Publish {
 /// What a command run inside a container did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExecOutput {
+    /// The command's exit code.
     pub code: i64,
     /// Its standard output and error, interleaved as they came, cut at [`OUTPUT_LIMIT`].
     pub output: String,
@@ -443,6 +479,7 @@ impl Docker {
         })
     }
 
+    /// Starts a container; one already running is fine.
     pub fn start(&self, name: &str) -> Result<()> {
         match block(self.client.start_container(name, None::<StartContainerOptions>)) {
             Ok(()) => Ok(()),
@@ -585,6 +622,7 @@ impl Docker {
         }
     }
 
+    /// Creates a network with these labels.
     pub fn create_network(&self, name: &str, labels: HashMap<String, String>) -> Result<()> {
         let request =
             NetworkCreateRequest { name: name.to_owned(), labels: Some(labels), ..Default::default() };
@@ -593,6 +631,7 @@ impl Docker {
             .map_err(|source| DockerError::Api { what: format!("cannot create network {name}"), source })
     }
 
+    /// Removes a network; one already gone is fine.
     pub fn remove_network(&self, name: &str) -> Result<()> {
         match block(self.client.remove_network(name)) {
             Ok(()) => Ok(()),
@@ -605,6 +644,7 @@ impl Docker {
 /// What is known about a network.
 #[derive(Clone, Debug, Default)]
 pub struct NetworkState {
+    /// Its labels, the host's `mesh-host.id` among them.
     pub labels: HashMap<String, String>,
     /// The containers attached to it, by name.
     pub containers: Vec<String>,

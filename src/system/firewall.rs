@@ -24,16 +24,32 @@ pub const TABLE: &str = "mesh_host";
 /// What nft answered when it was asked to read or change the ruleset.
 #[derive(Debug, thiserror::Error)]
 pub enum FirewallError {
+    /// nft could not be run, or did not finish in time.
     #[error(transparent)]
     Command(#[from] CommandError),
+    /// nft ran and failed.
     #[error("nft could not {what}: it {how}")]
-    Nft { what: &'static str, how: String },
+    Nft {
+        /// What it was asked to do ("list tables").
+        what: &'static str,
+        /// How it ended: its exit and what it printed.
+        how: String,
+    },
+    /// nft's JSON output could not be read.
     #[error("nft printed something that is not its JSON while it {what}: {why}")]
-    Json { what: &'static str, why: String },
+    Json {
+        /// What it was asked to do.
+        what: &'static str,
+        /// What is wrong with the output.
+        why: String,
+    },
     /// A batch that would touch something outside the host's own table: a bug, refused before
     /// nft sees it.
     #[error("refused to load a batch that names {found}: the host changes only table inet mesh_host")]
-    OutsideTable { found: String },
+    OutsideTable {
+        /// What the batch names outside the table.
+        found: String,
+    },
 }
 
 /// The objects of the host's table as nft lists them (the table itself, its chains, rules and
@@ -122,10 +138,15 @@ fn confined(command: &Value) -> Result<(), FirewallError> {
 /// A base chain on the input hook found on the machine, with what makes it a filter in force.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputChain {
+    /// The table's family (`inet`, `ip`, ...).
     pub family: String,
+    /// The table's name.
     pub table: String,
+    /// The chain's name.
     pub chain: String,
+    /// Its policy (`accept` or `drop`).
     pub policy: String,
+    /// How many rules it holds.
     pub rules: usize,
 }
 
@@ -185,11 +206,14 @@ fn text(v: &Value) -> String {
 /// The transport of a socket or an opening.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Transport {
+    /// TCP.
     Tcp,
+    /// UDP.
     Udp,
 }
 
 impl Transport {
+    /// The transport as nft and `/proc/net` name it.
     pub fn as_str(self) -> &'static str {
         match self {
             Transport::Tcp => "tcp",
@@ -201,8 +225,11 @@ impl Transport {
 /// A socket waiting for connections (TCP in LISTEN) or datagrams (UDP, bound and unconnected).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Listener {
+    /// TCP or UDP.
     pub transport: Transport,
+    /// The address it is bound to; the unspecified address for every one.
     pub addr: IpAddr,
+    /// The port.
     pub port: u16,
 }
 

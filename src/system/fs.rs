@@ -31,7 +31,12 @@ pub enum Content {
     /// Its bytes, at most the limit asked for.
     Bytes(Vec<u8>),
     /// Larger than the limit: its SHA-256 and size, read as a stream and never held.
-    Large { sum: [u8; 32], size: u64 },
+    Large {
+        /// The SHA-256 of its bytes.
+        sum: [u8; 32],
+        /// Its size in bytes.
+        size: u64,
+    },
 }
 
 impl Content {
@@ -74,20 +79,28 @@ pub fn hash_stream(reader: &mut dyn io::Read, hasher: &mut sha2::Sha256) -> io::
 /// What is at a path, as read without following a symlink.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// A regular file.
     File,
+    /// A directory.
     Directory,
+    /// A symlink, never followed.
     Symlink,
+    /// Anything else: a FIFO, a socket, a device.
     Other,
 }
 
 /// Metadata of one path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Meta {
+    /// What is at the path.
     pub kind: Kind,
     /// Permission bits, `0o7777` at most.
     pub mode: u32,
+    /// The owning user's id.
     pub uid: u32,
+    /// The owning group's id.
     pub gid: u32,
+    /// The device of the filesystem it is on.
     pub dev: u64,
     /// How many names the file has. A file with more than one is never changed in place: a
     /// chmod or chown would reach every other name too, outside the declared path.
@@ -103,10 +116,13 @@ pub struct Meta {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(from = "(u64, i64, u32, u64)", into = "(u64, i64, u32, u64)")]
 pub struct Sig {
+    /// The inode number: a rename over the file gives it another.
     pub inode: u64,
     /// The change time, which only the kernel sets: seconds and nanoseconds.
     pub ctime: i64,
+    /// The nanoseconds of the change time.
     pub ctime_nsec: u32,
+    /// The size in bytes.
     pub size: u64,
 }
 
@@ -137,16 +153,36 @@ impl Meta {
 /// A failure, always naming the path.
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
+    /// A component of the path is a symlink; nothing was done through it.
     #[error("{path} is reached through a symlink at {link}; mesh-host never writes through a symlink: declare the real path")]
-    Symlink { path: PathBuf, link: PathBuf },
+    Symlink {
+        /// The path asked for.
+        path: PathBuf,
+        /// The symlink met on the way.
+        link: PathBuf,
+    },
+    /// A component of the path is not a directory.
     #[error("{path} is reached through {parent}, which is not a directory")]
-    NotDirectory { path: PathBuf, parent: PathBuf },
+    NotDirectory {
+        /// The path asked for.
+        path: PathBuf,
+        /// The component that is not a directory.
+        parent: PathBuf,
+    },
+    /// The path's parent directory does not exist; the host makes only what is declared.
     #[error("{path} is missing its parent directory")]
-    NoParent { path: PathBuf },
+    NoParent {
+        /// The path asked for.
+        path: PathBuf,
+    },
+    /// A system call failed.
     #[error("cannot {op} {path}: {source}")]
     Io {
+        /// What the host was doing, as a verb ("write", "chmod").
         op: &'static str,
+        /// The path it was done to.
         path: PathBuf,
+        /// The system's error.
         #[source]
         source: io::Error,
     },
@@ -158,6 +194,7 @@ impl FsError {
     }
 }
 
+/// What a filesystem call returns.
 pub type Result<T> = std::result::Result<T, FsError>;
 
 // The stat fields' types differ between architectures; the casts are not all no-ops everywhere.
@@ -261,6 +298,7 @@ const DIR_CACHE: usize = 256;
 const DIRS_BEFORE_SYNCFS: usize = 8;
 
 impl Fs {
+    /// A new session, with no directory held open yet.
     pub fn new() -> Fs {
         Fs::default()
     }

@@ -17,20 +17,52 @@ const LIMIT: u64 = 64 * 1024;
 /// The key file's name in the state directory, when `--key` does not say otherwise.
 pub const DEFAULT_NAME: &str = "sealing.key";
 
+/// Why the node's key file could not be read or written. The messages name the file, never what it
+/// holds.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
+    /// The key file can be read by others than its owner.
     #[error(
         "the key file {path} is readable by others than its owner (mode {mode:04o}): it is refused, since anyone who can read it can open every secret sealed to this node; `chmod 600 {path}`, then, if it may have been copied, rotate it (`mesh-host keygen --rotate`) and have every value sealed again"
     )]
-    Exposed { path: PathBuf, mode: u32 },
+    Exposed {
+        /// The key file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The key file belongs to another user than the agent.
     #[error("the key file {path} is owned by uid {uid}, not by the agent (uid {agent}): it is refused")]
-    NotOwner { path: PathBuf, uid: u32, agent: u32 },
+    NotOwner {
+        /// The key file.
+        path: PathBuf,
+        /// Its owner's uid.
+        uid: u32,
+        /// The agent's own uid.
+        agent: u32,
+    },
+    /// `keygen` was asked to make a key where one already is.
     #[error("the key file {path} already exists: `keygen` never writes over a key (see `keygen --rotate`)")]
-    Exists { path: PathBuf },
+    Exists {
+        /// The key file.
+        path: PathBuf,
+    },
+    /// The key file could not be read.
     #[error("cannot read the key file {path}: {error}")]
-    Read { path: PathBuf, error: std::io::Error },
+    Read {
+        /// The key file.
+        path: PathBuf,
+        /// The system's error.
+        error: std::io::Error,
+    },
+    /// The key file could not be written.
     #[error("cannot write the key file {path}: {error}")]
-    Write { path: PathBuf, error: std::io::Error },
+    Write {
+        /// The key file.
+        path: PathBuf,
+        /// The system's error.
+        error: std::io::Error,
+    },
 }
 
 /// Reads the key file; `None` when there is none. Refuses a file that anyone but its owner can

@@ -43,18 +43,48 @@ pub const UNIT_SECOND_LOOK: Duration = Duration::from_millis(300);
 /// A failure talking to systemd, naming the unit.
 #[derive(Debug, thiserror::Error)]
 pub enum SystemdError {
+    /// The bus could not be reached.
     #[error("cannot reach systemd on {bus}: {reason}")]
-    Connect { bus: String, reason: String },
+    Connect {
+        /// The bus's address.
+        bus: String,
+        /// Why it could not be reached.
+        reason: String,
+    },
+    /// No such unit is loaded or installed; holds the unit's name.
     #[error("the unit {0} does not exist on this machine")]
     NoUnit(String),
+    /// The unit is masked; holds the unit's name.
     #[error("the unit {0} is masked; mesh-host does not unmask a unit someone masked on purpose")]
     Masked(String),
+    /// systemd answered a call with an error.
     #[error("systemd refused to {op} {unit}: {reason}")]
-    Call { op: &'static str, unit: String, reason: String },
+    Call {
+        /// What was asked ("start", "enable").
+        op: &'static str,
+        /// The unit it was asked of.
+        unit: String,
+        /// systemd's answer.
+        reason: String,
+    },
+    /// A job ran and ended otherwise than `done`.
     #[error("the {op} job of {unit} ended {result}, not done; journalctl -u {unit} says why")]
-    Job { op: &'static str, unit: String, result: String },
+    Job {
+        /// The job's operation ("start", "stop").
+        op: &'static str,
+        /// The unit the job was for.
+        unit: String,
+        /// How it ended (`failed`, `timeout`, `dependency`...).
+        result: String,
+    },
+    /// A job that did not end within `JOB_TIMEOUT`.
     #[error("systemd did not finish the {op} job of {unit} within {} s", JOB_TIMEOUT.as_secs())]
-    Timeout { op: &'static str, unit: String },
+    Timeout {
+        /// The job's operation.
+        op: &'static str,
+        /// The unit the job was for.
+        unit: String,
+    },
 }
 
 type Result<T> = std::result::Result<T, SystemdError>;
@@ -71,6 +101,7 @@ pub struct UnitState {
 }
 
 impl UnitState {
+    /// Whether systemd knows the unit at all.
     pub fn exists(&self) -> bool {
         !matches!(self.load.as_str(), "not-found")
     }
@@ -95,11 +126,15 @@ impl std::fmt::Display for UnitState {
 
 /// What a transient unit runs, as handed to `StartTransientUnit`.
 pub struct Transient<'a> {
+    /// The unit's name, `mesh-host-NAME.service`.
     pub unit: &'a str,
+    /// Its description, which carries the digest of what it runs.
     pub description: &'a str,
+    /// The program and its arguments.
     pub argv: &'a [String],
     /// `KEY=VALUE` lines. They may carry secrets: never logged.
     pub env: Vec<String>,
+    /// The account it runs as; root when absent.
     pub user: Option<&'a str>,
 }
 
@@ -253,18 +288,22 @@ impl Systemd {
             .map_err(|e| call("reload", "the manager's units", e))
     }
 
+    /// Starts a unit and waits for its job to end.
     pub fn start(&self, unit: &str) -> Result<()> {
         self.job("start", "StartUnit", unit)
     }
 
+    /// Stops a unit and waits for its job to end.
     pub fn stop(&self, unit: &str) -> Result<()> {
         self.job("stop", "StopUnit", unit)
     }
 
+    /// Restarts a unit and waits for its job to end.
     pub fn restart(&self, unit: &str) -> Result<()> {
         self.job("restart", "RestartUnit", unit)
     }
 
+    /// Reloads a unit and waits for its job to end.
     pub fn reload(&self, unit: &str) -> Result<()> {
         self.job("reload", "ReloadUnit", unit)
     }

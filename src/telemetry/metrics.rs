@@ -16,29 +16,46 @@ type Labels = Vec<(&'static str, &'static str)>;
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
+    /// `mesh_host_drift_corrections_total`: corrections of what someone changed by hand, by type.
     pub drift_corrections: Family<Labels, Counter>,
+    /// `mesh_host_resource_outcomes_total`: every outcome of a pass, by type and word.
     pub outcomes: Family<Labels, Counter>,
     /// Resources that failed in a pass, by type.
     pub failures: Family<Labels, Counter>,
+    /// `mesh_host_resources`: resources the last full pass left applied, failed and held, by type.
     pub resources: Family<Labels, Gauge>,
+    /// `mesh_host_correction_latency_seconds`: from a change seen on the machine to its correction.
     pub correction_latency: Histogram,
+    /// `mesh_host_reconcile_duration_seconds`: how long a reconcile took, by scope.
     pub reconcile_duration: Family<Labels, Histogram>,
+    /// `mesh_host_queue_depth`: keys waiting in the work queue.
     pub queue_depth: Gauge,
+    /// `mesh_host_queue_adds_total`: keys queued, by what queued them.
     pub queue_adds: Family<Labels, Counter>,
+    /// `mesh_host_queue_retries_total`: failed reconciles whose key is retried.
     pub queue_retries: Counter,
+    /// `mesh_host_queue_backing_off_keys`: keys waiting out a backoff.
     pub queue_backing_off: Gauge,
+    /// `mesh_host_contested_resources`: keys something keeps changing back.
     pub contested: Gauge,
+    /// `mesh_host_last_apply_timestamp_seconds`: when the last full apply ended.
     pub last_apply_timestamp: Gauge<f64, AtomicU64>,
+    /// `mesh_host_last_apply_success`: 1 when the last full apply succeeded, else 0.
     pub last_apply_success: Gauge,
+    /// `mesh_host_watcher_up`: 1 while a watcher is connected to its source, by watcher.
     pub watcher_up: Family<Labels, Gauge>,
+    /// `mesh_host_declaration_refusals_total`: declarations refused whole.
     pub declaration_refusals: Counter,
     /// Reconciles that panicked: each failed its key, and the daemon went on.
     pub panics: Counter,
+    /// `mesh_host_scheduled_runs_total`: scheduled steps' fires, by result.
     pub scheduled_runs: Family<Labels, Counter>,
+    /// `mesh_host_declared_content_bytes`: the declared content in force, by where it is held.
     pub declared_content: Family<Labels, Gauge>,
     /// The process's resident memory, read at each scrape: a daemon that runs for months is
     /// watched for growth.
     pub resident_memory: Gauge,
+    /// `mesh_host_build_info`: 1, labelled with the running build's version.
     pub build_info: Family<Labels, Gauge>,
     /// The daemon's period of full resyncs, so an alert on a stale apply follows the node's
     /// own setting rather than a constant in the rules.
@@ -76,6 +93,7 @@ fn latency_buckets() -> Histogram {
 }
 
 impl Metrics {
+    /// Every metric, registered, its labelled series not yet seeded (see `Known`).
     pub fn new() -> Metrics {
         let mut registry = Registry::default();
         let m = Metrics {
