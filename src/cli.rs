@@ -44,10 +44,12 @@ pub struct Cli {
     /// The most entries one archive may hold.
     #[arg(long, global = true, value_name = "COUNT", default_value_t = ArchiveLimits::default().entries)]
     pub archive_max_entries: u64,
+    /// The subcommand to run, with its own arguments.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The subcommands; each one's doc comment is the help it prints.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Validate a declaration and summarise it. Touches nothing.
@@ -66,6 +68,8 @@ pub enum Command {
         /// The declaration: a file, a directory of `*.json` files, or `-` for standard input.
         #[arg(value_name = "DECLARATION")]
         file: PathBuf,
+        /// Where the declaration comes from: orphans are looked for among the records of the
+        /// same origin only.
         #[arg(long, value_enum, default_value = "declared")]
         origin: Origin,
         /// Print the plan (the report apply would print, and the diffs), or the refusal, as JSON.
@@ -77,6 +81,8 @@ pub enum Command {
         /// The declaration: a file, a directory of `*.json` files, or `-` for standard input.
         #[arg(value_name = "DECLARATION")]
         file: PathBuf,
+        /// Where the declaration comes from: orphans are looked for among the records of the
+        /// same origin only.
         #[arg(long, value_enum, default_value = "declared")]
         origin: Origin,
         /// Print the report as JSON.
@@ -89,6 +95,8 @@ pub enum Command {
         /// A declaration file, or a directory whose `*.json` files are read as one declaration.
         #[arg(long, value_name = "PATH", default_value = "/etc/mesh-host/declaration.d")]
         declaration: PathBuf,
+        /// Where the declaration comes from: orphans are looked for among the records of the
+        /// same origin only.
         #[arg(long, value_enum, default_value = "declared")]
         origin: Origin,
         /// Where /metrics and /healthz listen; "off" for nowhere.
@@ -103,6 +111,7 @@ pub enum Command {
     },
     /// What is recorded, and whether the machine still holds each file and directory.
     Status {
+        /// Print the records, and what the machine holds of each, as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -145,6 +154,7 @@ pub enum Ended {
     Failed,
 }
 
+/// Runs one command to its end, and says whether the machine converged.
 pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
     // The store is reached by descriptors relative to its directory, so it is made absolute
     // once, here, against the directory the command was started in.

@@ -43,12 +43,16 @@ pub struct Keyring {
 /// private key.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KeyError {
+    /// No identity in the file at all.
     #[error("it holds no age identity (a line `AGE-SECRET-KEY-1...`)")]
     Empty,
+    /// A line that is not a comment and not an identity; holds its line number.
     #[error("line {0} is neither a comment nor an age X25519 identity")]
     NotIdentity(usize),
+    /// A digest key that is not 64 hex digits; holds its line number.
     #[error("line {0} carries a digest key that is not 64 hex digits")]
     BadDigestKey(usize),
+    /// `keygen --retire-previous` asked of a key file with one identity only.
     #[error("there is no previous identity to retire: it holds one identity only")]
     NoPrevious,
 }
@@ -56,12 +60,15 @@ pub enum KeyError {
 /// Why a sealed value did not open. Says what is wrong with the value, never what it held.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
+    /// The value is neither armored age nor base64 of binary age.
     #[error("it is neither an armored age value (`{ARMOR}`) nor base64 of a binary one")]
     NotAge,
+    /// The value was sealed to another key than this node's (and its previous one).
     #[error(
         "it was not sealed to this node's key (nor to the previous one, during a rotation): seal it again with `mesh-host seal --to` and the key `mesh-host pubkey` prints"
     )]
     NotOurs,
+    /// The value is age and cannot be read as such; holds the library's error.
     #[error("it is not a readable age value: {0}")]
     Corrupt(String),
 }
@@ -69,8 +76,10 @@ pub enum OpenError {
 /// Why `seal` could not seal.
 #[derive(Debug, thiserror::Error)]
 pub enum SealError {
+    /// The public key given is not an age X25519 one; holds the key and why.
     #[error("{0:?} is not an age X25519 public key (`age1...`): {1}")]
     Recipient(String, &'static str),
+    /// Sealing failed; holds the library's error.
     #[error("cannot seal: {0}")]
     Encrypt(String),
 }

@@ -383,7 +383,9 @@ fn install_schedule(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
 /// What one run of a scheduled step did.
 #[derive(Clone, Debug)]
 pub struct ScheduledRun {
+    /// The step's id.
     pub id: String,
+    /// How long the run took, from its container's start to its exit.
     pub took: Duration,
 }
 

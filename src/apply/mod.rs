@@ -47,6 +47,8 @@ use crate::system::{Accounts, Fs, Packages, Staged, Systemd};
 /// How an apply is run.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// Where the declaration came from: its records are written with this origin, and orphans are
+    /// looked for among them.
     pub origin: Origin,
     /// Decide and report, change nothing (`plan`).
     pub dry_run: bool,

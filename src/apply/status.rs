@@ -24,12 +24,14 @@ pub enum Holds {
     Holds,
     /// Something else: changed by hand since.
     Changed,
+    /// Nothing is there any more.
     Missing,
     /// It could not be looked at (a symlink on the way, no permission).
     Unreadable,
 }
 
 impl Holds {
+    /// The word `status` prints.
     pub fn as_str(self) -> &'static str {
         match self {
             Holds::Holds => "holds",

@@ -49,7 +49,9 @@ use worker::Worker;
 pub struct Config {
     /// A declaration file, or a directory of `*.json` files read as one declaration.
     pub declaration: PathBuf,
+    /// The state directory: the store, the content file, the journal.
     pub state: PathBuf,
+    /// Where the declaration comes from, as its records are written.
     pub origin: Origin,
     /// Where `/metrics` and `/healthz` listen; `None` for nowhere.
     pub metrics: Option<SocketAddr>,
@@ -57,6 +59,7 @@ pub struct Config {
     pub resync: Duration,
     /// How long the declaration must be still before it is read.
     pub quiet: Duration,
+    /// How the work queue backs off and holds keys off.
     pub queue: queue::Config,
     /// The D-Bus address of the systemd to manage; the system bus when `None`.
     pub bus: Option<String>,

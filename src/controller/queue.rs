@@ -26,6 +26,7 @@ use tokio::time::Instant;
 pub struct Config {
     /// First retry after a failure; doubles per further failure.
     pub failure_base: Duration,
+    /// The longest retry delay after failures.
     pub failure_cap: Duration,
     /// First hold after a repeated correction; doubles per further one.
     pub contest_base: Duration,
@@ -39,6 +40,7 @@ pub struct Config {
     pub contest_after: u32,
     /// Token bucket: keys admitted per second, and the burst.
     pub rate: f64,
+    /// The most keys admitted at once, beyond the steady rate.
     pub burst: f64,
     /// The longest the bucket makes any key wait.
     pub max_wait: Duration,
@@ -77,7 +79,12 @@ pub enum Verdict {
 /// A change in a key's contested state, for one log line each way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Contest {
-    Began { hold: Duration },
+    /// The key became contested; its corrections are held off.
+    Began {
+        /// How long the next correction waits.
+        hold: Duration,
+    },
+    /// A contested key settled.
     Ended,
 }
 
@@ -90,6 +97,7 @@ pub struct Stats {
     pub processing: usize,
     /// Keys held back by a failure or a contest.
     pub backing_off: usize,
+    /// Keys held off because something keeps changing them back.
     pub contested: usize,
 }
 
@@ -135,6 +143,7 @@ pub struct Queue<K> {
 }
 
 impl<K: Clone + Eq + Hash> Queue<K> {
+    /// An empty queue with this behaviour.
     pub fn new(config: Config) -> Queue<K> {
         let now = Instant::now();
         Queue {
@@ -330,6 +339,7 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         self.wake.notify_waiters();
     }
 
+    /// How many keys are waiting, being reconciled, backing off and contested, now.
     pub fn stats(&self) -> Stats {
         let q = self.lock();
         let now = Instant::now();

@@ -22,6 +22,8 @@ const PREFIX: &str = "sha256:";
 const KEYED: &str = "hmac-sha256:";
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
+/// A sha256, or the node's keyed digest (an HMAC-SHA256), held as its 32 bytes; the two never
+/// compare equal.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Digest {
     sum: [u8; 32],

@@ -14,6 +14,7 @@ pub struct Problem {
     pub id: Option<String>,
     /// The field, as a path inside the resource (`mode`, `restart-on[1]`, `secrets.db`).
     pub field: Option<String>,
+    /// What is wrong, as a sentence for a person.
     pub message: String,
 }
 
@@ -159,6 +160,7 @@ impl fmt::Display for Problem {
 /// counted in `unlisted` rather than kept.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct Refused {
+    /// The problems found, in the order they were found, the first hundred at most.
     pub problems: Vec<Problem>,
     /// Problems found after those in `problems`, and not kept.
     pub unlisted: usize,

@@ -37,7 +37,9 @@ pub const VERSIONS: &[u64] = &[1];
 /// A validated declaration. Every value in it has passed every rule.
 #[derive(Clone, Debug)]
 pub struct Declaration {
+    /// The resources, in their apply order.
     pub resources: Vec<Resource>,
+    /// Present when the node ran before the mesh came: which modules the mesh has taken over.
     pub adoption: Option<Adoption>,
     /// (hash of the id, position), sorted: a lookup table of 16 bytes a resource that borrows
     /// the ids from `resources` rather than copying them.
@@ -66,17 +68,21 @@ pub struct Adoption {
 pub struct Resource {
     /// Its position in `resources`, which is its apply order.
     pub index: usize,
+    /// The resource's id, unique in the declaration.
     pub id: Id,
+    /// What the resource is, with the fields of its type.
     pub spec: Spec,
     /// Of the resource's canonical JSON: changes exactly when its declaration does.
     pub digest: Digest,
 }
 
 impl Resource {
+    /// The resource's type.
     pub fn kind(&self) -> Kind {
         self.spec.kind()
     }
 
+    /// What a person would call the thing on the machine: a path, a unit, a name, a port.
     pub fn target(&self) -> String {
         self.spec.target()
     }
@@ -96,6 +102,7 @@ impl Declaration {
         validate::parse_sources(&refs)
     }
 
+    /// The resource with this id, if it is declared.
     pub fn get(&self, id: &Id) -> Option<&Resource> {
         self.find(id.as_str())
     }

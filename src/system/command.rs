@@ -8,14 +8,23 @@ use std::time::Duration;
 /// A program that could not be run at all.
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
+    /// The program could not be started: not found, not executable.
     #[error("cannot run {program}: {source}")]
     Spawn {
+        /// The program's name.
         program: String,
+        /// The system's error.
         #[source]
         source: std::io::Error,
     },
+    /// The program ran past its limit and was killed, with every process it started.
     #[error("{program} did not finish within {}; it was killed, with what it started", crate::system::human(*limit))]
-    TimedOut { program: String, limit: Duration },
+    TimedOut {
+        /// The program's name.
+        program: String,
+        /// How long it was given.
+        limit: Duration,
+    },
 }
 
 /// How a program ended.
@@ -23,11 +32,14 @@ pub enum CommandError {
 pub struct Ran {
     /// The exit code; `None` when a signal ended it.
     pub code: Option<i32>,
+    /// What it wrote to standard output.
     pub stdout: String,
+    /// What it wrote to standard error.
     pub stderr: String,
 }
 
 impl Ran {
+    /// Whether it exited 0.
     pub fn success(&self) -> bool {
         self.code == Some(0)
     }

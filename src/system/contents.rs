@@ -24,8 +24,11 @@ pub struct ContentFile {
 /// Where one body is in a content file, and its checksum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Place {
+    /// Where the body starts, from the file's beginning.
     pub at: u64,
+    /// The body's length in bytes.
     pub len: u32,
+    /// The body's checksum, checked when it is read back.
     pub sum: u64,
 }
 
@@ -102,6 +105,7 @@ impl ContentFile {
         self.len
     }
 
+    /// Whether the file holds no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

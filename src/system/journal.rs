@@ -28,10 +28,13 @@ use super::fs::{Fs, FsError, Result, TMP_MARK};
 /// What the host is about to leave at one path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Intent {
+    /// The path the file is renamed to.
     pub path: PathBuf,
     /// SHA-256 of the content, in hex.
     pub sum: String,
+    /// The permission bits it is given.
     pub mode: u32,
+    /// The uid and gid it is given, if the host sets them.
     pub owner: Option<(u32, u32)>,
 }
 
@@ -52,6 +55,7 @@ pub struct Journal {
 }
 
 impl Journal {
+    /// The journal at `path`, not opened until something is written to it.
     pub fn new(path: PathBuf) -> Journal {
         Journal { path, file: None, dirs: HashSet::new() }
     }
@@ -129,6 +133,7 @@ impl Journal {
 /// What an unfinished pass left in its journal.
 #[derive(Debug, Default)]
 pub struct Recovered {
+    /// The directories temporary files may have been made in, to be looked through for leftovers.
     pub dirs: Vec<PathBuf>,
     /// What the host was writing, by path.
     pub intents: HashMap<PathBuf, Vec<Intent>>,

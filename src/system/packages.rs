@@ -7,24 +7,43 @@ use super::command::{self, CommandError, Ran};
 /// A failure to install or read a package, naming it.
 #[derive(Debug, thiserror::Error)]
 pub enum PackageError {
+    /// The package manager could not be run, or did not finish in time.
     #[error(transparent)]
     Run(#[from] CommandError),
+    /// The machine has no package manager the host knows; holds the package's name.
     #[error("this machine has neither apt (dpkg) nor dnf (rpm), so the package {0} cannot be installed")]
     NoManager(String),
+    /// The package manager ran and failed to install the package.
     #[error("installing {package} with {manager} failed: {how}")]
-    Install { package: String, manager: &'static str, how: String },
+    Install {
+        /// The package's name.
+        package: String,
+        /// The manager (`apt` or `dnf`).
+        manager: &'static str,
+        /// How it ended: its exit and what it printed.
+        how: String,
+    },
+    /// The package database could not be asked.
     #[error("cannot read whether {package} is installed: {how}")]
-    Query { package: String, how: String },
+    Query {
+        /// The package's name.
+        package: String,
+        /// How the query ended.
+        how: String,
+    },
 }
 
 /// The package manager this machine has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Manager {
+    /// apt, with dpkg to read what is installed.
     Apt,
+    /// dnf, with rpm to read what is installed.
     Dnf,
 }
 
 impl Manager {
+    /// The manager's name, for messages.
     pub fn name(self) -> &'static str {
         match self {
             Manager::Apt => "apt",
@@ -57,6 +76,7 @@ const APT_QUIET: &[&str] = &[
 ];
 
 impl Packages {
+    /// The machine's package manager, found at the first call of a pass.
     pub fn manager(&mut self, package: &str) -> Result<Manager, PackageError> {
         if let Some(m) = self.manager {
             return Ok(m);

@@ -12,10 +12,17 @@ use super::CommandError;
 /// What ufw answered.
 #[derive(Debug, thiserror::Error)]
 pub enum UfwError {
+    /// ufw could not be run, or did not finish in time.
     #[error(transparent)]
     Command(#[from] CommandError),
+    /// ufw ran and failed.
     #[error("`{command}` {how}")]
-    Failed { command: String, how: String },
+    Failed {
+        /// The command line run.
+        command: String,
+        /// How it ended: its exit and what it printed.
+        how: String,
+    },
 }
 
 fn checked(argv: &[&str]) -> Result<Ran, UfwError> {

@@ -6,13 +6,18 @@ use std::collections::HashMap;
 /// A failure to find an account, naming it.
 #[derive(Debug, thiserror::Error)]
 pub enum UserError {
+    /// No user of this name; holds the name.
     #[error("the user {0:?} does not exist on this machine")]
     NoUser(String),
+    /// No group of this name; holds the name.
     #[error("the group {0:?} does not exist on this machine")]
     NoGroup(String),
+    /// The user or group database could not be read.
     #[error("cannot look up {name:?}: {source}")]
     Lookup {
+        /// The user or group looked up.
         name: String,
+        /// The system's error.
         #[source]
         source: nix::Error,
     },
