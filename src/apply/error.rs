@@ -24,7 +24,8 @@ pub enum Error {
     /// A filesystem call failed, as `system::fs` reports it.
     #[error(transparent)]
     Fs(#[from] FsError),
-    /// Reading or changing a user account failed, as `system::users` reports it.
+    /// A user or group the declaration names (an `owner`, a process's `user`) is not on this
+    /// machine, or could not be looked up.
     #[error(transparent)]
     Account(#[from] UserError),
     /// systemd refused or failed a call over D-Bus.
@@ -227,7 +228,8 @@ pub enum Error {
         /// Why it cannot be read.
         error: std::io::Error,
     },
-    /// A file a container reads (an env-file, a mounted file) that cannot be read to compute the container's digest.
+    /// A file a container reads (an env-file, a mounted file) that cannot be read to compute the
+    /// container's digest.
     #[error("cannot read {path}, which the container reads: {error}")]
     ContainerReads {
         /// The file the container reads.
@@ -281,7 +283,8 @@ pub enum Error {
         /// The digest the runtime holds it at.
         found: String,
     },
-    /// A service declared `enabled` whose unit file has no `[Install]` section, so systemd cannot enable it.
+    /// A service declared with `boot: enabled` whose unit file has no `[Install]` section, so
+    /// systemd cannot enable it.
     #[error("{unit} cannot be enabled: its unit file has no [Install] section (systemd calls it static)")]
     StaticUnit {
         /// The unit's name.
@@ -303,7 +306,8 @@ pub enum Error {
         /// The group named in `groups`.
         group: String,
     },
-    /// An account that exists with another uid than the declared one; the host never renumbers an account.
+    /// An account that exists with another uid than the declared one; the host never renumbers an
+    /// account.
     #[error(
         "{user} has uid {found} and the declaration says {declared}; mesh-host does not renumber an account (its files would keep the old number): change it by hand or declare {found}"
     )]
@@ -450,7 +454,8 @@ pub enum Error {
         /// The runtime's command-line tool, for the advice.
         cli: &'static str,
     },
-    /// A package the manager installed without an error that its database does not list as installed.
+    /// A package the manager installed without an error that its database does not list as
+    /// installed.
     #[error(
         "{manager} installed {package} without an error and the package database does not have it installed"
     )]

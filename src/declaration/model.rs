@@ -190,11 +190,12 @@ pub struct Container {
     /// Empty by default.
     #[serde(default)]
     pub env_file: Vec<AbsPath>,
-    /// Published ports, "[ip:]host:container[/udp]". Empty by default.
+    /// Published ports, "[ip:][host:]container[/tcp|udp|sctp]", as `docker run -p` takes them.
+    /// Empty by default.
     #[serde(default)]
     pub ports: Vec<PortMapping>,
-    /// Volumes, "source:target[:ro]"; a bind-mounted file is part of the container's spec. Empty by
-    /// default.
+    /// Volumes, "source:target[:options]"; a file bind-mounted directly is part of the
+    /// container's spec. Empty by default.
     #[serde(default)]
     pub volumes: Vec<Volume>,
     /// The container network to join; the runtime's default network when absent.

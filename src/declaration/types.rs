@@ -763,7 +763,8 @@ pub struct PortMapping {
 }
 
 impl PortMapping {
-    /// Reads "[ip:]host:container[/tcp|udp|sctp]", or says why it is not a port mapping.
+    /// Reads "[ip:][host:]container[/tcp|udp|sctp]" (an IPv6 address in brackets), or says why it
+    /// is not a port mapping.
     pub fn parse(s: &str) -> Result<PortMapping, String> {
         let bad = || format!("{s:?} is not a port mapping such as \"8080:80\" or \"127.0.0.1:8080:80/tcp\"");
         let (ports, transport) = match s.rsplit_once('/') {
