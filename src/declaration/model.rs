@@ -232,8 +232,8 @@ pub struct Network {
 pub struct User {
     /// The account's name.
     pub name: Name,
-    /// A system account: chooses the uid range at creation only, and is refused for an account that
-    /// exists. False by default.
+    /// A system account: a uid in the system range, no home made for it and no login shell unless
+    /// declared. It matters only when the account is made. False by default.
     #[serde(default)]
     pub system: bool,
     /// The account's uid; chosen by the machine when absent. An existing account is never
@@ -367,29 +367,29 @@ pub enum Spec {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Kind {
-    /// A `directory`.
+    /// `directory`: a directory, made and maintained.
     Directory,
-    /// A `file`.
+    /// `file`: a file, written whole or by its keys.
     File,
-    /// An `access`.
+    /// `access`: a directory the operator provides.
     Access,
-    /// A `package`.
+    /// `package`: a package, installed if absent.
     Package,
-    /// A `service`.
+    /// `service`: a systemd unit's state and boot setting.
     Service,
-    /// A `container` (a run-once or scheduled step included).
+    /// `container`: a container, a run-once step or a scheduled step.
     Container,
-    /// A `network`.
+    /// `network`: a container network.
     Network,
-    /// A `user`.
+    /// `user`: a local account.
     User,
-    /// An `archive`.
+    /// `archive`: an archive unpacked into a directory.
     Archive,
-    /// A `process`.
+    /// `process`: a program under a transient systemd unit.
     Process,
-    /// An `action`.
+    /// `action`: a command with its verify.
     Action,
-    /// An `opening`.
+    /// `opening`: a port open in the firewall.
     Opening,
 }
 

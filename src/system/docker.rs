@@ -222,7 +222,7 @@ pub struct NewContainer {
     pub env: Vec<String>,
     /// Arguments given to the image's entrypoint (Docker's `Cmd`); empty keeps the image's.
     pub args: Vec<String>,
-    /// Labels to put on it: the resource's id and the spec's digest.
+    /// Labels to put on it, the resource's id and the spec's digest among them.
     pub labels: HashMap<String, String>,
     /// `source:destination[:options]`, as `docker run -v` takes them.
     pub binds: Vec<String>,

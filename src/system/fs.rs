@@ -178,7 +178,7 @@ pub enum FsError {
     /// A system call failed.
     #[error("cannot {op} {path}: {source}")]
     Io {
-        /// What the host was doing, as a verb ("write", "chmod").
+        /// What the host was doing, as words that follow "cannot" ("chmod", "look at").
         op: &'static str,
         /// The path it was done to.
         path: PathBuf,

@@ -130,7 +130,7 @@ impl Event for Recovered<'_> {
 pub struct QueueSampled {
     /// Keys waiting in the queue.
     pub depth: usize,
-    /// Keys waiting out a backoff after a failure.
+    /// Keys held back by a failure or a contest.
     pub backing_off: usize,
     /// Keys held off because something keeps changing them back.
     pub contested: usize,
