@@ -11,9 +11,21 @@ use crate::apply::{self, ArchiveLimits, Options, Report, Verb};
 use crate::declaration::{Declaration, Kind};
 use crate::store::{Origin, Store};
 
+/// What `--help` and the manual page say of the exit codes, decided in `main`.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  converged (for check, plan, status and schema: all is well)
+  1  an apply failed: the report says which resources, why, and how many others
+  2  the declaration was refused or could not be read, or the usage was wrong;
+     nothing on the machine was touched
+
+Environment:
+  MESH_HOST_LOG  the log filter (tracing's EnvFilter syntax), default info
+  NO_COLOR       when set and not empty, logs are never coloured";
+
 /// mesh-host makes this machine match a declaration and keeps it there.
 #[derive(Debug, Parser)]
-#[command(name = "mesh-host", version, about)]
+#[command(name = "mesh-host", version, about, after_help = EXIT_CODES)]
 pub struct Cli {
     /// The state store: what this host applied.
     #[arg(long, global = true, value_name = "PATH", default_value = "/var/lib/mesh-host/state.json")]
@@ -104,6 +116,15 @@ pub enum Command {
     },
     /// Print the JSON Schema of the declaration.
     Schema,
+    /// Print a shell's completion script for mesh-host, such as
+    /// `mesh-host completions bash > /etc/bash_completion.d/mesh-host`.
+    Completions {
+        /// The shell to complete in.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), as the package installs it: `mesh-host man | man -l -`.
+    Man,
 }
 
 /// Bad usage found after parsing: exits 2, like clap's own.
@@ -162,6 +183,16 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
         }
         Command::Schema => {
             println!("{}", serde_json::to_string_pretty(&crate::declaration::json_schema())?);
+            Ok(Ended::Converged)
+        }
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "mesh-host", &mut std::io::stdout());
+            Ok(Ended::Converged)
+        }
+        Command::Man => {
+            let command = <Cli as clap::CommandFactory>::command();
+            clap_mangen::Man::new(command).render(&mut std::io::stdout())?;
             Ok(Ended::Converged)
         }
     }

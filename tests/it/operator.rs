@@ -501,3 +501,115 @@ fn a_slow_first_apply_extends_the_start_timeout_and_warnings_reach_the_journal_w
         .map(|e| e["PRIORITY"].clone());
     assert_eq!(priority, Some(json!("4")), "{json}");
 }
+
+/// Builds the Debian package of the binary under test with `deploy/deb/build.sh --debug` (the
+/// debug build, stripped: about 10 s once the tests have built it) and returns its path.
+fn build_the_deb() -> std::path::PathBuf {
+    let has_cargo_deb = std::process::Command::new("cargo").args(["deb", "--version"]).output();
+    assert!(
+        has_cargo_deb.is_ok_and(|o| o.status.success()),
+        "cargo-deb is missing: `cargo install --locked cargo-deb` (tests/run.sh installs it)"
+    );
+    // target/debug/mesh-host: the target directory is two levels up.
+    let binary = assert_cmd::cargo::cargo_bin("mesh-host");
+    let target = binary.parent().and_then(std::path::Path::parent).unwrap().to_path_buf();
+    let built = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/deb/build.sh"))
+        .arg("--debug")
+        .env("CARGO_TARGET_DIR", &target)
+        .output()
+        .unwrap();
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&built.stdout), String::from_utf8_lossy(&built.stderr));
+    assert!(built.status.success(), "deploy/deb/build.sh --debug failed:\n{said}");
+    let deb = said
+        .lines()
+        .rev()
+        .find(|l| l.trim_end().ends_with(".deb"))
+        .map(|l| std::path::PathBuf::from(l.trim()));
+    deb.filter(|p| p.exists()).unwrap_or_else(|| panic!("cargo deb printed no package path:\n{said}"))
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn the_deb_installs_starts_waits_for_a_declaration_applies_it_and_removes_cleanly() {
+    let deb = build_the_deb();
+    let box_ = Ephemeral::boot();
+    // What another test may have left in the tree the copy was made from.
+    let _ = std::fs::remove_file(box_.path("/etc/systemd/system/mesh-host.service"));
+    let _ = std::fs::remove_dir_all(box_.path("/etc/mesh-host"));
+    let _ = std::fs::remove_dir_all(box_.path("/var/lib/mesh-host"));
+    box_.systemctl(&["daemon-reload"]);
+    std::fs::copy(&deb, box_.path("/tmp/mesh-host.deb")).unwrap();
+
+    let installed = box_.run("dpkg", &["-i", "/tmp/mesh-host.deb"]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&installed.stdout),
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    assert!(installed.status.success(), "dpkg -i:\n{said}");
+    let unit = "mesh-host.service";
+    let journal = || box_.journalctl(&["-u", unit, "-o", "cat"]);
+
+    // Installed as a Debian program: the binary, its unit (enabled, and started by the package),
+    // its configuration, an empty declaration directory, docs, man page, completions, license.
+    let listed = String::from_utf8_lossy(&box_.run("dpkg", &["-L", "mesh-host"]).stdout).into_owned();
+    for path in [
+        "/usr/bin/mesh-host",
+        "/usr/lib/systemd/system/mesh-host.service",
+        "/etc/mesh-host/mesh-host.env",
+        "/usr/share/man/man1/mesh-host.1.gz",
+        "/usr/share/bash-completion/completions/mesh-host",
+        "/usr/share/zsh/vendor-completions/_mesh-host",
+        "/usr/share/fish/vendor_completions.d/mesh-host.fish",
+        "/usr/share/doc/mesh-host/README.md",
+        "/usr/share/doc/mesh-host/copyright",
+        "/usr/share/doc/mesh-host/prometheus/mesh-host.rules.yml",
+    ] {
+        assert!(listed.lines().any(|l| l == path), "{path} is not in the package:\n{listed}");
+        assert!(box_.path(path).exists(), "{path} was not installed");
+    }
+    let conffiles =
+        String::from_utf8_lossy(&box_.run("dpkg-query", &["-W", "-f=${Conffiles}", "mesh-host"]).stdout)
+            .into_owned();
+    assert!(conffiles.contains("/etc/mesh-host/mesh-host.env"), "{conffiles}");
+    let copyright = std::fs::read_to_string(box_.path("/usr/share/doc/mesh-host/copyright")).unwrap();
+    assert!(copyright.contains("Apache License") && copyright.contains("Version 2.0"), "{copyright}");
+    let version = box_.run("/usr/bin/mesh-host", &["--version"]);
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("mesh-host {}", env!("CARGO_PKG_VERSION"))
+    );
+    let declarations = box_.path("/etc/mesh-host/declaration.d");
+    assert!(
+        declarations.is_dir() && std::fs::read_dir(&declarations).unwrap().next().is_none(),
+        "an empty declaration.d"
+    );
+
+    assert_eq!(box_.systemctl(&["is-enabled", unit]), "enabled", "{}", journal());
+    assert_eq!(box_.systemctl(&["is-active", unit]), "active", "{}", journal());
+    let status = box_.show(unit, "StatusText");
+    assert!(status.contains("waiting for /etc/mesh-host/declaration.d"), "{status}\n{}", journal());
+
+    // The control plane writes a declaration; the packaged agent applies it.
+    let d = json!({"version": 1, "resources": [
+        {"type": "directory", "id": "op.dir", "path": "/srv/op-deb"},
+        {"type": "file", "id": "op.hello", "path": "/srv/op-deb/hello", "content": "hello\n"},
+    ]});
+    std::fs::write(declarations.join("op.json"), d.to_string()).unwrap();
+    let hello = box_.path("/srv/op-deb/hello");
+    assert!(
+        crate::support::wait_for(crate::support::PATIENCE, || std::fs::read_to_string(&hello)
+            .is_ok_and(|c| c == "hello\n")),
+        "{}",
+        journal()
+    );
+    assert_eq!(box_.show(unit, "NRestarts"), "0", "{}", journal());
+
+    // Removed: the unit stopped and gone; what the control plane wrote stays (not the package's).
+    let removed = box_.run("dpkg", &["-r", "mesh-host"]);
+    assert!(removed.status.success(), "dpkg -r: {}", String::from_utf8_lossy(&removed.stderr));
+    assert_ne!(box_.systemctl(&["is-active", unit]), "active", "{}", journal());
+    assert!(!box_.path("/usr/bin/mesh-host").exists());
+    assert!(declarations.join("op.json").exists(), "the declaration is the operator's, not the package's");
+}
