@@ -74,6 +74,8 @@ pub enum Command {
         /// The declaration: a file, a directory of `*.json` files, or `-` for standard input.
         #[arg(value_name = "DECLARATION")]
         file: PathBuf,
+        /// Where the declaration came from: `declared` (the mesh) or `bundle` (carried by
+        /// hand for a first boot). Orphans are looked for among this origin's records only.
         #[arg(long, value_enum, default_value = "declared")]
         origin: Origin,
         /// Print the plan (the report apply would print, and the diffs), or the refusal, as JSON.
@@ -85,6 +87,8 @@ pub enum Command {
         /// The declaration: a file, a directory of `*.json` files, or `-` for standard input.
         #[arg(value_name = "DECLARATION")]
         file: PathBuf,
+        /// Where the declaration came from: `declared` (the mesh) or `bundle` (carried by
+        /// hand for a first boot). Orphans are looked for among this origin's records only.
         #[arg(long, value_enum, default_value = "declared")]
         origin: Origin,
         /// Print the report as JSON.
@@ -97,6 +101,8 @@ pub enum Command {
         /// A declaration file, or a directory whose `*.json` files are read as one declaration.
         #[arg(long, value_name = "PATH", default_value = "/etc/mesh-host/declaration.d")]
         declaration: PathBuf,
+        /// Where the declaration came from: `declared` (the mesh) or `bundle` (carried by
+        /// hand for a first boot). Orphans are looked for among this origin's records only.
         #[arg(long, value_enum, default_value = "declared")]
         origin: Origin,
         /// Where /metrics and /healthz listen; "off" for nowhere.
@@ -111,6 +117,7 @@ pub enum Command {
     },
     /// What is recorded, and whether the machine still holds each file and directory.
     Status {
+        /// Print the records and the kept originals as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -525,4 +532,61 @@ fn status(json: bool, state: &Path) -> anyhow::Result<Ended> {
         }
     }
     Ok(Ended::Converged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every argument of every command, by command path (`run`, `completions`).
+    fn every_argument() -> Vec<(String, clap::Arg)> {
+        fn walk(prefix: &str, command: &clap::Command, out: &mut Vec<(String, clap::Arg)>) {
+            for arg in command.get_arguments() {
+                out.push((prefix.to_owned(), arg.clone()));
+            }
+            for sub in command.get_subcommands() {
+                walk(format!("{prefix} {}", sub.get_name()).trim_start(), sub, out);
+            }
+        }
+        let mut out = Vec::new();
+        walk("", &<Cli as clap::CommandFactory>::command(), &mut out);
+        out
+    }
+
+    #[test]
+    fn every_argument_has_help_text() {
+        for (command, arg) in every_argument() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            assert!(
+                arg.get_help().is_some_and(|h| h.to_string().len() > 10),
+                "`{command}` argument {id} has no help"
+            );
+        }
+    }
+
+    #[test]
+    fn the_configuration_reference_names_every_flag() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+        let reference = std::fs::read_to_string(path).unwrap();
+        for (command, arg) in every_argument() {
+            if let Some(long) = arg.get_long().filter(|l| !matches!(*l, "help" | "version")) {
+                assert!(
+                    reference.contains(&format!("`--{long}")),
+                    "docs/configuration.md does not name `{command}` --{long}"
+                );
+            }
+        }
+        for variable in ["MESH_HOST_LOG", "NO_COLOR", "JOURNAL_STREAM", "NOTIFY_SOCKET", "DOCKER_HOST"] {
+            assert!(reference.contains(variable), "docs/configuration.md does not name {variable}");
+        }
+    }
+
+    #[test]
+    fn help_lists_the_exit_codes() {
+        let help = <Cli as clap::CommandFactory>::command().render_help().to_string();
+        assert!(help.contains("Exit codes:") && help.contains("  2  the declaration was refused"), "{help}");
+    }
 }
