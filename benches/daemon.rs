@@ -20,9 +20,9 @@ fn env_or(name: &str, default: u64) -> u64 {
 
 fn start(state: &Path, decl: &Path, port: u16) -> Child {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
+        // As the README starts it: no environment of the unit's (the binary sets its
+        // allocator's policy itself).
         .env("MESH_HOST_LOG", "warn")
-        // As deploy/mesh-host.service runs it.
-        .env("MIMALLOC_ARENA_EAGER_COMMIT", "0")
         .arg("--state")
         .arg(state)
         .args(["run", "--declaration"])

@@ -11,6 +11,15 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The allocator's policy, set by the binary itself before anything is allocated, so the agent's
+/// memory does not depend on how it was started (an environment variable, a unit file): see
+/// `system::memory::before_main`. The C runtime calls what `.init_array` holds before `main`.
+/// The one use of a linker section in the workspace, hence the lint allowed here alone.
+#[allow(unsafe_code)]
+#[used]
+#[link_section = ".init_array"]
+static ALLOCATOR_POLICY: extern "C" fn() = mesh_host::system::memory::before_main;
+
 use clap::Parser as _;
 use mesh_host::cli::{self, Cli, Ended};
 use mesh_host::declaration::Refused;
@@ -24,6 +33,7 @@ fn main() -> ExitCode {
         mesh_host::system::memory::for_a_command();
     }
     mesh_host::telemetry::init(cli.log_json);
+    tracing::debug!(arena_eager_commit = mesh_host::system::memory::arena_eager_commit(), "allocator policy");
     // The command runs on the main thread with a small runtime entered: the apply engine is
     // synchronous and reaches async protocols (Docker, D-Bus) through the runtime's handle,
     // and the daemon blocks on its async controller from here.

@@ -14,7 +14,8 @@
 //!
 //! Decisions: entries are owned by root whatever the archive says (an archive does not pick
 //! accounts on this machine); set-id bits are dropped; files already in the directory that the
-//! archive does not name are left alone, as `tar -x` would.
+//! archive does not name are left alone, as `tar -x` would; a file it does name, found there
+//! before the host first unpacked it, is kept first as a `file`'s original is.
 
 use std::io::{self, BufRead as _, Read, Seek as _};
 use std::path::{Component, Path, PathBuf};
@@ -261,12 +262,60 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
         Plan::Unpack(action, detail) => (action, Some(detail)),
     };
     let entries = entries(&mut src, path, &got)?;
+    // Only before the host first unpacks this archive here: once it has, the files it names
+    // are the ones it wrote.
+    let kept = match record {
+        None => keep_found(ctx, path, &entries)?,
+        Some(_) => 0,
+    };
+    let detail = match kept {
+        0 => detail,
+        n => {
+            let files = if n == 1 { "file" } else { "files" };
+            let verb = if ctx.opts.dry_run { "would be" } else { "were" };
+            let under = super::file::kept_path(&ctx.opts.originals, path);
+            Some(format!(
+                "{}; {n} {files} found here, which the host had no record of, {verb} kept under {}",
+                detail.unwrap_or_default(),
+                under.display()
+            ))
+        }
+    };
     if ctx.opts.dry_run {
         return Ok(Step::Done(begin(r, action, detail), None));
     }
     let sums = unpack(&mut ctx.fs, &mut src, path, &entries, &got)?;
     read_back(&mut ctx.fs, path, &entries, sums)?;
     Ok(Step::Done(begin(r, action, detail), Some(facts)))
+}
+
+/// Keeps, as a `file` keeps its original, each regular file already at a path the archive is
+/// about to write over that the host has no record of writing: copied once to
+/// `<kept>/<its path>`, never overwritten, before anything is unpacked. A copy that fails fails
+/// the archive before it has changed anything. Returns how many were (or, in a plan, would be)
+/// kept; a copy already there from an earlier apply counts, since it is where the original is.
+fn keep_found(ctx: &mut Ctx<'_>, path: &Path, entries: &[Entry]) -> Result<usize, Error> {
+    let mut kept = 0;
+    for e in entries {
+        // A directory entry keeps what is in it; a link is made only where nothing is (a
+        // file there fails the unpack, touching nothing of it).
+        let Body::File { .. } = e.body else { continue };
+        let full = path.join(&e.path);
+        let Some(meta) = ctx.fs.meta(&full)? else { continue };
+        if meta.kind != FsKind::File || ctx.store.holds_target(Kind::File, &full.display().to_string()) {
+            continue;
+        }
+        kept += 1;
+        if ctx.opts.dry_run {
+            continue;
+        }
+        let at = super::file::kept_path(&ctx.opts.originals, &full);
+        if ctx.fs.meta(&at)?.is_none() {
+            let copy = ctx.fs.stage_copy(&full, &at, meta.mode & 0o700)?;
+            ctx.fs.commit(vec![copy]).pop().unwrap_or(Ok(()))?;
+        }
+    }
+    Ok(kept)
 }
 
 /// The archive's bytes, as declared: inline, or a regular file on the machine.

@@ -67,7 +67,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
             read_back(docker, c, &plan.spec, Started::Again)?;
         }
         Run::Create { replace, started } => {
-            ensure_image(docker, c)?;
+            let got = ensure_image(docker, c)?;
             let new = new_container(r, c, &plan.spec, true)?;
             if replace {
                 docker.remove(c.name.as_str())?;
@@ -75,6 +75,13 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
             docker.create(&new)?;
             docker.start(c.name.as_str())?;
             read_back(docker, c, &plan.spec, started)?;
+            if got {
+                let detail = match &plan.detail {
+                    Some(d) => format!("{d}{}", pulled(c, true)),
+                    None => pulled(c, true).trim_start_matches("; ").to_owned(),
+                };
+                return Ok(Step::Done(begin(r, plan.action, Some(detail)), Some(facts)));
+            }
         }
     }
     done(Some(facts))
@@ -298,12 +305,23 @@ fn run_once(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Erro
         None => (Verb::Created, "run-once step completed"),
     };
     if ctx.opts.dry_run {
-        return Ok(Step::Done(begin(r, action, Some("run-once step would run".into())), None));
+        let detail = format!("run-once step would run{}", ports_unpublished(c));
+        return Ok(Step::Done(begin(r, action, Some(detail)), None));
     }
     let docker = &ctx.docker()?;
-    ensure_image(docker, c)?;
+    let got = ensure_image(docker, c)?;
     run_step(docker, r, c, &want, "run-once step", ctx.opts.step_timeout)?;
-    Ok(Step::Done(begin(r, action, Some(detail.into())), Some(facts)))
+    let detail = format!("{detail}{}{}", ports_unpublished(c), pulled(c, got));
+    Ok(Step::Done(begin(r, action, Some(detail)), Some(facts)))
+}
+
+/// What a step's outcome adds when it declares ports, which a step does not publish.
+fn ports_unpublished(c: &Container) -> &'static str {
+    if c.ports.is_empty() {
+        ""
+    } else {
+        "; its ports are not published: a step runs beside the service that holds them"
+    }
 }
 
 /// Runs a step's container to completion and removes it. A failed one is left in place so its
@@ -338,8 +356,14 @@ fn install_schedule(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     let want = spec(ctx.declaration, c, None);
     let schedule = c.schedule.as_ref().map(|s| s.as_str().to_owned());
     let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Container);
+    // Made present now, so the first fire does not find it missing; a plan only looks.
     let docker = &ctx.docker()?;
-    ensure_image(docker, c)?;
+    let got = if ctx.opts.dry_run {
+        docker.image(c.image.as_str())?;
+        false
+    } else {
+        ensure_image(docker, c)?
+    };
     let (action, detail) = match record.and_then(|rec| rec.spec()) {
         Some(s) if s == want => (Verb::Unchanged, "scheduled step, installed for this declaration"),
         Some(_) => (Verb::Updated, "scheduled step re-installed: its image, settings or cadence changed"),
@@ -349,7 +373,8 @@ fn install_schedule(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
         ),
     };
     let facts = (!ctx.opts.dry_run).then(|| Facts { spec: Some(want), schedule, ..Facts::default() });
-    Ok(Step::Done(begin(r, action, Some(detail.into())), facts))
+    let detail = format!("{detail}{}{}", ports_unpublished(c), pulled(c, got));
+    Ok(Step::Done(begin(r, action, Some(detail)), facts))
 }
 
 /// What one run of a scheduled step did.
@@ -359,13 +384,32 @@ pub struct ScheduledRun {
     pub took: Duration,
 }
 
+/// The scheduled steps of `declaration` that an apply installed at their current declaration,
+/// each with the spec it was recorded at: the only ones the scheduler may run. A step whose
+/// install failed, that sat behind a failed gate, or that was held on an adopted node has no
+/// such record, and a backup must not run against a store whose migration never passed.
+pub fn installed_steps(declaration: &Declaration, store: &Store) -> HashMap<Id, String> {
+    declaration
+        .scheduled_steps()
+        .filter_map(|(id, _)| {
+            let r = declaration.get(id)?;
+            let Spec::Container(c) = &r.spec else { return None };
+            let rec = store.get(id.as_str()).filter(|rec| rec.kind == Kind::Container)?;
+            let want = spec(declaration, c, None);
+            (rec.spec() == Some(want.as_str())).then(|| (id.clone(), want))
+        })
+        .collect()
+}
+
 /// Runs one scheduled step to completion: what the daemon's scheduler calls at each fire.
-/// Success is an exit of 0; anything else is an error naming the step, to be logged and
-/// counted, never to change what an apply reported. Blocks: call it from a blocking thread of
-/// a tokio runtime (`spawn_blocking`).
+/// `installed` is the spec the step was installed at ([`installed_steps`]); a step not
+/// installed at the spec declared now is refused, not run. Success is an exit of 0; anything
+/// else is an error naming the step, to be logged and counted, never to change what an apply
+/// reported. Blocks: call it from a blocking thread of a tokio runtime (`spawn_blocking`).
 pub fn run_scheduled(
     declaration: &Declaration,
     id: &Id,
+    installed: Option<&str>,
     container_socket: Option<&str>,
     limit: Option<std::time::Duration>,
 ) -> Result<ScheduledRun, Error> {
@@ -374,22 +418,61 @@ pub fn run_scheduled(
     let (Spec::Container(c), Some(_)) = (&r.spec, r.spec.schedule()) else {
         return Err(Error::NotScheduled { id: id.to_string() });
     };
+    let want = spec(declaration, c, None);
+    if installed != Some(want.as_str()) {
+        return Err(Error::StepNotInstalled { id: id.to_string() });
+    }
     let started = Instant::now();
     let docker = docker::connect(container_socket)?;
     ensure_image(&docker, c)?;
-    run_step(&docker, r, c, &spec(declaration, c, None), "scheduled step", limit)?;
+    run_step(&docker, r, c, &want, "scheduled step", limit)?;
     Ok(ScheduledRun { id: id.to_string(), took: started.elapsed() })
 }
 
-/// The image must already be on this machine: mesh-host does not pull. A name such as
-/// `local/web:1` pulled on a machine that lacks it would be resolved on a public registry,
-/// which may hold something else under that name; images reach a node by being loaded.
-fn ensure_image(docker: &Docker, c: &Container) -> Result<(), Error> {
+/// Makes the image present: inspected, pulled when absent (by digest when it is named by one),
+/// and inspected again. Returns whether it was pulled, for the outcome. The runtime's own
+/// registry configuration applies: a name without a registry is looked up where the runtime
+/// looks (Docker Hub for Docker, Podman's search registries), so a module names its images
+/// fully, or by digest, when it must have exactly them.
+fn ensure_image(docker: &Docker, c: &Container) -> Result<bool, Error> {
     let image = c.image.as_str();
-    if docker.has_image(image)? {
+    if let Some(found) = docker.image(image)? {
+        same_digest(image, &found)?;
+        return Ok(false);
+    }
+    // An image id alone names no repository: nothing can be asked for it.
+    if image.starts_with("sha256:") {
+        return Err(Error::ImageMissing { image: image.to_owned(), cli: docker.cli() });
+    }
+    docker.pull(image).map_err(|answer| Error::PullFailed { image: image.to_owned(), answer })?;
+    // Read back: a pull that said it finished is not evidence the image is there.
+    let found = docker.image(image)?.ok_or_else(|| Error::PulledNotThere { image: image.to_owned() })?;
+    same_digest(image, &found)?;
+    Ok(true)
+}
+
+/// An image named by digest must be held at that digest. The runtime answers an inspect by
+/// `name@sha256:...` only for an image it holds at that digest; this is the read-back of that,
+/// never taken on trust from the pull.
+fn same_digest(image: &str, found: &docker::ImageFound) -> Result<(), Error> {
+    let Some((_, digest)) = image.split_once('@') else { return Ok(()) };
+    if found.repo_digests.iter().any(|d| d.rsplit_once('@').is_some_and(|(_, at)| at == digest)) {
         return Ok(());
     }
-    Err(Error::ImageMissing { image: image.to_owned(), cli: docker.cli() })
+    let found = match found.repo_digests.as_slice() {
+        [] => format!("{}, with no repository digest", found.id),
+        digests => digests.join(", "),
+    };
+    Err(Error::ImageDigest { image: image.to_owned(), found })
+}
+
+/// What an outcome adds when the image was pulled for it.
+fn pulled(c: &Container, pulled: bool) -> String {
+    if pulled {
+        format!("; image {} pulled", c.image.as_str())
+    } else {
+        String::new()
+    }
 }
 
 /// The digest of a container's spec: what it is made from. `reads` are the files it reads at
@@ -536,8 +619,12 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
         binds.push(bind);
     }
 
-    let ports = c
-        .ports
+    // A step publishes nothing: it runs beside the service it prepares, which holds those
+    // ports, and a run-once step or a fire would otherwise fail on them (or, before the
+    // service is up, expose a migration to the network for as long as it runs). A step that
+    // declares ports (a template shared with its service) is told so in its outcome.
+    let published = if keep_running { &c.ports[..] } else { &[] };
+    let ports = published
         .iter()
         .map(|p| docker::Publish {
             container_port: p.container_port(),
@@ -654,6 +741,10 @@ mod tests {
         // The source as checked (normalised), in the runtime's own form.
         assert_eq!(new.binds, ["/tmp:/scratch:ro", "web-data:/data"]);
         assert_eq!(new.hosts, ["db:10.0.0.5"]);
+        // A step publishes none of them: it runs beside the service that holds them.
+        let step = new_container(r, c, "sha256:want", false).unwrap();
+        assert!(step.ports.is_empty());
+        assert_eq!(step.binds, new.binds);
     }
 
     #[test]
@@ -672,6 +763,30 @@ mod tests {
         let two = BTreeMap::from([("/etc/web.env".to_owned(), "sha256:2".to_owned())]);
         assert_ne!(spec(&d, c, Some(&one)), spec(&d, c, Some(&two)));
         assert_ne!(spec(&d, c, Some(&one)), spec(&d, c, None));
+    }
+
+    #[test]
+    fn an_image_named_by_digest_must_be_held_at_it() {
+        let d = format!("sha256:{}", "a".repeat(64));
+        let other = format!("sha256:{}", "b".repeat(64));
+        let held = |digests: &[String]| docker::ImageFound {
+            id: "sha256:id".into(),
+            repo_digests: digests.to_vec(),
+        };
+        let named = format!("reg:5000/web@{d}");
+        // Held at it, by whatever repository the runtime came by it.
+        assert!(same_digest(&named, &held(&[format!("other/web@{d}")])).is_ok());
+        let err = same_digest(&named, &held(&[format!("reg:5000/web@{other}")])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("image {named} is named by its digest, and the runtime holds it as reg:5000/web@{other}; nothing was created")
+        );
+        assert!(same_digest(&named, &held(&[]))
+            .unwrap_err()
+            .to_string()
+            .contains("sha256:id, with no repository digest"));
+        // A tag is not held to a digest.
+        assert!(same_digest("reg:5000/web:1", &held(&[])).is_ok());
     }
 
     // The decision for a long-running container, without a runtime.

@@ -39,9 +39,18 @@ pub enum Error {
     // What the declaration asks that this build or this node cannot do. Nothing was changed.
     #[error("a {0} resource is not supported yet: this build of mesh-host has no applier for it")]
     Unsupported(Kind),
-    /// A file writing keys `into` another: not built yet.
-    #[error("writing keys into {path} (`into`) is not supported yet; nothing was written")]
+    /// A file writing keys `into` another asked for its whole content, which it does not have:
+    /// its keys are set by `apply::into`, never written as a file.
+    #[error("{path} sets keys `into` a file that belongs to someone else; it has no content of its own to write whole, and nothing was written")]
     IntoUnsupported { path: PathBuf },
+    /// A file with `into` whose text is not of its format (or too large to edit): nothing was
+    /// written.
+    #[error("{path} {why}; mesh-host sets keys only in a file it can read as {format}, so it left the file exactly as it is")]
+    IntoUnreadable { path: PathBuf, why: String, format: &'static str },
+    /// After writing a file with `into`, an owned key does not hold its declared value. The
+    /// value is not quoted: it may be a secret.
+    #[error("{path} was written, and reading it back {key} does not hold the declared value")]
+    IntoReadBack { path: PathBuf, key: String },
     /// A file carrying a sealed value, on a node without the key to open it.
     #[error("{path} carries a sealed value and this node has no sealing key; nothing was written")]
     Sealed { path: PathBuf },
@@ -61,6 +70,12 @@ pub enum Error {
     NotDeclared { id: String },
     #[error("{id} is not a scheduled container step")]
     NotScheduled { id: String },
+    /// A fire of a step that no apply installed at its current declaration: its install
+    /// failed, a gate before it failed, or its module is not taken yet.
+    #[error(
+        "scheduled step {id} is not installed at its current declaration (its install failed, a gate before it failed, or its module is not taken yet), so it was not run"
+    )]
+    StepNotInstalled { id: String },
 
     // What the host found before changing anything. Nothing was changed.
     /// Something of another kind at a declared path: a symlink, a directory or a FIFO where a
@@ -80,9 +95,22 @@ pub enum Error {
     /// An env-file that cannot be read or is not in the env-file format.
     #[error("container {container}: env-file[{index}] {path}: {why}")]
     EnvFile { container: String, index: usize, path: PathBuf, why: String },
-    /// The image is not on this machine, which does not pull (see `container::ensure_image`).
-    #[error("{}", image_missing(.image, .cli))]
+    /// The image is not on this machine, and is named by its id alone, which no registry serves.
+    #[error(
+        "image {image} is not on this machine, and an image named by its id alone cannot be pulled: name it by repository and digest (name@sha256:...), or load it (`{cli} load`) before applying"
+    )]
     ImageMissing { image: String, cli: &'static str },
+    /// The image was absent and the pull failed: the registry's answer, as the runtime relays it.
+    #[error("image {image} is not on this machine and cannot be pulled: {answer}")]
+    PullFailed { image: String, answer: String },
+    /// The pull said it succeeded and the image is not there.
+    #[error("image {image} was pulled, and the runtime does not have it afterwards")]
+    PulledNotThere { image: String },
+    /// An image named by digest is held at another one.
+    #[error(
+        "image {image} is named by its digest, and the runtime holds it as {found}; nothing was created"
+    )]
+    ImageDigest { image: String, found: String },
     #[error("{unit} cannot be enabled: its unit file has no [Install] section (systemd calls it static)")]
     StaticUnit { unit: String },
     /// A transient unit of the host's that systemd keeps restarting.
@@ -272,18 +300,6 @@ fn wrong_kind(declared: Kind, found: FsKind) -> &'static str {
 }
 
 /// Which of two messages: an image named by its digest cannot be fetched at all.
-fn image_missing(image: &str, cli: &str) -> String {
-    if image.starts_with("sha256:") || image.contains("@sha256:") {
-        format!(
-            "image {image} is not on this machine, and an image named by its digest cannot be fetched: nothing here serves it. Load it (`{cli} load`) before applying"
-        )
-    } else {
-        format!(
-            "image {image} is not on this machine; mesh-host does not pull images, so load or build it here (`{cli} load`, `{cli} import`) before applying"
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,7 +328,15 @@ mod tests {
             ),
             (
                 Error::IntoUnsupported { path: p() },
-                "writing keys into /etc/app.conf (`into`) is not supported yet; nothing was written".into(),
+                "/etc/app.conf sets keys `into` a file that belongs to someone else; it has no content of its own to write whole, and nothing was written".into(),
+            ),
+            (
+                Error::IntoUnreadable { path: p(), why: "is not valid JSON (line 3, column 7: expected `:`)".into(), format: "a JSON object" },
+                "/etc/app.conf is not valid JSON (line 3, column 7: expected `:`); mesh-host sets keys only in a file it can read as a JSON object, so it left the file exactly as it is".into(),
+            ),
+            (
+                Error::IntoReadBack { path: p(), key: "PORT".into() },
+                "/etc/app.conf was written, and reading it back PORT does not hold the declared value".into(),
             ),
             (
                 Error::Sealed { path: p() },
@@ -330,6 +354,10 @@ mod tests {
             ),
             (Error::NotDeclared { id: "a.b".into() }, "a.b is not declared".into()),
             (Error::NotScheduled { id: "a.b".into() }, "a.b is not a scheduled container step".into()),
+            (
+                Error::StepNotInstalled { id: "a.b".into() },
+                "scheduled step a.b is not installed at its current declaration (its install failed, a gate before it failed, or its module is not taken yet), so it was not run".into(),
+            ),
             (
                 Error::WrongKind { path: p(), declared: Kind::File, found: FsKind::Symlink },
                 "/etc/app.conf is a symlink; mesh-host never writes through a symlink, and does not replace one it did not make: remove it, or declare the real path".into(),
@@ -387,12 +415,20 @@ mod tests {
                 "container web: env-file[0] /etc/app.conf: is not UTF-8 text".into(),
             ),
             (
-                Error::ImageMissing { image: "local/web:1".into(), cli: "podman" },
-                "image local/web:1 is not on this machine; mesh-host does not pull images, so load or build it here (`podman load`, `podman import`) before applying".into(),
+                Error::ImageMissing { image: "sha256:ab".into(), cli: "podman" },
+                "image sha256:ab is not on this machine, and an image named by its id alone cannot be pulled: name it by repository and digest (name@sha256:...), or load it (`podman load`) before applying".into(),
             ),
             (
-                Error::ImageMissing { image: "local/web@sha256:ab".into(), cli: "docker" },
-                "image local/web@sha256:ab is not on this machine, and an image named by its digest cannot be fetched: nothing here serves it. Load it (`docker load`) before applying".into(),
+                Error::PullFailed { image: "web:1".into(), answer: "manifest unknown".into() },
+                "image web:1 is not on this machine and cannot be pulled: manifest unknown".into(),
+            ),
+            (
+                Error::PulledNotThere { image: "web:1".into() },
+                "image web:1 was pulled, and the runtime does not have it afterwards".into(),
+            ),
+            (
+                Error::ImageDigest { image: "web@sha256:ab".into(), found: "web@sha256:cd".into() },
+                "image web@sha256:ab is named by its digest, and the runtime holds it as web@sha256:cd; nothing was created".into(),
             ),
             (
                 Error::StaticUnit { unit: "a.service".into() },

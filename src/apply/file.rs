@@ -101,7 +101,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     };
     let plan = decide(found.as_ref().map(|(meta, held)| (meta, held)), &known, &want)?;
     if let Change::None(facts) = plan.change {
-        return Ok(Step::Done(begin(r, plan.action, plan.detail), Some(facts)));
+        return Ok(Step::Done(begin(r, plan.action, plan.detail), Some(*facts)));
     }
     if ctx.opts.dry_run {
         if let Some(shown) = planned_diff(&plan, found.as_ref().map(|(_, held)| held), f, &content) {
@@ -146,7 +146,7 @@ struct Plan {
 
 enum Change {
     /// Nothing: the file is as declared, or is a seed and present. Recorded as found.
-    None(Facts),
+    None(Box<Facts>),
     /// The declared content written to a temporary name and renamed over whatever is there.
     Write {
         /// Where the original, found with no record of the host's, is kept first.
@@ -240,8 +240,12 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
         // No signature: a seed is not compared, so there is nothing for one to save.
         let wrote = record.and_then(|r| r.wrote).or_else(|| held.sum().map(Digest::from_sum));
         let detail = "created once, and present: what is in it now is not the mesh's to change";
-        let facts = Facts { sig: None, ..as_found(wrote, meta) };
-        return Ok(Plan { action: Verb::Kept, detail: Some(detail.into()), change: Change::None(facts) });
+        let facts = Facts { sig: None, fresh: None, ..as_found(wrote, meta) };
+        return Ok(Plan {
+            action: Verb::Kept,
+            detail: Some(detail.into()),
+            change: Change::None(Box::new(facts)),
+        });
     }
 
     // Hashed at most once, and only when needed: the steady state below never hashes.
@@ -260,7 +264,7 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
         return Ok(Plan {
             action: Verb::Unchanged,
             detail: None,
-            change: Change::None(as_found(wrote, meta)),
+            change: Change::None(Box::new(as_found(wrote, meta))),
         });
     }
 
@@ -358,7 +362,7 @@ fn act(
         detail: plan.applied(),
     };
     match plan.change {
-        Change::None(facts) => Ok(Step::Done(begin(r, plan.action, plan.detail), Some(facts))),
+        Change::None(facts) => Ok(Step::Done(begin(r, plan.action, plan.detail), Some(*facts))),
         Change::Write { keep } => {
             if let (Some(at), Some((meta, held))) = (keep, found) {
                 // Before anything is written: if the copy fails, the write does not happen,
@@ -442,17 +446,19 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
 /// What to record of a file as it was just found (or read back): the digest of what the host
 /// wrote, its mode, owner and, once trustworthy, its change signature.
 fn as_found(wrote: Option<Digest>, meta: &Meta) -> Facts {
+    let sig = meta.settled_sig();
     Facts {
         wrote,
         mode: Some(meta.mode),
         owner: Some((meta.uid, meta.gid)),
-        sig: meta.settled_sig(),
+        sig,
+        fresh: sig.is_none().then_some(meta.sig),
         ..Facts::default()
     }
 }
 
 /// `<kept>/<path>`: where the original of a file found on the machine is kept.
-fn kept_path(kept: &Path, path: &Path) -> PathBuf {
+pub(super) fn kept_path(kept: &Path, path: &Path) -> PathBuf {
     kept.join(path.strip_prefix("/").unwrap_or(path))
 }
 

@@ -13,6 +13,7 @@ mod directory;
 mod error;
 mod file;
 pub use file::declared_bytes;
+mod into;
 mod network;
 mod outcome;
 mod package;
@@ -30,7 +31,7 @@ pub use archive::ArchiveLimits;
 /// For the `env_file` fuzz target (`fuzz/`): the parser of a container's env-file.
 #[doc(hidden)]
 pub use container::parse_env_file;
-pub use container::{run_scheduled, spec_digest, ScheduledRun};
+pub use container::{installed_steps, run_scheduled, spec_digest, ScheduledRun};
 pub use error::{Aspect, Error, Need, Target};
 pub use outcome::{ApplyError, Failure, Outcome, Report, Verb};
 
@@ -77,6 +78,9 @@ struct Facts {
     mode: Option<u32>,
     owner: Option<(u32, u32)>,
     sig: Option<crate::system::Sig>,
+    /// A file's signature as read back or found, when it is too fresh to trust yet (its change
+    /// time within the kernel's coarse clock tick of now). A whole pass settles it at its end.
+    fresh: Option<crate::system::Sig>,
     archive: Option<String>,
     /// For a process, or a container: the digest of the spec it was started or created with;
     /// see `store::Record::spec`.
@@ -85,6 +89,8 @@ struct Facts {
     reads: BTreeMap<String, String>,
     /// A scheduled step's cron expression.
     schedule: Option<String>,
+    /// For a file with `into`: what its keys held before the host set them.
+    into: Option<crate::store::Merged>,
 }
 
 /// What an applier returns: done (with what to record, if anything), a file staged for the
@@ -182,6 +188,10 @@ fn named(names: &[Id], changed: &HashSet<Id>) -> Vec<String> {
 /// content in memory at once.
 const BATCH: usize = 512;
 
+/// How long after the latest fresh signature of a pass it is looked at again: past the
+/// coarse tick that `Meta::settled_sig` waits out, with a millisecond to spare.
+const SIG_SETTLE: std::time::Duration = std::time::Duration::from_millis(51);
+
 fn begin(r: &Resource, action: Verb, detail: Option<String>) -> Outcome {
     Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
 }
@@ -269,6 +279,10 @@ struct Pass<'a> {
     pending: Vec<(usize, Box<file::Pending>)>,
     /// Units started in this pass awaiting their second look, with their slots.
     rising: Vec<(usize, usize, Box<Rising>)>,
+    /// Files recorded in this pass with a signature too fresh to trust: by index, with that
+    /// signature, and when the latest was taken.
+    unsettled: Vec<(usize, crate::system::Sig)>,
+    latest_fresh: Option<std::time::Instant>,
 }
 
 impl<'a> Pass<'a> {
@@ -282,6 +296,8 @@ impl<'a> Pass<'a> {
             changed: HashSet::new(),
             pending: Vec::new(),
             rising: Vec::new(),
+            unsettled: Vec::new(),
+            latest_fresh: None,
         }
     }
 
@@ -290,7 +306,9 @@ impl<'a> Pass<'a> {
         let mut accounts = Accounts::default();
         let mut diffs = Diffs::default();
         let mut machine = session.start();
-        let mut gated = false;
+        // The failure that closed the pass, when a gate did: where it is in `failures`. The
+        // report's error is that gate's own, whatever failed before it.
+        let mut gate_at: Option<usize> = None;
 
         if only.is_none() {
             self.remove_orphans(&mut fs, &mut machine);
@@ -311,6 +329,7 @@ impl<'a> Pass<'a> {
             }
             if let Some(gate) = closed_gate {
                 if resource.index > gate.index {
+                    gate_at = Some(self.failures.len());
                     self.failures.push(Failure {
                         id: gate.id.to_string(),
                         kind: gate.kind(),
@@ -321,7 +340,6 @@ impl<'a> Pass<'a> {
                         ),
                         raced: false,
                     });
-                    gated = true;
                     break;
                 }
             }
@@ -372,27 +390,35 @@ impl<'a> Pass<'a> {
                     self.fail(resource, &e);
                     // A missing applier says nothing about the machine, so it does not gate.
                     if resource.spec.is_gate() && !unsupported {
-                        gated = true;
+                        gate_at = Some(self.failures.len() - 1);
                         break;
                     }
                 }
             }
         }
         self.flush(&mut fs);
+        // Directories made since the last batch (a directory resource alone, say), durable
+        // before the store records them.
+        fs.make_durable();
         if fs.journal_written() {
             self.store.journaled();
         }
         self.second_look(&mut machine);
+        if only.is_none() {
+            self.settle(&mut fs);
+        }
         session.end(machine, !self.failures.is_empty());
 
         let outcomes: Vec<Outcome> = self.slots.into_iter().flatten().collect();
         let error = (!self.failures.is_empty()).then(|| {
-            let first = &self.failures[0];
+            // A gate's failure is the one that matters: it is why the rest was not attempted,
+            // and the error says "it is a gate" of whatever it names. Otherwise the first.
+            let named = &self.failures[gate_at.unwrap_or(0)];
             ApplyError {
-                resource: first.id.clone(),
-                message: first.message.clone(),
+                resource: named.id.clone(),
+                message: named.message.clone(),
                 others: self.failures.len() - 1,
-                gated,
+                gated: gate_at.is_some(),
                 failures: self.failures.clone(),
             }
         });
@@ -500,6 +526,10 @@ impl<'a> Pass<'a> {
             self.changed.insert(r.id.clone());
         }
         if let (Some(facts), false) = (facts, self.opts.dry_run) {
+            if let (None, Some(fresh)) = (facts.sig, facts.fresh) {
+                self.unsettled.push((r.index, fresh));
+                self.latest_fresh = Some(std::time::Instant::now());
+            }
             // Only now: the read-back passed. The record follows the fact.
             self.store.record(
                 r.id.as_str(),
@@ -519,6 +549,7 @@ impl<'a> Pass<'a> {
                         spec: facts.spec,
                         reads: facts.reads,
                         schedule: facts.schedule,
+                        into: facts.into,
                     }
                     .boxed(),
                 },
@@ -543,6 +574,30 @@ impl<'a> Pass<'a> {
                 }
                 Ok(state) => self.fail(resource, &service::died(&unit, &what, &state)),
                 Err(e) => self.fail(resource, &e),
+            }
+        }
+    }
+
+    /// Signs the files this pass wrote (or found as declared) while their change times were too
+    /// fresh to trust, so the next pass need not read them again: once the coarse clock tick
+    /// has passed since the latest, each is looked at once more, and its signature is recorded
+    /// only if it is still exactly the one taken when the content was read back. Anything that
+    /// touched the file since then in a later tick moved its change time, and leaves it
+    /// unsigned: the next pass reads it. Only a whole pass does this; a reconcile of one file
+    /// in the daemon does not wait for the tick, and its next resync reads that one file.
+    fn settle(&mut self, fs: &mut Fs) {
+        let Some(latest) = self.latest_fresh.take() else { return };
+        std::thread::sleep((latest + SIG_SETTLE).saturating_duration_since(std::time::Instant::now()));
+        let declaration = self.declaration;
+        for (index, fresh) in std::mem::take(&mut self.unsettled) {
+            let resource = &declaration.resources[index];
+            let Some(path) = resource.spec.path() else { continue };
+            // A file that cannot be looked at now is simply left unsigned: read next time.
+            let Ok(Some(meta)) = fs.meta(path) else { continue };
+            if meta.sig == fresh {
+                if let Some(sig) = meta.settled_sig() {
+                    self.store.sign(resource.id.as_str(), sig);
+                }
             }
         }
     }
@@ -596,6 +651,9 @@ impl<'a> Pass<'a> {
 fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
     match &r.spec {
         Spec::Directory(d) => directory::apply(ctx, r, d),
+        // Keys in a file that belongs to someone else: its own applier, which never writes the
+        // file whole.
+        Spec::File(f) if f.into.is_some() => into::apply(ctx, r, f),
         Spec::File(f) => file::apply(ctx, r, f),
         Spec::Access(a) => access::apply(ctx, r, a),
         Spec::Archive(a) => archive::apply(ctx, r, a),

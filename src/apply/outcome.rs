@@ -100,13 +100,15 @@ pub struct Failure {
     pub raced: bool,
 }
 
-/// Why an apply failed: the first failure, how many others, and whether it was a gate.
+/// Why an apply failed: the gate that closed the pass (else the first failure), how many others,
+/// and whether it was a gate.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ApplyError {
-    /// The id of the first resource that failed.
+    /// The id of the gate whose failure stopped the pass, or of the first resource that failed
+    /// when no gate did.
     pub resource: String,
     pub message: String,
-    /// How many more resources failed.
+    /// How many more resources failed, besides this one.
     pub others: usize,
     /// The failure was a gate (an action or run-once step), so nothing after it was attempted.
     pub gated: bool,

@@ -22,6 +22,10 @@ pub(super) fn remove(
     rec: &Record,
     opts: &Options,
 ) -> Result<(Verb, Option<String>), Error> {
+    // Keys set in someone else's file: put back, never the file removed as the host's.
+    if let (Kind::File, Some(merged)) = (rec.kind, rec.into()) {
+        return super::into::remove(fs, Path::new(&*rec.target), merged, opts.dry_run);
+    }
     match look(fs, machine, rec, opts)? {
         Plan::Leave(action, detail) => Ok((action, Some(detail))),
         Plan::Remove(removal, detail) => {

@@ -103,6 +103,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut tasks = vec![signals];
     tasks.push(scheduler::spawn(
         worker.in_force(),
+        worker.installed_steps(),
         config.container_socket.clone(),
         config.step_timeout,
         Arc::clone(&metrics),

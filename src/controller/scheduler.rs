@@ -4,12 +4,15 @@
 //! running it; this runs it at each fire. A failed run is a log line and a count in
 //! `mesh_host_scheduled_runs_total{result="failed"}`, never a change to what an apply reported.
 //! A step still running at its next fire is not started twice; that fire is skipped and said.
+//! Only a step an apply installed at its current declaration is run: one whose install failed,
+//! that sat behind a failed gate or that is held on an adopted node is not (a fire of it is said
+//! and counted as `not_installed`).
 //!
 //! At shutdown the scheduler stops at once: no fire is started after it. A step already running
 //! is a container under the runtime, not a child of the agent: it runs to its end, and its result
 //! is neither logged nor counted (the agent is gone).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -23,6 +26,7 @@ use crate::telemetry::{Event as _, Metrics};
 /// Runs the scheduler until shutdown (or until the declaration channel closes).
 pub fn spawn(
     in_force: watch::Receiver<Option<Arc<Declaration>>>,
+    installed: watch::Receiver<Arc<HashMap<Id, String>>>,
     socket: Option<String>,
     limit: Option<Duration>,
     metrics: Arc<Metrics>,
@@ -31,13 +35,14 @@ pub fn spawn(
     tokio::spawn(async move {
         tokio::select! {
             _ = shutdown.cancelled() => {}
-            _ = schedule(in_force, socket, limit, metrics) => {}
+            _ = schedule(in_force, installed, socket, limit, metrics) => {}
         }
     })
 }
 
 async fn schedule(
     mut in_force: watch::Receiver<Option<Arc<Declaration>>>,
+    installed: watch::Receiver<Arc<HashMap<Id, String>>>,
     socket: Option<String>,
     limit: Option<Duration>,
     metrics: Arc<Metrics>,
@@ -71,7 +76,14 @@ async fn schedule(
                 _ = tokio::time::sleep(wait) => {}
             }
             let Some(declaration) = declaration else { continue };
+            // Read at the fire, not when the wait began: the apply that installs a step may
+            // have finished meanwhile.
+            let installed_now = Arc::clone(&installed.borrow());
             for (_, id) in next.into_iter().filter(|(t, _)| *t == earliest) {
+                let Some(spec) = installed_now.get(&id).cloned() else {
+                    ScheduledRun::NotInstalled { id: id.as_str() }.emit(&metrics);
+                    continue;
+                };
                 if !running.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone()) {
                     ScheduledRun::Skipped { id: id.as_str() }.emit(&metrics);
                     continue;
@@ -79,10 +91,15 @@ async fn schedule(
                 let (declaration, socket, metrics, running) =
                     (Arc::clone(&declaration), socket.clone(), Arc::clone(&metrics), Arc::clone(&running));
                 tokio::task::spawn_blocking(move || {
-                    let result = crate::apply::run_scheduled(&declaration, &id, socket.as_deref(), limit);
+                    let result =
+                        crate::apply::run_scheduled(&declaration, &id, Some(&spec), socket.as_deref(), limit);
                     running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                     match result {
                         Ok(run) => ScheduledRun::Succeeded { id: id.as_str(), took: run.took }.emit(&metrics),
+                        // Installed at an older declaration, and the new one not applied yet.
+                        Err(crate::apply::Error::StepNotInstalled { .. }) => {
+                            ScheduledRun::NotInstalled { id: id.as_str() }.emit(&metrics)
+                        }
                         Err(e) => {
                             ScheduledRun::Failed { id: id.as_str(), message: &e.to_string() }.emit(&metrics)
                         }

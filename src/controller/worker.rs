@@ -68,6 +68,10 @@ pub struct Worker {
     /// The declaration in force: sent here, read by the scheduler of scheduled steps (a watch
     /// channel: the scheduler sees the latest, never a queue of old ones).
     in_force: tokio::sync::watch::Sender<Option<Arc<Declaration>>>,
+    /// The scheduled steps installed at their current declaration, with the spec each was
+    /// recorded at: written here after every reconcile, read by the scheduler at each fire, which
+    /// runs no other step.
+    installed: tokio::sync::watch::Sender<Arc<std::collections::HashMap<Id, String>>>,
 }
 
 /// Drains the queue until it is shut down: each key reconciled, the queue told how it went,
@@ -192,6 +196,7 @@ impl Worker {
             systemd_watcher: None,
             docker_watcher: None,
             in_force: tokio::sync::watch::channel(None).0,
+            installed: tokio::sync::watch::channel(Arc::default()).0,
         }
     }
 
@@ -203,6 +208,13 @@ impl Worker {
     /// The declaration in force, as the scheduler follows it.
     pub fn in_force(&self) -> tokio::sync::watch::Receiver<Option<Arc<Declaration>>> {
         self.in_force.subscribe()
+    }
+
+    /// The scheduled steps installed at their current declaration, as the scheduler follows them.
+    pub fn installed_steps(
+        &self,
+    ) -> tokio::sync::watch::Receiver<Arc<std::collections::HashMap<Id, String>>> {
+        self.installed.subscribe()
     }
 
     /// The watcher tasks the worker started, for shutdown to stop.
@@ -270,6 +282,7 @@ impl Worker {
             }
             Key::Resource(id) => self.one(id, seen),
         };
+        self.publish_installed_steps();
         let scope = if matches!(key, Key::Resource(_)) { "resource" } else { "full" };
         events::ReconcileFinished { scope, took: started.elapsed() }.emit(&self.metrics);
         let saved =
@@ -279,6 +292,22 @@ impl Worker {
         }
         self.health.beat();
         verdict
+    }
+
+    /// Tells the scheduler which steps are installed now. Sent only when that moved, so the
+    /// scheduler is not woken by every reconcile of a file.
+    fn publish_installed_steps(&self) {
+        let installed = match self.declaration.as_deref() {
+            Some(d) if d.scheduled_steps().next().is_some() => apply::installed_steps(d, &self.store),
+            _ => std::collections::HashMap::new(),
+        };
+        self.installed.send_if_modified(|was| {
+            let moved = **was != installed;
+            if moved {
+                *was = Arc::new(installed);
+            }
+            moved
+        });
     }
 
     /// Moves the declared bytes of the new declaration's files out of the heap into a content

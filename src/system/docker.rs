@@ -19,7 +19,7 @@ use bollard::models::{
     ContainerCreateBody, HostConfig, NetworkCreateRequest, PortBinding, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, InspectContainerOptions, InspectNetworkOptions,
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, InspectContainerOptions, InspectNetworkOptions,
     RemoveContainerOptionsBuilder, StartContainerOptions, StopContainerOptions, WaitContainerOptionsBuilder,
 };
 use futures_util::StreamExt as _;
@@ -56,6 +56,29 @@ fn api_message(e: &Bollard) -> String {
             format!("the runtime answered {status_code}: {}", message.trim())
         }
         other => other.to_string(),
+    }
+}
+
+/// What the runtime holds of an image: its id, and the repository digests
+/// (`repo@sha256:...`) it is known by.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImageFound {
+    pub id: String,
+    pub repo_digests: Vec<String>,
+}
+
+/// An image reference as the Engine API's pull takes it: the repository, and the tag or digest
+/// apart. Given no tag, the API would pull every tag of the repository, so `latest` is said, as
+/// the CLI does.
+fn pull_parts(image: &str) -> (&str, &str) {
+    if let Some((repo, digest)) = image.split_once('@') {
+        return (repo, digest);
+    }
+    // A ':' after the last '/' is a tag's; one before it is a registry's port.
+    let name_start = image.rfind('/').map_or(0, |i| i + 1);
+    match image[name_start..].rfind(':') {
+        Some(i) => (&image[..name_start + i], &image[name_start + i + 1..]),
+        None => (image, "latest"),
     }
 }
 
@@ -269,13 +292,37 @@ impl Docker {
         }
     }
 
-    /// Whether the image is on this machine.
-    pub fn has_image(&self, image: &str) -> Result<bool> {
+    /// The image as the runtime holds it, or `None` when it is not on this machine.
+    pub fn image(&self, image: &str) -> Result<Option<ImageFound>> {
         match block(self.client.inspect_image(image)) {
-            Ok(_) => Ok(true),
-            Err(e) if is_not_found(&e) => Ok(false),
+            Ok(i) => Ok(Some(ImageFound {
+                id: i.id.unwrap_or_default(),
+                repo_digests: i.repo_digests.unwrap_or_default(),
+            })),
+            Err(e) if is_not_found(&e) => Ok(None),
             Err(source) => Err(DockerError::Api { what: format!("cannot inspect image {image}"), source }),
         }
+    }
+
+    /// Pulls the image through the runtime, which applies its own registry configuration (and,
+    /// for Podman, its own credentials). The error is the registry's answer as the runtime
+    /// relays it, for the person who must fix the name, the registry or the network.
+    pub fn pull(&self, image: &str) -> std::result::Result<(), String> {
+        let (from, tag) = pull_parts(image);
+        let options = CreateImageOptionsBuilder::new().from_image(from).tag(tag).build();
+        let pulled = block(async {
+            let mut progress = self.client.create_image(Some(options), None, None);
+            // The stream is the pull's progress; it ends when the pull does, and an error in it
+            // is the pull's failure.
+            while let Some(item) = progress.next().await {
+                item?;
+            }
+            Ok::<(), Bollard>(())
+        });
+        pulled.map_err(|e| match e {
+            Bollard::DockerStreamError { error } => error.trim().to_owned(),
+            other => api_message(&other),
+        })
     }
 
     /// Creates a container, not started.
@@ -504,4 +551,24 @@ pub fn read_input_file(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
 /// Whether anything is at a path (a bind mount's source), following symlinks.
 pub fn exists(path: &Path) -> bool {
     std::fs::metadata(path).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pull_names_the_repository_and_the_tag_or_digest_apart() {
+        assert_eq!(pull_parts("busybox"), ("busybox", "latest"));
+        assert_eq!(pull_parts("local/web:1"), ("local/web", "1"));
+        assert_eq!(pull_parts("127.0.0.1:5055/team/web"), ("127.0.0.1:5055/team/web", "latest"));
+        assert_eq!(pull_parts("127.0.0.1:5055/team/web:2.1"), ("127.0.0.1:5055/team/web", "2.1"));
+        let digest = format!("sha256:{}", "a".repeat(64));
+        assert_eq!(
+            pull_parts(&format!("127.0.0.1:5055/web@{digest}")),
+            ("127.0.0.1:5055/web", digest.as_str())
+        );
+        // A tag and a digest both: the digest decides, as the runtimes do.
+        assert_eq!(pull_parts(&format!("web:1@{digest}")), ("web:1", digest.as_str()));
+    }
 }

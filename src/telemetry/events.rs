@@ -314,6 +314,11 @@ pub enum ScheduledRun<'a> {
     Skipped {
         id: &'a str,
     },
+    /// Not installed at its current declaration by any apply (its install failed, a gate before
+    /// it failed, its module is not taken): not run.
+    NotInstalled {
+        id: &'a str,
+    },
 }
 
 impl Event for ScheduledRun<'_> {
@@ -333,6 +338,13 @@ impl Event for ScheduledRun<'_> {
                     "scheduled step {id} is still running from its last fire; this fire is skipped"
                 );
                 "skipped"
+            }
+            ScheduledRun::NotInstalled { id } => {
+                tracing::warn!(
+                    id,
+                    "scheduled step {id} is not installed at its current declaration (its install failed, a gate before it failed, or its module is not taken yet); this fire is not run"
+                );
+                "not_installed"
             }
         };
         m.scheduled_runs.get_or_create(&vec![("result", result)]).inc();

@@ -103,3 +103,26 @@ fn a_command_that_hangs_is_killed_at_the_step_timeout_and_gates() {
     assert_eq!(message, "sleep did not finish within 1 s; it was killed, with what it started");
     assert!(!s.path("after").exists(), "nothing after a failed gate is attempted");
 }
+
+/// Regression (issue 11): with a failure before the gate, the error named that earlier failure
+/// and called it a gate. The error is the gate's; `others` counts the failures besides it.
+#[test]
+fn a_gated_error_names_the_gate_even_after_an_earlier_failure() {
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "file", "id": "db.conf", "path": s.p("conf"), "content": "x", "owner": "no-such-user-parity"},
+        {"type": "action", "id": "db.init", "command": ["true"], "verify": ["test", "-f", s.p("never")]},
+        {"type": "file", "id": "db.after", "path": s.p("after"), "content": "x"},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1, "{report:#}");
+    let error = &report["error"];
+    assert_eq!(error["resource"], "db.init", "{report:#}");
+    assert_eq!(error["gated"], true);
+    assert_eq!(error["others"], 1, "the file's failure, besides the gate");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("claimed success and did not do its job"), "{message}");
+    let failures = error["failures"].as_array().unwrap();
+    assert!(failures.iter().any(|f| f["id"] == "db.conf"), "{report:#}");
+    assert!(!s.path("after").exists());
+}

@@ -361,6 +361,40 @@ fn an_archive_is_unpacked_once_and_again_when_it_changes() {
     assert_eq!(std::fs::read_to_string(s.path("opt/tool/cache")).unwrap(), "mine");
 }
 
+/// Regression (issue 11): an archive unpacked over files already there overwrote them with no
+/// copy kept. Each is kept as a file's original is: once, before it is written over.
+#[test]
+fn an_archive_keeps_the_files_it_finds_before_unpacking_over_them() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path("opt/tool/bin")).unwrap();
+    std::fs::write(s.path("opt/tool/bin/tool"), "the operator's tool\n").unwrap();
+    std::fs::write(s.path("opt/tool/notes"), "not in the archive\n").unwrap();
+    let v1 = tar_of(&[("bin/tool", b"v1"), ("README", b"read me")]);
+    let d = s
+        .declare(json!([{"type": "archive", "id": "tool.dist", "path": s.p("opt/tool"), "bytes": b64(&v1)}]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "tool.dist"), "created");
+    assert_eq!(std::fs::read(s.path("opt/tool/bin/tool")).unwrap(), b"v1");
+    let kept = s.path("state/kept").join(s.path("opt/tool/bin/tool").strip_prefix("/").unwrap());
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "the operator's tool\n", "{report:#}");
+    assert!(detail(&report, "tool.dist").contains("kept under"), "{report:#}");
+    // Only what the archive wrote over: a file it does not name is left in place, not copied.
+    assert!(!s.path("state/kept").join(s.path("opt/tool/notes").strip_prefix("/").unwrap()).exists());
+    assert!(!s.path("state/kept").join(s.path("opt/tool/README").strip_prefix("/").unwrap()).exists());
+
+    // A later version unpacks over the host's own files: nothing more is kept, and the copy
+    // of the original is never overwritten.
+    let v2 = tar_of(&[("bin/tool", b"v2")]);
+    let d = s
+        .declare(json!([{"type": "archive", "id": "tool.dist", "path": s.p("opt/tool"), "bytes": b64(&v2)}]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "tool.dist"), "updated");
+    assert!(!detail(&report, "tool.dist").contains("kept"), "{report:#}");
+    assert_eq!(std::fs::read_to_string(&kept).unwrap(), "the operator's tool\n");
+}
+
 #[test]
 fn an_archive_digest_that_does_not_match_is_refused() {
     let s = Scratch::new();
@@ -590,6 +624,50 @@ fn a_same_size_edit_is_seen_after_the_signature_is_recorded() {
     let state = std::fs::read_to_string(s.state()).unwrap();
     assert!(state.contains("\"sig\""), "the signature is recorded: {state}");
     // Same size, same mode: only the content (and so the change time) differs.
+    std::fs::write(s.path("f"), "bbbb").unwrap();
+    let (_, report) = s.apply(&d);
+    assert_eq!(action(&report, "a.f"), "corrected");
+    assert_eq!(std::fs::read_to_string(s.path("f")).unwrap(), "aaaa");
+}
+
+/// The cold apply signs what it wrote, once the clock tick has passed (issue 15): the first
+/// steady apply then finds every file untouched by its signature alone, reads none of them, and
+/// does not rewrite the store.
+#[test]
+fn the_cold_apply_records_signatures_so_the_first_steady_apply_rewrites_nothing() {
+    let s = Scratch::new();
+    let files: Vec<serde_json::Value> = (0..20)
+        .map(|i| json!({"type": "file", "id": format!("a.f{i}"), "path": s.p(&format!("f{i}")), "content": "aaaa"}))
+        .collect();
+    let d = s.declare(serde_json::Value::Array(files));
+    assert_eq!(s.apply(&d).0, 0);
+    let store: serde_json::Value = serde_json::from_slice(&std::fs::read(s.state()).unwrap()).unwrap();
+    let records = store["records"].as_object().expect("the store has records");
+    assert_eq!(records.len(), 20);
+    for (id, rec) in records {
+        assert!(rec["sig"].is_array(), "{id} was signed by the cold apply: {rec}");
+    }
+    let before = std::fs::metadata(s.state()).unwrap();
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0);
+    for i in 0..20 {
+        assert_eq!(action(&report, &format!("a.f{i}")), "unchanged");
+    }
+    let after = std::fs::metadata(s.state()).unwrap();
+    assert_eq!(
+        (before.ino(), before.mtime(), before.mtime_nsec()),
+        (after.ino(), after.mtime(), after.mtime_nsec()),
+        "the first steady apply rewrote the store"
+    );
+}
+
+/// What the cold apply signed is still compared: a same-size edit right after it (within the
+/// same second, as soon as the apply returns) is seen and put back by the next apply.
+#[test]
+fn an_edit_right_after_a_cold_apply_is_still_corrected() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "aaaa"}]));
+    assert_eq!(s.apply(&d).0, 0);
     std::fs::write(s.path("f"), "bbbb").unwrap();
     let (_, report) = s.apply(&d);
     assert_eq!(action(&report, "a.f"), "corrected");

@@ -19,6 +19,7 @@ mod daemon;
 mod docker;
 mod faults;
 mod files;
+mod into;
 mod malformed;
 mod operator;
 mod packages;

@@ -461,8 +461,20 @@ fn every_malformed_declaration_is_refused_and_touches_nothing() {
         if let Some(what) = &r.touched {
             wrong.push(format!("the target changed: {what}"));
         }
-        if !r.stdout.is_empty() {
-            wrong.push(format!("printed on stdout: {}", String::from_utf8_lossy(&r.stdout)));
+        // Under --json the refusal is JSON on stdout too (the same problem list), and nothing
+        // else: no report, since no apply began.
+        match serde_json::from_slice::<serde_json::Value>(&r.stdout) {
+            Ok(v)
+                if v["refused"]["problems"].as_array().is_some_and(|p| !p.is_empty())
+                    && v.get("outcomes").is_none() =>
+            {
+                if r.stdout.len() > 4 * MOST_STDERR {
+                    wrong.push(format!("{} bytes on stdout", r.stdout.len()));
+                }
+            }
+            _ => {
+                wrong.push(format!("stdout is not the JSON refusal: {}", String::from_utf8_lossy(&r.stdout)))
+            }
         }
         if !stderr.starts_with("the declaration was refused (") {
             wrong.push("stderr does not begin with the refusal".into());

@@ -481,3 +481,26 @@ fn sigterm_during_a_large_first_apply_finishes_it_writes_the_store_and_exits_0()
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
+
+/// The allocator's policy is the binary's own (issue 15): arenas committed as used, set before
+/// `main`, whatever the environment says, so the resident size does not depend on how the
+/// agent was started.
+#[test]
+fn the_allocator_commits_arenas_lazily_however_the_agent_is_started() {
+    let s = Scratch::new();
+    let d = s.declare(serde_json::json!([]));
+    for env in [None, Some("1")] {
+        let mut cmd = assert_cmd::Command::cargo_bin("mesh-host").expect("the mesh-host binary");
+        cmd.env("MESH_HOST_LOG", "debug").env_remove("MIMALLOC_ARENA_EAGER_COMMIT");
+        if let Some(value) = env {
+            cmd.env("MIMALLOC_ARENA_EAGER_COMMIT", value);
+        }
+        let out = cmd.arg("--state").arg(s.state()).arg("check").arg(&d).output().unwrap();
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{log}");
+        assert!(
+            log.contains("allocator policy") && log.contains("arena_eager_commit=0"),
+            "with {env:?}: {log}"
+        );
+    }
+}

@@ -8,6 +8,7 @@
 
 mod containers;
 mod daemon;
+mod images;
 mod networks;
 mod steps;
 mod watcher;

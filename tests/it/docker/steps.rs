@@ -116,14 +116,7 @@ fn docker_scheduled_step_is_installed_not_run_then_run_by_the_scheduler() {
     assert_eq!(record(&s, "db.backup")["schedule"], "*/5 * * * *");
 
     // What the daemon's scheduler does at a fire.
-    let parsed = mesh_host::declaration::Declaration::parse(&std::fs::read(&d).unwrap()).unwrap();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let run = |id: &str| {
-        let parsed = parsed.clone();
-        let id = mesh_host::declaration::Id::parse(id).unwrap();
-        rt.block_on(rt.spawn_blocking(move || mesh_host::apply::run_scheduled(&parsed, &id, None, None)))
-            .unwrap()
-    };
+    let run = |id: &str| fire(&s, &d, id);
     run("db.backup").expect("the scheduled step runs");
     assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "ran\n");
     let failed = run("db.broken").expect_err("a failing step is an error for the scheduler");
@@ -133,6 +126,86 @@ fn docker_scheduled_step_is_installed_not_run_then_run_by_the_scheduler() {
     let report = applied(&s, &d);
     assert_eq!(action(&report, "db.backup"), "unchanged");
     assert_eq!(action(&report, "db.broken"), "unchanged");
+}
+
+/// Regression (issue 11): a run-once step published its declared ports, so a step declared
+/// from its service's template (the same ports) clashed with the service already holding them
+/// and failed its gate. A step publishes no ports, and says so.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_a_run_once_step_does_not_publish_its_ports() {
+    let n = Names::new(DOCKER, "stepports");
+    let s = Scratch::new();
+    let port = 20_000 + std::process::id() % 20_000;
+    let ports = json!([format!("127.0.0.1:{port}:80")]);
+    let mut web = sleeper("web.app", &n.container("web"));
+    web["ports"] = ports.clone();
+    let d = s.declare(json!([
+        web,
+        {"type": "container", "id": "web.migrate", "name": n.container("migrate"), "image": IMAGE,
+         "run-once": true, "ports": ports, "args": ["true"]},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "the step ran beside the service holding the port:\n{report:#}");
+    assert_eq!(action(&report, "web.migrate"), "created");
+    assert!(detail(&report, "web.migrate").contains("not published"), "{report:#}");
+    assert!(DOCKER.running(&n.container("web")));
+}
+
+/// What the daemon's scheduler does at a fire of `id`: run the step if the store says an apply
+/// installed it at the declaration in `d`.
+fn fire(
+    s: &Scratch,
+    d: &std::path::Path,
+    id: &str,
+) -> Result<mesh_host::apply::ScheduledRun, mesh_host::apply::Error> {
+    let parsed = mesh_host::declaration::Declaration::parse(&std::fs::read(d).unwrap()).unwrap();
+    let store = mesh_host::store::Store::read_only(&s.state()).unwrap();
+    let installed = mesh_host::apply::installed_steps(&parsed, &store);
+    let id = mesh_host::declaration::Id::parse(id).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(rt.spawn_blocking(move || {
+        mesh_host::apply::run_scheduled(&parsed, &id, installed.get(&id).map(String::as_str), None, None)
+    }))
+    .unwrap()
+}
+
+/// Regression (issue 11): the scheduler ran every scheduled step of the declaration in force,
+/// even one behind a failed gate, one whose install failed, or one of a module not taken yet.
+/// Only a step installed at its current declaration runs.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_a_scheduled_step_that_was_not_installed_is_not_run() {
+    let n = Names::new(DOCKER, "noinst");
+    let s = Scratch::new();
+    std::fs::create_dir(s.path("out")).unwrap();
+    let out = format!("{}:/out", s.p("out"));
+    let d = s.declare(json!([
+        // Its image is not on the machine: its install fails.
+        {"type": "container", "id": "db.broken", "name": n.container("broken"), "image": "local/parity-absent:1",
+         "schedule": "* * * * *", "volumes": [out], "args": ["sh", "-c", "echo broken >> /out/log"]},
+        {"type": "action", "id": "db.migrate", "command": ["false"], "verify": ["false"]},
+        // Behind the failed gate: never installed.
+        {"type": "container", "id": "db.backup", "name": n.container("backup"), "image": IMAGE,
+         "schedule": "* * * * *", "volumes": [out], "args": ["sh", "-c", "echo gated >> /out/log"]},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(report["error"]["resource"], "db.migrate", "{report:#}");
+    for id in ["db.broken", "db.backup"] {
+        let refused = fire(&s, &d, id).expect_err("a step that was not installed is not run");
+        assert!(refused.to_string().contains("is not installed at its current declaration"), "{refused}");
+    }
+    assert!(!s.path("out/log").exists(), "neither step ran");
+
+    // Once the gate passes, the step behind it is installed, and runs.
+    let d = s.declare(json!([
+        {"type": "container", "id": "db.backup", "name": n.container("backup"), "image": IMAGE,
+         "schedule": "* * * * *", "volumes": [out], "args": ["sh", "-c", "echo gated >> /out/log"]},
+    ]));
+    applied(&s, &d);
+    fire(&s, &d, "db.backup").expect("installed now");
+    assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "gated\n");
 }
 
 #[test]

@@ -1,0 +1,526 @@
+//! Someone else's file, edited key by key: a JSON object's top-level members, or an env file's
+//! `KEY=VALUE` lines. Pure: text in, text out.
+//!
+//! The text is edited in place, never parsed into a value and printed again: a printer would
+//! reorder the other keys, change the file's indentation, and drop an env file's comments.
+//! Only the span of an owned value changes; a key the mesh adds goes last, written in the
+//! file's own style.
+
+use std::ops::Range;
+
+use serde_json::Value;
+
+use crate::declaration::MergeInto;
+
+/// A file's text, checked to be of its format.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Doc {
+    format: MergeInto,
+    text: String,
+}
+
+/// One top-level member of a JSON object, by byte ranges into the text.
+#[derive(Clone, Debug)]
+struct Member {
+    key: String,
+    /// From the key's opening quote to its closing one, included.
+    key_span: Range<usize>,
+    value: Range<usize>,
+}
+
+/// Why a file is not of its format: a person can find the place from it.
+pub(super) type Unreadable = String;
+
+impl Doc {
+    /// Checks the text. JSON must be one object (its line and column named otherwise); an env
+    /// file must be UTF-8. An empty file is an empty object or env file: the mesh's keys are
+    /// the first in it.
+    pub(super) fn parse(format: MergeInto, bytes: Vec<u8>) -> Result<Doc, Unreadable> {
+        let text = String::from_utf8(bytes).map_err(|e| {
+            let at = e.utf8_error().valid_up_to();
+            let line = e.as_bytes()[..at].iter().filter(|b| **b == b'\n').count() + 1;
+            format!("is not UTF-8 text (line {line})")
+        })?;
+        match format {
+            MergeInto::Env => {}
+            MergeInto::Json if text.trim().is_empty() => {}
+            MergeInto::Json => match serde_json::from_str::<Value>(&text) {
+                Ok(Value::Object(_)) => {}
+                Ok(_) => return Err("is valid JSON but not an object, so it has no keys to set".to_owned()),
+                Err(e) => {
+                    return Err(format!(
+                        "is not valid JSON (line {}, column {}: {})",
+                        e.line(),
+                        e.column(),
+                        strip_position(&e.to_string())
+                    ))
+                }
+            },
+        }
+        Ok(Doc { format, text })
+    }
+
+    /// A new file holding nothing yet.
+    pub(super) fn empty(format: MergeInto) -> Doc {
+        Doc { format, text: String::new() }
+    }
+
+    pub(super) fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Each value the key has in the file, as written there, in the order they appear: none
+    /// when it is absent, more than one when the file gives it twice.
+    pub(super) fn get(&self, key: &str) -> Vec<&str> {
+        match self.format {
+            MergeInto::Json => {
+                self.members().into_iter().filter(|m| m.key == key).map(|m| &self.text[m.value]).collect()
+            }
+            MergeInto::Env => env_lines(&self.text)
+                .filter_map(|(_, line)| env_value(line, key))
+                .map(|(value, _)| value)
+                .collect(),
+        }
+    }
+
+    /// Whether the file holds `want` for the key at every place it gives it, and gives it at
+    /// all. JSON values are compared as values, so the file's own spacing is not drift.
+    pub(super) fn holds(&self, key: &str, want: &str) -> bool {
+        let found = self.get(key);
+        !found.is_empty()
+            && found.iter().all(|v| match self.format {
+                MergeInto::Json => same_json(v, want),
+                MergeInto::Env => *v == want,
+            })
+    }
+
+    /// Sets the key to `value` (for JSON, a JSON text) at every place the file gives it, or
+    /// adds it last when the file does not.
+    pub(super) fn set(&mut self, key: &str, value: &str) {
+        match self.format {
+            MergeInto::Json => self.json_set(key, value, false),
+            MergeInto::Env => self.env_set(key, value),
+        }
+    }
+
+    /// Puts back a value as it was written in this file (`get`), byte for byte: a nested
+    /// object keeps its own order and spacing.
+    pub(super) fn restore(&mut self, key: &str, value: &str) {
+        match self.format {
+            MergeInto::Json => self.json_set(key, value, true),
+            MergeInto::Env => self.env_set(key, value),
+        }
+    }
+
+    /// Takes the key out of the file, wherever it is.
+    pub(super) fn remove(&mut self, key: &str) {
+        match self.format {
+            MergeInto::Json => self.json_remove(key),
+            MergeInto::Env => {
+                let mut out = String::with_capacity(self.text.len());
+                for (raw, line) in env_lines(&self.text) {
+                    if env_value(line, key).is_none() {
+                        out.push_str(raw);
+                    }
+                }
+                self.text = out;
+            }
+        }
+    }
+
+    /// Whether nothing is left in it but white space (and, for JSON, the braces): no key, no
+    /// comment, nobody's work.
+    pub(super) fn is_bare(&self) -> bool {
+        match self.format {
+            MergeInto::Json => self.members().is_empty(),
+            MergeInto::Env => self.text.trim().is_empty(),
+        }
+    }
+
+    /// The top-level members, in order. The text is known to be one valid object (or blank).
+    fn members(&self) -> Vec<Member> {
+        let b = self.text.as_bytes();
+        let mut out = Vec::new();
+        let Some(open) = self.text.find('{') else { return out };
+        let mut i = open + 1;
+        loop {
+            i = skip_ws(b, i);
+            if i >= b.len() || b[i] == b'}' {
+                return out;
+            }
+            let key_end = skip_string(b, i);
+            let key = serde_json::from_str::<String>(&self.text[i..key_end]).unwrap_or_default();
+            let colon = skip_ws(b, key_end);
+            let start = skip_ws(b, colon + 1);
+            let end = skip_value(b, start);
+            out.push(Member { key, key_span: i..key_end, value: start..end });
+            i = skip_ws(b, end);
+            if i < b.len() && b[i] == b',' {
+                i += 1;
+            }
+        }
+    }
+
+    fn json_set(&mut self, key: &str, value: &str, verbatim: bool) {
+        let members = self.members();
+        let mut found: Vec<&Member> = members.iter().filter(|m| m.key == key).collect();
+        if !found.is_empty() {
+            // From the last, so the earlier ranges stay true.
+            found.reverse();
+            for m in found {
+                let text = self.styled(value, line_indent(&self.text, m.key_span.start), verbatim);
+                self.text.replace_range(m.value.clone(), &text);
+            }
+            return;
+        }
+        let quoted = serde_json::to_string(key).expect("a string serialises");
+        if self.text.trim().is_empty() {
+            let text = self.styled(value, "  ", verbatim);
+            self.text = format!("{{\n  {quoted}: {text}\n}}\n");
+            return;
+        }
+        match members.last() {
+            // After the last member, with the same white space before the key and around the
+            // colon as it has.
+            Some(last) => {
+                let before = preceding_ws(&self.text, last.key_span.start);
+                let colon = &self.text[last.key_span.end..last.value.start];
+                let text = self.styled(value, line_indent(&self.text, last.key_span.start), verbatim);
+                let member = format!(",{before}{quoted}{colon}{text}");
+                self.text.insert_str(last.value.end, &member);
+            }
+            None => {
+                let open = self.text.find('{').expect("an object");
+                let close = open + 1 + self.text[open + 1..].find('}').expect("closed");
+                let multiline = self.text.contains('\n');
+                let member = if multiline {
+                    format!("\n  {quoted}: {}\n", self.styled(value, "  ", verbatim))
+                } else {
+                    format!("{quoted}: {}", self.styled(value, "", verbatim))
+                };
+                self.text.replace_range(open + 1..close, &member);
+            }
+        }
+    }
+
+    fn json_remove(&mut self, key: &str) {
+        loop {
+            let members = self.members();
+            let Some(i) = members.iter().position(|m| m.key == key) else { return };
+            let range = match (i.checked_sub(1), members.get(i + 1)) {
+                // Up to the next key: it takes this one's place, and its leading white space.
+                (_, Some(next)) => members[i].key_span.start..next.key_span.start,
+                // The last of several: from the end of the one before, its comma included.
+                (Some(prev), None) => members[prev].value.end..members[i].value.end,
+                // The only one: the object is left empty, with what was around it.
+                (None, None) => {
+                    let open = self.text.find('{').expect("an object");
+                    let close =
+                        members[i].value.end + self.text[members[i].value.end..].find('}').expect("closed");
+                    let inner = &self.text[open + 1..close];
+                    let keep_newline = if inner.contains('\n') { "\n" } else { "" };
+                    self.text.replace_range(open + 1..close, keep_newline);
+                    continue;
+                }
+            };
+            self.text.replace_range(range, "");
+        }
+    }
+
+    /// A JSON value written as the file writes: compact in a one-line file, else indented by
+    /// the member's own indentation, nested levels by the same step.
+    fn styled(&self, value: &str, indent: &str, verbatim: bool) -> String {
+        let Ok(v) = serde_json::from_str::<Value>(value) else { return value.to_owned() };
+        if verbatim {
+            return value.to_owned();
+        }
+        if indent.is_empty() || !self.text.contains('\n') && !self.text.trim().is_empty() {
+            return serde_json::to_string(&v).expect("a value serialises");
+        }
+        let mut out = Vec::new();
+        let formatter = serde_json::ser::PrettyFormatter::with_indent(indent.as_bytes());
+        let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
+        serde::Serialize::serialize(&v, &mut ser).expect("a value serialises");
+        let pretty = String::from_utf8(out).expect("JSON is UTF-8");
+        pretty.replace('\n', &format!("\n{indent}"))
+    }
+
+    fn env_set(&mut self, key: &str, value: &str) {
+        let mut out = String::with_capacity(self.text.len() + key.len() + value.len() + 2);
+        let mut seen = false;
+        for (raw, line) in env_lines(&self.text) {
+            match env_value(line, key) {
+                Some((_, at)) => {
+                    seen = true;
+                    // What is before the value (indentation, `export `, the key) is kept.
+                    out.push_str(&line[..at]);
+                    out.push_str(value);
+                    out.push_str(&raw[line.len()..]);
+                }
+                None => out.push_str(raw),
+            }
+        }
+        if !seen {
+            if !out.is_empty() && !out.ends_with('\n') {
+                out.push('\n');
+            }
+            out.push_str(&format!("{key}={value}\n"));
+        }
+        self.text = out;
+    }
+}
+
+/// Each line of an env file, with its line ending (`raw`) and without it.
+fn env_lines(text: &str) -> impl Iterator<Item = (&str, &str)> {
+    text.split_inclusive('\n').map(|raw| (raw, raw.strip_suffix('\n').unwrap_or(raw)))
+}
+
+/// The value a line gives `key`, and where in the line it starts: `KEY=VALUE`, optionally
+/// indented or after `export `. A comment is not a line that gives anything.
+fn env_value<'a>(line: &'a str, key: &str) -> Option<(&'a str, usize)> {
+    let body = line.trim_start();
+    let body = body.strip_prefix("export ").map(str::trim_start).unwrap_or(body);
+    let rest = body.strip_prefix(key)?.strip_prefix('=')?;
+    let at = line.len() - rest.len();
+    Some((rest, at))
+}
+
+/// The declared content of an env `into`: its keys and values, in order. Lines that are blank
+/// or comments set nothing (the declaration was checked to be KEY=VALUE lines otherwise).
+pub(super) fn declared_env(content: &str) -> Vec<(String, String)> {
+    content
+        .lines()
+        .map(str::trim_start)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The declared content of a JSON `into`: its top-level members, in the declared order, each
+/// value as JSON text.
+pub(super) fn declared_json(content: &str) -> Vec<(String, String)> {
+    let doc = Doc { format: MergeInto::Json, text: content.to_owned() };
+    doc.members().into_iter().map(|m| (m.key, content[m.value].to_owned())).collect()
+}
+
+fn same_json(a: &str, b: &str) -> bool {
+    match (serde_json::from_str::<Value>(a), serde_json::from_str::<Value>(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// serde_json's message without its own " at line L column C", which the caller words.
+fn strip_position(message: &str) -> &str {
+    message.rsplit_once(" at line ").map_or(message, |(m, _)| m)
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && b[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    i
+}
+
+/// From an opening quote to just past the closing one.
+fn skip_string(b: &[u8], mut i: usize) -> usize {
+    i += 1;
+    while i < b.len() {
+        match b[i] {
+            b'\\' => i += 2,
+            b'"' => return i + 1,
+            _ => i += 1,
+        }
+    }
+    i
+}
+
+/// Just past one JSON value.
+fn skip_value(b: &[u8], i: usize) -> usize {
+    match b.get(i) {
+        Some(b'"') => skip_string(b, i),
+        Some(b'{' | b'[') => {
+            let mut depth = 0usize;
+            let mut j = i;
+            while j < b.len() {
+                match b[j] {
+                    b'"' => {
+                        j = skip_string(b, j);
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return j + 1;
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+            j
+        }
+        _ => {
+            let mut j = i;
+            while j < b.len() && !matches!(b[j], b',' | b'}' | b']') && !b[j].is_ascii_whitespace() {
+                j += 1;
+            }
+            j
+        }
+    }
+}
+
+/// The white space just before `at`, back to the previous `{` or `,`.
+fn preceding_ws(text: &str, at: usize) -> &str {
+    let start = text[..at].rfind(|c: char| !c.is_whitespace()).map_or(0, |i| i + 1);
+    &text[start..at]
+}
+
+/// The indentation of the line `at` is on, when only white space comes before it there; empty
+/// for a member that does not start its line (a one-line file).
+fn line_indent(text: &str, at: usize) -> &str {
+    let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let lead = &text[start..at];
+    if lead.chars().all(|c| c == ' ' || c == '\t') && text[..at].contains('\n') {
+        lead
+    } else {
+        ""
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAEMON_JSON: &str = r#"{
+    "log-driver": "json-file",
+    "log-opts": {
+        "max-size": "10m",
+        "max-file": "3"
+    },
+    "storage-driver": "overlay2",
+    "live-restore": true
+}
+"#;
+
+    fn json(text: &str) -> Doc {
+        Doc::parse(MergeInto::Json, text.as_bytes().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn json_keys_are_set_in_place_and_added_last_in_the_files_style() {
+        let mut d = json(DAEMON_JSON);
+        d.set("storage-driver", r#""vfs""#);
+        d.set("registry-mirrors", r#"["http://127.0.0.1:5055"]"#);
+        d.set("log-opts", r#"{"max-size": "50m"}"#);
+        assert_eq!(
+            d.text(),
+            r#"{
+    "log-driver": "json-file",
+    "log-opts": {
+        "max-size": "50m"
+    },
+    "storage-driver": "vfs",
+    "live-restore": true,
+    "registry-mirrors": [
+        "http://127.0.0.1:5055"
+    ]
+}
+"#
+        );
+        assert!(d.holds("log-opts", r#"{ "max-size":"50m" }"#), "compared as values");
+        assert_eq!(d.get("live-restore"), ["true"]);
+        assert!(d.get("debug").is_empty());
+        // Put back as it was: the other keys never moved.
+        d.set("storage-driver", r#""overlay2""#);
+        d.restore("log-opts", "{\n        \"max-size\": \"10m\",\n        \"max-file\": \"3\"\n    }");
+        d.remove("registry-mirrors");
+        assert_eq!(d.text(), DAEMON_JSON);
+    }
+
+    #[test]
+    fn json_one_line_files_stay_on_one_line_and_empty_ones_are_written_pretty() {
+        let mut d = json(r#"{"a":1,"b":{"c":2}}"#);
+        d.set("b", r#"{"c": 3}"#);
+        d.set("d", "[1, 2]");
+        assert_eq!(d.text(), r#"{"a":1,"b":{"c":3},"d":[1,2]}"#);
+        d.remove("a");
+        d.remove("d");
+        assert_eq!(d.text(), r#"{"b":{"c":3}}"#);
+        d.remove("b");
+        assert_eq!(d.text(), "{}");
+        assert!(d.is_bare());
+        let mut d = Doc::empty(MergeInto::Json);
+        d.set("debug", "true");
+        assert_eq!(d.text(), "{\n  \"debug\": true\n}\n");
+        d.remove("debug");
+        assert!(d.is_bare());
+        let mut d = json("{\n}\n");
+        d.set("a", "1");
+        assert_eq!(d.text(), "{\n  \"a\": 1\n}\n");
+    }
+
+    #[test]
+    fn a_key_given_twice_is_set_at_both_places() {
+        let mut d = json("{\"a\": 1, \"b\": 2, \"a\": 3}");
+        assert_eq!(d.get("a"), ["1", "3"]);
+        assert!(!d.holds("a", "1"));
+        d.set("a", "5");
+        assert_eq!(d.text(), "{\"a\": 5, \"b\": 2, \"a\": 5}");
+        assert!(d.holds("a", "5"));
+        d.remove("a");
+        assert_eq!(d.text(), "{\"b\": 2}");
+    }
+
+    #[test]
+    fn what_is_not_a_json_object_is_named_by_line() {
+        let err = Doc::parse(MergeInto::Json, b"{\n  \"a\": 1,\n  \"b\" 2\n}\n".to_vec()).unwrap_err();
+        assert_eq!(err, "is not valid JSON (line 3, column 7: expected `:`)");
+        let err = Doc::parse(MergeInto::Json, b"[1, 2]".to_vec()).unwrap_err();
+        assert_eq!(err, "is valid JSON but not an object, so it has no keys to set");
+        let err = Doc::parse(MergeInto::Env, b"A=1\nB=\xff\n".to_vec()).unwrap_err();
+        assert_eq!(err, "is not UTF-8 text (line 2)");
+        assert!(json("  \n").is_bare());
+    }
+
+    #[test]
+    fn env_lines_comments_blanks_and_order_are_kept() {
+        let text =
+            "# the program's own\nexport PATH_X=/bin\n\n  PORT=80\nNAME=web # not a comment\nPORT=81\n";
+        let mut d = Doc::parse(MergeInto::Env, text.as_bytes().to_vec()).unwrap();
+        assert_eq!(d.get("PORT"), ["80", "81"]);
+        assert_eq!(d.get("PATH_X"), ["/bin"]);
+        assert!(d.get("PORT_").is_empty() && d.get("POR").is_empty());
+        d.set("PORT", "8080");
+        d.set("PATH_X", "/usr/bin");
+        d.set("NEW", "a b=c");
+        assert_eq!(
+            d.text(),
+            "# the program's own\nexport PATH_X=/usr/bin\n\n  PORT=8080\nNAME=web # not a comment\nPORT=8080\nNEW=a b=c\n"
+        );
+        assert!(d.holds("PORT", "8080"));
+        d.remove("NEW");
+        d.set("PORT", "80");
+        assert!(!d.is_bare());
+        let mut d = Doc::parse(MergeInto::Env, b"A=1".to_vec()).unwrap();
+        d.set("B", "2");
+        assert_eq!(d.text(), "A=1\nB=2\n");
+        d.remove("A");
+        d.remove("B");
+        assert!(d.is_bare());
+    }
+
+    #[test]
+    fn declared_keys_are_read_in_order() {
+        assert_eq!(
+            declared_json(r#"{"z": 1, "a": {"b": [1, "}"]}}"#),
+            [("z".to_owned(), "1".to_owned()), ("a".to_owned(), r#"{"b": [1, "}"]}"#.to_owned())]
+        );
+        assert_eq!(
+            declared_env("# c\nB=2\n\nA= x=y\n"),
+            [("B".to_owned(), "2".to_owned()), ("A".to_owned(), " x=y".to_owned())]
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! Images made present at apply, against a real registry on loopback
+//! (`tests/testbed/40-registry.sh`): pulled when absent, by tag and by digest, read back; a pull
+//! that fails names the image and the registry's answer. On Docker and on Podman.
+
+use super::*;
+
+/// The testbed's registry (`tests/testbed/40-registry.sh`).
+const REGISTRY: &str = "127.0.0.1:5055";
+
+/// A loopback port where no registry listens: a registry that is down.
+const DOWN: &str = "127.0.0.1:5056";
+
+/// Fails, never skips, when the registry is not there.
+fn require_registry() {
+    let up = std::net::TcpStream::connect(REGISTRY).is_ok();
+    assert!(up, "no registry answers on {REGISTRY}: run tests/testbed/40-registry.sh (as root)");
+}
+
+/// Images a test pushed or pulled, removed from both runtimes when it ends. Made before the
+/// test's `Names`, so it drops after them: the containers go first, and the images are then
+/// not in use.
+#[derive(Default)]
+struct Pushed {
+    images: Vec<String>,
+}
+
+impl Drop for Pushed {
+    fn drop(&mut self) {
+        for image in &self.images {
+            let _ = DOCKER.run(&["rmi", "-f", image]);
+            let _ = PODMAN_CLI.run(&["rmi", "-f", image]);
+        }
+    }
+}
+
+/// Pushes the test image into the registry under a repository of this test's own, then removes
+/// every local name of it from both runtimes, so the runtime under test must pull it. Returns
+/// the tag reference and the digest reference.
+fn pushed(p: &mut Pushed, repo: &str) -> (String, String) {
+    require_registry();
+    let tagged = format!("{REGISTRY}/{repo}:1");
+    // An image of this repository's own (a label on the test image), so its digest is too: a
+    // runtime answers for a digest whatever repository it came by, and another test's pull must
+    // not make this one's present.
+    let context = tempfile::tempdir().unwrap();
+    std::fs::write(context.path().join("Dockerfile"), format!("FROM {IMAGE}\nLABEL mesh-host.test={repo}\n"))
+        .unwrap();
+    let (ok, text) = DOCKER.run(&["build", "-q", "-t", &tagged, context.path().to_str().unwrap()]);
+    assert!(ok, "docker build {tagged}: {text}");
+    let (ok, text) = DOCKER.run(&["push", &tagged]);
+    assert!(ok, "docker push {tagged}: {text}");
+    let digest = DOCKER
+        .run(&["image", "inspect", "--format", "{{index .RepoDigests 0}}", &tagged])
+        .1
+        .trim()
+        .to_owned();
+    assert!(digest.contains("@sha256:"), "{digest}");
+    p.images.extend([tagged.clone(), digest.clone()]);
+    for rt in [DOCKER, PODMAN_CLI] {
+        let _ = rt.run(&["rmi", &tagged]);
+        assert!(!rt.run(&["image", "inspect", &tagged]).0, "{tagged} is still on {}", rt.name());
+        assert!(!rt.run(&["image", "inspect", &digest]).0, "{digest} is still on {}", rt.name());
+    }
+    (tagged, digest)
+}
+
+fn images_are_pulled_when_absent_by_tag_and_by_digest(rt: Cli) {
+    let mut p = Pushed::default();
+    let names = Names::new(rt, "pull");
+    let repo = format!("mh-parity-{}-{}", rt.name(), std::process::id());
+    let (tagged, _) = pushed(&mut p, &format!("{repo}/web"));
+    // Another repository, so the pull by digest is not answered by the one by tag.
+    let (_, digest) = pushed(&mut p, &format!("{repo}/seed"));
+    let s = Scratch::new();
+    std::fs::create_dir(s.path("out")).unwrap();
+    let web = names.container("web");
+    let d = s.declare(json!([
+        {"type": "container", "id": "web.app", "name": web, "image": tagged, "args": SERVE},
+        {"type": "container", "id": "web.seed", "name": names.container("seed"), "image": digest,
+         "run-once": true, "volumes": [format!("{}:/out", s.p("out"))], "args": ["sh", "-c", "echo seeded > /out/log"]},
+    ]));
+    let report = rt.applied(&s, &d);
+    assert_eq!(action(&report, "web.app"), "created", "{report:#}");
+    assert!(detail(&report, "web.app").contains(&format!("image {tagged} pulled")), "{report:#}");
+    assert!(rt.running(&web));
+    assert_eq!(action(&report, "web.seed"), "created", "{report:#}");
+    assert!(detail(&report, "web.seed").contains("pulled"), "{report:#}");
+    assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "seeded\n");
+    // Read back by the runtime itself: held at the digest asked for.
+    let (ok, held) = rt.run(&["image", "inspect", "--format", "{{json .RepoDigests}}", &digest]);
+    assert!(ok && held.contains(digest.split_once('@').unwrap().1), "{held}");
+
+    // Present now: not pulled again.
+    let report = rt.applied(&s, &d);
+    assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_images_are_pulled_when_absent_by_tag_and_by_digest() {
+    images_are_pulled_when_absent_by_tag_and_by_digest(DOCKER);
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn podman_images_are_pulled_when_absent_by_tag_and_by_digest() {
+    images_are_pulled_when_absent_by_tag_and_by_digest(PODMAN_CLI);
+}
+
+fn a_failed_pull_names_the_image_and_the_registrys_answer(rt: Cli) {
+    let names = Names::new(rt, "nopull");
+    require_registry();
+    let s = Scratch::new();
+    let repo = format!("mh-parity-{}-{}/absent", rt.name(), std::process::id());
+    let unknown_tag = format!("{REGISTRY}/{repo}:1");
+    let unknown_digest = format!("{REGISTRY}/{repo}@sha256:{}", "0".repeat(64));
+    let down = format!("{DOWN}/{repo}:1");
+    let bare_id = format!("sha256:{}", "0".repeat(64));
+    let d = s.declare(json!([
+        {"type": "container", "id": "a.tag", "name": names.container("a"), "image": unknown_tag, "args": SERVE},
+        {"type": "container", "id": "b.digest", "name": names.container("b"), "image": unknown_digest, "args": SERVE},
+        {"type": "container", "id": "c.down", "name": names.container("c"), "image": down, "args": SERVE},
+        {"type": "container", "id": "d.id", "name": names.container("d"), "image": bare_id, "args": SERVE},
+        {"type": "file", "id": "e.after", "path": s.p("after"), "content": "x"},
+    ]));
+    let (code, report) = rt.apply(&s, &d);
+    assert_eq!(code, 1, "{report:#}");
+    let failures = report["error"]["failures"].as_array().unwrap();
+    let message = |id: &str| {
+        failures.iter().find(|f| f["id"] == id).unwrap_or_else(|| panic!("{id}: {report:#}"))["message"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (tag, digest, down_msg) = (message("a.tag"), message("b.digest"), message("c.down"));
+    assert!(
+        tag.contains(&format!("image {unknown_tag} is not on this machine and cannot be pulled: ")),
+        "{tag}"
+    );
+    // The registry's own words: it does not know that manifest.
+    assert!(tag.contains("manifest unknown") || tag.contains("not found"), "{tag}");
+    assert!(digest.contains(&unknown_digest) && digest.contains("cannot be pulled"), "{digest}");
+    assert!(down_msg.contains(&down) && down_msg.contains("connection refused"), "{down_msg}");
+    assert!(message("d.id").contains("cannot be pulled: name it by repository and digest"), "{report:#}");
+    for id in ["a", "b", "c", "d"] {
+        assert!(rt.inspect(&names.container(id), "{{.Id}}").is_none(), "nothing was created");
+    }
+    // A failed pull fails its resource only.
+    assert_eq!(action(&report, "e.after"), "created");
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_a_failed_pull_names_the_image_and_the_registrys_answer() {
+    a_failed_pull_names_the_image_and_the_registrys_answer(DOCKER);
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn podman_a_failed_pull_names_the_image_and_the_registrys_answer() {
+    a_failed_pull_names_the_image_and_the_registrys_answer(PODMAN_CLI);
+}
+
+/// A scheduled step's image is made present when it is installed, so its first fire does not
+/// find it missing.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_a_scheduled_steps_image_is_pulled_when_it_is_installed() {
+    let mut p = Pushed::default();
+    let names = Names::new(DOCKER, "schedpull");
+    let repo = format!("mh-parity-sched-{}/busybox", std::process::id());
+    let (tagged, _) = pushed(&mut p, &repo);
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "container", "id": "db.backup", "name": names.container("backup"), "image": tagged,
+         "schedule": "0 3 * * *", "args": ["true"]},
+    ]));
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "db.backup"), "created", "{report:#}");
+    assert!(detail(&report, "db.backup").contains("pulled"), "{report:#}");
+    assert!(DOCKER.run(&["image", "inspect", &tagged]).0, "the image is on the machine");
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Picked up by up.sh, after 20-docker.sh: a container registry on loopback, for the tests of
+# images made present at apply (pulled when absent, by tag and by digest). Idempotent: a second
+# run finds it answering and only checks. On a fresh Debian 12 machine, as root.
+#
+# What it leaves running, in the background:
+#   docker-registry (Debian's distribution registry) on 127.0.0.1:5055, storage under
+#   /var/lib/mesh-host-testbed/registry, log /tmp/mesh-host-registry.log
+# and Podman told to speak plain HTTP to it (a registries.conf.d drop-in); Docker trusts a
+# loopback registry without TLS by itself. The tests push what they pull (tests/it/docker/images.rs).
+set -euo pipefail
+
+ADDR=127.0.0.1:5055
+DIR=/var/lib/mesh-host-testbed/registry
+CONF=/run/mesh-host-testbed/registry.yml
+LOG=/tmp/mesh-host-registry.log
+
+if ! command -v docker-registry >/dev/null; then
+  apt-get update -qq
+  # The package's own service would listen on :5000 under systemd; there is no systemd as PID 1
+  # here, and this script runs its own instance on loopback only.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry >/dev/null
+fi
+command -v curl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null
+
+mkdir -p "$DIR" "$(dirname "$CONF")"
+cat >"$CONF" <<EOF
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $DIR
+  delete:
+    enabled: true
+http:
+  addr: $ADDR
+EOF
+
+if ! curl -sf "http://$ADDR/v2/" >/dev/null 2>&1; then
+  nohup docker-registry serve "$CONF" >"$LOG" 2>&1 &
+  for _ in $(seq 1 100); do curl -sf "http://$ADDR/v2/" >/dev/null 2>&1 && break; sleep 0.1; done
+  curl -sf "http://$ADDR/v2/" >/dev/null \
+    || { echo "40-registry.sh: the registry did not answer on $ADDR; see $LOG" >&2; exit 1; }
+fi
+
+# Podman refuses plain HTTP unless the registry is listed as insecure.
+mkdir -p /etc/containers/registries.conf.d
+cat >/etc/containers/registries.conf.d/mesh-host-testbed.conf <<EOF
+[[registry]]
+location = "$ADDR"
+insecure = true
+EOF
+echo "40-registry.sh: a registry answers on http://$ADDR"
