@@ -394,22 +394,55 @@ pub struct Cron {
     either_day: bool,
 }
 
+/// The nicknames crontabs accept for whole expressions, as Vixie cron defines them.
+const NICKNAMES: [(&str, &str); 7] = [
+    ("@yearly", "0 0 1 1 *"),
+    ("@annually", "0 0 1 1 *"),
+    ("@monthly", "0 0 1 * *"),
+    ("@weekly", "0 0 * * 0"),
+    ("@daily", "0 0 * * *"),
+    ("@midnight", "0 0 * * *"),
+    ("@hourly", "0 * * * *"),
+];
+
+/// Month names, from January (1), and weekday names, from Sunday (0), as crontabs write them.
+const MONTHS: [&str; 12] =
+    ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"];
+const WEEKDAYS: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
+
 impl Cron {
     pub fn parse(s: &str) -> Result<Cron, String> {
-        let fields: Vec<&str> = s.split_whitespace().collect();
+        let nickname = s.trim();
+        let expanded = if nickname.starts_with('@') {
+            match NICKNAMES.iter().find(|(n, _)| n.eq_ignore_ascii_case(nickname)) {
+                Some((_, fields)) => *fields,
+                // `@reboot` has no time to compute: what it means is a run-once step.
+                None if nickname.eq_ignore_ascii_case("@reboot") => {
+                    return Err(format!("{s:?} has no time of day; for a step run once, declare `run-once` instead"))
+                }
+                None => {
+                    return Err(format!(
+                        "{s:?} is not a cron nickname: write @yearly, @annually, @monthly, @weekly, @daily, @midnight or @hourly, or five fields"
+                    ))
+                }
+            }
+        } else {
+            s
+        };
+        let fields: Vec<&str> = expanded.split_whitespace().collect();
         let [minutes, hours, days, months, weekdays] = fields.as_slice() else {
             return Err(format!("{s:?} is not a 5-field cron expression (minute hour day month weekday)"));
         };
-        let set = |field: &str, lo: u32, hi: u32| {
-            field_bits(field, lo, hi)
+        let set = |field: &str, lo: u32, hi: u32, names: &[&str], first: u32| {
+            field_bits(field, lo, hi, names, first)
                 .map_err(|part| format!("{s:?}: {part:?} is not a cron field between {lo} and {hi}"))
         };
         let (minutes_bits, hours_bits, days_bits, months_bits, weekday_bits) = (
-            set(minutes, 0, 59)?,
-            set(hours, 0, 23)?,
-            set(days, 1, 31)?,
-            set(months, 1, 12)?,
-            set(weekdays, 0, 7)?,
+            set(minutes, 0, 59, &[], 0)?,
+            set(hours, 0, 23, &[], 0)?,
+            set(days, 1, 31, &[], 0)?,
+            set(months, 1, 12, &MONTHS, 1)?,
+            set(weekdays, 0, 7, &WEEKDAYS, 0)?,
         );
         // Bit 7 (Sunday written as 7) folds onto bit 0; the casts keep only bits the field's
         // range allows.
@@ -457,15 +490,19 @@ impl Cron {
 
 /// The values one field allows, as bits (bit v for value v); the part that is not a field
 /// between `lo` and `hi` when one is not. A part is `*`, `a`, `a-b`, each optionally `/step`,
-/// and `a/step` runs from `a` to `hi`.
-fn field_bits(field: &str, lo: u32, hi: u32) -> Result<u64, &str> {
+/// and `a/step` runs from `a` to `hi`. A value may also be one of `names` (any case), the first
+/// of which is `first`: `jan` for a month, `mon-fri` for weekdays.
+fn field_bits<'a>(field: &'a str, lo: u32, hi: u32, names: &[&str], first: u32) -> Result<u64, &'a str> {
     let mut bits = 0u64;
     for part in field.split(',') {
         let (range, step) = match part.split_once('/') {
             Some((range, step)) => (range, step.parse::<u32>().ok().filter(|n| *n > 0).ok_or(part)?),
             None => (part, 1),
         };
-        let value = |v: &str| v.parse::<u32>().ok().filter(|n| (lo..=hi).contains(n)).ok_or(part);
+        let value = |v: &str| {
+            let named = names.iter().position(|n| n.eq_ignore_ascii_case(v)).map(|i| i as u32 + first);
+            named.or_else(|| v.parse::<u32>().ok()).filter(|n| (lo..=hi).contains(n)).ok_or(part)
+        };
         let (from, to) = if range == "*" {
             (lo, hi)
         } else if let Some((a, b)) = range.split_once('-') {
@@ -517,17 +554,26 @@ impl JsonSchema for Cron {
             let part = format!(r"(\*|{value}(-{value})?)(/0*[1-9][0-9]*)?");
             format!("{part}(,{part})*")
         };
+        // JSON Schema's patterns have no flag for case: each letter of a name is a class.
+        let any_case = |name: &str| -> String {
+            name.chars().map(|c| format!("[{}{}]", c.to_ascii_lowercase(), c.to_ascii_uppercase())).collect()
+        };
+        let named = |numbers: &str, names: &[&str]| {
+            let names: Vec<String> = names.iter().map(|n| any_case(n)).collect();
+            format!("({numbers}|{})", names.join("|"))
+        };
         let fields = [
             field("0*[1-5]?[0-9]"),
             field("0*(1?[0-9]|2[0-3])"),
             field("0*([1-9]|[12][0-9]|3[01])"),
-            field("0*([1-9]|1[0-2])"),
-            field("0*[0-7]"),
+            field(&named("0*([1-9]|1[0-2])", &MONTHS)),
+            field(&named("0*[0-7]", &WEEKDAYS)),
         ];
+        let nicknames: Vec<String> = NICKNAMES.iter().map(|(n, _)| any_case(n)).collect();
         json_schema!({
             "type": "string",
-            "pattern": format!(r"^\s*{}\s*$", fields.join(r"\s+")),
-            "description": "5-field cron expression, UTC"
+            "pattern": format!(r"^\s*({}|{})\s*$", fields.join(r"\s+"), nicknames.join("|")),
+            "description": "5-field cron expression (month and weekday names allowed), or @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly; UTC"
         })
     }
 }
@@ -1128,6 +1174,39 @@ mod tests {
     }
 
     #[test]
+    fn a_cron_expression_takes_the_nicknames_and_names_crontabs_take() {
+        let same = |a: &str, b: &str| {
+            let (a, b) = (Cron::parse(a).unwrap(), Cron::parse(b).unwrap());
+            assert_eq!(
+                (a.minutes(), a.hours(), a.days, a.months, a.weekdays, a.either_day),
+                (b.minutes(), b.hours(), b.days, b.months, b.weekdays, b.either_day),
+                "{} and {}",
+                a.as_str(),
+                b.as_str()
+            );
+        };
+        same("@yearly", "0 0 1 1 *");
+        same("@annually", "0 0 1 1 *");
+        same("@monthly", "0 0 1 * *");
+        same("@weekly", "0 0 * * 0");
+        same("@daily", "0 0 * * *");
+        same(" @MIDNIGHT ", "0 0 * * *");
+        same("@hourly", "0 * * * *");
+        same("30 6 * jan,JUL mon-fri", "30 6 * 1,7 1-5");
+        same("0 0 * * sat/2", "0 0 * * 6/2");
+        same("0 0 1 dec *", "0 0 1 12 *");
+        // The declared text is kept as written: the step's record and spec are of it.
+        assert_eq!(Cron::parse("@daily").unwrap().as_str(), "@daily");
+        let e = Cron::parse("@reboot").unwrap_err();
+        assert!(e.contains("run-once"), "{e}");
+        let e = Cron::parse("@fortnightly").unwrap_err();
+        assert!(e.contains("is not a cron nickname"), "{e}");
+        for bad in ["0 0 * * monday", "0 0 * jan-xyz *", "0 0 mon * *", "0 0 * * 1 @daily"] {
+            assert!(Cron::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn a_cron_expression_is_compiled_into_the_sets_it_allows() {
         let c = Cron::parse("15,45 8-10/2 * * *").unwrap();
         assert_eq!(c.minutes(), 1 << 15 | 1 << 45);
@@ -1165,7 +1244,7 @@ mod tests {
         assert_eq!(refused("5-1 * * * *"), r#""5-1 * * * *": "5-1" is not a cron field between 0 and 59"#);
         assert_eq!(refused("*/0 * * * *"), r#""*/0 * * * *": "*/0" is not a cron field between 0 and 59"#);
         assert_eq!(refused("1,,2 * * * *"), r#""1,,2 * * * *": "" is not a cron field between 0 and 59"#);
-        assert_eq!(refused("* * * jan *"), r#""* * * jan *": "jan" is not a cron field between 1 and 12"#);
+        assert_eq!(refused("* * * janu *"), r#""* * * janu *": "janu" is not a cron field between 1 and 12"#);
         assert_eq!(
             from_json::<Cron>(r#""61 3 * * *""#).unwrap_err(),
             r#""61 3 * * *": "61" is not a cron field between 0 and 59"#

@@ -99,6 +99,10 @@ fn corpus() -> Vec<(&'static str, Value)> {
         ),
         ("valid-container-run-once", container(json!({"run-once": true}))),
         ("valid-container-schedule", container(json!({"schedule": "*/5 0-6,22 1,15 * 1-5"}))),
+        ("valid-container-schedule-nickname", container(json!({"schedule": "@Daily"}))),
+        ("valid-container-schedule-names", container(json!({"schedule": "30 6 * jan,Jul mon-FRI"}))),
+        ("container-cron-reboot", container(json!({"schedule": "@reboot"}))),
+        ("container-cron-bad-name", container(json!({"schedule": "0 0 * * monday"}))),
         ("valid-container-schedule-sunday-seven", container(json!({"schedule": " 0 3 * 1/2 7 "}))),
         (
             "valid-container-schedule-null-and-run-once",
