@@ -779,8 +779,16 @@ pub struct PortMapping {
     host_ip: Option<std::net::IpAddr>,
     host_port: Option<u16>,
     container_port: u16,
+    /// How many consecutive ports, from those above: 1, or the length of a range
+    /// (`8000-8010:8000-8010` is 11).
+    count: u16,
     transport: Transport,
 }
+
+/// The longest port range one mapping may publish. Each published port is a listener (and,
+/// with Docker's userland proxy, a process) on the machine: a typo such as `1-65535` should be
+/// refused, not take the runtime minutes to create.
+pub const PORT_RANGE_LIMIT: u16 = 1000;
 
 impl PortMapping {
     pub fn parse(s: &str) -> Result<PortMapping, String> {
@@ -792,7 +800,26 @@ impl PortMapping {
             Some(_) => return Err(bad()),
             None => (s, Transport::Tcp),
         };
-        let port = |p: &str| p.parse::<u16>().ok().filter(|n| *n > 0).ok_or_else(bad);
+        let one = |p: &str| p.parse::<u16>().ok().filter(|n| *n > 0).ok_or_else(bad);
+        // A port, or a range `a-b` (a <= b): its first port and how many.
+        let port = |p: &str| -> Result<(u16, u16), String> {
+            match p.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b) = (one(a)?, one(b)?);
+                    if a > b {
+                        return Err(bad());
+                    }
+                    let count = b - a + 1;
+                    if count > PORT_RANGE_LIMIT {
+                        return Err(format!(
+                            "{s:?} publishes {count} ports; a mapping publishes at most {PORT_RANGE_LIMIT}"
+                        ));
+                    }
+                    Ok((a, count))
+                }
+                None => Ok((one(p)?, 1)),
+            }
+        };
         // The host address may be IPv6 in brackets, which itself holds colons.
         let (v6, rest) = match ports.strip_prefix('[') {
             Some(r) => {
@@ -803,7 +830,7 @@ impl PortMapping {
             None => (None, ports),
         };
         let parts: Vec<&str> = rest.split(':').collect();
-        let (host_ip, host_port, container_port) = match (v6, parts.as_slice()) {
+        let (host_ip, host, (container_port, count)) = match (v6, parts.as_slice()) {
             (Some(a), [h, c]) => (Some(a.into()), Some(port(h)?), port(c)?),
             (None, [c]) => (None, None, port(c)?),
             (None, [h, c]) => (None, Some(port(h)?), port(c)?),
@@ -814,7 +841,23 @@ impl PortMapping {
             }
             _ => return Err(bad()),
         };
-        Ok(PortMapping { text: s.into(), host_ip, host_port, container_port, transport })
+        // Port for port: Docker's other reading of `8000-8010:80` (any one host port of the
+        // range) publishes a port nobody can name in advance, so it is refused here.
+        if let Some((_, host_count)) = host {
+            if host_count != count {
+                return Err(format!(
+                    "{s:?} maps {host_count} host ports to {count} container ports; give ranges of the same length"
+                ));
+            }
+        }
+        let host_port = host.map(|(first, _)| first);
+        Ok(PortMapping { text: s.into(), host_ip, host_port, container_port, count, transport })
+    }
+
+    /// Each port it publishes, in order: (the port on the machine, `None` for one the runtime
+    /// picks; the container's port). One pair for a single port, one per port of a range.
+    pub fn publishes(&self) -> impl Iterator<Item = (Option<u16>, u16)> + '_ {
+        (0..self.count).map(|i| (self.host_port.map(|h| h + i), self.container_port + i))
     }
 
     pub fn as_str(&self) -> &str {
@@ -826,7 +869,7 @@ impl PortMapping {
         self.host_ip
     }
 
-    /// The port on the machine; `None` lets the runtime pick one.
+    /// The port on the machine (the first of a range); `None` lets the runtime pick one.
     pub fn host_port(&self) -> Option<u16> {
         self.host_port
     }
@@ -845,11 +888,13 @@ schema_of_a_pattern!(
     PortMapping,
     "PortMapping",
     {
-        let port = pattern::PORT;
+        // A port or a range of them; that two ranges are the same length, and that a range is
+        // neither backwards nor longer than `PORT_RANGE_LIMIT`, the parser alone checks.
+        let port = &format!("{p}(-{p})?", p = pattern::PORT);
         let (v4, v6) = (pattern::IPV4, pattern::IPV6);
         format!(r"^({port}|{port}:{port}|{v4}:({port})?:{port}|\[{v6}\]:{port}:{port})(/(tcp|udp|sctp))?$")
     },
-    "a published port: \"80\", \"8080:80\", \"127.0.0.1:8080:80\", \"[::1]:8080:80\", each optionally /tcp, /udp or /sctp"
+    "a published port or range: \"80\", \"8080:80\", \"8000-8010:8000-8010\", \"127.0.0.1:8080:80\", \"[::1]:8080:80\", each optionally /tcp, /udp or /sctp"
 );
 
 /// What a volume mounts: a path on the machine (bind-mounted) or a volume of the runtime's.
@@ -936,24 +981,31 @@ schema_of_a_pattern!(
     "SOURCE:TARGET[:OPTIONS]: SOURCE a volume's name or an absolute path, TARGET absolute"
 );
 
-/// An entry of a container's own hosts file: `name:ip`, the ip IPv4 or IPv6 (`db6:fd00::5`).
+/// An entry of a container's own hosts file: `name:ip`, the ip IPv4 or IPv6 (`db6:fd00::5`),
+/// or `host-gateway`, which the runtime (Docker 20.10 and later) resolves to the machine's
+/// address on the container's bridge, as `docker run --add-host name:host-gateway` does.
 ///
 /// Kept with the text it was declared as, which is what a container's spec digest is of, and
 /// what the runtime is given (it is the runtime's own form).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct HostEntry {
     text: Box<str>,
-    ip: std::net::IpAddr,
+    /// `None` for `host-gateway`.
+    ip: Option<std::net::IpAddr>,
 }
+
+/// The word that stands for the machine's address as the container sees it.
+pub const HOST_GATEWAY: &str = "host-gateway";
 
 impl HostEntry {
     pub fn parse(s: &str) -> Result<HostEntry, String> {
         match s.split_once(':') {
+            Some((name, HOST_GATEWAY)) if !name.is_empty() => Ok(HostEntry { text: s.into(), ip: None }),
             Some((name, ip)) if !name.is_empty() => match ip.parse() {
-                Ok(ip) => Ok(HostEntry { text: s.into(), ip }),
-                Err(_) => Err(format!("{s:?} is not \"name:ip\"")),
+                Ok(ip) => Ok(HostEntry { text: s.into(), ip: Some(ip) }),
+                Err(_) => Err(format!("{s:?} is not \"name:ip\" or \"name:host-gateway\"")),
             },
-            _ => Err(format!("{s:?} is not \"name:ip\"")),
+            _ => Err(format!("{s:?} is not \"name:ip\" or \"name:host-gateway\"")),
         }
     }
 
@@ -965,7 +1017,8 @@ impl HostEntry {
         self.text.split_once(':').map_or("", |(name, _)| name)
     }
 
-    pub fn ip(&self) -> std::net::IpAddr {
+    /// The address; `None` for `host-gateway`, which the runtime resolves.
+    pub fn ip(&self) -> Option<std::net::IpAddr> {
         self.ip
     }
 }
@@ -974,8 +1027,8 @@ text_serde!(HostEntry);
 schema_of_a_pattern!(
     HostEntry,
     "HostEntry",
-    format!(r"^[^:]+:({}|{})$", pattern::IPV4, pattern::IPV6),
-    "NAME:IP, an entry of the container's /etc/hosts"
+    format!(r"^[^:]+:({}|{}|{HOST_GATEWAY})$", pattern::IPV4, pattern::IPV6),
+    "NAME:IP or NAME:host-gateway, an entry of the container's /etc/hosts"
 );
 
 /// A sha256 the declaration names a thing by (an archive's), as 64 lower-case hex digits with
@@ -1066,6 +1119,22 @@ mod tests {
         assert_eq!(p("127.0.0.1::80"), (Some("127.0.0.1".into()), None, 80, "tcp"));
         assert_eq!(p("[::1]:8080:80"), (Some("::1".into()), Some(8080), 80, "tcp"));
         assert_eq!(p("[fd00::5]:53:53/sctp"), (Some("fd00::5".into()), Some(53), 53, "sctp"));
+        // Ranges, as Docker takes them: port for port.
+        let all = |s: &str| PortMapping::parse(s).unwrap().publishes().collect::<Vec<_>>();
+        assert_eq!(all("8080:80"), [(Some(8080), 80)]);
+        assert_eq!(all("8000-8002:9000-9002"), [(Some(8000), 9000), (Some(8001), 9001), (Some(8002), 9002)]);
+        assert_eq!(all("127.0.0.1:8000-8001:8000-8001/udp"), [(Some(8000), 8000), (Some(8001), 8001)]);
+        assert_eq!(all("5000-5001"), [(None, 5000), (None, 5001)]);
+        assert_eq!(all("127.0.0.1::5000-5001"), [(None, 5000), (None, 5001)]);
+        assert_eq!(all("65535-65535"), [(None, 65535)]);
+        assert_eq!(
+            PortMapping::parse("8000-8010:80").unwrap_err(),
+            r#""8000-8010:80" maps 11 host ports to 1 container ports; give ranges of the same length"#
+        );
+        assert_eq!(
+            PortMapping::parse("1-65535").unwrap_err(),
+            r#""1-65535" publishes 65535 ports; a mapping publishes at most 1000"#
+        );
     }
 
     #[test]
@@ -1087,6 +1156,10 @@ mod tests {
             "[127.0.0.1]:8080:80",
             "[::1:8080:80",
             "10.0.0.1:80",
+            "8010-8000",
+            "8000-:80",
+            "-8000",
+            "0-5",
         ] {
             assert_eq!(
                 PortMapping::parse(bad).unwrap_err(),
@@ -1140,13 +1213,26 @@ mod tests {
     #[test]
     fn a_host_entry_is_a_name_and_an_address() {
         let h = HostEntry::parse("db:10.0.0.5").unwrap();
-        assert_eq!((h.name(), h.ip().to_string(), h.as_str()), ("db", "10.0.0.5".into(), "db:10.0.0.5"));
+        assert_eq!((h.name(), h.ip(), h.as_str()), ("db", Some("10.0.0.5".parse().unwrap()), "db:10.0.0.5"));
         let h = HostEntry::parse("db6:fd00::5").unwrap();
-        assert_eq!((h.name(), h.ip().to_string()), ("db6", "fd00::5".into()));
-        for bad in ["cache", ":10.0.0.5", "db:", "db:not-an-ip", "db:10.0.0.256"] {
-            assert_eq!(HostEntry::parse(bad).unwrap_err(), format!("{bad:?} is not \"name:ip\""));
+        assert_eq!((h.name(), h.ip()), ("db6", Some("fd00::5".parse().unwrap())));
+        let h = HostEntry::parse("host.docker.internal:host-gateway").unwrap();
+        assert_eq!(
+            (h.name(), h.ip(), h.as_str()),
+            ("host.docker.internal", None, "host.docker.internal:host-gateway")
+        );
+        for bad in
+            ["cache", ":10.0.0.5", "db:", "db:not-an-ip", "db:10.0.0.256", "db:Host-Gateway", ":host-gateway"]
+        {
+            assert_eq!(
+                HostEntry::parse(bad).unwrap_err(),
+                format!("{bad:?} is not \"name:ip\" or \"name:host-gateway\"")
+            );
         }
-        assert_eq!(from_json::<HostEntry>("\"cache\"").unwrap_err(), r#""cache" is not "name:ip""#);
+        assert_eq!(
+            from_json::<HostEntry>("\"cache\"").unwrap_err(),
+            r#""cache" is not "name:ip" or "name:host-gateway""#
+        );
     }
 
     #[test]
