@@ -233,6 +233,8 @@ impl Worker {
             step_timeout: self.config.step_timeout,
             archive_limits: self.config.archive_limits,
             contents: self.contents.clone(),
+            // The daemon's passes are in its log, not on a terminal.
+            progress: None,
         }
     }
 

@@ -613,3 +613,62 @@ fn the_deb_installs_starts_waits_for_a_declaration_applies_it_and_removes_cleanl
     assert!(!box_.path("/usr/bin/mesh-host").exists());
     assert!(declarations.join("op.json").exists(), "the declaration is the operator's, not the package's");
 }
+
+#[test]
+fn a_first_apply_prints_a_summary_not_a_line_per_created_resource() {
+    let s = Scratch::new();
+    let mut resources = vec![json!({"type": "directory", "id": "a.dir", "path": s.p("tree")})];
+    for i in 0..50 {
+        resources.push(json!({"type": "file", "id": format!("a.f{i}"), "path": s.p(&format!("tree/f{i}")), "content": "x\n"}));
+    }
+    let d = s.declare(Value::Array(resources.clone()));
+    let out = s.run(&["apply", d.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        text,
+        "    directory 1 created\n         file 50 created\nconverged: 51 resources declared; 51 created\n",
+        "a summary per type, and no line per created resource"
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("[0/"),
+        "no progress when stderr is not a terminal"
+    );
+
+    // What is not created is listed: a correction, an update.
+    std::fs::write(s.path("tree/f3"), "by hand\n").unwrap();
+    resources[8]["content"] = json!("y\n");
+    let d = s.declare(Value::Array(resources));
+    let text = String::from_utf8(s.run(&["apply", d.to_str().unwrap()]).stdout).unwrap();
+    assert!(text.contains("corrected a.f3 ("), "{text}");
+    assert!(text.contains("updated a.f7 ("), "{text}");
+    assert!(
+        text.starts_with("    directory 1 unchanged\n         file 1 updated, 48 unchanged, 1 corrected\n"),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 5, "two lines of counts, two of what changed, the summary: {text}");
+
+    // --verbose lists the created ones too.
+    let t = Scratch::new();
+    let d = t.declare(json!([{"type": "file", "id": "b.f", "path": t.p("f"), "content": "x\n"}]));
+    let text = String::from_utf8(t.run(&["apply", "--verbose", d.to_str().unwrap()]).stdout).unwrap();
+    assert!(text.contains("created b.f ("), "{text}");
+}
+
+#[test]
+fn apply_on_a_terminal_shows_progress_on_stderr_and_clears_it() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "x\n"}]));
+    // `script` gives the command a terminal, as a person's shell would.
+    let command = format!(
+        "{} --state {} apply {} 1>/dev/null",
+        assert_cmd::cargo::cargo_bin("mesh-host").display(),
+        s.state().display(),
+        d.display()
+    );
+    let out = std::process::Command::new("script").args(["-qec", &command, "/dev/null"]).output().unwrap();
+    let seen = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{seen}");
+    assert!(seen.contains("[0/1] a.f"), "the progress line: {seen:?}");
+    assert!(seen.ends_with("\r\x1b[2K") || seen.contains("\r\x1b[2K"), "cleared after: {seen:?}");
+}
