@@ -773,9 +773,10 @@ mod tests {
     }
 
     /// Adopting a node asks `holds_target` of every found file while the store grows by one
-    /// record per file: a scan per lookup made 10,000 files 50 million comparisons. Timed
-    /// against a tenth of the work, so a slow shared machine moves both sides alike: linear
-    /// work grows ten times, quadratic a hundred.
+    /// record per file: a scan per lookup made 10,000 files 50 million comparisons (7.7 s here,
+    /// against 58 ms for 1,000). Timed against a tenth of the work, so a slow shared machine
+    /// moves both sides alike: linear work grows ten times, quadratic a hundred; the second of
+    /// slack absorbs a busy machine's preemptions, and is far below the quadratic cost.
     #[test]
     fn adopting_ten_thousand_found_files_is_not_quadratic() {
         fn adopt(n: u32) -> std::time::Duration {
@@ -793,7 +794,7 @@ mod tests {
         let small = (0..3).map(|_| adopt(1_000)).min().unwrap();
         let large = (0..3).map(|_| adopt(10_000)).min().unwrap();
         assert!(
-            large < small * 40 + std::time::Duration::from_millis(50),
+            large < small * 40 + std::time::Duration::from_secs(1),
             "10,000 found files took {large:?}, 1,000 took {small:?}: more than linear"
         );
     }
@@ -894,7 +895,7 @@ mod tests {
         let path = dir.path().join("state.json");
         let mut store = store_at(&dir, WRITTEN_BEFORE);
         let mut conf = store.get("web.conf").unwrap().clone();
-        conf.sig = Some((42, 1_764_480_000, 0, 8));
+        conf.sig = Some((42, 1_764_480_000, 0, 8).into());
         store.record("web.conf", conf.clone());
         assert_eq!(store.get("web.conf").unwrap().sig, conf.sig, "held at once");
         assert_eq!(store.get("web.conf").unwrap().applied_at, 1764480000, "not a change of what it says");

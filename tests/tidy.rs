@@ -15,12 +15,13 @@ use std::path::{Path, PathBuf};
 const ALLOWED: &[(&str, &[&str])] = &[
     ("declaration", &[]),
     ("system", &[]),
+    ("secrets", &[]),
     ("cron", &["declaration"]),
     ("store", &["declaration", "system"]),
     ("telemetry", &["system"]),
-    ("apply", &["cron", "declaration", "store", "system"]),
-    ("controller", &["apply", "cron", "declaration", "store", "system", "telemetry"]),
-    ("cli", &["apply", "controller", "cron", "declaration", "store", "system", "telemetry"]),
+    ("apply", &["cron", "declaration", "secrets", "store", "system"]),
+    ("controller", &["apply", "cron", "declaration", "secrets", "store", "system", "telemetry"]),
+    ("cli", &["apply", "controller", "cron", "declaration", "secrets", "store", "system", "telemetry"]),
     ("lib", &[]),
 ];
 

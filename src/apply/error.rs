@@ -51,9 +51,27 @@ pub enum Error {
     /// value is not quoted: it may be a secret.
     #[error("{path} was written, and reading it back {key} does not hold the declared value")]
     IntoReadBack { path: PathBuf, key: String },
-    /// A file carrying a sealed value, on a node without the key to open it.
-    #[error("{path} carries a sealed value and this node has no sealing key; nothing was written")]
+    /// The declared bytes of a file carrying a secret were asked for as plain bytes: they are
+    /// opened only by the file's applier, with the node's key.
+    #[error("{path} carries a sealed value, which is opened only when the file is applied")]
     Sealed { path: PathBuf },
+    /// An `into` file carrying a secret: not built yet.
+    #[error(
+        "{path} sets keys `into` a file and carries a sealed value: secrets in `into` files are not supported yet; nothing was written"
+    )]
+    IntoSecret { path: PathBuf },
+    /// A file carrying a sealed value, on a node without the key to open it.
+    #[error(
+        "{path} carries a sealed value and this node has no sealing key at {key}: make one with `mesh-host keygen` and seal the value to the public key it prints; nothing was written"
+    )]
+    NoKey { path: PathBuf, key: PathBuf },
+    /// The node's key file is there and cannot be used (readable by others, not a key file).
+    #[error("{path} carries a sealed value and the node's sealing key cannot be used: {error}; nothing was written")]
+    KeyUnusable { path: PathBuf, error: Arc<str> },
+    /// A sealed value that does not open with this node's key. Names the field, never what it
+    /// held or what a failed attempt produced.
+    #[error("{path}: `{field}` does not open: {error}; nothing was written")]
+    NotOpened { path: PathBuf, field: String, error: crate::secrets::OpenError },
     #[error("{path} declares no content")]
     NoContent { path: PathBuf },
     #[error("{path}: the archive has no bytes or source")]
@@ -340,7 +358,19 @@ mod tests {
             ),
             (
                 Error::Sealed { path: p() },
-                "/etc/app.conf carries a sealed value and this node has no sealing key; nothing was written".into(),
+                "/etc/app.conf carries a sealed value, which is opened only when the file is applied".into(),
+            ),
+            (
+                Error::IntoSecret { path: p() },
+                "/etc/app.conf sets keys `into` a file and carries a sealed value: secrets in `into` files are not supported yet; nothing was written".into(),
+            ),
+            (
+                Error::NoKey { path: p(), key: PathBuf::from("/var/lib/mesh-host/sealing.key") },
+                "/etc/app.conf carries a sealed value and this node has no sealing key at /var/lib/mesh-host/sealing.key: make one with `mesh-host keygen` and seal the value to the public key it prints; nothing was written".into(),
+            ),
+            (
+                Error::NotOpened { path: p(), field: "secrets.db".into(), error: crate::secrets::OpenError::NotAge },
+                "/etc/app.conf: `secrets.db` does not open: it is neither an armored age value (`-----BEGIN AGE ENCRYPTED FILE-----`) nor base64 of a binary one; nothing was written".into(),
             ),
             (Error::NoContent { path: p() }, "/etc/app.conf declares no content".into()),
             (Error::NoArchive { path: p() }, "/etc/app.conf: the archive has no bytes or source".into()),

@@ -66,6 +66,8 @@ pub struct Config {
     pub step_timeout: Option<Duration>,
     /// How much one archive may unpack (`--archive-max-bytes`, `--archive-max-entries`).
     pub archive_limits: crate::apply::ArchiveLimits,
+    /// The node's sealing key (`--key`), read in each pass that opens a sealed value.
+    pub key: PathBuf,
 }
 
 impl Config {
@@ -93,6 +95,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::for_daemon(&known, config.resync));
     let health = Arc::new(Health::new(config.stale_after()));
     let store = Store::open(&config.state)?;
+    // Unbounded, unlike mini-redis's channels: a watcher must never block on the agent (inotify
+    // would overflow its queue meanwhile), and the intake loop drains it at once into the queue,
+    // which de-duplicates, so it holds at most the changes of one wake-up (ARCHITECTURE.md,
+    // "The queue").
     let (tx, mut rx) = mpsc::unbounded_channel::<Change>();
     let files = FileWatcher::new(tx.clone()).context("cannot start the file watcher (inotify)")?;
     events::WatcherState { watcher: "file", up: true }.emit(&metrics);
@@ -106,6 +112,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         worker.installed_steps(),
         config.container_socket.clone(),
         config.step_timeout,
+        config.key.clone(),
         Arc::clone(&metrics),
         shutdown.clone(),
     ));
@@ -245,6 +252,7 @@ mod tests {
             container_socket: None,
             step_timeout: step.map(Duration::from_secs),
             archive_limits: crate::apply::ArchiveLimits::default(),
+            key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
         }
     }
 

@@ -149,6 +149,8 @@ impl<K: Clone + Eq + Hash> Queue<K> {
                 refilled: now,
                 seq: 0,
                 closed: false,
+                // A fixed seed: the jitter only spreads retries of different keys apart within
+                // one process, which any seed does, and a fixed one keeps tests repeatable.
                 rng: 0x9e37_79b9_7f4a_7c15,
             }),
             wake: Notify::new(),

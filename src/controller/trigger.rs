@@ -1,6 +1,6 @@
 //! What a change on the machine means: which keys to reconcile.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
@@ -40,18 +40,18 @@ pub struct Index {
     units: HashMap<String, Id>,
     /// Containers by the resource id on their `mesh-host.id` label, and by name: a container
     /// adopted from a bundle keeps its old id on its label until it is recreated.
-    containers: HashMap<Id, ()>,
+    containers: HashSet<Id>,
     container_names: HashMap<String, Id>,
 }
 
 impl Index {
     pub fn new(d: &Arc<Declaration>) -> Index {
         let mut units = HashMap::new();
-        let mut containers = HashMap::new();
+        let mut containers = HashSet::new();
         let mut container_names = HashMap::new();
         for r in &d.resources {
             if let Spec::Container(c) = &r.spec {
-                containers.insert(r.id.clone(), ());
+                containers.insert(r.id.clone());
                 container_names.insert(c.name.to_string(), r.id.clone());
             }
             if let Some(unit) = r.spec.unit() {
@@ -95,7 +95,7 @@ pub fn keys(change: &Change, index: &Index) -> Vec<(Key, &'static str)> {
         }
         Change::Container { label, name, .. } => Id::parse(label)
             .ok()
-            .filter(|id| index.containers.contains_key(id))
+            .filter(|id| index.containers.contains(id))
             .or_else(|| index.container_names.get(name).cloned())
             .map(|id| (Key::Resource(id), "docker"))
             .into_iter()

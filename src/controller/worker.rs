@@ -233,6 +233,7 @@ impl Worker {
             step_timeout: self.config.step_timeout,
             archive_limits: self.config.archive_limits,
             contents: self.contents.clone(),
+            key: self.config.key.clone(),
             // The daemon's passes are in its log, not on a terminal.
             progress: None,
         }
@@ -300,7 +301,9 @@ impl Worker {
     /// scheduler is not woken by every reconcile of a file.
     fn publish_installed_steps(&self) {
         let installed = match self.declaration.as_deref() {
-            Some(d) if d.scheduled_steps().next().is_some() => apply::installed_steps(d, &self.store),
+            Some(d) if d.scheduled_steps().next().is_some() => {
+                apply::installed_steps(d, &self.store, &self.config.key)
+            }
             _ => std::collections::HashMap::new(),
         };
         self.installed.send_if_modified(|was| {

@@ -25,9 +25,11 @@ pub use error::{Problem, Refused};
 pub use model::*;
 pub use schema::json_schema;
 pub use types::{
-    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Sha256,
-    Transport, Volume, VolumeSource,
+    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Sealed,
+    Sha256, Transport, Volume, VolumeSource,
 };
+#[cfg(test)]
+pub(crate) use validate::secret_holes;
 
 /// The declaration versions this build understands.
 pub const VERSIONS: &[u64] = &[1];

@@ -67,6 +67,79 @@ pub struct ImageFound {
     pub repo_digests: Vec<String>,
 }
 
+/// The registry an image is pulled from, as the Docker client names it in its configuration:
+/// the first part of the name when it is a host (it holds a '.' or a ':', or is `localhost`),
+/// else Docker Hub.
+fn registry_of(image: &str) -> &str {
+    match image.split_once('/') {
+        Some((first, _)) if first.contains(['.', ':']) || first == "localhost" => first,
+        _ => "docker.io",
+    }
+}
+
+/// What the Docker client (`docker login`) stored for the image's registry, sent with the pull
+/// as the CLI sends it: Docker's engine keeps no credentials of its own, its client passes them
+/// with each pull. Read from `$DOCKER_CONFIG/config.json`, else `$HOME/.docker/config.json`
+/// (`/root` without a HOME):
+/// the `auths` entries only (a credential helper, `credsStore` or `credHelpers`, is a program
+/// to run, which the agent does not). `None` when there is nothing for that registry; a
+/// config that cannot be read is said in the log, never its content.
+fn registry_credentials(image: &str) -> Option<bollard::auth::DockerCredentials> {
+    let path = match std::env::var_os("DOCKER_CONFIG") {
+        Some(dir) => std::path::PathBuf::from(dir).join("config.json"),
+        // A system service may run without HOME; the agent runs as root, whose home it is.
+        None => std::env::var_os("HOME")
+            .map_or_else(|| std::path::PathBuf::from("/root"), std::path::PathBuf::from)
+            .join(".docker/config.json"),
+    };
+    let bytes = match crate::system::read_input(&path, 1 << 20) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::warn!(config = %path.display(), error = %e, "cannot read the container client's configuration; pulling without credentials");
+            return None;
+        }
+    };
+    let Ok(config) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        tracing::warn!(config = %path.display(), "the container client's configuration is not JSON; pulling without credentials");
+        return None;
+    };
+    credentials_in(&config, registry_of(image))
+}
+
+/// The `auths` entry of a Docker client configuration for a registry. Its keys may be written
+/// with a scheme and a path (`https://index.docker.io/v1/` is Docker Hub's).
+fn credentials_in(config: &serde_json::Value, registry: &str) -> Option<bollard::auth::DockerCredentials> {
+    use base64::Engine as _;
+    let auths = config.get("auths")?.as_object()?;
+    let host = |key: &str| {
+        let key = key.trim_start_matches("https://").trim_start_matches("http://");
+        let key = key.split('/').next().unwrap_or(key);
+        if key == "index.docker.io" || key == "registry-1.docker.io" {
+            "docker.io".to_owned()
+        } else {
+            key.to_owned()
+        }
+    };
+    let (key, entry) = auths.iter().find(|(key, _)| host(key) == registry)?;
+    if let Some(token) = entry.get("identitytoken").and_then(|t| t.as_str()) {
+        return Some(bollard::auth::DockerCredentials {
+            identitytoken: Some(token.to_owned()),
+            serveraddress: Some(key.clone()),
+            ..Default::default()
+        });
+    }
+    let auth = entry.get("auth")?.as_str()?;
+    let decoded = base64::engine::general_purpose::STANDARD.decode(auth).ok()?;
+    let (user, password) = std::str::from_utf8(&decoded).ok()?.split_once(':')?;
+    Some(bollard::auth::DockerCredentials {
+        username: Some(user.to_owned()),
+        password: Some(password.to_owned()),
+        serveraddress: Some(key.clone()),
+        ..Default::default()
+    })
+}
+
 /// An image reference as the Engine API's pull takes it: the repository, and the tag or digest
 /// apart. Given no tag, the API would pull every tag of the repository, so `latest` is said, as
 /// the CLI does.
@@ -310,8 +383,9 @@ impl Docker {
     pub fn pull(&self, image: &str) -> std::result::Result<(), String> {
         let (from, tag) = pull_parts(image);
         let options = CreateImageOptionsBuilder::new().from_image(from).tag(tag).build();
+        let credentials = registry_credentials(image);
         let pulled = block(async {
-            let mut progress = self.client.create_image(Some(options), None, None);
+            let mut progress = self.client.create_image(Some(options), None, credentials);
             // The stream is the pull's progress; it ends when the pull does, and an error in it
             // is the pull's failure.
             while let Some(item) = progress.next().await {
@@ -556,6 +630,27 @@ pub fn exists(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_are_those_the_client_stored_for_the_images_registry() {
+        assert_eq!(registry_of("busybox"), "docker.io");
+        assert_eq!(registry_of("team/web:1"), "docker.io");
+        assert_eq!(registry_of("127.0.0.1:5057/team/web:1"), "127.0.0.1:5057");
+        assert_eq!(registry_of("registry.example/web@sha256:ab"), "registry.example");
+        assert_eq!(registry_of("localhost/web"), "localhost");
+        let config = serde_json::json!({"auths": {
+            "https://index.docker.io/v1/": {"auth": "aHViOmh1YnB3"},
+            "127.0.0.1:5057": {"auth": "bWg6cHc="},
+            "registry.example": {"identitytoken": "tok"},
+        }, "credsStore": "desktop"});
+        let got = |registry: &str| {
+            credentials_in(&config, registry).map(|c| (c.username, c.password, c.identitytoken))
+        };
+        assert_eq!(got("127.0.0.1:5057"), Some((Some("mh".into()), Some("pw".into()), None)));
+        assert_eq!(got("docker.io"), Some((Some("hub".into()), Some("hubpw".into()), None)));
+        assert_eq!(got("registry.example"), Some((None, None, Some("tok".into()))));
+        assert_eq!(got("127.0.0.1:5055"), None);
+    }
 
     #[test]
     fn a_pull_names_the_repository_and_the_tag_or_digest_apart() {

@@ -98,8 +98,29 @@ pub struct Meta {
     pub sig: Sig,
 }
 
-/// A file's change signature: `(inode, ctime seconds, ctime nanoseconds, size)`.
-pub type Sig = (u64, i64, u32, u64);
+/// A file's change signature: what moves whenever anything about the file does. The store
+/// keeps it as the array `[inode, ctime seconds, ctime nanoseconds, size]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "(u64, i64, u32, u64)", into = "(u64, i64, u32, u64)")]
+pub struct Sig {
+    pub inode: u64,
+    /// The change time, which only the kernel sets: seconds and nanoseconds.
+    pub ctime: i64,
+    pub ctime_nsec: u32,
+    pub size: u64,
+}
+
+impl From<(u64, i64, u32, u64)> for Sig {
+    fn from((inode, ctime, ctime_nsec, size): (u64, i64, u32, u64)) -> Sig {
+        Sig { inode, ctime, ctime_nsec, size }
+    }
+}
+
+impl From<Sig> for (u64, i64, u32, u64) {
+    fn from(s: Sig) -> Self {
+        (s.inode, s.ctime, s.ctime_nsec, s.size)
+    }
+}
 
 impl Meta {
     /// The signature, if it can be trusted to change on the next change. The kernel stamps
@@ -108,7 +129,7 @@ impl Meta {
     /// (git's "racily clean" problem). `None` means: compare the content next time.
     pub fn settled_sig(&self) -> Option<Sig> {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?;
-        let ctime = std::time::Duration::new(u64::try_from(self.sig.1).ok()?, self.sig.2);
+        let ctime = std::time::Duration::new(u64::try_from(self.sig.ctime).ok()?, self.sig.ctime_nsec);
         (now.checked_sub(ctime)? > std::time::Duration::from_millis(50)).then_some(self.sig)
     }
 }
@@ -159,7 +180,12 @@ fn meta_of(st: &rfs::Stat) -> Meta {
         gid: st.st_gid,
         dev: st.st_dev,
         links: st.st_nlink as u64,
-        sig: (st.st_ino, st.st_ctime as i64, st.st_ctime_nsec as u32, st.st_size as u64),
+        sig: Sig {
+            inode: st.st_ino,
+            ctime: st.st_ctime as i64,
+            ctime_nsec: st.st_ctime_nsec as u32,
+            size: st.st_size as u64,
+        },
     }
 }
 
@@ -394,10 +420,10 @@ impl Fs {
         let mut file = std::fs::File::from(fd);
         let io = |e: io::Error| FsError::Io { op: "read", path: path.to_owned(), source: e };
         let mut bytes = Vec::new();
-        if meta.sig.3 <= max {
+        if meta.sig.size <= max {
             use std::io::Read as _;
             // One byte more than the limit proves the end, or shows the file grew past it.
-            let cap = usize::try_from(meta.sig.3).unwrap_or(0).saturating_add(1);
+            let cap = usize::try_from(meta.sig.size).unwrap_or(0).saturating_add(1);
             bytes.reserve_exact(cap);
             (&mut file).take(max.saturating_add(1)).read_to_end(&mut bytes).map_err(io)?;
             if bytes.len() as u64 <= max {

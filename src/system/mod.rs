@@ -12,6 +12,7 @@ pub mod docker;
 pub mod fs;
 pub mod input;
 pub mod journal;
+pub mod keys;
 #[allow(unsafe_code, reason = "the allocator's C interface; each block says why it is sound")]
 pub mod memory;
 pub mod packages;

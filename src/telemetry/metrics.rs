@@ -59,7 +59,7 @@ pub struct Known<'a> {
 }
 
 /// What a scheduled step's run can end as: the `result` label of `mesh_host_scheduled_runs`.
-pub const SCHEDULED_RESULTS: [&str; 3] = ["succeeded", "failed", "skipped"];
+pub const SCHEDULED_RESULTS: [&str; 4] = ["succeeded", "failed", "skipped", "not_installed"];
 
 /// What a reconcile covers: the `scope` label of `mesh_host_reconcile_duration_seconds`.
 pub const SCOPES: [&str; 2] = ["resource", "full"];
@@ -181,7 +181,7 @@ impl Metrics {
         );
         registry.register(
             "mesh_host_scheduled_runs",
-            "Runs of scheduled steps, by result (succeeded, failed, skipped while still running)",
+            "Runs of scheduled steps, by result (succeeded, failed, skipped while still running, not_installed: a fire of a step no apply installed at its current declaration)",
             m.scheduled_runs.clone(),
         );
         registry.register(
@@ -370,6 +370,7 @@ mod tests {
             r#"mesh_host_resource_outcomes_total{type="service",action="corrected"} 0"#,
             r#"mesh_host_queue_adds_total{source="file"} 0"#,
             r#"mesh_host_scheduled_runs_total{result="skipped"} 0"#,
+            r#"mesh_host_scheduled_runs_total{result="not_installed"} 0"#,
             r#"mesh_host_reconcile_duration_seconds_count{scope="resource"} 0"#,
             "mesh_host_resync_period_seconds 600.0",
         ] {

@@ -165,6 +165,8 @@ fn the_daemon_watches_into_files() {
     let daemon = Daemon::start(&s, &d, &[]);
     let set = DAEMON_JSON.replace("overlay2", "vfs");
     assert_eq!(read(&path), set, "the first apply ran before READY");
+    // Truncated, then written: a read between the two finds an empty file, which is refused
+    // (and retried), never written into.
     std::fs::write(&path, DAEMON_JSON).unwrap();
     assert!(wait_for(PATIENCE, || read(&path) == set), "an owned key put back:\n{}", daemon.log());
     assert!(wait_for(PATIENCE, || daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}") >= 1.0));

@@ -14,6 +14,7 @@
 mod support;
 
 mod actions;
+mod adoption;
 mod attacks;
 mod daemon;
 mod docker;
@@ -25,5 +26,6 @@ mod operator;
 mod packages;
 mod reliability;
 mod schema;
+mod secrets;
 mod systemd;
 mod users;

@@ -742,8 +742,14 @@ fn on_an_adopted_node_units_packages_and_users_of_untaken_modules_are_held() {
     let t = testbed();
     let unit = format!("{}.service", unique("mh-it-held"));
     let taken = format!("{}.service", unique("mh-it-taken"));
+    // A process of the same name as the host's transient unit for it, already running: found.
+    let proc_name = unique("mh-it-heldproc");
+    let proc_unit = format!("mesh-host-{proc_name}.service");
     t.unit(&unit, &sleeper(""));
     t.unit(&taken, &sleeper(""));
+    t.unit(&proc_unit, &sleeper(""));
+    t.systemctl(&["start", &proc_unit]);
+    let proc_pid = t.show(&proc_unit, "MainPID");
     let s = Scratch::new();
     let d = s.path("adopted.json");
     std::fs::write(
@@ -752,6 +758,7 @@ fn on_an_adopted_node_units_packages_and_users_of_untaken_modules_are_held() {
             {"type": "service", "id": "theirs.svc", "unit": unit, "state": "running"},
             {"type": "package", "id": "theirs.pkg", "package": "dpkg"},
             {"type": "user", "id": "theirs.user", "name": "root"},
+            {"type": "process", "id": "theirs.proc", "name": proc_name, "command": ["/bin/sleep", "1000"]},
             {"type": "service", "id": "mine.svc", "unit": taken, "state": "running"},
         ]}))
         .unwrap(),
@@ -759,15 +766,27 @@ fn on_an_adopted_node_units_packages_and_users_of_untaken_modules_are_held() {
     .unwrap();
     let (code, report) = apply_on(&s, &t.bus(), &d);
     assert_eq!(code, 0, "{report:#}");
-    for id in ["theirs.svc", "theirs.pkg", "theirs.user"] {
+    for id in ["theirs.svc", "theirs.pkg", "theirs.user", "theirs.proc"] {
         assert_eq!(action(&report, id), "held", "{report:#}");
     }
+    assert_eq!(t.show(&proc_unit, "MainPID"), proc_pid, "the process found is left running as it is");
+    // Stopped by its owner, it stays held: not the host's to start.
+    t.systemctl(&["stop", &proc_unit]);
+    let (code, again) = apply_on(&s, &t.bus(), &d);
+    assert_eq!(code, 0, "{again:#}");
+    assert_eq!(action(&again, "theirs.proc"), "held", "{again:#}");
+    assert_ne!(t.active(&proc_unit), "active");
     assert_eq!(action(&report, "mine.svc"), "updated");
     assert_eq!(t.active(&unit), "inactive", "held as found, not started");
     assert_eq!(t.active(&taken), "active");
-    let state = std::fs::read_to_string(s.state()).unwrap();
-    assert!(!state.contains("theirs."), "held is never recorded: {state}");
-    t.clean(&[&unit, &taken], &[]);
+    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(s.state()).unwrap()).unwrap();
+    let records = state["records"].as_object().unwrap();
+    assert!(records.keys().all(|id| !id.starts_with("theirs.")), "held is never recorded: {state:#}");
+    // It is remembered as held, until its module is taken.
+    for id in ["theirs.svc", "theirs.pkg", "theirs.user"] {
+        assert!(state["held"][id].is_object(), "{state:#}");
+    }
+    t.clean(&[&unit, &taken, &proc_unit], &[]);
 }
 
 #[test]

@@ -44,7 +44,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The first wait before connecting again, and the longest.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
+const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
 /// Starts the watcher on the current tokio runtime.
 ///
@@ -61,7 +61,7 @@ pub fn spawn(
 }
 
 /// How following a connection ended.
-enum Ended {
+enum StreamEnd {
     /// The bus went away: connect again.
     Lost,
     /// Nobody listens any more: stop.
@@ -101,8 +101,8 @@ async fn run(
                 tried = true;
                 tracing::debug!(bus = bus.as_deref().unwrap_or("system"), "systemd watcher connected");
                 match follow(signals, &mut units, &tx).await {
-                    Ended::Stop => return,
-                    Ended::Lost => {
+                    StreamEnd::Stop => return,
+                    StreamEnd::Lost => {
                         tracing::warn!(
                             bus = bus.as_deref().unwrap_or("system"),
                             "systemd bus lost; reconnecting"
@@ -125,7 +125,7 @@ async fn run(
             _ = tokio::time::sleep(wait) => {}
             _ = tx.closed() => return,
         }
-        wait = (wait * 2).min(BACKOFF_MAX);
+        wait = (wait * 2).min(BACKOFF_CAP);
     }
 }
 
@@ -176,7 +176,7 @@ async fn follow(
     mut signals: Signals,
     units: &mut watch::Receiver<BTreeSet<String>>,
     tx: &mpsc::UnboundedSender<Change>,
-) -> Ended {
+) -> StreamEnd {
     let mut paths = paths_of(&units.borrow_and_update());
     loop {
         // In this order: a change of the set applies to every signal handled after it, and a
@@ -185,22 +185,22 @@ async fn follow(
             biased;
             changed = units.changed() => match changed {
                 Ok(()) => paths = paths_of(&units.borrow_and_update()),
-                Err(_) => return Ended::Stop,
+                Err(_) => return StreamEnd::Stop,
             },
             msg = next_signal(&mut signals) => match msg {
                 Some(Ok(msg)) => {
                     if let Some(unit) = unit_of(&msg, &paths, units) {
                         if tx.send(Change::Unit { unit }).is_err() {
-                            return Ended::Stop;
+                            return StreamEnd::Stop;
                         }
                     }
                 }
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "systemd watcher: unreadable message");
                 }
-                None => return Ended::Lost,
+                None => return StreamEnd::Lost,
             },
-            _ = tx.closed() => return Ended::Stop,
+            _ = tx.closed() => return StreamEnd::Stop,
         }
     }
 }

@@ -33,8 +33,10 @@ pub(super) type Unreadable = String;
 
 impl Doc {
     /// Checks the text. JSON must be one object (its line and column named otherwise); an env
-    /// file must be UTF-8. An empty file is an empty object or env file: the mesh's keys are
-    /// the first in it.
+    /// file must be UTF-8. An empty JSON file is not an object: it is refused like any other
+    /// invalid one, which also keeps the host from writing into a file its program has just
+    /// truncated to write it again (the program's write would land on the replaced file and be
+    /// lost); the next try finds it written.
     pub(super) fn parse(format: MergeInto, bytes: Vec<u8>) -> Result<Doc, Unreadable> {
         let text = String::from_utf8(bytes).map_err(|e| {
             let at = e.utf8_error().valid_up_to();
@@ -43,7 +45,9 @@ impl Doc {
         })?;
         match format {
             MergeInto::Env => {}
-            MergeInto::Json if text.trim().is_empty() => {}
+            MergeInto::Json if text.trim().is_empty() => {
+                return Err("is empty, which is not a JSON object".to_owned());
+            }
             MergeInto::Json => match serde_json::from_str::<Value>(&text) {
                 Ok(Value::Object(_)) => {}
                 Ok(_) => return Err("is valid JSON but not an object, so it has no keys to set".to_owned()),
@@ -482,7 +486,8 @@ mod tests {
         assert_eq!(err, "is valid JSON but not an object, so it has no keys to set");
         let err = Doc::parse(MergeInto::Env, b"A=1\nB=\xff\n".to_vec()).unwrap_err();
         assert_eq!(err, "is not UTF-8 text (line 2)");
-        assert!(json("  \n").is_bare());
+        let err = Doc::parse(MergeInto::Json, b"  \n".to_vec()).unwrap_err();
+        assert_eq!(err, "is empty, which is not a JSON object");
     }
 
     #[test]

@@ -462,6 +462,42 @@ fn docker_adopted_node_holds_a_container_and_network_it_did_not_make_until_taken
     assert_ne!(DOCKER.id(&web), before);
 }
 
+/// On an adopted node nothing runs inside what the host holds: an action `in` a held container
+/// (of any module), and the run-once and scheduled steps of the module that holds it.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_adopted_node_runs_nothing_inside_what_it_holds() {
+    let n = Names::new(DOCKER, "adoptrun");
+    let s = Scratch::new();
+    let db = n.container("db");
+    DOCKER.ok(&["run", "-d", "--name", &db, IMAGE, SERVE[0], SERVE[1], SERVE[2]]);
+    std::fs::create_dir(s.path("out")).unwrap();
+    let path = s.path("adopted.json");
+    let d = json!({"version": 1, "adoption": {"taken": ["ops"]}, "resources": [
+        {"type": "container", "id": "db.server", "name": db, "image": IMAGE, "args": SERVE},
+        {"type": "container", "id": "db.migrate", "name": n.container("migrate"), "image": IMAGE, "run-once": true,
+         "volumes": [format!("{}:/out", s.p("out"))], "args": ["sh", "-c", "echo ran > /out/migrate"]},
+        {"type": "container", "id": "db.backup", "name": n.container("backup"), "image": IMAGE,
+         "schedule": "0 3 * * *", "args": ["true"]},
+        {"type": "action", "id": "ops.vacuum", "in": db, "verify": ["test", "-f", "/tmp/vacuumed"],
+         "command": ["touch", "/tmp/vacuumed"]},
+    ]});
+    std::fs::write(&path, serde_json::to_vec_pretty(&d).unwrap()).unwrap();
+    let report = applied(&s, &path);
+    for id in ["db.server", "db.migrate", "db.backup", "ops.vacuum"] {
+        assert_eq!(action(&report, id), "held", "{id}: {report:#}");
+    }
+    assert!(!s.path("out/migrate").exists(), "the step did not run");
+    assert!(
+        !DOCKER.run(&["exec", &db, "test", "-f", "/tmp/vacuumed"]).0,
+        "nothing ran inside the held container"
+    );
+    assert!(
+        record(&s, "db.backup").is_null(),
+        "a held step is not installed, so the scheduler never runs it"
+    );
+}
+
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_plan_changes_nothing() {

@@ -80,3 +80,31 @@ fn daemon_runs_a_scheduled_step_at_its_fire() {
         wait_for(PATIENCE, || daemon.metric("mesh_host_scheduled_runs_total{result=\"succeeded\"}") >= 1.0)
     );
 }
+
+/// Regression (issue 11): the daemon's scheduler ran every scheduled step of the declaration in
+/// force. A step behind a failed gate was never installed, and its fires are counted as
+/// `not_installed`, never run.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn daemon_does_not_run_a_scheduled_step_that_was_not_installed() {
+    let n = Names::new(DOCKER, "dnoinst");
+    let s = Scratch::new();
+    std::fs::create_dir(s.path("out")).unwrap();
+    let d = s.declare(json!([
+        {"type": "action", "id": "db.migrate", "command": ["false"], "verify": ["false"]},
+        {"type": "container", "id": "db.backup", "name": n.container("backup"), "image": IMAGE,
+         "schedule": "* * * * *", "volumes": [format!("{}:/out", s.p("out"))],
+         "args": ["sh", "-c", "echo ran >> /out/log"]},
+    ]));
+    let daemon = Daemon::start(&s, &d, &[]);
+    // Every minute, on the minute: at most a minute, then the count says the fire was seen.
+    assert!(
+        wait_for(std::time::Duration::from_secs(75), || {
+            daemon.metric("mesh_host_scheduled_runs_total{result=\"not_installed\"}") >= 1.0
+        }),
+        "the fire was seen and not run:\n{}",
+        daemon.log()
+    );
+    assert!(!s.path("out/log").exists(), "the step behind the failed gate never ran");
+    assert_eq!(daemon.metric("mesh_host_scheduled_runs_total{result=\"succeeded\"}"), 0.0);
+}

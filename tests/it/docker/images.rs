@@ -180,3 +180,95 @@ fn docker_a_scheduled_steps_image_is_pulled_when_it_is_installed() {
     assert!(detail(&report, "db.backup").contains("pulled"), "{report:#}");
     assert!(DOCKER.run(&["image", "inspect", &tagged]).0, "the image is on the machine");
 }
+
+/// The registry of the testbed that asks for a login (`tests/testbed/40-registry.sh`).
+const LOGIN_REGISTRY: &str = "127.0.0.1:5057";
+
+/// `apply --json` on `socket` (the default one when `None`) with the container client's
+/// configuration in `config` (`DOCKER_CONFIG`).
+fn apply_with_client_config(
+    socket: Option<&str>,
+    s: &Scratch,
+    d: &std::path::Path,
+    config: &std::path::Path,
+) -> (i32, Value) {
+    let mut cmd = assert_cmd::Command::cargo_bin("mesh-host").unwrap();
+    cmd.env("DOCKER_CONFIG", config).arg("--state").arg(s.state());
+    if let Some(socket) = socket {
+        cmd.args(["--container-socket", socket]);
+    }
+    let out = cmd.args(["apply", "--json", d.to_str().unwrap()]).output().unwrap();
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.code().unwrap_or(-1), report)
+}
+
+/// Docker's engine keeps no registry credentials: its client sends what `docker login` stored
+/// with each pull. mesh-host sends them the same way, from the client's configuration, and the
+/// password never reaches the report.
+fn a_registry_that_asks_for_a_login_gets_the_clients_credentials(rt: Cli) {
+    let mut p = Pushed::default();
+    let names = Names::new(rt, "login");
+    assert!(
+        std::net::TcpStream::connect(LOGIN_REGISTRY).is_ok(),
+        "no registry answers on {LOGIN_REGISTRY}: run tests/testbed/40-registry.sh (as root)"
+    );
+    let s = Scratch::new();
+    let config = s.path("docker-config");
+    let empty = s.path("no-config");
+    std::fs::create_dir_all(&empty).unwrap();
+    let docker = |args: &[&str]| {
+        let out =
+            std::process::Command::new("docker").arg("--config").arg(&config).args(args).output().unwrap();
+        assert!(out.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let mut login = std::process::Command::new("docker")
+        .arg("--config")
+        .arg(&config)
+        .args(["login", LOGIN_REGISTRY, "-u", "mh-parity", "--password-stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    login.stdin.take().unwrap().write_all(b"registry-pw-parity").unwrap();
+    assert!(login.wait().unwrap().success(), "docker login {LOGIN_REGISTRY}");
+    let image = format!("{LOGIN_REGISTRY}/mh-parity-{}-{}/busybox:1", rt.name(), std::process::id());
+    docker(&["tag", IMAGE, &image]);
+    docker(&["push", &image]);
+    p.images.push(image.clone());
+    for cli in [DOCKER, PODMAN_CLI] {
+        let _ = cli.run(&["rmi", &image]);
+    }
+    let d = s.declare(json!([
+        {"type": "container", "id": "web.app", "name": names.container("web"), "image": image, "args": SERVE},
+    ]));
+    // Podman's service reads its registries.conf once: one of this test's own reads the
+    // testbed's entry for this registry, whenever the shared one was started.
+    let own = rt.podman.then(|| Service::new(&format!("unix://{}", s.p("podman.sock"))));
+    let socket = own.as_ref().map(|o| o.socket().to_owned());
+    let (code, report) = apply_with_client_config(socket.as_deref(), &s, &d, &empty);
+    assert_eq!(code, 1, "without the login the registry refuses: {report:#}");
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("image {image} is not on this machine and cannot be pulled: ")),
+        "{message}"
+    );
+    let (code, report) = apply_with_client_config(socket.as_deref(), &s, &d, &config);
+    assert_eq!(code, 0, "{report:#}");
+    assert!(detail(&report, "web.app").contains("pulled"), "{report:#}");
+    assert!(!report.to_string().contains("registry-pw-parity"));
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_a_registry_that_asks_for_a_login_gets_the_clients_credentials() {
+    a_registry_that_asks_for_a_login_gets_the_clients_credentials(DOCKER);
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn podman_a_registry_that_asks_for_a_login_gets_the_clients_credentials() {
+    a_registry_that_asks_for_a_login_gets_the_clients_credentials(PODMAN_CLI);
+}
