@@ -672,3 +672,40 @@ fn apply_on_a_terminal_shows_progress_on_stderr_and_clears_it() {
     assert!(seen.contains("[0/1] a.f"), "the progress line: {seen:?}");
     assert!(seen.ends_with("\r\x1b[2K") || seen.contains("\r\x1b[2K"), "cleared after: {seen:?}");
 }
+
+#[test]
+fn logs_on_a_terminal_are_coloured_unless_no_color_is_set() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "x\n"}]));
+    // `script` gives the command a terminal; debug logging makes `apply` log to it.
+    let logged = |no_color: Option<&str>| {
+        let command = format!(
+            "{} --state {} apply {} 1>/dev/null",
+            assert_cmd::cargo::cargo_bin("mesh-host").display(),
+            s.state().display(),
+            d.display()
+        );
+        let mut script = std::process::Command::new("script");
+        script.args(["-qec", &command, "/dev/null"]).env("MESH_HOST_LOG", "debug").env_remove("NO_COLOR");
+        if let Some(value) = no_color {
+            script.env("NO_COLOR", value);
+        }
+        let out = script.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // A level or a field name in colour: an SGR sequence (ESC [ ... m), which the progress
+    // line's erase (ESC [ 2 K) is not.
+    let coloured = |text: &str| {
+        text.split("\x1b[").skip(1).any(|rest| {
+            rest.split_once('m')
+                .is_some_and(|(code, _)| code.bytes().all(|b| b.is_ascii_digit() || b == b';'))
+        })
+    };
+    let plain = logged(None);
+    assert!(plain.contains("DEBUG") && coloured(&plain), "coloured on a terminal: {plain:?}");
+    let no_color = logged(Some("1"));
+    assert!(no_color.contains("DEBUG") && !coloured(&no_color), "NO_COLOR=1: {no_color:?}");
+    // Set but empty means nothing, as no-color.org says.
+    assert!(coloured(&logged(Some(""))));
+}
