@@ -317,17 +317,35 @@ impl Ephemeral {
     pub fn boot() -> Ephemeral {
         // The testbed's tree is what is copied; without it, this fails saying how to get it.
         let _ = crate::systemd::testbed();
+        // Once more if the first copy fails: the tree is copied while other tests write into
+        // it, and a file removed mid-copy fails that copy.
+        let log = tempfile::NamedTempFile::new().unwrap();
+        for _ in 0..2 {
+            if let Some(booted) = Ephemeral::try_boot(log.path()) {
+                return booted;
+            }
+        }
+        panic!(
+            "a throw-away copy of the testbed did not boot within 60 s, twice; systemd-nspawn said:\n{}",
+            std::fs::read_to_string(log.path()).unwrap_or_default()
+        );
+    }
+
+    fn try_boot(log: &std::path::Path) -> Option<Ephemeral> {
         let name = crate::systemd::unique("op-eph-");
         let nspawn = std::process::Command::new("systemd-nspawn")
             .args(["-D", crate::systemd::ROOT, "-x", "-M", &name, "-b", "--register=no", "--keep-unit"])
             .args(["--console=passive", "--private-network"])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(std::fs::File::options().append(true).open(log).unwrap())
             .spawn()
             .expect("systemd-nspawn runs");
         let mut booted = Ephemeral { pid: 0, nspawn };
         let up = crate::support::wait_for(std::time::Duration::from_secs(60), || {
+            if booted.nspawn.try_wait().is_ok_and(|s| s.is_some()) {
+                return true; // Ended: no use waiting.
+            }
             let children = std::fs::read_dir(format!("/proc/{}/task", booted.nspawn.id()))
                 .into_iter()
                 .flatten()
@@ -339,8 +357,9 @@ impl Ephemeral {
             booted.pid = pid;
             matches!(booted.systemctl(&["is-system-running"]).as_str(), "running" | "degraded")
         });
-        assert!(up, "the throw-away copy of the testbed did not boot within 60 s");
-        booted
+        let alive = booted.nspawn.try_wait().is_ok_and(|s| s.is_none());
+        // Dropped (and stopped) when it did not come up.
+        (up && alive && booted.pid != 0).then_some(booted)
     }
 
     /// A path inside, as seen from the host.
