@@ -35,10 +35,20 @@ pub enum Error {
     /// the answer for every container of the pass (see `Machine::docker`).
     #[error(transparent)]
     Runtime(Arc<DockerError>),
+    /// What ufw answered, found active on an adopted node. Shared, like nft's.
+    #[error("ufw: {0}")]
+    Ufw(Arc<crate::system::ufw::UfwError>),
+    /// The flip from ufw to the host's own filter stopped after the filter was loaded.
+    #[error("the host's own filter was loaded, and retiring ufw failed: {0}; ufw and the openings made in it stay, and the next pass tries again")]
+    Flip(Arc<crate::system::ufw::UfwError>),
+    /// The flip from ufw waits: something else in the pass failed.
+    #[error("the flip from ufw to the host's own filter waits until everything applies without failure ({failed} failed); ufw and the openings made in it were left in force")]
+    FlipWaits { failed: usize },
+    /// What nft answered. Shared, because one load of the filter is every opening's.
+    #[error(transparent)]
+    Firewall(Arc<crate::system::firewall::FirewallError>),
 
     // What the declaration asks that this build or this node cannot do. Nothing was changed.
-    #[error("a {0} resource is not supported yet: this build of mesh-host has no applier for it")]
-    Unsupported(Kind),
     /// A file writing keys `into` another asked for its whole content, which it does not have:
     /// its keys are set by `apply::into`, never written as a file.
     #[error("{path} sets keys `into` a file that belongs to someone else; it has no content of its own to write whole, and nothing was written")]
@@ -55,6 +65,9 @@ pub enum Error {
     /// opened only by the file's applier, with the node's key.
     #[error("{path} carries a sealed value, which is opened only when the file is applied")]
     Sealed { path: PathBuf },
+    /// An opening whose id cannot be its rules' comment, which is how its rules are told apart.
+    #[error("the id {id:?} is longer than {max} bytes, the most nftables keeps as a rule's comment; this opening was not loaded (the others were)")]
+    IdTooLongForRule { id: String, max: usize },
     /// An `into` file carrying a secret: not built yet.
     #[error(
         "{path} sets keys `into` a file and carries a sealed value: secrets in `into` files are not supported yet; nothing was written"
@@ -146,6 +159,12 @@ pub enum Error {
     /// A property of what was written is not what the host set it to.
     #[error("{target}: {what} is {found} after the host set it to {wanted}")]
     ReadBack { target: Target, what: Aspect, wanted: String, found: String },
+    /// An opening's rules in ufw, added without an error, read back differently.
+    #[error("{id}: ufw reads back different: {differs}")]
+    UfwReadBack { id: String, differs: String },
+    /// The host's filter, loaded without an error, listed differently.
+    #[error("table inet mesh_host was loaded and reads back different: {differs}")]
+    FilterReadBack { differs: String },
     #[error("{target} was {did} and is not there afterwards")]
     Vanished { target: Target, did: &'static str },
     #[error("{target} is still there after removing it")]
@@ -341,8 +360,12 @@ mod tests {
         };
         let cases: Vec<(Error, String)> = vec![
             (
-                Error::Unsupported(Kind::Opening),
-                "a opening resource is not supported yet: this build of mesh-host has no applier for it".into(),
+                Error::IdTooLongForRule { id: "a.b".into(), max: 128 },
+                "the id \"a.b\" is longer than 128 bytes, the most nftables keeps as a rule's comment; this opening was not loaded (the others were)".into(),
+            ),
+            (
+                Error::FilterReadBack { differs: "its rules were reordered".into() },
+                "table inet mesh_host was loaded and reads back different: its rules were reordered".into(),
             ),
             (
                 Error::IntoUnsupported { path: p() },

@@ -115,7 +115,12 @@ fn look(fs: &mut Fs, machine: &mut Machine, rec: &Record, opts: &Options) -> Res
             let found = machine.docker(opts.container_socket.as_deref())?.network(&rec.target)?;
             Ok(decide::network(&rec.target, found.map(|n| (n.labels.contains_key(ID_LABEL), n.containers))))
         }
-        Kind::Opening => Err(Error::Unsupported(rec.kind)),
+        // Not reached: the pass hands orphan openings to the firewall step (`opening::apply`),
+        // which takes them out of the filter after everything else, in the same load.
+        Kind::Opening => Ok(Plan::Leave(
+            Verb::Kept,
+            "an opening leaves the filter in the firewall step, after everything else".to_owned(),
+        )),
     }
 }
 

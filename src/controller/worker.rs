@@ -65,6 +65,8 @@ pub struct Worker {
     /// Started when a declaration first names a container, a network, or an action run in a
     /// container, for the same reason.
     docker_watcher: Option<tokio::task::JoinHandle<()>>,
+    /// `nft monitor` on the host's table, started when a declaration first opens a port.
+    firewall_watcher: Option<tokio::task::JoinHandle<()>>,
     /// The declaration in force: sent here, read by the scheduler of scheduled steps (a watch
     /// channel: the scheduler sees the latest, never a queue of old ones).
     in_force: tokio::sync::watch::Sender<Option<Arc<Declaration>>>,
@@ -195,6 +197,7 @@ impl Worker {
             units: tokio::sync::watch::channel(BTreeSet::new()).0,
             systemd_watcher: None,
             docker_watcher: None,
+            firewall_watcher: None,
             in_force: tokio::sync::watch::channel(None).0,
             installed: tokio::sync::watch::channel(Arc::default()).0,
         }
@@ -219,7 +222,12 @@ impl Worker {
 
     /// The watcher tasks the worker started, for shutdown to stop.
     pub fn watcher_tasks(&mut self) -> Vec<tokio::task::JoinHandle<()>> {
-        self.systemd_watcher.take().into_iter().chain(self.docker_watcher.take()).collect()
+        self.systemd_watcher
+            .take()
+            .into_iter()
+            .chain(self.docker_watcher.take())
+            .chain(self.firewall_watcher.take())
+            .collect()
     }
 
     fn options(&self) -> Options {
@@ -407,6 +415,7 @@ impl Worker {
                 let units = index.units();
                 *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
                 let uses_containers = d.needs_container_runtime();
+                let opens = d.first_opening().is_some();
                 self.declaration = Some(Arc::clone(&d));
                 self.paths_stale = true;
                 self.in_force.send_replace(Some(d));
@@ -415,6 +424,11 @@ impl Worker {
                         self.config.container_socket.clone(),
                         self.tx.clone(),
                     ));
+                }
+                if opens && self.firewall_watcher.is_none() {
+                    use crate::system::firewall::{FAMILY, TABLE};
+                    self.firewall_watcher =
+                        Some(mesh_host_watchers::firewall::spawn(FAMILY, TABLE, self.tx.clone()));
                 }
                 if !units.is_empty() && self.systemd_watcher.is_none() {
                     let rx = self.units.subscribe();

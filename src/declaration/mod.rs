@@ -123,6 +123,12 @@ impl Declaration {
         self.resources.iter().any(|r| r.spec.uses_containers())
     }
 
+    /// The first declared opening: reconciling it loads the host's filter, which is made from
+    /// every opening at once. `None` when nothing is opened.
+    pub fn first_opening(&self) -> Option<&Id> {
+        self.resources.iter().find(|r| r.kind() == Kind::Opening).map(|r| &r.id)
+    }
+
     /// The scheduled steps, with their cron expressions.
     pub fn scheduled_steps(&self) -> impl Iterator<Item = (&Id, &Cron)> + '_ {
         self.resources.iter().filter_map(|r| r.spec.schedule().map(|c| (&r.id, c)))

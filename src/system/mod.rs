@@ -9,6 +9,7 @@ pub mod accounts;
 pub mod command;
 pub mod contents;
 pub mod docker;
+pub mod firewall;
 pub mod fs;
 pub mod input;
 pub mod journal;
@@ -17,6 +18,7 @@ pub mod keys;
 pub mod memory;
 pub mod packages;
 pub mod systemd;
+pub mod ufw;
 pub mod users;
 
 pub use accounts::AccountError;

@@ -38,6 +38,14 @@ impl Scratch {
         path
     }
 
+    /// Writes a declaration of an adopted node (no module taken) and returns its path.
+    pub fn declare_adopted(&self, resources: Value) -> PathBuf {
+        let path = self.path("declaration.json");
+        let d = serde_json::json!({"version": 1, "adoption": {"taken": []}, "resources": resources});
+        std::fs::write(&path, serde_json::to_vec_pretty(&d).unwrap()).unwrap();
+        path
+    }
+
     /// Runs mesh-host with `--state` pointing into the scratch directory.
     pub fn run(&self, args: &[&str]) -> Output {
         let mut cmd = assert_cmd::Command::cargo_bin("mesh-host").expect("the mesh-host binary");
@@ -130,7 +138,13 @@ impl Daemon {
     /// anything, healthy or not.
     pub fn launch(s: &Scratch, declaration: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let log = s.path(&format!("daemon-{port}.log"));
+        // Beside the scratch tree's files, not among them: the declaration watcher watches the
+        // directory the declaration is in, and at trace level the inotify layer logs each event
+        // it sees, so a log written into a watched directory feeds itself (each line an event,
+        // each event a line) and starves the daemon on a loaded machine.
+        let logs = s.path("logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        let log = logs.join(format!("daemon-{port}.log"));
         let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
             .arg("--state")
             .arg(s.state())
