@@ -19,7 +19,9 @@ else
   cargo build --locked --release --bin mesh-host
   dir=$target/release
   profile=()
-  fast=()
+  # The binary stripped (48 MB to a few), its line tables, which panics' backtraces use, in a
+  # mesh-host-dbgsym package beside it, as Debian ships debug symbols.
+  fast=(--dbgsym)
 fi
 assets=$dir/deb-assets
 rm -rf "$assets"
