@@ -74,6 +74,22 @@ pub struct Options {
     /// secret must be written or compared, so a key made or rotated under the daemon is used
     /// from its next pass.
     pub key: PathBuf,
+    /// Told before each resource of a pass, for a person watching (`apply` on a terminal).
+    pub progress: Option<Progress>,
+}
+
+/// What a pass tells a watcher before each resource: how many it has done, of how many, and
+/// the id of the one it starts. Called on the pass's thread, so it must be quick.
+#[derive(Clone)]
+pub struct Progress(pub std::sync::Arc<ProgressFn>);
+
+/// (done, total, the id of the resource starting).
+pub type ProgressFn = dyn Fn(usize, usize, &str) + Send + Sync;
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Progress")
+    }
 }
 
 /// What a plan adds to a report: the diff of each file whose content would change.
@@ -396,12 +412,18 @@ impl<'a> Pass<'a> {
             })
         });
 
+        let total = only.as_ref().map_or(self.declaration.resources.len(), BTreeSet::len);
+        let mut done = 0;
         for resource in &self.declaration.resources {
             if let Some(only) = &only {
                 if !only.contains(&resource.index) {
                     continue;
                 }
             }
+            if let Some(progress) = &self.opts.progress {
+                (progress.0)(done, total, resource.id.as_str());
+            }
+            done += 1;
             if let Some(gate) = closed_gate {
                 if resource.index > gate.index {
                     gate_at = Some(self.failures.len());
