@@ -140,7 +140,8 @@ pub enum Error {
         /// Why it does not open, with nothing of the value in it.
         error: crate::secrets::OpenError,
     },
-    /// A file declared with neither `content` nor `bytes` (nor `into`): there is nothing to write.
+    /// A file whose bytes were asked for, with neither `content` nor `bytes` to give (an `into`
+    /// file needs its `content`): there is nothing to write.
     #[error("{path} declares no content")]
     NoContent {
         /// The declared file.
@@ -460,7 +461,7 @@ pub enum Error {
         "{manager} installed {package} without an error and the package database does not have it installed"
     )]
     NotInstalled {
-        /// The package manager (`apt`, `dnf`, ...).
+        /// The package manager (`apt` or `dnf`).
         manager: &'static str,
         /// The package's name.
         package: String,
