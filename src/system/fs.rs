@@ -549,6 +549,12 @@ impl Fs {
         self.commit_batch(staged, true)
     }
 
+    /// `commit` for copies the host keeps (originals, before it writes over them), not managed
+    /// files: the same durability, without the batch failpoints.
+    pub fn commit_copies(&mut self, staged: Vec<Staged>) -> Vec<Result<()>> {
+        self.commit_batch(staged, false)
+    }
+
     /// `commit`, with the batch failpoints (`batch-staged`, `batch-renamed`) only where asked:
     /// the store's own write is not a batch of managed files.
     fn commit_batch(&mut self, mut staged: Vec<Staged>, failpoints: bool) -> Vec<Result<()>> {
