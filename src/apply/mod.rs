@@ -503,8 +503,10 @@ impl<'a> Pass<'a> {
         }
         self.flush(&mut fs);
         // Directories made since the last batch (a directory resource alone, say), durable
-        // before the store records them.
-        fs.make_durable();
+        // before the store records them; what is in one that could not be made durable fails.
+        for (parent, why) in fs.make_durable() {
+            self.undurable(&parent, &Error::from(why));
+        }
         if fs.journal_written() {
             self.store.journaled();
         }
@@ -882,6 +884,24 @@ impl<'a> Pass<'a> {
                     self.store.sign(resource.id.as_str(), sig);
                 }
             }
+        }
+    }
+
+    /// Fails every resource of this pass at or under `parent`, whose new entries could not be
+    /// made durable: in place, but not known to survive a crash, so not reported as done.
+    fn undurable(&mut self, parent: &std::path::Path, e: &Error) {
+        let declaration = self.declaration;
+        for r in &declaration.resources {
+            if !r.spec.path().is_some_and(|p| p.starts_with(parent)) {
+                continue;
+            }
+            let Some(slot) =
+                self.slots.iter_mut().find(|o| o.as_ref().is_some_and(|o| o.id == r.id.as_str()))
+            else {
+                continue;
+            };
+            *slot = None;
+            self.fail(r, e);
         }
     }
 
