@@ -596,9 +596,18 @@ impl JsonSchema for Cron {
     }
 }
 
-/// A command line as an argument vector, never a shell string: at least the program.
+/// A command line as an argument vector, never a shell string: at least the program. The
+/// vector is private, so an `Argv` is non-empty with a non-empty program by construction (the
+/// parse is the only way to make one), and what runs it may rely on that.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
-pub struct Argv(pub Vec<String>);
+pub struct Argv(Vec<String>);
+
+impl Argv {
+    /// The program and its arguments.
+    pub fn as_slice(&self) -> &[String] {
+        &self.0
+    }
+}
 
 impl<'de> Deserialize<'de> for Argv {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
