@@ -96,6 +96,29 @@ pub enum Command {
         /// Milliseconds the declaration must be still before it is read.
         #[arg(long, value_name = "MS", default_value_t = 50)]
         settle_ms: u64,
+        /// Take the declaration from etcd instead of `--declaration`: comma-separated endpoints,
+        /// such as `http://127.0.0.1:2379`. The last declaration accepted from etcd is kept
+        /// beside the state store and applied while etcd cannot be reached.
+        #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS", requires = "node")]
+        etcd: Option<String>,
+        /// This node's name in the fleet (with `--etcd`).
+        #[arg(long, env = "MESH_HOST_NODE", value_name = "NAME", requires = "etcd")]
+        node: Option<String>,
+        /// A group this node is in (with `--etcd`); repeat it, or separate with commas. Groups
+        /// are read in the order given, after the fleet's keys and before the node's own.
+        #[arg(
+            long = "group",
+            env = "MESH_HOST_GROUPS",
+            value_name = "GROUP",
+            value_delimiter = ',',
+            requires = "etcd"
+        )]
+        groups: Vec<String>,
+    },
+    /// Declarations and status kept in etcd, for a fleet of nodes.
+    Fleet {
+        #[command(subcommand)]
+        command: FleetCommand,
     },
     /// What is recorded, and whether the machine still holds each file and directory.
     Status {
@@ -104,6 +127,50 @@ pub enum Command {
     },
     /// Print the JSON Schema of the declaration.
     Schema,
+}
+
+/// What `mesh-host fleet` does.
+#[derive(Debug, Subcommand)]
+pub enum FleetCommand {
+    /// Write a declaration (a file, or a directory of `*.json` files) under one scope: validated
+    /// first, written in one transaction, and the scope then holds exactly these files.
+    Put(FleetPut),
+    /// Show what `fleet put` would change, key by key, with a diff of each changed key.
+    Diff(FleetPut),
+}
+
+/// Where a declaration is put, and what.
+#[derive(Debug, clap::Args)]
+pub struct FleetPut {
+    /// etcd's endpoints, comma-separated.
+    #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
+    pub etcd: String,
+    /// Every node's declaration.
+    #[arg(long, group = "scope")]
+    pub fleet: bool,
+    /// The declaration of every node in this group.
+    #[arg(long, value_name = "GROUP", group = "scope")]
+    pub group: Option<String>,
+    /// One node's own declaration.
+    #[arg(long, value_name = "NAME", group = "scope")]
+    pub node: Option<String>,
+    /// A declaration file, or a directory whose `*.json` files are put.
+    #[arg(value_name = "FILE-OR-DIR")]
+    pub path: PathBuf,
+}
+
+impl FleetPut {
+    fn scope(&self) -> Result<crate::fleet::Scope, Usage> {
+        use crate::fleet::{check_name, Scope};
+        let named =
+            |what: &str, name: &str| check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")));
+        match (self.fleet, &self.group, &self.node) {
+            (true, None, None) => Ok(Scope::Fleet),
+            (false, Some(g), None) => named("--group", g).map(|()| Scope::Group(g.clone())),
+            (false, None, Some(n)) => named("--node", n).map(|()| Scope::Node(n.clone())),
+            _ => Err(Usage("mesh-host: say where to put it: one of --fleet, --group G, --node N".into())),
+        }
+    }
 }
 
 /// Bad usage found after parsing: exits 2, like clap's own.
@@ -138,13 +205,37 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
         Command::Plan { file, origin, json } => plan(&file, origin, json, &cli.state, reach),
         Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state, reach),
         Command::Status { json } => status(json, &cli.state),
-        Command::Run { declaration, origin, metrics, resync, settle_ms } => {
+        Command::Fleet { command } => fleet(command),
+        Command::Run { declaration, origin, metrics, resync, settle_ms, etcd, node, groups } => {
             let metrics = match metrics.as_str() {
                 "off" | "none" => None,
                 addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
             };
-            let declaration = std::path::absolute(&declaration)?;
+            let mut declaration = std::path::absolute(&declaration)?;
+            let fleet = match (etcd, node) {
+                (Some(endpoints), Some(node)) => {
+                    crate::fleet::check_name("--node", &node)
+                        .map_err(|e| Usage(format!("mesh-host: {e}")))?;
+                    for g in &groups {
+                        crate::fleet::check_name("--group", g)
+                            .map_err(|e| Usage(format!("mesh-host: {e}")))?;
+                    }
+                    let client = crate::system::etcd::Etcd::new(&endpoints)
+                        .map_err(|e| Usage(format!("mesh-host: --etcd: {e}")))?;
+                    // The last declaration accepted from etcd, beside the state store: what the
+                    // controller reads as its source, and what a restart applies while etcd is
+                    // out of reach.
+                    let dir = cli.state.parent().unwrap_or(Path::new("/")).join("fleet");
+                    crate::system::etcd::private_dir(&dir).with_context(|| {
+                        format!("cannot make the fleet cache directory {}", dir.display())
+                    })?;
+                    declaration = dir.join("declaration.d");
+                    Some((crate::fleet::source::Source { endpoints, node, groups }, client))
+                }
+                _ => None,
+            };
             let config = crate::controller::Config {
+                fleet: fleet.as_ref().map(|(s, _)| s.clone()),
                 declaration,
                 state: cli.state.clone(),
                 origin,
@@ -158,7 +249,8 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                 step_timeout,
                 archive_limits,
             };
-            tokio::runtime::Handle::current().block_on(crate::controller::run(config))?;
+            tokio::runtime::Handle::current()
+                .block_on(crate::controller::run(config, fleet.map(|(_, client)| client)))?;
             Ok(Ended::Converged)
         }
         Command::Schema => {
@@ -166,6 +258,37 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
             Ok(Ended::Converged)
         }
     }
+}
+
+fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
+    let (args, diff) = match command {
+        FleetCommand::Put(args) => (args, false),
+        FleetCommand::Diff(args) => (args, true),
+    };
+    let scope = args.scope()?;
+    let etcd =
+        crate::system::etcd::Etcd::new(&args.etcd).map_err(|e| Usage(format!("mesh-host: --etcd: {e}")))?;
+    let files = crate::system::read_source(&args.path)
+        .map_err(|e| Usage(format!("mesh-host: cannot read the declaration {}: {e}", args.path.display())))?;
+    if files.is_empty() {
+        return Err(Usage(format!(
+            "mesh-host: {} holds no *.json file to put; to empty {} on purpose, put a declaration with no resources",
+            args.path.display(),
+            scope.describe()
+        ))
+        .into());
+    }
+    // Validated before anything is read from or written to etcd: a declaration mesh-host would
+    // refuse never reaches it.
+    let wanted = crate::fleet::put::prepare(&scope, files)?;
+    let runtime = tokio::runtime::Handle::current();
+    let out = if diff {
+        runtime.block_on(crate::fleet::put::diff(&etcd, &scope, &wanted))?
+    } else {
+        runtime.block_on(crate::fleet::put::put(&etcd, &scope, wanted))?
+    };
+    print!("{out}");
+    Ok(Ended::Converged)
 }
 
 /// Reads and validates a declaration from what `run` reads (a file, or a directory whose

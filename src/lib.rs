@@ -2,13 +2,14 @@
 //!
 //! The crate is laid out by stage: `declaration` turns bytes into a validated model, `apply`
 //! decides what each resource needs and reports it, `system` is the only code that touches the
-//! machine, `store` records what worked, and `cli` is the edge.
+//! machine, `store` records what worked, `fleet` brings declarations from etcd, and `cli` is the edge.
 
 pub mod apply;
 pub mod cli;
 pub mod controller;
 pub mod cron;
 pub mod declaration;
+pub mod fleet;
 pub mod store;
 pub mod system;
 pub mod telemetry;

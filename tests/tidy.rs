@@ -19,8 +19,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("store", &["declaration", "system"]),
     ("telemetry", &["system"]),
     ("apply", &["cron", "declaration", "store", "system"]),
-    ("controller", &["apply", "cron", "declaration", "store", "system", "telemetry"]),
-    ("cli", &["apply", "controller", "cron", "declaration", "store", "system", "telemetry"]),
+    ("fleet", &["declaration", "system"]),
+    ("controller", &["apply", "cron", "declaration", "fleet", "store", "system", "telemetry"]),
+    ("cli", &["apply", "controller", "cron", "declaration", "fleet", "store", "system", "telemetry"]),
     ("lib", &[]),
 ];
 

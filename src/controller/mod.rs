@@ -66,6 +66,9 @@ pub struct Config {
     pub step_timeout: Option<Duration>,
     /// How much one archive may unpack (`--archive-max-bytes`, `--archive-max-entries`).
     pub archive_limits: crate::apply::ArchiveLimits,
+    /// Where in etcd the declaration comes from (`--etcd`); `declaration` is then the cache
+    /// directory the fleet source writes.
+    pub fleet: Option<crate::fleet::source::Source>,
 }
 
 impl Config {
@@ -81,7 +84,7 @@ impl Config {
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops intake, lets the reconcile in flight
 /// finish, persists the store, stops every task and returns.
-pub async fn run(config: Config) -> anyhow::Result<()> {
+pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     // Signals first: a SIGTERM during the first apply must stop the agent cleanly too (after
     // that apply, which is not interrupted half way).
@@ -124,6 +127,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tasks.push(task);
     }
 
+    // The etcd source writes the cache directory the source watcher below follows: the
+    // controller reads it as it reads a local directory, and applies what it held last while
+    // etcd is out of reach.
+    if let (Some(source), Some(etcd)) = (config.fleet.clone(), etcd) {
+        tracing::info!(endpoints = %source.endpoints, node = %source.node, groups = ?source.groups, "declaration from etcd");
+        tasks.push(tokio::spawn(crate::fleet::source::run(
+            source,
+            etcd,
+            config.declaration.clone(),
+            shutdown.clone(),
+        )));
+    }
     // Watch before the first apply, so a change made during it is not missed; what the
     // watchers report meanwhile waits in the channel.
     tasks.push(
@@ -219,6 +234,7 @@ mod tests {
             container_socket: None,
             step_timeout: step.map(Duration::from_secs),
             archive_limits: crate::apply::ArchiveLimits::default(),
+            fleet: None,
         }
     }
 

@@ -20,6 +20,7 @@ mod daemon;
 mod docker;
 mod faults;
 mod files;
+mod fleet;
 mod into;
 mod malformed;
 mod operator;

@@ -1,0 +1,388 @@
+//! Declarations through etcd (issue 14), against real etcd on loopback: the testbed's member
+//! (tests/testbed/50-etcd.sh) for `fleet put` and `fleet diff`, and a member of the test's own,
+//! started from the same binary, where the test must stop etcd under a running node.
+//!
+//! Every test uses names of its own (`fleet-it-...`), so tests running at once never read each
+//! other's keys.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::*;
+
+/// The testbed's member (50-etcd.sh).
+const TESTBED_ETCD: &str = "http://127.0.0.1:23790";
+
+fn need_etcd_binaries() {
+    for tool in ["etcd", "etcdctl"] {
+        let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().unwrap();
+        assert!(
+            found.status.success(),
+            "{tool} is missing: the fleet tests need Debian's etcd-server and etcd-client; run tests/testbed/up.sh (50-etcd.sh)"
+        );
+    }
+}
+
+fn need_testbed_etcd() -> &'static str {
+    need_etcd_binaries();
+    let health = etcdctl(TESTBED_ETCD, &["endpoint", "health"]);
+    assert!(
+        health.status.success(),
+        "no etcd answers on {TESTBED_ETCD}: run tests/testbed/up.sh (50-etcd.sh starts it): {}",
+        String::from_utf8_lossy(&health.stderr)
+    );
+    TESTBED_ETCD
+}
+
+fn etcdctl(endpoints: &str, args: &[&str]) -> Output {
+    Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", endpoints])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The keys under a prefix, as etcdctl prints them (key and value lines).
+fn keys_under(endpoints: &str, prefix: &str) -> Vec<String> {
+    let out = etcdctl(endpoints, &["get", "--prefix", "--keys-only", prefix]);
+    assert!(out.status.success(), "etcdctl get: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().filter(|l| !l.is_empty()).map(str::to_owned).collect()
+}
+
+/// A name no other test, nor an earlier run of this one, uses.
+fn unique(what: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("fleet-it-{what}-{}-{nanos}", std::process::id())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// An etcd member of the test's own, on free loopback ports, its data in the scratch directory;
+/// killed when dropped. Stopped and started again on the same data, it is the same cluster.
+struct OwnEtcd {
+    child: Option<std::process::Child>,
+    client: u16,
+    peer: u16,
+    data: PathBuf,
+    log: PathBuf,
+}
+
+impl OwnEtcd {
+    fn start(s: &Scratch) -> OwnEtcd {
+        need_etcd_binaries();
+        let mut e = OwnEtcd {
+            child: None,
+            client: free_port(),
+            peer: free_port(),
+            data: s.path("etcd-data"),
+            log: s.path("etcd.log"),
+        };
+        e.resume();
+        e
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    fn resume(&mut self) {
+        let (client, peer) =
+            (format!("http://127.0.0.1:{}", self.client), format!("http://127.0.0.1:{}", self.peer));
+        let child = Command::new("etcd")
+            .args(["--name", "fleet-it", "--data-dir"])
+            .arg(&self.data)
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("fleet-it={peer}")])
+            .stdout(std::fs::File::options().create(true).append(true).open(&self.log).unwrap())
+            .stderr(std::fs::File::options().create(true).append(true).open(&self.log).unwrap())
+            .spawn()
+            .expect("etcd starts");
+        self.child = Some(child);
+        let url = self.url();
+        assert!(
+            wait_for(PATIENCE, || etcdctl(&url, &["endpoint", "health"]).status.success()),
+            "the test's etcd did not come up:\n{}",
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for OwnEtcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Writes a declaration file of these resources at `path`.
+fn write_declaration(path: &Path, resources: serde_json::Value) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, serde_json::to_vec_pretty(&json!({"version": 1, "resources": resources})).unwrap())
+        .unwrap();
+}
+
+fn fleet(s: &Scratch, args: &[&str]) -> Output {
+    s.run(&[&["fleet"], args].concat())
+}
+
+/// `mesh-host run --etcd ... --node ...` on the scratch state, waiting until /healthz answers.
+fn node(s: &Scratch, endpoints: &str, node: &str, groups: &[&str]) -> Daemon {
+    let port = free_port();
+    let log = s.path(&format!("node-{port}.log"));
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"));
+    cmd.arg("--state").arg(s.state()).args(["run", "--etcd", endpoints, "--node", node]);
+    for g in groups {
+        cmd.args(["--group", g]);
+    }
+    let child = cmd
+        .args(["--metrics", &format!("127.0.0.1:{port}"), "--settle-ms", "20"])
+        .env("MESH_HOST_LOG", "info")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+        .spawn()
+        .expect("mesh-host starts");
+    let d = Daemon { child: Some(child), port, log };
+    assert!(
+        wait_for(PATIENCE, || d.answer("/healthz").is_some()),
+        "the node never answered /healthz:\n{}",
+        d.log()
+    );
+    d
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn fleet_put_refuses_a_declaration_mesh_host_would_refuse_and_writes_nothing() {
+    let etcd = need_testbed_etcd();
+    let s = Scratch::new();
+    let group = unique("refused");
+    let bad = s.path("bad/web.json");
+    write_declaration(
+        &bad,
+        json!([{"type": "file", "id": "web.conf", "path": "relative/path", "content": "x"}]),
+    );
+    let out = fleet(&s, &["put", "--etcd", etcd, "--group", &group, bad.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "a refusal exits 2: {stderr}");
+    // The problem is named under the key it would have had, with the resource and the field.
+    assert!(stderr.contains(&format!("/mesh-host/group/{group}/declaration/web.json")), "{stderr}");
+    assert!(stderr.contains("web.conf") && stderr.contains("path"), "{stderr}");
+    assert_eq!(
+        keys_under(etcd, &format!("/mesh-host/group/{group}/")),
+        Vec::<String>::new(),
+        "nothing reached etcd"
+    );
+
+    // A name that would reach other keys is refused before etcd is asked anything.
+    let good = s.path("good/web.json");
+    write_declaration(&good, json!([]));
+    let out = fleet(&s, &["put", "--etcd", etcd, "--node", "a/../b", good.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--node \"a/../b\""));
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn fleet_put_makes_a_scope_hold_exactly_a_directory_in_one_transaction_and_diff_says_what_would_change() {
+    let etcd = need_testbed_etcd();
+    let s = Scratch::new();
+    let group = unique("put");
+    let prefix = format!("/mesh-host/group/{group}/declaration/");
+    let dir = s.path("decl");
+    write_declaration(
+        &dir.join("10-a.json"),
+        json!([{"type": "file", "id": "a.one", "path": s.p("one"), "content": "1"}]),
+    );
+    write_declaration(
+        &dir.join("20-b.json"),
+        json!([{"type": "file", "id": "b.two", "path": s.p("two"), "content": "2"}]),
+    );
+    let dir_arg = dir.to_str().unwrap();
+    let out = fleet(&s, &["put", "--etcd", etcd, "--group", &group, dir_arg]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2 added, 0 changed, 0 removed"), "{out:?}");
+    assert_eq!(keys_under(etcd, &prefix), [format!("{prefix}10-a.json"), format!("{prefix}20-b.json")]);
+    // One transaction: both keys carry the same revision.
+    let json_out = etcdctl(etcd, &["get", "--prefix", &prefix, "-w", "json"]);
+    let got: serde_json::Value = serde_json::from_slice(&json_out.stdout).unwrap();
+    let revisions: Vec<i64> =
+        got["kvs"].as_array().unwrap().iter().map(|kv| kv["mod_revision"].as_i64().unwrap()).collect();
+    assert_eq!(revisions.len(), 2);
+    assert_eq!(revisions[0], revisions[1], "written in one transaction: {got}");
+
+    // b changes, a goes: diff says so and writes nothing.
+    std::fs::remove_file(dir.join("10-a.json")).unwrap();
+    write_declaration(
+        &dir.join("20-b.json"),
+        json!([{"type": "file", "id": "b.two", "path": s.p("two"), "content": "two"}]),
+    );
+    let out = fleet(&s, &["diff", "--etcd", etcd, "--group", &group, dir_arg]);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(shown.contains(&format!("remove {prefix}10-a.json")), "{shown}");
+    assert!(shown.contains(&format!("change {prefix}20-b.json")), "{shown}");
+    assert!(shown.contains("+") && shown.contains("\"two\""), "a diff of the changed key: {shown}");
+    assert!(shown.contains("nothing was written"), "{shown}");
+    assert_eq!(keys_under(etcd, &prefix).len(), 2, "diff wrote nothing");
+
+    let out = fleet(&s, &["put", "--etcd", etcd, "--group", &group, dir_arg]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("0 added, 1 changed, 1 removed"), "{out:?}");
+    assert_eq!(keys_under(etcd, &prefix), [format!("{prefix}20-b.json")]);
+    let out = fleet(&s, &["put", "--etcd", etcd, "--group", &group, dir_arg]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing was written"), "{out:?}");
+    etcdctl(etcd, &["del", "--prefix", &format!("/mesh-host/group/{group}/")]);
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_applies_the_fleet_its_groups_and_its_own_keys_follows_changes_and_keeps_its_declaration_on_a_refusal(
+) {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let put = |scope: &[&str], file: &Path| {
+        let out = fleet(&s, &[&["put", "--etcd", &url], scope, &[file.to_str().unwrap()]].concat());
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    write_declaration(
+        &s.path("in/fleet.json"),
+        json!([{"type": "directory", "id": "base.dir", "path": s.p("out"), "mode": "0755"}]),
+    );
+    write_declaration(
+        &s.path("in/eu.json"),
+        json!([{"type": "file", "id": "eu.motd", "path": s.p("out/motd"), "content": "eu\n"}]),
+    );
+    write_declaration(
+        &s.path("in/node.json"),
+        json!([{"type": "file", "id": "web.conf", "path": s.p("out/web.conf"), "content": "port=80\n"}]),
+    );
+    put(&["--fleet"], &s.path("in/fleet.json"));
+    put(&["--group", "eu"], &s.path("in/eu.json"));
+    put(&["--node", "web-1"], &s.path("in/node.json"));
+    // A key of another node and of a group this node is not in: never read by it.
+    write_declaration(
+        &s.path("in/other.json"),
+        json!([{"type": "file", "id": "other.x", "path": s.p("out/other"), "content": "no\n"}]),
+    );
+    put(&["--node", "web-2"], &s.path("in/other.json"));
+    put(&["--group", "us"], &s.path("in/other.json"));
+
+    let mut daemon = node(&s, &url, "web-1", &["eu"]);
+    let conf = s.path("out/web.conf");
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "port=80\n"),
+        "the node's own key applied:\n{}",
+        daemon.log()
+    );
+    assert_eq!(read(&s.path("out/motd")), "eu\n", "its group's key applied");
+    assert!(!s.path("out/other").exists(), "another node's and another group's keys are not read");
+
+    // A change under the node's prefix is seen through the watch.
+    write_declaration(
+        &s.path("in/node.json"),
+        json!([{"type": "file", "id": "web.conf", "path": s.p("out/web.conf"), "content": "port=8080\n"}]),
+    );
+    put(&["--node", "web-1"], &s.path("in/node.json"));
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=8080\n"), "the change applied:\n{}", daemon.log());
+
+    // An invalid declaration written straight into etcd (fleet put would refuse it) is refused by
+    // the node: the one in force stays, and hand-edits are still put back from it.
+    let bad = r#"{"version": 1, "resources": [{"type": "file", "id": "web.conf", "path": "relative"}]}"#;
+    let out = etcdctl(&url, &["put", "/mesh-host/node/web-1/declaration/node.json", bad]);
+    assert!(out.status.success());
+    assert!(
+        wait_for(PATIENCE, || daemon.log().contains("is refused; the declaration in force stays")),
+        "the refusal is reported:\n{}",
+        daemon.log()
+    );
+    std::fs::write(&conf, "hand-edit\n").unwrap();
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "port=8080\n"),
+        "the declaration in force stays:\n{}",
+        daemon.log()
+    );
+    // Fixed again: applied.
+    write_declaration(
+        &s.path("in/node.json"),
+        json!([{"type": "file", "id": "web.conf", "path": s.p("out/web.conf"), "content": "port=9090\n"}]),
+    );
+    put(&["--node", "web-1"], &s.path("in/node.json"));
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "port=9090\n"),
+        "a good declaration after a bad one:\n{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_cut_off_from_etcd_keeps_its_last_declaration_across_a_restart_and_applies_what_changed_meanwhile() {
+    let s = Scratch::new();
+    let mut etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let put = |file: &Path| {
+        let out = fleet(&s, &["put", "--etcd", &url, "--node", "db-1", file.to_str().unwrap()]);
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let conf = s.path("db.conf");
+    let declare = |content: &str| {
+        write_declaration(
+            &s.path("in/db.json"),
+            json!([{"type": "file", "id": "db.conf", "path": s.p("db.conf"), "content": content}]),
+        );
+        put(&s.path("in/db.json"));
+    };
+    declare("v1\n");
+    let mut daemon = node(&s, &url, "db-1", &[]);
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "{}", daemon.log());
+
+    // etcd goes away: the node goes on converging on what it holds.
+    etcd.stop();
+    std::fs::write(&conf, "hand-edit\n").unwrap();
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "v1\n"),
+        "still converging while cut off:\n{}",
+        daemon.log()
+    );
+
+    // A restart while etcd is down applies the last declaration accepted, from the cache.
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+    std::fs::remove_file(&conf).unwrap();
+    let mut daemon = node(&s, &url, "db-1", &[]);
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "v1\n"),
+        "a node started while etcd is down applies its last known declaration:\n{}",
+        daemon.log()
+    );
+    assert!(daemon.log().contains("cannot read the declaration from etcd"), "{}", daemon.log());
+
+    // etcd returns and the declaration changes before the node, waiting out its backoff, has
+    // read again: applied once it reconnects. (With one member, nothing can be written while
+    // etcd is down; the 3-member test of issue 14 item 5 is not built yet.)
+    etcd.resume();
+    declare("v2\n");
+    assert!(
+        wait_for(Duration::from_secs(45), || read(&conf) == "v2\n"),
+        "a declaration changed while the node was cut off is applied when etcd returns:\n{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}
