@@ -90,6 +90,7 @@ fn main() {
         step_timeout: None,
         archive_limits: mesh_host::apply::ArchiveLimits::default(),
         contents: None,
+        key: scratch.path().join("sealing.key"),
     };
     // Each disturbance: what is done by hand, and the event the daemon reacts to.
     let disturbances: [(&str, &str, &str); 2] = [("killed", "kill", "die"), ("removed", "rm -f", "destroy")];

@@ -18,6 +18,10 @@ pub struct Cli {
     /// The state store: what this host applied.
     #[arg(long, global = true, value_name = "PATH", default_value = "/var/lib/mesh-host/state.json")]
     pub state: PathBuf,
+    /// The node's sealing key (its age identity): what opens the sealed values of a
+    /// declaration. `sealing.key` beside the state store when left out.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub key: Option<PathBuf>,
     /// Log as JSON lines instead of text.
     #[arg(long, global = true)]
     pub log_json: bool,
@@ -127,6 +131,27 @@ pub enum Command {
     },
     /// Print the JSON Schema of the declaration.
     Schema,
+    /// Make this node's sealing key (an age X25519 identity), mode 0600, and print its public
+    /// key (`age1...`), which values for this node are sealed to. Never writes over a key.
+    Keygen {
+        /// Make a new key and keep the current one as the previous, so values sealed to either
+        /// open while the control plane seals them again to the new public key.
+        #[arg(long, conflicts_with = "retire_previous")]
+        rotate: bool,
+        /// Drop the previous key kept by `--rotate`: values sealed to it no longer open.
+        #[arg(long)]
+        retire_previous: bool,
+    },
+    /// Print this node's public key (`age1...`).
+    Pubkey,
+    /// Seal standard input to a public key (the value never goes on the command line, where
+    /// /proc would show it), and print the armored age value for a declaration's `sealed` or
+    /// `secrets`.
+    Seal {
+        /// The node's public key, `age1...` (`mesh-host pubkey` on that node prints it).
+        #[arg(long, value_name = "AGE1...")]
+        to: String,
+    },
 }
 
 /// What `mesh-host fleet` does.
@@ -197,14 +222,16 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
         socket: cli.container_socket.clone(),
         step_timeout: (cli.step_timeout > 0).then(|| std::time::Duration::from_secs(cli.step_timeout)),
         archive_limits: ArchiveLimits { bytes: cli.archive_max_bytes, entries: cli.archive_max_entries },
+        key: key_path(cli.key.as_deref(), &cli.state),
     };
+    let key = reach.key.clone();
     let (bus, socket, step_timeout) = (reach.bus.clone(), reach.socket.clone(), reach.step_timeout);
     let archive_limits = reach.archive_limits;
     match cli.command {
         Command::Check { file, json } => check(&file, json),
         Command::Plan { file, origin, json } => plan(&file, origin, json, &cli.state, reach),
         Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state, reach),
-        Command::Status { json } => status(json, &cli.state),
+        Command::Status { json } => status(json, &cli.state, &reach.key),
         Command::Fleet { command } => fleet(command),
         Command::Run { declaration, origin, metrics, resync, settle_ms, etcd, node, groups } => {
             let metrics = match metrics.as_str() {
@@ -248,6 +275,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                 container_socket: socket,
                 step_timeout,
                 archive_limits,
+                key: key.clone(),
             };
             tokio::runtime::Handle::current()
                 .block_on(crate::controller::run(config, fleet.map(|(_, client)| client)))?;
@@ -257,6 +285,9 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
             println!("{}", serde_json::to_string_pretty(&crate::declaration::json_schema())?);
             Ok(Ended::Converged)
         }
+        Command::Keygen { rotate, retire_previous } => keygen(&key, rotate, retire_previous),
+        Command::Pubkey => pubkey(&key),
+        Command::Seal { to } => seal(&to),
     }
 }
 
@@ -288,6 +319,74 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
         runtime.block_on(crate::fleet::put::put(&etcd, &scope, wanted))?
     };
     print!("{out}");
+    Ok(Ended::Converged)
+}
+
+/// Where the node's key is: `--key`, else `sealing.key` beside the store.
+pub fn key_path(key: Option<&Path>, state: &Path) -> PathBuf {
+    match key {
+        Some(key) => std::path::absolute(key).unwrap_or_else(|_| key.to_owned()),
+        None => state.parent().unwrap_or(Path::new("/")).join(crate::system::keys::DEFAULT_NAME),
+    }
+}
+
+/// Reads the node's keyring, or says how to make one.
+fn keyring(key: &Path) -> anyhow::Result<crate::secrets::Keyring> {
+    let text = crate::system::keys::read(key)?.ok_or_else(|| {
+        anyhow::anyhow!("this node has no sealing key at {}: make one with `mesh-host keygen`", key.display())
+    })?;
+    crate::secrets::Keyring::parse(&text)
+        .with_context(|| format!("the key file {} is not an age identity file", key.display()))
+}
+
+fn keygen(key: &Path, rotate: bool, retire_previous: bool) -> anyhow::Result<Ended> {
+    use crate::secrets::Keyring;
+    if rotate || retire_previous {
+        let current = keyring(key)?;
+        let text = if rotate { current.rotate() } else { current.retire_previous()? };
+        crate::system::keys::replace(key, &text)?;
+        let now = Keyring::parse(&text)?;
+        if rotate {
+            eprintln!(
+                "rotated {}: values sealed to the previous key ({}) still open until `mesh-host keygen --retire-previous`",
+                key.display(),
+                current.public_key()
+            );
+        } else {
+            eprintln!(
+                "retired the previous key of {}: only values sealed to the key below open",
+                key.display()
+            );
+        }
+        println!("{}", now.public_key());
+    } else {
+        let text = Keyring::generate();
+        crate::system::keys::create(key, &text)?;
+        eprintln!("made the sealing key {} (mode 0600); its public key:", key.display());
+        println!("{}", Keyring::parse(&text)?.public_key());
+    }
+    Ok(Ended::Converged)
+}
+
+fn pubkey(key: &Path) -> anyhow::Result<Ended> {
+    let ring = keyring(key)?;
+    println!("{}", ring.public_key());
+    if ring.has_previous() {
+        eprintln!("(a previous key is kept as well, until `mesh-host keygen --retire-previous`)");
+    }
+    Ok(Ended::Converged)
+}
+
+/// Seals what is on standard input. The value is held zeroed-on-drop, never logged.
+fn seal(to: &str) -> anyhow::Result<Ended> {
+    use std::io::Read as _;
+    use zeroize::Zeroize as _;
+    // Room for an ordinary value up front: a buffer that grows leaves its old copies behind.
+    let mut plain = Vec::with_capacity(64 * 1024);
+    let read = std::io::stdin().lock().read_to_end(&mut plain);
+    let sealed = read.map_err(anyhow::Error::from).and_then(|_| Ok(crate::secrets::seal(to, &plain)?));
+    plain.zeroize();
+    println!("{}", sealed.context("cannot seal standard input")?.trim_end());
     Ok(Ended::Converged)
 }
 
@@ -370,6 +469,7 @@ struct Reach {
     socket: Option<String>,
     step_timeout: Option<std::time::Duration>,
     archive_limits: ArchiveLimits,
+    key: PathBuf,
 }
 
 fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options {
@@ -384,6 +484,7 @@ fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options
         archive_limits: reach.archive_limits,
         // A command holds its declaration for moments: the bodies stay in it.
         contents: None,
+        key: reach.key,
     }
 }
 
@@ -561,9 +662,9 @@ pub fn human(report: &Report, declared: usize) -> String {
     out
 }
 
-fn status(json: bool, state: &Path) -> anyhow::Result<Ended> {
+fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
     let store = Store::read_only(state)?;
-    let mut looker = apply::status::Looker::default();
+    let mut looker = apply::status::Looker::with_key(key);
     let mut rows = Vec::new();
     let mut drifted = 0;
     for (id, rec) in store.records() {

@@ -15,13 +15,17 @@ use std::path::{Path, PathBuf};
 const ALLOWED: &[(&str, &[&str])] = &[
     ("declaration", &[]),
     ("system", &[]),
+    ("secrets", &[]),
     ("cron", &["declaration"]),
     ("store", &["declaration", "system"]),
     ("telemetry", &["system"]),
-    ("apply", &["cron", "declaration", "store", "system"]),
+    ("apply", &["cron", "declaration", "secrets", "store", "system"]),
     ("fleet", &["declaration", "system"]),
-    ("controller", &["apply", "cron", "declaration", "fleet", "store", "system", "telemetry"]),
-    ("cli", &["apply", "controller", "cron", "declaration", "fleet", "store", "system", "telemetry"]),
+    ("controller", &["apply", "cron", "declaration", "fleet", "secrets", "store", "system", "telemetry"]),
+    (
+        "cli",
+        &["apply", "controller", "cron", "declaration", "fleet", "secrets", "store", "system", "telemetry"],
+    ),
     ("lib", &[]),
 ];
 

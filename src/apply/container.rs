@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::{begin, Aspect, Ctx, Error, Facts, Need, Step, Target, Verb};
-use crate::declaration::{digest, Container, Declaration, Id, Kind, Resource, Spec, Volume};
+use crate::declaration::{digest, Container, Declaration, Digest, Id, Kind, Resource, Spec, Volume};
 use crate::store::{Record, Store};
 use crate::system::docker::{self, Docker, NewContainer, ID_LABEL, SPEC_LABEL, STEP_LABEL};
 
@@ -31,10 +31,11 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     }
 
     // Read once, so the label and the record agree about a file even if it moves meanwhile.
-    let reads = reads(ctx.store, ctx.declaration, c)?;
-    let spec_now = spec(ctx.declaration, c, Some(&reads));
+    let keyed = keyed_digests(ctx, c)?;
+    let reads = reads(ctx, c)?;
+    let spec_now = spec(ctx.declaration, c, Some(&reads), &keyed);
     // Only a container that reads files can carry a label from before they were folded in.
-    let legacy = (!reads.is_empty()).then(|| spec(ctx.declaration, c, None));
+    let legacy = (!reads.is_empty()).then(|| spec(ctx.declaration, c, None, &keyed));
     let reasons: Vec<&str> =
         c.restart_on.iter().filter(|id| ctx.changed.contains(*id)).map(Id::as_str).collect();
     let want = Wanted { spec: &spec_now, legacy: legacy.as_deref(), reads: &reads, reasons: &reasons };
@@ -293,7 +294,8 @@ fn read_back(docker: &Docker, c: &Container, want: &str, started: Started) -> Re
 /// was declared as changes. A failure is a gate (the engine stops the pass), so what is
 /// declared after a step never runs on a machine the step did not make ready.
 fn run_once(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Error> {
-    let want = spec(ctx.declaration, c, None);
+    let keyed = keyed_digests(ctx, c)?;
+    let want = spec(ctx.declaration, c, None, &keyed);
     let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Container);
     let facts = Facts { spec: Some(want.clone()), ..Facts::default() };
     if record.and_then(|rec| rec.spec()) == Some(want.as_str()) {
@@ -353,7 +355,8 @@ fn run_step(
 /// present now so the first run does not find it missing. The daemon's scheduler runs it
 /// (see [`run_scheduled`]); a failed run never changes what an apply reported.
 fn install_schedule(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Error> {
-    let want = spec(ctx.declaration, c, None);
+    let keyed = keyed_digests(ctx, c)?;
+    let want = spec(ctx.declaration, c, None, &keyed);
     let schedule = c.schedule.as_ref().map(|s| s.as_str().to_owned());
     let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Container);
     // Made present now, so the first fire does not find it missing; a plan only looks.
@@ -388,14 +391,19 @@ pub struct ScheduledRun {
 /// each with the spec it was recorded at: the only ones the scheduler may run. A step whose
 /// install failed, that sat behind a failed gate, or that was held on an adopted node has no
 /// such record, and a backup must not run against a store whose migration never passed.
-pub fn installed_steps(declaration: &Declaration, store: &Store) -> HashMap<Id, String> {
+///
+/// `key` is the node's key file, read (once) only if a step restarts on a file carrying a
+/// secret, whose keyed digest is part of the step's spec; such a step is not installed where
+/// the value cannot be opened.
+pub fn installed_steps(declaration: &Declaration, store: &Store, key: &Path) -> HashMap<Id, String> {
+    let mut ring = super::secret::ring_at(key);
     declaration
         .scheduled_steps()
         .filter_map(|(id, _)| {
             let r = declaration.get(id)?;
             let Spec::Container(c) = &r.spec else { return None };
             let rec = store.get(id.as_str()).filter(|rec| rec.kind == Kind::Container)?;
-            let want = spec(declaration, c, None);
+            let want = spec(declaration, c, None, &keyed_with(declaration, c, &mut ring).ok()?);
             (rec.spec() == Some(want.as_str())).then(|| (id.clone(), want))
         })
         .collect()
@@ -412,13 +420,14 @@ pub fn run_scheduled(
     installed: Option<&str>,
     container_socket: Option<&str>,
     limit: Option<std::time::Duration>,
+    key: &Path,
 ) -> Result<ScheduledRun, Error> {
     let r = declaration.get(id).ok_or_else(|| Error::NotDeclared { id: id.to_string() })?;
     // `Spec::schedule` is the one place that knows which types have a schedule.
     let (Spec::Container(c), Some(_)) = (&r.spec, r.spec.schedule()) else {
         return Err(Error::NotScheduled { id: id.to_string() });
     };
-    let want = spec(declaration, c, None);
+    let want = spec(declaration, c, None, &keyed_with(declaration, c, &mut super::secret::ring_at(key))?);
     if installed != Some(want.as_str()) {
         return Err(Error::StepNotInstalled { id: id.to_string() });
     }
@@ -487,10 +496,43 @@ pub fn spec_digest(
     c: &Container,
     reads: Option<&BTreeMap<String, String>>,
 ) -> String {
-    spec(declaration, c, reads)
+    spec(declaration, c, reads, &BTreeMap::new())
 }
 
-fn spec(declaration: &Declaration, c: &Container, reads: Option<&BTreeMap<String, String>>) -> String {
+/// The declared digests of the restart-on files of `c` that carry a secret: keyed digests of
+/// their opened content (`secret::declared_digest`), so the spec moves when a value moves and
+/// not when the same value is sealed again.
+fn keyed_digests(ctx: &mut Ctx<'_>, c: &Container) -> Result<BTreeMap<Id, Digest>, Error> {
+    let declaration = ctx.declaration;
+    keyed_with(declaration, c, &mut |f| super::secret::keyring(ctx, f))
+}
+
+/// `keyed_digests`, with the keyring from `ring` (asked only if a restart-on file carries a
+/// secret): the scheduler's way, which has no pass.
+fn keyed_with(
+    declaration: &Declaration,
+    c: &Container,
+    ring: &mut dyn FnMut(&crate::declaration::File) -> Result<std::sync::Arc<crate::secrets::Keyring>, Error>,
+) -> Result<BTreeMap<Id, Digest>, Error> {
+    let mut out = BTreeMap::new();
+    for id in &c.restart_on {
+        let Some(r) = declaration.get(id) else { continue };
+        let Spec::File(f) = &r.spec else { continue };
+        if f.carries_secret() {
+            out.insert(id.clone(), super::secret::declared_digest(&*ring(f)?, f)?);
+        }
+    }
+    Ok(out)
+}
+
+/// `keyed` holds the declared digest of each restart-on file carrying a secret
+/// (`keyed_digests`); every other resource is folded in by the digest of its declaration.
+fn spec(
+    declaration: &Declaration,
+    c: &Container,
+    reads: Option<&BTreeMap<String, String>>,
+    keyed: &BTreeMap<Id, Digest>,
+) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let _ = writeln!(s, "image {}", c.image.as_str());
@@ -520,7 +562,10 @@ fn spec(declaration: &Declaration, c: &Container, reads: Option<&BTreeMap<String
     let mut named: Vec<&Id> = c.restart_on.iter().collect();
     named.sort();
     for id in named {
-        let declared = declaration.get(id).map(|r| r.digest.to_string()).unwrap_or_default();
+        let declared = match keyed.get(id) {
+            Some(d) => d.to_string(),
+            None => declaration.get(id).map(|r| r.digest.to_string()).unwrap_or_default(),
+        };
         let _ = writeln!(s, "restart-on {id}={declared}");
     }
     for (path, d) in reads.into_iter().flatten() {
@@ -535,15 +580,15 @@ fn spec(declaration: &Declaration, c: &Container, reads: Option<&BTreeMap<String
 /// that re-reads its routes live would be recreated on every route change). A module whose
 /// program reads such a file once says so with restart-on. Steps read nothing here: they read
 /// their files afresh each time they run.
-fn reads(store: &Store, declaration: &Declaration, c: &Container) -> Result<BTreeMap<String, String>, Error> {
+fn reads(ctx: &mut Ctx<'_>, c: &Container) -> Result<BTreeMap<String, String>, Error> {
     let mut out = BTreeMap::new();
     for path in &c.env_file {
-        let d = file_digest(store, declaration, path.as_path())?.unwrap_or_else(|| "absent".to_owned());
+        let d = file_digest(ctx, path.as_path())?.unwrap_or_else(|| "absent".to_owned());
         out.insert(path.to_string(), d);
     }
     // A named volume is the runtime's, holding data: only a bind from the machine is read.
     for source in c.volumes.iter().filter_map(Volume::host_path) {
-        if let Some(d) = file_digest(store, declaration, source.as_path())? {
+        if let Some(d) = file_digest(ctx, source.as_path())? {
             out.insert(source.to_string(), d);
         }
     }
@@ -558,20 +603,35 @@ fn reads(store: &Store, declaration: &Declaration, c: &Container) -> Result<BTre
 /// The record of the file resource this declaration has at that path comes first; another
 /// origin's record of the same path (a first-boot bundle's, which the mesh never removes) is
 /// only a fallback, the most recent one, for a path this declaration does not write.
-fn file_digest(store: &Store, declaration: &Declaration, path: &Path) -> Result<Option<String>, Error> {
+///
+/// A file this declaration writes that carries a secret, found with no record (its apply
+/// failed), is digested with the node's key, like its record would be: a plain sha256 of it
+/// would be a way to check guesses of the secret, in the store and on the label.
+fn file_digest(ctx: &mut Ctx<'_>, path: &Path) -> Result<Option<String>, Error> {
+    let (store, declaration) = (ctx.store, ctx.declaration);
     let text = path.display().to_string();
-    let declared = declaration
-        .at_path(path)
-        .filter(|r| r.kind() == Kind::File)
+    let at = declaration.at_path(path).filter(|r| r.kind() == Kind::File);
+    let declared = at
         .and_then(|r| store.get(r.id.as_str()))
         .filter(|rec| rec.kind == Kind::File && *rec.target == *text);
     let record = declared.or_else(|| store.latest_at(Kind::File, &text).map(|(_, rec)| rec));
     if let Some(wrote) = record.and_then(|rec| rec.wrote) {
         return Ok(Some(wrote.to_string()));
     }
-    docker::read_input_file(path)
-        .map(|bytes| bytes.map(|b| digest(&b).to_string()))
-        .map_err(|error| Error::ContainerReads { path: path.to_owned(), error })
+    let bytes = docker::read_input_file(path)
+        .map_err(|error| Error::ContainerReads { path: path.to_owned(), error })?;
+    let Some(mut bytes) = bytes else { return Ok(None) };
+    let secret = at.and_then(|r| if let Spec::File(f) = &r.spec { Some(f) } else { None });
+    let d = match secret.filter(|f| f.carries_secret()) {
+        Some(f) => {
+            let ring = super::secret::keyring(ctx, f);
+            let d = ring.map(|ring| Digest::from_keyed(ring.digest(&bytes)));
+            zeroize::Zeroize::zeroize(&mut bytes);
+            d?
+        }
+        None => digest(&bytes),
+    };
+    Ok(Some(d.to_string()))
 }
 
 /// Everything the runtime needs to create the container, resolved: env-files read, bind
@@ -708,7 +768,7 @@ mod tests {
                     port 127.0.0.1:8080:80\nport [::1]:8081:81/udp\n\
                     volume /srv/web/:/srv/web:ro\nvolume web-data:/data\n\
                     host db6:fd00:0::5\nschedule */15 3-5 * * 1,3\n";
-        assert_eq!(spec(&d, c, None), digest(text.as_bytes()).to_string());
+        assert_eq!(spec(&d, c, None, &BTreeMap::new()), digest(text.as_bytes()).to_string());
     }
 
     #[test]
@@ -758,11 +818,30 @@ mod tests {
         let Spec::Container(c) = &d.resources[0].spec else { unreachable!() };
         let empty = BTreeMap::new();
         // A container that reads nothing has the same digest with and without file lines.
-        assert_eq!(spec(&d, c, None), spec(&d, c, Some(&empty)));
+        let none = BTreeMap::new();
+        assert_eq!(spec(&d, c, None, &none), spec(&d, c, Some(&empty), &none));
         let one = BTreeMap::from([("/etc/web.env".to_owned(), "sha256:1".to_owned())]);
         let two = BTreeMap::from([("/etc/web.env".to_owned(), "sha256:2".to_owned())]);
-        assert_ne!(spec(&d, c, Some(&one)), spec(&d, c, Some(&two)));
-        assert_ne!(spec(&d, c, Some(&one)), spec(&d, c, None));
+        assert_ne!(spec(&d, c, Some(&one), &none), spec(&d, c, Some(&two), &none));
+        assert_ne!(spec(&d, c, Some(&one), &none), spec(&d, c, None, &none));
+    }
+
+    #[test]
+    fn a_restart_on_file_carrying_a_secret_is_folded_in_by_its_keyed_digest() {
+        let d = Declaration::parse(
+            br#"{"version": 1, "resources": [
+                {"type": "file", "id": "web.key", "path": "/etc/web.key", "sealed": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="},
+                {"type": "container", "id": "web.app", "name": "web", "image": "local/web:1",
+                 "restart-on": ["web.key"]}]}"#,
+        )
+        .unwrap();
+        let Spec::Container(c) = &d.resources[1].spec else { unreachable!() };
+        let id = d.resources[0].id.clone();
+        let keyed = |sum: u8| BTreeMap::from([(id.clone(), Digest::from_keyed([sum; 32]))]);
+        // The same opened value, whatever its ciphertext: the same spec; another value, another.
+        assert_eq!(spec(&d, c, None, &keyed(1)), spec(&d, c, None, &keyed(1)));
+        assert_ne!(spec(&d, c, None, &keyed(1)), spec(&d, c, None, &keyed(2)));
+        assert_ne!(spec(&d, c, None, &keyed(1)), spec(&d, c, None, &BTreeMap::new()));
     }
 
     #[test]

@@ -35,10 +35,20 @@ pub enum Error {
     /// the answer for every container of the pass (see `Machine::docker`).
     #[error(transparent)]
     Runtime(Arc<DockerError>),
+    /// What ufw answered, found active on an adopted node. Shared, like nft's.
+    #[error("ufw: {0}")]
+    Ufw(Arc<crate::system::ufw::UfwError>),
+    /// The flip from ufw to the host's own filter stopped after the filter was loaded.
+    #[error("the host's own filter was loaded, and retiring ufw failed: {0}; ufw and the openings made in it stay, and the next pass tries again")]
+    Flip(Arc<crate::system::ufw::UfwError>),
+    /// The flip from ufw waits: something else in the pass failed.
+    #[error("the flip from ufw to the host's own filter waits until everything applies without failure ({failed} failed); ufw and the openings made in it were left in force")]
+    FlipWaits { failed: usize },
+    /// What nft answered. Shared, because one load of the filter is every opening's.
+    #[error(transparent)]
+    Firewall(Arc<crate::system::firewall::FirewallError>),
 
     // What the declaration asks that this build or this node cannot do. Nothing was changed.
-    #[error("a {0} resource is not supported yet: this build of mesh-host has no applier for it")]
-    Unsupported(Kind),
     /// A file writing keys `into` another asked for its whole content, which it does not have:
     /// its keys are set by `apply::into`, never written as a file.
     #[error("{path} sets keys `into` a file that belongs to someone else; it has no content of its own to write whole, and nothing was written")]
@@ -51,9 +61,30 @@ pub enum Error {
     /// value is not quoted: it may be a secret.
     #[error("{path} was written, and reading it back {key} does not hold the declared value")]
     IntoReadBack { path: PathBuf, key: String },
-    /// A file carrying a sealed value, on a node without the key to open it.
-    #[error("{path} carries a sealed value and this node has no sealing key; nothing was written")]
+    /// The declared bytes of a file carrying a secret were asked for as plain bytes: they are
+    /// opened only by the file's applier, with the node's key.
+    #[error("{path} carries a sealed value, which is opened only when the file is applied")]
     Sealed { path: PathBuf },
+    /// An opening whose id cannot be its rules' comment, which is how its rules are told apart.
+    #[error("the id {id:?} is longer than {max} bytes, the most nftables keeps as a rule's comment; this opening was not loaded (the others were)")]
+    IdTooLongForRule { id: String, max: usize },
+    /// An `into` file carrying a secret: not built yet.
+    #[error(
+        "{path} sets keys `into` a file and carries a sealed value: secrets in `into` files are not supported yet; nothing was written"
+    )]
+    IntoSecret { path: PathBuf },
+    /// A file carrying a sealed value, on a node without the key to open it.
+    #[error(
+        "{path} carries a sealed value and this node has no sealing key at {key}: make one with `mesh-host keygen` and seal the value to the public key it prints; nothing was written"
+    )]
+    NoKey { path: PathBuf, key: PathBuf },
+    /// The node's key file is there and cannot be used (readable by others, not a key file).
+    #[error("{path} carries a sealed value and the node's sealing key cannot be used: {error}; nothing was written")]
+    KeyUnusable { path: PathBuf, error: Arc<str> },
+    /// A sealed value that does not open with this node's key. Names the field, never what it
+    /// held or what a failed attempt produced.
+    #[error("{path}: `{field}` does not open: {error}; nothing was written")]
+    NotOpened { path: PathBuf, field: String, error: crate::secrets::OpenError },
     #[error("{path} declares no content")]
     NoContent { path: PathBuf },
     #[error("{path}: the archive has no bytes or source")]
@@ -128,6 +159,12 @@ pub enum Error {
     /// A property of what was written is not what the host set it to.
     #[error("{target}: {what} is {found} after the host set it to {wanted}")]
     ReadBack { target: Target, what: Aspect, wanted: String, found: String },
+    /// An opening's rules in ufw, added without an error, read back differently.
+    #[error("{id}: ufw reads back different: {differs}")]
+    UfwReadBack { id: String, differs: String },
+    /// The host's filter, loaded without an error, listed differently.
+    #[error("table inet mesh_host was loaded and reads back different: {differs}")]
+    FilterReadBack { differs: String },
     #[error("{target} was {did} and is not there afterwards")]
     Vanished { target: Target, did: &'static str },
     #[error("{target} is still there after removing it")]
@@ -323,8 +360,12 @@ mod tests {
         };
         let cases: Vec<(Error, String)> = vec![
             (
-                Error::Unsupported(Kind::Opening),
-                "a opening resource is not supported yet: this build of mesh-host has no applier for it".into(),
+                Error::IdTooLongForRule { id: "a.b".into(), max: 128 },
+                "the id \"a.b\" is longer than 128 bytes, the most nftables keeps as a rule's comment; this opening was not loaded (the others were)".into(),
+            ),
+            (
+                Error::FilterReadBack { differs: "its rules were reordered".into() },
+                "table inet mesh_host was loaded and reads back different: its rules were reordered".into(),
             ),
             (
                 Error::IntoUnsupported { path: p() },
@@ -340,7 +381,19 @@ mod tests {
             ),
             (
                 Error::Sealed { path: p() },
-                "/etc/app.conf carries a sealed value and this node has no sealing key; nothing was written".into(),
+                "/etc/app.conf carries a sealed value, which is opened only when the file is applied".into(),
+            ),
+            (
+                Error::IntoSecret { path: p() },
+                "/etc/app.conf sets keys `into` a file and carries a sealed value: secrets in `into` files are not supported yet; nothing was written".into(),
+            ),
+            (
+                Error::NoKey { path: p(), key: PathBuf::from("/var/lib/mesh-host/sealing.key") },
+                "/etc/app.conf carries a sealed value and this node has no sealing key at /var/lib/mesh-host/sealing.key: make one with `mesh-host keygen` and seal the value to the public key it prints; nothing was written".into(),
+            ),
+            (
+                Error::NotOpened { path: p(), field: "secrets.db".into(), error: crate::secrets::OpenError::NotAge },
+                "/etc/app.conf: `secrets.db` does not open: it is neither an armored age value (`-----BEGIN AGE ENCRYPTED FILE-----`) nor base64 of a binary one; nothing was written".into(),
             ),
             (Error::NoContent { path: p() }, "/etc/app.conf declares no content".into()),
             (Error::NoArchive { path: p() }, "/etc/app.conf: the archive has no bytes or source".into()),

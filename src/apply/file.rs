@@ -2,11 +2,14 @@
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use age::secrecy::ExposeSecret as _;
 use base64::Engine as _;
 
-use super::{begin, Aspect, Ctx, Error, Facts, Outcome, Step, Target, Verb};
+use super::{begin, secret, Aspect, Ctx, Error, Facts, Outcome, Step, Target, Verb};
 use crate::declaration::{digest, Digest, File, Kind, Resource};
+use crate::secrets::Keyring;
 use crate::store::Record;
 use crate::system::fs::{Content, Fs, Kind as FsKind, Meta};
 use crate::system::journal::Intent;
@@ -34,15 +37,16 @@ pub(super) struct Checked {
     owner: Option<(u32, u32)>,
     action: Verb,
     detail: Option<String>,
+    /// For a file carrying a secret: what its digests are keyed with.
+    keyed: Option<Arc<Keyring>>,
 }
 
 /// The bytes the declaration puts in the file: its content, its decoded `bytes`, or what the
 /// daemon's content file holds for it.
 pub fn declared_bytes<'a>(f: &'a File, contents: Option<&ContentFile>) -> Result<Cow<'a, [u8]>, Error> {
     if f.carries_secret() {
-        // Refused, never skipped: a machine that quietly leaves out the one file holding a
-        // credential looks configured and cannot connect. Opening sealed values needs this
-        // node's sealing key, which comes with `keygen` and `seal` (not built yet).
+        // Its bytes exist only opened, in the applier, for as long as it needs them
+        // (`secret::open`): never as plain bytes handed to whoever asks.
         return Err(Error::Sealed { path: f.path.as_path().to_owned() });
     }
     if f.into.is_some() {
@@ -71,28 +75,44 @@ pub fn declared_bytes<'a>(f: &'a File, contents: Option<&ContentFile>) -> Result
 /// decided without the machine is, so every branch of it is tested without root.
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, Error> {
     let path = f.path.as_path();
-    let content = declared_bytes(f, ctx.opts.contents.as_deref())?;
     let owner = f.owner.as_ref().map(|o| ctx.accounts.resolve(&o.user, o.group.as_deref())).transpose()?;
-    let want = Declared {
+    // Declared before `want`, which borrows it once it is known.
+    let content: Cow<'_, [u8]>;
+    let opened;
+    let mut want = Declared {
         path,
-        content: &content,
+        content: &[],
         declared: r.digest,
         mode: f.mode().bits(),
         owner,
         create_once: f.create_once,
+        keyed: None,
     };
     let store = ctx.store;
     let record = store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::File && *rec.target == *r.target());
-    // The hot path: a file untouched since the host last found it as declared is not read.
+    // The hot path: a file untouched since the host last found it as declared is not read, and
+    // a file carrying a secret is not opened.
     if let Some(rec) = record.filter(|rec| may_be_untouched(rec, &want)) {
         if let Some(facts) = ctx.fs.meta(path)?.and_then(|m| untouched(rec, &want, &m)) {
             return Ok(Step::Done(begin(r, Verb::Unchanged, None), Some(facts)));
         }
     }
+    if f.carries_secret() {
+        // Opened now that it must be compared or written, and zeroed when this returns.
+        let ring = secret::keyring(ctx, f)?;
+        opened = secret::open(&ring, f)?;
+        content = Cow::Borrowed(opened.expose_secret().as_slice());
+        want.keyed = Some(ring);
+    } else {
+        content = declared_bytes(f, ctx.opts.contents.as_deref())?;
+    }
+    want.content = &content;
     // What is on the machine is read whole only up to the size of what is declared (or a
     // megabyte, for a diff a person can read); anything larger is hashed as a stream, so a huge
-    // file at a managed path never sizes an allocation.
-    let found = ctx.fs.read_up_to(path, (content.len() as u64).max(HOLD))?;
+    // file at a managed path never sizes an allocation. What was read of a file carrying a
+    // secret is zeroed when this returns (`Wiped`).
+    let found = Wiped(ctx.fs.read_up_to(path, (content.len() as u64).max(HOLD))?);
+    let found = &found.0;
     let known = Known {
         record,
         intended: store.intended(path),
@@ -104,7 +124,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         return Ok(Step::Done(begin(r, plan.action, plan.detail), Some(*facts)));
     }
     if ctx.opts.dry_run {
-        if let Some(shown) = planned_diff(&plan, found.as_ref().map(|(_, held)| held), f, &content) {
+        if let Some(shown) = planned_diff(&plan, found.as_ref(), f, &content) {
             ctx.diffs.0.push((path.display().to_string(), shown));
         }
         return Ok(Step::Done(begin(r, plan.action, plan.planned()), None));
@@ -121,6 +141,41 @@ struct Declared<'a> {
     mode: u32,
     owner: Option<(u32, u32)>,
     create_once: bool,
+    /// For a file carrying a secret: the keyring its digests are keyed with. What the store
+    /// and the journal hold of it is then a keyed digest, never a plain sha256 of a secret.
+    keyed: Option<Arc<Keyring>>,
+}
+
+impl Declared<'_> {
+    /// The digest recorded for some content: keyed for a file carrying a secret.
+    fn digest_of(&self, bytes: &[u8]) -> Digest {
+        match &self.keyed {
+            Some(ring) => Digest::from_keyed(ring.digest(bytes)),
+            None => digest(bytes),
+        }
+    }
+
+    /// The digest of what was found, in the same kind. A file carrying a secret found larger
+    /// than what is read whole has no keyed digest: it is not what the host wrote.
+    fn digest_found(&self, held: &Content) -> Option<Digest> {
+        match (&self.keyed, held) {
+            (None, held) => held.sum().map(Digest::from_sum),
+            (Some(ring), Content::Bytes(bytes)) => Some(Digest::from_keyed(ring.digest(bytes))),
+            (Some(_), Content::Large { .. } | Content::NotFile) => None,
+        }
+    }
+}
+
+/// What was read of a file, zeroed when dropped: it may hold a secret (the file's own, or a
+/// credential the machine had there).
+struct Wiped(Option<(Meta, Content)>);
+
+impl Drop for Wiped {
+    fn drop(&mut self) {
+        if let Some((_, Content::Bytes(bytes))) = &mut self.0 {
+            zeroize::Zeroize::zeroize(bytes);
+        }
+    }
 }
 
 /// What the host knows of a file besides what is on the machine.
@@ -238,7 +293,7 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
     // the seed in the declaration is not mistaken for drift.
     if want.create_once {
         // No signature: a seed is not compared, so there is nothing for one to save.
-        let wrote = record.and_then(|r| r.wrote).or_else(|| held.sum().map(Digest::from_sum));
+        let wrote = record.and_then(|r| r.wrote).or_else(|| want.digest_found(held));
         let detail = "created once, and present: what is in it now is not the mesh's to change";
         let facts = Facts { sig: None, fresh: None, ..as_found(wrote, meta) };
         return Ok(Plan {
@@ -250,7 +305,7 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
 
     // Hashed at most once, and only when needed: the steady state below never hashes.
     let digest_found = std::cell::OnceCell::new();
-    let found_digest = || *digest_found.get_or_init(|| held.sum().map(Digest::from_sum));
+    let found_digest = || *digest_found.get_or_init(|| want.digest_found(held));
     let content_same = matches!(held, Content::Bytes(b) if *b == *want.content);
     let mode_same = meta.mode == want.mode;
     let owner_same = want.owner.is_none_or(|o| o == (meta.uid, meta.gid));
@@ -258,7 +313,12 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
         // No hashing when the declaration has not changed since the record, because what the
         // host wrote is then exactly what is declared.
         let wrote = match record {
-            Some(rec) if rec.declared == want.declared && rec.wrote.is_some() => rec.wrote,
+            Some(rec)
+                if rec.declared == want.declared
+                    && rec.wrote.is_some_and(|w| w.is_keyed() == want.keyed.is_some()) =>
+            {
+                rec.wrote
+            }
             _ => found_digest(),
         };
         return Ok(Plan {
@@ -326,12 +386,25 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
 }
 
 /// What a plan shows of the content it would write: a diff, where the content changes.
-fn planned_diff(plan: &Plan, held: Option<&Content>, f: &File, content: &[u8]) -> Option<String> {
+///
+/// Never a secret: not the content of a file carrying one (opened or on the machine), and not
+/// what is on the machine when that file is not world-readable, which a dry run must not turn
+/// into a way of reading a credential already on disk. Those say only that the content
+/// differs.
+fn planned_diff(plan: &Plan, found: Option<&(Meta, Content)>, f: &File, content: &[u8]) -> Option<String> {
     let Change::Write { .. } = plan.change else { return None };
-    Some(match held {
+    let path = &f.path;
+    if f.carries_secret() {
+        return Some(format!("{path}: content differs (not shown: it carries a secret)\n"));
+    }
+    Some(match found {
         None => diff(f, b"", content),
-        Some(Content::Bytes(bytes)) => diff(f, bytes, content),
-        Some(other) => format!(
+        Some((meta, _)) if meta.mode & 0o004 == 0 => format!(
+            "{path}: content differs (not shown: the file on the machine is not world-readable, mode {:04o})\n",
+            meta.mode
+        ),
+        Some((_, Content::Bytes(bytes))) => diff(f, bytes, content),
+        Some((_, other)) => format!(
             "content differs: {} bytes on the machine (too large to show), {} declared\n",
             other.size(),
             content.len()
@@ -354,12 +427,13 @@ fn act(
         id: r.id.to_string(),
         target: r.target(),
         path: path.to_owned(),
-        digest: digest(want.content),
+        digest: want.digest_of(want.content),
         len: want.content.len() as u64,
         mode: want.mode,
         owner: want.owner,
         action: plan.action,
         detail: plan.applied(),
+        keyed: want.keyed.clone(),
     };
     match plan.change {
         Change::None(facts) => Ok(Step::Done(begin(r, plan.action, plan.detail), Some(*facts))),
@@ -415,13 +489,26 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
         wanted,
         found,
     };
-    let Some((meta, held)) = fs.read_up_to(&c.path, c.len)? else {
+    let read = Wiped(fs.read_up_to(&c.path, c.len)?);
+    let Some((meta, held)) = &read.0 else {
         return Err(mismatch(Aspect::File, "written".into(), "missing".into()));
     };
     if meta.kind != FsKind::File {
         return Err(mismatch(Aspect::File, "a regular file".into(), format!("{:?}", meta.kind)));
     }
-    let digest_found = Digest::from_sum(held.sum().expect("a regular file has a sum"));
+    // For a file carrying a secret, a keyed digest, so that even a mismatch's message shows
+    // nothing a guess could be checked against.
+    let digest_found = match (&c.keyed, held) {
+        (Some(ring), Content::Bytes(bytes)) => Digest::from_keyed(ring.digest(bytes)),
+        (Some(_), other) => {
+            return Err(mismatch(
+                Aspect::Content,
+                format!("{} bytes", c.len),
+                format!("{} bytes", other.size()),
+            ))
+        }
+        (None, held) => Digest::from_sum(held.sum().expect("a regular file has a sum")),
+    };
     if digest_found != c.digest {
         return Err(mismatch(Aspect::Content, c.digest.to_string(), digest_found.to_string()));
     }
@@ -444,7 +531,7 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
         action: c.action,
         detail: c.detail.clone(),
     };
-    Ok((outcome, as_found(Some(digest_found), &meta)))
+    Ok((outcome, as_found(Some(digest_found), meta)))
 }
 
 /// What to record of a file as it was just found (or read back): the digest of what the host
@@ -537,7 +624,15 @@ mod tests {
     }
 
     fn want<'a>(content: &'a [u8], mode: u32, owner: Option<(u32, u32)>) -> Declared<'a> {
-        Declared { path: Path::new(PATH), content, declared: digest(b"v2"), mode, owner, create_once: false }
+        Declared {
+            path: Path::new(PATH),
+            content,
+            declared: digest(b"v2"),
+            mode,
+            owner,
+            create_once: false,
+            keyed: None,
+        }
     }
 
     fn known<'a>(record: Option<&'a Record>, intended: &'a [Intent]) -> Known<'a> {
@@ -728,23 +823,51 @@ mod tests {
         let write = Plan { action: Verb::Created, detail: None, change: Change::Write { keep: None } };
         let shown = planned_diff(&write, None, f, b"b\n").unwrap();
         assert!(shown.contains("+b"), "{shown}");
-        let shown = planned_diff(&write, Some(&bytes(b"a\n")), f, b"b\n").unwrap();
+        let shown = planned_diff(&write, Some(&(file(0o644), bytes(b"a\n"))), f, b"b\n").unwrap();
         assert!(shown.contains("-a") && shown.contains("+b"), "{shown}");
         let large = Content::Large { sum: [0; 32], size: 5 << 20 };
         assert_eq!(
-            planned_diff(&write, Some(&large), f, b"b\n").unwrap(),
+            planned_diff(&write, Some(&(file(0o644), large)), f, b"b\n").unwrap(),
             "content differs: 5242880 bytes on the machine (too large to show), 2 declared\n"
         );
         assert_eq!(
-            planned_diff(&write, Some(&bytes(b"\x7fELF\x00\x01")), f, b"b\n").unwrap(),
+            planned_diff(&write, Some(&(file(0o644), bytes(b"\x7fELF\x00\x01"))), f, b"b\n").unwrap(),
             "/etc/app.conf: binary content differs (6 bytes to 2 bytes)\n"
         );
         assert_eq!(
-            planned_diff(&write, Some(&bytes(b"a\n")), f, &[0xff, 0xfe, 0]).unwrap(),
+            planned_diff(&write, Some(&(file(0o644), bytes(b"a\n"))), f, &[0xff, 0xfe, 0]).unwrap(),
             "/etc/app.conf: binary content differs (2 bytes to 3 bytes)\n"
         );
         let set = Plan { change: Change::Set { mode: Some(0o644), owner: None }, ..write };
-        assert_eq!(planned_diff(&set, Some(&bytes(b"b\n")), f, b"b\n"), None);
+        assert_eq!(planned_diff(&set, Some(&(file(0o644), bytes(b"b\n"))), f, b"b\n"), None);
+    }
+
+    #[test]
+    fn a_plan_never_shows_a_secret_nor_a_file_others_cannot_read() {
+        let d: Declaration = Declaration::parse(
+            br#"{"version": 1, "resources": [
+                {"type": "file", "id": "a.f", "path": "/etc/app.conf", "content": "b\n"},
+                {"type": "file", "id": "a.s", "path": "/etc/app.key", "sealed": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}]}"#,
+        )
+        .unwrap();
+        let write = Plan { action: Verb::Updated, detail: None, change: Change::Write { keep: None } };
+        // A credential already on disk, readable by its owner only: a dry run does not show it.
+        for mode in [0o600, 0o640, 0o000] {
+            let shown = planned_diff(
+                &write,
+                Some(&(file(mode), bytes(b"password=hunter2\n"))),
+                file_of(&d, "a.f"),
+                b"b\n",
+            )
+            .unwrap();
+            assert!(!shown.contains("hunter2") && shown.contains("not world-readable"), "{shown}");
+        }
+        // A file carrying a secret: neither what is there nor what would be written.
+        for found in [None, Some((file(0o644), bytes(b"old value\n")))] {
+            let shown = planned_diff(&write, found.as_ref(), file_of(&d, "a.s"), b"new value\n").unwrap();
+            assert!(!shown.contains("value"), "{shown}");
+            assert_eq!(shown, "/etc/app.key: content differs (not shown: it carries a secret)\n");
+        }
     }
 
     #[test]

@@ -15,10 +15,12 @@ mod file;
 pub use file::declared_bytes;
 mod into;
 mod network;
+mod opening;
 mod outcome;
 mod package;
 mod process;
 mod remove;
+mod secret;
 mod service;
 pub mod status;
 mod user;
@@ -36,6 +38,7 @@ pub use error::{Aspect, Error, Need, Target};
 pub use outcome::{ApplyError, Failure, Outcome, Report, Verb};
 
 use crate::declaration::{Declaration, Digest, Id, Kind, Resource, Spec};
+use crate::secrets::Keyring;
 use crate::store::{More, Origin, Record, Store};
 use crate::system::docker::{Docker, DockerError};
 use crate::system::systemd::UNIT_SECOND_LOOK;
@@ -65,6 +68,10 @@ pub struct Options {
     /// The daemon's content file, where the declared bytes of files are when the declaration
     /// says `stored` instead of holding them (`controller::contents`).
     pub contents: Option<std::sync::Arc<crate::system::ContentFile>>,
+    /// The node's key file (`--key`): read once in a pass, when the first file carrying a
+    /// secret must be written or compared, so a key made or rotated under the daemon is used
+    /// from its next pass.
+    pub key: PathBuf,
 }
 
 /// What a plan adds to a report: the diff of each file whose content would change.
@@ -147,6 +154,10 @@ struct Machine {
     /// pass: a socket whose server hangs would otherwise hold every container for the probe's
     /// whole timeout, and a hundred containers on a machine without a runtime should fail fast.
     docker: Option<Result<Docker, Arc<DockerError>>>,
+    /// The node's keyring, read when the first secret of the pass is opened, or why it could
+    /// not be: `None` for no key file. Never kept between passes (`Session` does not hold it),
+    /// so a daemon holds the private key only while a pass needs it.
+    keyring: Option<Result<Option<Arc<Keyring>>, Arc<str>>>,
 }
 
 impl Machine {
@@ -213,6 +224,7 @@ impl Session {
             systemd: self.systemd.take(),
             packages: Packages::default(),
             docker: self.docker.take().map(Ok),
+            keyring: None,
         }
     }
 
@@ -279,6 +291,12 @@ struct Pass<'a> {
     pending: Vec<(usize, Box<file::Pending>)>,
     /// Units started in this pass awaiting their second look, with their slots.
     rising: Vec<(usize, usize, Box<Rising>)>,
+    /// Orphan openings, left for the firewall step.
+    orphan_openings: Vec<(String, Record)>,
+    /// The slots of the declared openings, filled by the firewall step, by resource index.
+    openings: Vec<(usize, usize)>,
+    /// The firewall found in force on an adopted node (looked for first).
+    found: opening::Found,
     /// Files recorded in this pass with a signature too fresh to trust: by index, with that
     /// signature, and when the latest was taken.
     unsettled: Vec<(usize, crate::system::Sig)>,
@@ -296,12 +314,43 @@ impl<'a> Pass<'a> {
             changed: HashSet::new(),
             pending: Vec::new(),
             rising: Vec::new(),
+            orphan_openings: Vec::new(),
+            openings: Vec::new(),
+            found: opening::Found::Nothing,
             unsettled: Vec::new(),
             latest_fresh: None,
         }
     }
 
     fn run(mut self, only: Option<BTreeSet<usize>>, session: &mut Session) -> (Report, Diffs) {
+        // On an adopted node, the firewall found in force is looked for before anything else:
+        // one the host cannot manage refuses the whole declaration, with nothing touched.
+        // Only a pass that reaches the openings looks: a reconcile of one file does not run ufw.
+        let reaches_openings = only.as_ref().is_none_or(|only| {
+            only.iter().any(|&i| matches!(self.declaration.resources[i].spec, Spec::Opening(_)))
+        });
+        if self.declaration.adoption.is_some() && reaches_openings {
+            match opening::found_firewall() {
+                Ok(found) => self.found = found,
+                Err(message) => {
+                    let failure = Failure {
+                        id: "the firewall found on this machine".to_owned(),
+                        kind: Kind::Opening,
+                        target: "the input hook".to_owned(),
+                        message,
+                        raced: false,
+                    };
+                    let error = ApplyError {
+                        resource: failure.id.clone(),
+                        message: failure.message.clone(),
+                        others: 0,
+                        gated: false,
+                        failures: vec![failure],
+                    };
+                    return (Report { outcomes: Vec::new(), error: Some(error) }, Diffs::default());
+                }
+            }
+        }
         let mut fs = if self.opts.dry_run { Fs::new() } else { Fs::journaled(self.store.journal_path()) };
         let mut accounts = Accounts::default();
         let mut diffs = Diffs::default();
@@ -367,6 +416,12 @@ impl<'a> Pass<'a> {
                     break;
                 }
             }
+            // The filter is made from every opening at once, after everything else.
+            if matches!(resource.spec, Spec::Opening(_)) {
+                self.openings.push((resource.index, self.slots.len()));
+                self.slots.push(None);
+                continue;
+            }
             // Files are committed in batches; anything that is not a file or directory may
             // depend on them (a service restarted on a file), so the batch is finished first.
             if !matches!(resource.kind(), Kind::File | Kind::Directory) || self.pending.len() >= BATCH {
@@ -416,10 +471,8 @@ impl<'a> Pass<'a> {
                     self.slots.push(None);
                 }
                 Err(e) => {
-                    let unsupported = matches!(e, Error::Unsupported(_));
                     self.fail(resource, &e);
-                    // A missing applier says nothing about the machine, so it does not gate.
-                    if resource.spec.is_gate() && !unsupported {
+                    if resource.spec.is_gate() {
                         gate_at = Some(self.failures.len() - 1);
                         break;
                     }
@@ -434,6 +487,11 @@ impl<'a> Pass<'a> {
             self.store.journaled();
         }
         self.second_look(&mut machine);
+        if gate_at.is_some() {
+            self.firewall_held_by_gate();
+        } else if !self.openings.is_empty() || !self.orphan_openings.is_empty() {
+            self.firewall();
+        }
         if only.is_none() {
             self.settle(&mut fs);
         }
@@ -473,6 +531,13 @@ impl<'a> Pass<'a> {
             .collect();
         orphans.append(&mut displaced);
         orphans.sort_by_key(|o| std::cmp::Reverse(o.1.position));
+        // Openings leave the filter last, in the firewall step's one load: taking a port out of
+        // the filter first would close it while the rest of the pass may still fail. An opening
+        // whose port or protocol changed under the same id is simply loaded anew.
+        let (openings, orphans): (Vec<_>, Vec<_>) =
+            orphans.into_iter().partition(|o| o.1.kind == Kind::Opening);
+        self.orphan_openings =
+            openings.into_iter().filter(|(id, _)| self.declaration.find(id).is_none()).collect();
         for (id, record) in orphans {
             match remove::remove(fs, machine, &record, self.opts) {
                 Ok((action, detail)) => {
@@ -498,6 +563,133 @@ impl<'a> Pass<'a> {
                     raced: false,
                 }),
             }
+        }
+    }
+
+    /// The firewall step: the host's filter from every declared opening, loaded once, after
+    /// everything else; orphan openings leave it in the same load.
+    fn firewall(&mut self) {
+        let orphans = std::mem::take(&mut self.orphan_openings);
+        let in_ufw = self.found == opening::Found::Ufw;
+        // The flip: a node adopted behind ufw whose declaration no longer says `adoption`. What
+        // protects the node goes last: only once everything else applied without failure.
+        let flipping = !in_ufw
+            && self.declaration.adoption.is_none()
+            && self.store.records().any(|(_, rec)| {
+                rec.kind == Kind::Opening
+                    && rec.origin == self.opts.origin
+                    && rec.spec() == Some(opening::UFW)
+            });
+        if flipping && !self.failures.is_empty() {
+            let failed = self.failures.len();
+            let declaration = self.declaration;
+            for (index, _) in std::mem::take(&mut self.openings) {
+                self.fail(&declaration.resources[index], &Error::FlipWaits { failed });
+            }
+            return;
+        }
+        let opening_spec = |spec: &str| {
+            self.store.records().any(|(_, rec)| {
+                rec.kind == Kind::Opening && rec.origin == self.opts.origin && rec.spec() == Some(spec)
+            })
+        };
+        // The way back: a declaration with `adoption` returning to a node whose ufw the host
+        // retired. Its openings go into ufw, ufw is enabled, and only then does the host's own
+        // table go: the mirror of the flip. It does not wait for a clean pass: the host's table
+        // protects the node until ufw is up, and ufw is what the adopted node is to be behind.
+        let retired = opening_spec(opening::UFW_RETIRED);
+        let returning = !in_ufw && self.declaration.adoption.is_some() && retired;
+        let done = if in_ufw || returning {
+            let done = opening::apply_ufw(self.declaration, self.store, self.opts, orphans, returning);
+            opening::without_own_table(done, self.opts)
+        } else if flipping {
+            opening::flip(self.declaration, self.store, self.opts, orphans)
+        } else {
+            opening::apply(self.declaration, self.store, self.opts, orphans)
+        };
+        let spec = if in_ufw || returning {
+            Some(opening::UFW)
+        } else if flipping || retired {
+            Some(opening::UFW_RETIRED)
+        } else {
+            None
+        };
+        let facts = || Facts { spec: spec.map(str::to_owned), ..Facts::default() };
+        let slots: BTreeMap<usize, usize> = self.openings.iter().copied().collect();
+        let declaration = self.declaration;
+        for (index, result) in done.declared {
+            let resource = &declaration.resources[index];
+            // A held opening is reported and never recorded: it is not the host's yet. The hold
+            // is remembered, as every type's is, until its module is taken.
+            let result = match result {
+                Ok(outcome) if outcome.action == Verb::Held => {
+                    if !self.opts.dry_run {
+                        let held = crate::store::Held {
+                            kind: resource.kind(),
+                            target: resource.target().into_boxed_str(),
+                            origin: self.opts.origin,
+                        };
+                        self.store.hold(resource.id.as_str(), held);
+                    }
+                    match slots.get(&index) {
+                        Some(&slot) => self.slots[slot] = Some(outcome),
+                        None => self.slots.push(Some(outcome)),
+                    }
+                    continue;
+                }
+                other => other,
+            };
+            match (result, slots.get(&index)) {
+                (Ok(outcome), Some(&slot)) => {
+                    self.slots[slot] = Some(self.record(resource, outcome, Some(facts())))
+                }
+                // An opening outside a reconcile's selection is loaded with the others (the
+                // filter is one), reported and recorded like them.
+                (Ok(outcome), None) => {
+                    let outcome = self.record(resource, outcome, Some(facts()));
+                    self.slots.push(Some(outcome));
+                }
+                (Err(e), _) => self.fail(resource, &e),
+            }
+        }
+        for (id, record, result) in done.orphans {
+            match result {
+                Ok((action, detail)) => {
+                    if !self.opts.dry_run {
+                        self.store.forget(&id);
+                    }
+                    self.slots.push(Some(Outcome {
+                        id,
+                        kind: record.kind,
+                        target: record.target.into(),
+                        action,
+                        detail,
+                    }));
+                }
+                Err(e) => self.failures.push(Failure {
+                    id,
+                    kind: record.kind,
+                    target: record.target.into(),
+                    message: format!("removing what is no longer declared: {e}"),
+                    raced: false,
+                }),
+            }
+        }
+    }
+
+    /// A gate failed, so not every opening was reached: the filter is left as it was, its
+    /// orphans stay recorded, and each opening set aside says why it was not loaded.
+    fn firewall_held_by_gate(&mut self) {
+        let declaration = self.declaration;
+        for (index, _) in std::mem::take(&mut self.openings) {
+            let r = &declaration.resources[index];
+            self.failures.push(Failure {
+                id: r.id.to_string(),
+                kind: r.kind(),
+                target: r.target(),
+                message: "not loaded: a gate failed in this pass, and the filter is loaded only with every opening reached; it was left as it was".to_owned(),
+                raced: false,
+            });
         }
     }
 
@@ -823,14 +1015,14 @@ fn present(ctx: &mut Ctx<'_>, r: &Resource) -> Option<Result<bool, Error>> {
             crate::system::accounts::lookup(u.name.as_str()).map(|a| a.is_some()).map_err(Error::from)
         }
         Spec::Container(_) | Spec::Network(_) => return container::found_made_by_others(ctx, r),
-        // An opening needs the firewall applier, not built yet; an access path is never the
-        // host's to make, so there is nothing to hold; an action has nothing present to find.
+        // An opening is held by the firewall step, which knows what the filter found lets in;
+        // an access path is never the host's to make, so there is nothing to hold; an action
+        // has nothing present to find.
         Spec::Access(_) | Spec::Action(_) | Spec::Opening(_) => return None,
     })
 }
 
-/// One resource, by its type. Types whose applier has not been built yet fail plainly, and do
-/// not gate: a missing applier says nothing about whether the machine is ready.
+/// One resource, by its type.
 fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
     match &r.spec {
         Spec::Directory(d) => directory::apply(ctx, r, d),
@@ -847,6 +1039,8 @@ fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
         Spec::Action(a) => action::apply(ctx, r, a),
         Spec::Container(c) => container::apply(ctx, r, c),
         Spec::Network(n) => network::apply(ctx, r, n),
-        Spec::Opening(_) => Err(Error::Unsupported(r.kind())),
+        // Openings are one filter, loaded by the firewall step once everything else is applied
+        // (`opening::apply`); the pass sets them aside and never steps them one by one.
+        Spec::Opening(_) => unreachable!("the pass sets openings aside for the firewall step"),
     }
 }

@@ -61,6 +61,22 @@ fn look(fs: &mut Fs, machine: &mut Machine, rec: &Record, opts: &Options) -> Res
     let path = Path::new(&*rec.target);
     let forget = |why: &str| Ok(Plan::Leave(Verb::Forgotten, why.to_owned()));
     match rec.kind {
+        // A file that carried a secret was recorded by its keyed digest: only the node's key
+        // tells whether it is still what the host wrote. Without the key nothing can be told,
+        // so nothing is removed.
+        Kind::File if rec.wrote.is_some_and(|w| w.is_keyed()) => match machine.keyring(&opts.key) {
+            Ok(Some(ring)) => {
+                let found = super::secret::found_keyed(fs, &ring, path)?.map(|(meta, sum)| (meta.kind, sum));
+                Ok(decide::file(path, rec.wrote, found))
+            }
+            Ok(None) | Err(_) => Ok(Plan::Leave(
+                Verb::Kept,
+                format!(
+                    "no longer declared; it carried a secret, and without this node's sealing key ({}) the host cannot tell whether it was changed since it wrote it: left in place",
+                    opts.key.display()
+                ),
+            )),
+        },
         Kind::File => {
             let found = fs.digest(path)?.map(|(meta, sum)| (meta.kind, sum.map(Digest::from_sum)));
             Ok(decide::file(path, rec.wrote, found))
@@ -99,7 +115,12 @@ fn look(fs: &mut Fs, machine: &mut Machine, rec: &Record, opts: &Options) -> Res
             let found = machine.docker(opts.container_socket.as_deref())?.network(&rec.target)?;
             Ok(decide::network(&rec.target, found.map(|n| (n.labels.contains_key(ID_LABEL), n.containers))))
         }
-        Kind::Opening => Err(Error::Unsupported(rec.kind)),
+        // Not reached: the pass hands orphan openings to the firewall step (`opening::apply`),
+        // which takes them out of the filter after everything else, in the same load.
+        Kind::Opening => Ok(Plan::Leave(
+            Verb::Kept,
+            "an opening leaves the filter in the firewall step, after everything else".to_owned(),
+        )),
     }
 }
 

@@ -1,7 +1,11 @@
 //! What `status` says of the machine: whether each recorded file and directory still holds what
 //! the host left. The same comparison the appliers make (content digest, mode), read-only.
 
+use std::path::Path;
+use std::sync::Arc;
+
 use crate::declaration::{Digest, Kind};
+use crate::secrets::Keyring;
 use crate::store::Record;
 use crate::system::Fs;
 
@@ -9,6 +13,8 @@ use crate::system::Fs;
 #[derive(Default)]
 pub struct Looker {
     fs: Fs,
+    /// The node's keyring, for files recorded by a keyed digest (they carried a secret).
+    keyring: Option<Arc<Keyring>>,
 }
 
 /// What the machine holds of one record.
@@ -35,12 +41,24 @@ impl Holds {
 }
 
 impl Looker {
+    /// A looker that can tell whether a file that carried a secret still holds what the host
+    /// wrote, with the node's key at `key`. Without a usable key such files are `unreadable`.
+    pub fn with_key(key: &Path) -> Looker {
+        Looker { fs: Fs::default(), keyring: super::secret::load(key).ok().flatten() }
+    }
+
     /// For a file or directory, what the machine holds of it; `None` for the types `status`
     /// does not look at (units, containers, packages, accounts: their own tools say more).
     pub fn holds(&mut self, rec: &Record) -> Option<Holds> {
         let path = std::path::Path::new(&*rec.target);
         let mode_same = |mode: u32| rec.mode.is_none_or(|m| m == mode);
         let seen = match rec.kind {
+            Kind::File if rec.wrote.is_some_and(|w| w.is_keyed()) => match &self.keyring {
+                Some(ring) => super::secret::found_keyed(&mut self.fs, ring, path).map(|found| {
+                    found.map(|(m, sum)| rec.wrote.is_some() && rec.wrote == sum && mode_same(m.mode))
+                }),
+                None => return Some(Holds::Unreadable),
+            },
             Kind::File => self.fs.digest(path).map(|found| {
                 found.map(|(m, sum)| {
                     rec.wrote.is_some() && rec.wrote == sum.map(Digest::from_sum) && mode_same(m.mode)

@@ -72,7 +72,7 @@ mod tests {
                 {"type": "file", "id": "a.text", "path": "/srv/text", "content": "port=80\n"},
                 {"type": "file", "id": "a.bin", "path": "/srv/bin", "bytes": "AAEC/w=="},
                 {"type": "file", "id": "a.empty", "path": "/srv/empty", "content": ""},
-                {"type": "file", "id": "a.key", "path": "/srv/key", "sealed": "age1sealed"},
+                {"type": "file", "id": "a.key", "path": "/srv/key", "sealed": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="},
                 {"type": "directory", "id": "a.dir", "path": "/srv"}
             ]}"#,
         )

@@ -69,6 +69,8 @@ pub struct Config {
     /// Where in etcd the declaration comes from (`--etcd`); `declaration` is then the cache
     /// directory the fleet source writes.
     pub fleet: Option<crate::fleet::source::Source>,
+    /// The node's sealing key (`--key`), read in each pass that opens a sealed value.
+    pub key: PathBuf,
 }
 
 impl Config {
@@ -113,6 +115,7 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
         worker.installed_steps(),
         config.container_socket.clone(),
         config.step_timeout,
+        config.key.clone(),
         Arc::clone(&metrics),
         shutdown.clone(),
     ));
@@ -235,6 +238,7 @@ mod tests {
             step_timeout: step.map(Duration::from_secs),
             archive_limits: crate::apply::ArchiveLimits::default(),
             fleet: None,
+            key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
         }
     }
 

@@ -13,6 +13,7 @@
 //! is neither logged nor counted (the agent is gone).
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -29,13 +30,14 @@ pub fn spawn(
     installed: watch::Receiver<Arc<HashMap<Id, String>>>,
     socket: Option<String>,
     limit: Option<Duration>,
+    key: PathBuf,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         tokio::select! {
             _ = shutdown.cancelled() => {}
-            _ = schedule(in_force, installed, socket, limit, metrics) => {}
+            _ = schedule(in_force, installed, socket, limit, key, metrics) => {}
         }
     })
 }
@@ -45,6 +47,9 @@ async fn schedule(
     installed: watch::Receiver<Arc<HashMap<Id, String>>>,
     socket: Option<String>,
     limit: Option<Duration>,
+    // The node's key file: a step restarting on a file that carries a secret folds in its keyed
+    // digest, so checking the step is installed at the declaration in force opens that value.
+    key: PathBuf,
     metrics: Arc<Metrics>,
 ) {
     // Steps running now: inserted here when a fire starts one, removed by its blocking task when
@@ -88,11 +93,22 @@ async fn schedule(
                     ScheduledRun::Skipped { id: id.as_str() }.emit(&metrics);
                     continue;
                 }
-                let (declaration, socket, metrics, running) =
-                    (Arc::clone(&declaration), socket.clone(), Arc::clone(&metrics), Arc::clone(&running));
+                let (declaration, socket, metrics, running, key) = (
+                    Arc::clone(&declaration),
+                    socket.clone(),
+                    Arc::clone(&metrics),
+                    Arc::clone(&running),
+                    key.clone(),
+                );
                 tokio::task::spawn_blocking(move || {
-                    let result =
-                        crate::apply::run_scheduled(&declaration, &id, Some(&spec), socket.as_deref(), limit);
+                    let result = crate::apply::run_scheduled(
+                        &declaration,
+                        &id,
+                        Some(&spec),
+                        socket.as_deref(),
+                        limit,
+                        &key,
+                    );
                     running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                     match result {
                         Ok(run) => ScheduledRun::Succeeded { id: id.as_str(), took: run.took }.emit(&metrics),

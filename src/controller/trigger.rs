@@ -42,6 +42,8 @@ pub struct Index {
     /// adopted from a bundle keeps its old id on its label until it is recreated.
     containers: HashSet<Id>,
     container_names: HashMap<String, Id>,
+    /// The opening whose reconcile loads the host's filter (every opening is loaded with it).
+    opening: Option<Id>,
 }
 
 impl Index {
@@ -58,7 +60,8 @@ impl Index {
                 units.insert(unit, r.id.clone());
             }
         }
-        Index { declaration: Some(Arc::clone(d)), units, containers, container_names }
+        let opening = d.first_opening().cloned();
+        Index { declaration: Some(Arc::clone(d)), units, containers, container_names, opening }
     }
 
     /// The systemd units the declaration manages, for the systemd watcher.
@@ -100,6 +103,9 @@ pub fn keys(change: &Change, index: &Index) -> Vec<(Key, &'static str)> {
             .map(|id| (Key::Resource(id), "docker"))
             .into_iter()
             .collect(),
+        // The host's table moved: the filter is one, so reconciling its first opening loads
+        // it whole. Nothing declared opened, nothing to put back.
+        Change::Firewall => index.opening.iter().map(|id| (Key::Resource(id.clone()), "firewall")).collect(),
         Change::Up { .. } => Vec::new(),
     }
 }
@@ -117,7 +123,9 @@ mod tests {
                 {"type": "access", "id": "a.media", "path": "/srv/media"},
                 {"type": "service", "id": "a.web", "unit": "nginx.service", "state": "running"},
                 {"type": "process", "id": "a.worker", "name": "worker", "command": ["/bin/sleep", "9"]},
-                {"type": "container", "id": "a.app", "name": "app", "image": "local/app:1"}
+                {"type": "container", "id": "a.app", "name": "app", "image": "local/app:1"},
+                {"type": "opening", "id": "a.http", "port": 80},
+                {"type": "opening", "id": "a.https", "port": 443}
             ]}"#,
         )
         .unwrap();
@@ -146,6 +154,8 @@ mod tests {
         assert_eq!(keys(&container("a.app", "app"), &index), vec![(id("a.app"), "docker")]);
         assert_eq!(keys(&container("store", "app"), &index), vec![(id("a.app"), "docker")], "found by name");
         assert!(keys(&container("other", "other"), &index).is_empty());
+        assert_eq!(keys(&Change::Firewall, &index), vec![(id("a.http"), "firewall")], "the filter is one");
+        assert!(keys(&Change::Firewall, &Index::default()).is_empty(), "nothing opened");
         assert_eq!(
             keys(&Change::SourceChanged { source: "/etc/mesh-host/declaration.d".into() }, &index),
             vec![(Key::Declaration, "declaration")]

@@ -62,6 +62,8 @@ pub struct Worker {
     /// Started when a declaration first names a container, a network, or an action run in a
     /// container, for the same reason.
     docker_watcher: Option<tokio::task::JoinHandle<()>>,
+    /// `nft monitor` on the host's table, started when a declaration first opens a port.
+    firewall_watcher: Option<tokio::task::JoinHandle<()>>,
     /// The declaration in force: sent here, read by the scheduler of scheduled steps (a watch
     /// channel: the scheduler sees the latest, never a queue of old ones).
     in_force: tokio::sync::watch::Sender<Option<Arc<Declaration>>>,
@@ -185,6 +187,7 @@ impl Worker {
             units: tokio::sync::watch::channel(BTreeSet::new()).0,
             systemd_watcher: None,
             docker_watcher: None,
+            firewall_watcher: None,
             in_force: tokio::sync::watch::channel(None).0,
             installed: tokio::sync::watch::channel(Arc::default()).0,
         }
@@ -209,7 +212,12 @@ impl Worker {
 
     /// The watcher tasks the worker started, for shutdown to stop.
     pub fn watcher_tasks(&mut self) -> Vec<tokio::task::JoinHandle<()>> {
-        self.systemd_watcher.take().into_iter().chain(self.docker_watcher.take()).collect()
+        self.systemd_watcher
+            .take()
+            .into_iter()
+            .chain(self.docker_watcher.take())
+            .chain(self.firewall_watcher.take())
+            .collect()
     }
 
     fn options(&self) -> Options {
@@ -223,6 +231,7 @@ impl Worker {
             step_timeout: self.config.step_timeout,
             archive_limits: self.config.archive_limits,
             contents: self.contents.clone(),
+            key: self.config.key.clone(),
         }
     }
 
@@ -288,7 +297,9 @@ impl Worker {
     /// scheduler is not woken by every reconcile of a file.
     fn publish_installed_steps(&self) {
         let installed = match self.declaration.as_deref() {
-            Some(d) if d.scheduled_steps().next().is_some() => apply::installed_steps(d, &self.store),
+            Some(d) if d.scheduled_steps().next().is_some() => {
+                apply::installed_steps(d, &self.store, &self.config.key)
+            }
             _ => std::collections::HashMap::new(),
         };
         self.installed.send_if_modified(|was| {
@@ -376,6 +387,7 @@ impl Worker {
                 let units = index.units();
                 *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
                 let uses_containers = d.needs_container_runtime();
+                let opens = d.first_opening().is_some();
                 self.declaration = Some(Arc::clone(&d));
                 self.paths_stale = true;
                 self.in_force.send_replace(Some(d));
@@ -384,6 +396,11 @@ impl Worker {
                         self.config.container_socket.clone(),
                         self.tx.clone(),
                     ));
+                }
+                if opens && self.firewall_watcher.is_none() {
+                    use crate::system::firewall::{FAMILY, TABLE};
+                    self.firewall_watcher =
+                        Some(mesh_host_watchers::firewall::spawn(FAMILY, TABLE, self.tx.clone()));
                 }
                 if !units.is_empty() && self.systemd_watcher.is_none() {
                     let rx = self.units.subscribe();

@@ -25,9 +25,11 @@ pub use error::{Problem, Refused};
 pub use model::*;
 pub use schema::json_schema;
 pub use types::{
-    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Sha256,
-    Transport, Volume, VolumeSource,
+    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Sealed,
+    Sha256, Transport, Volume, VolumeSource,
 };
+#[cfg(test)]
+pub(crate) use validate::secret_holes;
 
 /// The declaration versions this build understands.
 pub const VERSIONS: &[u64] = &[1];
@@ -119,6 +121,12 @@ impl Declaration {
     /// runtime's events).
     pub fn needs_container_runtime(&self) -> bool {
         self.resources.iter().any(|r| r.spec.uses_containers())
+    }
+
+    /// The first declared opening: reconciling it loads the host's filter, which is made from
+    /// every opening at once. `None` when nothing is opened.
+    pub fn first_opening(&self) -> Option<&Id> {
+        self.resources.iter().find(|r| r.kind() == Kind::Opening).map(|r| &r.id)
     }
 
     /// The scheduled steps, with their cron expressions.

@@ -9,8 +9,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::types::{
-    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Sha256,
-    Volume,
+    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Sealed,
+    Sha256, Volume,
 };
 
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
@@ -43,11 +43,11 @@ pub struct File {
     #[serde(default, deserialize_with = "super::types::base64_text")]
     #[schemars(skip_serializing_if = "Option::is_none")]
     pub bytes: Option<String>,
-    /// The whole file, sealed to this node's key (age X25519).
-    pub sealed: Option<String>,
+    /// The whole file, sealed to this node's key (age X25519): armored, or base64 of binary.
+    pub sealed: Option<Sealed>,
     /// Sealed values by name, for `${secret:NAME}` holes in `content`.
     #[serde(default)]
-    pub secrets: BTreeMap<String, String>,
+    pub secrets: BTreeMap<String, Sealed>,
     pub mode: Option<Mode>,
     pub owner: Option<Owner>,
     #[serde(default)]

@@ -552,10 +552,26 @@ fn archive_bytes_not_base64() {
 fn secret_hole_without_a_secret() {
     check(
         r#"{"version": 1, "resources": [{"type": "file", "id": "db.env", "path": "/etc/db.env",
-            "content": "USER=app\nPASSWORD=${secret:db_password}\n", "secrets": {"db_user": "age1..."}}]}"#,
+            "content": "USER=app\nPASSWORD=${secret:db_password}\n", "secrets": {"db_user": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}}]}"#,
         expect![[r#"
             the declaration was refused (1 problem); nothing on the machine was touched
               resources[0] (id "db.env"), field `content`: `${secret:db_password}` names a secret that `secrets` does not declare"#]],
+    );
+}
+
+/// A value pasted in the clear by mistake is refused with the declaration, naming its field,
+/// and is not quoted back: the message may end up in a log.
+#[test]
+fn a_sealed_value_that_is_not_age() {
+    check(
+        r#"{"version": 1, "resources": [
+            {"type": "file", "id": "db.env", "path": "/etc/db.env", "content": "PW=${secret:pw}\n",
+             "secrets": {"pw": "hunter2", "ok": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}},
+            {"type": "file", "id": "db.key", "path": "/etc/db.key", "sealed": "age1qyqszqgpqyqszqgpqyqszqgpqyqszqgp"}]}"#,
+        expect![[r#"
+            the declaration was refused (2 problems); nothing on the machine was touched
+              resources[0] (id "db.env"), field `secrets.pw`: is not a sealed value: armored age text (`-----BEGIN AGE ENCRYPTED FILE-----` ... `-----END AGE ENCRYPTED FILE-----`), or base64 of a binary age value, as `mesh-host seal` or `age -r` make
+              resources[1] (id "db.key"), field `sealed`: is not a sealed value: armored age text (`-----BEGIN AGE ENCRYPTED FILE-----` ... `-----END AGE ENCRYPTED FILE-----`), or base64 of a binary age value, as `mesh-host seal` or `age -r` make"#]],
     );
 }
 
@@ -563,7 +579,7 @@ fn secret_hole_without_a_secret() {
 fn secrets_without_content() {
     check(
         r#"{"version": 1, "resources": [{"type": "file", "id": "db.env", "path": "/etc/db.env",
-            "bytes": "", "secrets": {"db_password": "age1..."}}]}"#,
+            "bytes": "", "secrets": {"db_password": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}}]}"#,
         expect![[r#"
             the declaration was refused (1 problem); nothing on the machine was touched
               resources[0] (id "db.env"), field `secrets`: secrets fill `${secret:NAME}` holes in `content`, and this file has no `content`"#]],
@@ -996,9 +1012,9 @@ const EVERY_TYPE: &str = r##"{
      "digest": "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"},
     {"type": "access", "id": "web.uploads", "path": "/mnt/uploads", "mode": "write"},
     {"type": "file", "id": "web.env", "path": "/etc/web/web.env",
-     "content": "PORT=8080\nDB_PASSWORD=${secret:db}\n", "secrets": {"db": "age1sealed"}, "mode": "0640"},
+     "content": "PORT=8080\nDB_PASSWORD=${secret:db}\n", "secrets": {"db": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}, "mode": "0640"},
     {"type": "file", "id": "web.logo", "path": "/srv/web/logo.png", "bytes": "iVBORw0KGgo="},
-    {"type": "file", "id": "web.tls-key", "path": "/etc/web/tls.key", "sealed": "age1sealed", "owner": "web"},
+    {"type": "file", "id": "web.tls-key", "path": "/etc/web/tls.key", "sealed": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg==", "owner": "web"},
     {"type": "file", "id": "web.settings", "path": "/etc/web/settings.json", "content": "{\"debug\": false}", "into": "json"},
     {"type": "file", "id": "web.local", "path": "/etc/web/local.conf", "content": "# yours\n", "create-once": true},
     {"type": "network", "id": "web.net", "name": "web"},
@@ -1094,7 +1110,7 @@ fn defaults() {
     assert_eq!(file("web.env").mode(), Mode::new(0o640));
     let with_secrets = parsed(
         r#"{"version": 1, "resources": [{"type": "file", "id": "db.env", "path": "/etc/db.env",
-            "content": "PASSWORD=${secret:pw}\n", "secrets": {"pw": "age1sealed"}}]}"#,
+            "content": "PASSWORD=${secret:pw}\n", "secrets": {"pw": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}}]}"#,
     );
     match &with_secrets.resources[0].spec {
         Spec::File(f) => {

@@ -964,6 +964,69 @@ schema_of_a_pattern!(
     "a sha256 digest: 64 lower-case hex digits, optionally after \"sha256:\""
 );
 
+/// A value sealed to the node's key (`sealed`, each value of `secrets`): armored age text, or
+/// base64 of a binary age value. Only its shape is checked here, so that a value pasted wrong is
+/// refused with the declaration, naming its field; whether it opens is the node's key's to say,
+/// at apply. Kept as the text.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Sealed(String);
+
+/// How armored age text begins and ends.
+const ARMOR_BEGIN: &str = "-----BEGIN AGE ENCRYPTED FILE-----";
+const ARMOR_END: &str = "-----END AGE ENCRYPTED FILE-----";
+/// The base64 of `age-encryption.org`, with which every binary age value begins; 24 characters,
+/// so whole groups of base64.
+const BINARY_BEGIN: &str = "YWdlLWVuY3J5cHRpb24ub3Jn";
+
+/// The same rule for the JSON Schema: armored, or standard base64 beginning as above.
+pub(super) const SEALED_PATTERN: &str = "^(-----BEGIN AGE ENCRYPTED FILE-----[\\s\\S]*-----END AGE ENCRYPTED FILE-----[ \\t\\r\\n]*|YWdlLWVuY3J5cHRpb24ub3Jn([A-Za-z0-9+/]{4})*([A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?)$";
+
+impl Sealed {
+    pub fn parse(s: &str) -> Result<Sealed, String> {
+        use base64::Engine as _;
+        let body = s.trim_end_matches([' ', '\t', '\r', '\n']);
+        let armored = s.starts_with(ARMOR_BEGIN)
+            && body.ends_with(ARMOR_END)
+            && body.len() >= ARMOR_BEGIN.len() + ARMOR_END.len();
+        let binary =
+            s.starts_with(BINARY_BEGIN) && base64::engine::general_purpose::STANDARD.decode(s).is_ok();
+        if armored || binary {
+            Ok(Sealed(s.to_owned()))
+        } else {
+            Err(format!(
+                "is not a sealed value: armored age text (`{ARMOR_BEGIN}` ... `{ARMOR_END}`), or base64 of a binary age value, as `mesh-host seal` or `age -r` make"
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Sealed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A ciphertext is not a secret, but it is long and says nothing to a reader.
+        write!(f, "Sealed({} bytes)", self.0.len())
+    }
+}
+
+impl<'de> Deserialize<'de> for Sealed {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Sealed::parse(&s).map_err(D::Error::custom)
+    }
+}
+
+impl JsonSchema for Sealed {
+    fn schema_name() -> Cow<'static, str> {
+        "Sealed".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string", "pattern": SEALED_PATTERN})
+    }
+}
+
 /// Base64 text (standard alphabet, padded), for the fields that carry bytes that are not text.
 /// Kept as the text: the bytes are decoded where they are used (the daemon moves them to its
 /// content file; an apply writes or unpacks them), so a declaration does not hold them twice.
@@ -1169,6 +1232,36 @@ mod tests {
         assert_eq!(
             from_json::<Cron>(r#""61 3 * * *""#).unwrap_err(),
             r#""61 3 * * *": "61" is not a cron field between 0 and 59"#
+        );
+    }
+
+    #[test]
+    fn a_sealed_value_is_armored_age_or_base64_of_binary_age() {
+        use base64::Engine as _;
+        let armored = format!("{ARMOR_BEGIN}\nYWdl\n{ARMOR_END}\n");
+        let binary =
+            base64::engine::general_purpose::STANDARD.encode(b"age-encryption.org/v1\n-> X25519 x\n");
+        for ok in [armored.as_str(), armored.trim_end(), binary.as_str()] {
+            assert_eq!(Sealed::parse(ok).unwrap().as_str(), ok);
+        }
+        let wrapped = format!("{}\n{}", &binary[..24], &binary[24..]);
+        let other = base64::engine::general_purpose::STANDARD.encode(b"not age at all");
+        let overlapping = format!("{ARMOR_BEGIN}END AGE ENCRYPTED FILE-----");
+        for bad in [
+            "",
+            "age1sealed",
+            "hunter2",
+            &other,
+            &binary[..binary.len() - 1],
+            &wrapped,
+            &overlapping,
+            &armored[1..],
+        ] {
+            assert!(Sealed::parse(bad).unwrap_err().starts_with("is not a sealed value"), "{bad:?}");
+        }
+        assert_eq!(
+            format!("{:?}", Sealed::parse(&binary).unwrap()),
+            format!("Sealed({} bytes)", binary.len())
         );
     }
 

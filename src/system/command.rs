@@ -112,6 +112,33 @@ pub fn run_within(
     })
 }
 
+/// Runs `argv` to completion with `input` on its standard input (written from a thread of its
+/// own, so a program that writes a lot before it reads cannot block on a full pipe).
+pub fn run_fed(argv: &[&str], input: Vec<u8>) -> Result<Ran, CommandError> {
+    use std::io::Write as _;
+    let (program, args) = argv.split_first().expect("an argv is never empty");
+    let spawn_error = |source| CommandError::Spawn { program: (*program).to_owned(), source };
+    #[allow(clippy::disallowed_methods, reason = "system/ is the one place programs are run")]
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(spawn_error)?;
+    let mut stdin = child.stdin.take().expect("stdin was piped");
+    let feeder = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().map_err(spawn_error)?;
+    // A program that exits without reading all of its input breaks the pipe; what it said
+    // about why is in its output, which is what the caller reports.
+    let _ = feeder.join();
+    Ok(Ran {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
 /// Runs a program given as string slices.
 pub fn run_str(argv: &[&str], env: &[(&str, &str)]) -> Result<Ran, CommandError> {
     let argv: Vec<String> = argv.iter().map(|s| (*s).to_owned()).collect();

@@ -10,13 +10,16 @@ pub mod command;
 pub mod contents;
 pub mod docker;
 pub mod etcd;
+pub mod firewall;
 pub mod fs;
 pub mod input;
 pub mod journal;
+pub mod keys;
 #[allow(unsafe_code, reason = "the allocator's C interface; each block says why it is sound")]
 pub mod memory;
 pub mod packages;
 pub mod systemd;
+pub mod ufw;
 pub mod users;
 
 pub use accounts::AccountError;

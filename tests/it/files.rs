@@ -498,22 +498,6 @@ fn a_refused_declaration_touches_nothing_and_exits_2() {
 }
 
 #[test]
-fn an_unsupported_type_fails_without_gating() {
-    let s = Scratch::new();
-    let d = s.declare(json!([
-        // A type whose applier is not in this build yet. (Every gate type has its applier now,
-        // so this is an opening; the engine's rule that a missing applier never gates stands.)
-        {"type": "opening", "id": "a.step", "port": 8080},
-        {"type": "file", "id": "a.conf", "path": s.p("a.conf"), "content": "x"},
-    ]));
-    let (code, report) = s.apply(&d);
-    assert_eq!(code, 1);
-    assert_eq!(report["error"]["gated"], false);
-    assert!(report["error"]["message"].as_str().unwrap().contains("not supported yet"));
-    assert_eq!(action(&report, "a.conf"), "created");
-}
-
-#[test]
 fn a_corrupt_or_newer_store_is_refused_and_left_as_it_is() {
     let s = Scratch::new();
     let d = s.declare(json!([{"type": "file", "id": "a.conf", "path": s.p("a.conf"), "content": "x"}]));

@@ -201,6 +201,25 @@ fn corpus() -> Vec<(&'static str, Value)> {
         ("file-bytes-trailing-bits", file(json!({"bytes": "aGl="}))),
         ("file-secrets-without-content", file(json!({"bytes": "aGk=", "secrets": {"db": "age..."}}))),
         ("secret-hole-undeclared", file(json!({"content": "pw=${secret:db}"}))),
+        ("file-sealed-in-the-clear", file(json!({"sealed": "hunter2"}))),
+        (
+            "file-secret-in-the-clear",
+            file(json!({"content": "pw=${secret:db}", "secrets": {"db": "hunter2"}})),
+        ),
+        ("file-sealed-base64-not-age", file(json!({"sealed": "aGk="}))),
+        ("file-sealed-base64-wrapped", file(json!({"sealed": "YWdlLWVuY3J5cHRpb24ub3Jn\nL3YxCg=="}))),
+        (
+            "valid-file-sealed",
+            file(
+                json!({"content": "pw=${secret:db}", "secrets": {"db": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}}),
+            ),
+        ),
+        (
+            "valid-file-sealed-armored",
+            file(
+                json!({"sealed": "-----BEGIN AGE ENCRYPTED FILE-----\nYWdl\n-----END AGE ENCRYPTED FILE-----\n"}),
+            ),
+        ),
         ("into-without-content", file(json!({"bytes": "aGk=", "into": "env"}))),
         ("into-with-create-once", file(json!({"content": "A=1", "into": "env", "create-once": true}))),
         ("into-unknown", file(json!({"content": "A=1", "into": "yaml"}))),

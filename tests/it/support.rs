@@ -38,6 +38,14 @@ impl Scratch {
         path
     }
 
+    /// Writes a declaration of an adopted node (no module taken) and returns its path.
+    pub fn declare_adopted(&self, resources: Value) -> PathBuf {
+        let path = self.path("declaration.json");
+        let d = serde_json::json!({"version": 1, "adoption": {"taken": []}, "resources": resources});
+        std::fs::write(&path, serde_json::to_vec_pretty(&d).unwrap()).unwrap();
+        path
+    }
+
     /// Runs mesh-host with `--state` pointing into the scratch directory.
     pub fn run(&self, args: &[&str]) -> Output {
         let mut cmd = assert_cmd::Command::cargo_bin("mesh-host").expect("the mesh-host binary");

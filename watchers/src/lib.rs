@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod docker;
+pub mod firewall;
 pub mod systemd;
 
 use std::path::PathBuf;
@@ -37,6 +38,9 @@ pub enum Change {
         /// The unit's name (`web.service`).
         unit: String,
     },
+    /// The watched nftables table changed: a table, chain, set or rule in it was added or
+    /// deleted, by anyone (the agent's own loads included).
+    Firewall,
     /// A declaration source changed and has since been still for the quiet period: time to
     /// read it. The watcher does not read it; the controller does, through its own checks.
     SourceChanged {

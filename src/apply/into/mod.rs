@@ -11,7 +11,8 @@
 //!
 //! A file that belongs to someone else keeps its own mode and owner; the declared ones apply
 //! only to a file the host creates. Secret holes (`${secret:NAME}`) in `into` content are
-//! refused like any sealed value until sealing is built, and wired then.
+//! refused (`Error::IntoSecret`): what is recorded here (each key's previous value, the digest
+//! of the whole file) would first have to be kept keyed, as a file carrying a secret is.
 
 mod doc;
 
@@ -32,7 +33,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     let path = f.path.as_path();
     let format = f.into.expect("into::apply is only called for a file with `into`");
     if f.carries_secret() {
-        return Err(Error::Sealed { path: path.to_owned() });
+        return Err(Error::IntoSecret { path: path.to_owned() });
     }
     let content = f.content.as_deref().ok_or_else(|| Error::NoContent { path: path.to_owned() })?;
     let declared = match format {

@@ -10,6 +10,7 @@ mod containers;
 mod daemon;
 mod images;
 mod networks;
+mod secrets;
 mod steps;
 mod watcher;
 

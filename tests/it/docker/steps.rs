@@ -154,18 +154,26 @@ fn docker_a_run_once_step_does_not_publish_its_ports() {
 
 /// What the daemon's scheduler does at a fire of `id`: run the step if the store says an apply
 /// installed it at the declaration in `d`.
-fn fire(
+pub(super) fn fire(
     s: &Scratch,
     d: &std::path::Path,
     id: &str,
 ) -> Result<mesh_host::apply::ScheduledRun, mesh_host::apply::Error> {
     let parsed = mesh_host::declaration::Declaration::parse(&std::fs::read(d).unwrap()).unwrap();
     let store = mesh_host::store::Store::read_only(&s.state()).unwrap();
-    let installed = mesh_host::apply::installed_steps(&parsed, &store);
+    let key = s.path("state/sealing.key");
+    let installed = mesh_host::apply::installed_steps(&parsed, &store, &key);
     let id = mesh_host::declaration::Id::parse(id).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(rt.spawn_blocking(move || {
-        mesh_host::apply::run_scheduled(&parsed, &id, installed.get(&id).map(String::as_str), None, None)
+        mesh_host::apply::run_scheduled(
+            &parsed,
+            &id,
+            installed.get(&id).map(String::as_str),
+            None,
+            None,
+            &key,
+        )
     }))
     .unwrap()
 }

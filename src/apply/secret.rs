@@ -1,0 +1,173 @@
+//! Files that carry a secret: their sealed values opened with the node's key, only when the
+//! file must be written or compared, into memory zeroed when dropped; and their declared digest,
+//! a keyed one, for what restarts or recreates on them.
+//!
+//! Architecture Invariant: an opened value leaves this module only as `Opened` (zeroed on drop)
+//! or as a keyed digest. No error, detail or log line here carries one.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use age::secrecy::{ExposeSecret as _, SecretBox};
+
+use super::{Ctx, Error, Machine};
+use crate::declaration::{Digest, File};
+use crate::secrets::{Keyring, Opened};
+
+/// What opens `${secret:NAME}` in `content`.
+const HOLE: &str = "${secret:";
+
+impl Machine {
+    /// The node's keyring, read once in a pass: `None` when there is no key file.
+    pub(super) fn keyring(&mut self, key: &Path) -> Result<Option<Arc<Keyring>>, Arc<str>> {
+        self.keyring.get_or_insert_with(|| load(key)).clone()
+    }
+}
+
+/// Reads the node's keyring: `None` when there is no key file; why not, when it cannot be used.
+pub fn load(key: &Path) -> Result<Option<Arc<Keyring>>, Arc<str>> {
+    let Some(text) = crate::system::keys::read(key).map_err(|e| Arc::from(e.to_string()))? else {
+        return Ok(None);
+    };
+    Keyring::parse(&text)
+        .map(|ring| Some(Arc::new(ring)))
+        .map_err(|e| Arc::from(format!("the key file {} is not an age identity file: {e}", key.display())))
+}
+
+/// The keyring a file carrying a secret is opened with, or the failure of that file: no key
+/// (naming where it was looked for, and `keygen`), or a key file that cannot be used.
+pub(super) fn keyring(ctx: &mut Ctx<'_>, f: &File) -> Result<Arc<Keyring>, Error> {
+    let path = f.path.as_path().to_owned();
+    match ctx.machine.keyring(&ctx.opts.key) {
+        Ok(Some(ring)) => Ok(ring),
+        Ok(None) => Err(Error::NoKey { path, key: ctx.opts.key.clone() }),
+        Err(error) => Err(Error::KeyUnusable { path, error }),
+    }
+}
+
+/// The file's content with its secrets opened: the `sealed` value, or `content` with each
+/// `${secret:NAME}` hole filled. Held in one buffer sized up front, so no copy of a value is
+/// left behind by a buffer that grew.
+pub(super) fn open(ring: &Keyring, f: &File) -> Result<Opened, Error> {
+    let not_opened =
+        |field: String, error| Error::NotOpened { path: f.path.as_path().to_owned(), field, error };
+    if let Some(sealed) = &f.sealed {
+        return ring.open(sealed.as_str()).map_err(|e| not_opened("sealed".into(), e));
+    }
+    let content = f.content.as_deref().unwrap_or_default();
+    let mut opened: BTreeMap<&str, Opened> = BTreeMap::new();
+    for name in holes(content).map(|(_, name, _)| name) {
+        if opened.contains_key(name) {
+            continue;
+        }
+        // Checked at parse: every hole names a declared secret.
+        let sealed = f.secrets.get(name).ok_or_else(|| {
+            not_opened(format!("secrets.{name}"), crate::secrets::OpenError::Corrupt("not declared".into()))
+        })?;
+        let value = ring.open(sealed.as_str()).map_err(|e| not_opened(format!("secrets.{name}"), e))?;
+        opened.insert(name, value);
+    }
+    Ok(fill(content, &opened))
+}
+
+/// `content` with each hole replaced by its opened value.
+fn fill(content: &str, opened: &BTreeMap<&str, Opened>) -> Opened {
+    let mut len = content.len();
+    for (start, name, end) in holes(content) {
+        len = len - (end - start) + opened.get(name).map_or(0, |v| v.expose_secret().len());
+    }
+    let mut out = Vec::with_capacity(len);
+    let mut from = 0;
+    for (start, name, end) in holes(content) {
+        out.extend_from_slice(&content.as_bytes()[from..start]);
+        if let Some(value) = opened.get(name) {
+            out.extend_from_slice(value.expose_secret());
+        }
+        from = end;
+    }
+    out.extend_from_slice(&content.as_bytes()[from..]);
+    debug_assert_eq!(out.len(), len, "sized up front");
+    SecretBox::new(Box::new(out))
+}
+
+/// Each `${secret:NAME}` in a text: where it starts, the name, where it ends. The same reading
+/// as the parse's check of the holes (`declaration::validate::secret_holes`).
+fn holes(content: &str) -> impl Iterator<Item = (usize, &str, usize)> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let start = at + content[at..].find(HOLE)?;
+        let name_at = start + HOLE.len();
+        let end = name_at + content[name_at..].find('}')?;
+        at = end + 1;
+        Some((start, &content[name_at..end], end + 1))
+    })
+}
+
+/// How much of a file that carried a secret is read to digest it, where no declaration says
+/// how large it is (an orphan, `status`): a credential file is small. Anything larger is not
+/// what the host wrote.
+const FOUND_LIMIT: u64 = 16 << 20;
+
+/// What is at `path`, with its keyed digest when it is a regular file of at most
+/// `FOUND_LIMIT` bytes; what was read is zeroed.
+pub(super) fn found_keyed(
+    fs: &mut crate::system::Fs,
+    ring: &Keyring,
+    path: &Path,
+) -> Result<Option<(crate::system::Meta, Option<Digest>)>, crate::system::FsError> {
+    let Some((meta, held)) = fs.read_up_to(path, FOUND_LIMIT)? else { return Ok(None) };
+    let d = match held {
+        crate::system::fs::Content::Bytes(mut bytes) => {
+            let d = Digest::from_keyed(ring.digest(&bytes));
+            zeroize::Zeroize::zeroize(&mut bytes);
+            Some(d)
+        }
+        crate::system::fs::Content::Large { .. } | crate::system::fs::Content::NotFile => None,
+    };
+    Ok(Some((meta, d)))
+}
+
+/// The declared digest of a file carrying a secret, as `restart-on` and a container's spec
+/// fold it in: the keyed digest of its opened content, which moves when a value moves and not
+/// when the same value is sealed again.
+pub(super) fn declared_digest(ring: &Keyring, f: &File) -> Result<Digest, Error> {
+    let opened = open(ring, f)?;
+    Ok(Digest::from_keyed(ring.digest(opened.expose_secret())))
+}
+
+/// A keyring for code outside a pass (the scheduler, `installed_steps`): the key file read once,
+/// when first asked, and each file carrying a secret failed as in a pass when it cannot be.
+pub(super) fn ring_at(key: &Path) -> impl FnMut(&File) -> Result<Arc<Keyring>, Error> + '_ {
+    let mut loaded = None;
+    move |f| match loaded.get_or_insert_with(|| load(key)) {
+        Ok(Some(ring)) => Ok(Arc::clone(ring)),
+        Ok(None) => Err(Error::NoKey { path: f.path.as_path().to_owned(), key: key.to_owned() }),
+        Err(error) => Err(Error::KeyUnusable { path: f.path.as_path().to_owned(), error: Arc::clone(error) }),
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(s: &str) -> Opened {
+        SecretBox::new(Box::new(s.as_bytes().to_vec()))
+    }
+
+    #[test]
+    fn holes_are_filled_with_their_values_and_the_rest_is_kept() {
+        let content =
+            "USER=app\nPASSWORD=${secret:pw}\nAGAIN=${secret:pw}${secret:token}!\n${secret:unclosed";
+        let opened: BTreeMap<&str, Opened> =
+            [("pw", value("hunter2")), ("token", value(""))].into_iter().collect();
+        let filled = fill(content, &opened);
+        assert_eq!(
+            std::str::from_utf8(filled.expose_secret()).unwrap(),
+            "USER=app\nPASSWORD=hunter2\nAGAIN=hunter2!\n${secret:unclosed"
+        );
+        assert_eq!(filled.expose_secret().capacity(), filled.expose_secret().len(), "sized up front");
+        let names: Vec<&str> = holes(content).map(|(_, n, _)| n).collect();
+        assert_eq!(names, ["pw", "pw", "token"]);
+        assert_eq!(names, crate::declaration::secret_holes(content), "the same reading as the parse's check");
+    }
+}

@@ -1,0 +1,336 @@
+//! The machine's packet filter: nftables, driven through the `nft` program's JSON (the JSON
+//! API of libnftables), and the sockets listening in the agent's network namespace.
+//!
+//! The host owns one table, `inet mesh_host`. Everything here that writes names that table and
+//! nothing else: a batch is built by the caller and checked here to touch no other table before
+//! it is handed to nft, which applies a batch as one kernel transaction (all of it or none).
+//!
+//! Why `nft -j` and not the `nftables` crate or netlink: the batches are a handful of rule
+//! shapes, and reading the table back as untyped JSON means a rule added by hand, whatever
+//! expression it uses, is seen as a difference rather than failing a typed parse.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use serde_json::{json, Value};
+
+use super::command::{run_fed, run_str, Ran};
+use super::CommandError;
+
+/// The family of the host's own table.
+pub const FAMILY: &str = "inet";
+/// The name of the host's own table.
+pub const TABLE: &str = "mesh_host";
+
+/// What nft answered when it was asked to read or change the ruleset.
+#[derive(Debug, thiserror::Error)]
+pub enum FirewallError {
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    #[error("nft could not {what}: it {how}")]
+    Nft { what: &'static str, how: String },
+    #[error("nft printed something that is not its JSON while it {what}: {why}")]
+    Json { what: &'static str, why: String },
+    /// A batch that would touch something outside the host's own table: a bug, refused before
+    /// nft sees it.
+    #[error("refused to load a batch that names {found}: the host changes only table inet mesh_host")]
+    OutsideTable { found: String },
+}
+
+/// The objects of the host's table as nft lists them (the table itself, its chains, rules and
+/// anything else found in it), or `None` when the table is absent.
+pub fn read_table() -> Result<Option<Vec<Value>>, FirewallError> {
+    let ran = run_str(&["nft", "-j", "list", "table", FAMILY, TABLE], &[])?;
+    if !ran.success() {
+        // nft says "No such file or directory" for a table that is not there; anything else is
+        // a real failure. Asking for the list of tables settles which, without parsing words.
+        if present()? {
+            return Err(FirewallError::Nft { what: "list table inet mesh_host", how: ran.describe() });
+        }
+        return Ok(None);
+    }
+    let objects = objects(&ran, "listed table inet mesh_host")?;
+    Ok(Some(objects))
+}
+
+/// Whether the host's table exists.
+fn present() -> Result<bool, FirewallError> {
+    let ran = run_str(&["nft", "-j", "list", "tables"], &[])?;
+    if !ran.success() {
+        return Err(FirewallError::Nft { what: "list tables", how: ran.describe() });
+    }
+    Ok(objects(&ran, "listed the tables")?
+        .iter()
+        .any(|o| o.get("table").is_some_and(|t| t["family"] == FAMILY && t["name"] == TABLE)))
+}
+
+/// The objects of an `nft -j` listing, without its metainfo.
+fn objects(ran: &Ran, what: &'static str) -> Result<Vec<Value>, FirewallError> {
+    let doc: Value =
+        serde_json::from_str(&ran.stdout).map_err(|e| FirewallError::Json { what, why: e.to_string() })?;
+    let Some(list) = doc.get("nftables").and_then(Value::as_array) else {
+        return Err(FirewallError::Json { what, why: "no \"nftables\" list".into() });
+    };
+    Ok(list.iter().filter(|o| o.get("metainfo").is_none()).cloned().collect())
+}
+
+/// Applies `commands` (nft JSON commands: `{"add": {...}}`, `{"delete": {...}}`) as one
+/// transaction. Every command must name the host's table; one that does not refuses the batch.
+pub fn load(commands: Vec<Value>) -> Result<(), FirewallError> {
+    for c in &commands {
+        confined(c)?;
+    }
+    let batch = json!({ "nftables": commands });
+    let ran = run_fed(&["nft", "-j", "-f", "-"], batch.to_string().into_bytes())?;
+    if !ran.success() {
+        return Err(FirewallError::Nft { what: "load table inet mesh_host", how: ran.describe() });
+    }
+    Ok(())
+}
+
+/// Removes the host's table, whether it is there or not (adding it first makes the removal
+/// one that cannot fail for its absence; both are one transaction).
+pub fn remove_table() -> Result<(), FirewallError> {
+    let table = json!({"table": {"family": FAMILY, "name": TABLE}});
+    load(vec![json!({ "add": table.clone() }), json!({ "delete": table })])
+}
+
+/// Checks that a command names only the host's table.
+fn confined(command: &Value) -> Result<(), FirewallError> {
+    let objects = command.as_object().into_iter().flat_map(|c| c.values()).filter_map(Value::as_object);
+    let mut any = false;
+    for object in objects {
+        for (kind, body) in object {
+            any = true;
+            let (family, table) = if kind == "table" {
+                (body.get("family"), body.get("name"))
+            } else {
+                (body.get("family"), body.get("table"))
+            };
+            if family.and_then(Value::as_str) != Some(FAMILY) || table.and_then(Value::as_str) != Some(TABLE)
+            {
+                return Err(FirewallError::OutsideTable { found: format!("{kind} {body}") });
+            }
+        }
+    }
+    if any {
+        Ok(())
+    } else {
+        Err(FirewallError::OutsideTable { found: format!("a command without a table: {command}") })
+    }
+}
+
+/// A base chain on the input hook found on the machine, with what makes it a filter in force.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputChain {
+    pub family: String,
+    pub table: String,
+    pub chain: String,
+    pub policy: String,
+    pub rules: usize,
+}
+
+/// Every base chain on the input hook of the ip, ip6 and inet families, outside the host's
+/// own table, with its policy and how many rules it holds.
+pub fn input_chains() -> Result<Vec<InputChain>, FirewallError> {
+    let ran = run_str(&["nft", "-j", "list", "ruleset"], &[])?;
+    if !ran.success() {
+        return Err(FirewallError::Nft { what: "list the ruleset", how: ran.describe() });
+    }
+    let objects = objects(&ran, "listed the ruleset")?;
+    let mut chains: Vec<InputChain> = objects
+        .iter()
+        .filter_map(|o| o.get("chain"))
+        .filter(|c| c["hook"] == "input" && ["ip", "ip6", "inet"].iter().any(|f| c["family"] == *f))
+        .filter(|c| !(c["family"] == FAMILY && c["table"] == TABLE))
+        .map(|c| InputChain {
+            family: text(&c["family"]),
+            table: text(&c["table"]),
+            chain: text(&c["name"]),
+            policy: c.get("policy").map_or_else(|| "accept".to_owned(), text),
+            rules: 0,
+        })
+        .collect();
+    for rule in objects.iter().filter_map(|o| o.get("rule")).filter(|r| !only_into_ufw(r)) {
+        if let Some(c) = chains.iter_mut().find(|c| {
+            rule["family"] == c.family.as_str()
+                && rule["table"] == c.table.as_str()
+                && rule["chain"] == c.chain.as_str()
+        }) {
+            c.rules += 1;
+        }
+    }
+    Ok(chains)
+}
+
+/// Whether a rule only jumps into one of ufw's chains (counting on the way): what a disabled
+/// ufw leaves in INPUT, jumps to chains it emptied, which filter nothing. With ufw active the
+/// chains hold its rules, and ufw is found as itself before this is asked.
+fn only_into_ufw(rule: &Value) -> bool {
+    let Some(expr) = rule.get("expr").and_then(Value::as_array) else { return false };
+    let into_ufw = |e: &Value| {
+        ["jump", "goto"].iter().any(|k| {
+            e.get(*k)
+                .and_then(|j| j.get("target"))
+                .and_then(Value::as_str)
+                .is_some_and(|t| t.starts_with("ufw-") || t.starts_with("ufw6-"))
+        })
+    };
+    expr.iter().any(into_ufw) && expr.iter().all(|e| into_ufw(e) || e.get("counter").is_some())
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().map_or_else(|| v.to_string(), str::to_owned)
+}
+
+/// The transport of a socket or an opening.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Transport {
+    Tcp,
+    Udp,
+}
+
+impl Transport {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Udp => "udp",
+        }
+    }
+}
+
+/// A socket waiting for connections (TCP in LISTEN) or datagrams (UDP, bound and unconnected).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Listener {
+    pub transport: Transport,
+    pub addr: IpAddr,
+    pub port: u16,
+}
+
+/// The sockets listening in the agent's network namespace (`/proc/net` is the reader's own).
+pub fn listening() -> std::io::Result<Vec<Listener>> {
+    let mut found = Vec::new();
+    for (file, transport) in [
+        ("/proc/net/tcp", Transport::Tcp),
+        ("/proc/net/tcp6", Transport::Tcp),
+        ("/proc/net/udp", Transport::Udp),
+        ("/proc/net/udp6", Transport::Udp),
+    ] {
+        match std::fs::read_to_string(file) {
+            Ok(text) => found.extend(parse_sockets(&text, transport)),
+            // A kernel without IPv6 has no tcp6.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(std::io::Error::new(e.kind(), format!("cannot read {file}: {e}"))),
+        }
+    }
+    found.sort();
+    found.dedup();
+    Ok(found)
+}
+
+/// The listening sockets of one `/proc/net/{tcp,udp}[6]` table. TCP's LISTEN is state 0A; a
+/// UDP socket that receives from anyone is unconnected (state 07, no remote port).
+pub fn parse_sockets(text: &str, transport: Transport) -> Vec<Listener> {
+    let mut out = Vec::new();
+    for line in text.lines().skip(1) {
+        let mut fields = line.split_whitespace().skip(1);
+        let (Some(local), Some(remote), Some(state)) = (fields.next(), fields.next(), fields.next()) else {
+            continue;
+        };
+        let listening = match transport {
+            Transport::Tcp => state == "0A",
+            Transport::Udp => state == "07" && remote.ends_with(":0000"),
+        };
+        if !listening {
+            continue;
+        }
+        if let Some((addr, port)) = parse_endpoint(local) {
+            out.push(Listener { transport, addr, port });
+        }
+    }
+    out
+}
+
+/// `0100007F:1F90` (IPv4) or 32 hex digits and a port (IPv6). The kernel prints each 32-bit
+/// word of the address as a number in the machine's byte order.
+fn parse_endpoint(s: &str) -> Option<(IpAddr, u16)> {
+    let (addr, port) = s.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |hex: &str| u32::from_str_radix(hex, 16).ok().map(u32::to_ne_bytes);
+    let addr = match addr.len() {
+        8 => IpAddr::V4(Ipv4Addr::from(word(addr)?)),
+        32 => {
+            let mut bytes = [0u8; 16];
+            for i in 0..4 {
+                bytes[i * 4..i * 4 + 4].copy_from_slice(&word(addr.get(i * 8..i * 8 + 8)?)?);
+            }
+            IpAddr::V6(Ipv6Addr::from(bytes))
+        }
+        _ => return None,
+    };
+    Some((addr, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listening_sockets_are_read_from_proc_net() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+           0: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1\n\
+           1: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1\n\
+           2: 0100007F:1F90 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 3 1\n";
+        let found = parse_sockets(tcp, Transport::Tcp);
+        assert_eq!(
+            found,
+            vec![
+                Listener { transport: Transport::Tcp, addr: "0.0.0.0".parse().unwrap(), port: 22 },
+                Listener { transport: Transport::Tcp, addr: "127.0.0.1".parse().unwrap(), port: 8080 },
+            ],
+            "an established connection is not a listener"
+        );
+        let tcp6 = "  sl  local_address                         remote_address                        st\n\
+           0: 00000000000000000000000001000000:0016 00000000000000000000000000000000:0000 0A 0\n\
+           1: 000080FE00000000FF005452120034FE:01BB 00000000000000000000000000000000:0000 0A 0\n";
+        let found = parse_sockets(tcp6, Transport::Tcp);
+        assert_eq!(found[0].addr, "::1".parse::<IpAddr>().unwrap());
+        assert_eq!(found[1].addr, "fe80::5254:ff:fe34:12".parse::<IpAddr>().unwrap());
+        assert_eq!(found[1].port, 443);
+        let udp = "  sl  local_address rem_address   st\n\
+           0: 00000000:0035 00000000:0000 07 0\n\
+           1: 0100007F:0035 0200007F:0035 01 0\n";
+        assert_eq!(
+            parse_sockets(udp, Transport::Udp),
+            vec![Listener { transport: Transport::Udp, addr: "0.0.0.0".parse().unwrap(), port: 53 }],
+            "a connected datagram socket receives from its peer only"
+        );
+    }
+
+    #[test]
+    fn the_jumps_a_disabled_ufw_leaves_filter_nothing() {
+        let jump = json!({"family": "ip", "table": "filter", "chain": "INPUT",
+            "expr": [{"counter": {"packets": 0, "bytes": 0}}, {"jump": {"target": "ufw-before-input"}}]});
+        assert!(only_into_ufw(&jump));
+        let accept = json!({"expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 22}}, {"accept": null}]});
+        assert!(!only_into_ufw(&accept));
+        let other = json!({"expr": [{"jump": {"target": "guard"}}]});
+        assert!(!only_into_ufw(&other));
+    }
+
+    #[test]
+    fn a_batch_naming_another_table_is_refused() {
+        let ours =
+            json!({"add": {"rule": {"family": "inet", "table": "mesh_host", "chain": "input", "expr": []}}});
+        assert!(confined(&ours).is_ok());
+        let table = json!({"delete": {"table": {"family": "inet", "name": "mesh_host"}}});
+        assert!(confined(&table).is_ok());
+        for other in [
+            json!({"add": {"rule": {"family": "ip", "table": "filter", "chain": "INPUT", "expr": []}}}),
+            json!({"delete": {"table": {"family": "ip", "name": "mesh_host"}}}),
+            json!({"flush": {"ruleset": null}}),
+            json!({"flush": {}}),
+        ] {
+            assert!(matches!(confined(&other), Err(FirewallError::OutsideTable { .. })), "{other}");
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! ufw, found in force on an adopted node: its state, the rules the host added to it, and the
+//! rules in force, through the `ufw` program (and `iptables -S` for what is in force: `ufw
+//! status` lists the rules ufw keeps, not the ones loaded).
+//!
+//! A rule is given as the words after `ufw` (`allow from 10.0.0.0/8 to any port 443 proto tcp`)
+//! and a comment. ufw applies an added or deleted rule both at once to its saved rules
+//! (permanent) and to the running filter (runtime).
+
+use super::command::{run, run_str, Ran};
+use super::CommandError;
+
+/// What ufw answered.
+#[derive(Debug, thiserror::Error)]
+pub enum UfwError {
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    #[error("`{command}` {how}")]
+    Failed { command: String, how: String },
+}
+
+fn checked(argv: &[&str]) -> Result<Ran, UfwError> {
+    let ran = run_str(argv, &[])?;
+    if ran.success() {
+        Ok(ran)
+    } else {
+        Err(UfwError::Failed { command: argv.join(" "), how: ran.describe() })
+    }
+}
+
+/// Whether ufw is installed and its firewall is loaded ("Status: active").
+pub fn active() -> Result<bool, UfwError> {
+    if !super::command::exists("ufw") {
+        return Ok(false);
+    }
+    let ran = checked(&["ufw", "status"])?;
+    Ok(ran.stdout.lines().any(|l| l.trim() == "Status: active"))
+}
+
+/// The rules added to ufw, as `ufw show added` prints them (`ufw allow 53/udp comment 'x'`).
+pub fn added() -> Result<Vec<String>, UfwError> {
+    let ran = checked(&["ufw", "show", "added"])?;
+    Ok(ran.stdout.lines().filter(|l| l.starts_with("ufw ")).map(str::to_owned).collect())
+}
+
+/// The user rules in force, as `iptables -S` prints them, IPv4 then IPv6.
+pub fn in_force() -> Result<Vec<String>, UfwError> {
+    let mut lines = Vec::new();
+    for (program, chain) in [("iptables", "ufw-user-input"), ("ip6tables", "ufw6-user-input")] {
+        let ran = run_str(&[program, "-S", chain], &[])?;
+        // A chain that is not there holds nothing in force (ufw inactive).
+        if ran.success() {
+            lines.extend(ran.stdout.lines().filter(|l| l.starts_with("-A ")).map(str::to_owned));
+        }
+    }
+    Ok(lines)
+}
+
+/// Adds a rule (`words` after `ufw`) with a comment.
+pub fn add(words: &[String], comment: &str) -> Result<(), UfwError> {
+    let mut argv = vec!["ufw".to_owned()];
+    argv.extend(words.iter().cloned());
+    argv.extend(["comment".to_owned(), comment.to_owned()]);
+    let ran = run(&argv, &[])?;
+    if ran.success() {
+        Ok(())
+    } else {
+        Err(UfwError::Failed { command: argv.join(" "), how: ran.describe() })
+    }
+}
+
+/// Deletes a rule given as the words after `ufw` (without its comment).
+pub fn delete(words: &[String]) -> Result<(), UfwError> {
+    let mut argv = vec!["ufw".to_owned(), "--force".to_owned(), "delete".to_owned()];
+    argv.extend(words.iter().cloned());
+    let ran = run(&argv, &[])?;
+    if ran.success() {
+        Ok(())
+    } else {
+        Err(UfwError::Failed { command: argv.join(" "), how: ran.describe() })
+    }
+}
+
+/// Loads ufw's saved rules into the running filter again.
+pub fn reload() -> Result<(), UfwError> {
+    checked(&["ufw", "reload"]).map(drop)
+}
+
+/// The policy of the INPUT chain, IPv4 then IPv6, as `iptables -S INPUT` says it (`DROP`).
+pub fn input_policies() -> Result<Vec<(&'static str, String)>, UfwError> {
+    let mut found = Vec::new();
+    for program in ["iptables", "ip6tables"] {
+        let ran = checked(&[program, "-S", "INPUT"])?;
+        let policy = ran.stdout.lines().find_map(|l| l.strip_prefix("-P INPUT ")).map(str::trim);
+        match policy {
+            Some(p) => found.push((program, p.to_owned())),
+            None => {
+                return Err(UfwError::Failed {
+                    command: format!("{program} -S INPUT"),
+                    how: "printed no policy".into(),
+                })
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Sets the policy of the INPUT chain of `program` (`iptables` or `ip6tables`): one change,
+/// in force at once.
+pub fn set_input_policy(program: &str, policy: &str) -> Result<(), UfwError> {
+    checked(&[program, "-P", "INPUT", policy]).map(drop)
+}
+
+/// Turns ufw on, now and at boot. The failpoint `ufw-enable` (tests only) makes it fail
+/// without running ufw: the middle of the way back, after the host's rules are saved in ufw.
+pub fn enable() -> Result<(), UfwError> {
+    if super::fs::failpoint_named("ufw-enable") {
+        return Err(UfwError::Failed {
+            command: "ufw enable".into(),
+            how: "failed at the failpoint ufw-enable".into(),
+        });
+    }
+    checked(&["ufw", "--force", "enable"]).map(drop)
+}
+
+/// Turns ufw off, now and at boot. The failpoint `ufw-disable` (tests only) makes it fail
+/// without running ufw: the middle of the flip, after the host's filter is loaded.
+pub fn disable() -> Result<(), UfwError> {
+    if super::fs::failpoint_named("ufw-disable") {
+        return Err(UfwError::Failed {
+            command: "ufw disable".into(),
+            how: "failed at the failpoint ufw-disable".into(),
+        });
+    }
+    checked(&["ufw", "disable"]).map(drop)
+}
+
+/// Whether firewalld is installed and running.
+pub fn firewalld_running() -> Result<bool, CommandError> {
+    if !super::command::exists("firewall-cmd") {
+        return Ok(false);
+    }
+    Ok(run_str(&["firewall-cmd", "--state"], &[])?.stdout.trim() == "running")
+}
