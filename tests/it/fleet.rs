@@ -386,3 +386,62 @@ fn a_node_cut_off_from_etcd_keeps_its_last_declaration_across_a_restart_and_appl
     );
     assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
 }
+
+/// Every file under `dir`, read whole (etcd's data: its bolt database and write-ahead log).
+fn bytes_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if let Ok(bytes) = std::fs::read(&p) {
+                out.push((p, bytes));
+            }
+        }
+    }
+    out
+}
+
+fn holds(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_sealed_value_goes_through_etcd_and_neither_etcd_nor_the_cache_holds_it_in_the_clear() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let public = crate::secrets::keygen(&s);
+    let plain = format!("fleet-pw-{}", std::process::id());
+    let sealed = crate::secrets::seal(&public, plain.as_bytes());
+    let env = s.path("db.env");
+    write_declaration(
+        &s.path("in/db.json"),
+        json!([{"type": "file", "id": "db.env", "path": s.p("db.env"),
+                "content": "PASSWORD=${secret:db_password}\n", "secrets": {"db_password": sealed}}]),
+    );
+    let out = fleet(&s, &["put", "--etcd", &url, "--node", "sealed-1", s.p("in/db.json").as_str()]);
+    assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    let mut daemon = node(&s, &url, "sealed-1", &[]);
+    assert!(
+        wait_for(PATIENCE, || read(&env) == format!("PASSWORD={plain}\n")),
+        "the node opened the value it got through etcd:\n{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.terminate(), Some(0));
+
+    // What etcd serves, what it keeps on disk, what the node cached and logged: no plaintext.
+    let served = etcdctl(&url, &["get", "--prefix", "/mesh-host/"]);
+    assert!(served.status.success());
+    assert!(holds(&served.stdout, b"BEGIN AGE ENCRYPTED FILE"), "etcd holds the sealed value");
+    assert!(!holds(&served.stdout, plain.as_bytes()), "etcd serves the value in the clear");
+    for (path, bytes) in
+        bytes_under(&s.path("etcd-data")).into_iter().chain(bytes_under(&s.path("state/fleet")))
+    {
+        assert!(!holds(&bytes, plain.as_bytes()), "{} holds the value in the clear", path.display());
+    }
+    assert!(!daemon.log().contains(&plain), "the node's log holds the value");
+}
