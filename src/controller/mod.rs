@@ -44,6 +44,9 @@ use queue::Queue;
 pub use trigger::Key;
 use worker::Worker;
 
+/// How long the first apply waits for the first read of the declaration from etcd.
+const FIRST_READ: Duration = Duration::from_secs(10);
+
 /// How the daemon runs.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -135,12 +138,22 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
     // etcd is out of reach.
     if let (Some(source), Some(etcd)) = (config.fleet.clone(), etcd) {
         tracing::info!(endpoints = %source.endpoints, node = %source.node, groups = ?source.groups, "declaration from etcd");
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
         tasks.push(tokio::spawn(crate::fleet::source::run(
             source,
             etcd,
             config.declaration.clone(),
+            first_tx,
             shutdown.clone(),
         )));
+        // The first apply waits for the first read of etcd (it fails fast when etcd refuses
+        // connections), bounded: a node must start even when etcd hangs, on its cache.
+        if tokio::time::timeout(FIRST_READ, first_rx).await.is_err() {
+            tracing::warn!(
+                "no answer from etcd in {}: starting on the last declaration known",
+                crate::system::human(FIRST_READ)
+            );
+        }
     }
     // Watch before the first apply, so a change made during it is not missed; what the
     // watchers report meanwhile waits in the channel.

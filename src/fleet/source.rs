@@ -140,8 +140,17 @@ fn settle(source: &Source, cache: &std::path::Path, revision: i64, kvs: Vec<Kv>,
     }
 }
 
-/// Runs the source until `shutdown`: see the module's notes.
-pub async fn run(source: Source, etcd: Etcd, cache: PathBuf, shutdown: CancellationToken) {
+/// Runs the source until `shutdown`: see the module's notes. `first` is told when the first read
+/// has been settled or has failed, so the controller's first apply is of what etcd holds now
+/// rather than of an older cache, without waiting on an etcd that does not answer.
+pub async fn run(
+    source: Source,
+    etcd: Etcd,
+    cache: PathBuf,
+    first: tokio::sync::oneshot::Sender<()>,
+    shutdown: CancellationToken,
+) {
+    let mut first = Some(first);
     let prefixes = super::prefixes(&source.node, &source.groups);
     let mut seen = cached_digest(&cache);
     let mut backoff = Duration::from_millis(250);
@@ -155,6 +164,9 @@ pub async fn run(source: Source, etcd: Etcd, cache: PathBuf, shutdown: Cancellat
                     tracing::warn!(node = %source.node, "cannot read the declaration from etcd: {e}; converging on the last one known, trying again");
                 }
                 down = true;
+                if let Some(first) = first.take() {
+                    let _ = first.send(());
+                }
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(backoff) => {}
@@ -176,6 +188,9 @@ pub async fn run(source: Source, etcd: Etcd, cache: PathBuf, shutdown: Cancellat
         })
         .await;
         seen = settled.unwrap_or(None);
+        if let Some(first) = first.take() {
+            let _ = first.send(());
+        }
 
         // One watch per prefix, all from the revision after the one read; whichever speaks
         // first ends the wait. Aborted when dropped, before the next read starts new ones.

@@ -293,6 +293,11 @@ fn a_node_applies_the_fleet_its_groups_and_its_own_keys_follows_changes_and_keep
     );
     assert_eq!(read(&s.path("out/motd")), "eu\n", "its group's key applied");
     assert!(!s.path("out/other").exists(), "another node's and another group's keys are not read");
+    assert!(
+        !daemon.log().contains("no declaration is in force"),
+        "a fresh node's first apply waits for its first read of etcd:\n{}",
+        daemon.log()
+    );
 
     // A change under the node's prefix is seen through the watch.
     write_declaration(
