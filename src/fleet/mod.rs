@@ -79,10 +79,14 @@ pub fn prefixes(node: &str, groups: &[String]) -> Vec<String> {
     out
 }
 
-/// The file name a key is cached under: its place in the declaration (so the directory's name
-/// order is the declaration's order), then the key made safe for a file name, so a person
-/// looking at the cache sees where each part came from.
-pub fn cache_name(index: usize, key: &str) -> String {
+/// The file name a key is cached under: the revision it was read at, its place in the
+/// declaration (so the directory's name order is the declaration's order), then the key made
+/// safe for a file name, so a person looking at the cache sees where each part came from.
+///
+/// The revision is in the name so that no name is ever in two successive caches: a reader that
+/// listed the old directory and opens a name after the new one was swapped in finds nothing
+/// (and reads again once the source settles), never a mix of old and new files that could parse.
+pub fn cache_name(revision: i64, index: usize, key: &str) -> String {
     let tail = key.strip_prefix(ROOT).unwrap_or(key);
     let mut safe: String = tail
         .chars()
@@ -92,7 +96,7 @@ pub fn cache_name(index: usize, key: &str) -> String {
     if let Some(stem) = safe.strip_suffix(".json") {
         safe = stem.to_owned();
     }
-    format!("{index:05}-{safe}.json")
+    format!("r{revision:012}-{index:05}-{safe}.json")
 }
 
 #[cfg(test)]
@@ -125,10 +129,13 @@ mod tests {
     #[test]
     fn cache_files_sort_in_declaration_order_and_name_their_key() {
         assert_eq!(
-            cache_name(0, "/mesh-host/fleet/declaration/base.json"),
-            "00000-fleet_declaration_base.json"
+            cache_name(7, 0, "/mesh-host/fleet/declaration/base.json"),
+            "r000000000007-00000-fleet_declaration_base.json"
         );
-        assert_eq!(cache_name(12, "/mesh-host/node/a/declaration/x y"), "00012-node_a_declaration_x_y.json");
-        assert!(cache_name(2, "/z") < cache_name(10, "/a"));
+        assert_eq!(
+            cache_name(7, 12, "/mesh-host/node/a/declaration/x y"),
+            "r000000000007-00012-node_a_declaration_x_y.json"
+        );
+        assert!(cache_name(7, 2, "/z") < cache_name(7, 10, "/a"));
     }
 }

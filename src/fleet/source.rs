@@ -107,7 +107,7 @@ fn settle(source: &Source, cache: &std::path::Path, revision: i64, kvs: Vec<Kv>,
             let mut files: Vec<(String, Vec<u8>)> = named
                 .into_iter()
                 .enumerate()
-                .map(|(i, (key, bytes))| (super::cache_name(i, &key), bytes))
+                .map(|(i, (key, bytes))| (super::cache_name(revision, i, &key), bytes))
                 .collect();
             files.push((MANIFEST.into(), manifest.to_string().into_bytes()));
             match crate::system::etcd::replace_dir(cache, &files) {

@@ -409,7 +409,9 @@ pub fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
 
 /// Replaces the directory `dir` with one holding exactly `files` (name, bytes), in one step: the
 /// new directory is written beside it, made durable, and exchanged with the old one by a single
-/// rename (`RENAME_EXCHANGE`), so a reader sees the old set of files or the new, never a mix.
+/// rename (`RENAME_EXCHANGE`): the path names the old set of files or the new, never a mix.
+/// (A reader that lists, then opens each name, can still straddle the swap: the fleet's file
+/// names carry the revision so that such a reader finds a name missing rather than a mix.)
 /// The files are private to root (a declaration can hold sealed values and paths worth hiding).
 pub fn replace_dir(dir: &std::path::Path, files: &[(String, Vec<u8>)]) -> std::io::Result<()> {
     use std::io::Write as _;
