@@ -162,6 +162,17 @@ pub enum FleetCommand {
     Put(FleetPut),
     /// Show what `fleet put` would change, key by key, with a diff of each changed key.
     Diff(FleetPut),
+    /// Every node in a table: alive, the revision applied and the latest it reads, converged,
+    /// drift corrected, contested keys, the last error. Exits 1 when a node is not alive,
+    /// converged and current.
+    Status {
+        /// etcd's endpoints, comma-separated.
+        #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
+        etcd: String,
+        /// Print the rows as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Where a declaration is put, and what.
@@ -295,6 +306,21 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     let (args, diff) = match command {
         FleetCommand::Put(args) => (args, false),
         FleetCommand::Diff(args) => (args, true),
+        FleetCommand::Status { etcd, json } => {
+            let etcd = crate::system::etcd::Etcd::new(&etcd)
+                .map_err(|e| Usage(format!("mesh-host: --etcd: {e}")))?;
+            let (revision, rows) =
+                tokio::runtime::Handle::current().block_on(crate::fleet::status::rows(&etcd))?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({"revision": revision, "nodes": rows}))?
+                );
+            } else {
+                print!("{}", crate::fleet::status::table(revision, &rows));
+            }
+            return Ok(if rows.iter().all(|r| r.current) { Ended::Converged } else { Ended::Failed });
+        }
     };
     let scope = args.scope()?;
     let etcd =

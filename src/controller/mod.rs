@@ -137,6 +137,14 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
     // controller reads it as it reads a local directory, and applies what it held last while
     // etcd is out of reach.
     if let (Some(source), Some(etcd)) = (config.fleet.clone(), etcd) {
+        let etcd = Arc::new(etcd);
+        tasks.push(tokio::spawn(crate::fleet::status::run(
+            Arc::clone(&etcd),
+            source.node.clone(),
+            source.groups.clone(),
+            worker.applied(),
+            shutdown.clone(),
+        )));
         tracing::info!(endpoints = %source.endpoints, node = %source.node, groups = ?source.groups, "declaration from etcd");
         let (first_tx, first_rx) = tokio::sync::oneshot::channel();
         tasks.push(tokio::spawn(crate::fleet::source::run(

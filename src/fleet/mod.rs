@@ -15,6 +15,7 @@
 //! - `source`: the daemon's side. It mirrors what etcd holds for this node into a directory
 //!   under the state directory (the cache), only when it is a declaration mesh-host accepts;
 //!   the controller reads that directory as it reads a local `declaration.d`.
+//! - `status`: the node's status and presence, written back to etcd.
 //! - `put`: `mesh-host fleet put` and `fleet diff`, the operator's side.
 //!
 //! Architecture Invariant: the controller knows nothing of etcd. Its declaration source is a
@@ -22,6 +23,7 @@
 
 pub mod put;
 pub mod source;
+pub mod status;
 
 /// The root every key of mesh-host's lives under.
 pub const ROOT: &str = "/mesh-host/";

@@ -145,7 +145,7 @@ fn settle(source: &Source, cache: &std::path::Path, revision: i64, kvs: Vec<Kv>,
 /// rather than of an older cache, without waiting on an etcd that does not answer.
 pub async fn run(
     source: Source,
-    etcd: Etcd,
+    etcd: std::sync::Arc<Etcd>,
     cache: PathBuf,
     first: tokio::sync::oneshot::Sender<()>,
     shutdown: CancellationToken,
@@ -198,7 +198,7 @@ pub async fn run(
         let mut watches = tokio::task::JoinSet::new();
         for prefix in &prefixes {
             let (tx, prefix) = (tx.clone(), prefix.clone());
-            let etcd = &etcd;
+            let etcd = &*etcd;
             let watch = etcd.watch_prefix(&prefix, revision + 1).await;
             watches.spawn(async move {
                 let mut watch = match watch {

@@ -266,6 +266,27 @@ impl Etcd {
         Ok(num(&answer["header"]["revision"]))
     }
 
+    /// Puts one key bound to a lease: it goes when the lease does.
+    pub async fn put_with_lease(&self, key: &str, value: &[u8], lease: i64) -> Result<i64, EtcdError> {
+        let body = json!({"key": B64.encode(key), "value": B64.encode(value), "lease": lease.to_string()});
+        let answer = self.call("a put", "/v3/kv/put", body).await?;
+        Ok(num(&answer["header"]["revision"]))
+    }
+
+    /// Takes a lease of `ttl` seconds; returns its id.
+    pub async fn lease_grant(&self, ttl: i64) -> Result<i64, EtcdError> {
+        let answer = self.call("a lease grant", "/v3/lease/grant", json!({"TTL": ttl.to_string()})).await?;
+        Ok(num(&answer["ID"]))
+    }
+
+    /// Renews a lease once. `false` when it had expired already (its keys are gone).
+    pub async fn lease_keepalive(&self, id: i64) -> Result<bool, EtcdError> {
+        // A stream on the gateway: one request in the body, one answer back.
+        let answer =
+            self.call("a lease renewal", "/v3/lease/keepalive", json!({"ID": id.to_string()})).await?;
+        Ok(num(&answer["result"]["TTL"]) > 0)
+    }
+
     /// Watches every key under `prefix` from `start_revision` on. The watch ends (`next` says
     /// so) when the endpoint goes away; the caller reads again and watches anew.
     pub async fn watch_prefix(&self, prefix: &str, start_revision: i64) -> Result<Watch, EtcdError> {

@@ -450,3 +450,92 @@ fn a_sealed_value_goes_through_etcd_and_neither_etcd_nor_the_cache_holds_it_in_t
     }
     assert!(!daemon.log().contains(&plain), "the node's log holds the value");
 }
+
+/// `fleet status --json`: the exit code and the rows.
+fn fleet_status(s: &Scratch, url: &str) -> (i32, serde_json::Value) {
+    let out = fleet(s, &["status", "--etcd", url, "--json"]);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("fleet status printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stderr))
+    });
+    (out.status.code().unwrap_or(-1), v)
+}
+
+fn row<'a>(status: &'a serde_json::Value, node: &str) -> &'a serde_json::Value {
+    status["nodes"].as_array().unwrap().iter().find(|r| r["node"] == node).unwrap_or(&serde_json::Value::Null)
+}
+
+/// The version of a key (how many times it was written since it was made), 0 when absent.
+fn version_of(url: &str, key: &str) -> i64 {
+    let out = etcdctl(url, &["get", key, "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["kvs"][0]["version"].as_i64().unwrap_or(0)
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_reports_its_status_at_most_once_a_second_and_its_presence_goes_with_it() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let conf = s.path("st.conf");
+    write_declaration(
+        &s.path("in/st.json"),
+        json!([{"type": "file", "id": "st.conf", "path": s.p("st.conf"), "content": "a\n"}]),
+    );
+    let out = fleet(&s, &["put", "--etcd", &url, "--node", "st-1", s.p("in/st.json").as_str()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let daemon = node(&s, &url, "st-1", &[]);
+    assert!(wait_for(PATIENCE, || read(&conf) == "a\n"), "{}", daemon.log());
+
+    // Converged at the revision put, alive: fleet status says so, and exits 0.
+    assert!(
+        wait_for(PATIENCE, || fleet_status(&s, &url).0 == 0),
+        "the node never showed current: {:#}\n{}",
+        fleet_status(&s, &url).1,
+        daemon.log()
+    );
+    let (_, status) = fleet_status(&s, &url);
+    let r = row(&status, "st-1");
+    assert_eq!(r["alive"], true, "{r:#}");
+    assert_eq!(r["status"]["converged"], true, "{r:#}");
+    assert!(r["status"]["revision"].as_i64().unwrap() >= r["latest"].as_i64().unwrap(), "{r:#}");
+    assert_eq!(r["status"]["counts"]["created"], 1, "{r:#}");
+    let text = fleet(&s, &["status", "--etcd", &url]);
+    let table = String::from_utf8_lossy(&text.stdout);
+    assert!(table.contains("st-1") && table.contains("1 of 1 nodes alive, converged"), "{table}");
+
+    // A storm of hand-edits: every one put back, the status written at most once a second.
+    let key = "/mesh-host/node/st-1/status";
+    let before = version_of(&url, key);
+    let start = std::time::Instant::now();
+    for i in 0..40 {
+        std::fs::write(&conf, format!("edit {i}\n")).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(wait_for(PATIENCE, || read(&conf) == "a\n"), "{}", daemon.log());
+    std::thread::sleep(Duration::from_millis(1500));
+    let writes = version_of(&url, key) - before;
+    let seconds = start.elapsed().as_secs_f64();
+    assert!(writes >= 1, "the corrections were reported");
+    assert!(
+        (writes as f64) <= seconds.ceil() + 1.0,
+        "{writes} status writes in {seconds:.1} s: more than one a second"
+    );
+    let (_, status) = fleet_status(&s, &url);
+    assert!(row(&status, "st-1")["status"]["drift_corrections"].as_u64().unwrap() >= 1, "{status:#}");
+
+    // Killed without a word: its presence goes within the lease's time to live, and fleet status
+    // says so, exiting 1.
+    let mut daemon = daemon;
+    let mut child = daemon.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        wait_for(Duration::from_secs(16), || !row(&fleet_status(&s, &url).1, "st-1")["alive"]
+            .as_bool()
+            .unwrap_or(true)),
+        "the presence key outlived the node"
+    );
+    let (code, _) = fleet_status(&s, &url);
+    assert_eq!(code, 1, "a node gone is not a fleet converged");
+}
