@@ -539,3 +539,133 @@ fn a_node_reports_its_status_at_most_once_a_second_and_its_presence_goes_with_it
     let (code, _) = fleet_status(&s, &url);
     assert_eq!(code, 1, "a node gone is not a fleet converged");
 }
+
+/// A three-member etcd cluster of the test's own, on free loopback ports; killed when dropped.
+struct Cluster {
+    members: Vec<std::process::Child>,
+    clients: Vec<String>,
+}
+
+impl Cluster {
+    fn start(s: &Scratch) -> Cluster {
+        need_etcd_binaries();
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let initial: Vec<String> =
+            ports.iter().enumerate().map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}")).collect();
+        let initial = initial.join(",");
+        // One token for the three: it is what makes them one cluster.
+        let token = unique("cluster");
+        let mut members = Vec::new();
+        let mut clients = Vec::new();
+        for (i, (client, peer)) in ports.iter().enumerate() {
+            let (client, peer) = (format!("http://127.0.0.1:{client}"), format!("http://127.0.0.1:{peer}"));
+            let log = s.path(&format!("etcd-m{i}.log"));
+            members.push(
+                Command::new("etcd")
+                    .args(["--name", &format!("m{i}"), "--data-dir"])
+                    .arg(s.path(&format!("etcd-m{i}")))
+                    .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+                    .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+                    .args(["--initial-cluster", &initial, "--initial-cluster-token", &token])
+                    .stdout(std::fs::File::create(&log).unwrap())
+                    .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+                    .spawn()
+                    .expect("etcd starts"),
+            );
+            clients.push(client);
+        }
+        let c = Cluster { members, clients };
+        let all = c.endpoints();
+        assert!(
+            wait_for(Duration::from_secs(20), || etcdctl(&all, &["endpoint", "health", "--cluster"])
+                .status
+                .success()),
+            "the test's 3-member cluster did not come up:\n{}",
+            std::fs::read_to_string(s.path("etcd-m0.log")).unwrap_or_default()
+        );
+        c
+    }
+
+    fn endpoints(&self) -> String {
+        self.clients.join(",")
+    }
+
+    /// The index of the member that leads now.
+    fn leader(&self) -> usize {
+        let out = etcdctl(&self.endpoints(), &["endpoint", "status", "-w", "json"]);
+        let statuses: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        statuses
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|st| st["Status"]["leader"] == st["Status"]["header"]["member_id"])
+            .expect("a leader")
+    }
+
+    /// Kills the member that leads now; returns its index.
+    fn kill_leader(&mut self) -> usize {
+        let leader = self.leader();
+        self.members[leader].kill().unwrap();
+        self.members[leader].wait().unwrap();
+        leader
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            let _ = m.kill();
+            let _ = m.wait();
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_goes_on_through_the_leader_of_a_three_member_cluster_killed_and_misses_nothing() {
+    let s = Scratch::new();
+    let mut cluster = Cluster::start(&s);
+    let all = cluster.endpoints();
+    let conf = s.path("ha.conf");
+    let declare = |content: &str, endpoints: &str| {
+        write_declaration(
+            &s.path("in/ha.json"),
+            json!([{"type": "file", "id": "ha.conf", "path": s.p("ha.conf"), "content": content}]),
+        );
+        let out = fleet(&s, &["put", "--etcd", endpoints, "--fleet", s.p("in/ha.json").as_str()]);
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    declare("v1\n", &all);
+    // The leader first among the node's endpoints: the one it talks to is the one killed, so
+    // its watches break and it must go on through another member.
+    let leader = cluster.leader();
+    let mut ordered = vec![cluster.clients[leader].clone()];
+    ordered.extend(cluster.clients.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, c)| c.clone()));
+    let daemon = node(&s, &ordered.join(","), "ha-1", &[]);
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "{}", daemon.log());
+
+    assert_eq!(cluster.kill_leader(), leader, "the leader did not move before the kill");
+    let survivors: Vec<String> =
+        cluster.clients.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, c)| c.clone()).collect();
+    let survivors = survivors.join(",");
+    // Every change after the kill is applied, the last one last: nothing missed, nothing stale.
+    assert!(
+        wait_for(Duration::from_secs(20), || etcdctl(&survivors, &["endpoint", "health"]).status.success()),
+        "the cluster did not elect a new leader"
+    );
+    for v in 2..=5 {
+        declare(&format!("v{v}\n"), &survivors);
+    }
+    assert!(
+        wait_for(Duration::from_secs(20), || read(&conf) == "v5\n"),
+        "the node follows the cluster after its leader was killed:\n{}",
+        daemon.log()
+    );
+    assert!(
+        daemon.log().contains("the watch on etcd ended"),
+        "the node's watch was on the member killed:\n{}",
+        daemon.log()
+    );
+    std::fs::write(&conf, "hand-edit\n").unwrap();
+    assert!(wait_for(PATIENCE, || read(&conf) == "v5\n"), "{}", daemon.log());
+}
