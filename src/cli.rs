@@ -118,6 +118,8 @@ pub enum Command {
             requires = "etcd"
         )]
         groups: Vec<String>,
+        #[command(flatten)]
+        login: EtcdLogin,
     },
     /// Declarations and status kept in etcd, for a fleet of nodes.
     Fleet {
@@ -162,6 +164,25 @@ pub enum FleetCommand {
     Put(FleetPut),
     /// Show what `fleet put` would change, key by key, with a diff of each changed key.
     Diff(FleetPut),
+    /// Give a node a user of its own in etcd's auth, whose role reads only its own, its groups'
+    /// and the fleet's declaration and writes only its own status and presence. Run as etcd's
+    /// root (`--etcd-user root`).
+    Grant {
+        /// etcd's endpoints, comma-separated.
+        #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
+        etcd: String,
+        #[command(flatten)]
+        login: EtcdLogin,
+        /// The node, and its user's name.
+        #[arg(long, value_name = "NAME")]
+        node: String,
+        /// A group the node reads; repeat it.
+        #[arg(long = "group", value_name = "GROUP", value_delimiter = ',')]
+        groups: Vec<String>,
+        /// A file whose first line is the node's new password.
+        #[arg(long, value_name = "PATH")]
+        node_password_file: PathBuf,
+    },
     /// Every node in a table: alive, the revision applied and the latest it reads, converged,
     /// drift corrected, contested keys, the last error. Exits 1 when a node is not alive,
     /// converged and current.
@@ -169,6 +190,8 @@ pub enum FleetCommand {
         /// etcd's endpoints, comma-separated.
         #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
         etcd: String,
+        #[command(flatten)]
+        login: EtcdLogin,
         /// Print the rows as JSON.
         #[arg(long)]
         json: bool,
@@ -181,6 +204,8 @@ pub struct FleetPut {
     /// etcd's endpoints, comma-separated.
     #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
     pub etcd: String,
+    #[command(flatten)]
+    pub login: EtcdLogin,
     /// Every node's declaration.
     #[arg(long, group = "scope")]
     pub fleet: bool,
@@ -193,6 +218,34 @@ pub struct FleetPut {
     /// A declaration file, or a directory whose `*.json` files are put.
     #[arg(value_name = "FILE-OR-DIR")]
     pub path: PathBuf,
+}
+
+/// A login to etcd's auth, when it is on.
+#[derive(Debug, clap::Args)]
+pub struct EtcdLogin {
+    /// The etcd user to log in as (a node: its own name, given by `fleet grant`).
+    #[arg(long, env = "MESH_HOST_ETCD_USER", value_name = "USER", requires = "etcd_password_file")]
+    pub etcd_user: Option<String>,
+    /// A file whose first line is that user's password (never on the command line, where
+    /// /proc would show it).
+    #[arg(long, env = "MESH_HOST_ETCD_PASSWORD_FILE", value_name = "PATH", requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
+}
+
+impl EtcdLogin {
+    /// A client for `endpoints`, logged in when a user is given.
+    fn client(&self, endpoints: &str) -> anyhow::Result<crate::system::etcd::Etcd> {
+        let etcd = crate::system::etcd::Etcd::new(endpoints)
+            .map_err(|e| Usage(format!("mesh-host: --etcd: {e}")))?;
+        Ok(match (&self.etcd_user, &self.etcd_password_file) {
+            (Some(user), Some(file)) => {
+                let password = crate::system::etcd::read_password(file)
+                    .with_context(|| format!("cannot read the etcd password file {}", file.display()))?;
+                etcd.with_login(user.clone(), password)
+            }
+            _ => etcd,
+        })
+    }
 }
 
 impl FleetPut {
@@ -244,7 +297,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
         Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state, reach),
         Command::Status { json } => status(json, &cli.state, &reach.key),
         Command::Fleet { command } => fleet(command),
-        Command::Run { declaration, origin, metrics, resync, settle_ms, etcd, node, groups } => {
+        Command::Run { declaration, origin, metrics, resync, settle_ms, etcd, node, groups, login } => {
             let metrics = match metrics.as_str() {
                 "off" | "none" => None,
                 addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
@@ -258,8 +311,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                         crate::fleet::check_name("--group", g)
                             .map_err(|e| Usage(format!("mesh-host: {e}")))?;
                     }
-                    let client = crate::system::etcd::Etcd::new(&endpoints)
-                        .map_err(|e| Usage(format!("mesh-host: --etcd: {e}")))?;
+                    let client = login.client(&endpoints)?;
                     // The last declaration accepted from etcd, beside the state store: what the
                     // controller reads as its source, and what a restart applies while etcd is
                     // out of reach.
@@ -306,9 +358,23 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     let (args, diff) = match command {
         FleetCommand::Put(args) => (args, false),
         FleetCommand::Diff(args) => (args, true),
-        FleetCommand::Status { etcd, json } => {
-            let etcd = crate::system::etcd::Etcd::new(&etcd)
-                .map_err(|e| Usage(format!("mesh-host: --etcd: {e}")))?;
+        FleetCommand::Grant { etcd, login, node, groups, node_password_file } => {
+            for (what, name) in
+                std::iter::once(("--node", &node)).chain(groups.iter().map(|g| ("--group", g)))
+            {
+                crate::fleet::check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+            }
+            let etcd = login.client(&etcd)?;
+            let password = crate::system::etcd::read_password(&node_password_file).with_context(|| {
+                format!("cannot read the node's password file {}", node_password_file.display())
+            })?;
+            let out = tokio::runtime::Handle::current()
+                .block_on(crate::fleet::grant(&etcd, &node, &groups, &password))?;
+            print!("{out}");
+            return Ok(Ended::Converged);
+        }
+        FleetCommand::Status { etcd, login, json } => {
+            let etcd = login.client(&etcd)?;
             let (revision, rows) =
                 tokio::runtime::Handle::current().block_on(crate::fleet::status::rows(&etcd))?;
             if json {
@@ -323,8 +389,7 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
         }
     };
     let scope = args.scope()?;
-    let etcd =
-        crate::system::etcd::Etcd::new(&args.etcd).map_err(|e| Usage(format!("mesh-host: --etcd: {e}")))?;
+    let etcd = args.login.client(&args.etcd)?;
     let files = crate::system::read_source(&args.path)
         .map_err(|e| Usage(format!("mesh-host: cannot read the declaration {}: {e}", args.path.display())))?;
     if files.is_empty() {

@@ -73,6 +73,34 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
     }
 }
 
+/// The name of a node's role in etcd's auth.
+pub fn role_of(node: &str) -> String {
+    format!("mesh-host-node-{node}")
+}
+
+/// Gives node `node` (in `groups`) a user of its own in etcd's auth, with a role that reads
+/// only its own, its groups' and the fleet's declaration and writes only its own status and
+/// presence. Idempotent: grants are added again harmlessly; an existing user keeps its password.
+pub async fn grant(
+    etcd: &crate::system::etcd::Etcd,
+    node: &str,
+    groups: &[String],
+    password: &secrecy::SecretString,
+) -> Result<String, crate::system::etcd::EtcdError> {
+    let role = role_of(node);
+    for prefix in prefixes(node, groups) {
+        etcd.grant(&role, "READ", &prefix, true).await?;
+    }
+    etcd.grant(&role, "READWRITE", &status::status_key(node), false).await?;
+    etcd.grant(&role, "READWRITE", &status::alive_key(node), false).await?;
+    let made = etcd.user_with_role(node, password, &role).await?;
+    Ok(format!(
+        "grant: user {node} ({}) has role {role}: reads the fleet's{}, and its own declaration; writes its status and presence\n",
+        if made { "made" } else { "already there, its password unchanged" },
+        groups.iter().map(|g| format!(", group {g}'s")).collect::<String>()
+    ))
+}
+
 /// The prefixes a node reads, in the order their keys make its declaration.
 pub fn prefixes(node: &str, groups: &[String]) -> Vec<String> {
     let mut out = vec![Scope::Fleet.prefix()];

@@ -235,6 +235,9 @@ pub async fn run(
                         break;
                     }
                     Some(Err(e)) => {
+                        if e.to_string().contains("auth token") {
+                            etcd.forget_token();
+                        }
                         tracing::warn!(node = %source.node, "the watch on etcd ended: {e}; reading the whole declaration again");
                         // A short pause: a member going away ends every watch at once.
                         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -17,6 +17,7 @@ use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use secrecy::{ExposeSecret as _, SecretString};
 use serde_json::{json, Value};
 
 /// How long one unary call (a read, a transaction) may take before the next endpoint is tried.
@@ -61,6 +62,11 @@ pub struct Etcd {
     /// The endpoint that answered last; a failing one moves it on.
     current: AtomicUsize,
     client: Client<HttpConnector, Full<Bytes>>,
+    /// The user and password of etcd's auth, when it is on: exchanged for a token, which every
+    /// request then carries.
+    login: Option<(String, SecretString)>,
+    /// The token of the last login; cleared when etcd says it is no longer good.
+    token: std::sync::Mutex<Option<String>>,
 }
 
 /// The end of the range of every key that starts with `prefix` (etcd's `range_end`).
@@ -109,7 +115,38 @@ impl Etcd {
         connector.set_connect_timeout(Some(Duration::from_secs(3)));
         connector.set_nodelay(true);
         let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
-        Ok(Etcd { endpoints, current: AtomicUsize::new(0), client })
+        Ok(Etcd {
+            endpoints,
+            current: AtomicUsize::new(0),
+            client,
+            login: None,
+            token: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Logs in to etcd's auth as `user` before the first request (and again when the token
+    /// expires).
+    pub fn with_login(mut self, user: String, password: SecretString) -> Etcd {
+        self.login = Some((user, password));
+        self
+    }
+
+    fn token(&self) -> Option<String> {
+        self.token.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Logs in when there is a login and no token yet.
+    async fn ensure_token(&self) -> Result<(), EtcdError> {
+        let Some((user, password)) = &self.login else { return Ok(()) };
+        if self.token().is_some() {
+            return Ok(());
+        }
+        // The password is in the body only: no error or log line carries a request's body.
+        let body = json!({"name": user, "password": password.expose_secret()});
+        let answer = self.call_once("a login", "/v3/auth/authenticate", body).await?;
+        let token = answer["token"].as_str().unwrap_or_default().to_owned();
+        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
+        Ok(())
     }
 
     /// The endpoints, as given.
@@ -123,10 +160,12 @@ impl Etcd {
         path: &str,
         body: &Value,
     ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
-        let request = hyper::Request::post(format!("{endpoint}{path}"))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
-            .map_err(|e| e.to_string())?;
+        let mut request =
+            hyper::Request::post(format!("{endpoint}{path}")).header("content-type", "application/json");
+        if let Some(token) = self.token() {
+            request = request.header("authorization", token);
+        }
+        let request = request.body(Full::new(Bytes::from(body.to_string()))).map_err(|e| e.to_string())?;
         self.client.request(request).await.map_err(|e| {
             // hyper's own message is terse ("client error (Connect)"): the source says why.
             let mut message = e.to_string();
@@ -139,8 +178,24 @@ impl Etcd {
         })
     }
 
-    /// One unary call, tried on each endpoint in turn until one answers.
+    /// One unary call, logged in first when etcd's auth is on, and once more with a new token
+    /// when etcd says the one held expired.
     async fn call(&self, call: &'static str, path: &str, body: Value) -> Result<Value, EtcdError> {
+        self.ensure_token().await?;
+        match self.call_once(call, path, body.clone()).await {
+            Err(EtcdError::Refused { message, .. })
+                if self.login.is_some() && message.contains("auth token") =>
+            {
+                *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                self.ensure_token().await?;
+                self.call_once(call, path, body).await
+            }
+            answer => answer,
+        }
+    }
+
+    /// One unary call, tried on each endpoint in turn until one answers.
+    async fn call_once(&self, call: &'static str, path: &str, body: Value) -> Result<Value, EtcdError> {
         let start = self.current.load(Ordering::Relaxed);
         let mut last = String::new();
         for i in 0..self.endpoints.len() {
@@ -287,6 +342,55 @@ impl Etcd {
         Ok(num(&answer["result"]["TTL"]) > 0)
     }
 
+    /// Forgets the token, so the next request logs in again (a watch refused for its token).
+    pub fn forget_token(&self) {
+        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Makes `role` (when missing) and grants it `permission` (`READ`, `WRITE`, `READWRITE`) on
+    /// `key`, or on every key under it when `prefix`.
+    pub async fn grant(
+        &self,
+        role: &str,
+        permission: &str,
+        key: &str,
+        prefix: bool,
+    ) -> Result<(), EtcdError> {
+        match self.call("a role", "/v3/auth/role/add", json!({"name": role})).await {
+            Err(EtcdError::Refused { message, .. }) if message.contains("already exists") => {}
+            other => {
+                other?;
+            }
+        }
+        let mut perm = json!({"permType": permission, "key": B64.encode(key)});
+        if prefix {
+            perm["range_end"] = B64.encode(prefix_end(key)).into();
+        }
+        self.call("a grant", "/v3/auth/role/grant", json!({"name": role, "perm": perm})).await?;
+        Ok(())
+    }
+
+    /// Makes `user` (when missing: an existing user keeps its password) and gives it `role`.
+    pub async fn user_with_role(
+        &self,
+        user: &str,
+        password: &SecretString,
+        role: &str,
+    ) -> Result<bool, EtcdError> {
+        let made = match self
+            .call("a user", "/v3/auth/user/add", json!({"name": user, "password": password.expose_secret()}))
+            .await
+        {
+            Err(EtcdError::Refused { message, .. }) if message.contains("already exists") => false,
+            other => {
+                other?;
+                true
+            }
+        };
+        self.call("a role for a user", "/v3/auth/user/grant", json!({"user": user, "role": role})).await?;
+        Ok(made)
+    }
+
     /// Watches every key under `prefix` from `start_revision` on. The watch ends (`next` says
     /// so) when the endpoint goes away; the caller reads again and watches anew.
     pub async fn watch_prefix(&self, prefix: &str, start_revision: i64) -> Result<Watch, EtcdError> {
@@ -295,6 +399,7 @@ impl Etcd {
             "range_end": B64.encode(prefix_end(prefix)),
             "start_revision": start_revision.to_string(),
         }});
+        self.ensure_token().await?;
         let start = self.current.load(Ordering::Relaxed);
         let mut last = String::new();
         for i in 0..self.endpoints.len() {
@@ -420,6 +525,13 @@ impl Watch {
         let last = events.iter().map(|e| num(&e["kv"]["mod_revision"])).max();
         Ok(last.map(Seen::Changed))
     }
+}
+
+/// Reads a password from a file (its first line), bounded, for etcd's auth. Never logged.
+pub fn read_password(path: &std::path::Path) -> std::io::Result<SecretString> {
+    let bytes = crate::system::read_input(path, 4096)?;
+    let text = String::from_utf8(bytes).map_err(|_| std::io::Error::other("the password is not UTF-8"))?;
+    Ok(SecretString::from(text.lines().next().unwrap_or_default().to_owned()))
 }
 
 /// Makes `dir` (and its parents) if missing, private to root: the fleet cache's home.

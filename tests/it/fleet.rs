@@ -669,3 +669,124 @@ fn a_node_goes_on_through_the_leader_of_a_three_member_cluster_killed_and_misses
     std::fs::write(&conf, "hand-edit\n").unwrap();
     assert!(wait_for(PATIENCE, || read(&conf) == "v5\n"), "{}", daemon.log());
 }
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn with_etcds_auth_on_a_node_reads_only_its_own_groups_and_the_fleets_keys_and_writes_only_its_own_status() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let secret = |name: &str, pw: &str| {
+        let p = s.path(name);
+        std::fs::write(&p, format!("{pw}\n")).unwrap();
+        p.display().to_string()
+    };
+    let (root_pw, a_pw, b_pw) =
+        (secret("root.pw", "root-pw-fleet"), secret("a.pw", "a-pw-fleet"), secret("b.pw", "b-pw-fleet"));
+    assert!(etcdctl(&url, &["user", "add", "root:root-pw-fleet"]).status.success());
+    assert!(etcdctl(&url, &["auth", "enable"]).status.success());
+    let root: [&str; 4] = ["--etcd-user", "root", "--etcd-password-file", &root_pw];
+
+    for (node, pw) in [("auth-a", &a_pw), ("auth-b", &b_pw)] {
+        let out = fleet(
+            &s,
+            &[
+                &["grant", "--etcd", &url],
+                &root[..],
+                &["--node", node, "--group", "g1", "--node-password-file", pw],
+            ]
+            .concat(),
+        );
+        assert!(out.status.success(), "fleet grant: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("mesh-host-node-"), "{out:?}");
+    }
+    let put = |scope: &[&str], name: &str, content: &str| {
+        let file = s.path(&format!("in/{name}.json"));
+        write_declaration(
+            &file,
+            json!([{"type": "file", "id": format!("{name}.f"), "path": s.p(name), "content": content}]),
+        );
+        let out =
+            fleet(&s, &[&["put", "--etcd", &url], &root[..], scope, &[file.to_str().unwrap()]].concat());
+        assert!(out.status.success(), "fleet put as root: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    put(&["--fleet"], "all", "fleet\n");
+    put(&["--group", "g1"], "g1", "group\n");
+    put(&["--node", "auth-a"], "a", "a\n");
+    put(&["--node", "auth-b"], "b", "b\n");
+
+    // Node A, logged in as itself: its declaration applies and its status is written.
+    let port = free_port();
+    let log = s.path("node-a.log");
+    let child = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .args(["run", "--etcd", &url, "--node", "auth-a", "--group", "g1", "--etcd-user", "auth-a"])
+        .args(["--etcd-password-file", &a_pw, "--metrics", &format!("127.0.0.1:{port}")])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut daemon = Daemon { child: Some(child), port, log };
+    for (name, content) in [("all", "fleet\n"), ("g1", "group\n"), ("a", "a\n")] {
+        assert!(wait_for(PATIENCE, || read(&s.path(name)) == content), "{name} applied:\n{}", daemon.log());
+    }
+    assert!(!s.path("b").exists(), "B's declaration is not A's");
+    let root_login = "root:root-pw-fleet";
+    let as_root = |args: &[&str]| etcdctl(&url, &[&["--user", root_login], args].concat());
+    assert!(
+        wait_for(PATIENCE, || !as_root(&["get", "/mesh-host/node/auth-a/status"]).stdout.is_empty()),
+        "node A wrote its status:\n{}",
+        daemon.log()
+    );
+    assert!(!daemon.log().contains("a-pw-fleet"), "the password reached the log");
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+
+    // A's login cannot read B's declaration nor write B's status: etcd refuses both.
+    let as_a = |args: &[&str]| etcdctl(&url, &[&["--user", "auth-a:a-pw-fleet"], args].concat());
+    let denied = |out: &Output| {
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("permission denied")
+    };
+    assert!(
+        denied(&as_a(&["get", "--prefix", "/mesh-host/node/auth-b/declaration/"])),
+        "A read B's declaration"
+    );
+    assert!(denied(&as_a(&["put", "/mesh-host/node/auth-b/status", "{}"])), "A wrote B's status");
+    assert!(
+        denied(&as_a(&["put", "/mesh-host/node/auth-a/declaration/x.json", "{}"])),
+        "A wrote its own declaration"
+    );
+    assert!(as_a(&["get", "/mesh-host/node/auth-a/status"]).status.success(), "A reads its own status");
+
+    // mesh-host run as A but named B: it cannot read B's keys, says so, and applies nothing of B's.
+    let s2 = Scratch::new();
+    let port = free_port();
+    let log = s2.path("node-a-as-b.log");
+    let child = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s2.state())
+        .args([
+            "run",
+            "--etcd",
+            &url,
+            "--node",
+            "auth-b",
+            "--etcd-user",
+            "auth-a",
+            "--etcd-password-file",
+            &a_pw,
+        ])
+        .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut impostor = Daemon { child: Some(child), port, log };
+    assert!(
+        wait_for(PATIENCE, || impostor.log().contains("permission denied")),
+        "etcd's refusal is reported:\n{}",
+        impostor.log()
+    );
+    assert!(!s.path("b").exists(), "nothing of B's applied");
+    assert_eq!(impostor.terminate(), Some(0), "{}", impostor.log());
+}
