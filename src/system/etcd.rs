@@ -497,34 +497,40 @@ impl Watch {
     }
 
     fn read(&self, doc: Value) -> Result<Option<Seen>, EtcdError> {
-        if let Some(error) = doc.get("error") {
-            return Err(EtcdError::Refused {
-                endpoint: self.endpoint.clone(),
-                call: "a watch",
-                message: error.get("message").and_then(Value::as_str).unwrap_or("").to_owned(),
-            });
-        }
-        let result = &doc["result"];
-        let compacted = num(&result["compact_revision"]);
-        if compacted > 0 {
-            return Err(EtcdError::Compacted(compacted));
-        }
-        if result["canceled"].as_bool().unwrap_or(false) {
-            return Err(EtcdError::Unreachable {
-                endpoints: self.endpoint.clone(),
-                message: format!(
-                    "etcd cancelled the watch: {}",
-                    result["cancel_reason"].as_str().unwrap_or("no reason given")
-                ),
-            });
-        }
-        if result["created"].as_bool().unwrap_or(false) {
-            return Ok(Some(Seen::Created));
-        }
-        let events = result["events"].as_array().map(Vec::as_slice).unwrap_or_default();
-        let last = events.iter().map(|e| num(&e["kv"]["mod_revision"])).max();
-        Ok(last.map(Seen::Changed))
+        seen(&self.endpoint, doc)
     }
+}
+
+/// What one document of a watch stream says: `None` for one that says nothing to act on (a
+/// progress notice).
+fn seen(endpoint: &str, doc: Value) -> Result<Option<Seen>, EtcdError> {
+    if let Some(error) = doc.get("error") {
+        return Err(EtcdError::Refused {
+            endpoint: endpoint.to_owned(),
+            call: "a watch",
+            message: error.get("message").and_then(Value::as_str).unwrap_or("").to_owned(),
+        });
+    }
+    let result = &doc["result"];
+    let compacted = num(&result["compact_revision"]);
+    if compacted > 0 {
+        return Err(EtcdError::Compacted(compacted));
+    }
+    if result["canceled"].as_bool().unwrap_or(false) {
+        return Err(EtcdError::Unreachable {
+            endpoints: endpoint.to_owned(),
+            message: format!(
+                "etcd cancelled the watch: {}",
+                result["cancel_reason"].as_str().unwrap_or("no reason given")
+            ),
+        });
+    }
+    if result["created"].as_bool().unwrap_or(false) {
+        return Ok(Some(Seen::Created));
+    }
+    let events = result["events"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let last = events.iter().map(|e| num(&e["kv"]["mod_revision"])).max();
+    Ok(last.map(Seen::Changed))
 }
 
 /// Reads a password from a file (its first line), bounded, for etcd's auth. Never logged.
@@ -582,6 +588,37 @@ pub fn replace_dir(dir: &std::path::Path, files: &[(String, Vec<u8>)]) -> std::i
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watch_document_is_read_as_etcd_means_it() {
+        let at = "http://127.0.0.1:2379";
+        let doc = |v: &str| serde_json::from_str::<Value>(v).unwrap();
+        assert_eq!(
+            seen(at, doc(r#"{"result":{"header":{"revision":"5"},"created":true}}"#)).unwrap(),
+            Some(Seen::Created)
+        );
+        let events = r#"{"result":{"events":[{"kv":{"key":"YQ==","mod_revision":"7"}},{"type":"DELETE","kv":{"key":"Yg==","mod_revision":"9"}}]}}"#;
+        assert_eq!(
+            seen(at, doc(events)).unwrap(),
+            Some(Seen::Changed(9)),
+            "the last change's revision, deletes too"
+        );
+        assert_eq!(
+            seen(at, doc(r#"{"result":{"header":{"revision":"12"}}}"#)).unwrap(),
+            None,
+            "a progress notice"
+        );
+        // A watch from a revision compacted away: a full read follows.
+        let compacted = r#"{"result":{"canceled":true,"compact_revision":"40"}}"#;
+        assert!(matches!(seen(at, doc(compacted)), Err(EtcdError::Compacted(40))));
+        let canceled = r#"{"result":{"canceled":true,"cancel_reason":"permission denied"}}"#;
+        let e = seen(at, doc(canceled)).unwrap_err().to_string();
+        assert!(e.contains("cancelled the watch: permission denied"), "{e}");
+        let e = seen(at, doc(r#"{"error":{"grpc_code":16,"message":"etcdserver: invalid auth token"}}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid auth token") && e.contains(at), "{e}");
+    }
 
     #[test]
     fn a_prefix_ends_at_its_last_byte_plus_one() {
