@@ -404,6 +404,10 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     // refuse never reaches it.
     let wanted = crate::fleet::put::prepare(&scope, files)?;
     let runtime = tokio::runtime::Handle::current();
+    // And as each node it reaches will read it, beside the other levels it reads.
+    if let Err(refusal) = runtime.block_on(crate::fleet::put::check_nodes(&etcd, &scope, &wanted))? {
+        return Err(Usage(refusal).into());
+    }
     let out = if diff {
         runtime.block_on(crate::fleet::put::diff(&etcd, &scope, &wanted))?
     } else {

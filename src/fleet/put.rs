@@ -71,6 +71,66 @@ pub fn prepare(scope: &Scope, files: Vec<(PathBuf, Vec<u8>)>) -> Result<Vec<(Str
     Ok(out)
 }
 
+/// Refuses a put that would make some node's whole declaration refused: for each node the
+/// scope reaches (every node that reported a status, for the fleet; those that reported the
+/// group, for a group; the node itself, for a node), its fleet's, groups' and own keys as they
+/// are, with the scope's replaced by what is put, must parse as one declaration (two levels
+/// declaring one id, say, would not). Groups are those each node last reported. Returns how
+/// many nodes were checked, or the refusal, naming the node, as the message to exit 2 with.
+pub async fn check_nodes(
+    etcd: &Etcd,
+    scope: &Scope,
+    wanted: &[(String, Vec<u8>)],
+) -> anyhow::Result<Result<usize, String>> {
+    let all = etcd.range_prefix(super::ROOT, None).await?;
+    let mut nodes: std::collections::BTreeMap<String, Vec<String>> = std::collections::BTreeMap::new();
+    let node_root = format!("{}node/", super::ROOT);
+    for kv in &all.kvs {
+        let Some(node) = kv.key.strip_prefix(&node_root).and_then(|rest| rest.strip_suffix("/status")) else {
+            continue;
+        };
+        if let Ok(status) = serde_json::from_slice::<super::status::Status>(&kv.value) {
+            nodes.insert(node.to_owned(), status.groups);
+        }
+    }
+    if let Scope::Node(n) = scope {
+        nodes.entry(n.clone()).or_default();
+    }
+    let target = scope.prefix();
+    let mut checked = 0;
+    for (node, groups) in &nodes {
+        let reached = match scope {
+            Scope::Fleet => true,
+            Scope::Group(g) => groups.contains(g),
+            Scope::Node(n) => n == node,
+        };
+        if !reached {
+            continue;
+        }
+        let mut sources: Vec<(String, Vec<u8>)> = Vec::new();
+        for prefix in super::prefixes(node, groups) {
+            if prefix == target {
+                sources.extend(wanted.iter().cloned());
+            } else {
+                sources.extend(
+                    all.kvs
+                        .iter()
+                        .filter(|kv| kv.key.starts_with(&prefix))
+                        .map(|kv| (kv.key.clone(), kv.value.clone())),
+                );
+            }
+        }
+        if let Err(refused) = Declaration::parse_sources(&sources) {
+            return Ok(Err(format!(
+                "mesh-host: this put would make the declaration of node {node} (the fleet's keys, {}its own) refused; nothing was written:\n{refused}",
+                groups.iter().map(|g| format!("group {g}'s, ")).collect::<String>()
+            )));
+        }
+        checked += 1;
+    }
+    Ok(Ok(checked))
+}
+
 /// What is under the prefix now, and the revision it was read at.
 async fn current(etcd: &Etcd, scope: &Scope) -> anyhow::Result<(i64, Vec<(String, Vec<u8>)>)> {
     let range = etcd.range_prefix(&scope.prefix(), None).await?;

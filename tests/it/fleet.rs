@@ -299,6 +299,40 @@ fn a_node_applies_the_fleet_its_groups_and_its_own_keys_follows_changes_and_keep
         daemon.log()
     );
 
+    // A put that would make the node's whole declaration refused (an id its fleet declares, or
+    // a group declaring the id of the node's own file) is refused before it reaches etcd,
+    // naming the node.
+    write_declaration(
+        &s.path("in/clash.json"),
+        json!([{"type": "directory", "id": "base.dir", "path": s.p("elsewhere")}]),
+    );
+    let out = fleet(&s, &["put", "--etcd", &url, "--node", "web-1", s.p("in/clash.json").as_str()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("node web-1")
+            && stderr.contains("base.dir")
+            && stderr.contains("nothing was written"),
+        "{stderr}"
+    );
+    assert!(
+        wait_for(PATIENCE, || !etcdctl(&url, &["get", "/mesh-host/node/web-1/status"]).stdout.is_empty()),
+        "web-1 reported its groups"
+    );
+    write_declaration(
+        &s.path("in/clash.json"),
+        json!([{"type": "file", "id": "web.conf", "path": s.p("out/other-conf"), "content": "x"}]),
+    );
+    let out = fleet(&s, &["put", "--etcd", &url, "--group", "eu", s.p("in/clash.json").as_str()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("node web-1") && stderr.contains("web.conf"), "{stderr}");
+    assert_eq!(
+        keys_under(&url, "/mesh-host/group/eu/"),
+        ["/mesh-host/group/eu/declaration/eu.json"],
+        "nothing written"
+    );
+
     // A change under the node's prefix is seen through the watch.
     write_declaration(
         &s.path("in/node.json"),
