@@ -824,3 +824,48 @@ fn with_etcds_auth_on_a_node_reads_only_its_own_groups_and_the_fleets_keys_and_w
     assert!(!s.path("b").exists(), "nothing of B's applied");
     assert_eq!(impostor.terminate(), Some(0), "{}", impostor.log());
 }
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_cut_off_from_its_member_keeps_converging_and_applies_what_changed_meanwhile_when_it_returns() {
+    let s = Scratch::new();
+    let cluster = Cluster::start(&s);
+    let conf = s.path("cut.conf");
+    let declare = |content: &str, endpoints: &str| {
+        write_declaration(
+            &s.path("in/cut.json"),
+            json!([{"type": "file", "id": "cut.conf", "path": s.p("cut.conf"), "content": content}]),
+        );
+        let out = fleet(&s, &["put", "--etcd", endpoints, "--node", "cut-1", s.p("in/cut.json").as_str()]);
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    declare("v1\n", &cluster.endpoints());
+    // The node knows only member 0: frozen (SIGSTOP), it is a partition as the node sees one:
+    // connections that hang rather than fail.
+    let daemon = node(&s, &cluster.clients[0], "cut-1", &[]);
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "{}", daemon.log());
+    let member0 = cluster.members[0].id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &member0]).status().unwrap().success());
+    let others = cluster.clients[1..].join(",");
+    assert!(
+        wait_for(Duration::from_secs(20), || etcdctl(&others, &["endpoint", "health"]).status.success()),
+        "the other two members went on"
+    );
+    // Changed while the node is cut off; meanwhile it goes on converging on what it has.
+    declare("v2\n", &others);
+    std::fs::write(&conf, "hand-edit\n").unwrap();
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "v1\n"),
+        "still converging while cut off:\n{}",
+        daemon.log()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(read(&conf), "v1\n", "nothing of the change reached a node cut off");
+
+    assert!(Command::new("kill").args(["-CONT", &member0]).status().unwrap().success());
+    assert!(
+        wait_for(Duration::from_secs(30), || read(&conf) == "v2\n"),
+        "the change made while the node was cut off is applied when it returns:\n{}",
+        daemon.log()
+    );
+}
