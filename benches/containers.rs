@@ -91,6 +91,7 @@ fn main() {
         archive_limits: mesh_host::apply::ArchiveLimits::default(),
         contents: None,
         key: scratch.path().join("sealing.key"),
+        progress: None,
     };
     // Each disturbance: what is done by hand, and the event the daemon reacts to.
     let disturbances: [(&str, &str, &str); 2] = [("killed", "kill", "die"), ("removed", "rm -f", "destroy")];

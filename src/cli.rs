@@ -11,9 +11,21 @@ use crate::apply::{self, ArchiveLimits, Options, Report, Verb};
 use crate::declaration::{Declaration, Kind};
 use crate::store::{Origin, Store};
 
+/// What `--help` and the manual page say of the exit codes, decided in `main`.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  converged (for check, plan, status and schema: all is well)
+  1  an apply failed: the report says which resources, why, and how many others
+  2  the declaration was refused or could not be read, or the usage was wrong;
+     nothing on the machine was touched
+
+Environment:
+  MESH_HOST_LOG  the log filter (tracing's EnvFilter syntax), default info
+  NO_COLOR       when set and not empty, logs are never coloured";
+
 /// mesh-host makes this machine match a declaration and keeps it there.
 #[derive(Debug, Parser)]
-#[command(name = "mesh-host", version, about)]
+#[command(name = "mesh-host", version, about, after_help = EXIT_CODES)]
 pub struct Cli {
     /// The state store: what this host applied.
     #[arg(long, global = true, value_name = "PATH", default_value = "/var/lib/mesh-host/state.json")]
@@ -66,6 +78,8 @@ pub enum Command {
         /// The declaration: a file, a directory of `*.json` files, or `-` for standard input.
         #[arg(value_name = "DECLARATION")]
         file: PathBuf,
+        /// Where the declaration came from: `declared` (the mesh) or `bundle` (carried by
+        /// hand for a first boot). Orphans are looked for among this origin's records only.
         #[arg(long, value_enum, default_value = "declared")]
         origin: Origin,
         /// Print the plan (the report apply would print, and the diffs), or the refusal, as JSON.
@@ -77,11 +91,17 @@ pub enum Command {
         /// The declaration: a file, a directory of `*.json` files, or `-` for standard input.
         #[arg(value_name = "DECLARATION")]
         file: PathBuf,
+        /// Where the declaration came from: `declared` (the mesh) or `bundle` (carried by
+        /// hand for a first boot). Orphans are looked for among this origin's records only.
         #[arg(long, value_enum, default_value = "declared")]
         origin: Origin,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+        /// List every resource that changed, `created` ones included; by default a summary
+        /// per type, then only what was not created.
+        #[arg(long, short)]
+        verbose: bool,
     },
     /// Apply, then keep the machine matching: watch the declaration and every managed path,
     /// put back what changes, serve metrics. Stops on SIGTERM or SIGINT.
@@ -89,6 +109,8 @@ pub enum Command {
         /// A declaration file, or a directory whose `*.json` files are read as one declaration.
         #[arg(long, value_name = "PATH", default_value = "/etc/mesh-host/declaration.d")]
         declaration: PathBuf,
+        /// Where the declaration came from: `declared` (the mesh) or `bundle` (carried by
+        /// hand for a first boot). Orphans are looked for among this origin's records only.
         #[arg(long, value_enum, default_value = "declared")]
         origin: Origin,
         /// Where /metrics and /healthz listen; "off" for nowhere.
@@ -128,6 +150,7 @@ pub enum Command {
     },
     /// What is recorded, and whether the machine still holds each file and directory.
     Status {
+        /// Print the records and the kept originals as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -154,6 +177,15 @@ pub enum Command {
         #[arg(long, value_name = "AGE1...")]
         to: String,
     },
+    /// Print a shell's completion script for mesh-host, such as
+    /// `mesh-host completions bash > /etc/bash_completion.d/mesh-host`.
+    Completions {
+        /// The shell to complete in.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), as the package installs it: `mesh-host man | man -l -`.
+    Man,
 }
 
 /// What `mesh-host fleet` does.
@@ -294,7 +326,9 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
     match cli.command {
         Command::Check { file, json } => check(&file, json),
         Command::Plan { file, origin, json } => plan(&file, origin, json, &cli.state, reach),
-        Command::Apply { file, origin, json } => apply_cmd(&file, origin, json, &cli.state, reach),
+        Command::Apply { file, origin, json, verbose } => {
+            apply_cmd(&file, origin, Shown { json, verbose }, &cli.state, reach)
+        }
         Command::Status { json } => status(json, &cli.state, &reach.key),
         Command::Fleet { command } => fleet(command),
         Command::Run { declaration, origin, metrics, resync, settle_ms, etcd, node, groups, login } => {
@@ -351,6 +385,16 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
         Command::Keygen { rotate, retire_previous } => keygen(&key, rotate, retire_previous),
         Command::Pubkey => pubkey(&key),
         Command::Seal { to } => seal(&to),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "mesh-host", &mut std::io::stdout());
+            Ok(Ended::Converged)
+        }
+        Command::Man => {
+            let command = <Cli as clap::CommandFactory>::command();
+            clap_mangen::Man::new(command).render(&mut std::io::stdout())?;
+            Ok(Ended::Converged)
+        }
     }
 }
 
@@ -580,6 +624,41 @@ fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options
         // A command holds its declaration for moments: the bodies stay in it.
         contents: None,
         key: reach.key,
+        progress: None,
+    }
+}
+
+/// How `apply` shows what it did.
+#[derive(Clone, Copy)]
+struct Shown {
+    json: bool,
+    verbose: bool,
+}
+
+/// Progress on standard error while a pass runs, for a person at a terminal: how many
+/// resources are done, of how many, and the one being applied, on one line rewritten at most
+/// ten times a second (a terminal redrawn for each of 10,000 files costs more than the files).
+/// `None` when stderr is not a terminal, so logs and pipes never see it.
+fn terminal_progress() -> Option<apply::Progress> {
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return None;
+    }
+    let last = std::sync::Mutex::new(None::<std::time::Instant>);
+    Some(apply::Progress(std::sync::Arc::new(move |done, total, id| {
+        let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(100)) {
+            return;
+        }
+        *last = Some(std::time::Instant::now());
+        // Ids are `[a-z0-9._-]`: nothing in one can move the cursor.
+        eprint!("\r\x1b[2K[{done}/{total}] {id}");
+    })))
+}
+
+/// Clears the progress line, if one was drawn.
+fn clear_progress(progress: &Option<apply::Progress>) {
+    if progress.is_some() {
+        eprint!("\r\x1b[2K");
     }
 }
 
@@ -654,7 +733,8 @@ fn plan(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach) -> 
     Ok(ended)
 }
 
-fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+fn apply_cmd(file: &Path, origin: Origin, shown: Shown, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+    let json = shown.json;
     // The store is read while the declaration is parsed: two independent reads of about 20 and
     // 30 ms at 10,000 resources. A refused declaration is still the error reported, as if the
     // store had never been looked at.
@@ -678,7 +758,10 @@ fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach
         "declaration and store loaded"
     );
     let t = std::time::Instant::now();
-    let (mut report, _) = apply::apply(&d, &mut store, &options(origin, state, false, reach));
+    let mut opts = options(origin, state, false, reach);
+    opts.progress = if json { None } else { terminal_progress() };
+    let (mut report, _) = apply::apply(&d, &mut store, &opts);
+    clear_progress(&opts.progress);
     tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "pass finished");
     // What worked is recorded even when something else failed: the record follows each fact.
     if let Err(e) = store.save() {
@@ -716,7 +799,7 @@ fn apply_cmd(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", human(&report, d.resources.len()));
+        print!("{}", human(&report, d.resources.len(), shown.verbose));
     }
     Ok(if report.error.is_some() { Ended::Failed } else { Ended::Converged })
 }
@@ -729,10 +812,31 @@ fn line(out: &mut String, word: &str, id: &str, target: &str, detail: Option<&st
     out.push('\n');
 }
 
-/// The report for a person: one line per resource that changed, each failure, a summary.
-pub fn human(report: &Report, declared: usize) -> String {
+/// The report for a person: the count of each outcome per type, one line per resource that
+/// changed in a way worth reading (all that changed with `verbose`; otherwise not `created`, so
+/// a first apply of 10,000 files is a few lines, not 10,000), each failure, a summary.
+pub fn human(report: &Report, declared: usize, verbose: bool) -> String {
     let mut out = String::new();
-    for o in report.outcomes.iter().filter(|o| o.action != Verb::Unchanged) {
+    let mut by_kind: Vec<(Kind, Vec<String>)> = Vec::new();
+    for kind in Kind::ALL {
+        let counts: Vec<String> = Verb::ALL
+            .into_iter()
+            .map(|a| (a, report.outcomes.iter().filter(|o| o.kind == kind && o.action == a).count()))
+            .filter(|(_, n)| *n > 0)
+            .map(|(a, n)| format!("{n} {a}"))
+            .collect();
+        if !counts.is_empty() {
+            by_kind.push((kind, counts));
+        }
+    }
+    // A table only where it says more than the last line: more than one type.
+    if by_kind.len() > 1 {
+        for (kind, counts) in &by_kind {
+            let _ = writeln!(out, "{:>13} {}", kind.as_str(), counts.join(", "));
+        }
+    }
+    let shown = |a: Verb| a != Verb::Unchanged && (verbose || a != Verb::Created);
+    for o in report.outcomes.iter().filter(|o| shown(o.action)) {
         line(&mut out, o.action.as_str(), &o.id, &o.target, o.detail.as_deref());
     }
     let counts: Vec<String> = report.counts().iter().map(|(a, n)| format!("{n} {a}")).collect();
@@ -831,4 +935,61 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
         }
     }
     Ok(Ended::Converged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every argument of every command, by command path (`run`, `completions`).
+    fn every_argument() -> Vec<(String, clap::Arg)> {
+        fn walk(prefix: &str, command: &clap::Command, out: &mut Vec<(String, clap::Arg)>) {
+            for arg in command.get_arguments() {
+                out.push((prefix.to_owned(), arg.clone()));
+            }
+            for sub in command.get_subcommands() {
+                walk(format!("{prefix} {}", sub.get_name()).trim_start(), sub, out);
+            }
+        }
+        let mut out = Vec::new();
+        walk("", &<Cli as clap::CommandFactory>::command(), &mut out);
+        out
+    }
+
+    #[test]
+    fn every_argument_has_help_text() {
+        for (command, arg) in every_argument() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            assert!(
+                arg.get_help().is_some_and(|h| h.to_string().len() > 10),
+                "`{command}` argument {id} has no help"
+            );
+        }
+    }
+
+    #[test]
+    fn the_configuration_reference_names_every_flag() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+        let reference = std::fs::read_to_string(path).unwrap();
+        for (command, arg) in every_argument() {
+            if let Some(long) = arg.get_long().filter(|l| !matches!(*l, "help" | "version")) {
+                assert!(
+                    reference.contains(&format!("`--{long}")),
+                    "docs/configuration.md does not name `{command}` --{long}"
+                );
+            }
+        }
+        for variable in ["MESH_HOST_LOG", "NO_COLOR", "JOURNAL_STREAM", "NOTIFY_SOCKET", "DOCKER_HOST"] {
+            assert!(reference.contains(variable), "docs/configuration.md does not name {variable}");
+        }
+    }
+
+    #[test]
+    fn help_lists_the_exit_codes() {
+        let help = <Cli as clap::CommandFactory>::command().render_help().to_string();
+        assert!(help.contains("Exit codes:") && help.contains("  2  the declaration was refused"), "{help}");
+    }
 }

@@ -4,8 +4,16 @@
 //!
 //! The fields mean what they mean to Vixie cron, which is what an operator writing one expects:
 //! `*`, a number, `a-b`, `*/n`, `a-b/n`, `a/n` (from `a` to the end, every `n`), and lists of
-//! these; weekday 0 and 7 are both Sunday. When both the day and the weekday are restricted
+//! these; weekday 0 and 7 are both Sunday; months and weekdays may be named (`jan`, `mon-fri`,
+//! any case); and the nicknames `@yearly`, `@annually`, `@monthly`, `@weekly`, `@daily`,
+//! `@midnight` and `@hourly` stand for their five fields (`@reboot`, which has no time, is
+//! refused: a run-once step is what it means). When both the day and the weekday are restricted
 //! (neither starts with `*`), a day matching either fires, as in Vixie cron.
+//!
+//! The parser is this project's own rather than the `cron` or `croner` crate: both read other
+//! grammars (a seconds field, `L`, `W`, `#`, years) that a 5-field crontab line does not have and
+//! that the declaration would then accept, and `croner` makes the day-or-weekday rule an
+//! option; the fuzz target and the compiled bitsets stay as they are.
 //!
 //! The grammar is read once, by `declaration::Cron` while the declaration is parsed, into the
 //! sets of values each field allows; this module only walks those sets through the calendar.

@@ -16,6 +16,10 @@ if ! command -v cargo-deny >/dev/null 2>&1; then
   cargo install --locked --debug cargo-deny@0.20.2
 fi
 cargo deny check licenses bans sources
+echo "== cargo-deb (tests/it/operator.rs packages the debug build and installs it in the testbed)"
+if ! cargo deb --version >/dev/null 2>&1; then
+  cargo install --locked --debug cargo-deb@3.8.0
+fi
 echo "== tests"
 # Tests that need the testbed (Docker, Podman, systemd, apt, useradd) are marked
 # `#[ignore = "needs the testbed: ..."]`, so a bare `cargo test` elsewhere reports them as

@@ -21,7 +21,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &ActionSpec) -> Result<S
             _ => Ok(command::run_within(argv, &[], limit)?),
         }
     };
-    let first = run(&a.verify.0)?;
+    let first = run(a.verify.as_slice())?;
     if first.success() {
         return Ok(Step::Done(
             begin(r, Verb::Unchanged, Some("verify passes".into())),
@@ -34,11 +34,11 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &ActionSpec) -> Result<S
             None,
         ));
     }
-    let ran = run(&a.command.0)?;
+    let ran = run(a.command.as_slice())?;
     if !ran.success() {
         return Err(Error::CommandFailed { verify: first.describe(), ran: ran.describe() });
     }
-    let again = run(&a.verify.0)?;
+    let again = run(a.verify.as_slice())?;
     if !again.success() {
         return Err(Error::VerifyStillFails { verify: again.describe() });
     }

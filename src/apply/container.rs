@@ -686,11 +686,13 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
     let published = if keep_running { &c.ports[..] } else { &[] };
     let ports = published
         .iter()
-        .map(|p| docker::Publish {
-            container_port: p.container_port(),
-            transport: p.transport().as_str(),
-            host_ip: p.host_ip(),
-            host_port: p.host_port(),
+        .flat_map(|p| {
+            p.publishes().map(|(host_port, container_port)| docker::Publish {
+                container_port,
+                transport: p.transport().as_str(),
+                host_ip: p.host_ip(),
+                host_port,
+            })
         })
         .collect();
 

@@ -23,6 +23,9 @@ const HOLD: u64 = 1 << 20;
 pub(super) struct Pending {
     pub staged: Staged,
     pub checked: Checked,
+    /// The copy of the file found there, to be kept before it is written over: committed with
+    /// the other copies of the batch, before any of the batch's files (see `Pass::flush`).
+    pub kept: Option<Staged>,
 }
 
 /// What the read-back after the commit must find, and what to report when it does.
@@ -438,27 +441,28 @@ fn act(
     match plan.change {
         Change::None(facts) => Ok(Step::Done(begin(r, plan.action, plan.detail), Some(*facts))),
         Change::Write { keep } => {
+            let mut kept = None;
             if let (Some(at), Some((meta, held))) = (keep, found) {
-                // Before anything is written: if the copy fails, the write does not happen,
-                // since the original could not be had back otherwise.
+                // Staged now, put in place before anything of the batch is written: if the copy
+                // fails, the write does not happen, since the original could not be had back
+                // otherwise.
                 if fs.meta(&at)?.is_none() {
                     // The copy keeps only the owner's bits of the original's mode: whatever the
                     // file held (a credential, often) is readable by root alone in `kept/`,
                     // whoever could read it at its own path (docs/decisions.md, "A file found
                     // with no record").
-                    let copy = match held {
+                    kept = Some(match held {
                         Content::Bytes(bytes) => fs.stage(&at, bytes, meta.mode & 0o700, None)?,
                         _ => fs.stage_copy(path, &at, meta.mode & 0o700)?,
-                    };
-                    fs.commit(vec![copy]).pop().unwrap_or(Ok(()))?;
+                    });
                 }
             }
             let staged = fs.stage(path, want.content, want.mode, want.owner)?;
-            Ok(Step::Staged(Box::new(Pending { staged, checked })))
+            Ok(Step::Staged(Box::new(Pending { staged, checked, kept })))
         }
         Change::Replace { .. } => {
             let staged = fs.stage(path, want.content, want.mode, want.owner)?;
-            Ok(Step::Staged(Box::new(Pending { staged, checked })))
+            Ok(Step::Staged(Box::new(Pending { staged, checked, kept: None })))
         }
         Change::Set { mode, owner } => {
             if let Some((uid, gid)) = owner {

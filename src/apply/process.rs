@@ -18,7 +18,7 @@ pub(super) fn unit_name(name: &str) -> String {
 /// The digest of what the unit runs. restart-on is not in it: a change it names restarts the
 /// program, it does not make the program a different one.
 fn spec_digest(p: &Process) -> String {
-    let spec = serde_json::json!({"command": p.command.0, "env": p.env, "user": p.user.as_ref().map(|u| u.as_str())});
+    let spec = serde_json::json!({"command": p.command.as_slice(), "env": p.env, "user": p.user.as_ref().map(|u| u.as_str())});
     digest(spec.to_string().as_bytes()).to_string()
 }
 
@@ -49,7 +49,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Process) -> Result<Step
     let transient = Transient {
         unit: &unit,
         description: &desc,
-        argv: &p.command.0,
+        argv: p.command.as_slice(),
         env,
         user: p.user.as_ref().map(|u| u.as_str()),
     };

@@ -173,7 +173,9 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
     // The first apply, before systemd hears we are ready. A declaration that cannot be read or
     // is refused leaves nothing in force: the agent runs, says so on /healthz, and applies the
     // first good declaration written to the source.
+    let extending = extend_start_timeout(shutdown.child_token());
     tokio::task::block_in_place(|| worker.reconcile_guarded(&Key::Declaration, Instant::now()));
+    extending.cancel();
     health.ready();
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     tracing::info!(declaration = %config.declaration.display(), "mesh-host is running");
@@ -223,6 +225,34 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How often systemd is asked for more start time during the first apply, and how much each
+/// time: a margin of three periods, so one late tick does not fail the start.
+const EXTEND_EVERY: Duration = Duration::from_secs(10);
+const EXTEND_BY: Duration = Duration::from_secs(30);
+
+/// Keeps extending systemd's start timeout (`EXTEND_TIMEOUT_USEC`) until the returned token is
+/// cancelled: the first apply runs before READY, and 10,000 resources with image pulls take
+/// longer than the default 90 s, after which systemd would kill the agent and start it again,
+/// into the same long apply. Each extension is only `EXTEND_BY` from now, so an agent whose
+/// runtime stalls still times out; a step that hangs inside the apply is bounded by its own
+/// limit (`--step-timeout`), not by this. Nothing when not under systemd.
+fn extend_start_timeout(token: CancellationToken) -> CancellationToken {
+    let stop = token.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(EXTEND_EVERY);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {
+                    let usec = u32::try_from(EXTEND_BY.as_micros()).unwrap_or(u32::MAX);
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::ExtendTimeoutUsec(usec)]);
+                }
+            }
+        }
+    });
+    token
 }
 
 /// Cancels `shutdown` on the first SIGTERM or SIGINT.

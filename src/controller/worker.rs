@@ -39,6 +39,9 @@ pub struct Worker {
     /// bytes, or the error), so that a full pass reads the source again cheaply and parses it
     /// only when it changed.
     source_seen: Option<[u8; 32]>,
+    /// The source did not exist at the last read: said once, when it went missing, not at
+    /// every read until it appears.
+    awaiting: bool,
     /// A new declaration was put in force and the file watcher does not follow its paths yet.
     paths_stale: bool,
     /// The daemon's content file for the declaration in force (`contents`), handed to each
@@ -127,6 +130,12 @@ pub async fn drain(mut worker: Worker, queue: Arc<Queue<Key>>) {
 
 /// A digest of a read of the declaration source: each file's name, length and bytes, or the
 /// error. Two reads that digest the same found the same thing.
+/// Tells systemd what the agent is doing, for `systemctl status` ("Status:"). Nothing when not
+/// run by systemd.
+fn status(what: &str) {
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(what)]);
+}
+
 fn fingerprint(read: &std::io::Result<Vec<(PathBuf, Vec<u8>)>>) -> [u8; 32] {
     let mut h = sha2::Sha256::new();
     match read {
@@ -185,6 +194,7 @@ impl Worker {
             files,
             index: Arc::new(RwLock::new(Index::default())),
             source_seen: None,
+            awaiting: false,
             paths_stale: false,
             contents: None,
             metrics,
@@ -273,6 +283,8 @@ impl Worker {
             archive_limits: self.config.archive_limits,
             contents: self.contents.clone(),
             key: self.config.key.clone(),
+            // The daemon's passes are in its log, not on a terminal.
+            progress: None,
         }
     }
 
@@ -407,6 +419,20 @@ impl Worker {
             "no declaration is in force"
         };
         let files = match read {
+            // Not there (yet): a fresh install whose declaration the control plane has not
+            // written, or a source moved away. Waited for, said once, and not a refusal: the
+            // watcher follows the name, so it is read the moment it appears (issue 13).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.await_declaration("does not exist yet");
+                return;
+            }
+            // The packaged directory, still empty: the same wait. Emptied under a declaration
+            // in force, it is refused instead (below), since that is more likely a deployment
+            // gone wrong than a wish to remove everything.
+            Ok(files) if files.is_empty() && self.declaration.is_none() => {
+                self.await_declaration("holds no *.json file yet");
+                return;
+            }
             Ok(files) => files,
             Err(e) => {
                 let message = format!("cannot read the declaration {}: {e}", source.display());
@@ -415,6 +441,7 @@ impl Worker {
                 return;
             }
         };
+        self.awaiting = false;
         let named: Vec<(String, Vec<u8>)> =
             files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
         match Declaration::parse_sources(&named) {
@@ -422,6 +449,7 @@ impl Worker {
                 self.sources = named.iter().map(|(name, _)| name.clone()).collect();
                 drop(named);
                 events::DeclarationAccepted { resources: d.resources.len() }.emit(&self.metrics);
+                status(&format!("enforcing {} resources from {}", d.resources.len(), source.display()));
                 self.health.set_not_in_force(None);
                 self.keep_contents_on_disk(&mut d);
                 let d = Arc::new(d);
@@ -466,6 +494,25 @@ impl Worker {
 
     /// Notes, for `/healthz`, why the source was refused, while no declaration is in force: the
     /// first line of the message, cut, since a refusal can list many problems.
+    /// The source is not there to read (`what` says how): said once, until it is, and
+    /// reported on `/healthz` and to systemd while nothing is in force.
+    fn await_declaration(&mut self, what: &str) {
+        let source = self.config.declaration.display().to_string();
+        let kept = if self.declaration.is_some() {
+            "the declaration in force is kept"
+        } else {
+            "no declaration is in force"
+        };
+        if !std::mem::replace(&mut self.awaiting, true) {
+            events::DeclarationAwaited { source: &source, what, kept }.emit(&self.metrics);
+        }
+        if self.declaration.is_none() {
+            let why = format!("waiting for {source}, which {what}; a declaration written there is applied");
+            status(&format!("no declaration in force: {why}"));
+            self.health.set_not_in_force(Some(why));
+        }
+    }
+
     fn refused(&self, message: String) {
         if self.declaration.is_some() {
             return;
@@ -483,6 +530,7 @@ impl Worker {
             "{line}; the log says more, and a valid declaration written to {} is applied",
             self.config.declaration.display()
         );
+        status(&format!("no declaration in force: {line}"));
         self.health.set_not_in_force(Some(why));
     }
 

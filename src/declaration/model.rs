@@ -350,7 +350,7 @@ impl Spec {
             Spec::Network(r) => r.name.to_string(),
             Spec::User(r) => r.name.to_string(),
             Spec::Process(r) => r.name.to_string(),
-            Spec::Action(r) => r.command.0.join(" "),
+            Spec::Action(r) => r.command.as_slice().join(" "),
             Spec::Opening(r) => format!(
                 "{}/{}",
                 r.port.get(),

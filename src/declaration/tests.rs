@@ -819,7 +819,7 @@ fn bad_hosts_entry() {
         r#"{"version": 1, "resources": [{"type": "container", "id": "web.app", "name": "web", "image": "local/web:1", "hosts": ["db:10.0.0.5", "cache"]}]}"#,
         expect![[r#"
             the declaration was refused (1 problem); nothing on the machine was touched
-              resources[0] (id "web.app"), field `hosts[1]`: "cache" is not "name:ip""#]],
+              resources[0] (id "web.app"), field `hosts[1]`: "cache" is not "name:ip" or "name:host-gateway""#]],
     );
 }
 
@@ -831,7 +831,7 @@ fn every_bad_port_volume_and_host_of_a_container_is_named() {
             "hosts": ["cache", "db:10.0.0.5"]}]}"#,
         expect![[r#"
             the declaration was refused (5 problems); nothing on the machine was touched
-              resources[0] (id "web.app"), field `hosts[0]`: "cache" is not "name:ip"
+              resources[0] (id "web.app"), field `hosts[0]`: "cache" is not "name:ip" or "name:host-gateway"
               resources[0] (id "web.app"), field `ports[0]`: "8080:http" is not a port mapping such as "8080:80" or "127.0.0.1:8080:80/tcp"
               resources[0] (id "web.app"), field `ports[2]`: "70000" is not a port mapping such as "8080:80" or "127.0.0.1:8080:80/tcp"
               resources[0] (id "web.app"), field `volumes[0]`: "/srv/web:data" is not a volume such as "/srv/data:/data" or "name:/data:ro"

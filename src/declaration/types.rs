@@ -394,22 +394,55 @@ pub struct Cron {
     either_day: bool,
 }
 
+/// The nicknames crontabs accept for whole expressions, as Vixie cron defines them.
+const NICKNAMES: [(&str, &str); 7] = [
+    ("@yearly", "0 0 1 1 *"),
+    ("@annually", "0 0 1 1 *"),
+    ("@monthly", "0 0 1 * *"),
+    ("@weekly", "0 0 * * 0"),
+    ("@daily", "0 0 * * *"),
+    ("@midnight", "0 0 * * *"),
+    ("@hourly", "0 * * * *"),
+];
+
+/// Month names, from January (1), and weekday names, from Sunday (0), as crontabs write them.
+const MONTHS: [&str; 12] =
+    ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"];
+const WEEKDAYS: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
+
 impl Cron {
     pub fn parse(s: &str) -> Result<Cron, String> {
-        let fields: Vec<&str> = s.split_whitespace().collect();
+        let nickname = s.trim();
+        let expanded = if nickname.starts_with('@') {
+            match NICKNAMES.iter().find(|(n, _)| n.eq_ignore_ascii_case(nickname)) {
+                Some((_, fields)) => *fields,
+                // `@reboot` has no time to compute: what it means is a run-once step.
+                None if nickname.eq_ignore_ascii_case("@reboot") => {
+                    return Err(format!("{s:?} has no time of day; for a step run once, declare `run-once` instead"))
+                }
+                None => {
+                    return Err(format!(
+                        "{s:?} is not a cron nickname: write @yearly, @annually, @monthly, @weekly, @daily, @midnight or @hourly, or five fields"
+                    ))
+                }
+            }
+        } else {
+            s
+        };
+        let fields: Vec<&str> = expanded.split_whitespace().collect();
         let [minutes, hours, days, months, weekdays] = fields.as_slice() else {
             return Err(format!("{s:?} is not a 5-field cron expression (minute hour day month weekday)"));
         };
-        let set = |field: &str, lo: u32, hi: u32| {
-            field_bits(field, lo, hi)
+        let set = |field: &str, lo: u32, hi: u32, names: &[&str], first: u32| {
+            field_bits(field, lo, hi, names, first)
                 .map_err(|part| format!("{s:?}: {part:?} is not a cron field between {lo} and {hi}"))
         };
         let (minutes_bits, hours_bits, days_bits, months_bits, weekday_bits) = (
-            set(minutes, 0, 59)?,
-            set(hours, 0, 23)?,
-            set(days, 1, 31)?,
-            set(months, 1, 12)?,
-            set(weekdays, 0, 7)?,
+            set(minutes, 0, 59, &[], 0)?,
+            set(hours, 0, 23, &[], 0)?,
+            set(days, 1, 31, &[], 0)?,
+            set(months, 1, 12, &MONTHS, 1)?,
+            set(weekdays, 0, 7, &WEEKDAYS, 0)?,
         );
         // Bit 7 (Sunday written as 7) folds onto bit 0; the casts keep only bits the field's
         // range allows.
@@ -457,15 +490,19 @@ impl Cron {
 
 /// The values one field allows, as bits (bit v for value v); the part that is not a field
 /// between `lo` and `hi` when one is not. A part is `*`, `a`, `a-b`, each optionally `/step`,
-/// and `a/step` runs from `a` to `hi`.
-fn field_bits(field: &str, lo: u32, hi: u32) -> Result<u64, &str> {
+/// and `a/step` runs from `a` to `hi`. A value may also be one of `names` (any case), the first
+/// of which is `first`: `jan` for a month, `mon-fri` for weekdays.
+fn field_bits<'a>(field: &'a str, lo: u32, hi: u32, names: &[&str], first: u32) -> Result<u64, &'a str> {
     let mut bits = 0u64;
     for part in field.split(',') {
         let (range, step) = match part.split_once('/') {
             Some((range, step)) => (range, step.parse::<u32>().ok().filter(|n| *n > 0).ok_or(part)?),
             None => (part, 1),
         };
-        let value = |v: &str| v.parse::<u32>().ok().filter(|n| (lo..=hi).contains(n)).ok_or(part);
+        let value = |v: &str| {
+            let named = names.iter().position(|n| n.eq_ignore_ascii_case(v)).map(|i| i as u32 + first);
+            named.or_else(|| v.parse::<u32>().ok()).filter(|n| (lo..=hi).contains(n)).ok_or(part)
+        };
         let (from, to) = if range == "*" {
             (lo, hi)
         } else if let Some((a, b)) = range.split_once('-') {
@@ -517,24 +554,42 @@ impl JsonSchema for Cron {
             let part = format!(r"(\*|{value}(-{value})?)(/0*[1-9][0-9]*)?");
             format!("{part}(,{part})*")
         };
+        // JSON Schema's patterns have no flag for case: each letter of a name is a class.
+        let any_case = |name: &str| -> String {
+            name.chars().map(|c| format!("[{}{}]", c.to_ascii_lowercase(), c.to_ascii_uppercase())).collect()
+        };
+        let named = |numbers: &str, names: &[&str]| {
+            let names: Vec<String> = names.iter().map(|n| any_case(n)).collect();
+            format!("({numbers}|{})", names.join("|"))
+        };
         let fields = [
             field("0*[1-5]?[0-9]"),
             field("0*(1?[0-9]|2[0-3])"),
             field("0*([1-9]|[12][0-9]|3[01])"),
-            field("0*([1-9]|1[0-2])"),
-            field("0*[0-7]"),
+            field(&named("0*([1-9]|1[0-2])", &MONTHS)),
+            field(&named("0*[0-7]", &WEEKDAYS)),
         ];
+        let nicknames: Vec<String> = NICKNAMES.iter().map(|(n, _)| any_case(n)).collect();
         json_schema!({
             "type": "string",
-            "pattern": format!(r"^\s*{}\s*$", fields.join(r"\s+")),
-            "description": "5-field cron expression, UTC"
+            "pattern": format!(r"^\s*({}|{})\s*$", fields.join(r"\s+"), nicknames.join("|")),
+            "description": "5-field cron expression (month and weekday names allowed), or @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly; UTC"
         })
     }
 }
 
-/// A command line as an argument vector, never a shell string: at least the program.
+/// A command line as an argument vector, never a shell string: at least the program. The
+/// vector is private, so an `Argv` is non-empty with a non-empty program by construction (the
+/// parse is the only way to make one), and what runs it may rely on that.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
-pub struct Argv(pub Vec<String>);
+pub struct Argv(Vec<String>);
+
+impl Argv {
+    /// The program and its arguments.
+    pub fn as_slice(&self) -> &[String] {
+        &self.0
+    }
+}
 
 impl<'de> Deserialize<'de> for Argv {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -733,8 +788,16 @@ pub struct PortMapping {
     host_ip: Option<std::net::IpAddr>,
     host_port: Option<u16>,
     container_port: u16,
+    /// How many consecutive ports, from those above: 1, or the length of a range
+    /// (`8000-8010:8000-8010` is 11).
+    count: u16,
     transport: Transport,
 }
+
+/// The longest port range one mapping may publish. Each published port is a listener (and,
+/// with Docker's userland proxy, a process) on the machine: a typo such as `1-65535` should be
+/// refused, not take the runtime minutes to create.
+pub const PORT_RANGE_LIMIT: u16 = 1000;
 
 impl PortMapping {
     pub fn parse(s: &str) -> Result<PortMapping, String> {
@@ -746,7 +809,26 @@ impl PortMapping {
             Some(_) => return Err(bad()),
             None => (s, Transport::Tcp),
         };
-        let port = |p: &str| p.parse::<u16>().ok().filter(|n| *n > 0).ok_or_else(bad);
+        let one = |p: &str| p.parse::<u16>().ok().filter(|n| *n > 0).ok_or_else(bad);
+        // A port, or a range `a-b` (a <= b): its first port and how many.
+        let port = |p: &str| -> Result<(u16, u16), String> {
+            match p.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b) = (one(a)?, one(b)?);
+                    if a > b {
+                        return Err(bad());
+                    }
+                    let count = b - a + 1;
+                    if count > PORT_RANGE_LIMIT {
+                        return Err(format!(
+                            "{s:?} publishes {count} ports; a mapping publishes at most {PORT_RANGE_LIMIT}"
+                        ));
+                    }
+                    Ok((a, count))
+                }
+                None => Ok((one(p)?, 1)),
+            }
+        };
         // The host address may be IPv6 in brackets, which itself holds colons.
         let (v6, rest) = match ports.strip_prefix('[') {
             Some(r) => {
@@ -757,7 +839,7 @@ impl PortMapping {
             None => (None, ports),
         };
         let parts: Vec<&str> = rest.split(':').collect();
-        let (host_ip, host_port, container_port) = match (v6, parts.as_slice()) {
+        let (host_ip, host, (container_port, count)) = match (v6, parts.as_slice()) {
             (Some(a), [h, c]) => (Some(a.into()), Some(port(h)?), port(c)?),
             (None, [c]) => (None, None, port(c)?),
             (None, [h, c]) => (None, Some(port(h)?), port(c)?),
@@ -768,7 +850,23 @@ impl PortMapping {
             }
             _ => return Err(bad()),
         };
-        Ok(PortMapping { text: s.into(), host_ip, host_port, container_port, transport })
+        // Port for port: Docker's other reading of `8000-8010:80` (any one host port of the
+        // range) publishes a port nobody can name in advance, so it is refused here.
+        if let Some((_, host_count)) = host {
+            if host_count != count {
+                return Err(format!(
+                    "{s:?} maps {host_count} host ports to {count} container ports; give ranges of the same length"
+                ));
+            }
+        }
+        let host_port = host.map(|(first, _)| first);
+        Ok(PortMapping { text: s.into(), host_ip, host_port, container_port, count, transport })
+    }
+
+    /// Each port it publishes, in order: (the port on the machine, `None` for one the runtime
+    /// picks; the container's port). One pair for a single port, one per port of a range.
+    pub fn publishes(&self) -> impl Iterator<Item = (Option<u16>, u16)> + '_ {
+        (0..self.count).map(|i| (self.host_port.map(|h| h + i), self.container_port + i))
     }
 
     pub fn as_str(&self) -> &str {
@@ -780,7 +878,7 @@ impl PortMapping {
         self.host_ip
     }
 
-    /// The port on the machine; `None` lets the runtime pick one.
+    /// The port on the machine (the first of a range); `None` lets the runtime pick one.
     pub fn host_port(&self) -> Option<u16> {
         self.host_port
     }
@@ -799,11 +897,13 @@ schema_of_a_pattern!(
     PortMapping,
     "PortMapping",
     {
-        let port = pattern::PORT;
+        // A port or a range of them; that two ranges are the same length, and that a range is
+        // neither backwards nor longer than `PORT_RANGE_LIMIT`, the parser alone checks.
+        let port = &format!("{p}(-{p})?", p = pattern::PORT);
         let (v4, v6) = (pattern::IPV4, pattern::IPV6);
         format!(r"^({port}|{port}:{port}|{v4}:({port})?:{port}|\[{v6}\]:{port}:{port})(/(tcp|udp|sctp))?$")
     },
-    "a published port: \"80\", \"8080:80\", \"127.0.0.1:8080:80\", \"[::1]:8080:80\", each optionally /tcp, /udp or /sctp"
+    "a published port or range: \"80\", \"8080:80\", \"8000-8010:8000-8010\", \"127.0.0.1:8080:80\", \"[::1]:8080:80\", each optionally /tcp, /udp or /sctp"
 );
 
 /// What a volume mounts: a path on the machine (bind-mounted) or a volume of the runtime's.
@@ -890,24 +990,31 @@ schema_of_a_pattern!(
     "SOURCE:TARGET[:OPTIONS]: SOURCE a volume's name or an absolute path, TARGET absolute"
 );
 
-/// An entry of a container's own hosts file: `name:ip`, the ip IPv4 or IPv6 (`db6:fd00::5`).
+/// An entry of a container's own hosts file: `name:ip`, the ip IPv4 or IPv6 (`db6:fd00::5`),
+/// or `host-gateway`, which the runtime (Docker 20.10 and later) resolves to the machine's
+/// address on the container's bridge, as `docker run --add-host name:host-gateway` does.
 ///
 /// Kept with the text it was declared as, which is what a container's spec digest is of, and
 /// what the runtime is given (it is the runtime's own form).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct HostEntry {
     text: Box<str>,
-    ip: std::net::IpAddr,
+    /// `None` for `host-gateway`.
+    ip: Option<std::net::IpAddr>,
 }
+
+/// The word that stands for the machine's address as the container sees it.
+pub const HOST_GATEWAY: &str = "host-gateway";
 
 impl HostEntry {
     pub fn parse(s: &str) -> Result<HostEntry, String> {
         match s.split_once(':') {
+            Some((name, HOST_GATEWAY)) if !name.is_empty() => Ok(HostEntry { text: s.into(), ip: None }),
             Some((name, ip)) if !name.is_empty() => match ip.parse() {
-                Ok(ip) => Ok(HostEntry { text: s.into(), ip }),
-                Err(_) => Err(format!("{s:?} is not \"name:ip\"")),
+                Ok(ip) => Ok(HostEntry { text: s.into(), ip: Some(ip) }),
+                Err(_) => Err(format!("{s:?} is not \"name:ip\" or \"name:host-gateway\"")),
             },
-            _ => Err(format!("{s:?} is not \"name:ip\"")),
+            _ => Err(format!("{s:?} is not \"name:ip\" or \"name:host-gateway\"")),
         }
     }
 
@@ -919,7 +1026,8 @@ impl HostEntry {
         self.text.split_once(':').map_or("", |(name, _)| name)
     }
 
-    pub fn ip(&self) -> std::net::IpAddr {
+    /// The address; `None` for `host-gateway`, which the runtime resolves.
+    pub fn ip(&self) -> Option<std::net::IpAddr> {
         self.ip
     }
 }
@@ -928,8 +1036,8 @@ text_serde!(HostEntry);
 schema_of_a_pattern!(
     HostEntry,
     "HostEntry",
-    format!(r"^[^:]+:({}|{})$", pattern::IPV4, pattern::IPV6),
-    "NAME:IP, an entry of the container's /etc/hosts"
+    format!(r"^[^:]+:({}|{}|{HOST_GATEWAY})$", pattern::IPV4, pattern::IPV6),
+    "NAME:IP or NAME:host-gateway, an entry of the container's /etc/hosts"
 );
 
 /// A sha256 the declaration names a thing by (an archive's), as 64 lower-case hex digits with
@@ -1083,6 +1191,22 @@ mod tests {
         assert_eq!(p("127.0.0.1::80"), (Some("127.0.0.1".into()), None, 80, "tcp"));
         assert_eq!(p("[::1]:8080:80"), (Some("::1".into()), Some(8080), 80, "tcp"));
         assert_eq!(p("[fd00::5]:53:53/sctp"), (Some("fd00::5".into()), Some(53), 53, "sctp"));
+        // Ranges, as Docker takes them: port for port.
+        let all = |s: &str| PortMapping::parse(s).unwrap().publishes().collect::<Vec<_>>();
+        assert_eq!(all("8080:80"), [(Some(8080), 80)]);
+        assert_eq!(all("8000-8002:9000-9002"), [(Some(8000), 9000), (Some(8001), 9001), (Some(8002), 9002)]);
+        assert_eq!(all("127.0.0.1:8000-8001:8000-8001/udp"), [(Some(8000), 8000), (Some(8001), 8001)]);
+        assert_eq!(all("5000-5001"), [(None, 5000), (None, 5001)]);
+        assert_eq!(all("127.0.0.1::5000-5001"), [(None, 5000), (None, 5001)]);
+        assert_eq!(all("65535-65535"), [(None, 65535)]);
+        assert_eq!(
+            PortMapping::parse("8000-8010:80").unwrap_err(),
+            r#""8000-8010:80" maps 11 host ports to 1 container ports; give ranges of the same length"#
+        );
+        assert_eq!(
+            PortMapping::parse("1-65535").unwrap_err(),
+            r#""1-65535" publishes 65535 ports; a mapping publishes at most 1000"#
+        );
     }
 
     #[test]
@@ -1104,6 +1228,10 @@ mod tests {
             "[127.0.0.1]:8080:80",
             "[::1:8080:80",
             "10.0.0.1:80",
+            "8010-8000",
+            "8000-:80",
+            "-8000",
+            "0-5",
         ] {
             assert_eq!(
                 PortMapping::parse(bad).unwrap_err(),
@@ -1157,13 +1285,26 @@ mod tests {
     #[test]
     fn a_host_entry_is_a_name_and_an_address() {
         let h = HostEntry::parse("db:10.0.0.5").unwrap();
-        assert_eq!((h.name(), h.ip().to_string(), h.as_str()), ("db", "10.0.0.5".into(), "db:10.0.0.5"));
+        assert_eq!((h.name(), h.ip(), h.as_str()), ("db", Some("10.0.0.5".parse().unwrap()), "db:10.0.0.5"));
         let h = HostEntry::parse("db6:fd00::5").unwrap();
-        assert_eq!((h.name(), h.ip().to_string()), ("db6", "fd00::5".into()));
-        for bad in ["cache", ":10.0.0.5", "db:", "db:not-an-ip", "db:10.0.0.256"] {
-            assert_eq!(HostEntry::parse(bad).unwrap_err(), format!("{bad:?} is not \"name:ip\""));
+        assert_eq!((h.name(), h.ip()), ("db6", Some("fd00::5".parse().unwrap())));
+        let h = HostEntry::parse("host.docker.internal:host-gateway").unwrap();
+        assert_eq!(
+            (h.name(), h.ip(), h.as_str()),
+            ("host.docker.internal", None, "host.docker.internal:host-gateway")
+        );
+        for bad in
+            ["cache", ":10.0.0.5", "db:", "db:not-an-ip", "db:10.0.0.256", "db:Host-Gateway", ":host-gateway"]
+        {
+            assert_eq!(
+                HostEntry::parse(bad).unwrap_err(),
+                format!("{bad:?} is not \"name:ip\" or \"name:host-gateway\"")
+            );
         }
-        assert_eq!(from_json::<HostEntry>("\"cache\"").unwrap_err(), r#""cache" is not "name:ip""#);
+        assert_eq!(
+            from_json::<HostEntry>("\"cache\"").unwrap_err(),
+            r#""cache" is not "name:ip" or "name:host-gateway""#
+        );
     }
 
     #[test]
@@ -1188,6 +1329,39 @@ mod tests {
             );
         }
         assert_eq!(from_json::<Sha256>(&format!("\"{hex}\"")).unwrap().digest(), want);
+    }
+
+    #[test]
+    fn a_cron_expression_takes_the_nicknames_and_names_crontabs_take() {
+        let same = |a: &str, b: &str| {
+            let (a, b) = (Cron::parse(a).unwrap(), Cron::parse(b).unwrap());
+            assert_eq!(
+                (a.minutes(), a.hours(), a.days, a.months, a.weekdays, a.either_day),
+                (b.minutes(), b.hours(), b.days, b.months, b.weekdays, b.either_day),
+                "{} and {}",
+                a.as_str(),
+                b.as_str()
+            );
+        };
+        same("@yearly", "0 0 1 1 *");
+        same("@annually", "0 0 1 1 *");
+        same("@monthly", "0 0 1 * *");
+        same("@weekly", "0 0 * * 0");
+        same("@daily", "0 0 * * *");
+        same(" @MIDNIGHT ", "0 0 * * *");
+        same("@hourly", "0 * * * *");
+        same("30 6 * jan,JUL mon-fri", "30 6 * 1,7 1-5");
+        same("0 0 * * sat/2", "0 0 * * 6/2");
+        same("0 0 1 dec *", "0 0 1 12 *");
+        // The declared text is kept as written: the step's record and spec are of it.
+        assert_eq!(Cron::parse("@daily").unwrap().as_str(), "@daily");
+        let e = Cron::parse("@reboot").unwrap_err();
+        assert!(e.contains("run-once"), "{e}");
+        let e = Cron::parse("@fortnightly").unwrap_err();
+        assert!(e.contains("is not a cron nickname"), "{e}");
+        for bad in ["0 0 * * monday", "0 0 * jan-xyz *", "0 0 mon * *", "0 0 * * 1 @daily"] {
+            assert!(Cron::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -1228,7 +1402,7 @@ mod tests {
         assert_eq!(refused("5-1 * * * *"), r#""5-1 * * * *": "5-1" is not a cron field between 0 and 59"#);
         assert_eq!(refused("*/0 * * * *"), r#""*/0 * * * *": "*/0" is not a cron field between 0 and 59"#);
         assert_eq!(refused("1,,2 * * * *"), r#""1,,2 * * * *": "" is not a cron field between 0 and 59"#);
-        assert_eq!(refused("* * * jan *"), r#""* * * jan *": "jan" is not a cron field between 1 and 12"#);
+        assert_eq!(refused("* * * janu *"), r#""* * * janu *": "janu" is not a cron field between 1 and 12"#);
         assert_eq!(
             from_json::<Cron>(r#""61 3 * * *""#).unwrap_err(),
             r#""61 3 * * *": "61" is not a cron field between 0 and 59"#

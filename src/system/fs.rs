@@ -549,6 +549,12 @@ impl Fs {
         self.commit_batch(staged, true)
     }
 
+    /// `commit` for copies the host keeps (originals, before it writes over them), not managed
+    /// files: the same durability, without the batch failpoints.
+    pub fn commit_copies(&mut self, staged: Vec<Staged>) -> Vec<Result<()>> {
+        self.commit_batch(staged, false)
+    }
+
     /// `commit`, with the batch failpoints (`batch-staged`, `batch-renamed`) only where asked:
     /// the store's own write is not a batch of managed files.
     fn commit_batch(&mut self, mut staged: Vec<Staged>, failpoints: bool) -> Vec<Result<()>> {
@@ -616,50 +622,109 @@ impl Fs {
             // of an fsync of each directory (a journal commit each on ext4: a thousand of them
             // for 10,000 files in 1,000 directories). It covers the directories this session
             // made on those filesystems too.
-            let mut renamed: Vec<u64> = Vec::new();
+            // A sync that fails fails every file it was to make durable: in place, but not
+            // known to survive a crash, so not reported (nor recorded) as done.
+            let mut renamed: Vec<(u64, std::result::Result<(), Errno>)> = Vec::new();
             for ((s, result), dev) in staged.iter().zip(&results).zip(&devs) {
-                if result.is_ok() && !renamed.contains(dev) {
-                    renamed.push(*dev);
-                    let _ = rfs::syncfs(&s.fd);
+                if result.is_ok() && !renamed.iter().any(|(d, _)| d == dev) {
+                    // `sync-eio`: the failpoint a test needs to show a failed sync fails its files.
+                    let synced =
+                        if failpoint_named("sync-eio") { Err(Errno::IO) } else { rfs::syncfs(&s.fd) };
+                    renamed.push((*dev, synced));
                 }
             }
-            self.unsynced.retain(|(dev, _)| !renamed.contains(dev));
+            for ((s, result), dev) in staged.iter().zip(results.iter_mut()).zip(&devs) {
+                if let Some((_, Err(e))) = renamed.iter().find(|(d, _)| d == dev) {
+                    if result.is_ok() {
+                        *result =
+                            Err(FsError::io("make the rename durable (syncfs)", &s.dir.join(&s.name), *e));
+                    }
+                }
+            }
+            self.unsynced.retain(|(dev, _)| !renamed.iter().any(|(d, r)| d == dev && r.is_ok()));
         } else {
             // A batch of one: its own directory is cheaper to sync than the filesystem.
             dirs.sort();
             dirs.dedup();
             for d in dirs {
-                if let Ok(Some(fd)) = self.open_dir(&d) {
-                    let _ = rfs::fsync(fd);
+                let synced = match self.open_dir(&d) {
+                    Ok(Some(fd)) => rfs::fsync(fd),
+                    _ => Err(Errno::NOENT),
+                };
+                if let Err(e) = synced {
+                    for (s, result) in staged.iter().zip(results.iter_mut()).filter(|(s, _)| s.dir == d) {
+                        if result.is_ok() {
+                            *result = Err(FsError::io(
+                                "make the rename durable (fsync of its directory)",
+                                &s.dir.join(&s.name),
+                                e,
+                            ));
+                        }
+                    }
                 }
             }
         }
-        self.make_durable();
+        // Directories made since the last sync that the files of this batch are in.
+        for (made, why) in self.make_durable() {
+            for (s, result) in staged.iter().zip(results.iter_mut()).filter(|(s, _)| s.dir.starts_with(&made))
+            {
+                if result.is_ok() {
+                    *result = Err(FsError::Io {
+                        op: "make durable the new directory holding",
+                        path: s.dir.join(&s.name),
+                        source: io::Error::other(why.to_string()),
+                    });
+                }
+            }
+        }
         results
     }
 
     /// Makes durable the directories this session made that no batch has synced yet: an fsync
     /// of each parent, or one syncfs per filesystem when there are many. Called after each
-    /// commit and at the end of a pass, before the store records what the pass did.
-    pub fn make_durable(&mut self) {
+    /// commit and at the end of a pass, before the store records what the pass did. Returns
+    /// the parents whose new entries could not be made durable, with why: what was made in
+    /// them is in place but not known to survive a crash.
+    pub fn make_durable(&mut self) -> Vec<(PathBuf, FsError)> {
         let unsynced = std::mem::take(&mut self.unsynced);
+        let mut failed = Vec::new();
+        let sync = |fs: &mut Fs, parent: &Path, whole: bool| {
+            let r = match fs.open_dir(parent) {
+                Ok(Some(fd)) if whole => rfs::syncfs(fd),
+                Ok(Some(fd)) => rfs::fsync(fd),
+                _ => Err(Errno::NOENT),
+            };
+            r.err()
+        };
         if unsynced.len() > DIRS_BEFORE_SYNCFS {
-            let mut devs: Vec<u64> = Vec::new();
+            let mut devs: Vec<(u64, Option<Errno>)> = Vec::new();
             for (dev, parent) in &unsynced {
-                if !devs.contains(dev) {
-                    devs.push(*dev);
-                    if let Ok(Some(fd)) = self.open_dir(parent) {
-                        let _ = rfs::syncfs(fd);
+                let r = match devs.iter().find(|(d, _)| d == dev) {
+                    Some((_, r)) => *r,
+                    None => {
+                        let r = sync(self, parent, true);
+                        devs.push((*dev, r));
+                        r
                     }
+                };
+                if let Some(e) = r {
+                    failed.push((parent.clone(), e));
                 }
             }
         } else {
             for (_, parent) in &unsynced {
-                if let Ok(Some(fd)) = self.open_dir(parent) {
-                    let _ = rfs::fsync(fd);
+                if let Some(e) = sync(self, parent, false) {
+                    failed.push((parent.clone(), e));
                 }
             }
         }
+        failed
+            .into_iter()
+            .map(|(parent, e)| {
+                let why = FsError::io("make the new directories durable in", &parent, e);
+                (parent, why)
+            })
+            .collect()
     }
 
     /// Removes a file (or a symlink: the link itself). Absent is success.

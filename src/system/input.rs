@@ -94,6 +94,16 @@ pub fn read_stdin(limit: u64) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Whether standard error is connected to the journal: systemd sets `JOURNAL_STREAM` to the
+/// device and inode of the stream it gave the service, and a program whose stderr is still that
+/// stream (not redirected by a wrapper) may write journal-aware lines there.
+pub fn stderr_is_journal() -> bool {
+    let Some(stream) = std::env::var_os("JOURNAL_STREAM") else { return false };
+    let Some((dev, ino)) = stream.to_str().and_then(|s| s.split_once(':')) else { return false };
+    let (Ok(dev), Ok(ino)) = (dev.parse::<u64>(), ino.parse::<u64>()) else { return false };
+    rustix::fs::fstat(std::io::stderr()).is_ok_and(|st| st.st_dev == dev && st.st_ino == ino)
+}
+
 /// The files of a declaration source, read now: the file itself, or every `*.json` in the
 /// directory (not hidden), sorted by name. Anything in the directory named `*.json` that is not
 /// a regular file (a FIFO, a device, a directory) is refused, naming it, rather than skipped: an

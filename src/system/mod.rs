@@ -30,7 +30,7 @@ pub use packages::{PackageError, Packages};
 pub use systemd::{Systemd, SystemdError};
 pub use users::{Accounts, UserError};
 
-pub use input::{read_input, read_source, read_stdin};
+pub use input::{read_input, read_source, read_stdin, stderr_is_journal};
 
 /// A duration as a person reads it in a message: "90 s", "15 min", "1 h".
 pub fn human(d: std::time::Duration) -> String {

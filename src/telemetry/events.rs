@@ -184,6 +184,28 @@ impl Event for DeclarationAccepted {
     }
 }
 
+/// The declaration source does not exist (yet): waited for, and not counted as a refusal (a
+/// fresh install is not an incident). Said once when it goes missing.
+pub struct DeclarationAwaited<'a> {
+    pub source: &'a str,
+    /// "does not exist yet", or "holds no *.json file yet".
+    pub what: &'a str,
+    /// "the declaration in force is kept", or "no declaration is in force".
+    pub kept: &'a str,
+}
+
+impl Event for DeclarationAwaited<'_> {
+    fn emit(self, _: &Metrics) {
+        let source = self.source;
+        tracing::warn!(
+            source,
+            "waiting for the declaration: {source} {}; {}, and a declaration written there is applied",
+            self.what,
+            self.kept
+        );
+    }
+}
+
 /// A declaration refused whole (or that could not be read): the one in force, if any, stays.
 pub struct DeclarationRefused<'a> {
     pub message: &'a str,

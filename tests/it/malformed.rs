@@ -261,7 +261,7 @@ const CASES: &[Case] = &[
     ("a cron minute of 60", |t| with(t, container(json!({"schedule": "60 * * * *"})))),
     ("a cron step of 0", |t| with(t, container(json!({"schedule": "*/0 * * * *"})))),
     ("a cron range backwards", |t| with(t, container(json!({"schedule": "5-1 * * * *"})))),
-    ("a cron of words", |t| with(t, container(json!({"schedule": "@daily"})))),
+    ("a cron of words", |t| with(t, container(json!({"schedule": "every day at noon"})))),
     ("run-once and a schedule", |t| with(t, container(json!({"run-once": true, "schedule": "0 3 * * *"})))),
     ("an empty image", |t| with(t, container(json!({"image": ""})))),
     ("an image that is a path", |t| with(t, container(json!({"image": "/srv/image.tar"})))),

@@ -265,3 +265,466 @@ fn the_alert_rules_pass_promtool_and_their_own_tests() {
         format!("{}{}", String::from_utf8_lossy(&tested.stdout), String::from_utf8_lossy(&tested.stderr));
     assert!(tested.status.success() && said.contains("SUCCESS"), "promtool test rules: {said}");
 }
+
+#[test]
+fn a_missing_declaration_is_waited_for_and_applied_when_it_appears() {
+    let s = Scratch::new();
+    // Neither the directory nor its parent: a fresh install before the control plane wrote.
+    let source = s.path("etc/mesh-host/declaration.d");
+    let daemon = crate::support::Daemon::launch(&s, &source, &[], &[]);
+    let (status, why) = daemon.answer("/healthz").unwrap();
+    assert_eq!(status, 503, "{why}");
+    assert!(why.contains("waiting for") && why.contains("does not exist yet"), "{why}");
+    assert_eq!(daemon.metric("mesh_host_declaration_refusals_total"), 0.0, "waiting is not a refusal");
+
+    std::fs::create_dir_all(&source).unwrap();
+    document(
+        &s,
+        "etc/mesh-host/declaration.d",
+        "10-a.json",
+        json!([{"type": "file", "id": "a.f", "path": s.p("a.txt"), "content": "a\n"}]),
+    );
+    assert!(
+        crate::support::wait_for(crate::support::PATIENCE, || std::fs::read_to_string(s.path("a.txt"))
+            .is_ok_and(|c| c == "a\n")),
+        "the declaration written later was not applied:\n{}",
+        daemon.log()
+    );
+    assert!(
+        crate::support::wait_for(crate::support::PATIENCE, || daemon
+            .get("/healthz")
+            .is_some_and(|b| b == "ok\n")),
+        "{}",
+        daemon.log()
+    );
+    let log = daemon.log();
+    assert_eq!(log.matches("waiting for the declaration").count(), 1, "said once:\n{log}");
+    assert_eq!(daemon.metric("mesh_host_declaration_refusals_total"), 0.0);
+}
+
+/// A throw-away copy of the systemd testbed, booted for one test (`systemd-nspawn -x`, about
+/// 2 s) with a network of its own: a unit's start timeout cannot be reset by another test's
+/// `daemon-reload` (systemd 252 re-arms a start timeout from the start, dropping what
+/// `EXTEND_TIMEOUT_USEC` added), and its ports, `/usr/bin` and `/etc/mesh-host` are its own.
+/// Stopped (and its copy removed by systemd-nspawn) when dropped.
+pub struct Ephemeral {
+    nspawn: std::process::Child,
+    /// systemd inside, for nsenter.
+    pid: u32,
+}
+
+impl Ephemeral {
+    pub fn boot() -> Ephemeral {
+        // The testbed's tree is what is copied; without it, this fails saying how to get it.
+        let _ = crate::systemd::testbed();
+        // Once more if the first copy fails: the tree is copied while other tests write into
+        // it, and a file removed mid-copy fails that copy.
+        let log = tempfile::NamedTempFile::new().unwrap();
+        for _ in 0..2 {
+            if let Some(booted) = Ephemeral::try_boot(log.path()) {
+                return booted;
+            }
+        }
+        panic!(
+            "a throw-away copy of the testbed did not boot within 60 s, twice; systemd-nspawn said:\n{}",
+            std::fs::read_to_string(log.path()).unwrap_or_default()
+        );
+    }
+
+    fn try_boot(log: &std::path::Path) -> Option<Ephemeral> {
+        let name = crate::systemd::unique("op-eph-");
+        let nspawn = std::process::Command::new("systemd-nspawn")
+            .args(["-D", crate::systemd::ROOT, "-x", "-M", &name, "-b", "--register=no", "--keep-unit"])
+            .args(["--console=passive", "--private-network"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::options().append(true).open(log).unwrap())
+            .spawn()
+            .expect("systemd-nspawn runs");
+        let mut booted = Ephemeral { pid: 0, nspawn };
+        let up = crate::support::wait_for(std::time::Duration::from_secs(60), || {
+            if booted.nspawn.try_wait().is_ok_and(|s| s.is_some()) {
+                return true; // Ended: no use waiting.
+            }
+            let children = std::fs::read_dir(format!("/proc/{}/task", booted.nspawn.id()))
+                .into_iter()
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
+                .collect::<String>();
+            let Some(pid) = children.split_whitespace().next().and_then(|p| p.parse().ok()) else {
+                return false;
+            };
+            booted.pid = pid;
+            matches!(booted.systemctl(&["is-system-running"]).as_str(), "running" | "degraded")
+        });
+        let alive = booted.nspawn.try_wait().is_ok_and(|s| s.is_none());
+        // Dropped (and stopped) when it did not come up.
+        (up && alive && booted.pid != 0).then_some(booted)
+    }
+
+    /// A path inside, as seen from the host.
+    pub fn path(&self, inside: &str) -> std::path::PathBuf {
+        std::path::Path::new(&format!("/proc/{}/root", self.pid)).join(inside.trim_start_matches('/'))
+    }
+
+    /// A program inside, as a person at its console would run it.
+    pub fn run(&self, program: &str, args: &[&str]) -> std::process::Output {
+        std::process::Command::new("nsenter")
+            .args(["-t", &self.pid.to_string(), "-a", program])
+            .args(args)
+            .output()
+            .expect("nsenter runs")
+    }
+
+    pub fn systemctl(&self, args: &[&str]) -> String {
+        String::from_utf8_lossy(&self.run("systemctl", args).stdout).trim().to_owned()
+    }
+
+    pub fn show(&self, unit: &str, property: &str) -> String {
+        self.systemctl(&["show", "--value", "-p", property, unit])
+    }
+
+    /// `journalctl` of this boot only: the copied journal holds the testbed's older ones.
+    pub fn journalctl(&self, args: &[&str]) -> String {
+        let mut all = vec!["--no-pager", "--boot"];
+        all.extend_from_slice(args);
+        String::from_utf8_lossy(&self.run("journalctl", &all).stdout).into_owned()
+    }
+}
+
+impl Drop for Ephemeral {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill").args(["-TERM", &self.nspawn.id().to_string()]).status();
+        let stopped = crate::support::wait_for(std::time::Duration::from_secs(15), || {
+            self.nspawn.try_wait().is_ok_and(|s| s.is_some())
+        });
+        if !stopped {
+            let _ = self.nspawn.kill();
+            let _ = self.nspawn.wait();
+        }
+    }
+}
+
+/// The shipped unit, installed in a throw-away testbed with the agent's binary at
+/// `/usr/bin/mesh-host`, `extra` lines added to `[Service]`, and an environment file that
+/// turns metrics off (nothing listens in the copy's own network anyway). The declaration is
+/// the shipped default, `/etc/mesh-host/declaration.d`.
+fn install_shipped_unit(box_: &Ephemeral, extra: &str) -> &'static str {
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/mesh-host.service")).unwrap();
+    assert!(
+        shipped.contains("ExecStart=/usr/bin/mesh-host "),
+        "the shipped unit no longer runs /usr/bin/mesh-host"
+    );
+    let text = shipped.replace("[Service]\n", &format!("[Service]\n{extra}\n"));
+    // What another test left in the testbed it was copied from.
+    let _ = std::fs::remove_dir_all(box_.path("/etc/mesh-host/declaration.d"));
+    let _ = std::fs::remove_dir_all(box_.path("/var/lib/mesh-host"));
+    std::fs::copy(assert_cmd::cargo::cargo_bin("mesh-host"), box_.path("/usr/bin/mesh-host")).unwrap();
+    std::fs::create_dir_all(box_.path("/etc/mesh-host")).unwrap();
+    std::fs::write(box_.path("/etc/mesh-host/mesh-host.env"), "MESH_HOST_METRICS=off\n").unwrap();
+    std::fs::write(box_.path("/etc/systemd/system/mesh-host.service"), text).unwrap();
+    box_.systemctl(&["daemon-reload"]);
+    "mesh-host.service"
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn the_unit_waits_for_a_missing_declaration_without_a_restart_loop() {
+    let box_ = Ephemeral::boot();
+    let unit = install_shipped_unit(&box_, "");
+    let journal = || box_.journalctl(&["-u", unit, "-o", "cat"]);
+
+    // No /etc/mesh-host/declaration.d: the agent starts, says READY, and waits.
+    box_.systemctl(&["start", unit]);
+    assert_eq!(box_.systemctl(&["is-active", unit]), "active", "{}", journal());
+    let status = box_.show(unit, "StatusText");
+    assert!(status.contains("waiting for /etc/mesh-host/declaration.d"), "{status}");
+
+    // The control plane writes the declaration: it is applied, by the same process.
+    let pid = box_.show(unit, "MainPID");
+    std::fs::create_dir_all(box_.path("/etc/mesh-host/declaration.d")).unwrap();
+    let d = json!({"version": 1, "resources": [
+        {"type": "directory", "id": "op.dir", "path": "/srv/op"},
+        {"type": "file", "id": "op.hello", "path": "/srv/op/hello", "content": "hello\n"},
+    ]});
+    std::fs::write(box_.path("/etc/mesh-host/declaration.d/op.json"), d.to_string()).unwrap();
+    let hello = box_.path("/srv/op/hello");
+    assert!(
+        crate::support::wait_for(crate::support::PATIENCE, || std::fs::read_to_string(&hello)
+            .is_ok_and(|c| c == "hello\n")),
+        "{}",
+        journal()
+    );
+    assert_eq!(box_.show(unit, "NRestarts"), "0", "no restart loop:\n{}", journal());
+    assert_eq!(box_.show(unit, "MainPID"), pid, "the same process:\n{}", journal());
+    assert!(
+        crate::support::wait_for(crate::support::PATIENCE, || box_
+            .show(unit, "StatusText")
+            .starts_with("enforcing 2 resources")),
+        "{}",
+        box_.show(unit, "StatusText")
+    );
+    let log = journal();
+    assert_eq!(log.matches("waiting for the declaration").count(), 1, "said once:\n{log}");
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_slow_first_apply_extends_the_start_timeout_and_warnings_reach_the_journal_with_their_priority() {
+    let box_ = Ephemeral::boot();
+    // A start timeout far shorter than the first apply: only the extensions the agent asks for
+    // while it works keep systemd from killing it (the shipped unit's is 30 minutes; the test's
+    // first apply takes 12 s).
+    let unit = install_shipped_unit(&box_, "TimeoutStartSec=4");
+    let d = json!({"version": 1, "resources": [
+        {"type": "directory", "id": "op.dir", "path": "/srv/op"},
+        // Fails, with a warning: its owner does not exist.
+        {"type": "file", "id": "op.owned", "path": "/srv/op/owned", "content": "x\n", "owner": "op-no-such-user"},
+        {"type": "action", "id": "op.slow", "verify": ["test", "-e", "/srv/op/slow-done"],
+         "command": ["/bin/sh", "-c", "sleep 12 && touch /srv/op/slow-done"]},
+    ]});
+    std::fs::create_dir_all(box_.path("/etc/mesh-host/declaration.d")).unwrap();
+    std::fs::write(box_.path("/etc/mesh-host/declaration.d/op.json"), d.to_string()).unwrap();
+
+    let started = std::time::Instant::now();
+    box_.systemctl(&["start", unit]);
+    let journal = box_.journalctl(&["-u", unit, "-o", "cat"]);
+    assert!(
+        started.elapsed() > std::time::Duration::from_secs(10),
+        "the first apply ran before READY:\n{journal}"
+    );
+    assert_eq!(box_.systemctl(&["is-active", unit]), "active", "{journal}");
+    assert_eq!(box_.show(unit, "NRestarts"), "0", "{journal}");
+    assert!(box_.path("/srv/op/slow-done").exists(), "{journal}");
+
+    // The warning is at warning priority, the chatter is not; no line carries a timestamp of
+    // its own beside the journal's.
+    let warnings = box_.journalctl(&["-u", unit, "-p", "warning", "-o", "cat"]);
+    assert!(
+        warnings.contains("failed op.owned") && warnings.contains("op-no-such-user"),
+        "{warnings}\n---\n{journal}"
+    );
+    assert!(!warnings.contains("mesh-host is running"), "an info line at warning priority:\n{warnings}");
+    assert!(journal.contains("mesh-host is running"), "{journal}");
+    for line in journal.lines() {
+        let stamped = line.len() > 20 && line.as_bytes()[4] == b'-' && line.as_bytes()[10] == b'T';
+        assert!(!stamped, "a line with its own timestamp: {line}");
+        assert!(!line.starts_with('<'), "a priority prefix journald did not take: {line}");
+    }
+    let json = box_.journalctl(&["-u", unit, "-o", "json", "--output-fields=PRIORITY,MESSAGE"]);
+    let priority = json
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["MESSAGE"].as_str().is_some_and(|m| m.contains("failed op.owned")))
+        .map(|e| e["PRIORITY"].clone());
+    assert_eq!(priority, Some(json!("4")), "{json}");
+}
+
+/// Builds the Debian package of the binary under test with `deploy/deb/build.sh --debug` (the
+/// debug build, stripped: about 10 s once the tests have built it) and returns its path.
+fn build_the_deb() -> std::path::PathBuf {
+    let has_cargo_deb = std::process::Command::new("cargo").args(["deb", "--version"]).output();
+    assert!(
+        has_cargo_deb.is_ok_and(|o| o.status.success()),
+        "cargo-deb is missing: `cargo install --locked cargo-deb` (tests/run.sh installs it)"
+    );
+    // target/debug/mesh-host: the target directory is two levels up.
+    let binary = assert_cmd::cargo::cargo_bin("mesh-host");
+    let target = binary.parent().and_then(std::path::Path::parent).unwrap().to_path_buf();
+    let built = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/deb/build.sh"))
+        .arg("--debug")
+        .env("CARGO_TARGET_DIR", &target)
+        .output()
+        .unwrap();
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&built.stdout), String::from_utf8_lossy(&built.stderr));
+    assert!(built.status.success(), "deploy/deb/build.sh --debug failed:\n{said}");
+    let deb = said
+        .lines()
+        .rev()
+        .find(|l| l.trim_end().ends_with(".deb"))
+        .map(|l| std::path::PathBuf::from(l.trim()));
+    deb.filter(|p| p.exists()).unwrap_or_else(|| panic!("cargo deb printed no package path:\n{said}"))
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn the_deb_installs_starts_waits_for_a_declaration_applies_it_and_removes_cleanly() {
+    let deb = build_the_deb();
+    let box_ = Ephemeral::boot();
+    // What another test may have left in the tree the copy was made from.
+    let _ = std::fs::remove_file(box_.path("/etc/systemd/system/mesh-host.service"));
+    let _ = std::fs::remove_dir_all(box_.path("/etc/mesh-host"));
+    let _ = std::fs::remove_dir_all(box_.path("/var/lib/mesh-host"));
+    box_.systemctl(&["daemon-reload"]);
+    std::fs::copy(&deb, box_.path("/tmp/mesh-host.deb")).unwrap();
+
+    let installed = box_.run("dpkg", &["-i", "/tmp/mesh-host.deb"]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&installed.stdout),
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    assert!(installed.status.success(), "dpkg -i:\n{said}");
+    let unit = "mesh-host.service";
+    let journal = || box_.journalctl(&["-u", unit, "-o", "cat"]);
+
+    // Installed as a Debian program: the binary, its unit (enabled, and started by the package),
+    // its configuration, an empty declaration directory, docs, man page, completions, license.
+    let listed = String::from_utf8_lossy(&box_.run("dpkg", &["-L", "mesh-host"]).stdout).into_owned();
+    for path in [
+        "/usr/bin/mesh-host",
+        "/usr/lib/systemd/system/mesh-host.service",
+        "/etc/mesh-host/mesh-host.env",
+        "/usr/share/man/man1/mesh-host.1.gz",
+        "/usr/share/bash-completion/completions/mesh-host",
+        "/usr/share/zsh/vendor-completions/_mesh-host",
+        "/usr/share/fish/vendor_completions.d/mesh-host.fish",
+        "/usr/share/doc/mesh-host/README.md",
+        "/usr/share/doc/mesh-host/copyright",
+        "/usr/share/doc/mesh-host/prometheus/mesh-host.rules.yml",
+    ] {
+        assert!(listed.lines().any(|l| l == path), "{path} is not in the package:\n{listed}");
+        assert!(box_.path(path).exists(), "{path} was not installed");
+    }
+    let conffiles =
+        String::from_utf8_lossy(&box_.run("dpkg-query", &["-W", "-f=${Conffiles}", "mesh-host"]).stdout)
+            .into_owned();
+    assert!(conffiles.contains("/etc/mesh-host/mesh-host.env"), "{conffiles}");
+    let copyright = std::fs::read_to_string(box_.path("/usr/share/doc/mesh-host/copyright")).unwrap();
+    assert!(copyright.contains("Apache License") && copyright.contains("Version 2.0"), "{copyright}");
+    let version = box_.run("/usr/bin/mesh-host", &["--version"]);
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("mesh-host {}", env!("CARGO_PKG_VERSION"))
+    );
+    let declarations = box_.path("/etc/mesh-host/declaration.d");
+    assert!(
+        declarations.is_dir() && std::fs::read_dir(&declarations).unwrap().next().is_none(),
+        "an empty declaration.d"
+    );
+
+    assert_eq!(box_.systemctl(&["is-enabled", unit]), "enabled", "{}", journal());
+    assert_eq!(box_.systemctl(&["is-active", unit]), "active", "{}", journal());
+    let status = box_.show(unit, "StatusText");
+    assert!(status.contains("waiting for /etc/mesh-host/declaration.d"), "{status}\n{}", journal());
+
+    // The control plane writes a declaration; the packaged agent applies it.
+    let d = json!({"version": 1, "resources": [
+        {"type": "directory", "id": "op.dir", "path": "/srv/op-deb"},
+        {"type": "file", "id": "op.hello", "path": "/srv/op-deb/hello", "content": "hello\n"},
+    ]});
+    std::fs::write(declarations.join("op.json"), d.to_string()).unwrap();
+    let hello = box_.path("/srv/op-deb/hello");
+    assert!(
+        crate::support::wait_for(crate::support::PATIENCE, || std::fs::read_to_string(&hello)
+            .is_ok_and(|c| c == "hello\n")),
+        "{}",
+        journal()
+    );
+    assert_eq!(box_.show(unit, "NRestarts"), "0", "{}", journal());
+
+    // Removed: the unit stopped and gone; what the control plane wrote stays (not the package's).
+    let removed = box_.run("dpkg", &["-r", "mesh-host"]);
+    assert!(removed.status.success(), "dpkg -r: {}", String::from_utf8_lossy(&removed.stderr));
+    assert_ne!(box_.systemctl(&["is-active", unit]), "active", "{}", journal());
+    assert!(!box_.path("/usr/bin/mesh-host").exists());
+    assert!(declarations.join("op.json").exists(), "the declaration is the operator's, not the package's");
+}
+
+#[test]
+fn a_first_apply_prints_a_summary_not_a_line_per_created_resource() {
+    let s = Scratch::new();
+    let mut resources = vec![json!({"type": "directory", "id": "a.dir", "path": s.p("tree")})];
+    for i in 0..50 {
+        resources.push(json!({"type": "file", "id": format!("a.f{i}"), "path": s.p(&format!("tree/f{i}")), "content": "x\n"}));
+    }
+    let d = s.declare(Value::Array(resources.clone()));
+    let out = s.run(&["apply", d.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        text,
+        "    directory 1 created\n         file 50 created\nconverged: 51 resources declared; 51 created\n",
+        "a summary per type, and no line per created resource"
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("[0/"),
+        "no progress when stderr is not a terminal"
+    );
+
+    // What is not created is listed: a correction, an update.
+    std::fs::write(s.path("tree/f3"), "by hand\n").unwrap();
+    resources[8]["content"] = json!("y\n");
+    let d = s.declare(Value::Array(resources));
+    let text = String::from_utf8(s.run(&["apply", d.to_str().unwrap()]).stdout).unwrap();
+    assert!(text.contains("corrected a.f3 ("), "{text}");
+    assert!(text.contains("updated a.f7 ("), "{text}");
+    assert!(
+        text.starts_with("    directory 1 unchanged\n         file 1 updated, 48 unchanged, 1 corrected\n"),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 5, "two lines of counts, two of what changed, the summary: {text}");
+
+    // --verbose lists the created ones too.
+    let t = Scratch::new();
+    let d = t.declare(json!([{"type": "file", "id": "b.f", "path": t.p("f"), "content": "x\n"}]));
+    let text = String::from_utf8(t.run(&["apply", "--verbose", d.to_str().unwrap()]).stdout).unwrap();
+    assert!(text.contains("created b.f ("), "{text}");
+}
+
+#[test]
+fn apply_on_a_terminal_shows_progress_on_stderr_and_clears_it() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "x\n"}]));
+    // `script` gives the command a terminal, as a person's shell would.
+    let command = format!(
+        "{} --state {} apply {} 1>/dev/null",
+        assert_cmd::cargo::cargo_bin("mesh-host").display(),
+        s.state().display(),
+        d.display()
+    );
+    let out = std::process::Command::new("script").args(["-qec", &command, "/dev/null"]).output().unwrap();
+    let seen = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{seen}");
+    assert!(seen.contains("[0/1] a.f"), "the progress line: {seen:?}");
+    assert!(seen.ends_with("\r\x1b[2K") || seen.contains("\r\x1b[2K"), "cleared after: {seen:?}");
+}
+
+#[test]
+fn logs_on_a_terminal_are_coloured_unless_no_color_is_set() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "x\n"}]));
+    // `script` gives the command a terminal; debug logging makes `apply` log to it.
+    let logged = |no_color: Option<&str>| {
+        let command = format!(
+            "{} --state {} apply {} 1>/dev/null",
+            assert_cmd::cargo::cargo_bin("mesh-host").display(),
+            s.state().display(),
+            d.display()
+        );
+        let mut script = std::process::Command::new("script");
+        script.args(["-qec", &command, "/dev/null"]).env("MESH_HOST_LOG", "debug").env_remove("NO_COLOR");
+        if let Some(value) = no_color {
+            script.env("NO_COLOR", value);
+        }
+        let out = script.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // A level or a field name in colour: an SGR sequence (ESC [ ... m), which the progress
+    // line's erase (ESC [ 2 K) is not.
+    let coloured = |text: &str| {
+        text.split("\x1b[").skip(1).any(|rest| {
+            rest.split_once('m')
+                .is_some_and(|(code, _)| code.bytes().all(|b| b.is_ascii_digit() || b == b';'))
+        })
+    };
+    let plain = logged(None);
+    assert!(plain.contains("DEBUG") && coloured(&plain), "coloured on a terminal: {plain:?}");
+    let no_color = logged(Some("1"));
+    assert!(no_color.contains("DEBUG") && !coloured(&no_color), "NO_COLOR=1: {no_color:?}");
+    // Set but empty means nothing, as no-color.org says.
+    assert!(coloured(&logged(Some(""))));
+}

@@ -504,3 +504,33 @@ fn the_allocator_commits_arenas_lazily_however_the_agent_is_started() {
         );
     }
 }
+
+/// A sync after the renames that fails fails every file it was to make durable: each is in place
+/// but not known to survive a crash, so the report says so and the store records none of them;
+/// the next apply, with the sync working, finds them as declared and records them.
+#[test]
+fn a_failed_sync_after_the_renames_fails_its_files_and_records_none() {
+    let s = Scratch::new();
+    let files: Vec<serde_json::Value> = (0..3)
+        .map(|i| json!({"type": "file", "id": format!("a.f{i}"), "path": s.p(&format!("f{i}")), "content": "x"}))
+        .collect();
+    let d = s.declare(serde_json::Value::Array(files));
+    let out = assert_cmd::Command::cargo_bin("mesh-host")
+        .unwrap()
+        .env("MESH_HOST_FAILPOINT", "sync-eio")
+        .arg("--state")
+        .arg(s.state())
+        .args(["apply", "--json", d.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let error = &report["error"];
+    assert!(error["message"].as_str().unwrap().contains("durable"), "{report}");
+    assert_eq!(error["others"], 2, "every file of the batch fails: {report}");
+    let store = std::fs::read_to_string(s.state()).unwrap_or_default();
+    assert!(!store.contains("a.f0"), "a file not known to be durable is recorded: {store}");
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report}");
+    assert!(std::fs::read_to_string(s.state()).unwrap().contains("a.f0"));
+}

@@ -20,6 +20,9 @@ const CANNOT_SAY: &[(&str, &str)] = &[
     ("version-as-float", "`const: 1` equals 1.0 in JSON Schema; the agent reads an integer"),
     ("uid-as-float", "`type: integer` takes 1.0; the agent reads an integer"),
     ("cron-range-backwards", "the order of two numbers in a string"),
+    ("container-port-range-lengths", "that two ranges in a string are of the same length"),
+    ("container-port-range-backwards", "the order of two numbers in a string"),
+    ("container-port-range-too-long", "the length of a range in a string"),
     ("cidr-bad-ipv6", "the IPv6 grammar, which the schema gives loosely to stay readable"),
 ];
 
@@ -98,7 +101,19 @@ fn corpus() -> Vec<(&'static str, Value)> {
             })),
         ),
         ("valid-container-run-once", container(json!({"run-once": true}))),
+        (
+            "valid-container-port-ranges",
+            container(
+                json!({"ports": ["8000-8010:8000-8010", "127.0.0.1:9000-9001:9100-9101/udp", "7000-7002", "[::1]:6000-6001:6000-6001"]}),
+            ),
+        ),
+        ("valid-container-host-gateway", container(json!({"hosts": ["host.docker.internal:host-gateway"]}))),
+        ("container-port-range-backwards", container(json!({"ports": ["8010-8000:80"]}))),
         ("valid-container-schedule", container(json!({"schedule": "*/5 0-6,22 1,15 * 1-5"}))),
+        ("valid-container-schedule-nickname", container(json!({"schedule": "@Daily"}))),
+        ("valid-container-schedule-names", container(json!({"schedule": "30 6 * jan,Jul mon-FRI"}))),
+        ("container-cron-reboot", container(json!({"schedule": "@reboot"}))),
+        ("container-cron-bad-name", container(json!({"schedule": "0 0 * * monday"}))),
         ("valid-container-schedule-sunday-seven", container(json!({"schedule": " 0 3 * 1/2 7 "}))),
         (
             "valid-container-schedule-null-and-run-once",
@@ -262,6 +277,8 @@ fn corpus() -> Vec<(&'static str, Value)> {
         ("container-port-too-big", container(json!({"ports": ["65536:80"]}))),
         ("container-port-bad-protocol", container(json!({"ports": ["80/icmp"]}))),
         ("container-port-bad-ip", container(json!({"ports": ["300.0.0.1:80:80"]}))),
+        ("container-port-range-lengths", container(json!({"ports": ["8000-8010:80-81"]}))),
+        ("container-port-range-too-long", container(json!({"ports": ["1-65535"]}))),
         ("container-volume-relative-target", container(json!({"volumes": ["/srv/data:data"]}))),
         ("container-volume-dot-dot-source", container(json!({"volumes": ["/srv/../etc:/data"]}))),
         ("container-volume-no-target", container(json!({"volumes": ["/srv/data"]}))),

@@ -138,7 +138,13 @@ impl Daemon {
     /// anything, healthy or not.
     pub fn launch(s: &Scratch, declaration: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let log = s.path(&format!("daemon-{port}.log"));
+        // Beside the scratch tree's files, not among them: the declaration watcher watches the
+        // directory the declaration is in, and at trace level the inotify layer logs each event
+        // it sees, so a log written into a watched directory feeds itself (each line an event,
+        // each event a line) and starves the daemon on a loaded machine.
+        let logs = s.path("logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        let log = logs.join(format!("daemon-{port}.log"));
         let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
             .arg("--state")
             .arg(s.state())

@@ -877,8 +877,7 @@ fn the_deployed_unit_runs_the_agent_under_systemd() {
     };
     let text =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/mesh-host.service")).unwrap();
-    std::fs::create_dir_all(t.path("/usr/local/bin")).unwrap();
-    let installed = t.path("/usr/local/bin/mesh-host");
+    let installed = t.path("/usr/bin/mesh-host");
     let _ = std::fs::remove_file(&installed);
     let binary = assert_cmd::cargo::cargo_bin("mesh-host");
     if std::fs::hard_link(&binary, &installed).is_err() {
@@ -921,7 +920,7 @@ fn the_deployed_unit_runs_the_agent_under_systemd() {
     assert_eq!(t.active(unit), "inactive", "{}", journal(&t));
     assert_eq!(t.show(unit, "ExecMainStatus"), "0", "SIGTERM is a clean exit:\n{}", journal(&t));
 
-    t.clean(&[unit], &["/usr/local/bin/mesh-host", "/etc/mesh-host/declaration.d/it.json"]);
+    t.clean(&[unit], &["/usr/bin/mesh-host", "/etc/mesh-host/declaration.d/it.json"]);
     let _ = std::fs::remove_dir_all(t.path(dir));
     let _ = std::fs::remove_dir_all(t.path("/var/lib/mesh-host"));
 }

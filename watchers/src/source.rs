@@ -19,10 +19,48 @@ use tokio::sync::mpsc::{self, UnboundedSender};
 
 use crate::Change;
 
+/// How often a source whose parent directory does not exist yet is looked for. A fresh install
+/// (no `/etc/mesh-host` yet) waits here; a stat a second costs nothing, where watching every
+/// missing ancestor up to `/` would be code for a moment that passes once.
+const PARENT_POLL: Duration = Duration::from_secs(1);
+
 /// Watches a declaration source and sends `Change::SourceChanged` each time it has settled after a
-/// change. Fails when the source's parent directory cannot be watched. Ends when the receiver is
-/// dropped.
+/// change. When the source's parent directory does not exist yet, waits for it, then watches
+/// and reports the source changed (it now may be there). Fails when the parent exists and cannot
+/// be watched. Ends when the receiver is dropped.
 pub fn spawn(
+    source: PathBuf,
+    quiet: Duration,
+    tx: UnboundedSender<Change>,
+) -> notify::Result<tokio::task::JoinHandle<()>> {
+    let parent = source.parent().unwrap_or(Path::new("/")).to_path_buf();
+    if parent.is_dir() {
+        return watch(source, quiet, tx);
+    }
+    Ok(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(PARENT_POLL);
+        while !parent.is_dir() {
+            if tx.is_closed() {
+                return;
+            }
+            tick.tick().await;
+        }
+        match watch(source.clone(), quiet, tx.clone()) {
+            Ok(task) => {
+                // Whatever was made with the parent is read now.
+                if tx.send(Change::SourceChanged { source }).is_ok() {
+                    let _ = task.await;
+                }
+            }
+            // The full resync reads the source anyway; it is only no longer watched.
+            Err(e) => {
+                tracing::warn!(source = %source.display(), error = %e, "cannot watch the declaration; it is read again at each resync")
+            }
+        }
+    }))
+}
+
+fn watch(
     source: PathBuf,
     quiet: Duration,
     tx: UnboundedSender<Change>,

@@ -565,3 +565,27 @@ fn podman_is_found_through_docker_host_when_no_socket_is_configured() {
     assert!(PODMAN_CLI.running(&web), "created on the runtime DOCKER_HOST names");
     assert!(DOCKER.inspect(&web, "{{.Id}}").is_none(), "and not on Docker's default socket");
 }
+
+/// Issue 13: ports published as a range, port for port, and `host-gateway` in hosts, as
+/// `docker run -p 127.0.0.1::8000-8001 --add-host gw:host-gateway` does.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_port_ranges_and_host_gateway_are_given_to_the_runtime_as_docker_takes_them() {
+    let n = Names::new(DOCKER, "oprange");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let d = s.declare(json!([
+        {"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
+         "ports": ["127.0.0.1::8000-8002/tcp"], "hosts": ["gw.internal:host-gateway"]},
+    ]));
+    let report = applied(&s, &d);
+    assert_eq!(action(&report, "web.app"), "created", "{report:#}");
+    for port in ["8000/tcp", "8001/tcp", "8002/tcp"] {
+        assert!(DOCKER.ok(&["port", &web, port]).starts_with("127.0.0.1:"), "{port} is not published");
+    }
+    let hosts = DOCKER.ok(&["exec", &web, "cat", "/etc/hosts"]);
+    let gateway = hosts.lines().find(|l| l.ends_with("gw.internal")).unwrap_or_else(|| panic!("{hosts}"));
+    let ip = gateway.split_whitespace().next().unwrap();
+    assert!(ip.parse::<std::net::IpAddr>().is_ok(), "host-gateway was not resolved to an address: {gateway}");
+    assert_eq!(action(&applied(&s, &d), "web.app"), "unchanged");
+}
