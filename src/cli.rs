@@ -124,6 +124,31 @@ pub enum Command {
         /// Milliseconds the declaration must be still before it is read.
         #[arg(long, value_name = "MS", default_value_t = 50)]
         settle_ms: u64,
+        /// Take the declaration from etcd instead of `--declaration`: comma-separated endpoints,
+        /// such as `http://127.0.0.1:2379`. The last declaration accepted from etcd is kept
+        /// beside the state store and applied while etcd cannot be reached.
+        #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS", requires = "node")]
+        etcd: Option<String>,
+        /// This node's name in the fleet (with `--etcd`).
+        #[arg(long, env = "MESH_HOST_NODE", value_name = "NAME", requires = "etcd")]
+        node: Option<String>,
+        /// A group this node is in (with `--etcd`); repeat it, or separate with commas. Groups
+        /// are read in the order given, after the fleet's keys and before the node's own.
+        #[arg(
+            long = "group",
+            env = "MESH_HOST_GROUPS",
+            value_name = "GROUP",
+            value_delimiter = ',',
+            requires = "etcd"
+        )]
+        groups: Vec<String>,
+        #[command(flatten)]
+        login: EtcdLogin,
+    },
+    /// Declarations and status kept in etcd, for a fleet of nodes.
+    Fleet {
+        #[command(subcommand)]
+        command: FleetCommand,
     },
     /// What is recorded, and whether the machine still holds each file and directory.
     Status {
@@ -165,6 +190,112 @@ pub enum Command {
     Man,
 }
 
+/// What `mesh-host fleet` does.
+#[derive(Debug, Subcommand)]
+pub enum FleetCommand {
+    /// Write a declaration (a file, or a directory of `*.json` files) under one scope: validated
+    /// first, written in one transaction, and the scope then holds exactly these files.
+    Put(FleetPut),
+    /// Show what `fleet put` would change, key by key, with a diff of each changed key.
+    Diff(FleetPut),
+    /// Give a node a user of its own in etcd's auth, whose role reads only its own, its groups'
+    /// and the fleet's declaration and writes only its own status and presence. Run as etcd's
+    /// root (`--etcd-user root`).
+    Grant {
+        /// etcd's endpoints, comma-separated.
+        #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
+        etcd: String,
+        #[command(flatten)]
+        login: EtcdLogin,
+        /// The node, and its user's name.
+        #[arg(long, value_name = "NAME")]
+        node: String,
+        /// A group the node reads; repeat it.
+        #[arg(long = "group", value_name = "GROUP", value_delimiter = ',')]
+        groups: Vec<String>,
+        /// A file whose first line is the node's new password.
+        #[arg(long, value_name = "PATH")]
+        node_password_file: PathBuf,
+    },
+    /// Every node in a table: alive, the revision applied and the latest it reads, converged,
+    /// drift corrected, contested keys, the last error. Exits 1 when a node is not alive,
+    /// converged and current.
+    Status {
+        /// etcd's endpoints, comma-separated.
+        #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
+        etcd: String,
+        #[command(flatten)]
+        login: EtcdLogin,
+        /// Print the rows as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Where a declaration is put, and what.
+#[derive(Debug, clap::Args)]
+pub struct FleetPut {
+    /// etcd's endpoints, comma-separated.
+    #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
+    pub etcd: String,
+    #[command(flatten)]
+    pub login: EtcdLogin,
+    /// Every node's declaration.
+    #[arg(long, group = "scope")]
+    pub fleet: bool,
+    /// The declaration of every node in this group.
+    #[arg(long, value_name = "GROUP", group = "scope")]
+    pub group: Option<String>,
+    /// One node's own declaration.
+    #[arg(long, value_name = "NAME", group = "scope")]
+    pub node: Option<String>,
+    /// A declaration file, or a directory whose `*.json` files are put.
+    #[arg(value_name = "FILE-OR-DIR")]
+    pub path: PathBuf,
+}
+
+/// A login to etcd's auth, when it is on.
+#[derive(Debug, clap::Args)]
+pub struct EtcdLogin {
+    /// The etcd user to log in as (a node: its own name, given by `fleet grant`).
+    #[arg(long, env = "MESH_HOST_ETCD_USER", value_name = "USER", requires = "etcd_password_file")]
+    pub etcd_user: Option<String>,
+    /// A file whose first line is that user's password (never on the command line, where
+    /// /proc would show it).
+    #[arg(long, env = "MESH_HOST_ETCD_PASSWORD_FILE", value_name = "PATH", requires = "etcd_user")]
+    pub etcd_password_file: Option<PathBuf>,
+}
+
+impl EtcdLogin {
+    /// A client for `endpoints`, logged in when a user is given.
+    fn client(&self, endpoints: &str) -> anyhow::Result<crate::system::etcd::Etcd> {
+        let etcd = crate::system::etcd::Etcd::new(endpoints)
+            .map_err(|e| Usage(format!("mesh-host: --etcd: {e}")))?;
+        Ok(match (&self.etcd_user, &self.etcd_password_file) {
+            (Some(user), Some(file)) => {
+                let password = crate::system::etcd::read_password(file)
+                    .with_context(|| format!("cannot read the etcd password file {}", file.display()))?;
+                etcd.with_login(user.clone(), password)
+            }
+            _ => etcd,
+        })
+    }
+}
+
+impl FleetPut {
+    fn scope(&self) -> Result<crate::fleet::Scope, Usage> {
+        use crate::fleet::{check_name, Scope};
+        let named =
+            |what: &str, name: &str| check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")));
+        match (self.fleet, &self.group, &self.node) {
+            (true, None, None) => Ok(Scope::Fleet),
+            (false, Some(g), None) => named("--group", g).map(|()| Scope::Group(g.clone())),
+            (false, None, Some(n)) => named("--node", n).map(|()| Scope::Node(n.clone())),
+            _ => Err(Usage("mesh-host: say where to put it: one of --fleet, --group G, --node N".into())),
+        }
+    }
+}
+
 /// Bad usage found after parsing: exits 2, like clap's own.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -202,13 +333,36 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
             apply_cmd(&file, origin, Shown { json, verbose }, &cli.state, reach)
         }
         Command::Status { json } => status(json, &cli.state, &reach.key),
-        Command::Run { declaration, origin, metrics, resync, settle_ms } => {
+        Command::Fleet { command } => fleet(command),
+        Command::Run { declaration, origin, metrics, resync, settle_ms, etcd, node, groups, login } => {
             let metrics = match metrics.as_str() {
                 "off" | "none" => None,
                 addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
             };
-            let declaration = std::path::absolute(&declaration)?;
+            let mut declaration = std::path::absolute(&declaration)?;
+            let fleet = match (etcd, node) {
+                (Some(endpoints), Some(node)) => {
+                    crate::fleet::check_name("--node", &node)
+                        .map_err(|e| Usage(format!("mesh-host: {e}")))?;
+                    for g in &groups {
+                        crate::fleet::check_name("--group", g)
+                            .map_err(|e| Usage(format!("mesh-host: {e}")))?;
+                    }
+                    let client = login.client(&endpoints)?;
+                    // The last declaration accepted from etcd, beside the state store: what the
+                    // controller reads as its source, and what a restart applies while etcd is
+                    // out of reach.
+                    let dir = cli.state.parent().unwrap_or(Path::new("/")).join("fleet");
+                    crate::system::etcd::private_dir(&dir).with_context(|| {
+                        format!("cannot make the fleet cache directory {}", dir.display())
+                    })?;
+                    declaration = dir.join("declaration.d");
+                    Some((crate::fleet::source::Source { endpoints, node, groups }, client))
+                }
+                _ => None,
+            };
             let config = crate::controller::Config {
+                fleet: fleet.as_ref().map(|(s, _)| s.clone()),
                 declaration,
                 state: cli.state.clone(),
                 origin,
@@ -223,7 +377,8 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                 archive_limits,
                 key: key.clone(),
             };
-            tokio::runtime::Handle::current().block_on(crate::controller::run(config))?;
+            tokio::runtime::Handle::current()
+                .block_on(crate::controller::run(config, fleet.map(|(_, client)| client)))?;
             Ok(Ended::Converged)
         }
         Command::Schema => {
@@ -244,6 +399,69 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
             Ok(Ended::Converged)
         }
     }
+}
+
+fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
+    let (args, diff) = match command {
+        FleetCommand::Put(args) => (args, false),
+        FleetCommand::Diff(args) => (args, true),
+        FleetCommand::Grant { etcd, login, node, groups, node_password_file } => {
+            for (what, name) in
+                std::iter::once(("--node", &node)).chain(groups.iter().map(|g| ("--group", g)))
+            {
+                crate::fleet::check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+            }
+            let etcd = login.client(&etcd)?;
+            let password = crate::system::etcd::read_password(&node_password_file).with_context(|| {
+                format!("cannot read the node's password file {}", node_password_file.display())
+            })?;
+            let out = tokio::runtime::Handle::current()
+                .block_on(crate::fleet::grant(&etcd, &node, &groups, &password))?;
+            print!("{out}");
+            return Ok(Ended::Converged);
+        }
+        FleetCommand::Status { etcd, login, json } => {
+            let etcd = login.client(&etcd)?;
+            let (revision, rows) =
+                tokio::runtime::Handle::current().block_on(crate::fleet::status::rows(&etcd))?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({"revision": revision, "nodes": rows}))?
+                );
+            } else {
+                print!("{}", crate::fleet::status::table(revision, &rows));
+            }
+            return Ok(if rows.iter().all(|r| r.current) { Ended::Converged } else { Ended::Failed });
+        }
+    };
+    let scope = args.scope()?;
+    let etcd = args.login.client(&args.etcd)?;
+    let files = crate::system::read_source(&args.path)
+        .map_err(|e| Usage(format!("mesh-host: cannot read the declaration {}: {e}", args.path.display())))?;
+    if files.is_empty() {
+        return Err(Usage(format!(
+            "mesh-host: {} holds no *.json file to put; to empty {} on purpose, put a declaration with no resources",
+            args.path.display(),
+            scope.describe()
+        ))
+        .into());
+    }
+    // Validated before anything is read from or written to etcd: a declaration mesh-host would
+    // refuse never reaches it.
+    let wanted = crate::fleet::put::prepare(&scope, files)?;
+    let runtime = tokio::runtime::Handle::current();
+    // And as each node it reaches will read it, beside the other levels it reads.
+    if let Err(refusal) = runtime.block_on(crate::fleet::put::check_nodes(&etcd, &scope, &wanted))? {
+        return Err(Usage(refusal).into());
+    }
+    let out = if diff {
+        runtime.block_on(crate::fleet::put::diff(&etcd, &scope, &wanted))?
+    } else {
+        runtime.block_on(crate::fleet::put::put(&etcd, &scope, wanted))?
+    };
+    print!("{out}");
+    Ok(Ended::Converged)
 }
 
 /// Where the node's key is: `--key`, else `sealing.key` beside the store.

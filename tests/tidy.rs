@@ -20,8 +20,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("store", &["declaration", "system"]),
     ("telemetry", &["system"]),
     ("apply", &["cron", "declaration", "secrets", "store", "system"]),
-    ("controller", &["apply", "cron", "declaration", "secrets", "store", "system", "telemetry"]),
-    ("cli", &["apply", "controller", "cron", "declaration", "secrets", "store", "system", "telemetry"]),
+    ("fleet", &["declaration", "system"]),
+    ("controller", &["apply", "cron", "declaration", "fleet", "secrets", "store", "system", "telemetry"]),
+    (
+        "cli",
+        &["apply", "controller", "cron", "declaration", "fleet", "secrets", "store", "system", "telemetry"],
+    ),
     ("lib", &[]),
 ];
 

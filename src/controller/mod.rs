@@ -44,6 +44,9 @@ use queue::Queue;
 pub use trigger::Key;
 use worker::Worker;
 
+/// How long the first apply waits for the first read of the declaration from etcd.
+const FIRST_READ: Duration = Duration::from_secs(10);
+
 /// How the daemon runs.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -69,6 +72,9 @@ pub struct Config {
     pub step_timeout: Option<Duration>,
     /// How much one archive may unpack (`--archive-max-bytes`, `--archive-max-entries`).
     pub archive_limits: crate::apply::ArchiveLimits,
+    /// Where in etcd the declaration comes from (`--etcd`); `declaration` is then the cache
+    /// directory the fleet source writes.
+    pub fleet: Option<crate::fleet::source::Source>,
     /// The node's sealing key (`--key`), read in each pass that opens a sealed value.
     pub key: PathBuf,
 }
@@ -86,7 +92,7 @@ impl Config {
 
 /// Runs the daemon until SIGTERM or SIGINT, then stops intake, lets the reconcile in flight
 /// finish, persists the store, stops every task and returns.
-pub async fn run(config: Config) -> anyhow::Result<()> {
+pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     // Signals first: a SIGTERM during the first apply must stop the agent cleanly too (after
     // that apply, which is not interrupted half way).
@@ -130,6 +136,36 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tasks.push(task);
     }
 
+    // The etcd source writes the cache directory the source watcher below follows: the
+    // controller reads it as it reads a local directory, and applies what it held last while
+    // etcd is out of reach.
+    if let (Some(source), Some(etcd)) = (config.fleet.clone(), etcd) {
+        let etcd = Arc::new(etcd);
+        tasks.push(tokio::spawn(crate::fleet::status::run(
+            Arc::clone(&etcd),
+            source.node.clone(),
+            source.groups.clone(),
+            worker.applied(),
+            shutdown.clone(),
+        )));
+        tracing::info!(endpoints = %source.endpoints, node = %source.node, groups = ?source.groups, "declaration from etcd");
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+        tasks.push(tokio::spawn(crate::fleet::source::run(
+            source,
+            etcd,
+            config.declaration.clone(),
+            first_tx,
+            shutdown.clone(),
+        )));
+        // The first apply waits for the first read of etcd (it fails fast when etcd refuses
+        // connections), bounded: a node must start even when etcd hangs, on its cache.
+        if tokio::time::timeout(FIRST_READ, first_rx).await.is_err() {
+            tracing::warn!(
+                "no answer from etcd in {}: starting on the last declaration known",
+                crate::system::human(FIRST_READ)
+            );
+        }
+    }
     // Watch before the first apply, so a change made during it is not missed; what the
     // watchers report meanwhile waits in the channel.
     tasks.push(
@@ -255,6 +291,7 @@ mod tests {
             container_socket: None,
             step_timeout: step.map(Duration::from_secs),
             archive_limits: crate::apply::ArchiveLimits::default(),
+            fleet: None,
             key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
         }
     }

@@ -74,6 +74,13 @@ pub struct Worker {
     /// recorded at: written here after every reconcile, read by the scheduler at each fire, which
     /// runs no other step.
     installed: tokio::sync::watch::Sender<Arc<std::collections::HashMap<Id, String>>>,
+    /// What the node has applied, for the fleet's status writer (a watch channel: the writer
+    /// takes the latest at its own pace, at most once a second). Updated only when it moves, so
+    /// a quiet node wakes no one.
+    applied: tokio::sync::watch::Sender<crate::fleet::status::Applied>,
+    /// The names of the files of the declaration in force (the revision read from etcd is in
+    /// the fleet cache's names).
+    sources: Vec<String>,
 }
 
 /// Drains the queue until it is shut down: each key reconciled, the queue told how it went,
@@ -200,7 +207,41 @@ impl Worker {
             firewall_watcher: None,
             in_force: tokio::sync::watch::channel(None).0,
             installed: tokio::sync::watch::channel(Arc::default()).0,
+            applied: tokio::sync::watch::channel(Default::default()).0,
+            sources: Vec::new(),
         }
+    }
+
+    /// What the node has applied, as the fleet's status writer follows it.
+    pub fn applied(&self) -> tokio::sync::watch::Receiver<crate::fleet::status::Applied> {
+        self.applied.subscribe()
+    }
+
+    /// Folds a report into what the node has applied. `full` for a full pass, whose counts and
+    /// success stand for the whole declaration; a reconcile of one key only adds to the
+    /// corrections and can only fail the node.
+    fn publish_applied(&self, report: &Report, full: bool) {
+        let corrected = report.outcomes.iter().filter(|o| o.action == Verb::Corrected).count() as u64;
+        let failures = report.error.iter().flat_map(|e| &e.failures);
+        let contested = failures.clone().filter(|f| f.raced).count() as u64;
+        let failed = failures.clone().any(|f| !f.raced);
+        let sources = &self.sources;
+        self.applied.send_if_modified(|a| {
+            let before = a.clone();
+            a.drift_corrections += corrected;
+            a.contested += contested;
+            if full {
+                a.counts =
+                    report.counts().into_iter().map(|(v, n)| (v.as_str().to_owned(), n as u64)).collect();
+                a.converged = report.error.is_none();
+                a.last_error = report.error.as_ref().map(|e| e.to_string());
+                a.sources.clone_from(sources);
+            } else if failed {
+                a.converged = false;
+                a.last_error = report.error.as_ref().map(|e| e.to_string());
+            }
+            *a != before
+        });
     }
 
     /// The index the intake loop maps changes with.
@@ -405,6 +446,7 @@ impl Worker {
             files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
         match Declaration::parse_sources(&named) {
             Ok(mut d) => {
+                self.sources = named.iter().map(|(name, _)| name.clone()).collect();
                 drop(named);
                 events::DeclarationAccepted { resources: d.resources.len() }.emit(&self.metrics);
                 status(&format!("enforcing {} resources from {}", d.resources.len(), source.display()));
@@ -509,6 +551,7 @@ impl Worker {
         let (report, _) = apply::apply_in(&mut self.session, declaration, &mut self.store, &options);
         let pass = t.elapsed();
         self.account(&report, None, false);
+        self.publish_applied(&report, true);
         events::ApplyFinished { at: now_secs(), succeeded: report.error.is_none() }.emit(&self.metrics);
         self.count_resources(&report);
         let t = std::time::Instant::now();
@@ -544,6 +587,7 @@ impl Worker {
         );
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
         self.account(&report, Some(seen), quiet);
+        self.publish_applied(&report, false);
         if report.outcomes.iter().any(|o| o.action.moved()) {
             // A directory made again (by itself, or as a file's parent) needs its watch made
             // again; this looks only at directories whose watch was lost.

@@ -9,6 +9,7 @@ pub mod accounts;
 pub mod command;
 pub mod contents;
 pub mod docker;
+pub mod etcd;
 pub mod firewall;
 pub mod fs;
 pub mod input;

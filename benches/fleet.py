@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Fleet convergence (issue 14, item 6), on this machine: N agents (each with its own state and
+target directory) on one private etcd member, one fleet-wide write, and the time until every
+agent's status key reports a revision at or past that write's. Also etcd's write rate from the
+idle agents, and each agent's resident size.
+
+    benches/fleet.py [AGENTS] [MESH_HOST_BINARY]
+
+Runs as root (the agents are the real daemon). Each agent holds two inotify instances (the
+file watcher and the declaration watcher), and Linux allows 128 per user by default: past about
+60 agents on one machine, raise `fs.inotify.max_user_instances` first, or the later agents
+stop at start-up ("cannot watch the declaration ...: Too many open files"). Leaves nothing behind: everything is under a
+temporary directory and every process it started is stopped by its id.
+"""
+import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+
+agents = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+binary = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "debug/mesh-host")
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+work = tempfile.mkdtemp(prefix="mesh-host-fleet-bench-")
+client, peer = free_port(), free_port()
+url = f"http://127.0.0.1:{client}"
+procs = []
+
+def etcdctl(*args):
+    return subprocess.run(["etcdctl", "--endpoints", url, *args], capture_output=True, text=True,
+                          env={**os.environ, "ETCDCTL_API": "3"})
+
+def revision():
+    return int(json.loads(etcdctl("endpoint", "status", "-w", "json").stdout)[0]["Status"]["header"]["revision"])
+
+def statuses():
+    out = json.loads(etcdctl("get", "--prefix", "/mesh-host/node/", "-w", "json").stdout or "{}")
+    got = {}
+    import base64
+    for kv in out.get("kvs", []):
+        key = base64.b64decode(kv["key"]).decode()
+        if key.endswith("/status"):
+            got[key.split("/")[3]] = json.loads(base64.b64decode(kv["value"]))
+    return got
+
+def put_fleet(content):
+    # No resource: agents on one machine share its filesystem, and one path declared by the
+    # fleet would have them fight over it. The bytes still change (the indent), so every agent
+    # reads, accepts and applies a new declaration at the new revision.
+    d = os.path.join(work, "fleet")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "base.json"), "w") as f:
+        json.dump({"version": 1, "resources": []}, f, indent=len(content))
+    out = subprocess.run([binary, "--state", os.path.join(work, "cli/state.json"), "fleet", "put", "--etcd", url,
+                          "--fleet", d], check=True, capture_output=True, text=True).stdout
+    return int(out.split("at revision ")[1].split(":")[0])
+
+try:
+    procs.append(subprocess.Popen(["etcd", "--name", "bench", "--data-dir", os.path.join(work, "etcd"),
+        "--listen-client-urls", url, "--advertise-client-urls", url,
+        "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+        "--initial-cluster", f"bench=http://127.0.0.1:{peer}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    for _ in range(100):
+        if etcdctl("endpoint", "health").returncode == 0:
+            break
+        time.sleep(0.1)
+    # Each agent's own node key: its own target file, so agents do not fight over one path.
+    for i in range(agents):
+        d = os.path.join(work, f"n{i}")
+        os.makedirs(d)
+        with open(os.path.join(d, "own.json"), "w") as f:
+            json.dump({"version": 1, "resources": [{"type": "file", "id": "own.conf",
+                       "path": os.path.join(d, "own.conf"), "content": f"node {i}\n"}]}, f)
+        subprocess.run([binary, "--state", os.path.join(work, "cli/state.json"), "fleet", "put", "--etcd", url,
+                        "--node", f"bench-{i}", os.path.join(d, "own.json")], check=True, capture_output=True)
+    put_fleet("1")
+    for i in range(agents):
+        d = os.path.join(work, f"n{i}")
+        procs.append(subprocess.Popen([binary, "--state", os.path.join(d, "state/state.json"), "run", "--etcd", url,
+            "--node", f"bench-{i}", "--metrics", "off"], stdout=open(os.path.join(d, "log"), "w"), stderr=subprocess.STDOUT))
+    deadline = time.time() + 120
+    while time.time() < deadline and len([s for s in statuses().values() if s.get("converged")]) < agents:
+        time.sleep(0.2)
+    ready = len([s for s in statuses().values() if s.get("converged")])
+    time.sleep(2)
+    # Idle write rate: revisions per second with nothing declared changing.
+    r0, t0 = revision(), time.time()
+    time.sleep(10)
+    idle_rate = (revision() - r0) / (time.time() - t0)
+    # One fleet-wide write, then each agent's time to report it applied.
+    # Timed from before the put (the CLI's own start-up is counted against the agents), each
+    # agent seen when a poll that finds it has returned: upper bounds, by a poll's length.
+    start = time.time()
+    written = put_fleet("22")
+    seen = {}
+    while time.time() < start + 60 and len(seen) < agents:
+        found = statuses()
+        now = time.time() - start
+        for node, st in found.items():
+            if node not in seen and (st.get("revision") or 0) >= written and st.get("converged"):
+                seen[node] = now
+        time.sleep(0.02)
+    times = sorted(seen.values())
+    rss = []
+    for p in procs[1:]:
+        with open(f"/proc/{p.pid}/status") as f:
+            rss += [int(l.split()[1]) / 1024 for l in f if l.startswith("VmRSS:")]
+    q = lambda f: times[min(len(times) - 1, int(f * len(times)))] if times else float("nan")
+    print(json.dumps({
+        "agents": agents, "converged_before_the_write": ready, "reported": len(times),
+        "not_reported": {n: {"revision": st.get("revision"), "converged": st.get("converged")}
+                         for n, st in statuses().items() if n not in seen},
+        "written_at_revision": written,
+        "convergence_s": {"p50": round(q(0.50), 3), "p99": round(q(0.99), 3), "max": round(times[-1], 3) if times else None},
+        "idle_etcd_revisions_per_s": round(idle_rate, 2),
+        "agent_rss_mib": {"median": round(statistics.median(rss), 1), "max": round(max(rss), 1)},
+    }, indent=1))
+finally:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    if not os.environ.get("KEEP"):
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print("kept", work)

@@ -1,0 +1,252 @@
+//! The daemon's etcd source: keeps the cache directory equal to the last declaration etcd held
+//! for this node that mesh-host accepts.
+//!
+//! The loop: read every prefix of the node at one revision; if what was read parses, write it
+//! to the cache in one step (the controller's source watcher sees the directory change and puts
+//! it in force); then watch every prefix from the next revision. Any change seen, a watch that
+//! breaks, a compacted revision, or a minute of quiet leads to the same thing: a full read
+//! again. Since each read is whole and each watch starts right after the revision read, nothing
+//! written in between is missed, across reconnects and leader changes alike.
+//!
+//! While etcd cannot be reached, the cache stays as it is and the controller goes on converging
+//! on it; a node started while etcd is down applies its last known declaration.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sha2::Digest as _;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::declaration::Declaration;
+use crate::system::etcd::{Etcd, EtcdError, Kv, Seen};
+
+/// Where a node's declaration comes from in etcd.
+#[derive(Clone, Debug)]
+pub struct Source {
+    /// Comma-separated endpoints, `http://127.0.0.1:2379,...`.
+    pub endpoints: String,
+    pub node: String,
+    /// In the order given: a later group's files come after an earlier one's.
+    pub groups: Vec<String>,
+}
+
+/// The name of the file in the cache that says where its declaration came from. Hidden, so the
+/// controller, which reads the cache as a `declaration.d`, does not take it for a part.
+pub const MANIFEST: &str = ".fleet.json";
+
+/// A full read even when no watch said anything: a watch on a connection that died without a
+/// word (a cable pulled, a firewall dropping packets) says nothing, and this bounds how long
+/// that goes unnoticed.
+const REREAD: Duration = Duration::from_secs(60);
+
+/// The longest wait between tries while etcd cannot be reached.
+const BACKOFF_CAP: Duration = Duration::from_secs(30);
+
+/// Reads every prefix at one revision: the first read's, which every later read names. Returns
+/// the revision and the keys in declaration order.
+pub async fn read_at_one_revision(etcd: &Etcd, prefixes: &[String]) -> Result<(i64, Vec<Kv>), EtcdError> {
+    let mut revision = None;
+    let mut kvs = Vec::new();
+    for prefix in prefixes {
+        let range = etcd.range_prefix(prefix, revision).await?;
+        revision.get_or_insert(range.revision);
+        kvs.extend(range.kvs);
+    }
+    Ok((revision.unwrap_or(0), kvs))
+}
+
+/// A digest of what was read: keys and values, in order.
+fn digest(kvs: &[Kv]) -> String {
+    let mut h = sha2::Sha256::new();
+    for kv in kvs {
+        h.update((kv.key.len() as u64).to_le_bytes());
+        h.update(kv.key.as_bytes());
+        h.update((kv.value.len() as u64).to_le_bytes());
+        h.update(&kv.value);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the cache holds now, by its manifest's digest; `None` when there is no cache yet.
+fn cached_digest(cache: &std::path::Path) -> Option<String> {
+    let bytes = crate::system::read_input(&cache.join(MANIFEST), 1 << 20).ok()?;
+    let manifest: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    manifest["digest"].as_str().map(str::to_owned)
+}
+
+/// Decides what one read means for the cache: written when it is a declaration mesh-host
+/// accepts and differs from what is cached; refused, and said so once, otherwise. Blocking: a
+/// large declaration takes a while to parse and the cache is written with fsyncs.
+fn settle(source: &Source, cache: &std::path::Path, revision: i64, kvs: Vec<Kv>, seen: &mut Option<String>) {
+    let d = digest(&kvs);
+    if seen.as_deref() == Some(d.as_str()) {
+        return;
+    }
+    *seen = Some(d.clone());
+    let node = &source.node;
+    if kvs.is_empty() {
+        // An empty declaration would remove everything the node manages: a node named wrongly,
+        // or a fleet wiped by mistake, must not do that. An operator who means it puts a
+        // declaration with no resources.
+        tracing::error!(
+            node = %node,
+            revision,
+            "etcd holds no declaration for node {node} (no key under its fleet, group or node prefixes) at revision {revision}; \
+             refused, the declaration in force stays. To empty a node on purpose, put a declaration with no resources"
+        );
+        return;
+    }
+    let named: Vec<(String, Vec<u8>)> = kvs.iter().map(|kv| (kv.key.clone(), kv.value.clone())).collect();
+    match Declaration::parse_sources(&named) {
+        Ok(declaration) => {
+            let keys: Vec<&str> = kvs.iter().map(|kv| kv.key.as_str()).collect();
+            let manifest = serde_json::json!({
+                "node": node, "groups": source.groups, "revision": revision, "digest": d, "keys": keys,
+            });
+            let mut files: Vec<(String, Vec<u8>)> = named
+                .into_iter()
+                .enumerate()
+                .map(|(i, (key, bytes))| (super::cache_name(revision, i, &key), bytes))
+                .collect();
+            files.push((MANIFEST.into(), manifest.to_string().into_bytes()));
+            match crate::system::etcd::replace_dir(cache, &files) {
+                Ok(()) => tracing::info!(
+                    node = %node,
+                    revision,
+                    resources = declaration.resources.len(),
+                    keys = kvs.len(),
+                    "declaration from etcd accepted at revision {revision}: {} resources from {} keys",
+                    declaration.resources.len(),
+                    kvs.len()
+                ),
+                Err(e) => {
+                    // Not recorded as seen: the next read tries the write again.
+                    *seen = None;
+                    tracing::error!(
+                        node = %node,
+                        revision,
+                        "cannot write the declaration from etcd to {}: {e}; the declaration in force stays",
+                        cache.display()
+                    );
+                }
+            }
+        }
+        Err(refused) => tracing::error!(
+            node = %node,
+            revision,
+            "the declaration in etcd at revision {revision} is refused; the declaration in force stays: {refused}"
+        ),
+    }
+}
+
+/// Runs the source until `shutdown`: see the module's notes. `first` is told when the first read
+/// has been settled or has failed, so the controller's first apply is of what etcd holds now
+/// rather than of an older cache, without waiting on an etcd that does not answer.
+pub async fn run(
+    source: Source,
+    etcd: std::sync::Arc<Etcd>,
+    cache: PathBuf,
+    first: tokio::sync::oneshot::Sender<()>,
+    shutdown: CancellationToken,
+) {
+    let mut first = Some(first);
+    let prefixes = super::prefixes(&source.node, &source.groups);
+    let mut seen = cached_digest(&cache);
+    let mut backoff = Duration::from_millis(250);
+    // Whether the last try failed: etcd going away and coming back is logged once each way.
+    let mut down = false;
+    loop {
+        let (revision, kvs) = match read_at_one_revision(&etcd, &prefixes).await {
+            Ok(read) => read,
+            Err(e) => {
+                if !down {
+                    tracing::warn!(node = %source.node, "cannot read the declaration from etcd: {e}; converging on the last one known, trying again");
+                }
+                down = true;
+                if let Some(first) = first.take() {
+                    let _ = first.send(());
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(BACKOFF_CAP);
+                continue;
+            }
+        };
+        if down {
+            tracing::info!(node = %source.node, revision, "etcd answers again; read its declaration at revision {revision}");
+            down = false;
+        }
+        backoff = Duration::from_millis(250);
+        let (settle_source, settle_cache) = (source.clone(), cache.clone());
+        let mut settle_seen = seen.take();
+        let settled = tokio::task::spawn_blocking(move || {
+            settle(&settle_source, &settle_cache, revision, kvs, &mut settle_seen);
+            settle_seen
+        })
+        .await;
+        seen = settled.unwrap_or(None);
+        if let Some(first) = first.take() {
+            let _ = first.send(());
+        }
+
+        // One watch per prefix, all from the revision after the one read; whichever speaks
+        // first ends the wait. Aborted when dropped, before the next read starts new ones.
+        let (tx, mut rx) = mpsc::unbounded_channel::<Result<Seen, EtcdError>>();
+        let mut watches = tokio::task::JoinSet::new();
+        for prefix in &prefixes {
+            let (tx, prefix) = (tx.clone(), prefix.clone());
+            let etcd = &*etcd;
+            let watch = etcd.watch_prefix(&prefix, revision + 1).await;
+            watches.spawn(async move {
+                let mut watch = match watch {
+                    Ok(w) => w,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                loop {
+                    let seen = watch.next().await;
+                    let end = seen.is_err();
+                    if tx.send(seen).is_err() || end {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let reread = tokio::time::sleep(REREAD);
+        tokio::pin!(reread);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = &mut reread => break,
+                seen = rx.recv() => match seen {
+                    Some(Ok(Seen::Created)) => continue,
+                    Some(Ok(Seen::Changed(at))) => {
+                        tracing::debug!(node = %source.node, revision = at, "etcd: the declaration changed");
+                        break;
+                    }
+                    Some(Err(EtcdError::Compacted(at))) => {
+                        tracing::info!(node = %source.node, "etcd compacted revision {at} away; reading the whole declaration again");
+                        break;
+                    }
+                    Some(Err(e)) => {
+                        if e.to_string().contains("auth token") {
+                            etcd.forget_token();
+                        }
+                        tracing::warn!(node = %source.node, "the watch on etcd ended: {e}; reading the whole declaration again");
+                        // A short pause: a member going away ends every watch at once.
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        break;
+                    }
+                    None => break,
+                },
+            }
+        }
+        watches.abort_all();
+    }
+}

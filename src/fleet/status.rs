@@ -1,0 +1,270 @@
+//! Status back to etcd (issue 14, item 2): what a node applied, and whether it is there at all.
+//!
+//! ```text
+//! /mesh-host/node/N/status   JSON: revision applied, converged, outcome counts, drift
+//!                            corrections, contested keys, the last error; at most one write
+//!                            a second, however busy the node is
+//! /mesh-host/node/N/alive    bound to a lease of ALIVE_TTL: gone within that when the node
+//!                            dies or is cut off
+//! ```
+//!
+//! The controller's worker publishes an `Applied` after each reconcile on a watch channel, which
+//! keeps only the latest: the writer here takes it, writes, waits a second, and takes whatever
+//! is latest then. So a busy node costs etcd one write a second, and the last state is always
+//! written.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::system::etcd::Etcd;
+
+/// How long a node's presence outlives its last word to etcd.
+pub const ALIVE_TTL: i64 = 10;
+
+/// The least time between two status writes of one node.
+const WRITE_EVERY: Duration = Duration::from_secs(1);
+
+/// What a node has applied, as the worker last saw it. Carries no secret: counts, ids' counts
+/// and messages the report already logs (which never hold an opened value).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    /// The names of the files of the declaration in force (the cache's, when it came from etcd).
+    #[serde(skip)]
+    pub sources: Vec<String>,
+    /// Whether the last full pass, and every reconcile since, succeeded.
+    pub converged: bool,
+    /// Each outcome word's count in the last full pass.
+    pub counts: BTreeMap<String, u64>,
+    /// Drift put back since the node started.
+    pub drift_corrections: u64,
+    /// Read-backs that found someone else had written since the node started (contested keys).
+    pub contested: u64,
+    /// The last failure, until a full pass succeeds.
+    pub last_error: Option<String>,
+}
+
+/// What is written to a node's status key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub node: String,
+    pub groups: Vec<String>,
+    /// The etcd revision of the declaration in force; `None` before one from etcd is in force.
+    pub revision: Option<i64>,
+    #[serde(flatten)]
+    pub applied: Applied,
+    /// Seconds since the epoch when this was written.
+    pub written_at: u64,
+}
+
+/// The key of a node's status.
+pub fn status_key(node: &str) -> String {
+    format!("{}node/{node}/status", super::ROOT)
+}
+
+/// The key of a node's presence.
+pub fn alive_key(node: &str) -> String {
+    format!("{}node/{node}/alive", super::ROOT)
+}
+
+/// The revision a declaration read from the cache was read at: every cache file's name starts
+/// with it (`super::cache_name`). `None` for a source that is not the fleet's cache.
+pub fn revision_of(sources: &[String]) -> Option<i64> {
+    let name = std::path::Path::new(sources.first()?).file_name()?.to_str()?;
+    let digits = name.strip_prefix('r')?.get(..12)?;
+    digits.parse().ok()
+}
+
+/// Writes the node's status and keeps its presence until `shutdown`.
+pub async fn run(
+    etcd: Arc<Etcd>,
+    node: String,
+    groups: Vec<String>,
+    mut applied: watch::Receiver<Applied>,
+    shutdown: CancellationToken,
+) {
+    let (status, alive) = (status_key(&node), alive_key(&node));
+    let mut lease: Option<i64> = None;
+    // Written once at least even when nothing changed: a node that restarts says so.
+    applied.mark_changed();
+    let mut keepalive = tokio::time::interval(Duration::from_secs((ALIVE_TTL / 3).max(1) as u64));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = keepalive.tick() => {
+                lease = match lease {
+                    Some(id) => match etcd.lease_keepalive(id).await {
+                        Ok(true) => Some(id),
+                        // Expired (cut off for longer than the TTL): a new lease, the key again.
+                        Ok(false) => None,
+                        Err(e) => {
+                            tracing::debug!(node = %node, "cannot renew the presence lease: {e}");
+                            Some(id)
+                        }
+                    },
+                    None => None,
+                };
+                if lease.is_none() {
+                    lease = match etcd.lease_grant(ALIVE_TTL).await {
+                        Ok(id) => match etcd.put_with_lease(&alive, b"1", id).await {
+                            Ok(_) => Some(id),
+                            Err(e) => {
+                                tracing::debug!(node = %node, "cannot write the presence key: {e}");
+                                None
+                            }
+                        },
+                        Err(e) => {
+                            tracing::debug!(node = %node, "cannot take a presence lease: {e}");
+                            None
+                        }
+                    };
+                }
+            }
+            changed = applied.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let now = applied.borrow_and_update().clone();
+                let written_at = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                let record = Status {
+                    node: node.clone(),
+                    groups: groups.clone(),
+                    revision: revision_of(&now.sources),
+                    applied: now,
+                    written_at,
+                };
+                let bytes = match serde_json::to_vec(&record) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::warn!(node = %node, "cannot write the status: {e}");
+                        continue;
+                    }
+                };
+                if let Err(e) = etcd.put(&status, &bytes).await {
+                    tracing::debug!(node = %node, "cannot write the status to etcd: {e}; the next change tries again");
+                    // Written again when etcd answers: the latest is still there to take.
+                    applied.mark_changed();
+                }
+                // The rate limit: whatever changes meanwhile waits in the channel, merged.
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(WRITE_EVERY) => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_revision_applied_is_read_from_the_cache_file_names() {
+        let cache = super::super::cache_name(42, 0, "/mesh-host/fleet/declaration/a.json");
+        assert_eq!(revision_of(&[format!("/var/lib/mesh-host/fleet/declaration.d/{cache}")]), Some(42));
+        assert_eq!(revision_of(&["/etc/mesh-host/declaration.d/10-base.json".into()]), None);
+        assert_eq!(revision_of(&[]), None);
+    }
+}
+
+/// One node's row in `fleet status`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Row {
+    pub node: String,
+    pub alive: bool,
+    /// What the node last wrote; `None` when it never wrote a status.
+    pub status: Option<Status>,
+    /// The newest revision among the keys the node reads (by the groups it last reported).
+    pub latest: Option<i64>,
+    /// Alive, converged, and applied at the latest revision or later.
+    pub current: bool,
+}
+
+/// Reads every node's status, presence and the revisions of what each reads, at one revision.
+pub async fn rows(etcd: &Etcd) -> Result<(i64, Vec<Row>), crate::system::etcd::EtcdError> {
+    let all = etcd.range_prefix(super::ROOT, None).await?;
+    let mut nodes: BTreeMap<String, Row> = BTreeMap::new();
+    let node_root = format!("{}node/", super::ROOT);
+    for kv in &all.kvs {
+        let Some(rest) = kv.key.strip_prefix(&node_root) else { continue };
+        let Some((node, what)) = rest.split_once('/') else { continue };
+        let row = nodes.entry(node.to_owned()).or_insert_with(|| Row {
+            node: node.to_owned(),
+            alive: false,
+            status: None,
+            latest: None,
+            current: false,
+        });
+        match what {
+            "alive" => row.alive = true,
+            // A status that does not parse is shown as none rather than failing the table.
+            "status" => row.status = serde_json::from_slice(&kv.value).ok(),
+            _ => {}
+        }
+    }
+    // Nodes that only have a declaration and never ran are listed too: an operator wants to see
+    // the node that never came up.
+    for row in nodes.values_mut() {
+        let groups = row.status.as_ref().map(|s| s.groups.clone()).unwrap_or_default();
+        let prefixes = super::prefixes(&row.node, &groups);
+        row.latest = all
+            .kvs
+            .iter()
+            .filter(|kv| prefixes.iter().any(|p| kv.key.starts_with(p.as_str())))
+            .map(|kv| kv.mod_revision)
+            .max();
+        row.current = row.alive
+            && row.status.as_ref().is_some_and(|s| {
+                s.applied.converged && s.revision.is_some_and(|r| row.latest.is_none_or(|l| r >= l))
+            });
+    }
+    Ok((all.revision, nodes.into_values().collect()))
+}
+
+/// The table `fleet status` prints.
+pub fn table(revision: i64, rows: &[Row]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<24} {:<5} {:>8} {:>8} {:<9} {:>6} {:>9}  LAST ERROR",
+        "NODE", "ALIVE", "APPLIED", "LATEST", "CONVERGED", "DRIFT", "CONTESTED"
+    );
+    let opt = |r: Option<i64>| r.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
+    for row in rows {
+        let s = row.status.as_ref();
+        let mut error = s.and_then(|s| s.applied.last_error.clone()).unwrap_or_default();
+        error = error.lines().next().unwrap_or_default().chars().take(80).collect();
+        let _ = writeln!(
+            out,
+            "{:<24} {:<5} {:>8} {:>8} {:<9} {:>6} {:>9}  {}",
+            row.node,
+            if row.alive { "yes" } else { "no" },
+            opt(s.and_then(|s| s.revision)),
+            opt(row.latest),
+            match s {
+                Some(s) if s.applied.converged => "yes",
+                Some(_) => "no",
+                None => "-",
+            },
+            s.map(|s| s.applied.drift_corrections.to_string()).unwrap_or_else(|| "-".into()),
+            s.map(|s| s.applied.contested.to_string()).unwrap_or_else(|| "-".into()),
+            error
+        );
+    }
+    let current = rows.iter().filter(|r| r.current).count();
+    let _ = writeln!(
+        out,
+        "fleet: {current} of {} nodes alive, converged and at their latest revision (etcd at revision {revision})",
+        rows.len()
+    );
+    out
+}

@@ -1,0 +1,654 @@
+//! A small etcd v3 client over etcd's JSON gateway (`/v3/kv/range`, `/v3/kv/txn`, `/v3/watch`):
+//! the few calls the fleet needs, on the hyper client bollard already brings in.
+//!
+//! Why not the `etcd-client` crate: it brings tonic, prost and a build script that needs
+//! `protoc`, a heavy build on the two shared cores the project builds on, for four calls that
+//! the gateway every etcd since 3.3 serves answers just as well. ARCHITECTURE.md says more.
+//!
+//! The gateway speaks proto3 JSON: keys and values are base64, 64-bit numbers are strings, and a
+//! field at its zero value is left out. Streamed answers (a watch) are a sequence of JSON
+//! documents, each `{"result": ...}` or `{"error": ...}`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use secrecy::{ExposeSecret as _, SecretString};
+use serde_json::{json, Value};
+
+/// How long one unary call (a read, a transaction) may take before the next endpoint is tried.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The largest answer read from etcd: its own default request limit is 1.5 MiB per value, and a
+/// range holds a node's whole declaration.
+const ANSWER_LIMIT: usize = 512 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    #[error("{endpoints}: {message}")]
+    Unreachable { endpoints: String, message: String },
+    #[error("etcd at {endpoint} refused {call}: {message}")]
+    Refused { endpoint: String, call: &'static str, message: String },
+    /// The revision asked for was compacted away: read everything again at the current one.
+    #[error("etcd has compacted revision {0} away")]
+    Compacted(i64),
+    #[error("etcd at {endpoint} answered {call} with something that is not etcd's JSON: {message}")]
+    Garbled { endpoint: String, call: &'static str, message: String },
+}
+
+/// One key and its value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kv {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub mod_revision: i64,
+}
+
+/// What a range read found, and the store's revision it was read at.
+#[derive(Clone, Debug)]
+pub struct Range {
+    pub revision: i64,
+    pub kvs: Vec<Kv>,
+}
+
+/// A client for one cluster: its endpoints are tried in turn, starting with the last that
+/// answered.
+pub struct Etcd {
+    endpoints: Vec<String>,
+    /// The endpoint that answered last; a failing one moves it on.
+    current: AtomicUsize,
+    client: Client<HttpConnector, Full<Bytes>>,
+    /// The user and password of etcd's auth, when it is on: exchanged for a token, which every
+    /// request then carries.
+    login: Option<(String, SecretString)>,
+    /// The token of the last login; cleared when etcd says it is no longer good.
+    token: std::sync::Mutex<Option<String>>,
+}
+
+/// The end of the range of every key that starts with `prefix` (etcd's `range_end`).
+pub fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte 0xff: to the end of the keyspace.
+    vec![0]
+}
+
+fn num(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+impl Etcd {
+    /// A client for a comma-separated list of endpoints (`http://127.0.0.1:2379,...`).
+    pub fn new(endpoints: &str) -> Result<Etcd, String> {
+        let endpoints: Vec<String> = endpoints
+            .split(',')
+            .map(|e| e.trim().trim_end_matches('/').to_owned())
+            .filter(|e| !e.is_empty())
+            .collect();
+        if endpoints.is_empty() {
+            return Err("no etcd endpoint given".into());
+        }
+        for e in &endpoints {
+            if e.starts_with("https://") {
+                return Err(format!(
+                    "{e}: TLS to etcd is not built yet (issue 14, item 4); use an http:// endpoint on a trusted network"
+                ));
+            }
+            if !e.starts_with("http://") {
+                return Err(format!("{e}: an etcd endpoint is a URL such as http://127.0.0.1:2379"));
+            }
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_secs(3)));
+        connector.set_nodelay(true);
+        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
+        Ok(Etcd {
+            endpoints,
+            current: AtomicUsize::new(0),
+            client,
+            login: None,
+            token: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Logs in to etcd's auth as `user` before the first request (and again when the token
+    /// expires).
+    pub fn with_login(mut self, user: String, password: SecretString) -> Etcd {
+        self.login = Some((user, password));
+        self
+    }
+
+    fn token(&self) -> Option<String> {
+        self.token.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Logs in when there is a login and no token yet.
+    async fn ensure_token(&self) -> Result<(), EtcdError> {
+        let Some((user, password)) = &self.login else { return Ok(()) };
+        if self.token().is_some() {
+            return Ok(());
+        }
+        // The password is in the body only: no error or log line carries a request's body.
+        let body = json!({"name": user, "password": password.expose_secret()});
+        let answer = self.call_once("a login", "/v3/auth/authenticate", body).await?;
+        let token = answer["token"].as_str().unwrap_or_default().to_owned();
+        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
+        Ok(())
+    }
+
+    /// The endpoints, as given.
+    pub fn endpoints(&self) -> String {
+        self.endpoints.join(",")
+    }
+
+    async fn post(
+        &self,
+        endpoint: &str,
+        path: &str,
+        body: &Value,
+    ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+        let mut request =
+            hyper::Request::post(format!("{endpoint}{path}")).header("content-type", "application/json");
+        if let Some(token) = self.token() {
+            request = request.header("authorization", token);
+        }
+        let request = request.body(Full::new(Bytes::from(body.to_string()))).map_err(|e| e.to_string())?;
+        self.client.request(request).await.map_err(|e| {
+            // hyper's own message is terse ("client error (Connect)"): the source says why.
+            let mut message = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                message = format!("{message}: {s}");
+                source = s.source();
+            }
+            message
+        })
+    }
+
+    /// One unary call, logged in first when etcd's auth is on, and once more with a new token
+    /// when etcd says the one held expired.
+    async fn call(&self, call: &'static str, path: &str, body: Value) -> Result<Value, EtcdError> {
+        self.ensure_token().await?;
+        match self.call_once(call, path, body.clone()).await {
+            Err(EtcdError::Refused { message, .. })
+                if self.login.is_some() && message.contains("auth token") =>
+            {
+                *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                self.ensure_token().await?;
+                self.call_once(call, path, body).await
+            }
+            answer => answer,
+        }
+    }
+
+    /// One unary call, tried on each endpoint in turn until one answers.
+    async fn call_once(&self, call: &'static str, path: &str, body: Value) -> Result<Value, EtcdError> {
+        let start = self.current.load(Ordering::Relaxed);
+        let mut last = String::new();
+        for i in 0..self.endpoints.len() {
+            let at = (start + i) % self.endpoints.len();
+            let endpoint = &self.endpoints[at];
+            let answer = tokio::time::timeout(CALL_TIMEOUT, async {
+                let response = self.post(endpoint, path, &body).await?;
+                let status = response.status();
+                let bytes = http_body_util::Limited::new(response.into_body(), ANSWER_LIMIT)
+                    .collect()
+                    .await
+                    .map_err(|e| format!("reading the answer: {e}"))?
+                    .to_bytes();
+                Ok::<_, String>((status, bytes))
+            })
+            .await;
+            let (status, bytes) = match answer {
+                Ok(Ok(answer)) => answer,
+                Ok(Err(e)) => {
+                    last = format!("{endpoint}: {e}");
+                    continue;
+                }
+                Err(_) => {
+                    last = format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT));
+                    continue;
+                }
+            };
+            self.current.store(at, Ordering::Relaxed);
+            let value: Value = serde_json::from_slice(&bytes).map_err(|e| EtcdError::Garbled {
+                endpoint: endpoint.clone(),
+                call,
+                message: format!("{e} (HTTP {status})"),
+            })?;
+            if !status.is_success() {
+                let message = value
+                    .get("error")
+                    .or(value.get("message"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned();
+                if message.contains("compacted") {
+                    return Err(EtcdError::Compacted(num(&body["revision"])));
+                }
+                // A member without a leader (mid-election) or stopping: another may answer.
+                if status.is_server_error() {
+                    last = format!("{endpoint}: HTTP {status}: {message}");
+                    continue;
+                }
+                return Err(EtcdError::Refused { endpoint: endpoint.clone(), call, message });
+            }
+            return Ok(value);
+        }
+        Err(EtcdError::Unreachable {
+            endpoints: self.endpoints(),
+            message: format!("no etcd endpoint answered {call}; last: {last}"),
+        })
+    }
+
+    /// Every key under `prefix`, in key order, at `revision` (the latest when `None`).
+    pub async fn range_prefix(&self, prefix: &str, revision: Option<i64>) -> Result<Range, EtcdError> {
+        let mut body = json!({
+            "key": B64.encode(prefix),
+            "range_end": B64.encode(prefix_end(prefix)),
+        });
+        if let Some(r) = revision {
+            body["revision"] = r.to_string().into();
+        }
+        let answer = self.call("a range read", "/v3/kv/range", body).await?;
+        let endpoint = self.endpoints[self.current.load(Ordering::Relaxed)].clone();
+        let garbled = |message: String| EtcdError::Garbled {
+            endpoint: endpoint.clone(),
+            call: "a range read",
+            message,
+        };
+        let revision = num(&answer["header"]["revision"]);
+        let mut kvs = Vec::new();
+        for kv in answer["kvs"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            let key =
+                B64.decode(kv["key"].as_str().unwrap_or_default()).map_err(|e| garbled(e.to_string()))?;
+            let key = String::from_utf8(key).map_err(|_| garbled("a key that is not UTF-8".into()))?;
+            let value =
+                B64.decode(kv["value"].as_str().unwrap_or_default()).map_err(|e| garbled(e.to_string()))?;
+            kvs.push(Kv { key, value, mod_revision: num(&kv["mod_revision"]) });
+        }
+        Ok(Range { revision, kvs })
+    }
+
+    /// Makes the keys under `prefix` exactly `kvs` in one transaction, provided nothing under
+    /// the prefix was written after `read_at` (the revision the caller compared against): puts
+    /// for each, deletes for the keys `stale`. Returns the revision written, or `None` when
+    /// something under the prefix changed meanwhile and nothing was written.
+    pub async fn replace_prefix(
+        &self,
+        prefix: &str,
+        read_at: i64,
+        kvs: &[(String, Vec<u8>)],
+        stale: &[String],
+    ) -> Result<Option<i64>, EtcdError> {
+        let mut ops: Vec<Value> = kvs
+            .iter()
+            .map(|(k, v)| json!({"request_put": {"key": B64.encode(k), "value": B64.encode(v)}}))
+            .collect();
+        ops.extend(stale.iter().map(|k| json!({"request_delete_range": {"key": B64.encode(k)}})));
+        let body = json!({
+            // Every key under the prefix was last written at or before `read_at`.
+            "compare": [{
+                "key": B64.encode(prefix),
+                "range_end": B64.encode(prefix_end(prefix)),
+                "target": "MOD",
+                "result": "LESS",
+                "mod_revision": (read_at + 1).to_string(),
+            }],
+            "success": ops,
+        });
+        let answer = self.call("a transaction", "/v3/kv/txn", body).await?;
+        Ok(answer["succeeded"].as_bool().unwrap_or(false).then(|| num(&answer["header"]["revision"])))
+    }
+
+    /// Puts one key.
+    pub async fn put(&self, key: &str, value: &[u8]) -> Result<i64, EtcdError> {
+        let body = json!({"key": B64.encode(key), "value": B64.encode(value)});
+        let answer = self.call("a put", "/v3/kv/put", body).await?;
+        Ok(num(&answer["header"]["revision"]))
+    }
+
+    /// Puts one key bound to a lease: it goes when the lease does.
+    pub async fn put_with_lease(&self, key: &str, value: &[u8], lease: i64) -> Result<i64, EtcdError> {
+        let body = json!({"key": B64.encode(key), "value": B64.encode(value), "lease": lease.to_string()});
+        let answer = self.call("a put", "/v3/kv/put", body).await?;
+        Ok(num(&answer["header"]["revision"]))
+    }
+
+    /// Takes a lease of `ttl` seconds; returns its id.
+    pub async fn lease_grant(&self, ttl: i64) -> Result<i64, EtcdError> {
+        let answer = self.call("a lease grant", "/v3/lease/grant", json!({"TTL": ttl.to_string()})).await?;
+        Ok(num(&answer["ID"]))
+    }
+
+    /// Renews a lease once. `false` when it had expired already (its keys are gone).
+    pub async fn lease_keepalive(&self, id: i64) -> Result<bool, EtcdError> {
+        // A stream on the gateway: one request in the body, one answer back.
+        let answer =
+            self.call("a lease renewal", "/v3/lease/keepalive", json!({"ID": id.to_string()})).await?;
+        Ok(num(&answer["result"]["TTL"]) > 0)
+    }
+
+    /// Forgets the token, so the next request logs in again (a watch refused for its token).
+    pub fn forget_token(&self) {
+        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Makes `role` (when missing) and grants it `permission` (`READ`, `WRITE`, `READWRITE`) on
+    /// `key`, or on every key under it when `prefix`.
+    pub async fn grant(
+        &self,
+        role: &str,
+        permission: &str,
+        key: &str,
+        prefix: bool,
+    ) -> Result<(), EtcdError> {
+        match self.call("a role", "/v3/auth/role/add", json!({"name": role})).await {
+            Err(EtcdError::Refused { message, .. }) if message.contains("already exists") => {}
+            other => {
+                other?;
+            }
+        }
+        let mut perm = json!({"permType": permission, "key": B64.encode(key)});
+        if prefix {
+            perm["range_end"] = B64.encode(prefix_end(key)).into();
+        }
+        self.call("a grant", "/v3/auth/role/grant", json!({"name": role, "perm": perm})).await?;
+        Ok(())
+    }
+
+    /// Makes `user` (when missing: an existing user keeps its password) and gives it `role`.
+    pub async fn user_with_role(
+        &self,
+        user: &str,
+        password: &SecretString,
+        role: &str,
+    ) -> Result<bool, EtcdError> {
+        let made = match self
+            .call("a user", "/v3/auth/user/add", json!({"name": user, "password": password.expose_secret()}))
+            .await
+        {
+            Err(EtcdError::Refused { message, .. }) if message.contains("already exists") => false,
+            other => {
+                other?;
+                true
+            }
+        };
+        self.call("a role for a user", "/v3/auth/user/grant", json!({"user": user, "role": role})).await?;
+        Ok(made)
+    }
+
+    /// Watches every key under `prefix` from `start_revision` on. The watch ends (`next` says
+    /// so) when the endpoint goes away; the caller reads again and watches anew.
+    pub async fn watch_prefix(&self, prefix: &str, start_revision: i64) -> Result<Watch, EtcdError> {
+        let body = json!({"create_request": {
+            "key": B64.encode(prefix),
+            "range_end": B64.encode(prefix_end(prefix)),
+            "start_revision": start_revision.to_string(),
+        }});
+        self.ensure_token().await?;
+        let start = self.current.load(Ordering::Relaxed);
+        let mut last = String::new();
+        for i in 0..self.endpoints.len() {
+            let at = (start + i) % self.endpoints.len();
+            let endpoint = &self.endpoints[at];
+            match tokio::time::timeout(CALL_TIMEOUT, self.post(endpoint, "/v3/watch", &body)).await {
+                Ok(Ok(response)) if response.status().is_success() => {
+                    self.current.store(at, Ordering::Relaxed);
+                    return Ok(Watch {
+                        body: response.into_body(),
+                        buffer: Vec::new(),
+                        endpoint: endpoint.clone(),
+                    });
+                }
+                Ok(Ok(response)) => last = format!("{endpoint}: HTTP {}", response.status()),
+                Ok(Err(e)) => last = format!("{endpoint}: {e}"),
+                Err(_) => last = format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)),
+            }
+        }
+        Err(EtcdError::Unreachable {
+            endpoints: self.endpoints(),
+            message: format!("no etcd endpoint accepted a watch; last: {last}"),
+        })
+    }
+}
+
+/// What a watch saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// The watch is in place.
+    Created,
+    /// Keys under the prefix changed; the revision of the last change.
+    Changed(i64),
+}
+
+/// A watch stream, read with `next`.
+pub struct Watch {
+    body: hyper::body::Incoming,
+    buffer: Vec<u8>,
+    endpoint: String,
+}
+
+impl Watch {
+    /// The next thing the watch saw. An error when the stream ended or broke (the caller reads
+    /// again and watches anew) or etcd compacted the revision asked for (a full read).
+    pub async fn next(&mut self) -> Result<Seen, EtcdError> {
+        loop {
+            // A whole document in the buffer already?
+            let mut stream = serde_json::Deserializer::from_slice(&self.buffer).into_iter::<Value>();
+            match stream.next() {
+                Some(Ok(doc)) => {
+                    let used = stream.byte_offset();
+                    self.buffer.drain(..used);
+                    if let Some(seen) = self.read(doc)? {
+                        return Ok(seen);
+                    }
+                    continue;
+                }
+                Some(Err(e)) if !e.is_eof() => {
+                    return Err(EtcdError::Garbled {
+                        endpoint: self.endpoint.clone(),
+                        call: "a watch",
+                        message: e.to_string(),
+                    })
+                }
+                _ => {}
+            }
+            if self.buffer.len() > ANSWER_LIMIT {
+                return Err(EtcdError::Garbled {
+                    endpoint: self.endpoint.clone(),
+                    call: "a watch",
+                    message: "one watch answer larger than mesh-host reads".into(),
+                });
+            }
+            match self.body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buffer.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(e)) => {
+                    return Err(EtcdError::Unreachable {
+                        endpoints: self.endpoint.clone(),
+                        message: format!("the watch broke: {e}"),
+                    })
+                }
+                None => {
+                    return Err(EtcdError::Unreachable {
+                        endpoints: self.endpoint.clone(),
+                        message: "the watch ended".into(),
+                    })
+                }
+            }
+        }
+    }
+
+    fn read(&self, doc: Value) -> Result<Option<Seen>, EtcdError> {
+        seen(&self.endpoint, doc)
+    }
+}
+
+/// What one document of a watch stream says: `None` for one that says nothing to act on (a
+/// progress notice).
+fn seen(endpoint: &str, doc: Value) -> Result<Option<Seen>, EtcdError> {
+    if let Some(error) = doc.get("error") {
+        return Err(EtcdError::Refused {
+            endpoint: endpoint.to_owned(),
+            call: "a watch",
+            message: error.get("message").and_then(Value::as_str).unwrap_or("").to_owned(),
+        });
+    }
+    let result = &doc["result"];
+    let compacted = num(&result["compact_revision"]);
+    if compacted > 0 {
+        return Err(EtcdError::Compacted(compacted));
+    }
+    if result["canceled"].as_bool().unwrap_or(false) {
+        return Err(EtcdError::Unreachable {
+            endpoints: endpoint.to_owned(),
+            message: format!(
+                "etcd cancelled the watch: {}",
+                result["cancel_reason"].as_str().unwrap_or("no reason given")
+            ),
+        });
+    }
+    if result["created"].as_bool().unwrap_or(false) {
+        return Ok(Some(Seen::Created));
+    }
+    let events = result["events"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let last = events.iter().map(|e| num(&e["kv"]["mod_revision"])).max();
+    Ok(last.map(Seen::Changed))
+}
+
+/// Reads a password from a file (its first line), bounded, for etcd's auth. Never logged.
+pub fn read_password(path: &std::path::Path) -> std::io::Result<SecretString> {
+    let bytes = crate::system::read_input(path, 4096)?;
+    let text = String::from_utf8(bytes).map_err(|_| std::io::Error::other("the password is not UTF-8"))?;
+    Ok(SecretString::from(text.lines().next().unwrap_or_default().to_owned()))
+}
+
+/// Makes `dir` (and its parents) if missing, private to root: the fleet cache's home.
+pub fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Replaces the directory `dir` with one holding exactly `files` (name, bytes), in one step: the
+/// new directory is written beside it, made durable, and exchanged with the old one by a single
+/// rename (`RENAME_EXCHANGE`): the path names the old set of files or the new, never a mix.
+/// (A reader that lists, then opens each name, can still straddle the swap: the fleet's file
+/// names carry the revision so that such a reader finds a name missing rather than a mix.)
+/// The files are private to root (a declaration can hold sealed values and paths worth hiding).
+pub fn replace_dir(dir: &std::path::Path, files: &[(String, Vec<u8>)]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    let name = dir.file_name().ok_or_else(|| std::io::Error::other("the directory has no name"))?;
+    let parent = dir.parent().unwrap_or(std::path::Path::new("/"));
+    let new = parent.join(format!(".{}.new", name.to_string_lossy()));
+    if new.exists() {
+        std::fs::remove_dir_all(&new)?;
+    }
+    std::fs::DirBuilder::new().mode(0o700).create(&new)?;
+    for (file, bytes) in files {
+        let mut f =
+            std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(new.join(file))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::File::open(&new)?.sync_all()?;
+    if dir.exists() {
+        rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            &new,
+            rustix::fs::CWD,
+            dir,
+            rustix::fs::RenameFlags::EXCHANGE,
+        )?;
+        // The old set is now at `new`.
+        std::fs::remove_dir_all(&new)?;
+    } else {
+        std::fs::rename(&new, dir)?;
+    }
+    std::fs::File::open(parent)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_document_is_read_as_etcd_means_it() {
+        let at = "http://127.0.0.1:2379";
+        let doc = |v: &str| serde_json::from_str::<Value>(v).unwrap();
+        assert_eq!(
+            seen(at, doc(r#"{"result":{"header":{"revision":"5"},"created":true}}"#)).unwrap(),
+            Some(Seen::Created)
+        );
+        let events = r#"{"result":{"events":[{"kv":{"key":"YQ==","mod_revision":"7"}},{"type":"DELETE","kv":{"key":"Yg==","mod_revision":"9"}}]}}"#;
+        assert_eq!(
+            seen(at, doc(events)).unwrap(),
+            Some(Seen::Changed(9)),
+            "the last change's revision, deletes too"
+        );
+        assert_eq!(
+            seen(at, doc(r#"{"result":{"header":{"revision":"12"}}}"#)).unwrap(),
+            None,
+            "a progress notice"
+        );
+        // A watch from a revision compacted away: a full read follows.
+        let compacted = r#"{"result":{"canceled":true,"compact_revision":"40"}}"#;
+        assert!(matches!(seen(at, doc(compacted)), Err(EtcdError::Compacted(40))));
+        let canceled = r#"{"result":{"canceled":true,"cancel_reason":"permission denied"}}"#;
+        let e = seen(at, doc(canceled)).unwrap_err().to_string();
+        assert!(e.contains("cancelled the watch: permission denied"), "{e}");
+        let e = seen(at, doc(r#"{"error":{"grpc_code":16,"message":"etcdserver: invalid auth token"}}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid auth token") && e.contains(at), "{e}");
+    }
+
+    #[test]
+    fn a_prefix_ends_at_its_last_byte_plus_one() {
+        assert_eq!(prefix_end("/a/"), b"/a0".to_vec());
+        assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
+        assert_eq!(prefix_end(""), vec![0]);
+    }
+
+    #[test]
+    fn only_http_endpoints_are_taken_and_tls_says_it_is_not_built() {
+        let e = Etcd::new("https://10.0.0.1:2379").err().unwrap();
+        assert!(e.contains("TLS to etcd is not built yet"), "{e}");
+        let e = Etcd::new("10.0.0.1:2379").err().unwrap();
+        assert!(e.contains("a URL such as"), "{e}");
+        assert!(Etcd::new(" , ").is_err());
+    }
+
+    #[test]
+    #[allow(clippy::disallowed_methods, reason = "the test looks at what it wrote")]
+    fn a_directory_is_replaced_whole() {
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path().join("declaration.d");
+        replace_dir(&dir, &[("0001-a.json".into(), b"1".to_vec()), ("0002-b.json".into(), b"2".to_vec())])
+            .unwrap();
+        replace_dir(&dir, &[("0001-c.json".into(), b"3".to_vec())]).unwrap();
+        let names: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(names, ["0001-c.json"]);
+        assert_eq!(std::fs::read(dir.join("0001-c.json")).unwrap(), b"3");
+        // Nothing is left beside it.
+        assert_eq!(std::fs::read_dir(scratch.path()).unwrap().count(), 1);
+    }
+}
