@@ -142,11 +142,13 @@ pub enum Command {
             requires = "etcd"
         )]
         groups: Vec<String>,
+        /// The user and password for etcd's auth, when it is on.
         #[command(flatten)]
         login: EtcdLogin,
     },
     /// Declarations and status kept in etcd, for a fleet of nodes.
     Fleet {
+        /// What to do in the fleet.
         #[command(subcommand)]
         command: FleetCommand,
     },
@@ -205,6 +207,7 @@ pub enum FleetCommand {
         /// etcd's endpoints, comma-separated.
         #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
         etcd: String,
+        /// The user and password for etcd's auth, when it is on.
         #[command(flatten)]
         login: EtcdLogin,
         /// The node, and its user's name.
@@ -224,6 +227,7 @@ pub enum FleetCommand {
         /// etcd's endpoints, comma-separated.
         #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
         etcd: String,
+        /// The user and password for etcd's auth, when it is on.
         #[command(flatten)]
         login: EtcdLogin,
         /// Print the rows as JSON.
@@ -238,6 +242,7 @@ pub struct FleetPut {
     /// etcd's endpoints, comma-separated.
     #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
     pub etcd: String,
+    /// The user and password for etcd's auth, when it is on.
     #[command(flatten)]
     pub login: EtcdLogin,
     /// Every node's declaration.

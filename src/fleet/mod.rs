@@ -31,8 +31,11 @@ pub const ROOT: &str = "/mesh-host/";
 /// Where in the fleet a declaration is put: the whole fleet, a group, or one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Scope {
+    /// Every node of the fleet.
     Fleet,
+    /// Every node of one group, by the group's name.
     Group(String),
+    /// One node, by its name.
     Node(String),
 }
 

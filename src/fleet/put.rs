@@ -17,9 +17,13 @@ use super::Scope;
 /// What a put would change under a prefix, key by key.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changes {
+    /// Keys the put would add.
     pub added: Vec<String>,
+    /// Keys whose value the put would change.
     pub changed: Vec<String>,
+    /// Keys the put would remove.
     pub removed: Vec<String>,
+    /// How many keys it would leave as they are.
     pub unchanged: usize,
 }
 
@@ -39,6 +43,7 @@ impl Changes {
         c
     }
 
+    /// Whether the put would change nothing.
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.changed.is_empty() && self.removed.is_empty()
     }

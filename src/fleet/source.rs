@@ -26,6 +26,7 @@ use crate::system::etcd::{Etcd, EtcdError, Kv, Seen};
 pub struct Source {
     /// Comma-separated endpoints, `http://127.0.0.1:2379,...`.
     pub endpoints: String,
+    /// This node's name, which picks its own declaration and status keys.
     pub node: String,
     /// In the order given: a later group's files come after an earlier one's.
     pub groups: Vec<String>,

@@ -51,10 +51,13 @@ pub struct Applied {
 /// What is written to a node's status key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
+    /// The node's name.
     pub node: String,
+    /// The groups the node reads, in its order.
     pub groups: Vec<String>,
     /// The etcd revision of the declaration in force; `None` before one from etcd is in force.
     pub revision: Option<i64>,
+    /// What its last apply did: whether it converged, its counts, its last error.
     #[serde(flatten)]
     pub applied: Applied,
     /// Seconds since the epoch when this was written.
@@ -178,7 +181,9 @@ mod tests {
 /// One node's row in `fleet status`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Row {
+    /// The node's name.
     pub node: String,
+    /// Whether its presence key is there: its lease is being kept.
     pub alive: bool,
     /// What the node last wrote; `None` when it never wrote a status.
     pub status: Option<Status>,

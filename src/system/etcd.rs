@@ -27,31 +27,59 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// range holds a node's whole declaration.
 const ANSWER_LIMIT: usize = 512 << 20;
 
+/// Why etcd could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdError {
+    /// No endpoint answered.
     #[error("{endpoints}: {message}")]
-    Unreachable { endpoints: String, message: String },
+    Unreachable {
+        /// The endpoints tried.
+        endpoints: String,
+        /// Why none answered.
+        message: String,
+    },
+    /// etcd answered a call with an error.
     #[error("etcd at {endpoint} refused {call}: {message}")]
-    Refused { endpoint: String, call: &'static str, message: String },
+    Refused {
+        /// The endpoint that answered.
+        endpoint: String,
+        /// The call refused.
+        call: &'static str,
+        /// etcd's answer.
+        message: String,
+    },
     /// The revision asked for was compacted away: read everything again at the current one.
     #[error("etcd has compacted revision {0} away")]
     Compacted(i64),
+    /// etcd answered with something the client cannot read.
     #[error("etcd at {endpoint} answered {call} with something that is not etcd's JSON: {message}")]
-    Garbled { endpoint: String, call: &'static str, message: String },
+    Garbled {
+        /// The endpoint that answered.
+        endpoint: String,
+        /// The call it answered.
+        call: &'static str,
+        /// What is wrong with the answer.
+        message: String,
+    },
 }
 
 /// One key and its value.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Kv {
+    /// The key.
     pub key: String,
+    /// Its value, as stored.
     pub value: Vec<u8>,
+    /// The revision at which it was last changed.
     pub mod_revision: i64,
 }
 
 /// What a range read found, and the store's revision it was read at.
 #[derive(Clone, Debug)]
 pub struct Range {
+    /// The store's revision the read was made at.
     pub revision: i64,
+    /// The keys found, with their values.
     pub kvs: Vec<Kv>,
 }
 
