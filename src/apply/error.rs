@@ -27,7 +27,7 @@ pub enum Error {
     /// A user or group the declaration names (an `owner`, a process's `user`) is not on this
     /// machine, or could not be looked up.
     #[error(transparent)]
-    Account(#[from] UserError),
+    Owner(#[from] UserError),
     /// systemd refused or failed a call over D-Bus.
     #[error(transparent)]
     Systemd(#[from] SystemdError),
@@ -36,7 +36,7 @@ pub enum Error {
     Package(#[from] PackageError),
     /// The account tools (`useradd`, `usermod`, ...) failed.
     #[error(transparent)]
-    Accounts(#[from] AccountError),
+    AccountTools(#[from] AccountError),
     /// A command the host ran failed to start or to finish in time.
     #[error(transparent)]
     Command(#[from] CommandError),
