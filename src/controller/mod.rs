@@ -68,6 +68,10 @@ pub struct Config {
     pub bus: Option<String>,
     /// The container runtime's socket (`--container-socket`); `None` looks in the usual places.
     pub container_socket: Option<String>,
+    /// How many reconciles may run at once (`--workers`, at least 1): the worker's own, and
+    /// up to `workers - 1` long ones apart from it (`worker`'s module doc). 1 is the single
+    /// worker of before, every reconcile in turn.
+    pub workers: usize,
     /// How long an action or a step may run (`--step-timeout`); `None` for no limit.
     pub step_timeout: Option<Duration>,
     /// How much one archive may unpack (`--archive-max-bytes`, `--archive-max-entries`).
@@ -289,6 +293,7 @@ mod tests {
             queue: queue::Config::default(),
             bus: None,
             container_socket: None,
+            workers: 4,
             step_timeout: step.map(Duration::from_secs),
             archive_limits: crate::apply::ArchiveLimits::default(),
             fleet: None,

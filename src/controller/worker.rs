@@ -1,6 +1,30 @@
-//! The worker: one reconcile at a time. One worker is deliberate: reconciles take milliseconds,
-//! and serialising them means the store, the filesystem session and the declaration need no
-//! locks, and two reconciles can never race on one path.
+//! The worker: the one owner of the store, the declaration in force and the file watcher, and
+//! the reconciles it runs, several at once.
+//!
+//! The concurrency model (issue 15): the worker's task (the coordinator) takes keys from the
+//! queue and runs each in one of two ways.
+//! - **Inline**, on the coordinator itself, with the store: full passes, a new declaration, and
+//!   a key whose reconcile touches only files, directories and access paths (the key and what
+//!   restarts or reloads on it). These take milliseconds, as every reconcile did when the worker
+//!   was alone.
+//! - **Apart**, on a blocking thread of its own, at most `workers - 1` at once: a key whose
+//!   reconcile reaches anything that can be slow (a unit's start and its second look, a
+//!   container recreated, an image pulled, an action, a package). It works on a copy of the
+//!   store (`Store::lend`) and its own connections (a `Session` from the pool), and when it
+//!   ends the coordinator takes back the records of exactly the resources it claimed
+//!   (`Store::take_back`), then writes the store as after any reconcile.
+//!
+//! What keeps them apart is the queue's claims (`queue::Claim`): a key claims its reconcile's
+//! closure (the key, whatever restarts or reloads on it, transitively, as `apply::reconcile_in`
+//! selects; every opening when one is reached, since the filter is one; the container an
+//! action runs in; and the first gate not yet passed when anything claimed comes after it), and
+//! no key is handed out while its claim meets one in flight. So two reconciles never touch one
+//! resource, what is taken back never overwrites another's work, and a file waits for the
+//! service that restarts on it. A full pass claims everything: it waits for the reconciles in
+//! flight to end, and meanwhile no new long reconcile starts behind it (the queue's barrier),
+//! while inline keys go on being handed out; it then runs alone, on the store itself. So an
+//! hour-long step in flight delays the next full pass (and a new declaration) by what is left
+//! of it, and never stops a file from being put back.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -13,7 +37,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::health::{now_secs, Health};
-use super::queue::{Contest, Queue, Verdict};
+use super::queue::{Claim, Contest, Next, Queue, Verdict};
 use super::trigger::{Index, Key};
 use super::{contents, Config};
 use crate::apply::{self, Options, Report, Verb};
@@ -23,9 +47,15 @@ use crate::telemetry::{events, Event as _, Metrics};
 
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths
 /// follow the declaration. Only the worker's task touches it; what others read is shared
-/// explicitly (`index`, `health`, `in_force`, `units`), each said below.
+/// explicitly (`index`, `health`, `in_force`, `units`), each said below. A reconcile run apart
+/// is given its own copies (`Apart`): the declaration's `Arc` (never changed, only replaced),
+/// a copy of the store, a session of its own, and the content file's `Arc` (read with `pread`,
+/// which needs no lock); it shares nothing mutable with the worker while it runs.
 pub struct Worker {
     config: Config,
+    /// Connections to systemd and the container runtime for reconciles run apart: one is moved
+    /// into each, and moved back when it ends well, so at most `workers - 1` are kept.
+    spare: Vec<apply::Session>,
     /// Shared with the scheduler, which runs steps of the declaration in force.
     declaration: Option<Arc<Declaration>>,
     store: Store,
@@ -83,40 +113,118 @@ pub struct Worker {
     sources: Vec<String>,
 }
 
-/// Drains the queue until it is shut down: each key reconciled, the queue told how it went,
-/// contests and failures said once. Then persists the store.
+/// A reconcile run apart from the worker, as it leaves: everything it needs, owned.
+struct Apart {
+    key: Key,
+    id: Id,
+    seen: Instant,
+    /// The ids whose records and holds are taken back: the claim's.
+    ids: Vec<Id>,
+    declaration: Arc<Declaration>,
+    store: Store,
+    session: apply::Session,
+    options: Options,
+}
+
+/// A reconcile run apart, as it comes back.
+struct Back {
+    key: Key,
+    seen: Instant,
+    started: Instant,
+    ids: Vec<Id>,
+    store: Store,
+    /// The report and the session to keep, or what the reconcile's panic said (its session is
+    /// then dropped: the panic may have left it mid-call).
+    report: Result<(apply::Report, apply::Session), String>,
+}
+
+impl Apart {
+    /// Runs on a blocking thread; a panic is caught here, as `reconcile_guarded` catches one
+    /// inline, and comes back as the key's failure.
+    fn run(self) -> Back {
+        let started = Instant::now();
+        let Apart { key, id, seen, ids, declaration, mut store, mut session, options } = self;
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            failpoint_panic_reconcile(&id);
+            apply::reconcile_in(&mut session, &declaration, std::slice::from_ref(&id), &mut store, &options)
+        }));
+        let report = match ran {
+            Ok(report) => Ok((report, session)),
+            Err(payload) => Err(panic_message(payload.as_ref())),
+        };
+        Back { key, seen, started, ids, store, report }
+    }
+}
+
+/// Drains the queue until it is shut down: each key reconciled (inline or apart, see the module
+/// doc), the queue told how it went, contests and failures said once. Then waits for every
+/// reconcile apart, and persists the store.
 pub async fn drain(mut worker: Worker, queue: Arc<Queue<Key>>) {
-    while let Some((key, seen)) = queue.next().await {
-        let verdict = tokio::task::block_in_place(|| worker.reconcile_guarded(&key, seen));
-        let name = key.to_string();
-        match queue.done(&key, verdict) {
-            Some(Contest::Began { hold }) => {
-                worker.quiet.insert(key.clone());
-                events::ContestBegan { key: &name, hold }.emit(&worker.metrics);
+    // Reconciles apart in flight; each one's start, for the health check.
+    let mut apart: tokio::task::JoinSet<Back> = tokio::task::JoinSet::new();
+    let mut starts: std::collections::HashMap<tokio::task::Id, (Key, std::time::Instant)> =
+        std::collections::HashMap::new();
+    let limit = worker.config.workers.saturating_sub(1);
+    loop {
+        let in_flight = apart.len();
+        let next = queue.try_next(
+            |key| worker.claim_of(key),
+            // Long work is refused behind a waiting full pass, so the pass waits only for what
+            // already runs; short work goes on.
+            |key, _, behind_full| !worker.runs_apart(key, limit) || (!behind_full && in_flight < limit),
+        );
+        match next {
+            Next::Key(key, seen, _) => {
+                if worker.runs_apart(&key, limit) {
+                    if let Some(job) = worker.apart(&key, seen) {
+                        let (key, started) = (key.clone(), std::time::Instant::now());
+                        let handle = apart.spawn_blocking(move || job.run());
+                        starts.insert(handle.id(), (key, started));
+                        worker.health.set_oldest_apart(starts.values().map(|(_, at)| *at).min());
+                        continue;
+                    }
+                }
+                let verdict = tokio::task::block_in_place(|| worker.reconcile_guarded(&key, seen));
+                if matches!(key, Key::Declaration | Key::Full) {
+                    // The declaration may have been replaced: claims are worked out anew.
+                    queue.forget_claims();
+                }
+                worker.done(&queue, &key, verdict);
             }
-            Some(Contest::Ended) => {
-                worker.quiet.remove(&key);
-                events::ContestEnded { key: &name }.emit(&worker.metrics);
+            Next::Closed if apart.is_empty() => break,
+            Next::Closed | Next::Wait(_) => {
+                let due = match next {
+                    Next::Wait(due) => due,
+                    Next::Key(..) | Next::Closed => None,
+                };
+                tokio::select! {
+                    _ = queue.wait(due) => {}
+                    Some(joined) = apart.join_next_with_id(), if !apart.is_empty() => {
+                        let id = match &joined {
+                            Ok((id, _)) => *id,
+                            Err(e) => e.id(),
+                        };
+                        let key = starts.remove(&id).map(|(key, _)| key);
+                        worker.health.set_oldest_apart(starts.values().map(|(_, at)| *at).min());
+                        match (joined, key) {
+                            (Ok((_, back)), _) => {
+                                let key = back.key.clone();
+                                let verdict = worker.take_back(back);
+                                worker.done(&queue, &key, verdict);
+                            }
+                            // Panics are caught inside; a join error is the runtime going away.
+                            // The copy is lost: its work is read from the machine next time.
+                            (Err(e), Some(key)) => {
+                                tracing::error!(key = %key, error = %e, "a reconcile run apart was lost");
+                                worker.store.lost();
+                                worker.done(&queue, &key, Verdict::Failed);
+                            }
+                            (Err(e), None) => tracing::error!(error = %e, "a reconcile run apart was lost"),
+                        }
+                    }
+                }
             }
-            None => {}
         }
-        match verdict {
-            Verdict::Failed => {
-                worker.quiet.insert(key.clone());
-            }
-            Verdict::Clean if worker.quiet.remove(&key) => {
-                events::Recovered { key: &name }.emit(&worker.metrics)
-            }
-            Verdict::Clean | Verdict::Corrected => {}
-        }
-        let stats = queue.stats();
-        events::QueueSampled {
-            depth: stats.depth,
-            backing_off: stats.backing_off,
-            contested: stats.contested,
-            retrying: verdict == Verdict::Failed,
-        }
-        .emit(&worker.metrics);
     }
     // Intake has stopped and the last reconcile finished: persist what it recorded.
     if let Err(e) = worker.store.save() {
@@ -126,6 +234,30 @@ pub async fn drain(mut worker: Worker, queue: Arc<Queue<Key>>) {
         task.abort();
         let _ = task.await;
     }
+}
+
+/// The indexes a reconcile of `id` selects, as `apply::reconcile_in` selects them: the
+/// resource, and whatever restarts or reloads on it, transitively. Empty when it is not
+/// declared.
+fn closure(d: &Declaration, id: &Id) -> BTreeSet<usize> {
+    let mut selected = BTreeSet::new();
+    let mut todo = vec![id];
+    while let Some(id) = todo.pop() {
+        if let Some(r) = d.get(id) {
+            if selected.insert(r.index) {
+                todo.extend(d.dependents(&r.id).map(|r| &r.id));
+            }
+        }
+    }
+    selected
+}
+
+/// The hash a claim holds for a resource id.
+fn claim_hash(id: &str) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut h);
+    h.finish()
 }
 
 /// A digest of a read of the declaration source: each file's name, length and bytes, or the
@@ -188,6 +320,7 @@ impl Worker {
     ) -> Worker {
         Worker {
             config,
+            spare: Vec::new(),
             declaration: None,
             store,
             session: apply::Session::default(),
@@ -210,6 +343,140 @@ impl Worker {
             applied: tokio::sync::watch::channel(Default::default()).0,
             sources: Vec::new(),
         }
+    }
+
+    /// What the reconcile of `key` may touch, for the queue (see the module doc). Worked out
+    /// from the declaration in force and the store as they are now; a key with no declaration
+    /// in force, or no longer declared, claims only itself.
+    fn claim_of(&self, key: &Key) -> Claim {
+        match key {
+            Key::Full | Key::Declaration => Claim::Everything,
+            Key::Resource(id) => {
+                Claim::only(self.claimed(id).iter().map(|id| claim_hash(id.as_str())).collect())
+            }
+        }
+    }
+
+    /// The ids a reconcile of `id` claims: its closure (as `apply::reconcile_in` selects it),
+    /// every opening when it reaches one, the container an action in it runs in, and the first
+    /// gate not passed at its current declaration when anything in it comes after that gate
+    /// (the pass would not attempt it until the gate passes, so it waits for a gate in flight).
+    fn claimed(&self, id: &Id) -> Vec<Id> {
+        let Some(d) = self.declaration.as_deref() else { return vec![id.clone()] };
+        let closure = closure(d, id);
+        let mut ids: Vec<Id> = closure.iter().map(|&i| d.resources[i].id.clone()).collect();
+        if ids.is_empty() {
+            return vec![id.clone()];
+        }
+        for &i in &closure {
+            let r = &d.resources[i];
+            if r.kind() == Kind::Opening {
+                ids.extend(d.resources.iter().filter(|o| o.kind() == Kind::Opening).map(|o| o.id.clone()));
+            }
+            if let Some(name) = r.spec.runs_in() {
+                ids.extend(
+                    d.resources
+                        .iter()
+                        .filter(|c| c.kind() == Kind::Container && c.target() == name)
+                        .map(|c| c.id.clone()),
+                );
+            }
+        }
+        let last = closure.iter().copied().max().unwrap_or(0);
+        let open_gate =
+            d.gates().find(|g| self.store.get(g.id.as_str()).is_none_or(|rec| rec.declared != g.digest));
+        if let Some(gate) = open_gate.filter(|g| g.index < last) {
+            ids.push(gate.id.clone());
+        }
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
+    /// Whether `key` runs apart from the worker: a resource whose closure reaches anything but
+    /// files, directories and access paths, when there is room for any (`limit`, the most
+    /// that may run apart, is `workers - 1`).
+    fn runs_apart(&self, key: &Key, limit: usize) -> bool {
+        let (Key::Resource(id), Some(d)) = (key, self.declaration.as_deref()) else { return false };
+        limit > 0
+            && closure(d, id)
+                .iter()
+                .any(|&i| !matches!(d.resources[i].kind(), Kind::File | Kind::Directory | Kind::Access))
+    }
+
+    /// What a reconcile of `key` run apart needs, owned; `None` when there is nothing to run
+    /// apart (no declaration in force, or the id is no longer declared), which the inline path
+    /// then settles at once.
+    fn apart(&mut self, key: &Key, seen: Instant) -> Option<Apart> {
+        let Key::Resource(id) = key else { return None };
+        let declaration = self.declaration.clone()?;
+        declaration.get(id)?;
+        let options = self.options();
+        let ids = self.claimed(id);
+        Some(Apart {
+            key: key.clone(),
+            id: id.clone(),
+            seen,
+            ids,
+            declaration,
+            store: self.store.lend(),
+            session: self.spare.pop().unwrap_or_default(),
+            options,
+        })
+    }
+
+    /// Takes back a reconcile run apart: the records it claimed, its session, its report, as
+    /// `reconcile` settles one inline.
+    fn take_back(&mut self, back: Back) -> Verdict {
+        let Back { key, seen, started, ids, store, report } = back;
+        let Key::Resource(id) = &key else { unreachable!("only a resource's key runs apart") };
+        let verdict = match report {
+            Ok((report, session)) => {
+                let claimed: Vec<&str> = ids.iter().map(Id::as_str).collect();
+                self.store.take_back(store, Some(&claimed));
+                self.spare.push(session);
+                self.settle_one(id, &report, seen)
+            }
+            Err(message) => {
+                self.store.take_back(store, None);
+                events::ReconcilePanicked { id: Some(id.as_str()), key: &key.to_string(), message: &message }
+                    .emit(&self.metrics);
+                Verdict::Failed
+            }
+        };
+        self.finished(&key, started);
+        verdict
+    }
+
+    /// Tells the queue how a key ended, and says a contest or a failure once.
+    fn done(&mut self, queue: &Queue<Key>, key: &Key, verdict: Verdict) {
+        let name = key.to_string();
+        match queue.done(key, verdict) {
+            Some(Contest::Began { hold }) => {
+                self.quiet.insert(key.clone());
+                events::ContestBegan { key: &name, hold }.emit(&self.metrics);
+            }
+            Some(Contest::Ended) => {
+                self.quiet.remove(key);
+                events::ContestEnded { key: &name }.emit(&self.metrics);
+            }
+            None => {}
+        }
+        match verdict {
+            Verdict::Failed => {
+                self.quiet.insert(key.clone());
+            }
+            Verdict::Clean if self.quiet.remove(key) => events::Recovered { key: &name }.emit(&self.metrics),
+            Verdict::Clean | Verdict::Corrected => {}
+        }
+        let stats = queue.stats();
+        events::QueueSampled {
+            depth: stats.depth,
+            backing_off: stats.backing_off,
+            contested: stats.contested,
+            retrying: verdict == Verdict::Failed,
+        }
+        .emit(&self.metrics);
     }
 
     /// What the node has applied, as the fleet's status writer follows it.
@@ -334,6 +601,13 @@ impl Worker {
             }
             Key::Resource(id) => self.one(id, seen),
         };
+        self.finished(key, started);
+        verdict
+    }
+
+    /// After any reconcile, inline or apart: the scheduler told, the time measured, the store
+    /// written, the heartbeat.
+    fn finished(&mut self, key: &Key, started: Instant) {
         self.publish_installed_steps();
         let scope = if matches!(key, Key::Resource(_)) { "resource" } else { "full" };
         events::ReconcileFinished { scope, took: started.elapsed() }.emit(&self.metrics);
@@ -343,7 +617,6 @@ impl Worker {
             tracing::error!(error = %e, "cannot write the state store; what was applied is on the machine but not recorded");
         }
         self.health.beat();
-        verdict
     }
 
     /// Tells the scheduler which steps are installed now. Sent only when that moved, so the
@@ -585,9 +858,15 @@ impl Worker {
             &mut self.store,
             &options,
         );
+        self.settle_one(id, &report, seen)
+    }
+
+    /// What follows one resource's reconcile, inline or apart: metrics and log lines, the
+    /// fleet's status, watches made again, and the verdict for the queue.
+    fn settle_one(&mut self, id: &Id, report: &Report, seen: Instant) -> Verdict {
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
-        self.account(&report, Some(seen), quiet);
-        self.publish_applied(&report, false);
+        self.account(report, Some(seen), quiet);
+        self.publish_applied(report, false);
         if report.outcomes.iter().any(|o| o.action.moved()) {
             // A directory made again (by itself, or as a file's parent) needs its watch made
             // again; this looks only at directories whose watch was lost.

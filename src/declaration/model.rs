@@ -521,6 +521,24 @@ impl Spec {
         }
     }
 
+    /// The container an action runs in, by name: a reconcile of the action depends on it.
+    pub fn runs_in(&self) -> Option<&str> {
+        match self {
+            Spec::Action(a) => a.in_container.as_ref().map(|n| n.as_str()),
+            Spec::Directory(_)
+            | Spec::File(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::Service(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Process(_)
+            | Spec::Container(_)
+            | Spec::Network(_)
+            | Spec::Opening(_) => None,
+        }
+    }
+
     /// A scheduled step's cron expression.
     pub fn schedule(&self) -> Option<&Cron> {
         match self {
