@@ -676,7 +676,7 @@ impl Worker {
     ///
     /// The source is read through `system::read_source`, never by plain opens: a FIFO or a
     /// device planted at the path or in the directory is refused at once and named, where an
-    /// ordinary open would block the only worker for good, and `/dev/zero` cannot eat memory
+    /// ordinary open would block the worker for good, and `/dev/zero` cannot eat memory
     /// (issue 12, fault 2).
     fn load_declaration(&mut self, force: bool) {
         let source = &self.config.declaration;
