@@ -47,6 +47,9 @@ pub enum Error {
     /// What ufw answered, found active on an adopted node. Shared, like nft's.
     #[error("ufw: {0}")]
     Ufw(Arc<crate::system::ufw::UfwError>),
+    /// What firewalld answered, found running on an adopted node. Shared, like nft's.
+    #[error("{0}")]
+    Firewalld(Arc<crate::system::firewalld::FirewalldError>),
     /// The flip from ufw to the host's own filter stopped after the filter was loaded.
     #[error("the host's own filter was loaded, and retiring ufw failed: {0}; ufw and the openings made in it stay, and the next pass tries again")]
     Flip(Arc<crate::system::ufw::UfwError>),
@@ -338,6 +341,14 @@ pub enum Error {
     /// An opening's rules in ufw, added without an error, read back differently.
     #[error("{id}: ufw reads back different: {differs}")]
     UfwReadBack {
+        /// The opening's id.
+        id: String,
+        /// How its rules differ, in words.
+        differs: String,
+    },
+    /// An opening's rules in firewalld, added without an error, read back differently.
+    #[error("{id}: firewalld reads back different: {differs}")]
+    FirewalldReadBack {
         /// The opening's id.
         id: String,
         /// How its rules differ, in words.

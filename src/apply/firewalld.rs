@@ -1,0 +1,439 @@
+//! Openings made in firewalld, found running on an adopted node.
+//!
+//! firewalld keeps two sets of rules, both read back here: the permanent configuration
+//! (saved, loaded at its start or reload) and the runtime one (in force). The host never
+//! reloads firewalld, since a reload drops what an operator put in force at runtime only, so
+//! each opening is written to both:
+//!
+//! - permanent: a service `mesh-host-ID` (the opening's port; its description names the
+//!   resource), and in the default zone one rich rule per `from` network (or one for
+//!   anywhere) that accepts that service: `rule family="ipv4" source address="10.0.0.0/8"
+//!   service name="mesh-host-web_2eadmin" accept`. The service's name is the label.
+//! - runtime: the same rule with the port written out, `rule ... port port="22"
+//!   protocol="tcp" accept`, since a service saved after firewalld's start is unknown to the
+//!   runtime until a reload. Rich rules carry no label, so the runtime rules that are the
+//!   host's are the ones its saved services and rules spell out.
+//!
+//! `service_name`, `rules` and `runtime_of` are pure and unit-tested; `apply` acts through
+//! `system::firewalld` and reads back.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use super::opening::{self, Done, Seen};
+use super::{Error, Options, Outcome, Verb};
+use crate::declaration::{Declaration, Opening, Resource};
+use crate::store::{Record, Store};
+use crate::system::firewall::Transport;
+use crate::system::firewalld::{Firewalld, FirewalldError, Service};
+
+/// What the record of an opening made in firewalld says in its `spec`.
+pub(super) const FIREWALLD: &str = "firewalld";
+
+/// The prefix of every service the host saves in firewalld.
+const PREFIX: &str = "mesh-host-";
+
+/// The service that labels an opening in firewalld. firewalld allows letters, digits, `_`
+/// and `-` in a service's name, and ids also have `.`: `.` is written `_2e` and `_` is
+/// written `_5f`, so two ids never share a service.
+pub(super) fn service_name(id: &str) -> String {
+    let mut name = PREFIX.to_owned();
+    for c in id.chars() {
+        match c {
+            '.' => name.push_str("_2e"),
+            '_' => name.push_str("_5f"),
+            c => name.push(c),
+        }
+    }
+    name
+}
+
+/// An opening as firewalld holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Rules {
+    /// Its saved service.
+    pub service: Service,
+    /// Its saved rich rules in the zone, naming the service.
+    pub permanent: Vec<String>,
+    /// Its rich rules in force, with the port written out.
+    pub runtime: Vec<String>,
+}
+
+/// The end of a saved rich rule that accepts this service.
+fn accepts_service(service: &str) -> String {
+    format!(" service name=\"{service}\" accept")
+}
+
+fn accepts_port(port: &str, protocol: &str) -> String {
+    format!(" port port=\"{port}\" protocol=\"{protocol}\" accept")
+}
+
+/// An opening's rules in firewalld: one rule for anywhere (IPv4 and IPv6), or one per `from`
+/// network, with its host bits cleared and a single address bare, as the host's own filter has
+/// them (firewalld keeps an address as it is given).
+pub(super) fn rules(id: &str, o: &Opening) -> Rules {
+    let name = service_name(id);
+    let (port, protocol) = (o.port.get().to_string(), opening::transport(o.protocol).as_str().to_owned());
+    let mut seen = BTreeSet::new();
+    let starts: Vec<String> = if o.from.is_empty() {
+        vec!["rule".to_owned()]
+    } else {
+        o.from
+            .iter()
+            .map(opening::network)
+            .filter(|n| seen.insert(*n))
+            .map(|(addr, prefix)| {
+                let (family, full) = if addr.is_ipv4() { ("ipv4", 32) } else { ("ipv6", 128) };
+                let source = if prefix == full { addr.to_string() } else { format!("{addr}/{prefix}") };
+                format!("rule family=\"{family}\" source address=\"{source}\"")
+            })
+            .collect()
+    };
+    Rules {
+        service: Service {
+            short: format!("mesh-host {id}"),
+            description: format!("Opened by mesh-host for the declared opening {id} ({port}/{protocol})."),
+            ports: vec![(port.clone(), protocol.clone())],
+        },
+        permanent: starts.iter().map(|s| format!("{s}{}", accepts_service(&name))).collect(),
+        runtime: starts.iter().map(|s| format!("{s}{}", accepts_port(&port, &protocol))).collect(),
+    }
+}
+
+/// The saved rich rules that accept this service.
+fn saved_for<'a>(permanent: &'a [String], service: &str) -> Vec<&'a String> {
+    let end = accepts_service(service);
+    permanent.iter().filter(|r| r.ends_with(&end)).collect()
+}
+
+/// The runtime rules that saved rules for a service stand for, given the service's ports: what
+/// the host put in force for it when it saved them.
+pub(super) fn runtime_of(saved: &[&String], service: &str, ports: &[(String, String)]) -> Vec<String> {
+    let end = accepts_service(service);
+    saved
+        .iter()
+        .filter_map(|r| r.strip_suffix(&end))
+        .flat_map(|start| ports.iter().map(move |(p, proto)| format!("{start}{}", accepts_port(p, proto))))
+        .collect()
+}
+
+/// Whether a port of firewalld's own zone settings (`firewall-cmd --add-port`) lets this port
+/// in. Its services and rich rules are not resolved, so a port opened through them is not
+/// found open.
+fn lets_in(ports: &[(String, String)], t: Transport, port: u16) -> bool {
+    ports.iter().any(|(p, proto)| {
+        proto == t.as_str()
+            && match p.split_once('-') {
+                Some((lo, hi)) => {
+                    lo.parse().is_ok_and(|lo: u16| hi.parse().is_ok_and(|hi: u16| (lo..=hi).contains(&port)))
+                }
+                None => p.parse() == Ok(port),
+            }
+    })
+}
+
+/// firewalld as read at one moment: the default zone's rules, runtime and saved, and its ports.
+struct Seen2 {
+    zone: String,
+    runtime: Vec<String>,
+    permanent: Vec<String>,
+    ports: Vec<(String, String)>,
+}
+
+fn read(fw: &Firewalld) -> Result<Seen2, FirewalldError> {
+    let zone = fw.default_zone()?;
+    Ok(Seen2 {
+        runtime: fw.runtime_rich_rules(&zone)?,
+        permanent: fw.permanent_rich_rules(&zone)?,
+        ports: fw.runtime_ports(&zone)?,
+        zone,
+    })
+}
+
+fn sorted<T: Ord + Clone>(v: &[T]) -> Vec<T> {
+    let mut v = v.to_vec();
+    v.sort();
+    v
+}
+
+/// Openings made in firewalld, found running on an adopted node: each opening's service saved,
+/// its saved rules and its rules in force added, whatever else the host had for it (an older
+/// port or `from`) taken out after; orphan openings' rules and services deleted. Then read back,
+/// saved and in force. firewalld's own rules and the operator's are never touched.
+pub(super) fn apply(
+    declaration: &Declaration,
+    store: &Store,
+    opts: &Options,
+    orphans: Vec<(String, Record)>,
+    fw: &Firewalld,
+) -> Done {
+    let declared = opening::declared_openings(declaration);
+    let mut done = Done { declared: Vec::new(), orphans: Vec::new() };
+    let failed = |e: FirewalldError| Arc::new(e);
+    let found = match read(fw).map_err(failed) {
+        Ok(found) => found,
+        Err(e) => {
+            done.declared.extend(declared.iter().map(|(r, _)| (r.index, Err(Error::Firewalld(e.clone())))));
+            done.orphans
+                .extend(orphans.into_iter().map(|(id, rec)| (id, rec, Err(Error::Firewalld(e.clone())))));
+            return done;
+        }
+    };
+    let zone = found.zone.clone();
+    // An opening of a module not taken yet, whose port firewalld already lets in, is held:
+    // nothing of the host's is added beside the operator's setting.
+    let mut live: Vec<(&Resource, &Opening)> = Vec::new();
+    for (r, o) in declared {
+        let open = lets_in(&found.ports, opening::transport(o.protocol), o.port.get());
+        if opening::holdable(declaration, store, r) && opening::held_now(store, r, open) {
+            let outcome = Outcome {
+                id: r.id.to_string(),
+                kind: r.kind(),
+                target: r.target(),
+                action: Verb::Held,
+                detail: Some(opening::held_detail(r)),
+            };
+            done.declared.push((r.index, Ok(outcome)));
+        } else {
+            live.push((r, o));
+        }
+    }
+    let wanted: Vec<Rules> = live.iter().map(|(r, o)| rules(r.id.as_str(), o)).collect();
+    let wanted_runtime: BTreeSet<&String> = wanted.iter().flat_map(|w| &w.runtime).collect();
+
+    let mut seen = Vec::new();
+    let mut stale_runtime: BTreeSet<String> = BTreeSet::new();
+    let mut change: Result<(), FirewalldError> = Ok(());
+    for ((r, _), want) in live.iter().zip(&wanted) {
+        let name = service_name(r.id.as_str());
+        let service = match fw.service(&name) {
+            Ok(s) => s,
+            Err(e) => {
+                change = change.and(Err(e));
+                None
+            }
+        };
+        let have = saved_for(&found.permanent, &name);
+        let saved = service.as_ref() == Some(&want.service)
+            && sorted(&have.iter().map(|s| (*s).clone()).collect::<Vec<_>>()) == sorted(&want.permanent);
+        let in_force = want.runtime.iter().all(|w| found.runtime.contains(w));
+        seen.push((saved, in_force));
+        if let Some(s) = &service {
+            stale_runtime.extend(runtime_of(&have, &name, &s.ports));
+        }
+        if opts.dry_run || change.is_err() {
+            continue;
+        }
+        // What is wanted goes in before what is stale goes out: no moment with the port closed.
+        change = (|| {
+            if service.as_ref() != Some(&want.service) {
+                fw.put_service(&name, &want.service)?;
+            }
+            for rule in want.permanent.iter().filter(|w| !have.contains(w)) {
+                fw.add_permanent_rich_rule(&zone, rule)?;
+            }
+            for rule in have.iter().filter(|h| !want.permanent.contains(h)) {
+                fw.remove_permanent_rich_rule(&zone, rule)?;
+            }
+            for rule in want.runtime.iter().filter(|w| !found.runtime.contains(w)) {
+                fw.add_runtime_rich_rule(&zone, rule)?;
+            }
+            Ok(())
+        })();
+    }
+    let mut orphan_found = Vec::new();
+    for (id, _) in &orphans {
+        let name = service_name(id);
+        let have = saved_for(&found.permanent, &name);
+        let service = fw.service(&name);
+        orphan_found.push(!have.is_empty() || matches!(service, Ok(Some(_))));
+        match service {
+            Ok(Some(s)) => stale_runtime.extend(runtime_of(&have, &name, &s.ports)),
+            Ok(None) => {}
+            Err(e) => change = change.and(Err(e)),
+        }
+        // After an operator's reload, the saved rules are in force as they are saved.
+        stale_runtime.extend(have.iter().map(|r| (*r).clone()));
+        if opts.dry_run || change.is_err() {
+            continue;
+        }
+        change = (|| {
+            for rule in &have {
+                fw.remove_permanent_rich_rule(&zone, rule)?;
+            }
+            Ok(())
+        })();
+    }
+    if !opts.dry_run && change.is_ok() {
+        change = (|| {
+            for rule in stale_runtime.iter().filter(|r| !wanted_runtime.contains(r)) {
+                if found.runtime.contains(rule) {
+                    fw.remove_runtime_rich_rule(&zone, rule)?;
+                }
+            }
+            for (id, _) in &orphans {
+                let name = service_name(id);
+                if fw.service(&name)?.is_some() {
+                    fw.remove_service(&name)?;
+                }
+            }
+            Ok(())
+        })();
+    }
+
+    // Read back, saved and in force.
+    let after = change.map_err(failed).and_then(|()| {
+        if opts.dry_run {
+            Ok(None)
+        } else {
+            read(fw).map(Some).map_err(failed)
+        }
+    });
+    for (((r, _), want), (saved, in_force)) in live.iter().zip(&wanted).zip(seen) {
+        let result = match &after {
+            Err(e) => Err(Error::Firewalld(e.clone())),
+            Ok(None) => Ok(()),
+            Ok(Some(now)) => {
+                let name = service_name(r.id.as_str());
+                match fw.service(&name) {
+                    Err(e) => Err(Error::Firewalld(Arc::new(e))),
+                    Ok(service) => {
+                        let mut differs = Vec::new();
+                        if service.as_ref() != Some(&want.service) {
+                            differs.push(match service {
+                                None => format!("its service {name} is not saved"),
+                                Some(s) => format!("its service {name} is saved as {s:?}"),
+                            });
+                        }
+                        let have: Vec<String> =
+                            saved_for(&now.permanent, &name).into_iter().cloned().collect();
+                        if sorted(&have) != sorted(&want.permanent) {
+                            differs.push(format!("saved rules {have:?}, wanted {:?}", want.permanent));
+                        }
+                        let missing: Vec<&String> =
+                            want.runtime.iter().filter(|w| !now.runtime.contains(w)).collect();
+                        if !missing.is_empty() {
+                            differs.push(format!("not in force {missing:?}"));
+                        }
+                        if differs.is_empty() {
+                            Ok(())
+                        } else {
+                            Err(Error::FirewalldReadBack {
+                                id: r.id.to_string(),
+                                differs: differs.join("; "),
+                            })
+                        }
+                    }
+                }
+            }
+        };
+        let result = result.map(|()| {
+            let recorded =
+                store.get(r.id.as_str()).map(|rec| rec.declared == r.digest && rec.spec() == Some(FIREWALLD));
+            let (action, detail) = opening::decide(&Seen {
+                recorded,
+                intact: saved && in_force,
+                table_absent: false,
+                common: &[],
+            });
+            let here = format!("in firewalld's zone {zone}, found running on this adopted node");
+            let detail = match detail {
+                Some(d) => format!("{d}; {here}"),
+                None => format!("{here} (runtime and permanent)"),
+            };
+            Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail: Some(detail) }
+        });
+        done.declared.push((r.index, result));
+    }
+    for ((id, rec), was_there) in orphans.into_iter().zip(orphan_found) {
+        let name = service_name(&id);
+        let result = match &after {
+            Err(e) => Err(Error::Firewalld(e.clone())),
+            Ok(Some(now)) if !saved_for(&now.permanent, &name).is_empty() => Err(Error::FirewalldReadBack {
+                id: id.clone(),
+                differs: "its saved rules are still in firewalld after deleting them".into(),
+            }),
+            Ok(_) => Ok((
+                Verb::Removed,
+                Some(
+                    if was_there {
+                        "its rules and its service were deleted from firewalld"
+                    } else {
+                        "its rules were already gone from firewalld"
+                    }
+                    .to_owned(),
+                ),
+            )),
+        };
+        done.orphans.push((id, rec, result));
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn opening(port: u16, protocol: &str, from: &[&str]) -> Opening {
+        serde_json::from_value(json!({"port": port, "protocol": protocol, "from": from})).unwrap()
+    }
+
+    #[test]
+    fn a_service_name_is_an_id_firewalld_accepts_and_never_another_ids() {
+        assert_eq!(service_name("web.http"), "mesh-host-web_2ehttp");
+        assert_eq!(service_name("a_b-c"), "mesh-host-a_5fb-c");
+        assert_ne!(service_name("a._b"), service_name("a_.b"));
+        assert_ne!(service_name("a.5f"), service_name("a_"));
+        let name = service_name("x.y_z-0");
+        assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'));
+    }
+
+    #[test]
+    fn an_opening_is_written_as_firewalld_lists_it() {
+        let any = rules("dns.udp", &opening(53, "udp", &[]));
+        assert_eq!(any.permanent, vec![r#"rule service name="mesh-host-dns_2eudp" accept"#]);
+        assert_eq!(any.runtime, vec![r#"rule port port="53" protocol="udp" accept"#]);
+        assert_eq!(any.service.ports, vec![("53".to_owned(), "udp".to_owned())]);
+        assert_eq!(any.service.short, "mesh-host dns.udp");
+        let from =
+            rules("web.admin", &opening(22, "tcp", &["10.1.2.3/8", "10.9.9.9/8", "192.0.2.7", "fd00::1/8"]));
+        assert_eq!(
+            from.runtime,
+            vec![
+                r#"rule family="ipv4" source address="10.0.0.0/8" port port="22" protocol="tcp" accept"#,
+                r#"rule family="ipv4" source address="192.0.2.7" port port="22" protocol="tcp" accept"#,
+                r#"rule family="ipv6" source address="fd00::/8" port port="22" protocol="tcp" accept"#,
+            ],
+            "host bits cleared, the same network once, a single address bare"
+        );
+        assert_eq!(
+            from.permanent[0],
+            r#"rule family="ipv4" source address="10.0.0.0/8" service name="mesh-host-web_2eadmin" accept"#
+        );
+    }
+
+    #[test]
+    fn the_runtime_rules_of_a_saved_opening_are_spelled_out_from_its_service() {
+        let old = rules("web.admin", &opening(22, "tcp", &["10.0.0.0/8"]));
+        let name = service_name("web.admin");
+        let mut saved = old.permanent.clone();
+        saved.push(r#"rule service name="ssh" accept"#.to_owned());
+        saved.push(
+            r#"rule family="ipv4" source address="10.0.0.0/8" service name="mesh-host-web_2eadmin2" accept"#
+                .to_owned(),
+        );
+        let mine = saved_for(&saved, &name);
+        assert_eq!(mine.len(), 1, "the operator's rule and another id's are not this opening's");
+        assert_eq!(runtime_of(&mine, &name, &old.service.ports), old.runtime);
+    }
+
+    #[test]
+    fn a_port_of_the_zone_is_found_open() {
+        let ports = vec![("22".to_owned(), "tcp".to_owned()), ("6000-6010".to_owned(), "udp".to_owned())];
+        assert!(lets_in(&ports, Transport::Tcp, 22));
+        assert!(!lets_in(&ports, Transport::Udp, 22));
+        assert!(lets_in(&ports, Transport::Udp, 6005));
+        assert!(!lets_in(&ports, Transport::Udp, 6011));
+    }
+}
