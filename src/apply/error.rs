@@ -53,9 +53,24 @@ pub enum Error {
     /// The flip from ufw to the host's own filter stopped after the filter was loaded.
     #[error("the host's own filter was loaded, and retiring ufw failed: {0}; ufw and the openings made in it stay, and the next pass tries again")]
     Flip(Arc<crate::system::ufw::UfwError>),
-    /// The flip from ufw waits: something else in the pass failed.
-    #[error("the flip from ufw to the host's own filter waits until everything applies without failure ({failed} failed); ufw and the openings made in it were left in force")]
+    /// The flip from firewalld to the host's own filter stopped after the filter was loaded.
+    #[error("the host's own filter was loaded, and retiring firewalld failed: {reason}; firewalld and the openings made in it stay, and the next pass tries again")]
+    FlipFirewalld {
+        /// What failed, and what of it was undone.
+        reason: String,
+    },
+    /// The way back to firewalld could not start it.
+    #[error("firewalld, retired by the host, could not be started again: {reason}; table inet mesh_host stays in force, and the next pass tries again")]
+    WayBackFirewalld {
+        /// What failed.
+        reason: String,
+    },
+    /// The flip from the found firewall (ufw or firewalld) waits: something else in the pass
+    /// failed.
+    #[error("the flip from {from} to the host's own filter waits until everything applies without failure ({failed} failed); {from} and the openings made in it were left in force")]
     FlipWaits {
+        /// The firewall found: `ufw` or `firewalld`.
+        from: &'static str,
         /// How many other resources of the pass failed.
         failed: usize,
     },

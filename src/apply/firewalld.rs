@@ -370,6 +370,207 @@ pub(super) fn apply(
     done
 }
 
+/// What the record of an opening in the host's table says in its `spec` on a node whose
+/// firewalld the host retired in a flip: what the way back looks for.
+pub(super) const FIREWALLD_RETIRED: &str = "firewalld-retired";
+
+/// firewalld's unit.
+const UNIT: &str = "firewalld.service";
+
+/// How long firewalld may take to answer on the bus once systemd started it.
+const START_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The flip, on a node whose openings were made in firewalld and whose declaration no longer
+/// says `adoption`: the host's own filter is loaded (the caller has checked that everything else
+/// applied), then firewalld is retired (`retire`); the orphan openings are told last. Anything
+/// that fails after the load fails every opening, so their records stay those of firewalld and
+/// the next pass tries again: the filter already loaded is found as wanted.
+pub(super) fn flip(
+    declaration: &Declaration,
+    store: &Store,
+    opts: &Options,
+    orphans: Vec<(String, Record)>,
+) -> Done {
+    let made: Vec<String> = store
+        .records()
+        .filter(|(_, rec)| rec.kind == crate::declaration::Kind::Opening && rec.origin == opts.origin)
+        .filter(|(_, rec)| rec.spec() == Some(FIREWALLD))
+        .map(|(id, _)| id.to_owned())
+        .collect();
+    let mut done = opening::apply(declaration, store, opts, orphans);
+    let failed = done.declared.iter().filter(|(_, r)| r.is_err()).count()
+        + done.orphans.iter().filter(|(_, _, r)| r.is_err()).count();
+    if failed > 0 {
+        // One opening that could not be loaded keeps firewalld in force for all.
+        for (_, result) in &mut done.declared {
+            if result.is_ok() {
+                *result = Err(Error::FlipWaits { from: "firewalld", failed });
+            }
+        }
+        return done;
+    }
+    let retired = if opts.dry_run { Ok(()) } else { retire(declaration, store, opts, &made) };
+    match retired {
+        Ok(()) => {
+            for (_, result) in &mut done.declared {
+                if let Ok(o) = result {
+                    o.action = Verb::Updated;
+                    o.detail = Some(
+                        "moved from firewalld into table inet mesh_host; firewalld was stopped and disabled, and the host's services and rules deleted from its saved configuration"
+                            .to_owned(),
+                    );
+                }
+            }
+            for (id, _, result) in &mut done.orphans {
+                if made.contains(id) {
+                    *result = Ok((
+                        Verb::Removed,
+                        Some(
+                            "its rules and service were deleted from firewalld, which was stopped".to_owned(),
+                        ),
+                    ));
+                }
+            }
+        }
+        Err(e) => {
+            for (_, result) in &mut done.declared {
+                *result = Err(Error::FlipFirewalld { reason: e.clone() });
+            }
+            for (_, _, result) in &mut done.orphans {
+                *result = Err(Error::FlipFirewalld { reason: e.clone() });
+            }
+        }
+    }
+    done
+}
+
+/// Retires firewalld, the host's own filter already loaded: the host's services and rules
+/// deleted from its saved configuration (over D-Bus, so before it stops; what is in force does
+/// not change), its unit disabled, then stopped (firewalld takes its rules out of force as it
+/// stops). Read back: its bus name without an owner, its unit inactive and disabled.
+///
+/// If disabling or stopping fails, what was undone is put back (the unit enabled again, the
+/// declared openings saved again), so firewalld stays as it was, in force with the host's
+/// openings, until the next pass tries again.
+fn retire(declaration: &Declaration, store: &Store, opts: &Options, ids: &[String]) -> Result<(), String> {
+    let bus = opts.bus.as_deref();
+    let systemd = crate::system::Systemd::connect(bus).map_err(|e| e.to_string())?;
+    let Some(fw) = Firewalld::running(bus).map_err(|e| e.to_string())? else {
+        // Stopped already (by an earlier pass whose read-back failed, or by hand): it only has
+        // to stay stopped.
+        systemd.set_boot(UNIT, false).map_err(|e| e.to_string())?;
+        return check_retired(&systemd, bus);
+    };
+    let zone = fw.default_zone().map_err(|e| e.to_string())?;
+    let saved = fw.permanent_rich_rules(&zone).map_err(|e| e.to_string())?;
+    for id in ids {
+        let name = service_name(id);
+        for rule in saved_for(&saved, &name) {
+            fw.remove_permanent_rich_rule(&zone, rule).map_err(|e| e.to_string())?;
+        }
+        if fw.service(&name).map_err(|e| e.to_string())?.is_some() {
+            fw.remove_service(&name).map_err(|e| e.to_string())?;
+        }
+    }
+    let boot = systemd.boot(UNIT).map_err(|e| e.to_string())?;
+    let stopped = systemd
+        .set_boot(UNIT, false)
+        .map_err(|e| e.to_string())
+        .and_then(|()| crate::system::firewalld::failpoint("stop").map_err(|e| e.to_string()))
+        .and_then(|()| systemd.stop(UNIT).map_err(|e| e.to_string()));
+    if let Err(e) = stopped {
+        let mut undo = Vec::new();
+        if boot == "enabled" {
+            if let Err(u) = systemd.set_boot(UNIT, true) {
+                undo.push(format!("enabling it again failed too: {u}"));
+            }
+        }
+        let again = apply(declaration, store, opts, Vec::new(), &fw);
+        if let Some((_, Err(u))) = again.declared.iter().find(|(_, r)| r.is_err()) {
+            undo.push(format!("saving the host's openings in it again failed too: {u}"));
+        }
+        return Err(if undo.is_empty() { e } else { format!("{e}; {}", undo.join("; ")) });
+    }
+    check_retired(&systemd, bus)
+}
+
+fn check_retired(systemd: &crate::system::Systemd, bus: Option<&str>) -> Result<(), String> {
+    let state = systemd.state(UNIT).map_err(|e| e.to_string())?;
+    let boot = systemd.boot(UNIT).map_err(|e| e.to_string())?;
+    let answers = match Firewalld::running(bus) {
+        Ok(Some(_)) => true,
+        Ok(None) | Err(FirewalldError::Connect { .. }) => false,
+        Err(e) => return Err(e.to_string()),
+    };
+    if !state.stopped() || answers || boot == "enabled" {
+        return Err(format!(
+            "firewalld was stopped and disabled, and reads back {state}, {boot}{}",
+            if answers { ", still answering on the bus" } else { "" }
+        ));
+    }
+    Ok(())
+}
+
+/// The way back: a declaration with `adoption` returning to a node whose firewalld the host
+/// retired. firewalld is enabled and started, its openings made in it, and only then does the
+/// host's own table go. firewalld starts with its saved configuration, which the flip left
+/// without the host's openings, so a declared port is refused by firewalld from its start until
+/// its rule is put in force, a few milliseconds later (the host's table still stands, so nothing
+/// undeclared is let in meanwhile).
+pub(super) fn way_back(
+    declaration: &Declaration,
+    store: &Store,
+    opts: &Options,
+    orphans: Vec<(String, Record)>,
+) -> Done {
+    let bus = opts.bus.as_deref();
+    let started = || -> Result<Option<Firewalld>, String> {
+        if opts.dry_run {
+            return Ok(None);
+        }
+        let systemd = crate::system::Systemd::connect(bus).map_err(|e| e.to_string())?;
+        crate::system::firewalld::failpoint("start").map_err(|e| e.to_string())?;
+        systemd.set_boot(UNIT, true).map_err(|e| e.to_string())?;
+        systemd.start(UNIT).map_err(|e| e.to_string())?;
+        let began = std::time::Instant::now();
+        loop {
+            match Firewalld::running(bus) {
+                Ok(Some(fw)) => return Ok(Some(fw)),
+                Ok(None) | Err(FirewalldError::NotRunning(_)) if began.elapsed() < START_WAIT => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Ok(None) => {
+                    return Err(format!(
+                        "firewalld was started and did not answer on the bus within {} s",
+                        START_WAIT.as_secs()
+                    ))
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    };
+    match started() {
+        Ok(Some(fw)) => {
+            opening::without_own_table(apply(declaration, store, opts, orphans, &fw), opts, "firewalld")
+        }
+        // `plan`: what the host's table holds now is what is reported.
+        Ok(None) => opening::apply(declaration, store, opts, orphans),
+        Err(reason) => {
+            let declared = opening::declared_openings(declaration);
+            Done {
+                declared: declared
+                    .iter()
+                    .map(|(r, _)| (r.index, Err(Error::WayBackFirewalld { reason: reason.clone() })))
+                    .collect(),
+                orphans: orphans
+                    .into_iter()
+                    .map(|(id, rec)| (id, rec, Err(Error::WayBackFirewalld { reason: reason.clone() })))
+                    .collect(),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -631,6 +631,34 @@ impl<'a> Pass<'a> {
         if self.found == opening::Found::Firewalld {
             return self.firewall_in_firewalld(orphans);
         }
+        let recorded_in = |spec: &str| {
+            self.store.records().any(|(_, rec)| {
+                rec.kind == Kind::Opening && rec.origin == self.opts.origin && rec.spec() == Some(spec)
+            })
+        };
+        // The same two orders with firewalld: the flip once the declaration no longer says
+        // `adoption` (only after a clean pass), and the way back when it says it again.
+        let adopted = self.declaration.adoption.is_some();
+        let fw_flipping = !adopted && recorded_in(firewalld::FIREWALLD);
+        let fw_retired = recorded_in(firewalld::FIREWALLD_RETIRED);
+        if fw_flipping || fw_retired {
+            let declaration = self.declaration;
+            if fw_flipping && !self.failures.is_empty() {
+                let failed = self.failures.len();
+                for (index, _) in std::mem::take(&mut self.openings) {
+                    self.fail(&declaration.resources[index], &Error::FlipWaits { from: "firewalld", failed });
+                }
+                return;
+            }
+            let (done, spec) = if fw_flipping {
+                (firewalld::flip(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD_RETIRED)
+            } else if adopted {
+                (firewalld::way_back(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD)
+            } else {
+                (opening::apply(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD_RETIRED)
+            };
+            return self.take_done(done, Some(spec));
+        }
         let in_ufw = self.found == opening::Found::Ufw;
         // The flip: a node adopted behind ufw whose declaration no longer says `adoption`. What
         // protects the node goes last: only once everything else applied without failure.
@@ -645,7 +673,7 @@ impl<'a> Pass<'a> {
             let failed = self.failures.len();
             let declaration = self.declaration;
             for (index, _) in std::mem::take(&mut self.openings) {
-                self.fail(&declaration.resources[index], &Error::FlipWaits { failed });
+                self.fail(&declaration.resources[index], &Error::FlipWaits { from: "ufw", failed });
             }
             return;
         }

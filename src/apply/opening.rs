@@ -977,7 +977,7 @@ pub(super) fn flip(
         // drop that port.
         for (_, result) in &mut done.declared {
             if result.is_ok() {
-                *result = Err(Error::FlipWaits { failed });
+                *result = Err(Error::FlipWaits { from: "ufw", failed });
             }
         }
         return done;

@@ -89,7 +89,7 @@ impl Machine {
             "the firewalld machine is not up: tests/testbed/up.sh (55-firewalld.sh) boots it, or run tests/run.sh"
         );
         let lock = std::fs::File::create(format!("{RUN}/tests.lock")).unwrap();
-        lock.lock().unwrap();
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive).unwrap();
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/testbed/firewalld.sh");
         let up = out(&["bash", script, "up"]);
         assert!(
@@ -375,4 +375,94 @@ fn on_an_adopted_node_openings_are_made_in_firewalld_runtime_and_permanent_and_r
     );
     assert!(connects(PEER, "10.79.0.1:8184"), "the operator's rule still lets its port in");
     m.remove_in_force(operators);
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn the_flip_from_firewalld_and_the_way_back_keep_declared_ports_open_and_others_closed() {
+    let m = Machine::take();
+    let s = Scratch::new();
+    for port in [8190, 8191, 8192] {
+        m.serve_tcp(port);
+    }
+    let check = |open: &[u16], closed: &[u16], when: &str| {
+        for port in open {
+            assert!(connects(PEER, &format!("10.79.0.1:{port}")), "{when}: {port} must connect");
+        }
+        for port in closed {
+            assert!(!connects(PEER, &format!("10.79.0.1:{port}")), "{when}: {port} must not connect");
+        }
+    };
+    // One declaration file, written again at each turn.
+    let adopted = || {
+        s.declare_adopted(json!([
+            {"type": "opening", "id": "web.http", "port": 8190},
+            {"type": "opening", "id": "web.old", "port": 8192},
+        ]))
+    };
+    let flat = || s.declare(json!([{"type": "opening", "id": "web.http", "port": 8190}]));
+    let (code, report) = m.apply(&s, &adopted(), &[]);
+    assert_eq!(code, 0, "{report:#}");
+    check(&[8190, 8192], &[8191], "in firewalld");
+
+    // The flip fails in its middle (firewalld's stop): firewalld stays as it was, enabled,
+    // running, with the host's openings saved and in force; the records stay.
+    let (code, report) = m.apply(&s, &flat(), &[("MESH_HOST_FAILPOINT", "firewalld-stop")]);
+    assert_eq!(code, 1, "{report:#}");
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains("retiring firewalld failed"), "{message}");
+    assert_eq!(m.firewalld_unit(), ("active".to_owned(), "enabled".to_owned()));
+    assert!(m.services().contains(&"mesh-host-web_2ehttp".to_owned()), "saved again");
+    assert!(m.saved_rules().contains(&r#"rule service name="mesh-host-web_2ehttp" accept"#.to_owned()));
+    assert!(m.rules_in_force().contains(&r#"rule port port="8190" protocol="tcp" accept"#.to_owned()));
+    check(&[8190], &[8191], "after the failed flip");
+
+    // The flip: packets probed all along.
+    let declared = crate::firewall::Prober::start(PEER, "10.79.0.1:8190");
+    let undeclared = crate::firewall::Prober::start(PEER, "10.79.0.1:8191");
+    let (code, report) = m.apply(&s, &flat(), &[]);
+    let (yes, no) = declared.stop();
+    let (let_in, _) = undeclared.stop();
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.http"), "updated", "{report:#}");
+    assert!(detail(&report, "web.http").contains("moved from firewalld"), "{report:#}");
+    assert_eq!(action(&report, "web.old"), "removed", "{report:#}");
+    assert!(yes > 0 && no == 0, "the declared port was refused {no} times of {} during the flip", yes + no);
+    assert_eq!(let_in, 0, "the undeclared port was let in during the flip");
+    assert_eq!(m.firewalld_unit(), ("inactive".to_owned(), "disabled".to_owned()));
+    assert!(m.table().is_some_and(|t| t.contains("8190")), "the host's own table is loaded");
+    check(&[8190], &[8191, 8192], "after the flip");
+    let (_, report) = m.apply(&s, &flat(), &[]);
+    assert_eq!(action(&report, "web.http"), "unchanged", "{report:#}");
+
+    // The way back fails at firewalld's start: the host's table stays in force.
+    let (code, report) = m.apply(&s, &adopted(), &[("MESH_HOST_FAILPOINT", "firewalld-start")]);
+    assert_eq!(code, 1, "{report:#}");
+    assert!(
+        report["error"]["message"].as_str().unwrap().contains("could not be started again"),
+        "{report:#}"
+    );
+    assert!(m.table().is_some());
+    check(&[8190], &[8191, 8192], "after the failed way back");
+
+    // The way back: firewalld enabled and started, the openings made in it, then the host's
+    // table removed.
+    let declared = crate::firewall::Prober::start(PEER, "10.79.0.1:8190");
+    let undeclared = crate::firewall::Prober::start(PEER, "10.79.0.1:8191");
+    let (code, report) = m.apply(&s, &adopted(), &[]);
+    let (let_in, _) = undeclared.stop();
+    // firewalld starts with its saved configuration, from which the flip deleted the host's
+    // openings: it refuses a declared port until the host puts its rule in force, tens of
+    // milliseconds later (docs/decisions.md). Said, not hidden.
+    let (yes, no) = declared.stop();
+    eprintln!("the way back: the declared port answered {yes} times and was refused {no} times");
+    assert!(yes > 0, "the declared port never answered during the way back");
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(let_in, 0, "the undeclared port was let in during the way back");
+    assert_eq!(m.firewalld_unit(), ("active".to_owned(), "enabled".to_owned()));
+    assert_eq!(m.table(), None, "the host's table removed once firewalld read back");
+    assert!(m.services().contains(&"mesh-host-web_2eold".to_owned()));
+    check(&[8190, 8192], &[8191], "after the way back");
+    let (_, report) = m.apply(&s, &adopted(), &[]);
+    assert_eq!(action(&report, "web.http"), "unchanged", "{report:#}");
 }
