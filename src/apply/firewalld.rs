@@ -25,7 +25,7 @@ use super::{Error, Options, Outcome, Verb};
 use crate::declaration::{Declaration, Opening, Resource};
 use crate::store::{Record, Store};
 use crate::system::firewall::Transport;
-use crate::system::firewalld::{Firewalld, FirewalldError, Service};
+use crate::system::firewalld::{offline, Firewalld, FirewalldError, Service};
 
 /// What the record of an opening made in firewalld says in its `spec`.
 pub(super) const FIREWALLD: &str = "firewalld";
@@ -409,7 +409,7 @@ pub(super) fn flip(
         }
         return done;
     }
-    let retired = if opts.dry_run { Ok(()) } else { retire(declaration, store, opts, &made) };
+    let retired = if opts.dry_run { Ok(()) } else { retire(opts, &made) };
     match retired {
         Ok(()) => {
             for (_, result) in &mut done.declared {
@@ -444,54 +444,52 @@ pub(super) fn flip(
     done
 }
 
-/// Retires firewalld, the host's own filter already loaded: the host's services and rules
-/// deleted from its saved configuration (over D-Bus, so before it stops; what is in force does
-/// not change), its unit disabled, then stopped (firewalld takes its rules out of force as it
-/// stops). Read back: its bus name without an owner, its unit inactive and disabled.
-///
-/// If disabling or stopping fails, what was undone is put back (the unit enabled again, the
-/// declared openings saved again), so firewalld stays as it was, in force with the host's
-/// openings, until the next pass tries again.
-fn retire(declaration: &Declaration, store: &Store, opts: &Options, ids: &[String]) -> Result<(), String> {
+/// Retires firewalld, the host's own filter already loaded: its unit disabled, then stopped
+/// (firewalld takes its rules out of force as it stops), read back (its bus name without an
+/// owner, its unit inactive and disabled); then the host's services and rules deleted from its
+/// saved configuration, offline, and read back. If disabling or stopping fails, the unit is
+/// enabled again if it was, so firewalld stays as it was, in force with the host's openings.
+/// If the deletion fails, firewalld stays retired and the next pass deletes what is left.
+fn retire(opts: &Options, ids: &[String]) -> Result<(), String> {
     let bus = opts.bus.as_deref();
     let systemd = crate::system::Systemd::connect(bus).map_err(|e| e.to_string())?;
-    let Some(fw) = Firewalld::running(bus).map_err(|e| e.to_string())? else {
-        // Stopped already (by an earlier pass whose read-back failed, or by hand): it only has
-        // to stay stopped.
-        systemd.set_boot(UNIT, false).map_err(|e| e.to_string())?;
-        return check_retired(&systemd, bus);
-    };
-    let zone = fw.default_zone().map_err(|e| e.to_string())?;
-    let saved = fw.permanent_rich_rules(&zone).map_err(|e| e.to_string())?;
-    for id in ids {
-        let name = service_name(id);
-        for rule in saved_for(&saved, &name) {
-            fw.remove_permanent_rich_rule(&zone, rule).map_err(|e| e.to_string())?;
-        }
-        if fw.service(&name).map_err(|e| e.to_string())?.is_some() {
-            fw.remove_service(&name).map_err(|e| e.to_string())?;
-        }
-    }
     let boot = systemd.boot(UNIT).map_err(|e| e.to_string())?;
+    let running = match Firewalld::running(bus) {
+        Ok(found) => found.is_some(),
+        Err(FirewalldError::Connect { .. }) => false,
+        Err(e) => return Err(e.to_string()),
+    };
     let stopped = systemd
         .set_boot(UNIT, false)
         .map_err(|e| e.to_string())
         .and_then(|()| crate::system::firewalld::failpoint("stop").map_err(|e| e.to_string()))
-        .and_then(|()| systemd.stop(UNIT).map_err(|e| e.to_string()));
+        .and_then(|()| if running { systemd.stop(UNIT).map_err(|e| e.to_string()) } else { Ok(()) });
     if let Err(e) = stopped {
-        let mut undo = Vec::new();
         if boot == "enabled" {
             if let Err(u) = systemd.set_boot(UNIT, true) {
-                undo.push(format!("enabling it again failed too: {u}"));
+                return Err(format!("{e}; enabling it again failed too: {u}"));
             }
         }
-        let again = apply(declaration, store, opts, Vec::new(), &fw);
-        if let Some((_, Err(u))) = again.declared.iter().find(|(_, r)| r.is_err()) {
-            undo.push(format!("saving the host's openings in it again failed too: {u}"));
-        }
-        return Err(if undo.is_empty() { e } else { format!("{e}; {}", undo.join("; ")) });
+        return Err(e);
     }
-    check_retired(&systemd, bus)
+    check_retired(&systemd, bus)?;
+    let offline = |e: FirewalldError| e.to_string();
+    let zone = offline::default_zone().map_err(offline)?;
+    let saved = offline::rich_rules(&zone).map_err(offline)?;
+    for id in ids {
+        let name = service_name(id);
+        for rule in saved_for(&saved, &name) {
+            offline::remove_rich_rule(&zone, rule).map_err(offline)?;
+        }
+        if offline::has_service(&name).map_err(offline)? {
+            offline::remove_service(&name).map_err(offline)?;
+        }
+    }
+    let left = offline::rich_rules(&zone).map_err(offline)?;
+    if let Some(id) = ids.iter().find(|id| !saved_for(&left, &service_name(id)).is_empty()) {
+        return Err(format!("firewalld was retired, and the saved rules of {id} are still in its zone {zone} after deleting them"));
+    }
+    Ok(())
 }
 
 fn check_retired(systemd: &crate::system::Systemd, bus: Option<&str>) -> Result<(), String> {
@@ -512,11 +510,10 @@ fn check_retired(systemd: &crate::system::Systemd, bus: Option<&str>) -> Result<
 }
 
 /// The way back: a declaration with `adoption` returning to a node whose firewalld the host
-/// retired. firewalld is enabled and started, its openings made in it, and only then does the
-/// host's own table go. firewalld starts with its saved configuration, which the flip left
-/// without the host's openings, so a declared port is refused by firewalld from its start until
-/// its rule is put in force, a few milliseconds later (the host's table still stands, so nothing
-/// undeclared is let in meanwhile).
+/// retired. The openings are saved in firewalld's configuration first (offline), then firewalld
+/// is enabled and started, so it starts with them in force and never refuses a declared port;
+/// then they are read back over D-Bus (and put in force with the port written out, as on any
+/// pass), and only then does the host's own table go. Orphans leave after, through firewalld.
 pub(super) fn way_back(
     declaration: &Declaration,
     store: &Store,
@@ -528,6 +525,7 @@ pub(super) fn way_back(
         if opts.dry_run {
             return Ok(None);
         }
+        save_offline(declaration).map_err(|e| e.to_string())?;
         let systemd = crate::system::Systemd::connect(bus).map_err(|e| e.to_string())?;
         crate::system::firewalld::failpoint("start").map_err(|e| e.to_string())?;
         systemd.set_boot(UNIT, true).map_err(|e| e.to_string())?;
@@ -569,6 +567,28 @@ pub(super) fn way_back(
             }
         }
     }
+}
+
+/// Saves every declared opening in a stopped firewalld's configuration: its service and its
+/// rules in the default zone, anything else saved for it deleted.
+fn save_offline(declaration: &Declaration) -> Result<(), FirewalldError> {
+    let zone = offline::default_zone()?;
+    let saved = offline::rich_rules(&zone)?;
+    for (r, o) in opening::declared_openings(declaration) {
+        let want = rules(r.id.as_str(), o);
+        let name = service_name(r.id.as_str());
+        if offline::service_ports(&name)?.as_ref() != Some(&want.service.ports) {
+            offline::put_service(&name, &want.service)?;
+        }
+        let have = saved_for(&saved, &name);
+        for rule in want.permanent.iter().filter(|w| !have.contains(w)) {
+            offline::add_rich_rule(&zone, rule)?;
+        }
+        for rule in have.iter().filter(|h| !want.permanent.contains(h)) {
+            offline::remove_rich_rule(&zone, rule)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -291,6 +291,109 @@ impl Firewalld {
     }
 }
 
+/// firewalld's saved configuration while it is stopped, through `firewall-offline-cmd` (from
+/// the firewalld package), which edits the files under /etc/firewalld as firewalld itself
+/// would. The flip deletes the host's openings this way once firewalld is stopped, and the way
+/// back saves them this way before it starts, so that firewalld starts with them in force.
+pub mod offline {
+    use super::super::command::run_str;
+    use super::{FirewalldError, Result, Service};
+
+    const PROGRAM: &str = "firewall-offline-cmd";
+
+    fn cmd(op: &str, args: &[&str]) -> Result<String> {
+        let mut argv = vec![PROGRAM];
+        argv.extend(args);
+        let ran = run_str(&argv, &[])
+            .map_err(|e| FirewalldError::Call { op: op.to_owned(), reason: e.to_string() })?;
+        if ran.success() {
+            Ok(ran.stdout)
+        } else {
+            Err(FirewalldError::Call {
+                op: op.to_owned(),
+                reason: format!("`{}` {}", argv.join(" "), ran.describe()),
+            })
+        }
+    }
+
+    /// The default zone, as saved.
+    pub fn default_zone() -> Result<String> {
+        cmd("tell its saved default zone (offline)", &["--get-default-zone"]).map(|s| s.trim().to_owned())
+    }
+
+    /// The zone's saved rich rules, one a line.
+    pub fn rich_rules(zone: &str) -> Result<Vec<String>> {
+        let out = cmd(
+            &format!("list the saved rich rules of zone {zone} (offline)"),
+            &[&format!("--zone={zone}"), "--list-rich-rules"],
+        )?;
+        Ok(out.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned).collect())
+    }
+
+    /// Saves a rich rule in the zone.
+    pub fn add_rich_rule(zone: &str, rule: &str) -> Result<()> {
+        cmd(
+            &format!("save the rich rule '{rule}' in zone {zone} (offline)"),
+            &[&format!("--zone={zone}"), &format!("--add-rich-rule={rule}")],
+        )
+        .map(drop)
+    }
+
+    /// Deletes a saved rich rule from the zone.
+    pub fn remove_rich_rule(zone: &str, rule: &str) -> Result<()> {
+        cmd(
+            &format!("delete the saved rich rule '{rule}' from zone {zone} (offline)"),
+            &[&format!("--zone={zone}"), &format!("--remove-rich-rule={rule}")],
+        )
+        .map(drop)
+    }
+
+    /// Whether a service of that name is saved.
+    pub fn has_service(name: &str) -> Result<bool> {
+        let out = cmd("list its saved services (offline)", &["--get-services"])?;
+        Ok(out.split_whitespace().any(|n| n == name))
+    }
+
+    /// Saves a service of that name with these settings, made anew.
+    pub fn put_service(name: &str, s: &Service) -> Result<()> {
+        if has_service(name)? {
+            remove_service(name)?;
+        }
+        let op = format!("save the service {name} (offline)");
+        cmd(&op, &[&format!("--new-service={name}")])?;
+        let service = format!("--service={name}");
+        cmd(&op, &[&service, &format!("--set-short={}", s.short)])?;
+        cmd(&op, &[&service, &format!("--set-description={}", s.description)])?;
+        for (port, protocol) in &s.ports {
+            cmd(&op, &[&service, &format!("--add-port={port}/{protocol}")])?;
+        }
+        Ok(())
+    }
+
+    /// A saved service's ports, or `None` when there is no service of that name.
+    pub fn service_ports(name: &str) -> Result<Option<Vec<(String, String)>>> {
+        if !has_service(name)? {
+            return Ok(None);
+        }
+        let out = cmd(
+            &format!("read the saved service {name} (offline)"),
+            &[&format!("--service={name}"), "--get-ports"],
+        )?;
+        Ok(Some(
+            out.split_whitespace()
+                .filter_map(|p| p.split_once('/'))
+                .map(|(port, protocol)| (port.to_owned(), protocol.to_owned()))
+                .collect(),
+        ))
+    }
+
+    /// Deletes a saved service.
+    pub fn remove_service(name: &str) -> Result<()> {
+        cmd(&format!("delete the saved service {name} (offline)"), &[&format!("--delete-service={name}")])
+            .map(drop)
+    }
+}
+
 /// Fails the named step of retiring or bringing back firewalld when the failpoint
 /// `firewalld-STEP` is set (tests only), without doing it.
 pub fn failpoint(step: &'static str) -> Result<()> {
