@@ -694,6 +694,18 @@ mod tests {
                 "the id \"a.b\" is longer than 128 bytes, the most nftables keeps as a rule's comment; this opening was not loaded (the others were)".into(),
             ),
             (
+                Error::FlipWaits { from: "firewalld", failed: 2 },
+                "the flip from firewalld to the host's own filter waits until everything applies without failure (2 failed); firewalld and the openings made in it were left in force".into(),
+            ),
+            (
+                Error::FlipFirewalld { reason: "firewalld.service failed to stop".into() },
+                "the host's own filter was loaded, and retiring firewalld failed: firewalld.service failed to stop; firewalld and the openings made in it stay, and the next pass tries again".into(),
+            ),
+            (
+                Error::FirewalldReadBack { id: "web.http".into(), differs: "not in force [\"rule\"]".into() },
+                "web.http: firewalld reads back different: not in force [\"rule\"]".into(),
+            ),
+            (
                 Error::FilterReadBack { differs: "its rules were reordered".into() },
                 "table inet mesh_host was loaded and reads back different: its rules were reordered".into(),
             ),
