@@ -138,6 +138,7 @@ struct Seen2 {
     runtime: Vec<String>,
     permanent: Vec<String>,
     ports: Vec<(String, String)>,
+    services: BTreeSet<String>,
 }
 
 fn read(fw: &Firewalld) -> Result<Seen2, FirewalldError> {
@@ -146,6 +147,7 @@ fn read(fw: &Firewalld) -> Result<Seen2, FirewalldError> {
         runtime: fw.runtime_rich_rules(&zone)?,
         permanent: fw.permanent_rich_rules(&zone)?,
         ports: fw.runtime_ports(&zone)?,
+        services: fw.service_names()?,
         zone,
     })
 }
@@ -202,17 +204,20 @@ pub(super) fn apply(
     let wanted_runtime: BTreeSet<&String> = wanted.iter().flat_map(|w| &w.runtime).collect();
 
     let mut seen = Vec::new();
+    // Each opening's service as found: read back again only where something was changed.
+    let mut before: Vec<Option<Service>> = Vec::new();
     let mut stale_runtime: BTreeSet<String> = BTreeSet::new();
     let mut change: Result<(), FirewalldError> = Ok(());
     for ((r, _), want) in live.iter().zip(&wanted) {
         let name = service_name(r.id.as_str());
-        let service = match fw.service(&name) {
+        let service = match fw.service(&name, &found.services) {
             Ok(s) => s,
             Err(e) => {
                 change = change.and(Err(e));
                 None
             }
         };
+        before.push(service.clone());
         let have = saved_for(&found.permanent, &name);
         let saved = service.as_ref() == Some(&want.service)
             && sorted(&have.iter().map(|s| (*s).clone()).collect::<Vec<_>>()) == sorted(&want.permanent);
@@ -227,7 +232,7 @@ pub(super) fn apply(
         // What is wanted goes in before what is stale goes out: no moment with the port closed.
         change = (|| {
             if service.as_ref() != Some(&want.service) {
-                fw.put_service(&name, &want.service)?;
+                fw.put_service(&name, &want.service, service.is_some())?;
             }
             for rule in want.permanent.iter().filter(|w| !have.contains(w)) {
                 fw.add_permanent_rich_rule(&zone, rule)?;
@@ -245,7 +250,7 @@ pub(super) fn apply(
     for (id, _) in &orphans {
         let name = service_name(id);
         let have = saved_for(&found.permanent, &name);
-        let service = fw.service(&name);
+        let service = fw.service(&name, &found.services);
         orphan_found.push(!have.is_empty() || matches!(service, Ok(Some(_))));
         match service {
             Ok(Some(s)) => stale_runtime.extend(runtime_of(&have, &name, &s.ports)),
@@ -273,7 +278,7 @@ pub(super) fn apply(
             }
             for (id, _) in &orphans {
                 let name = service_name(id);
-                if fw.service(&name)?.is_some() {
+                if found.services.contains(&name) {
                     fw.remove_service(&name)?;
                 }
             }
@@ -289,13 +294,15 @@ pub(super) fn apply(
             read(fw).map(Some).map_err(failed)
         }
     });
-    for (((r, _), want), (saved, in_force)) in live.iter().zip(&wanted).zip(seen) {
+    for ((((r, _), want), (saved, in_force)), found_service) in live.iter().zip(&wanted).zip(seen).zip(before)
+    {
         let result = match &after {
             Err(e) => Err(Error::Firewalld(e.clone())),
             Ok(None) => Ok(()),
             Ok(Some(now)) => {
                 let name = service_name(r.id.as_str());
-                match fw.service(&name) {
+                let service = if saved { Ok(found_service) } else { fw.service(&name, &now.services) };
+                match service {
                     Err(e) => Err(Error::Firewalld(Arc::new(e))),
                     Ok(service) => {
                         let mut differs = Vec::new();
@@ -349,10 +356,14 @@ pub(super) fn apply(
         let name = service_name(&id);
         let result = match &after {
             Err(e) => Err(Error::Firewalld(e.clone())),
-            Ok(Some(now)) if !saved_for(&now.permanent, &name).is_empty() => Err(Error::FirewalldReadBack {
-                id: id.clone(),
-                differs: "its saved rules are still in firewalld after deleting them".into(),
-            }),
+            Ok(Some(now)) if !saved_for(&now.permanent, &name).is_empty() || now.services.contains(&name) => {
+                Err(Error::FirewalldReadBack {
+                    id: id.clone(),
+                    differs: format!(
+                        "its saved rules or its service {name} are still in firewalld after deleting them"
+                    ),
+                })
+            }
             Ok(_) => Ok((
                 Verb::Removed,
                 Some(

@@ -13,7 +13,7 @@
 //! Like `systemd`, the calls are blocking: each drives its async zbus call to completion on the
 //! current tokio runtime's handle.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -237,17 +237,20 @@ impl Firewalld {
     }
 
     /// The names of the saved services.
-    pub fn service_names(&self) -> Result<Vec<String>> {
-        self.fw("list its saved services", CONFIG_PATH, CONFIG, "getServiceNames", &())
+    pub fn service_names(&self) -> Result<BTreeSet<String>> {
+        let names: Vec<String> =
+            self.fw("list its saved services", CONFIG_PATH, CONFIG, "getServiceNames", &())?;
+        Ok(names.into_iter().collect())
     }
 
     fn service_path(&self, name: &str) -> Result<OwnedObjectPath> {
         self.fw(&format!("find the saved service {name}"), CONFIG_PATH, CONFIG, "getServiceByName", &(name,))
     }
 
-    /// A saved service's settings, or `None` when there is no service of that name.
-    pub fn service(&self, name: &str) -> Result<Option<Service>> {
-        if !self.service_names()?.iter().any(|n| n == name) {
+    /// A saved service's settings, or `None` when there is no service of that name; `saved` is
+    /// what `service_names` answered (listed once for many services, not once each).
+    pub fn service(&self, name: &str, saved: &BTreeSet<String>) -> Result<Option<Service>> {
+        if !saved.contains(name) {
             return Ok(None);
         }
         let path = self.service_path(name)?;
@@ -258,13 +261,14 @@ impl Firewalld {
         Ok(Some(Service { short, description, ports }))
     }
 
-    /// Saves a service of that name with these settings: made, or its settings replaced.
-    pub fn put_service(&self, name: &str, s: &Service) -> Result<()> {
+    /// Saves a service of that name with these settings: made, or (`exists`) its settings
+    /// replaced.
+    pub fn put_service(&self, name: &str, s: &Service, exists: bool) -> Result<()> {
         let mut settings: HashMap<&str, Value<'_>> = HashMap::new();
         settings.insert("short", Value::from(s.short.as_str()));
         settings.insert("description", Value::from(s.description.as_str()));
         settings.insert("ports", Value::from(s.ports.clone()));
-        if self.service_names()?.iter().any(|n| n == name) {
+        if exists {
             let path = self.service_path(name)?;
             self.act(
                 &format!("update the saved service {name}"),

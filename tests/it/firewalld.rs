@@ -219,26 +219,30 @@ impl Machine {
         o.status.success().then(|| String::from_utf8_lossy(&o.stdout).into_owned())
     }
 
-    /// `apply --json`, the agent inside the machine (its network and mount namespaces), on
-    /// the machine's system bus; the declaration is copied in first.
-    pub fn apply(&self, declaration: &std::path::Path, env: &[(&str, &str)]) -> (i32, Value) {
+    /// The agent inside the machine (its network, mount and pid namespaces), on the machine's
+    /// system bus, with `command` and the declaration, copied in first.
+    fn agent(&self, command: &str, declaration: &std::path::Path, env: &[(&str, &str)]) -> Output {
         let inside = format!("{}/declaration.json", self.dir);
         std::fs::copy(declaration, format!("{ROOT}{inside}")).unwrap();
-        let o = Command::new("nsenter")
-            .args([
-                "-t",
-                &self.leader,
-                "-n",
-                "-m",
-                "-p",
-                AGENT,
-                "--state",
-                &format!("{}/state.json", self.dir),
-            ])
-            .args(["apply", "--json", &inside])
+        let state = format!("{}/state.json", self.dir);
+        Command::new("nsenter")
+            .args(["-t", &self.leader, "-n", "-m", "-p", AGENT, "--state", &state])
+            .args([command, "--json", &inside])
             .envs(env.iter().copied())
             .output()
-            .expect("mesh-host runs");
+            .expect("mesh-host runs")
+    }
+
+    /// `plan --json`: the report.
+    pub fn plan(&self, declaration: &std::path::Path) -> Value {
+        let o = self.agent("plan", declaration, &[]);
+        serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("no JSON plan ({e}): {}", String::from_utf8_lossy(&o.stderr)))
+    }
+
+    /// `apply --json`: the exit code and the report.
+    pub fn apply(&self, declaration: &std::path::Path, env: &[(&str, &str)]) -> (i32, Value) {
+        let o = self.agent("apply", declaration, env);
         let report = serde_json::from_slice(&o.stdout)
             .unwrap_or_else(|e| panic!("no JSON report ({e}): {}", String::from_utf8_lossy(&o.stderr)));
         (o.status.code().unwrap_or(-1), report)
@@ -366,6 +370,15 @@ fn on_an_adopted_node_openings_are_made_in_firewalld_runtime_and_permanent_and_r
     let (_, report) = m.apply(&d, &[]);
     assert_eq!(action(&report, "web.http"), "corrected", "{report:#}");
     assert!(m.saved_rules().contains(&r#"rule service name="mesh-host-web_2ehttp" accept"#.to_owned()));
+
+    // `plan` of a changed port says so and changes nothing in firewalld.
+    let changed = s.declare_adopted(json!([{"type": "opening", "id": "web.http", "port": 8187}]));
+    let (saved, in_force) = (m.saved_rules(), m.rules_in_force());
+    let plan = m.plan(&changed);
+    assert_eq!(action(&plan, "web.http"), "updated", "{plan:#}");
+    assert_eq!(action(&plan, "web.admin"), "removed", "{plan:#}");
+    assert_eq!((m.saved_rules(), m.rules_in_force()), (saved, in_force), "plan touched firewalld");
+    assert!(m.service_ports("mesh-host-web_2ehttp").contains("\"8180\" \"tcp\""));
 
     // A port changed: the new rule goes in, the old one out, saved and in force.
     let moved = s.declare_adopted(json!([
