@@ -371,6 +371,14 @@ fn on_an_adopted_node_openings_are_made_in_firewalld_runtime_and_permanent_and_r
     assert_eq!(action(&report, "web.http"), "corrected", "{report:#}");
     assert!(m.saved_rules().contains(&r#"rule service name="mesh-host-web_2ehttp" accept"#.to_owned()));
 
+    // A saved rule naming the host's service, added by hand, is the host's and is replaced.
+    let stranger =
+        r#"rule family="ipv4" source address="192.0.2.0/24" service name="mesh-host-web_2ehttp" accept"#;
+    m.config_zone(&["addRichRule", "s", stranger]);
+    let (_, report) = m.apply(&d, &[]);
+    assert_eq!(action(&report, "web.http"), "corrected", "{report:#}");
+    assert!(!m.saved_rules().contains(&stranger.to_owned()));
+
     // `plan` of a changed port says so and changes nothing in firewalld.
     let changed = s.declare_adopted(json!([{"type": "opening", "id": "web.http", "port": 8187}]));
     let (saved, in_force) = (m.saved_rules(), m.rules_in_force());
