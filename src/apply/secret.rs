@@ -248,4 +248,27 @@ mod tests {
         assert_eq!(names, ["pw", "pw", "token"]);
         assert_eq!(names, crate::declaration::secret_holes(content), "the same reading as the parse's check");
     }
+
+    #[test]
+    fn a_value_for_an_into_file_is_escaped_for_a_json_string_and_kept_to_one_env_line() {
+        let raw = "pa\"ss\\w\n\u{1}\té";
+        let json = fitted(value(raw), Fill::JsonString).unwrap();
+        let text = std::str::from_utf8(json.expose_secret()).unwrap();
+        assert_eq!(text, r#"pa\"ss\\w\n\u0001\té"#);
+        assert_eq!(json.expose_secret().capacity(), json.expose_secret().len(), "sized up front");
+        let back: String = serde_json::from_str(&format!("\"{text}\"")).unwrap();
+        assert_eq!(back, raw, "a JSON string holding exactly the value");
+
+        assert!(fitted(value("a b=c 'd'"), Fill::EnvLine).is_ok());
+        for broken in ["one\ntwo", "trailing\n", "cr\r"] {
+            let why = fitted(value(broken), Fill::EnvLine).err().unwrap();
+            assert!(why.starts_with("holds a line break"), "{why}");
+        }
+        for how in [Fill::JsonString, Fill::EnvLine] {
+            let bytes = SecretBox::new(Box::new(vec![b'a', 0xff]));
+            assert_eq!(fitted(bytes, how).err(), Some("is not UTF-8 text"));
+        }
+        let bytes = SecretBox::new(Box::new(vec![0xff]));
+        assert!(fitted(bytes, Fill::Raw).is_ok(), "a whole file's template takes any bytes");
+    }
 }

@@ -405,3 +405,68 @@ fn the_daemon_corrects_a_hand_edit_of_an_owned_key_filled_from_a_secret() {
     assert_eq!(read(&path), other);
     assert!(!daemon.log().contains("canary"), "{}", daemon.log());
 }
+
+/// A service that restarts on an `into` file whose owned key is filled from a secret restarts
+/// when the value moves, and not when the same value is sealed again; under the testbed's
+/// systemd, with the file as the unit's `EnvironmentFile`.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_service_restarts_on_an_into_secret_only_when_the_value_moves() {
+    use crate::systemd::{apply_on, testbed, unique};
+    let t = testbed();
+    let name = unique("mh-it-into");
+    let unit = format!("{name}.service");
+    let env = format!("/etc/{name}.env");
+    let seen = format!("/var/lib/{name}.seen");
+    let theirs = "# the package's\nOTHER=1\nTOKEN=package-default\n";
+    std::fs::write(t.path(&env), theirs).unwrap();
+    t.unit(
+        &unit,
+        &format!(
+            "[Service]\nEnvironmentFile={env}\nExecStart=/bin/sh -c 'echo \"$TOKEN $OTHER\" > {seen}; exec sleep infinity'\n"
+        ),
+    );
+    let s = Scratch::new();
+    let public = keygen(&s);
+    let bus = t.bus();
+    let declare = |token: &[u8]| {
+        s.declare(json!([
+            {"type": "file", "id": "web.env", "path": t.path(&env).display().to_string(), "into": "env",
+             "content": "TOKEN=${secret:token}\n", "secrets": {"token": seal(&public, token)}},
+            {"type": "service", "id": "web.svc", "unit": unit, "state": "running", "restart-on": ["web.env"]},
+        ]))
+    };
+    let (code, report) = apply_on(&s, &bus, &declare(b"one"));
+    assert_eq!(code, 0, "{report:#}");
+    assert!(
+        wait_for(PATIENCE, || std::fs::read_to_string(t.path(&seen)).is_ok_and(|c| c == "one 1\n")),
+        "the service read the opened value"
+    );
+    let pid = t.show(&unit, "MainPID");
+
+    // Sealed again, the same value: nothing restarts.
+    let (code, report) = apply_on(&s, &bus, &declare(b"one"));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.env"), "unchanged", "sealed again, same value: {report:#}");
+    assert_eq!(action(&report, "web.svc"), "unchanged", "{report:#}");
+    assert_eq!(t.show(&unit, "MainPID"), pid);
+
+    // A new value: the service restarts for it.
+    let (code, report) = apply_on(&s, &bus, &declare(b"two"));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.env"), "updated", "{report:#}");
+    assert_eq!(action(&report, "web.svc"), "updated", "{report:#}");
+    assert_eq!(detail(&report, "web.svc"), "restarted for web.env");
+    assert_ne!(t.show(&unit, "MainPID"), pid);
+    assert!(
+        wait_for(PATIENCE, || std::fs::read_to_string(t.path(&seen)).is_ok_and(|c| c == "two 1\n")),
+        "the service read the new value"
+    );
+    assert!(!report.to_string().contains("two 1"), "{report:#}");
+
+    // The resources leave: the key the package wrote is back.
+    let (code, report) = apply_on(&s, &bus, &s.declare(json!([])));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(read(&t.path(&env)), theirs);
+    t.clean(&[&unit], &[&seen, &env]);
+}

@@ -728,6 +728,44 @@ mod tests {
         assert!(d.is_bare());
     }
 
+    #[test]
+    fn edits_that_grow_the_text_build_it_at_its_final_size() {
+        // A buffer that grew would have been reallocated, leaving a copy of what it held.
+        let exact = |d: &Doc| assert_eq!(d.text.capacity(), d.text.len(), "{}", d.text);
+        let mut d = json(DAEMON_JSON);
+        d.set("log-opts", r#"{"max-size": "50m", "password": "a longer value than before"}"#);
+        exact(&d);
+        d.set("registry-auth", r#"[{"user": "u", "password": "p"}, 2]"#);
+        exact(&d);
+        d.set("storage-driver", r#""a much longer driver name than overlay2""#);
+        exact(&d);
+        let mut d = Doc::empty(MergeInto::Json);
+        d.set("a", r#"{"b": "c"}"#);
+        exact(&d);
+        let mut d = json("{}");
+        d.set("a", "1");
+        exact(&d);
+        let mut d = Doc::parse(MergeInto::Env, b"A=1\nB=2".to_vec()).unwrap();
+        d.set("A", "a longer value");
+        exact(&d);
+        d.set("C", "new");
+        exact(&d);
+        assert_eq!(d.text(), "A=a longer value\nB=2\nC=new\n");
+
+        let v: Value = serde_json::from_str(r#"{"a": [1, "two"], "b": {"c": null}}"#).unwrap();
+        for indent in [None, Some("    ")] {
+            let text = sized_json(&v, indent);
+            assert_eq!(text.capacity(), text.len());
+            let back: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(back, v);
+        }
+        assert_eq!(
+            sized_json(&v, Some("  ")),
+            "{\n    \"a\": [\n      1,\n      \"two\"\n    ],\n    \"b\": {\n      \"c\": null\n    }\n  }"
+        );
+        assert!(!format!("{d:?}").contains("longer"), "Debug never shows the text");
+    }
+
     fn plain(pairs: Vec<Pair>) -> Vec<(String, String)> {
         pairs.into_iter().map(|(k, v)| (k, v.to_string())).collect()
     }
