@@ -382,6 +382,44 @@ fn a_sealed_earlier_value_is_never_lost_when_the_key_is_missing_at_removal() {
     assert_eq!(read(&path), THEIRS_ENV);
 }
 
+/// A rotation: the pass after the declaration is sealed again to the new key seals what the
+/// keys held before to it as well, so retiring the previous key loses nothing.
+#[test]
+fn earlier_values_are_sealed_again_to_the_new_key_during_a_rotation() {
+    let s = Scratch::new();
+    let first = keygen(&s);
+    let path = s.path("app.env");
+    std::fs::write(&path, THEIRS_ENV).unwrap();
+    let declare = |to: &str| {
+        s.declare(json!([
+            {"type": "file", "id": "app.env", "path": s.p("app.env"), "into": "env",
+             "content": "DB_PASSWORD=${secret:pw}\n", "secrets": {"pw": seal(to, b"env-canary")}},
+        ]))
+    };
+    assert_eq!(s.apply(&declare(&first)).0, 0);
+    let sealed_first = records(&s)["app.env"]["into"]["was"]["DB_PASSWORD"].clone();
+
+    let out = s.run(&["keygen", "--rotate"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let second = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let (code, report) = s.apply(&declare(&second));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "app.env"), "unchanged", "{report:#}");
+    let sealed_second = records(&s)["app.env"]["into"]["was"]["DB_PASSWORD"].clone();
+    assert!(sealed_second["sealed"].is_string(), "{sealed_second}");
+    assert_ne!(sealed_second, sealed_first, "sealed again, to the new key");
+    let (code, _) = s.apply(&declare(&second));
+    assert_eq!(code, 0);
+    assert_eq!(records(&s)["app.env"]["into"]["was"]["DB_PASSWORD"], sealed_second, "once");
+
+    let out = s.run(&["keygen", "--retire-previous"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (code, report) = s.apply(&s.declare(json!([])));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "app.env"), "removed", "{report:#}");
+    assert_eq!(read(&path), THEIRS_ENV);
+}
+
 #[test]
 fn the_daemon_corrects_a_hand_edit_of_an_owned_key_filled_from_a_secret() {
     let s = Scratch::new();
@@ -396,8 +434,18 @@ fn the_daemon_corrects_a_hand_edit_of_an_owned_key_filled_from_a_secret() {
     let set = THEIRS_ENV.replace("operator-old-env", "env-canary");
     assert_eq!(read(&path), set, "the first apply ran before READY");
     std::fs::write(&path, THEIRS_ENV.replace("operator-old-env", "by-hand")).unwrap();
-    assert!(wait_for(PATIENCE, || read(&path) == set), "put back:\n{}", daemon.log());
+    assert!(wait_for(PATIENCE, || read(&path) == set), "put back: {:?}\n{}", read(&path), daemon.log());
     assert!(wait_for(PATIENCE, || daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}") >= 1.0));
+    // A program rewriting its env file: truncated, and written a moment later through the same
+    // descriptor. The daemon, woken by the truncation, must not write into the empty file (the
+    // program's lines would land on the file it replaced, and be lost).
+    {
+        use std::io::Write as _;
+        let mut file = std::fs::File::create(&path).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        file.write_all(THEIRS_ENV.replace("operator-old-env", "rewritten").as_bytes()).unwrap();
+    }
+    assert!(wait_for(PATIENCE, || read(&path) == set), "put back: {:?}\n{}", read(&path), daemon.log());
     // Another key, edited by hand: not drift, left as it is.
     let other = set.replace("DB_HOST=db", "DB_HOST=db2");
     std::fs::write(&path, &other).unwrap();

@@ -41,6 +41,12 @@ use crate::system::fs::{Content, Fs, Kind as FsKind, Meta};
 /// this size at such a path is not one, and is not read whole.
 const LARGEST: u64 = 16 << 20;
 
+/// How many more times, and how far apart, an env file found empty where the host had set
+/// keys is looked at before it is taken as emptied (see `apply`): a program's truncate and
+/// write are microseconds apart, so a tenth of a second covers a loaded machine.
+const EMPTY_LOOKS: usize = 5;
+const EMPTY_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Sets the declared keys in the file, reads them back, and records what they held before.
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, Error> {
     let path = f.path.as_path();
@@ -77,13 +83,14 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         .collect();
     // The node's key: to open the holes, and to put back a value recorded sealed.
     let ring = if f.carries_secret() {
-        Some(secret::keyring(ctx, f)?)
+        Ok(secret::keyring(ctx, f)?)
     } else if recorded.is_some_and(holds_sealed) {
-        ctx.machine.keyring(&ctx.opts.key).ok().flatten()
+        put_back_ring(ctx.machine, &ctx.opts.key)
     } else {
-        None
+        Err("no key was needed".to_owned())
     };
     let vault = Vault { ring: ring.clone(), path, key: &ctx.opts.key };
+    let ring = ring.ok();
     // Opened now that the keys must be compared or written; zeroed when this returns.
     let opened: Opened;
     let content = match (&ring, f.carries_secret()) {
@@ -108,7 +115,21 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         Some(ring) => Digest::from_keyed(ring.digest(doc.text().as_bytes())),
         None => digest(doc.text().as_bytes()),
     };
-    let found = read(&mut ctx.fs, path, format)?;
+    let mut found = read(&mut ctx.fs, path, format)?;
+    // A program that rewrites its env file truncates it first. Found empty where the host had
+    // set keys, it is most likely at that moment: written into now, the program's own write
+    // would land on the file the host replaced, and its lines would be lost. Looked at again,
+    // briefly, before it is taken as emptied. (An empty JSON file is refused outright: it is
+    // not an object; see `Doc::parse`.)
+    if format == MergeInto::Env && recorded.is_some() {
+        for _ in 0..EMPTY_LOOKS {
+            if !found.as_ref().is_some_and(|(_, d)| d.text().is_empty()) {
+                break;
+            }
+            std::thread::sleep(EMPTY_WAIT);
+            found = read(&mut ctx.fs, path, format)?;
+        }
+    }
 
     let plan = decide(
         found.as_ref().map(|(_, d)| d),
@@ -190,10 +211,22 @@ fn holds_sealed(merged: &Merged) -> bool {
     merged.was.values().any(|w| matches!(w, Some(Was::Sealed { .. })))
 }
 
+/// The node's keyring, to open a value recorded sealed, or why there is none.
+fn put_back_ring(machine: &mut Machine, key: &Path) -> Result<Arc<Keyring>, String> {
+    match machine.keyring(key) {
+        Ok(Some(ring)) => Ok(ring),
+        Ok(None) => {
+            Err("there is no key file (a new one made by `mesh-host keygen` would not open it)".to_owned())
+        }
+        Err(why) => Err(why.to_string()),
+    }
+}
+
 /// Seals the value an owned key filled from a secret held before the host set it, so it is
-/// recorded sealed, and opens it again to put it back; with the node's key, when there is one.
+/// recorded sealed, and opens it again to put it back; with the node's key, or why there is
+/// none usable.
 struct Vault<'a> {
-    ring: Option<Arc<Keyring>>,
+    ring: Result<Arc<Keyring>, String>,
     /// The `into` file, for errors.
     path: &'a Path,
     /// Where the node's key is looked for, for errors.
@@ -206,49 +239,62 @@ trait Seal {
     fn seal(&self, owned: &str, plain: &str) -> Result<Was, Error>;
     /// Puts back in `doc` what `owned` held before the host, opening it if it was sealed.
     fn put_back(&self, doc: &mut Doc, owned: &str, was: &Was) -> Result<(), Error>;
+    /// A sealed value that opens only with the node's previous key (a rotation under way)
+    /// sealed again to the current one, so that retiring the previous key does not lose it;
+    /// `None` when it needs nothing.
+    fn refresh(&self, owned: &str, sealed: &str) -> Result<Option<Was>, Error>;
 }
 
 impl Seal for Vault<'_> {
     fn seal(&self, owned: &str, plain: &str) -> Result<Was, Error> {
         let failed =
             |why: String| Error::IntoSeal { path: self.path.to_owned(), owned: owned.to_owned(), why };
-        let ring = self.ring.as_ref().ok_or_else(|| failed("there is no usable key".to_owned()))?;
+        let ring = self.ring.as_ref().map_err(|why| failed(why.clone()))?;
         let sealed =
             crate::secrets::seal(&ring.public_key(), plain.as_bytes()).map_err(|e| failed(e.to_string()))?;
         Ok(Was::Sealed { sealed })
     }
 
-    fn put_back(&self, doc: &mut Doc, key: &str, was: &Was) -> Result<(), Error> {
+    fn put_back(&self, doc: &mut Doc, owned: &str, was: &Was) -> Result<(), Error> {
         match was {
-            Was::Plain(value) => doc.restore(key, value),
+            Was::Plain(value) => doc.restore(owned, value),
             Was::Sealed { sealed } => {
-                let opened = self.open(key, sealed)?;
-                // It was sealed from the file's own text.
-                let text = std::str::from_utf8(opened.expose_secret().as_slice()).map_err(|_| {
-                    Error::IntoPutBack {
-                        path: self.path.to_owned(),
-                        owned: key.to_owned(),
-                        key: self.key.to_owned(),
-                        why: "it opens to bytes that are not text".to_owned(),
-                    }
-                })?;
-                doc.restore(key, text);
+                let opened = self.open(owned, sealed)?;
+                doc.restore(owned, self.text(owned, &opened)?);
             }
         }
         Ok(())
+    }
+
+    fn refresh(&self, owned: &str, sealed: &str) -> Result<Option<Was>, Error> {
+        let Ok(ring) = &self.ring else { return Ok(None) };
+        if !ring.has_previous() || ring.opens_with_current(sealed) {
+            return Ok(None);
+        }
+        let opened = self.open(owned, sealed)?;
+        self.seal(owned, self.text(owned, &opened)?).map(Some)
     }
 }
 
 impl Vault<'_> {
     fn open(&self, owned: &str, sealed: &str) -> Result<Opened, Error> {
-        let failed = |why: String| Error::IntoPutBack {
+        let ring = self.ring.as_ref().map_err(|why| self.cannot_open(owned, why.clone()))?;
+        ring.open(sealed).map_err(|e| self.cannot_open(owned, e.to_string()))
+    }
+
+    /// An opened earlier value as text: it was sealed from the file's own text.
+    fn text<'o>(&self, owned: &str, opened: &'o Opened) -> Result<&'o str, Error> {
+        std::str::from_utf8(opened.expose_secret().as_slice())
+            .map_err(|_| self.cannot_open(owned, "it opens to bytes that are not text".to_owned()))
+    }
+
+    fn cannot_open(&self, owned: &str, why: String) -> Error {
+        Error::IntoPutBack {
             path: self.path.to_owned(),
             owned: owned.to_owned(),
             key: self.key.to_owned(),
             why,
-        };
-        let ring = self.ring.as_ref().ok_or_else(|| failed("there is no usable key file".to_owned()))?;
-        ring.open(sealed).map_err(|e| failed(e.to_string()))
+        }
     }
 }
 
@@ -323,6 +369,13 @@ fn decide(
                 let sealed = vault.seal(key, plain)?;
                 plain.zeroize();
                 *before = sealed;
+            }
+            // Sealed to a key being rotated away: sealed again to the current one, once.
+            Some(Some(before @ Was::Sealed { .. })) => {
+                let Was::Sealed { sealed } = &*before else { unreachable!("matched as sealed") };
+                if let Some(again) = vault.refresh(key, sealed)? {
+                    *before = again;
+                }
             }
             Some(_) => {}
         }
@@ -417,22 +470,8 @@ pub(super) fn remove(
     let Some((meta, found)) = read(fs, path, merged.format)? else {
         return Ok((Verb::Forgotten, Some("no longer declared, and the file is no longer there".to_owned())));
     };
-    let ring = if holds_sealed(merged) {
-        match machine.keyring(key) {
-            Ok(ring) => ring,
-            Err(why) => {
-                let owned = merged.was.iter().find(|(_, w)| matches!(w, Some(Was::Sealed { .. })));
-                return Err(Error::IntoPutBack {
-                    path: path.to_owned(),
-                    owned: owned.map(|(k, _)| k.clone()).unwrap_or_default(),
-                    key: key.to_owned(),
-                    why: why.to_string(),
-                });
-            }
-        }
-    } else {
-        None
-    };
+    let ring =
+        if holds_sealed(merged) { put_back_ring(machine, key) } else { Err("no key was needed".to_owned()) };
     let vault = Vault { ring, path, key };
     let mut doc = found.clone();
     let mut restored = Vec::new();
@@ -507,6 +546,11 @@ mod tests {
             }
             Ok(())
         }
+
+        fn refresh(&self, _: &str, sealed: &str) -> Result<Option<Was>, Error> {
+            // "Sealed to the previous key": sealed again, to the current one.
+            Ok(sealed.strip_prefix("previous:").map(|rest| Was::Sealed { sealed: rest.to_owned() }))
+        }
     }
 
     /// `decide` for keys none of which is filled from a secret.
@@ -545,6 +589,20 @@ mod tests {
             super::decide(Some(&written), Some(true), Some(&p.merged), MergeInto::Env, &want, &secret, &Wrap)
                 .unwrap();
         assert_eq!(again.merged, p.merged, "not sealed again");
+
+        // During a rotation, a value sealed to the previous key is sealed again to the current.
+        let old = Merged {
+            format: MergeInto::Env,
+            was: [(
+                "PASSWORD".to_owned(),
+                Some(Was::Sealed { sealed: "previous:sealed(old-credential)".into() }),
+            )]
+            .into(),
+            made: false,
+        };
+        let p = super::decide(Some(&written), Some(true), Some(&old), MergeInto::Env, &want, &secret, &Wrap)
+            .unwrap();
+        assert_eq!(p.merged.was.get("PASSWORD"), Some(&sealed));
 
         // The key leaves the declaration: what it held is opened and put back.
         let p = super::decide(
