@@ -286,6 +286,14 @@ fn secret_holes_fill_owned_keys_and_what_the_keys_held_is_kept_sealed_and_put_ba
     assert_eq!(read(&env_path), set_env.replace("DB_HOST=db", "DB_HOST=db2"));
     assert!(!report.to_string().contains("canary"), "{report:#}");
 
+    // status tells, with the key, that each still holds what the host left.
+    let out = s.run(&["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for r in status["records"].as_array().unwrap() {
+        assert_eq!(r["machine"], "holds", "{r}");
+    }
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("canary"));
+
     // A new value is an update.
     let d = declare("env-canary-second");
     let (code, report) = s.apply(&d);
