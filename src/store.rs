@@ -897,6 +897,21 @@ mod tests {
     }
 
     #[test]
+    fn what_an_into_key_held_is_a_string_a_sealed_value_or_null() {
+        // A store written before sealed values still reads: its values are plain strings.
+        let text = r#"{"format": "env", "was": {"A": "80", "B": null, "C": {"sealed": "-----BEGIN AGE ENCRYPTED FILE-----\nx"}}}"#;
+        let merged: Merged = serde_json::from_str(text).unwrap();
+        assert_eq!(merged.was["A"], Some(Was::Plain("80".into())));
+        assert_eq!(merged.was["B"], None);
+        assert_eq!(
+            merged.was["C"],
+            Some(Was::Sealed { sealed: "-----BEGIN AGE ENCRYPTED FILE-----\nx".into() })
+        );
+        let again: serde_json::Value = serde_json::to_value(&merged).unwrap();
+        assert_eq!(again, serde_json::from_str::<serde_json::Value>(text).unwrap(), "written as read");
+    }
+
+    #[test]
     fn a_record_whose_digest_is_not_one_refuses_the_store() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
