@@ -47,12 +47,30 @@ pub enum Error {
     /// What ufw answered, found active on an adopted node. Shared, like nft's.
     #[error("ufw: {0}")]
     Ufw(Arc<crate::system::ufw::UfwError>),
+    /// What firewalld answered, found running on an adopted node. Shared, like nft's.
+    #[error("{0}")]
+    Firewalld(Arc<crate::system::firewalld::FirewalldError>),
     /// The flip from ufw to the host's own filter stopped after the filter was loaded.
     #[error("the host's own filter was loaded, and retiring ufw failed: {0}; ufw and the openings made in it stay, and the next pass tries again")]
     Flip(Arc<crate::system::ufw::UfwError>),
-    /// The flip from ufw waits: something else in the pass failed.
-    #[error("the flip from ufw to the host's own filter waits until everything applies without failure ({failed} failed); ufw and the openings made in it were left in force")]
+    /// The flip from firewalld to the host's own filter stopped after the filter was loaded.
+    #[error("the host's own filter was loaded, and retiring firewalld failed: {reason}; firewalld and the openings made in it stay, and the next pass tries again")]
+    FlipFirewalld {
+        /// What failed, and what of it was undone.
+        reason: String,
+    },
+    /// The way back to firewalld could not start it.
+    #[error("firewalld, retired by the host, could not be started again: {reason}; table inet mesh_host stays in force, and the next pass tries again")]
+    WayBackFirewalld {
+        /// What failed.
+        reason: String,
+    },
+    /// The flip from the found firewall (ufw or firewalld) waits: something else in the pass
+    /// failed.
+    #[error("the flip from {from} to the host's own filter waits until everything applies without failure ({failed} failed); {from} and the openings made in it were left in force")]
     FlipWaits {
+        /// The firewall found: `ufw` or `firewalld`.
+        from: &'static str,
         /// How many other resources of the pass failed.
         failed: usize,
     },
@@ -103,13 +121,43 @@ pub enum Error {
         /// The longest comment nftables keeps, in bytes.
         max: usize,
     },
-    /// An `into` file carrying a secret: not built yet.
-    #[error(
-        "{path} sets keys `into` a file and carries a sealed value: secrets in `into` files are not supported yet; nothing was written"
-    )]
-    IntoSecret {
+    /// A secret of an `into` file that opened to a value its hole cannot take (a line break in
+    /// an env value, bytes that are not text). Says what is wrong, never the value.
+    #[error("{path}: `{field}` opened, and the value {why}, so it cannot fill its hole in this `into` file; nothing was written")]
+    IntoValue {
         /// The `into` file.
         path: PathBuf,
+        /// The secret, by its name in the declaration (`secrets.NAME`).
+        field: String,
+        /// What is wrong with the value, as a phrase.
+        why: &'static str,
+    },
+    /// What an owned key held before the host set it is to be put back (the key left the
+    /// declaration, or the resource did), and it was recorded sealed to this node's key, which
+    /// cannot open it now. Nothing is written and the record stays: the value is the
+    /// operator's, and is not lost.
+    #[error("{path}: the value {owned} held before the host set it is to be put back, and was recorded sealed to this node's key, which cannot open it now: {why}; nothing was written, and the record is kept so that a later pass can put it back once the key at {key} opens it")]
+    IntoPutBack {
+        /// The `into` file.
+        path: PathBuf,
+        /// The owned key whose earlier value is sealed.
+        owned: String,
+        /// Where the node's key was looked for.
+        key: PathBuf,
+        /// Why it cannot be opened (no key file, a key file that cannot be used, another key).
+        why: String,
+    },
+    /// What an owned key filled from a secret held before the host set it could not be sealed
+    /// to the node's key to be recorded; without that record it could not be put back, so
+    /// nothing was written.
+    #[error("{path}: the value {owned} held before the host set it could not be sealed to this node's key to be kept: {why}; nothing was written")]
+    IntoSeal {
+        /// The `into` file.
+        path: PathBuf,
+        /// The owned key.
+        owned: String,
+        /// Why sealing failed.
+        why: String,
     },
     /// A file carrying a sealed value, on a node without the key to open it.
     #[error(
@@ -338,6 +386,14 @@ pub enum Error {
     /// An opening's rules in ufw, added without an error, read back differently.
     #[error("{id}: ufw reads back different: {differs}")]
     UfwReadBack {
+        /// The opening's id.
+        id: String,
+        /// How its rules differ, in words.
+        differs: String,
+    },
+    /// An opening's rules in firewalld, added without an error, read back differently.
+    #[error("{id}: firewalld reads back different: {differs}")]
+    FirewalldReadBack {
         /// The opening's id.
         id: String,
         /// How its rules differ, in words.
@@ -668,6 +724,18 @@ mod tests {
                 "the id \"a.b\" is longer than 128 bytes, the most nftables keeps as a rule's comment; this opening was not loaded (the others were)".into(),
             ),
             (
+                Error::FlipWaits { from: "firewalld", failed: 2 },
+                "the flip from firewalld to the host's own filter waits until everything applies without failure (2 failed); firewalld and the openings made in it were left in force".into(),
+            ),
+            (
+                Error::FlipFirewalld { reason: "firewalld.service failed to stop".into() },
+                "the host's own filter was loaded, and retiring firewalld failed: firewalld.service failed to stop; firewalld and the openings made in it stay, and the next pass tries again".into(),
+            ),
+            (
+                Error::FirewalldReadBack { id: "web.http".into(), differs: "not in force [\"rule\"]".into() },
+                "web.http: firewalld reads back different: not in force [\"rule\"]".into(),
+            ),
+            (
                 Error::FilterReadBack { differs: "its rules were reordered".into() },
                 "table inet mesh_host was loaded and reads back different: its rules were reordered".into(),
             ),
@@ -688,8 +756,21 @@ mod tests {
                 "/etc/app.conf carries a sealed value, which is opened only when the file is applied".into(),
             ),
             (
-                Error::IntoSecret { path: p() },
-                "/etc/app.conf sets keys `into` a file and carries a sealed value: secrets in `into` files are not supported yet; nothing was written".into(),
+                Error::IntoValue { path: p(), field: "secrets.pw".into(), why: "is not UTF-8 text" },
+                "/etc/app.conf: `secrets.pw` opened, and the value is not UTF-8 text, so it cannot fill its hole in this `into` file; nothing was written".into(),
+            ),
+            (
+                Error::IntoPutBack {
+                    path: p(),
+                    owned: "PASSWORD".into(),
+                    key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
+                    why: "there is no key file".into(),
+                },
+                "/etc/app.conf: the value PASSWORD held before the host set it is to be put back, and was recorded sealed to this node's key, which cannot open it now: there is no key file; nothing was written, and the record is kept so that a later pass can put it back once the key at /var/lib/mesh-host/sealing.key opens it".into(),
+            ),
+            (
+                Error::IntoSeal { path: p(), owned: "PASSWORD".into(), why: "cannot seal: boom".into() },
+                "/etc/app.conf: the value PASSWORD held before the host set it could not be sealed to this node's key to be kept: cannot seal: boom; nothing was written".into(),
             ),
             (
                 Error::NoKey { path: p(), key: PathBuf::from("/var/lib/mesh-host/sealing.key") },
