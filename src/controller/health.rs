@@ -143,4 +143,21 @@ mod tests {
         h.beat();
         assert_eq!(h.check(), Ok(()));
     }
+
+    #[test]
+    fn a_reconcile_stuck_apart_fails_the_check_though_the_worker_beats() {
+        let h = Health::new(Duration::from_secs(60));
+        h.ready();
+        h.set_not_in_force(None);
+        let now = std::time::Instant::now();
+        h.set_oldest_apart(now.checked_sub(Duration::from_secs(30)));
+        assert_eq!(h.check(), Ok(()), "30 s apart is within the limit");
+        h.set_oldest_apart(now.checked_sub(Duration::from_secs(90)));
+        h.beat();
+        let why = h.check().unwrap_err();
+        assert!(why.contains("run apart from the worker has been running for"), "{why}");
+        assert!(!h.alive(), "and the watchdog is not pinged");
+        h.set_oldest_apart(None);
+        assert_eq!(h.check(), Ok(()), "healthy again once it is taken back");
+    }
 }

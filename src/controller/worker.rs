@@ -252,6 +252,51 @@ fn closure(d: &Declaration, id: &Id) -> BTreeSet<usize> {
     selected
 }
 
+/// The ids a reconcile of `id` claims: its closure (as `apply::reconcile_in` selects it), every
+/// opening when it reaches one (the filter is one, and the pass records every opening), the
+/// container an action in it runs in, and the first gate not passed at its current declaration
+/// when anything in it comes after that gate (the pass would not attempt it until the gate
+/// passes, so it waits for a gate in flight). Sorted, without repeats; an id not declared
+/// claims itself.
+fn claimed(d: &Declaration, store: &Store, id: &Id) -> Vec<Id> {
+    let closure = closure(d, id);
+    let mut ids: Vec<Id> = closure.iter().map(|&i| d.resources[i].id.clone()).collect();
+    if ids.is_empty() {
+        return vec![id.clone()];
+    }
+    for &i in &closure {
+        let r = &d.resources[i];
+        if r.kind() == Kind::Opening {
+            ids.extend(d.resources.iter().filter(|o| o.kind() == Kind::Opening).map(|o| o.id.clone()));
+        }
+        if let Some(name) = r.spec.runs_in() {
+            ids.extend(
+                d.resources
+                    .iter()
+                    .filter(|c| c.kind() == Kind::Container && c.target() == name)
+                    .map(|c| c.id.clone()),
+            );
+        }
+    }
+    let last = closure.iter().copied().max().unwrap_or(0);
+    let open_gate = d.gates().find(|g| store.get(g.id.as_str()).is_none_or(|rec| rec.declared != g.digest));
+    if let Some(gate) = open_gate.filter(|g| g.index < last) {
+        ids.push(gate.id.clone());
+    }
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// Whether a reconcile of `id` may be slow, so runs apart: its closure reaches anything but
+/// files, directories and access paths (a unit, a container, a network, a package, a user, an
+/// archive, an action, a process, an opening). Decided by type, not measured (decisions.md).
+fn slow(d: &Declaration, id: &Id) -> bool {
+    closure(d, id)
+        .iter()
+        .any(|&i| !matches!(d.resources[i].kind(), Kind::File | Kind::Directory | Kind::Access))
+}
+
 /// The hash a claim holds for a resource id.
 fn claim_hash(id: &str) -> u64 {
     use std::hash::{Hash as _, Hasher as _};
@@ -357,51 +402,20 @@ impl Worker {
         }
     }
 
-    /// The ids a reconcile of `id` claims: its closure (as `apply::reconcile_in` selects it),
-    /// every opening when it reaches one, the container an action in it runs in, and the first
-    /// gate not passed at its current declaration when anything in it comes after that gate
-    /// (the pass would not attempt it until the gate passes, so it waits for a gate in flight).
+    /// The ids a reconcile of `id` claims, by the declaration in force and the store now
+    /// (`claimed`).
     fn claimed(&self, id: &Id) -> Vec<Id> {
-        let Some(d) = self.declaration.as_deref() else { return vec![id.clone()] };
-        let closure = closure(d, id);
-        let mut ids: Vec<Id> = closure.iter().map(|&i| d.resources[i].id.clone()).collect();
-        if ids.is_empty() {
-            return vec![id.clone()];
+        match self.declaration.as_deref() {
+            Some(d) => claimed(d, &self.store, id),
+            None => vec![id.clone()],
         }
-        for &i in &closure {
-            let r = &d.resources[i];
-            if r.kind() == Kind::Opening {
-                ids.extend(d.resources.iter().filter(|o| o.kind() == Kind::Opening).map(|o| o.id.clone()));
-            }
-            if let Some(name) = r.spec.runs_in() {
-                ids.extend(
-                    d.resources
-                        .iter()
-                        .filter(|c| c.kind() == Kind::Container && c.target() == name)
-                        .map(|c| c.id.clone()),
-                );
-            }
-        }
-        let last = closure.iter().copied().max().unwrap_or(0);
-        let open_gate =
-            d.gates().find(|g| self.store.get(g.id.as_str()).is_none_or(|rec| rec.declared != g.digest));
-        if let Some(gate) = open_gate.filter(|g| g.index < last) {
-            ids.push(gate.id.clone());
-        }
-        ids.sort();
-        ids.dedup();
-        ids
     }
 
-    /// Whether `key` runs apart from the worker: a resource whose closure reaches anything but
-    /// files, directories and access paths, when there is room for any (`limit`, the most
-    /// that may run apart, is `workers - 1`).
+    /// Whether `key` runs apart from the worker (`slow`), when there is room for any (`limit`,
+    /// the most that may run apart, is `workers - 1`).
     fn runs_apart(&self, key: &Key, limit: usize) -> bool {
         let (Key::Resource(id), Some(d)) = (key, self.declaration.as_deref()) else { return false };
-        limit > 0
-            && closure(d, id)
-                .iter()
-                .any(|&i| !matches!(d.resources[i].kind(), Kind::File | Kind::Directory | Kind::Access))
+        limit > 0 && slow(d, id)
     }
 
     /// What a reconcile of `key` run apart needs, owned; `None` when there is nothing to run
@@ -941,5 +955,128 @@ impl Worker {
         for (dir, e) in self.files.set_paths(index.paths()) {
             tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two files, one a service restarts on; a container and an action run in it (a gate); a
+    /// file after the gate; two openings.
+    const DECLARATION: &str = r#"{"version": 1, "resources": [
+        {"type": "file", "id": "a.conf", "path": "/srv/a.conf", "content": "x\n"},
+        {"type": "file", "id": "a.other", "path": "/srv/a.other", "content": "y\n"},
+        {"type": "service", "id": "a.svc", "unit": "a.service", "state": "running", "restart-on": ["a.conf"]},
+        {"type": "container", "id": "a.box", "name": "box", "image": "local/busybox:1"},
+        {"type": "action", "id": "a.seed", "command": ["seed"], "verify": ["seed", "--check"], "in": "box"},
+        {"type": "file", "id": "a.late", "path": "/srv/a.late", "content": "z\n"},
+        {"type": "opening", "id": "o.http", "port": 80},
+        {"type": "opening", "id": "o.dns", "port": 53, "protocol": "udp"}
+    ]}"#;
+
+    fn id(s: &str) -> Id {
+        Id::parse(s).unwrap()
+    }
+
+    fn ids(list: &[&str]) -> Vec<Id> {
+        list.iter().map(|s| id(s)).collect()
+    }
+
+    fn declared() -> (Declaration, tempfile::TempDir, Store) {
+        let d = Declaration::parse(DECLARATION.as_bytes()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.json")).unwrap();
+        (d, dir, store)
+    }
+
+    /// Records the gate at its current declaration: it has passed.
+    fn pass_gate(d: &Declaration, store: &mut Store) {
+        let r = d.get(&id("a.seed")).unwrap();
+        store.record(
+            "a.seed",
+            crate::store::Record {
+                origin: crate::store::Origin::Declared,
+                kind: r.kind(),
+                target: r.target().into_boxed_str(),
+                position: r.index as u32,
+                declared: r.digest,
+                applied_at: 0,
+                wrote: None,
+                mode: None,
+                owner: None,
+                sig: None,
+                more: None,
+            },
+        );
+    }
+
+    #[test]
+    fn a_file_alone_claims_itself_and_runs_inline() {
+        let (d, _dir, mut store) = declared();
+        pass_gate(&d, &mut store);
+        assert_eq!(claimed(&d, &store, &id("a.other")), ids(&["a.other"]));
+        assert!(!slow(&d, &id("a.other")));
+    }
+
+    #[test]
+    fn a_file_a_service_restarts_on_claims_the_service_and_runs_apart() {
+        let (d, _dir, mut store) = declared();
+        pass_gate(&d, &mut store);
+        assert_eq!(claimed(&d, &store, &id("a.conf")), ids(&["a.conf", "a.svc"]));
+        assert!(slow(&d, &id("a.conf")));
+        assert_eq!(
+            claimed(&d, &store, &id("a.svc")),
+            ids(&["a.svc"]),
+            "a service claims what restarts on it, not what it restarts on"
+        );
+        assert!(slow(&d, &id("a.svc")));
+    }
+
+    #[test]
+    fn an_action_claims_the_container_it_runs_in() {
+        let (d, _dir, mut store) = declared();
+        pass_gate(&d, &mut store);
+        assert_eq!(claimed(&d, &store, &id("a.seed")), ids(&["a.box", "a.seed"]));
+    }
+
+    #[test]
+    fn what_comes_after_a_gate_not_passed_claims_the_gate_and_no_longer_once_it_passed() {
+        let (d, _dir, mut store) = declared();
+        assert_eq!(claimed(&d, &store, &id("a.late")), ids(&["a.late", "a.seed"]));
+        assert_eq!(
+            claimed(&d, &store, &id("a.conf")),
+            ids(&["a.conf", "a.svc"]),
+            "before the gate: not held by it"
+        );
+        pass_gate(&d, &mut store);
+        assert_eq!(claimed(&d, &store, &id("a.late")), ids(&["a.late"]));
+    }
+
+    #[test]
+    fn an_opening_claims_every_opening() {
+        let (d, _dir, mut store) = declared();
+        pass_gate(&d, &mut store);
+        assert_eq!(claimed(&d, &store, &id("o.dns")), ids(&["o.dns", "o.http"]));
+        assert!(slow(&d, &id("o.dns")));
+    }
+
+    #[test]
+    fn an_id_no_longer_declared_claims_itself() {
+        let (d, _dir, store) = declared();
+        assert_eq!(claimed(&d, &store, &id("gone.file")), ids(&["gone.file"]));
+        assert!(!slow(&d, &id("gone.file")));
+    }
+
+    #[test]
+    fn claims_of_a_file_and_of_the_service_restarting_on_it_meet_and_others_do_not() {
+        let (d, _dir, mut store) = declared();
+        pass_gate(&d, &mut store);
+        let claim = |s: &str| {
+            Claim::only(claimed(&d, &store, &id(s)).iter().map(|i| claim_hash(i.as_str())).collect())
+        };
+        assert!(claim("a.conf").meets(&claim("a.svc")));
+        assert!(!claim("a.other").meets(&claim("a.svc")));
+        assert!(!claim("a.other").meets(&claim("a.conf")));
     }
 }
