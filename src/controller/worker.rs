@@ -59,8 +59,12 @@ pub struct Worker {
     /// Shared with the scheduler, which runs steps of the declaration in force.
     declaration: Option<Arc<Declaration>>,
     store: Store,
-    /// Connections to systemd and the container runtime, kept between reconciles.
+    /// Connections to systemd and the container runtime, kept between the reconciles run
+    /// inline; never lent (reconciles apart take theirs from `spare`).
     session: apply::Session,
+    /// Only the worker calls it (`set_paths`, `rewatch`): a reconcile apart never does, and the
+    /// watches its changes need are made again when it is taken back. Its own thread (notify's)
+    /// shares with it only what `mesh_host_watchers::file` says.
     files: FileWatcher,
     /// Paths, units and names to keys. Written here when a declaration is accepted (replaced
     /// whole); read by the intake loop for every change. A read lock held only for a lookup.
@@ -77,6 +81,9 @@ pub struct Worker {
     /// The daemon's content file for the declaration in force (`contents`), handed to each
     /// apply; replaced with the declaration.
     contents: Option<Arc<crate::system::ContentFile>>,
+    /// Events are emitted by the worker only, inline or when it takes a reconcile back, never
+    /// from a thread apart; `/metrics` reads the same registry (prometheus-client's atomics and
+    /// its own locks), so no reader waits on a reconcile.
     metrics: Arc<Metrics>,
     /// Written here (heartbeat, declaration in force); read by `/healthz` and the watchdog.
     health: Arc<Health>,
