@@ -173,6 +173,11 @@ pub async fn drain(mut worker: Worker, queue: Arc<Queue<Key>>) {
         std::collections::HashMap::new();
     let limit = worker.config.workers.saturating_sub(1);
     loop {
+        // What ended apart is taken back before anything else is handed out, so a stream of
+        // inline keys never leaves a finished reconcile's claim held.
+        while let Some(joined) = apart.try_join_next_with_id() {
+            worker.joined(&queue, &mut starts, joined);
+        }
         let in_flight = apart.len();
         let next = queue.try_next(
             |key| worker.claim_of(key),
@@ -207,27 +212,7 @@ pub async fn drain(mut worker: Worker, queue: Arc<Queue<Key>>) {
                 tokio::select! {
                     _ = queue.wait(due) => {}
                     Some(joined) = apart.join_next_with_id(), if !apart.is_empty() => {
-                        let id = match &joined {
-                            Ok((id, _)) => *id,
-                            Err(e) => e.id(),
-                        };
-                        let key = starts.remove(&id).map(|(key, _)| key);
-                        worker.health.set_oldest_apart(starts.values().map(|(_, at)| *at).min());
-                        match (joined, key) {
-                            (Ok((_, back)), _) => {
-                                let key = back.key.clone();
-                                let verdict = worker.take_back(back);
-                                worker.done(&queue, &key, verdict);
-                            }
-                            // Panics are caught inside; a join error is the runtime going away.
-                            // The copy is lost: its work is read from the machine next time.
-                            (Err(e), Some(key)) => {
-                                tracing::error!(key = %key, error = %e, "a reconcile run apart was lost");
-                                worker.store.lost();
-                                worker.done(&queue, &key, Verdict::Failed);
-                            }
-                            (Err(e), None) => tracing::error!(error = %e, "a reconcile run apart was lost"),
-                        }
+                        worker.joined(&queue, &mut starts, joined);
                     }
                 }
             }
@@ -467,6 +452,36 @@ impl Worker {
         };
         self.finished(&key, started);
         verdict
+    }
+
+    /// A reconcile apart ended (or its thread was lost): taken back, and the queue told.
+    fn joined(
+        &mut self,
+        queue: &Queue<Key>,
+        starts: &mut std::collections::HashMap<tokio::task::Id, (Key, std::time::Instant)>,
+        joined: Result<(tokio::task::Id, Back), tokio::task::JoinError>,
+    ) {
+        let id = match &joined {
+            Ok((id, _)) => *id,
+            Err(e) => e.id(),
+        };
+        let key = starts.remove(&id).map(|(key, _)| key);
+        self.health.set_oldest_apart(starts.values().map(|(_, at)| *at).min());
+        match (joined, key) {
+            (Ok((_, back)), _) => {
+                let key = back.key.clone();
+                let verdict = self.take_back(back);
+                self.done(queue, &key, verdict);
+            }
+            // Panics are caught inside; a join error is the runtime going away. The copy is
+            // lost: its work is read from the machine next time.
+            (Err(e), Some(key)) => {
+                tracing::error!(key = %key, error = %e, "a reconcile run apart was lost");
+                self.store.lost();
+                self.done(queue, &key, Verdict::Failed);
+            }
+            (Err(e), None) => tracing::error!(error = %e, "a reconcile run apart was lost"),
+        }
     }
 
     /// Tells the queue how a key ended, and says a contest or a failure once.
