@@ -942,13 +942,17 @@ fn a_second_edit_during_a_slow_restart(workers: &str) -> (Duration, bool) {
         {"type": "file", "id": "other.conf", "path": s.p("other.conf"), "content": "other\n"},
     ]));
     let bus = tb.bus();
-    let mut daemon = Daemon::start(&s, &d, &["--bus", &bus, "--workers", workers]);
+    // A resync every second: a full pass is due again and again during the 4 s restart.
+    let mut daemon = Daemon::start(&s, &d, &["--bus", &bus, "--workers", workers, "--resync", "1"]);
     assert_eq!(tb.active(&unit), "active", "the first apply started it:\n{}", daemon.log());
     std::fs::write(tb.path(&slow), "").unwrap();
 
     // app.conf's correction restarts the unit: that reconcile now takes 4 s and more.
     std::fs::write(&conf, "port=8080\n").unwrap();
     assert!(wait_for(PATIENCE, || tb.active(&unit) == "activating"), "the restart began:\n{}", daemon.log());
+    let full = "mesh_host_reconcile_duration_seconds_count{scope=\"full\"}";
+    let resync = "mesh_host_queue_adds_total{source=\"resync\"}";
+    let (passes, resyncs) = (daemon.metric(full), daemon.metric(resync));
     let edited = Instant::now();
     std::fs::write(&other, "edited by hand\n").unwrap();
     assert!(
@@ -959,6 +963,16 @@ fn a_second_edit_during_a_slow_restart(workers: &str) -> (Duration, bool) {
     let took = edited.elapsed();
     let still_starting = tb.active(&unit) == "activating";
     if still_starting {
+        // A full pass queued by the resync during the restart waits for it: none runs while
+        // the restart is in flight (the barrier: a resync queued after the restart began).
+        assert!(
+            wait_for(PATIENCE, || daemon.metric(resync) > resyncs),
+            "a resync was queued:\n{}",
+            daemon.log()
+        );
+        let passes_now = daemon.metric(full);
+        assert_eq!(tb.active(&unit), "activating", "the restart was still in flight when looked at");
+        assert_eq!(passes_now, passes, "no full pass ran beside the restart:\n{}", daemon.log());
         // SIGTERM with the restart still in flight apart: the daemon waits for it, takes it
         // back (its lines are logged then, never before), and only then stops.
         assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
