@@ -188,6 +188,9 @@ struct Inner<K> {
     /// Due keys in the order they became due, with their claim once it was asked for (asked
     /// again after `forget_claims`, when the declaration changed).
     ready: VecDeque<(K, Instant, Option<Claim>)>,
+    /// The keys in `ready`, so a key added again while it waits there (on a claim in flight)
+    /// is not queued a second time.
+    in_ready: HashSet<K>,
     processing: HashSet<K>,
     /// The claims of the keys being reconciled.
     claims: HashMap<K, Claim>,
@@ -217,6 +220,7 @@ impl<K: Clone + Eq + Hash> Queue<K> {
                 waiting: HashMap::new(),
                 delayed: BTreeMap::new(),
                 ready: VecDeque::new(),
+                in_ready: HashSet::new(),
                 processing: HashSet::new(),
                 claims: HashMap::new(),
                 again: HashMap::new(),
@@ -258,6 +262,10 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         let now = Instant::now();
         if q.processing.contains(&key) {
             q.again.entry(key).or_insert(seen);
+            return;
+        }
+        if q.in_ready.contains(&key) {
+            // Due already, waiting for a claim in its way: it keeps its place and its sighting.
             return;
         }
         let hold = q.backoff.get(&key).and_then(|b| b.hold_until).unwrap_or(now);
@@ -332,6 +340,7 @@ impl<K: Clone + Eq + Hash> Queue<K> {
             }
             let key = q.delayed.remove(&(due, seq)).expect("the entry just seen");
             let seen = q.waiting.remove(&key).map_or(now, |w| w.seen);
+            q.in_ready.insert(key.clone());
             q.ready.push_back((key, seen, None));
         }
         let inner = &mut *q;
@@ -350,6 +359,7 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         }
         if let Some(at) = found {
             let (key, seen, claim) = q.ready.remove(at).expect("the entry just found");
+            q.in_ready.remove(&key);
             let claim = claim.expect("asked for above");
             q.processing.insert(key.clone());
             q.claims.insert(key.clone(), claim.clone());
@@ -448,6 +458,7 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         for ((due, _), key) in delayed {
             let seen = q.waiting.remove(&key).map_or(now, |w| w.seen);
             if due <= now {
+                q.in_ready.insert(key.clone());
                 q.ready.push_back((key, seen, None));
             }
         }
@@ -748,7 +759,9 @@ mod tests {
         q.add("file+svc");
         assert_eq!(take(&q), Some("other"), "a key free to run passes the one that waits");
         assert_eq!(take(&q), None, "file+svc meets svc's claim");
-        assert_eq!(q.stats().depth, 1, "waiting once, however often it was added");
+        q.add("file+svc");
+        q.add("file+svc");
+        assert_eq!(q.stats().depth, 1, "waiting once, however often it was added, before or while it waits");
         q.add("file");
         assert_eq!(take(&q), Some("file"), "file alone meets nothing in flight");
         q.done(&"file", Verdict::Clean);
