@@ -140,6 +140,11 @@ fn fleet(s: &Scratch, args: &[&str]) -> Output {
 
 /// `mesh-host run --etcd ... --node ...` on the scratch state, waiting until /healthz answers.
 fn node(s: &Scratch, endpoints: &str, node: &str, groups: &[&str]) -> Daemon {
+    node_with(s, endpoints, node, groups, &[])
+}
+
+/// `node`, with more arguments to `run` (TLS, a login).
+fn node_with(s: &Scratch, endpoints: &str, node: &str, groups: &[&str], more: &[&str]) -> Daemon {
     let port = free_port();
     let log = s.path(&format!("node-{port}.log"));
     let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"));
@@ -147,6 +152,7 @@ fn node(s: &Scratch, endpoints: &str, node: &str, groups: &[&str]) -> Daemon {
     for g in groups {
         cmd.args(["--group", g]);
     }
+    cmd.args(more);
     let child = cmd
         .args(["--metrics", &format!("127.0.0.1:{port}"), "--settle-ms", "20"])
         .env("MESH_HOST_LOG", "info")
@@ -868,4 +874,285 @@ fn a_node_cut_off_from_its_member_keeps_converging_and_applies_what_changed_mean
         "the change made while the node was cut off is applied when it returns:\n{}",
         daemon.log()
     );
+}
+
+/// The testbed's TLS member and its certificates (tests/testbed/51-etcd-tls.sh).
+const TLS_ETCD: &str = "https://127.0.0.1:23791";
+const TLS_DIR: &str = "/var/lib/mesh-host-testbed/etcd-tls";
+
+/// A file of the testbed's TLS set, there or the test fails saying how to make it.
+fn tls_file(name: &str) -> String {
+    let path = format!("{TLS_DIR}/{name}");
+    assert!(
+        Path::new(&path).exists(),
+        "{path} is missing: the TLS tests need the testbed's certificates; run tests/testbed/up.sh (51-etcd-tls.sh)"
+    );
+    path
+}
+
+/// mesh-host's TLS options for one of the testbed's client certificates (`node-a`, `operator`...).
+fn tls_args(who: &str) -> Vec<String> {
+    ["--etcd-ca", &tls_file("ca.pem"), "--etcd-cert", &tls_file(&format!("{who}.pem"))]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(["--etcd-key".to_owned(), tls_file(&format!("{who}.key"))])
+        .collect()
+}
+
+/// etcdctl over TLS with one of the testbed's client certificates.
+fn etcdctl_tls(endpoints: &str, who: &str, args: &[&str]) -> Output {
+    let (ca, cert, key) =
+        (tls_file("ca.pem"), tls_file(&format!("{who}.pem")), tls_file(&format!("{who}.key")));
+    etcdctl(endpoints, &[&["--cacert", &ca, "--cert", &cert, "--key", &key], args].concat())
+}
+
+fn need_tls_etcd() -> &'static str {
+    need_etcd_binaries();
+    let health = etcdctl_tls(TLS_ETCD, "operator", &["endpoint", "health"]);
+    assert!(
+        health.status.success(),
+        "no etcd answers over TLS on {TLS_ETCD}: run tests/testbed/up.sh (51-etcd-tls.sh starts it): {}",
+        String::from_utf8_lossy(&health.stderr)
+    );
+    TLS_ETCD
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn over_tls_with_client_certificates_a_node_converges_from_etcd_and_reports_its_status() {
+    let etcd = need_tls_etcd();
+    let s = Scratch::new();
+    let name = unique("tls");
+    let operator = tls_args("operator");
+    let conf = s.path("tls.conf");
+    let declare = |content: &str| {
+        write_declaration(
+            &s.path("in/tls.json"),
+            json!([{"type": "file", "id": "tls.conf", "path": s.p("tls.conf"), "content": content}]),
+        );
+        let out = fleet(
+            &s,
+            &[
+                &["put", "--etcd", etcd],
+                &strs(&operator)[..],
+                &["--node", &name, s.p("in/tls.json").as_str()],
+            ]
+            .concat(),
+        );
+        assert!(out.status.success(), "fleet put over TLS: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    declare("v1\n");
+    let mut daemon = node_with(&s, etcd, &name, &[], &strs(&tls_args("node-a")));
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "applied over TLS:\n{}", daemon.log());
+    // The watch is over TLS too: a change is followed.
+    declare("v2\n");
+    assert!(wait_for(PATIENCE, || read(&conf) == "v2\n"), "followed over TLS:\n{}", daemon.log());
+    let status_key = format!("/mesh-host/node/{name}/status");
+    assert!(
+        wait_for(PATIENCE, || {
+            let out = etcdctl_tls(etcd, "operator", &["get", &status_key, "--print-value-only"]);
+            String::from_utf8_lossy(&out.stdout).contains("\"converged\":true")
+        }),
+        "the status went back over TLS:\n{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+    etcdctl_tls(etcd, "operator", &["del", "--prefix", &format!("/mesh-host/node/{name}/")]);
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+#[allow(clippy::disallowed_methods, reason = "the test makes a key file others can read")]
+fn over_tls_a_wrong_ca_a_missing_client_certificate_and_an_exposed_key_are_refused_saying_why() {
+    let etcd = need_tls_etcd();
+    let s = Scratch::new();
+    let name = unique("tls-refused");
+    write_declaration(&s.path("in/x.json"), json!([]));
+    let put = |tls: &[&str]| {
+        fleet(&s, &[&["put", "--etcd", etcd], tls, &["--node", &name, s.p("in/x.json").as_str()]].concat())
+    };
+    let (ca, cert, key) = (tls_file("ca.pem"), tls_file("operator.pem"), tls_file("operator.key"));
+
+    // etcd's certificate checked against a CA that did not sign it: refused, naming the endpoint.
+    let out = put(&["--etcd-ca", &tls_file("other-ca.pem"), "--etcd-cert", &cert, "--etcd-key", &key]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(etcd) && stderr.contains("invalid peer certificate: UnknownIssuer"), "{stderr}");
+    assert!(stderr.contains("--etcd-ca"), "the hint names the option: {stderr}");
+
+    // No client certificate: etcd ends the handshake, and the message says what to give.
+    let out = put(&["--etcd-ca", &ca]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(etcd) && stderr.contains("BadCertificate"), "{stderr}");
+    assert!(stderr.contains("give --etcd-cert and --etcd-key"), "{stderr}");
+
+    // An https:// endpoint without a CA: refused before anything is sent (exit 2).
+    let out = put(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("need --etcd-ca"), "{stderr}");
+
+    // A key others can read is refused, as the sealing key is.
+    let exposed = s.path("exposed.key");
+    std::fs::copy(&key, &exposed).unwrap();
+    std::fs::set_permissions(&exposed, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let out = put(&["--etcd-ca", &ca, "--etcd-cert", &cert, "--etcd-key", exposed.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("readable by others than its owner (mode 0644)"), "{stderr}");
+
+    assert!(
+        etcdctl_tls(etcd, "operator", &["get", "--prefix", &format!("/mesh-host/node/{name}/")])
+            .stdout
+            .is_empty(),
+        "nothing was written"
+    );
+
+    // A node with the wrong CA never reads anything, and says why in its log.
+    let wrong = ["--etcd-ca", &tls_file("other-ca.pem"), "--etcd-cert", &cert, "--etcd-key", &key];
+    let mut daemon = node_with(&s, etcd, &name, &[], &wrong);
+    assert!(
+        wait_for(PATIENCE, || daemon.log().contains("UnknownIssuer")),
+        "the node's log says what TLS said:\n{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}
+
+impl OwnEtcd {
+    /// A member of the test's own that speaks only TLS and asks every client for a certificate
+    /// signed by the testbed's CA: for etcd's auth, which the test turns on.
+    fn start_tls(s: &Scratch) -> OwnEtcd {
+        need_etcd_binaries();
+        let mut e = OwnEtcd {
+            child: None,
+            client: free_port(),
+            peer: free_port(),
+            data: s.path("etcd-data"),
+            log: s.path("etcd.log"),
+        };
+        let (client, peer) =
+            (format!("https://127.0.0.1:{}", e.client), format!("http://127.0.0.1:{}", e.peer));
+        let child = Command::new("etcd")
+            .args(["--name", "fleet-it-tls", "--data-dir"])
+            .arg(&e.data)
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--cert-file", &tls_file("server.pem"), "--key-file", &tls_file("server.key")])
+            .args(["--trusted-ca-file", &tls_file("ca.pem"), "--client-cert-auth"])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("fleet-it-tls={peer}")])
+            .stdout(std::fs::File::create(&e.log).unwrap())
+            .stderr(std::fs::File::options().append(true).open(&e.log).unwrap())
+            .spawn()
+            .expect("etcd starts");
+        e.child = Some(child);
+        assert!(
+            wait_for(PATIENCE, || etcdctl_tls(&client, "operator", &["endpoint", "health"]).status.success()),
+            "the test's TLS etcd did not come up:\n{}",
+            std::fs::read_to_string(&e.log).unwrap_or_default()
+        );
+        e
+    }
+
+    fn tls_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.client)
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn over_tls_with_etcds_auth_node_a_can_neither_read_bs_declaration_nor_write_bs_status() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start_tls(&s);
+    let url = etcd.tls_url();
+    let secret = |name: &str, pw: &str| {
+        let p = s.path(name);
+        std::fs::write(&p, format!("{pw}\n")).unwrap();
+        p.display().to_string()
+    };
+    let (root_pw, a_pw, b_pw) =
+        (secret("root.pw", "root-pw-tls"), secret("a.pw", "a-pw-tls"), secret("b.pw", "b-pw-tls"));
+    let op = |args: &[&str]| etcdctl_tls(&url, "operator", args);
+    assert!(op(&["user", "add", "root:root-pw-tls"]).status.success());
+    assert!(op(&["auth", "enable"]).status.success());
+    let operator = tls_args("operator");
+    let root: Vec<&str> =
+        [&strs(&operator)[..], &["--etcd-user", "root", "--etcd-password-file", &root_pw]].concat();
+    for (node, pw) in [("tls-a", &a_pw), ("tls-b", &b_pw)] {
+        let out = fleet(
+            &s,
+            &[&["grant", "--etcd", &url], &root[..], &["--node", node, "--node-password-file", pw]].concat(),
+        );
+        assert!(out.status.success(), "fleet grant over TLS: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    for (node, content) in [("tls-a", "a\n"), ("tls-b", "b\n")] {
+        let file = s.path(&format!("in/{node}.json"));
+        write_declaration(
+            &file,
+            json!([{"type": "file", "id": "own", "path": s.p(node), "content": content}]),
+        );
+        let out = fleet(
+            &s,
+            &[&["put", "--etcd", &url], &root[..], &["--node", node, file.to_str().unwrap()]].concat(),
+        );
+        assert!(out.status.success(), "fleet put as root: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    // Node A: its certificate for the connection, its login for etcd's user.
+    let a_tls = tls_args("node-a");
+    let a: Vec<&str> = [&strs(&a_tls)[..], &["--etcd-user", "tls-a", "--etcd-password-file", &a_pw]].concat();
+    let mut daemon = node_with(&s, &url, "tls-a", &[], &a);
+    assert!(wait_for(PATIENCE, || read(&s.path("tls-a")) == "a\n"), "A applied:\n{}", daemon.log());
+    let as_root = |args: &[&str]| op(&[&["--user", "root:root-pw-tls"], args].concat());
+    assert!(
+        wait_for(PATIENCE, || !as_root(&["get", "/mesh-host/node/tls-a/status"]).stdout.is_empty()),
+        "A wrote its status over TLS:\n{}",
+        daemon.log()
+    );
+    assert!(!s.path("tls-b").exists(), "B's declaration is not A's");
+    assert!(!daemon.log().contains("a-pw-tls"), "the password reached the log");
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+
+    // With A's certificate and login, etcd refuses B's declaration and B's status.
+    let as_a = |args: &[&str]| etcdctl_tls(&url, "node-a", &[&["--user", "tls-a:a-pw-tls"], args].concat());
+    let denied = |out: &Output| {
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("permission denied")
+    };
+    assert!(
+        denied(&as_a(&["get", "--prefix", "/mesh-host/node/tls-b/declaration/"])),
+        "A read B's declaration"
+    );
+    assert!(denied(&as_a(&["put", "/mesh-host/node/tls-b/status", "{}"])), "A wrote B's status");
+
+    // And mesh-host run with A's certificate and login but named B applies nothing of B's.
+    let s2 = Scratch::new();
+    let mut impostor = node_with(&s2, &url, "tls-b", &[], &a);
+    assert!(
+        wait_for(PATIENCE, || impostor.log().contains("permission denied")),
+        "etcd's refusal is reported:\n{}",
+        impostor.log()
+    );
+    assert!(!s.path("tls-b").exists(), "nothing of B's applied");
+    assert_eq!(impostor.terminate(), Some(0), "{}", impostor.log());
+
+    // A certificate that names a user (a CN) is refused by etcd's JSON gateway while auth is on:
+    // the message says so and what to do.
+    let named = tls_args("named");
+    let out = fleet(
+        &s,
+        &[
+            &["status", "--etcd", &url],
+            &strs(&named)[..],
+            &["--etcd-user", "tls-a", "--etcd-password-file", &a_pw],
+        ]
+        .concat(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains(&url) && stderr.contains("without a CN"), "{stderr}");
 }
