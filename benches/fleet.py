@@ -7,12 +7,15 @@ idle agents, and each agent's resident size.
     benches/fleet.py [AGENTS] [MESH_HOST_BINARY]
 
 Runs as root (the agents are the real daemon). Each agent holds two inotify instances (the
-file watcher and the declaration watcher), and Linux allows 128 per user by default: past about
-60 agents on one machine, raise `fs.inotify.max_user_instances` first, or the later agents
-stop at start-up ("cannot watch the declaration ...: Too many open files"). Leaves nothing behind: everything is under a
-temporary directory and every process it started is stopped by its id.
+file watcher and the declaration watcher), and Linux allows 128 per user by default, shared by
+every root process on the machine: past about 60 agents, the later ones would stop at start-up
+("cannot watch the declaration ...: Too many open files"). So when the limit is too low for the
+run, the bench raises `fs.inotify.max_user_instances` (a sysctl, machine-wide) for the run,
+says so on stderr, and puts the old value back when it ends, however it ends. Leaves nothing
+behind: everything is under a temporary directory and every process it started is stopped by
+its id.
 """
-import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, threading, time
 
 agents = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 binary = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "debug/mesh-host")
@@ -21,6 +24,19 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+INOTIFY = "/proc/sys/fs/inotify/max_user_instances"
+inotify_before = None
+with open(INOTIFY) as f:
+    limit = int(f.read())
+# Two per agent, and room for what else runs as root on the machine.
+wanted = max(1024, agents * 2 + 256)
+if limit < wanted:
+    with open(INOTIFY, "w") as f:
+        f.write(str(wanted))
+    inotify_before = limit
+    print(f"fleet.py: raised fs.inotify.max_user_instances from {limit} to {wanted} for this run "
+          f"(two inotify instances per agent); it is put back to {limit} at the end", file=sys.stderr)
 
 work = tempfile.mkdtemp(prefix="mesh-host-fleet-bench-")
 client, peer = free_port(), free_port()
@@ -43,6 +59,17 @@ def statuses():
         if key.endswith("/status"):
             got[key.split("/")[3]] = json.loads(base64.b64decode(kv["value"]))
     return got
+
+def wal_fsyncs():
+    """etcd's write-ahead-log fsyncs so far: (count, seconds), from its own /metrics."""
+    import urllib.request
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    got = {}
+    for line in text.splitlines():
+        for name in ("etcd_disk_wal_fsync_duration_seconds_count", "etcd_disk_wal_fsync_duration_seconds_sum"):
+            if line.startswith(name + " "):
+                got[name] = float(line.split()[1])
+    return got.get("etcd_disk_wal_fsync_duration_seconds_count", 0), got.get("etcd_disk_wal_fsync_duration_seconds_sum", 0)
 
 def put_fleet(content):
     # No resource: agents on one machine share its filesystem, and one path declared by the
@@ -88,22 +115,48 @@ try:
     r0, t0 = revision(), time.time()
     time.sleep(10)
     idle_rate = (revision() - r0) / (time.time() - t0)
-    # One fleet-wide write, then each agent's time to report it applied.
-    # Timed from before the put (the CLI's own start-up is counted against the agents), each
-    # agent seen when a poll that finds it has returned: upper bounds, by a poll's length.
+    # One fleet-wide write, then each agent's time to report it applied. A watch on every
+    # node's keys, started before the write, stamps each status as etcd delivers it (a poll
+    # would measure its own length: on a loaded machine, an etcdctl start takes seconds).
+    # Timed from before the `fleet put` starts, so the CLI's own time counts against the agents;
+    # `after_the_put_returned_s` is from the moment the write is known to be in etcd.
+    watch = subprocess.Popen(["etcdctl", "--endpoints", url, "watch", "--prefix", "/mesh-host/node/", "-w", "json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             env={**os.environ, "ETCDCTL_API": "3"})
+    procs.append(watch)
+    arrivals = []
+    def read_watch():
+        for line in watch.stdout:
+            arrivals.append((time.time(), line))
+    threading.Thread(target=read_watch, daemon=True).start()
+    time.sleep(1)
+    fsyncs_before = wal_fsyncs()
     start = time.time()
     written = put_fleet("22")
+    # The put's own time (a debug CLI's start-up, the validation of every node's declaration it
+    # reaches, the transaction): the write is in etcd when it returns.
+    put_s = time.time() - start
     seen = {}
+    import base64
+    done = 0
     while time.time() < start + 60 and len(seen) < agents:
-        found = statuses()
-        now = time.time() - start
-        for node, st in found.items():
-            if node not in seen and (st.get("revision") or 0) >= written and st.get("converged"):
-                seen[node] = now
-        time.sleep(0.02)
+        time.sleep(0.05)
+        for at, line in arrivals[done:]:
+            for ev in json.loads(line).get("Events") or []:
+                key = base64.b64decode(ev["kv"]["key"]).decode()
+                if not key.endswith("/status") or "value" not in ev["kv"]:
+                    continue
+                st = json.loads(base64.b64decode(ev["kv"]["value"]))
+                node = key.split("/")[3]
+                if node not in seen and (st.get("revision") or 0) >= written and st.get("converged"):
+                    seen[node] = at - start
+        done = len(arrivals)
     times = sorted(seen.values())
+    fsyncs_after = wal_fsyncs()
+    fsync_count = fsyncs_after[0] - fsyncs_before[0]
+    fsync_mean_ms = 1000 * (fsyncs_after[1] - fsyncs_before[1]) / fsync_count if fsync_count else None
     rss = []
-    for p in procs[1:]:
+    for p in procs[1:-1]:
         with open(f"/proc/{p.pid}/status") as f:
             rss += [int(l.split()[1]) / 1024 for l in f if l.startswith("VmRSS:")]
     q = lambda f: times[min(len(times) - 1, int(f * len(times)))] if times else float("nan")
@@ -113,6 +166,14 @@ try:
                          for n, st in statuses().items() if n not in seen},
         "written_at_revision": written,
         "convergence_s": {"p50": round(q(0.50), 3), "p99": round(q(0.99), 3), "max": round(times[-1], 3) if times else None},
+        "fleet_put_s": round(put_s, 3),
+        "after_the_put_returned_s": {"p50": round(q(0.50) - put_s, 3), "p99": round(q(0.99) - put_s, 3),
+                                     "max": round(times[-1] - put_s, 3) if times else None},
+        "load_average_1m": os.getloadavg()[0],
+        # etcd's group commit: how many WAL fsyncs carried the write and the 100 status writes,
+        # and how long one took on this disk meanwhile.
+        "etcd_wal_fsyncs_during_the_write": {"count": int(fsync_count),
+                                             "mean_ms": round(fsync_mean_ms, 1) if fsync_mean_ms else None},
         "idle_etcd_revisions_per_s": round(idle_rate, 2),
         "agent_rss_mib": {"median": round(statistics.median(rss), 1), "max": round(max(rss), 1)},
     }, indent=1))
@@ -124,6 +185,10 @@ finally:
             p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             p.kill()
+    if inotify_before is not None:
+        with open(INOTIFY, "w") as f:
+            f.write(str(inotify_before))
+        print(f"fleet.py: fs.inotify.max_user_instances put back to {inotify_before}", file=sys.stderr)
     if not os.environ.get("KEEP"):
         shutil.rmtree(work, ignore_errors=True)
     else:
