@@ -71,6 +71,16 @@ def wal_fsyncs():
                 got[name] = float(line.split()[1])
     return got.get("etcd_disk_wal_fsync_duration_seconds_count", 0), got.get("etcd_disk_wal_fsync_duration_seconds_sum", 0)
 
+def agents_cpu():
+    """The CPU seconds (user and system) every agent has used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in procs[1:agents + 1]:
+        with open(f"/proc/{p.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
 def put_fleet(content):
     # No resource: agents on one machine share its filesystem, and one path declared by the
     # fleet would have them fight over it. The bytes still change (the indent), so every agent
@@ -131,6 +141,7 @@ try:
     threading.Thread(target=read_watch, daemon=True).start()
     time.sleep(1)
     fsyncs_before = wal_fsyncs()
+    cpu_before = agents_cpu()
     start = time.time()
     written = put_fleet("22")
     # The put's own time (a debug CLI's start-up, the validation of every node's declaration it
@@ -152,11 +163,12 @@ try:
                     seen[node] = at - start
         done = len(arrivals)
     times = sorted(seen.values())
+    cpu_used = agents_cpu() - cpu_before
     fsyncs_after = wal_fsyncs()
     fsync_count = fsyncs_after[0] - fsyncs_before[0]
     fsync_mean_ms = 1000 * (fsyncs_after[1] - fsyncs_before[1]) / fsync_count if fsync_count else None
     rss = []
-    for p in procs[1:-1]:
+    for p in procs[1:agents + 1]:
         with open(f"/proc/{p.pid}/status") as f:
             rss += [int(l.split()[1]) / 1024 for l in f if l.startswith("VmRSS:")]
     q = lambda f: times[min(len(times) - 1, int(f * len(times)))] if times else float("nan")
@@ -170,6 +182,9 @@ try:
         "after_the_put_returned_s": {"p50": round(q(0.50) - put_s, 3), "p99": round(q(0.99) - put_s, 3),
                                      "max": round(times[-1] - put_s, 3) if times else None},
         "load_average_1m": os.getloadavg()[0],
+        # The agents' own CPU from the write until the last reported: per agent, what one
+        # fleet-wide change costs it (read, cache, parse, apply, status).
+        "agent_cpu_for_the_change_ms": {"total": round(cpu_used * 1000), "per_agent": round(cpu_used * 1000 / agents, 1)},
         # etcd's group commit: how many WAL fsyncs carried the write and the 100 status writes,
         # and how long one took on this disk meanwhile.
         "etcd_wal_fsyncs_during_the_write": {"count": int(fsync_count),
