@@ -1,6 +1,8 @@
 //! Declarations through etcd (issue 14), against real etcd on loopback: the testbed's member
 //! (tests/testbed/50-etcd.sh) for `fleet put` and `fleet diff`, and a member of the test's own,
-//! started from the same binary, where the test must stop etcd under a running node.
+//! started from the same binary, where the test must stop etcd under a running node; the
+//! testbed's TLS member (tests/testbed/51-etcd-tls.sh) and its certificates for TLS; and two
+//! network namespaces of one test's own, joined by a veth pair it cuts, for a real partition.
 //!
 //! Every test uses names of its own (`fleet-it-...`), so tests running at once never read each
 //! other's keys.
@@ -421,7 +423,7 @@ fn a_node_cut_off_from_etcd_keeps_its_last_declaration_across_a_restart_and_appl
 
     // etcd returns and the declaration changes before the node, waiting out its backoff, has
     // read again: applied once it reconnects. (With one member, nothing can be written while
-    // etcd is down; the 3-member test of issue 14 item 5 is not built yet.)
+    // etcd is down: the frozen-member and cut-network tests change it while the node is away.)
     etcd.resume();
     declare("v2\n");
     assert!(
@@ -1155,4 +1157,177 @@ fn over_tls_with_etcds_auth_node_a_can_neither_read_bs_declaration_nor_write_bs_
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains(&url) && stderr.contains("without a CN"), "{stderr}");
+}
+
+/// Two network namespaces of the test's own joined by one veth pair: etcd's (10.78.1.1 on `e0`,
+/// and its own loopback) and the agent's (10.78.1.2 on `a0`). Cutting the pair is a network
+/// partition as a node sees one: its packets go nowhere and its connections hang. Deleted, with
+/// the pair, when dropped. (The firewall tests use 10.77.0.0/16 in namespaces of their own.)
+struct Split {
+    etcd_ns: String,
+    agent_ns: String,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| {
+        panic!(
+            "ip is missing ({e}): the cut-off test needs iproute2; run tests/testbed/up.sh (50-firewall.sh)"
+        )
+    });
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+impl Split {
+    fn new() -> Split {
+        let id = std::process::id();
+        let split = Split { etcd_ns: format!("fleetcut-e-{id}"), agent_ns: format!("fleetcut-a-{id}") };
+        let (e, a) = (split.etcd_ns.as_str(), split.agent_ns.as_str());
+        ip(&["netns", "add", e]);
+        ip(&["netns", "add", a]);
+        ip(&["-n", e, "link", "add", "e0", "type", "veth", "peer", "name", "a0", "netns", a]);
+        ip(&["-n", e, "addr", "add", "10.78.1.1/24", "dev", "e0"]);
+        ip(&["-n", a, "addr", "add", "10.78.1.2/24", "dev", "a0"]);
+        for (ns, dev) in [(e, "e0"), (e, "lo"), (a, "a0"), (a, "lo")] {
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+        }
+        split
+    }
+
+    /// A command run in one of the two namespaces.
+    fn in_ns(ns: &str, program: &Path) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns]).arg(program);
+        cmd
+    }
+
+    fn cut(&self) {
+        ip(&["-n", &self.etcd_ns, "link", "set", "e0", "down"]);
+    }
+
+    fn mend(&self) {
+        ip(&["-n", &self.etcd_ns, "link", "set", "e0", "up"]);
+    }
+}
+
+impl Drop for Split {
+    fn drop(&mut self) {
+        for ns in [&self.etcd_ns, &self.agent_ns] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// A child process killed (and reaped) when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_whose_network_is_cut_keeps_converging_drops_out_and_resyncs_what_changed_when_it_returns() {
+    need_etcd_binaries();
+    let s = Scratch::new();
+    let split = Split::new();
+    let etcd_bin = PathBuf::from("etcd");
+    let etcd = Killed(
+        Split::in_ns(&split.etcd_ns, &etcd_bin)
+            .args(["--name", "fleetcut", "--data-dir"])
+            .arg(s.path("etcd-data"))
+            // Its own loopback too, so the test reaches it from its namespace while the pair is cut.
+            .args(["--listen-client-urls", "http://10.78.1.1:2379,http://127.0.0.1:2379"])
+            .args(["--advertise-client-urls", "http://10.78.1.1:2379"])
+            .args(["--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls"])
+            .args(["http://127.0.0.1:2380", "--initial-cluster", "fleetcut=http://127.0.0.1:2380"])
+            .stdout(std::fs::File::create(s.path("etcd.log")).unwrap())
+            .stderr(std::fs::File::options().append(true).open(s.path("etcd.log")).unwrap())
+            .spawn()
+            .expect("etcd starts in its namespace"),
+    );
+    let ctl = |args: &[&str]| {
+        Split::in_ns(&split.etcd_ns, Path::new("etcdctl"))
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", "http://127.0.0.1:2379"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert!(
+        wait_for(PATIENCE, || ctl(&["endpoint", "health"]).status.success()),
+        "etcd did not come up in its namespace:\n{}",
+        read(&s.path("etcd.log"))
+    );
+    let binary = assert_cmd::cargo::cargo_bin("mesh-host");
+    let conf = s.path("cut.conf");
+    // Returns the revision written.
+    let declare = |content: &str| -> i64 {
+        write_declaration(
+            &s.path("in/cut.json"),
+            json!([{"type": "file", "id": "cut.conf", "path": s.p("cut.conf"), "content": content}]),
+        );
+        let out = Split::in_ns(&split.etcd_ns, &binary)
+            .arg("--state")
+            .arg(s.path("cli/state.json"))
+            .args(["fleet", "put", "--etcd", "http://127.0.0.1:2379", "--node", "cut-ns"])
+            .arg(s.path("in/cut.json"))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+        stdout.split("at revision ").nth(1).and_then(|r| r.split(':').next()).unwrap().parse().unwrap()
+    };
+    declare("v1\n");
+
+    let log = s.path("node.log");
+    let _agent = Killed(
+        Split::in_ns(&split.agent_ns, &binary)
+            .arg("--state")
+            .arg(s.state())
+            .args(["run", "--etcd", "http://10.78.1.1:2379", "--node", "cut-ns", "--metrics", "off"])
+            .args(["--settle-ms", "20"])
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+            .spawn()
+            .expect("mesh-host starts in its namespace"),
+    );
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "applied across the pair:\n{}", read(&log));
+    let alive = || !ctl(&["get", "/mesh-host/node/cut-ns/alive", "--print-value-only"]).stdout.is_empty();
+    assert!(wait_for(PATIENCE, alive), "the node's presence is there:\n{}", read(&log));
+
+    // The pair is cut. A change is made meanwhile; the node goes on converging on what it has,
+    // and its presence goes when its lease runs out (10 s).
+    split.cut();
+    let v2 = declare("v2\n");
+    std::fs::write(&conf, "hand-edit\n").unwrap();
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "still converging while cut off:\n{}", read(&log));
+    assert!(
+        wait_for(Duration::from_secs(20), || !alive()),
+        "the presence of a node cut off outlived its lease:\n{}",
+        read(&log)
+    );
+    assert_eq!(read(&conf), "v1\n", "nothing of the change reached a node cut off");
+
+    // Mended: the node reconnects, reads again, applies the change made while it was away, says
+    // so in its status, and is present again.
+    split.mend();
+    assert!(
+        wait_for(Duration::from_secs(60), || read(&conf) == "v2\n"),
+        "the change made while the node was cut off is applied when it returns:\n{}",
+        read(&log)
+    );
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            let out = ctl(&["get", "/mesh-host/node/cut-ns/status", "--print-value-only"]);
+            let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            status["revision"].as_i64().unwrap_or(0) >= v2 && status["converged"] == true
+        }),
+        "the status reports the revision written while cut off:\n{}",
+        read(&log)
+    );
+    assert!(wait_for(Duration::from_secs(20), alive), "present again:\n{}", read(&log));
+    drop(etcd);
 }
