@@ -165,6 +165,17 @@ impl Keyring {
 
     /// Opens a sealed value: armored age text, or base64 of a binary age value.
     pub fn open(&self, sealed: &str) -> Result<Opened, OpenError> {
+        Self::open_with(sealed, &self.identities)
+    }
+
+    /// Whether a sealed value opens with the current identity alone. One that opens only with
+    /// the previous identity must be sealed again before that one is retired, if the node is
+    /// to open it afterwards. What it opens to is zeroed at once.
+    pub fn opens_with_current(&self, sealed: &str) -> bool {
+        Self::open_with(sealed, &self.identities[..1]).is_ok()
+    }
+
+    fn open_with(sealed: &str, identities: &[age::x25519::Identity]) -> Result<Opened, OpenError> {
         let trimmed = sealed.trim();
         let binary;
         let bytes: &[u8] = if trimmed.starts_with(ARMOR) {
@@ -180,7 +191,7 @@ impl Keyring {
                 age::DecryptError::InvalidHeader | age::DecryptError::UnknownFormat => OpenError::NotAge,
                 other => OpenError::Corrupt(other.to_string()),
             })?;
-        let identities = self.identities.iter().map(|i| i as &dyn age::Identity);
+        let identities = identities.iter().map(|i| i as &dyn age::Identity);
         let mut reader = decryptor.decrypt(identities).map_err(|e| match e {
             age::DecryptError::NoMatchingKeys => OpenError::NotOurs,
             other => OpenError::Corrupt(other.to_string()),
@@ -318,6 +329,7 @@ mod tests {
         let retired = ring(&rotated.retire_previous().unwrap());
         assert_eq!(retired.public_keys(), vec![rotated.public_key()]);
         assert!(matches!(retired.open(&old), Err(OpenError::NotOurs)));
+        assert!(rotated.opens_with_current(&new) && !rotated.opens_with_current(&old));
         assert_eq!(retired.digest(b"x"), first.digest(b"x"));
         assert_eq!(retired.retire_previous().err(), Some(KeyError::NoPrevious));
     }

@@ -96,11 +96,30 @@ pub struct Merged {
     pub format: crate::declaration::MergeInto,
     /// Each owned key, with the value it had (as written in the file) before the host first
     /// set it, or `None` when it was absent.
-    pub was: BTreeMap<String, Option<String>>,
+    pub was: BTreeMap<String, Option<Was>>,
     /// The host created the file: once its keys are taken out and nothing else is in it, it is
     /// removed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub made: bool,
+}
+
+/// What an owned key held before the host first set it.
+///
+/// Spelled in the store as the value itself (a string), or `{"sealed": "-----BEGIN AGE..."}`:
+/// the value of a key the declaration fills from a secret is sealed to the node's own public
+/// key before it is recorded, so the store never holds in the clear what may be a credential
+/// (the one the secret replaced), and the node can still open it to put it back. `age -d -i`
+/// with the node's key file opens it too, by hand.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Was {
+    /// The value, as written in the file.
+    Plain(String),
+    /// The value, sealed to the node's public key (armored age).
+    Sealed {
+        /// The armored age value.
+        sealed: String,
+    },
 }
 
 impl More {
@@ -875,6 +894,21 @@ mod tests {
             serde_json::from_slice(&std::fs::read(dir.path().join("state.json")).unwrap()).unwrap();
         let before: serde_json::Value = serde_json::from_str(WRITTEN_BEFORE).unwrap();
         assert_eq!(again, before);
+    }
+
+    #[test]
+    fn what_an_into_key_held_is_a_string_a_sealed_value_or_null() {
+        // A store written before sealed values still reads: its values are plain strings.
+        let text = r#"{"format": "env", "was": {"A": "80", "B": null, "C": {"sealed": "-----BEGIN AGE ENCRYPTED FILE-----\nx"}}}"#;
+        let merged: Merged = serde_json::from_str(text).unwrap();
+        assert_eq!(merged.was["A"], Some(Was::Plain("80".into())));
+        assert_eq!(merged.was["B"], None);
+        assert_eq!(
+            merged.was["C"],
+            Some(Was::Sealed { sealed: "-----BEGIN AGE ENCRYPTED FILE-----\nx".into() })
+        );
+        let again: serde_json::Value = serde_json::to_value(&merged).unwrap();
+        assert_eq!(again, serde_json::from_str::<serde_json::Value>(text).unwrap(), "written as read");
     }
 
     #[test]

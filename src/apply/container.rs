@@ -849,6 +849,32 @@ mod tests {
     }
 
     #[test]
+    fn a_restart_on_into_file_with_a_secret_moves_the_spec_only_when_the_value_moves() {
+        let ring = std::sync::Arc::new(
+            crate::secrets::Keyring::parse(&crate::secrets::Keyring::generate()).unwrap(),
+        );
+        let declared = |value: &[u8]| {
+            let sealed = crate::secrets::seal(&ring.public_key(), value).unwrap();
+            let text = serde_json::json!({"version": 1, "resources": [
+                {"type": "file", "id": "web.env", "path": "/etc/web.env", "into": "env",
+                 "content": "TOKEN=${secret:token}\n", "secrets": {"token": sealed}},
+                {"type": "container", "id": "web.app", "name": "web", "image": "local/web:1",
+                 "restart-on": ["web.env"]}]});
+            Declaration::parse(text.to_string().as_bytes()).unwrap()
+        };
+        let spec_of = |d: &Declaration| {
+            let Spec::Container(c) = &d.resources[1].spec else { unreachable!() };
+            let keyed = keyed_with(d, c, &mut |_| Ok(std::sync::Arc::clone(&ring))).unwrap();
+            assert!(keyed.values().all(Digest::is_keyed), "folded in by a keyed digest");
+            spec(d, c, None, &keyed)
+        };
+        let (first, again, moved) = (declared(b"one"), declared(b"one"), declared(b"two"));
+        assert_ne!(first.resources[0].digest, again.resources[0].digest, "another ciphertext");
+        assert_eq!(spec_of(&first), spec_of(&again), "sealed again: the same spec");
+        assert_ne!(spec_of(&first), spec_of(&moved), "a new value: another spec");
+    }
+
+    #[test]
     fn an_image_named_by_digest_must_be_held_at_it() {
         let d = format!("sha256:{}", "a".repeat(64));
         let other = format!("sha256:{}", "b".repeat(64));

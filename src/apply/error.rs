@@ -103,13 +103,43 @@ pub enum Error {
         /// The longest comment nftables keeps, in bytes.
         max: usize,
     },
-    /// An `into` file carrying a secret: not built yet.
-    #[error(
-        "{path} sets keys `into` a file and carries a sealed value: secrets in `into` files are not supported yet; nothing was written"
-    )]
-    IntoSecret {
+    /// A secret of an `into` file that opened to a value its hole cannot take (a line break in
+    /// an env value, bytes that are not text). Says what is wrong, never the value.
+    #[error("{path}: `{field}` opened, and the value {why}, so it cannot fill its hole in this `into` file; nothing was written")]
+    IntoValue {
         /// The `into` file.
         path: PathBuf,
+        /// The secret, by its name in the declaration (`secrets.NAME`).
+        field: String,
+        /// What is wrong with the value, as a phrase.
+        why: &'static str,
+    },
+    /// What an owned key held before the host set it is to be put back (the key left the
+    /// declaration, or the resource did), and it was recorded sealed to this node's key, which
+    /// cannot open it now. Nothing is written and the record stays: the value is the
+    /// operator's, and is not lost.
+    #[error("{path}: the value {owned} held before the host set it is to be put back, and was recorded sealed to this node's key, which cannot open it now: {why}; nothing was written, and the record is kept so that a later pass can put it back once the key at {key} opens it")]
+    IntoPutBack {
+        /// The `into` file.
+        path: PathBuf,
+        /// The owned key whose earlier value is sealed.
+        owned: String,
+        /// Where the node's key was looked for.
+        key: PathBuf,
+        /// Why it cannot be opened (no key file, a key file that cannot be used, another key).
+        why: String,
+    },
+    /// What an owned key filled from a secret held before the host set it could not be sealed
+    /// to the node's key to be recorded; without that record it could not be put back, so
+    /// nothing was written.
+    #[error("{path}: the value {owned} held before the host set it could not be sealed to this node's key to be kept: {why}; nothing was written")]
+    IntoSeal {
+        /// The `into` file.
+        path: PathBuf,
+        /// The owned key.
+        owned: String,
+        /// Why sealing failed.
+        why: String,
     },
     /// A file carrying a sealed value, on a node without the key to open it.
     #[error(
@@ -688,8 +718,21 @@ mod tests {
                 "/etc/app.conf carries a sealed value, which is opened only when the file is applied".into(),
             ),
             (
-                Error::IntoSecret { path: p() },
-                "/etc/app.conf sets keys `into` a file and carries a sealed value: secrets in `into` files are not supported yet; nothing was written".into(),
+                Error::IntoValue { path: p(), field: "secrets.pw".into(), why: "is not UTF-8 text" },
+                "/etc/app.conf: `secrets.pw` opened, and the value is not UTF-8 text, so it cannot fill its hole in this `into` file; nothing was written".into(),
+            ),
+            (
+                Error::IntoPutBack {
+                    path: p(),
+                    owned: "PASSWORD".into(),
+                    key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
+                    why: "there is no key file".into(),
+                },
+                "/etc/app.conf: the value PASSWORD held before the host set it is to be put back, and was recorded sealed to this node's key, which cannot open it now: there is no key file; nothing was written, and the record is kept so that a later pass can put it back once the key at /var/lib/mesh-host/sealing.key opens it".into(),
+            ),
+            (
+                Error::IntoSeal { path: p(), owned: "PASSWORD".into(), why: "cannot seal: boom".into() },
+                "/etc/app.conf: the value PASSWORD held before the host set it could not be sealed to this node's key to be kept: cannot seal: boom; nothing was written".into(),
             ),
             (
                 Error::NoKey { path: p(), key: PathBuf::from("/var/lib/mesh-host/sealing.key") },

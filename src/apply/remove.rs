@@ -24,7 +24,7 @@ pub(super) fn remove(
 ) -> Result<(Verb, Option<String>), Error> {
     // Keys set in someone else's file: put back, never the file removed as the host's.
     if let (Kind::File, Some(merged)) = (rec.kind, rec.into()) {
-        return super::into::remove(fs, Path::new(&*rec.target), merged, opts.dry_run);
+        return super::into::remove(fs, machine, &opts.key, Path::new(&*rec.target), merged, opts.dry_run);
     }
     match look(fs, machine, rec, opts)? {
         Plan::Leave(action, detail) => Ok((action, Some(detail))),

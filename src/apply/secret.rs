@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use age::secrecy::{ExposeSecret as _, SecretBox};
+use zeroize::Zeroize as _;
 
 use super::{Ctx, Error, Machine};
 use crate::declaration::{Digest, File};
@@ -50,6 +51,26 @@ pub(super) fn keyring(ctx: &mut Ctx<'_>, f: &File) -> Result<Arc<Keyring>, Error
 /// `${secret:NAME}` hole filled. Held in one buffer sized up front, so no copy of a value is
 /// left behind by a buffer that grew.
 pub(super) fn open(ring: &Keyring, f: &File) -> Result<Opened, Error> {
+    open_as(ring, f, Fill::Raw)
+}
+
+/// How an opened value goes into its hole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Fill {
+    /// Byte for byte: the file is the operator's template, whatever its format.
+    Raw,
+    /// Inside a JSON string (`into: json`, where a hole can only be in a string): escaped as
+    /// JSON escapes, so a quote or a backslash in a password is that character of the value
+    /// rather than the end of the string.
+    JsonString,
+    /// Inside one `KEY=VALUE` line (`into: env`): a value with a line break would write lines
+    /// of its own, keys the declaration never named, so it is refused.
+    EnvLine,
+}
+
+/// `open`, each value put in its hole as `how` says: the content of an `into` file, whose
+/// keys are then read from it.
+pub(super) fn open_as(ring: &Keyring, f: &File, how: Fill) -> Result<Opened, Error> {
     let not_opened =
         |field: String, error| Error::NotOpened { path: f.path.as_path().to_owned(), field, error };
     if let Some(sealed) = &f.sealed {
@@ -66,9 +87,66 @@ pub(super) fn open(ring: &Keyring, f: &File) -> Result<Opened, Error> {
             not_opened(format!("secrets.{name}"), crate::secrets::OpenError::Corrupt("not declared".into()))
         })?;
         let value = ring.open(sealed.as_str()).map_err(|e| not_opened(format!("secrets.{name}"), e))?;
+        let value = fitted(value, how).map_err(|why| Error::IntoValue {
+            path: f.path.as_path().to_owned(),
+            field: format!("secrets.{name}"),
+            why,
+        })?;
         opened.insert(name, value);
     }
     Ok(fill(content, &opened))
+}
+
+/// An opened value as its hole takes it (see `Fill`), or why it cannot go there. The reason
+/// says what is wrong with the value, never what it holds.
+fn fitted(value: Opened, how: Fill) -> Result<Opened, &'static str> {
+    let not_text = "is not UTF-8 text";
+    match how {
+        Fill::Raw => Ok(value),
+        Fill::EnvLine => {
+            let bytes = value.expose_secret();
+            if std::str::from_utf8(bytes).is_err() {
+                return Err(not_text);
+            }
+            if bytes.iter().any(|b| matches!(b, b'\n' | b'\r')) {
+                return Err("holds a line break, and an env file's value is one line (seal it with `printf '%s'`, not `echo`, unless the newline is meant)");
+            }
+            Ok(value)
+        }
+        Fill::JsonString => {
+            let text = std::str::from_utf8(value.expose_secret()).map_err(|_| not_text)?;
+            // Sized up front, as `fill` is: no buffer that grew leaves a copy behind.
+            let len = text.chars().map(|c| json_escape(c).map_or(c.len_utf8(), str::len)).sum();
+            let mut out = Vec::with_capacity(len);
+            let mut utf8 = [0u8; 4];
+            for c in text.chars() {
+                match json_escape(c) {
+                    Some(escaped) => out.extend_from_slice(escaped.as_bytes()),
+                    None => out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes()),
+                }
+            }
+            utf8.zeroize();
+            debug_assert_eq!(out.len(), len, "sized up front");
+            Ok(SecretBox::new(Box::new(out)))
+        }
+    }
+}
+
+/// How JSON writes a character inside a string, where it must be escaped: `None` for itself.
+fn json_escape(c: char) -> Option<&'static str> {
+    /// The control characters without a short escape, as `\u00XX`.
+    const CONTROL: [&str; 32] = [
+        "\\u0000", "\\u0001", "\\u0002", "\\u0003", "\\u0004", "\\u0005", "\\u0006", "\\u0007", "\\b", "\\t",
+        "\\n", "\\u000b", "\\f", "\\r", "\\u000e", "\\u000f", "\\u0010", "\\u0011", "\\u0012", "\\u0013",
+        "\\u0014", "\\u0015", "\\u0016", "\\u0017", "\\u0018", "\\u0019", "\\u001a", "\\u001b", "\\u001c",
+        "\\u001d", "\\u001e", "\\u001f",
+    ];
+    match c {
+        '"' => Some("\\\""),
+        '\\' => Some("\\\\"),
+        c if (c as u32) < 0x20 => Some(CONTROL[c as usize]),
+        _ => None,
+    }
 }
 
 /// `content` with each hole replaced by its opened value.
@@ -169,5 +247,28 @@ mod tests {
         let names: Vec<&str> = holes(content).map(|(_, n, _)| n).collect();
         assert_eq!(names, ["pw", "pw", "token"]);
         assert_eq!(names, crate::declaration::secret_holes(content), "the same reading as the parse's check");
+    }
+
+    #[test]
+    fn a_value_for_an_into_file_is_escaped_for_a_json_string_and_kept_to_one_env_line() {
+        let raw = "pa\"ss\\w\n\u{1}\té";
+        let json = fitted(value(raw), Fill::JsonString).unwrap();
+        let text = std::str::from_utf8(json.expose_secret()).unwrap();
+        assert_eq!(text, r#"pa\"ss\\w\n\u0001\té"#);
+        assert_eq!(json.expose_secret().capacity(), json.expose_secret().len(), "sized up front");
+        let back: String = serde_json::from_str(&format!("\"{text}\"")).unwrap();
+        assert_eq!(back, raw, "a JSON string holding exactly the value");
+
+        assert!(fitted(value("a b=c 'd'"), Fill::EnvLine).is_ok());
+        for broken in ["one\ntwo", "trailing\n", "cr\r"] {
+            let why = fitted(value(broken), Fill::EnvLine).err().unwrap();
+            assert!(why.starts_with("holds a line break"), "{why}");
+        }
+        for how in [Fill::JsonString, Fill::EnvLine] {
+            let bytes = SecretBox::new(Box::new(vec![b'a', 0xff]));
+            assert_eq!(fitted(bytes, how).err(), Some("is not UTF-8 text"));
+        }
+        let bytes = SecretBox::new(Box::new(vec![0xff]));
+        assert!(fitted(bytes, Fill::Raw).is_ok(), "a whole file's template takes any bytes");
     }
 }

@@ -28,7 +28,6 @@ pub use types::{
     AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Sealed,
     Sha256, Transport, Volume, VolumeSource,
 };
-#[cfg(test)]
 pub(crate) use validate::secret_holes;
 
 /// The declaration versions this build understands.

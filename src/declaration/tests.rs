@@ -609,6 +609,21 @@ fn into_env_line_not_key_value() {
 }
 
 #[test]
+fn into_secret_hole_in_a_key() {
+    check(
+        r##"{"version": 1, "resources": [
+            {"type": "file", "id": "app.settings", "path": "/etc/app/settings.json", "into": "json",
+             "content": "{\"${secret:k}\": 1, \"password\": \"${secret:k}\"}", "secrets": {"k": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}},
+            {"type": "file", "id": "app.env", "path": "/etc/app/app.env", "into": "env",
+             "content": "# ${secret:k}=comment\nPASSWORD=${secret:k}\nX${secret:k}=1\n", "secrets": {"k": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}}]}"##,
+        expect![[r#"
+            the declaration was refused (2 problems); nothing on the machine was touched
+              resources[0] (id "app.settings"), field `content`: with `"into"`, a `${secret:NAME}` hole fills a value, not a key: "${secret:k}"
+              resources[1] (id "app.env"), field `content`: with `"into"`, a `${secret:NAME}` hole fills a value, not a key (line 3)"#]],
+    );
+}
+
+#[test]
 fn into_with_create_once() {
     check(
         r#"{"version": 1, "resources": [{"type": "file", "id": "app.env", "path": "/etc/app/app.env",

@@ -735,14 +735,27 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
                 (None, _) => {
                     problem("into", "`into` sets keys from `content`, and this file has no `content`".into())
                 }
-                (Some(c), MergeInto::Json) => {
-                    if !matches!(serde_json::from_str::<Value>(c), Ok(Value::Object(_))) {
-                        problem("content", "with `\"into\": \"json\"`, content must be a JSON object".into());
+                (Some(c), MergeInto::Json) => match serde_json::from_str::<Value>(c) {
+                    Ok(Value::Object(members)) => {
+                        // A key is named in reports and the store: it cannot be a secret.
+                        for key in members.keys().filter(|k| !secret_holes(k).is_empty()) {
+                            problem("content", format!("with `\"into\"`, a `${{secret:NAME}}` hole fills a value, not a key: {key:?}"));
+                        }
                     }
-                }
+                    _ => {
+                        problem("content", "with `\"into\": \"json\"`, content must be a JSON object".into())
+                    }
+                },
                 (Some(c), MergeInto::Env) => {
                     for n in not_key_value(c) {
                         problem("content", format!("with `\"into\": \"env\"`, line {n} is not KEY=VALUE"));
+                    }
+                    for (n, line) in c.lines().enumerate() {
+                        let key =
+                            line.split_once('=').map(|(k, _)| k).filter(|_| !line.trim().starts_with('#'));
+                        if key.is_some_and(|k| !secret_holes(k).is_empty()) {
+                            problem("content", format!("with `\"into\"`, a `${{secret:NAME}}` hole fills a value, not a key (line {})", n + 1));
+                        }
                     }
                 }
             }

@@ -16,6 +16,7 @@ const CANNOT_SAY: &[(&str, &str)] = &[
     ("secret-hole-undeclared", "a name inside a string that must be a key of another property"),
     ("into-json-not-an-object", "JSON inside a string"),
     ("into-env-not-key-value", "the lines of a string"),
+    ("into-secret-hole-in-a-key", "JSON inside a string"),
     ("duplicate-json-key", "a validator sees the parsed document, where the last key won"),
     ("version-as-float", "`const: 1` equals 1.0 in JSON Schema; the agent reads an integer"),
     ("uid-as-float", "`type: integer` takes 1.0; the agent reads an integer"),
@@ -240,6 +241,16 @@ fn corpus() -> Vec<(&'static str, Value)> {
         ("into-unknown", file(json!({"content": "A=1", "into": "yaml"}))),
         ("into-json-not-an-object", file(json!({"content": "[1]", "into": "json"}))),
         ("into-env-not-key-value", file(json!({"content": "just words", "into": "env"}))),
+        (
+            "valid-file-into-json-with-a-secret",
+            file(json!({"content": "{\"password\": \"${secret:db}\"}", "into": "json",
+                "secrets": {"db": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}})),
+        ),
+        (
+            "into-secret-hole-in-a-key",
+            file(json!({"content": "{\"${secret:db}\": 1}", "into": "json",
+                "secrets": {"db": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}})),
+        ),
         // Invalid: the other types.
         ("access-mode-rw", one(json!({"type": "access", "id": "a.m", "path": "/srv/media", "mode": "rw"}))),
         ("package-empty-name", one(json!({"type": "package", "id": "a.p", "package": ""}))),

@@ -369,14 +369,16 @@ fn without_a_key_the_files_carrying_secrets_fail_naming_it_and_the_rest_applies(
 /// sha256 (issue 9, item 6): the reports and logs at trace level, as text and as JSON, of
 /// apply, plan and status; a daemon's logs, metrics, and /proc cmdline, environ and content
 /// file while it corrects a hand-edit; a failure's message; what a step the agent starts sees
-/// of its own environment and arguments; the store, its journal and the kept originals.
+/// of its own environment and arguments; the store, its journal and the kept originals. The
+/// secret is also planted in owned keys of `into` files (json and env), whose hand-edit the
+/// daemon corrects.
 #[test]
 fn no_opened_value_leaks_anywhere_the_agent_writes_or_shows() {
     const PLANT: &str = "canary-4d8f1c-never-print-me";
     let s = Scratch::new();
     let public = keygen(&s);
     let filled = format!("USER=app\nPASSWORD={PLANT}\n");
-    let forbidden = [PLANT.to_owned(), sha256_hex(PLANT.as_bytes()), sha256_hex(filled.as_bytes())];
+    let mut forbidden = vec![PLANT.to_owned(), sha256_hex(PLANT.as_bytes()), sha256_hex(filled.as_bytes())];
     let mut seen: Vec<(String, Vec<u8>)> = Vec::new();
     let mut note = |what: &str, bytes: &[u8]| seen.push((what.to_owned(), bytes.to_vec()));
 
@@ -384,12 +386,24 @@ fn no_opened_value_leaks_anywhere_the_agent_writes_or_shows() {
     std::fs::create_dir_all(s.path("etc/app")).unwrap();
     std::fs::write(s.path("etc/app/secret"), "the machine's own\n").unwrap();
     std::fs::create_dir_all(s.path("etc/app/broken")).unwrap();
+    // Files that belong to someone else, where the secret fills an owned key.
+    std::fs::write(s.path("etc/app/into.env"), "# theirs\nPASSWORD=operator-old\nOTHER=1\n").unwrap();
+    std::fs::write(
+        s.path("etc/app/into.json"),
+        "{\n  \"auth\": {\"password\": \"operator-old\"},\n  \"other\": 1\n}\n",
+    )
+    .unwrap();
     let proc_dump = s.p("child-proc");
     let d = s.declare(serde_json::json!([
         {"type": "file", "id": "app.secret", "path": s.p("etc/app/secret"), "sealed": seal(&public, PLANT.as_bytes())},
         {"type": "file", "id": "app.env", "path": s.p("etc/app/env"), "content": "USER=app\nPASSWORD=${secret:pw}\n",
          "secrets": {"pw": seal(&public, PLANT.as_bytes())}},
         {"type": "file", "id": "app.conf", "path": s.p("etc/app/conf"), "content": "port=80\n"},
+        {"type": "file", "id": "app.into-env", "path": s.p("etc/app/into.env"), "into": "env",
+         "content": "PASSWORD=${secret:pw}\n", "secrets": {"pw": seal(&public, PLANT.as_bytes())}},
+        {"type": "file", "id": "app.into-json", "path": s.p("etc/app/into.json"), "into": "json",
+         "content": r#"{"auth": {"user": "app", "password": "${secret:pw}"}}"#,
+         "secrets": {"pw": seal(&public, PLANT.as_bytes())}},
         // A failure after the value was opened: a directory where the file goes.
         {"type": "file", "id": "app.broken", "path": s.p("etc/app/broken"), "sealed": seal(&public, PLANT.as_bytes())},
         // A program the agent starts: what it sees of its own arguments and environment.
@@ -425,16 +439,27 @@ fn no_opened_value_leaks_anywhere_the_agent_writes_or_shows() {
     );
     assert_eq!(std::fs::read_to_string(s.path("etc/app/secret")).unwrap(), PLANT, "it was applied");
     assert_eq!(std::fs::read_to_string(s.path("etc/app/env")).unwrap(), filled);
+    let into_env = std::fs::read_to_string(s.path("etc/app/into.env")).unwrap();
+    assert_eq!(into_env, format!("# theirs\nPASSWORD={PLANT}\nOTHER=1\n"));
+    let into_json = std::fs::read_to_string(s.path("etc/app/into.json")).unwrap();
+    assert!(into_json.contains(PLANT), "{into_json}");
+    forbidden.extend([sha256_hex(into_env.as_bytes()), sha256_hex(into_json.as_bytes())]);
     let child = std::fs::read(&proc_dump).expect("the action ran");
     note("a child's /proc", &child);
 
     // A hand-edit, planned and then corrected by apply.
     std::fs::write(s.path("etc/app/env"), "USER=app\nPASSWORD=guess\n").unwrap();
+    std::fs::write(s.path("etc/app/into.env"), "# theirs\nPASSWORD=guess\nOTHER=1\n").unwrap();
     let (_, out) = traced(&["plan", dpath]);
     assert!(String::from_utf8_lossy(&out).contains("content differs (not shown: it carries a secret)"));
     note("plan of a hand-edit", &out);
     let (_, out) = traced(&["apply", dpath]);
     assert!(String::from_utf8_lossy(&out).contains("corrected app.env"), "{}", String::from_utf8_lossy(&out));
+    assert!(
+        String::from_utf8_lossy(&out).contains("corrected app.into-env"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
     note("apply (text)", &out);
     for args in [&["status"][..], &["status", "--json"], &["--log-json", "status", "--json"]] {
         let (_, out) = traced(args);
@@ -451,7 +476,10 @@ fn no_opened_value_leaks_anywhere_the_agent_writes_or_shows() {
     std::fs::write(s.path("etc/app/secret"), "changed by hand\n").unwrap();
     let back = || std::fs::read_to_string(s.path("etc/app/secret")).is_ok_and(|c| c == PLANT);
     assert!(wait_for(patience, back), "the daemon did not put the secret back:\n{}", daemon.log());
-    assert!(wait_for(patience, || daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}") >= 1.0));
+    std::fs::write(s.path("etc/app/into.env"), "# theirs\nPASSWORD=changed by hand\nOTHER=1\n").unwrap();
+    let back = || std::fs::read_to_string(s.path("etc/app/into.env")).is_ok_and(|c| c == into_env);
+    assert!(wait_for(patience, back), "the daemon did not put the owned key back:\n{}", daemon.log());
+    assert!(wait_for(patience, || daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}") >= 2.0));
     note("metrics", daemon.get("/metrics").unwrap_or_default().as_bytes());
     let pid = daemon.child.as_ref().unwrap().id();
     for what in ["cmdline", "environ"] {

@@ -10,40 +10,126 @@
 //! fails the resource, naming the line, and is left exactly as it is.
 //!
 //! A file that belongs to someone else keeps its own mode and owner; the declared ones apply
-//! only to a file the host creates. Secret holes (`${secret:NAME}`) in `into` content are
-//! refused (`Error::IntoSecret`): what is recorded here (each key's previous value, the digest
-//! of the whole file) would first have to be kept keyed, as a file carrying a secret is.
+//! only to a file the host creates.
+//!
+//! Secret holes (`${secret:NAME}`) may fill owned values. They are opened only when the keys
+//! must be compared or written (a file untouched since the host last found its keys as
+//! declared is not read at all), each value escaped as its place in the file needs (`Fill`).
+//! What the store keeps of such a file is keyed, as for a file carrying a secret: the digest
+//! of the whole file is an HMAC under the node's digest key, and what an owned key filled from
+//! a secret held before the host set it (often the credential the secret replaces) is sealed
+//! to the node's own public key (`Was::Sealed`), opened again only to put it back.
 
 mod doc;
 
+use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::Arc;
 
-use self::doc::Doc;
-use super::{begin, Ctx, Error, Facts, Step, Verb};
-use crate::declaration::{digest, File, Kind, MergeInto, Resource};
-use crate::store::{Merged, Record};
+use age::secrecy::ExposeSecret as _;
+use zeroize::Zeroize as _;
+
+use self::doc::{Doc, Pair};
+use super::secret::{self, Fill};
+use super::{begin, Ctx, Error, Facts, Machine, Step, Verb};
+use crate::declaration::{digest, Digest, File, Kind, MergeInto, Resource};
+use crate::secrets::{Keyring, Opened};
+use crate::store::{Merged, Record, Was};
 use crate::system::fs::{Content, Fs, Kind as FsKind, Meta};
 
 /// The largest file whose keys the host edits. Configuration files are kilobytes; a file of
 /// this size at such a path is not one, and is not read whole.
 const LARGEST: u64 = 16 << 20;
 
+/// How many more times, and how far apart, an env file found empty where the host had set
+/// keys is looked at before it is taken as emptied (see `apply`): a program's truncate and
+/// write are microseconds apart, so a tenth of a second covers a loaded machine.
+const EMPTY_LOOKS: usize = 5;
+const EMPTY_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Sets the declared keys in the file, reads them back, and records what they held before.
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, Error> {
     let path = f.path.as_path();
     let format = f.into.expect("into::apply is only called for a file with `into`");
-    if f.carries_secret() {
-        return Err(Error::IntoSecret { path: path.to_owned() });
-    }
-    let content = f.content.as_deref().ok_or_else(|| Error::NoContent { path: path.to_owned() })?;
-    let declared = match format {
-        MergeInto::Json => doc::declared_json(content),
-        MergeInto::Env => doc::declared_env(content),
-    };
+    let template = f.content.as_deref().ok_or_else(|| Error::NoContent { path: path.to_owned() })?;
     let record =
         ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::File && *rec.target == *r.target());
     let recorded = record.and_then(Record::into).filter(|m| m.format == format);
-    let found = read(&mut ctx.fs, path, format)?;
+
+    // The hot path: a file whose signature is the one recorded when the host last found its
+    // keys as declared, under this same declaration, has not been touched since. It is not
+    // read, and its secrets are not opened.
+    if let (Some(rec), Some(merged)) =
+        (record.filter(|rec| rec.sig.is_some() && rec.declared == r.digest), recorded)
+    {
+        if ctx.fs.meta(path)?.is_some_and(|m| m.kind == FsKind::File && Some(m.sig) == rec.sig) {
+            let facts = Facts {
+                wrote: rec.wrote,
+                mode: rec.mode,
+                owner: rec.owner,
+                sig: rec.sig,
+                into: Some(merged.clone()),
+                ..Facts::default()
+            };
+            return Ok(Step::Done(begin(r, Verb::Unchanged, None), Some(facts)));
+        }
+    }
+
+    // The keys filled from a secret, told from the template: nothing is opened for this.
+    let secret_keys: BTreeSet<String> = declared(format, template)
+        .into_iter()
+        .filter(|(_, v)| !crate::declaration::secret_holes(v).is_empty())
+        .map(|(k, _)| k)
+        .collect();
+    // The node's key: to open the holes, and to put back a value recorded sealed.
+    let ring = if f.carries_secret() {
+        Ok(secret::keyring(ctx, f)?)
+    } else if recorded.is_some_and(holds_sealed) {
+        put_back_ring(ctx.machine, &ctx.opts.key)
+    } else {
+        Err("no key was needed".to_owned())
+    };
+    let vault = Vault { ring: ring.clone(), path, key: &ctx.opts.key };
+    let ring = ring.ok();
+    // Opened now that the keys must be compared or written; zeroed when this returns.
+    let opened: Opened;
+    let content = match (&ring, f.carries_secret()) {
+        (Some(ring), true) => {
+            let fill = match format {
+                MergeInto::Json => Fill::JsonString,
+                MergeInto::Env => Fill::EnvLine,
+            };
+            opened = secret::open_as(ring, f, fill)?;
+            // The template is text and each value was checked to be text as it was filled.
+            std::str::from_utf8(opened.expose_secret().as_slice()).map_err(|_| Error::IntoValue {
+                path: path.to_owned(),
+                field: "content".to_owned(),
+                why: "is not UTF-8 text",
+            })?
+        }
+        _ => template,
+    };
+    let declared = declared(format, content);
+    // What the store keeps of the file's text is keyed wherever a secret is in play.
+    let digest_of = |doc: &Doc| match &ring {
+        Some(ring) => Digest::from_keyed(ring.digest(doc.text().as_bytes())),
+        None => digest(doc.text().as_bytes()),
+    };
+    let mut found = read(&mut ctx.fs, path, format)?;
+    // A program that rewrites its env file truncates it first. Found empty where the host had
+    // set keys, it is most likely at that moment: written into now, the program's own write
+    // would land on the file the host replaced, and its lines would be lost. Looked at again,
+    // briefly, before it is taken as emptied. (An empty JSON file is refused outright: it is
+    // not an object; see `Doc::parse`.)
+    if format == MergeInto::Env && recorded.is_some() {
+        for _ in 0..EMPTY_LOOKS {
+            if !found.as_ref().is_some_and(|(_, d)| d.text().is_empty()) {
+                break;
+            }
+            std::thread::sleep(EMPTY_WAIT);
+            found = read(&mut ctx.fs, path, format)?;
+        }
+    }
 
     let plan = decide(
         found.as_ref().map(|(_, d)| d),
@@ -51,17 +137,25 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         recorded,
         format,
         &declared,
-    );
-    let facts = |doc: &Doc, meta: &Meta| Facts {
-        wrote: Some(digest(doc.text().as_bytes())),
-        mode: Some(meta.mode),
-        owner: Some((meta.uid, meta.gid)),
-        into: Some(plan.merged.clone()),
-        ..Facts::default()
+        &secret_keys,
+        &vault,
+    )?;
+    let facts = |doc: &Doc, meta: &Meta, merged: Merged| {
+        let sig = meta.settled_sig();
+        Facts {
+            wrote: Some(digest_of(doc)),
+            mode: Some(meta.mode),
+            owner: Some((meta.uid, meta.gid)),
+            sig,
+            fresh: sig.is_none().then_some(meta.sig),
+            into: Some(merged),
+            ..Facts::default()
+        }
     };
     if !plan.write {
         let (meta, doc) = found.as_ref().expect("nothing to write only when the file is there");
-        return Ok(Step::Done(begin(r, plan.action, plan.detail.clone()), Some(facts(doc, meta))));
+        let facts = facts(doc, meta, plan.merged);
+        return Ok(Step::Done(begin(r, plan.action, plan.detail), Some(facts)));
     }
     if ctx.opts.dry_run {
         return Ok(Step::Done(begin(r, plan.action, plan.detail), None));
@@ -100,7 +194,110 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     if let Some((key, _)) = declared.iter().find(|(k, v)| !now.holds(k, v)) {
         return Err(Error::IntoReadBack { path: path.to_owned(), key: key.clone() });
     }
-    Ok(Step::Done(begin(r, plan.action, detail), Some(facts(&now, &meta))))
+    let facts = facts(&now, &meta, plan.merged);
+    Ok(Step::Done(begin(r, plan.action, detail), Some(facts)))
+}
+
+/// The keys and values a declared content sets, in order.
+fn declared(format: MergeInto, content: &str) -> Vec<Pair> {
+    match format {
+        MergeInto::Json => doc::declared_json(content),
+        MergeInto::Env => doc::declared_env(content),
+    }
+}
+
+/// Whether any key's earlier value is recorded sealed.
+fn holds_sealed(merged: &Merged) -> bool {
+    merged.was.values().any(|w| matches!(w, Some(Was::Sealed { .. })))
+}
+
+/// The node's keyring, to open a value recorded sealed, or why there is none.
+fn put_back_ring(machine: &mut Machine, key: &Path) -> Result<Arc<Keyring>, String> {
+    match machine.keyring(key) {
+        Ok(Some(ring)) => Ok(ring),
+        Ok(None) => {
+            Err("there is no key file (a new one made by `mesh-host keygen` would not open it)".to_owned())
+        }
+        Err(why) => Err(why.to_string()),
+    }
+}
+
+/// Seals the value an owned key filled from a secret held before the host set it, so it is
+/// recorded sealed, and opens it again to put it back; with the node's key, or why there is
+/// none usable.
+struct Vault<'a> {
+    ring: Result<Arc<Keyring>, String>,
+    /// The `into` file, for errors.
+    path: &'a Path,
+    /// Where the node's key is looked for, for errors.
+    key: &'a Path,
+}
+
+/// What `decide` seals and opens with: the node's key (`Vault`), or a stand-in in tests.
+trait Seal {
+    /// What `owned` held before the host, as it is recorded: sealed.
+    fn seal(&self, owned: &str, plain: &str) -> Result<Was, Error>;
+    /// Puts back in `doc` what `owned` held before the host, opening it if it was sealed.
+    fn put_back(&self, doc: &mut Doc, owned: &str, was: &Was) -> Result<(), Error>;
+    /// A sealed value that opens only with the node's previous key (a rotation under way)
+    /// sealed again to the current one, so that retiring the previous key does not lose it;
+    /// `None` when it needs nothing.
+    fn refresh(&self, owned: &str, sealed: &str) -> Result<Option<Was>, Error>;
+}
+
+impl Seal for Vault<'_> {
+    fn seal(&self, owned: &str, plain: &str) -> Result<Was, Error> {
+        let failed =
+            |why: String| Error::IntoSeal { path: self.path.to_owned(), owned: owned.to_owned(), why };
+        let ring = self.ring.as_ref().map_err(|why| failed(why.clone()))?;
+        let sealed =
+            crate::secrets::seal(&ring.public_key(), plain.as_bytes()).map_err(|e| failed(e.to_string()))?;
+        Ok(Was::Sealed { sealed })
+    }
+
+    fn put_back(&self, doc: &mut Doc, owned: &str, was: &Was) -> Result<(), Error> {
+        match was {
+            Was::Plain(value) => doc.restore(owned, value),
+            Was::Sealed { sealed } => {
+                let opened = self.open(owned, sealed)?;
+                doc.restore(owned, self.text(owned, &opened)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn refresh(&self, owned: &str, sealed: &str) -> Result<Option<Was>, Error> {
+        let Ok(ring) = &self.ring else { return Ok(None) };
+        if !ring.has_previous() || ring.opens_with_current(sealed) {
+            return Ok(None);
+        }
+        // One that opens with neither is left as it is: the apply goes on, and only putting
+        // it back, should that come, fails, naming the key.
+        let Ok(opened) = ring.open(sealed) else { return Ok(None) };
+        self.seal(owned, self.text(owned, &opened)?).map(Some)
+    }
+}
+
+impl Vault<'_> {
+    fn open(&self, owned: &str, sealed: &str) -> Result<Opened, Error> {
+        let ring = self.ring.as_ref().map_err(|why| self.cannot_open(owned, why.clone()))?;
+        ring.open(sealed).map_err(|e| self.cannot_open(owned, e.to_string()))
+    }
+
+    /// An opened earlier value as text: it was sealed from the file's own text.
+    fn text<'o>(&self, owned: &str, opened: &'o Opened) -> Result<&'o str, Error> {
+        std::str::from_utf8(opened.expose_secret().as_slice())
+            .map_err(|_| self.cannot_open(owned, "it opens to bytes that are not text".to_owned()))
+    }
+
+    fn cannot_open(&self, owned: &str, why: String) -> Error {
+        Error::IntoPutBack {
+            path: self.path.to_owned(),
+            owned: owned.to_owned(),
+            key: self.key.to_owned(),
+            why,
+        }
+    }
 }
 
 /// What to do, decided from plain values.
@@ -117,15 +314,22 @@ struct Plan {
 }
 
 /// Decides from the file as found (`None`: not there), whether the record is of the declaration
-/// as it is now (`None`: no record), what the record says the keys held, and what is declared.
-/// Pure.
+/// as it is now (`None`: no record), what the record says the keys held, what is declared, and
+/// which of its keys are filled from a secret. Nothing here touches the machine: the vault
+/// seals what those keys held before the host, and opens what is to be put back.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "plain values in, a plan out: each is one fact the decision needs, and a struct for them would be built at its one call only"
+)]
 fn decide(
     found: Option<&Doc>,
     record_current: Option<bool>,
     recorded: Option<&Merged>,
     format: MergeInto,
-    declared: &[(String, String)],
-) -> Plan {
+    declared: &[Pair],
+    secret_keys: &BTreeSet<String>,
+    vault: &dyn Seal,
+) -> Result<Plan, Error> {
     let mut doc = found.cloned().unwrap_or_else(|| Doc::empty(format));
     let mut was = recorded.map(|m| m.was.clone()).unwrap_or_default();
     // The host made the file if it was not there when the host first set a key in it.
@@ -136,7 +340,7 @@ fn decide(
     let gone: Vec<String> = was.keys().filter(|k| !declared.iter().any(|(d, _)| d == *k)).cloned().collect();
     for key in gone {
         match was.remove(&key).flatten() {
-            Some(value) => doc.restore(&key, &value),
+            Some(before) => vault.put_back(&mut doc, &key, &before)?,
             None => doc.remove(&key),
         }
         released.push(key);
@@ -148,8 +352,35 @@ fn decide(
         if held.len() > 1 {
             twice.push(format!("{key} appears {} times in the file; each was set", held.len()));
         }
-        // Only the first time the host sets it: what it holds later is the host's own value.
-        was.entry(key.clone()).or_insert_with(|| held.first().map(|v| (*v).to_owned()));
+        let secret = secret_keys.contains(key);
+        match was.get_mut(key) {
+            // Only the first time the host sets it: what it holds later is the host's own
+            // value. Sealed when the key is filled from a secret: it is likely the credential
+            // the secret replaces, and if the host wrote it (a record lost), it is a secret.
+            None => {
+                let before = match held.first() {
+                    None => None,
+                    Some(v) if secret => Some(vault.seal(key, v)?),
+                    Some(v) => Some(Was::Plain((*v).to_owned())),
+                };
+                was.insert(key.clone(), before);
+            }
+            // Recorded in the clear before the key was filled from a secret: sealed now, once.
+            Some(Some(before @ Was::Plain(_))) if secret => {
+                let Was::Plain(plain) = before else { unreachable!("matched as plain") };
+                let sealed = vault.seal(key, plain)?;
+                plain.zeroize();
+                *before = sealed;
+            }
+            // Sealed to a key being rotated away: sealed again to the current one, once.
+            Some(Some(before @ Was::Sealed { .. })) => {
+                let Was::Sealed { sealed } = &*before else { unreachable!("matched as sealed") };
+                if let Some(again) = vault.refresh(key, sealed)? {
+                    *before = again;
+                }
+            }
+            Some(_) => {}
+        }
         if !doc.holds(key, value) {
             doc.set(key, value);
             set.push(key.as_str());
@@ -184,7 +415,7 @@ fn decide(
             None => said,
         });
     }
-    Plan { action, detail, doc, write, merged: Merged { format, was, made } }
+    Ok(Plan { action, detail, doc, write, merged: Merged { format, was, made } })
 }
 
 /// What is at the path, read and checked to be of its format; `None` when nothing is there.
@@ -226,8 +457,14 @@ fn write(fs: &mut Fs, path: &Path, doc: &Doc, mode: u32, owner: Option<(u32, u32
 /// removed only if the host created it and nothing else is in it now. A file no longer there
 /// is forgotten. A file no longer of its format fails the removal, and its record stays for
 /// the next try.
+///
+/// A value recorded sealed (the key was filled from a secret) is opened with the node's key to
+/// be put back; without a key that opens it, the removal fails and the record stays, so the
+/// operator's value is never lost.
 pub(super) fn remove(
     fs: &mut Fs,
+    machine: &mut Machine,
+    key: &Path,
     path: &Path,
     merged: &Merged,
     dry_run: bool,
@@ -235,18 +472,21 @@ pub(super) fn remove(
     let Some((meta, found)) = read(fs, path, merged.format)? else {
         return Ok((Verb::Forgotten, Some("no longer declared, and the file is no longer there".to_owned())));
     };
+    let ring =
+        if holds_sealed(merged) { put_back_ring(machine, key) } else { Err("no key was needed".to_owned()) };
+    let vault = Vault { ring, path, key };
     let mut doc = found.clone();
     let mut restored = Vec::new();
     let mut taken = Vec::new();
-    for (key, was) in &merged.was {
+    for (owned, was) in &merged.was {
         match was {
-            Some(value) => {
-                doc.restore(key, value);
-                restored.push(key.as_str());
+            Some(before) => {
+                vault.put_back(&mut doc, owned, before)?;
+                restored.push(owned.as_str());
             }
             None => {
-                doc.remove(key);
-                taken.push(key.as_str());
+                doc.remove(owned);
+                taken.push(owned.as_str());
             }
         }
     }
@@ -279,16 +519,106 @@ mod tests {
     use super::*;
 
     /// A record's keys as `decide` sees them.
-    fn was(pairs: &[(&str, Option<&str>)]) -> BTreeMap<String, Option<String>> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), v.map(str::to_owned))).collect()
+    fn was(pairs: &[(&str, Option<&str>)]) -> BTreeMap<String, Option<Was>> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), v.map(|v| Was::Plain(v.to_owned())))).collect()
     }
 
     fn env(text: &str) -> Doc {
         Doc::parse(MergeInto::Env, text.as_bytes().to_vec()).unwrap()
     }
 
-    fn declared(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    fn declared(pairs: &[(&str, &str)]) -> Vec<Pair> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), zeroize::Zeroizing::new((*v).to_owned()))).collect()
+    }
+
+    /// Seals by wrapping, so a test can see what was sealed and that it is put back opened.
+    struct Wrap;
+
+    impl Seal for Wrap {
+        fn seal(&self, _: &str, plain: &str) -> Result<Was, Error> {
+            Ok(Was::Sealed { sealed: format!("sealed({plain})") })
+        }
+
+        fn put_back(&self, doc: &mut Doc, owned: &str, was: &Was) -> Result<(), Error> {
+            match was {
+                Was::Plain(v) => doc.restore(owned, v),
+                Was::Sealed { sealed } => {
+                    doc.restore(owned, sealed.strip_prefix("sealed(").unwrap().strip_suffix(')').unwrap())
+                }
+            }
+            Ok(())
+        }
+
+        fn refresh(&self, _: &str, sealed: &str) -> Result<Option<Was>, Error> {
+            // "Sealed to the previous key": sealed again, to the current one.
+            Ok(sealed.strip_prefix("previous:").map(|rest| Was::Sealed { sealed: rest.to_owned() }))
+        }
+    }
+
+    /// `decide` for keys none of which is filled from a secret.
+    fn decide(
+        found: Option<&Doc>,
+        record_current: Option<bool>,
+        recorded: Option<&Merged>,
+        format: MergeInto,
+        declared: &[Pair],
+    ) -> Plan {
+        super::decide(found, record_current, recorded, format, declared, &BTreeSet::new(), &Wrap).unwrap()
+    }
+
+    #[test]
+    fn what_a_key_filled_from_a_secret_held_before_is_recorded_sealed_and_put_back_opened() {
+        let secret: BTreeSet<String> = ["PASSWORD".to_owned()].into();
+        let found = env("USER=theirs\nPASSWORD=old-credential\n");
+        let want = declared(&[("PASSWORD", "opened-value"), ("MODE", "mesh")]);
+        let p = super::decide(Some(&found), None, None, MergeInto::Env, &want, &secret, &Wrap).unwrap();
+        assert_eq!(p.doc.text(), "USER=theirs\nPASSWORD=opened-value\nMODE=mesh\n");
+        let sealed = Some(Was::Sealed { sealed: "sealed(old-credential)".to_owned() });
+        assert_eq!(p.merged.was.get("PASSWORD"), Some(&sealed), "sealed, never in the clear");
+        assert_eq!(p.merged.was.get("MODE"), Some(&None));
+
+        // Recorded in the clear before the key carried a secret: sealed now, and only once.
+        let clear =
+            Merged { format: MergeInto::Env, was: was(&[("PASSWORD", Some("old-credential"))]), made: false };
+        let written = env("USER=theirs\nPASSWORD=opened-value\n");
+        let want = declared(&[("PASSWORD", "opened-value")]);
+        let p =
+            super::decide(Some(&written), Some(false), Some(&clear), MergeInto::Env, &want, &secret, &Wrap)
+                .unwrap();
+        assert_eq!((p.action, p.write), (Verb::Unchanged, false));
+        assert_eq!(p.merged.was.get("PASSWORD"), Some(&sealed));
+        let again =
+            super::decide(Some(&written), Some(true), Some(&p.merged), MergeInto::Env, &want, &secret, &Wrap)
+                .unwrap();
+        assert_eq!(again.merged, p.merged, "not sealed again");
+
+        // During a rotation, a value sealed to the previous key is sealed again to the current.
+        let old = Merged {
+            format: MergeInto::Env,
+            was: [(
+                "PASSWORD".to_owned(),
+                Some(Was::Sealed { sealed: "previous:sealed(old-credential)".into() }),
+            )]
+            .into(),
+            made: false,
+        };
+        let p = super::decide(Some(&written), Some(true), Some(&old), MergeInto::Env, &want, &secret, &Wrap)
+            .unwrap();
+        assert_eq!(p.merged.was.get("PASSWORD"), Some(&sealed));
+
+        // The key leaves the declaration: what it held is opened and put back.
+        let p = super::decide(
+            Some(&written),
+            Some(false),
+            Some(&again.merged),
+            MergeInto::Env,
+            &[],
+            &secret,
+            &Wrap,
+        )
+        .unwrap();
+        assert_eq!(p.doc.text(), "USER=theirs\nPASSWORD=old-credential\n");
+        assert!(p.merged.was.is_empty());
     }
 
     #[test]

@@ -110,3 +110,47 @@ fn docker_steps_that_restart_on_a_secret_run_again_only_when_it_moves() {
     assert_eq!(runs("out/migrate"), 2);
     super::steps::fire(&s, &d, "db.backup").expect("installed at the new value");
 }
+
+/// A container that reads an `into` env file (someone else's file, an owned key filled from a
+/// secret) and restarts on it: recreated when the value moves, not when it is sealed again
+/// (issue 11, point 1's last sentence).
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_a_container_on_an_into_file_with_a_secret_is_recreated_only_when_the_value_moves() {
+    let cli = DOCKER;
+    let n = Names::new(cli, "intosec");
+    let s = Scratch::new();
+    let public = keygen(&s);
+    let web = n.container("web");
+    std::fs::write(s.path("web.env"), "# the package's\nOTHER=1\n").unwrap();
+    let declare = |password: &[u8]| {
+        s.declare(json!([
+            {"type": "file", "id": "web.env", "path": s.p("web.env"), "into": "env",
+             "content": "PASSWORD=${secret:pw}\n", "secrets": {"pw": seal(&public, password)}},
+            {"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
+             "env-file": [s.p("web.env")], "restart-on": ["web.env"]},
+        ]))
+    };
+    let report = cli.applied(&s, &declare(b"into-one"));
+    assert_eq!(action(&report, "web.app"), "created", "{report:#}");
+    let env = cli.ok(&["exec", &web, "env"]);
+    assert!(env.contains("PASSWORD=into-one") && env.contains("OTHER=1"), "{env}");
+    let label = cli.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap();
+    let reads = record(&s, "web.app")["reads"][s.p("web.env")].as_str().unwrap().to_owned();
+    assert!(reads.starts_with("hmac-sha256:"), "what it read is recorded by a keyed digest: {reads}");
+    let id = cli.id(&web);
+
+    let report = cli.applied(&s, &declare(b"into-one"));
+    assert_eq!(action(&report, "web.env"), "unchanged", "{report:#}");
+    assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
+    assert_eq!(cli.id(&web), id, "not recreated");
+    assert_eq!(cli.inspect(&web, "{{index .Config.Labels \"mesh-host.spec\"}}").unwrap(), label);
+
+    let report = cli.applied(&s, &declare(b"into-two"));
+    assert_eq!(action(&report, "web.env"), "updated", "{report:#}");
+    assert_eq!(action(&report, "web.app"), "updated", "{report:#}");
+    assert_ne!(cli.id(&web), id);
+    assert!(wait_for(PATIENCE, || cli.run(&["exec", &web, "env"]).1.contains("PASSWORD=into-two")));
+    let labels = cli.inspect(&web, "{{json .Config.Labels}}").unwrap();
+    assert!(!labels.contains("into-"), "{labels}");
+}
