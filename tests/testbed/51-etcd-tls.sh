@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Picked up by up.sh after 50-etcd.sh: a certificate authority, certificates made from it, and an
 # etcd member that speaks only TLS and asks every client for a certificate, for the fleet's TLS
-# tests (issue 14, item 4). Idempotent: the certificates are made once, and a member already
-# answering is only checked. On a fresh Debian 12 machine, as root.
+# tests (issue 14, item 4). Idempotent: the certificates are made once (all again, with the
+# member restarted, when one is missing), and a member already answering is only checked. On a
+# fresh Debian 12 machine, as root.
 #
 # What it leaves, under /var/lib/mesh-host-testbed/etcd-tls (keys mode 0600):
 #   ca.pem, ca.key          the testbed's CA
@@ -15,8 +16,8 @@
 #   named.pem, named.key    a client certificate WITH a common name, to see that refusal said
 #   other-ca.pem            a CA that signed nothing here: "the wrong CA"
 # and, in the background, etcd serving clients on https://127.0.0.1:23791 (--client-cert-auth,
-# auth off) and peers on http://127.0.0.1:23801, data under .../etcd-tls/data, log
-# /tmp/mesh-host-etcd-tls.log.
+# auth off) and peers on http://127.0.0.1:23801, data under .../etcd-tls/data, its pid in
+# .../etcd-tls/etcd.pid, log /tmp/mesh-host-etcd-tls.log.
 set -euo pipefail
 
 DIR=/var/lib/mesh-host-testbed/etcd-tls
@@ -58,8 +59,15 @@ cert() {
 }
 
 client='basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n'
-if [ ! -e "$DIR/.made" ]; then
+made=1
+for f in ca.pem ca.key server.pem server.key node-a.pem node-a.key node-b.pem node-b.key \
+  operator.pem operator.key named.pem named.key other-ca.pem; do
+  [ -s "$f" ] || made=0
+done
+if [ "$made" = 0 ]; then
+  # All made again, from a new CA: a member already running on the old one is restarted below.
   rm -f ./*.pem ./*.key ./*.srl
+  if [ -e "$DIR/etcd.pid" ]; then kill "$(cat "$DIR/etcd.pid")" 2>/dev/null || true; fi
   key ca.key
   openssl req -x509 -new -key ca.key -subj "/O=mesh-host testbed/CN=mesh-host testbed CA" \
     -days 3650 -out ca.pem 2>/dev/null
@@ -73,7 +81,6 @@ if [ ! -e "$DIR/.made" ]; then
   openssl req -x509 -new -key other-ca.key -subj "/CN=not the testbed's CA" -days 3650 \
     -out other-ca.pem 2>/dev/null
   rm -f other-ca.key
-  touch .made
 fi
 
 healthy() {
@@ -91,6 +98,7 @@ if ! healthy; then
     --listen-peer-urls "http://$PEER" --initial-advertise-peer-urls "http://$PEER" \
     --initial-cluster "mesh-host-testbed-tls=http://$PEER" \
     >"$LOG" 2>&1 </dev/null &
+  echo $! >"$DIR/etcd.pid"
   for _ in $(seq 1 100); do healthy && break; sleep 0.1; done
   healthy || { echo "51-etcd-tls.sh: etcd did not answer on https://$CLIENT; see $LOG" >&2; exit 1; }
 fi
