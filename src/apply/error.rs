@@ -47,12 +47,30 @@ pub enum Error {
     /// What ufw answered, found active on an adopted node. Shared, like nft's.
     #[error("ufw: {0}")]
     Ufw(Arc<crate::system::ufw::UfwError>),
+    /// What firewalld answered, found running on an adopted node. Shared, like nft's.
+    #[error("{0}")]
+    Firewalld(Arc<crate::system::firewalld::FirewalldError>),
     /// The flip from ufw to the host's own filter stopped after the filter was loaded.
     #[error("the host's own filter was loaded, and retiring ufw failed: {0}; ufw and the openings made in it stay, and the next pass tries again")]
     Flip(Arc<crate::system::ufw::UfwError>),
-    /// The flip from ufw waits: something else in the pass failed.
-    #[error("the flip from ufw to the host's own filter waits until everything applies without failure ({failed} failed); ufw and the openings made in it were left in force")]
+    /// The flip from firewalld to the host's own filter stopped after the filter was loaded.
+    #[error("the host's own filter was loaded, and retiring firewalld failed: {reason}; firewalld and the openings made in it stay, and the next pass tries again")]
+    FlipFirewalld {
+        /// What failed, and what of it was undone.
+        reason: String,
+    },
+    /// The way back to firewalld could not start it.
+    #[error("firewalld, retired by the host, could not be started again: {reason}; table inet mesh_host stays in force, and the next pass tries again")]
+    WayBackFirewalld {
+        /// What failed.
+        reason: String,
+    },
+    /// The flip from the found firewall (ufw or firewalld) waits: something else in the pass
+    /// failed.
+    #[error("the flip from {from} to the host's own filter waits until everything applies without failure ({failed} failed); {from} and the openings made in it were left in force")]
     FlipWaits {
+        /// The firewall found: `ufw` or `firewalld`.
+        from: &'static str,
         /// How many other resources of the pass failed.
         failed: usize,
     },
@@ -368,6 +386,14 @@ pub enum Error {
     /// An opening's rules in ufw, added without an error, read back differently.
     #[error("{id}: ufw reads back different: {differs}")]
     UfwReadBack {
+        /// The opening's id.
+        id: String,
+        /// How its rules differ, in words.
+        differs: String,
+    },
+    /// An opening's rules in firewalld, added without an error, read back differently.
+    #[error("{id}: firewalld reads back different: {differs}")]
+    FirewalldReadBack {
         /// The opening's id.
         id: String,
         /// How its rules differ, in words.
@@ -696,6 +722,18 @@ mod tests {
             (
                 Error::IdTooLongForRule { id: "a.b".into(), max: 128 },
                 "the id \"a.b\" is longer than 128 bytes, the most nftables keeps as a rule's comment; this opening was not loaded (the others were)".into(),
+            ),
+            (
+                Error::FlipWaits { from: "firewalld", failed: 2 },
+                "the flip from firewalld to the host's own filter waits until everything applies without failure (2 failed); firewalld and the openings made in it were left in force".into(),
+            ),
+            (
+                Error::FlipFirewalld { reason: "firewalld.service failed to stop".into() },
+                "the host's own filter was loaded, and retiring firewalld failed: firewalld.service failed to stop; firewalld and the openings made in it stay, and the next pass tries again".into(),
+            ),
+            (
+                Error::FirewalldReadBack { id: "web.http".into(), differs: "not in force [\"rule\"]".into() },
+                "web.http: firewalld reads back different: not in force [\"rule\"]".into(),
             ),
             (
                 Error::FilterReadBack { differs: "its rules were reordered".into() },

@@ -13,6 +13,7 @@ mod directory;
 mod error;
 mod file;
 pub use file::declared_bytes;
+mod firewalld;
 mod into;
 mod network;
 mod opening;
@@ -348,7 +349,7 @@ impl<'a> Pass<'a> {
             only.iter().any(|&i| matches!(self.declaration.resources[i].spec, Spec::Opening(_)))
         });
         if self.declaration.adoption.is_some() && reaches_openings {
-            match opening::found_firewall() {
+            match opening::found_firewall(self.opts.bus.as_deref()) {
                 Ok(found) => self.found = found,
                 Err(message) => {
                     let failure = Failure {
@@ -592,10 +593,72 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// The firewall step behind firewalld, found running on an adopted node: the openings are
+    /// made in it, and the host's own table, if one is there, removed once they read back.
+    fn firewall_in_firewalld(&mut self, orphans: Vec<(String, Record)>) {
+        let done = match crate::system::firewalld::Firewalld::running(self.opts.bus.as_deref()) {
+            Ok(Some(fw)) => {
+                let done = firewalld::apply(self.declaration, self.store, self.opts, orphans, &fw);
+                opening::without_own_table(done, self.opts, "firewalld")
+            }
+            found => {
+                let e = match found {
+                    Err(e) => e,
+                    Ok(_) => crate::system::firewalld::FirewalldError::NotRunning(
+                        "gone: it stopped during this pass".to_owned(),
+                    ),
+                };
+                let e = std::sync::Arc::new(e);
+                opening::Done {
+                    declared: opening::declared_openings(self.declaration)
+                        .into_iter()
+                        .map(|(r, _)| (r.index, Err(Error::Firewalld(e.clone()))))
+                        .collect(),
+                    orphans: orphans
+                        .into_iter()
+                        .map(|(id, rec)| (id, rec, Err(Error::Firewalld(e.clone()))))
+                        .collect(),
+                }
+            }
+        };
+        self.take_done(done, Some(firewalld::FIREWALLD));
+    }
+
     /// The firewall step: the host's filter from every declared opening, loaded once, after
     /// everything else; orphan openings leave it in the same load.
     fn firewall(&mut self) {
         let orphans = std::mem::take(&mut self.orphan_openings);
+        if self.found == opening::Found::Firewalld {
+            return self.firewall_in_firewalld(orphans);
+        }
+        let recorded_in = |spec: &str| {
+            self.store.records().any(|(_, rec)| {
+                rec.kind == Kind::Opening && rec.origin == self.opts.origin && rec.spec() == Some(spec)
+            })
+        };
+        // The same two orders with firewalld: the flip once the declaration no longer says
+        // `adoption` (only after a clean pass), and the way back when it says it again.
+        let adopted = self.declaration.adoption.is_some();
+        let fw_flipping = !adopted && recorded_in(firewalld::FIREWALLD);
+        let fw_retired = recorded_in(firewalld::FIREWALLD_RETIRED);
+        if fw_flipping || fw_retired {
+            let declaration = self.declaration;
+            if fw_flipping && !self.failures.is_empty() {
+                let failed = self.failures.len();
+                for (index, _) in std::mem::take(&mut self.openings) {
+                    self.fail(&declaration.resources[index], &Error::FlipWaits { from: "firewalld", failed });
+                }
+                return;
+            }
+            let (done, spec) = if fw_flipping {
+                (firewalld::flip(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD_RETIRED)
+            } else if adopted {
+                (firewalld::way_back(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD)
+            } else {
+                (opening::apply(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD_RETIRED)
+            };
+            return self.take_done(done, Some(spec));
+        }
         let in_ufw = self.found == opening::Found::Ufw;
         // The flip: a node adopted behind ufw whose declaration no longer says `adoption`. What
         // protects the node goes last: only once everything else applied without failure.
@@ -610,7 +673,7 @@ impl<'a> Pass<'a> {
             let failed = self.failures.len();
             let declaration = self.declaration;
             for (index, _) in std::mem::take(&mut self.openings) {
-                self.fail(&declaration.resources[index], &Error::FlipWaits { failed });
+                self.fail(&declaration.resources[index], &Error::FlipWaits { from: "ufw", failed });
             }
             return;
         }
@@ -627,7 +690,7 @@ impl<'a> Pass<'a> {
         let returning = !in_ufw && self.declaration.adoption.is_some() && retired;
         let done = if in_ufw || returning {
             let done = opening::apply_ufw(self.declaration, self.store, self.opts, orphans, returning);
-            opening::without_own_table(done, self.opts)
+            opening::without_own_table(done, self.opts, "ufw")
         } else if flipping {
             opening::flip(self.declaration, self.store, self.opts, orphans)
         } else {
@@ -640,6 +703,13 @@ impl<'a> Pass<'a> {
         } else {
             None
         };
+        self.take_done(done, spec);
+    }
+
+    /// Reports and records what the firewall step did with each opening: `spec` is what the
+    /// records say of where the openings are (ufw, firewalld, retired), none for the host's own
+    /// table alone.
+    fn take_done(&mut self, done: opening::Done, spec: Option<&str>) {
         let facts = || Facts { spec: spec.map(str::to_owned), ..Facts::default() };
         let slots: BTreeMap<usize, usize> = self.openings.iter().copied().collect();
         let declaration = self.declaration;

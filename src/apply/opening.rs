@@ -29,6 +29,7 @@ use super::{Error, Options, Outcome, Verb};
 use crate::declaration::{Cidr, Declaration, Opening, Protocol, Resource, Spec};
 use crate::store::{Record, Store};
 use crate::system::firewall::{self, Listener, Transport, FAMILY, TABLE};
+use crate::system::firewalld::{Firewalld, FirewalldError};
 use crate::system::ufw;
 
 /// The base chain's name in the host's table.
@@ -96,7 +97,7 @@ fn fixed_rules() -> Vec<Rule> {
     ]
 }
 
-fn transport(p: Protocol) -> Transport {
+pub(super) fn transport(p: Protocol) -> Transport {
     match p {
         Protocol::Tcp => Transport::Tcp,
         Protocol::Udp => Transport::Udp,
@@ -104,7 +105,7 @@ fn transport(p: Protocol) -> Transport {
 }
 
 /// A network with its host bits cleared, as nft lists it: `10.0.0.0/8` for `10.0.0.5/8`.
-fn network(c: &Cidr) -> (IpAddr, u8) {
+pub(super) fn network(c: &Cidr) -> (IpAddr, u8) {
     let addr = match c.addr {
         IpAddr::V4(a) => {
             let mask = u32::MAX.checked_shl(32 - u32::from(c.prefix)).unwrap_or(0);
@@ -290,18 +291,18 @@ pub(super) fn decide(seen: &Seen<'_>) -> (Verb, Option<String>) {
 
 /// Whether an opening may be held: the declaration is an adopted node's, its module is not
 /// taken, and the host has no record of it.
-fn holdable(declaration: &Declaration, store: &Store, r: &Resource) -> bool {
+pub(super) fn holdable(declaration: &Declaration, store: &Store, r: &Resource) -> bool {
     declaration.adoption.as_ref().is_some_and(|a| !a.taken.iter().any(|m| m == r.id.module()))
         && store.get(r.id.as_str()).is_none()
 }
 
 /// Whether an opening that may be held is: held before (a hold lasts until its module is taken,
 /// whatever became of the port since), or its port found open now.
-fn held_now(store: &Store, r: &Resource, found_open: bool) -> bool {
+pub(super) fn held_now(store: &Store, r: &Resource, found_open: bool) -> bool {
     store.held(r.id.as_str()).is_some() || found_open
 }
 
-fn held_detail(r: &Resource) -> String {
+pub(super) fn held_detail(r: &Resource) -> String {
     format!("found open, and module {:?} is not taken yet: left open as found", r.id.module())
 }
 
@@ -595,19 +596,26 @@ pub(super) enum Found {
     Nothing,
     /// ufw is active: openings are made in it.
     Ufw,
+    /// firewalld is running: openings are made in it.
+    Firewalld,
 }
 
-/// Which firewall is in force here, or why the declaration is refused: firewalld (not handled
-/// by this build) or any other filter on the input hook, named.
-pub(super) fn found_firewall() -> Result<Found, String> {
+/// Which firewall is in force here, or why the declaration is refused: any filter on the
+/// input hook other than ufw's, firewalld's and the host's own, named. firewalld is looked for
+/// on `bus` (the system bus when `None`), where the agent also reaches systemd: its bus name
+/// having an owner is what "running" means. A bus that cannot be reached has no firewalld on
+/// it; a firewalld running all the same is then found as the filter it loaded, and refused.
+pub(super) fn found_firewall(bus: Option<&str>) -> Result<Found, String> {
     let failed = |e: &dyn std::fmt::Display| {
         format!("cannot tell which firewall is in force: {e}; nothing was touched")
     };
     if ufw::active().map_err(|e| failed(&e))? {
         return Ok(Found::Ufw);
     }
-    if ufw::firewalld_running().map_err(|e| failed(&e))? {
-        return Err("firewalld is running on this adopted node, and this build of mesh-host cannot make openings in firewalld yet; the declaration was refused and nothing was touched".to_owned());
+    match Firewalld::running(bus) {
+        Ok(Some(_)) => return Ok(Found::Firewalld),
+        Ok(None) | Err(FirewalldError::Connect { .. }) => {}
+        Err(e) => return Err(failed(&e)),
     }
     let in_force: Vec<String> = firewall::input_chains()
         .map_err(|e| failed(&e))?
@@ -877,9 +885,10 @@ pub(super) const UFW: &str = "ufw";
 /// host retired in a flip: what the way back looks for.
 pub(super) const UFW_RETIRED: &str = "ufw-retired";
 
-/// After openings were made in ufw: the host's own table, if it is there (left by a flip, on
-/// the way back), is removed, since a packet would have to pass both filters. Read back.
-pub(super) fn without_own_table(mut done: Done, opts: &Options) -> Done {
+/// After openings were made in `found` (ufw or firewalld): the host's own table, if it is there
+/// (left by a flip, on the way back), is removed, since a packet would have to pass both
+/// filters. Read back.
+pub(super) fn without_own_table(mut done: Done, opts: &Options, found: &str) -> Done {
     let failed =
         done.declared.iter().any(|(_, r)| r.is_err()) || done.orphans.iter().any(|(_, _, r)| r.is_err());
     if failed || opts.dry_run {
@@ -902,10 +911,9 @@ pub(super) fn without_own_table(mut done: Done, opts: &Options) -> Done {
                 if let Ok(o) = result {
                     if o.action != Verb::Held {
                         o.action = Verb::Updated;
-                        o.detail = Some(
-                            "moved into ufw, enabled again; table inet mesh_host was removed after ufw was read back"
-                                .to_owned(),
-                        );
+                        o.detail = Some(format!(
+                            "moved into {found}, enabled again; table inet mesh_host was removed after {found} was read back"
+                        ));
                     }
                 }
             }
@@ -922,7 +930,7 @@ pub(super) fn without_own_table(mut done: Done, opts: &Options) -> Done {
 }
 
 /// Every declared opening, with its fields.
-fn declared_openings(declaration: &Declaration) -> Vec<(&Resource, &Opening)> {
+pub(super) fn declared_openings(declaration: &Declaration) -> Vec<(&Resource, &Opening)> {
     declaration
         .resources
         .iter()
@@ -969,7 +977,7 @@ pub(super) fn flip(
         // drop that port.
         for (_, result) in &mut done.declared {
             if result.is_ok() {
-                *result = Err(Error::FlipWaits { failed });
+                *result = Err(Error::FlipWaits { from: "ufw", failed });
             }
         }
         return done;

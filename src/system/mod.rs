@@ -11,6 +11,7 @@ pub mod contents;
 pub mod docker;
 pub mod etcd;
 pub mod firewall;
+pub mod firewalld;
 pub mod fs;
 pub mod input;
 pub mod journal;

@@ -140,11 +140,3 @@ pub fn disable() -> Result<(), UfwError> {
     }
     checked(&["ufw", "disable"]).map(drop)
 }
-
-/// Whether firewalld is installed and running.
-pub fn firewalld_running() -> Result<bool, CommandError> {
-    if !super::command::exists("firewall-cmd") {
-        return Ok(false);
-    }
-    Ok(run_str(&["firewall-cmd", "--state"], &[])?.stdout.trim() == "running")
-}

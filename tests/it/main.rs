@@ -21,6 +21,7 @@ mod docker;
 mod faults;
 mod files;
 mod firewall;
+mod firewalld;
 mod fleet;
 mod into;
 mod malformed;

@@ -1,0 +1,671 @@
+//! Openings made in firewalld, found running on an adopted node.
+//!
+//! firewalld keeps two sets of rules, both read back here: the permanent configuration
+//! (saved, loaded at its start or reload) and the runtime one (in force). The host never
+//! reloads firewalld, since a reload drops what an operator put in force at runtime only, so
+//! each opening is written to both:
+//!
+//! - permanent: a service `mesh-host-ID` (the opening's port; its description names the
+//!   resource), and in the default zone one rich rule per `from` network (or one for
+//!   anywhere) that accepts that service: `rule family="ipv4" source address="10.0.0.0/8"
+//!   service name="mesh-host-web_2eadmin" accept`. The service's name is the label.
+//! - runtime: the same rule with the port written out, `rule ... port port="22"
+//!   protocol="tcp" accept`, since a service saved after firewalld's start is unknown to the
+//!   runtime until a reload. Rich rules carry no label, so the runtime rules that are the
+//!   host's are the ones its saved services and rules spell out.
+//!
+//! `service_name`, `rules` and `runtime_of` are pure and unit-tested; `apply` acts through
+//! `system::firewalld` and reads back.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use super::opening::{self, Done, Seen};
+use super::{Error, Options, Outcome, Verb};
+use crate::declaration::{Declaration, Opening, Resource};
+use crate::store::{Record, Store};
+use crate::system::firewall::Transport;
+use crate::system::firewalld::{offline, Firewalld, FirewalldError, Service};
+
+/// What the record of an opening made in firewalld says in its `spec`.
+pub(super) const FIREWALLD: &str = "firewalld";
+
+/// The prefix of every service the host saves in firewalld.
+const PREFIX: &str = "mesh-host-";
+
+/// The service that labels an opening in firewalld. firewalld allows letters, digits, `_`
+/// and `-` in a service's name, and ids also have `.`: `.` is written `_2e` and `_` is
+/// written `_5f`, so two ids never share a service.
+pub(super) fn service_name(id: &str) -> String {
+    let mut name = PREFIX.to_owned();
+    for c in id.chars() {
+        match c {
+            '.' => name.push_str("_2e"),
+            '_' => name.push_str("_5f"),
+            c => name.push(c),
+        }
+    }
+    name
+}
+
+/// An opening as firewalld holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Rules {
+    /// Its saved service.
+    pub service: Service,
+    /// Its saved rich rules in the zone, naming the service.
+    pub permanent: Vec<String>,
+    /// Its rich rules in force, with the port written out.
+    pub runtime: Vec<String>,
+}
+
+/// The end of a saved rich rule that accepts this service.
+fn accepts_service(service: &str) -> String {
+    format!(" service name=\"{service}\" accept")
+}
+
+fn accepts_port(port: &str, protocol: &str) -> String {
+    format!(" port port=\"{port}\" protocol=\"{protocol}\" accept")
+}
+
+/// An opening's rules in firewalld: one rule for anywhere (IPv4 and IPv6), or one per `from`
+/// network, with its host bits cleared and a single address bare, as the host's own filter has
+/// them (firewalld keeps an address as it is given).
+pub(super) fn rules(id: &str, o: &Opening) -> Rules {
+    let name = service_name(id);
+    let (port, protocol) = (o.port.get().to_string(), opening::transport(o.protocol).as_str().to_owned());
+    let mut seen = BTreeSet::new();
+    let starts: Vec<String> = if o.from.is_empty() {
+        vec!["rule".to_owned()]
+    } else {
+        o.from
+            .iter()
+            .map(opening::network)
+            .filter(|n| seen.insert(*n))
+            .map(|(addr, prefix)| {
+                let (family, full) = if addr.is_ipv4() { ("ipv4", 32) } else { ("ipv6", 128) };
+                let source = if prefix == full { addr.to_string() } else { format!("{addr}/{prefix}") };
+                format!("rule family=\"{family}\" source address=\"{source}\"")
+            })
+            .collect()
+    };
+    Rules {
+        service: Service {
+            short: format!("mesh-host {id}"),
+            description: format!("Opened by mesh-host for the declared opening {id} ({port}/{protocol})."),
+            ports: vec![(port.clone(), protocol.clone())],
+        },
+        permanent: starts.iter().map(|s| format!("{s}{}", accepts_service(&name))).collect(),
+        runtime: starts.iter().map(|s| format!("{s}{}", accepts_port(&port, &protocol))).collect(),
+    }
+}
+
+/// The saved rich rules that accept this service.
+fn saved_for<'a>(permanent: &'a [String], service: &str) -> Vec<&'a String> {
+    let end = accepts_service(service);
+    permanent.iter().filter(|r| r.ends_with(&end)).collect()
+}
+
+/// The runtime rules that saved rules for a service stand for, given the service's ports: what
+/// the host put in force for it when it saved them.
+pub(super) fn runtime_of(saved: &[&String], service: &str, ports: &[(String, String)]) -> Vec<String> {
+    let end = accepts_service(service);
+    saved
+        .iter()
+        .filter_map(|r| r.strip_suffix(&end))
+        .flat_map(|start| ports.iter().map(move |(p, proto)| format!("{start}{}", accepts_port(p, proto))))
+        .collect()
+}
+
+/// Whether a port of firewalld's own zone settings (`firewall-cmd --add-port`) lets this port
+/// in. Its services and rich rules are not resolved, so a port opened through them is not
+/// found open.
+fn lets_in(ports: &[(String, String)], t: Transport, port: u16) -> bool {
+    ports.iter().any(|(p, proto)| {
+        proto == t.as_str()
+            && match p.split_once('-') {
+                Some((lo, hi)) => {
+                    lo.parse().is_ok_and(|lo: u16| hi.parse().is_ok_and(|hi: u16| (lo..=hi).contains(&port)))
+                }
+                None => p.parse() == Ok(port),
+            }
+    })
+}
+
+/// firewalld as read at one moment: the default zone's rules, runtime and saved, and its ports.
+struct Seen2 {
+    zone: String,
+    runtime: Vec<String>,
+    permanent: Vec<String>,
+    ports: Vec<(String, String)>,
+    services: BTreeSet<String>,
+}
+
+fn read(fw: &Firewalld) -> Result<Seen2, FirewalldError> {
+    let zone = fw.default_zone()?;
+    Ok(Seen2 {
+        runtime: fw.runtime_rich_rules(&zone)?,
+        permanent: fw.permanent_rich_rules(&zone)?,
+        ports: fw.runtime_ports(&zone)?,
+        services: fw.service_names()?,
+        zone,
+    })
+}
+
+fn sorted<T: Ord + Clone>(v: &[T]) -> Vec<T> {
+    let mut v = v.to_vec();
+    v.sort();
+    v
+}
+
+/// Openings made in firewalld, found running on an adopted node: each opening's service saved,
+/// its saved rules and its rules in force added, whatever else the host had for it (an older
+/// port or `from`) taken out after; orphan openings' rules and services deleted. Then read back,
+/// saved and in force. firewalld's own rules and the operator's are never touched.
+pub(super) fn apply(
+    declaration: &Declaration,
+    store: &Store,
+    opts: &Options,
+    orphans: Vec<(String, Record)>,
+    fw: &Firewalld,
+) -> Done {
+    let declared = opening::declared_openings(declaration);
+    let mut done = Done { declared: Vec::new(), orphans: Vec::new() };
+    let failed = |e: FirewalldError| Arc::new(e);
+    let found = match read(fw).map_err(failed) {
+        Ok(found) => found,
+        Err(e) => {
+            done.declared.extend(declared.iter().map(|(r, _)| (r.index, Err(Error::Firewalld(e.clone())))));
+            done.orphans
+                .extend(orphans.into_iter().map(|(id, rec)| (id, rec, Err(Error::Firewalld(e.clone())))));
+            return done;
+        }
+    };
+    let zone = found.zone.clone();
+    // An opening of a module not taken yet, whose port firewalld already lets in, is held:
+    // nothing of the host's is added beside the operator's setting.
+    let mut live: Vec<(&Resource, &Opening)> = Vec::new();
+    for (r, o) in declared {
+        let open = lets_in(&found.ports, opening::transport(o.protocol), o.port.get());
+        if opening::holdable(declaration, store, r) && opening::held_now(store, r, open) {
+            let outcome = Outcome {
+                id: r.id.to_string(),
+                kind: r.kind(),
+                target: r.target(),
+                action: Verb::Held,
+                detail: Some(opening::held_detail(r)),
+            };
+            done.declared.push((r.index, Ok(outcome)));
+        } else {
+            live.push((r, o));
+        }
+    }
+    let wanted: Vec<Rules> = live.iter().map(|(r, o)| rules(r.id.as_str(), o)).collect();
+    let wanted_runtime: BTreeSet<&String> = wanted.iter().flat_map(|w| &w.runtime).collect();
+
+    let mut seen = Vec::new();
+    // Each opening's service as found: read back again only where something was changed.
+    let mut before: Vec<Option<Service>> = Vec::new();
+    let mut stale_runtime: BTreeSet<String> = BTreeSet::new();
+    let mut change: Result<(), FirewalldError> = Ok(());
+    for ((r, _), want) in live.iter().zip(&wanted) {
+        let name = service_name(r.id.as_str());
+        let service = match fw.service(&name, &found.services) {
+            Ok(s) => s,
+            Err(e) => {
+                change = change.and(Err(e));
+                None
+            }
+        };
+        before.push(service.clone());
+        let have = saved_for(&found.permanent, &name);
+        let saved = service.as_ref() == Some(&want.service)
+            && sorted(&have.iter().map(|s| (*s).clone()).collect::<Vec<_>>()) == sorted(&want.permanent);
+        let in_force = want.runtime.iter().all(|w| found.runtime.contains(w));
+        seen.push((saved, in_force));
+        if let Some(s) = &service {
+            stale_runtime.extend(runtime_of(&have, &name, &s.ports));
+        }
+        if opts.dry_run || change.is_err() {
+            continue;
+        }
+        // What is wanted goes in before what is stale goes out: no moment with the port closed.
+        change = (|| {
+            if service.as_ref() != Some(&want.service) {
+                fw.put_service(&name, &want.service, service.is_some())?;
+            }
+            for rule in want.permanent.iter().filter(|w| !have.contains(w)) {
+                fw.add_permanent_rich_rule(&zone, rule)?;
+            }
+            for rule in have.iter().filter(|h| !want.permanent.contains(h)) {
+                fw.remove_permanent_rich_rule(&zone, rule)?;
+            }
+            for rule in want.runtime.iter().filter(|w| !found.runtime.contains(w)) {
+                fw.add_runtime_rich_rule(&zone, rule)?;
+            }
+            Ok(())
+        })();
+    }
+    let mut orphan_found = Vec::new();
+    for (id, _) in &orphans {
+        let name = service_name(id);
+        let have = saved_for(&found.permanent, &name);
+        let service = fw.service(&name, &found.services);
+        orphan_found.push(!have.is_empty() || matches!(service, Ok(Some(_))));
+        match service {
+            Ok(Some(s)) => stale_runtime.extend(runtime_of(&have, &name, &s.ports)),
+            Ok(None) => {}
+            Err(e) => change = change.and(Err(e)),
+        }
+        // After an operator's reload, the saved rules are in force as they are saved.
+        stale_runtime.extend(have.iter().map(|r| (*r).clone()));
+        if opts.dry_run || change.is_err() {
+            continue;
+        }
+        change = (|| {
+            for rule in &have {
+                fw.remove_permanent_rich_rule(&zone, rule)?;
+            }
+            Ok(())
+        })();
+    }
+    if !opts.dry_run && change.is_ok() {
+        change = (|| {
+            for rule in stale_runtime.iter().filter(|r| !wanted_runtime.contains(r)) {
+                if found.runtime.contains(rule) {
+                    fw.remove_runtime_rich_rule(&zone, rule)?;
+                }
+            }
+            for (id, _) in &orphans {
+                let name = service_name(id);
+                if found.services.contains(&name) {
+                    fw.remove_service(&name)?;
+                }
+            }
+            Ok(())
+        })();
+    }
+
+    // Read back, saved and in force.
+    let after = change.map_err(failed).and_then(|()| {
+        if opts.dry_run {
+            Ok(None)
+        } else {
+            read(fw).map(Some).map_err(failed)
+        }
+    });
+    for ((((r, _), want), (saved, in_force)), found_service) in live.iter().zip(&wanted).zip(seen).zip(before)
+    {
+        let result = match &after {
+            Err(e) => Err(Error::Firewalld(e.clone())),
+            Ok(None) => Ok(()),
+            Ok(Some(now)) => {
+                let name = service_name(r.id.as_str());
+                let service = if saved { Ok(found_service) } else { fw.service(&name, &now.services) };
+                match service {
+                    Err(e) => Err(Error::Firewalld(Arc::new(e))),
+                    Ok(service) => {
+                        let mut differs = Vec::new();
+                        if service.as_ref() != Some(&want.service) {
+                            differs.push(match service {
+                                None => format!("its service {name} is not saved"),
+                                Some(s) => format!("its service {name} is saved as {s:?}"),
+                            });
+                        }
+                        let have: Vec<String> =
+                            saved_for(&now.permanent, &name).into_iter().cloned().collect();
+                        if sorted(&have) != sorted(&want.permanent) {
+                            differs.push(format!("saved rules {have:?}, wanted {:?}", want.permanent));
+                        }
+                        let missing: Vec<&String> =
+                            want.runtime.iter().filter(|w| !now.runtime.contains(w)).collect();
+                        if !missing.is_empty() {
+                            differs.push(format!("not in force {missing:?}"));
+                        }
+                        if differs.is_empty() {
+                            Ok(())
+                        } else {
+                            Err(Error::FirewalldReadBack {
+                                id: r.id.to_string(),
+                                differs: differs.join("; "),
+                            })
+                        }
+                    }
+                }
+            }
+        };
+        let result = result.map(|()| {
+            let recorded =
+                store.get(r.id.as_str()).map(|rec| rec.declared == r.digest && rec.spec() == Some(FIREWALLD));
+            let (action, detail) = opening::decide(&Seen {
+                recorded,
+                intact: saved && in_force,
+                table_absent: false,
+                common: &[],
+            });
+            let here = format!("in firewalld's zone {zone}, found running on this adopted node");
+            let detail = match detail {
+                Some(d) => format!("{d}; {here}"),
+                None => format!("{here} (runtime and permanent)"),
+            };
+            Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail: Some(detail) }
+        });
+        done.declared.push((r.index, result));
+    }
+    for ((id, rec), was_there) in orphans.into_iter().zip(orphan_found) {
+        let name = service_name(&id);
+        let result = match &after {
+            Err(e) => Err(Error::Firewalld(e.clone())),
+            Ok(Some(now)) if !saved_for(&now.permanent, &name).is_empty() || now.services.contains(&name) => {
+                Err(Error::FirewalldReadBack {
+                    id: id.clone(),
+                    differs: format!(
+                        "its saved rules or its service {name} are still in firewalld after deleting them"
+                    ),
+                })
+            }
+            Ok(_) => Ok((
+                Verb::Removed,
+                Some(
+                    if was_there {
+                        "its rules and its service were deleted from firewalld"
+                    } else {
+                        "its rules were already gone from firewalld"
+                    }
+                    .to_owned(),
+                ),
+            )),
+        };
+        done.orphans.push((id, rec, result));
+    }
+    done
+}
+
+/// What the record of an opening in the host's table says in its `spec` on a node whose
+/// firewalld the host retired in a flip: what the way back looks for.
+pub(super) const FIREWALLD_RETIRED: &str = "firewalld-retired";
+
+/// firewalld's unit.
+const UNIT: &str = "firewalld.service";
+
+/// How long firewalld may take to answer on the bus once systemd started it.
+const START_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The flip, on a node whose openings were made in firewalld and whose declaration no longer
+/// says `adoption`: the host's own filter is loaded (the caller has checked that everything else
+/// applied), then firewalld is retired (`retire`); the orphan openings are told last. Anything
+/// that fails after the load fails every opening, so their records stay those of firewalld and
+/// the next pass tries again: the filter already loaded is found as wanted.
+pub(super) fn flip(
+    declaration: &Declaration,
+    store: &Store,
+    opts: &Options,
+    orphans: Vec<(String, Record)>,
+) -> Done {
+    let made: Vec<String> = store
+        .records()
+        .filter(|(_, rec)| rec.kind == crate::declaration::Kind::Opening && rec.origin == opts.origin)
+        .filter(|(_, rec)| rec.spec() == Some(FIREWALLD))
+        .map(|(id, _)| id.to_owned())
+        .collect();
+    let mut done = opening::apply(declaration, store, opts, orphans);
+    let failed = done.declared.iter().filter(|(_, r)| r.is_err()).count()
+        + done.orphans.iter().filter(|(_, _, r)| r.is_err()).count();
+    if failed > 0 {
+        // One opening that could not be loaded keeps firewalld in force for all.
+        for (_, result) in &mut done.declared {
+            if result.is_ok() {
+                *result = Err(Error::FlipWaits { from: "firewalld", failed });
+            }
+        }
+        return done;
+    }
+    let retired = if opts.dry_run { Ok(()) } else { retire(opts, &made) };
+    match retired {
+        Ok(()) => {
+            for (_, result) in &mut done.declared {
+                if let Ok(o) = result {
+                    o.action = Verb::Updated;
+                    o.detail = Some(
+                        "moved from firewalld into table inet mesh_host; firewalld was stopped and disabled, and the host's services and rules deleted from its saved configuration"
+                            .to_owned(),
+                    );
+                }
+            }
+            for (id, _, result) in &mut done.orphans {
+                if made.contains(id) {
+                    *result = Ok((
+                        Verb::Removed,
+                        Some(
+                            "its rules and service were deleted from firewalld, which was stopped".to_owned(),
+                        ),
+                    ));
+                }
+            }
+        }
+        Err(e) => {
+            for (_, result) in &mut done.declared {
+                *result = Err(Error::FlipFirewalld { reason: e.clone() });
+            }
+            for (_, _, result) in &mut done.orphans {
+                *result = Err(Error::FlipFirewalld { reason: e.clone() });
+            }
+        }
+    }
+    done
+}
+
+/// Retires firewalld, the host's own filter already loaded: its unit disabled, then stopped
+/// (firewalld takes its rules out of force as it stops), read back (its bus name without an
+/// owner, its unit inactive and disabled); then the host's services and rules deleted from its
+/// saved configuration, offline, and read back. If disabling or stopping fails, the unit is
+/// enabled again if it was, so firewalld stays as it was, in force with the host's openings.
+/// If the deletion fails, firewalld stays retired and the next pass deletes what is left.
+fn retire(opts: &Options, ids: &[String]) -> Result<(), String> {
+    let bus = opts.bus.as_deref();
+    let systemd = crate::system::Systemd::connect(bus).map_err(|e| e.to_string())?;
+    let boot = systemd.boot(UNIT).map_err(|e| e.to_string())?;
+    let running = match Firewalld::running(bus) {
+        Ok(found) => found.is_some(),
+        Err(FirewalldError::Connect { .. }) => false,
+        Err(e) => return Err(e.to_string()),
+    };
+    let stopped = systemd
+        .set_boot(UNIT, false)
+        .map_err(|e| e.to_string())
+        .and_then(|()| crate::system::firewalld::failpoint("stop").map_err(|e| e.to_string()))
+        .and_then(|()| if running { systemd.stop(UNIT).map_err(|e| e.to_string()) } else { Ok(()) });
+    if let Err(e) = stopped {
+        if boot == "enabled" {
+            if let Err(u) = systemd.set_boot(UNIT, true) {
+                return Err(format!("{e}; enabling it again failed too: {u}"));
+            }
+        }
+        return Err(e);
+    }
+    check_retired(&systemd, bus)?;
+    let offline = |e: FirewalldError| e.to_string();
+    let zone = offline::default_zone().map_err(offline)?;
+    let saved = offline::rich_rules(&zone).map_err(offline)?;
+    for id in ids {
+        let name = service_name(id);
+        for rule in saved_for(&saved, &name) {
+            offline::remove_rich_rule(&zone, rule).map_err(offline)?;
+        }
+        if offline::has_service(&name).map_err(offline)? {
+            offline::remove_service(&name).map_err(offline)?;
+        }
+    }
+    let left = offline::rich_rules(&zone).map_err(offline)?;
+    if let Some(id) = ids.iter().find(|id| !saved_for(&left, &service_name(id)).is_empty()) {
+        return Err(format!("firewalld was retired, and the saved rules of {id} are still in its zone {zone} after deleting them"));
+    }
+    Ok(())
+}
+
+fn check_retired(systemd: &crate::system::Systemd, bus: Option<&str>) -> Result<(), String> {
+    let state = systemd.state(UNIT).map_err(|e| e.to_string())?;
+    let boot = systemd.boot(UNIT).map_err(|e| e.to_string())?;
+    let answers = match Firewalld::running(bus) {
+        Ok(Some(_)) => true,
+        Ok(None) | Err(FirewalldError::Connect { .. }) => false,
+        Err(e) => return Err(e.to_string()),
+    };
+    if !state.stopped() || answers || boot == "enabled" {
+        return Err(format!(
+            "firewalld was stopped and disabled, and reads back {state}, {boot}{}",
+            if answers { ", still answering on the bus" } else { "" }
+        ));
+    }
+    Ok(())
+}
+
+/// The way back: a declaration with `adoption` returning to a node whose firewalld the host
+/// retired. The openings are saved in firewalld's configuration first (offline), then firewalld
+/// is enabled and started, so it starts with them in force and never refuses a declared port;
+/// then they are read back over D-Bus (and put in force with the port written out, as on any
+/// pass), and only then does the host's own table go. Orphans leave after, through firewalld.
+pub(super) fn way_back(
+    declaration: &Declaration,
+    store: &Store,
+    opts: &Options,
+    orphans: Vec<(String, Record)>,
+) -> Done {
+    let bus = opts.bus.as_deref();
+    let started = || -> Result<Option<Firewalld>, String> {
+        if opts.dry_run {
+            return Ok(None);
+        }
+        save_offline(declaration).map_err(|e| e.to_string())?;
+        let systemd = crate::system::Systemd::connect(bus).map_err(|e| e.to_string())?;
+        crate::system::firewalld::failpoint("start").map_err(|e| e.to_string())?;
+        systemd.set_boot(UNIT, true).map_err(|e| e.to_string())?;
+        systemd.start(UNIT).map_err(|e| e.to_string())?;
+        let began = std::time::Instant::now();
+        loop {
+            match Firewalld::running(bus) {
+                Ok(Some(fw)) => return Ok(Some(fw)),
+                Ok(None) | Err(FirewalldError::NotRunning(_)) if began.elapsed() < START_WAIT => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Ok(None) => {
+                    return Err(format!(
+                        "firewalld was started and did not answer on the bus within {} s",
+                        START_WAIT.as_secs()
+                    ))
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    };
+    match started() {
+        Ok(Some(fw)) => {
+            opening::without_own_table(apply(declaration, store, opts, orphans, &fw), opts, "firewalld")
+        }
+        // `plan`: what the host's table holds now is what is reported.
+        Ok(None) => opening::apply(declaration, store, opts, orphans),
+        Err(reason) => {
+            let declared = opening::declared_openings(declaration);
+            Done {
+                declared: declared
+                    .iter()
+                    .map(|(r, _)| (r.index, Err(Error::WayBackFirewalld { reason: reason.clone() })))
+                    .collect(),
+                orphans: orphans
+                    .into_iter()
+                    .map(|(id, rec)| (id, rec, Err(Error::WayBackFirewalld { reason: reason.clone() })))
+                    .collect(),
+            }
+        }
+    }
+}
+
+/// Saves every declared opening in a stopped firewalld's configuration: its service and its
+/// rules in the default zone, anything else saved for it deleted.
+fn save_offline(declaration: &Declaration) -> Result<(), FirewalldError> {
+    let zone = offline::default_zone()?;
+    let saved = offline::rich_rules(&zone)?;
+    for (r, o) in opening::declared_openings(declaration) {
+        let want = rules(r.id.as_str(), o);
+        let name = service_name(r.id.as_str());
+        if offline::service_ports(&name)?.as_ref() != Some(&want.service.ports) {
+            offline::put_service(&name, &want.service)?;
+        }
+        let have = saved_for(&saved, &name);
+        for rule in want.permanent.iter().filter(|w| !have.contains(w)) {
+            offline::add_rich_rule(&zone, rule)?;
+        }
+        for rule in have.iter().filter(|h| !want.permanent.contains(h)) {
+            offline::remove_rich_rule(&zone, rule)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn opening(port: u16, protocol: &str, from: &[&str]) -> Opening {
+        serde_json::from_value(json!({"port": port, "protocol": protocol, "from": from})).unwrap()
+    }
+
+    #[test]
+    fn a_service_name_is_an_id_firewalld_accepts_and_never_another_ids() {
+        assert_eq!(service_name("web.http"), "mesh-host-web_2ehttp");
+        assert_eq!(service_name("a_b-c"), "mesh-host-a_5fb-c");
+        assert_ne!(service_name("a._b"), service_name("a_.b"));
+        assert_ne!(service_name("a.5f"), service_name("a_"));
+        let name = service_name("x.y_z-0");
+        assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'));
+    }
+
+    #[test]
+    fn an_opening_is_written_as_firewalld_lists_it() {
+        let any = rules("dns.udp", &opening(53, "udp", &[]));
+        assert_eq!(any.permanent, vec![r#"rule service name="mesh-host-dns_2eudp" accept"#]);
+        assert_eq!(any.runtime, vec![r#"rule port port="53" protocol="udp" accept"#]);
+        assert_eq!(any.service.ports, vec![("53".to_owned(), "udp".to_owned())]);
+        assert_eq!(any.service.short, "mesh-host dns.udp");
+        let from =
+            rules("web.admin", &opening(22, "tcp", &["10.1.2.3/8", "10.9.9.9/8", "192.0.2.7", "fd00::1/8"]));
+        assert_eq!(
+            from.runtime,
+            vec![
+                r#"rule family="ipv4" source address="10.0.0.0/8" port port="22" protocol="tcp" accept"#,
+                r#"rule family="ipv4" source address="192.0.2.7" port port="22" protocol="tcp" accept"#,
+                r#"rule family="ipv6" source address="fd00::/8" port port="22" protocol="tcp" accept"#,
+            ],
+            "host bits cleared, the same network once, a single address bare"
+        );
+        assert_eq!(
+            from.permanent[0],
+            r#"rule family="ipv4" source address="10.0.0.0/8" service name="mesh-host-web_2eadmin" accept"#
+        );
+    }
+
+    #[test]
+    fn the_runtime_rules_of_a_saved_opening_are_spelled_out_from_its_service() {
+        let old = rules("web.admin", &opening(22, "tcp", &["10.0.0.0/8"]));
+        let name = service_name("web.admin");
+        let mut saved = old.permanent.clone();
+        saved.push(r#"rule service name="ssh" accept"#.to_owned());
+        saved.push(
+            r#"rule family="ipv4" source address="10.0.0.0/8" service name="mesh-host-web_2eadmin2" accept"#
+                .to_owned(),
+        );
+        let mine = saved_for(&saved, &name);
+        assert_eq!(mine.len(), 1, "the operator's rule and another id's are not this opening's");
+        assert_eq!(runtime_of(&mine, &name, &old.service.ports), old.runtime);
+    }
+
+    #[test]
+    fn a_port_of_the_zone_is_found_open() {
+        let ports = vec![("22".to_owned(), "tcp".to_owned()), ("6000-6010".to_owned(), "udp".to_owned())];
+        assert!(lets_in(&ports, Transport::Tcp, 22));
+        assert!(!lets_in(&ports, Transport::Udp, 22));
+        assert!(lets_in(&ports, Transport::Udp, 6005));
+        assert!(!lets_in(&ports, Transport::Udp, 6011));
+    }
+}
