@@ -105,6 +105,8 @@ pub struct Etcd {
     login: Option<(String, SecretString)>,
     /// The token of the last login; cleared when etcd says it is no longer good.
     token: std::sync::Mutex<Option<String>>,
+    /// Over TLS without a client certificate: whether etcd asked for one.
+    no_certificate: Option<Arc<NoCertificate>>,
 }
 
 /// The files of TLS to etcd: whom to trust, and who this client is.
@@ -127,8 +129,9 @@ impl TlsFiles {
     }
 
     /// The TLS configuration these files make: etcd's certificate checked against the CA, and
-    /// the client's certificate shown when there is one.
-    fn config(&self) -> Result<rustls::ClientConfig, String> {
+    /// the client's certificate shown when there is one. Without one, the resolver that notes
+    /// whether etcd asked for one.
+    fn config(&self) -> Result<(rustls::ClientConfig, Option<Arc<NoCertificate>>), String> {
         let Some(ca) = &self.ca else {
             return Err(
                 "https:// endpoints need --etcd-ca, the CA certificate that signed etcd's: without it there is nothing to check etcd's certificate against"
@@ -150,17 +153,46 @@ impl TlsFiles {
                 // The key first: one readable by others is refused whatever else is wrong.
                 let key = private_key(key)?;
                 let chain = certificates("--etcd-cert", cert)?;
-                builder.with_client_auth_cert(chain, key).map_err(|e| {
+                let config = builder.with_client_auth_cert(chain, key).map_err(|e| {
                     format!(
                         "--etcd-cert {} and --etcd-key: not a certificate and its key: {e}",
                         cert.display()
                     )
-                })
+                })?;
+                Ok((config, None))
             }
-            (None, None) => Ok(builder.with_no_client_auth()),
+            (None, None) => {
+                let asked = Arc::new(NoCertificate::default());
+                Ok((builder.with_client_cert_resolver(asked.clone()), Some(asked)))
+            }
             (Some(_), None) => Err("--etcd-cert needs --etcd-key, the certificate's private key".into()),
             (None, Some(_)) => Err("--etcd-key needs --etcd-cert, the certificate it is the key of".into()),
         }
+    }
+}
+
+/// The client certificate of a client that has none: it shows none, and notes whether etcd
+/// asked. Under TLS 1.3, etcd's refusal of a client without a certificate comes after the
+/// handshake, and often reaches hyper only as a connection closed before the request went out
+/// ("connection was not ready"), without the alert's words; this is what lets the error say why
+/// all the same.
+#[derive(Debug, Default)]
+struct NoCertificate {
+    asked: std::sync::atomic::AtomicBool,
+}
+
+impl rustls::client::ResolvesClientCert for NoCertificate {
+    fn resolve(
+        &self,
+        _issuers: &[&[u8]],
+        _schemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        self.asked.store(true, Ordering::Relaxed);
+        None
+    }
+
+    fn has_certs(&self) -> bool {
+        false
     }
 }
 
@@ -217,9 +249,12 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
 }
 
 /// What etcd's TLS refusal means, for the operator reading it: the hint beside rustls's own
-/// words, which are exact but terse.
-fn tls_hint(message: &str) -> &'static str {
-    if message.contains("not valid for name") {
+/// words, which are exact but terse. `asked` when etcd asked this client, which has no
+/// certificate, for one.
+fn tls_hint(message: &str, asked: bool) -> &'static str {
+    if asked {
+        " (etcd asked for a client certificate and mesh-host has none: give --etcd-cert and --etcd-key, a certificate signed by the CA etcd trusts)"
+    } else if message.contains("not valid for name") {
         " (etcd's certificate does not name the host or address the endpoint gives: use one it names)"
     } else if message.contains("invalid peer certificate") {
         " (etcd's certificate is not signed by the CA of --etcd-ca, or is not valid now)"
@@ -288,7 +323,7 @@ impl Etcd {
             }
         }
         let https = endpoints.iter().filter(|e| e.starts_with("https://")).count();
-        let config = if https == 0 {
+        let (config, no_certificate) = if https == 0 {
             if !tls.is_empty() {
                 return Err(format!(
                     "--etcd-ca, --etcd-cert and --etcd-key are for https:// endpoints; {} would not use them: say https://, or leave them out",
@@ -296,7 +331,7 @@ impl Etcd {
                 ));
             }
             // Never used for TLS: no endpoint is https://. A client with nothing to trust.
-            plain_config()?
+            (plain_config()?, None)
         } else if https < endpoints.len() {
             return Err(format!(
                 "{}: some endpoints are https:// and some http://; one cluster is spoken to one way (the login's token would otherwise cross the network in the clear)",
@@ -322,6 +357,7 @@ impl Etcd {
             client,
             login: None,
             token: std::sync::Mutex::new(None),
+            no_certificate,
         })
     }
 
@@ -375,7 +411,8 @@ impl Etcd {
                 message = format!("{message}: {s}");
                 source = s.source();
             }
-            let hint = tls_hint(&message);
+            let asked = self.no_certificate.as_ref().is_some_and(|n| n.asked.load(Ordering::Relaxed));
+            let hint = tls_hint(&message, asked);
             message + hint
         })
     }
@@ -891,11 +928,13 @@ mod tests {
 
     #[test]
     fn tls_refusals_carry_a_hint_and_a_gateway_refusal_says_why() {
-        assert!(
-            tls_hint("client error (Connect): invalid peer certificate: UnknownIssuer").contains("--etcd-ca")
-        );
-        assert!(tls_hint("received fatal alert: CertificateRequired").contains("--etcd-cert"));
-        assert_eq!(tls_hint("Connection refused (os error 111)"), "");
+        assert!(tls_hint("client error (Connect): invalid peer certificate: UnknownIssuer", false)
+            .contains("--etcd-ca"));
+        assert!(tls_hint("received fatal alert: CertificateRequired", false).contains("--etcd-cert"));
+        // The alert's words lost (TLS 1.3: the refusal comes after the handshake), the request
+        // for a certificate still says why.
+        assert!(tls_hint("client error (Canceled): connection was not ready", true).contains("has none"));
+        assert_eq!(tls_hint("Connection refused (os error 111)", false), "");
         let cn = not_json(
             hyper::StatusCode::BAD_REQUEST,
             b"CommonName of client sending a request against gateway will be ignored and not used as expected\n",
