@@ -147,7 +147,7 @@ pub enum Command {
             requires = "etcd"
         )]
         groups: Vec<String>,
-        /// The user and password for etcd's auth, when it is on.
+        /// TLS and the login to etcd's auth, when they are on.
         #[command(flatten)]
         login: EtcdLogin,
     },
@@ -212,7 +212,7 @@ pub enum FleetCommand {
         /// etcd's endpoints, comma-separated.
         #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
         etcd: String,
-        /// The user and password for etcd's auth, when it is on.
+        /// TLS and the login to etcd's auth, when they are on.
         #[command(flatten)]
         login: EtcdLogin,
         /// The node, and its user's name.
@@ -232,7 +232,7 @@ pub enum FleetCommand {
         /// etcd's endpoints, comma-separated.
         #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
         etcd: String,
-        /// The user and password for etcd's auth, when it is on.
+        /// TLS and the login to etcd's auth, when they are on.
         #[command(flatten)]
         login: EtcdLogin,
         /// Print the rows as JSON.
@@ -247,7 +247,7 @@ pub struct FleetPut {
     /// etcd's endpoints, comma-separated.
     #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
     pub etcd: String,
-    /// The user and password for etcd's auth, when it is on.
+    /// TLS and the login to etcd's auth, when they are on.
     #[command(flatten)]
     pub login: EtcdLogin,
     /// Every node's declaration.
@@ -264,7 +264,8 @@ pub struct FleetPut {
     pub path: PathBuf,
 }
 
-/// A login to etcd's auth, when it is on.
+/// How mesh-host proves itself to etcd: TLS with a client certificate, and a login to etcd's
+/// auth, when they are on.
 #[derive(Debug, clap::Args)]
 pub struct EtcdLogin {
     /// The etcd user to log in as (a node: its own name, given by `fleet grant`).
@@ -274,12 +275,28 @@ pub struct EtcdLogin {
     /// /proc would show it).
     #[arg(long, env = "MESH_HOST_ETCD_PASSWORD_FILE", value_name = "PATH", requires = "etcd_user")]
     pub etcd_password_file: Option<PathBuf>,
+    /// The CA certificate (PEM) that etcd's certificate is checked against; needed for
+    /// https:// endpoints (the machine's own trust store is not used).
+    #[arg(long, env = "MESH_HOST_ETCD_CA", value_name = "FILE")]
+    pub etcd_ca: Option<PathBuf>,
+    /// This node's client certificate (PEM), shown to etcd when it asks for one
+    /// (`--client-cert-auth`).
+    #[arg(long, env = "MESH_HOST_ETCD_CERT", value_name = "FILE", requires = "etcd_key")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The private key (PEM) of `--etcd-cert`; refused when others than its owner can read it.
+    #[arg(long, env = "MESH_HOST_ETCD_KEY", value_name = "FILE", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
 }
 
 impl EtcdLogin {
-    /// A client for `endpoints`, logged in when a user is given.
+    /// A client for `endpoints`, over TLS when they are https://, logged in when a user is given.
     fn client(&self, endpoints: &str) -> anyhow::Result<crate::system::etcd::Etcd> {
-        let etcd = crate::system::etcd::Etcd::new(endpoints)
+        let tls = crate::system::etcd::TlsFiles {
+            ca: self.etcd_ca.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+        };
+        let etcd = crate::system::etcd::Etcd::new(endpoints, &tls)
             .map_err(|e| Usage(format!("mesh-host: --etcd: {e}")))?;
         Ok(match (&self.etcd_user, &self.etcd_password_file) {
             (Some(user), Some(file)) => {

@@ -9,14 +9,19 @@
 //! field at its zero value is left out. Streamed answers (a watch) are a sequence of JSON
 //! documents, each `{"result": ...}` or `{"error": ...}`.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use secrecy::{ExposeSecret as _, SecretString};
 use serde_json::{json, Value};
 
@@ -26,6 +31,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest answer read from etcd: its own default request limit is 1.5 MiB per value, and a
 /// range holds a node's whole declaration.
 const ANSWER_LIMIT: usize = 512 << 20;
+
+/// The largest certificate file read: a CA bundle of a few hundred certificates fits.
+const PEM_LIMIT: u64 = 1 << 20;
 
 /// Why etcd could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -89,12 +97,188 @@ pub struct Etcd {
     endpoints: Vec<String>,
     /// The endpoint that answered last; a failing one moves it on.
     current: AtomicUsize,
-    client: Client<HttpConnector, Full<Bytes>>,
+    /// Speaks plain HTTP to `http://` endpoints and TLS to `https://` ones (never both for one
+    /// cluster: `new` refuses a mix, which would send the login's token in the clear to some).
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// The user and password of etcd's auth, when it is on: exchanged for a token, which every
     /// request then carries.
     login: Option<(String, SecretString)>,
     /// The token of the last login; cleared when etcd says it is no longer good.
     token: std::sync::Mutex<Option<String>>,
+    /// Over TLS without a client certificate: whether etcd asked for one.
+    no_certificate: Option<Arc<NoCertificate>>,
+}
+
+/// The files of TLS to etcd: whom to trust, and who this client is.
+#[derive(Clone, Debug, Default)]
+pub struct TlsFiles {
+    /// The CA certificates (PEM) that etcd's server certificates are checked against. Required
+    /// for `https://` endpoints: the machine's own trust store is never used, since an etcd
+    /// cluster's certificates come from a CA of its own.
+    pub ca: Option<PathBuf>,
+    /// This client's certificate chain (PEM), shown to etcd when it asks for one
+    /// (`--client-cert-auth`).
+    pub cert: Option<PathBuf>,
+    /// The private key of that certificate (PEM), readable by its owner only.
+    pub key: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.cert.is_none() && self.key.is_none()
+    }
+
+    /// The TLS configuration these files make: etcd's certificate checked against the CA, and
+    /// the client's certificate shown when there is one. Without one, the resolver that notes
+    /// whether etcd asked for one.
+    fn config(&self) -> Result<(rustls::ClientConfig, Option<Arc<NoCertificate>>), String> {
+        let Some(ca) = &self.ca else {
+            return Err(
+                "https:// endpoints need --etcd-ca, the CA certificate that signed etcd's: without it there is nothing to check etcd's certificate against"
+                    .into(),
+            );
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in certificates("--etcd-ca", ca)? {
+            roots.add(cert).map_err(|e| {
+                format!("--etcd-ca {}: a certificate that cannot be trusted: {e}", ca.display())
+            })?;
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_root_certificates(roots);
+        match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                // The key first: one readable by others is refused whatever else is wrong.
+                let key = private_key(key)?;
+                let chain = certificates("--etcd-cert", cert)?;
+                let config = builder.with_client_auth_cert(chain, key).map_err(|e| {
+                    format!(
+                        "--etcd-cert {} and --etcd-key: not a certificate and its key: {e}",
+                        cert.display()
+                    )
+                })?;
+                Ok((config, None))
+            }
+            (None, None) => {
+                let asked = Arc::new(NoCertificate::default());
+                Ok((builder.with_client_cert_resolver(asked.clone()), Some(asked)))
+            }
+            (Some(_), None) => Err("--etcd-cert needs --etcd-key, the certificate's private key".into()),
+            (None, Some(_)) => Err("--etcd-key needs --etcd-cert, the certificate it is the key of".into()),
+        }
+    }
+}
+
+/// The client certificate of a client that has none: it shows none, and notes whether etcd
+/// asked. Under TLS 1.3, etcd's refusal of a client without a certificate comes after the
+/// handshake, and often reaches hyper only as a connection closed before the request went out
+/// ("connection was not ready"), without the alert's words; this is what lets the error say why
+/// all the same.
+#[derive(Debug, Default)]
+struct NoCertificate {
+    asked: std::sync::atomic::AtomicBool,
+}
+
+impl rustls::client::ResolvesClientCert for NoCertificate {
+    fn resolve(
+        &self,
+        _issuers: &[&[u8]],
+        _schemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        self.asked.store(true, Ordering::Relaxed);
+        None
+    }
+
+    fn has_certs(&self) -> bool {
+        false
+    }
+}
+
+/// rustls's cryptography from ring: aws-lc-rs, rustls's default, builds C with cmake and clang,
+/// which neither CI nor the Debian package's build should need (ARCHITECTURE.md).
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The configuration of a client that speaks only plain HTTP: the type wants one.
+fn plain_config() -> Result<rustls::ClientConfig, String> {
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth())
+}
+
+/// Every certificate in a PEM file, at least one.
+fn certificates(option: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let bytes = crate::system::read_input(path, PEM_LIMIT)
+        .map_err(|e| format!("{option} {}: cannot read it: {e}", path.display()))?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{option} {}: not PEM certificates: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{option} {}: no certificate (-----BEGIN CERTIFICATE-----) in it",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+/// The client's private key, read as the node's sealing key is: refused when anyone but its
+/// owner (the agent) can read it, or when it is a symlink.
+fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    use crate::system::keys::KeyFileError;
+    let text = match crate::system::keys::read(path) {
+        Ok(Some(text)) => text,
+        Ok(None) => return Err(format!("--etcd-key {}: no such file", path.display())),
+        Err(KeyFileError::Exposed { mode, .. }) => {
+            return Err(format!(
+                "--etcd-key {path} is readable by others than its owner (mode {mode:04o}): it is refused, since anyone who can read it can speak to etcd as this node; `chmod 600 {path}`, and if it may have been copied, have a new certificate made",
+                path = path.display()
+            ))
+        }
+        Err(e) => return Err(format!("--etcd-key: {e}")),
+    };
+    // The key's bytes are never in a message: the parser's error says only what it missed.
+    PrivateKeyDer::from_pem_slice(text.expose_secret().as_bytes()).map_err(|e| {
+        format!("--etcd-key {}: no PEM private key (PKCS#8, RSA or EC) in it: {e}", path.display())
+    })
+}
+
+/// What etcd's TLS refusal means, for the operator reading it: the hint beside rustls's own
+/// words, which are exact but terse. `asked` when etcd asked this client, which has no
+/// certificate, for one.
+fn tls_hint(message: &str, asked: bool) -> &'static str {
+    if asked {
+        " (etcd asked for a client certificate and mesh-host has none: give --etcd-cert and --etcd-key, a certificate signed by the CA etcd trusts)"
+    } else if message.contains("not valid for name") {
+        " (etcd's certificate does not name the host or address the endpoint gives: use one it names)"
+    } else if message.contains("invalid peer certificate") {
+        " (etcd's certificate is not signed by the CA of --etcd-ca, or is not valid now)"
+    } else if message.contains("CertificateRequired") || message.contains("BadCertificate") {
+        " (etcd asks for a client certificate signed by the CA it trusts: give --etcd-cert and --etcd-key)"
+    } else {
+        ""
+    }
+}
+
+/// What an answer that is not etcd's JSON says, when etcd's gateway refused the request before
+/// etcd saw it.
+fn not_json(status: hyper::StatusCode, bytes: &[u8]) -> String {
+    let text: String = String::from_utf8_lossy(bytes).chars().take(300).collect();
+    let text = text.trim();
+    if text.contains("CommonName") {
+        // etcd 3.4 and later: its JSON gateway cannot take the user from the certificate (the
+        // gateway calls etcd with etcd's own certificate), so it refuses one that names a user.
+        format!(
+            "HTTP {status}: {text} (etcd's JSON gateway, which mesh-host speaks, never takes the user from a certificate's CN, and refuses a certificate with a CN while its auth is on: give the node a certificate without a CN, and log in with --etcd-user and --etcd-password-file)"
+        )
+    } else {
+        format!("HTTP {status}: {text}")
+    }
 }
 
 /// The end of the range of every key that starts with `prefix` (etcd's `range_end`).
@@ -119,8 +303,10 @@ fn num(v: &Value) -> i64 {
 }
 
 impl Etcd {
-    /// A client for a comma-separated list of endpoints (`http://127.0.0.1:2379,...`).
-    pub fn new(endpoints: &str) -> Result<Etcd, String> {
+    /// A client for a comma-separated list of endpoints (`http://127.0.0.1:2379,...`, or all
+    /// `https://`, which needs `tls.ca`). Reads the TLS files, and refuses them when they cannot
+    /// be used: a message naming the option and the file.
+    pub fn new(endpoints: &str, tls: &TlsFiles) -> Result<Etcd, String> {
         let endpoints: Vec<String> = endpoints
             .split(',')
             .map(|e| e.trim().trim_end_matches('/').to_owned())
@@ -130,18 +316,40 @@ impl Etcd {
             return Err("no etcd endpoint given".into());
         }
         for e in &endpoints {
-            if e.starts_with("https://") {
+            if !e.starts_with("http://") && !e.starts_with("https://") {
                 return Err(format!(
-                    "{e}: TLS to etcd is not built yet (issue 14, item 4); use an http:// endpoint on a trusted network"
+                    "{e}: an etcd endpoint is a URL such as http://127.0.0.1:2379 or https://10.0.0.1:2379"
                 ));
             }
-            if !e.starts_with("http://") {
-                return Err(format!("{e}: an etcd endpoint is a URL such as http://127.0.0.1:2379"));
-            }
         }
+        let https = endpoints.iter().filter(|e| e.starts_with("https://")).count();
+        let (config, no_certificate) = if https == 0 {
+            if !tls.is_empty() {
+                return Err(format!(
+                    "--etcd-ca, --etcd-cert and --etcd-key are for https:// endpoints; {} would not use them: say https://, or leave them out",
+                    endpoints.join(",")
+                ));
+            }
+            // Never used for TLS: no endpoint is https://. A client with nothing to trust.
+            (plain_config()?, None)
+        } else if https < endpoints.len() {
+            return Err(format!(
+                "{}: some endpoints are https:// and some http://; one cluster is spoken to one way (the login's token would otherwise cross the network in the clear)",
+                endpoints.join(",")
+            ));
+        } else {
+            tls.config()?
+        };
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(3)));
         connector.set_nodelay(true);
+        // The TLS connector below is the one that looks at the scheme.
+        connector.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
         Ok(Etcd {
             endpoints,
@@ -149,6 +357,7 @@ impl Etcd {
             client,
             login: None,
             token: std::sync::Mutex::new(None),
+            no_certificate,
         })
     }
 
@@ -202,7 +411,9 @@ impl Etcd {
                 message = format!("{message}: {s}");
                 source = s.source();
             }
-            message
+            let asked = self.no_certificate.as_ref().is_some_and(|n| n.asked.load(Ordering::Relaxed));
+            let hint = tls_hint(&message, asked);
+            message + hint
         })
     }
 
@@ -252,11 +463,24 @@ impl Etcd {
                 }
             };
             self.current.store(at, Ordering::Relaxed);
-            let value: Value = serde_json::from_slice(&bytes).map_err(|e| EtcdError::Garbled {
-                endpoint: endpoint.clone(),
-                call,
-                message: format!("{e} (HTTP {status})"),
-            })?;
+            let value: Value = match serde_json::from_slice(&bytes) {
+                Ok(value) => value,
+                // Refused before etcd saw it (by the gateway's own checks): say what it said.
+                Err(_) if status.is_client_error() => {
+                    return Err(EtcdError::Refused {
+                        endpoint: endpoint.clone(),
+                        call,
+                        message: not_json(status, &bytes),
+                    })
+                }
+                Err(e) => {
+                    return Err(EtcdError::Garbled {
+                        endpoint: endpoint.clone(),
+                        call,
+                        message: format!("{e} (HTTP {status})"),
+                    })
+                }
+            };
             if !status.is_success() {
                 let message = value
                     .get("error")
@@ -442,7 +666,16 @@ impl Etcd {
                         endpoint: endpoint.clone(),
                     });
                 }
-                Ok(Ok(response)) => last = format!("{endpoint}: HTTP {}", response.status()),
+                Ok(Ok(response)) => {
+                    let status = response.status();
+                    // The refusal's words, bounded: a gateway's error page is short.
+                    let body = http_body_util::Limited::new(response.into_body(), 4096)
+                        .collect()
+                        .await
+                        .map(|b| b.to_bytes())
+                        .unwrap_or_default();
+                    last = format!("{endpoint}: {}", not_json(status, &body));
+                }
                 Ok(Err(e)) => last = format!("{endpoint}: {e}"),
                 Err(_) => last = format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)),
             }
@@ -656,12 +889,59 @@ mod tests {
     }
 
     #[test]
-    fn only_http_endpoints_are_taken_and_tls_says_it_is_not_built() {
-        let e = Etcd::new("https://10.0.0.1:2379").err().unwrap();
-        assert!(e.contains("TLS to etcd is not built yet"), "{e}");
-        let e = Etcd::new("10.0.0.1:2379").err().unwrap();
+    fn endpoints_are_urls_spoken_to_one_way_and_https_needs_a_ca() {
+        let none = TlsFiles::default();
+        let e = Etcd::new("10.0.0.1:2379", &none).err().unwrap();
         assert!(e.contains("a URL such as"), "{e}");
-        assert!(Etcd::new(" , ").is_err());
+        assert!(Etcd::new(" , ", &none).is_err());
+        Etcd::new("http://10.0.0.1:2379,http://10.0.0.2:2379", &none).unwrap();
+
+        let e = Etcd::new("https://10.0.0.1:2379", &none).err().unwrap();
+        assert!(e.contains("need --etcd-ca"), "{e}");
+        let e = Etcd::new("https://10.0.0.1:2379,http://10.0.0.2:2379", &none).err().unwrap();
+        assert!(e.contains("some endpoints are https:// and some http://"), "{e}");
+        // Certificates for an endpoint that would not use them: said, not ignored.
+        let ca = TlsFiles { ca: Some("/nonexistent/ca.pem".into()), ..TlsFiles::default() };
+        let e = Etcd::new("http://10.0.0.1:2379", &ca).err().unwrap();
+        assert!(e.contains("would not use them"), "{e}");
+    }
+
+    #[test]
+    #[allow(clippy::disallowed_methods, reason = "the test writes the files it then gives")]
+    fn tls_files_that_cannot_be_used_are_refused_naming_the_option_and_the_file() {
+        let scratch = tempfile::tempdir().unwrap();
+        let missing = scratch.path().join("missing.pem");
+        let e = Etcd::new(
+            "https://127.0.0.1:2379",
+            &TlsFiles { ca: Some(missing.clone()), ..TlsFiles::default() },
+        )
+        .err()
+        .unwrap();
+        assert!(e.starts_with("--etcd-ca ") && e.contains("missing.pem") && e.contains("cannot read"), "{e}");
+        let empty = scratch.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let e = Etcd::new("https://127.0.0.1:2379", &TlsFiles { ca: Some(empty), ..TlsFiles::default() })
+            .err()
+            .unwrap();
+        assert!(e.contains("no certificate"), "{e}");
+    }
+
+    #[test]
+    fn tls_refusals_carry_a_hint_and_a_gateway_refusal_says_why() {
+        assert!(tls_hint("client error (Connect): invalid peer certificate: UnknownIssuer", false)
+            .contains("--etcd-ca"));
+        assert!(tls_hint("received fatal alert: CertificateRequired", false).contains("--etcd-cert"));
+        // The alert's words lost (TLS 1.3: the refusal comes after the handshake), the request
+        // for a certificate still says why.
+        assert!(tls_hint("client error (Canceled): connection was not ready", true).contains("has none"));
+        assert_eq!(tls_hint("Connection refused (os error 111)", false), "");
+        let cn = not_json(
+            hyper::StatusCode::BAD_REQUEST,
+            b"CommonName of client sending a request against gateway will be ignored and not used as expected\n",
+        );
+        assert!(cn.starts_with("HTTP 400 Bad Request: CommonName") && cn.contains("without a CN"), "{cn}");
+        let long = not_json(hyper::StatusCode::NOT_FOUND, "x".repeat(10_000).as_bytes());
+        assert!(long.len() < 400, "bounded");
     }
 
     #[test]

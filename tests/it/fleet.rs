@@ -1,6 +1,8 @@
 //! Declarations through etcd (issue 14), against real etcd on loopback: the testbed's member
 //! (tests/testbed/50-etcd.sh) for `fleet put` and `fleet diff`, and a member of the test's own,
-//! started from the same binary, where the test must stop etcd under a running node.
+//! started from the same binary, where the test must stop etcd under a running node; the
+//! testbed's TLS member (tests/testbed/51-etcd-tls.sh) and its certificates for TLS; and two
+//! network namespaces of one test's own, joined by a veth pair it cuts, for a real partition.
 //!
 //! Every test uses names of its own (`fleet-it-...`), so tests running at once never read each
 //! other's keys.
@@ -140,6 +142,11 @@ fn fleet(s: &Scratch, args: &[&str]) -> Output {
 
 /// `mesh-host run --etcd ... --node ...` on the scratch state, waiting until /healthz answers.
 fn node(s: &Scratch, endpoints: &str, node: &str, groups: &[&str]) -> Daemon {
+    node_with(s, endpoints, node, groups, &[])
+}
+
+/// `node`, with more arguments to `run` (TLS, a login).
+fn node_with(s: &Scratch, endpoints: &str, node: &str, groups: &[&str], more: &[&str]) -> Daemon {
     let port = free_port();
     let log = s.path(&format!("node-{port}.log"));
     let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"));
@@ -147,6 +154,7 @@ fn node(s: &Scratch, endpoints: &str, node: &str, groups: &[&str]) -> Daemon {
     for g in groups {
         cmd.args(["--group", g]);
     }
+    cmd.args(more);
     let child = cmd
         .args(["--metrics", &format!("127.0.0.1:{port}"), "--settle-ms", "20"])
         .env("MESH_HOST_LOG", "info")
@@ -415,7 +423,7 @@ fn a_node_cut_off_from_etcd_keeps_its_last_declaration_across_a_restart_and_appl
 
     // etcd returns and the declaration changes before the node, waiting out its backoff, has
     // read again: applied once it reconnects. (With one member, nothing can be written while
-    // etcd is down; the 3-member test of issue 14 item 5 is not built yet.)
+    // etcd is down: the frozen-member and cut-network tests change it while the node is away.)
     etcd.resume();
     declare("v2\n");
     assert!(
@@ -868,4 +876,468 @@ fn a_node_cut_off_from_its_member_keeps_converging_and_applies_what_changed_mean
         "the change made while the node was cut off is applied when it returns:\n{}",
         daemon.log()
     );
+}
+
+/// The testbed's TLS member and its certificates (tests/testbed/51-etcd-tls.sh).
+const TLS_ETCD: &str = "https://127.0.0.1:23791";
+const TLS_DIR: &str = "/var/lib/mesh-host-testbed/etcd-tls";
+
+/// A file of the testbed's TLS set, there or the test fails saying how to make it.
+fn tls_file(name: &str) -> String {
+    let path = format!("{TLS_DIR}/{name}");
+    assert!(
+        Path::new(&path).exists(),
+        "{path} is missing: the TLS tests need the testbed's certificates; run tests/testbed/up.sh (51-etcd-tls.sh)"
+    );
+    path
+}
+
+/// mesh-host's TLS options for one of the testbed's client certificates (`node-a`, `operator`...).
+fn tls_args(who: &str) -> Vec<String> {
+    ["--etcd-ca", &tls_file("ca.pem"), "--etcd-cert", &tls_file(&format!("{who}.pem"))]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(["--etcd-key".to_owned(), tls_file(&format!("{who}.key"))])
+        .collect()
+}
+
+/// etcdctl over TLS with one of the testbed's client certificates.
+fn etcdctl_tls(endpoints: &str, who: &str, args: &[&str]) -> Output {
+    let (ca, cert, key) =
+        (tls_file("ca.pem"), tls_file(&format!("{who}.pem")), tls_file(&format!("{who}.key")));
+    etcdctl(endpoints, &[&["--cacert", &ca, "--cert", &cert, "--key", &key], args].concat())
+}
+
+fn need_tls_etcd() -> &'static str {
+    need_etcd_binaries();
+    let health = etcdctl_tls(TLS_ETCD, "operator", &["endpoint", "health"]);
+    assert!(
+        health.status.success(),
+        "no etcd answers over TLS on {TLS_ETCD}: run tests/testbed/up.sh (51-etcd-tls.sh starts it): {}",
+        String::from_utf8_lossy(&health.stderr)
+    );
+    TLS_ETCD
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn over_tls_with_client_certificates_a_node_converges_from_etcd_and_reports_its_status() {
+    let etcd = need_tls_etcd();
+    let s = Scratch::new();
+    let name = unique("tls");
+    let operator = tls_args("operator");
+    let conf = s.path("tls.conf");
+    let declare = |content: &str| {
+        write_declaration(
+            &s.path("in/tls.json"),
+            json!([{"type": "file", "id": "tls.conf", "path": s.p("tls.conf"), "content": content}]),
+        );
+        let out = fleet(
+            &s,
+            &[
+                &["put", "--etcd", etcd],
+                &strs(&operator)[..],
+                &["--node", &name, s.p("in/tls.json").as_str()],
+            ]
+            .concat(),
+        );
+        assert!(out.status.success(), "fleet put over TLS: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    declare("v1\n");
+    let mut daemon = node_with(&s, etcd, &name, &[], &strs(&tls_args("node-a")));
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "applied over TLS:\n{}", daemon.log());
+    // The watch is over TLS too: a change is followed.
+    declare("v2\n");
+    assert!(wait_for(PATIENCE, || read(&conf) == "v2\n"), "followed over TLS:\n{}", daemon.log());
+    let status_key = format!("/mesh-host/node/{name}/status");
+    assert!(
+        wait_for(PATIENCE, || {
+            let out = etcdctl_tls(etcd, "operator", &["get", &status_key, "--print-value-only"]);
+            String::from_utf8_lossy(&out.stdout).contains("\"converged\":true")
+        }),
+        "the status went back over TLS:\n{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+    etcdctl_tls(etcd, "operator", &["del", "--prefix", &format!("/mesh-host/node/{name}/")]);
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+#[allow(clippy::disallowed_methods, reason = "the test makes a key file others can read")]
+fn over_tls_a_wrong_ca_a_missing_client_certificate_and_an_exposed_key_are_refused_saying_why() {
+    let etcd = need_tls_etcd();
+    let s = Scratch::new();
+    let name = unique("tls-refused");
+    write_declaration(&s.path("in/x.json"), json!([]));
+    let put = |tls: &[&str]| {
+        fleet(&s, &[&["put", "--etcd", etcd], tls, &["--node", &name, s.p("in/x.json").as_str()]].concat())
+    };
+    let (ca, cert, key) = (tls_file("ca.pem"), tls_file("operator.pem"), tls_file("operator.key"));
+
+    // etcd's certificate checked against a CA that did not sign it: refused, naming the endpoint.
+    let out = put(&["--etcd-ca", &tls_file("other-ca.pem"), "--etcd-cert", &cert, "--etcd-key", &key]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(etcd) && stderr.contains("invalid peer certificate: UnknownIssuer"), "{stderr}");
+    assert!(stderr.contains("--etcd-ca"), "the hint names the option: {stderr}");
+
+    // No client certificate: etcd refuses the connection (under TLS 1.3 just after the
+    // handshake, so its alert's words do not always reach the client), and the message says
+    // that etcd asked for a certificate and what to give. Several times: it must not depend on
+    // which of the two the client saw first.
+    for _ in 0..5 {
+        let out = put(&["--etcd-ca", &ca]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(etcd), "{stderr}");
+        assert!(
+            stderr.contains(
+                "etcd asked for a client certificate and mesh-host has none: give --etcd-cert and --etcd-key"
+            ),
+            "{stderr}"
+        );
+    }
+
+    // An https:// endpoint without a CA: refused before anything is sent (exit 2).
+    let out = put(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("need --etcd-ca"), "{stderr}");
+
+    // A key others can read is refused, as the sealing key is.
+    let exposed = s.path("exposed.key");
+    std::fs::copy(&key, &exposed).unwrap();
+    std::fs::set_permissions(&exposed, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let out = put(&["--etcd-ca", &ca, "--etcd-cert", &cert, "--etcd-key", exposed.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("readable by others than its owner (mode 0644)"), "{stderr}");
+
+    assert!(
+        etcdctl_tls(etcd, "operator", &["get", "--prefix", &format!("/mesh-host/node/{name}/")])
+            .stdout
+            .is_empty(),
+        "nothing was written"
+    );
+
+    // A node with the wrong CA never reads anything, and says why in its log.
+    let wrong = ["--etcd-ca", &tls_file("other-ca.pem"), "--etcd-cert", &cert, "--etcd-key", &key];
+    let mut daemon = node_with(&s, etcd, &name, &[], &wrong);
+    assert!(
+        wait_for(PATIENCE, || daemon.log().contains("UnknownIssuer")),
+        "the node's log says what TLS said:\n{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}
+
+impl OwnEtcd {
+    /// A member of the test's own that speaks only TLS and asks every client for a certificate
+    /// signed by the testbed's CA: for etcd's auth, which the test turns on.
+    fn start_tls(s: &Scratch) -> OwnEtcd {
+        need_etcd_binaries();
+        let mut e = OwnEtcd {
+            child: None,
+            client: free_port(),
+            peer: free_port(),
+            data: s.path("etcd-data"),
+            log: s.path("etcd.log"),
+        };
+        let (client, peer) =
+            (format!("https://127.0.0.1:{}", e.client), format!("http://127.0.0.1:{}", e.peer));
+        let child = Command::new("etcd")
+            .args(["--name", "fleet-it-tls", "--data-dir"])
+            .arg(&e.data)
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--cert-file", &tls_file("server.pem"), "--key-file", &tls_file("server.key")])
+            .args(["--trusted-ca-file", &tls_file("ca.pem"), "--client-cert-auth"])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("fleet-it-tls={peer}")])
+            .stdout(std::fs::File::create(&e.log).unwrap())
+            .stderr(std::fs::File::options().append(true).open(&e.log).unwrap())
+            .spawn()
+            .expect("etcd starts");
+        e.child = Some(child);
+        assert!(
+            wait_for(PATIENCE, || etcdctl_tls(&client, "operator", &["endpoint", "health"]).status.success()),
+            "the test's TLS etcd did not come up:\n{}",
+            std::fs::read_to_string(&e.log).unwrap_or_default()
+        );
+        e
+    }
+
+    fn tls_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.client)
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn over_tls_with_etcds_auth_node_a_can_neither_read_bs_declaration_nor_write_bs_status() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start_tls(&s);
+    let url = etcd.tls_url();
+    let secret = |name: &str, pw: &str| {
+        let p = s.path(name);
+        std::fs::write(&p, format!("{pw}\n")).unwrap();
+        p.display().to_string()
+    };
+    let (root_pw, a_pw, b_pw) =
+        (secret("root.pw", "root-pw-tls"), secret("a.pw", "a-pw-tls"), secret("b.pw", "b-pw-tls"));
+    let op = |args: &[&str]| etcdctl_tls(&url, "operator", args);
+    assert!(op(&["user", "add", "root:root-pw-tls"]).status.success());
+    assert!(op(&["auth", "enable"]).status.success());
+    let operator = tls_args("operator");
+    let root: Vec<&str> =
+        [&strs(&operator)[..], &["--etcd-user", "root", "--etcd-password-file", &root_pw]].concat();
+    for (node, pw) in [("tls-a", &a_pw), ("tls-b", &b_pw)] {
+        let out = fleet(
+            &s,
+            &[&["grant", "--etcd", &url], &root[..], &["--node", node, "--node-password-file", pw]].concat(),
+        );
+        assert!(out.status.success(), "fleet grant over TLS: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    for (node, content) in [("tls-a", "a\n"), ("tls-b", "b\n")] {
+        let file = s.path(&format!("in/{node}.json"));
+        write_declaration(
+            &file,
+            json!([{"type": "file", "id": "own", "path": s.p(node), "content": content}]),
+        );
+        let out = fleet(
+            &s,
+            &[&["put", "--etcd", &url], &root[..], &["--node", node, file.to_str().unwrap()]].concat(),
+        );
+        assert!(out.status.success(), "fleet put as root: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    // Node A: its certificate for the connection, its login for etcd's user.
+    let a_tls = tls_args("node-a");
+    let a: Vec<&str> = [&strs(&a_tls)[..], &["--etcd-user", "tls-a", "--etcd-password-file", &a_pw]].concat();
+    let mut daemon = node_with(&s, &url, "tls-a", &[], &a);
+    assert!(wait_for(PATIENCE, || read(&s.path("tls-a")) == "a\n"), "A applied:\n{}", daemon.log());
+    let as_root = |args: &[&str]| op(&[&["--user", "root:root-pw-tls"], args].concat());
+    assert!(
+        wait_for(PATIENCE, || !as_root(&["get", "/mesh-host/node/tls-a/status"]).stdout.is_empty()),
+        "A wrote its status over TLS:\n{}",
+        daemon.log()
+    );
+    assert!(!s.path("tls-b").exists(), "B's declaration is not A's");
+    assert!(!daemon.log().contains("a-pw-tls"), "the password reached the log");
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+
+    // With A's certificate and login, etcd refuses B's declaration and B's status.
+    let as_a = |args: &[&str]| etcdctl_tls(&url, "node-a", &[&["--user", "tls-a:a-pw-tls"], args].concat());
+    let denied = |out: &Output| {
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("permission denied")
+    };
+    assert!(
+        denied(&as_a(&["get", "--prefix", "/mesh-host/node/tls-b/declaration/"])),
+        "A read B's declaration"
+    );
+    assert!(denied(&as_a(&["put", "/mesh-host/node/tls-b/status", "{}"])), "A wrote B's status");
+
+    // And mesh-host run with A's certificate and login but named B applies nothing of B's.
+    let s2 = Scratch::new();
+    let mut impostor = node_with(&s2, &url, "tls-b", &[], &a);
+    assert!(
+        wait_for(PATIENCE, || impostor.log().contains("permission denied")),
+        "etcd's refusal is reported:\n{}",
+        impostor.log()
+    );
+    assert!(!s.path("tls-b").exists(), "nothing of B's applied");
+    assert_eq!(impostor.terminate(), Some(0), "{}", impostor.log());
+
+    // A certificate that names a user (a CN) is refused by etcd's JSON gateway while auth is on:
+    // the message says so and what to do.
+    let named = tls_args("named");
+    let out = fleet(
+        &s,
+        &[
+            &["status", "--etcd", &url],
+            &strs(&named)[..],
+            &["--etcd-user", "tls-a", "--etcd-password-file", &a_pw],
+        ]
+        .concat(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains(&url) && stderr.contains("without a CN"), "{stderr}");
+}
+
+/// Two network namespaces of the test's own joined by one veth pair: etcd's (10.78.1.1 on `e0`,
+/// and its own loopback) and the agent's (10.78.1.2 on `a0`). Cutting the pair is a network
+/// partition as a node sees one: its packets go nowhere and its connections hang. Deleted, with
+/// the pair, when dropped. (The firewall tests use 10.77.0.0/16 in namespaces of their own.)
+struct Split {
+    etcd_ns: String,
+    agent_ns: String,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| {
+        panic!(
+            "ip is missing ({e}): the cut-off test needs iproute2; run tests/testbed/up.sh (50-firewall.sh)"
+        )
+    });
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+impl Split {
+    fn new() -> Split {
+        let id = std::process::id();
+        let split = Split { etcd_ns: format!("fleetcut-e-{id}"), agent_ns: format!("fleetcut-a-{id}") };
+        let (e, a) = (split.etcd_ns.as_str(), split.agent_ns.as_str());
+        ip(&["netns", "add", e]);
+        ip(&["netns", "add", a]);
+        ip(&["-n", e, "link", "add", "e0", "type", "veth", "peer", "name", "a0", "netns", a]);
+        ip(&["-n", e, "addr", "add", "10.78.1.1/24", "dev", "e0"]);
+        ip(&["-n", a, "addr", "add", "10.78.1.2/24", "dev", "a0"]);
+        for (ns, dev) in [(e, "e0"), (e, "lo"), (a, "a0"), (a, "lo")] {
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+        }
+        split
+    }
+
+    /// A command run in one of the two namespaces.
+    fn in_ns(ns: &str, program: &Path) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns]).arg(program);
+        cmd
+    }
+
+    fn cut(&self) {
+        ip(&["-n", &self.etcd_ns, "link", "set", "e0", "down"]);
+    }
+
+    fn mend(&self) {
+        ip(&["-n", &self.etcd_ns, "link", "set", "e0", "up"]);
+    }
+}
+
+impl Drop for Split {
+    fn drop(&mut self) {
+        for ns in [&self.etcd_ns, &self.agent_ns] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// A child process killed (and reaped) when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_whose_network_is_cut_keeps_converging_drops_out_and_resyncs_what_changed_when_it_returns() {
+    need_etcd_binaries();
+    let s = Scratch::new();
+    let split = Split::new();
+    let etcd_bin = PathBuf::from("etcd");
+    let etcd = Killed(
+        Split::in_ns(&split.etcd_ns, &etcd_bin)
+            .args(["--name", "fleetcut", "--data-dir"])
+            .arg(s.path("etcd-data"))
+            // Its own loopback too, so the test reaches it from its namespace while the pair is cut.
+            .args(["--listen-client-urls", "http://10.78.1.1:2379,http://127.0.0.1:2379"])
+            .args(["--advertise-client-urls", "http://10.78.1.1:2379"])
+            .args(["--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls"])
+            .args(["http://127.0.0.1:2380", "--initial-cluster", "fleetcut=http://127.0.0.1:2380"])
+            .stdout(std::fs::File::create(s.path("etcd.log")).unwrap())
+            .stderr(std::fs::File::options().append(true).open(s.path("etcd.log")).unwrap())
+            .spawn()
+            .expect("etcd starts in its namespace"),
+    );
+    let ctl = |args: &[&str]| {
+        Split::in_ns(&split.etcd_ns, Path::new("etcdctl"))
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", "http://127.0.0.1:2379"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert!(
+        wait_for(PATIENCE, || ctl(&["endpoint", "health"]).status.success()),
+        "etcd did not come up in its namespace:\n{}",
+        read(&s.path("etcd.log"))
+    );
+    let binary = assert_cmd::cargo::cargo_bin("mesh-host");
+    let conf = s.path("cut.conf");
+    // Returns the revision written.
+    let declare = |content: &str| -> i64 {
+        write_declaration(
+            &s.path("in/cut.json"),
+            json!([{"type": "file", "id": "cut.conf", "path": s.p("cut.conf"), "content": content}]),
+        );
+        let out = Split::in_ns(&split.etcd_ns, &binary)
+            .arg("--state")
+            .arg(s.path("cli/state.json"))
+            .args(["fleet", "put", "--etcd", "http://127.0.0.1:2379", "--node", "cut-ns"])
+            .arg(s.path("in/cut.json"))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+        stdout.split("at revision ").nth(1).and_then(|r| r.split(':').next()).unwrap().parse().unwrap()
+    };
+    declare("v1\n");
+
+    let log = s.path("node.log");
+    let _agent = Killed(
+        Split::in_ns(&split.agent_ns, &binary)
+            .arg("--state")
+            .arg(s.state())
+            .args(["run", "--etcd", "http://10.78.1.1:2379", "--node", "cut-ns", "--metrics", "off"])
+            .args(["--settle-ms", "20"])
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+            .spawn()
+            .expect("mesh-host starts in its namespace"),
+    );
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "applied across the pair:\n{}", read(&log));
+    let alive = || !ctl(&["get", "/mesh-host/node/cut-ns/alive", "--print-value-only"]).stdout.is_empty();
+    assert!(wait_for(PATIENCE, alive), "the node's presence is there:\n{}", read(&log));
+
+    // The pair is cut. A change is made meanwhile; the node goes on converging on what it has,
+    // and its presence goes when its lease runs out (10 s).
+    split.cut();
+    let v2 = declare("v2\n");
+    std::fs::write(&conf, "hand-edit\n").unwrap();
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "still converging while cut off:\n{}", read(&log));
+    assert!(
+        wait_for(Duration::from_secs(20), || !alive()),
+        "the presence of a node cut off outlived its lease:\n{}",
+        read(&log)
+    );
+    assert_eq!(read(&conf), "v1\n", "nothing of the change reached a node cut off");
+
+    // Mended: the node reconnects, reads again, applies the change made while it was away, says
+    // so in its status, and is present again.
+    split.mend();
+    assert!(
+        wait_for(Duration::from_secs(60), || read(&conf) == "v2\n"),
+        "the change made while the node was cut off is applied when it returns:\n{}",
+        read(&log)
+    );
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            let out = ctl(&["get", "/mesh-host/node/cut-ns/status", "--print-value-only"]);
+            let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            status["revision"].as_i64().unwrap_or(0) >= v2 && status["converged"] == true
+        }),
+        "the status reports the revision written while cut off:\n{}",
+        read(&log)
+    );
+    assert!(wait_for(Duration::from_secs(20), alive), "present again:\n{}", read(&log));
+    drop(etcd);
 }

@@ -1,0 +1,334 @@
+//! The fleet (issue 14, item 6), on this machine: N agents (each with its own state and target
+//! directory and a one-file declaration of its own) on one private etcd member, one fleet-wide
+//! write, and the time until every agent's status reports a revision at or past that write's,
+//! converged; etcd's write rate from the idle agents; each agent's resident size; the agents'
+//! CPU for the change and etcd's WAL fsyncs meanwhile, which say where the time went.
+//!
+//! `cargo bench --bench fleet` (a release build), or, where no release build may be made,
+//! `cargo test --bench fleet` (the debug build; `harness = false`, so this runs either way).
+//! `MESH_HOST_BENCH_AGENTS` sets N (default 100). Runs as root, with Debian's etcd-server and
+//! etcd-client (tests/testbed/50-etcd.sh installs them). Figures go in BENCHMARKS.md.
+//!
+//! Each agent holds two inotify instances, and Linux allows 128 per user by default, shared by
+//! every root process on the machine: past about 60 agents the later ones would stop at
+//! start-up. So when the limit is lower than the run needs, the bench raises
+//! `fs.inotify.max_user_instances` (a machine-wide sysctl), says so, and puts the old value back
+//! when it ends, however it ends. Everything else is under a temporary directory, and every
+//! process it started is stopped by its id.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::io::BufRead as _;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+
+const INOTIFY: &str = "/proc/sys/fs/inotify/max_user_instances";
+
+/// The inotify limit raised for the run, put back when dropped.
+struct Raised(Option<u64>);
+
+impl Raised {
+    fn to_at_least(wanted: u64) -> Raised {
+        let before: u64 = std::fs::read_to_string(INOTIFY).unwrap().trim().parse().unwrap();
+        if before >= wanted {
+            return Raised(None);
+        }
+        std::fs::write(INOTIFY, wanted.to_string()).expect("the bench runs as root");
+        eprintln!(
+            "fleet bench: raised fs.inotify.max_user_instances from {before} to {wanted} for this run (two inotify instances per agent); it is put back to {before} at the end"
+        );
+        Raised(Some(before))
+    }
+}
+
+impl Drop for Raised {
+    fn drop(&mut self) {
+        if let Some(before) = self.0 {
+            let _ = std::fs::write(INOTIFY, before.to_string());
+            eprintln!("fleet bench: fs.inotify.max_user_instances put back to {before}");
+        }
+    }
+}
+
+/// A child process stopped (SIGTERM, then SIGKILL after 10 s) and reaped when dropped.
+struct Stopped(Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Etcd {
+    url: String,
+}
+
+impl Etcd {
+    fn ctl(&self, args: &[&str]) -> Output {
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.url])
+            .args(args)
+            .output()
+            .expect("etcdctl (Debian's etcd-client) runs")
+    }
+
+    fn revision(&self) -> i64 {
+        let out = self.ctl(&["endpoint", "status", "-w", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v[0]["Status"]["header"]["revision"].as_i64().unwrap()
+    }
+
+    /// Every node's status, by node.
+    fn statuses(&self) -> Vec<(String, serde_json::Value)> {
+        let out = self.ctl(&["get", "--prefix", "/mesh-host/node/", "-w", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        v["kvs"].as_array().map(Vec::as_slice).unwrap_or_default().iter().filter_map(status_of).collect()
+    }
+
+    /// etcd's write-ahead-log fsyncs so far: how many, and their seconds, from its /metrics.
+    fn wal_fsyncs(&self) -> (f64, f64) {
+        use std::io::{Read as _, Write as _};
+        let addr = self.url.trim_start_matches("http://");
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0.0)
+        };
+        (
+            value("etcd_disk_wal_fsync_duration_seconds_count"),
+            value("etcd_disk_wal_fsync_duration_seconds_sum"),
+        )
+    }
+}
+
+/// A node's name and status from one of etcd's JSON key-values, when it is a status key.
+fn status_of(kv: &serde_json::Value) -> Option<(String, serde_json::Value)> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let key = String::from_utf8(b64.decode(kv["key"].as_str()?).ok()?).ok()?;
+    let node = key.strip_prefix("/mesh-host/node/")?.strip_suffix("/status")?.to_owned();
+    let value = b64.decode(kv["value"].as_str()?).ok()?;
+    Some((node, serde_json::from_slice(&value).ok()?))
+}
+
+/// `fleet put`; the revision it wrote at.
+fn put(binary: &Path, work: &Path, url: &str, scope: &[&str], path: &Path) -> i64 {
+    let out = Command::new(binary)
+        .arg("--state")
+        .arg(work.join("cli/state.json"))
+        .args(["fleet", "put", "--etcd", url])
+        .args(scope)
+        .arg(path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    stdout.split("at revision ").nth(1).and_then(|r| r.split(':').next()).unwrap().parse().unwrap()
+}
+
+/// The fleet's declaration: no resource (agents on one machine share its filesystem, and a path
+/// declared by the fleet would have them fight over it), indented by `indent` so that its bytes
+/// change, and every agent reads, accepts and applies a new declaration at a new revision.
+fn fleet_declaration(dir: &Path, indent: usize) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let pad = " ".repeat(indent);
+    let path = dir.join("base.json");
+    std::fs::write(&path, format!("{{\n{pad}\"version\": 1,\n{pad}\"resources\": []\n}}\n")).unwrap();
+    dir.to_owned()
+}
+
+/// Calls `done` until it says yes or `patience` runs out; whether it said yes.
+fn wait_until(patience: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + patience;
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    done()
+}
+
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn main() {
+    let agents: usize =
+        std::env::var("MESH_HOST_BENCH_AGENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+    let binary = Path::new(env!("CARGO_BIN_EXE_mesh-host"));
+    assert!(nix::unistd::geteuid().is_root(), "the fleet bench runs as root: the agents are the real daemon");
+    // Two per agent, and room for whatever else runs as root here.
+    let _raised = Raised::to_at_least((agents as u64 * 2 + 256).max(1024));
+    let work = tempfile::Builder::new().prefix("mesh-host-fleet-bench-").tempdir_in("/var/tmp").unwrap();
+    let work = work.path();
+    let (client, peer) = (free_port(), free_port());
+    let etcd = Etcd { url: format!("http://127.0.0.1:{client}") };
+    let peer = format!("http://127.0.0.1:{peer}");
+    let _etcd_process = Stopped(
+        Command::new("etcd")
+            .args(["--name", "bench", "--data-dir"])
+            .arg(work.join("etcd"))
+            .args(["--listen-client-urls", &etcd.url, "--advertise-client-urls", &etcd.url])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("bench={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd (Debian's etcd-server) starts; tests/testbed/50-etcd.sh installs it"),
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || etcd.ctl(&["endpoint", "health"]).status.success()),
+        "the bench's etcd did not come up"
+    );
+
+    // Each agent's own key: a file of its own, so agents do not fight over one path.
+    for i in 0..agents {
+        let dir = work.join(format!("n{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let own = serde_json::json!({"version": 1, "resources": [{"type": "file", "id": "own.conf",
+            "path": dir.join("own.conf"), "content": format!("node {i}\n")}]});
+        std::fs::write(dir.join("own.json"), own.to_string()).unwrap();
+        put(binary, work, &etcd.url, &["--node", &format!("bench-{i}")], &dir.join("own.json"));
+    }
+    put(binary, work, &etcd.url, &["--fleet"], &fleet_declaration(&work.join("fleet"), 1));
+    let nodes: Vec<Stopped> = (0..agents)
+        .map(|i| {
+            let dir = work.join(format!("n{i}"));
+            Stopped(
+                Command::new(binary)
+                    .env("MESH_HOST_LOG", "warn")
+                    .arg("--state")
+                    .arg(dir.join("state/state.json"))
+                    .args(["run", "--etcd", &etcd.url, "--node", &format!("bench-{i}"), "--metrics", "off"])
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(dir.join("log")).unwrap())
+                    .spawn()
+                    .expect("mesh-host starts"),
+            )
+        })
+        .collect();
+    let converged = || etcd.statuses().iter().filter(|(_, s)| s["converged"] == true).count();
+    wait_until(Duration::from_secs(300), || converged() == agents);
+    let ready = converged();
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Idle: etcd's revisions a second with nothing declared changing.
+    let (r0, t0) = (etcd.revision(), Instant::now());
+    std::thread::sleep(Duration::from_secs(10));
+    let idle_rate = (etcd.revision() - r0) as f64 / t0.elapsed().as_secs_f64();
+
+    // A watch on every node's keys, started before the write, stamps each status as etcd
+    // delivers it (a poll would measure its own length: on a loaded machine one etcdctl start
+    // takes a good part of a second).
+    let mut watch = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &etcd.url, "watch", "--prefix", "/mesh-host/node/", "-w", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel::<(Instant, String)>();
+    let lines = std::io::BufReader::new(watch.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in lines.lines().map_while(Result::ok) {
+            if tx.send((Instant::now(), line)).is_err() {
+                return;
+            }
+        }
+    });
+    let _watch = Stopped(watch);
+    std::thread::sleep(Duration::from_secs(1));
+
+    let pids: Vec<u32> = nodes.iter().map(|n| n.0.id()).collect();
+    let cpu = || pids.iter().map(|&p| common::cpu_seconds(p)).sum::<f64>();
+    let (fsyncs0, cpu0) = (etcd.wal_fsyncs(), cpu());
+    // Timed from before `fleet put` starts, so the CLI's own time counts against the agents;
+    // and from its return, when the write is known to be in etcd.
+    let start = Instant::now();
+    let written = put(binary, work, &etcd.url, &["--fleet"], &fleet_declaration(&work.join("fleet"), 22));
+    let put_took = start.elapsed().as_secs_f64();
+    let mut seen = std::collections::BTreeMap::new();
+    let deadline = start + Duration::from_secs(120);
+    while seen.len() < agents {
+        let Ok((at, line)) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) else {
+            break;
+        };
+        let response: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        for event in response["Events"].as_array().map(Vec::as_slice).unwrap_or_default() {
+            if let Some((node, status)) = status_of(&event["kv"]) {
+                if status["revision"].as_i64().unwrap_or(0) >= written && status["converged"] == true {
+                    seen.entry(node).or_insert((at - start).as_secs_f64());
+                }
+            }
+        }
+    }
+    let (cpu_used, fsyncs1) = (cpu() - cpu0, etcd.wal_fsyncs());
+    let (fsync_count, fsync_seconds) = (fsyncs1.0 - fsyncs0.0, fsyncs1.1 - fsyncs0.1);
+    let mut times: Vec<f64> = seen.values().copied().collect();
+    times.sort_by(f64::total_cmp);
+    let mut rss: Vec<f64> = pids.iter().map(|&p| common::status_kib(p, "VmRSS") as f64 / 1024.0).collect();
+    rss.sort_by(f64::total_cmp);
+
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let report = serde_json::json!({
+        "binary": binary,
+        "agents": agents,
+        "converged_before_the_write": ready,
+        "reported": times.len(),
+        "written_at_revision": written,
+        "convergence_s": (!times.is_empty()).then(|| serde_json::json!({
+            "p50": quantile(&times, 0.50), "p99": quantile(&times, 0.99), "max": times[times.len() - 1],
+        })),
+        "fleet_put_s": put_took,
+        "after_the_put_returned_s": (!times.is_empty()).then(|| serde_json::json!({
+            "p50": quantile(&times, 0.50) - put_took, "p99": quantile(&times, 0.99) - put_took,
+            "max": times[times.len() - 1] - put_took,
+        })),
+        "idle_etcd_revisions_per_s": idle_rate,
+        "agent_rss_mib": {"median": quantile(&rss, 0.5), "max": rss[rss.len() - 1]},
+        // What one fleet-wide change cost the agents (read, cache, parse, apply, status).
+        "agent_cpu_for_the_change_ms": {"total": cpu_used * 1000.0, "per_agent": cpu_used * 1000.0 / agents as f64},
+        // etcd's group commit: the fsyncs that carried the write and the status writes.
+        "etcd_wal_fsyncs_during_the_write": {
+            "count": fsync_count,
+            "mean_ms": (fsync_count > 0.0).then(|| 1000.0 * fsync_seconds / fsync_count),
+        },
+        "load_average": load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+    });
+    println!("{}", serde_json::to_string_pretty(&report).unwrap());
+    let missing: Vec<String> =
+        (0..agents).map(|i| format!("bench-{i}")).filter(|n| !seen.contains_key(n)).collect();
+    if !missing.is_empty() {
+        eprintln!(
+            "fleet bench: {} agents never reported the write: {missing:?} (their logs: {}/nN/log)",
+            missing.len(),
+            work.display()
+        );
+    }
+    drop(nodes);
+}
