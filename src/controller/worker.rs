@@ -17,7 +17,8 @@
 //! What keeps them apart is the queue's claims (`queue::Claim`): a key claims its reconcile's
 //! closure (the key, whatever restarts or reloads on it, transitively, as `apply::reconcile_in`
 //! selects; every opening when one is reached, since the filter is one; the container an
-//! action runs in; and the first gate not yet passed when anything claimed comes after it), and
+//! action runs in; a container's network and the declared files it reads; and the first gate
+//! not yet passed when anything claimed comes after it), and
 //! no key is handed out while its claim meets one in flight. So two reconciles never touch one
 //! resource, what is taken back never overwrites another's work, and a file waits for the
 //! service that restarts on it. A full pass claims everything: it waits for the reconciles in
@@ -246,7 +247,8 @@ fn closure(d: &Declaration, id: &Id) -> BTreeSet<usize> {
 
 /// The ids a reconcile of `id` claims: its closure (as `apply::reconcile_in` selects it), every
 /// opening when it reaches one (the filter is one, and the pass records every opening), the
-/// container an action in it runs in, and the first gate not passed at its current declaration
+/// container an action in it runs in, the network a container in it joins and the declared
+/// files and directories it reads (env-files, mounted paths), and the first gate not passed at its current declaration
 /// when anything in it comes after that gate (the pass would not attempt it until the gate
 /// passes, so it waits for a gate in flight). Sorted, without repeats; an id not declared
 /// claims itself.
@@ -269,6 +271,17 @@ fn claimed(d: &Declaration, store: &Store, id: &Id) -> Vec<Id> {
                     .map(|c| c.id.clone()),
             );
         }
+        if let Some(name) = r.spec.joins() {
+            ids.extend(
+                d.resources
+                    .iter()
+                    .filter(|n| n.kind() == Kind::Network && n.target() == name)
+                    .map(|n| n.id.clone()),
+            );
+        }
+        // A file a container reads (an env-file, a mounted path) is not corrected while the
+        // container is being made from it.
+        ids.extend(r.spec.reads().into_iter().filter_map(|p| d.at_path(p)).map(|f| f.id.clone()));
     }
     let last = closure.iter().copied().max().unwrap_or(0);
     let open_gate = d.gates().find(|g| store.get(g.id.as_str()).is_none_or(|rec| rec.declared != g.digest));
@@ -1073,6 +1086,24 @@ mod tests {
         );
         pass_gate(&d, &mut store);
         assert_eq!(claimed(&d, &store, &id("a.late")), ids(&["a.late"]));
+    }
+
+    #[test]
+    fn a_container_claims_its_network_and_the_files_it_reads() {
+        let d = Declaration::parse(
+            br#"{"version": 1, "resources": [
+                {"type": "file", "id": "w.env", "path": "/srv/w.env", "content": "A=1\n"},
+                {"type": "directory", "id": "w.data", "path": "/srv/w"},
+                {"type": "network", "id": "w.net", "name": "wnet"},
+                {"type": "container", "id": "w.app", "name": "w", "image": "local/busybox:1",
+                 "env-file": ["/srv/w.env"], "volumes": ["/srv/w:/data", "named:/cache"], "network": "wnet"}
+            ]}"#,
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.json")).unwrap();
+        assert_eq!(claimed(&d, &store, &id("w.app")), ids(&["w.app", "w.data", "w.env", "w.net"]));
+        assert_eq!(claimed(&d, &store, &id("w.env")), ids(&["w.env"]), "the file alone claims itself");
     }
 
     #[test]
