@@ -124,6 +124,11 @@ pub enum Command {
         /// Milliseconds the declaration must be still before it is read.
         #[arg(long, value_name = "MS", default_value_t = 50)]
         settle_ms: u64,
+        /// How many reconciles may run at once: one for files and full passes, the rest for
+        /// slow work (a unit's start, a container, an action) so it never holds a file's
+        /// correction behind it. 1 runs every reconcile in turn.
+        #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+        workers: u16,
         /// Take the declaration from etcd instead of `--declaration`: comma-separated endpoints,
         /// such as `http://127.0.0.1:2379`. The last declaration accepted from etcd is kept
         /// beside the state store and applied while etcd cannot be reached.
@@ -356,7 +361,18 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
         }
         Command::Status { json } => status(json, &cli.state, &reach.key),
         Command::Fleet { command } => fleet(command),
-        Command::Run { declaration, origin, metrics, resync, settle_ms, etcd, node, groups, login } => {
+        Command::Run {
+            declaration,
+            origin,
+            metrics,
+            resync,
+            settle_ms,
+            workers,
+            etcd,
+            node,
+            groups,
+            login,
+        } => {
             let metrics = match metrics.as_str() {
                 "off" | "none" => None,
                 addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
@@ -395,6 +411,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                 queue: crate::controller::queue::Config::default(),
                 bus: bus.clone(),
                 container_socket: socket,
+                workers: usize::from(workers),
                 step_timeout,
                 archive_limits,
                 key: key.clone(),

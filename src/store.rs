@@ -264,7 +264,7 @@ impl Serialize for Record {
     }
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct File {
     schema: u32,
     #[serde(deserialize_with = "unique_records")]
@@ -434,6 +434,10 @@ pub struct Store {
     /// node asks it of every found file, and a scan of every record for each would be
     /// quadratic in the size of the node.
     targets: std::collections::HashMap<(Kind, Box<str>), u32>,
+    /// Copies lent to reconciles running apart (`lend`) and not yet taken back: while any is
+    /// out, the journal of intent is kept, since the reconcile holding it may have written
+    /// intents its records do not yet cover.
+    lent: usize,
 }
 
 fn count_in(targets: &mut std::collections::HashMap<(Kind, Box<str>), u32>, r: &Record) {
@@ -520,7 +524,7 @@ impl Store {
 
     /// Once the store holds what the passes did, the journal has nothing left to say.
     fn forget_journal(&mut self) -> Result<(), StoreError> {
-        if self.lock.is_some() && (self.journaled || self.recovered.is_some()) {
+        if self.lock.is_some() && self.lent == 0 && (self.journaled || self.recovered.is_some()) {
             journal::remove(&self.journal_path())?;
             self.journaled = false;
             self.recovered = None;
@@ -548,6 +552,7 @@ impl Store {
             journaled: false,
             lock: None,
             targets: std::collections::HashMap::new(),
+            lent: 0,
         };
         for r in store.file.records.values() {
             count_in(&mut store.targets, r);
@@ -708,6 +713,66 @@ impl Store {
     }
 }
 
+/// A reconcile running beside others works on a copy of the store and gives back only what it
+/// claimed (`controller::queue::Claim`): claims in flight are disjoint, so what one gives back
+/// is never what another is changing.
+impl Store {
+    /// A copy of the records and holds for a reconcile that runs apart from the store's owner.
+    /// It holds no lock and cannot be saved; what it records comes back through `take_back`.
+    /// What a crash's journal recovered is not lent: the first pass after a start, a full one,
+    /// runs before anything is lent, and uses it.
+    pub fn lend(&mut self) -> Store {
+        self.lent += 1;
+        Store {
+            path: self.path.clone(),
+            file: self.file.clone(),
+            dirty: false,
+            stale: false,
+            grown: 0,
+            stamp: self.stamp,
+            recovered: None,
+            journaled: false,
+            lock: None,
+            targets: self.targets.clone(),
+            lent: 0,
+        }
+    }
+
+    /// A copy from `lend` that will not come back (its thread was lost): nothing of it is taken.
+    pub fn lost(&mut self) {
+        self.lent = self.lent.saturating_sub(1);
+    }
+
+    /// Takes back a copy from `lend`: for each of `ids`, its record and its hold as the copy
+    /// has them now (recorded, changed, forgotten, held or released), marked dirty or stale as
+    /// if recorded here. Nothing else of the copy is looked at. `None` for a copy given up (its
+    /// reconcile panicked): nothing of it is taken, and the machine is read again next time.
+    pub fn take_back(&mut self, lent: Store, ids: Option<&[&str]>) {
+        self.lent = self.lent.saturating_sub(1);
+        let Some(ids) = ids else { return };
+        if lent.journaled {
+            self.journaled = true;
+        }
+        for &id in ids {
+            match lent.file.records.get(id) {
+                Some(r) => {
+                    let applied_at = r.applied_at;
+                    self.record(id, r.clone());
+                    // The time the reconcile recorded it, not the time it came back.
+                    if let Some(mine) = self.file.records.get_mut(id) {
+                        mine.applied_at = applied_at;
+                    }
+                }
+                None => self.forget(id),
+            }
+            match lent.file.held.get(id) {
+                Some(h) => self.hold(id, h.clone()),
+                None => self.release(id),
+            }
+        }
+    }
+}
+
 impl Store {
     /// Rebuilds the map from its sorted entries. A B-tree filled one insert at a time (as
     /// loading and a first apply fill it) leaves its nodes about half full; built from sorted
@@ -803,6 +868,52 @@ mod tests {
             sig: None,
             more: None,
         }
+    }
+
+    #[test]
+    fn a_lent_copy_gives_back_only_the_ids_it_claimed_and_keeps_the_journal_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = store_at(&dir, WRITTEN_BEFORE);
+        store.record("a.mine", file_record(1));
+        store.record("a.gone", file_record(2));
+        store.save().unwrap();
+        let mut copy = store.lend();
+        // The copy's reconcile changes its claim, and (as a pass may) looks at or touches
+        // others; the owner meanwhile records another resource itself.
+        copy.record("a.mine", file_record(7));
+        copy.forget("a.gone");
+        copy.record("a.new", file_record(3));
+        copy.record("web.conf", file_record(9));
+        copy.journaled();
+        store.record("a.owner", file_record(4));
+        // While the copy is out, a save keeps the journal of intent it may have written to.
+        let journal = store.journal_path();
+        std::fs::write(&journal, "").unwrap();
+        store.journaled();
+        store.save().unwrap();
+        assert!(journal.exists(), "kept while a copy is lent");
+        store.take_back(copy, Some(&["a.mine", "a.gone", "a.new"]));
+        assert_eq!(store.get("a.mine").unwrap().target.as_ref(), "/srv/7");
+        assert!(store.get("a.gone").is_none(), "forgotten in the copy, forgotten here");
+        assert!(store.get("a.new").is_some());
+        assert!(store.holds_target(Kind::File, "/srv/7") && !store.holds_target(Kind::File, "/srv/1"));
+        assert_eq!(
+            store.get("web.conf").unwrap().target.as_ref(),
+            "/etc/web/web.conf",
+            "not claimed: not taken back"
+        );
+        assert!(store.get("a.owner").is_some(), "the owner's own record stays");
+        store.save().unwrap();
+        assert!(!journal.exists(), "removed once every copy is back and the store written");
+        let read = Store::read_only(store.path()).unwrap();
+        assert_eq!(read.get("a.mine").unwrap().target.as_ref(), "/srv/7", "and written");
+
+        // A copy given up (its reconcile panicked) gives nothing back.
+        let mut copy = store.lend();
+        copy.forget("a.mine");
+        store.take_back(copy, None);
+        assert!(store.get("a.mine").is_some());
+        assert_eq!(store.lent, 0);
     }
 
     #[test]

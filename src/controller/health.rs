@@ -4,6 +4,10 @@
 //! - `ready` is set once by `run` when the first apply has finished; read by `/healthz`.
 //! - `heartbeat` is written by the worker after every reconcile (finished or panicked); read by
 //!   `/healthz` and the watchdog task.
+//! - `oldest_apart` is written by the worker when it starts or takes back a reconcile run apart
+//!   (the start of the oldest still running, in seconds since the epoch, 0 for none); read by
+//!   `/healthz` and the watchdog, so a reconcile stuck apart fails the check even while the
+//!   worker goes on finishing others.
 //! - `not_in_force` is written by the worker when a declaration is refused while none is in
 //!   force, and cleared when one is accepted; read by `/healthz`.
 //!
@@ -20,6 +24,8 @@ pub struct Health {
     ready: AtomicBool,
     /// Seconds since the epoch of the worker's last finished reconcile.
     heartbeat: AtomicI64,
+    /// Seconds since the epoch when the oldest reconcile running apart started; 0 for none.
+    oldest_apart: AtomicI64,
     /// Why no declaration is in force; `None` once one is.
     not_in_force: Mutex<Option<String>>,
     /// How long the worker may go without finishing a reconcile (`Config::stale_after`).
@@ -38,6 +44,7 @@ impl Health {
         Health {
             ready: AtomicBool::new(false),
             heartbeat: AtomicI64::new(now_secs()),
+            oldest_apart: AtomicI64::new(0),
             not_in_force: Mutex::new(Some("no declaration has been read yet".into())),
             stale_after,
         }
@@ -53,6 +60,12 @@ impl Health {
         self.heartbeat.store(now_secs(), Ordering::Relaxed);
     }
 
+    /// When the oldest reconcile running apart started, or `None` when none runs.
+    pub fn set_oldest_apart(&self, started: Option<std::time::Instant>) {
+        let secs = started.map_or(0, |at| now_secs() - at.elapsed().as_secs() as i64);
+        self.oldest_apart.store(secs, Ordering::Relaxed);
+    }
+
     /// Why no declaration is in force, or `None` once one is.
     pub fn set_not_in_force(&self, why: Option<String>) {
         *self.not_in_force.lock().unwrap_or_else(|e| e.into_inner()) = why;
@@ -60,7 +73,10 @@ impl Health {
 
     /// Whether the worker has finished something recently enough.
     pub fn alive(&self) -> bool {
-        now_secs() - self.heartbeat.load(Ordering::Relaxed) <= self.stale_after.as_secs() as i64
+        let now = now_secs();
+        let limit = self.stale_after.as_secs() as i64;
+        let oldest = self.oldest_apart.load(Ordering::Relaxed);
+        now - self.heartbeat.load(Ordering::Relaxed) <= limit && (oldest == 0 || now - oldest <= limit)
     }
 
     /// What `/healthz` says: healthy, or why not.
@@ -75,11 +91,18 @@ impl Health {
         }
         // A worker stuck in one reconcile is the failure this is for.
         if self.alive() {
-            Ok(())
-        } else {
-            let age = now_secs() - self.heartbeat.load(Ordering::Relaxed);
-            Err(format!("the worker has not finished a reconcile for {age} s"))
+            return Ok(());
         }
+        let now = now_secs();
+        let oldest = self.oldest_apart.load(Ordering::Relaxed);
+        if oldest != 0 && now - oldest > self.stale_after.as_secs() as i64 {
+            return Err(format!(
+                "a reconcile run apart from the worker has been running for {} s",
+                now - oldest
+            ));
+        }
+        let age = now - self.heartbeat.load(Ordering::Relaxed);
+        Err(format!("the worker has not finished a reconcile for {age} s"))
     }
 }
 
@@ -119,5 +142,22 @@ mod tests {
         assert!(!h.alive());
         h.beat();
         assert_eq!(h.check(), Ok(()));
+    }
+
+    #[test]
+    fn a_reconcile_stuck_apart_fails_the_check_though_the_worker_beats() {
+        let h = Health::new(Duration::from_secs(60));
+        h.ready();
+        h.set_not_in_force(None);
+        let now = std::time::Instant::now();
+        h.set_oldest_apart(now.checked_sub(Duration::from_secs(30)));
+        assert_eq!(h.check(), Ok(()), "30 s apart is within the limit");
+        h.set_oldest_apart(now.checked_sub(Duration::from_secs(90)));
+        h.beat();
+        let why = h.check().unwrap_err();
+        assert!(why.contains("run apart from the worker has been running for"), "{why}");
+        assert!(!h.alive(), "and the watchdog is not pinged");
+        h.set_oldest_apart(None);
+        assert_eq!(h.check(), Ok(()), "healthy again once it is taken back");
     }
 }

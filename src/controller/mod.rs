@@ -1,18 +1,20 @@
 //! `mesh-host run`: the controller. A full apply, then watch: watchers push keys into the work
-//! queue, one worker drains it, each key reconciled and read back, metrics and one log line per
-//! change on the way.
+//! queue, the worker drains it (short reconciles itself, up to `workers - 1` slow ones beside
+//! it), each key reconciled and read back, metrics and one log line per change on the way.
 //!
 //! The stages, each in its own file, wired together by `run` here:
 //! - `trigger`: what a watcher's change means: a managed path is its resource's key, the
 //!   declaration settling is the declaration key, a gap in what a watcher saw is a full resync.
-//! - `queue`: de-duplication, the never-twice-at-once rule, backoff, the rate limit.
-//! - `worker`: one reconcile at a time, the declaration in force, the watchers it starts.
+//! - `queue`: de-duplication, the never-twice-at-once rule and the claims, backoff, the rate
+//!   limit.
+//! - `worker`: the store's one owner; reconciles inline or apart, the declaration in force, the
+//!   watchers it starts.
 //! - `scheduler`: scheduled steps at their fires.
 //! - `health`: `/healthz` and systemd's watchdog.
 //! - `contents`: declared content kept out of the heap.
 //!
 //! Shutdown: one cancellation token. SIGTERM or SIGINT cancels it; the intake loop stops, the
-//! queue is shut down, the worker finishes the reconcile in flight and writes the store, and
+//! queue is shut down, the worker finishes every reconcile in flight and writes the store, and
 //! every task (scheduler, watchdog, HTTP, watchers) stops and is awaited before `run` returns.
 //!
 //! Architecture Invariant: the controller knows nothing about how a resource is applied; it
@@ -68,6 +70,10 @@ pub struct Config {
     pub bus: Option<String>,
     /// The container runtime's socket (`--container-socket`); `None` looks in the usual places.
     pub container_socket: Option<String>,
+    /// How many reconciles may run at once (`--workers`, at least 1): the worker's own, and
+    /// up to `workers - 1` long ones apart from it (`worker`'s module doc). 1 is the single
+    /// worker of before, every reconcile in turn.
+    pub workers: usize,
     /// How long an action or a step may run (`--step-timeout`); `None` for no limit.
     pub step_timeout: Option<Duration>,
     /// How much one archive may unpack (`--archive-max-bytes`, `--archive-max-entries`).
@@ -90,7 +96,7 @@ impl Config {
     }
 }
 
-/// Runs the daemon until SIGTERM or SIGINT, then stops intake, lets the reconcile in flight
+/// Runs the daemon until SIGTERM or SIGINT, then stops intake, lets the reconciles in flight
 /// finish, persists the store, stops every task and returns.
 pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
@@ -217,7 +223,7 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     queue.shut_down();
-    // The reconcile in flight finishes (an action in it runs to its end or its step limit), then
+    // Every reconcile in flight finishes (an action in one runs to its end or its step limit), then
     // the store is written and the watchers the worker started are stopped.
     worker_task.await.context("the worker stopped abnormally")?;
     shutdown.cancel();
@@ -269,7 +275,7 @@ fn signals(shutdown: CancellationToken) -> std::io::Result<tokio::task::JoinHand
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
         };
-        tracing::info!("{name}: finishing the reconcile in flight, then stopping");
+        tracing::info!("{name}: finishing the reconciles in flight, then stopping");
         shutdown.cancel();
     }))
 }
@@ -289,6 +295,7 @@ mod tests {
             queue: queue::Config::default(),
             bus: None,
             container_socket: None,
+            workers: 4,
             step_timeout: step.map(Duration::from_secs),
             archive_limits: crate::apply::ArchiveLimits::default(),
             fleet: None,

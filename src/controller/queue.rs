@@ -11,6 +11,13 @@
 //! - the backoff state is visible: `stats()` feeds gauges, and `done` says when a key becomes or
 //!   stops being contested.
 //!
+//! Several reconciles may run at once (`worker`), so a key handed out holds a **claim**: the
+//! resources its reconcile may touch (`Claim`). A key whose claim meets one in flight is not
+//! handed out; it keeps its place in the ready line and goes as soon as the claim in its way is
+//! released by `done`. A key claiming everything (a full pass) that has to wait raises a
+//! barrier: the caller may then refuse to start new long work behind it, so the full pass waits
+//! at most for what was already running.
+//!
 //! All times are tokio's, so the tests run under paused time.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -88,6 +95,61 @@ pub enum Contest {
     Ended,
 }
 
+/// What the reconcile of a key may touch while it runs, by the hashes of resource ids (a
+/// collision only makes two claims meet that need not: a key waits a little, never runs beside
+/// one it could race).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Everything: a full pass, which meets every other claim.
+    Everything,
+    /// These resources, by the hash of their ids, sorted and without repeats.
+    Only(Vec<u64>),
+}
+
+impl Claim {
+    /// A claim of these hashes.
+    pub fn only(mut hashes: Vec<u64>) -> Claim {
+        hashes.sort_unstable();
+        hashes.dedup();
+        Claim::Only(hashes)
+    }
+
+    /// Whether two reconciles holding these claims could touch the same resource.
+    pub fn meets(&self, other: &Claim) -> bool {
+        match (self, other) {
+            (Claim::Everything, _) | (_, Claim::Everything) => true,
+            (Claim::Only(a), Claim::Only(b)) => {
+                // Both sorted: one walk.
+                let (mut i, mut j) = (0, 0);
+                while i < a.len() && j < b.len() {
+                    match a[i].cmp(&b[j]) {
+                        std::cmp::Ordering::Less => i += 1,
+                        std::cmp::Ordering::Greater => j += 1,
+                        std::cmp::Ordering::Equal => return true,
+                    }
+                }
+                false
+            }
+        }
+    }
+}
+
+/// What `try_next` found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next<K> {
+    /// A key to reconcile now, when its earliest change was seen, and the claim it now holds.
+    Key(K, Instant, Claim),
+    /// Nothing can be handed out now; something may be at this time (or sooner, on a wake).
+    Wait(Option<Instant>),
+    /// Shut down, and nothing left to hand out.
+    Closed,
+}
+
+/// How far down the ready line `try_next` looks for a key free to run. Keys behind the first
+/// this many blocked ones wait for those: a bound on the work of one look when a storm of keys
+/// waits behind a long reconcile.
+const LOOK_AHEAD: usize = 1024;
+
 /// What the queue holds now, for gauges.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -123,8 +185,15 @@ struct Inner<K> {
     waiting: HashMap<K, Waiting>,
     /// Due times; an entry whose key was made earlier is removed and re-inserted.
     delayed: BTreeMap<(Instant, u64), K>,
-    ready: VecDeque<(K, Instant)>,
+    /// Due keys in the order they became due, with their claim once it was asked for (asked
+    /// again after `forget_claims`, when the declaration changed).
+    ready: VecDeque<(K, Instant, Option<Claim>)>,
+    /// The keys in `ready`, so a key added again while it waits there (on a claim in flight)
+    /// is not queued a second time.
+    in_ready: HashSet<K>,
     processing: HashSet<K>,
+    /// The claims of the keys being reconciled.
+    claims: HashMap<K, Claim>,
     /// Keys added while processing: run once more afterwards, from this time seen.
     again: HashMap<K, Instant>,
     backoff: HashMap<K, Backoff>,
@@ -151,7 +220,9 @@ impl<K: Clone + Eq + Hash> Queue<K> {
                 waiting: HashMap::new(),
                 delayed: BTreeMap::new(),
                 ready: VecDeque::new(),
+                in_ready: HashSet::new(),
                 processing: HashSet::new(),
+                claims: HashMap::new(),
                 again: HashMap::new(),
                 backoff: HashMap::new(),
                 tokens: config.burst,
@@ -193,6 +264,10 @@ impl<K: Clone + Eq + Hash> Queue<K> {
             q.again.entry(key).or_insert(seen);
             return;
         }
+        if q.in_ready.contains(&key) {
+            // Due already, waiting for a claim in its way: it keeps its place and its sighting.
+            return;
+        }
         let hold = q.backoff.get(&key).and_then(|b| b.hold_until).unwrap_or(now);
         if let Some(w) = q.waiting.get(&key) {
             // Already waiting: keep the earlier due time, never a later one, and the earliest
@@ -220,39 +295,87 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         self.wake.notify_one();
     }
 
-    /// Waits for the next key that is due, and marks it processing. `None` once the queue is
-    /// shut down and nothing due remains to be handed out.
+    /// Waits for the next key that is due, and marks it processing, claiming nothing beyond
+    /// the key itself: for a caller that runs one key at a time. `None` once the queue is shut
+    /// down and nothing due remains to be handed out.
     pub async fn next(&self) -> Option<(K, Instant)> {
         loop {
-            let sleep_until = {
-                let mut q = self.lock();
-                let now = Instant::now();
-                while let Some((&(due, seq), _)) = q.delayed.first_key_value() {
-                    if due > now {
-                        break;
-                    }
-                    let key = q.delayed.remove(&(due, seq)).expect("the entry just seen");
-                    let seen = q.waiting.remove(&key).map_or(now, |w| w.seen);
-                    q.ready.push_back((key, seen));
-                }
-                if let Some((key, seen)) = q.ready.pop_front() {
-                    q.processing.insert(key.clone());
-                    return Some((key, seen));
-                }
-                if q.closed {
-                    return None;
-                }
-                q.delayed.first_key_value().map(|(&(due, _), _)| due)
-            };
-            match sleep_until {
-                Some(due) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(due) => {}
-                        _ = self.wake.notified() => {}
-                    }
-                }
-                None => self.wake.notified().await,
+            match self.try_next(|_| Claim::Only(Vec::new()), |_, _, _| true) {
+                Next::Key(key, seen, _) => return Some((key, seen)),
+                Next::Closed => return None,
+                Next::Wait(due) => self.wait(due).await,
             }
+        }
+    }
+
+    /// Waits until `due`, or until something may have become ready sooner: a key added, a key
+    /// done. A wake sent before this is called is not lost (`Notify` keeps one permit).
+    pub async fn wait(&self, due: Option<Instant>) {
+        match due {
+            Some(due) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due) => {}
+                    _ = self.wake.notified() => {}
+                }
+            }
+            None => self.wake.notified().await,
+        }
+    }
+
+    /// Hands out the first due key, in the order keys became due, whose claim (`claim_of`)
+    /// meets no claim in flight and that `admit` takes, and marks it processing under that
+    /// claim. A key passed over keeps its place. `admit` is told the key, its claim, and
+    /// whether a key claiming everything waits ahead of it (a full pass waiting for reconciles
+    /// in flight): a caller refuses long work then, so the full pass is not starved.
+    pub fn try_next(
+        &self,
+        mut claim_of: impl FnMut(&K) -> Claim,
+        mut admit: impl FnMut(&K, &Claim, bool) -> bool,
+    ) -> Next<K> {
+        let mut q = self.lock();
+        let now = Instant::now();
+        while let Some((&(due, seq), _)) = q.delayed.first_key_value() {
+            if due > now {
+                break;
+            }
+            let key = q.delayed.remove(&(due, seq)).expect("the entry just seen");
+            let seen = q.waiting.remove(&key).map_or(now, |w| w.seen);
+            q.in_ready.insert(key.clone());
+            q.ready.push_back((key, seen, None));
+        }
+        let inner = &mut *q;
+        let mut barrier = false;
+        let mut found = None;
+        for (at, (key, _, claim)) in inner.ready.iter_mut().enumerate().take(LOOK_AHEAD) {
+            let claim = claim.get_or_insert_with(|| claim_of(key));
+            let free = !inner.claims.values().any(|held| held.meets(claim));
+            if free && admit(key, claim, barrier) {
+                found = Some(at);
+                break;
+            }
+            if !free && *claim == Claim::Everything {
+                barrier = true;
+            }
+        }
+        if let Some(at) = found {
+            let (key, seen, claim) = q.ready.remove(at).expect("the entry just found");
+            q.in_ready.remove(&key);
+            let claim = claim.expect("asked for above");
+            q.processing.insert(key.clone());
+            q.claims.insert(key.clone(), claim.clone());
+            return Next::Key(key, seen, claim);
+        }
+        if q.closed && q.ready.is_empty() && q.delayed.is_empty() {
+            return Next::Closed;
+        }
+        Next::Wait(q.delayed.first_key_value().map(|(&(due, _), _)| due))
+    }
+
+    /// Forgets the claims worked out for keys still waiting: the declaration they were worked
+    /// out from was replaced. Claims in flight stay until their reconciles are done.
+    pub fn forget_claims(&self) {
+        for (_, _, claim) in self.lock().ready.iter_mut() {
+            *claim = None;
         }
     }
 
@@ -261,6 +384,7 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         let mut q = self.lock();
         let now = Instant::now();
         q.processing.remove(key);
+        q.claims.remove(key);
         let config = &self.config;
         let jitter = q.jitter(config.jitter);
         let b = q.backoff.entry(key.clone()).or_default();
@@ -308,6 +432,8 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         }
         let again = q.again.remove(key);
         drop(q);
+        // A claim was released: a key waiting on it may go now.
+        self.wake.notify_one();
         if let Some(delay) = retry {
             self.add_seen(key.clone(), now, delay);
         }
@@ -332,11 +458,14 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         for ((due, _), key) in delayed {
             let seen = q.waiting.remove(&key).map_or(now, |w| w.seen);
             if due <= now {
-                q.ready.push_back((key, seen));
+                q.in_ready.insert(key.clone());
+                q.ready.push_back((key, seen, None));
             }
         }
         drop(q);
         self.wake.notify_waiters();
+        // And a permit for a caller between two looks, which `notify_waiters` does not reach.
+        self.wake.notify_one();
     }
 
     /// How many keys are waiting, being reconciled, backing off and contested, now.
@@ -577,5 +706,157 @@ mod tests {
             q.done(&k, Verdict::Clean);
         }
         assert_eq!(q.lock().backoff.len(), 0);
+    }
+
+    /// Claims for the tests: a key's claim is the hashes listed for it, everything for "full".
+    fn claims(key: &&'static str) -> Claim {
+        match *key {
+            "full" => Claim::Everything,
+            "file" => Claim::only(vec![1]),
+            "file+svc" => Claim::only(vec![1, 2]),
+            "svc" => Claim::only(vec![2]),
+            "other" => Claim::only(vec![3]),
+            "slow" => Claim::only(vec![4]),
+            _ => Claim::only(vec![99]),
+        }
+    }
+
+    fn take(q: &Queue<&'static str>) -> Option<&'static str> {
+        match q.try_next(claims, |_, _, _| true) {
+            Next::Key(k, _, _) => Some(k),
+            Next::Wait(_) | Next::Closed => None,
+        }
+    }
+
+    #[test]
+    fn claims_meet_when_they_share_a_resource_and_everything_meets_all() {
+        assert!(Claim::only(vec![3, 1]).meets(&Claim::only(vec![5, 3])));
+        assert!(!Claim::only(vec![1, 2]).meets(&Claim::only(vec![3, 4])));
+        assert!(Claim::Everything.meets(&Claim::only(vec![7])));
+        assert!(Claim::only(Vec::new()).meets(&Claim::Everything));
+        assert!(!Claim::only(Vec::new()).meets(&Claim::only(vec![1])));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_with_disjoint_claims_run_together() {
+        let q = Queue::new(quiet());
+        q.add("svc");
+        q.add("file");
+        q.add("other");
+        assert_eq!(take(&q), Some("svc"));
+        assert_eq!(take(&q), Some("file"), "handed out while svc is in flight");
+        assert_eq!(take(&q), Some("other"));
+        assert_eq!(q.stats().processing, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_whose_claim_meets_one_in_flight_waits_keeps_its_place_and_is_deduplicated() {
+        let q = Queue::new(quiet());
+        q.add("svc");
+        assert_eq!(take(&q), Some("svc"));
+        q.add("file+svc");
+        q.add("other");
+        q.add("file+svc");
+        assert_eq!(take(&q), Some("other"), "a key free to run passes the one that waits");
+        assert_eq!(take(&q), None, "file+svc meets svc's claim");
+        q.add("file+svc");
+        q.add("file+svc");
+        assert_eq!(q.stats().depth, 1, "waiting once, however often it was added, before or while it waits");
+        q.add("file");
+        assert_eq!(take(&q), Some("file"), "file alone meets nothing in flight");
+        q.done(&"file", Verdict::Clean);
+        // Released: the waiting key is handed out at once, without any time passing, and wakes
+        // a caller waiting for it.
+        let waiter = q.wait(None);
+        q.done(&"svc", Verdict::Clean);
+        tokio::time::timeout(Duration::ZERO, waiter).await.expect("done wakes the caller");
+        let before = Instant::now();
+        assert_eq!(take(&q), Some("file+svc"));
+        assert_eq!(before.elapsed(), Duration::ZERO);
+        assert_eq!(take(&q), None, "and only once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_never_runs_twice_at_once_under_claims_either() {
+        let q = Queue::new(quiet());
+        q.add("file");
+        assert_eq!(take(&q), Some("file"));
+        q.add("file");
+        assert_eq!(take(&q), None, "it is in flight: added again, it waits for its own end");
+        assert_eq!(q.stats().depth, 0, "kept aside to run once more, not in the line");
+        q.done(&"file", Verdict::Clean);
+        assert_eq!(take(&q), Some("file"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_pass_waits_for_claims_in_flight_and_holds_back_only_what_admit_refuses() {
+        let q = Queue::new(quiet());
+        q.add("slow");
+        assert_eq!(take(&q), Some("slow"));
+        q.add("full");
+        q.add("svc");
+        q.add("file");
+        // The caller's rule: short keys run beside anything; long ones ("svc") not behind a
+        // waiting full pass.
+        let mut barriers = Vec::new();
+        let mut admit = |k: &&'static str, _: &Claim, barrier: bool| {
+            barriers.push((*k, barrier));
+            *k != "svc" || !barrier
+        };
+        match q.try_next(claims, &mut admit) {
+            Next::Key(k, _, Claim::Only(_)) => assert_eq!(k, "file"),
+            other => panic!("the file was not handed out: {other:?}"),
+        }
+        assert_eq!(barriers, [("svc", true), ("file", true)], "the full pass raised the barrier");
+        assert_eq!(q.try_next(claims, |k, _, b| *k != "svc" || !b), Next::Wait(None));
+        q.done(&"file", Verdict::Clean);
+        assert_eq!(
+            q.try_next(claims, |k, _, b| *k != "svc" || !b),
+            Next::Wait(None),
+            "the full pass still waits for slow"
+        );
+        // An hour later the slow reconcile ends; the full pass goes first, alone.
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        q.done(&"slow", Verdict::Clean);
+        assert_eq!(take(&q), Some("full"));
+        assert_eq!(take(&q), None, "nothing runs beside a full pass");
+        q.done(&"full", Verdict::Clean);
+        assert_eq!(take(&q), Some("svc"), "and svc kept its place behind it");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn claims_are_asked_again_after_they_are_forgotten() {
+        let q = Queue::new(quiet());
+        q.add("svc");
+        assert_eq!(take(&q), Some("svc"));
+        q.add("x");
+        let mut asked = 0;
+        let r = q.try_next(
+            |_| {
+                asked += 1;
+                Claim::only(vec![2])
+            },
+            |_, _, _| true,
+        );
+        assert_eq!(r, Next::Wait(None));
+        let _ = q.try_next(|_| panic!("kept, not asked again"), |_, _, _| true);
+        q.forget_claims();
+        let r = q.try_next(|_| Claim::only(vec![5]), |_, _, _| true);
+        assert!(matches!(r, Next::Key("x", _, _)), "the new claim was used: {r:?}");
+        assert_eq!(asked, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shut_down_with_keys_waiting_on_claims_ends_once_they_ran() {
+        let q = Queue::new(quiet());
+        q.add("svc");
+        assert_eq!(take(&q), Some("svc"));
+        q.add("file+svc");
+        q.shut_down();
+        assert_eq!(q.try_next(claims, |_, _, _| true), Next::Wait(None), "not closed: one still waits");
+        q.done(&"svc", Verdict::Clean);
+        assert_eq!(take(&q), Some("file+svc"));
+        q.done(&"file+svc", Verdict::Clean);
+        assert_eq!(q.try_next(claims, |_, _, _| true), Next::Closed);
     }
 }

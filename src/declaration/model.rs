@@ -521,6 +521,69 @@ impl Spec {
         }
     }
 
+    /// What a container reads on the machine when it is made: its env-files and the host
+    /// paths it mounts. A reconcile of the container depends on whatever manages them.
+    pub fn reads(&self) -> Vec<&std::path::Path> {
+        match self {
+            Spec::Container(c) => c
+                .env_file
+                .iter()
+                .map(|p| p.as_path())
+                .chain(c.volumes.iter().filter_map(|v| match v.source() {
+                    crate::declaration::types::VolumeSource::Path(p) => Some(p.as_path()),
+                    crate::declaration::types::VolumeSource::Named(_) => None,
+                }))
+                .collect(),
+            Spec::Directory(_)
+            | Spec::File(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::Service(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Process(_)
+            | Spec::Action(_)
+            | Spec::Network(_)
+            | Spec::Opening(_) => Vec::new(),
+        }
+    }
+
+    /// The network a container joins, by name: a reconcile of the container depends on it.
+    pub fn joins(&self) -> Option<&str> {
+        match self {
+            Spec::Container(c) => c.network.as_ref().map(|n| n.as_str()),
+            Spec::Directory(_)
+            | Spec::File(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::Service(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Process(_)
+            | Spec::Action(_)
+            | Spec::Network(_)
+            | Spec::Opening(_) => None,
+        }
+    }
+
+    /// The container an action runs in, by name: a reconcile of the action depends on it.
+    pub fn runs_in(&self) -> Option<&str> {
+        match self {
+            Spec::Action(a) => a.in_container.as_ref().map(|n| n.as_str()),
+            Spec::Directory(_)
+            | Spec::File(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::Service(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Process(_)
+            | Spec::Container(_)
+            | Spec::Network(_)
+            | Spec::Opening(_) => None,
+        }
+    }
+
     /// A scheduled step's cron expression.
     pub fn schedule(&self) -> Option<&Cron> {
         match self {
