@@ -402,57 +402,16 @@ pub(super) fn flip(
     opts: &Options,
     orphans: Vec<(String, Record)>,
 ) -> Done {
-    let made: Vec<String> = store
-        .records()
-        .filter(|(_, rec)| rec.kind == crate::declaration::Kind::Opening && rec.origin == opts.origin)
-        .filter(|(_, rec)| rec.spec() == Some(FIREWALLD))
-        .map(|(id, _)| id.to_owned())
-        .collect();
-    let mut done = opening::apply(declaration, store, opts, orphans);
-    let failed = done.declared.iter().filter(|(_, r)| r.is_err()).count()
-        + done.orphans.iter().filter(|(_, _, r)| r.is_err()).count();
-    if failed > 0 {
-        // One opening that could not be loaded keeps firewalld in force for all.
-        for (_, result) in &mut done.declared {
-            if result.is_ok() {
-                *result = Err(Error::FlipWaits { from: "firewalld", failed });
-            }
-        }
-        return done;
-    }
-    let retired = if opts.dry_run { Ok(()) } else { retire(opts, &made) };
-    match retired {
-        Ok(()) => {
-            for (_, result) in &mut done.declared {
-                if let Ok(o) = result {
-                    o.action = Verb::Updated;
-                    o.detail = Some(
-                        "moved from firewalld into table inet mesh_host; firewalld was stopped and disabled, and the host's services and rules deleted from its saved configuration"
-                            .to_owned(),
-                    );
-                }
-            }
-            for (id, _, result) in &mut done.orphans {
-                if made.contains(id) {
-                    *result = Ok((
-                        Verb::Removed,
-                        Some(
-                            "its rules and service were deleted from firewalld, which was stopped".to_owned(),
-                        ),
-                    ));
-                }
-            }
-        }
-        Err(e) => {
-            for (_, result) in &mut done.declared {
-                *result = Err(Error::FlipFirewalld { reason: e.clone() });
-            }
-            for (_, _, result) in &mut done.orphans {
-                *result = Err(Error::FlipFirewalld { reason: e.clone() });
-            }
-        }
-    }
-    done
+    let leaving = opening::Leaving {
+        from: "firewalld",
+        spec: FIREWALLD,
+        moved: "moved from firewalld into table inet mesh_host; firewalld was stopped and disabled, and the host's services and rules deleted from its saved configuration",
+        orphan_removed: "its rules and service were deleted from firewalld, which was stopped",
+    };
+    let retire = |ids: &[String]| if opts.dry_run { Ok(()) } else { retire(opts, ids) };
+    opening::flip_from(&leaving, declaration, store, opts, orphans, retire, |reason| Error::FlipFirewalld {
+        reason,
+    })
 }
 
 /// Retires firewalld, the host's own filter already loaded: its unit disabled, then stopped

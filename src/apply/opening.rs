@@ -963,55 +963,83 @@ pub(super) fn flip(
     opts: &Options,
     orphans: Vec<(String, Record)>,
 ) -> Done {
-    let made_in_ufw: Vec<String> = store
+    let leaving = Leaving {
+        from: "ufw",
+        spec: UFW,
+        moved:
+            "moved from ufw into table inet mesh_host; ufw was disabled and the host's rules in it deleted",
+        orphan_removed: "its rules were deleted from ufw, which was disabled",
+    };
+    let retire =
+        |ids: &[String]| if opts.dry_run { Ok(()) } else { retire_ufw(ids).map_err(std::sync::Arc::new) };
+    flip_from(&leaving, declaration, store, opts, orphans, retire, Error::Flip)
+}
+
+/// What a flip says of the found firewall it leaves: its name, what its openings' records say
+/// in their `spec`, and the details of a declared opening moved and of an orphan removed.
+pub(super) struct Leaving {
+    pub(super) from: &'static str,
+    pub(super) spec: &'static str,
+    pub(super) moved: &'static str,
+    pub(super) orphan_removed: &'static str,
+}
+
+/// The flip from a found firewall (ufw or firewalld), the same for both: the host's own filter
+/// loaded, and only when every opening and orphan went through is the found firewall retired
+/// (`retire`, given the ids of the openings made in it); a failure of the retirement fails every
+/// opening with `failed`, so their records stay those of the found firewall.
+pub(super) fn flip_from<E: Clone>(
+    leaving: &Leaving,
+    declaration: &Declaration,
+    store: &Store,
+    opts: &Options,
+    orphans: Vec<(String, Record)>,
+    retire: impl FnOnce(&[String]) -> Result<(), E>,
+    failed: impl Fn(E) -> Error,
+) -> Done {
+    let made: Vec<String> = store
         .records()
         .filter(|(_, rec)| rec.kind == crate::declaration::Kind::Opening && rec.origin == opts.origin)
-        .filter(|(_, rec)| rec.spec() == Some(UFW))
+        .filter(|(_, rec)| rec.spec() == Some(leaving.spec))
         .map(|(id, _)| id.to_owned())
         .collect();
     let mut done = apply(declaration, store, opts, orphans);
-    let failed = done.declared.iter().filter(|(_, r)| r.is_err()).count()
+    let failures = done.declared.iter().filter(|(_, r)| r.is_err()).count()
         + done.orphans.iter().filter(|(_, _, r)| r.is_err()).count();
-    if failed > 0 {
-        // One opening that could not be loaded keeps ufw in force for all: retiring it now would
-        // drop that port.
+    if failures > 0 {
+        // One opening that could not be loaded keeps the found firewall in force for all:
+        // retiring it now would drop that port.
         for (_, result) in &mut done.declared {
             if result.is_ok() {
-                *result = Err(Error::FlipWaits { from: "ufw", failed });
+                *result = Err(Error::FlipWaits { from: leaving.from, failed: failures });
             }
         }
         return done;
     }
-    let retired = if opts.dry_run { Ok(()) } else { retire_ufw(&made_in_ufw) };
-    match retired {
+    match retire(&made) {
         Ok(()) => {
             for (_, result) in &mut done.declared {
                 if let Ok(o) = result {
                     o.action = Verb::Updated;
                     let closes = o.detail.take().filter(|d| d.contains("new connections are dropped"));
-                    let moved = "moved from ufw into table inet mesh_host; ufw was disabled and the host's rules in it deleted";
                     o.detail = Some(match closes {
-                        Some(c) => format!("{moved}; {}", c.rsplit("; ").next().unwrap_or(&c)),
-                        None => moved.to_owned(),
+                        Some(c) => format!("{}; {}", leaving.moved, c.rsplit("; ").next().unwrap_or(&c)),
+                        None => leaving.moved.to_owned(),
                     });
                 }
             }
             for (id, _, result) in &mut done.orphans {
-                if made_in_ufw.contains(id) {
-                    *result = Ok((
-                        Verb::Removed,
-                        Some("its rules were deleted from ufw, which was disabled".to_owned()),
-                    ));
+                if made.contains(id) {
+                    *result = Ok((Verb::Removed, Some(leaving.orphan_removed.to_owned())));
                 }
             }
         }
         Err(e) => {
-            let e = std::sync::Arc::new(e);
             for (_, result) in &mut done.declared {
-                *result = Err(Error::Flip(e.clone()));
+                *result = Err(failed(e.clone()));
             }
             for (_, _, result) in &mut done.orphans {
-                *result = Err(Error::Flip(e.clone()));
+                *result = Err(failed(e.clone()));
             }
         }
     }
