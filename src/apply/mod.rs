@@ -286,15 +286,7 @@ pub fn reconcile_in(
     store: &mut Store,
     opts: &Options,
 ) -> Report {
-    let mut selected: BTreeSet<usize> = BTreeSet::new();
-    let mut todo: Vec<&Id> = ids.iter().collect();
-    while let Some(id) = todo.pop() {
-        if let Some(r) = declaration.get(id) {
-            if selected.insert(r.index) {
-                todo.extend(declaration.dependents(&r.id).map(|d| &d.id));
-            }
-        }
-    }
+    let selected = declaration.closure(ids);
     Pass::new(declaration, store, opts).run(Some(selected), session).0
 }
 
@@ -566,30 +558,36 @@ impl<'a> Pass<'a> {
         self.orphan_openings =
             openings.into_iter().filter(|(id, _)| self.declaration.find(id).is_none()).collect();
         for (id, record) in orphans {
-            match remove::remove(fs, machine, &record, self.opts) {
-                Ok((action, detail)) => {
-                    // A network kept because something undeclared still uses it stays recorded,
-                    // so it is removed at a later apply once nothing does, instead of leaking.
-                    let retry = record.kind == Kind::Network && action == Verb::Kept;
-                    if !self.opts.dry_run && !retry {
-                        self.store.forget(&id);
-                    }
-                    self.slots.push(Some(Outcome {
-                        id,
-                        kind: record.kind,
-                        target: record.target.into(),
-                        action,
-                        detail,
-                    }));
+            let result = remove::remove(fs, machine, &record, self.opts);
+            self.orphan_told(id, record, result);
+        }
+    }
+
+    /// How the removal of an orphan went, reported; its record forgotten once it is gone.
+    fn orphan_told(&mut self, id: String, record: Record, result: Result<(Verb, Option<String>), Error>) {
+        match result {
+            Ok((action, detail)) => {
+                // A network kept because something undeclared still uses it stays recorded,
+                // so it is removed at a later apply once nothing does, instead of leaking.
+                let retry = record.kind == Kind::Network && action == Verb::Kept;
+                if !self.opts.dry_run && !retry {
+                    self.store.forget(&id);
                 }
-                Err(e) => self.failures.push(Failure {
+                self.slots.push(Some(Outcome {
                     id,
                     kind: record.kind,
                     target: record.target.into(),
-                    message: format!("removing what is no longer declared: {e}"),
-                    raced: false,
-                }),
+                    action,
+                    detail,
+                }));
             }
+            Err(e) => self.failures.push(Failure {
+                id,
+                kind: record.kind,
+                target: record.target.into(),
+                message: format!("removing what is no longer declared: {e}"),
+                raced: false,
+            }),
         }
     }
 
@@ -749,27 +747,7 @@ impl<'a> Pass<'a> {
             }
         }
         for (id, record, result) in done.orphans {
-            match result {
-                Ok((action, detail)) => {
-                    if !self.opts.dry_run {
-                        self.store.forget(&id);
-                    }
-                    self.slots.push(Some(Outcome {
-                        id,
-                        kind: record.kind,
-                        target: record.target.into(),
-                        action,
-                        detail,
-                    }));
-                }
-                Err(e) => self.failures.push(Failure {
-                    id,
-                    kind: record.kind,
-                    target: record.target.into(),
-                    message: format!("removing what is no longer declared: {e}"),
-                    raced: false,
-                }),
-            }
+            self.orphan_told(id, record, result);
         }
     }
 

@@ -229,22 +229,6 @@ pub async fn drain(mut worker: Worker, queue: Arc<Queue<Key>>) {
     }
 }
 
-/// The indexes a reconcile of `id` selects, as `apply::reconcile_in` selects them: the
-/// resource, and whatever restarts or reloads on it, transitively. Empty when it is not
-/// declared.
-fn closure(d: &Declaration, id: &Id) -> BTreeSet<usize> {
-    let mut selected = BTreeSet::new();
-    let mut todo = vec![id];
-    while let Some(id) = todo.pop() {
-        if let Some(r) = d.get(id) {
-            if selected.insert(r.index) {
-                todo.extend(d.dependents(&r.id).map(|r| &r.id));
-            }
-        }
-    }
-    selected
-}
-
 /// The ids a reconcile of `id` claims: its closure (as `apply::reconcile_in` selects it), every
 /// opening when it reaches one (the filter is one, and the pass records every opening), the
 /// container an action in it runs in, the network a container in it joins and the declared
@@ -253,7 +237,7 @@ fn closure(d: &Declaration, id: &Id) -> BTreeSet<usize> {
 /// passes, so it waits for a gate in flight). Sorted, without repeats; an id not declared
 /// claims itself.
 fn claimed(d: &Declaration, store: &Store, id: &Id) -> Vec<Id> {
-    let closure = closure(d, id);
+    let closure = d.closure([id]);
     let mut ids: Vec<Id> = closure.iter().map(|&i| d.resources[i].id.clone()).collect();
     if ids.is_empty() {
         return vec![id.clone()];
@@ -297,7 +281,7 @@ fn claimed(d: &Declaration, store: &Store, id: &Id) -> Vec<Id> {
 /// files, directories and access paths (a unit, a container, a network, a package, a user, an
 /// archive, an action, a process, an opening). Decided by type, not measured (decisions.md).
 fn slow(d: &Declaration, id: &Id) -> bool {
-    closure(d, id)
+    d.closure([id])
         .iter()
         .any(|&i| !matches!(d.resources[i].kind(), Kind::File | Kind::Directory | Kind::Access))
 }

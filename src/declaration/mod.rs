@@ -123,6 +123,21 @@ impl Declaration {
         self.named_by.get(id).into_iter().flatten().map(|&i| &self.resources[i])
     }
 
+    /// The indexes a reconcile of `ids` selects: each declared one, and whatever restarts or
+    /// reloads on it, transitively. Ids not declared select nothing.
+    pub fn closure<'a>(&'a self, ids: impl IntoIterator<Item = &'a Id>) -> std::collections::BTreeSet<usize> {
+        let mut selected = std::collections::BTreeSet::new();
+        let mut todo: Vec<&Id> = ids.into_iter().collect();
+        while let Some(id) = todo.pop() {
+            if let Some(r) = self.get(id) {
+                if selected.insert(r.index) {
+                    todo.extend(self.dependents(&r.id).map(|d| &d.id));
+                }
+            }
+        }
+        selected
+    }
+
     /// Whether anything in it talks to the container runtime (the controller then follows the
     /// runtime's events).
     pub fn needs_container_runtime(&self) -> bool {

@@ -529,10 +529,7 @@ impl Spec {
                 .env_file
                 .iter()
                 .map(|p| p.as_path())
-                .chain(c.volumes.iter().filter_map(|v| match v.source() {
-                    crate::declaration::types::VolumeSource::Path(p) => Some(p.as_path()),
-                    crate::declaration::types::VolumeSource::Named(_) => None,
-                }))
+                .chain(c.volumes.iter().filter_map(|v| v.host_path().map(|p| p.as_path())))
                 .collect(),
             Spec::Directory(_)
             | Spec::File(_)
