@@ -272,7 +272,14 @@ fn a_missing_declaration_is_waited_for_and_applied_when_it_appears() {
     // Neither the directory nor its parent: a fresh install before the control plane wrote.
     let source = s.path("etc/mesh-host/declaration.d");
     let daemon = crate::support::Daemon::launch(&s, &source, &[], &[]);
-    let (status, why) = daemon.answer("/healthz").unwrap();
+    // The endpoint answers "starting" until the daemon has looked for its source; what it says
+    // once it has looked is what this test is about.
+    let mut answer = None;
+    crate::support::wait_for(crate::support::PATIENCE, || {
+        answer = daemon.answer("/healthz");
+        answer.as_ref().is_some_and(|(_, why)| !why.starts_with("starting"))
+    });
+    let (status, why) = answer.unwrap();
     assert_eq!(status, 503, "{why}");
     assert!(why.contains("waiting for") && why.contains("does not exist yet"), "{why}");
     assert_eq!(daemon.metric("mesh_host_declaration_refusals_total"), 0.0, "waiting is not a refusal");
