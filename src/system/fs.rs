@@ -612,7 +612,11 @@ impl Fs {
             devs.push(dev);
             let r = if staged.len() == 1 {
                 synced_after = self.replaces_in_order(dev, &s.dir, &s.name);
-                if synced_after { Ok(()) } else { rfs::fsync(&s.fd) }
+                if synced_after {
+                    Ok(())
+                } else {
+                    rfs::fsync(&s.fd)
+                }
             } else {
                 *synced_devs.entry(dev).or_insert_with(|| rfs::syncfs(&s.fd))
             };
@@ -667,7 +671,11 @@ impl Fs {
                 // fails the file, so nothing reports or records it as done.
                 let synced = if failpoint_named("sync-eio") { Err(Errno::IO) } else { rfs::fsync(&s.fd) };
                 if let Err(e) = synced {
-                    *result = Err(FsError::io("make the file durable (fsync after its rename)", &s.dir.join(&s.name), e));
+                    *result = Err(FsError::io(
+                        "make the file durable (fsync after its rename)",
+                        &s.dir.join(&s.name),
+                        e,
+                    ));
                 }
             }
         }

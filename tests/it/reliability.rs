@@ -542,7 +542,8 @@ fn a_failed_sync_after_the_renames_fails_its_files_and_records_none() {
 #[test]
 fn a_single_file_killed_between_its_rename_and_its_sync_is_the_host_s_own_work() {
     let s = Scratch::new();
-    let file = |content: &str| json!([{"type": "file", "id": "a.conf", "path": s.p("a.conf"), "content": content}]);
+    let file =
+        |content: &str| json!([{"type": "file", "id": "a.conf", "path": s.p("a.conf"), "content": content}]);
     let d = s.declare(file("v1\n"));
     assert_eq!(s.apply(&d).0, 0);
     let d = s.declare(file("v2\n"));
@@ -567,7 +568,8 @@ fn a_single_file_killed_between_its_rename_and_its_sync_is_the_host_s_own_work()
 fn a_failed_sync_after_a_single_file_s_rename_fails_it_and_records_nothing() {
     let s = Scratch::new();
     std::fs::write(s.path("a.conf"), "there before\n").unwrap();
-    let d = s.declare(json!([{"type": "file", "id": "a.conf", "path": s.p("a.conf"), "content": "declared\n"}]));
+    let d =
+        s.declare(json!([{"type": "file", "id": "a.conf", "path": s.p("a.conf"), "content": "declared\n"}]));
     let out = assert_cmd::Command::cargo_bin("mesh-host")
         .unwrap()
         .env("MESH_HOST_FAILPOINT", "sync-eio")
