@@ -147,13 +147,19 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
     // etcd is out of reach.
     if let (Some(source), Some(etcd)) = (config.fleet.clone(), etcd) {
         let etcd = Arc::new(etcd);
+        // Why the latest declaration in etcd was refused: written by the source, read by the
+        // status writer (into the node's status) and by the task below (counted and logged,
+        // as a local refusal is).
+        let (refused_tx, refused_rx) = tokio::sync::watch::channel(None::<String>);
         tasks.push(tokio::spawn(crate::fleet::status::run(
             Arc::clone(&etcd),
             source.node.clone(),
             source.groups.clone(),
             worker.applied(),
+            refused_rx.clone(),
             shutdown.clone(),
         )));
+        tasks.push(tokio::spawn(report_refusals(refused_rx, Arc::clone(&metrics), shutdown.clone())));
         tracing::info!(endpoints = %source.endpoints, node = %source.node, groups = ?source.groups, "declaration from etcd");
         let (first_tx, first_rx) = tokio::sync::oneshot::channel();
         tasks.push(tokio::spawn(crate::fleet::source::run(
@@ -161,6 +167,7 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
             etcd,
             config.declaration.clone(),
             first_tx,
+            refused_tx,
             shutdown.clone(),
         )));
         // The first apply waits for the first read of etcd (it fails fast when etcd refuses
@@ -240,6 +247,33 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
 /// time: a margin of three periods, so one late tick does not fail the start.
 const EXTEND_EVERY: Duration = Duration::from_secs(10);
 const EXTEND_BY: Duration = Duration::from_secs(30);
+
+/// Counts and logs each declaration refused in etcd, as a local refusal is counted and logged
+/// (`mesh_host_declaration_refusals_total`), until shutdown.
+async fn report_refusals(
+    mut refused: tokio::sync::watch::Receiver<Option<String>>,
+    metrics: Arc<crate::telemetry::metrics::Metrics>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            changed = refused.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let why = refused.borrow_and_update().clone();
+                if let Some(message) = why {
+                    crate::telemetry::events::DeclarationRefused {
+                        message: &message,
+                        kept: "the declaration last accepted from etcd stays in force",
+                    }
+                    .emit(&metrics);
+                }
+            }
+        }
+    }
+}
 
 /// Keeps extending systemd's start timeout (`EXTEND_TIMEOUT_USEC`) until the returned token is
 /// cancelled: the first apply runs before READY, and 10,000 resources with image pulls take

@@ -76,13 +76,34 @@ fn cached_digest(cache: &std::path::Path) -> Option<String> {
     manifest["digest"].as_str().map(str::to_owned)
 }
 
+/// What one read of etcd came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// The same keys and values as the last read: nothing to do.
+    Unchanged,
+    /// Accepted and written to the cache, which the controller puts in force.
+    Accepted,
+    /// Accepted, but the cache could not be written: tried again at the next read.
+    NotCached,
+    /// Refused whole, with why: the declaration in force stays. Reported once per distinct read
+    /// (the controller counts it and logs it; the status in etcd carries it until a later
+    /// declaration is accepted).
+    Refused(String),
+}
+
 /// Decides what one read means for the cache: written when it is a declaration mesh-host
-/// accepts and differs from what is cached; refused, and said so once, otherwise. Blocking: a
-/// large declaration takes a while to parse and the cache is written with fsyncs.
-fn settle(source: &Source, cache: &std::path::Path, revision: i64, kvs: Vec<Kv>, seen: &mut Option<String>) {
+/// accepts and differs from what is cached; refused otherwise. Blocking: a large declaration
+/// takes a while to parse and the cache is written with fsyncs.
+fn settle(
+    source: &Source,
+    cache: &std::path::Path,
+    revision: i64,
+    kvs: Vec<Kv>,
+    seen: &mut Option<String>,
+) -> Settled {
     let d = digest(&kvs);
     if seen.as_deref() == Some(d.as_str()) {
-        return;
+        return Settled::Unchanged;
     }
     *seen = Some(d.clone());
     let node = &source.node;
@@ -90,13 +111,10 @@ fn settle(source: &Source, cache: &std::path::Path, revision: i64, kvs: Vec<Kv>,
         // An empty declaration would remove everything the node manages: a node named wrongly,
         // or a fleet wiped by mistake, must not do that. An operator who means it puts a
         // declaration with no resources.
-        tracing::error!(
-            node = %node,
-            revision,
+        return Settled::Refused(format!(
             "etcd holds no declaration for node {node} (no key under its fleet, group or node prefixes) at revision {revision}; \
-             refused, the declaration in force stays. To empty a node on purpose, put a declaration with no resources"
-        );
-        return;
+             refused. To empty a node on purpose, put a declaration with no resources"
+        ));
     }
     let named: Vec<(String, Vec<u8>)> = kvs.iter().map(|kv| (kv.key.clone(), kv.value.clone())).collect();
     match Declaration::parse_sources(&named) {
@@ -112,15 +130,18 @@ fn settle(source: &Source, cache: &std::path::Path, revision: i64, kvs: Vec<Kv>,
                 .collect();
             files.push((MANIFEST.into(), manifest.to_string().into_bytes()));
             match crate::system::etcd::replace_dir(cache, &files) {
-                Ok(()) => tracing::info!(
-                    node = %node,
-                    revision,
-                    resources = declaration.resources.len(),
-                    keys = kvs.len(),
-                    "declaration from etcd accepted at revision {revision}: {} resources from {} keys",
-                    declaration.resources.len(),
-                    kvs.len()
-                ),
+                Ok(()) => {
+                    tracing::info!(
+                        node = %node,
+                        revision,
+                        resources = declaration.resources.len(),
+                        keys = kvs.len(),
+                        "declaration from etcd accepted at revision {revision}: {} resources from {} keys",
+                        declaration.resources.len(),
+                        kvs.len()
+                    );
+                    Settled::Accepted
+                }
                 Err(e) => {
                     // Not recorded as seen: the next read tries the write again.
                     *seen = None;
@@ -130,25 +151,27 @@ fn settle(source: &Source, cache: &std::path::Path, revision: i64, kvs: Vec<Kv>,
                         "cannot write the declaration from etcd to {}: {e}; the declaration in force stays",
                         cache.display()
                     );
+                    Settled::NotCached
                 }
             }
         }
-        Err(refused) => tracing::error!(
-            node = %node,
-            revision,
-            "the declaration in etcd at revision {revision} is refused; the declaration in force stays: {refused}"
-        ),
+        Err(refused) => {
+            Settled::Refused(format!("the declaration in etcd at revision {revision} is refused: {refused}"))
+        }
     }
 }
 
 /// Runs the source until `shutdown`: see the module's notes. `first` is told when the first read
 /// has been settled or has failed, so the controller's first apply is of what etcd holds now
-/// rather than of an older cache, without waiting on an etcd that does not answer.
+/// rather than of an older cache, without waiting on an etcd that does not answer. `refused`
+/// holds why the latest declaration read was refused, `None` once one is accepted: the
+/// controller counts and logs each refusal, and the status writer puts it in the node's status.
 pub async fn run(
     source: Source,
     etcd: std::sync::Arc<Etcd>,
     cache: PathBuf,
     first: tokio::sync::oneshot::Sender<()>,
+    refused: tokio::sync::watch::Sender<Option<String>>,
     shutdown: CancellationToken,
 ) {
     let mut first = Some(first);
@@ -183,12 +206,22 @@ pub async fn run(
         backoff = Duration::from_millis(250);
         let (settle_source, settle_cache) = (source.clone(), cache.clone());
         let mut settle_seen = seen.take();
-        let settled = tokio::task::spawn_blocking(move || {
-            settle(&settle_source, &settle_cache, revision, kvs, &mut settle_seen);
-            settle_seen
+        let joined = tokio::task::spawn_blocking(move || {
+            let settled = settle(&settle_source, &settle_cache, revision, kvs, &mut settle_seen);
+            (settled, settle_seen)
         })
         .await;
-        seen = settled.unwrap_or(None);
+        let settled;
+        (settled, seen) = joined.unwrap_or((Settled::NotCached, None));
+        match settled {
+            Settled::Accepted => {
+                refused.send_if_modified(|r| r.take().is_some());
+            }
+            Settled::Refused(why) => {
+                refused.send_replace(Some(why));
+            }
+            Settled::Unchanged | Settled::NotCached => {}
+        }
         if let Some(first) = first.take() {
             let _ = first.send(());
         }

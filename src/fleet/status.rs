@@ -60,6 +60,10 @@ pub struct Status {
     /// What its last apply did: whether it converged, its counts, its last error.
     #[serde(flatten)]
     pub applied: Applied,
+    /// Why the latest declaration etcd holds for the node was refused; absent once a later one
+    /// is accepted. The node goes on enforcing the declaration it applied (`revision`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
     /// Seconds since the epoch when this was written.
     pub written_at: u64,
 }
@@ -88,6 +92,7 @@ pub async fn run(
     node: String,
     groups: Vec<String>,
     mut applied: watch::Receiver<Applied>,
+    mut refused: watch::Receiver<Option<String>>,
     shutdown: CancellationToken,
 ) {
     let (status, alive) = (status_key(&node), alive_key(&node));
@@ -127,11 +132,19 @@ pub async fn run(
                     };
                 }
             }
+            changed = refused.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                // Written with what was applied, below, at the next turn.
+                applied.mark_changed();
+            }
             changed = applied.changed() => {
                 if changed.is_err() {
                     return;
                 }
                 let now = applied.borrow_and_update().clone();
+                let refusal = refused.borrow_and_update().clone();
                 let written_at = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|d| d.as_secs())
@@ -141,6 +154,7 @@ pub async fn run(
                     groups: groups.clone(),
                     revision: revision_of(&now.sources),
                     applied: now,
+                    refused: refusal,
                     written_at,
                 };
                 let bytes = match serde_json::to_vec(&record) {
@@ -246,7 +260,9 @@ pub fn table(revision: i64, rows: &[Row]) -> String {
     let opt = |r: Option<i64>| r.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
     for row in rows {
         let s = row.status.as_ref();
-        let mut error = s.and_then(|s| s.applied.last_error.clone()).unwrap_or_default();
+        // A refused declaration first: it is why the node is not at its latest revision.
+        let mut error =
+            s.and_then(|s| s.refused.clone().or_else(|| s.applied.last_error.clone())).unwrap_or_default();
         error = error.lines().next().unwrap_or_default().chars().take(80).collect();
         let _ = writeln!(
             out,

@@ -355,10 +355,22 @@ fn a_node_applies_the_fleet_its_groups_and_its_own_keys_follows_changes_and_keep
     let out = etcdctl(&url, &["put", "/mesh-host/node/web-1/declaration/node.json", bad]);
     assert!(out.status.success());
     assert!(
-        wait_for(PATIENCE, || daemon.log().contains("is refused; the declaration in force stays")),
+        wait_for(PATIENCE, || daemon.log().contains("is refused: ")
+            && daemon.log().contains("the declaration last accepted from etcd stays in force")),
         "the refusal is reported:\n{}",
         daemon.log()
     );
+    // Counted as a local refusal is, and carried in the node's status in etcd, which `fleet
+    // status` shows as the node's last error.
+    assert_eq!(daemon.metric("mesh_host_declaration_refusals_total"), 1.0, "{}", daemon.log());
+    let refused_in_status = || {
+        let (_, status) = fleet_status(&s, &url);
+        let said = row(&status, "web-1")["status"]["refused"].as_str().unwrap_or_default().to_owned();
+        said.contains("is refused") && said.contains("web.conf")
+    };
+    assert!(wait_for(PATIENCE, refused_in_status), "{:#}", fleet_status(&s, &url).1);
+    let table = String::from_utf8_lossy(&fleet(&s, &["status", "--etcd", &url]).stdout).into_owned();
+    assert!(table.contains("is refused"), "the table's last error: {table}");
     std::fs::write(&conf, "hand-edit\n").unwrap();
     assert!(
         wait_for(PATIENCE, || read(&conf) == "port=8080\n"),
@@ -375,6 +387,48 @@ fn a_node_applies_the_fleet_its_groups_and_its_own_keys_follows_changes_and_keep
         wait_for(PATIENCE, || read(&conf) == "port=9090\n"),
         "a good declaration after a bad one:\n{}",
         daemon.log()
+    );
+    let status_of = || row(&fleet_status(&s, &url).1, "web-1")["status"].clone();
+    assert!(
+        wait_for(PATIENCE, || {
+            let st = status_of();
+            st["refused"].is_null() && st["converged"] == true && st["last_error"].is_null()
+        }),
+        "the refusal is gone from the status once a declaration is accepted: {:#}",
+        status_of()
+    );
+
+    // A resource that fails: the node is not converged, and its status says what failed, until
+    // it is fixed.
+    write_declaration(
+        &s.path("in/node.json"),
+        json!([
+            {"type": "file", "id": "web.conf", "path": s.p("out/web.conf"), "content": "port=9090\n"},
+            {"type": "file", "id": "web.inner", "path": s.p("out/web.conf/inner"), "content": "x\n"},
+        ]),
+    );
+    put(&["--node", "web-1"], &s.path("in/node.json"));
+    assert!(
+        wait_for(PATIENCE, || {
+            let st = status_of();
+            st["converged"] == false && st["last_error"].as_str().is_some_and(|e| e.contains("web.inner"))
+        }),
+        "a failure reaches the status: {:#}\n{}",
+        status_of(),
+        daemon.log()
+    );
+    write_declaration(
+        &s.path("in/node.json"),
+        json!([{"type": "file", "id": "web.conf", "path": s.p("out/web.conf"), "content": "port=9090\n"}]),
+    );
+    put(&["--node", "web-1"], &s.path("in/node.json"));
+    assert!(
+        wait_for(PATIENCE, || {
+            let st = status_of();
+            st["converged"] == true && st["last_error"].is_null()
+        }),
+        "converged again: {:#}",
+        status_of()
     );
     assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
 }
