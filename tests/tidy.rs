@@ -298,3 +298,44 @@ fn the_checks_see_what_they_look_for() {
     let inner = code_only("match k { Kind::File => match x { A => 1, B => 2 }, Kind::Dir => 3, _ => 4 }");
     assert_eq!(matches(&inner)[0].1, vec!["Kind::File", "Kind::Dir", "_"]);
 }
+
+/// The controller asks the declaration its questions (methods such as `movable_bodies`,
+/// `container_names`, `closure`) and never takes a resource's `Spec` apart itself: what a type
+/// means is decided in one place (issue 16, item 1). Its tests may look inside.
+#[test]
+fn the_controller_never_takes_a_spec_apart() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut wrong = Vec::new();
+    for file in rust_files(&src.join("controller")) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let code = code_only(text.split("#[cfg(test)]").next().unwrap_or_default());
+        for (n, line) in code.lines().enumerate() {
+            if spec_variant_named(line) {
+                wrong.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "ask the declaration instead (a method in src/declaration):\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// Whether a line of code names a variant of `Spec` (`Spec::File`, not `FileSpec::` or `spec::`).
+fn spec_variant_named(line: &str) -> bool {
+    line.match_indices("Spec::").any(|(at, _)| {
+        !line[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_')
+            && line[at + 6..].starts_with(|c: char| c.is_ascii_uppercase())
+    })
+}
+
+#[test]
+fn the_spec_check_sees_what_it_looks_for() {
+    assert!(spec_variant_named("let Spec::File(f) = &r.spec else { continue };"));
+    assert!(spec_variant_named("if let Some(Spec::Container(c)) = x {"));
+    assert!(!spec_variant_named("let s = FileSpec::new();"));
+    assert!(!spec_variant_named("use crate::declaration::Spec;"));
+    let code = code_only("// Spec::File in a comment\nlet a = \"Spec::File\";");
+    assert!(!code.lines().any(spec_variant_named), "comments and strings are not code");
+}

@@ -20,7 +20,6 @@
 use std::io::{self, BufRead as _, Read, Seek as _};
 use std::path::{Component, Path, PathBuf};
 
-use base64::Engine as _;
 use sha2::Digest as _;
 
 use super::{begin, Ctx, Error, Facts, Step, Verb};
@@ -62,8 +61,8 @@ struct Entry {
 
 /// The archive's bytes: declared inline, or a file on the machine, kept open so every pass
 /// reads the same file.
-enum Source {
-    Inline(Vec<u8>),
+enum Source<'a> {
+    Inline(&'a [u8]),
     File(std::fs::File),
 }
 
@@ -81,12 +80,12 @@ impl<R: Read> Read for Hashing<R> {
     }
 }
 
-impl Source {
+impl Source<'_> {
     /// One pass over the archive from its start: the raw bytes, hashed as they are read, and the
     /// tar stream (gunzipped when the bytes start as gzip does).
     fn pass(&mut self) -> io::Result<Pass<'_>> {
         let raw: Box<dyn Read + '_> = match self {
-            Source::Inline(b) => Box::new(&b[..]),
+            Source::Inline(b) => Box::new(*b),
             Source::File(f) => {
                 f.rewind()?;
                 Box::new(&*f)
@@ -319,13 +318,10 @@ fn keep_found(ctx: &mut Ctx<'_>, path: &Path, entries: &[Entry]) -> Result<usize
 }
 
 /// The archive's bytes, as declared: inline, or a regular file on the machine.
-fn source(a: &Archive) -> Result<Source, Error> {
+fn source(a: &Archive) -> Result<Source<'_>, Error> {
     let path = a.path.as_path();
     match (&a.bytes, &a.source) {
-        (Some(b), _) => base64::engine::general_purpose::STANDARD
-            .decode(b)
-            .map(Source::Inline)
-            .map_err(|error| Error::NotBase64 { path: path.to_owned(), error }),
+        (Some(b), _) => Ok(Source::Inline(b.as_slice())),
         (None, Some(src)) => crate::system::input::open_regular(src.as_path())
             .map(|(file, _)| Source::File(file))
             .map_err(|error| Error::ArchiveSource { path: src.as_path().to_owned(), error }),

@@ -201,14 +201,6 @@ pub enum Error {
         /// The directory the archive unpacks into.
         path: PathBuf,
     },
-    /// A file's or archive's `bytes` that do not decode as base64.
-    #[error("{path}: `bytes` is not base64: {error}")]
-    NotBase64 {
-        /// The declared path.
-        path: PathBuf,
-        /// The decoder's error, saying where the text stops being base64.
-        error: base64::DecodeError,
-    },
     /// The daemon's content file did not give back a file's declared bytes.
     #[error(
         "cannot read the declared content of {path} from the agent's content file: {error}; touch the declaration to have it read again"
@@ -714,10 +706,6 @@ mod tests {
     #[test]
     fn every_message_reads_as_it_did() {
         let p = || PathBuf::from("/etc/app.conf");
-        let base64 = {
-            use base64::Engine as _;
-            base64::engine::general_purpose::STANDARD.decode("!").unwrap_err()
-        };
         let cases: Vec<(Error, String)> = vec![
             (
                 Error::IdTooLongForRule { id: "a.b".into(), max: 128 },
@@ -782,10 +770,6 @@ mod tests {
             ),
             (Error::NoContent { path: p() }, "/etc/app.conf declares no content".into()),
             (Error::NoArchive { path: p() }, "/etc/app.conf: the archive has no bytes or source".into()),
-            (
-                Error::NotBase64 { path: p(), error: base64.clone() },
-                format!("/etc/app.conf: `bytes` is not base64: {base64}"),
-            ),
             (
                 Error::ContentFile { path: p(), error: io() },
                 "cannot read the declared content of /etc/app.conf from the agent's content file: boom; touch the declaration to have it read again".into(),

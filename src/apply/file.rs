@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use age::secrecy::ExposeSecret as _;
-use base64::Engine as _;
 
 use super::{begin, secret, Aspect, Ctx, Error, Facts, Outcome, Step, Target, Verb};
 use crate::declaration::{digest, Digest, File, Kind, Resource};
@@ -66,10 +65,7 @@ pub fn declared_bytes<'a>(f: &'a File, contents: Option<&ContentFile>) -> Result
     }
     match (&f.content, &f.bytes) {
         (Some(c), _) => Ok(Cow::Borrowed(c.as_bytes())),
-        (None, Some(b)) => base64::engine::general_purpose::STANDARD
-            .decode(b)
-            .map(Cow::Owned)
-            .map_err(|error| Error::NotBase64 { path: f.path.as_path().to_owned(), error }),
+        (None, Some(b)) => Ok(Cow::Borrowed(b.as_slice())),
         (None, None) => Err(Error::NoContent { path: f.path.as_path().to_owned() }),
     }
 }

@@ -7,12 +7,9 @@
 //! (`declaration::Stored`, plain values). The file is the daemon's: it hands it to each apply in
 //! `apply::Options::contents`. A daemon memory policy, so it lives here, not in an applier.
 
-use std::borrow::Cow;
 use std::path::Path;
 
-use base64::Engine as _;
-
-use crate::declaration::{Declaration, Spec, Stored};
+use crate::declaration::{Declaration, Stored};
 use crate::system::{ContentFile, ContentWriter};
 
 /// Moves the declared bytes of the declaration's files into a new content file in `dir`. All
@@ -22,31 +19,14 @@ use crate::system::{ContentFile, ContentWriter};
 pub fn keep_on_disk(d: &mut Declaration, dir: &Path) -> std::io::Result<(ContentFile, usize)> {
     let mut writer = ContentWriter::create(dir)?;
     let mut moved = Vec::new();
-    for r in &d.resources {
-        let Spec::File(f) = &r.spec else { continue };
-        if f.stored.is_some() || f.carries_secret() || f.into.is_some() {
-            continue;
-        }
-        let bytes = match (&f.content, &f.bytes) {
-            (Some(c), _) => Cow::Borrowed(c.as_bytes()),
-            (None, Some(b)) => match base64::engine::general_purpose::STANDARD.decode(b) {
-                Ok(bytes) => Cow::Owned(bytes),
-                // Refused at apply, with its reason; nothing to move.
-                Err(_) => continue,
-            },
-            (None, None) => continue,
-        };
-        let place = writer.push(&bytes)?;
-        moved.push((r.index, Stored { at: place.at, len: place.len, sum: place.sum }));
+    for (index, body) in d.movable_bodies() {
+        let place = writer.push(body)?;
+        moved.push((index, Stored { at: place.at, len: place.len, sum: place.sum }));
     }
     let file = writer.finish()?;
     let count = moved.len();
     for (index, stored) in moved {
-        if let Spec::File(f) = &mut d.resources[index].spec {
-            f.stored = Some(stored);
-            f.content = None;
-            f.bytes = None;
-        }
+        d.body_moved(index, stored);
     }
     Ok((file, count))
 }
@@ -55,7 +35,7 @@ pub fn keep_on_disk(d: &mut Declaration, dir: &Path) -> std::io::Result<(Content
 mod tests {
     use super::*;
     use crate::apply::declared_bytes;
-    use crate::declaration::File;
+    use crate::declaration::{File, Spec};
 
     fn file_of<'a>(d: &'a Declaration, id: &str) -> &'a File {
         match &d.find(id).unwrap().spec {

@@ -206,8 +206,18 @@ struct Inner<K> {
 
 /// A de-duplicating, rate-limited, delaying work queue of keys.
 pub struct Queue<K> {
+    /// Everything that changes: the keys waiting, running, dirty and backing off, the claims in
+    /// flight and the token bucket. Written by every producer (`add`, `add_after`: the intake
+    /// loop, the scheduler's task, the worker's retries) and by the worker (`next`, `try_next`,
+    /// `done`, `forget_claims`, `shut_down`); read by the same and by the metrics (`stats`).
+    /// Safe because every access takes the std lock, which is never held across an await nor
+    /// while a key runs: each method's work under it is a few map operations.
     inner: Mutex<Inner<K>>,
+    /// Wakes the worker waiting in `next` or `wait` when a key becomes ready or the queue shuts
+    /// down. Any task may notify; the waiter re-reads `inner` after waking, so a spurious or
+    /// stored wake-up costs one look.
     wake: Notify,
+    /// Set at construction, read only.
     config: Config,
 }
 

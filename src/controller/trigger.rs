@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use mesh_host_watchers::Change;
 
-use crate::declaration::{Declaration, Id, Spec};
+use crate::declaration::{Declaration, Id};
 
 /// What the worker reconciles.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -51,11 +51,11 @@ impl Index {
         let mut units = HashMap::new();
         let mut containers = HashSet::new();
         let mut container_names = HashMap::new();
+        for (id, name) in d.container_names() {
+            containers.insert(id.clone());
+            container_names.insert(name.to_string(), id.clone());
+        }
         for r in &d.resources {
-            if let Spec::Container(c) = &r.spec {
-                containers.insert(r.id.clone());
-                container_names.insert(c.name.to_string(), r.id.clone());
-            }
             if let Some(unit) = r.spec.unit() {
                 units.insert(unit, r.id.clone());
             }

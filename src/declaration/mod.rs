@@ -25,8 +25,8 @@ pub use error::{Problem, Refused};
 pub use model::*;
 pub use schema::json_schema;
 pub use types::{
-    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Sealed,
-    Sha256, Transport, Volume, VolumeSource,
+    AbsPath, Argv, Base64Bytes, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port,
+    PortMapping, Sealed, Sha256, Transport, Volume, VolumeSource,
 };
 pub(crate) use validate::secret_holes;
 
@@ -153,6 +153,42 @@ impl Declaration {
     /// The scheduled steps, with their cron expressions.
     pub fn scheduled_steps(&self) -> impl Iterator<Item = (&Id, &Cron)> + '_ {
         self.resources.iter().filter_map(|r| r.spec.schedule().map(|c| (&r.id, c)))
+    }
+
+    /// The files whose declared body may be kept outside the declaration, in the daemon's
+    /// content file, with that body: by index. Not a file carrying a sealed value (opened per
+    /// apply), nor one writing keys `into` a file (merged from its text), nor one already moved.
+    pub fn movable_bodies(&self) -> impl Iterator<Item = (usize, &[u8])> + '_ {
+        self.resources.iter().filter_map(|r| {
+            let Spec::File(f) = &r.spec else { return None };
+            if f.stored.is_some() || f.carries_secret() || f.into.is_some() {
+                return None;
+            }
+            let body = match (&f.content, &f.bytes) {
+                (Some(c), _) => c.as_bytes(),
+                (None, Some(b)) => b.as_slice(),
+                (None, None) => return None,
+            };
+            Some((r.index, body))
+        })
+    }
+
+    /// Notes that the body of the file at `index` is kept at `stored`, and drops it from the
+    /// declaration. Nothing for a resource that is not a file.
+    pub fn body_moved(&mut self, index: usize, stored: Stored) {
+        if let Some(Spec::File(f)) = self.resources.get_mut(index).map(|r| &mut r.spec) {
+            f.stored = Some(stored);
+            f.content = None;
+            f.bytes = None;
+        }
+    }
+
+    /// The container names declared, with their resources' ids.
+    pub fn container_names(&self) -> impl Iterator<Item = (&Id, &Name)> + '_ {
+        self.resources.iter().filter_map(|r| {
+            let Spec::Container(c) = &r.spec else { return None };
+            Some((&r.id, &c.name))
+        })
     }
 
     /// The declared bytes of files held in the declaration itself, not in a content file.

@@ -9,8 +9,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::types::{
-    AbsPath, Argv, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port, PortMapping, Sealed,
-    Sha256, Volume,
+    AbsPath, Argv, Base64Bytes, Cidr, Cron, EnvName, HostEntry, Id, Image, Mode, Name, Owner, Port,
+    PortMapping, Sealed, Sha256, Volume,
 };
 
 /// A directory the host makes if absent, and whose mode and owner it maintains.
@@ -50,11 +50,8 @@ pub struct File {
     /// holes, filled from `secrets`.
     pub content: Option<String>,
     /// Base64 of the file's bytes, for what is not text.
-    // Absent is `None`, as for any `Option`; `serde(default)` says so only because the field
-    // has its own deserialiser, and the schemars attribute keeps that out of the schema.
-    #[serde(default, deserialize_with = "super::types::base64_text")]
-    #[schemars(skip_serializing_if = "Option::is_none")]
-    pub bytes: Option<String>,
+    // Decoded when parsed (`Base64Bytes`).
+    pub bytes: Option<Base64Bytes>,
     /// The whole file, sealed to this node's key (age X25519): armored, or base64 of binary.
     pub sealed: Option<Sealed>,
     /// Sealed values by name, for `${secret:NAME}` holes in `content`.
@@ -258,11 +255,8 @@ pub struct Archive {
     /// The directory the archive is unpacked into.
     pub path: AbsPath,
     /// Base64 of a tar or tar.gz archive.
-    // Absent is `None`, as for any `Option`; `serde(default)` says so only because the field
-    // has its own deserialiser, and the schemars attribute keeps that out of the schema.
-    #[serde(default, deserialize_with = "super::types::base64_text")]
-    #[schemars(skip_serializing_if = "Option::is_none")]
-    pub bytes: Option<String>,
+    // Decoded when parsed (`Base64Bytes`).
+    pub bytes: Option<Base64Bytes>,
     /// A tar or tar.gz archive on the machine.
     pub source: Option<AbsPath>,
     /// The sha256 of the archive, 64 hex digits; checked before anything is unpacked.
@@ -604,7 +598,7 @@ impl Spec {
     pub fn inline_bytes(&self) -> usize {
         match self {
             Spec::File(f) => {
-                f.content.as_ref().map_or(0, String::len) + f.bytes.as_ref().map_or(0, String::len)
+                f.content.as_ref().map_or(0, String::len) + f.bytes.as_ref().map_or(0, Base64Bytes::len)
             }
             Spec::Directory(_)
             | Spec::Access(_)
