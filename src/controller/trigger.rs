@@ -96,7 +96,7 @@ pub fn keys(change: &Change, index: &Index) -> Vec<(Key, &'static str)> {
         Change::Unit { unit } => {
             index.units.get(unit).map(|id| (Key::Resource(id.clone()), "systemd")).into_iter().collect()
         }
-        Change::Container { label, name, .. } => Id::parse(label)
+        Change::Container { id_label, name, .. } => Id::parse(id_label)
             .ok()
             .filter(|id| index.containers.contains(id))
             .or_else(|| index.container_names.get(name).cloned())
@@ -146,8 +146,8 @@ mod tests {
         );
         assert!(keys(&Change::Unit { unit: "sshd.service".into() }, &index).is_empty());
         assert_eq!(index.units().len(), 2);
-        let container = |label: &str, name: &str| Change::Container {
-            label: label.into(),
+        let container = |id_label: &str, name: &str| Change::Container {
+            id_label: id_label.into(),
             name: name.into(),
             action: "die".into(),
         };

@@ -810,6 +810,8 @@ fn with_etcds_auth_on_a_node_reads_only_its_own_groups_and_the_fleets_keys_and_w
     put(&["--group", "g1"], "g1", "group\n");
     put(&["--node", "auth-a"], "a", "a\n");
     put(&["--node", "auth-b"], "b", "b\n");
+    // A group neither node is in.
+    put(&["--group", "g2"], "g2", "other group\n");
 
     // Node A, logged in as itself: its declaration applies and its status is written.
     let port = free_port();
@@ -828,6 +830,7 @@ fn with_etcds_auth_on_a_node_reads_only_its_own_groups_and_the_fleets_keys_and_w
         assert!(wait_for(PATIENCE, || read(&s.path(name)) == content), "{name} applied:\n{}", daemon.log());
     }
     assert!(!s.path("b").exists(), "B's declaration is not A's");
+    assert!(!s.path("g2").exists(), "a group A is not in is not A's");
     let root_login = "root:root-pw-fleet";
     let as_root = |args: &[&str]| etcdctl(&url, &[&["--user", root_login], args].concat());
     assert!(
@@ -848,6 +851,14 @@ fn with_etcds_auth_on_a_node_reads_only_its_own_groups_and_the_fleets_keys_and_w
         "A read B's declaration"
     );
     assert!(denied(&as_a(&["put", "/mesh-host/node/auth-b/status", "{}"])), "A wrote B's status");
+    assert!(
+        denied(&as_a(&["get", "--prefix", "/mesh-host/group/g2/declaration/"])),
+        "A read a group it is not in"
+    );
+    assert!(
+        as_a(&["get", "--prefix", "/mesh-host/group/g1/declaration/"]).status.success(),
+        "A reads its own group"
+    );
     assert!(
         denied(&as_a(&["put", "/mesh-host/node/auth-a/declaration/x.json", "{}"])),
         "A wrote its own declaration"

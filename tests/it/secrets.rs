@@ -151,11 +151,33 @@ fn rotation_keeps_values_sealed_to_the_previous_key_opening_until_retired() {
         assert_eq!(String::from_utf8_lossy(&out.stdout), want);
     }
 
+    // And mesh-host itself opens both at apply: a sealed file still sealed to the first key (the
+    // control plane has not re-sealed it yet), and a hole sealed to the new one.
+    let d = s.declare(serde_json::json!([
+        {"type": "file", "id": "app.old", "path": s.p("etc/old"), "sealed": seal(&first, b"sealed before the rotation")},
+        {"type": "file", "id": "app.new", "path": s.p("etc/new"), "content": "token=${secret:token}\n",
+         "secrets": {"token": seal(&second, b"sealed after")}},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(std::fs::read_to_string(s.path("etc/old")).unwrap(), "sealed before the rotation");
+    assert_eq!(std::fs::read_to_string(s.path("etc/new")).unwrap(), "token=sealed after\n");
+
     let out = s.run(&["keygen", "--retire-previous"]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), second);
     let out = Command::new("age").arg("-d").arg("-i").arg(key_of(&s)).arg(&old).output().unwrap();
     assert!(!out.status.success(), "a value sealed to the retired key no longer opens");
+    // Once retired, a value still sealed to the old key fails its own resource when it must be
+    // opened (here, to put back a hand-edit), naming it; the rest applies.
+    std::fs::write(s.path("etc/old"), "by hand").unwrap();
+    std::fs::write(s.path("etc/new"), "by hand").unwrap();
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(report["error"]["resource"], "app.old", "{report:#}");
+    assert_eq!(report["error"]["others"], 0, "{report:#}");
+    assert_eq!(std::fs::read_to_string(s.path("etc/old")).unwrap(), "by hand", "left as it was");
+    assert_eq!(std::fs::read_to_string(s.path("etc/new")).unwrap(), "token=sealed after\n", "put back");
     let out = s.run(&["keygen", "--retire-previous"]);
     assert_eq!(out.status.code(), Some(1), "nothing left to retire: {}", text(&out));
 }

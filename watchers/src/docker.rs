@@ -187,9 +187,9 @@ fn change_of(event: bollard::models::EventMessage) -> Option<Change> {
     if attributes.contains_key(STEP_LABEL) {
         return None;
     }
-    let label = attributes.get(ID_LABEL)?.clone();
+    let id_label = attributes.get(ID_LABEL)?.clone();
     let name = attributes.get("name").cloned().unwrap_or_default();
-    Some(Change::Container { label, name, action })
+    Some(Change::Container { id_label, name, action })
 }
 
 async fn connect(socket: Option<&str>) -> Result<bollard::Docker, String> {
@@ -261,7 +261,7 @@ mod tests {
     fn only_a_labelled_container_going_away_is_a_change() {
         assert_eq!(
             change_of(event("die", true)),
-            Some(Change::Container { label: "web.app".into(), name: "web".into(), action: "die".into() })
+            Some(Change::Container { id_label: "web.app".into(), name: "web".into(), action: "die".into() })
         );
         assert!(change_of(event("remove", true)).is_some(), "podman's word for destroy");
         assert_eq!(change_of(event("start", true)), None);

@@ -26,8 +26,9 @@ pub enum Change {
     /// A container event (die, stop, kill, oom, destroy...) of a container carrying a
     /// `mesh-host.id` label.
     Container {
-        /// The `mesh-host.id` label's value: the resource that declared the container.
-        label: String,
+        /// The `mesh-host.id` label's value: the id of the resource that declared the
+        /// container (as the container says; the controller checks it names one).
+        id_label: String,
         /// The container's name.
         name: String,
         /// The engine's word for what happened (`die`, `stop`, ...).

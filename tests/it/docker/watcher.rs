@@ -66,7 +66,7 @@ fn docker_watcher_reports_a_labelled_container_killed_by_hand() {
         );
         assert!(
             seen.contains(&Change::Container {
-                label: "web.app".into(),
+                id_label: "web.app".into(),
                 name: web.clone(),
                 action: "kill".into()
             }),
