@@ -454,11 +454,21 @@ fn the_daemon_corrects_a_hand_edit_of_an_owned_key_filled_from_a_secret() {
         file.write_all(THEIRS_ENV.replace("operator-old-env", "rewritten").as_bytes()).unwrap();
     }
     assert!(wait_for(PATIENCE, || read(&path) == set), "put back: {:?}\n{}", read(&path), daemon.log());
-    // Another key, edited by hand: not drift, left as it is.
+    // Another key, edited by hand: not drift, left as it is. Checked once the daemon has
+    // reconciled the file after the edit (its count of single-resource reconciles moves), not
+    // after a pause that a slow machine could outlast.
+    let reconciles = r#"mesh_host_reconcile_duration_seconds_count{scope="resource"}"#;
+    let (looked, drift) =
+        (daemon.metric(reconciles), daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}"));
     let other = set.replace("DB_HOST=db", "DB_HOST=db2");
     std::fs::write(&path, &other).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        wait_for(PATIENCE, || daemon.metric(reconciles) > looked),
+        "the edit was not looked at:\n{}",
+        daemon.log()
+    );
     assert_eq!(read(&path), other);
+    assert_eq!(daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}"), drift, "not drift");
     assert!(!daemon.log().contains("canary"), "{}", daemon.log());
 }
 
