@@ -208,3 +208,44 @@ fn the_daemon_corrects_what_follows_a_held_action() {
         daemon.log()
     );
 }
+
+/// A node adopted with 10,000 files found, none of them the host's: each is held, the store
+/// remembers each hold, and a later apply keeps holding them. Through a real apply, where the
+/// found-present check asks the store for every file whether any record is at its path (issue
+/// 11: that question was a scan of every record, 10^8 comparisons here; it is a map lookup
+/// now). Its time is a benchmark's business (BENCHMARKS.md, "Adoption at scale"); this checks
+/// that the whole of it is right.
+#[test]
+fn ten_thousand_found_files_are_each_held_and_remembered() {
+    let s = Scratch::new();
+    let count = 10_000;
+    let mut resources = Vec::with_capacity(count);
+    for i in 0..count {
+        let path = s.path(&format!("found/d{}/f{i}", i % 100));
+        if i % 100 == i {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        }
+        std::fs::write(&path, format!("theirs {i}\n")).unwrap();
+        resources.push(json!({"type": "file", "id": format!("app.f{i}"), "path": path, "content": format!("ours {i}\n")}));
+    }
+    let d = adopted(&s, &[], Value::Array(resources));
+    let started = std::time::Instant::now();
+    let (code, report) = s.apply(&d);
+    eprintln!("adopting {count} found files took {:?} (debug build)", started.elapsed());
+    assert_eq!(code, 0, "{}", report["error"]);
+    let outcomes = report["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), count);
+    assert!(outcomes.iter().all(|o| o["action"] == "held"), "every found file is held");
+    for i in (0..count).step_by(997) {
+        assert_eq!(read(&s.path(&format!("found/d{}/f{i}", i % 100))), format!("theirs {i}\n"));
+    }
+    let st = store(&s);
+    assert_eq!(st["held"].as_object().map_or(0, |h| h.len()), count, "each hold remembered");
+    assert!(st["records"].as_object().is_none_or(|r| r.is_empty()), "held is never recorded");
+
+    // Again: still held, from the store's memory, and nothing changed.
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{}", report["error"]);
+    assert!(report["outcomes"].as_array().unwrap().iter().all(|o| o["action"] == "held"));
+    assert_eq!(read(&s.path("found/d7/f7")), "theirs 7\n");
+}
