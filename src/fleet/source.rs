@@ -175,6 +175,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let mut first = Some(first);
+    let mut late = crate::system::fs::failpoint_named("etcd-watch-late");
     let prefixes = super::prefixes(&source.node, &source.groups);
     let mut seen = cached_digest(&cache);
     let mut backoff = Duration::from_millis(250);
@@ -224,6 +225,12 @@ pub async fn run(
         }
         if let Some(first) = first.take() {
             let _ = first.send(());
+        }
+        // The failpoint `etcd-watch-late` holds the first watch back 3 s: the window a test
+        // needs to write and compact past the revision just read, so the watch finds that
+        // revision compacted away and the whole declaration is read again.
+        if std::mem::take(&mut late) {
+            tokio::time::sleep(Duration::from_secs(3)).await;
         }
 
         // One watch per prefix, all from the revision after the one read; whichever speaks

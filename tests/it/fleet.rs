@@ -548,6 +548,63 @@ fn a_sealed_value_goes_through_etcd_and_neither_etcd_nor_the_cache_holds_it_in_t
 }
 
 /// `fleet status --json`: the exit code and the rows.
+/// etcd compacts away the revision a node would watch from (the node is held 3 s between its
+/// read and its watch by the failpoint `etcd-watch-late`; meanwhile two changes are written and
+/// etcd compacted to its latest revision): the watch is refused as compacted, the node reads the
+/// whole declaration again, and applies the latest. Nothing is missed.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_revision_compacted_away_before_the_watch_starts_leads_to_a_whole_read() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let conf = s.path("compact.conf");
+    let declare = |content: &str| {
+        write_declaration(
+            &s.path("in/compact.json"),
+            json!([{"type": "file", "id": "compact.conf", "path": s.p("compact.conf"), "content": content}]),
+        );
+        let out = fleet(&s, &["put", "--etcd", &url, "--node", "compact-1", s.p("in/compact.json").as_str()]);
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    declare("v1\n");
+    let port = free_port();
+    let log = s.path("node.log");
+    let child = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .args(["run", "--etcd", &url, "--node", "compact-1", "--metrics", &format!("127.0.0.1:{port}")])
+        .env("MESH_HOST_LOG", "info")
+        .env("MESH_HOST_FAILPOINT", "etcd-watch-late")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut daemon = Daemon { child: Some(child), port, log };
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "{}", daemon.log());
+    // Within the node's 3 s between its read and its watch.
+    declare("v2\n");
+    declare("v3\n");
+    let got = etcdctl(&url, &["get", "/mesh-host/", "--prefix", "--keys-only", "-w", "json"]);
+    let latest = serde_json::from_slice::<serde_json::Value>(&got.stdout).unwrap()["header"]["revision"]
+        .as_i64()
+        .expect("etcd's revision");
+    let out = etcdctl(&url, &["compaction", &latest.to_string()]);
+    assert!(out.status.success(), "etcdctl compaction: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        wait_for(Duration::from_secs(20), || read(&conf) == "v3\n"),
+        "the latest declaration applied after the compaction:\n{}",
+        daemon.log()
+    );
+    assert!(
+        daemon.log().contains("compacted revision")
+            && daemon.log().contains("reading the whole declaration again"),
+        "the watch found its revision compacted away and the node read again:\n{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}
+
 fn fleet_status(s: &Scratch, url: &str) -> (i32, serde_json::Value) {
     let out = fleet(s, &["status", "--etcd", url, "--json"]);
     let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
