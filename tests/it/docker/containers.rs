@@ -433,13 +433,23 @@ fn podman_an_env_file_change_recreates_and_names_the_file() {
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_adopted_node_holds_a_container_and_network_it_did_not_make_until_taken() {
-    let mut n = Names::new(DOCKER, "adopt");
+    adopted_node_holds_a_container_and_network_it_did_not_make_until_taken(DOCKER);
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn podman_adopted_node_holds_a_container_and_network_it_did_not_make_until_taken() {
+    adopted_node_holds_a_container_and_network_it_did_not_make_until_taken(PODMAN_CLI);
+}
+
+fn adopted_node_holds_a_container_and_network_it_did_not_make_until_taken(rt: Cli) {
+    let mut n = Names::new(rt, "adopt");
     let s = Scratch::new();
     let web = n.container("web");
     let net = n.network("legacy");
-    DOCKER.ok(&["network", "create", &net]);
-    DOCKER.ok(&["run", "-d", "--name", &web, "--network", &net, IMAGE, SERVE[0], SERVE[1], SERVE[2]]);
-    let before = DOCKER.id(&web);
+    rt.ok(&["network", "create", &net]);
+    rt.ok(&["run", "-d", "--name", &web, "--network", &net, IMAGE, SERVE[0], SERVE[1], SERVE[2]]);
+    let before = rt.id(&web);
     let declare = |taken: &[&str]| {
         let path = s.path("adopted.json");
         let d = json!({"version": 1, "adoption": {"taken": taken}, "resources": [
@@ -449,17 +459,17 @@ fn docker_adopted_node_holds_a_container_and_network_it_did_not_make_until_taken
         std::fs::write(&path, serde_json::to_vec_pretty(&d).unwrap()).unwrap();
         path
     };
-    let report = applied(&s, &declare(&[]));
+    let report = rt.applied(&s, &declare(&[]));
     assert_eq!(action(&report, "legacy.net"), "held", "{report:#}");
     assert_eq!(action(&report, "legacy.web"), "held", "{report:#}");
-    assert_eq!(DOCKER.id(&web), before, "held as found");
+    assert_eq!(rt.id(&web), before, "held as found");
     assert!(record(&s, "legacy.web").is_null(), "a hold is never recorded");
 
-    let report = applied(&s, &declare(&["legacy"]));
+    let report = rt.applied(&s, &declare(&["legacy"]));
     assert_eq!(action(&report, "legacy.net"), "unchanged", "{report:#}");
     assert_eq!(action(&report, "legacy.web"), "updated", "{report:#}");
     assert!(detail(&report, "legacy.web").contains("had not created"), "{report:#}");
-    assert_ne!(DOCKER.id(&web), before);
+    assert_ne!(rt.id(&web), before);
 }
 
 /// On an adopted node nothing runs inside what the host holds: an action `in` a held container
