@@ -2,8 +2,11 @@
 //!
 //! The crate is laid out by stage: `declaration` turns bytes into a validated model, `apply`
 //! decides what each resource needs and reports it, `system` is the only code that touches the
-//! machine, `store` records what worked, `secrets` opens sealed values, `fleet` brings
-//! declarations from etcd, and `cli` is the edge.
+//! machine, `store` records what worked, `secrets` opens sealed values, `controller` is the
+//! daemon (triggers, queue, worker, scheduler, health), `cron` the schedules it fires,
+//! `telemetry` its logs, events and metrics, `fleet` brings declarations from etcd and takes
+//! status back, and `cli` is the edge. ARCHITECTURE.md draws the arrows between them, and
+//! `tests/tidy.rs` holds the code to them.
 
 pub mod apply;
 pub mod cli;
