@@ -735,3 +735,77 @@ fn logs_on_a_terminal_are_coloured_unless_no_color_is_set() {
     // Set but empty means nothing, as no-color.org says.
     assert!(coloured(&logged(Some(""))));
 }
+
+/// The shipped dashboard and alert rules ask only for series the agent exports: a metric renamed
+/// or dropped without them would leave a panel empty and an alert that can never fire, with
+/// nothing to say so. Every `mesh_host_*` name in a panel's or a rule's expression must be one
+/// the live `/metrics` lists (a family's samples, or its `# TYPE` line, for a labelled family
+/// with no series yet).
+#[test]
+fn the_dashboard_and_the_alert_rules_name_only_metrics_the_agent_exports() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "op.conf", "path": s.p("op.conf"), "content": "a\n"}]));
+    let daemon = crate::support::Daemon::start(&s, &d, &[]);
+    let (_, body) = scrape(daemon.port, None);
+    let mut exported = std::collections::BTreeSet::new();
+    for line in body.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let family = rest.split(' ').next().unwrap_or_default();
+            for suffix in ["", "_total", "_bucket", "_sum", "_count", "_created", "_info"] {
+                exported.insert(format!("{family}{suffix}"));
+            }
+        } else if !line.starts_with('#') {
+            exported.insert(line.split(['{', ' ']).next().unwrap_or_default().to_owned());
+        }
+    }
+    let names = |text: &str| -> Vec<String> {
+        let mut found = Vec::new();
+        let mut rest = text;
+        while let Some(at) = rest.find("mesh_host_") {
+            let name: String =
+                rest[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            rest = &rest[at + name.len()..];
+            found.push(name);
+        }
+        found
+    };
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dashboard: Value =
+        serde_json::from_slice(&std::fs::read(format!("{root}/deploy/grafana/mesh-host.json")).unwrap())
+            .unwrap();
+    let mut exprs = Vec::new();
+    let mut todo = vec![&dashboard];
+    while let Some(v) = todo.pop() {
+        match v {
+            Value::Object(m) => {
+                if let Some(Value::String(e)) = m.get("expr") {
+                    exprs.push(("deploy/grafana/mesh-host.json", e.clone()));
+                }
+                todo.extend(m.values());
+            }
+            Value::Array(a) => todo.extend(a),
+            _ => {}
+        }
+    }
+    let rules = std::fs::read_to_string(format!("{root}/deploy/prometheus/mesh-host.rules.yml")).unwrap();
+    exprs.extend(
+        rules
+            .lines()
+            .filter(|l| l.trim_start().starts_with("expr:"))
+            .map(|l| ("deploy/prometheus/mesh-host.rules.yml", l.to_owned())),
+    );
+    assert!(exprs.len() >= 10, "the dashboard's and the rules' expressions were found: {exprs:?}");
+    let mut missing = Vec::new();
+    for (file, expr) in &exprs {
+        for name in names(expr) {
+            if !exported.contains(&name) {
+                missing.push(format!("{file}: {name} in {expr}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not exported by the agent:\n{}\n\nexported:\n{exported:?}",
+        missing.join("\n")
+    );
+}
