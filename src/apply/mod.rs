@@ -163,6 +163,16 @@ struct Ctx<'a> {
     machine: &'a mut Machine,
 }
 
+/// What the pass owns between steps and lends each applier in its `Ctx` (see
+/// `Pass::with_ctx`): the file system with its batch of staged files, the accounts resolved so
+/// far, and the diffs a plan shows. Owned by the pass, not the context, because a context
+/// borrows the pass's store and lives for one step only.
+struct Lent {
+    fs: Fs,
+    accounts: Accounts,
+    diffs: Diffs,
+}
+
 /// The connections and caches of one pass to the machine's managers, each made when the first
 /// resource needs it (or kept from an earlier pass, see `Session`): a declaration of files
 /// alone never touches the bus.
@@ -333,82 +343,116 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// One pass: the firewall found in force looked for, what an adopted node holds decided,
+    /// orphans removed, every resource stepped in declaration order, then what waits for the
+    /// end of the pass (the last batch, the second look at units, the firewall, signatures).
     fn run(mut self, only: Option<BTreeSet<usize>>, session: &mut Session) -> (Report, Diffs) {
-        // On an adopted node, the firewall found in force is looked for before anything else:
-        // one the host cannot manage refuses the whole declaration, with nothing touched.
-        // Only a pass that reaches the openings looks: a reconcile of one file does not run ufw.
-        let reaches_openings = only.as_ref().is_none_or(|only| {
-            only.iter().any(|&i| matches!(self.declaration.resources[i].spec, Spec::Opening(_)))
-        });
-        if self.declaration.adoption.is_some() && reaches_openings {
-            match opening::found_firewall(self.opts.bus.as_deref()) {
-                Ok(found) => self.found = found,
-                Err(message) => {
-                    let failure = Failure {
-                        id: "the firewall found on this machine".to_owned(),
-                        kind: Kind::Opening,
-                        target: "the input hook".to_owned(),
-                        message,
-                        raced: false,
-                    };
-                    let error = ApplyError {
-                        resource: failure.id.clone(),
-                        message: failure.message.clone(),
-                        others: 0,
-                        gated: false,
-                        failures: vec![failure],
-                    };
-                    return (Report { outcomes: Vec::new(), error: Some(error) }, Diffs::default());
-                }
-            }
+        if let Err(error) = self.look_for_firewall(only.as_ref()) {
+            return (Report { outcomes: Vec::new(), error: Some(error) }, Diffs::default());
         }
-        let mut fs = if self.opts.dry_run { Fs::new() } else { Fs::journaled(self.store.journal_path()) };
-        let mut accounts = Accounts::default();
-        let mut diffs = Diffs::default();
+        let fs = if self.opts.dry_run { Fs::new() } else { Fs::journaled(self.store.journal_path()) };
+        let mut lent = Lent { fs, accounts: Accounts::default(), diffs: Diffs::default() };
         let mut machine = session.start();
-        // The failure that closed the pass, when a gate did: where it is in `failures`. The
-        // report's error is that gate's own, whatever failed before it.
-        let mut gate_at: Option<usize> = None;
 
         // What an adopted node holds is decided from the machine as it was before this pass
         // changed anything: a directory the pass makes as a file's parent was made, not found.
         if only.is_none() {
             self.release_holds();
         }
-        let mut found = {
-            let mut ctx = Ctx {
-                fs: std::mem::take(&mut fs),
-                accounts: std::mem::take(&mut accounts),
-                store: self.store,
-                opts: self.opts,
-                diffs: std::mem::take(&mut diffs),
-                declaration: self.declaration,
-                changed: &self.changed,
-                machine: &mut machine,
-            };
-            let found = look_before(&mut ctx, only.as_ref());
-            fs = ctx.fs;
-            accounts = ctx.accounts;
-            diffs = ctx.diffs;
-            found
-        };
+        let mut found = self.with_ctx(&mut lent, &mut machine, |ctx| look_before(ctx, only.as_ref()));
         if only.is_none() {
-            self.remove_orphans(&mut fs, &mut machine);
+            self.remove_orphans(&mut lent.fs, &mut machine);
         }
-        // Which gate, if any, holds back the rest when reconciling a part alone: the first one
-        // not recorded at its current declaration. A held gate is not closed: a full pass goes
-        // past it (held is not a failure), and it is never recorded while it is held.
-        let closed_gate = only.as_ref().and_then(|_| {
+        let gate_at = self.step_all(only.as_ref(), &mut found, &mut lent, &mut machine);
+        self.finish(gate_at, only.is_none(), &mut lent.fs, &mut machine);
+        session.end(machine, !self.failures.is_empty());
+        (self.report(gate_at), lent.diffs)
+    }
+
+    /// On an adopted node, looks for the firewall found in force before anything else, and
+    /// keeps it in `found`: one the host cannot manage refuses the whole declaration, with
+    /// nothing touched, so its error is the pass's whole report.
+    fn look_for_firewall(&mut self, only: Option<&BTreeSet<usize>>) -> Result<(), ApplyError> {
+        // Only a pass that reaches the openings looks: a reconcile of one file does not run ufw.
+        let reaches_openings = only.is_none_or(|only| {
+            only.iter().any(|&i| matches!(self.declaration.resources[i].spec, Spec::Opening(_)))
+        });
+        if self.declaration.adoption.is_none() || !reaches_openings {
+            return Ok(());
+        }
+        match opening::found_firewall(self.opts.bus.as_deref()) {
+            Ok(found) => {
+                self.found = found;
+                Ok(())
+            }
+            Err(message) => {
+                let failure = Failure {
+                    id: "the firewall found on this machine".to_owned(),
+                    kind: Kind::Opening,
+                    target: "the input hook".to_owned(),
+                    message,
+                    raced: false,
+                };
+                Err(ApplyError {
+                    resource: failure.id.clone(),
+                    message: failure.message.clone(),
+                    others: 0,
+                    gated: false,
+                    failures: vec![failure],
+                })
+            }
+        }
+    }
+
+    /// Lends `lent` and `machine` to `f` in an applier's context, and takes them back after it:
+    /// the context borrows the pass's store and its changed ids, so it lives only for the call.
+    fn with_ctx<R>(&self, lent: &mut Lent, machine: &mut Machine, f: impl FnOnce(&mut Ctx<'_>) -> R) -> R {
+        let mut ctx = Ctx {
+            fs: std::mem::take(&mut lent.fs),
+            accounts: std::mem::take(&mut lent.accounts),
+            store: self.store,
+            opts: self.opts,
+            diffs: std::mem::take(&mut lent.diffs),
+            declaration: self.declaration,
+            changed: &self.changed,
+            machine,
+        };
+        let result = f(&mut ctx);
+        lent.fs = ctx.fs;
+        lent.accounts = ctx.accounts;
+        lent.diffs = ctx.diffs;
+        result
+    }
+
+    /// Which gate, if any, holds back the rest when reconciling a part alone: the first one
+    /// not recorded at its current declaration. A held gate is not closed: a full pass goes
+    /// past it (held is not a failure), and it is never recorded while it is held.
+    fn closed_gate(&self, only: Option<&BTreeSet<usize>>, found: &Found) -> Option<&'a Resource> {
+        only.and_then(|_| {
             self.declaration.gates().find(|r| {
                 self.store.get(r.id.as_str()).is_none_or(|rec| rec.declared != r.digest)
-                    && held_step(self.declaration, &found, r).is_none()
+                    && held_step(self.declaration, found, r).is_none()
             })
-        });
+        })
+    }
 
-        let total = only.as_ref().map_or(self.declaration.resources.len(), BTreeSet::len);
+    /// Steps every resource of the pass (all of them, or those `only` names) in declaration
+    /// order, telling the progress callback of each, until a gate stops the pass: a closed gate
+    /// before a resource, or a gate that failed. Returns where that gate's failure is in
+    /// `failures`, for the report to name it.
+    fn step_all(
+        &mut self,
+        only: Option<&BTreeSet<usize>>,
+        found: &mut Found,
+        lent: &mut Lent,
+        machine: &mut Machine,
+    ) -> Option<usize> {
+        let closed_gate = self.closed_gate(only, found);
+        let total = only.map_or(self.declaration.resources.len(), BTreeSet::len);
         let mut done = 0;
-        for resource in &self.declaration.resources {
-            if let Some(only) = &only {
+        let declaration = self.declaration;
+        for resource in &declaration.resources {
+            if let Some(only) = only {
                 if !only.contains(&resource.index) {
                     continue;
                 }
@@ -419,7 +463,6 @@ impl<'a> Pass<'a> {
             done += 1;
             if let Some(gate) = closed_gate {
                 if resource.index > gate.index {
-                    gate_at = Some(self.failures.len());
                     self.failures.push(Failure {
                         id: gate.id.to_string(),
                         kind: gate.kind(),
@@ -430,73 +473,88 @@ impl<'a> Pass<'a> {
                         ),
                         raced: false,
                     });
-                    break;
+                    return Some(self.failures.len() - 1);
                 }
             }
-            // The filter is made from every opening at once, after everything else.
-            if matches!(resource.spec, Spec::Opening(_)) {
-                self.openings.push((resource.index, self.slots.len()));
+            if let Some(gate_at) = self.step_one(resource, found, lent, machine) {
+                return Some(gate_at);
+            }
+        }
+        None
+    }
+
+    /// Steps one resource: an opening set aside for the firewall step, and anything else
+    /// applied (or held as found) once what it may depend on is finished, then noted. Returns
+    /// where its failure is in `failures` when it is a gate that failed: the rest of the pass
+    /// is then not attempted.
+    fn step_one(
+        &mut self,
+        resource: &Resource,
+        found: &mut Found,
+        lent: &mut Lent,
+        machine: &mut Machine,
+    ) -> Option<usize> {
+        // The filter is made from every opening at once, after everything else.
+        if matches!(resource.spec, Spec::Opening(_)) {
+            self.openings.push((resource.index, self.slots.len()));
+            self.slots.push(None);
+            return None;
+        }
+        // Files are committed in batches; anything that is not a file or directory may
+        // depend on them (a service restarted on a file), so the batch is finished first.
+        if !matches!(resource.kind(), Kind::File | Kind::Directory) || self.pending.len() >= BATCH {
+            self.flush(&mut lent.fs);
+        }
+        // A gate (an action, a run-once step) may depend on the units started before it:
+        // they settle first, as they did when each start held the pass.
+        if resource.spec.is_gate() {
+            self.second_look(machine);
+        }
+        let (result, remember) = match self.hold(found, resource) {
+            Some(held) => held,
+            None => (self.with_ctx(lent, machine, |ctx| step(ctx, resource)), None),
+        };
+        if let (Some(held), false) = (remember, self.opts.dry_run) {
+            self.store.hold(resource.id.as_str(), held);
+        }
+        self.note(resource, result)
+    }
+
+    /// Notes how one resource's step went: done and recorded, staged for the next batch, or
+    /// started and awaiting its second look; or failed. Returns where the failure is in
+    /// `failures` when the resource is a gate that failed.
+    fn note(&mut self, resource: &Resource, result: Result<Step, Error>) -> Option<usize> {
+        match result {
+            Ok(Step::Done(outcome, facts)) => self.done(resource, outcome, facts),
+            Ok(Step::Staged(p)) => {
+                self.pending.push((self.slots.len(), p));
                 self.slots.push(None);
-                continue;
             }
-            // Files are committed in batches; anything that is not a file or directory may
-            // depend on them (a service restarted on a file), so the batch is finished first.
-            if !matches!(resource.kind(), Kind::File | Kind::Directory) || self.pending.len() >= BATCH {
-                self.flush(&mut fs);
+            Ok(Step::Rising(rising)) => {
+                // It moved now, whatever the second look finds: what restarts on it must see
+                // that in this pass.
+                if rising.outcome.action.moved() {
+                    self.changed.insert(resource.id.clone());
+                }
+                self.rising.push((self.slots.len(), resource.index, rising));
+                self.slots.push(None);
             }
-            // A gate (an action, a run-once step) may depend on the units started before it:
-            // they settle first, as they did when each start held the pass.
-            if resource.spec.is_gate() {
-                self.second_look(&mut machine);
-            }
-            let result = {
-                let mut ctx = Ctx {
-                    fs: std::mem::take(&mut fs),
-                    accounts: std::mem::take(&mut accounts),
-                    store: self.store,
-                    opts: self.opts,
-                    diffs: std::mem::take(&mut diffs),
-                    declaration: self.declaration,
-                    changed: &self.changed,
-                    machine: &mut machine,
-                };
-                let (result, remember) = match self.hold(&mut found, resource) {
-                    Some(held) => held,
-                    None => (step(&mut ctx, resource), None),
-                };
-                fs = ctx.fs;
-                accounts = ctx.accounts;
-                diffs = ctx.diffs;
-                if let (Some(held), false) = (remember, self.opts.dry_run) {
-                    self.store.hold(resource.id.as_str(), held);
-                }
-                result
-            };
-            match result {
-                Ok(Step::Done(outcome, facts)) => self.done(resource, outcome, facts),
-                Ok(Step::Staged(p)) => {
-                    self.pending.push((self.slots.len(), p));
-                    self.slots.push(None);
-                }
-                Ok(Step::Rising(rising)) => {
-                    // It moved now, whatever the second look finds: what restarts on it must see
-                    // that in this pass.
-                    if rising.outcome.action.moved() {
-                        self.changed.insert(resource.id.clone());
-                    }
-                    self.rising.push((self.slots.len(), resource.index, rising));
-                    self.slots.push(None);
-                }
-                Err(e) => {
-                    self.fail(resource, &e);
-                    if resource.spec.is_gate() {
-                        gate_at = Some(self.failures.len() - 1);
-                        break;
-                    }
+            Err(e) => {
+                self.fail(resource, &e);
+                if resource.spec.is_gate() {
+                    return Some(self.failures.len() - 1);
                 }
             }
         }
-        self.flush(&mut fs);
+        None
+    }
+
+    /// What waits for the end of the pass, whether or not a gate stopped it: the last batch
+    /// committed and made durable, the second look at the units started, the firewall step
+    /// (or, past a failed gate, the openings set aside saying why), and on a whole pass the
+    /// signatures that were too fresh to record.
+    fn finish(&mut self, gate_at: Option<usize>, whole: bool, fs: &mut Fs, machine: &mut Machine) {
+        self.flush(fs);
         // Directories made since the last batch (a directory resource alone, say), durable
         // before the store records them; what is in one that could not be made durable fails.
         for (parent, why) in fs.make_durable() {
@@ -505,17 +563,21 @@ impl<'a> Pass<'a> {
         if fs.journal_written() {
             self.store.journaled();
         }
-        self.second_look(&mut machine);
+        self.second_look(machine);
         if gate_at.is_some() {
             self.firewall_held_by_gate();
         } else if !self.openings.is_empty() || !self.orphan_openings.is_empty() {
             self.firewall();
         }
-        if only.is_none() {
-            self.settle(&mut fs);
+        if whole {
+            self.settle(fs);
         }
-        session.end(machine, !self.failures.is_empty());
+    }
 
+    /// The pass's report: every outcome in its slot's order, and the error if anything failed.
+    /// `gate_at` is where the failure of the gate that closed the pass is, if one did: the
+    /// report's error is that gate's own, whatever failed before it.
+    fn report(self, gate_at: Option<usize>) -> Report {
         let outcomes: Vec<Outcome> = self.slots.into_iter().flatten().collect();
         let error = (!self.failures.is_empty()).then(|| {
             // A gate's failure is the one that matters: it is why the rest was not attempted,
@@ -529,7 +591,7 @@ impl<'a> Pass<'a> {
                 failures: self.failures.clone(),
             }
         });
-        (Report { outcomes, error }, diffs)
+        Report { outcomes, error }
     }
 
     /// Removes orphans, in reverse of their declared order, before anything is applied: a

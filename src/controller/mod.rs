@@ -102,26 +102,20 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
     let shutdown = CancellationToken::new();
     // Signals first: a SIGTERM during the first apply must stop the agent cleanly too (after
     // that apply, which is not interrupted half way).
-    let signals = signals(shutdown.clone())?;
-    let types: Vec<&'static str> = crate::declaration::Kind::ALL.iter().map(|k| k.as_str()).collect();
-    let actions: Vec<&'static str> = crate::apply::Verb::ALL.iter().map(|v| v.as_str()).collect();
-    let known =
-        crate::telemetry::metrics::Known { types: &types, actions: &actions, sources: &trigger::SOURCES };
-    let metrics = Arc::new(Metrics::for_daemon(&known, config.resync));
+    let mut tasks = vec![signals(shutdown.clone())?];
+    let metrics = Arc::new(daemon_metrics(&config));
     let health = Arc::new(Health::new(config.stale_after()));
     let store = Store::open(&config.state)?;
     // Unbounded, unlike mini-redis's channels: a watcher must never block on the agent (inotify
     // would overflow its queue meanwhile), and the intake loop drains it at once into the queue,
     // which de-duplicates, so it holds at most the changes of one wake-up (ARCHITECTURE.md,
     // "The queue").
-    let (tx, mut rx) = mpsc::unbounded_channel::<Change>();
+    let (tx, rx) = mpsc::unbounded_channel::<Change>();
     let files = FileWatcher::new(tx.clone()).context("cannot start the file watcher (inotify)")?;
     events::WatcherState { watcher: "file", up: true }.emit(&metrics);
     let mut worker =
         Worker::new(config.clone(), store, files, Arc::clone(&metrics), Arc::clone(&health), tx.clone());
-    let index = worker.index();
 
-    let mut tasks = vec![signals];
     tasks.push(scheduler::spawn(
         worker.in_force(),
         worker.installed_steps(),
@@ -132,52 +126,10 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
         shutdown.clone(),
     ));
     if let Some(addr) = config.metrics {
-        let checked = Arc::clone(&health);
-        let check: crate::telemetry::http::Health = Arc::new(move || checked.check());
-        let (bound, task) =
-            crate::telemetry::http::serve(addr, Arc::clone(&metrics), check, shutdown.clone())
-                .await
-                .with_context(|| format!("cannot listen for metrics on {addr}"))?;
-        tracing::info!(address = %bound, "serving /metrics and /healthz");
-        tasks.push(task);
+        tasks.push(serve_metrics(addr, &metrics, &health, &shutdown).await?);
     }
-
-    // The etcd source writes the cache directory the source watcher below follows: the
-    // controller reads it as it reads a local directory, and applies what it held last while
-    // etcd is out of reach.
     if let (Some(source), Some(etcd)) = (config.fleet.clone(), etcd) {
-        let etcd = Arc::new(etcd);
-        // Why the latest declaration in etcd was refused: written by the source, read by the
-        // status writer (into the node's status) and by the task below (counted and logged,
-        // as a local refusal is).
-        let (refused_tx, refused_rx) = tokio::sync::watch::channel(None::<String>);
-        tasks.push(tokio::spawn(crate::fleet::status::run(
-            Arc::clone(&etcd),
-            source.node.clone(),
-            source.groups.clone(),
-            worker.applied(),
-            refused_rx.clone(),
-            shutdown.clone(),
-        )));
-        tasks.push(tokio::spawn(report_refusals(refused_rx, Arc::clone(&metrics), shutdown.clone())));
-        tracing::info!(endpoints = %source.endpoints, node = %source.node, groups = ?source.groups, "declaration from etcd");
-        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
-        tasks.push(tokio::spawn(crate::fleet::source::run(
-            source,
-            etcd,
-            config.declaration.clone(),
-            first_tx,
-            refused_tx,
-            shutdown.clone(),
-        )));
-        // The first apply waits for the first read of etcd (it fails fast when etcd refuses
-        // connections), bounded: a node must start even when etcd hangs, on its cache.
-        if tokio::time::timeout(FIRST_READ, first_rx).await.is_err() {
-            tracing::warn!(
-                "no answer from etcd in {}: starting on the last declaration known",
-                crate::system::human(FIRST_READ)
-            );
-        }
+        tasks.extend(follow_etcd(source, etcd, &config, &worker, &metrics, &shutdown).await);
     }
     // Watch before the first apply, so a change made during it is not missed; what the
     // watchers report meanwhile waits in the channel.
@@ -186,22 +138,120 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
             .with_context(|| format!("cannot watch the declaration {}", config.declaration.display()))?,
     );
     drop(tx);
-    // The first apply, before systemd hears we are ready. A declaration that cannot be read or
-    // is refused leaves nothing in force: the agent runs, says so on /healthz, and applies the
-    // first good declaration written to the source.
+    first_apply(&mut worker, &config, &health, &shutdown);
+    tasks.extend(health::watchdog(Arc::clone(&health), shutdown.clone()));
+
+    let queue = Arc::new(Queue::<Key>::new(config.queue.clone()));
+    let index = worker.index();
+    let worker_task = tokio::spawn(worker::drain(worker, Arc::clone(&queue)));
+    intake(rx, &index, &queue, &metrics, config.resync, &shutdown).await;
+    stop(&queue, worker_task, &shutdown, tasks).await
+}
+
+/// The daemon's metrics, with every resource type, outcome word and change source known up
+/// front, so that each labelled counter is exported at zero from the start.
+fn daemon_metrics(config: &Config) -> Metrics {
+    let types: Vec<&'static str> = crate::declaration::Kind::ALL.iter().map(|k| k.as_str()).collect();
+    let actions: Vec<&'static str> = crate::apply::Verb::ALL.iter().map(|v| v.as_str()).collect();
+    let known =
+        crate::telemetry::metrics::Known { types: &types, actions: &actions, sources: &trigger::SOURCES };
+    Metrics::for_daemon(&known, config.resync)
+}
+
+/// Serves `/metrics` and `/healthz` on `addr` until shutdown; the address it could not listen
+/// on is the error, since an operator who asked for metrics must not get a daemon without.
+async fn serve_metrics(
+    addr: SocketAddr,
+    metrics: &Arc<Metrics>,
+    health: &Arc<Health>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let checked = Arc::clone(health);
+    let check: crate::telemetry::http::Health = Arc::new(move || checked.check());
+    let (bound, task) = crate::telemetry::http::serve(addr, Arc::clone(metrics), check, shutdown.clone())
+        .await
+        .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+    tracing::info!(address = %bound, "serving /metrics and /healthz");
+    Ok(task)
+}
+
+/// Starts the fleet's tasks (the etcd source, the node's status writer, the refusals'
+/// reporter), and waits, bounded, for the source's first read, so that the first apply is of
+/// what etcd holds now rather than of a stale cache.
+///
+/// The etcd source writes the cache directory the source watcher follows: the controller reads
+/// it as it reads a local directory, and applies what it held last while etcd is out of reach.
+async fn follow_etcd(
+    source: crate::fleet::source::Source,
+    etcd: crate::system::etcd::Etcd,
+    config: &Config,
+    worker: &Worker,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    let etcd = Arc::new(etcd);
+    // Why the latest declaration in etcd was refused: written by the source, read by the
+    // status writer (into the node's status) and by the task below (counted and logged,
+    // as a local refusal is).
+    let (refused_tx, refused_rx) = tokio::sync::watch::channel(None::<String>);
+    tasks.push(tokio::spawn(crate::fleet::status::run(
+        Arc::clone(&etcd),
+        source.node.clone(),
+        source.groups.clone(),
+        worker.applied(),
+        refused_rx.clone(),
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(report_refusals(refused_rx, Arc::clone(metrics), shutdown.clone())));
+    tracing::info!(endpoints = %source.endpoints, node = %source.node, groups = ?source.groups, "declaration from etcd");
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+    tasks.push(tokio::spawn(crate::fleet::source::run(
+        source,
+        etcd,
+        config.declaration.clone(),
+        first_tx,
+        refused_tx,
+        shutdown.clone(),
+    )));
+    // The first apply waits for the first read of etcd (it fails fast when etcd refuses
+    // connections), bounded: a node must start even when etcd hangs, on its cache.
+    if tokio::time::timeout(FIRST_READ, first_rx).await.is_err() {
+        tracing::warn!(
+            "no answer from etcd in {}: starting on the last declaration known",
+            crate::system::human(FIRST_READ)
+        );
+    }
+    tasks
+}
+
+/// The first apply, then readiness: told to `/healthz` and to systemd, whose start timeout is
+/// extended meanwhile (`extend_start_timeout`), since a large first apply outlasts its default.
+///
+/// The first apply comes before systemd hears we are ready. A declaration that cannot be read
+/// or is refused leaves nothing in force: the agent runs, says so on /healthz, and applies the
+/// first good declaration written to the source.
+fn first_apply(worker: &mut Worker, config: &Config, health: &Health, shutdown: &CancellationToken) {
     let extending = extend_start_timeout(shutdown.child_token());
     tokio::task::block_in_place(|| worker.reconcile_guarded(&Key::Declaration, Instant::now()));
     extending.cancel();
     health.ready();
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     tracing::info!(declaration = %config.declaration.display(), "mesh-host is running");
-    tasks.extend(health::watchdog(Arc::clone(&health), shutdown.clone()));
+}
 
-    let queue = Arc::new(Queue::<Key>::new(config.queue.clone()));
-    let worker_task = tokio::spawn(worker::drain(worker, Arc::clone(&queue)));
-
-    // Intake: changes to keys, and the periodic resync, until shutdown.
-    let mut resync = tokio::time::interval_at(Instant::now() + config.resync, config.resync);
+/// Intake: changes to keys, and the periodic resync, until shutdown (or until every sender of
+/// changes is gone). Each change is turned into keys against the worker's index and added to
+/// the queue, which de-duplicates them; the queue's depth is exported after each.
+async fn intake(
+    mut rx: mpsc::UnboundedReceiver<Change>,
+    index: &std::sync::RwLock<trigger::Index>,
+    queue: &Queue<Key>,
+    metrics: &Metrics,
+    every: Duration,
+    shutdown: &CancellationToken,
+) {
+    let mut resync = tokio::time::interval_at(Instant::now() + every, every);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -212,22 +262,32 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
                     trigger::keys(&change, &index)
                 };
                 if let Change::Up { watcher, up } = change {
-                    events::WatcherState { watcher, up }.emit(&metrics);
+                    events::WatcherState { watcher, up }.emit(metrics);
                 }
                 for (key, source) in added {
-                    events::KeyQueued { source }.emit(&metrics);
+                    events::KeyQueued { source }.emit(metrics);
                     queue.add(key);
                 }
-                events::QueueDepth(queue.stats().depth).emit(&metrics);
+                events::QueueDepth(queue.stats().depth).emit(metrics);
             }
             _ = resync.tick() => {
                 // A full pass reads the declaration source again too, so a new declaration the
                 // watcher missed (its directory's parent replaced, say) is applied by the resync.
-                events::KeyQueued { source: "resync" }.emit(&metrics);
+                events::KeyQueued { source: "resync" }.emit(metrics);
                 queue.add(Key::Full);
             }
         }
     }
+}
+
+/// The orderly stop, once intake has ended: systemd told, the queue shut down, the worker
+/// awaited, then every other task cancelled and awaited.
+async fn stop(
+    queue: &Queue<Key>,
+    worker_task: tokio::task::JoinHandle<()>,
+    shutdown: &CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<()> {
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     queue.shut_down();
     // Every reconcile in flight finishes (an action in one runs to its end or its step limit), then

@@ -249,6 +249,30 @@ pub struct Staged {
     done: bool,
 }
 
+/// What the first step of a commit (`Fs::sync_data`) leaves for the rest: a result per staged
+/// file, so far; the filesystem of each; how the syncfs of each filesystem went, for the
+/// journal to know whether it was covered; and whether a batch of one is to be synced after its
+/// rename instead of before it.
+struct DataSynced {
+    results: Vec<Result<()>>,
+    devs: Vec<u64>,
+    synced_devs: HashMap<u64, std::result::Result<(), Errno>>,
+    synced_after: bool,
+}
+
+/// A single file renamed before its data was synced (see `Fs::sync_data`), synced now.
+fn sync_after_rename(staged: &[Staged], results: &mut [Result<()>]) {
+    for (s, result) in staged.iter().zip(results.iter_mut()).filter(|(_, r)| r.is_ok()) {
+        // In place, but not known to survive a crash until this returns: a failed sync
+        // fails the file, so nothing reports or records it as done.
+        let synced = if failpoint_named("sync-eio") { Err(Errno::IO) } else { rfs::fsync(&s.fd) };
+        if let Err(e) = synced {
+            *result =
+                Err(FsError::io("make the file durable (fsync after its rename)", &s.dir.join(&s.name), e));
+        }
+    }
+}
+
 /// What marks the host's own temporary files: `.NAME` + this + `PID-N`.
 pub const TMP_MARK: &str = ".mesh-host-";
 
@@ -599,6 +623,34 @@ impl Fs {
         if failpoints {
             failpoint("batch-staged");
         }
+        let DataSynced { mut results, devs, synced_devs, synced_after } = self.sync_data(&staged);
+        // The batch's intents must be durable before any rename. The syncfs above covered them
+        // if the journal is on a filesystem it synced; otherwise the journal is synced itself.
+        // Not for a batch of one, which is not synced there (see `Journal::intend`).
+        if staged.len() > 1 {
+            self.journal_before_renames(&staged, &mut results, &synced_devs);
+        }
+        let dirs = self.rename_into_place(&mut staged, &mut results);
+        if failpoints {
+            failpoint("batch-renamed");
+        }
+        if synced_after {
+            sync_after_rename(&staged, &mut results);
+        }
+        if staged.len() > 1 {
+            self.sync_renames(&staged, &mut results, &devs);
+        } else {
+            // A batch of one: its own directory is cheaper to sync than the filesystem.
+            self.sync_dirs(dirs, &staged, &mut results);
+        }
+        self.fail_in_undurable_dirs(&staged, &mut results);
+        results
+    }
+
+    /// The first step of a commit: each staged file's data made durable before anything is
+    /// renamed (an fsync for a batch of one, one syncfs per filesystem for more), so that no
+    /// rename can put a torn file in place. A file whose sync failed is failed, not renamed.
+    fn sync_data(&mut self, staged: &[Staged]) -> DataSynced {
         let mut results: Vec<Result<()>> = Vec::with_capacity(staged.len());
         let mut synced_devs: HashMap<u64, std::result::Result<(), Errno>> = HashMap::new();
         let mut devs: Vec<u64> = Vec::with_capacity(staged.len());
@@ -607,7 +659,7 @@ impl Fs {
         // and synced after: the correction is in place without waiting on the disk, and a crash
         // in between still leaves the old content or the new, whole ("Durability at scale").
         let mut synced_after = false;
-        for s in &staged {
+        for s in staged {
             let dev = rfs::fstat(&s.fd).map(|st| st.st_dev).unwrap_or(0);
             devs.push(dev);
             let r = if staged.len() == 1 {
@@ -622,24 +674,37 @@ impl Fs {
             };
             results.push(r.map_err(|e| FsError::io("sync", &s.dir.join(&s.name), e)));
         }
-        // The batch's intents must be durable before any rename. The syncfs above covered them
-        // if the journal is on a filesystem it synced; otherwise the journal is synced itself.
-        // Not for a batch of one, which is not synced there (see `Journal::intend`).
-        if staged.len() > 1 {
-            if let Some(journal) = &mut self.journal {
-                if let Err(e) = journal.make_durable(|dev| synced_devs.get(&dev).is_some_and(|r| r.is_ok())) {
-                    // Nothing is renamed: a write the journal cannot account for is not made.
-                    let why = e.to_string();
-                    for (s, r) in staged.iter().zip(results.iter_mut()).filter(|(_, r)| r.is_ok()) {
-                        *r = Err(FsError::Io {
-                            op: "put in place",
-                            path: s.dir.join(&s.name),
-                            source: io::Error::other(why.clone()),
-                        });
-                    }
-                }
+        DataSynced { results, devs, synced_devs, synced_after }
+    }
+
+    /// Makes the journal's intents for a batch durable before any of it is renamed, syncing the
+    /// journal itself unless a syncfs of the data already covered it. If it cannot be, every
+    /// file not already failed fails: a write the journal cannot account for is not made.
+    fn journal_before_renames(
+        &mut self,
+        staged: &[Staged],
+        results: &mut [Result<()>],
+        synced_devs: &HashMap<u64, std::result::Result<(), Errno>>,
+    ) {
+        let Some(journal) = &mut self.journal else { return };
+        if let Err(e) = journal.make_durable(|dev| synced_devs.get(&dev).is_some_and(|r| r.is_ok())) {
+            // Nothing is renamed: a write the journal cannot account for is not made.
+            let why = e.to_string();
+            for (s, r) in staged.iter().zip(results.iter_mut()).filter(|(_, r)| r.is_ok()) {
+                *r = Err(FsError::Io {
+                    op: "put in place",
+                    path: s.dir.join(&s.name),
+                    source: io::Error::other(why.clone()),
+                });
             }
         }
+    }
+
+    /// Renames each staged file that has not failed into place, and removes the temporary file
+    /// of each that has (or whose rename failed). Every staged file is done after this, so none
+    /// is removed again when it drops. Returns the directories renamed into, for a batch of one
+    /// to sync.
+    fn rename_into_place(&mut self, staged: &mut [Staged], results: &mut [Result<()>]) -> Vec<PathBuf> {
         let mut dirs: Vec<PathBuf> = Vec::new();
         for (s, result) in staged.iter_mut().zip(results.iter_mut()) {
             let target = s.dir.join(&s.name);
@@ -662,71 +727,65 @@ impl Fs {
             }
             s.done = true;
         }
-        if failpoints {
-            failpoint("batch-renamed");
+        dirs
+    }
+
+    /// The renames of a batch of more than one made durable, and each file on a filesystem
+    /// whose sync failed failed with it; the filesystems synced no longer owe the directories
+    /// this session made on them.
+    fn sync_renames(&mut self, staged: &[Staged], results: &mut [Result<()>], devs: &[u64]) {
+        // The renames made durable: one syncfs per filesystem the batch renamed on, instead
+        // of an fsync of each directory (a journal commit each on ext4: a thousand of them
+        // for 10,000 files in 1,000 directories). It covers the directories this session
+        // made on those filesystems too.
+        // A sync that fails fails every file it was to make durable: in place, but not
+        // known to survive a crash, so not reported (nor recorded) as done.
+        let mut renamed: Vec<(u64, std::result::Result<(), Errno>)> = Vec::new();
+        for ((s, result), dev) in staged.iter().zip(results.iter()).zip(devs) {
+            if result.is_ok() && !renamed.iter().any(|(d, _)| d == dev) {
+                // `sync-eio`: the failpoint a test needs to show a failed sync fails its files.
+                let synced = if failpoint_named("sync-eio") { Err(Errno::IO) } else { rfs::syncfs(&s.fd) };
+                renamed.push((*dev, synced));
+            }
         }
-        if synced_after {
-            for (s, result) in staged.iter().zip(results.iter_mut()).filter(|(_, r)| r.is_ok()) {
-                // In place, but not known to survive a crash until this returns: a failed sync
-                // fails the file, so nothing reports or records it as done.
-                let synced = if failpoint_named("sync-eio") { Err(Errno::IO) } else { rfs::fsync(&s.fd) };
-                if let Err(e) = synced {
-                    *result = Err(FsError::io(
-                        "make the file durable (fsync after its rename)",
-                        &s.dir.join(&s.name),
-                        e,
-                    ));
+        for ((s, result), dev) in staged.iter().zip(results.iter_mut()).zip(devs) {
+            if let Some((_, Err(e))) = renamed.iter().find(|(d, _)| d == dev) {
+                if result.is_ok() {
+                    *result = Err(FsError::io("make the rename durable (syncfs)", &s.dir.join(&s.name), *e));
                 }
             }
         }
-        if staged.len() > 1 {
-            // The renames made durable: one syncfs per filesystem the batch renamed on, instead
-            // of an fsync of each directory (a journal commit each on ext4: a thousand of them
-            // for 10,000 files in 1,000 directories). It covers the directories this session
-            // made on those filesystems too.
-            // A sync that fails fails every file it was to make durable: in place, but not
-            // known to survive a crash, so not reported (nor recorded) as done.
-            let mut renamed: Vec<(u64, std::result::Result<(), Errno>)> = Vec::new();
-            for ((s, result), dev) in staged.iter().zip(&results).zip(&devs) {
-                if result.is_ok() && !renamed.iter().any(|(d, _)| d == dev) {
-                    // `sync-eio`: the failpoint a test needs to show a failed sync fails its files.
-                    let synced =
-                        if failpoint_named("sync-eio") { Err(Errno::IO) } else { rfs::syncfs(&s.fd) };
-                    renamed.push((*dev, synced));
-                }
-            }
-            for ((s, result), dev) in staged.iter().zip(results.iter_mut()).zip(&devs) {
-                if let Some((_, Err(e))) = renamed.iter().find(|(d, _)| d == dev) {
+        self.unsynced.retain(|(dev, _)| !renamed.iter().any(|(d, r)| d == dev && r.is_ok()));
+    }
+
+    /// The rename of a batch of one made durable by an fsync of its directory; the file fails
+    /// if that sync does, since it is then in place but not known to survive a crash.
+    fn sync_dirs(&mut self, mut dirs: Vec<PathBuf>, staged: &[Staged], results: &mut [Result<()>]) {
+        dirs.sort();
+        dirs.dedup();
+        for d in dirs {
+            let synced = match self.open_dir(&d) {
+                Ok(Some(fd)) => rfs::fsync(fd),
+                _ => Err(Errno::NOENT),
+            };
+            if let Err(e) = synced {
+                for (s, result) in staged.iter().zip(results.iter_mut()).filter(|(s, _)| s.dir == d) {
                     if result.is_ok() {
-                        *result =
-                            Err(FsError::io("make the rename durable (syncfs)", &s.dir.join(&s.name), *e));
-                    }
-                }
-            }
-            self.unsynced.retain(|(dev, _)| !renamed.iter().any(|(d, r)| d == dev && r.is_ok()));
-        } else {
-            // A batch of one: its own directory is cheaper to sync than the filesystem.
-            dirs.sort();
-            dirs.dedup();
-            for d in dirs {
-                let synced = match self.open_dir(&d) {
-                    Ok(Some(fd)) => rfs::fsync(fd),
-                    _ => Err(Errno::NOENT),
-                };
-                if let Err(e) = synced {
-                    for (s, result) in staged.iter().zip(results.iter_mut()).filter(|(s, _)| s.dir == d) {
-                        if result.is_ok() {
-                            *result = Err(FsError::io(
-                                "make the rename durable (fsync of its directory)",
-                                &s.dir.join(&s.name),
-                                e,
-                            ));
-                        }
+                        *result = Err(FsError::io(
+                            "make the rename durable (fsync of its directory)",
+                            &s.dir.join(&s.name),
+                            e,
+                        ));
                     }
                 }
             }
         }
-        // Directories made since the last sync that the files of this batch are in.
+    }
+
+    /// The last step of a commit: directories made since the last sync that the files of this
+    /// batch are in, made durable; a file in one that could not be fails, for the same reason
+    /// as a failed sync of its own.
+    fn fail_in_undurable_dirs(&mut self, staged: &[Staged], results: &mut [Result<()>]) {
         for (made, why) in self.make_durable() {
             for (s, result) in staged.iter().zip(results.iter_mut()).filter(|(s, _)| s.dir.starts_with(&made))
             {
@@ -739,7 +798,6 @@ impl Fs {
                 }
             }
         }
-        results
     }
 
     /// Whether a file renamed over `dir/name` may be synced after its rename: the name holds a

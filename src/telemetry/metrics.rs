@@ -95,8 +95,21 @@ fn latency_buckets() -> Histogram {
 impl Metrics {
     /// Every metric, registered, its labelled series not yet seeded (see `Known`).
     pub fn new() -> Metrics {
+        let m = Metrics::unregistered();
         let mut registry = Registry::default();
-        let m = Metrics {
+        // Counters are registered without `_total`: the library adds it. The exposition lists
+        // them in the order they are registered here.
+        m.register_passes(&mut registry);
+        m.register_queue(&mut registry);
+        m.register_daemon(&mut registry);
+        m.register_process(&mut registry);
+        m.build_info.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))]).set(1);
+        Metrics { registry, ..m }
+    }
+
+    /// Every metric at its start value, in no registry yet: `new` registers them, by subject.
+    fn unregistered() -> Metrics {
+        Metrics {
             drift_corrections: Family::default(),
             outcomes: Family::default(),
             failures: Family::default(),
@@ -119,107 +132,128 @@ impl Metrics {
             build_info: Family::default(),
             resync_period: Gauge::default(),
             registry: Registry::default(),
-        };
-        // Counters are registered without `_total`: the library adds it.
+        }
+    }
+
+    /// What passes did: outcomes, failures and drift corrections by type, the resources each
+    /// type is left in, and how long corrections and reconciles took.
+    fn register_passes(&self, registry: &mut Registry) {
         registry.register(
             "mesh_host_drift_corrections",
             "Resources found changed on the machine since the host last wrote them, and put back",
-            m.drift_corrections.clone(),
+            self.drift_corrections.clone(),
         );
         registry.register(
             "mesh_host_resource_outcomes",
             "Outcomes of resources, by type and action",
-            m.outcomes.clone(),
+            self.outcomes.clone(),
         );
         registry.register(
             "mesh_host_resource_failures",
             "Resources that failed in a pass, by type; the log line beside each says why",
-            m.failures.clone(),
+            self.failures.clone(),
         );
         registry.register(
             "mesh_host_resources",
             "Declared resources by type and state (applied, failed, held)",
-            m.resources.clone(),
+            self.resources.clone(),
         );
         registry.register(
             "mesh_host_correction_latency_seconds",
             "From a change seen on the machine to the corrected value read back",
-            m.correction_latency.clone(),
+            self.correction_latency.clone(),
         );
         registry.register(
             "mesh_host_reconcile_duration_seconds",
             "Duration of reconciles, by scope (resource, full)",
-            m.reconcile_duration.clone(),
+            self.reconcile_duration.clone(),
         );
-        registry.register("mesh_host_queue_depth", "Keys waiting in the work queue", m.queue_depth.clone());
+    }
+
+    /// The work queue's state: its depth, what added to it, and the keys it holds back by a
+    /// retry, a backoff or a contest, so that nobody has to guess when backoff applies.
+    fn register_queue(&self, registry: &mut Registry) {
+        registry.register(
+            "mesh_host_queue_depth",
+            "Keys waiting in the work queue",
+            self.queue_depth.clone(),
+        );
         registry.register(
             "mesh_host_queue_adds",
             "Keys added to the work queue, by source",
-            m.queue_adds.clone(),
+            self.queue_adds.clone(),
         );
         registry.register(
             "mesh_host_queue_retries",
             "Reconciles retried after a failure",
-            m.queue_retries.clone(),
+            self.queue_retries.clone(),
         );
         registry.register(
             "mesh_host_queue_backing_off_keys",
             "Keys held back by a failure backoff or a contest",
-            m.queue_backing_off.clone(),
+            self.queue_backing_off.clone(),
         );
         registry.register(
             "mesh_host_contested_resources",
             "Resources something else keeps rewriting; their corrections back off",
-            m.contested.clone(),
+            self.contested.clone(),
         );
+    }
+
+    /// The daemon's health: its last full apply, its watchers, the declarations it refused, the
+    /// reconciles that panicked, and its scheduled steps' runs.
+    fn register_daemon(&self, registry: &mut Registry) {
         registry.register(
             "mesh_host_last_apply_timestamp_seconds",
             "When the last full apply ended, in seconds since the epoch",
-            m.last_apply_timestamp.clone(),
+            self.last_apply_timestamp.clone(),
         );
         registry.register(
             "mesh_host_last_apply_success",
             "1 if the last full apply succeeded, else 0",
-            m.last_apply_success.clone(),
+            self.last_apply_success.clone(),
         );
         registry.register(
             "mesh_host_watcher_up",
             "1 if the watcher is connected to what it watches",
-            m.watcher_up.clone(),
+            self.watcher_up.clone(),
         );
         registry.register(
             "mesh_host_declaration_refusals",
             "Declarations refused (invalid, or half-written); the previous one stays in force",
-            m.declaration_refusals.clone(),
+            self.declaration_refusals.clone(),
         );
         registry.register(
             "mesh_host_panics",
             "Reconciles that panicked; each failed its key, which is retried, and the daemon went on",
-            m.panics.clone(),
+            self.panics.clone(),
         );
         registry.register(
             "mesh_host_scheduled_runs",
             "Runs of scheduled steps, by result (succeeded, failed, skipped while still running, not_installed: a fire of a step no apply installed at its current declaration)",
-            m.scheduled_runs.clone(),
+            self.scheduled_runs.clone(),
         );
+    }
+
+    /// The process itself: the declared content and the memory it holds, its build, and its
+    /// resync period, for the alert rules to follow the node's own setting.
+    fn register_process(&self, registry: &mut Registry) {
         registry.register(
             "mesh_host_declared_content_bytes",
             "Bytes of declared file content the daemon holds, by where: in its content file (page cache) or in memory",
-            m.declared_content.clone(),
+            self.declared_content.clone(),
         );
         registry.register(
             "process_resident_memory_bytes",
             "Resident memory of the agent's process, read at each scrape",
-            m.resident_memory.clone(),
+            self.resident_memory.clone(),
         );
-        registry.register("mesh_host_build_info", "The running build", m.build_info.clone());
+        registry.register("mesh_host_build_info", "The running build", self.build_info.clone());
         registry.register(
             "mesh_host_resync_period_seconds",
             "Seconds between the daemon's full resyncs (--resync): a full apply older than a few of these is stale",
-            m.resync_period.clone(),
+            self.resync_period.clone(),
         );
-        m.build_info.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))]).set(1);
-        Metrics { registry, ..m }
     }
 
     /// The metrics a daemon exports: every labelled counter created at 0 for each label value

@@ -14,8 +14,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use bollard::models::EventMessage;
 use bollard::query_parameters::EventsOptions;
-use futures_util::StreamExt as _;
+use futures_util::{Stream, StreamExt as _};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
@@ -60,14 +61,29 @@ pub fn spawn(socket: Option<String>, tx: UnboundedSender<Change>) -> JoinHandle<
     tokio::spawn(run(socket, tx))
 }
 
+/// The receiver of changes is gone: nobody listens any more, so the watcher stops.
+struct Gone;
+
+/// What the watcher keeps from one connection to the next.
+struct Watch {
+    /// Whether it last said it was up (`None` before it said anything), so `Up` is sent only
+    /// when that changes.
+    up: Option<bool>,
+    /// Whether it was subscribed before: a later subscription says `Resynced`.
+    connected_once: bool,
+    /// The wait before the next attempt to connect.
+    wait: Duration,
+    /// Where the next subscription starts. The engine replays events from its recent history
+    /// from this point, so nothing between deciding to subscribe and the request reaching the
+    /// engine is missed (bollard sends the request only when the stream is first polled).
+    since: String,
+}
+
+/// Connects, follows the event stream while it lasts, and after each end (or a failure to
+/// connect) says the watcher is down and waits out the backoff before trying again, until the
+/// receiver of changes is gone.
 async fn run(socket: Option<String>, tx: UnboundedSender<Change>) {
-    let mut up: Option<bool> = None;
-    let mut connected_once = false;
-    let mut wait = BACKOFF_FIRST;
-    // Where the next subscription starts. The engine replays events from its recent history
-    // from this point, so nothing between deciding to subscribe and the request reaching the
-    // engine is missed (bollard sends the request only when the stream is first polled).
-    let mut since = now();
+    let mut watch = Watch { up: None, connected_once: false, wait: BACKOFF_FIRST, since: now() };
     loop {
         let connected = tokio::select! {
             _ = tx.closed() => return,
@@ -75,92 +91,116 @@ async fn run(socket: Option<String>, tx: UnboundedSender<Change>) {
         };
         match connected {
             Ok(client) => {
-                // Only the type is filtered by the engine: Podman 4 does not match a label
-                // filter that names a key without a value, so the label is checked here.
-                let filters = HashMap::from([("type".to_owned(), vec!["container".to_owned()])]);
-                let options =
-                    EventsOptions { since: Some(since.clone()), until: None, filters: Some(filters) };
-                let mut events = client.events(Some(options));
-                // The first poll sends the request. An engine that refuses it answers at once;
-                // one still holding the stream open after a moment has subscribed us. Only then
-                // is the watcher up, so a socket that accepts and fails does not flap `Up` and
-                // `Resynced` on every retry.
-                let first = tokio::select! {
-                    _ = tx.closed() => return,
-                    first = tokio::time::timeout(SUBSCRIBED, events.next()) => first,
-                };
-                let pending = match first {
-                    Ok(Some(Err(e))) => {
-                        tracing::debug!(watcher = WATCHER, error = %e, "the container runtime refused the event stream");
-                        None
-                    }
-                    Ok(None) => None,
-                    Ok(Some(Ok(event))) => Some(Some(event)),
-                    Err(_) => Some(None),
-                };
-                if let Some(pending) = pending {
-                    if !set_up(&tx, &mut up, true) {
-                        return;
-                    }
-                    if connected_once {
-                        tracing::info!(watcher = WATCHER, "reconnected to the container runtime; resyncing");
-                        if tx.send(Change::Resynced { watcher: WATCHER }).is_err() {
-                            return;
-                        }
-                    }
-                    connected_once = true;
-                    let subscribed = Instant::now();
-                    if let Some(change) = pending.and_then(change_of) {
-                        if tx.send(change).is_err() {
-                            return;
-                        }
-                    }
-                    loop {
-                        let item = tokio::select! {
-                            _ = tx.closed() => return,
-                            item = events.next() => item,
-                        };
-                        match item {
-                            Some(Ok(event)) => {
-                                if let Some(change) = change_of(event) {
-                                    if tx.send(change).is_err() {
-                                        return;
-                                    }
-                                }
-                            }
-                            Some(Err(e)) => {
-                                tracing::warn!(watcher = WATCHER, error = %e, "the container runtime's event stream failed");
-                                break;
-                            }
-                            None => {
-                                tracing::warn!(
-                                    watcher = WATCHER,
-                                    "the container runtime ended its event stream"
-                                );
-                                break;
-                            }
-                        }
-                    }
-                    // A stream that lasted was a real connection: start the backoff afresh. One
-                    // that broke at once keeps growing it, so a failing engine is not hammered.
-                    if subscribed.elapsed() >= STEADY {
-                        wait = BACKOFF_FIRST;
-                    }
-                    // Resume from shortly before the stream ended: a replayed event costs one
-                    // extra reconcile, a missed one costs a container left down.
-                    since = now_minus(Duration::from_secs(1));
+                if follow(&client, &tx, &mut watch).await.is_err() {
+                    return;
                 }
             }
             Err(e) => tracing::debug!(watcher = WATCHER, error = %e, "no container runtime answers yet"),
         }
-        if !set_up(&tx, &mut up, false) {
+        if !set_up(&tx, &mut watch.up, false) {
             return;
         }
         tokio::select! {
             _ = tx.closed() => return,
-            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::time::sleep(watch.wait) => {}
         }
-        wait = (wait * 2).min(BACKOFF_CAP);
+        watch.wait = (watch.wait * 2).min(BACKOFF_CAP);
+    }
+}
+
+/// Subscribes to a connected runtime's container events and, once subscribed, says the watcher
+/// is up (and `Resynced` after a reconnection), then forwards every change until the stream
+/// ends. Leaves in `watch` where the next subscription starts and the backoff to wait.
+async fn follow(
+    client: &bollard::Docker,
+    tx: &UnboundedSender<Change>,
+    watch: &mut Watch,
+) -> Result<(), Gone> {
+    // Only the type is filtered by the engine: Podman 4 does not match a label
+    // filter that names a key without a value, so the label is checked here.
+    let filters = HashMap::from([("type".to_owned(), vec!["container".to_owned()])]);
+    let options = EventsOptions { since: Some(watch.since.clone()), until: None, filters: Some(filters) };
+    let mut events = client.events(Some(options));
+    let Some(pending) = first_poll(&mut events, tx).await? else { return Ok(()) };
+    if !set_up(tx, &mut watch.up, true) {
+        return Err(Gone);
+    }
+    if watch.connected_once {
+        tracing::info!(watcher = WATCHER, "reconnected to the container runtime; resyncing");
+        tx.send(Change::Resynced { watcher: WATCHER }).map_err(|_| Gone)?;
+    }
+    watch.connected_once = true;
+    let subscribed = Instant::now();
+    if let Some(change) = pending.and_then(change_of) {
+        tx.send(change).map_err(|_| Gone)?;
+    }
+    forward(&mut events, tx).await?;
+    // A stream that lasted was a real connection: start the backoff afresh. One
+    // that broke at once keeps growing it, so a failing engine is not hammered.
+    if subscribed.elapsed() >= STEADY {
+        watch.wait = BACKOFF_FIRST;
+    }
+    // Resume from shortly before the stream ended: a replayed event costs one
+    // extra reconcile, a missed one costs a container left down.
+    watch.since = now_minus(Duration::from_secs(1));
+    Ok(())
+}
+
+/// Polls the event stream first, which sends the request, to learn whether the engine
+/// subscribed the watcher: `None` if it refused or ended the stream at once; otherwise the
+/// first event, if one came within `SUBSCRIBED`.
+async fn first_poll<S>(
+    events: &mut S,
+    tx: &UnboundedSender<Change>,
+) -> Result<Option<Option<EventMessage>>, Gone>
+where
+    S: Stream<Item = Result<EventMessage, bollard::errors::Error>> + Unpin,
+{
+    // The first poll sends the request. An engine that refuses it answers at once;
+    // one still holding the stream open after a moment has subscribed us. Only then
+    // is the watcher up, so a socket that accepts and fails does not flap `Up` and
+    // `Resynced` on every retry.
+    let first = tokio::select! {
+        _ = tx.closed() => return Err(Gone),
+        first = tokio::time::timeout(SUBSCRIBED, events.next()) => first,
+    };
+    Ok(match first {
+        Ok(Some(Err(e))) => {
+            tracing::debug!(watcher = WATCHER, error = %e, "the container runtime refused the event stream");
+            None
+        }
+        Ok(None) => None,
+        Ok(Some(Ok(event))) => Some(Some(event)),
+        Err(_) => Some(None),
+    })
+}
+
+/// Sends the change each event means, until the stream fails or ends (each logged as a warning:
+/// the watcher is then down until it reconnects).
+async fn forward<S>(events: &mut S, tx: &UnboundedSender<Change>) -> Result<(), Gone>
+where
+    S: Stream<Item = Result<EventMessage, bollard::errors::Error>> + Unpin,
+{
+    loop {
+        let item = tokio::select! {
+            _ = tx.closed() => return Err(Gone),
+            item = events.next() => item,
+        };
+        match item {
+            Some(Ok(event)) => {
+                if let Some(change) = change_of(event) {
+                    tx.send(change).map_err(|_| Gone)?;
+                }
+            }
+            Some(Err(e)) => {
+                tracing::warn!(watcher = WATCHER, error = %e, "the container runtime's event stream failed");
+                return Ok(());
+            }
+            None => {
+                tracing::warn!(watcher = WATCHER, "the container runtime ended its event stream");
+                return Ok(());
+            }
+        }
     }
 }
 
