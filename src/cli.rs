@@ -807,29 +807,7 @@ fn apply_cmd(file: &Path, origin: Origin, shown: Shown, state: &Path, reach: Rea
     tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "pass finished");
     // What worked is recorded even when something else failed: the record follows each fact.
     if let Err(e) = store.save() {
-        let message = format!("{e}; what this apply did is on the machine but not recorded");
-        let failure = apply::Failure {
-            id: "state-store".into(),
-            kind: Kind::File,
-            target: state.display().to_string(),
-            message: message.clone(),
-            raced: false,
-        };
-        match &mut report.error {
-            Some(err) => {
-                err.others += 1;
-                err.failures.push(failure);
-            }
-            None => {
-                report.error = Some(apply::ApplyError {
-                    resource: "state-store".into(),
-                    message,
-                    others: 0,
-                    gated: false,
-                    failures: vec![failure],
-                })
-            }
-        }
+        report.store_error = Some(format!("{e}; what this apply did is on the machine but not recorded"));
     }
     for o in &report.outcomes {
         if o.action != Verb::Unchanged {
@@ -843,7 +821,7 @@ fn apply_cmd(file: &Path, origin: Origin, shown: Shown, state: &Path, reach: Rea
     } else {
         print!("{}", human(&report, d.resources.len(), shown.verbose));
     }
-    Ok(if report.error.is_some() { Ended::Failed } else { Ended::Converged })
+    Ok(if report.failed() { Ended::Failed } else { Ended::Converged })
 }
 
 fn line(out: &mut String, word: &str, id: &str, target: &str, detail: Option<&str>) {
@@ -884,9 +862,10 @@ pub fn human(report: &Report, declared: usize, verbose: bool) -> String {
     let counts: Vec<String> = report.counts().iter().map(|(a, n)| format!("{n} {a}")).collect();
     let counts = if counts.is_empty() { "nothing to do".to_owned() } else { counts.join(", ") };
     match &report.error {
-        None => {
+        None if report.store_error.is_none() => {
             let _ = writeln!(out, "converged: {declared} resources declared; {counts}");
         }
+        None => {}
         Some(e) => {
             for f in &e.failures {
                 line(&mut out, "failed", &f.id, &f.target, Some(&f.message));
@@ -898,6 +877,12 @@ pub fn human(report: &Report, declared: usize, verbose: bool) -> String {
             if !e.gated {
                 out.push_str("  everything else was attempted; what is not listed as failed was done\n");
             }
+        }
+    }
+    if let Some(why) = &report.store_error {
+        let _ = writeln!(out, "apply failed to record: {why}");
+        if report.error.is_none() {
+            let _ = writeln!(out, "  every resource was applied: {counts}");
         }
     }
     out

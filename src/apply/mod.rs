@@ -348,7 +348,10 @@ impl<'a> Pass<'a> {
     /// end of the pass (the last batch, the second look at units, the firewall, signatures).
     fn run(mut self, only: Option<BTreeSet<usize>>, session: &mut Session) -> (Report, Diffs) {
         if let Err(error) = self.look_for_firewall(only.as_ref()) {
-            return (Report { outcomes: Vec::new(), error: Some(error) }, Diffs::default());
+            return (
+                Report { outcomes: Vec::new(), error: Some(error), store_error: None },
+                Diffs::default(),
+            );
         }
         let fs = if self.opts.dry_run { Fs::new() } else { Fs::journaled(self.store.journal_path()) };
         let mut lent = Lent { fs, accounts: Accounts::default(), diffs: Diffs::default() };
@@ -591,7 +594,7 @@ impl<'a> Pass<'a> {
                 failures: self.failures.clone(),
             }
         });
-        Report { outcomes, error }
+        Report { outcomes, error, store_error: None }
     }
 
     /// Removes orphans, in reverse of their declared order, before anything is applied: a

@@ -162,9 +162,19 @@ pub struct Report {
     pub outcomes: Vec<Outcome>,
     /// Why the apply failed, or `None` when nothing did.
     pub error: Option<ApplyError>,
+    /// Why the state store could not be written after the pass, when it could not: what the
+    /// pass did is on the machine, but not recorded (the next pass reads it from the machine).
+    /// Not a resource's failure, so not in `error`; the apply still exits 1.
+    #[serde(rename = "store-error", skip_serializing_if = "Option::is_none")]
+    pub store_error: Option<String>,
 }
 
 impl Report {
+    /// Whether anything failed: a resource, or recording what was done.
+    pub fn failed(&self) -> bool {
+        self.error.is_some() || self.store_error.is_some()
+    }
+
     /// Whether anything on the machine moved.
     pub fn changed(&self) -> bool {
         self.outcomes.iter().any(|o| o.action.moved())

@@ -221,7 +221,7 @@ pub async fn drain(mut worker: Worker, queue: Arc<Queue<Key>>) {
     }
     // Intake has stopped and the last reconcile finished: persist what it recorded.
     if let Err(e) = worker.store.save() {
-        tracing::error!(error = %e, "cannot write the state store on the way out");
+        events::StoreNotWritten { error: &e, when: "on the way out" }.emit(&worker.metrics);
     }
     for task in worker.watcher_tasks() {
         task.abort();
@@ -473,11 +473,11 @@ impl Worker {
             // Panics are caught inside; a join error is the runtime going away. The copy is
             // lost: its work is read from the machine next time.
             (Err(e), Some(key)) => {
-                tracing::error!(key = %key, error = %e, "a reconcile run apart was lost");
+                events::ReconcileLost { key: Some(&key.to_string()), error: &e }.emit(&self.metrics);
                 self.store.lost();
                 self.done(queue, &key, Verdict::Failed);
             }
-            (Err(e), None) => tracing::error!(error = %e, "a reconcile run apart was lost"),
+            (Err(e), None) => events::ReconcileLost { key: None, error: &e }.emit(&self.metrics),
         }
     }
 
@@ -647,7 +647,7 @@ impl Worker {
         let saved =
             if matches!(key, Key::Resource(_)) { self.store.save_changes() } else { self.store.save() };
         if let Err(e) = saved {
-            tracing::error!(error = %e, "cannot write the state store; what was applied is on the machine but not recorded");
+            events::StoreNotWritten { error: &e, when: "after a reconcile" }.emit(&self.metrics);
         }
         self.health.beat();
     }

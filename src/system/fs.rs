@@ -1005,7 +1005,10 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     let (parent, _) = split(path);
     fs.make_dirs(parent, 0o700)?;
     let staged = fs.stage(path, bytes, 0o600, None)?;
-    rfs::fsync(&staged.fd).map_err(|e| FsError::io("sync", path, e))?;
+    // `store-write-eio`: the failpoint a test needs to show a store that cannot be written is
+    // reported as such, apart from every resource's outcome.
+    let synced = if failpoint_named("store-write-eio") { Err(Errno::IO) } else { rfs::fsync(&staged.fd) };
+    synced.map_err(|e| FsError::io("sync", path, e))?;
     failpoint("store-write");
     fs.commit_batch(vec![staged], false).pop().unwrap_or(Ok(()))
 }

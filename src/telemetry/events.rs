@@ -245,6 +245,46 @@ impl Event for DeclarationRefused<'_> {
     }
 }
 
+/// The state store could not be written after a reconcile or on the way out: what was applied
+/// is on the machine, but the store does not say so; the next pass reads it from the machine.
+pub struct StoreNotWritten<'a> {
+    /// Why, as the store says it (the path and the system's error).
+    pub error: &'a dyn std::fmt::Display,
+    /// When: "after a reconcile", "on the way out".
+    pub when: &'a str,
+}
+
+impl Event for StoreNotWritten<'_> {
+    fn emit(self, m: &Metrics) {
+        m.store_write_failures.inc();
+        tracing::error!(
+            error = %self.error,
+            "cannot write the state store {}: {}; what was applied is on the machine but not recorded",
+            self.when,
+            self.error
+        );
+    }
+}
+
+/// A reconcile run apart from the worker whose thread was lost (the runtime going away): its
+/// key fails, and its copy of the store with it; what it did is read from the machine next time.
+pub struct ReconcileLost<'a> {
+    /// The key it ran, when known.
+    pub key: Option<&'a str>,
+    /// The join error.
+    pub error: &'a dyn std::fmt::Display,
+}
+
+impl Event for ReconcileLost<'_> {
+    fn emit(self, m: &Metrics) {
+        m.panics.inc();
+        match self.key {
+            Some(key) => tracing::error!(key, error = %self.error, "a reconcile run apart was lost"),
+            None => tracing::error!(error = %self.error, "a reconcile run apart was lost"),
+        }
+    }
+}
+
 /// A reconcile that panicked: its key failed, and the daemon goes on.
 pub struct ReconcilePanicked<'a> {
     /// The resource's id, or `None` for a full pass.

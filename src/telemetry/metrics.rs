@@ -48,6 +48,8 @@ pub struct Metrics {
     pub declaration_refusals: Counter,
     /// Reconciles that panicked: each failed its key, and the daemon went on.
     pub panics: Counter,
+    /// State-store writes that failed: what was applied is on the machine but not recorded.
+    pub store_write_failures: Counter,
     /// `mesh_host_scheduled_runs_total`: scheduled steps' fires, by result.
     pub scheduled_runs: Family<Labels, Counter>,
     /// `mesh_host_declared_content_bytes`: the declared content in force, by where it is held.
@@ -126,6 +128,7 @@ impl Metrics {
             watcher_up: Family::default(),
             declaration_refusals: Counter::default(),
             panics: Counter::default(),
+            store_write_failures: Counter::default(),
             scheduled_runs: Family::default(),
             declared_content: Family::default(),
             resident_memory: Gauge::default(),
@@ -227,6 +230,11 @@ impl Metrics {
             "mesh_host_panics",
             "Reconciles that panicked; each failed its key, which is retried, and the daemon went on",
             self.panics.clone(),
+        );
+        registry.register(
+            "mesh_host_store_write_failures",
+            "State-store writes that failed; what was applied is on the machine but not recorded, and is read from the machine again",
+            self.store_write_failures.clone(),
         );
         registry.register(
             "mesh_host_scheduled_runs",

@@ -597,3 +597,49 @@ fn hex_sha256(bytes: &[u8]) -> String {
     use sha2::Digest as _;
     sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// A state store that cannot be written after the pass is reported as that, in a field of its
+/// own (`store-error`), not as a resource that failed: every resource's outcome stands, `error`
+/// stays null, and the apply exits 1. The daemon counts it
+/// (`mesh_host_store_write_failures_total`).
+#[test]
+fn a_store_that_cannot_be_written_is_reported_apart_from_the_resources() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "x\n"}]));
+    let out = assert_cmd::Command::cargo_bin("mesh-host")
+        .unwrap()
+        .env("MESH_HOST_FAILPOINT", "store-write-eio")
+        .arg("--state")
+        .arg(s.state())
+        .args(["apply", "--json", d.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["error"].is_null(), "no resource failed: {report:#}");
+    assert_eq!(action(&report, "a.f"), "created", "{report:#}");
+    let why = report["store-error"].as_str().unwrap_or_default();
+    assert!(why.contains("not recorded") && why.contains(&s.state().display().to_string()), "{report:#}");
+    assert!(!report.to_string().contains("state-store"), "no made-up resource: {report:#}");
+    // For a person too.
+    let out = assert_cmd::Command::cargo_bin("mesh-host")
+        .unwrap()
+        .env("MESH_HOST_FAILPOINT", "store-write-eio")
+        .arg("--state")
+        .arg(s.state())
+        .args(["apply", d.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("apply failed to record") && !said.contains("converged"), "{said}");
+
+    // The daemon counts it, and goes on.
+    let daemon = Daemon::launch(&s, &d, &[], &[("MESH_HOST_FAILPOINT", "store-write-eio")]);
+    assert!(
+        wait_for(PATIENCE, || daemon.metric("mesh_host_store_write_failures_total") >= 1.0),
+        "{}",
+        daemon.log()
+    );
+    assert!(daemon.log().contains("cannot write the state store"), "{}", daemon.log());
+}
