@@ -611,14 +611,16 @@ fn the_daemon_puts_back_a_rule_deleted_by_hand_and_counts_it_as_drift() {
 /// How often a prober opens a new connection.
 const PROBE_EVERY: Duration = Duration::from_millis(10);
 
-/// The fewest attempts a prober must have made for what it saw to mean anything.
+/// The fewest attempts a prober makes, and must have made for what it saw to mean anything.
 pub const MIN_ATTEMPTS: usize = 5;
 
-/// Opens new connections to `to` from `ns`, one every `PROBE_EVERY` until stopped, and notes
-/// when each was sent and whether it was answered: a port must stay open (or closed) through a
-/// change. Each attempt runs on a thread of its own and does not wait for the one before: a
-/// dropped one waits `DROPPED_AFTER`, and a prober that waited for it would see only a few
-/// moments of a change (none at all of a short one).
+/// Opens new connections to `to` from `ns`, one every `PROBE_EVERY` from `start` to `stop`,
+/// and notes when each was sent and whether it was answered: a port must stay open (or
+/// closed) through a change. Each attempt runs on a thread of its own and does not wait for the
+/// one before: a dropped one waits `DROPPED_AFTER`, and a prober that waited for it would see
+/// only a few moments of a change, or none at all of a short one. A change shorter than
+/// `MIN_ATTEMPTS` attempts is probed on after it ended until that many were made (the port must
+/// then be as it was through the change anyway).
 pub struct Prober {
     to: String,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -643,24 +645,30 @@ fn attempt(ns: &str, to: SocketAddr) -> std::thread::JoinHandle<(Instant, bool)>
 }
 
 impl Prober {
+    /// Starts probing; returns once the first attempt is under way, so the change that
+    /// follows is covered from its beginning.
     pub fn start(ns: &str, to: &str) -> Prober {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let addr: SocketAddr = to.parse().unwrap();
         let (ns, flag) = (ns.to_owned(), std::sync::Arc::clone(&stop));
+        let (began, first) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
             let mut running = Vec::new();
-            while !flag.load(Ordering::Relaxed) {
+            while running.len() < MIN_ATTEMPTS || !flag.load(Ordering::Relaxed) {
                 running.push(attempt(&ns, addr));
+                let _ = began.send(());
                 std::thread::sleep(PROBE_EVERY);
             }
             let mut seen: Vec<(Instant, bool)> = running.into_iter().map(|t| t.join().unwrap()).collect();
             seen.sort_by_key(|(sent, _)| *sent);
             seen
         });
+        first.recv().unwrap();
         Prober { to: to.to_owned(), stop, thread: Some(thread) }
     }
 
-    /// Stops, and waits for the attempts still waiting for an answer.
+    /// Stops (once `MIN_ATTEMPTS` were made), and waits for the attempts still waiting for an
+    /// answer.
     pub fn stop(mut self) -> Probed {
         self.stop.store(true, Ordering::Relaxed);
         Probed { to: self.to.clone(), attempts: self.thread.take().unwrap().join().unwrap() }
@@ -891,7 +899,9 @@ fn the_flip_from_ufw_and_the_way_back_keep_declared_ports_open_and_others_closed
         {"type": "opening", "id": "web.http", "port": 8080},
         {"type": "opening", "id": "web.extra", "port": 8083},
     ]));
+    let probers = probe();
     let (code, report) = net.apply(&s, &failing);
+    probed(probers, "during a flip that waits");
     assert_eq!(code, 1);
     let failures = report["error"]["failures"].as_array().unwrap();
     let http = failures.iter().find(|f| f["id"] == "web.http").expect("the opening says why it waits");

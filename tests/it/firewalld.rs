@@ -456,23 +456,6 @@ fn the_flip_from_firewalld_and_the_way_back_keep_declared_ports_open_and_others_
     let (code, report) = m.apply(&adopted, &[]);
     assert_eq!(code, 0, "{report:#}");
     check(&[8190, 8192, 8193], &[8191, 8194], "in firewalld");
-    let flat = s.declare(json!([
-        {"type": "opening", "id": "web.http", "port": 8190},
-        {"type": "opening", "id": "web.extra", "port": 8193},
-    ]));
-
-    // The flip fails in its middle (firewalld's stop): firewalld stays as it was, enabled,
-    // running, with the host's openings saved and in force; the records stay.
-    let (code, report) = m.apply(&flat, &[("MESH_HOST_FAILPOINT", "firewalld-stop")]);
-    assert_eq!(code, 1, "{report:#}");
-    let message = report["error"]["message"].as_str().unwrap();
-    assert!(message.contains("retiring firewalld failed"), "{message}");
-    assert_eq!(m.firewalld_unit(), ("active".to_owned(), "enabled".to_owned()));
-    assert!(m.services().contains(&"mesh-host-web_2ehttp".to_owned()));
-    assert!(m.saved_rules().contains(&r#"rule service name="mesh-host-web_2ehttp" accept"#.to_owned()));
-    assert!(m.rules_in_force().contains(&r#"rule port port="8190" protocol="tcp" accept"#.to_owned()));
-    check(&[8190, 8193], &[8191, 8194], "after the failed flip");
-
     // New connections to the declared port and to the undeclared one, over both families, all
     // through a change.
     let probe = || {
@@ -489,6 +472,44 @@ fn the_flip_from_firewalld_and_the_way_back_keep_declared_ports_open_and_others_
         no4.stop().never_open(when);
         no6.stop().never_open(when);
     };
+
+    // The declaration loses `adoption`, and something else in it fails: nothing of the flip.
+    // firewalld and the host's openings in it stay exactly as they were, the orphan's too.
+    let failing = s.declare(json!([
+        {"type": "file", "id": "web.conf", "path": "/proc/version/web.conf", "content": "x"},
+        {"type": "opening", "id": "web.http", "port": 8190},
+        {"type": "opening", "id": "web.extra", "port": 8193},
+    ]));
+    let before = (m.services(), m.saved_rules(), m.rules_in_force());
+    let probers = probe();
+    let (code, report) = m.apply(&failing, &[]);
+    probed(probers, "during a flip that waits");
+    assert_eq!(code, 1, "{report:#}");
+    let failures = report["error"]["failures"].as_array().unwrap();
+    let http = failures.iter().find(|f| f["id"] == "web.http").expect("the opening says why it waits");
+    assert!(http["message"].as_str().unwrap().contains("waits until everything applies"), "{report:#}");
+    assert_eq!(m.firewalld_unit(), ("active".to_owned(), "enabled".to_owned()));
+    assert_eq!((m.services(), m.saved_rules(), m.rules_in_force()), before, "firewalld was touched");
+    assert_eq!(m.table(), None, "the host's own table is not loaded while the flip waits");
+    check(&[8190, 8192, 8193], &[8191, 8194], "after a flip that waits");
+
+    // Declarations are one file in the scratch directory, written again at each turn.
+    let flat = s.declare(json!([
+        {"type": "opening", "id": "web.http", "port": 8190},
+        {"type": "opening", "id": "web.extra", "port": 8193},
+    ]));
+
+    // The flip fails in its middle (firewalld's stop): firewalld stays as it was, enabled,
+    // running, with the host's openings saved and in force; the records stay.
+    let (code, report) = m.apply(&flat, &[("MESH_HOST_FAILPOINT", "firewalld-stop")]);
+    assert_eq!(code, 1, "{report:#}");
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains("retiring firewalld failed"), "{report:#}");
+    assert_eq!(m.firewalld_unit(), ("active".to_owned(), "enabled".to_owned()));
+    assert!(m.services().contains(&"mesh-host-web_2ehttp".to_owned()));
+    assert!(m.saved_rules().contains(&r#"rule service name="mesh-host-web_2ehttp" accept"#.to_owned()));
+    assert!(m.rules_in_force().contains(&r#"rule port port="8190" protocol="tcp" accept"#.to_owned()));
+    check(&[8190, 8193], &[8191, 8194], "after the failed flip");
 
     // The flip: packets probed all along.
     let probers = probe();
