@@ -647,8 +647,10 @@ pub(super) fn found_firewall(bus: Option<&str>) -> Result<Found, String> {
         Ok(None) | Err(FirewalldError::Connect { .. }) => {}
         Err(e) => return Err(failed(&e)),
     }
-    let in_force: Vec<String> = firewall::input_chains()
-        .map_err(|e| failed(&e))?
+    // nft lists only nftables' chains: a filter made with iptables-legacy is looked for apart.
+    let mut chains = firewall::input_chains().map_err(|e| failed(&e))?;
+    chains.extend(firewall::legacy_input_chains().map_err(|e| failed(&e))?);
+    let in_force: Vec<String> = chains
         .into_iter()
         .filter(|c| c.policy != "accept" || c.rules > 0)
         .map(|c| {

@@ -851,6 +851,47 @@ fn another_filter_on_an_adopted_node_refuses_the_declaration_and_touches_nothing
 
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_filter_made_with_iptables_legacy_on_an_adopted_node_refuses_the_declaration() {
+    let found = Command::new("iptables-legacy").arg("-V").output().is_ok_and(|o| o.status.success());
+    assert!(found, "iptables-legacy is not installed: tests/testbed/up.sh (50-firewall.sh) installs it");
+    let net = Net::new();
+    let s = Scratch::new();
+    net.serve_tcp(8080);
+    let legacy = |args: &[&str]| {
+        let mut argv = vec!["ip", "netns", "exec", &net.node];
+        argv.extend(args);
+        must(&argv)
+    };
+    // nft does not list what iptables-legacy loads; the agent must find it all the same.
+    legacy(&["iptables-legacy", "-A", "INPUT", "-p", "tcp", "--dport", "8082", "-j", "DROP"]);
+    let before = (legacy(&["iptables-legacy-save", "-t", "filter"]), net.nft(&["-j", "list", "ruleset"]));
+    let d = s.declare_adopted(json!([
+        {"type": "file", "id": "web.conf", "path": s.p("web.conf"), "content": "x"},
+        {"type": "opening", "id": "web.http", "port": 8080},
+    ]));
+    let (code, report) = net.apply(&s, &d);
+    assert_eq!(code, 1, "{report:#}");
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("table ip filter (iptables-legacy) chain INPUT (policy accept, 1 rules)"),
+        "{message}"
+    );
+    assert!(message.contains("nothing was touched"), "{message}");
+    assert_eq!(report["outcomes"], json!([]));
+    assert!(!s.path("web.conf").exists(), "nothing applied");
+    let after = (legacy(&["iptables-legacy-save", "-t", "filter"]), net.nft(&["-j", "list", "ruleset"]));
+    let without_dates = |t: &str| t.lines().filter(|l| !l.starts_with('#')).collect::<Vec<_>>().join("\n");
+    assert_eq!(without_dates(&after.0), without_dates(&before.0), "the legacy filter was touched");
+    assert_eq!(after.1, before.1, "nftables was touched");
+    // Its rule gone, the legacy table filters nothing (policy accept) and is not counted.
+    legacy(&["iptables-legacy", "-D", "INPUT", "-p", "tcp", "--dport", "8082", "-j", "DROP"]);
+    let (code, report) = net.apply(&s, &d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "web.http"), "held", "{report:#}");
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn the_flip_from_ufw_and_the_way_back_keep_declared_ports_open_and_others_closed_at_every_step() {
     let net = Net::with_ufw();
     let s = Scratch::new();
