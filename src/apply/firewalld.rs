@@ -480,7 +480,9 @@ fn check_retired(systemd: &crate::system::Systemd, bus: Option<&str>) -> Result<
 }
 
 /// The way back: a declaration with `adoption` returning to a node whose firewalld the host
-/// retired. The openings are saved in firewalld's configuration first (offline), then firewalld
+/// retired. The host's table, still in force, is made to let the declared openings in too
+/// (`opening::widen_for_way_back`), so a new one is open before firewalld, started without the
+/// orphans, closes theirs. The openings are saved in firewalld's configuration (offline), then firewalld
 /// is enabled and started, so it starts with them in force and never refuses a declared port;
 /// then they are read back over D-Bus (and put in force with the port written out, as on any
 /// pass), and only then does the host's own table go. Orphans leave after, through firewalld.
@@ -495,6 +497,7 @@ pub(super) fn way_back(
         if opts.dry_run {
             return Ok(None);
         }
+        opening::widen_for_way_back(declaration, &orphans).map_err(|e| e.to_string())?;
         save_offline(declaration).map_err(|e| e.to_string())?;
         let systemd = crate::system::Systemd::connect(bus).map_err(|e| e.to_string())?;
         crate::system::firewalld::failpoint("start").map_err(|e| e.to_string())?;

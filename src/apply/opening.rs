@@ -566,6 +566,36 @@ fn load(want: Option<&Table>) -> Result<(), Failed> {
     }
 }
 
+/// The way back's first step, before the found firewall (ufw or firewalld, retired by a flip)
+/// is started again: the host's table, still in force, is made to let in every declared
+/// opening as well as what it let in already (the orphans' rules are kept). A packet must pass
+/// both filters while both stand, so without this a newly declared port would open only when
+/// the table goes, after the found firewall, started without the orphans, had already closed
+/// their ports: the openings are applied before any orphan is removed (spec, "Firewalls").
+/// Nothing is loaded when the table is absent (no filter of the host's stands) or already lets
+/// all of them in; what is loaded is read back.
+pub(super) fn widen_for_way_back(
+    declaration: &Declaration,
+    orphans: &[(String, Record)],
+) -> Result<(), Error> {
+    widen(declaration, orphans).map_err(|f| f.error())
+}
+
+fn widen(declaration: &Declaration, orphans: &[(String, Record)]) -> Result<(), Failed> {
+    let nft = |e| Failed::Nft(std::sync::Arc::new(e));
+    let Some(found) = firewall::read_table().map_err(nft)?.map(|o| parse(&o)) else { return Ok(()) };
+    let fits = declared_openings(declaration).into_iter().filter(|(r, _)| r.id.as_str().len() <= COMMENT_MAX);
+    let mut want = wanted(fits.map(|(r, o)| (r.id.as_str(), o)));
+    let leaving: BTreeSet<&str> = orphans.iter().map(|(id, _)| id.as_str()).collect();
+    want.rules.extend(
+        found.rules.iter().filter(|r| r.comment.as_deref().is_some_and(|c| leaving.contains(c))).cloned(),
+    );
+    if want == found {
+        return Ok(());
+    }
+    load(Some(&want))
+}
+
 /// The nft commands that replace the table with `want`: made if absent (so that deleting it
 /// cannot fail), deleted, and made anew with its chain and rules. nft applies them as one
 /// transaction, so the old filter holds until the new one is complete.
@@ -617,8 +647,10 @@ pub(super) fn found_firewall(bus: Option<&str>) -> Result<Found, String> {
         Ok(None) | Err(FirewalldError::Connect { .. }) => {}
         Err(e) => return Err(failed(&e)),
     }
-    let in_force: Vec<String> = firewall::input_chains()
-        .map_err(|e| failed(&e))?
+    // nft lists only nftables' chains: a filter made with iptables-legacy is looked for apart.
+    let mut chains = firewall::input_chains().map_err(|e| failed(&e))?;
+    chains.extend(firewall::legacy_input_chains().map_err(|e| failed(&e))?);
+    let in_force: Vec<String> = chains
         .into_iter()
         .filter(|c| c.policy != "accept" || c.rules > 0)
         .map(|c| {
@@ -709,8 +741,9 @@ fn ufw_added_for(added: &[String], id: &str) -> Vec<(String, Vec<String>)> {
 /// back in ufw's saved rules (permanent) and in the filter in force (runtime), reloading ufw
 /// once if the saved rules are not all in force.
 ///
-/// `enable`: the way back, ufw found disabled by the host's own flip. Its rules are saved
-/// first, then it is enabled (ufw's start loads the saved rules before it sets its policy, so
+/// `enable`: the way back, ufw found disabled by the host's own flip. The host's table is made
+/// to let the declared openings in too (`widen_for_way_back`), ufw's rules are saved, then it
+/// is enabled (ufw's start loads the saved rules before it sets its policy, so
 /// no declared port is closed meanwhile), then read back.
 pub(super) fn apply_ufw(
     declaration: &Declaration,
@@ -721,6 +754,13 @@ pub(super) fn apply_ufw(
 ) -> Done {
     let declared = declared_openings(declaration);
     let mut done = Done { declared: Vec::new(), orphans: Vec::new() };
+    if enable && !opts.dry_run {
+        if let Err(e) = widen(declaration, &orphans) {
+            done.declared.extend(declared.iter().map(|(r, _)| (r.index, Err(e.error()))));
+            done.orphans.extend(orphans.into_iter().map(|(id, rec)| (id, rec, Err(e.error()))));
+            return done;
+        }
+    }
     let ufw_failed = |e: ufw::UfwError| std::sync::Arc::new(e);
     let found = ufw::added().and_then(|a| Ok((a, ufw::in_force()?))).map_err(ufw_failed);
     let (added, in_force) = match found {
@@ -909,7 +949,8 @@ pub(super) fn without_own_table(mut done: Done, opts: &Options, found: &str) -> 
         Ok(true) => {
             for (_, result) in &mut done.declared {
                 if let Ok(o) = result {
-                    if o.action != Verb::Held {
+                    // One declared for the first time was not moved: it was made in `found`.
+                    if o.action != Verb::Held && o.action != Verb::Created {
                         o.action = Verb::Updated;
                         o.detail = Some(format!(
                             "moved into {found}, enabled again; table inet mesh_host was removed after {found} was read back"

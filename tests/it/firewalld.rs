@@ -19,7 +19,7 @@ use std::process::{Command, Output};
 
 use serde_json::{json, Value};
 
-use crate::firewall::{answers_udp, connects};
+use crate::firewall::{answers_udp, connects, Prober};
 use crate::support::{action, detail, Scratch};
 
 const RUN: &str = "/run/mesh-host-fw";
@@ -127,7 +127,8 @@ impl Machine {
             }
         }
         for rule in self.rules_in_force() {
-            if rule.contains("port=\"81") {
+            // A rule naming a service of the host's is in force after firewalld started with it saved.
+            if rule.contains("port=\"81") || rule.contains("mesh-host-") {
                 bus(&["call", FW, FW_PATH, &format!("{FW}.zone"), "removeRichRule", "ss", &zone, &rule]);
             }
         }
@@ -429,56 +430,98 @@ fn on_an_adopted_node_openings_are_made_in_firewalld_runtime_and_permanent_and_r
 fn the_flip_from_firewalld_and_the_way_back_keep_declared_ports_open_and_others_closed() {
     let m = Machine::take();
     let s = Scratch::new();
-    for port in [8190, 8191, 8192] {
+    // 8190 is declared all along; 8192 leaves in the flip (and comes back), 8193 leaves on the
+    // way back, when 8194 arrives; 8191 is never declared.
+    for port in [8190, 8191, 8192, 8193, 8194] {
         m.serve_tcp(port);
     }
     let check = |open: &[u16], closed: &[u16], when: &str| {
         for port in open {
             assert!(connects(PEER, &format!("10.79.0.1:{port}")), "{when}: {port} must connect");
+            assert!(connects(PEER, &format!("[fd79::1]:{port}")), "{when}: {port} must connect over IPv6");
         }
         for port in closed {
             assert!(!connects(PEER, &format!("10.79.0.1:{port}")), "{when}: {port} must not connect");
+            assert!(
+                !connects(PEER, &format!("[fd79::1]:{port}")),
+                "{when}: {port} must not connect over IPv6"
+            );
         }
     };
-    // One declaration file, written again at each turn.
-    let adopted = || {
-        s.declare_adopted(json!([
-            {"type": "opening", "id": "web.http", "port": 8190},
-            {"type": "opening", "id": "web.old", "port": 8192},
-        ]))
-    };
-    let flat = || s.declare(json!([{"type": "opening", "id": "web.http", "port": 8190}]));
-    let (code, report) = m.apply(&adopted(), &[]);
+    let adopted = s.declare_adopted(json!([
+        {"type": "opening", "id": "web.http", "port": 8190},
+        {"type": "opening", "id": "web.old", "port": 8192},
+        {"type": "opening", "id": "web.extra", "port": 8193},
+    ]));
+    let (code, report) = m.apply(&adopted, &[]);
     assert_eq!(code, 0, "{report:#}");
-    check(&[8190, 8192], &[8191], "in firewalld");
+    check(&[8190, 8192, 8193], &[8191, 8194], "in firewalld");
+    // New connections to the declared port and to the undeclared one, over both families, all
+    // through a change.
+    let probe = || {
+        [
+            Prober::start(PEER, "10.79.0.1:8190"),
+            Prober::start(PEER, "[fd79::1]:8190"),
+            Prober::start(PEER, "10.79.0.1:8191"),
+            Prober::start(PEER, "[fd79::1]:8191"),
+        ]
+    };
+    let probed = |[v4, v6, no4, no6]: [Prober; 4], when: &str| {
+        v4.stop().always_open(when);
+        v6.stop().always_open(when);
+        no4.stop().never_open(when);
+        no6.stop().never_open(when);
+    };
+
+    // The declaration loses `adoption`, and something else in it fails: nothing of the flip.
+    // firewalld and the host's openings in it stay exactly as they were, the orphan's too.
+    let failing = s.declare(json!([
+        {"type": "file", "id": "web.conf", "path": "/proc/version/web.conf", "content": "x"},
+        {"type": "opening", "id": "web.http", "port": 8190},
+        {"type": "opening", "id": "web.extra", "port": 8193},
+    ]));
+    let before = (m.services(), m.saved_rules(), m.rules_in_force());
+    let probers = probe();
+    let (code, report) = m.apply(&failing, &[]);
+    probed(probers, "during a flip that waits");
+    assert_eq!(code, 1, "{report:#}");
+    let failures = report["error"]["failures"].as_array().unwrap();
+    let http = failures.iter().find(|f| f["id"] == "web.http").expect("the opening says why it waits");
+    assert!(http["message"].as_str().unwrap().contains("waits until everything applies"), "{report:#}");
+    assert_eq!(m.firewalld_unit(), ("active".to_owned(), "enabled".to_owned()));
+    assert_eq!((m.services(), m.saved_rules(), m.rules_in_force()), before, "firewalld was touched");
+    assert_eq!(m.table(), None, "the host's own table is not loaded while the flip waits");
+    check(&[8190, 8192, 8193], &[8191, 8194], "after a flip that waits");
+
+    // Declarations are one file in the scratch directory, written again at each turn.
+    let flat = s.declare(json!([
+        {"type": "opening", "id": "web.http", "port": 8190},
+        {"type": "opening", "id": "web.extra", "port": 8193},
+    ]));
 
     // The flip fails in its middle (firewalld's stop): firewalld stays as it was, enabled,
     // running, with the host's openings saved and in force; the records stay.
-    let (code, report) = m.apply(&flat(), &[("MESH_HOST_FAILPOINT", "firewalld-stop")]);
+    let (code, report) = m.apply(&flat, &[("MESH_HOST_FAILPOINT", "firewalld-stop")]);
     assert_eq!(code, 1, "{report:#}");
     let message = report["error"]["message"].as_str().unwrap();
-    assert!(message.contains("retiring firewalld failed"), "{message}");
+    assert!(message.contains("retiring firewalld failed"), "{report:#}");
     assert_eq!(m.firewalld_unit(), ("active".to_owned(), "enabled".to_owned()));
     assert!(m.services().contains(&"mesh-host-web_2ehttp".to_owned()));
     assert!(m.saved_rules().contains(&r#"rule service name="mesh-host-web_2ehttp" accept"#.to_owned()));
     assert!(m.rules_in_force().contains(&r#"rule port port="8190" protocol="tcp" accept"#.to_owned()));
-    check(&[8190], &[8191], "after the failed flip");
+    check(&[8190, 8193], &[8191, 8194], "after the failed flip");
 
     // The flip: packets probed all along.
-    let declared = crate::firewall::Prober::start(PEER, "10.79.0.1:8190");
-    let undeclared = crate::firewall::Prober::start(PEER, "10.79.0.1:8191");
-    let (code, report) = m.apply(&flat(), &[]);
-    let (yes, no) = declared.stop();
-    let (let_in, _) = undeclared.stop();
+    let probers = probe();
+    let (code, report) = m.apply(&flat, &[]);
+    probed(probers, "during the flip");
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(action(&report, "web.http"), "updated", "{report:#}");
     assert!(detail(&report, "web.http").contains("moved from firewalld"), "{report:#}");
     assert_eq!(action(&report, "web.old"), "removed", "{report:#}");
-    assert!(yes > 0 && no == 0, "the declared port was refused {no} times of {} during the flip", yes + no);
-    assert_eq!(let_in, 0, "the undeclared port was let in during the flip");
     assert_eq!(m.firewalld_unit(), ("inactive".to_owned(), "disabled".to_owned()));
     assert!(m.table().is_some_and(|t| t.contains("8190")), "the host's own table is loaded");
-    check(&[8190], &[8191, 8192], "after the flip");
+    check(&[8190, 8193], &[8191, 8192, 8194], "after the flip");
     // The host's openings are gone from firewalld's saved configuration; its own are there.
     let etc = format!("{ROOT}/etc/firewalld");
     let services: Vec<String> = std::fs::read_dir(format!("{etc}/services"))
@@ -488,38 +531,52 @@ fn the_flip_from_firewalld_and_the_way_back_keep_declared_ports_open_and_others_
     assert!(!services.iter().any(|n| n.starts_with("mesh-host-") && n.ends_with(".xml")), "{services:?}");
     let zone = std::fs::read_to_string(format!("{etc}/zones/public.xml")).unwrap_or_default();
     assert!(!zone.contains("mesh-host-"), "{zone}");
-    let (_, report) = m.apply(&flat(), &[]);
+    let (_, report) = m.apply(&flat, &[]);
     assert_eq!(action(&report, "web.http"), "unchanged", "{report:#}");
 
-    // The way back fails at firewalld's start: the host's table stays in force.
-    let (code, report) = m.apply(&adopted(), &[("MESH_HOST_FAILPOINT", "firewalld-start")]);
+    // The way back, without web.extra (an orphan now), fails at firewalld's start: the host's
+    // table stays in force, and the orphan with it, for the next try.
+    let back = s.declare_adopted(json!([
+        {"type": "opening", "id": "web.http", "port": 8190},
+        {"type": "opening", "id": "web.old", "port": 8192},
+    ]));
+    let (code, report) = m.apply(&back, &[("MESH_HOST_FAILPOINT", "firewalld-start")]);
     assert_eq!(code, 1, "{report:#}");
     assert!(
         report["error"]["message"].as_str().unwrap().contains("could not be started again"),
         "{report:#}"
     );
     assert!(m.table().is_some());
-    check(&[8190], &[8191, 8192], "after the failed way back");
+    check(&[8190, 8193], &[8191, 8194], "after the failed way back");
 
-    // The way back: firewalld enabled and started, the openings made in it, then the host's
-    // table removed.
-    let declared = crate::firewall::Prober::start(PEER, "10.79.0.1:8190");
-    let undeclared = crate::firewall::Prober::start(PEER, "10.79.0.1:8191");
-    let (code, report) = m.apply(&adopted(), &[]);
-    let (let_in, _) = undeclared.stop();
+    // The way back for good, with web.new arriving: firewalld enabled and started, the
+    // openings made in it, then the host's table removed. The new opening's port opens before
+    // the orphan's closes, and neither moves twice.
+    let back = s.declare_adopted(json!([
+        {"type": "opening", "id": "web.http", "port": 8190},
+        {"type": "opening", "id": "web.old", "port": 8192},
+        {"type": "opening", "id": "web.new", "port": 8194},
+    ]));
+    let probers = probe();
+    let orphan = Prober::start(PEER, "10.79.0.1:8193");
+    let arriving = Prober::start(PEER, "10.79.0.1:8194");
+    let (code, report) = m.apply(&back, &[]);
     // The openings were saved before firewalld started, so it starts with them in force.
-    let (yes, no) = declared.stop();
-    assert!(
-        yes > 0 && no == 0,
-        "the declared port was refused {no} times of {} during the way back",
-        yes + no
-    );
+    probed(probers, "on the way back");
+    let closed = orphan.stop().closes_once("the orphan, on the way back");
+    let opened = arriving.stop().opens_once("the new opening, on the way back");
+    assert!(opened < closed, "the orphan's port closed before the new opening's port opened");
     assert_eq!(code, 0, "{report:#}");
-    assert_eq!(let_in, 0, "the undeclared port was let in during the way back");
+    assert_eq!(action(&report, "web.new"), "created", "{report:#}");
+    assert_eq!(action(&report, "web.extra"), "removed", "{report:#}");
     assert_eq!(m.firewalld_unit(), ("active".to_owned(), "enabled".to_owned()));
     assert_eq!(m.table(), None, "the host's table removed once firewalld read back");
-    assert!(m.services().contains(&"mesh-host-web_2eold".to_owned()));
-    check(&[8190, 8192], &[8191], "after the way back");
-    let (_, report) = m.apply(&adopted(), &[]);
+    let services = m.services();
+    for name in ["mesh-host-web_2eold", "mesh-host-web_2enew"] {
+        assert!(services.contains(&name.to_owned()), "{name} in {services:?}");
+    }
+    assert!(!services.contains(&"mesh-host-web_2eextra".to_owned()), "{services:?}");
+    check(&[8190, 8192, 8194], &[8191, 8193], "after the way back");
+    let (_, report) = m.apply(&back, &[]);
     assert_eq!(action(&report, "web.http"), "unchanged", "{report:#}");
 }
