@@ -479,7 +479,8 @@ impl Store {
             .map_err(StoreError::Open)?
             .ok_or_else(|| StoreError::Locked { path: self.path.clone() })?;
         // A crash between writing and renaming leaves a temporary file; with the lock held, no
-        // one else can be writing it. The same sweep as for a pass's leftovers.
+        // one else can be writing it. The same sweep as for a pass's leftovers
+        // (docs/decisions.md, "The store").
         let dir = self.path.parent().unwrap_or(Path::new("/"));
         journal::remove_temporaries(dir).map_err(StoreError::Open)?;
         let mut store = if stamp(&self.path) == self.stamp { self } else { Store::read_only(&self.path)? };

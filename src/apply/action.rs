@@ -30,6 +30,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &ActionSpec) -> Result<S
             Some(Facts::default()),
         ));
     }
+    // `plan` runs `verify`, which must only look, and never the command (docs/systemd.md,
+    // "action").
     if ctx.opts.dry_run {
         return Ok(Step::Done(
             begin(r, Verb::Created, Some(format!("verify {}, so the command would run", first.describe()))),

@@ -235,7 +235,8 @@ pub(super) fn apply(
         if opts.dry_run || change.is_err() {
             continue;
         }
-        // What is wanted goes in before what is stale goes out: no moment with the port closed.
+        // What is wanted goes in before what is stale goes out: no moment with the port closed
+        // (docs/decisions.md, "Which rules in force are the host's").
         change = (|| {
             if service.as_ref() != Some(&want.service) {
                 fw.put_service(&name, &want.service, service.is_some())?;
