@@ -389,7 +389,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                     let client = login.client(&endpoints)?;
                     // The last declaration accepted from etcd, beside the state store: what the
                     // controller reads as its source, and what a restart applies while etcd is
-                    // out of reach.
+                    // out of reach (docs/decisions.md, "The cache is the declaration source").
                     let dir = cli.state.parent().unwrap_or(Path::new("/")).join("fleet");
                     crate::system::etcd::private_dir(&dir).with_context(|| {
                         format!("cannot make the fleet cache directory {}", dir.display())
@@ -487,7 +487,7 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
         .into());
     }
     // Validated before anything is read from or written to etcd: a declaration mesh-host would
-    // refuse never reaches it.
+    // refuse never reaches it (docs/decisions.md, "`fleet put` validates twice").
     let wanted = crate::fleet::put::prepare(&scope, files)?;
     let runtime = tokio::runtime::Handle::current();
     // And as each node it reaches will read it, beside the other levels it reads.
@@ -503,7 +503,8 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     Ok(Ended::Converged)
 }
 
-/// Where the node's key is: `--key`, else `sealing.key` beside the store.
+/// Where the node's key is: `--key`, else `sealing.key` beside the store, since the state
+/// directory is already the agent's private one (docs/decisions.md, "The key file").
 pub fn key_path(key: Option<&Path>, state: &Path) -> PathBuf {
     match key {
         Some(key) => std::path::absolute(key).unwrap_or_else(|_| key.to_owned()),
@@ -589,7 +590,8 @@ pub fn load(source: &Path) -> anyhow::Result<Declaration> {
     }
     let mut files = crate::system::read_source(source).map_err(unreadable)?;
     // A single file's problems are named as before, without the file's name on each line: the
-    // person just typed it. A directory's name the file each is in, as the daemon's do.
+    // person just typed it. A directory's name the file each is in, as the daemon's do
+    // (docs/decisions.md, "The command line").
     if files.len() == 1 && files[0].0 == source {
         let (_, bytes) = files.pop().expect("one file");
         return Ok(Declaration::parse(&bytes)?);
@@ -615,7 +617,8 @@ fn load_for(source: &Path, json: bool) -> anyhow::Result<Declaration> {
 
 /// A refusal as JSON: `{"refused": {"message", "problems": [{"source", "index", "id",
 /// "field", "message"}], "unlisted"}}`, the same problems the text lists. A declaration that
-/// could not be read is one problem with no index. `None` for any other error.
+/// could not be read is one problem with no index. `None` for any other error. A script then
+/// needs neither to parse stderr nor to guess (docs/decisions.md, "The command line").
 pub fn refusal_json(e: &anyhow::Error) -> Option<serde_json::Value> {
     if let Some(r) = e.downcast_ref::<crate::declaration::Refused>() {
         let problems: Vec<serde_json::Value> = r
@@ -680,7 +683,8 @@ struct Shown {
 /// Progress on standard error while a pass runs, for a person at a terminal: how many
 /// resources are done, of how many, and the one being applied, on one line rewritten at most
 /// ten times a second (a terminal redrawn for each of 10,000 files costs more than the files).
-/// `None` when stderr is not a terminal, so logs and pipes never see it.
+/// `None` when stderr is not a terminal, so logs and pipes never see it (docs/decisions.md, "The
+/// command line").
 fn terminal_progress() -> Option<apply::Progress> {
     if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         return None;
@@ -849,7 +853,8 @@ pub fn human(report: &Report, declared: usize, verbose: bool) -> String {
             by_kind.push((kind, counts));
         }
     }
-    // A table only where it says more than the last line: more than one type.
+    // A table only where it says more than the last line: more than one type. Only what a
+    // person needs to read is listed (docs/decisions.md, "The command line").
     if by_kind.len() > 1 {
         for (kind, counts) in &by_kind {
             let _ = writeln!(out, "{:>13} {}", kind.as_str(), counts.join(", "));
@@ -904,7 +909,7 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
         }));
     }
     // The machine's own files the host copied before it first wrote over them: kept for ever, so
-    // a person can compare or put one back.
+    // a person can compare or put one back (docs/decisions.md, "A file found with no record").
     let kept_dir = state.parent().unwrap_or(Path::new("/")).join("kept");
     let kept: Vec<serde_json::Value> = crate::system::fs::files_under(&kept_dir)
         .with_context(|| format!("cannot list the kept originals under {}", kept_dir.display()))?

@@ -94,7 +94,8 @@ impl fmt::Debug for Keyring {
 impl Keyring {
     /// Reads a key file's text: comments (`#`), blank lines, and age X25519 identities, the
     /// current one first. The digest key is the one the file carries, or, in a key file made by
-    /// `age-keygen`, derived from its first identity.
+    /// `age-keygen`, derived from its first identity (docs/decisions.md, "The key file"; "The
+    /// digest key").
     pub fn parse(text: &SecretString) -> Result<Keyring, KeyError> {
         let mut identities = Vec::new();
         let mut digest_key = None;
@@ -127,7 +128,8 @@ impl Keyring {
 
     /// A new identity in front, the current one kept behind it as the previous (an older
     /// previous one is dropped), and the digest key unchanged: a rotation moves no keyed digest,
-    /// so it recreates nothing.
+    /// so it recreates nothing (docs/decisions.md, "The digest key"; docs/secrets.md, "Keyed
+    /// digests").
     pub fn rotate(&self) -> SecretString {
         let mut identities = vec![age::x25519::Identity::generate()];
         identities.extend(self.identities.first().cloned());
@@ -163,7 +165,9 @@ impl Keyring {
         self.identities.len() > 1
     }
 
-    /// Opens a sealed value: armored age text, or base64 of a binary age value.
+    /// Opens a sealed value: armored age text, or base64 of a binary age value, the two shapes
+    /// the parse lets through (docs/decisions.md, "A value's shape is checked at parse, its
+    /// opening at apply").
     pub fn open(&self, sealed: &str) -> Result<Opened, OpenError> {
         Self::open_with(sealed, &self.identities)
     }
@@ -209,7 +213,8 @@ impl Keyring {
 
     /// The keyed digest of some bytes: HMAC-SHA256 under the node's digest key. It moves when
     /// the bytes move, and tells nothing about them to whoever lacks the key: a short password
-    /// cannot be found by hashing guesses.
+    /// cannot be found by hashing guesses (docs/secrets.md, "Keyed digests"; docs/decisions.md,
+    /// "A keyed digest is spelled `hmac-sha256:<hex>`").
     pub fn digest(&self, bytes: &[u8]) -> [u8; 32] {
         let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(self.digest_key.expose_secret())
             .expect("HMAC takes a key of any length");
@@ -261,7 +266,8 @@ pub fn seal(to: &str, plaintext: &[u8]) -> Result<String, SealError> {
 }
 
 /// The digest key derived from an identity: HMAC-SHA256 keyed by the identity's secret text,
-/// over a fixed context. A derivation, so the key file can be one made by `age-keygen`.
+/// over a fixed context. A derivation, so the key file can be one made by `age-keygen`
+/// (docs/decisions.md, "The digest key").
 fn derive_digest_key(identity: &age::x25519::Identity) -> SecretBox<[u8; 32]> {
     let secret = identity.to_string();
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.expose_secret().as_bytes())

@@ -4,7 +4,9 @@
 //! host's memory of its own footprint: orphans are found in it, and drift is told from a change
 //! of mind by comparing the machine with what it says the host last wrote. So it is never
 //! silently replaced: a corrupt store, or one written by a newer mesh-host, is refused, because
-//! starting afresh would forget what the host owns and stop it cleaning up after itself.
+//! starting afresh would forget what the host owns and stop it cleaning up after itself
+//! (docs/decisions.md, "Inputs and what is found at managed paths": moving it aside is the
+//! operator's call).
 //!
 //! Architecture Invariant: one writer. `apply` and `run` hold an exclusive lock on
 //! `<store>.lock` for as long as they may write; `plan` and `status` only read.
@@ -291,7 +293,7 @@ pub struct Held {
 }
 
 /// The records, refusing an id given twice: JSON readers otherwise keep the last one silently,
-/// and the host would forget what the other one made.
+/// and the host would forget what the other one made (docs/decisions.md, "The store").
 fn unique_records<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<Box<str>, Record>, D::Error> {
     struct Records;
     impl<'de> serde::de::Visitor<'de> for Records {
@@ -326,7 +328,8 @@ impl File {
     /// Checks every record as a declaration's resource is checked: an id the declaration would
     /// accept, and a target that is an absolute, normalised path for the types that name a path.
     /// The store decides what the host removes as an orphan, so a record it cannot trust (a
-    /// relative target would be resolved against the working directory) refuses the store.
+    /// relative target would be resolved against the working directory) refuses the store
+    /// (docs/decisions.md, "The store").
     fn validate(&self) -> Result<(), String> {
         for (id, r) in &self.records {
             let bad = |why: String| format!("record {:?}: {why}", cut(id));
@@ -467,7 +470,8 @@ impl Store {
 
     /// Takes the store's lock, to write it. What was read before the lock is read again if the
     /// file changed meanwhile. Only here is anything made on the machine (the state directory,
-    /// the lock file), so a command refused before it gets here has touched nothing.
+    /// the lock file), so a command refused before it gets here has touched nothing
+    /// (docs/decisions.md, "The store").
     pub fn lock(self) -> Result<Store, StoreError> {
         let mut lock_path = self.path.as_os_str().to_owned();
         lock_path.push(".lock");
@@ -475,11 +479,14 @@ impl Store {
             .map_err(StoreError::Open)?
             .ok_or_else(|| StoreError::Locked { path: self.path.clone() })?;
         // A crash between writing and renaming leaves a temporary file; with the lock held, no
-        // one else can be writing it. The same sweep as for a pass's leftovers.
+        // one else can be writing it. The same sweep as for a pass's leftovers
+        // (docs/decisions.md, "The store").
         let dir = self.path.parent().unwrap_or(Path::new("/"));
         journal::remove_temporaries(dir).map_err(StoreError::Open)?;
         let mut store = if stamp(&self.path) == self.stamp { self } else { Store::read_only(&self.path)? };
-        // Only root should read what the host owns; a store others can read is tightened.
+        // Only root should read what the host owns; a store others can read is tightened, with
+        // a warning (docs/decisions.md, "The store"). The key file is refused instead: see
+        // docs/decisions.md, "A key file anyone but its owner can read or write is refused".
         let mut fsys = fs::Fs::new();
         if let Some(meta) = fsys.meta(&store.path).map_err(StoreError::Open)? {
             if meta.mode & 0o077 != 0 {
@@ -488,7 +495,7 @@ impl Store {
             }
         }
         // The last pass did not finish: its temporary files go; its intents stay until this
-        // pass has used them.
+        // pass has used them (ARCHITECTURE.md, "Crashes").
         if let Some(recovered) = &store.recovered {
             let mut removed = 0;
             for dir in &recovered.dirs {
@@ -691,7 +698,8 @@ impl Store {
     /// Writes the store only if a record changed in what it says. After a single resource's
     /// reconcile: putting back a hand-edited file changes nothing but its signature, and
     /// rewriting a store of ten thousand records for that would cost more than the correction.
-    /// A signature lost to a crash costs one extra read of that file in the next pass.
+    /// A signature lost to a crash costs one extra read of that file in the next pass
+    /// (docs/decisions.md, "The store"; ARCHITECTURE.md, "Invariants").
     pub fn save_changes(&mut self) -> Result<(), StoreError> {
         if self.dirty {
             self.write()?;

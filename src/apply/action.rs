@@ -4,7 +4,8 @@
 //! know what a database or a migration is, so only the declaration can ask whether it is
 //! there, and asking again afterwards is how the host knows the command did what it claimed.
 //! Both are argv lists, run without a shell, on the machine or, with `in`, inside that running
-//! container through the runtime's exec. A failed action is a gate; the engine stops there.
+//! container through the runtime's exec. A failed action is a gate; the engine stops there
+//! (docs/systemd.md, "action").
 
 use super::{begin, Ctx, Error, Facts, Step, Verb};
 use crate::declaration::{Action as ActionSpec, Resource};
@@ -12,7 +13,8 @@ use crate::system::command::{self, Ran};
 
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &ActionSpec) -> Result<Step, Error> {
     // The runtime is asked for only when the action runs inside a container, so an action on
-    // the machine works where no runtime answers.
+    // the machine works where no runtime answers (docs/containers.md, "Actions inside a
+    // container (`in`)").
     let docker = a.in_container.as_ref().map(|_| ctx.docker()).transpose()?;
     let limit = ctx.opts.step_timeout;
     let run = |argv: &[String]| -> Result<Ran, Error> {
@@ -28,6 +30,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &ActionSpec) -> Result<S
             Some(Facts::default()),
         ));
     }
+    // `plan` runs `verify`, which must only look, and never the command (docs/systemd.md,
+    // "action").
     if ctx.opts.dry_run {
         return Ok(Step::Done(
             begin(r, Verb::Created, Some(format!("verify {}, so the command would run", first.describe()))),

@@ -15,7 +15,8 @@
 //! Decisions: entries are owned by root whatever the archive says (an archive does not pick
 //! accounts on this machine); set-id bits are dropped; files already in the directory that the
 //! archive does not name are left alone, as `tar -x` would; a file it does name, found there
-//! before the host first unpacked it, is kept first as a `file`'s original is.
+//! before the host first unpacked it, is kept first as a `file`'s original is
+//! (docs/decisions.md, "Archives").
 
 use std::io::{self, BufRead as _, Read, Seek as _};
 use std::path::{Component, Path, PathBuf};
@@ -262,7 +263,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
     };
     let entries = entries(&mut src, path, &got)?;
     // Only before the host first unpacks this archive here: once it has, the files it names
-    // are the ones it wrote.
+    // are the ones it wrote, and keeping each on every update would fill `kept/` with the
+    // host's own old versions (docs/decisions.md, "Archives").
     let kept = match record {
         None => keep_found(ctx, path, &entries)?,
         Some(_) => 0,

@@ -62,7 +62,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     match plan.run {
         Run::Leave => {}
         // It stopped, or someone stopped it. Starting it again is the fastest way back and
-        // keeps what it had; its spec is still the declared one.
+        // keeps what it had; its spec is still the declared one (docs/containers.md, "Drift").
         Run::StartAgain => {
             docker.start(c.name.as_str())?;
             read_back(docker, c, &plan.spec, Started::Again)?;
@@ -197,7 +197,8 @@ fn decide(
 
 /// On an adopted node: whether the container or network a resource names is on the machine and
 /// was made by someone else (it has no `mesh-host.id` label, and no record holds its name), so
-/// that it is held as found. `None` for a step, which leaves nothing running to find.
+/// that it is held as found. `None` for a step, which leaves nothing running to find
+/// (docs/decisions.md, "Adoption": "With no record of the host making it").
 pub(super) fn found_made_by_others(ctx: &mut Ctx<'_>, r: &Resource) -> Option<Result<bool, Error>> {
     let (container, name) = match &r.spec {
         Spec::Container(c) if c.run_once || c.schedule.is_some() => return None,
@@ -338,7 +339,8 @@ fn run_step(
 ) -> Result<(), Error> {
     let name = c.name.as_str();
     // A container of this name from an earlier run, or a failed one, must not be mistaken for
-    // this run.
+    // this run. A failed step's container is left for its logs until here, its next attempt
+    // (docs/containers.md, "Run-once and scheduled steps").
     docker.remove(name)?;
     let new = new_container(r, c, want, false)?;
     docker.create(&new)?;
@@ -353,7 +355,8 @@ fn run_step(
 
 /// A scheduled step is installed, not run: the schedule is recorded, and its image made
 /// present now so the first run does not find it missing. The daemon's scheduler runs it
-/// (see [`run_scheduled`]); a failed run never changes what an apply reported.
+/// (see [`run_scheduled`]); a failed run never changes what an apply reported
+/// (docs/containers.md, "Run-once and scheduled steps").
 fn install_schedule(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<Step, Error> {
     let keyed = keyed_digests(ctx, c)?;
     let want = spec(ctx.declaration, c, None, &keyed);
@@ -451,7 +454,8 @@ fn ensure_image(docker: &Docker, c: &Container) -> Result<bool, Error> {
         same_digest(image, &found)?;
         return Ok(false);
     }
-    // An image id alone names no repository: nothing can be asked for it.
+    // An image id alone names no repository: nothing can be asked for it (docs/containers.md,
+    // "A failed pull fails that resource").
     if image.starts_with("sha256:") {
         return Err(Error::ImageMissing { image: image.to_owned(), cli: docker.cli() });
     }
@@ -581,7 +585,8 @@ fn spec(
 /// wrote there: what a program reads out of a directory, and when, is the program's (a proxy
 /// that re-reads its routes live would be recreated on every route change). A module whose
 /// program reads such a file once says so with restart-on. Steps read nothing here: they read
-/// their files afresh each time they run.
+/// their files afresh each time they run (docs/containers.md, "What makes a container "the
+/// same"").
 fn reads(ctx: &mut Ctx<'_>, c: &Container) -> Result<BTreeMap<String, String>, Error> {
     let mut out = BTreeMap::new();
     for path in &c.env_file {
@@ -642,7 +647,8 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
     let name = c.name.as_str();
     let mut env = Vec::new();
     // The Engine API takes no env-file: the docker CLI reads it on the client side, and so
-    // does the host, in the CLI's format. Values are never logged.
+    // does the host, in the CLI's format. Values are never logged (docs/containers.md,
+    // "Creating, and reading back").
     for (i, path) in c.env_file.iter().enumerate() {
         let unusable = |why: String| Error::EnvFile {
             container: name.to_owned(),
@@ -664,7 +670,8 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
     for (i, v) in c.volumes.iter().enumerate() {
         // Docker makes a missing bind source as an empty directory, owned by root. Where a file
         // was meant (a credential not written yet) that directory then blocks the file for
-        // ever, so a missing source is refused instead.
+        // ever, so a missing source is refused instead (docs/containers.md, "A bind-mount
+        // source that does not exist is refused").
         if let Some(source) = v.host_path().filter(|p| !docker::exists(p.as_path())) {
             return Err(Error::Missing {
                 path: source.as_path().to_owned(),
@@ -684,7 +691,8 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
     // A step publishes nothing: it runs beside the service it prepares, which holds those
     // ports, and a run-once step or a fire would otherwise fail on them (or, before the
     // service is up, expose a migration to the network for as long as it runs). A step that
-    // declares ports (a template shared with its service) is told so in its outcome.
+    // declares ports (a template shared with its service) is told so in its outcome
+    // (docs/containers.md, "A step publishes no ports").
     let published = if keep_running { &c.ports[..] } else { &[] };
     let ports = published
         .iter()
@@ -701,7 +709,8 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
     let mut labels =
         HashMap::from([(SPEC_LABEL.to_owned(), want.to_owned()), (ID_LABEL.to_owned(), r.id.to_string())]);
     // A step's container exits by design. Marked, so the event watcher does not take its end
-    // for drift: a failed run-once step would otherwise be run again at every exit of its own.
+    // for drift: a failed run-once step would otherwise be run again at every exit of its own
+    // (docs/containers.md, "The event watcher (`watchers::docker`)").
     if !keep_running {
         let kind = if c.schedule.is_some() { "scheduled" } else { "run-once" };
         labels.insert(STEP_LABEL.to_owned(), kind.to_owned());

@@ -108,8 +108,9 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     want.content = &content;
     // What is on the machine is read whole only up to the size of what is declared (or a
     // megabyte, for a diff a person can read); anything larger is hashed as a stream, so a huge
-    // file at a managed path never sizes an allocation. What was read of a file carrying a
-    // secret is zeroed when this returns (`Wiped`).
+    // file at a managed path never sizes an allocation (docs/decisions.md, "Inputs and what is
+    // found at managed paths"). What was read of a file carrying a secret is zeroed when this
+    // returns (`Wiped`).
     let found = Wiped(ctx.fs.read_up_to(path, (content.len() as u64).max(HOLD))?);
     let found = &found.0;
     let known = Known {
@@ -253,7 +254,8 @@ fn may_be_untouched(rec: &Record, want: &Declared<'_>) -> bool {
 
 /// The steady state, and the hot path: a file whose signature (inode, ctime, size) is the one
 /// recorded when the host last found it as declared has not been touched since, so it is not
-/// read again. What to record when so.
+/// read again. A signature is recorded only once it can be trusted to move on the next change
+/// (ARCHITECTURE.md, "Invariants"). What to record when so.
 fn untouched(rec: &Record, want: &Declared<'_>, m: &Meta) -> Option<Facts> {
     let owner_same = want.owner.is_none_or(|o| Some(o) == rec.owner);
     let same = may_be_untouched(rec, want)
@@ -329,8 +331,9 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
 
     // Drift is a difference from what the host last left, not from what is declared now: a
     // declaration that changed its mind is an update, a machine that changed on its own was
-    // changed by hand. What an unfinished pass of the host's was writing (the journal found at
-    // start-up) is the host's own work, not a hand's.
+    // changed by hand (ARCHITECTURE.md, "Drift versus a change of mind"). What an unfinished
+    // pass of the host's was writing (the journal found at start-up) is the host's own work, not
+    // a hand's (ARCHITECTURE.md, "Crashes").
     let intended = known.intended;
     let found_ours = !intended.is_empty()
         && found_digest().is_some_and(|d| intended.iter().any(|i| i.sum == d.to_string()));
@@ -370,13 +373,15 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
 
     let change = if !content_same {
         // The original of a file the host has no record of, under any id, is the machine's
-        // until the mesh writes over it: it is kept first, once, and never overwritten.
+        // until the mesh writes over it: it is kept first, once, and never overwritten
+        // (docs/decisions.md, "A file found with no record").
         let keep = record.is_none() && !found_ours && !(known.recorded_elsewhere)();
         Change::Write { keep: keep.then(|| kept_path(known.kept, want.path)) }
     } else if meta.links > 1 {
         // A chmod or chown here would reach every other name of this file too, paths the
         // declaration does not name (a hard link from elsewhere, even to a credential file). The
-        // path gets a file of its own instead; the other names keep what they had.
+        // path gets a file of its own instead; the other names keep what they had
+        // (docs/decisions.md, "Inputs and what is found at managed paths").
         Change::Replace { links: meta.links }
     } else {
         Change::Set { mode: (!mode_same).then_some(want.mode), owner: owner_change }
@@ -389,7 +394,8 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
 /// Never a secret: not the content of a file carrying one (opened or on the machine), and not
 /// what is on the machine when that file is not world-readable, which a dry run must not turn
 /// into a way of reading a credential already on disk. Those say only that the content
-/// differs.
+/// differs (docs/decisions.md, "`plan` never diffs a file on the machine that is not
+/// world-readable").
 fn planned_diff(plan: &Plan, found: Option<&(Meta, Content)>, f: &File, content: &[u8]) -> Option<String> {
     let Change::Write { .. } = plan.change else { return None };
     let path = &f.path;
@@ -563,7 +569,7 @@ fn diff(f: &File, old: &[u8], new: &[u8]) -> String {
             .header(&format!("{} (on the machine)", f.path), &format!("{} (declared)", f.path))
             .to_string(),
         // Raw bytes in a terminal are noise at best and escape sequences at worst: the sizes
-        // say what a person can act on.
+        // say what a person can act on (docs/decisions.md, "The command line").
         _ => format!("{}: binary content differs ({} bytes to {} bytes)\n", f.path, old.len(), new.len()),
     }
 }

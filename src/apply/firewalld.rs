@@ -2,8 +2,9 @@
 //!
 //! firewalld keeps two sets of rules, both read back here: the permanent configuration
 //! (saved, loaded at its start or reload) and the runtime one (in force). The host never
-//! reloads firewalld, since a reload drops what an operator put in force at runtime only, so
-//! each opening is written to both:
+//! reloads firewalld, since a reload drops what an operator put in force at runtime only
+//! (docs/decisions.md, "Openings in firewalld are labelled by a saved service"), so each
+//! opening is written to both:
 //!
 //! - permanent: a service `mesh-host-ID` (the opening's port; its description names the
 //!   resource), and in the default zone one rich rule per `from` network (or one for
@@ -15,7 +16,8 @@
 //!   host's are the ones its saved services and rules spell out.
 //!
 //! `service_name`, `rules` and `runtime_of` are pure and unit-tested; `apply` acts through
-//! `system::firewalld` and reads back.
+//! `system::firewalld` and reads back. Why D-Bus, and the offline tool only while firewalld is
+//! stopped: ARCHITECTURE.md, "Why D-Bus, and `firewall-offline-cmd` only while stopped".
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -35,7 +37,8 @@ const PREFIX: &str = "mesh-host-";
 
 /// The service that labels an opening in firewalld. firewalld allows letters, digits, `_`
 /// and `-` in a service's name, and ids also have `.`: `.` is written `_2e` and `_` is
-/// written `_5f`, so two ids never share a service.
+/// written `_5f`, so two ids never share a service (docs/decisions.md, "Openings in firewalld
+/// are labelled by a saved service").
 pub(super) fn service_name(id: &str) -> String {
     let mut name = PREFIX.to_owned();
     for c in id.chars() {
@@ -107,7 +110,9 @@ fn saved_for<'a>(permanent: &'a [String], service: &str) -> Vec<&'a String> {
 }
 
 /// The runtime rules that saved rules for a service stand for, given the service's ports: what
-/// the host put in force for it when it saved them.
+/// the host put in force for it when it saved them. A rich rule carries no comment, so this is
+/// how the host's rules in force are told from the operator's (docs/decisions.md, "Which rules
+/// in force are the host's").
 pub(super) fn runtime_of(saved: &[&String], service: &str, ports: &[(String, String)]) -> Vec<String> {
     let end = accepts_service(service);
     saved
@@ -183,7 +188,8 @@ pub(super) fn apply(
     };
     let zone = found.zone.clone();
     // An opening of a module not taken yet, whose port firewalld already lets in, is held:
-    // nothing of the host's is added beside the operator's setting.
+    // nothing of the host's is added beside the operator's setting (docs/decisions.md, "An
+    // opening is held behind firewalld").
     let mut live: Vec<(&Resource, &Opening)> = Vec::new();
     for (r, o) in declared {
         let open = lets_in(&found.ports, opening::transport(o.protocol), o.port.get());
@@ -229,7 +235,8 @@ pub(super) fn apply(
         if opts.dry_run || change.is_err() {
             continue;
         }
-        // What is wanted goes in before what is stale goes out: no moment with the port closed.
+        // What is wanted goes in before what is stale goes out: no moment with the port closed
+        // (docs/decisions.md, "Which rules in force are the host's").
         change = (|| {
             if service.as_ref() != Some(&want.service) {
                 fw.put_service(&name, &want.service, service.is_some())?;
@@ -419,7 +426,8 @@ pub(super) fn flip(
 /// owner, its unit inactive and disabled); then the host's services and rules deleted from its
 /// saved configuration, offline, and read back. If disabling or stopping fails, the unit is
 /// enabled again if it was, so firewalld stays as it was, in force with the host's openings.
-/// If the deletion fails, firewalld stays retired and the next pass deletes what is left.
+/// If the deletion fails, firewalld stays retired and the next pass deletes what is left
+/// (docs/decisions.md, "Retiring firewalld").
 fn retire(opts: &Options, ids: &[String]) -> Result<(), String> {
     let bus = opts.bus.as_deref();
     let systemd = crate::system::Systemd::connect(bus).map_err(|e| e.to_string())?;
@@ -485,7 +493,8 @@ fn check_retired(systemd: &crate::system::Systemd, bus: Option<&str>) -> Result<
 /// orphans, closes theirs. The openings are saved in firewalld's configuration (offline), then firewalld
 /// is enabled and started, so it starts with them in force and never refuses a declared port;
 /// then they are read back over D-Bus (and put in force with the port written out, as on any
-/// pass), and only then does the host's own table go. Orphans leave after, through firewalld.
+/// pass), and only then does the host's own table go. Orphans leave after, through firewalld
+/// (docs/decisions.md, "The way back to firewalld").
 pub(super) fn way_back(
     declaration: &Declaration,
     store: &Store,

@@ -3,7 +3,7 @@
 //! Presence is the whole of its state: nothing about a network can be declared beyond its
 //! name, so there is nothing else to disagree with. A network found already there but made
 //! by someone else is used as it is, and is never removed by the host (it carries no
-//! `mesh-host.id` label).
+//! `mesh-host.id` label; docs/containers.md, "Networks").
 
 use std::collections::HashMap;
 

@@ -9,7 +9,8 @@
 //!
 //! Loading it last is the order rule (spec, "Firewalls"): what protects the node goes last on
 //! the way in. It also means a declaration that adds a service and its opening never has the
-//! port open before the service's files are in place.
+//! port open before the service's files are in place (docs/decisions.md, "The filter is loaded
+//! after everything else in the pass").
 //!
 //! On an adopted node the firewall found in force comes first (`found_firewall`): behind ufw
 //! the openings are made in ufw instead (`apply_ufw`); the flip to the host's filter when
@@ -273,7 +274,10 @@ pub(super) struct Seen<'a> {
 
 /// The outcome word and detail of one opening.
 pub(super) fn decide(seen: &Seen<'_>) -> (Verb, Option<String>) {
-    // "corrected" already says it was put back; the detail says what had been done to it.
+    // "corrected" already says it was put back; the detail says what had been done to it. A hand
+    // change outside every opening's rules is told on the first opening only, so one edit counts
+    // as drift once (docs/decisions.md, "A hand change to the table outside any opening's
+    // rules").
     let by_hand = |what: String| (Verb::Corrected, Some(what));
     match (seen.recorded, seen.intact) {
         (Some(true), true) if !seen.common.is_empty() => {
@@ -297,7 +301,8 @@ pub(super) fn holdable(declaration: &Declaration, store: &Store, r: &Resource) -
 }
 
 /// Whether an opening that may be held is: held before (a hold lasts until its module is taken,
-/// whatever became of the port since), or its port found open now.
+/// whatever became of the port since), or its port found open now (docs/decisions.md, "An
+/// opening is held"; "A hold is remembered").
 pub(super) fn held_now(store: &Store, r: &Resource, found_open: bool) -> bool {
     store.held(r.id.as_str()).is_some() || found_open
 }
@@ -308,7 +313,8 @@ pub(super) fn held_detail(r: &Resource) -> String {
 
 /// Whether a rule ufw keeps (one not of the host's) lets this port in: `ufw allow 22`, `ufw
 /// allow 22/tcp`, `ufw allow from 10.0.0.0/8 to any port 22 proto tcp`. An application profile
-/// (`ufw allow OpenSSH`) is not resolved, so its port is not found open.
+/// (`ufw allow OpenSSH`) is not resolved, so its port is not found open (docs/decisions.md, "An
+/// opening is held").
 pub(super) fn ufw_lets_in(added: &[String], t: Transport, port: u16) -> bool {
     added.iter().filter(|l| !l.contains(" comment 'mesh-host ")).any(|line| {
         let words: Vec<&str> = line.split(' ').collect();
@@ -352,7 +358,7 @@ fn lets_in(found: Option<&Table>, t: Transport, port: u16) -> bool {
 
 /// The listening ports the new filter would close to new connections from elsewhere: open
 /// before (no table, or a rule let them in) and not declared now. A socket bound to loopback
-/// only is not reachable from elsewhere anyway.
+/// only is not reachable from elsewhere anyway (docs/decisions.md, "Ports the filter closes").
 pub(super) fn newly_closed(
     listeners: &[Listener],
     found: Option<&Table>,
@@ -400,11 +406,15 @@ pub(super) fn apply(
 ) -> Done {
     let declared = declared_openings(declaration);
     let mut done = Done { declared: Vec::new(), orphans: Vec::new() };
+    // No opening declared and none recorded: a table found all the same (a crash between its
+    // load and the store's write) is left until an opening is declared again
+    // (docs/decisions.md, "The table is removed").
     if declared.is_empty() && orphans.is_empty() {
         return done;
     }
     // An id too long to be a rule's comment could not be told apart from another's once loaded:
-    // that opening fails alone, and the others are loaded without it.
+    // that opening fails alone, and the others are loaded without it (docs/decisions.md, "One
+    // opening's rules are found by their comment").
     let (fits, too_long): (Vec<_>, Vec<_>) =
         declared.into_iter().partition(|(r, _)| r.id.as_str().len() <= COMMENT_MAX);
     let any_too_long = !too_long.is_empty();
@@ -427,7 +437,7 @@ pub(super) fn apply(
     // this pass (no filter of the host's at all, or one that accepts it) is held: it stays open,
     // its rule in the table, but it is not the host's yet. When every opening is held and no
     // table of the host's is there, none is loaded: a filter with policy drop would close what
-    // the node was found with.
+    // the node was found with (docs/decisions.md, "An opening is held").
     let held: BTreeSet<usize> = fits
         .iter()
         .filter(|(r, o)| {
@@ -449,7 +459,8 @@ pub(super) fn apply(
         (None, _) if any_too_long => false,
         (None, found) => found.is_some(),
     };
-    // The listening ports this filter closes, said before it is loaded (and by `plan`).
+    // The listening ports this filter closes, said before it is loaded (and by `plan`), so an
+    // operator sees what a new filter cuts off (docs/decisions.md, "Ports the filter closes").
     let closes = match &want {
         // A table left as it is closes nothing new; reading every socket of a busy server on
         // each pass would be paid for nothing.
@@ -533,7 +544,8 @@ impl Failed {
     }
 }
 
-/// Replaces the table with `want` in one transaction (or removes it), then reads it back.
+/// Replaces the table with `want` in one transaction (or removes it), then reads it back: the
+/// old filter stands until the new one is complete (ARCHITECTURE.md, "The host's filter").
 fn load(want: Option<&Table>) -> Result<(), Failed> {
     let nft = |e| Failed::Nft(std::sync::Arc::new(e));
     match want {
@@ -634,7 +646,8 @@ pub(super) enum Found {
 /// input hook other than ufw's, firewalld's and the host's own, named. firewalld is looked for
 /// on `bus` (the system bus when `None`), where the agent also reaches systemd: its bus name
 /// having an owner is what "running" means. A bus that cannot be reached has no firewalld on
-/// it; a firewalld running all the same is then found as the filter it loaded, and refused.
+/// it; a firewalld running all the same is then found as the filter it loaded, and refused
+/// (docs/decisions.md, "firewalld is found running"; "Any other filter in force").
 pub(super) fn found_firewall(bus: Option<&str>) -> Result<Found, String> {
     let failed = |e: &dyn std::fmt::Display| {
         format!("cannot tell which firewall is in force: {e}; nothing was touched")
@@ -739,12 +752,13 @@ fn ufw_added_for(added: &[String], id: &str) -> Vec<(String, Vec<String>)> {
 /// Openings made in ufw, found active on an adopted node: each opening's rules added with its
 /// comment, anything else under its comment deleted, orphan openings' rules deleted; then read
 /// back in ufw's saved rules (permanent) and in the filter in force (runtime), reloading ufw
-/// once if the saved rules are not all in force.
+/// once if the saved rules are not all in force (docs/decisions.md, "Openings in ufw").
 ///
 /// `enable`: the way back, ufw found disabled by the host's own flip. The host's table is made
 /// to let the declared openings in too (`widen_for_way_back`), ufw's rules are saved, then it
-/// is enabled (ufw's start loads the saved rules before it sets its policy, so
-/// no declared port is closed meanwhile), then read back.
+/// is enabled (ufw's start loads the saved rules before it sets its policy, so no declared
+/// port is closed meanwhile), then read back. It does not wait for a clean pass: the host's
+/// table protects the node until ufw is up (docs/decisions.md, "The way back").
 pub(super) fn apply_ufw(
     declaration: &Declaration,
     store: &Store,
@@ -774,7 +788,8 @@ pub(super) fn apply_ufw(
     let mut seen = Vec::new();
     let mut change: Result<(), std::sync::Arc<ufw::UfwError>> = Ok(());
     // An opening of a module not taken yet, whose port a rule of ufw's own already lets in, is
-    // held: nothing of the host's is added beside the operator's rule.
+    // held: nothing of the host's is added beside the operator's rule (docs/decisions.md, "An
+    // opening is held").
     let held: BTreeSet<usize> = declared
         .iter()
         .filter(|(r, o)| {
@@ -832,7 +847,8 @@ pub(super) fn apply_ufw(
         }
     }
     // Read back: saved, and in force. A rule saved and not in force (the filter flushed by hand)
-    // is put in force by loading ufw's saved rules again.
+    // is put in force by loading ufw's saved rules again: `ufw show added` shows what is saved,
+    // not what is in force (ARCHITECTURE.md, "The firewall found on an adopted node").
     let read_back = || -> Result<(Vec<String>, Vec<String>), std::sync::Arc<ufw::UfwError>> {
         Ok((ufw::added().map_err(ufw_failed)?, ufw::in_force().map_err(ufw_failed)?))
     };
@@ -927,7 +943,7 @@ pub(super) const UFW_RETIRED: &str = "ufw-retired";
 
 /// After openings were made in `found` (ufw or firewalld): the host's own table, if it is there
 /// (left by a flip, on the way back), is removed, since a packet would have to pass both
-/// filters. Read back.
+/// filters. Read back (docs/decisions.md, "Behind ufw the host's own table is removed").
 pub(super) fn without_own_table(mut done: Done, opts: &Options, found: &str) -> Done {
     let failed =
         done.declared.iter().any(|(_, r)| r.is_err()) || done.orphans.iter().any(|(_, _, r)| r.is_err());
@@ -997,7 +1013,8 @@ pub(super) fn declared_openings(declaration: &Declaration) -> Vec<(&Resource, &O
 /// applied), then ufw is disabled, then the host's rules are deleted from ufw; the orphan
 /// openings are told last. Anything that fails after the load fails every opening, so their
 /// records stay those of ufw and the next pass tries the rest again: the filter already loaded
-/// is found as wanted, ufw is disabled, its rules deleted.
+/// is found as wanted, ufw is disabled, its rules deleted (ARCHITECTURE.md, "The firewall found
+/// on an adopted node").
 pub(super) fn flip(
     declaration: &Declaration,
     store: &Store,
@@ -1049,7 +1066,8 @@ pub(super) fn flip_from<E: Clone>(
         + done.orphans.iter().filter(|(_, _, r)| r.is_err()).count();
     if failures > 0 {
         // One opening that could not be loaded keeps the found firewall in force for all:
-        // retiring it now would drop that port.
+        // retiring it now would drop that port (docs/decisions.md, "The flip waits for a clean
+        // pass").
         for (_, result) in &mut done.declared {
             if result.is_ok() {
                 *result = Err(Error::FlipWaits { from: leaving.from, failed: failures });
@@ -1095,7 +1113,8 @@ pub(super) fn flip_from<E: Clone>(
 /// already loaded, accepts; its `ufw default allow` stops and starts it the same way. So the
 /// INPUT chains' policy is set to accept first (one change each, in force at once, while the
 /// host's filter stands), then ufw is disabled. If disabling fails, the policies found are put
-/// back: a ufw left in force must still drop what it does not allow.
+/// back: a ufw left in force must still drop what it does not allow (docs/decisions.md,
+/// "Retiring ufw").
 fn retire_ufw(ids: &[String]) -> Result<(), ufw::UfwError> {
     let found = ufw::input_policies()?;
     for (program, _) in &found {

@@ -1,6 +1,6 @@
 //! `package`: installed if absent; never upgraded, never removed. "Present" is all a package
 //! resource says: which version is the package manager's business, not a second opinion the
-//! host keeps.
+//! host keeps (docs/systemd.md, "package").
 
 use super::{begin, Ctx, Error, Facts, Step, Verb};
 use crate::declaration::{Kind, Package, Resource};

@@ -58,7 +58,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Process) -> Result<Step
         Some(Some(spec)) if spec == want => {
             if !before.running() {
                 // Supervised and coming back (auto-restart), or on its way down: either way,
-                // not a program that stays up.
+                // not a program that stays up, and an error until it does (docs/systemd.md,
+                // "process").
                 return Err(Error::UnitKeepsExiting { unit: unit.clone(), state: Box::new(before.clone()) });
             }
             if restart_for.is_empty() {
@@ -74,7 +75,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, p: &Process) -> Result<Step
         }
         Some(_) => {
             // Running something else: a changed command, environment or user, or a unit of
-            // that name the host did not start. Stopped, then started anew as declared.
+            // that name the host did not start. Stopped, then started anew as declared: the
+            // digest in its description says which (docs/systemd.md, "process").
             if !dry_run {
                 sd.stop(&unit)?;
                 sd.reset_failed(&unit)?;

@@ -22,7 +22,8 @@ pub(super) fn remove(
     rec: &Record,
     opts: &Options,
 ) -> Result<(Verb, Option<String>), Error> {
-    // Keys set in someone else's file: put back, never the file removed as the host's.
+    // Keys set in someone else's file: each goes back to what it held before the host, and the
+    // file goes only if the host made it and nothing else is left (docs/decisions.md, "`into`").
     if let (Kind::File, Some(merged)) = (rec.kind, rec.into()) {
         return super::into::remove(fs, machine, &opts.key, Path::new(&*rec.target), merged, opts.dry_run);
     }
@@ -63,7 +64,7 @@ fn look(fs: &mut Fs, machine: &mut Machine, rec: &Record, opts: &Options) -> Res
     match rec.kind {
         // A file that carried a secret was recorded by its keyed digest: only the node's key
         // tells whether it is still what the host wrote. Without the key nothing can be told,
-        // so nothing is removed.
+        // so nothing is removed (docs/decisions.md, "An orphan file that carried a secret").
         Kind::File if rec.wrote.is_some_and(|w| w.is_keyed()) => match machine.keyring(&opts.key) {
             Ok(Some(ring)) => {
                 let found = super::secret::found_keyed(fs, &ring, path)?.map(|(meta, sum)| (meta.kind, sum));
@@ -89,19 +90,25 @@ fn look(fs: &mut Fs, machine: &mut Machine, rec: &Record, opts: &Options) -> Res
             Ok(decide::directory(path, found))
         }
         Kind::Access => forget("an operator-owned path is never the host's to remove"),
+        // What it unpacked may have been added to since (docs/decisions.md, "Archives").
         Kind::Archive => {
             forget("the files it unpacked are left in place: they may have been changed or added to since")
         }
+        // Never removed, only forgotten; and an account is left for the files it owns
+        // (docs/systemd.md, "package"; docs/systemd.md, "user").
         Kind::Package => forget("left installed; the host does not uninstall what it cannot know is unused"),
         Kind::User => forget(
             "the account is left: it may own files, and a uid freed and handed out again would give them to someone else",
         ),
         Kind::Action => forget("an action leaves nothing the host owns"),
+        // Stopped, its unit file and boot setting left: the host set its state, it did not
+        // install it (docs/systemd.md, "service").
         Kind::Service => {
             let state = machine.systemd(opts.bus.as_deref())?.state(&rec.target)?;
             Ok(decide::unit(&rec.target, &state, "the unit file is left: it is not the host's to delete"))
         }
-        // The host started this unit; once stopped, systemd collects it and nothing is left.
+        // The host started this unit; once stopped, systemd collects it and nothing is left
+        // (docs/systemd.md, "process").
         Kind::Process => {
             let unit = process::unit_name(&rec.target);
             let state = machine.systemd(opts.bus.as_deref())?.state(&unit)?;
@@ -116,7 +123,8 @@ fn look(fs: &mut Fs, machine: &mut Machine, rec: &Record, opts: &Options) -> Res
             Ok(decide::network(&rec.target, found.map(|n| (n.labels.contains_key(ID_LABEL), n.containers))))
         }
         // Not reached: the pass hands orphan openings to the firewall step (`opening::apply`),
-        // which takes them out of the filter after everything else, in the same load.
+        // which takes them out of the filter after everything else, in the same load
+        // (docs/decisions.md, "The filter is loaded after everything else in the pass").
         Kind::Opening => Ok(Plan::Leave(
             Verb::Kept,
             "an opening leaves the filter in the firewall step, after everything else".to_owned(),
@@ -145,7 +153,8 @@ mod decide {
                 "no longer declared, and what is there now is not the file the host wrote: left alone",
             ),
             // A file whose content is no longer what the host wrote holds someone's work (a
-            // create-once seed a program grew, a hand edit): nothing is lost by leaving it.
+            // create-once seed a program grew, a hand edit): nothing is lost by leaving it
+            // (docs/decisions.md, "Removing an orphan file").
             Some((_, sum)) if wrote.is_some_and(|w| sum != Some(w)) => leave(
                 Verb::Kept,
                 "no longer declared, and changed on the machine since the host wrote it: left in place so nothing is lost",
@@ -193,7 +202,9 @@ mod decide {
         Plan::Remove(Removal::Unit(unit.to_owned()), format!("no longer declared: {unit} stopped; {left}"))
     }
 
-    /// A container of the recorded name: `Some(true)` when it carries the host's label.
+    /// A container of the recorded name: `Some(true)` when it carries the host's label. One the
+    /// host did not create is the declaration's no longer, so it is left alone
+    /// (docs/containers.md, "Orphans").
     pub(super) fn container(name: &str, found: Option<bool>) -> Plan {
         match found {
             // A step leaves nothing running, and a container removed by hand is already where
@@ -212,12 +223,14 @@ mod decide {
     pub(super) fn network(name: &str, found: Option<(bool, Vec<String>)>) -> Plan {
         match found {
             None => leave(Verb::Forgotten, GONE),
+            // Found already there, used as it was, and never the host's to remove
+            // (docs/containers.md, "Networks").
             Some((false, _)) => leave(Verb::Forgotten, "made outside mesh-host, so left in place"),
             // Orphans go in reverse declared order, so the containers declared after the
             // network are gone by now. What still uses it is something this declaration does
             // not name (or a container that moves to another network later in this pass): its
             // connectivity is not the host's to cut, so the network is kept, and the record
-            // with it, to be tried again at the next apply.
+            // with it, to be tried again at the next apply (docs/containers.md, "Networks").
             Some((true, users)) if !users.is_empty() => Plan::Leave(
                 Verb::Kept,
                 format!(

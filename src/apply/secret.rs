@@ -20,7 +20,10 @@ use crate::secrets::{Keyring, Opened};
 const HOLE: &str = "${secret:";
 
 impl Machine {
-    /// The node's keyring, read once in a pass: `None` when there is no key file.
+    /// The node's keyring, read once in a pass: `None` when there is no key file. Read in each
+    /// pass that opens a value, not once at start-up, so a key made or rotated under the daemon
+    /// is used from its next pass (docs/decisions.md, "The key is read in each pass that opens a
+    /// value").
     pub(super) fn keyring(&mut self, key: &Path) -> Result<Option<Arc<Keyring>>, Arc<str>> {
         self.keyring.get_or_insert_with(|| load(key)).clone()
     }
@@ -61,15 +64,19 @@ pub(super) enum Fill {
     Raw,
     /// Inside a JSON string (`into: json`, where a hole can only be in a string): escaped as
     /// JSON escapes, so a quote or a backslash in a password is that character of the value
-    /// rather than the end of the string.
+    /// rather than the end of the string (docs/decisions.md, "Secret holes in `into` content").
     JsonString,
     /// Inside one `KEY=VALUE` line (`into: env`): a value with a line break would write lines
-    /// of its own, keys the declaration never named, so it is refused.
+    /// of its own, keys the declaration never named, so it is refused (docs/decisions.md,
+    /// "Secret holes in `into` content").
     EnvLine,
 }
 
 /// `open`, each value put in its hole as `how` says: the content of an `into` file, whose
-/// keys are then read from it.
+/// keys are then read from it. Only the secrets a hole names are opened (docs/decisions.md,
+/// "Only the secrets a hole names are opened"); one that does not open fails this file alone,
+/// naming the field (docs/decisions.md, "A value's shape is checked at parse, its opening at
+/// apply").
 pub(super) fn open_as(ring: &Keyring, f: &File, how: Fill) -> Result<Opened, Error> {
     let not_opened =
         |field: String, error| Error::NotOpened { path: f.path.as_path().to_owned(), field, error };
@@ -208,7 +215,8 @@ pub(super) fn found_keyed(
 
 /// The declared digest of a file carrying a secret, as `restart-on` and a container's spec
 /// fold it in: the keyed digest of its opened content, which moves when a value moves and not
-/// when the same value is sealed again.
+/// when the same value is sealed again (docs/secrets.md, "Keyed digests"; docs/decisions.md,
+/// "A step that restarts on a file carrying a secret").
 pub(super) fn declared_digest(ring: &Keyring, f: &File) -> Result<Digest, Error> {
     let opened = open(ring, f)?;
     Ok(Digest::from_keyed(ring.digest(opened.expose_secret())))

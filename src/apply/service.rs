@@ -12,7 +12,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
     let want = Declared { state: s.state, boot: s.boot, restart_for: &restart_for, reload_for: &reload_for };
     let dry_run = ctx.opts.dry_run;
     // Whether the host has set this unit as declared before: a difference then is someone's
-    // hand on the machine (corrected), not the host's first visit or a new declaration.
+    // hand on the machine (corrected), not the host's first visit or a new declaration
+    // (docs/systemd.md, "service", its outcomes).
     let settled_before = ctx
         .store
         .get(r.id.as_str())
@@ -22,7 +23,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
     // Something this unit reflects changed in this pass, and it may be the unit's own file or a
     // drop-in: systemd keeps what it loaded until told to read them again, and a restart
     // without that runs the old definition. The same when systemd itself says the files
-    // changed on disk: a start or enable must act on the unit as it is written now.
+    // changed on disk: a start or enable must act on the unit as it is written now
+    // (docs/systemd.md, "service": `restart-on`, and NeedDaemonReload).
     if !dry_run && (!restart_for.is_empty() || sd.needs_reload(unit)?) {
         sd.reload_manager()?;
     }
@@ -73,7 +75,7 @@ fn refuse(unit: &str, state: &UnitState, want: &Declared<'_>) -> Result<(), Erro
         return Err(SystemdError::NoUnit(unit.to_owned()).into());
     }
     // A masked unit cannot be started or enabled, and unmasking is a person's decision; one
-    // declared stopped and disabled is already both.
+    // declared stopped and disabled is already both (docs/systemd.md, "service").
     if state.load == "masked" && (want.state == ServiceState::Running || want.boot == Some(Boot::Enabled)) {
         return Err(SystemdError::Masked(unit.to_owned()).into());
     }
@@ -93,7 +95,7 @@ fn decide(
     let mut drifted = false;
 
     // Boot first. If the apply fails half way, enabled-and-stopped comes right at the next
-    // boot; running-and-disabled does not.
+    // boot; running-and-disabled does not (docs/systemd.md, "service").
     let set_boot = match (want.boot, boot) {
         (Some(wanted), Some(found)) if !boot_is(wanted, found) => {
             if wanted == Boot::Enabled && found == "static" {
@@ -114,14 +116,17 @@ fn decide(
         }
         // Running already, and something it must reflect changed in this pass: a running
         // program does not read its configuration again by itself, so leaving it alone would
-        // leave the machine right on disk and wrong in fact.
+        // leave the machine right on disk and wrong in fact. It is not drift: the declaration's
+        // own change moved it (docs/systemd.md, "service": `restart-on`).
         ServiceState::Running if !want.restart_for.is_empty() => {
             let why = want.restart_for.join(", ");
             changes.push(format!("restarted for {why}"));
             Run::Restart(why)
         }
         // Told to read its configuration again rather than stopped: for a service whose
-        // restart would cut off what it serves.
+        // restart would cut off what it serves. Restart wins when both are due, and a unit that
+        // is down is started, which reads everything anew (docs/systemd.md, "service":
+        // `reload-on`).
         ServiceState::Running if !want.reload_for.is_empty() => {
             let why = want.reload_for.join(", ");
             changes.push(format!("reloaded for {why}"));

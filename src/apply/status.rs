@@ -44,7 +44,8 @@ impl Holds {
 
 impl Looker {
     /// A looker that can tell whether a file that carried a secret still holds what the host
-    /// wrote, with the node's key at `key`. Without a usable key such files are `unreadable`.
+    /// wrote, with the node's key at `key`. Without a usable key such files are `unreadable`:
+    /// nothing can be told (docs/decisions.md, "An orphan file that carried a secret").
     pub fn with_key(key: &Path) -> Looker {
         Looker { fs: Fs::default(), keyring: super::secret::load(key).ok().flatten() }
     }

@@ -4,7 +4,8 @@
 //! Two things are refused rather than changed: a different uid (renumbering an account leaves
 //! every file it owns to a number that may later be someone else's) and, for an account that
 //! exists, `system` (it only chooses the uid range at creation). Supplementary groups are added,
-//! never taken away: a group an administrator added by hand may be how they log in.
+//! never taken away: a group an administrator added by hand may be how they log in
+//! (docs/systemd.md, "user").
 
 use super::{begin, Ctx, Error, Facts, Step, Verb};
 use crate::declaration::{Kind, Resource, User};
@@ -19,7 +20,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, u: &User) -> Result<Step, E
         .is_some_and(|rec| rec.kind == Kind::User && *rec.target == *name && rec.declared == r.digest);
     let groups: Vec<&str> = u.groups.iter().map(|g| g.as_str()).collect();
     // Supplementary groups must exist already: there is no group resource, and making a group
-    // from a typo would give an account a membership nobody meant.
+    // from a typo would give an account a membership nobody meant (docs/systemd.md, "user").
     for g in &groups {
         if !accounts::group_exists(g)? {
             return Err(Error::NoGroup { user: name.to_owned(), group: (*g).to_owned() });

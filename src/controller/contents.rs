@@ -5,7 +5,8 @@
 //! accepted the daemon writes every file's declared bytes once into an unlinked file in the
 //! state directory (`system::contents`), and the declaration keeps only where each body is
 //! (`declaration::Stored`, plain values). The file is the daemon's: it hands it to each apply in
-//! `apply::Options::contents`. A daemon memory policy, so it lives here, not in an applier.
+//! `apply::Options::contents`. A daemon memory policy, so it lives here, not in an applier
+//! (ARCHITECTURE.md, "Memory at scale").
 
 use std::path::Path;
 
@@ -15,7 +16,8 @@ use crate::system::{ContentFile, ContentWriter};
 /// Moves the declared bytes of the declaration's files into a new content file in `dir`. All
 /// or nothing: if the file cannot be made or written, every body stays in memory. Files
 /// carrying a sealed value or writing keys `into` a file are left as they are: they are applied
-/// from the declaration. Returns the file and how many bodies moved.
+/// from the declaration, which keeps the values sealed between passes (docs/secrets.md, "In
+/// memory"). Returns the file and how many bodies moved.
 pub fn keep_on_disk(d: &mut Declaration, dir: &Path) -> std::io::Result<(ContentFile, usize)> {
     let mut writer = ContentWriter::create(dir)?;
     let mut moved = Vec::new();

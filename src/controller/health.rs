@@ -12,6 +12,8 @@
 //!   force, and cleared when one is accepted; read by `/healthz`.
 //!
 //! Atomics and a mutex held only to copy a short string: no reader ever waits on the worker.
+//!
+//! What makes the agent unhealthy, and why, is ARCHITECTURE.md, "Health".
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -85,7 +87,8 @@ impl Health {
             return Err("starting: the first apply has not finished".into());
         }
         // An agent enforcing nothing is not healthy, even though it runs: a declaration refused
-        // at start-up, and none accepted since (issue 12, fault 9).
+        // at start-up, and none accepted since (issue 12, fault 9; docs/decisions.md, "The
+        // daemon").
         if let Some(why) = self.not_in_force.lock().unwrap_or_else(|e| e.into_inner()).as_deref() {
             return Err(format!("no declaration in force: {why}"));
         }
@@ -107,7 +110,9 @@ impl Health {
 }
 
 /// Pings systemd's watchdog while the worker is alive, until shutdown. A wedged worker stops
-/// the pings, and systemd restarts the agent. `None` when the unit has no watchdog.
+/// the pings, and systemd restarts the agent. `None` when the unit has no watchdog. Alive is
+/// the same measure as `/healthz`'s, so a step never outlasts the watchdog's patience
+/// (ARCHITECTURE.md, "Health").
 pub fn watchdog(health: Arc<Health>, shutdown: CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
     let interval = sd_notify::watchdog_enabled()?;
     Some(tokio::spawn(async move {

@@ -10,7 +10,10 @@
 //!
 //! At shutdown the scheduler stops at once: no fire is started after it. A step already running
 //! is a container under the runtime, not a child of the agent: it runs to its end, and its result
-//! is neither logged nor counted (the agent is gone).
+//! is neither logged nor counted (the agent is gone; ARCHITECTURE.md, "Shutdown").
+//!
+//! Why a fire is skipped, and why only an installed step runs (a backup must not run against a
+//! store whose migration never passed): docs/decisions.md, "The daemon".
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -48,7 +51,8 @@ async fn schedule(
     socket: Option<String>,
     limit: Option<Duration>,
     // The node's key file: a step restarting on a file that carries a secret folds in its keyed
-    // digest, so checking the step is installed at the declaration in force opens that value.
+    // digest, so checking the step is installed at the declaration in force opens that value
+    // (docs/decisions.md, "A step that restarts on a file carrying a secret").
     key: PathBuf,
     metrics: Arc<Metrics>,
 ) {

@@ -39,7 +39,8 @@ pub struct Index {
     /// systemd units (a service's, a process's transient one) to the resources that own them.
     units: HashMap<String, Id>,
     /// Containers by the resource id on their `mesh-host.id` label, and by name: a container
-    /// adopted from a bundle keeps its old id on its label until it is recreated.
+    /// adopted from a bundle keeps its old id on its label until it is recreated
+    /// (docs/decisions.md, "The daemon").
     containers: HashSet<Id>,
     container_names: HashMap<String, Id>,
     /// The opening whose reconcile loads the host's filter (every opening is loaded with it).
@@ -104,7 +105,8 @@ pub fn keys(change: &Change, index: &Index) -> Vec<(Key, &'static str)> {
             .into_iter()
             .collect(),
         // The host's table moved: the filter is one, so reconciling its first opening loads
-        // it whole. Nothing declared opened, nothing to put back.
+        // it whole. Nothing declared opened, nothing to put back (ARCHITECTURE.md, "The host's
+        // filter"; docs/decisions.md, "The daemon follows the table").
         Change::Firewall => index.opening.iter().map(|id| (Key::Resource(id.clone()), "firewall")).collect(),
         Change::Up { .. } => Vec::new(),
     }

@@ -4,8 +4,9 @@
 //!
 //! The two kinds never compare equal, and the text says which one a record holds, so whoever
 //! reads the store or a label can tell that a keyed digest cannot be checked against a guess
-//! without the node's key. The keyed one is made in `secrets`, from the node's identity; this
-//! module only holds and spells it.
+//! without the node's key (docs/decisions.md, "A keyed digest is spelled `hmac-sha256:<hex>`").
+//! The keyed one is made in `secrets`, from the node's identity; this module only holds and
+//! spells it.
 //!
 //! The text form is what records, reports and container labels carry, and it is unchanged from
 //! when digests were held as strings. Held as bytes, a digest costs 32 bytes inline rather than a

@@ -124,7 +124,9 @@ impl Declaration {
     }
 
     /// The indexes a reconcile of `ids` selects: each declared one, and whatever restarts or
-    /// reloads on it, transitively. Ids not declared select nothing.
+    /// reloads on it, transitively. Ids not declared select nothing. It is also the core of a
+    /// key's claim, which keeps two reconciles off one resource (ARCHITECTURE.md, "Concurrent
+    /// reconciles").
     pub fn closure<'a>(&'a self, ids: impl IntoIterator<Item = &'a Id>) -> std::collections::BTreeSet<usize> {
         let mut selected = std::collections::BTreeSet::new();
         let mut todo: Vec<&Id> = ids.into_iter().collect();
@@ -139,13 +141,15 @@ impl Declaration {
     }
 
     /// Whether anything in it talks to the container runtime (the controller then follows the
-    /// runtime's events).
+    /// runtime's events). A node without containers never talks to the runtime, nor reports its
+    /// watcher down (docs/decisions.md, "The daemon").
     pub fn needs_container_runtime(&self) -> bool {
         self.resources.iter().any(|r| r.spec.uses_containers())
     }
 
     /// The first declared opening: reconciling it loads the host's filter, which is made from
-    /// every opening at once. `None` when nothing is opened.
+    /// every opening at once, and a hand change outside every opening's rules is told on it
+    /// (docs/decisions.md, "The daemon follows the table"). `None` when nothing is opened.
     pub fn first_opening(&self) -> Option<&Id> {
         self.resources.iter().find(|r| r.kind() == Kind::Opening).map(|r| &r.id)
     }

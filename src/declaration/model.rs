@@ -670,7 +670,8 @@ impl Spec {
     }
 
     /// A gate is a step that makes something true before the next thing needs it: an action or
-    /// a run-once container. When a gate fails, nothing after it is attempted.
+    /// a run-once container. When a gate fails, nothing after it is attempted (docs/systemd.md,
+    /// "action"; docs/containers.md, "Run-once and scheduled steps").
     pub fn is_gate(&self) -> bool {
         match self {
             Spec::Action(_) => true,

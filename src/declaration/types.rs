@@ -95,7 +95,8 @@ impl JsonSchema for Id {
 /// An absolute, normalised path: no `.` or `..` segment, no empty segment, no NUL.
 ///
 /// Normalised rather than resolved: the agent never resolves a declared path against the
-/// machine (that would follow symlinks), so what is declared must already be the real path.
+/// machine (that would follow symlinks), so what is declared must already be the real path
+/// (docs/decisions.md, "Paths are normalised, not resolved").
 ///
 /// Held as the text it was declared as (valid UTF-8, and already normalised, so equal text is an
 /// equal path): a report or a record gets it without a lossy conversion.
@@ -390,7 +391,8 @@ impl JsonSchema for Cidr {
 /// `crate::cron` walks bits and never reads the text again. What the fields mean is Vixie
 /// cron's (see `crate::cron`).
 ///
-/// Kept with the text it was declared as: a step's spec digest and its record are of it.
+/// Kept with the text it was declared as: a step's spec digest and its record are of it, so
+/// `@daily` and `0 0 * * *` are two declarations (docs/decisions.md, "The schema").
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Cron {
     text: Box<str>,
@@ -433,7 +435,9 @@ impl Cron {
         let expanded = if nickname.starts_with('@') {
             match NICKNAMES.iter().find(|(n, _)| n.eq_ignore_ascii_case(nickname)) {
                 Some((_, fields)) => *fields,
-                // `@reboot` has no time to compute: what it means is a run-once step.
+                // `@reboot` has no time to compute: a scheduler would run it at every start of
+                // the agent, and what it means is a run-once step (docs/decisions.md, "The
+                // schema").
                 None if nickname.eq_ignore_ascii_case("@reboot") => {
                     return Err(format!("{s:?} has no time of day; for a step run once, declare `run-once` instead"))
                 }
@@ -822,7 +826,7 @@ pub struct PortMapping {
 
 /// The longest port range one mapping may publish. Each published port is a listener (and,
 /// with Docker's userland proxy, a process) on the machine: a typo such as `1-65535` should be
-/// refused, not take the runtime minutes to create.
+/// refused, not take the runtime minutes to create (docs/decisions.md, "The schema").
 pub const PORT_RANGE_LIMIT: u16 = 1000;
 
 impl PortMapping {
@@ -879,7 +883,8 @@ impl PortMapping {
             _ => return Err(bad()),
         };
         // Port for port: Docker's other reading of `8000-8010:80` (any one host port of the
-        // range) publishes a port nobody can name in advance, so it is refused here.
+        // range) publishes a port nobody can name in advance, so it is refused here
+        // (docs/decisions.md, "The schema").
         if let Some((_, host_count)) = host {
             if host_count != count {
                 return Err(format!(
@@ -1133,7 +1138,8 @@ pub(super) const SEALED_PATTERN: &str = "^(-----BEGIN AGE ENCRYPTED FILE-----[\\
 
 impl Sealed {
     /// Reads an age ciphertext, armored or as base64 of binary, or says why it is not one; it is
-    /// never opened here.
+    /// never opened here, and the refusal never quotes the value (docs/decisions.md, "A value's
+    /// shape is checked at parse, its opening at apply").
     pub fn parse(s: &str) -> Result<Sealed, String> {
         use base64::Engine as _;
         let body = s.trim_end_matches([' ', '\t', '\r', '\n']);

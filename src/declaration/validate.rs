@@ -1,6 +1,7 @@
 //! From bytes to a `Declaration`: the JSON is read flat, each resource deserialised into its
 //! type's struct (field rules live in the value types), then the rules that span fields and
-//! resources are checked. Every problem is collected before the declaration is refused.
+//! resources are checked. Every problem is collected before the declaration is refused, so one
+//! round trip fixes them all (docs/decisions.md, "Every problem is listed").
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -62,7 +63,7 @@ pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declara
     let mut problems = Problems::new();
     // A directory emptied (by a deployment half done, or by mistake) is no declaration, not a
     // declaration of nothing: taken as the latter, it would remove everything the host made.
-    // Declaring nothing is said explicitly.
+    // Declaring nothing is said explicitly (docs/decisions.md, "A directory source").
     if sources.is_empty() {
         problems.at(
             None,
@@ -97,7 +98,7 @@ pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declara
     let resources = resources_of(raw_resources, &mut problems);
 
     // Another resource is named as the person wrote it: by its index in its own document, and
-    // the document when there are several.
+    // the document when there are several (docs/decisions.md, "A directory source").
     let name = |global: usize| match (sources.len() > 1, origin.get(global)) {
         (true, Some(&(doc, local))) => match sources[doc].0 {
             Some(file) => format!("resources[{local}] of {file}"),
@@ -288,7 +289,7 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
 
 /// What a key given twice in one object is told. serde_json keeps the last silently; a
 /// declaration that says `mode` twice means one of them by mistake, and which one is not the
-/// agent's to guess.
+/// agent's to guess (docs/decisions.md, "A key given twice in one object is refused").
 const TWICE: &str = "given twice in one object; a key may appear once";
 
 /// The top-level object's entries in order, duplicates kept so they can be refused.
@@ -737,7 +738,8 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
                 }
                 (Some(c), MergeInto::Json) => match serde_json::from_str::<Value>(c) {
                     Ok(Value::Object(members)) => {
-                        // A key is named in reports and the store: it cannot be a secret.
+                        // A key is named in reports and the store: it cannot be a secret
+                        // (docs/decisions.md, "Secret holes in `into` content").
                         for key in members.keys().filter(|k| !secret_holes(k).is_empty()) {
                             problem("content", format!("with `\"into\"`, a `${{secret:NAME}}` hole fills a value, not a key: {key:?}"));
                         }
@@ -855,7 +857,8 @@ fn across(resources: &[Resource], problems: &mut Problems, name: &dyn Fn(usize) 
     }
 
     // Two resources that would each hold the same thing on the machine would fight for it on
-    // every reconcile; that is a declaration error, not something to find out in production.
+    // every reconcile; that is a declaration error, not something to find out in production
+    // (docs/decisions.md, "Two resources may not hold the same thing").
     let mut targets: HashMap<(&'static str, String), usize> = HashMap::with_capacity(resources.len());
     for r in resources {
         let class = match r.kind() {

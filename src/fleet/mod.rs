@@ -60,7 +60,8 @@ impl Scope {
 }
 
 /// A node or group name: what goes between slashes in a key. Checked so that a name cannot
-/// reach another node's keys (`a/../b`, `a/`) or make a prefix of another's (`web` and `web/x`).
+/// reach another node's keys (`a/../b`, `a/`) or make a prefix of another's (`web` and `web/x`)
+/// (docs/decisions.md, "Keys").
 pub fn check_name(what: &str, name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 253
@@ -84,6 +85,8 @@ pub fn role_of(node: &str) -> String {
 /// Gives node `node` (in `groups`) a user of its own in etcd's auth, with a role that reads
 /// only its own, its groups' and the fleet's declaration and writes only its own status and
 /// presence. Idempotent: grants are added again harmlessly; an existing user keeps its password.
+/// The groups are decided here, when the node is granted, not by the node (docs/decisions.md,
+/// "Auth: one etcd user per node, named as the node").
 pub async fn grant(
     etcd: &crate::system::etcd::Etcd,
     node: &str,
@@ -104,7 +107,8 @@ pub async fn grant(
     ))
 }
 
-/// The prefixes a node reads, in the order their keys make its declaration.
+/// The prefixes a node reads, in the order their keys make its declaration: the fleet's, each
+/// group's in the order the node is given them, then its own (docs/decisions.md, "Keys").
 pub fn prefixes(node: &str, groups: &[String]) -> Vec<String> {
     let mut out = vec![Scope::Fleet.prefix()];
     out.extend(groups.iter().map(|g| Scope::Group(g.clone()).prefix()));
@@ -118,7 +122,8 @@ pub fn prefixes(node: &str, groups: &[String]) -> Vec<String> {
 ///
 /// The revision is in the name so that no name is ever in two successive caches: a reader that
 /// listed the old directory and opens a name after the new one was swapped in finds nothing
-/// (and reads again once the source settles), never a mix of old and new files that could parse.
+/// (and reads again once the source settles), never a mix of old and new files that could parse
+/// (ARCHITECTURE.md, "Sources: a directory, or etcd through a directory").
 pub fn cache_name(revision: i64, index: usize, key: &str) -> String {
     let tail = key.strip_prefix(ROOT).unwrap_or(key);
     let mut safe: String = tail

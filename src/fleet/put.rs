@@ -4,7 +4,8 @@
 //! The keys are the files' names under the scope's prefix (`base.json` under the fleet is
 //! `/mesh-host/fleet/declaration/base.json`), so what a node reads in name order is what the
 //! operator's directory holds in name order. A put makes the prefix hold exactly the files:
-//! keys for files no longer there are deleted in the same transaction.
+//! keys for files no longer there are deleted in the same transaction (docs/decisions.md,
+//! "`fleet put` makes the scope hold exactly the files put").
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -81,7 +82,8 @@ pub fn prepare(scope: &Scope, files: Vec<(PathBuf, Vec<u8>)>) -> Result<Vec<(Str
 /// group, for a group; the node itself, for a node), its fleet's, groups' and own keys as they
 /// are, with the scope's replaced by what is put, must parse as one declaration (two levels
 /// declaring one id, say, would not). Groups are those each node last reported. Returns how
-/// many nodes were checked, or the refusal, naming the node, as the message to exit 2 with.
+/// many nodes were checked, or the refusal, naming the node, as the message to exit 2 with
+/// (docs/decisions.md, "`fleet put` validates twice").
 pub async fn check_nodes(
     etcd: &Etcd,
     scope: &Scope,
@@ -180,7 +182,8 @@ pub async fn diff(etcd: &Etcd, scope: &Scope, wanted: &[(String, Vec<u8>)]) -> a
 
 /// `fleet put`: writes `wanted` (from `prepare`) under the scope's prefix in one transaction, provided nothing
 /// under the prefix changed between the read and the write (else nothing is written and the
-/// operator is told to look again).
+/// operator is told to look again): a put over someone else's newer write would undo it
+/// unseen (docs/decisions.md, "`fleet put` makes the scope hold exactly the files put").
 pub async fn put(etcd: &Etcd, scope: &Scope, wanted: Vec<(String, Vec<u8>)>) -> anyhow::Result<String> {
     let (revision, now) = current(etcd, scope).await?;
     let changes = Changes::between(&now, &wanted);

@@ -9,7 +9,9 @@
 //! written in between is missed, across reconnects and leader changes alike.
 //!
 //! While etcd cannot be reached, the cache stays as it is and the controller goes on converging
-//! on it; a node started while etcd is down applies its last known declaration.
+//! on it; a node started while etcd is down applies its last known declaration
+//! (docs/decisions.md, "The cache is the declaration source"; ARCHITECTURE.md, "Sources: a
+//! directory, or etcd through a directory", which also says why every change is a whole read).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -38,7 +40,7 @@ pub const MANIFEST: &str = ".fleet.json";
 
 /// A full read even when no watch said anything: a watch on a connection that died without a
 /// word (a cable pulled, a firewall dropping packets) says nothing, and this bounds how long
-/// that goes unnoticed.
+/// that goes unnoticed (docs/decisions.md, "A whole read every minute").
 const REREAD: Duration = Duration::from_secs(60);
 
 /// The longest wait between tries while etcd cannot be reached.
@@ -102,6 +104,9 @@ fn settle(
     seen: &mut Option<String>,
 ) -> Settled {
     let d = digest(&kvs);
+    // The same bytes at a later revision leave the cache as it is: rewriting it would re-apply
+    // every node on every unrelated write, and the status's revision stays that of the last
+    // change (docs/decisions.md, "Status").
     if seen.as_deref() == Some(d.as_str()) {
         return Settled::Unchanged;
     }
@@ -110,7 +115,7 @@ fn settle(
     if kvs.is_empty() {
         // An empty declaration would remove everything the node manages: a node named wrongly,
         // or a fleet wiped by mistake, must not do that. An operator who means it puts a
-        // declaration with no resources.
+        // declaration with no resources (docs/decisions.md, "No key at all is refused").
         return Settled::Refused(format!(
             "etcd holds no declaration for node {node} (no key under its fleet, group or node prefixes) at revision {revision}; \
              refused. To empty a node on purpose, put a declaration with no resources"
@@ -163,7 +168,8 @@ fn settle(
 
 /// Runs the source until `shutdown`: see the module's notes. `first` is told when the first read
 /// has been settled or has failed, so the controller's first apply is of what etcd holds now
-/// rather than of an older cache, without waiting on an etcd that does not answer. `refused`
+/// rather than of an older cache, without waiting on an etcd that does not answer
+/// (docs/decisions.md, "A fresh node waits for etcd at most 10 s"). `refused`
 /// holds why the latest declaration read was refused, `None` once one is accepted: the
 /// controller counts and logs each refusal, and the status writer puts it in the node's status.
 pub async fn run(

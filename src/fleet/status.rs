@@ -11,7 +11,8 @@
 //! The controller's worker publishes an `Applied` after each reconcile on a watch channel, which
 //! keeps only the latest: the writer here takes it, writes, waits a second, and takes whatever
 //! is latest then. So a busy node costs etcd one write a second, and the last state is always
-//! written.
+//! written (ARCHITECTURE.md, "Code map", `fleet/`). What the status holds, and what
+//! `revision` and `converged` mean: docs/decisions.md, "Status".
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -203,7 +204,8 @@ pub struct Row {
     pub status: Option<Status>,
     /// The newest revision among the keys the node reads (by the groups it last reported).
     pub latest: Option<i64>,
-    /// Alive, converged, and applied at the latest revision or later.
+    /// Alive, converged, and applied at the latest revision or later: what `fleet status` exits
+    /// 0 on, so a script can wait on it (docs/decisions.md, "`fleet status` exits 1").
     pub current: bool,
 }
 
@@ -230,7 +232,7 @@ pub async fn rows(etcd: &Etcd) -> Result<(i64, Vec<Row>), crate::system::etcd::E
         }
     }
     // Nodes that only have a declaration and never ran are listed too: an operator wants to see
-    // the node that never came up.
+    // the node that never came up (docs/decisions.md, "`fleet status` exits 1").
     for row in nodes.values_mut() {
         let groups = row.status.as_ref().map(|s| s.groups.clone()).unwrap_or_default();
         let prefixes = super::prefixes(&row.node, &groups);

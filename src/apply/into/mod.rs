@@ -19,6 +19,9 @@
 //! of the whole file is an HMAC under the node's digest key, and what an owned key filled from
 //! a secret held before the host set it (often the credential the secret replaces) is sealed
 //! to the node's own public key (`Was::Sealed`), opened again only to put it back.
+//!
+//! Each of these choices is recorded in docs/decisions.md, "`into`" (under "Files and
+//! directories"), with its reason; the comments below cite the part they follow.
 
 mod doc;
 
@@ -58,7 +61,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
 
     // The hot path: a file whose signature is the one recorded when the host last found its
     // keys as declared, under this same declaration, has not been touched since. It is not
-    // read, and its secrets are not opened.
+    // read, and its secrets are not opened (docs/decisions.md, "Secret holes in `into`
+    // content").
     if let (Some(rec), Some(merged)) =
         (record.filter(|rec| rec.sig.is_some() && rec.declared == r.digest), recorded)
     {
@@ -120,7 +124,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     // set keys, it is most likely at that moment: written into now, the program's own write
     // would land on the file the host replaced, and its lines would be lost. Looked at again,
     // briefly, before it is taken as emptied. (An empty JSON file is refused outright: it is
-    // not an object; see `Doc::parse`.)
+    // not an object; see `Doc::parse`.) Both are in docs/decisions.md, "`into`".
     if format == MergeInto::Env && recorded.is_some() {
         for _ in 0..EMPTY_LOOKS {
             if !found.as_ref().is_some_and(|(_, d)| d.text().is_empty()) {
@@ -171,7 +175,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     let mut detail = plan.detail.clone();
     // Before the host first writes over a file it has no record of, a copy is kept, as for any
     // file: the keys are put back on removal, and the copy is there for whatever else a person
-    // may want back.
+    // may want back (docs/decisions.md, "A file found with no record").
     if let (None, Some(_)) = (record, &found) {
         if !ctx.store.holds_target(Kind::File, &r.target()) {
             let at = super::file::kept_path(&ctx.opts.originals, path);
@@ -272,7 +276,8 @@ impl Seal for Vault<'_> {
             return Ok(None);
         }
         // One that opens with neither is left as it is: the apply goes on, and only putting
-        // it back, should that come, fails, naming the key.
+        // it back, should that come, fails, naming the key (docs/decisions.md, "Without a key
+        // that opens it, the removal fails and keeps the record").
         let Ok(opened) = ring.open(sealed) else { return Ok(None) };
         self.seal(owned, self.text(owned, &opened)?).map(Some)
     }
@@ -356,7 +361,8 @@ fn decide(
         match was.get_mut(key) {
             // Only the first time the host sets it: what it holds later is the host's own
             // value. Sealed when the key is filled from a secret: it is likely the credential
-            // the secret replaces, and if the host wrote it (a record lost), it is a secret.
+            // the secret replaces, and if the host wrote it (a record lost), it is a secret
+            // (docs/decisions.md, "sealed to the node's own public key").
             None => {
                 let before = match held.first() {
                     None => None,
@@ -365,14 +371,18 @@ fn decide(
                 };
                 was.insert(key.clone(), before);
             }
-            // Recorded in the clear before the key was filled from a secret: sealed now, once.
+            // Recorded in the clear before the key was filled from a secret: sealed now, once,
+            // since sealing is not deterministic and the store must not move every pass
+            // (docs/decisions.md, "sealed to the node's own public key").
             Some(Some(before @ Was::Plain(_))) if secret => {
                 let Was::Plain(plain) = before else { unreachable!("matched as plain") };
                 let sealed = vault.seal(key, plain)?;
                 plain.zeroize();
                 *before = sealed;
             }
-            // Sealed to a key being rotated away: sealed again to the current one, once.
+            // Sealed to a key being rotated away: sealed again to the current one, once, so
+            // `--retire-previous` does not strand it (docs/decisions.md, "Secret holes in `into`
+            // content", during a rotation).
             Some(Some(before @ Was::Sealed { .. })) => {
                 let Was::Sealed { sealed } = &*before else { unreachable!("matched as sealed") };
                 if let Some(again) = vault.refresh(key, sealed)? {
@@ -393,7 +403,8 @@ fn decide(
         (None, Some(_)) => (Verb::Corrected, Some("it had been deleted on the machine".to_owned())),
         (Some(_), _) if !write => (Verb::Unchanged, None),
         // The declaration is what the host last applied, so a key that no longer holds its
-        // value was changed on the machine.
+        // value was changed on the machine; other keys are not even compared (docs/decisions.md,
+        // "`into`", drift).
         (Some(_), Some(true)) => {
             (Verb::Corrected, Some(format!("put back {}: changed on the machine", set.join(", "))))
         }
