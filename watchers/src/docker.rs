@@ -34,8 +34,6 @@ pub const STEP_LABEL: &str = "mesh-host.step";
 /// The events that mean a container the host keeps running may no longer be.
 pub const ACTIONS: [&str; 6] = ["die", "stop", "kill", "oom", "destroy", "remove"];
 
-/// Where a runtime is looked for when no socket is given: `DOCKER_HOST` if set, then these.
-/// The same order as the agent's own connection, so both talk to the same runtime.
 /// Where a runtime is looked for when none is configured, in this order: Docker's own socket,
 /// then the system socket of Podman's service. `DOCKER_HOST`, when set, is tried first. The
 /// agent's own client (`system::docker`) uses these, so the two never disagree.
@@ -232,6 +230,9 @@ fn change_of(event: bollard::models::EventMessage) -> Option<Change> {
     Some(Change::Container { id_label, name, action })
 }
 
+/// Connects to the runtime at `socket`, or to the first that answers of `DOCKER_HOST` and
+/// `DEFAULT_SOCKETS`; the error lists each tried and why it failed, for the log line that says
+/// the watcher is down.
 async fn connect(socket: Option<&str>) -> Result<bollard::Docker, String> {
     let candidates: Vec<String> = match socket {
         Some(s) => vec![s.to_owned()],
@@ -265,6 +266,7 @@ async fn connect(socket: Option<&str>) -> Result<bollard::Docker, String> {
     Err(tried.join("; "))
 }
 
+/// Now, as the Engine API's `since` and `until` take it.
 fn now() -> String {
     now_minus(Duration::ZERO)
 }
