@@ -372,7 +372,7 @@ impl File {
 
 /// Why the store could not be used.
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub enum Error {
     /// The file is there and is not a store: the host stops rather than forget what it created.
     #[error("the state store at {path} is not readable as a store ({reason}); it was left exactly as it is. Move it aside to start afresh, knowing that a fresh store forgets what this host created, so orphans from before will not be removed")]
     Corrupt {
@@ -408,10 +408,10 @@ pub enum StoreError {
     },
     /// Writing the store failed; what was applied is not recorded.
     #[error("cannot write the state store: {0}")]
-    Write(fs::FsError),
+    Write(fs::Error),
     /// Taking the lock, or tidying what a crash left, failed: nothing was read or applied.
     #[error("cannot open the state store for writing: {0}")]
-    Open(fs::FsError),
+    Open(fs::Error),
 }
 
 /// The store, loaded.
@@ -464,7 +464,7 @@ fn stamp(path: &Path) -> Option<fs::Sig> {
 
 impl Store {
     /// Opens the store to read and write, holding its lock. An absent store is an empty one.
-    pub fn open(path: &Path) -> Result<Store, StoreError> {
+    pub fn open(path: &Path) -> Result<Store, Error> {
         Store::read_only(path)?.lock()
     }
 
@@ -472,25 +472,25 @@ impl Store {
     /// file changed meanwhile. Only here is anything made on the machine (the state directory,
     /// the lock file), so a command refused before it gets here has touched nothing
     /// (docs/decisions.md, "The store").
-    pub fn lock(self) -> Result<Store, StoreError> {
+    pub fn lock(self) -> Result<Store, Error> {
         let mut lock_path = self.path.as_os_str().to_owned();
         lock_path.push(".lock");
         let lock = fs::try_lock(Path::new(&lock_path))
-            .map_err(StoreError::Open)?
-            .ok_or_else(|| StoreError::Locked { path: self.path.clone() })?;
+            .map_err(Error::Open)?
+            .ok_or_else(|| Error::Locked { path: self.path.clone() })?;
         // A crash between writing and renaming leaves a temporary file; with the lock held, no
         // one else can be writing it. The same sweep as for a pass's leftovers
         // (docs/decisions.md, "The store").
         let dir = self.path.parent().unwrap_or(Path::new("/"));
-        journal::remove_temporaries(dir).map_err(StoreError::Open)?;
+        journal::remove_temporaries(dir).map_err(Error::Open)?;
         let mut store = if stamp(&self.path) == self.stamp { self } else { Store::read_only(&self.path)? };
         // Only root should read what the host owns; a store others can read is tightened, with
         // a warning (docs/decisions.md, "The store"). The key file is refused instead: see
         // docs/decisions.md, "A key file anyone but its owner can read or write is refused".
         let mut fsys = fs::Fs::new();
-        if let Some(meta) = fsys.meta(&store.path).map_err(StoreError::Open)? {
+        if let Some(meta) = fsys.meta(&store.path).map_err(Error::Open)? {
             if meta.mode & 0o077 != 0 {
-                fsys.set_mode(&store.path, 0o600).map_err(StoreError::Open)?;
+                fsys.set_mode(&store.path, 0o600).map_err(Error::Open)?;
                 tracing::warn!(store = %store.path.display(), mode = format!("{:04o}", meta.mode), "the state store was readable by others; its mode is now 0600");
             }
         }
@@ -499,7 +499,7 @@ impl Store {
         if let Some(recovered) = &store.recovered {
             let mut removed = 0;
             for dir in &recovered.dirs {
-                removed += journal::remove_temporaries(dir).map_err(StoreError::Open)?;
+                removed += journal::remove_temporaries(dir).map_err(Error::Open)?;
             }
             tracing::info!(
                 directories = recovered.dirs.len(),
@@ -530,7 +530,7 @@ impl Store {
     }
 
     /// Once the store holds what the passes did, the journal has nothing left to say.
-    fn forget_journal(&mut self) -> Result<(), StoreError> {
+    fn forget_journal(&mut self) -> Result<(), Error> {
         if self.lock.is_some() && self.lent == 0 && (self.journaled || self.recovered.is_some()) {
             journal::remove(&self.journal_path())?;
             self.journaled = false;
@@ -540,13 +540,13 @@ impl Store {
     }
 
     /// Opens the store to read only. It takes no lock and can never write.
-    pub fn read_only(path: &Path) -> Result<Store, StoreError> {
+    pub fn read_only(path: &Path) -> Result<Store, Error> {
         let file = match crate::system::read_input(path, crate::system::input::STORE_LIMIT) {
             Ok(bytes) => parse(path, &bytes)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 File { schema: SCHEMA, records: BTreeMap::new(), held: BTreeMap::new() }
             }
-            Err(source) => return Err(StoreError::Read { path: path.to_owned(), source }),
+            Err(source) => return Err(Error::Read { path: path.to_owned(), source }),
         };
         let mut store = Store {
             path: path.to_owned(),
@@ -567,7 +567,7 @@ impl Store {
         // What the host was doing when it stopped, read even for a plan, so that a plan does not
         // call the host's own unfinished work drift either.
         store.recovered = journal::recover(&store.journal_path())
-            .map_err(|source| StoreError::Read { path: store.journal_path(), source })?;
+            .map_err(|source| Error::Read { path: store.journal_path(), source })?;
         store.compact();
         Ok(store)
     }
@@ -688,7 +688,7 @@ impl Store {
 
     /// Writes the store if anything changed since it was last written, signatures included:
     /// after a whole pass, and on the way out.
-    pub fn save(&mut self) -> Result<(), StoreError> {
+    pub fn save(&mut self) -> Result<(), Error> {
         if self.dirty || self.stale {
             self.write()?;
         }
@@ -700,14 +700,14 @@ impl Store {
     /// rewriting a store of ten thousand records for that would cost more than the correction.
     /// A signature lost to a crash costs one extra read of that file in the next pass
     /// (docs/decisions.md, "The store"; ARCHITECTURE.md, "Invariants").
-    pub fn save_changes(&mut self) -> Result<(), StoreError> {
+    pub fn save_changes(&mut self) -> Result<(), Error> {
         if self.dirty {
             self.write()?;
         }
         self.forget_journal()
     }
 
-    fn write(&mut self) -> Result<(), StoreError> {
+    fn write(&mut self) -> Result<(), Error> {
         assert!(self.lock.is_some(), "a read-only store is never saved");
         self.file.schema = SCHEMA;
         if self.grown > self.file.records.len() / 8 {
@@ -791,21 +791,21 @@ impl Store {
     }
 }
 
-impl From<fs::FsError> for StoreError {
-    fn from(e: fs::FsError) -> StoreError {
-        StoreError::Write(e)
+impl From<fs::Error> for Error {
+    fn from(e: fs::Error) -> Error {
+        Error::Write(e)
     }
 }
 
-fn parse(path: &Path, bytes: &[u8]) -> Result<File, StoreError> {
+fn parse(path: &Path, bytes: &[u8]) -> Result<File, Error> {
     #[derive(Deserialize)]
     struct Version {
         schema: u32,
     }
-    let corrupt = |reason: String| StoreError::Corrupt { path: path.to_owned(), reason };
+    let corrupt = |reason: String| Error::Corrupt { path: path.to_owned(), reason };
     let version: Version = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
     if version.schema > SCHEMA {
-        return Err(StoreError::Newer { path: path.to_owned(), found: version.schema });
+        return Err(Error::Newer { path: path.to_owned(), found: version.schema });
     }
     let file: File = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
     file.validate().map_err(corrupt)?;
@@ -1036,7 +1036,7 @@ mod tests {
         let path = dir.path().join("state.json");
         std::fs::write(&path, WRITTEN_BEFORE.replace("sha256:fcde2b", "sha256:zzzz2b")).unwrap();
         let err = Store::open(&path).err().expect("refused");
-        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        assert!(matches!(err, Error::Corrupt { .. }), "{err}");
         assert_eq!(
             std::fs::read_to_string(&path).unwrap(),
             WRITTEN_BEFORE.replace("sha256:fcde2b", "sha256:zzzz2b")

@@ -11,10 +11,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::declaration::Kind;
-use crate::system::docker::DockerError;
 use crate::system::fs::Kind as FsKind;
 use crate::system::systemd::UnitState;
-use crate::system::{AccountError, CommandError, FsError, PackageError, SystemdError, UserError};
+use crate::system::{accounts, command, docker, fs, packages, systemd, users};
 
 /// Why one resource could not be applied; each variant is one cause, matched on by the daemon
 /// and shown to a person by its message.
@@ -23,36 +22,36 @@ pub enum Error {
     // What a manager of the machine answered.
     /// A filesystem call failed, as `system::fs` reports it.
     #[error(transparent)]
-    Fs(#[from] FsError),
+    Fs(#[from] fs::Error),
     /// A user or group the declaration names (an `owner`, a process's `user`) is not on this
     /// machine, or could not be looked up.
     #[error(transparent)]
-    Owner(#[from] UserError),
+    Owner(#[from] users::Error),
     /// systemd refused or failed a call over D-Bus.
     #[error(transparent)]
-    Systemd(#[from] SystemdError),
+    Systemd(#[from] systemd::Error),
     /// The package manager failed, as `system::packages` reports it.
     #[error(transparent)]
-    Package(#[from] PackageError),
+    Package(#[from] packages::Error),
     /// The account tools (`useradd`, `usermod`, ...) failed.
     #[error(transparent)]
-    AccountTools(#[from] AccountError),
+    AccountTools(#[from] accounts::Error),
     /// A command the host ran failed to start or to finish in time.
     #[error(transparent)]
-    Command(#[from] CommandError),
+    Command(#[from] command::Error),
     /// The container runtime's answer. Shared, because a runtime that could not be reached is
     /// the answer for every container of the pass (see `Machine::docker`).
     #[error(transparent)]
-    Runtime(Arc<DockerError>),
+    Runtime(Arc<docker::Error>),
     /// What ufw answered, found active on an adopted node. Shared, like nft's.
     #[error("ufw: {0}")]
-    Ufw(Arc<crate::system::ufw::UfwError>),
+    Ufw(Arc<crate::system::ufw::Error>),
     /// What firewalld answered, found running on an adopted node. Shared, like nft's.
     #[error("{0}")]
-    Firewalld(Arc<crate::system::firewalld::FirewalldError>),
+    Firewalld(Arc<crate::system::firewalld::Error>),
     /// The flip from ufw to the host's own filter stopped after the filter was loaded.
     #[error("the host's own filter was loaded, and retiring ufw failed: {0}; ufw and the openings made in it stay, and the next pass tries again")]
-    Flip(Arc<crate::system::ufw::UfwError>),
+    Flip(Arc<crate::system::ufw::Error>),
     /// The flip from firewalld to the host's own filter stopped after the filter was loaded.
     #[error("the host's own filter was loaded, and retiring firewalld failed: {reason}; firewalld and the openings made in it stay, and the next pass tries again")]
     FlipFirewalld {
@@ -76,7 +75,7 @@ pub enum Error {
     },
     /// What nft answered. Shared, because one load of the filter is every opening's.
     #[error(transparent)]
-    Firewall(Arc<crate::system::firewall::FirewallError>),
+    Firewall(Arc<crate::system::firewall::Error>),
 
     // What the declaration asks that this build or this node cannot do. Nothing was changed.
     /// A file writing keys `into` another asked for its whole content, which it does not have:
@@ -556,8 +555,8 @@ pub enum Error {
     },
 }
 
-impl From<DockerError> for Error {
-    fn from(e: DockerError) -> Error {
+impl From<docker::Error> for Error {
+    fn from(e: docker::Error) -> Error {
         Error::Runtime(Arc::new(e))
     }
 }
@@ -971,8 +970,8 @@ mod tests {
                 "the command exited 0 and verify still fails (exited 1): the command claimed success and did not do its job".into(),
             ),
             (
-                Error::from(DockerError::NoRuntime { tried: "/run/docker.sock".into() }),
-                DockerError::NoRuntime { tried: "/run/docker.sock".into() }.to_string(),
+                Error::from(docker::Error::NoRuntime { tried: "/run/docker.sock".into() }),
+                docker::Error::NoRuntime { tried: "/run/docker.sock".into() }.to_string(),
             ),
         ];
         for (error, said) in cases {

@@ -27,7 +27,7 @@ use super::{Error, Options, Outcome, Verb};
 use crate::declaration::{Declaration, Opening, Resource};
 use crate::store::{Record, Store};
 use crate::system::firewall::Transport;
-use crate::system::firewalld::{offline, Firewalld, FirewalldError, Service};
+use crate::system::firewalld::{self, offline, Firewalld, Service};
 
 /// What the record of an opening made in firewalld says in its `spec`.
 pub(super) const FIREWALLD: &str = "firewalld";
@@ -146,7 +146,7 @@ struct Seen2 {
     services: BTreeSet<String>,
 }
 
-fn read(fw: &Firewalld) -> Result<Seen2, FirewalldError> {
+fn read(fw: &Firewalld) -> Result<Seen2, firewalld::Error> {
     let zone = fw.default_zone()?;
     Ok(Seen2 {
         runtime: fw.runtime_rich_rules(&zone)?,
@@ -176,7 +176,7 @@ pub(super) fn apply(
 ) -> Done {
     let declared = opening::declared_openings(declaration);
     let mut done = Done { declared: Vec::new(), orphans: Vec::new() };
-    let failed = |e: FirewalldError| Arc::new(e);
+    let failed = |e: firewalld::Error| Arc::new(e);
     let found = match read(fw).map_err(failed) {
         Ok(found) => found,
         Err(e) => {
@@ -213,7 +213,7 @@ pub(super) fn apply(
     // Each opening's service as found: read back again only where something was changed.
     let mut before: Vec<Option<Service>> = Vec::new();
     let mut stale_runtime: BTreeSet<String> = BTreeSet::new();
-    let mut change: Result<(), FirewalldError> = Ok(());
+    let mut change: Result<(), firewalld::Error> = Ok(());
     for ((r, _), want) in live.iter().zip(&wanted) {
         let name = service_name(r.id.as_str());
         let service = match fw.service(&name, &found.services) {
@@ -434,7 +434,7 @@ fn retire(opts: &Options, ids: &[String]) -> Result<(), String> {
     let boot = systemd.boot(UNIT).map_err(|e| e.to_string())?;
     let running = match Firewalld::running(bus) {
         Ok(found) => found.is_some(),
-        Err(FirewalldError::Connect { .. }) => false,
+        Err(firewalld::Error::Connect { .. }) => false,
         Err(e) => return Err(e.to_string()),
     };
     let stopped = systemd
@@ -451,7 +451,7 @@ fn retire(opts: &Options, ids: &[String]) -> Result<(), String> {
         return Err(e);
     }
     check_retired(&systemd, bus)?;
-    let offline = |e: FirewalldError| e.to_string();
+    let offline = |e: firewalld::Error| e.to_string();
     let zone = offline::default_zone().map_err(offline)?;
     let saved = offline::rich_rules(&zone).map_err(offline)?;
     for id in ids {
@@ -475,7 +475,7 @@ fn check_retired(systemd: &crate::system::Systemd, bus: Option<&str>) -> Result<
     let boot = systemd.boot(UNIT).map_err(|e| e.to_string())?;
     let answers = match Firewalld::running(bus) {
         Ok(Some(_)) => true,
-        Ok(None) | Err(FirewalldError::Connect { .. }) => false,
+        Ok(None) | Err(firewalld::Error::Connect { .. }) => false,
         Err(e) => return Err(e.to_string()),
     };
     if !state.stopped() || answers || boot == "enabled" {
@@ -516,7 +516,7 @@ pub(super) fn way_back(
         loop {
             match Firewalld::running(bus) {
                 Ok(Some(fw)) => return Ok(Some(fw)),
-                Ok(None) | Err(FirewalldError::NotRunning(_)) if began.elapsed() < START_WAIT => {
+                Ok(None) | Err(firewalld::Error::NotRunning(_)) if began.elapsed() < START_WAIT => {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
                 Ok(None) => {
@@ -553,7 +553,7 @@ pub(super) fn way_back(
 
 /// Saves every declared opening in a stopped firewalld's configuration: its service and its
 /// rules in the default zone, anything else saved for it deleted.
-fn save_offline(declaration: &Declaration) -> Result<(), FirewalldError> {
+fn save_offline(declaration: &Declaration) -> Result<(), firewalld::Error> {
     let zone = offline::default_zone()?;
     let saved = offline::rich_rules(&zone)?;
     for (r, o) in opening::declared_openings(declaration) {

@@ -41,7 +41,7 @@ pub use outcome::{ApplyError, Failure, Outcome, Report, Verb};
 use crate::declaration::{Declaration, Digest, Id, Kind, Resource, Spec};
 use crate::secrets::Keyring;
 use crate::store::{More, Origin, Record, Store};
-use crate::system::docker::{Docker, DockerError};
+use crate::system::docker::{self, Docker};
 use crate::system::systemd::UNIT_SECOND_LOOK;
 use crate::system::{Accounts, Fs, Packages, Staged, Systemd};
 
@@ -182,7 +182,7 @@ struct Machine {
     /// The container runtime, or why none answered. Unlike the bus, a failure is kept for the
     /// pass: a socket whose server hangs would otherwise hold every container for the probe's
     /// whole timeout, and a hundred containers on a machine without a runtime should fail fast.
-    docker: Option<Result<Docker, Arc<DockerError>>>,
+    docker: Option<Result<Docker, Arc<docker::Error>>>,
     /// The node's keyring, read when the first secret of the pass is opened, or why it could
     /// not be: `None` for no key file. Never kept between passes (`Session` does not hold it),
     /// so a daemon holds the private key only while a pass needs it.
@@ -667,7 +667,7 @@ impl<'a> Pass<'a> {
             found => {
                 let e = match found {
                     Err(e) => e,
-                    Ok(_) => crate::system::firewalld::FirewalldError::NotRunning(
+                    Ok(_) => crate::system::firewalld::Error::NotRunning(
                         "gone: it stopped during this pass".to_owned(),
                     ),
                 };

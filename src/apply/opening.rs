@@ -30,7 +30,7 @@ use super::{Error, Options, Outcome, Verb};
 use crate::declaration::{Cidr, Declaration, Opening, Protocol, Resource, Spec};
 use crate::store::{Record, Store};
 use crate::system::firewall::{self, Listener, Transport, FAMILY, TABLE};
-use crate::system::firewalld::{Firewalld, FirewalldError};
+use crate::system::firewalld::{self, Firewalld};
 use crate::system::ufw;
 
 /// The base chain's name in the host's table.
@@ -531,7 +531,7 @@ pub(super) fn apply(
 
 /// Why the filter could not be loaded, kept once and told to every opening.
 enum Failed {
-    Nft(std::sync::Arc<firewall::FirewallError>),
+    Nft(std::sync::Arc<firewall::Error>),
     ReadBack(String),
 }
 
@@ -657,7 +657,7 @@ pub(super) fn found_firewall(bus: Option<&str>) -> Result<Found, String> {
     }
     match Firewalld::running(bus) {
         Ok(Some(_)) => return Ok(Found::Firewalld),
-        Ok(None) | Err(FirewalldError::Connect { .. }) => {}
+        Ok(None) | Err(firewalld::Error::Connect { .. }) => {}
         Err(e) => return Err(failed(&e)),
     }
     // nft lists only nftables' chains: a filter made with iptables-legacy is looked for apart.
@@ -775,7 +775,7 @@ pub(super) fn apply_ufw(
             return done;
         }
     }
-    let ufw_failed = |e: ufw::UfwError| std::sync::Arc::new(e);
+    let ufw_failed = |e: ufw::Error| std::sync::Arc::new(e);
     let found = ufw::added().and_then(|a| Ok((a, ufw::in_force()?))).map_err(ufw_failed);
     let (added, in_force) = match found {
         Ok(found) => found,
@@ -786,7 +786,7 @@ pub(super) fn apply_ufw(
         }
     };
     let mut seen = Vec::new();
-    let mut change: Result<(), std::sync::Arc<ufw::UfwError>> = Ok(());
+    let mut change: Result<(), std::sync::Arc<ufw::Error>> = Ok(());
     // An opening of a module not taken yet, whose port a rule of ufw's own already lets in, is
     // held: nothing of the host's is added beside the operator's rule (docs/decisions.md, "An
     // opening is held").
@@ -849,7 +849,7 @@ pub(super) fn apply_ufw(
     // Read back: saved, and in force. A rule saved and not in force (the filter flushed by hand)
     // is put in force by loading ufw's saved rules again: `ufw show added` shows what is saved,
     // not what is in force (ARCHITECTURE.md, "The firewall found on an adopted node").
-    let read_back = || -> Result<(Vec<String>, Vec<String>), std::sync::Arc<ufw::UfwError>> {
+    let read_back = || -> Result<(Vec<String>, Vec<String>), std::sync::Arc<ufw::Error>> {
         Ok((ufw::added().map_err(ufw_failed)?, ufw::in_force().map_err(ufw_failed)?))
     };
     let after = change.and_then(|()| {
@@ -956,7 +956,7 @@ pub(super) fn without_own_table(mut done: Done, opts: &Options, found: &str) -> 
     });
     let removed = removed.and_then(|was| match firewall::read_table()? {
         None => Ok(was),
-        Some(_) => Err(firewall::FirewallError::Nft {
+        Some(_) => Err(firewall::Error::Nft {
             what: "remove table inet mesh_host",
             how: "returned success and the table is still there".into(),
         }),
@@ -1115,7 +1115,7 @@ pub(super) fn flip_from<E: Clone>(
 /// host's filter stands), then ufw is disabled. If disabling fails, the policies found are put
 /// back: a ufw left in force must still drop what it does not allow (docs/decisions.md,
 /// "Retiring ufw").
-fn retire_ufw(ids: &[String]) -> Result<(), ufw::UfwError> {
+fn retire_ufw(ids: &[String]) -> Result<(), ufw::Error> {
     let found = ufw::input_policies()?;
     for (program, _) in &found {
         ufw::set_input_policy(program, "ACCEPT")?;
@@ -1127,7 +1127,7 @@ fn retire_ufw(ids: &[String]) -> Result<(), ufw::UfwError> {
         return Err(e);
     }
     if ufw::active()? {
-        return Err(ufw::UfwError::Failed {
+        return Err(ufw::Error::Failed {
             command: "ufw disable".into(),
             how: "returned success and ufw still says it is active".into(),
         });
@@ -1140,7 +1140,7 @@ fn retire_ufw(ids: &[String]) -> Result<(), ufw::UfwError> {
     }
     let left = ufw::added()?;
     if let Some(id) = ids.iter().find(|id| !ufw_added_for(&left, id).is_empty()) {
-        return Err(ufw::UfwError::Failed {
+        return Err(ufw::Error::Failed {
             command: format!("ufw delete (the rules of {id})"),
             how: "returned success and the rules are still saved".into(),
         });

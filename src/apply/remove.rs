@@ -14,7 +14,7 @@ use crate::declaration::{Digest, Kind};
 use crate::store::Record;
 use crate::system::docker::ID_LABEL;
 use crate::system::fs::{Fs, Kind as FsKind};
-use crate::system::SystemdError;
+use crate::system::systemd;
 
 pub(super) fn remove(
     fs: &mut Fs,
@@ -257,7 +257,7 @@ fn act(fs: &mut Fs, machine: &mut Machine, opts: &Options, removal: &Removal) ->
             let sd = machine.systemd(opts.bus.as_deref())?;
             match sd.stop(unit) {
                 // Gone between the look and the stop: where removal was going anyway.
-                Err(SystemdError::NoUnit(_)) => {}
+                Err(systemd::Error::NoUnit(_)) => {}
                 other => other?,
             }
             let after = sd.state(unit)?;

@@ -200,7 +200,7 @@ pub(super) fn found_keyed(
     fs: &mut crate::system::Fs,
     ring: &Keyring,
     path: &Path,
-) -> Result<Option<(crate::system::Meta, Option<Digest>)>, crate::system::FsError> {
+) -> Result<Option<(crate::system::Meta, Option<Digest>)>, crate::system::fs::Error> {
     let Some((meta, held)) = fs.read_up_to(path, FOUND_LIMIT)? else { return Ok(None) };
     let d = match held {
         crate::system::fs::Content::Bytes(mut bytes) => {

@@ -2,7 +2,7 @@
 
 use super::{begin, named, Ctx, Error, Facts, Rising, Step, Verb};
 use crate::declaration::{Boot, Kind, Resource, Service, ServiceState};
-use crate::system::systemd::{Systemd, SystemdError, UnitState};
+use crate::system::systemd::{self, Systemd, UnitState};
 
 /// Looks at the unit, decides (`decide`, pure), then acts (`act`) unless this is a plan.
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step, Error> {
@@ -72,12 +72,12 @@ enum Run {
 /// What is refused at the first look, before anything else is asked of systemd.
 fn refuse(unit: &str, state: &UnitState, want: &Declared<'_>) -> Result<(), Error> {
     if state.load == "not-found" {
-        return Err(SystemdError::NoUnit(unit.to_owned()).into());
+        return Err(systemd::Error::NoUnit(unit.to_owned()).into());
     }
     // A masked unit cannot be started or enabled, and unmasking is a person's decision; one
     // declared stopped and disabled is already both (docs/systemd.md, "service").
     if state.load == "masked" && (want.state == ServiceState::Running || want.boot == Some(Boot::Enabled)) {
-        return Err(SystemdError::Masked(unit.to_owned()).into());
+        return Err(systemd::Error::Masked(unit.to_owned()).into());
     }
     Ok(())
 }
@@ -291,11 +291,14 @@ mod tests {
             Err("the unit web.service does not exist on this machine".to_owned())
         );
         let masked = state("masked", "inactive", "dead");
-        assert!(matches!(refuse("web.service", &masked, &up), Err(Error::Systemd(SystemdError::Masked(_)))));
+        assert!(matches!(
+            refuse("web.service", &masked, &up),
+            Err(Error::Systemd(systemd::Error::Masked(_)))
+        ));
         let enabled = want(ServiceState::Stopped, Some(Boot::Enabled));
         assert!(matches!(
             refuse("web.service", &masked, &enabled),
-            Err(Error::Systemd(SystemdError::Masked(_)))
+            Err(Error::Systemd(systemd::Error::Masked(_)))
         ));
         assert_eq!(refused(&masked, &down), Ok(()), "stopped and disabled already");
         assert_eq!(refused(&running(), &up), Ok(()));

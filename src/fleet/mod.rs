@@ -92,7 +92,7 @@ pub async fn grant(
     node: &str,
     groups: &[String],
     password: &secrecy::SecretString,
-) -> Result<String, crate::system::etcd::EtcdError> {
+) -> Result<String, crate::system::etcd::Error> {
     let role = role_of(node);
     for prefix in prefixes(node, groups) {
         etcd.grant(&role, "READ", &prefix, true).await?;

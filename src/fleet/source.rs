@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::declaration::Declaration;
-use crate::system::etcd::{Etcd, EtcdError, Kv, Seen};
+use crate::system::etcd::{self, Etcd, Kv, Seen};
 
 /// Where a node's declaration comes from in etcd.
 #[derive(Clone, Debug)]
@@ -48,7 +48,7 @@ const BACKOFF_CAP: Duration = Duration::from_secs(30);
 
 /// Reads every prefix at one revision: the first read's, which every later read names. Returns
 /// the revision and the keys in declaration order.
-pub async fn read_at_one_revision(etcd: &Etcd, prefixes: &[String]) -> Result<(i64, Vec<Kv>), EtcdError> {
+pub async fn read_at_one_revision(etcd: &Etcd, prefixes: &[String]) -> Result<(i64, Vec<Kv>), etcd::Error> {
     let mut revision = None;
     let mut kvs = Vec::new();
     for prefix in prefixes {
@@ -241,7 +241,7 @@ pub async fn run(
 
         // One watch per prefix, all from the revision after the one read; whichever speaks
         // first ends the wait. Aborted when dropped, before the next read starts new ones.
-        let (tx, mut rx) = mpsc::unbounded_channel::<Result<Seen, EtcdError>>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Result<Seen, etcd::Error>>();
         let mut watches = tokio::task::JoinSet::new();
         for prefix in &prefixes {
             let (tx, prefix) = (tx.clone(), prefix.clone());
@@ -277,7 +277,7 @@ pub async fn run(
                         tracing::debug!(node = %source.node, revision = at, "etcd: the declaration changed");
                         break;
                     }
-                    Some(Err(EtcdError::Compacted(at))) => {
+                    Some(Err(etcd::Error::Compacted(at))) => {
                         tracing::info!(node = %source.node, "etcd compacted revision {at} away; reading the whole declaration again");
                         break;
                     }

@@ -210,7 +210,7 @@ pub struct Row {
 }
 
 /// Reads every node's status, presence and the revisions of what each reads, at one revision.
-pub async fn rows(etcd: &Etcd) -> Result<(i64, Vec<Row>), crate::system::etcd::EtcdError> {
+pub async fn rows(etcd: &Etcd) -> Result<(i64, Vec<Row>), crate::system::etcd::Error> {
     let all = etcd.range_prefix(super::ROOT, None).await?;
     let mut nodes: BTreeMap<String, Row> = BTreeMap::new();
     let node_root = format!("{}node/", super::ROOT);

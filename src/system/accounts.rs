@@ -7,14 +7,14 @@ use std::ffi::CString;
 
 use nix::unistd::{Gid, Group, User};
 
-use super::command::{self, CommandError};
+use super::command;
 
 /// A failure to read or change an account, naming it.
 #[derive(Debug, thiserror::Error)]
-pub enum AccountError {
+pub enum Error {
     /// A tool could not be run, or did not finish in time.
     #[error(transparent)]
-    Run(#[from] CommandError),
+    Run(#[from] command::Error),
     /// The user and group databases could not be read.
     #[error("cannot look up {name:?}: {source}")]
     Lookup {
@@ -91,12 +91,12 @@ impl Changes {
 }
 
 /// The account, or `None` when the machine has no such user.
-pub fn lookup(name: &str) -> Result<Option<Account>, AccountError> {
-    let lookup = |source| AccountError::Lookup { name: name.to_owned(), source };
+pub fn lookup(name: &str) -> Result<Option<Account>, Error> {
+    let lookup = |source| Error::Lookup { name: name.to_owned(), source };
     let Some(user) = User::from_name(name).map_err(lookup)? else {
         return Ok(None);
     };
-    let group_name = |gid: Gid| -> Result<String, AccountError> {
+    let group_name = |gid: Gid| -> Result<String, Error> {
         Ok(Group::from_gid(gid).map_err(lookup)?.map_or_else(|| gid.to_string(), |g| g.name))
     };
     let cname = CString::new(name).map_err(|_| lookup(nix::Error::EINVAL))?;
@@ -116,14 +116,12 @@ pub fn lookup(name: &str) -> Result<Option<Account>, AccountError> {
 }
 
 /// Whether a group of this name exists.
-pub fn group_exists(name: &str) -> Result<bool, AccountError> {
-    Ok(Group::from_name(name)
-        .map_err(|source| AccountError::Lookup { name: name.to_owned(), source })?
-        .is_some())
+pub fn group_exists(name: &str) -> Result<bool, Error> {
+    Ok(Group::from_name(name).map_err(|source| Error::Lookup { name: name.to_owned(), source })?.is_some())
 }
 
 /// Makes a group with `groupadd`, a system group when asked.
-pub fn add_group(name: &str, system: bool) -> Result<(), AccountError> {
+pub fn add_group(name: &str, system: bool) -> Result<(), Error> {
     let mut argv = vec!["groupadd"];
     if system {
         argv.push("--system");
@@ -133,7 +131,7 @@ pub fn add_group(name: &str, system: bool) -> Result<(), AccountError> {
 }
 
 /// Makes an account with `useradd`.
-pub fn add(a: &NewAccount<'_>) -> Result<(), AccountError> {
+pub fn add(a: &NewAccount<'_>) -> Result<(), Error> {
     let uid = a.uid.map(|u| u.to_string());
     let groups = a.groups.join(",");
     let mut argv = vec!["useradd"];
@@ -165,7 +163,7 @@ pub fn add(a: &NewAccount<'_>) -> Result<(), AccountError> {
 }
 
 /// Changes an account with `usermod`; supplementary groups are only added to.
-pub fn modify(name: &str, c: &Changes) -> Result<(), AccountError> {
+pub fn modify(name: &str, c: &Changes) -> Result<(), Error> {
     let groups = c.add_groups.join(",");
     let mut argv = vec!["usermod"];
     if let Some(g) = &c.group {
@@ -186,11 +184,11 @@ pub fn modify(name: &str, c: &Changes) -> Result<(), AccountError> {
     tool("usermod", name, &argv)
 }
 
-fn tool(tool: &'static str, name: &str, argv: &[&str]) -> Result<(), AccountError> {
+fn tool(tool: &'static str, name: &str, argv: &[&str]) -> Result<(), Error> {
     let ran = command::run_str(argv, &[])?;
     if ran.success() {
         Ok(())
     } else {
-        Err(AccountError::Failed { tool, name: name.to_owned(), how: ran.describe() })
+        Err(Error::Failed { tool, name: name.to_owned(), how: ran.describe() })
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 /// A program that could not be run at all.
 #[derive(Debug, thiserror::Error)]
-pub enum CommandError {
+pub enum Error {
     /// The program could not be started: not found, not executable.
     #[error("cannot run {program}: {source}")]
     Spawn {
@@ -75,18 +75,14 @@ fn tail(text: &str) -> Option<String> {
 }
 
 /// Runs `argv` to completion with extra environment variables.
-pub fn run(argv: &[String], env: &[(&str, &str)]) -> Result<Ran, CommandError> {
+pub fn run(argv: &[String], env: &[(&str, &str)]) -> Result<Ran, Error> {
     run_within(argv, env, None)
 }
 
 /// Runs `argv` to completion, or until `limit` has passed: then the program and every process
 /// it started in its process group are killed (SIGKILL), and the error says so. The program
 /// runs in a process group of its own for that reason.
-pub fn run_within(
-    argv: &[String],
-    env: &[(&str, &str)],
-    limit: Option<Duration>,
-) -> Result<Ran, CommandError> {
+pub fn run_within(argv: &[String], env: &[(&str, &str)], limit: Option<Duration>) -> Result<Ran, Error> {
     let (program, args) = argv.split_first().expect("an argv is never empty: the declaration refuses it");
     #[allow(clippy::disallowed_methods, reason = "system/ is the one place programs are run")]
     let mut cmd = Command::new(program);
@@ -94,7 +90,7 @@ pub fn run_within(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let child = cmd.spawn().map_err(|source| CommandError::Spawn { program: program.clone(), source })?;
+    let child = cmd.spawn().map_err(|source| Error::Spawn { program: program.clone(), source })?;
     let pid = child.id();
     // The wait (and the reading of both pipes) is on a thread of its own, so this one can give
     // up at the limit.
@@ -112,11 +108,11 @@ pub fn run_within(
                 // A process that left the group can keep the pipes open; the wait is not
                 // held for it.
                 let _ = rx.recv_timeout(Duration::from_secs(5));
-                return Err(CommandError::TimedOut { program: program.clone(), limit });
+                return Err(Error::TimedOut { program: program.clone(), limit });
             }
         },
     };
-    let out = out.map_err(|source| CommandError::Spawn { program: program.clone(), source })?;
+    let out = out.map_err(|source| Error::Spawn { program: program.clone(), source })?;
     Ok(Ran {
         code: out.status.code(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -126,10 +122,10 @@ pub fn run_within(
 
 /// Runs `argv` to completion with `input` on its standard input (written from a thread of its
 /// own, so a program that writes a lot before it reads cannot block on a full pipe).
-pub fn run_fed(argv: &[&str], input: Vec<u8>) -> Result<Ran, CommandError> {
+pub fn run_fed(argv: &[&str], input: Vec<u8>) -> Result<Ran, Error> {
     use std::io::Write as _;
     let (program, args) = argv.split_first().expect("an argv is never empty");
-    let spawn_error = |source| CommandError::Spawn { program: (*program).to_owned(), source };
+    let spawn_error = |source| Error::Spawn { program: (*program).to_owned(), source };
     #[allow(clippy::disallowed_methods, reason = "system/ is the one place programs are run")]
     let mut child = Command::new(program)
         .args(args)
@@ -152,7 +148,7 @@ pub fn run_fed(argv: &[&str], input: Vec<u8>) -> Result<Ran, CommandError> {
 }
 
 /// Runs a program given as string slices.
-pub fn run_str(argv: &[&str], env: &[(&str, &str)]) -> Result<Ran, CommandError> {
+pub fn run_str(argv: &[&str], env: &[(&str, &str)]) -> Result<Ran, Error> {
     let argv: Vec<String> = argv.iter().map(|s| (*s).to_owned()).collect();
     run(&argv, env)
 }
@@ -215,6 +211,6 @@ mod tests {
         assert_eq!(ran.stdout, "$HOME; false\n");
         let env = run_str(&["sh", "-c", "echo $MESH_HOST_T"], &[("MESH_HOST_T", "yes")]).unwrap();
         assert_eq!(env.stdout, "yes\n");
-        assert!(matches!(run_str(&["/nonexistent/program"], &[]), Err(CommandError::Spawn { .. })));
+        assert!(matches!(run_str(&["/nonexistent/program"], &[]), Err(Error::Spawn { .. })));
     }
 }

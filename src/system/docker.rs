@@ -32,7 +32,7 @@ pub use mesh_host_watchers::docker::{DEFAULT_SOCKETS, ID_LABEL, STEP_LABEL};
 
 /// Why the runtime could not do something.
 #[derive(Debug, thiserror::Error)]
-pub enum DockerError {
+pub enum Error {
     /// No socket of the ones looked in answers.
     #[error("no container runtime answers on this machine (tried {tried}); start Docker or Podman's service, or configure its socket")]
     NoRuntime {
@@ -183,7 +183,7 @@ fn is_not_found(e: &Bollard) -> bool {
     matches!(e, Bollard::DockerResponseServerError { status_code: 404, .. })
 }
 
-type Result<T> = std::result::Result<T, DockerError>;
+type Result<T> = std::result::Result<T, Error>;
 
 /// What is known about a container, read fresh from the runtime.
 #[derive(Clone, Debug, Default)]
@@ -304,7 +304,7 @@ pub async fn connect_async(configured: Option<&str>) -> Result<Docker> {
     if let Some(socket) = configured {
         return try_socket(socket)
             .await
-            .map_err(|reason| DockerError::Configured { socket: socket.to_owned(), reason });
+            .map_err(|reason| Error::Configured { socket: socket.to_owned(), reason });
     }
     let mut tried = Vec::new();
     let from_env = std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty());
@@ -314,7 +314,7 @@ pub async fn connect_async(configured: Option<&str>) -> Result<Docker> {
             Err(reason) => tried.push(format!("{socket}: {reason}")),
         }
     }
-    Err(DockerError::NoRuntime { tried: tried.join("; ") })
+    Err(Error::NoRuntime { tried: tried.join("; ") })
 }
 
 /// The Engine API version mesh-host speaks: Debian 12's engine (20.10) speaks 1.41, Podman 4's
@@ -397,7 +397,7 @@ impl Docker {
                 }))
             }
             Err(e) if is_not_found(&e) => Ok(None),
-            Err(source) => Err(DockerError::Api { what: format!("cannot inspect container {name}"), source }),
+            Err(source) => Err(Error::Api { what: format!("cannot inspect container {name}"), source }),
         }
     }
 
@@ -409,7 +409,7 @@ impl Docker {
                 repo_digests: i.repo_digests.unwrap_or_default(),
             })),
             Err(e) if is_not_found(&e) => Ok(None),
-            Err(source) => Err(DockerError::Api { what: format!("cannot inspect image {image}"), source }),
+            Err(source) => Err(Error::Api { what: format!("cannot inspect image {image}"), source }),
         }
     }
 
@@ -474,9 +474,9 @@ impl Docker {
             ..Default::default()
         };
         let options = CreateContainerOptionsBuilder::new().name(&c.name).build();
-        block(self.client.create_container(Some(options), body)).map(|r| r.id).map_err(|source| {
-            DockerError::Api { what: format!("cannot create container {}", c.name), source }
-        })
+        block(self.client.create_container(Some(options), body))
+            .map(|r| r.id)
+            .map_err(|source| Error::Api { what: format!("cannot create container {}", c.name), source })
     }
 
     /// Starts a container; one already running is fine.
@@ -485,7 +485,7 @@ impl Docker {
             Ok(()) => Ok(()),
             // Already running: its restart policy, or another reconcile, was first.
             Err(Bollard::DockerResponseServerError { status_code: 304, .. }) => Ok(()),
-            Err(source) => Err(DockerError::Api { what: format!("cannot start container {name}"), source }),
+            Err(source) => Err(Error::Api { what: format!("cannot start container {name}"), source }),
         }
     }
 
@@ -503,7 +503,7 @@ impl Docker {
         match block(self.client.remove_container(name, Some(options))) {
             Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
-            Err(source) => Err(DockerError::Api { what: format!("cannot remove container {name}"), source }),
+            Err(source) => Err(Error::Api { what: format!("cannot remove container {name}"), source }),
         }
     }
 
@@ -520,7 +520,7 @@ impl Docker {
                 Err(_) => {
                     let stop = StopContainerOptions { t: Some(STOP_TIMEOUT), signal: None };
                     let _ = block(self.client.stop_container(name, Some(stop)));
-                    return Err(DockerError::TimedOut {
+                    return Err(Error::TimedOut {
                         what: format!("container {name}"),
                         limit,
                         left: "it was stopped, and is left for its logs",
@@ -533,9 +533,9 @@ impl Docker {
             // bollard turns a non-zero exit into an error carrying the code.
             Some(Err(Bollard::DockerContainerWaitError { code, .. })) => Ok(code),
             Some(Err(source)) => {
-                Err(DockerError::Api { what: format!("waiting for container {name} to exit"), source })
+                Err(Error::Api { what: format!("waiting for container {name} to exit"), source })
             }
-            None => Err(DockerError::Other(format!(
+            None => Err(Error::Other(format!(
                 "the runtime ended the wait for container {name} without an exit code"
             ))),
         }
@@ -554,7 +554,7 @@ impl Docker {
         match limit {
             None => block(run),
             Some(limit) => block(tokio::time::timeout(limit, run)).unwrap_or_else(|_| {
-                Err(DockerError::TimedOut {
+                Err(Error::TimedOut {
                     what: format!("{} in container {container}", argv[0]),
                     limit,
                     left: "the runtime cannot stop it, so it may still be running in the container",
@@ -567,7 +567,7 @@ impl Docker {
         use bollard::exec::{CreateExecOptions, StartExecResults};
         let api = |what: &str| {
             let what = format!("{what} in container {container}");
-            move |source| DockerError::Api { what, source }
+            move |source| Error::Api { what, source }
         };
         let created = self
             .client
@@ -598,7 +598,7 @@ impl Docker {
         let inspected =
             self.client.inspect_exec(&created.id).await.map_err(api("cannot read a command's exit code"))?;
         let code = inspected.exit_code.ok_or_else(|| {
-            DockerError::Other(format!("a command in container {container} ended without an exit code"))
+            Error::Other(format!("a command in container {container} ended without an exit code"))
         })?;
         Ok(ExecOutput { code, output: String::from_utf8_lossy(&output).into_owned() })
     }
@@ -618,7 +618,7 @@ impl Docker {
                 Ok(Some(NetworkState { labels: n.labels.unwrap_or_default(), containers }))
             }
             Err(e) if is_not_found(&e) => Ok(None),
-            Err(source) => Err(DockerError::Api { what: format!("cannot inspect network {name}"), source }),
+            Err(source) => Err(Error::Api { what: format!("cannot inspect network {name}"), source }),
         }
     }
 
@@ -628,7 +628,7 @@ impl Docker {
             NetworkCreateRequest { name: name.to_owned(), labels: Some(labels), ..Default::default() };
         block(self.client.create_network(request))
             .map(|_| ())
-            .map_err(|source| DockerError::Api { what: format!("cannot create network {name}"), source })
+            .map_err(|source| Error::Api { what: format!("cannot create network {name}"), source })
     }
 
     /// Removes a network; one already gone is fine.
@@ -636,7 +636,7 @@ impl Docker {
         match block(self.client.remove_network(name)) {
             Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
-            Err(source) => Err(DockerError::Api { what: format!("cannot remove network {name}"), source }),
+            Err(source) => Err(Error::Api { what: format!("cannot remove network {name}"), source }),
         }
     }
 }

@@ -37,7 +37,7 @@ const PEM_LIMIT: u64 = 1 << 20;
 
 /// Why etcd could not be read or written.
 #[derive(Debug, thiserror::Error)]
-pub enum EtcdError {
+pub enum Error {
     /// No endpoint answered.
     #[error("{endpoints}: {message}")]
     Unreachable {
@@ -373,7 +373,7 @@ impl Etcd {
     }
 
     /// Logs in when there is a login and no token yet.
-    async fn ensure_token(&self) -> Result<(), EtcdError> {
+    async fn ensure_token(&self) -> Result<(), Error> {
         let Some((user, password)) = &self.login else { return Ok(()) };
         if self.token().is_some() {
             return Ok(());
@@ -419,12 +419,10 @@ impl Etcd {
 
     /// One unary call, logged in first when etcd's auth is on, and once more with a new token
     /// when etcd says the one held expired.
-    async fn call(&self, call: &'static str, path: &str, body: Value) -> Result<Value, EtcdError> {
+    async fn call(&self, call: &'static str, path: &str, body: Value) -> Result<Value, Error> {
         self.ensure_token().await?;
         match self.call_once(call, path, body.clone()).await {
-            Err(EtcdError::Refused { message, .. })
-                if self.login.is_some() && message.contains("auth token") =>
-            {
+            Err(Error::Refused { message, .. }) if self.login.is_some() && message.contains("auth token") => {
                 *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 self.ensure_token().await?;
                 self.call_once(call, path, body).await
@@ -434,7 +432,7 @@ impl Etcd {
     }
 
     /// One unary call, tried on each endpoint in turn until one answers.
-    async fn call_once(&self, call: &'static str, path: &str, body: Value) -> Result<Value, EtcdError> {
+    async fn call_once(&self, call: &'static str, path: &str, body: Value) -> Result<Value, Error> {
         let start = self.current.load(Ordering::Relaxed);
         let mut last = String::new();
         for i in 0..self.endpoints.len() {
@@ -467,14 +465,14 @@ impl Etcd {
                 Ok(value) => value,
                 // Refused before etcd saw it (by the gateway's own checks): say what it said.
                 Err(_) if status.is_client_error() => {
-                    return Err(EtcdError::Refused {
+                    return Err(Error::Refused {
                         endpoint: endpoint.clone(),
                         call,
                         message: not_json(status, &bytes),
                     })
                 }
                 Err(e) => {
-                    return Err(EtcdError::Garbled {
+                    return Err(Error::Garbled {
                         endpoint: endpoint.clone(),
                         call,
                         message: format!("{e} (HTTP {status})"),
@@ -489,25 +487,25 @@ impl Etcd {
                     .unwrap_or("")
                     .to_owned();
                 if message.contains("compacted") {
-                    return Err(EtcdError::Compacted(num(&body["revision"])));
+                    return Err(Error::Compacted(num(&body["revision"])));
                 }
                 // A member without a leader (mid-election) or stopping: another may answer.
                 if status.is_server_error() {
                     last = format!("{endpoint}: HTTP {status}: {message}");
                     continue;
                 }
-                return Err(EtcdError::Refused { endpoint: endpoint.clone(), call, message });
+                return Err(Error::Refused { endpoint: endpoint.clone(), call, message });
             }
             return Ok(value);
         }
-        Err(EtcdError::Unreachable {
+        Err(Error::Unreachable {
             endpoints: self.endpoints(),
             message: format!("no etcd endpoint answered {call}; last: {last}"),
         })
     }
 
     /// Every key under `prefix`, in key order, at `revision` (the latest when `None`).
-    pub async fn range_prefix(&self, prefix: &str, revision: Option<i64>) -> Result<Range, EtcdError> {
+    pub async fn range_prefix(&self, prefix: &str, revision: Option<i64>) -> Result<Range, Error> {
         let mut body = json!({
             "key": B64.encode(prefix),
             "range_end": B64.encode(prefix_end(prefix)),
@@ -517,11 +515,8 @@ impl Etcd {
         }
         let answer = self.call("a range read", "/v3/kv/range", body).await?;
         let endpoint = self.endpoints[self.current.load(Ordering::Relaxed)].clone();
-        let garbled = |message: String| EtcdError::Garbled {
-            endpoint: endpoint.clone(),
-            call: "a range read",
-            message,
-        };
+        let garbled =
+            |message: String| Error::Garbled { endpoint: endpoint.clone(), call: "a range read", message };
         let revision = num(&answer["header"]["revision"]);
         let mut kvs = Vec::new();
         for kv in answer["kvs"].as_array().map(Vec::as_slice).unwrap_or_default() {
@@ -545,7 +540,7 @@ impl Etcd {
         read_at: i64,
         kvs: &[(String, Vec<u8>)],
         stale: &[String],
-    ) -> Result<Option<i64>, EtcdError> {
+    ) -> Result<Option<i64>, Error> {
         let mut ops: Vec<Value> = kvs
             .iter()
             .map(|(k, v)| json!({"request_put": {"key": B64.encode(k), "value": B64.encode(v)}}))
@@ -567,27 +562,27 @@ impl Etcd {
     }
 
     /// Puts one key.
-    pub async fn put(&self, key: &str, value: &[u8]) -> Result<i64, EtcdError> {
+    pub async fn put(&self, key: &str, value: &[u8]) -> Result<i64, Error> {
         let body = json!({"key": B64.encode(key), "value": B64.encode(value)});
         let answer = self.call("a put", "/v3/kv/put", body).await?;
         Ok(num(&answer["header"]["revision"]))
     }
 
     /// Puts one key bound to a lease: it goes when the lease does.
-    pub async fn put_with_lease(&self, key: &str, value: &[u8], lease: i64) -> Result<i64, EtcdError> {
+    pub async fn put_with_lease(&self, key: &str, value: &[u8], lease: i64) -> Result<i64, Error> {
         let body = json!({"key": B64.encode(key), "value": B64.encode(value), "lease": lease.to_string()});
         let answer = self.call("a put", "/v3/kv/put", body).await?;
         Ok(num(&answer["header"]["revision"]))
     }
 
     /// Takes a lease of `ttl` seconds; returns its id.
-    pub async fn lease_grant(&self, ttl: i64) -> Result<i64, EtcdError> {
+    pub async fn lease_grant(&self, ttl: i64) -> Result<i64, Error> {
         let answer = self.call("a lease grant", "/v3/lease/grant", json!({"TTL": ttl.to_string()})).await?;
         Ok(num(&answer["ID"]))
     }
 
     /// Renews a lease once. `false` when it had expired already (its keys are gone).
-    pub async fn lease_keepalive(&self, id: i64) -> Result<bool, EtcdError> {
+    pub async fn lease_keepalive(&self, id: i64) -> Result<bool, Error> {
         // A stream on the gateway: one request in the body, one answer back.
         let answer =
             self.call("a lease renewal", "/v3/lease/keepalive", json!({"ID": id.to_string()})).await?;
@@ -601,15 +596,9 @@ impl Etcd {
 
     /// Makes `role` (when missing) and grants it `permission` (`READ`, `WRITE`, `READWRITE`) on
     /// `key`, or on every key under it when `prefix`.
-    pub async fn grant(
-        &self,
-        role: &str,
-        permission: &str,
-        key: &str,
-        prefix: bool,
-    ) -> Result<(), EtcdError> {
+    pub async fn grant(&self, role: &str, permission: &str, key: &str, prefix: bool) -> Result<(), Error> {
         match self.call("a role", "/v3/auth/role/add", json!({"name": role})).await {
-            Err(EtcdError::Refused { message, .. }) if message.contains("already exists") => {}
+            Err(Error::Refused { message, .. }) if message.contains("already exists") => {}
             other => {
                 other?;
             }
@@ -628,12 +617,12 @@ impl Etcd {
         user: &str,
         password: &SecretString,
         role: &str,
-    ) -> Result<bool, EtcdError> {
+    ) -> Result<bool, Error> {
         let made = match self
             .call("a user", "/v3/auth/user/add", json!({"name": user, "password": password.expose_secret()}))
             .await
         {
-            Err(EtcdError::Refused { message, .. }) if message.contains("already exists") => false,
+            Err(Error::Refused { message, .. }) if message.contains("already exists") => false,
             other => {
                 other?;
                 true
@@ -645,7 +634,7 @@ impl Etcd {
 
     /// Watches every key under `prefix` from `start_revision` on. The watch ends (`next` says
     /// so) when the endpoint goes away; the caller reads again and watches anew.
-    pub async fn watch_prefix(&self, prefix: &str, start_revision: i64) -> Result<Watch, EtcdError> {
+    pub async fn watch_prefix(&self, prefix: &str, start_revision: i64) -> Result<Watch, Error> {
         let body = json!({"create_request": {
             "key": B64.encode(prefix),
             "range_end": B64.encode(prefix_end(prefix)),
@@ -680,7 +669,7 @@ impl Etcd {
                 Err(_) => last = format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)),
             }
         }
-        Err(EtcdError::Unreachable {
+        Err(Error::Unreachable {
             endpoints: self.endpoints(),
             message: format!("no etcd endpoint accepted a watch; last: {last}"),
         })
@@ -706,7 +695,7 @@ pub struct Watch {
 impl Watch {
     /// The next thing the watch saw. An error when the stream ended or broke (the caller reads
     /// again and watches anew) or etcd compacted the revision asked for (a full read).
-    pub async fn next(&mut self) -> Result<Seen, EtcdError> {
+    pub async fn next(&mut self) -> Result<Seen, Error> {
         loop {
             // A whole document in the buffer already?
             let mut stream = serde_json::Deserializer::from_slice(&self.buffer).into_iter::<Value>();
@@ -720,7 +709,7 @@ impl Watch {
                     continue;
                 }
                 Some(Err(e)) if !e.is_eof() => {
-                    return Err(EtcdError::Garbled {
+                    return Err(Error::Garbled {
                         endpoint: self.endpoint.clone(),
                         call: "a watch",
                         message: e.to_string(),
@@ -729,7 +718,7 @@ impl Watch {
                 _ => {}
             }
             if self.buffer.len() > ANSWER_LIMIT {
-                return Err(EtcdError::Garbled {
+                return Err(Error::Garbled {
                     endpoint: self.endpoint.clone(),
                     call: "a watch",
                     message: "one watch answer larger than mesh-host reads".into(),
@@ -742,13 +731,13 @@ impl Watch {
                     }
                 }
                 Some(Err(e)) => {
-                    return Err(EtcdError::Unreachable {
+                    return Err(Error::Unreachable {
                         endpoints: self.endpoint.clone(),
                         message: format!("the watch broke: {e}"),
                     })
                 }
                 None => {
-                    return Err(EtcdError::Unreachable {
+                    return Err(Error::Unreachable {
                         endpoints: self.endpoint.clone(),
                         message: "the watch ended".into(),
                     })
@@ -757,16 +746,16 @@ impl Watch {
         }
     }
 
-    fn read(&self, doc: Value) -> Result<Option<Seen>, EtcdError> {
+    fn read(&self, doc: Value) -> Result<Option<Seen>, Error> {
         seen(&self.endpoint, doc)
     }
 }
 
 /// What one document of a watch stream says: `None` for one that says nothing to act on (a
 /// progress notice).
-fn seen(endpoint: &str, doc: Value) -> Result<Option<Seen>, EtcdError> {
+fn seen(endpoint: &str, doc: Value) -> Result<Option<Seen>, Error> {
     if let Some(error) = doc.get("error") {
-        return Err(EtcdError::Refused {
+        return Err(Error::Refused {
             endpoint: endpoint.to_owned(),
             call: "a watch",
             message: error.get("message").and_then(Value::as_str).unwrap_or("").to_owned(),
@@ -775,10 +764,10 @@ fn seen(endpoint: &str, doc: Value) -> Result<Option<Seen>, EtcdError> {
     let result = &doc["result"];
     let compacted = num(&result["compact_revision"]);
     if compacted > 0 {
-        return Err(EtcdError::Compacted(compacted));
+        return Err(Error::Compacted(compacted));
     }
     if result["canceled"].as_bool().unwrap_or(false) {
-        return Err(EtcdError::Unreachable {
+        return Err(Error::Unreachable {
             endpoints: endpoint.to_owned(),
             message: format!(
                 "etcd cancelled the watch: {}",
@@ -871,7 +860,7 @@ mod tests {
         );
         // A watch from a revision compacted away: a full read follows.
         let compacted = r#"{"result":{"canceled":true,"compact_revision":"40"}}"#;
-        assert!(matches!(seen(at, doc(compacted)), Err(EtcdError::Compacted(40))));
+        assert!(matches!(seen(at, doc(compacted)), Err(Error::Compacted(40))));
         let canceled = r#"{"result":{"canceled":true,"cancel_reason":"permission denied"}}"#;
         let e = seen(at, doc(canceled)).unwrap_err().to_string();
         assert!(e.contains("cancelled the watch: permission denied"), "{e}");

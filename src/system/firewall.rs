@@ -13,8 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use serde_json::{json, Value};
 
-use super::command::{run_fed, run_str, Ran};
-use super::CommandError;
+use super::command::{self, run_fed, run_str, Ran};
 
 /// The family of the host's own table.
 pub const FAMILY: &str = "inet";
@@ -23,10 +22,10 @@ pub const TABLE: &str = "mesh_host";
 
 /// What nft answered when it was asked to read or change the ruleset.
 #[derive(Debug, thiserror::Error)]
-pub enum FirewallError {
+pub enum Error {
     /// nft could not be run, or did not finish in time.
     #[error(transparent)]
-    Command(#[from] CommandError),
+    Command(#[from] command::Error),
     /// nft ran and failed.
     #[error("nft could not {what}: it {how}")]
     Nft {
@@ -62,13 +61,13 @@ pub enum FirewallError {
 
 /// The objects of the host's table as nft lists them (the table itself, its chains, rules and
 /// anything else found in it), or `None` when the table is absent.
-pub fn read_table() -> Result<Option<Vec<Value>>, FirewallError> {
+pub fn read_table() -> Result<Option<Vec<Value>>, Error> {
     let ran = run_str(&["nft", "-j", "list", "table", FAMILY, TABLE], &[])?;
     if !ran.success() {
         // nft says "No such file or directory" for a table that is not there; anything else is
         // a real failure. Asking for the list of tables settles which, without parsing words.
         if present()? {
-            return Err(FirewallError::Nft { what: "list table inet mesh_host", how: ran.describe() });
+            return Err(Error::Nft { what: "list table inet mesh_host", how: ran.describe() });
         }
         return Ok(None);
     }
@@ -77,10 +76,10 @@ pub fn read_table() -> Result<Option<Vec<Value>>, FirewallError> {
 }
 
 /// Whether the host's table exists.
-fn present() -> Result<bool, FirewallError> {
+fn present() -> Result<bool, Error> {
     let ran = run_str(&["nft", "-j", "list", "tables"], &[])?;
     if !ran.success() {
-        return Err(FirewallError::Nft { what: "list tables", how: ran.describe() });
+        return Err(Error::Nft { what: "list tables", how: ran.describe() });
     }
     Ok(objects(&ran, "listed the tables")?
         .iter()
@@ -88,38 +87,38 @@ fn present() -> Result<bool, FirewallError> {
 }
 
 /// The objects of an `nft -j` listing, without its metainfo.
-fn objects(ran: &Ran, what: &'static str) -> Result<Vec<Value>, FirewallError> {
+fn objects(ran: &Ran, what: &'static str) -> Result<Vec<Value>, Error> {
     let doc: Value =
-        serde_json::from_str(&ran.stdout).map_err(|e| FirewallError::Json { what, why: e.to_string() })?;
+        serde_json::from_str(&ran.stdout).map_err(|e| Error::Json { what, why: e.to_string() })?;
     let Some(list) = doc.get("nftables").and_then(Value::as_array) else {
-        return Err(FirewallError::Json { what, why: "no \"nftables\" list".into() });
+        return Err(Error::Json { what, why: "no \"nftables\" list".into() });
     };
     Ok(list.iter().filter(|o| o.get("metainfo").is_none()).cloned().collect())
 }
 
 /// Applies `commands` (nft JSON commands: `{"add": {...}}`, `{"delete": {...}}`) as one
 /// transaction. Every command must name the host's table; one that does not refuses the batch.
-pub fn load(commands: Vec<Value>) -> Result<(), FirewallError> {
+pub fn load(commands: Vec<Value>) -> Result<(), Error> {
     for c in &commands {
         confined(c)?;
     }
     let batch = json!({ "nftables": commands });
     let ran = run_fed(&["nft", "-j", "-f", "-"], batch.to_string().into_bytes())?;
     if !ran.success() {
-        return Err(FirewallError::Nft { what: "load table inet mesh_host", how: ran.describe() });
+        return Err(Error::Nft { what: "load table inet mesh_host", how: ran.describe() });
     }
     Ok(())
 }
 
 /// Removes the host's table, whether it is there or not (adding it first makes the removal
 /// one that cannot fail for its absence; both are one transaction).
-pub fn remove_table() -> Result<(), FirewallError> {
+pub fn remove_table() -> Result<(), Error> {
     let table = json!({"table": {"family": FAMILY, "name": TABLE}});
     load(vec![json!({ "add": table.clone() }), json!({ "delete": table })])
 }
 
 /// Checks that a command names only the host's table.
-fn confined(command: &Value) -> Result<(), FirewallError> {
+fn confined(command: &Value) -> Result<(), Error> {
     let objects = command.as_object().into_iter().flat_map(|c| c.values()).filter_map(Value::as_object);
     let mut any = false;
     for object in objects {
@@ -132,14 +131,14 @@ fn confined(command: &Value) -> Result<(), FirewallError> {
             };
             if family.and_then(Value::as_str) != Some(FAMILY) || table.and_then(Value::as_str) != Some(TABLE)
             {
-                return Err(FirewallError::OutsideTable { found: format!("{kind} {body}") });
+                return Err(Error::OutsideTable { found: format!("{kind} {body}") });
             }
         }
     }
     if any {
         Ok(())
     } else {
-        Err(FirewallError::OutsideTable { found: format!("a command without a table: {command}") })
+        Err(Error::OutsideTable { found: format!("a command without a table: {command}") })
     }
 }
 
@@ -160,10 +159,10 @@ pub struct InputChain {
 
 /// Every base chain on the input hook of the ip, ip6 and inet families, outside the host's
 /// own table, with its policy and how many rules it holds.
-pub fn input_chains() -> Result<Vec<InputChain>, FirewallError> {
+pub fn input_chains() -> Result<Vec<InputChain>, Error> {
     let ran = run_str(&["nft", "-j", "list", "ruleset"], &[])?;
     if !ran.success() {
-        return Err(FirewallError::Nft { what: "list the ruleset", how: ran.describe() });
+        return Err(Error::Nft { what: "list the ruleset", how: ran.describe() });
     }
     let objects = objects(&ran, "listed the ruleset")?;
     let mut chains: Vec<InputChain> = objects
@@ -198,7 +197,7 @@ pub fn input_chains() -> Result<Vec<InputChain>, FirewallError> {
 /// about a table that is absent would make it. A table listed that cannot be read (no
 /// `iptables-legacy-save`) is an error, so a filter that may be in force is never taken for
 /// none.
-pub fn legacy_input_chains() -> Result<Vec<InputChain>, FirewallError> {
+pub fn legacy_input_chains() -> Result<Vec<InputChain>, Error> {
     let mut chains = Vec::new();
     for (names, tool, family) in [
         ("/proc/net/ip_tables_names", "iptables-legacy-save", "ip"),
@@ -209,12 +208,12 @@ pub fn legacy_input_chains() -> Result<Vec<InputChain>, FirewallError> {
         if !listed.lines().any(|l| l.trim() == "filter") {
             continue;
         }
-        let ran = run_str(&[tool, "-t", "filter"], &[]).map_err(|e| FirewallError::Legacy {
+        let ran = run_str(&[tool, "-t", "filter"], &[]).map_err(|e| Error::Legacy {
             tool,
             how: format!("could not be run ({e}); it comes with the iptables package"),
         })?;
         if !ran.success() {
-            return Err(FirewallError::Legacy { tool, how: ran.describe() });
+            return Err(Error::Legacy { tool, how: ran.describe() });
         }
         chains.extend(legacy_input(&ran.stdout, family));
     }
@@ -429,7 +428,7 @@ mod tests {
             json!({"flush": {"ruleset": null}}),
             json!({"flush": {}}),
         ] {
-            assert!(matches!(confined(&other), Err(FirewallError::OutsideTable { .. })), "{other}");
+            assert!(matches!(confined(&other), Err(Error::OutsideTable { .. })), "{other}");
         }
     }
 }

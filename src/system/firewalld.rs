@@ -37,7 +37,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A failure talking to firewalld.
 #[derive(Debug, thiserror::Error)]
-pub enum FirewalldError {
+pub enum Error {
     /// The bus could not be reached.
     #[error("cannot reach firewalld on {bus}: {reason}")]
     Connect {
@@ -62,7 +62,7 @@ pub enum FirewalldError {
     Failpoint(&'static str),
 }
 
-type Result<T> = std::result::Result<T, FirewalldError>;
+type Result<T> = std::result::Result<T, Error>;
 
 /// One service's permanent settings that the host writes and reads back.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,14 +88,14 @@ fn reason(e: &zbus::Error) -> String {
     }
 }
 
-fn call_failed(op: impl Into<String>) -> impl FnOnce(zbus::Error) -> FirewalldError {
+fn call_failed(op: impl Into<String>) -> impl FnOnce(zbus::Error) -> Error {
     let op = op.into();
-    move |e| FirewalldError::Call { op, reason: reason(&e) }
+    move |e| Error::Call { op, reason: reason(&e) }
 }
 
-fn body_failed(op: impl Into<String>) -> impl FnOnce(zbus::Error) -> FirewalldError {
+fn body_failed(op: impl Into<String>) -> impl FnOnce(zbus::Error) -> Error {
     let op = op.into();
-    move |e| FirewalldError::Call { op, reason: format!("its answer could not be read: {e}") }
+    move |e| Error::Call { op, reason: format!("its answer could not be read: {e}") }
 }
 
 impl Firewalld {
@@ -112,7 +112,7 @@ impl Firewalld {
                 };
                 builder.method_timeout(CALL_TIMEOUT).build().await
             })
-            .map_err(|e| FirewalldError::Connect { bus, reason: reason(&e) })?;
+            .map_err(|e| Error::Connect { bus, reason: reason(&e) })?;
         let fw = Firewalld { conn, handle };
         let owned: bool = fw.call(
             "tell whether firewalld's bus name has an owner",
@@ -127,7 +127,7 @@ impl Firewalld {
         }
         let state: String = fw.property(PATH, NAME, "state")?;
         if state != "RUNNING" {
-            return Err(FirewalldError::NotRunning(state));
+            return Err(Error::NotRunning(state));
         }
         Ok(Some(fw))
     }
@@ -173,8 +173,7 @@ impl Firewalld {
         let op = format!("read its property {name}");
         let value: zbus::OwnedVariant =
             self.fw(&op, path, "org.freedesktop.DBus.Properties", "Get", &(iface, name))?;
-        T::try_from(value)
-            .map_err(|_| FirewalldError::Call { op, reason: "it is not of the type expected".into() })
+        T::try_from(value).map_err(|_| Error::Call { op, reason: "it is not of the type expected".into() })
     }
 
     /// The default zone: where an interface bound to no zone is filtered.
@@ -301,22 +300,19 @@ impl Firewalld {
 /// back saves them this way before it starts, so that firewalld starts with them in force.
 pub mod offline {
     use super::super::command::run_str;
-    use super::{FirewalldError, Result, Service};
+    use super::{Error, Result, Service};
 
     const PROGRAM: &str = "firewall-offline-cmd";
 
     fn cmd(op: &str, args: &[&str]) -> Result<String> {
         let mut argv = vec![PROGRAM];
         argv.extend(args);
-        let ran = run_str(&argv, &[])
-            .map_err(|e| FirewalldError::Call { op: op.to_owned(), reason: e.to_string() })?;
+        let ran =
+            run_str(&argv, &[]).map_err(|e| Error::Call { op: op.to_owned(), reason: e.to_string() })?;
         if ran.success() {
             Ok(ran.stdout)
         } else {
-            Err(FirewalldError::Call {
-                op: op.to_owned(),
-                reason: format!("`{}` {}", argv.join(" "), ran.describe()),
-            })
+            Err(Error::Call { op: op.to_owned(), reason: format!("`{}` {}", argv.join(" "), ran.describe()) })
         }
     }
 
@@ -407,7 +403,7 @@ pub fn failpoint(step: &'static str) -> Result<()> {
         _ => return Ok(()),
     };
     if super::fs::failpoint_named(name) {
-        Err(FirewalldError::Failpoint(step))
+        Err(Error::Failpoint(step))
     } else {
         Ok(())
     }

@@ -152,7 +152,7 @@ impl Meta {
 
 /// A failure, always naming the path.
 #[derive(Debug, thiserror::Error)]
-pub enum FsError {
+pub enum Error {
     /// A component of the path is a symlink; nothing was done through it.
     #[error("{path} is reached through a symlink at {link}; mesh-host never writes through a symlink: declare the real path")]
     Symlink {
@@ -188,14 +188,14 @@ pub enum FsError {
     },
 }
 
-impl FsError {
-    fn io(op: &'static str, path: &Path, errno: Errno) -> FsError {
-        FsError::Io { op, path: path.to_owned(), source: io::Error::from_raw_os_error(errno.raw_os_error()) }
+impl Error {
+    fn io(op: &'static str, path: &Path, errno: Errno) -> Error {
+        Error::Io { op, path: path.to_owned(), source: io::Error::from_raw_os_error(errno.raw_os_error()) }
     }
 }
 
 /// What a filesystem call returns.
-pub type Result<T> = std::result::Result<T, FsError>;
+pub type Result<T> = std::result::Result<T, Error>;
 
 // The stat fields' types differ between architectures; the casts are not all no-ops everywhere.
 #[allow(clippy::unnecessary_cast)]
@@ -268,7 +268,7 @@ fn sync_after_rename(staged: &[Staged], results: &mut [Result<()>]) {
         let synced = if failpoint_named("sync-eio") { Err(Errno::IO) } else { rfs::fsync(&s.fd) };
         if let Err(e) = synced {
             *result =
-                Err(FsError::io("make the file durable (fsync after its rename)", &s.dir.join(&s.name), e));
+                Err(Error::io("make the file durable (fsync after its rename)", &s.dir.join(&s.name), e));
         }
     }
 }
@@ -355,7 +355,7 @@ impl Fs {
                 Err(Errno::NOENT) => return Ok(None),
                 Err(Errno::LOOP) => return Err(self.explain_symlink(dir)),
                 Err(Errno::NOTDIR) => return Err(self.explain_notdir(dir)),
-                Err(e) => return Err(FsError::io("open the directory", dir, e)),
+                Err(e) => return Err(Error::io("open the directory", dir, e)),
             };
             if self.dirs.len() >= DIR_CACHE {
                 self.dirs.clear();
@@ -366,30 +366,30 @@ impl Fs {
     }
 
     /// Names the first symlink on the way to `path`, for an error a person can act on.
-    fn explain_symlink(&self, path: &Path) -> FsError {
+    fn explain_symlink(&self, path: &Path) -> Error {
         let mut prefix = PathBuf::from("/");
         for part in path.components().skip(1) {
             prefix.push(part);
             if let Ok(st) = rfs::statat(rfs::CWD, &prefix, AtFlags::SYMLINK_NOFOLLOW) {
                 if meta_of(&st).kind == Kind::Symlink {
-                    return FsError::Symlink { path: path.to_owned(), link: prefix };
+                    return Error::Symlink { path: path.to_owned(), link: prefix };
                 }
             }
         }
-        FsError::io("open", path, Errno::LOOP)
+        Error::io("open", path, Errno::LOOP)
     }
 
-    fn explain_notdir(&self, path: &Path) -> FsError {
+    fn explain_notdir(&self, path: &Path) -> Error {
         let mut prefix = PathBuf::from("/");
         for part in path.components().skip(1) {
             prefix.push(part);
             if let Ok(st) = rfs::statat(rfs::CWD, &prefix, AtFlags::SYMLINK_NOFOLLOW) {
                 if meta_of(&st).kind != Kind::Directory {
-                    return FsError::NotDirectory { path: path.to_owned(), parent: prefix };
+                    return Error::NotDirectory { path: path.to_owned(), parent: prefix };
                 }
             }
         }
-        FsError::io("open", path, Errno::NOTDIR)
+        Error::io("open", path, Errno::NOTDIR)
     }
 
     /// Makes a directory and any missing ancestors, each with `mode` (ancestors 0755), root-owned.
@@ -404,7 +404,7 @@ impl Fs {
             let (parent, name) = split(cur);
             missing.push(name.to_owned());
             if parent == cur {
-                return Err(FsError::NoParent { path: dir.to_owned() });
+                return Err(Error::NoParent { path: dir.to_owned() });
             }
             if self.open_dir(parent)?.is_some() {
                 cur = parent;
@@ -414,12 +414,12 @@ impl Fs {
         }
         let mut at = cur.to_owned();
         for (i, name) in missing.iter().rev().enumerate() {
-            let fd = self.open_dir(&at)?.ok_or_else(|| FsError::NoParent { path: dir.to_owned() })?;
+            let fd = self.open_dir(&at)?.ok_or_else(|| Error::NoParent { path: dir.to_owned() })?;
             let last = i + 1 == missing.len();
             let want = if last { mode } else { 0o755 };
             match rfs::mkdirat(fd, name.as_os_str(), Mode::from_raw_mode(want)) {
                 Ok(()) | Err(Errno::EXIST) => {}
-                Err(e) => return Err(FsError::io("make the directory", &at.join(name), e)),
+                Err(e) => return Err(Error::io("make the directory", &at.join(name), e)),
             }
             // The new entry is made durable later, with everything else this session does on
             // that filesystem: by the next batch's syncfs, or by `make_durable` at the end of
@@ -445,7 +445,7 @@ impl Fs {
         match rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => Ok(Some(meta_of(&st))),
             Err(Errno::NOENT) => Ok(None),
-            Err(e) => Err(FsError::io("look at", path, e)),
+            Err(e) => Err(Error::io("look at", path, e)),
         }
     }
 
@@ -462,8 +462,8 @@ impl Fs {
         match rfs::openat(pfd, name, flags, Mode::empty()) {
             Ok(fd) => Ok(Some(fd)),
             Err(Errno::NOENT) => Ok(None),
-            Err(Errno::LOOP) => Err(FsError::Symlink { path: path.to_owned(), link: path.to_owned() }),
-            Err(e) => Err(FsError::io("open", path, e)),
+            Err(Errno::LOOP) => Err(Error::Symlink { path: path.to_owned(), link: path.to_owned() }),
+            Err(e) => Err(Error::io("open", path, e)),
         }
     }
 
@@ -474,13 +474,13 @@ impl Fs {
         let Some(fd) = self.open_at(path, false)? else {
             return Ok(None);
         };
-        let st = rfs::fstat(&fd).map_err(|e| FsError::io("look at", path, e))?;
+        let st = rfs::fstat(&fd).map_err(|e| Error::io("look at", path, e))?;
         let meta = meta_of(&st);
         if meta.kind != Kind::File {
             return Ok(Some((meta, Content::NotFile)));
         }
         let mut file = std::fs::File::from(fd);
-        let io = |e: io::Error| FsError::Io { op: "read", path: path.to_owned(), source: e };
+        let io = |e: io::Error| Error::Io { op: "read", path: path.to_owned(), source: e };
         let mut bytes = Vec::new();
         if meta.sig.size <= max {
             use std::io::Read as _;
@@ -508,18 +508,18 @@ impl Fs {
 
     /// Sets the permission bits of what is at `path` (file or directory, never through a link).
     pub fn set_mode(&mut self, path: &Path, mode: u32) -> Result<()> {
-        let fd = self.open_at(path, false)?.ok_or_else(|| FsError::io("chmod", path, Errno::NOENT))?;
-        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| FsError::io("chmod", path, e))
+        let fd = self.open_at(path, false)?.ok_or_else(|| Error::io("chmod", path, Errno::NOENT))?;
+        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| Error::io("chmod", path, e))
     }
 
     /// Sets the owner of what is at `path`, never through a link. The mode is set again after,
     /// because the kernel clears set-id bits on chown.
     pub fn set_owner(&mut self, path: &Path, uid: u32, gid: u32) -> Result<()> {
-        let fd = self.open_at(path, false)?.ok_or_else(|| FsError::io("chown", path, Errno::NOENT))?;
-        let mode = rfs::fstat(&fd).map_err(|e| FsError::io("chown", path, e))?.st_mode & 0o7777;
+        let fd = self.open_at(path, false)?.ok_or_else(|| Error::io("chown", path, Errno::NOENT))?;
+        let mode = rfs::fstat(&fd).map_err(|e| Error::io("chown", path, e))?.st_mode & 0o7777;
         rfs::fchown(&fd, Some(rfs::Uid::from_raw(uid)), Some(rfs::Gid::from_raw(gid)))
-            .map_err(|e| FsError::io("chown", path, e))?;
-        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| FsError::io("chmod", path, e))
+            .map_err(|e| Error::io("chown", path, e))?;
+        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| Error::io("chmod", path, e))
     }
 
     /// Writes `content` to a temporary file beside `path`, with its final mode and owner, not yet
@@ -549,7 +549,7 @@ impl Fs {
         if let Some(journal) = &mut self.journal {
             journal.note_dir(parent)?;
         }
-        let dir = self.open_dir(parent)?.ok_or_else(|| FsError::NoParent { path: path.to_owned() })?;
+        let dir = self.open_dir(parent)?.ok_or_else(|| Error::NoParent { path: path.to_owned() })?;
         let (tmp_name, fd) = loop {
             let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
             let mut tmp = std::ffi::OsString::from(".");
@@ -559,7 +559,7 @@ impl Fs {
             match rfs::openat(dir, &tmp, flags, Mode::from_raw_mode(0o600)) {
                 Ok(fd) => break (tmp, fd),
                 Err(Errno::EXIST) => continue,
-                Err(e) => return Err(FsError::io("write", path, e)),
+                Err(e) => return Err(Error::io("write", path, e)),
             }
         };
         // From here the temporary file is removed again if anything fails, when `staged` drops.
@@ -570,12 +570,12 @@ impl Fs {
             fd,
             done: false,
         };
-        let mut file = std::fs::File::from(staged.fd.try_clone().map_err(|e| FsError::Io {
+        let mut file = std::fs::File::from(staged.fd.try_clone().map_err(|e| Error::Io {
             op: "write",
             path: path.to_owned(),
             source: e,
         })?);
-        io::copy(reader, &mut file).map_err(|e| FsError::Io {
+        io::copy(reader, &mut file).map_err(|e| Error::Io {
             op: "write",
             path: path.to_owned(),
             source: e,
@@ -583,9 +583,9 @@ impl Fs {
         drop(file);
         if let Some((uid, gid)) = owner {
             rfs::fchown(&staged.fd, Some(rfs::Uid::from_raw(uid)), Some(rfs::Gid::from_raw(gid)))
-                .map_err(|e| FsError::io("chown", path, e))?;
+                .map_err(|e| Error::io("chown", path, e))?;
         }
-        rfs::fchmod(&staged.fd, Mode::from_raw_mode(mode)).map_err(|e| FsError::io("chmod", path, e))?;
+        rfs::fchmod(&staged.fd, Mode::from_raw_mode(mode)).map_err(|e| Error::io("chmod", path, e))?;
         Ok(staged)
     }
 
@@ -593,10 +593,10 @@ impl Fs {
     /// `to`, streamed: for keeping the original of a file before the host first writes over it,
     /// however large it is.
     pub fn stage_copy(&mut self, from: &Path, to: &Path, mode: u32) -> Result<Staged> {
-        let fd = self.open_at(from, false)?.ok_or_else(|| FsError::io("copy", from, Errno::NOENT))?;
-        let st = rfs::fstat(&fd).map_err(|e| FsError::io("copy", from, e))?;
+        let fd = self.open_at(from, false)?.ok_or_else(|| Error::io("copy", from, Errno::NOENT))?;
+        let st = rfs::fstat(&fd).map_err(|e| Error::io("copy", from, e))?;
         if meta_of(&st).kind != Kind::File {
-            return Err(FsError::io("copy", from, Errno::INVAL));
+            return Err(Error::io("copy", from, Errno::INVAL));
         }
         self.stage_from(to, &mut std::fs::File::from(fd), mode, None)
     }
@@ -672,7 +672,7 @@ impl Fs {
             } else {
                 *synced_devs.entry(dev).or_insert_with(|| rfs::syncfs(&s.fd))
             };
-            results.push(r.map_err(|e| FsError::io("sync", &s.dir.join(&s.name), e)));
+            results.push(r.map_err(|e| Error::io("sync", &s.dir.join(&s.name), e)));
         }
         DataSynced { results, devs, synced_devs, synced_after }
     }
@@ -691,7 +691,7 @@ impl Fs {
             // Nothing is renamed: a write the journal cannot account for is not made.
             let why = e.to_string();
             for (s, r) in staged.iter().zip(results.iter_mut()).filter(|(_, r)| r.is_ok()) {
-                *r = Err(FsError::Io {
+                *r = Err(Error::Io {
                     op: "put in place",
                     path: s.dir.join(&s.name),
                     source: io::Error::other(why.clone()),
@@ -710,14 +710,14 @@ impl Fs {
             let target = s.dir.join(&s.name);
             let tmp_name = s.tmp.file_name().unwrap_or_default().to_owned();
             let Ok(Some(dir)) = self.open_dir(&s.dir) else {
-                *result = Err(FsError::NoParent { path: target });
+                *result = Err(Error::NoParent { path: target });
                 continue;
             };
             if result.is_ok() {
                 // A symlink planted at the target since it was checked is replaced, not followed:
                 // rename never follows the link at its destination.
                 if let Err(e) = rfs::renameat(dir, &tmp_name, dir, &s.name) {
-                    *result = Err(FsError::io("rename into place", &target, e));
+                    *result = Err(Error::io("rename into place", &target, e));
                 } else if dirs.last() != Some(&s.dir) {
                     dirs.push(s.dir.clone());
                 }
@@ -751,7 +751,7 @@ impl Fs {
         for ((s, result), dev) in staged.iter().zip(results.iter_mut()).zip(devs) {
             if let Some((_, Err(e))) = renamed.iter().find(|(d, _)| d == dev) {
                 if result.is_ok() {
-                    *result = Err(FsError::io("make the rename durable (syncfs)", &s.dir.join(&s.name), *e));
+                    *result = Err(Error::io("make the rename durable (syncfs)", &s.dir.join(&s.name), *e));
                 }
             }
         }
@@ -771,7 +771,7 @@ impl Fs {
             if let Err(e) = synced {
                 for (s, result) in staged.iter().zip(results.iter_mut()).filter(|(s, _)| s.dir == d) {
                     if result.is_ok() {
-                        *result = Err(FsError::io(
+                        *result = Err(Error::io(
                             "make the rename durable (fsync of its directory)",
                             &s.dir.join(&s.name),
                             e,
@@ -790,7 +790,7 @@ impl Fs {
             for (s, result) in staged.iter().zip(results.iter_mut()).filter(|(s, _)| s.dir.starts_with(&made))
             {
                 if result.is_ok() {
-                    *result = Err(FsError::Io {
+                    *result = Err(Error::Io {
                         op: "make durable the new directory holding",
                         path: s.dir.join(&s.name),
                         source: io::Error::other(why.to_string()),
@@ -817,7 +817,7 @@ impl Fs {
     /// commit and at the end of a pass, before the store records what the pass did. Returns
     /// the parents whose new entries could not be made durable, with why: what was made in
     /// them is in place but not known to survive a crash.
-    pub fn make_durable(&mut self) -> Vec<(PathBuf, FsError)> {
+    pub fn make_durable(&mut self) -> Vec<(PathBuf, Error)> {
         let unsynced = std::mem::take(&mut self.unsynced);
         let mut failed = Vec::new();
         let sync = |fs: &mut Fs, parent: &Path, whole: bool| {
@@ -853,7 +853,7 @@ impl Fs {
         failed
             .into_iter()
             .map(|(parent, e)| {
-                let why = FsError::io("make the new directories durable in", &parent, e);
+                let why = Error::io("make the new directories durable in", &parent, e);
                 (parent, why)
             })
             .collect()
@@ -870,7 +870,7 @@ impl Fs {
                 let _ = rfs::fsync(dir);
                 Ok(())
             }
-            Err(e) => Err(FsError::io("remove", path, e)),
+            Err(e) => Err(Error::io("remove", path, e)),
         }
     }
 
@@ -883,17 +883,17 @@ impl Fs {
         };
         match rfs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
             Ok(()) | Err(Errno::NOENT) => Ok(()),
-            Err(e) => Err(FsError::io("remove the directory", path, e)),
+            Err(e) => Err(Error::io("remove the directory", path, e)),
         }
     }
 
     /// The names inside a directory (without `.` and `..`).
     pub fn list(&mut self, path: &Path) -> Result<Vec<std::ffi::OsString>> {
-        let fd = self.open_at(path, true)?.ok_or_else(|| FsError::io("list", path, Errno::NOENT))?;
-        let dir = rfs::Dir::read_from(&fd).map_err(|e| FsError::io("list", path, e))?;
+        let fd = self.open_at(path, true)?.ok_or_else(|| Error::io("list", path, Errno::NOENT))?;
+        let dir = rfs::Dir::read_from(&fd).map_err(|e| Error::io("list", path, e))?;
         let mut names = Vec::new();
         for entry in dir {
-            let entry = entry.map_err(|e| FsError::io("list", path, e))?;
+            let entry = entry.map_err(|e| Error::io("list", path, e))?;
             let name = entry.file_name().to_bytes();
             if name != b"." && name != b".." {
                 names.push(OsStr::from_bytes(name).to_owned());
@@ -907,21 +907,21 @@ impl Fs {
     pub fn symlink(&mut self, path: &Path, target: &Path) -> Result<()> {
         let (parent, name) = split(path);
         self.make_dirs(parent, 0o755)?;
-        let dir = self.open_dir(parent)?.ok_or_else(|| FsError::NoParent { path: path.to_owned() })?;
+        let dir = self.open_dir(parent)?.ok_or_else(|| Error::NoParent { path: path.to_owned() })?;
         if let Ok(st) = rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
             if meta_of(&st).kind == Kind::Symlink {
                 let _ = rfs::unlinkat(dir, name, AtFlags::empty());
             }
         }
-        rfs::symlinkat(target, dir, name).map_err(|e| FsError::io("make the symlink", path, e))
+        rfs::symlinkat(target, dir, name).map_err(|e| Error::io("make the symlink", path, e))
     }
 
     /// Where a symlink at `path` points.
     pub fn read_link(&mut self, path: &Path) -> Result<PathBuf> {
         let (parent, name) = split(path);
-        let dir = self.open_dir(parent)?.ok_or_else(|| FsError::NoParent { path: path.to_owned() })?;
+        let dir = self.open_dir(parent)?.ok_or_else(|| Error::NoParent { path: path.to_owned() })?;
         let target =
-            rfs::readlinkat(dir, name, Vec::new()).map_err(|e| FsError::io("read the link", path, e))?;
+            rfs::readlinkat(dir, name, Vec::new()).map_err(|e| Error::io("read the link", path, e))?;
         Ok(PathBuf::from(OsStr::from_bytes(target.as_bytes())))
     }
 
@@ -932,12 +932,12 @@ impl Fs {
         self.make_dirs(parent, 0o755)?;
         let efd = self
             .open_dir(eparent)?
-            .ok_or_else(|| FsError::NoParent { path: existing.to_owned() })?
+            .ok_or_else(|| Error::NoParent { path: existing.to_owned() })?
             .try_clone()
-            .map_err(|e| FsError::Io { op: "link", path: existing.to_owned(), source: e })?;
-        let dir = self.open_dir(parent)?.ok_or_else(|| FsError::NoParent { path: path.to_owned() })?;
+            .map_err(|e| Error::Io { op: "link", path: existing.to_owned(), source: e })?;
+        let dir = self.open_dir(parent)?.ok_or_else(|| Error::NoParent { path: path.to_owned() })?;
         let _ = rfs::unlinkat(dir, name, AtFlags::empty());
-        rfs::linkat(efd.as_fd(), ename, dir, name, AtFlags::empty()).map_err(|e| FsError::io("link", path, e))
+        rfs::linkat(efd.as_fd(), ename, dir, name, AtFlags::empty()).map_err(|e| Error::io("link", path, e))
     }
 }
 
@@ -1008,7 +1008,7 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     // `store-write-eio`: the failpoint a test needs to show a store that cannot be written is
     // reported as such, apart from every resource's outcome.
     let synced = if failpoint_named("store-write-eio") { Err(Errno::IO) } else { rfs::fsync(&staged.fd) };
-    synced.map_err(|e| FsError::io("sync", path, e))?;
+    synced.map_err(|e| Error::io("sync", path, e))?;
     failpoint("store-write");
     fs.commit_batch(vec![staged], false).pop().unwrap_or(Ok(()))
 }
@@ -1047,18 +1047,18 @@ pub fn try_lock(path: &Path) -> Result<Option<Lock>> {
     let mut fs = Fs::new();
     let (parent, name) = split(path);
     fs.make_dirs(parent, 0o700)?;
-    let dir = fs.open_dir(parent)?.ok_or_else(|| FsError::NoParent { path: path.to_owned() })?;
+    let dir = fs.open_dir(parent)?.ok_or_else(|| Error::NoParent { path: path.to_owned() })?;
     let fd = rfs::openat(
         dir,
         name,
         OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(0o600),
     )
-    .map_err(|e| FsError::io("open the lock", path, e))?;
+    .map_err(|e| Error::io("open the lock", path, e))?;
     match rfs::flock(&fd, rfs::FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => Ok(Some(Lock { _fd: fd })),
         Err(Errno::WOULDBLOCK) => Ok(None),
-        Err(e) => Err(FsError::io("lock", path, e)),
+        Err(e) => Err(Error::io("lock", path, e)),
     }
 }
 

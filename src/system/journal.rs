@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::fs::{Fs, FsError, Result, TMP_MARK};
+use super::fs::{self, Fs, Result, TMP_MARK};
 
 /// What the host is about to leave at one path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,7 +67,7 @@ impl Journal {
 
     fn append(&mut self, lines: &[Line], sync: bool) -> Result<()> {
         let io =
-            |e: std::io::Error| FsError::Io { op: "write the journal", path: self.path.clone(), source: e };
+            |e: std::io::Error| fs::Error::Io { op: "write the journal", path: self.path.clone(), source: e };
         if self.file.is_none() {
             let file = std::fs::OpenOptions::new()
                 .append(true)
@@ -121,7 +121,7 @@ impl Journal {
     pub fn make_durable(&mut self, synced: impl Fn(u64) -> bool) -> Result<()> {
         let Some(file) = &self.file else { return Ok(()) };
         let io =
-            |e: std::io::Error| FsError::Io { op: "sync the journal", path: self.path.clone(), source: e };
+            |e: std::io::Error| fs::Error::Io { op: "sync the journal", path: self.path.clone(), source: e };
         let dev = std::os::unix::fs::MetadataExt::dev(&file.metadata().map_err(io)?);
         if !synced(dev) {
             file.sync_data().map_err(io)?;
@@ -194,7 +194,7 @@ pub fn remove_temporaries(dir: &Path) -> Result<usize> {
 pub fn remove(path: &Path) -> Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(FsError::Io { op: "remove the journal", path: path.to_owned(), source: e })
+            Err(fs::Error::Io { op: "remove the journal", path: path.to_owned(), source: e })
         }
         _ => Ok(()),
     }

@@ -26,13 +26,11 @@ pub mod systemd;
 pub(crate) mod ufw;
 pub(crate) mod users;
 
-pub(crate) use accounts::AccountError;
-pub(crate) use command::CommandError;
 pub(crate) use contents::{ContentFile, ContentWriter, Place};
-pub(crate) use fs::{Fs, FsError, Meta, Sig, Staged};
-pub(crate) use packages::{PackageError, Packages};
-pub use systemd::{Systemd, SystemdError};
-pub(crate) use users::{Accounts, UserError};
+pub(crate) use fs::{Fs, Meta, Sig, Staged};
+pub(crate) use packages::Packages;
+pub use systemd::Systemd;
+pub(crate) use users::Accounts;
 
 pub(crate) use input::{read_input, read_source, read_stdin, stderr_is_journal};
 

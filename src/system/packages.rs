@@ -2,14 +2,14 @@
 //! dnf and rpm where those are what the machine has. Install only: the host never upgrades or
 //! removes a package.
 
-use super::command::{self, CommandError, Ran};
+use super::command::{self, Ran};
 
 /// A failure to install or read a package, naming it.
 #[derive(Debug, thiserror::Error)]
-pub enum PackageError {
+pub enum Error {
     /// The package manager could not be run, or did not finish in time.
     #[error(transparent)]
-    Run(#[from] CommandError),
+    Run(#[from] command::Error),
     /// The machine has no package manager the host knows; holds the package's name.
     #[error("this machine has neither apt (dpkg) nor dnf (rpm), so the package {0} cannot be installed")]
     NoManager(String),
@@ -77,7 +77,7 @@ const APT_QUIET: &[&str] = &[
 
 impl Packages {
     /// The machine's package manager, found at the first call of a pass.
-    pub fn manager(&mut self, package: &str) -> Result<Manager, PackageError> {
+    pub fn manager(&mut self, package: &str) -> Result<Manager, Error> {
         if let Some(m) = self.manager {
             return Ok(m);
         }
@@ -86,14 +86,14 @@ impl Packages {
         } else if command::exists("rpm") && command::exists("dnf") {
             Manager::Dnf
         } else {
-            return Err(PackageError::NoManager(package.to_owned()));
+            return Err(Error::NoManager(package.to_owned()));
         };
         self.manager = Some(m);
         Ok(m)
     }
 
     /// Whether the package database says the package is installed.
-    pub fn installed(&mut self, package: &str) -> Result<bool, PackageError> {
+    pub fn installed(&mut self, package: &str) -> Result<bool, Error> {
         match self.manager(package)? {
             Manager::Apt => {
                 // dpkg's own database, not apt's idea of it: "ii" is wanted install, installed.
@@ -104,7 +104,7 @@ impl Packages {
                 } else if ran.stderr.contains("no packages found") {
                     Ok(false)
                 } else {
-                    Err(PackageError::Query { package: package.to_owned(), how: ran.describe() })
+                    Err(Error::Query { package: package.to_owned(), how: ran.describe() })
                 }
             }
             Manager::Dnf => {
@@ -117,7 +117,7 @@ impl Packages {
     /// Installs a package that is absent. With apt, the lists are refreshed first, once per
     /// pass: on a machine that has been up a while they name versions the mirrors no longer
     /// hold, and on a new one they may be empty.
-    pub fn install(&mut self, package: &str) -> Result<(), PackageError> {
+    pub fn install(&mut self, package: &str) -> Result<(), Error> {
         let env = [("DEBIAN_FRONTEND", "noninteractive"), ("NEEDRESTART_MODE", "l")];
         match self.manager(package)? {
             Manager::Apt => {
@@ -140,7 +140,7 @@ impl Packages {
                     Some(Err(how)) => format!(" (refreshing the package lists had failed first: {how})"),
                     _ => String::new(),
                 };
-                check(ran, |how| PackageError::Install {
+                check(ran, |how| Error::Install {
                     package: package.to_owned(),
                     manager: "apt-get",
                     how: format!("{how}{update}"),
@@ -148,13 +148,13 @@ impl Packages {
             }
             Manager::Dnf => {
                 let ran = command::run_str(&["dnf", "install", "-y", "-q", package], &[])?;
-                check(ran, |how| PackageError::Install { package: package.to_owned(), manager: "dnf", how })
+                check(ran, |how| Error::Install { package: package.to_owned(), manager: "dnf", how })
             }
         }
     }
 }
 
-fn check(ran: Ran, err: impl FnOnce(String) -> PackageError) -> Result<(), PackageError> {
+fn check(ran: Ran, err: impl FnOnce(String) -> Error) -> Result<(), Error> {
     if ran.success() {
         Ok(())
     } else {

@@ -42,7 +42,7 @@ pub const UNIT_SECOND_LOOK: Duration = Duration::from_millis(300);
 
 /// A failure talking to systemd, naming the unit.
 #[derive(Debug, thiserror::Error)]
-pub enum SystemdError {
+pub enum Error {
     /// The bus could not be reached.
     #[error("cannot reach systemd on {bus}: {reason}")]
     Connect {
@@ -87,7 +87,7 @@ pub enum SystemdError {
     },
 }
 
-type Result<T> = std::result::Result<T, SystemdError>;
+type Result<T> = std::result::Result<T, Error>;
 
 /// What systemd says of a unit right now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -160,7 +160,7 @@ impl Systemd {
     pub fn connect(address: Option<&str>) -> Result<Systemd> {
         let handle = Handle::current();
         let bus = describe_bus(address);
-        let fail = |e: zbus::Error| SystemdError::Connect { bus: bus.clone(), reason: reason(&e) };
+        let fail = |e: zbus::Error| Error::Connect { bus: bus.clone(), reason: reason(&e) };
         let conn = handle.block_on(async {
             let builder = match address {
                 Some(a) => zbus::conn::Builder::address(a),
@@ -237,7 +237,7 @@ impl Systemd {
                 Ok(m) => {
                     m.body().deserialize::<String>().map_err(|e| call("read the boot state of", unit, e))
                 }
-                Err(e) if not_found(&e) => Err(SystemdError::NoUnit(unit.to_owned())),
+                Err(e) if not_found(&e) => Err(Error::NoUnit(unit.to_owned())),
                 Err(e) => Err(call("read the boot state of", unit, e)),
             }
         })
@@ -378,7 +378,7 @@ impl Systemd {
             .call_method(Some(DESTINATION), MANAGER_PATH, Some(MANAGER), method, body)
             .await
             .and_then(|m| m.body().deserialize())
-            .map_err(|e| if no_such_unit(&e) { SystemdError::NoUnit(unit.to_owned()) } else { fail(e) })?;
+            .map_err(|e| if no_such_unit(&e) { Error::NoUnit(unit.to_owned()) } else { fail(e) })?;
         let wait = async {
             while let Some(msg) = stream.next().await {
                 let msg = msg.map_err(fail)?;
@@ -391,11 +391,11 @@ impl Systemd {
                     return if result == "done" {
                         Ok(())
                     } else {
-                        Err(SystemdError::Job { op, unit: unit.to_owned(), result })
+                        Err(Error::Job { op, unit: unit.to_owned(), result })
                     };
                 }
             }
-            Err(SystemdError::Call {
+            Err(Error::Call {
                 op,
                 unit: unit.to_owned(),
                 reason: "the bus connection closed while waiting for the job".into(),
@@ -403,7 +403,7 @@ impl Systemd {
         };
         tokio::time::timeout(JOB_TIMEOUT, wait)
             .await
-            .unwrap_or_else(|_| Err(SystemdError::Timeout { op, unit: unit.to_owned() }))
+            .unwrap_or_else(|_| Err(Error::Timeout { op, unit: unit.to_owned() }))
     }
 
     async fn load(&self, unit: &str) -> Result<OwnedObjectPath> {
@@ -428,8 +428,8 @@ impl Systemd {
     }
 }
 
-fn call(op: &'static str, unit: &str, e: zbus::Error) -> SystemdError {
-    SystemdError::Call { op, unit: unit.to_owned(), reason: reason(&e) }
+fn call(op: &'static str, unit: &str, e: zbus::Error) -> Error {
+    Error::Call { op, unit: unit.to_owned(), reason: reason(&e) }
 }
 
 /// The words of a D-Bus error for a person: systemd's own message where it gave one.

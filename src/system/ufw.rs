@@ -6,15 +6,14 @@
 //! and a comment. ufw applies an added or deleted rule both at once to its saved rules
 //! (permanent) and to the running filter (runtime).
 
-use super::command::{run, run_str, Ran};
-use super::CommandError;
+use super::command::{self, run, run_str, Ran};
 
 /// What ufw answered.
 #[derive(Debug, thiserror::Error)]
-pub enum UfwError {
+pub enum Error {
     /// ufw could not be run, or did not finish in time.
     #[error(transparent)]
-    Command(#[from] CommandError),
+    Command(#[from] command::Error),
     /// ufw ran and failed.
     #[error("`{command}` {how}")]
     Failed {
@@ -25,17 +24,17 @@ pub enum UfwError {
     },
 }
 
-fn checked(argv: &[&str]) -> Result<Ran, UfwError> {
+fn checked(argv: &[&str]) -> Result<Ran, Error> {
     let ran = run_str(argv, &[])?;
     if ran.success() {
         Ok(ran)
     } else {
-        Err(UfwError::Failed { command: argv.join(" "), how: ran.describe() })
+        Err(Error::Failed { command: argv.join(" "), how: ran.describe() })
     }
 }
 
 /// Whether ufw is installed and its firewall is loaded ("Status: active").
-pub fn active() -> Result<bool, UfwError> {
+pub fn active() -> Result<bool, Error> {
     if !super::command::exists("ufw") {
         return Ok(false);
     }
@@ -44,13 +43,13 @@ pub fn active() -> Result<bool, UfwError> {
 }
 
 /// The rules added to ufw, as `ufw show added` prints them (`ufw allow 53/udp comment 'x'`).
-pub fn added() -> Result<Vec<String>, UfwError> {
+pub fn added() -> Result<Vec<String>, Error> {
     let ran = checked(&["ufw", "show", "added"])?;
     Ok(ran.stdout.lines().filter(|l| l.starts_with("ufw ")).map(str::to_owned).collect())
 }
 
 /// The user rules in force, as `iptables -S` prints them, IPv4 then IPv6.
-pub fn in_force() -> Result<Vec<String>, UfwError> {
+pub fn in_force() -> Result<Vec<String>, Error> {
     let mut lines = Vec::new();
     for (program, chain) in [("iptables", "ufw-user-input"), ("ip6tables", "ufw6-user-input")] {
         let ran = run_str(&[program, "-S", chain], &[])?;
@@ -63,7 +62,7 @@ pub fn in_force() -> Result<Vec<String>, UfwError> {
 }
 
 /// Adds a rule (`words` after `ufw`) with a comment.
-pub fn add(words: &[String], comment: &str) -> Result<(), UfwError> {
+pub fn add(words: &[String], comment: &str) -> Result<(), Error> {
     let mut argv = vec!["ufw".to_owned()];
     argv.extend(words.iter().cloned());
     argv.extend(["comment".to_owned(), comment.to_owned()]);
@@ -71,29 +70,29 @@ pub fn add(words: &[String], comment: &str) -> Result<(), UfwError> {
     if ran.success() {
         Ok(())
     } else {
-        Err(UfwError::Failed { command: argv.join(" "), how: ran.describe() })
+        Err(Error::Failed { command: argv.join(" "), how: ran.describe() })
     }
 }
 
 /// Deletes a rule given as the words after `ufw` (without its comment).
-pub fn delete(words: &[String]) -> Result<(), UfwError> {
+pub fn delete(words: &[String]) -> Result<(), Error> {
     let mut argv = vec!["ufw".to_owned(), "--force".to_owned(), "delete".to_owned()];
     argv.extend(words.iter().cloned());
     let ran = run(&argv, &[])?;
     if ran.success() {
         Ok(())
     } else {
-        Err(UfwError::Failed { command: argv.join(" "), how: ran.describe() })
+        Err(Error::Failed { command: argv.join(" "), how: ran.describe() })
     }
 }
 
 /// Loads ufw's saved rules into the running filter again.
-pub fn reload() -> Result<(), UfwError> {
+pub fn reload() -> Result<(), Error> {
     checked(&["ufw", "reload"]).map(drop)
 }
 
 /// The policy of the INPUT chain, IPv4 then IPv6, as `iptables -S INPUT` says it (`DROP`).
-pub fn input_policies() -> Result<Vec<(&'static str, String)>, UfwError> {
+pub fn input_policies() -> Result<Vec<(&'static str, String)>, Error> {
     let mut found = Vec::new();
     for program in ["iptables", "ip6tables"] {
         let ran = checked(&[program, "-S", "INPUT"])?;
@@ -101,7 +100,7 @@ pub fn input_policies() -> Result<Vec<(&'static str, String)>, UfwError> {
         match policy {
             Some(p) => found.push((program, p.to_owned())),
             None => {
-                return Err(UfwError::Failed {
+                return Err(Error::Failed {
                     command: format!("{program} -S INPUT"),
                     how: "printed no policy".into(),
                 })
@@ -113,15 +112,15 @@ pub fn input_policies() -> Result<Vec<(&'static str, String)>, UfwError> {
 
 /// Sets the policy of the INPUT chain of `program` (`iptables` or `ip6tables`): one change,
 /// in force at once.
-pub fn set_input_policy(program: &str, policy: &str) -> Result<(), UfwError> {
+pub fn set_input_policy(program: &str, policy: &str) -> Result<(), Error> {
     checked(&[program, "-P", "INPUT", policy]).map(drop)
 }
 
 /// Turns ufw on, now and at boot. The failpoint `ufw-enable` (tests only) makes it fail
 /// without running ufw: the middle of the way back, after the host's rules are saved in ufw.
-pub fn enable() -> Result<(), UfwError> {
+pub fn enable() -> Result<(), Error> {
     if super::fs::failpoint_named("ufw-enable") {
-        return Err(UfwError::Failed {
+        return Err(Error::Failed {
             command: "ufw enable".into(),
             how: "failed at the failpoint ufw-enable".into(),
         });
@@ -131,9 +130,9 @@ pub fn enable() -> Result<(), UfwError> {
 
 /// Turns ufw off, now and at boot. The failpoint `ufw-disable` (tests only) makes it fail
 /// without running ufw: the middle of the flip, after the host's filter is loaded.
-pub fn disable() -> Result<(), UfwError> {
+pub fn disable() -> Result<(), Error> {
     if super::fs::failpoint_named("ufw-disable") {
-        return Err(UfwError::Failed {
+        return Err(Error::Failed {
             command: "ufw disable".into(),
             how: "failed at the failpoint ufw-disable".into(),
         });

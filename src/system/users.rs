@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 /// A failure to find an account, naming it.
 #[derive(Debug, thiserror::Error)]
-pub enum UserError {
+pub enum Error {
     /// No user of this name; holds the name.
     #[error("the user {0:?} does not exist on this machine")]
     NoUser(String),
@@ -31,7 +31,7 @@ pub struct Accounts {
 
 impl Accounts {
     /// The uid and gid of a user and group by name. A user alone means its primary group.
-    pub fn resolve(&mut self, user: &str, group: Option<&str>) -> Result<(u32, u32), UserError> {
+    pub fn resolve(&mut self, user: &str, group: Option<&str>) -> Result<(u32, u32), Error> {
         let key = match group {
             Some(g) => format!("{user}:{g}"),
             None => user.to_owned(),
@@ -40,13 +40,13 @@ impl Accounts {
             return Ok(*ids);
         }
         let account = nix::unistd::User::from_name(user)
-            .map_err(|source| UserError::Lookup { name: user.to_owned(), source })?
-            .ok_or_else(|| UserError::NoUser(user.to_owned()))?;
+            .map_err(|source| Error::Lookup { name: user.to_owned(), source })?
+            .ok_or_else(|| Error::NoUser(user.to_owned()))?;
         let gid = match group {
             None => account.gid.as_raw(),
             Some(g) => nix::unistd::Group::from_name(g)
-                .map_err(|source| UserError::Lookup { name: g.to_owned(), source })?
-                .ok_or_else(|| UserError::NoGroup(g.to_owned()))?
+                .map_err(|source| Error::Lookup { name: g.to_owned(), source })?
+                .ok_or_else(|| Error::NoGroup(g.to_owned()))?
                 .gid
                 .as_raw(),
         };
