@@ -36,7 +36,7 @@ pub use archive::ArchiveLimits;
 pub use container::parse_env_file;
 pub use container::{installed_steps, run_scheduled, spec_digest, ScheduledRun};
 pub use error::{Aspect, Error, Need, Target};
-pub use outcome::{ApplyError, Failure, Outcome, Report, Verb};
+pub use outcome::{Failure, Outcome, PassFailed, Report, Verb};
 
 use crate::declaration::{Declaration, Digest, Id, Kind, Resource, Spec};
 use crate::secrets::Keyring;
@@ -375,7 +375,7 @@ impl<'a> Pass<'a> {
     /// On an adopted node, looks for the firewall found in force before anything else, and
     /// keeps it in `found`: one the host cannot manage refuses the whole declaration, with
     /// nothing touched, so its error is the pass's whole report.
-    fn look_for_firewall(&mut self, only: Option<&BTreeSet<usize>>) -> Result<(), ApplyError> {
+    fn look_for_firewall(&mut self, only: Option<&BTreeSet<usize>>) -> Result<(), PassFailed> {
         // Only a pass that reaches the openings looks: a reconcile of one file does not run ufw.
         let reaches_openings = only.is_none_or(|only| {
             only.iter().any(|&i| matches!(self.declaration.resources[i].spec, Spec::Opening(_)))
@@ -396,7 +396,7 @@ impl<'a> Pass<'a> {
                     message,
                     raced: false,
                 };
-                Err(ApplyError {
+                Err(PassFailed {
                     resource: failure.id.clone(),
                     message: failure.message.clone(),
                     others: 0,
@@ -586,7 +586,7 @@ impl<'a> Pass<'a> {
             // A gate's failure is the one that matters: it is why the rest was not attempted,
             // and the error says "it is a gate" of whatever it names. Otherwise the first.
             let named = &self.failures[gate_at.unwrap_or(0)];
-            ApplyError {
+            PassFailed {
                 resource: named.id.clone(),
                 message: named.message.clone(),
                 others: self.failures.len() - 1,

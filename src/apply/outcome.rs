@@ -125,7 +125,7 @@ pub struct Failure {
 /// Why an apply failed: the gate that closed the pass (else the first failure), how many others,
 /// and whether it was a gate.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ApplyError {
+pub struct PassFailed {
     /// The id of the gate whose failure stopped the pass, or of the first resource that failed
     /// when no gate did.
     pub resource: String,
@@ -140,7 +140,7 @@ pub struct ApplyError {
     pub failures: Vec<Failure>,
 }
 
-impl std::fmt::Display for ApplyError {
+impl std::fmt::Display for PassFailed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "applying {:?}: {}", self.resource, self.message)?;
         match self.others {
@@ -161,7 +161,7 @@ pub struct Report {
     /// Each resource's outcome, in the order it was applied.
     pub outcomes: Vec<Outcome>,
     /// Why the apply failed, or `None` when nothing did.
-    pub error: Option<ApplyError>,
+    pub error: Option<PassFailed>,
     /// Why the state store could not be written after the pass, when it could not: what the
     /// pass did is on the machine, but not recorded (the next pass reads it from the machine).
     /// Not a resource's failure, so not in `error`; the apply still exits 1.
