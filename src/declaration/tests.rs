@@ -131,6 +131,16 @@ fn adoption_with_unknown_key() {
     );
 }
 
+#[test]
+fn adoption_that_is_not_an_object() {
+    check(
+        r#"{"version": 1, "resources": [], "adoption": "web"}"#,
+        expect![[r#"
+        the declaration was refused (1 problem); nothing on the machine was touched
+          declaration, field `adoption`: must be an object such as {"taken": ["web"]}, found a string"#]],
+    );
+}
+
 // A resource's identity and type.
 
 #[test]

@@ -249,6 +249,17 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
 
     let adoption = match adoption_raw.and_then(|raw| value_of("adoption", raw, problems)) {
         None | Some(Value::Null) => None,
+        // Not an object: said in the declaration's words, not serde's ("expected struct
+        // Adoption" names a Rust type the person never wrote).
+        Some(v) if !v.is_object() => {
+            problems.at(
+                None,
+                None,
+                Some("adoption"),
+                format!("must be an object such as {{\"taken\": [\"web\"]}}, found {}", kind_of(&v)),
+            );
+            None
+        }
         Some(v) => match serde_path_to_error::deserialize::<_, Adoption>(v) {
             Ok(a) => Some(a),
             Err(e) => {
