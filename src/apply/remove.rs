@@ -252,7 +252,12 @@ fn act(fs: &mut Fs, machine: &mut Machine, opts: &Options, removal: &Removal) ->
                 return Err(Error::StillThere { target: Target::Path(path.clone()) });
             }
         }
-        Removal::Directory(path) => fs.remove_dir(path)?,
+        Removal::Directory(path) => {
+            fs.remove_dir(path)?;
+            if fs.meta(path)?.is_some() {
+                return Err(Error::StillThere { target: Target::Path(path.clone()) });
+            }
+        }
         Removal::Unit(unit) => {
             let sd = machine.systemd(opts.bus.as_deref())?;
             match sd.stop(unit) {

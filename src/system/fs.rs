@@ -882,7 +882,10 @@ impl Fs {
             return Ok(());
         };
         match rfs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
-            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            // Made durable as a file's removal is: the parent synced, so a crash cannot bring
+            // back a directory the store no longer records.
+            Ok(()) | Err(Errno::NOENT) => rfs::fsync(dir)
+                .map_err(|e| Error::io("make the removal durable (fsync of its parent)", path, e)),
             Err(e) => Err(Error::io("remove the directory", path, e)),
         }
     }
