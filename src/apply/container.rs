@@ -16,6 +16,13 @@ use crate::declaration::{digest, Container, Declaration, Digest, Id, Kind, Resou
 use crate::store::{Record, Store};
 use crate::system::docker::{self, Docker, NewContainer, ID_LABEL, SPEC_LABEL, STEP_LABEL};
 
+/// The most of an env-file the host reads: far more than any real one, and a bound on what a
+/// file planted at the path (or `/dev/zero` behind a symlink) can cost.
+const ENV_FILE_LIMIT: u64 = 16 << 20;
+
+/// The most of a mounted file carrying a secret the host reads to take its keyed digest.
+const SECRET_FILE_LIMIT: u64 = 16 << 20;
+
 /// How long a freshly started container is given before it is looked at a second time. A
 /// process that exits at once (a bad flag, a missing file) is usually gone within this; one
 /// that fails later is the watcher's to see. Paid once per creation, never on a steady pass.
@@ -625,18 +632,24 @@ fn file_digest(ctx: &mut Ctx<'_>, path: &Path) -> Result<Option<String>, Error> 
     if let Some(wrote) = record.and_then(|rec| rec.wrote) {
         return Ok(Some(wrote.to_string()));
     }
-    let bytes = docker::read_input_file(path)
-        .map_err(|error| Error::ContainerReads { path: path.to_owned(), error })?;
-    let Some(mut bytes) = bytes else { return Ok(None) };
+    let reads = |error| Error::ContainerReads { path: path.to_owned(), error };
     let secret = at.and_then(|r| if let Spec::File(f) = &r.spec { Some(f) } else { None });
     let d = match secret.filter(|f| f.carries_secret()) {
+        // A file carrying a secret: its keyed digest needs its bytes (a secret is small).
         Some(f) => {
+            let Some(mut bytes) = docker::read_input_file(path, SECRET_FILE_LIMIT).map_err(reads)? else {
+                return Ok(None);
+            };
             let ring = super::secret::keyring(ctx, f);
             let d = ring.map(|ring| Digest::from_keyed(ring.digest(&bytes)));
             zeroize::Zeroize::zeroize(&mut bytes);
             d?
         }
-        None => digest(&bytes),
+        // Anything else is hashed as a stream: a mounted file may be gigabytes.
+        None => match docker::hash_input_file(path).map_err(reads)? {
+            Some(sum) => Digest::from_sum(sum),
+            None => return Ok(None),
+        },
     };
     Ok(Some(d.to_string()))
 }
@@ -656,7 +669,7 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
             path: path.as_path().to_owned(),
             why,
         };
-        let bytes = docker::read_input_file(path.as_path())
+        let bytes = docker::read_input_file(path.as_path(), ENV_FILE_LIMIT)
             .map_err(|e| unusable(e.to_string()))?
             .ok_or_else(|| Error::Missing {
                 path: path.as_path().to_owned(),
