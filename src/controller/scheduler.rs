@@ -105,15 +105,28 @@ async fn schedule(
                     key.clone(),
                 );
                 tokio::task::spawn_blocking(move || {
-                    let result = crate::apply::run_scheduled(
-                        &declaration,
-                        &id,
-                        Some(&spec),
-                        socket.as_deref(),
-                        limit,
-                        &key,
-                    );
+                    // A panic in a run is caught here, as a reconcile's is in the worker: it
+                    // fails this run, is counted, and the step is no longer "running", so its
+                    // next fire runs (uncaught, it would be skipped as still running for ever).
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        crate::apply::run_scheduled(
+                            &declaration,
+                            &id,
+                            Some(&spec),
+                            socket.as_deref(),
+                            limit,
+                            &key,
+                        )
+                    }));
                     running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                    let result = match ran {
+                        Ok(result) => result,
+                        Err(payload) => {
+                            let message = super::worker::panic_message(payload.as_ref());
+                            ScheduledRun::Panicked { id: id.as_str(), message: &message }.emit(&metrics);
+                            return;
+                        }
+                    };
                     match result {
                         Ok(run) => ScheduledRun::Succeeded { id: id.as_str(), took: run.took }.emit(&metrics),
                         // Installed at an older declaration, and the new one not applied yet.

@@ -392,6 +392,14 @@ pub enum ScheduledRun<'a> {
         /// Why it failed.
         message: &'a str,
     },
+    /// The run panicked (a bug): counted as failed and as a panic; the step runs at its next
+    /// fire.
+    Panicked {
+        /// The step's id.
+        id: &'a str,
+        /// The panic's message.
+        message: &'a str,
+    },
     /// Still running from its last fire: this one is skipped.
     Skipped {
         /// The step's id.
@@ -414,6 +422,14 @@ impl Event for ScheduledRun<'_> {
             }
             ScheduledRun::Failed { id, message } => {
                 tracing::warn!(id, "scheduled step {id} failed: {message}");
+                "failed"
+            }
+            ScheduledRun::Panicked { id, message } => {
+                m.panics.inc();
+                tracing::error!(
+                    id,
+                    "scheduled step {id} failed: its run panicked: {message}; it runs again at its next fire, and the daemon goes on"
+                );
                 "failed"
             }
             ScheduledRun::Skipped { id } => {
@@ -486,8 +502,15 @@ mod tests {
             .emit(&m);
         DeclarationRefused { message: "refused", kept: "no declaration is in force" }.emit(&m);
         ScheduledRun::Skipped { id: "a.b" }.emit(&m);
+        ScheduledRun::Panicked { id: "a.b", message: "boom" }.emit(&m);
         assert_eq!(sample(&m, "mesh_host_resource_failures_total{type=\"service\"}"), 1.0);
         assert_eq!(sample(&m, "mesh_host_declaration_refusals_total"), 1.0);
         assert_eq!(sample(&m, "mesh_host_scheduled_runs_total{result=\"skipped\"}"), 1.0);
+        assert_eq!(
+            sample(&m, "mesh_host_scheduled_runs_total{result=\"failed\"}"),
+            1.0,
+            "a panicked run failed"
+        );
+        assert_eq!(sample(&m, "mesh_host_panics_total"), 1.0, "and it is a panic");
     }
 }
