@@ -470,8 +470,8 @@ impl<K: Clone + Eq + Hash> Queue<K> {
     pub fn shut_down(&self) {
         let mut q = self.lock();
         q.closed = true;
-        // What is due now is still handed out; later work is dropped, since shutting down must
-        // not wait for a backoff to expire. The periodic resync after restart covers it.
+        // Later work is dropped, since shutting down must not wait for a backoff to expire:
+        // the first full pass after the restart covers it.
         let now = Instant::now();
         let delayed = std::mem::take(&mut q.delayed);
         for ((due, _), key) in delayed {

@@ -139,7 +139,8 @@ async fn schedule(
                     }
                 });
             }
-            // Past this minute, so the same fire is not taken twice.
+            // Sleep one second past the fire just taken: fires fall on whole minutes, so the
+            // next look computes the following fire rather than this one again.
             let past = earliest + Duration::from_secs(1);
             if let Ok(d) = past.duration_since(SystemTime::now()) {
                 tokio::time::sleep(d).await;

@@ -856,7 +856,7 @@ impl Worker {
         let t = std::time::Instant::now();
         let (report, _) = apply::apply_in(&mut self.session, declaration, &mut self.store, &options);
         let pass = t.elapsed();
-        self.account(&report, None, false);
+        self.tally(&report, None, false);
         self.publish_applied(&report, true);
         events::ApplyFinished { at: now_secs(), succeeded: report.error.is_none() }.emit(&self.metrics);
         self.count_resources(&report);
@@ -898,7 +898,7 @@ impl Worker {
     /// fleet's status, watches made again, and the verdict for the queue.
     fn settle_one(&mut self, id: &Id, report: &Report, seen: Instant) -> Verdict {
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
-        self.account(report, Some(seen), quiet);
+        self.tally(report, Some(seen), quiet);
         self.publish_applied(report, false);
         if report.outcomes.iter().any(|o| o.action.moved()) {
             // A directory made again (by itself, or as a file's parent) needs its watch made
@@ -919,8 +919,10 @@ impl Worker {
         }
     }
 
-    /// Metrics and one log line per change and per failure.
-    fn account(&self, report: &Report, seen: Option<Instant>, quiet: bool) {
+    /// Tells what a report did, once: each change and each failure is an event (its log line
+    /// and its metrics move together), and the latency of a correction is measured from when
+    /// the change was first seen.
+    fn tally(&self, report: &Report, seen: Option<Instant>, quiet: bool) {
         for o in &report.outcomes {
             events::ResourceChanged {
                 id: &o.id,

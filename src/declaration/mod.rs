@@ -40,8 +40,8 @@ pub struct Declaration {
     pub resources: Vec<Resource>,
     /// Present when the node ran before the mesh came: which modules the mesh has taken over.
     pub adoption: Option<Adoption>,
-    /// (hash of the id, position), sorted: a lookup table of 16 bytes a resource that borrows
-    /// the ids from `resources` rather than copying them.
+    /// (hash of the id, position), sorted: a lookup table of 16 bytes per resource, which
+    /// refers to the ids in `resources` instead of holding copies of them.
     by_id: Vec<(u64, u32)>,
     /// The same for the paths of files, directories and archives: what a watcher's event at a
     /// path is matched against.

@@ -866,10 +866,10 @@ impl Fs {
             return Ok(());
         };
         match rfs::unlinkat(dir, name, AtFlags::empty()) {
-            Ok(()) | Err(Errno::NOENT) => {
-                let _ = rfs::fsync(dir);
-                Ok(())
-            }
+            // Durable before it is reported: a removal a crash could undo must not be recorded
+            // as done (an orphan forgotten by the store, back on the disk).
+            Ok(()) | Err(Errno::NOENT) => rfs::fsync(dir)
+                .map_err(|e| Error::io("make the removal durable (fsync of its parent)", path, e)),
             Err(e) => Err(Error::io("remove", path, e)),
         }
     }

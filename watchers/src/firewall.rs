@@ -25,7 +25,7 @@ const WATCHER: &str = "firewall";
 
 /// The first wait before starting nft again, and the longest.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
+const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
 /// Starts the watcher of table `family name` (`inet mesh_host`) on the current tokio runtime.
 /// The task ends when the receiving side of `tx` is dropped; its nft is killed with it.
@@ -94,7 +94,7 @@ async fn run(names: String, tx: mpsc::UnboundedSender<Change>) {
             _ = tx.closed() => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        wait = (wait * 2).min(BACKOFF_MAX);
+        wait = (wait * 2).min(BACKOFF_CAP);
     }
 }
 
