@@ -40,7 +40,7 @@ pub enum Error {
     #[error(transparent)]
     Command(#[from] command::Error),
     /// The container runtime's answer. Shared, because a runtime that could not be reached is
-    /// the answer for every container of the pass (see `Machine::docker`).
+    /// the answer for every container of the pass (see `Managers::docker`).
     #[error(transparent)]
     Runtime(Arc<docker::Error>),
     /// What ufw answered, found active on an adopted node. Shared, like nft's.

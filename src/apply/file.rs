@@ -74,7 +74,7 @@ pub fn declared_bytes<'a>(f: &'a File, contents: Option<&ContentFile>) -> Result
 /// decided without the machine is, so every branch of it is tested without root.
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, Error> {
     let path = f.path.as_path();
-    let owner = f.owner.as_ref().map(|o| ctx.accounts.resolve(&o.user, o.group.as_deref())).transpose()?;
+    let owner = f.owner.as_ref().map(|o| ctx.owner_ids.resolve(&o.user, o.group.as_deref())).transpose()?;
     // Declared before `want`, which borrows it once it is known.
     let content: Cow<'_, [u8]>;
     let opened;
@@ -543,7 +543,7 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
 /// What to record of a file as it was just found (or read back): the digest of what the host
 /// wrote, its mode, owner and, once trustworthy, its change signature.
 fn as_found(wrote: Option<Digest>, meta: &Meta) -> Facts {
-    let sig = meta.settled_sig();
+    let sig = meta.trusted_sig();
     Facts {
         wrote,
         mode: Some(meta.mode),

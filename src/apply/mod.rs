@@ -43,7 +43,7 @@ use crate::secrets::Keyring;
 use crate::store::{More, Origin, Record, Store};
 use crate::system::docker::{self, Docker};
 use crate::system::systemd::UNIT_SECOND_LOOK;
-use crate::system::{Accounts, Fs, Packages, Staged, Systemd};
+use crate::system::{Fs, OwnerIds, Packages, Staged, Systemd};
 
 /// How an apply is run.
 #[derive(Clone, Debug)]
@@ -153,30 +153,30 @@ struct Rising {
 /// synchronous keeps its ordering plain: one resource at a time, in declaration order.
 struct Ctx<'a> {
     fs: Fs,
-    accounts: Accounts,
+    owner_ids: OwnerIds,
     store: &'a Store,
     opts: &'a Options,
     diffs: Diffs,
     declaration: &'a Declaration,
     /// Ids that moved earlier in this pass: what restart-on and reload-on react to.
     changed: &'a HashSet<Id>,
-    machine: &'a mut Machine,
+    machine: &'a mut Managers,
 }
 
 /// What the pass owns between steps and lends each applier in its `Ctx` (see
-/// `Pass::with_ctx`): the file system with its batch of staged files, the accounts resolved so
+/// `Pass::with_ctx`): the file system with its batch of staged files, the owners resolved so
 /// far, and the diffs a plan shows. Owned by the pass, not the context, because a context
 /// borrows the pass's store and lives for one step only.
 struct Lent {
     fs: Fs,
-    accounts: Accounts,
+    owner_ids: OwnerIds,
     diffs: Diffs,
 }
 
 /// The connections and caches of one pass to the machine's managers, each made when the first
 /// resource needs it (or kept from an earlier pass, see `Session`): a declaration of files
 /// alone never touches the bus.
-struct Machine {
+struct Managers {
     systemd: Option<Systemd>,
     packages: Packages,
     /// The container runtime, or why none answered. Unlike the bus, a failure is kept for the
@@ -189,7 +189,7 @@ struct Machine {
     keyring: Option<Result<Option<Arc<Keyring>>, Arc<str>>>,
 }
 
-impl Machine {
+impl Managers {
     /// The pass's systemd connection, made on first use. A failure to connect is returned
     /// each time it is asked for, so every service names the bus it could not reach.
     fn systemd(&mut self, bus: Option<&str>) -> Result<&Systemd, Error> {
@@ -229,7 +229,7 @@ fn named(names: &[Id], changed: &HashSet<Id>) -> Vec<String> {
 const BATCH: usize = 512;
 
 /// How long after the latest fresh signature of a pass it is looked at again: past the
-/// coarse tick that `Meta::settled_sig` waits out, with a millisecond to spare.
+/// coarse tick that `Meta::trusted_sig` waits out, with a millisecond to spare.
 const SIG_SETTLE: std::time::Duration = std::time::Duration::from_millis(51);
 
 fn begin(r: &Resource, action: Verb, detail: Option<String>) -> Outcome {
@@ -248,8 +248,8 @@ pub struct Session {
 }
 
 impl Session {
-    fn start(&mut self) -> Machine {
-        Machine {
+    fn start(&mut self) -> Managers {
+        Managers {
             systemd: self.systemd.take(),
             packages: Packages::default(),
             docker: self.docker.take().map(Ok),
@@ -257,7 +257,7 @@ impl Session {
         }
     }
 
-    fn end(&mut self, machine: Machine, failed: bool) {
+    fn end(&mut self, machine: Managers, failed: bool) {
         if !failed {
             self.systemd = machine.systemd;
             self.docker = machine.docker.and_then(Result::ok);
@@ -320,7 +320,7 @@ struct Pass<'a> {
     found: opening::Found,
     /// Files recorded in this pass with a signature too fresh to trust: by index, with that
     /// signature, and when the latest was taken.
-    unsettled: Vec<(usize, crate::system::Sig)>,
+    untrusted_sigs: Vec<(usize, crate::system::Sig)>,
     latest_fresh: Option<std::time::Instant>,
 }
 
@@ -338,7 +338,7 @@ impl<'a> Pass<'a> {
             orphan_openings: Vec::new(),
             openings: Vec::new(),
             found: opening::Found::Nothing,
-            unsettled: Vec::new(),
+            untrusted_sigs: Vec::new(),
             latest_fresh: None,
         }
     }
@@ -354,7 +354,7 @@ impl<'a> Pass<'a> {
             );
         }
         let fs = if self.opts.dry_run { Fs::new() } else { Fs::journaled(self.store.journal_path()) };
-        let mut lent = Lent { fs, accounts: Accounts::default(), diffs: Diffs::default() };
+        let mut lent = Lent { fs, owner_ids: OwnerIds::default(), diffs: Diffs::default() };
         let mut machine = session.start();
 
         // What an adopted node holds is decided from the machine as it was before this pass
@@ -409,10 +409,10 @@ impl<'a> Pass<'a> {
 
     /// Lends `lent` and `machine` to `f` in an applier's context, and takes them back after it:
     /// the context borrows the pass's store and its changed ids, so it lives only for the call.
-    fn with_ctx<R>(&self, lent: &mut Lent, machine: &mut Machine, f: impl FnOnce(&mut Ctx<'_>) -> R) -> R {
+    fn with_ctx<R>(&self, lent: &mut Lent, machine: &mut Managers, f: impl FnOnce(&mut Ctx<'_>) -> R) -> R {
         let mut ctx = Ctx {
             fs: std::mem::take(&mut lent.fs),
-            accounts: std::mem::take(&mut lent.accounts),
+            owner_ids: std::mem::take(&mut lent.owner_ids),
             store: self.store,
             opts: self.opts,
             diffs: std::mem::take(&mut lent.diffs),
@@ -422,7 +422,7 @@ impl<'a> Pass<'a> {
         };
         let result = f(&mut ctx);
         lent.fs = ctx.fs;
-        lent.accounts = ctx.accounts;
+        lent.owner_ids = ctx.owner_ids;
         lent.diffs = ctx.diffs;
         result
     }
@@ -448,7 +448,7 @@ impl<'a> Pass<'a> {
         only: Option<&BTreeSet<usize>>,
         found: &mut Found,
         lent: &mut Lent,
-        machine: &mut Machine,
+        machine: &mut Managers,
     ) -> Option<usize> {
         let closed_gate = self.closed_gate(only, found);
         let total = only.map_or(self.declaration.resources.len(), BTreeSet::len);
@@ -495,7 +495,7 @@ impl<'a> Pass<'a> {
         resource: &Resource,
         found: &mut Found,
         lent: &mut Lent,
-        machine: &mut Machine,
+        machine: &mut Managers,
     ) -> Option<usize> {
         // The filter is made from every opening at once, after everything else.
         if matches!(resource.spec, Spec::Opening(_)) {
@@ -556,7 +556,7 @@ impl<'a> Pass<'a> {
     /// committed and made durable, the second look at the units started, the firewall step
     /// (or, past a failed gate, the openings set aside saying why), and on a whole pass the
     /// signatures that were too fresh to record.
-    fn finish(&mut self, gate_at: Option<usize>, whole: bool, fs: &mut Fs, machine: &mut Machine) {
+    fn finish(&mut self, gate_at: Option<usize>, whole: bool, fs: &mut Fs, machine: &mut Managers) {
         self.flush(fs);
         // Directories made since the last batch (a directory resource alone, say), durable
         // before the store records them; what is in one that could not be made durable fails.
@@ -573,7 +573,7 @@ impl<'a> Pass<'a> {
             self.firewall();
         }
         if whole {
-            self.settle(fs);
+            self.trust_signatures(fs);
         }
     }
 
@@ -601,7 +601,7 @@ impl<'a> Pass<'a> {
     /// resource renamed at the same path must not have its new file deleted after it was
     /// written. A record whose id is still declared but now names another target or type is
     /// treated the same way, since what it left behind is no longer declared by anything.
-    fn remove_orphans(&mut self, fs: &mut Fs, machine: &mut Machine) {
+    fn remove_orphans(&mut self, fs: &mut Fs, machine: &mut Managers) {
         let mut orphans = self.store.orphans(self.declaration, self.opts.origin);
         let mut displaced: Vec<(String, Record)> = self
             .declaration
@@ -927,7 +927,7 @@ impl<'a> Pass<'a> {
         }
         if let (Some(facts), false) = (facts, self.opts.dry_run) {
             if let (None, Some(fresh)) = (facts.sig, facts.fresh) {
-                self.unsettled.push((r.index, fresh));
+                self.untrusted_sigs.push((r.index, fresh));
                 self.latest_fresh = Some(std::time::Instant::now());
             }
             // Only now: the read-back passed. The record follows the fact.
@@ -960,7 +960,7 @@ impl<'a> Pass<'a> {
 
     /// The second look at the units started since the last one: once `UNIT_SECOND_LOOK` has passed since
     /// the latest start, each still running is done and recorded; one that died is an error.
-    fn second_look(&mut self, machine: &mut Machine) {
+    fn second_look(&mut self, machine: &mut Managers) {
         let Some(latest) = self.rising.iter().map(|(_, _, r)| r.since).max() else { return };
         std::thread::sleep((latest + UNIT_SECOND_LOOK).saturating_duration_since(std::time::Instant::now()));
         let declaration = self.declaration;
@@ -985,17 +985,17 @@ impl<'a> Pass<'a> {
     /// touched the file since then in a later tick moved its change time, and leaves it
     /// unsigned: the next pass reads it. Only a whole pass does this; a reconcile of one file
     /// in the daemon does not wait for the tick, and its next resync reads that one file.
-    fn settle(&mut self, fs: &mut Fs) {
+    fn trust_signatures(&mut self, fs: &mut Fs) {
         let Some(latest) = self.latest_fresh.take() else { return };
         std::thread::sleep((latest + SIG_SETTLE).saturating_duration_since(std::time::Instant::now()));
         let declaration = self.declaration;
-        for (index, fresh) in std::mem::take(&mut self.unsettled) {
+        for (index, fresh) in std::mem::take(&mut self.untrusted_sigs) {
             let resource = &declaration.resources[index];
             let Some(path) = resource.spec.path() else { continue };
             // A file that cannot be looked at now is simply left unsigned: read next time.
             let Ok(Some(meta)) = fs.meta(path) else { continue };
             if meta.sig == fresh {
-                if let Some(sig) = meta.settled_sig() {
+                if let Some(sig) = meta.trusted_sig() {
                     self.store.sign(resource.id.as_str(), sig);
                 }
             }

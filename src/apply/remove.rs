@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{process, Error, Machine, Options, Target, Verb};
+use super::{process, Error, Managers, Options, Target, Verb};
 use crate::declaration::{Digest, Kind};
 use crate::store::Record;
 use crate::system::docker::ID_LABEL;
@@ -18,7 +18,7 @@ use crate::system::systemd;
 
 pub(super) fn remove(
     fs: &mut Fs,
-    machine: &mut Machine,
+    machine: &mut Managers,
     rec: &Record,
     opts: &Options,
 ) -> Result<(Verb, Option<String>), Error> {
@@ -58,7 +58,7 @@ enum Removal {
 }
 
 /// Looks at what a record names, as far as its kind needs, and decides.
-fn look(fs: &mut Fs, machine: &mut Machine, rec: &Record, opts: &Options) -> Result<Plan, Error> {
+fn look(fs: &mut Fs, machine: &mut Managers, rec: &Record, opts: &Options) -> Result<Plan, Error> {
     let path = Path::new(&*rec.target);
     let forget = |why: &str| Ok(Plan::Leave(Verb::Forgotten, why.to_owned()));
     match rec.kind {
@@ -244,7 +244,7 @@ mod decide {
 }
 
 /// Removes, and reads back that it is gone (a unit: that it is down).
-fn act(fs: &mut Fs, machine: &mut Machine, opts: &Options, removal: &Removal) -> Result<(), Error> {
+fn act(fs: &mut Fs, machine: &mut Managers, opts: &Options, removal: &Removal) -> Result<(), Error> {
     match removal {
         Removal::File(path) => {
             fs.remove_file(path)?;

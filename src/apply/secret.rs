@@ -12,14 +12,14 @@ use std::sync::Arc;
 use age::secrecy::{ExposeSecret as _, SecretBox};
 use zeroize::Zeroize as _;
 
-use super::{Ctx, Error, Machine};
+use super::{Ctx, Error, Managers};
 use crate::declaration::{Digest, File};
 use crate::secrets::{Keyring, Opened};
 
 /// What opens `${secret:NAME}` in `content`.
 const HOLE: &str = "${secret:";
 
-impl Machine {
+impl Managers {
     /// The node's keyring, read once in a pass: `None` when there is no key file. Read in each
     /// pass that opens a value, not once at start-up, so a key made or rotated under the daemon
     /// is used from its next pass (docs/decisions.md, "The key is read in each pass that opens a

@@ -14,7 +14,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
     // Whether the host has set this unit as declared before: a difference then is someone's
     // hand on the machine (corrected), not the host's first visit or a new declaration
     // (docs/systemd.md, "service", its outcomes).
-    let settled_before = ctx
+    let set_before = ctx
         .store
         .get(r.id.as_str())
         .is_some_and(|rec| rec.kind == Kind::Service && *rec.target == *unit && rec.declared == r.digest);
@@ -32,7 +32,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, s: &Service) -> Result<Step
     let state = sd.state(unit)?;
     refuse(unit, &state, &want)?;
     let boot = s.boot.map(|_| sd.boot(unit)).transpose()?;
-    let plan = decide(unit, &state, boot.as_deref(), &want, settled_before)?;
+    let plan = decide(unit, &state, boot.as_deref(), &want, set_before)?;
     // Set when the unit was started or restarted: its second look is the pass's.
     let rising = if dry_run { None } else { act(sd, unit, &plan)? };
     Ok(rise(begin(r, plan.action, Some(plan.detail)), Some(Facts::default()), unit, rising))
@@ -89,7 +89,7 @@ fn decide(
     state: &UnitState,
     boot: Option<&str>,
     want: &Declared<'_>,
-    settled_before: bool,
+    set_before: bool,
 ) -> Result<Plan, Error> {
     let mut changes = Vec::new();
     let mut drifted = false;
@@ -142,7 +142,7 @@ fn decide(
 
     let (action, detail) = if changes.is_empty() {
         (Verb::Unchanged, format!("{state}"))
-    } else if drifted && settled_before {
+    } else if drifted && set_before {
         (Verb::Corrected, format!("changed on the machine since the host set it: {}", changes.join(", ")))
     } else {
         (Verb::Updated, changes.join(", "))
@@ -276,8 +276,8 @@ mod tests {
         Declared { state, boot, restart_for: &[], reload_for: &[] }
     }
 
-    fn plan(found: &UnitState, boot: Option<&str>, want: &Declared<'_>, settled_before: bool) -> Plan {
-        decide("web.service", found, boot, want, settled_before).unwrap()
+    fn plan(found: &UnitState, boot: Option<&str>, want: &Declared<'_>, set_before: bool) -> Plan {
+        decide("web.service", found, boot, want, set_before).unwrap()
     }
 
     #[test]

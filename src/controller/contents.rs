@@ -18,7 +18,7 @@ use crate::system::{ContentFile, ContentWriter};
 /// carrying a sealed value or writing keys `into` a file are left as they are: they are applied
 /// from the declaration, which keeps the values sealed between passes (docs/secrets.md, "In
 /// memory"). Returns the file and how many bodies moved.
-pub fn keep_on_disk(d: &mut Declaration, dir: &Path) -> std::io::Result<(ContentFile, usize)> {
+pub fn move_bodies(d: &mut Declaration, dir: &Path) -> std::io::Result<(ContentFile, usize)> {
     let mut writer = ContentWriter::create(dir)?;
     let mut moved = Vec::new();
     for (index, body) in d.movable_bodies() {
@@ -63,7 +63,7 @@ mod tests {
             .iter()
             .map(|id| declared_bytes(file_of(&d, id), None).unwrap().into_owned())
             .collect();
-        let (file, moved) = keep_on_disk(&mut d, dir.path()).unwrap();
+        let (file, moved) = move_bodies(&mut d, dir.path()).unwrap();
         assert_eq!((moved, file.len()), (3, 12));
         for (id, bytes) in ["a.text", "a.bin", "a.empty"].iter().zip(&before) {
             let f = file_of(&d, id);
@@ -84,7 +84,7 @@ mod tests {
                 {"type": "file", "id": "a.text", "path": "/srv/text", "content": "port=80\n"}]}"#,
         )
         .unwrap();
-        assert!(keep_on_disk(&mut d, Path::new("/nonexistent/state")).is_err());
+        assert!(move_bodies(&mut d, Path::new("/nonexistent/state")).is_err());
         let f = file_of(&d, "a.text");
         assert!(f.stored.is_none());
         assert_eq!(declared_bytes(f, None).unwrap().as_ref(), b"port=80\n");

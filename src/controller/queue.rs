@@ -41,7 +41,7 @@ pub struct Config {
     pub failure_base: Duration,
     /// The longest retry delay after failures.
     pub failure_cap: Duration,
-    /// First hold after a repeated correction; doubles per further one.
+    /// First backoff after a repeated correction; doubles per further one.
     pub contest_base: Duration,
     /// Kept short on purpose: once the fight stops, the file must be put back within it
     /// (ARCHITECTURE.md, "Contested resources").
@@ -95,10 +95,10 @@ pub enum Verdict {
 /// A change in a key's contested state, for one log line each way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Contest {
-    /// The key became contested; its corrections are held off.
+    /// The key became contested; its corrections back off.
     Began {
         /// How long the next correction waits.
-        hold: Duration,
+        wait: Duration,
     },
     /// A contested key settled.
     Ended,
@@ -179,7 +179,7 @@ struct Backoff {
     streak: u32,
     last_correction: Option<Instant>,
     /// No run before this.
-    hold_until: Option<Instant>,
+    backoff_until: Option<Instant>,
 }
 
 struct Waiting {
@@ -262,7 +262,7 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds a key to run as soon as its hold and the rate limit allow. A key already waiting is
+    /// Adds a key to run as soon as its backoff and the rate limit allow. A key already waiting is
     /// not added twice; a key being reconciled runs once more afterwards.
     pub fn add(&self, key: K) {
         self.add_seen(key, Instant::now(), Duration::ZERO);
@@ -287,11 +287,11 @@ impl<K: Clone + Eq + Hash> Queue<K> {
             // Due already, waiting for a claim in its way: it keeps its place and its sighting.
             return;
         }
-        let hold = q.backoff.get(&key).and_then(|b| b.hold_until).unwrap_or(now);
+        let not_before = q.backoff.get(&key).and_then(|b| b.backoff_until).unwrap_or(now);
         if let Some(w) = q.waiting.get(&key) {
             // Already waiting: keep the earlier due time, never a later one, and the earliest
             // sighting, so latency is measured from the first change.
-            let due = (now + delay).max(hold);
+            let due = (now + delay).max(not_before);
             if due < w.due {
                 let (old_due, seq) = (w.due, w.seq);
                 q.delayed.remove(&(old_due, seq));
@@ -305,7 +305,7 @@ impl<K: Clone + Eq + Hash> Queue<K> {
             return;
         }
         let wait = q.take_token(now, &self.config);
-        let due = (now + delay + wait).max(hold);
+        let due = (now + delay + wait).max(not_before);
         q.seq += 1;
         let seq = q.seq;
         q.waiting.insert(key.clone(), Waiting { due, seen, seq });
@@ -413,12 +413,12 @@ impl<K: Clone + Eq + Hash> Queue<K> {
             Verdict::Clean => {
                 b.failures = 0;
                 b.streak = 0;
-                b.hold_until = None;
+                b.backoff_until = None;
             }
             Verdict::Failed => {
                 b.failures = b.failures.saturating_add(1);
                 let delay = grow(config.failure_base, b.failures, config.failure_cap, jitter);
-                b.hold_until = Some(now + delay);
+                b.backoff_until = Some(now + delay);
                 retry = Some(delay);
             }
             Verdict::Corrected => {
@@ -429,18 +429,18 @@ impl<K: Clone + Eq + Hash> Queue<K> {
                 if repeat {
                     b.streak = b.streak.saturating_add(1);
                     let delay = grow(config.contest_base, b.streak, config.contest_cap, jitter);
-                    b.hold_until = Some(now + delay);
-                    // Run again when the hold ends, so a fight that stops is put right then
+                    b.backoff_until = Some(now + delay);
+                    // Run again when the backoff ends, so a fight that stops is put right then
                     // even if no further event comes.
                     retry = Some(delay);
                 } else {
                     b.streak = 0;
-                    b.hold_until = None;
+                    b.backoff_until = None;
                 }
             }
         }
         let now_contested = b.streak >= config.contest_after;
-        let hold = b.hold_until.map(|h| h.saturating_duration_since(now)).unwrap_or_default();
+        let wait = b.backoff_until.map(|h| h.saturating_duration_since(now)).unwrap_or_default();
         if b.failures == 0
             && b.streak == 0
             && b.last_correction.is_none_or(|at| now.duration_since(at) > config.contest_window)
@@ -460,7 +460,7 @@ impl<K: Clone + Eq + Hash> Queue<K> {
             self.add_seen(key.clone(), seen, Duration::ZERO);
         }
         match (was_contested, now_contested) {
-            (false, true) => Some(Contest::Began { hold }),
+            (false, true) => Some(Contest::Began { wait }),
             (true, false) => Some(Contest::Ended),
             _ => None,
         }
@@ -494,7 +494,7 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         Stats {
             depth: q.waiting.len() + q.ready.len(),
             processing: q.processing.len(),
-            backing_off: q.backoff.values().filter(|b| b.hold_until.is_some_and(|h| h > now)).count(),
+            backing_off: q.backoff.values().filter(|b| b.backoff_until.is_some_and(|h| h > now)).count(),
             contested: q.backoff.values().filter(|b| b.streak >= self.config.contest_after).count(),
         }
     }
@@ -587,7 +587,7 @@ mod tests {
         assert_eq!(delays, [5, 10, 20, 40, 80]);
         q.done(&"a", Verdict::Clean);
         q.add("a");
-        assert_eq!(next_now(&q).await, Some("a"), "success resets: no hold any more");
+        assert_eq!(next_now(&q).await, Some("a"), "success resets: no backoff any more");
         q.done(&"a", Verdict::Failed);
         let before = Instant::now();
         let _ = q.next().await.unwrap();
@@ -669,7 +669,7 @@ mod tests {
         );
         assert_eq!(q.stats().contested, 1);
         let (k, _) = q.next().await.unwrap();
-        // The hold never exceeds the contest cap, so a fight that stops is put right quickly.
+        // The backoff never exceeds the contest cap, so a fight that stops is put right quickly.
         for _ in 0..20 {
             q.done(&k, Verdict::Corrected);
             let before = Instant::now();

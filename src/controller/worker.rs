@@ -438,7 +438,7 @@ impl Worker {
                 let claimed: Vec<&str> = ids.iter().map(Id::as_str).collect();
                 self.store.take_back(store, Some(&claimed));
                 self.spare.push(session);
-                self.settle_one(id, &report, seen)
+                self.conclude_one(id, &report, seen)
             }
             Err(message) => {
                 self.store.take_back(store, None);
@@ -485,9 +485,9 @@ impl Worker {
     fn done(&mut self, queue: &Queue<Key>, key: &Key, verdict: Verdict) {
         let name = key.to_string();
         match queue.done(key, verdict) {
-            Some(Contest::Began { hold }) => {
+            Some(Contest::Began { wait }) => {
                 self.quiet.insert(key.clone());
-                events::ContestBegan { key: &name, hold }.emit(&self.metrics);
+                events::ContestBegan { key: &name, wait }.emit(&self.metrics);
             }
             Some(Contest::Ended) => {
                 self.quiet.remove(key);
@@ -673,10 +673,10 @@ impl Worker {
     /// Moves the declared bytes of the new declaration's files out of the heap into a content
     /// file in the state directory (`contents`). Where that cannot be done, they stay in
     /// memory, which works the same.
-    fn keep_contents_on_disk(&mut self, d: &mut Declaration) {
+    fn move_bodies_to_content_file(&mut self, d: &mut Declaration) {
         let dir = self.config.state.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         // The old file stays open until the new one is made: the new one never takes its inode.
-        match contents::keep_on_disk(d, dir) {
+        match contents::move_bodies(d, dir) {
             Ok((file, files)) => {
                 tracing::info!(
                     files,
@@ -757,7 +757,7 @@ impl Worker {
                 events::DeclarationAccepted { resources: d.resources.len() }.emit(&self.metrics);
                 status(&format!("enforcing {} resources from {}", d.resources.len(), source.display()));
                 self.health.set_not_in_force(None);
-                self.keep_contents_on_disk(&mut d);
+                self.move_bodies_to_content_file(&mut d);
                 let d = Arc::new(d);
                 let index = Index::new(&d);
                 let units = index.units();
@@ -891,12 +891,12 @@ impl Worker {
             &mut self.store,
             &options,
         );
-        self.settle_one(id, &report, seen)
+        self.conclude_one(id, &report, seen)
     }
 
     /// What follows one resource's reconcile, inline or apart: metrics and log lines, the
     /// fleet's status, watches made again, and the verdict for the queue.
-    fn settle_one(&mut self, id: &Id, report: &Report, seen: Instant) -> Verdict {
+    fn conclude_one(&mut self, id: &Id, report: &Report, seen: Instant) -> Verdict {
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
         self.tally(report, Some(seen), quiet);
         self.publish_applied(report, false);

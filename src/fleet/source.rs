@@ -80,7 +80,7 @@ fn cached_digest(cache: &std::path::Path) -> Option<String> {
 
 /// What one read of etcd came to.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Settled {
+pub enum Taken {
     /// The same keys and values as the last read: nothing to do.
     Unchanged,
     /// Accepted and written to the cache, which the controller puts in force.
@@ -96,19 +96,19 @@ pub enum Settled {
 /// Decides what one read means for the cache: written when it is a declaration mesh-host
 /// accepts and differs from what is cached; refused otherwise. Blocking: a large declaration
 /// takes a while to parse and the cache is written with fsyncs.
-fn settle(
+fn take(
     source: &Source,
     cache: &std::path::Path,
     revision: i64,
     kvs: Vec<Kv>,
     seen: &mut Option<String>,
-) -> Settled {
+) -> Taken {
     let d = digest(&kvs);
     // The same bytes at a later revision leave the cache as it is: rewriting it would re-apply
     // every node on every unrelated write, and the status's revision stays that of the last
     // change (docs/decisions.md, "Status").
     if seen.as_deref() == Some(d.as_str()) {
-        return Settled::Unchanged;
+        return Taken::Unchanged;
     }
     *seen = Some(d.clone());
     let node = &source.node;
@@ -116,7 +116,7 @@ fn settle(
         // An empty declaration would remove everything the node manages: a node named wrongly,
         // or a fleet wiped by mistake, must not do that. An operator who means it puts a
         // declaration with no resources (docs/decisions.md, "No key at all is refused").
-        return Settled::Refused(format!(
+        return Taken::Refused(format!(
             "etcd holds no declaration for node {node} (no key under its fleet, group or node prefixes) at revision {revision}; \
              refused. To empty a node on purpose, put a declaration with no resources"
         ));
@@ -145,7 +145,7 @@ fn settle(
                         declaration.resources.len(),
                         kvs.len()
                     );
-                    Settled::Accepted
+                    Taken::Accepted
                 }
                 Err(e) => {
                     // Not recorded as seen: the next read tries the write again.
@@ -156,18 +156,18 @@ fn settle(
                         "cannot write the declaration from etcd to {}: {e}; the declaration in force stays",
                         cache.display()
                     );
-                    Settled::NotCached
+                    Taken::NotCached
                 }
             }
         }
         Err(refused) => {
-            Settled::Refused(format!("the declaration in etcd at revision {revision} is refused: {refused}"))
+            Taken::Refused(format!("the declaration in etcd at revision {revision} is refused: {refused}"))
         }
     }
 }
 
 /// Runs the source until `shutdown`: see the module's notes. `first` is told when the first read
-/// has been settled or has failed, so the controller's first apply is of what etcd holds now
+/// has been taken or has failed, so the controller's first apply is of what etcd holds now
 /// rather than of an older cache, without waiting on an etcd that does not answer
 /// (docs/decisions.md, "A fresh node waits for etcd at most 10 s"). `refused`
 /// holds why the latest declaration read was refused, `None` once one is accepted: the
@@ -211,23 +211,23 @@ pub async fn run(
             down = false;
         }
         backoff = Duration::from_millis(250);
-        let (settle_source, settle_cache) = (source.clone(), cache.clone());
-        let mut settle_seen = seen.take();
+        let (take_source, take_cache) = (source.clone(), cache.clone());
+        let mut take_seen = seen.take();
         let joined = tokio::task::spawn_blocking(move || {
-            let settled = settle(&settle_source, &settle_cache, revision, kvs, &mut settle_seen);
-            (settled, settle_seen)
+            let taken = take(&take_source, &take_cache, revision, kvs, &mut take_seen);
+            (taken, take_seen)
         })
         .await;
-        let settled;
-        (settled, seen) = joined.unwrap_or((Settled::NotCached, None));
-        match settled {
-            Settled::Accepted => {
+        let taken;
+        (taken, seen) = joined.unwrap_or((Taken::NotCached, None));
+        match taken {
+            Taken::Accepted => {
                 refused.send_if_modified(|r| r.take().is_some());
             }
-            Settled::Refused(why) => {
+            Taken::Refused(why) => {
                 refused.send_replace(Some(why));
             }
-            Settled::Unchanged | Settled::NotCached => {}
+            Taken::Unchanged | Taken::NotCached => {}
         }
         if let Some(first) = first.take() {
             let _ = first.send(());

@@ -143,7 +143,7 @@ impl Meta {
     /// ctime from a coarse clock (a few milliseconds), so a second write within the same tick
     /// keeps the same ctime: a signature is only trusted once its ctime is older than that
     /// (git's "racily clean" problem). `None` means: compare the content next time.
-    pub fn settled_sig(&self) -> Option<Sig> {
+    pub fn trusted_sig(&self) -> Option<Sig> {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?;
         let ctime = std::time::Duration::new(u64::try_from(self.sig.ctime).ok()?, self.sig.ctime_nsec);
         (now.checked_sub(ctime)? > std::time::Duration::from_millis(50)).then_some(self.sig)

@@ -30,7 +30,7 @@ pub(crate) use contents::{ContentFile, ContentWriter, Place};
 pub(crate) use fs::{Fs, Meta, Sig, Staged};
 pub(crate) use packages::Packages;
 pub use systemd::Systemd;
-pub(crate) use users::Accounts;
+pub(crate) use users::OwnerIds;
 
 pub(crate) use input::{read_input, read_source, read_stdin, stderr_is_journal};
 

@@ -25,11 +25,11 @@ pub enum Error {
 
 /// Resolves owners to uid and gid, once per name for the life of the cache (one apply).
 #[derive(Default)]
-pub struct Accounts {
+pub struct OwnerIds {
     owners: HashMap<String, (u32, u32)>,
 }
 
-impl Accounts {
+impl OwnerIds {
     /// The uid and gid of a user and group by name. A user alone means its primary group.
     pub fn resolve(&mut self, user: &str, group: Option<&str>) -> Result<(u32, u32), Error> {
         let key = match group {

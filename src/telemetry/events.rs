@@ -89,14 +89,14 @@ impl Event for ResourceFailed<'_> {
 pub struct ContestBegan<'a> {
     /// The queue key, which names the resource.
     pub key: &'a str,
-    /// How long its next correction is held off.
-    pub hold: Duration,
+    /// How long its next correction waits.
+    pub wait: Duration,
 }
 
 impl Event for ContestBegan<'_> {
     fn emit(self, _: &Metrics) {
         let key = self.key;
-        tracing::warn!(key, hold_ms = self.hold.as_millis() as u64, "contested: something keeps changing {key} back; its corrections now back off, and are logged at debug level until it settles");
+        tracing::warn!(key, wait_ms = self.wait.as_millis() as u64, "contested: something keeps changing {key} back; its corrections now back off, and are logged at debug level until it settles");
     }
 }
 

@@ -34,7 +34,7 @@ use zeroize::Zeroize as _;
 
 use self::doc::{Doc, Pair};
 use super::secret::{self, Fill};
-use super::{begin, Ctx, Error, Facts, Machine, Step, Verb};
+use super::{begin, Ctx, Error, Facts, Managers, Step, Verb};
 use crate::declaration::{digest, Digest, File, Kind, MergeInto, Resource};
 use crate::secrets::{Keyring, Opened};
 use crate::store::{Merged, Record, Was};
@@ -145,7 +145,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         &vault,
     )?;
     let facts = |doc: &Doc, meta: &Meta, merged: Merged| {
-        let sig = meta.settled_sig();
+        let sig = meta.trusted_sig();
         Facts {
             wrote: Some(digest_of(doc)),
             mode: Some(meta.mode),
@@ -169,7 +169,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         Some((meta, _)) => (meta.mode, Some((meta.uid, meta.gid))),
         None => (
             f.mode().bits(),
-            f.owner.as_ref().map(|o| ctx.accounts.resolve(&o.user, o.group.as_deref())).transpose()?,
+            f.owner.as_ref().map(|o| ctx.owner_ids.resolve(&o.user, o.group.as_deref())).transpose()?,
         ),
     };
     let mut detail = plan.detail.clone();
@@ -216,7 +216,7 @@ fn holds_sealed(merged: &Merged) -> bool {
 }
 
 /// The node's keyring, to open a value recorded sealed, or why there is none.
-fn put_back_ring(machine: &mut Machine, key: &Path) -> Result<Arc<Keyring>, String> {
+fn put_back_ring(machine: &mut Managers, key: &Path) -> Result<Arc<Keyring>, String> {
     match machine.keyring(key) {
         Ok(Some(ring)) => Ok(ring),
         Ok(None) => {
@@ -474,7 +474,7 @@ fn write(fs: &mut Fs, path: &Path, doc: &Doc, mode: u32, owner: Option<(u32, u32
 /// operator's value is never lost.
 pub(super) fn remove(
     fs: &mut Fs,
-    machine: &mut Machine,
+    machine: &mut Managers,
     key: &Path,
     path: &Path,
     merged: &Merged,
