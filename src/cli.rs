@@ -390,7 +390,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                     // The last declaration accepted from etcd, beside the state store: what the
                     // controller reads as its source, and what a restart applies while etcd is
                     // out of reach (docs/decisions.md, "The cache is the declaration source").
-                    let dir = cli.state.parent().unwrap_or(Path::new("/")).join("fleet");
+                    let dir = crate::store::state_dir(&cli.state).join("fleet");
                     crate::system::etcd::private_dir(&dir).with_context(|| {
                         format!("cannot make the fleet cache directory {}", dir.display())
                     })?;
@@ -508,7 +508,7 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
 pub fn key_path(key: Option<&Path>, state: &Path) -> PathBuf {
     match key {
         Some(key) => std::path::absolute(key).unwrap_or_else(|_| key.to_owned()),
-        None => state.parent().unwrap_or(Path::new("/")).join(crate::system::keys::DEFAULT_NAME),
+        None => crate::store::state_dir(state).join(crate::system::keys::DEFAULT_NAME),
     }
 }
 
@@ -657,11 +657,10 @@ struct Reach {
 }
 
 fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options {
-    let dir = state.parent().unwrap_or(Path::new("/"));
     Options {
         origin,
         dry_run,
-        originals: dir.join("kept"),
+        originals: crate::store::originals_dir(state),
         bus: reach.bus,
         container_socket: reach.socket,
         step_timeout: reach.step_timeout,
@@ -910,7 +909,7 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
     }
     // The machine's own files the host copied before it first wrote over them: kept for ever, so
     // a person can compare or put one back (docs/decisions.md, "A file found with no record").
-    let kept_dir = state.parent().unwrap_or(Path::new("/")).join("kept");
+    let kept_dir = crate::store::originals_dir(state);
     let kept: Vec<serde_json::Value> = crate::system::fs::files_under(&kept_dir)
         .with_context(|| format!("cannot list the kept originals under {}", kept_dir.display()))?
         .into_iter()

@@ -481,7 +481,7 @@ impl Store {
         // A crash between writing and renaming leaves a temporary file; with the lock held, no
         // one else can be writing it. The same sweep as for a pass's leftovers
         // (docs/decisions.md, "The store").
-        let dir = self.path.parent().unwrap_or(Path::new("/"));
+        let dir = state_dir(&self.path);
         journal::remove_temporaries(dir).map_err(Error::Open)?;
         let mut store = if stamp(&self.path) == self.stamp { self } else { Store::read_only(&self.path)? };
         // Only root should read what the host owns; a store others can read is tightened, with
@@ -812,8 +812,21 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<File, Error> {
     Ok(file)
 }
 
+/// The directory the state store is in, where the agent keeps what belongs beside it (the
+/// journal, the kept originals, the sealing key, the fleet's cache, the content file): `.` for
+/// a store named without a directory.
+pub fn state_dir(state: &Path) -> &Path {
+    state.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// Where the originals a first write replaced are kept: `kept/` beside the store
+/// (docs/decisions.md, "A file found with no record").
+pub fn originals_dir(state: &Path) -> PathBuf {
+    state_dir(state).join("kept")
+}
+
 fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    crate::system::unix_secs()
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@
 //! of it, and never stops a file from being put back.
 
 use std::collections::{BTreeSet, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -572,7 +572,7 @@ impl Worker {
     }
 
     fn options(&self) -> Options {
-        let originals = self.config.state.parent().unwrap_or(std::path::Path::new("/")).join("kept");
+        let originals = crate::store::originals_dir(&self.config.state);
         Options {
             origin: self.config.origin,
             dry_run: false,
@@ -674,7 +674,7 @@ impl Worker {
     /// file in the state directory (`contents`). Where that cannot be done, they stay in
     /// memory, which works the same.
     fn move_bodies_to_content_file(&mut self, d: &mut Declaration) {
-        let dir = self.config.state.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let dir = crate::store::state_dir(&self.config.state);
         // The old file stays open until the new one is made: the new one never takes its inode.
         match contents::move_bodies(d, dir) {
             Ok((file, files)) => {

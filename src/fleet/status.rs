@@ -146,10 +146,7 @@ pub async fn run(
                 }
                 let now = applied.borrow_and_update().clone();
                 let refusal = refused.borrow_and_update().clone();
-                let written_at = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0);
+                let written_at = crate::system::unix_secs();
                 let record = Status {
                     node: node.clone(),
                     groups: groups.clone(),

@@ -34,6 +34,13 @@ pub(crate) use users::OwnerIds;
 
 pub(crate) use input::{read_input, read_source, read_stdin, stderr_is_journal};
 
+/// Seconds since the Unix epoch by the wall clock; 0 for a clock set before 1970. The one
+/// place the agent reads it for a timestamp (a record's `applied-at`, a status's `written_at`,
+/// the health heartbeat).
+pub fn unix_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
 /// A duration as a person reads it in a message: "90 s", "15 min", "1 h".
 pub fn human(d: std::time::Duration) -> String {
     let secs = d.as_secs();
