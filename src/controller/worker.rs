@@ -505,6 +505,7 @@ impl Worker {
         let stats = queue.stats();
         events::QueueSampled {
             depth: stats.depth,
+            processing: stats.processing,
             backing_off: stats.backing_off,
             contested: stats.contested,
             retrying: verdict == Verdict::Failed,

@@ -130,6 +130,8 @@ impl Event for Recovered<'_> {
 pub struct QueueSampled {
     /// Keys waiting in the queue.
     pub depth: usize,
+    /// Keys being reconciled now (inline and apart).
+    pub processing: usize,
     /// Keys held back by a failure or a contest.
     pub backing_off: usize,
     /// Keys held off because something keeps changing them back.
@@ -144,6 +146,7 @@ impl Event for QueueSampled {
             m.queue_retries.inc();
         }
         m.queue_depth.set(self.depth as i64);
+        m.queue_processing.set(self.processing as i64);
         m.queue_backing_off.set(self.backing_off as i64);
         m.contested.set(self.contested as i64);
     }

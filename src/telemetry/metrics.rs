@@ -30,6 +30,8 @@ pub struct Metrics {
     pub reconcile_duration: Family<Labels, Histogram>,
     /// `mesh_host_queue_depth`: keys waiting in the work queue.
     pub queue_depth: Gauge,
+    /// `mesh_host_queue_processing`: keys being reconciled now.
+    pub queue_processing: Gauge,
     /// `mesh_host_queue_adds_total`: keys queued, by what queued them.
     pub queue_adds: Family<Labels, Counter>,
     /// `mesh_host_queue_retries_total`: failed reconciles whose key is retried.
@@ -120,6 +122,7 @@ impl Metrics {
             correction_latency: latency_buckets(),
             reconcile_duration: Family::new_with_constructor(latency_buckets),
             queue_depth: Gauge::default(),
+            queue_processing: Gauge::default(),
             queue_adds: Family::default(),
             queue_retries: Counter::default(),
             queue_backing_off: Gauge::default(),
@@ -181,6 +184,11 @@ impl Metrics {
             "mesh_host_queue_depth",
             "Keys waiting in the work queue",
             self.queue_depth.clone(),
+        );
+        registry.register(
+            "mesh_host_queue_processing",
+            "Keys being reconciled now, inline and apart (at most --workers)",
+            self.queue_processing.clone(),
         );
         registry.register(
             "mesh_host_queue_adds",
