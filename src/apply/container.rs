@@ -637,7 +637,9 @@ fn file_digest(ctx: &mut Ctx<'_>, path: &Path) -> Result<Option<String>, Error> 
     let d = match secret.filter(|f| f.carries_secret()) {
         // A file carrying a secret: its keyed digest needs its bytes (a secret is small).
         Some(f) => {
-            let Some(mut bytes) = docker::read_input_file(path, SECRET_FILE_LIMIT).map_err(reads)? else {
+            let Some(mut bytes) =
+                crate::system::input::read_input_file(path, SECRET_FILE_LIMIT).map_err(reads)?
+            else {
                 return Ok(None);
             };
             let ring = super::secret::keyring(ctx, f);
@@ -646,7 +648,7 @@ fn file_digest(ctx: &mut Ctx<'_>, path: &Path) -> Result<Option<String>, Error> 
             d?
         }
         // Anything else is hashed as a stream: a mounted file may be gigabytes.
-        None => match docker::hash_input_file(path).map_err(reads)? {
+        None => match crate::system::input::hash_input_file(path).map_err(reads)? {
             Some(sum) => Digest::from_sum(sum),
             None => return Ok(None),
         },
@@ -669,7 +671,7 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
             path: path.as_path().to_owned(),
             why,
         };
-        let bytes = docker::read_input_file(path.as_path(), ENV_FILE_LIMIT)
+        let bytes = crate::system::input::read_input_file(path.as_path(), ENV_FILE_LIMIT)
             .map_err(|e| unusable(e.to_string()))?
             .ok_or_else(|| Error::Missing {
                 path: path.as_path().to_owned(),
@@ -685,7 +687,7 @@ fn new_container(r: &Resource, c: &Container, want: &str, keep_running: bool) ->
         // was meant (a credential not written yet) that directory then blocks the file for
         // ever, so a missing source is refused instead (docs/containers.md, "A bind-mount
         // source that does not exist is refused").
-        if let Some(source) = v.host_path().filter(|p| !docker::exists(p.as_path())) {
+        if let Some(source) = v.host_path().filter(|p| !crate::system::input::exists(p.as_path())) {
             return Err(Error::Missing {
                 path: source.as_path().to_owned(),
                 need: Need::BindSource { container: name.to_owned(), index: i },

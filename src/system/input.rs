@@ -131,10 +131,92 @@ pub fn read_source(source: &Path) -> io::Result<Vec<(PathBuf, Vec<u8>)>> {
         .collect()
 }
 
+/// What containers read (kept here with the agent's other bounded, non-blocking reads; the
+/// container applier is their one user).
+///
+/// Opens a file a container will read at creation (an env-file, a file mounted into it),
+/// following symlinks as the runtime does, without blocking on a FIFO planted there. `None`
+/// when there is nothing there or it is not a regular file: a directory is not looked inside.
+fn open_input_file(path: &Path) -> std::io::Result<Option<(std::fs::File, u64)>> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => match open_regular(path) {
+            Ok(opened) => Ok(Some(opened)),
+            // Replaced by something else between the look and the open.
+            Err(e) if e.kind() == std::io::ErrorKind::Other => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        },
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads a file a container will read at creation whole, at most `limit` bytes (an env-file,
+/// which the host parses; a mounted file carrying a secret, whose keyed digest needs its
+/// bytes). `None` as for `open_input_file`.
+pub fn read_input_file(path: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
+    let Some((file, size)) = open_input_file(path)? else { return Ok(None) };
+    let too_big = |size: u64| {
+        std::io::Error::other(format!(
+            "it is {size} bytes, more than the {limit} bytes mesh-host reads from such a file"
+        ))
+    };
+    if size > limit {
+        return Err(too_big(size));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, limit.saturating_add(1)), &mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(too_big(bytes.len() as u64));
+    }
+    Ok(Some(bytes))
+}
+
+/// The SHA-256 of a file a container will read at creation, read as a stream: a mounted file
+/// may be large (a database, a model), and only its digest is wanted. `None` as for
+/// `open_input_file`.
+pub fn hash_input_file(path: &Path) -> std::io::Result<Option<[u8; 32]>> {
+    use sha2::Digest as _;
+    let Some((mut file, _)) = open_input_file(path)? else { return Ok(None) };
+    let mut hasher = sha2::Sha256::new();
+    std::io::copy(&mut file, &mut hasher)?;
+    Ok(Some(hasher.finalize().into()))
+}
+
+/// Whether anything is at a path (a bind mount's source), following symlinks.
+pub fn exists(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok()
+}
+
 #[cfg(test)]
 #[allow(clippy::disallowed_methods, reason = "the tests plant the inputs they then read")]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_container_reads_is_read_bounded_hashed_as_a_stream_and_never_blocks_on_a_fifo() {
+        use sha2::Digest as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("app.env");
+        std::fs::write(&file, "A=1\n").unwrap();
+        assert_eq!(read_input_file(&file, 16).unwrap(), Some(b"A=1\n".to_vec()));
+        let over = read_input_file(&file, 3).unwrap_err().to_string();
+        assert!(over.contains("more than the 3 bytes"), "{over}");
+        let sum: [u8; 32] = sha2::Sha256::digest(b"A=1\n").into();
+        assert_eq!(hash_input_file(&file).unwrap(), Some(sum));
+        assert_eq!(read_input_file(&dir.path().join("absent"), 16).unwrap(), None);
+        assert_eq!(read_input_file(dir.path(), 16).unwrap(), None, "a directory is not looked inside");
+        // A FIFO: an ordinary open would wait for a writer for ever.
+        let fifo = dir.path().join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        assert_eq!(read_input_file(&fifo, 16).unwrap(), None);
+        assert_eq!(hash_input_file(&fifo).unwrap(), None);
+        // A symlink to a device is followed, as the runtime would, and is not a regular file.
+        let zero = dir.path().join("zero");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        assert_eq!(read_input_file(&zero, 16).unwrap(), None);
+    }
 
     #[test]
     fn a_fifo_is_refused_at_once_and_named() {
