@@ -8,10 +8,10 @@
 //! (docs/systemd.md, "action").
 
 use super::{begin, Ctx, Error, Facts, Step, Verb};
-use crate::declaration::{Action as ActionSpec, Resource};
+use crate::declaration::{Action, Resource};
 use crate::system::command::{self, Ran};
 
-pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &ActionSpec) -> Result<Step, Error> {
+pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Action) -> Result<Step, Error> {
     // The runtime is asked for only when the action runs inside a container, so an action on
     // the machine works where no runtime answers (docs/containers.md, "Actions inside a
     // container (`in`)").

@@ -367,29 +367,17 @@ impl Fs {
 
     /// Names the first symlink on the way to `path`, for an error a person can act on.
     fn explain_symlink(&self, path: &Path) -> Error {
-        let mut prefix = PathBuf::from("/");
-        for part in path.components().skip(1) {
-            prefix.push(part);
-            if let Ok(st) = rfs::statat(rfs::CWD, &prefix, AtFlags::SYMLINK_NOFOLLOW) {
-                if meta_of(&st).kind == Kind::Symlink {
-                    return Error::Symlink { path: path.to_owned(), link: prefix };
-                }
-            }
+        match first_ancestor(path, |kind| kind == Kind::Symlink) {
+            Some(link) => Error::Symlink { path: path.to_owned(), link },
+            None => Error::io("open", path, Errno::LOOP),
         }
-        Error::io("open", path, Errno::LOOP)
     }
 
     fn explain_notdir(&self, path: &Path) -> Error {
-        let mut prefix = PathBuf::from("/");
-        for part in path.components().skip(1) {
-            prefix.push(part);
-            if let Ok(st) = rfs::statat(rfs::CWD, &prefix, AtFlags::SYMLINK_NOFOLLOW) {
-                if meta_of(&st).kind != Kind::Directory {
-                    return Error::NotDirectory { path: path.to_owned(), parent: prefix };
-                }
-            }
+        match first_ancestor(path, |kind| kind != Kind::Directory) {
+            Some(parent) => Error::NotDirectory { path: path.to_owned(), parent },
+            None => Error::io("open", path, Errno::NOTDIR),
         }
-        Error::io("open", path, Errno::NOTDIR)
     }
 
     /// Makes a directory and any missing ancestors, each with `mode` (ancestors 0755), root-owned.
@@ -953,6 +941,21 @@ pub fn failpoint(name: &str) {
     if failpoint_named(name) {
         std::process::abort();
     }
+}
+
+/// The first of `path` and its ancestors, from the root down, whose kind (not followed, as
+/// `lstat` sees it) `matches`: what a refused open names as the reason.
+fn first_ancestor(path: &Path, matches: impl Fn(Kind) -> bool) -> Option<PathBuf> {
+    let mut prefix = PathBuf::from("/");
+    for part in path.components().skip(1) {
+        prefix.push(part);
+        if let Ok(st) = rfs::statat(rfs::CWD, &prefix, AtFlags::SYMLINK_NOFOLLOW) {
+            if matches(meta_of(&st).kind) {
+                return Some(prefix);
+            }
+        }
+    }
+    None
 }
 
 /// Whether the filesystem on device `dev` commits a rename that replaces a file only with, or
