@@ -6,6 +6,7 @@
 
 mod digest;
 mod error;
+mod json;
 mod model;
 mod schema;
 mod types;
