@@ -4,6 +4,7 @@
 //! function of its bytes, so `check` and `plan` are safe anywhere and a refused declaration has
 //! provably changed nothing.
 
+mod across;
 mod digest;
 mod error;
 mod json;

@@ -2,6 +2,9 @@
 //! type's struct (field rules live in the value types), then the rules that span fields and
 //! resources are checked. Every problem is collected before the declaration is refused, so one
 //! round trip fixes them all (docs/decisions.md, "Every problem is listed").
+//!
+//! The JSON is read strictly (a key given twice refused) in `json.rs`; the rules between
+//! resources are in `across.rs`.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -9,6 +12,7 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::across::across;
 use super::error::{Problem, Refused};
 use super::json::{strict, strip_position, Entry, Listed, TopLevel, TWICE};
 use super::model::*;
@@ -23,7 +27,7 @@ const LISTED: usize = 100;
 
 /// Collects problems, so each carries the index and id without repeating them: the first
 /// `LISTED` of them, and how many more there were.
-struct Problems {
+pub(super) struct Problems {
     all: Vec<Problem>,
     unlisted: usize,
 }
@@ -33,7 +37,13 @@ impl Problems {
         Problems { all: Vec::new(), unlisted: 0 }
     }
 
-    fn at(&mut self, index: Option<usize>, id: Option<&str>, field: Option<&str>, message: String) {
+    pub(super) fn at(
+        &mut self,
+        index: Option<usize>,
+        id: Option<&str>,
+        field: Option<&str>,
+        message: String,
+    ) {
         if self.all.len() < LISTED {
             self.all.push(Problem::new(index, id, field, &message));
         } else {
@@ -670,95 +680,4 @@ pub(crate) fn secret_holes(content: &str) -> Vec<&str> {
         }
     }
     names
-}
-
-/// Rules between resources: unique ids, one owner per path or name, references that resolve.
-fn across(resources: &[Resource], problems: &mut Problems, name: &dyn Fn(usize) -> String) {
-    let mut ids: HashMap<&Id, usize> = HashMap::with_capacity(resources.len());
-    for r in resources {
-        if let Some(first) = ids.insert(&r.id, r.index) {
-            ids.insert(&r.id, first);
-            problems.at(
-                Some(r.index),
-                Some(r.id.as_str()),
-                Some("id"),
-                format!("duplicate id: {} already has it", name(first)),
-            );
-        }
-    }
-
-    // Two resources that would each hold the same thing on the machine would fight for it on
-    // every reconcile; that is a declaration error, not something to find out in production
-    // (docs/decisions.md, "Two resources may not hold the same thing").
-    let mut targets: HashMap<(&'static str, String), usize> = HashMap::with_capacity(resources.len());
-    for r in resources {
-        let class = match r.kind() {
-            // An archive is unpacked into a directory, which may well be declared too.
-            Kind::Directory | Kind::File => Some("path"),
-            Kind::Archive => Some("archive"),
-            Kind::Container => Some("container"),
-            Kind::Network => Some("network"),
-            Kind::User => Some("user"),
-            Kind::Process => Some("process"),
-            Kind::Service => Some("unit"),
-            Kind::Opening => Some("opening"),
-            Kind::Access | Kind::Package | Kind::Action => None,
-        };
-        if let Some(class) = class {
-            if let Some(first) = targets.insert((class, r.target()), r.index) {
-                targets.insert((class, r.target()), first);
-                problems.at(
-                    Some(r.index),
-                    Some(r.id.as_str()),
-                    Some(target_field(r.kind())),
-                    format!("{:?} is already declared by {}", r.target(), name(first)),
-                );
-            }
-        }
-    }
-
-    for r in resources {
-        // The verb follows the list, so a `reload-on` problem does not speak of restarting.
-        for (field, verb, list) in
-            [("restart-on", "restart", r.spec.restart_on()), ("reload-on", "reload", r.spec.reload_on())]
-        {
-            let mut seen = BTreeSet::new();
-            for (i, named) in list.iter().enumerate() {
-                let field = format!("{field}[{i}]");
-                if named == &r.id {
-                    problems.at(
-                        Some(r.index),
-                        Some(r.id.as_str()),
-                        Some(&field),
-                        format!("a resource cannot {verb} on itself"),
-                    );
-                } else if !ids.contains_key(named) {
-                    problems.at(
-                        Some(r.index),
-                        Some(r.id.as_str()),
-                        Some(&field),
-                        format!("{:?} is not declared", named.as_str()),
-                    );
-                } else if !seen.insert(named) {
-                    problems.at(
-                        Some(r.index),
-                        Some(r.id.as_str()),
-                        Some(&field),
-                        format!("{:?} is named twice", named.as_str()),
-                    );
-                }
-            }
-        }
-    }
-}
-
-fn target_field(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Directory | Kind::File | Kind::Archive | Kind::Access => "path",
-        Kind::Service => "unit",
-        Kind::Opening => "port",
-        Kind::Package => "package",
-        Kind::Action => "command",
-        Kind::Container | Kind::Network | Kind::User | Kind::Process => "name",
-    }
 }
