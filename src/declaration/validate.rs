@@ -194,14 +194,39 @@ fn resources_of(raw: Vec<&RawValue>, problems: &mut Problems) -> Vec<Resource> {
 /// The top level of one document: its resources, as text not yet parsed (each is parsed on the
 /// thread that validates it), and its adoption.
 fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>, Option<Adoption>) {
+    let Some(entries) = top_level(bytes, problems) else {
+        return (Vec::new(), None);
+    };
+    let keys = Keys::of(entries);
+    version(keys.version, problems);
+    let adoption = adoption(keys.adoption, problems);
+    let raw_resources = listed(keys.resources, problems);
+
+    for key in keys.unknown {
+        problems.at(
+            None,
+            None,
+            Some(&key),
+            "unknown key; the declaration has `version`, `resources` and `adoption`".into(),
+        );
+    }
+    for key in keys.twice {
+        problems.at(None, None, Some(&key), TWICE.into());
+    }
+
+    (raw_resources, adoption)
+}
+
+/// The document's top-level entries in order, or `None` when it is not a JSON object (said).
+fn top_level<'a>(bytes: &'a [u8], problems: &mut Problems) -> Option<Vec<(String, Entry<'a>)>> {
     let not_json = |e: serde_json::Error| {
         format!("not JSON at line {}, column {}: {}", e.line(), e.column(), strip_position(&e.to_string()))
     };
     // One pass over the document: its top level read, each resource's text found (it is parsed
     // later, on the thread that validates it). A syntax error is reported with its line and
     // column; a document that is JSON but not an object, as such.
-    let entries = match serde_json::from_slice::<TopLevel>(bytes) {
-        Ok(TopLevel(entries)) => entries,
+    match serde_json::from_slice::<TopLevel>(bytes) {
+        Ok(TopLevel(entries)) => Some(entries),
         Err(e) if e.is_data() => {
             problems.at(
                 None,
@@ -209,44 +234,64 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
                 None,
                 "a declaration is a JSON object with `version` and `resources`".into(),
             );
-            return (Vec::new(), None);
+            None
         }
         Err(e) => {
             problems.at(None, None, None, not_json(e));
-            return (Vec::new(), None);
-        }
-    };
-    let mut version = None;
-    let mut adoption_raw = None;
-    let mut resources_raw = None;
-    // Told after the known keys, unknown ones by name, as before duplicates were looked for.
-    let mut unknown = BTreeSet::new();
-    let mut twice = Vec::new();
-    let mut seen = BTreeSet::new();
-    for (key, raw) in entries {
-        if !seen.insert(key.clone()) {
-            twice.push(key);
-            continue;
-        }
-        match (key.as_str(), raw) {
-            ("version", Entry::Raw(raw)) => version = Some(raw),
-            ("adoption", Entry::Raw(raw)) => adoption_raw = Some(raw),
-            ("resources", Entry::Resources(listed)) => resources_raw = Some(listed),
-            _ => {
-                unknown.insert(key);
-            }
+            None
         }
     }
-    let value_of = |field: &str, raw: &RawValue, problems: &mut Problems| match strict(raw) {
+}
+
+/// The top level's entries by key: the first of each key the declaration has, and the keys it
+/// does not have or that were given again.
+#[derive(Default)]
+struct Keys<'a> {
+    version: Option<&'a RawValue>,
+    adoption: Option<&'a RawValue>,
+    resources: Option<Listed<'a>>,
+    /// Told after the known keys, unknown ones by name, as before duplicates were looked for.
+    unknown: BTreeSet<String>,
+    twice: Vec<String>,
+}
+
+impl<'a> Keys<'a> {
+    fn of(entries: Vec<(String, Entry<'a>)>) -> Keys<'a> {
+        let mut keys = Keys::default();
+        let mut seen = BTreeSet::new();
+        for (key, raw) in entries {
+            if !seen.insert(key.clone()) {
+                keys.twice.push(key);
+                continue;
+            }
+            match (key.as_str(), raw) {
+                ("version", Entry::Raw(raw)) => keys.version = Some(raw),
+                ("adoption", Entry::Raw(raw)) => keys.adoption = Some(raw),
+                ("resources", Entry::Resources(listed)) => keys.resources = Some(listed),
+                _ => {
+                    keys.unknown.insert(key);
+                }
+            }
+        }
+        keys
+    }
+}
+
+/// A top-level value read strictly, or `None` when it cannot be (said, at `field`).
+fn value_of(field: &str, raw: &RawValue, problems: &mut Problems) -> Option<Value> {
+    match strict(raw) {
         Ok(v) => Some(v),
         Err((inner, message)) => {
             let at = if inner == "." { field.to_owned() } else { format!("{field}.{inner}") };
             problems.at(None, None, Some(&at), message);
             None
         }
-    };
+    }
+}
 
-    match version.map(|raw| value_of("version", raw, problems)) {
+/// `version`: given, and one this build understands.
+fn version(raw: Option<&RawValue>, problems: &mut Problems) {
+    match raw.map(|raw| value_of("version", raw, problems)) {
         None => problems.at(None, None, Some("version"), "missing; this build understands version 1".into()),
         Some(None) => {}
         Some(Some(Value::Number(n))) if n.as_u64().is_some_and(|v| VERSIONS.contains(&v)) => {}
@@ -257,8 +302,11 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
             format!("{other} is not a version this build understands (it understands {VERSIONS:?})"),
         ),
     }
+}
 
-    let adoption = match adoption_raw.and_then(|raw| value_of("adoption", raw, problems)) {
+/// `adoption`, when given and not null.
+fn adoption(raw: Option<&RawValue>, problems: &mut Problems) -> Option<Adoption> {
+    match raw.and_then(|raw| value_of("adoption", raw, problems)) {
         None | Some(Value::Null) => None,
         // Not an object: said in the declaration's words, not serde's ("expected struct
         // Adoption" names a Rust type the person never wrote).
@@ -280,9 +328,12 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
                 None
             }
         },
-    };
+    }
+}
 
-    let raw_resources = match resources_raw {
+/// `resources`: the texts of its elements, or none when it is missing or not a list (said).
+fn listed<'a>(resources: Option<Listed<'a>>, problems: &mut Problems) -> Vec<&'a RawValue> {
+    match resources {
         None => {
             problems.at(None, None, Some("resources"), "missing; give a list, possibly empty".into());
             Vec::new()
@@ -292,21 +343,7 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
             problems.at(None, None, Some("resources"), format!("must be a list, found {found}"));
             Vec::new()
         }
-    };
-
-    for key in unknown {
-        problems.at(
-            None,
-            None,
-            Some(&key),
-            "unknown key; the declaration has `version`, `resources` and `adoption`".into(),
-        );
     }
-    for key in twice {
-        problems.at(None, None, Some(&key), TWICE.into());
-    }
-
-    (raw_resources, adoption)
 }
 
 /// The id of a resource whose text could not be parsed, if it says one plainly: for naming
