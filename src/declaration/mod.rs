@@ -4,8 +4,10 @@
 //! function of its bytes, so `check` and `plan` are safe anywhere and a refused declaration has
 //! provably changed nothing.
 
+mod across;
 mod digest;
 mod error;
+mod json;
 mod model;
 mod schema;
 mod types;

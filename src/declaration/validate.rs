@@ -2,6 +2,9 @@
 //! type's struct (field rules live in the value types), then the rules that span fields and
 //! resources are checked. Every problem is collected before the declaration is refused, so one
 //! round trip fixes them all (docs/decisions.md, "Every problem is listed").
+//!
+//! The JSON is read strictly (a key given twice refused) in `json.rs`; the rules between
+//! resources are in `across.rs`.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -9,7 +12,9 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::across::across;
 use super::error::{Problem, Refused};
+use super::json::{strict, strip_position, Entry, Listed, TopLevel, TWICE};
 use super::model::*;
 use super::types::Id;
 use super::{Adoption, Declaration, Resource, VERSIONS};
@@ -22,7 +27,7 @@ const LISTED: usize = 100;
 
 /// Collects problems, so each carries the index and id without repeating them: the first
 /// `LISTED` of them, and how many more there were.
-struct Problems {
+pub(super) struct Problems {
     all: Vec<Problem>,
     unlisted: usize,
 }
@@ -32,7 +37,13 @@ impl Problems {
         Problems { all: Vec::new(), unlisted: 0 }
     }
 
-    fn at(&mut self, index: Option<usize>, id: Option<&str>, field: Option<&str>, message: String) {
+    pub(super) fn at(
+        &mut self,
+        index: Option<usize>,
+        id: Option<&str>,
+        field: Option<&str>,
+        message: String,
+    ) {
         if self.all.len() < LISTED {
             self.all.push(Problem::new(index, id, field, &message));
         } else {
@@ -183,14 +194,39 @@ fn resources_of(raw: Vec<&RawValue>, problems: &mut Problems) -> Vec<Resource> {
 /// The top level of one document: its resources, as text not yet parsed (each is parsed on the
 /// thread that validates it), and its adoption.
 fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>, Option<Adoption>) {
+    let Some(entries) = top_level(bytes, problems) else {
+        return (Vec::new(), None);
+    };
+    let keys = Keys::of(entries);
+    version(keys.version, problems);
+    let adoption = adoption(keys.adoption, problems);
+    let raw_resources = listed(keys.resources, problems);
+
+    for key in keys.unknown {
+        problems.at(
+            None,
+            None,
+            Some(&key),
+            "unknown key; the declaration has `version`, `resources` and `adoption`".into(),
+        );
+    }
+    for key in keys.twice {
+        problems.at(None, None, Some(&key), TWICE.into());
+    }
+
+    (raw_resources, adoption)
+}
+
+/// The document's top-level entries in order, or `None` when it is not a JSON object (said).
+fn top_level<'a>(bytes: &'a [u8], problems: &mut Problems) -> Option<Vec<(String, Entry<'a>)>> {
     let not_json = |e: serde_json::Error| {
         format!("not JSON at line {}, column {}: {}", e.line(), e.column(), strip_position(&e.to_string()))
     };
     // One pass over the document: its top level read, each resource's text found (it is parsed
     // later, on the thread that validates it). A syntax error is reported with its line and
     // column; a document that is JSON but not an object, as such.
-    let entries = match serde_json::from_slice::<TopLevel>(bytes) {
-        Ok(TopLevel(entries)) => entries,
+    match serde_json::from_slice::<TopLevel>(bytes) {
+        Ok(TopLevel(entries)) => Some(entries),
         Err(e) if e.is_data() => {
             problems.at(
                 None,
@@ -198,44 +234,64 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
                 None,
                 "a declaration is a JSON object with `version` and `resources`".into(),
             );
-            return (Vec::new(), None);
+            None
         }
         Err(e) => {
             problems.at(None, None, None, not_json(e));
-            return (Vec::new(), None);
-        }
-    };
-    let mut version = None;
-    let mut adoption_raw = None;
-    let mut resources_raw = None;
-    // Told after the known keys, unknown ones by name, as before duplicates were looked for.
-    let mut unknown = BTreeSet::new();
-    let mut twice = Vec::new();
-    let mut seen = BTreeSet::new();
-    for (key, raw) in entries {
-        if !seen.insert(key.clone()) {
-            twice.push(key);
-            continue;
-        }
-        match (key.as_str(), raw) {
-            ("version", Entry::Raw(raw)) => version = Some(raw),
-            ("adoption", Entry::Raw(raw)) => adoption_raw = Some(raw),
-            ("resources", Entry::Resources(listed)) => resources_raw = Some(listed),
-            _ => {
-                unknown.insert(key);
-            }
+            None
         }
     }
-    let value_of = |field: &str, raw: &RawValue, problems: &mut Problems| match strict(raw) {
+}
+
+/// The top level's entries by key: the first of each key the declaration has, and the keys it
+/// does not have or that were given again.
+#[derive(Default)]
+struct Keys<'a> {
+    version: Option<&'a RawValue>,
+    adoption: Option<&'a RawValue>,
+    resources: Option<Listed<'a>>,
+    /// Told after the known keys, unknown ones by name, as before duplicates were looked for.
+    unknown: BTreeSet<String>,
+    twice: Vec<String>,
+}
+
+impl<'a> Keys<'a> {
+    fn of(entries: Vec<(String, Entry<'a>)>) -> Keys<'a> {
+        let mut keys = Keys::default();
+        let mut seen = BTreeSet::new();
+        for (key, raw) in entries {
+            if !seen.insert(key.clone()) {
+                keys.twice.push(key);
+                continue;
+            }
+            match (key.as_str(), raw) {
+                ("version", Entry::Raw(raw)) => keys.version = Some(raw),
+                ("adoption", Entry::Raw(raw)) => keys.adoption = Some(raw),
+                ("resources", Entry::Resources(listed)) => keys.resources = Some(listed),
+                _ => {
+                    keys.unknown.insert(key);
+                }
+            }
+        }
+        keys
+    }
+}
+
+/// A top-level value read strictly, or `None` when it cannot be (said, at `field`).
+fn value_of(field: &str, raw: &RawValue, problems: &mut Problems) -> Option<Value> {
+    match strict(raw) {
         Ok(v) => Some(v),
         Err((inner, message)) => {
             let at = if inner == "." { field.to_owned() } else { format!("{field}.{inner}") };
             problems.at(None, None, Some(&at), message);
             None
         }
-    };
+    }
+}
 
-    match version.map(|raw| value_of("version", raw, problems)) {
+/// `version`: given, and one this build understands.
+fn version(raw: Option<&RawValue>, problems: &mut Problems) {
+    match raw.map(|raw| value_of("version", raw, problems)) {
         None => problems.at(None, None, Some("version"), "missing; this build understands version 1".into()),
         Some(None) => {}
         Some(Some(Value::Number(n))) if n.as_u64().is_some_and(|v| VERSIONS.contains(&v)) => {}
@@ -246,8 +302,11 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
             format!("{other} is not a version this build understands (it understands {VERSIONS:?})"),
         ),
     }
+}
 
-    let adoption = match adoption_raw.and_then(|raw| value_of("adoption", raw, problems)) {
+/// `adoption`, when given and not null.
+fn adoption(raw: Option<&RawValue>, problems: &mut Problems) -> Option<Adoption> {
+    match raw.and_then(|raw| value_of("adoption", raw, problems)) {
         None | Some(Value::Null) => None,
         // Not an object: said in the declaration's words, not serde's ("expected struct
         // Adoption" names a Rust type the person never wrote).
@@ -269,9 +328,12 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
                 None
             }
         },
-    };
+    }
+}
 
-    let raw_resources = match resources_raw {
+/// `resources`: the texts of its elements, or none when it is missing or not a list (said).
+fn listed<'a>(resources: Option<Listed<'a>>, problems: &mut Problems) -> Vec<&'a RawValue> {
+    match resources {
         None => {
             problems.at(None, None, Some("resources"), "missing; give a list, possibly empty".into());
             Vec::new()
@@ -281,192 +343,6 @@ fn document<'a>(bytes: &'a [u8], problems: &mut Problems) -> (Vec<&'a RawValue>,
             problems.at(None, None, Some("resources"), format!("must be a list, found {found}"));
             Vec::new()
         }
-    };
-
-    for key in unknown {
-        problems.at(
-            None,
-            None,
-            Some(&key),
-            "unknown key; the declaration has `version`, `resources` and `adoption`".into(),
-        );
-    }
-    for key in twice {
-        problems.at(None, None, Some(&key), TWICE.into());
-    }
-
-    (raw_resources, adoption)
-}
-
-/// What a key given twice in one object is told. serde_json keeps the last silently; a
-/// declaration that says `mode` twice means one of them by mistake, and which one is not the
-/// agent's to guess (docs/decisions.md, "A key given twice in one object is refused").
-const TWICE: &str = "given twice in one object; a key may appear once";
-
-/// The top-level object's entries in order, duplicates kept so they can be refused.
-struct TopLevel<'a>(Vec<(String, Entry<'a>)>);
-
-/// A top-level value: `resources` read as the texts of its elements, anything else as text.
-enum Entry<'a> {
-    Resources(Listed<'a>),
-    Raw(&'a RawValue),
-}
-
-/// `resources` as given: a list of texts, or what it was instead of a list.
-enum Listed<'a> {
-    List(Vec<&'a RawValue>),
-    Other(&'static str),
-}
-
-impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Entries;
-        impl<'de> serde::de::Visitor<'de> for Entries {
-            type Value = TopLevel<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TopLevel<'de>, A::Error> {
-                let mut entries = Vec::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    let value = if key == "resources" {
-                        Entry::Resources(map.next_value::<Listed<'de>>()?)
-                    } else {
-                        Entry::Raw(map.next_value::<&'de RawValue>()?)
-                    };
-                    entries.push((key, value));
-                }
-                Ok(TopLevel(entries))
-            }
-        }
-        d.deserialize_map(Entries)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Listed<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Listed<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Listed<'de>, A::Error> {
-                let mut list = Vec::new();
-                while let Some(raw) = seq.next_element::<&'de RawValue>()? {
-                    list.push(raw);
-                }
-                Ok(Listed::List(list))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Listed<'de>, A::Error> {
-                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
-                Ok(Listed::Other("an object"))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Listed<'de>, E> {
-                Ok(Listed::Other("a boolean"))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Listed<'de>, E> {
-                Ok(Listed::Other("a number"))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Listed<'de>, E> {
-                Ok(Listed::Other("a number"))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Listed<'de>, E> {
-                Ok(Listed::Other("a number"))
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Listed<'de>, E> {
-                Ok(Listed::Other("a string"))
-            }
-            fn visit_unit<E>(self) -> Result<Listed<'de>, E> {
-                Ok(Listed::Other("null"))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// Parses one value's text as serde_json's `Value`, refusing a key given twice in any object.
-/// The error is the path of the key (`env.PORT`, or `.` for the value itself) and the message.
-fn strict(raw: &RawValue) -> Result<Value, (String, String)> {
-    let mut de = serde_json::Deserializer::from_str(raw.get());
-    match serde_path_to_error::deserialize::<_, Strict>(&mut de) {
-        Ok(Strict(v)) => Ok(v),
-        Err(e) => {
-            let path = e.path().to_string();
-            let message = e.into_inner().to_string();
-            // The duplicate's own name is in the message, between backticks; the path is the
-            // object holding it.
-            let key =
-                message.strip_prefix('`').and_then(|rest| rest.split_once('`')).map(|(k, _)| k.to_owned());
-            match (path.as_str(), key) {
-                (".", Some(k)) => Err((k, TWICE.to_owned())),
-                (p, Some(k)) => Err((format!("{p}.{k}"), TWICE.to_owned())),
-                // serde_json's position is in this value's text, not in the document: a person
-                // looking there would look in the wrong place, so the path alone says where.
-                (p, None) => Err((p.to_owned(), strip_position(&message).to_owned())),
-            }
-        }
-    }
-}
-
-/// serde_json's `Value`, built by a visitor that refuses a key given twice.
-struct Strict(Value);
-
-impl<'de> serde::Deserialize<'de> for Strict {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Strict;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_bool<E>(self, b: bool) -> Result<Strict, E> {
-                Ok(Strict(Value::Bool(b)))
-            }
-            fn visit_i64<E>(self, n: i64) -> Result<Strict, E> {
-                Ok(Strict(Value::Number(n.into())))
-            }
-            fn visit_u64<E>(self, n: u64) -> Result<Strict, E> {
-                Ok(Strict(Value::Number(n.into())))
-            }
-            fn visit_f64<E>(self, n: f64) -> Result<Strict, E> {
-                Ok(Strict(serde_json::Number::from_f64(n).map_or(Value::Null, Value::Number)))
-            }
-            fn visit_str<E>(self, s: &str) -> Result<Strict, E> {
-                Ok(Strict(Value::String(s.to_owned())))
-            }
-            fn visit_string<E>(self, s: String) -> Result<Strict, E> {
-                Ok(Strict(Value::String(s)))
-            }
-            fn visit_unit<E>(self) -> Result<Strict, E> {
-                Ok(Strict(Value::Null))
-            }
-            fn visit_none<E>(self) -> Result<Strict, E> {
-                Ok(Strict(Value::Null))
-            }
-            fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Strict, D::Error> {
-                <Strict as serde::Deserialize>::deserialize(d)
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Strict, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-                while let Some(Strict(v)) = seq.next_element()? {
-                    out.push(v);
-                }
-                Ok(Strict(Value::Array(out)))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Strict, A::Error> {
-                let mut out = Map::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    if out.contains_key(&key) {
-                        return Err(serde::de::Error::custom(format!("`{key}` {TWICE}")));
-                    }
-                    let Strict(v) = map.next_value()?;
-                    out.insert(key, v);
-                }
-                Ok(Strict(Value::Object(out)))
-            }
-        }
-        d.deserialize_any(V)
     }
 }
 
@@ -478,15 +354,6 @@ fn id_in(raw: &RawValue) -> Option<String> {
         id: String,
     }
     serde_json::from_str::<Named>(raw.get()).ok().map(|n| n.id).filter(|id| Id::parse(id).is_ok())
-}
-
-/// serde_json appends " at line X column Y" to its messages; the position is given once, in
-/// the form this module uses.
-fn strip_position(message: &str) -> &str {
-    match message.rfind(" at line ") {
-        Some(i) => &message[..i],
-        None => message,
-    }
 }
 
 fn kind_of(v: &Value) -> &'static str {
@@ -850,95 +717,4 @@ pub(crate) fn secret_holes(content: &str) -> Vec<&str> {
         }
     }
     names
-}
-
-/// Rules between resources: unique ids, one owner per path or name, references that resolve.
-fn across(resources: &[Resource], problems: &mut Problems, name: &dyn Fn(usize) -> String) {
-    let mut ids: HashMap<&Id, usize> = HashMap::with_capacity(resources.len());
-    for r in resources {
-        if let Some(first) = ids.insert(&r.id, r.index) {
-            ids.insert(&r.id, first);
-            problems.at(
-                Some(r.index),
-                Some(r.id.as_str()),
-                Some("id"),
-                format!("duplicate id: {} already has it", name(first)),
-            );
-        }
-    }
-
-    // Two resources that would each hold the same thing on the machine would fight for it on
-    // every reconcile; that is a declaration error, not something to find out in production
-    // (docs/decisions.md, "Two resources may not hold the same thing").
-    let mut targets: HashMap<(&'static str, String), usize> = HashMap::with_capacity(resources.len());
-    for r in resources {
-        let class = match r.kind() {
-            // An archive is unpacked into a directory, which may well be declared too.
-            Kind::Directory | Kind::File => Some("path"),
-            Kind::Archive => Some("archive"),
-            Kind::Container => Some("container"),
-            Kind::Network => Some("network"),
-            Kind::User => Some("user"),
-            Kind::Process => Some("process"),
-            Kind::Service => Some("unit"),
-            Kind::Opening => Some("opening"),
-            Kind::Access | Kind::Package | Kind::Action => None,
-        };
-        if let Some(class) = class {
-            if let Some(first) = targets.insert((class, r.target()), r.index) {
-                targets.insert((class, r.target()), first);
-                problems.at(
-                    Some(r.index),
-                    Some(r.id.as_str()),
-                    Some(target_field(r.kind())),
-                    format!("{:?} is already declared by {}", r.target(), name(first)),
-                );
-            }
-        }
-    }
-
-    for r in resources {
-        // The verb follows the list, so a `reload-on` problem does not speak of restarting.
-        for (field, verb, list) in
-            [("restart-on", "restart", r.spec.restart_on()), ("reload-on", "reload", r.spec.reload_on())]
-        {
-            let mut seen = BTreeSet::new();
-            for (i, named) in list.iter().enumerate() {
-                let field = format!("{field}[{i}]");
-                if named == &r.id {
-                    problems.at(
-                        Some(r.index),
-                        Some(r.id.as_str()),
-                        Some(&field),
-                        format!("a resource cannot {verb} on itself"),
-                    );
-                } else if !ids.contains_key(named) {
-                    problems.at(
-                        Some(r.index),
-                        Some(r.id.as_str()),
-                        Some(&field),
-                        format!("{:?} is not declared", named.as_str()),
-                    );
-                } else if !seen.insert(named) {
-                    problems.at(
-                        Some(r.index),
-                        Some(r.id.as_str()),
-                        Some(&field),
-                        format!("{:?} is named twice", named.as_str()),
-                    );
-                }
-            }
-        }
-    }
-}
-
-fn target_field(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Directory | Kind::File | Kind::Archive | Kind::Access => "path",
-        Kind::Service => "unit",
-        Kind::Opening => "port",
-        Kind::Package => "package",
-        Kind::Action => "command",
-        Kind::Container | Kind::Network | Kind::User | Kind::Process => "name",
-    }
 }
