@@ -23,12 +23,12 @@ mod process;
 mod remove;
 mod secret;
 mod service;
+mod session;
 pub mod status;
 mod user;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 pub use archive::ArchiveLimits;
 /// For the `env_file` fuzz target (`fuzz/`): the parser of a container's env-file.
@@ -37,13 +37,14 @@ pub use container::parse_env_file;
 pub use container::{installed_steps, run_scheduled, spec_digest, ScheduledRun};
 pub use error::{Aspect, Error, Need, Target};
 pub use outcome::{Failure, Outcome, PassFailed, Report, Verb};
+use session::Managers;
+pub use session::Session;
 
 use crate::declaration::{Declaration, Digest, Id, Kind, Resource, Spec};
-use crate::secrets::Keyring;
 use crate::store::{More, Origin, Record, Store};
-use crate::system::docker::{self, Docker};
+use crate::system::docker::Docker;
 use crate::system::systemd::UNIT_SECOND_LOOK;
-use crate::system::{Fs, OwnerIds, Packages, Staged, Systemd};
+use crate::system::{Fs, OwnerIds, Staged, Systemd};
 
 /// How an apply is run.
 #[derive(Clone, Debug)]
@@ -173,41 +174,6 @@ struct Lent {
     diffs: Diffs,
 }
 
-/// The connections and caches of one pass to the machine's managers, each made when the first
-/// resource needs it (or kept from an earlier pass, see `Session`): a declaration of files
-/// alone never touches the bus.
-struct Managers {
-    systemd: Option<Systemd>,
-    packages: Packages,
-    /// The container runtime, or why none answered. Unlike the bus, a failure is kept for the
-    /// pass: a socket whose server hangs would otherwise hold every container for the probe's
-    /// whole timeout, and a hundred containers on a machine without a runtime should fail fast.
-    docker: Option<Result<Docker, Arc<docker::Error>>>,
-    /// The node's keyring, read when the first secret of the pass is opened, or why it could
-    /// not be: `None` for no key file. Never kept between passes (`Session` does not hold it),
-    /// so a daemon holds the private key only while a pass needs it.
-    keyring: Option<Result<Option<Arc<Keyring>>, Arc<str>>>,
-}
-
-impl Managers {
-    /// The pass's systemd connection, made on first use. A failure to connect is returned
-    /// each time it is asked for, so every service names the bus it could not reach.
-    fn systemd(&mut self, bus: Option<&str>) -> Result<&Systemd, Error> {
-        if self.systemd.is_none() {
-            self.systemd = Some(Systemd::connect(bus)?);
-        }
-        Ok(self.systemd.as_ref().expect("just connected"))
-    }
-
-    /// The pass's container runtime, connected on first use. A handle (cheap to clone), so an
-    /// applier can hold it while it reads the rest of the context.
-    fn docker(&mut self, socket: Option<&str>) -> Result<Docker, Error> {
-        let connected =
-            self.docker.get_or_insert_with(|| crate::system::docker::connect(socket).map_err(Arc::new));
-        connected.clone().map_err(Error::Runtime)
-    }
-}
-
 impl Ctx<'_> {
     fn systemd(&mut self) -> Result<&Systemd, Error> {
         self.machine.systemd(self.opts.bus.as_deref())
@@ -234,35 +200,6 @@ const SIG_SETTLE: std::time::Duration = std::time::Duration::from_millis(51);
 
 fn begin(r: &Resource, action: Verb, detail: Option<String>) -> Outcome {
     Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
-}
-
-/// Connections to the machine's managers kept from one pass to the next. The daemon keeps one,
-/// so a reconcile of one unit or container does not connect anew (a D-Bus connection and its
-/// Subscribe, a runtime's ping); a command makes a fresh one for its single pass. A pass that
-/// failed at all drops them, so a manager restarted under the daemon is connected to again on
-/// the retry rather than failing on a dead connection.
-#[derive(Default)]
-pub struct Session {
-    systemd: Option<Systemd>,
-    docker: Option<Docker>,
-}
-
-impl Session {
-    fn start(&mut self) -> Managers {
-        Managers {
-            systemd: self.systemd.take(),
-            packages: Packages::default(),
-            docker: self.docker.take().map(Ok),
-            keyring: None,
-        }
-    }
-
-    fn end(&mut self, machine: Managers, failed: bool) {
-        if !failed {
-            self.systemd = machine.systemd;
-            self.docker = machine.docker.and_then(Result::ok);
-        }
-    }
 }
 
 /// Applies the whole declaration: orphans, then every resource.
