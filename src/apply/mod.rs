@@ -21,6 +21,7 @@ mod outcome;
 mod package;
 mod process;
 mod remove;
+mod rising;
 mod secret;
 mod service;
 mod session;
@@ -37,13 +38,13 @@ pub use container::parse_env_file;
 pub use container::{installed_steps, run_scheduled, spec_digest, ScheduledRun};
 pub use error::{Aspect, Error, Need, Target};
 pub use outcome::{Failure, Outcome, PassFailed, Report, Verb};
+use rising::Rising;
 use session::Managers;
 pub use session::Session;
 
 use crate::declaration::{Declaration, Digest, Id, Kind, Resource, Spec};
 use crate::store::{More, Origin, Record, Store};
 use crate::system::docker::Docker;
-use crate::system::systemd::UNIT_SECOND_LOOK;
 use crate::system::{Fs, OwnerIds, Staged, Systemd};
 
 /// How an apply is run.
@@ -130,20 +131,6 @@ enum Step {
     Done(Outcome, Option<Facts>),
     Staged(Box<file::Pending>),
     Rising(Box<Rising>),
-}
-
-/// A unit just started (or restarted, or replaced): running at the first look, and done only if
-/// it still is `UNIT_SECOND_LOOK` later. A simple service counts as started once its process is forked, so
-/// one that exits at once on a bad configuration passes the first look and not the second. The
-/// second look is the pass's: units started one after another settle together, before the next
-/// gate or at the end of the pass, rather than each holding the pass for `UNIT_SECOND_LOOK`.
-struct Rising {
-    outcome: Outcome,
-    facts: Option<Facts>,
-    unit: String,
-    /// What was done to it, for the message if it died ("was started").
-    what: String,
-    since: std::time::Instant,
 }
 
 /// State shared by the appliers during one pass.
@@ -893,26 +880,6 @@ impl<'a> Pass<'a> {
             );
         }
         outcome
-    }
-
-    /// The second look at the units started since the last one: once `UNIT_SECOND_LOOK` has passed since
-    /// the latest start, each still running is done and recorded; one that died is an error.
-    fn second_look(&mut self, machine: &mut Managers) {
-        let Some(latest) = self.rising.iter().map(|(_, _, r)| r.since).max() else { return };
-        std::thread::sleep((latest + UNIT_SECOND_LOOK).saturating_duration_since(std::time::Instant::now()));
-        let declaration = self.declaration;
-        for (slot, index, rising) in std::mem::take(&mut self.rising) {
-            let resource = &declaration.resources[index];
-            let Rising { outcome, facts, unit, what, since: _ } = *rising;
-            let second = machine.systemd(self.opts.bus.as_deref()).and_then(|sd| Ok(sd.state(&unit)?));
-            match second {
-                Ok(state) if state.running() => {
-                    self.slots[slot] = Some(self.record(resource, outcome, facts))
-                }
-                Ok(state) => self.fail(resource, &service::died(&unit, &what, &state)),
-                Err(e) => self.fail(resource, &e),
-            }
-        }
     }
 
     /// Signs the files this pass wrote (or found as declared) while their change times were too
