@@ -4,31 +4,40 @@
 //! Architecture Invariant: appliers decide and report; they reach the machine only through
 //! `system`. They never write the store: the engine records a resource after its read-back
 //! passed, and the caller persists the store once the pass is over.
+//!
+//! Here: the public calls and what the appliers share (`Ctx`, `Step`, `Facts`, and `step`,
+//! which picks the applier). The pass itself is `pass.rs`, its firewall step `firewall.rs`, the
+//! second look at units `rising.rs`, holding what an adopted node was found with `adopt.rs`, and
+//! the connections to the machine's managers `session.rs`; one file per resource type besides.
 
 mod access;
 mod action;
+mod adopt;
 mod archive;
 mod container;
 mod directory;
 mod error;
 mod file;
 pub use file::declared_bytes;
+mod firewall;
 mod firewalld;
 mod into;
 mod network;
 mod opening;
 mod outcome;
 mod package;
+mod pass;
 mod process;
 mod remove;
+mod rising;
 mod secret;
 mod service;
+mod session;
 pub mod status;
 mod user;
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 pub use archive::ArchiveLimits;
 /// For the `env_file` fuzz target (`fuzz/`): the parser of a container's env-file.
@@ -37,13 +46,15 @@ pub use container::parse_env_file;
 pub use container::{installed_steps, run_scheduled, spec_digest, ScheduledRun};
 pub use error::{Aspect, Error, Need, Target};
 pub use outcome::{Failure, Outcome, PassFailed, Report, Verb};
+use pass::Pass;
+use rising::Rising;
+use session::Managers;
+pub use session::Session;
 
-use crate::declaration::{Declaration, Digest, Id, Kind, Resource, Spec};
-use crate::secrets::Keyring;
-use crate::store::{More, Origin, Record, Store};
-use crate::system::docker::{self, Docker};
-use crate::system::systemd::UNIT_SECOND_LOOK;
-use crate::system::{Fs, OwnerIds, Packages, Staged, Systemd};
+use crate::declaration::{Declaration, Digest, Id, Resource, Spec};
+use crate::store::{Origin, Store};
+use crate::system::docker::Docker;
+use crate::system::{Fs, OwnerIds, Systemd};
 
 /// How an apply is run.
 #[derive(Clone, Debug)]
@@ -97,174 +108,6 @@ impl std::fmt::Debug for Progress {
 #[derive(Clone, Debug, Default)]
 pub struct Diffs(pub Vec<(String, String)>);
 
-/// What the machine facts of a resource are after it applied: the store's record of it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Facts {
-    wrote: Option<Digest>,
-    mode: Option<u32>,
-    owner: Option<(u32, u32)>,
-    sig: Option<crate::system::Sig>,
-    /// A file's signature as read back or found, when it is too fresh to trust yet (its change
-    /// time within the kernel's coarse clock tick of now). A whole pass settles it at its end.
-    fresh: Option<crate::system::Sig>,
-    archive: Option<String>,
-    /// For a process, or a container: the digest of the spec it was started or created with;
-    /// see `store::Record::spec`.
-    spec: Option<String>,
-    /// What a container read at creation, by path.
-    reads: BTreeMap<String, String>,
-    /// A scheduled step's cron expression.
-    schedule: Option<String>,
-    /// For a file with `into`: what its keys held before the host set them.
-    into: Option<crate::store::Merged>,
-}
-
-/// What an applier returns: done (with what to record, if anything), a file staged for the
-/// next batch commit, or a unit just started that must still be running a moment later.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "Done is what nearly every applier returns, once per resource, moved straight into the report; boxing it would allocate for every resource to save a copy of a few hundred bytes"
-)]
-enum Step {
-    Done(Outcome, Option<Facts>),
-    Staged(Box<file::Pending>),
-    Rising(Box<Rising>),
-}
-
-/// A unit just started (or restarted, or replaced): running at the first look, and done only if
-/// it still is `UNIT_SECOND_LOOK` later. A simple service counts as started once its process is forked, so
-/// one that exits at once on a bad configuration passes the first look and not the second. The
-/// second look is the pass's: units started one after another settle together, before the next
-/// gate or at the end of the pass, rather than each holding the pass for `UNIT_SECOND_LOOK`.
-struct Rising {
-    outcome: Outcome,
-    facts: Option<Facts>,
-    unit: String,
-    /// What was done to it, for the message if it died ("was started").
-    what: String,
-    since: std::time::Instant,
-}
-
-/// State shared by the appliers during one pass.
-///
-/// The pass is synchronous and always runs on a blocking thread of a tokio runtime (the CLI
-/// and the controller both arrange it), so an applier that speaks an async protocol (Docker,
-/// D-Bus) calls `tokio::runtime::Handle::current().block_on(..)`. Keeping the engine
-/// synchronous keeps its ordering plain: one resource at a time, in declaration order.
-struct Ctx<'a> {
-    fs: Fs,
-    owner_ids: OwnerIds,
-    store: &'a Store,
-    opts: &'a Options,
-    diffs: Diffs,
-    declaration: &'a Declaration,
-    /// Ids that moved earlier in this pass: what restart-on and reload-on react to.
-    changed: &'a HashSet<Id>,
-    machine: &'a mut Managers,
-}
-
-/// What the pass owns between steps and lends each applier in its `Ctx` (see
-/// `Pass::with_ctx`): the file system with its batch of staged files, the owners resolved so
-/// far, and the diffs a plan shows. Owned by the pass, not the context, because a context
-/// borrows the pass's store and lives for one step only.
-struct Lent {
-    fs: Fs,
-    owner_ids: OwnerIds,
-    diffs: Diffs,
-}
-
-/// The connections and caches of one pass to the machine's managers, each made when the first
-/// resource needs it (or kept from an earlier pass, see `Session`): a declaration of files
-/// alone never touches the bus.
-struct Managers {
-    systemd: Option<Systemd>,
-    packages: Packages,
-    /// The container runtime, or why none answered. Unlike the bus, a failure is kept for the
-    /// pass: a socket whose server hangs would otherwise hold every container for the probe's
-    /// whole timeout, and a hundred containers on a machine without a runtime should fail fast.
-    docker: Option<Result<Docker, Arc<docker::Error>>>,
-    /// The node's keyring, read when the first secret of the pass is opened, or why it could
-    /// not be: `None` for no key file. Never kept between passes (`Session` does not hold it),
-    /// so a daemon holds the private key only while a pass needs it.
-    keyring: Option<Result<Option<Arc<Keyring>>, Arc<str>>>,
-}
-
-impl Managers {
-    /// The pass's systemd connection, made on first use. A failure to connect is returned
-    /// each time it is asked for, so every service names the bus it could not reach.
-    fn systemd(&mut self, bus: Option<&str>) -> Result<&Systemd, Error> {
-        if self.systemd.is_none() {
-            self.systemd = Some(Systemd::connect(bus)?);
-        }
-        Ok(self.systemd.as_ref().expect("just connected"))
-    }
-
-    /// The pass's container runtime, connected on first use. A handle (cheap to clone), so an
-    /// applier can hold it while it reads the rest of the context.
-    fn docker(&mut self, socket: Option<&str>) -> Result<Docker, Error> {
-        let connected =
-            self.docker.get_or_insert_with(|| crate::system::docker::connect(socket).map_err(Arc::new));
-        connected.clone().map_err(Error::Runtime)
-    }
-}
-
-impl Ctx<'_> {
-    fn systemd(&mut self) -> Result<&Systemd, Error> {
-        self.machine.systemd(self.opts.bus.as_deref())
-    }
-
-    fn docker(&mut self) -> Result<Docker, Error> {
-        self.machine.docker(self.opts.container_socket.as_deref())
-    }
-}
-
-/// The ids of `names` that moved earlier in this pass, for "restarted for ..." details.
-fn named(names: &[Id], changed: &HashSet<Id>) -> Vec<String> {
-    names.iter().filter(|id| changed.contains(*id)).map(|id| id.to_string()).collect()
-}
-
-/// How many files are staged before a batch is committed. Bounded so that open descriptors
-/// stay far below the default limit, and so a huge declaration does not hold every new
-/// content in memory at once.
-const BATCH: usize = 512;
-
-/// How long after the latest fresh signature of a pass it is looked at again: past the
-/// coarse tick that `Meta::trusted_sig` waits out, with a millisecond to spare.
-const SIG_SETTLE: std::time::Duration = std::time::Duration::from_millis(51);
-
-fn begin(r: &Resource, action: Verb, detail: Option<String>) -> Outcome {
-    Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
-}
-
-/// Connections to the machine's managers kept from one pass to the next. The daemon keeps one,
-/// so a reconcile of one unit or container does not connect anew (a D-Bus connection and its
-/// Subscribe, a runtime's ping); a command makes a fresh one for its single pass. A pass that
-/// failed at all drops them, so a manager restarted under the daemon is connected to again on
-/// the retry rather than failing on a dead connection.
-#[derive(Default)]
-pub struct Session {
-    systemd: Option<Systemd>,
-    docker: Option<Docker>,
-}
-
-impl Session {
-    fn start(&mut self) -> Managers {
-        Managers {
-            systemd: self.systemd.take(),
-            packages: Packages::default(),
-            docker: self.docker.take().map(Ok),
-            keyring: None,
-        }
-    }
-
-    fn end(&mut self, machine: Managers, failed: bool) {
-        if !failed {
-            self.systemd = machine.systemd;
-            self.docker = machine.docker.and_then(Result::ok);
-        }
-    }
-}
-
 /// Applies the whole declaration: orphans, then every resource.
 pub fn apply(declaration: &Declaration, store: &mut Store, opts: &Options) -> (Report, Diffs) {
     apply_in(&mut Session::default(), declaration, store, opts)
@@ -300,905 +143,75 @@ pub fn reconcile_in(
     Pass::new(declaration, store, opts).run(Some(selected), session).0
 }
 
-struct Pass<'a> {
-    declaration: &'a Declaration,
-    store: &'a mut Store,
+/// What the machine facts of a resource are after it applied: the store's record of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Facts {
+    wrote: Option<Digest>,
+    mode: Option<u32>,
+    owner: Option<(u32, u32)>,
+    sig: Option<crate::system::Sig>,
+    /// A file's signature as read back or found, when it is too fresh to trust yet (its change
+    /// time within the kernel's coarse clock tick of now). A whole pass settles it at its end.
+    fresh: Option<crate::system::Sig>,
+    archive: Option<String>,
+    /// For a process, or a container: the digest of the spec it was started or created with;
+    /// see `store::Record::spec`.
+    spec: Option<String>,
+    /// What a container read at creation, by path.
+    reads: BTreeMap<String, String>,
+    /// A scheduled step's cron expression.
+    schedule: Option<String>,
+    /// For a file with `into`: what its keys held before the host set them.
+    into: Option<crate::store::Merged>,
+}
+
+/// What an applier returns: done (with what to record, if anything), a file staged for the
+/// next batch commit, or a unit just started that must still be running a moment later.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "Done is what nearly every applier returns, once per resource, moved straight into the report; boxing it would allocate for every resource to save a copy of a few hundred bytes"
+)]
+enum Step {
+    Done(Outcome, Option<Facts>),
+    Staged(Box<file::Pending>),
+    Rising(Box<Rising>),
+}
+
+/// State shared by the appliers during one pass.
+///
+/// The pass is synchronous and always runs on a blocking thread of a tokio runtime (the CLI
+/// and the controller both arrange it), so an applier that speaks an async protocol (Docker,
+/// D-Bus) calls `tokio::runtime::Handle::current().block_on(..)`. Keeping the engine
+/// synchronous keeps its ordering plain: one resource at a time, in declaration order.
+struct Ctx<'a> {
+    fs: Fs,
+    owner_ids: OwnerIds,
+    store: &'a Store,
     opts: &'a Options,
-    slots: Vec<Option<Outcome>>,
-    failures: Vec<Failure>,
-    /// Ids that moved in this pass, for restart-on and reload-on. Only within one pass: a change
-    /// already reflected must not restart a service on every later pass.
-    changed: HashSet<Id>,
-    pending: Vec<(usize, Box<file::Pending>)>,
-    /// Units started in this pass awaiting their second look, with their slots.
-    rising: Vec<(usize, usize, Box<Rising>)>,
-    /// Orphan openings, left for the firewall step.
-    orphan_openings: Vec<(String, Record)>,
-    /// The slots of the declared openings, filled by the firewall step, by resource index.
-    openings: Vec<(usize, usize)>,
-    /// The firewall found in force on an adopted node (looked for first).
-    found: opening::Found,
-    /// Files recorded in this pass with a signature too fresh to trust: by index, with that
-    /// signature, and when the latest was taken.
-    untrusted_sigs: Vec<(usize, crate::system::Sig)>,
-    latest_fresh: Option<std::time::Instant>,
+    diffs: Diffs,
+    declaration: &'a Declaration,
+    /// Ids that moved earlier in this pass: what restart-on and reload-on react to.
+    changed: &'a HashSet<Id>,
+    machine: &'a mut Managers,
 }
 
-impl<'a> Pass<'a> {
-    fn new(declaration: &'a Declaration, store: &'a mut Store, opts: &'a Options) -> Pass<'a> {
-        Pass {
-            declaration,
-            store,
-            opts,
-            slots: Vec::new(),
-            failures: Vec::new(),
-            changed: HashSet::new(),
-            pending: Vec::new(),
-            rising: Vec::new(),
-            orphan_openings: Vec::new(),
-            openings: Vec::new(),
-            found: opening::Found::Nothing,
-            untrusted_sigs: Vec::new(),
-            latest_fresh: None,
-        }
+impl Ctx<'_> {
+    fn systemd(&mut self) -> Result<&Systemd, Error> {
+        self.machine.systemd(self.opts.bus.as_deref())
     }
 
-    /// One pass: the firewall found in force looked for, what an adopted node holds decided,
-    /// orphans removed, every resource stepped in declaration order, then what waits for the
-    /// end of the pass (the last batch, the second look at units, the firewall, signatures).
-    fn run(mut self, only: Option<BTreeSet<usize>>, session: &mut Session) -> (Report, Diffs) {
-        if let Err(error) = self.look_for_firewall(only.as_ref()) {
-            return (
-                Report { outcomes: Vec::new(), error: Some(error), store_error: None },
-                Diffs::default(),
-            );
-        }
-        let fs = if self.opts.dry_run { Fs::new() } else { Fs::journaled(self.store.journal_path()) };
-        let mut lent = Lent { fs, owner_ids: OwnerIds::default(), diffs: Diffs::default() };
-        let mut machine = session.start();
-
-        // What an adopted node holds is decided from the machine as it was before this pass
-        // changed anything: a directory the pass makes as a file's parent was made, not found.
-        if only.is_none() {
-            self.release_holds();
-        }
-        let mut found = self.with_ctx(&mut lent, &mut machine, |ctx| look_before(ctx, only.as_ref()));
-        if only.is_none() {
-            self.remove_orphans(&mut lent.fs, &mut machine);
-        }
-        let gate_at = self.step_all(only.as_ref(), &mut found, &mut lent, &mut machine);
-        self.finish(gate_at, only.is_none(), &mut lent.fs, &mut machine);
-        session.end(machine, !self.failures.is_empty());
-        (self.report(gate_at), lent.diffs)
-    }
-
-    /// On an adopted node, looks for the firewall found in force before anything else, and
-    /// keeps it in `found`: one the host cannot manage refuses the whole declaration, with
-    /// nothing touched, so its error is the pass's whole report.
-    fn look_for_firewall(&mut self, only: Option<&BTreeSet<usize>>) -> Result<(), PassFailed> {
-        // Only a pass that reaches the openings looks: a reconcile of one file does not run ufw.
-        let reaches_openings = only.is_none_or(|only| {
-            only.iter().any(|&i| matches!(self.declaration.resources[i].spec, Spec::Opening(_)))
-        });
-        if self.declaration.adoption.is_none() || !reaches_openings {
-            return Ok(());
-        }
-        match opening::found_firewall(self.opts.bus.as_deref()) {
-            Ok(found) => {
-                self.found = found;
-                Ok(())
-            }
-            Err(message) => {
-                let failure = Failure {
-                    id: "the firewall found on this machine".to_owned(),
-                    kind: Kind::Opening,
-                    target: "the input hook".to_owned(),
-                    message,
-                    raced: false,
-                };
-                Err(PassFailed {
-                    resource: failure.id.clone(),
-                    message: failure.message.clone(),
-                    others: 0,
-                    gated: false,
-                    failures: vec![failure],
-                })
-            }
-        }
-    }
-
-    /// Lends `lent` and `machine` to `f` in an applier's context, and takes them back after it:
-    /// the context borrows the pass's store and its changed ids, so it lives only for the call.
-    fn with_ctx<R>(&self, lent: &mut Lent, machine: &mut Managers, f: impl FnOnce(&mut Ctx<'_>) -> R) -> R {
-        let mut ctx = Ctx {
-            fs: std::mem::take(&mut lent.fs),
-            owner_ids: std::mem::take(&mut lent.owner_ids),
-            store: self.store,
-            opts: self.opts,
-            diffs: std::mem::take(&mut lent.diffs),
-            declaration: self.declaration,
-            changed: &self.changed,
-            machine,
-        };
-        let result = f(&mut ctx);
-        lent.fs = ctx.fs;
-        lent.owner_ids = ctx.owner_ids;
-        lent.diffs = ctx.diffs;
-        result
-    }
-
-    /// Which gate, if any, holds back the rest when reconciling a part alone: the first one
-    /// not recorded at its current declaration. A held gate is not closed: a full pass goes
-    /// past it (held is not a failure), and it is never recorded while it is held.
-    fn closed_gate(&self, only: Option<&BTreeSet<usize>>, found: &Found) -> Option<&'a Resource> {
-        only.and_then(|_| {
-            self.declaration.gates().find(|r| {
-                self.store.get(r.id.as_str()).is_none_or(|rec| rec.declared != r.digest)
-                    && held_step(self.declaration, found, r).is_none()
-            })
-        })
-    }
-
-    /// Steps every resource of the pass (all of them, or those `only` names) in declaration
-    /// order, telling the progress callback of each, until a gate stops the pass: a closed gate
-    /// before a resource, or a gate that failed. Returns where that gate's failure is in
-    /// `failures`, for the report to name it.
-    fn step_all(
-        &mut self,
-        only: Option<&BTreeSet<usize>>,
-        found: &mut Found,
-        lent: &mut Lent,
-        machine: &mut Managers,
-    ) -> Option<usize> {
-        let closed_gate = self.closed_gate(only, found);
-        let total = only.map_or(self.declaration.resources.len(), BTreeSet::len);
-        let mut done = 0;
-        let declaration = self.declaration;
-        for resource in &declaration.resources {
-            if let Some(only) = only {
-                if !only.contains(&resource.index) {
-                    continue;
-                }
-            }
-            if let Some(progress) = &self.opts.progress {
-                (progress.0)(done, total, resource.id.as_str());
-            }
-            done += 1;
-            if let Some(gate) = closed_gate {
-                if resource.index > gate.index {
-                    self.failures.push(Failure {
-                        id: gate.id.to_string(),
-                        kind: gate.kind(),
-                        target: gate.target(),
-                        message: format!(
-                            "this gate has not passed at its current declaration, so {} was not attempted",
-                            resource.id
-                        ),
-                        raced: false,
-                    });
-                    return Some(self.failures.len() - 1);
-                }
-            }
-            if let Some(gate_at) = self.step_one(resource, found, lent, machine) {
-                return Some(gate_at);
-            }
-        }
-        None
-    }
-
-    /// Steps one resource: an opening set aside for the firewall step, and anything else
-    /// applied (or held as found) once what it may depend on is finished, then noted. Returns
-    /// where its failure is in `failures` when it is a gate that failed: the rest of the pass
-    /// is then not attempted.
-    fn step_one(
-        &mut self,
-        resource: &Resource,
-        found: &mut Found,
-        lent: &mut Lent,
-        machine: &mut Managers,
-    ) -> Option<usize> {
-        // The filter is made from every opening at once, after everything else.
-        if matches!(resource.spec, Spec::Opening(_)) {
-            self.openings.push((resource.index, self.slots.len()));
-            self.slots.push(None);
-            return None;
-        }
-        // Files are committed in batches; anything that is not a file or directory may
-        // depend on them (a service restarted on a file), so the batch is finished first.
-        if !matches!(resource.kind(), Kind::File | Kind::Directory) || self.pending.len() >= BATCH {
-            self.flush(&mut lent.fs);
-        }
-        // A gate (an action, a run-once step) may depend on the units started before it:
-        // they settle first, as they did when each start held the pass.
-        if resource.spec.is_gate() {
-            self.second_look(machine);
-        }
-        let (result, remember) = match self.hold(found, resource) {
-            Some(held) => held,
-            None => (self.with_ctx(lent, machine, |ctx| step(ctx, resource)), None),
-        };
-        if let (Some(held), false) = (remember, self.opts.dry_run) {
-            self.store.hold(resource.id.as_str(), held);
-        }
-        self.note(resource, result)
-    }
-
-    /// Notes how one resource's step went: done and recorded, staged for the next batch, or
-    /// started and awaiting its second look; or failed. Returns where the failure is in
-    /// `failures` when the resource is a gate that failed.
-    fn note(&mut self, resource: &Resource, result: Result<Step, Error>) -> Option<usize> {
-        match result {
-            Ok(Step::Done(outcome, facts)) => self.done(resource, outcome, facts),
-            Ok(Step::Staged(p)) => {
-                self.pending.push((self.slots.len(), p));
-                self.slots.push(None);
-            }
-            Ok(Step::Rising(rising)) => {
-                // It moved now, whatever the second look finds: what restarts on it must see
-                // that in this pass.
-                if rising.outcome.action.moved() {
-                    self.changed.insert(resource.id.clone());
-                }
-                self.rising.push((self.slots.len(), resource.index, rising));
-                self.slots.push(None);
-            }
-            Err(e) => {
-                self.fail(resource, &e);
-                if resource.spec.is_gate() {
-                    return Some(self.failures.len() - 1);
-                }
-            }
-        }
-        None
-    }
-
-    /// What waits for the end of the pass, whether or not a gate stopped it: the last batch
-    /// committed and made durable, the second look at the units started, the firewall step
-    /// (or, past a failed gate, the openings set aside saying why), and on a whole pass the
-    /// signatures that were too fresh to record.
-    fn finish(&mut self, gate_at: Option<usize>, whole: bool, fs: &mut Fs, machine: &mut Managers) {
-        self.flush(fs);
-        // Directories made since the last batch (a directory resource alone, say), durable
-        // before the store records them; what is in one that could not be made durable fails.
-        for (parent, why) in fs.make_durable() {
-            self.undurable(&parent, &Error::from(why));
-        }
-        if fs.journal_written() {
-            self.store.journaled();
-        }
-        self.second_look(machine);
-        if gate_at.is_some() {
-            self.firewall_held_by_gate();
-        } else if !self.openings.is_empty() || !self.orphan_openings.is_empty() {
-            self.firewall();
-        }
-        if whole {
-            self.trust_signatures(fs);
-        }
-    }
-
-    /// The pass's report: every outcome in its slot's order, and the error if anything failed.
-    /// `gate_at` is where the failure of the gate that closed the pass is, if one did: the
-    /// report's error is that gate's own, whatever failed before it.
-    fn report(self, gate_at: Option<usize>) -> Report {
-        let outcomes: Vec<Outcome> = self.slots.into_iter().flatten().collect();
-        let error = (!self.failures.is_empty()).then(|| {
-            // A gate's failure is the one that matters: it is why the rest was not attempted,
-            // and the error says "it is a gate" of whatever it names. Otherwise the first.
-            let named = &self.failures[gate_at.unwrap_or(0)];
-            PassFailed {
-                resource: named.id.clone(),
-                message: named.message.clone(),
-                others: self.failures.len() - 1,
-                gated: gate_at.is_some(),
-                failures: self.failures.clone(),
-            }
-        });
-        Report { outcomes, error, store_error: None }
-    }
-
-    /// Removes orphans, in reverse of their declared order, before anything is applied: a
-    /// resource renamed at the same path must not have its new file deleted after it was
-    /// written. A record whose id is still declared but now names another target or type is
-    /// treated the same way, since what it left behind is no longer declared by anything.
-    fn remove_orphans(&mut self, fs: &mut Fs, machine: &mut Managers) {
-        let mut orphans = self.store.orphans(self.declaration, self.opts.origin);
-        let mut displaced: Vec<(String, Record)> = self
-            .declaration
-            .resources
-            .iter()
-            .filter_map(|r| {
-                let rec = self.store.get(r.id.as_str())?;
-                (rec.origin == self.opts.origin && (rec.kind != r.kind() || *rec.target != *r.target()))
-                    .then(|| (r.id.to_string(), rec.clone()))
-            })
-            .collect();
-        orphans.append(&mut displaced);
-        orphans.sort_by_key(|o| std::cmp::Reverse(o.1.position));
-        // Openings leave the filter last, in the firewall step's one load: taking a port out of
-        // the filter first would close it while the rest of the pass may still fail. An opening
-        // whose port or protocol changed under the same id is simply loaded anew.
-        let (openings, orphans): (Vec<_>, Vec<_>) =
-            orphans.into_iter().partition(|o| o.1.kind == Kind::Opening);
-        self.orphan_openings =
-            openings.into_iter().filter(|(id, _)| self.declaration.find(id).is_none()).collect();
-        for (id, record) in orphans {
-            let result = remove::remove(fs, machine, &record, self.opts);
-            self.orphan_told(id, record, result);
-        }
-    }
-
-    /// How the removal of an orphan went, reported; its record forgotten once it is gone.
-    fn orphan_told(&mut self, id: String, record: Record, result: Result<(Verb, Option<String>), Error>) {
-        match result {
-            Ok((action, detail)) => {
-                // A network kept because something undeclared still uses it stays recorded,
-                // so it is removed at a later apply once nothing does, instead of leaking.
-                let retry = record.kind == Kind::Network && action == Verb::Kept;
-                if !self.opts.dry_run && !retry {
-                    self.store.forget(&id);
-                }
-                self.slots.push(Some(Outcome {
-                    id,
-                    kind: record.kind,
-                    target: record.target.into(),
-                    action,
-                    detail,
-                }));
-            }
-            Err(e) => self.failures.push(Failure {
-                id,
-                kind: record.kind,
-                target: record.target.into(),
-                message: format!("removing what is no longer declared: {e}"),
-                raced: false,
-            }),
-        }
-    }
-
-    /// The firewall step behind firewalld, found running on an adopted node: the openings are
-    /// made in it, and the host's own table, if one is there, removed once they read back.
-    fn firewall_in_firewalld(&mut self, orphans: Vec<(String, Record)>) {
-        let done = match crate::system::firewalld::Firewalld::running(self.opts.bus.as_deref()) {
-            Ok(Some(fw)) => {
-                let done = firewalld::apply(self.declaration, self.store, self.opts, orphans, &fw);
-                opening::without_own_table(done, self.opts, "firewalld")
-            }
-            found => {
-                let e = match found {
-                    Err(e) => e,
-                    Ok(_) => crate::system::firewalld::Error::NotRunning(
-                        "gone: it stopped during this pass".to_owned(),
-                    ),
-                };
-                let e = std::sync::Arc::new(e);
-                opening::Done {
-                    declared: opening::declared_openings(self.declaration)
-                        .into_iter()
-                        .map(|(r, _)| (r.index, Err(Error::Firewalld(e.clone()))))
-                        .collect(),
-                    orphans: orphans
-                        .into_iter()
-                        .map(|(id, rec)| (id, rec, Err(Error::Firewalld(e.clone()))))
-                        .collect(),
-                }
-            }
-        };
-        self.take_done(done, Some(firewalld::FIREWALLD));
-    }
-
-    /// The firewall step: the host's filter from every declared opening, loaded once, after
-    /// everything else; orphan openings leave it in the same load.
-    fn firewall(&mut self) {
-        let orphans = std::mem::take(&mut self.orphan_openings);
-        if self.found == opening::Found::Firewalld {
-            return self.firewall_in_firewalld(orphans);
-        }
-        let recorded_in = |spec: &str| {
-            self.store.records().any(|(_, rec)| {
-                rec.kind == Kind::Opening && rec.origin == self.opts.origin && rec.spec() == Some(spec)
-            })
-        };
-        // The same two orders with firewalld: the flip once the declaration no longer says
-        // `adoption` (only after a clean pass), and the way back when it says it again.
-        let adopted = self.declaration.adoption.is_some();
-        let fw_flipping = !adopted && recorded_in(firewalld::FIREWALLD);
-        let fw_retired = recorded_in(firewalld::FIREWALLD_RETIRED);
-        if fw_flipping || fw_retired {
-            let declaration = self.declaration;
-            if fw_flipping && !self.failures.is_empty() {
-                let failed = self.failures.len();
-                for (index, _) in std::mem::take(&mut self.openings) {
-                    self.fail(&declaration.resources[index], &Error::FlipWaits { from: "firewalld", failed });
-                }
-                return;
-            }
-            let (done, spec) = if fw_flipping {
-                (firewalld::flip(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD_RETIRED)
-            } else if adopted {
-                (firewalld::way_back(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD)
-            } else {
-                (opening::apply(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD_RETIRED)
-            };
-            return self.take_done(done, Some(spec));
-        }
-        let in_ufw = self.found == opening::Found::Ufw;
-        // The flip: a node adopted behind ufw whose declaration no longer says `adoption`. What
-        // protects the node goes last: only once everything else applied without failure.
-        let flipping = !in_ufw
-            && self.declaration.adoption.is_none()
-            && self.store.records().any(|(_, rec)| {
-                rec.kind == Kind::Opening
-                    && rec.origin == self.opts.origin
-                    && rec.spec() == Some(opening::UFW)
-            });
-        if flipping && !self.failures.is_empty() {
-            let failed = self.failures.len();
-            let declaration = self.declaration;
-            for (index, _) in std::mem::take(&mut self.openings) {
-                self.fail(&declaration.resources[index], &Error::FlipWaits { from: "ufw", failed });
-            }
-            return;
-        }
-        let opening_spec = |spec: &str| {
-            self.store.records().any(|(_, rec)| {
-                rec.kind == Kind::Opening && rec.origin == self.opts.origin && rec.spec() == Some(spec)
-            })
-        };
-        // The way back: a declaration with `adoption` returning to a node whose ufw the host
-        // retired. Its openings go into ufw, ufw is enabled, and only then does the host's own
-        // table go: the mirror of the flip. It does not wait for a clean pass: the host's table
-        // protects the node until ufw is up, and ufw is what the adopted node is to be behind.
-        let retired = opening_spec(opening::UFW_RETIRED);
-        let returning = !in_ufw && self.declaration.adoption.is_some() && retired;
-        let done = if in_ufw || returning {
-            let done = opening::apply_ufw(self.declaration, self.store, self.opts, orphans, returning);
-            opening::without_own_table(done, self.opts, "ufw")
-        } else if flipping {
-            opening::flip(self.declaration, self.store, self.opts, orphans)
-        } else {
-            opening::apply(self.declaration, self.store, self.opts, orphans)
-        };
-        let spec = if in_ufw || returning {
-            Some(opening::UFW)
-        } else if flipping || retired {
-            Some(opening::UFW_RETIRED)
-        } else {
-            None
-        };
-        self.take_done(done, spec);
-    }
-
-    /// Reports and records what the firewall step did with each opening: `spec` is what the
-    /// records say of where the openings are (ufw, firewalld, retired), none for the host's own
-    /// table alone.
-    fn take_done(&mut self, done: opening::Done, spec: Option<&str>) {
-        let facts = || Facts { spec: spec.map(str::to_owned), ..Facts::default() };
-        let slots: BTreeMap<usize, usize> = self.openings.iter().copied().collect();
-        let declaration = self.declaration;
-        for (index, result) in done.declared {
-            let resource = &declaration.resources[index];
-            // A held opening is reported and never recorded: it is not the host's yet. The hold
-            // is remembered, as every type's is, until its module is taken.
-            let result = match result {
-                Ok(outcome) if outcome.action == Verb::Held => {
-                    if !self.opts.dry_run {
-                        let held = crate::store::Held {
-                            kind: resource.kind(),
-                            target: resource.target().into_boxed_str(),
-                            origin: self.opts.origin,
-                        };
-                        self.store.hold(resource.id.as_str(), held);
-                    }
-                    match slots.get(&index) {
-                        Some(&slot) => self.slots[slot] = Some(outcome),
-                        None => self.slots.push(Some(outcome)),
-                    }
-                    continue;
-                }
-                other => other,
-            };
-            match (result, slots.get(&index)) {
-                (Ok(outcome), Some(&slot)) => {
-                    self.slots[slot] = Some(self.record(resource, outcome, Some(facts())))
-                }
-                // An opening outside a reconcile's selection is loaded with the others (the
-                // filter is one), reported and recorded like them.
-                (Ok(outcome), None) => {
-                    let outcome = self.record(resource, outcome, Some(facts()));
-                    self.slots.push(Some(outcome));
-                }
-                (Err(e), _) => self.fail(resource, &e),
-            }
-        }
-        for (id, record, result) in done.orphans {
-            self.orphan_told(id, record, result);
-        }
-    }
-
-    /// A gate failed, so not every opening was reached: the filter is left as it was, its
-    /// orphans stay recorded, and each opening set aside says why it was not loaded.
-    fn firewall_held_by_gate(&mut self) {
-        let declaration = self.declaration;
-        for (index, _) in std::mem::take(&mut self.openings) {
-            let r = &declaration.resources[index];
-            self.failures.push(Failure {
-                id: r.id.to_string(),
-                kind: r.kind(),
-                target: r.target(),
-                message: "not loaded: a gate failed in this pass, and the filter is loaded only with every opening reached; it was left as it was".to_owned(),
-                raced: false,
-            });
-        }
-    }
-
-    /// On an adopted node, what a module not yet taken describes and was found present with no
-    /// record of the host making it (before this pass changed anything) is held as found:
-    /// reported, never recorded as applied, never changed, and remembered in the store until the
-    /// module is taken, so that it disappearing does not make it the host's to create. What would
-    /// act on something held is held too, and never run: an action run `in` a held container
-    /// (whatever its module), and the actions, run-once and scheduled steps of a module that
-    /// holds anything. `None`: applied as on any node. The hold to remember comes back beside
-    /// the outcome, for the caller to store once the applier's context is gone.
-    fn hold(
-        &self,
-        found: &mut Found,
-        r: &Resource,
-    ) -> Option<(Result<Step, Error>, Option<crate::store::Held>)> {
-        let adoption = self.declaration.adoption.as_ref()?;
-        let module = r.id.module();
-        let held = |detail: String| Some((Ok(Step::Done(begin(r, Verb::Held, Some(detail)), None)), None));
-        if let Some(why) = held_step(self.declaration, found, r) {
-            return held(why);
-        }
-        if adoption.taken.iter().any(|m| m == module) {
-            return None;
-        }
-        if self.store.held(r.id.as_str()).is_some() {
-            return held(format!(
-                "held as found since it was first found, and module {module:?} is not taken yet: left as it is now"
-            ));
-        }
-        if self.store.get(r.id.as_str()).is_some() {
-            return None;
-        }
-        match found.present.remove(&r.index)? {
-            Ok(true) => {
-                let detail = format!("found present, and module {module:?} is not taken yet: left as found");
-                let remember = crate::store::Held {
-                    kind: r.kind(),
-                    target: r.target().into_boxed_str(),
-                    origin: self.opts.origin,
-                };
-                Some((Ok(Step::Done(begin(r, Verb::Held, Some(detail)), None)), Some(remember)))
-            }
-            Ok(false) => None,
-            Err(e) => Some((Err(e), None)),
-        }
-    }
-
-    /// Lets go of the holds the declaration no longer asks for, before a full pass: one whose
-    /// module is now taken (the resource is applied in this pass), and one no longer declared by
-    /// this origin, reported `forgotten` (what was held was never the host's, so nothing is
-    /// removed).
-    fn release_holds(&mut self) {
-        let mut released = Vec::new();
-        for (id, h) in self.store.holds() {
-            match self.declaration.find(id) {
-                None if h.origin == self.opts.origin => released.push((id.to_owned(), Some(h.clone()))),
-                None => {}
-                Some(r) => {
-                    let taken = self
-                        .declaration
-                        .adoption
-                        .as_ref()
-                        .is_none_or(|a| a.taken.iter().any(|m| m == r.id.module()));
-                    if taken {
-                        released.push((id.to_owned(), None));
-                    }
-                }
-            }
-        }
-        for (id, gone) in released {
-            if !self.opts.dry_run {
-                self.store.release(&id);
-            }
-            if let Some(h) = gone {
-                self.slots.push(Some(Outcome {
-                    id,
-                    kind: h.kind,
-                    target: h.target.into(),
-                    action: Verb::Forgotten,
-                    detail: Some("no longer declared; it was held as found, and is left as found".to_owned()),
-                }));
-            }
-        }
-    }
-
-    fn done(&mut self, r: &Resource, outcome: Outcome, facts: Option<Facts>) {
-        let outcome = self.record(r, outcome, facts);
-        self.slots.push(Some(outcome));
-    }
-
-    /// Notes a resource that worked: marks it changed if it moved, and records it.
-    fn record(&mut self, r: &Resource, outcome: Outcome, facts: Option<Facts>) -> Outcome {
-        if outcome.action.moved() {
-            self.changed.insert(r.id.clone());
-        }
-        if let (Some(facts), false) = (facts, self.opts.dry_run) {
-            if let (None, Some(fresh)) = (facts.sig, facts.fresh) {
-                self.untrusted_sigs.push((r.index, fresh));
-                self.latest_fresh = Some(std::time::Instant::now());
-            }
-            // Only now: the read-back passed. The record follows the fact.
-            self.store.record(
-                r.id.as_str(),
-                Record {
-                    origin: self.opts.origin,
-                    kind: r.kind(),
-                    target: r.target().into_boxed_str(),
-                    position: u32::try_from(r.index).expect("fewer than 2^32 resources"),
-                    declared: r.digest,
-                    applied_at: 0,
-                    wrote: facts.wrote,
-                    mode: facts.mode,
-                    owner: facts.owner,
-                    sig: facts.sig,
-                    more: More {
-                        archive: facts.archive,
-                        spec: facts.spec,
-                        reads: facts.reads,
-                        schedule: facts.schedule,
-                        into: facts.into,
-                    }
-                    .boxed(),
-                },
-            );
-        }
-        outcome
-    }
-
-    /// The second look at the units started since the last one: once `UNIT_SECOND_LOOK` has passed since
-    /// the latest start, each still running is done and recorded; one that died is an error.
-    fn second_look(&mut self, machine: &mut Managers) {
-        let Some(latest) = self.rising.iter().map(|(_, _, r)| r.since).max() else { return };
-        std::thread::sleep((latest + UNIT_SECOND_LOOK).saturating_duration_since(std::time::Instant::now()));
-        let declaration = self.declaration;
-        for (slot, index, rising) in std::mem::take(&mut self.rising) {
-            let resource = &declaration.resources[index];
-            let Rising { outcome, facts, unit, what, since: _ } = *rising;
-            let second = machine.systemd(self.opts.bus.as_deref()).and_then(|sd| Ok(sd.state(&unit)?));
-            match second {
-                Ok(state) if state.running() => {
-                    self.slots[slot] = Some(self.record(resource, outcome, facts))
-                }
-                Ok(state) => self.fail(resource, &service::died(&unit, &what, &state)),
-                Err(e) => self.fail(resource, &e),
-            }
-        }
-    }
-
-    /// Signs the files this pass wrote (or found as declared) while their change times were too
-    /// fresh to trust, so the next pass need not read them again: once the coarse clock tick
-    /// has passed since the latest, each is looked at once more, and its signature is recorded
-    /// only if it is still exactly the one taken when the content was read back. Anything that
-    /// touched the file since then in a later tick moved its change time, and leaves it
-    /// unsigned: the next pass reads it. Only a whole pass does this; a reconcile of one file
-    /// in the daemon does not wait for the tick, and its next resync reads that one file.
-    fn trust_signatures(&mut self, fs: &mut Fs) {
-        let Some(latest) = self.latest_fresh.take() else { return };
-        std::thread::sleep((latest + SIG_SETTLE).saturating_duration_since(std::time::Instant::now()));
-        let declaration = self.declaration;
-        for (index, fresh) in std::mem::take(&mut self.untrusted_sigs) {
-            let resource = &declaration.resources[index];
-            let Some(path) = resource.spec.path() else { continue };
-            // A file that cannot be looked at now is simply left unsigned: read next time.
-            let Ok(Some(meta)) = fs.meta(path) else { continue };
-            if meta.sig == fresh {
-                if let Some(sig) = meta.trusted_sig() {
-                    self.store.sign(resource.id.as_str(), sig);
-                }
-            }
-        }
-    }
-
-    /// Fails every resource of this pass at or under `parent`, whose new entries could not be
-    /// made durable: in place, but not known to survive a crash, so not reported as done.
-    fn undurable(&mut self, parent: &std::path::Path, e: &Error) {
-        let declaration = self.declaration;
-        for r in &declaration.resources {
-            if !r.spec.path().is_some_and(|p| p.starts_with(parent)) {
-                continue;
-            }
-            let Some(slot) =
-                self.slots.iter_mut().find(|o| o.as_ref().is_some_and(|o| o.id == r.id.as_str()))
-            else {
-                continue;
-            };
-            *slot = None;
-            self.fail(r, e);
-        }
-    }
-
-    fn fail(&mut self, r: &Resource, e: &Error) {
-        self.failures.push(Failure {
-            id: r.id.to_string(),
-            kind: r.kind(),
-            target: r.target(),
-            message: e.to_string(),
-            raced: e.raced(),
-        });
-    }
-
-    /// Commits the staged files, reads each back, and records those that passed.
-    fn flush(&mut self, fs: &mut Fs) {
-        if self.pending.is_empty() {
-            return;
-        }
-        let mut pending = std::mem::take(&mut self.pending);
-        // The originals kept before their files are written over go first, all in one commit
-        // (one sync, where a copy committed on its own cost two fsyncs: adopting a node of
-        // 10,000 found files waited on 20,000 of them). A file whose copy could not be kept is
-        // not written: the original could not be had back otherwise.
-        let (copies, owners): (Vec<Staged>, Vec<usize>) = pending
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(at, (_, p))| p.kept.take().map(|copy| (copy, at)))
-            .unzip();
-        if !copies.is_empty() {
-            let failed: Vec<(usize, Error)> = fs
-                .commit_copies(copies)
-                .into_iter()
-                .zip(owners)
-                .filter_map(|(result, at)| result.err().map(|e| (at, Error::from(e))))
-                .collect();
-            for (at, e) in failed.iter().rev() {
-                // The file's own staged write goes when it drops, its temporary file with it.
-                let (_, p) = pending.remove(*at);
-                self.fail(&self.declaration.resources[p.checked.index], e);
-            }
-        }
-        let (slots, pending): (Vec<usize>, Vec<Box<file::Pending>>) = pending.into_iter().unzip();
-        let (staged, rest): (Vec<Staged>, Vec<file::Checked>) =
-            pending.into_iter().map(|p| (p.staged, p.checked)).unzip();
-        // What the batch is about to leave, durable before any of it is renamed into place, so
-        // that after a crash the host knows its own unfinished work from a hand-edit.
-        if let Err(e) = fs.intend(rest.iter().map(file::Checked::intent).collect()) {
-            // Nothing was renamed; the temporary files go when `staged` drops.
-            let e = Error::from(e);
-            for checked in &rest {
-                self.fail(&self.declaration.resources[checked.index], &e);
-            }
-            return;
-        }
-        let committed = fs.commit(staged);
-        for ((slot, result), checked) in slots.into_iter().zip(committed).zip(rest) {
-            let resource = &self.declaration.resources[checked.index];
-            let outcome = result.map_err(Error::from).and_then(|()| file::read_back(fs, &checked));
-            match outcome {
-                Ok((outcome, facts)) => {
-                    let outcome = self.record(resource, outcome, Some(facts));
-                    self.slots[slot] = Some(outcome);
-                }
-                Err(e) => self.fail(resource, &e),
-            }
-        }
+    fn docker(&mut self) -> Result<Docker, Error> {
+        self.machine.docker(self.opts.container_socket.as_deref())
     }
 }
 
-/// What an adopted node held before a pass changed anything, for the resources it may hold.
-#[derive(Default)]
-struct Found {
-    /// By resource index: found present with no record of the host making it, or the error
-    /// looking. Taken out when the resource is reached.
-    present: std::collections::HashMap<usize, Result<bool, Error>>,
-    /// Modules not taken that hold something (held before, or found now): their actions and
-    /// steps would act on it, so they do not run.
-    modules: HashSet<String>,
-    /// Names of containers held: an action run `in` one does not run.
-    containers: HashSet<String>,
+/// The ids of `names` that moved earlier in this pass, for "restarted for ..." details.
+fn named(names: &[Id], changed: &HashSet<Id>) -> Vec<String> {
+    names.iter().filter(|id| changed.contains(*id)).map(|id| id.to_string()).collect()
 }
 
-/// Why an action or step is held on an adopted node, or `None` when it runs: it would run
-/// inside a held container (whatever its module), or its module is not taken and holds
-/// something it would act on. Decided at each pass, never remembered: a step has nothing of its
-/// own to find.
-fn held_step(declaration: &Declaration, found: &Found, r: &Resource) -> Option<String> {
-    let adoption = declaration.adoption.as_ref()?;
-    let module = r.id.module();
-    let step = match &r.spec {
-        Spec::Action(a) => {
-            if let Some(name) = a.in_container.as_ref().filter(|c| found.containers.contains(c.as_str())) {
-                return Some(format!(
-                    "it would run inside container {name}, which is held as found until its module is taken: not run"
-                ));
-            }
-            true
-        }
-        Spec::Container(c) => c.run_once || c.schedule.is_some(),
-        Spec::Directory(_)
-        | Spec::File(_)
-        | Spec::Access(_)
-        | Spec::Package(_)
-        | Spec::Service(_)
-        | Spec::User(_)
-        | Spec::Archive(_)
-        | Spec::Process(_)
-        | Spec::Network(_)
-        | Spec::Opening(_) => false,
-    };
-    (step && !adoption.taken.iter().any(|m| m == module) && found.modules.contains(module)).then(|| {
-        format!("module {module:?} is not taken yet, and what it would act on is held as found: not run")
-    })
-}
-
-/// Looks, before anything in the pass, at what each resource of a module not yet taken would
-/// find: the answer `Pass::hold` gives when the resource is reached. Only on an adopted node,
-/// and only for resources with no record and no hold already.
-fn look_before(ctx: &mut Ctx<'_>, only: Option<&BTreeSet<usize>>) -> Found {
-    let mut found = Found::default();
-    let Some(adoption) = ctx.declaration.adoption.as_ref() else { return found };
-    let untaken = |r: &Resource| !adoption.taken.iter().any(|m| m == r.id.module());
-    for (id, h) in ctx.store.holds() {
-        let Some(r) = ctx.declaration.find(id).filter(|r| untaken(r)) else { continue };
-        found.modules.insert(r.id.module().to_owned());
-        if h.kind == Kind::Container {
-            found.containers.insert(h.target.to_string());
-        }
-    }
-    let declaration = ctx.declaration;
-    for r in &declaration.resources {
-        if only.is_some_and(|only| !only.contains(&r.index))
-            || !untaken(r)
-            || ctx.store.get(r.id.as_str()).is_some()
-            || ctx.store.held(r.id.as_str()).is_some()
-        {
-            continue;
-        }
-        let Some(present) = present(ctx, r) else { continue };
-        if matches!(present, Ok(true)) {
-            found.modules.insert(r.id.module().to_owned());
-            if let Spec::Container(c) = &r.spec {
-                found.containers.insert(c.name.to_string());
-            }
-        }
-        found.present.insert(r.index, present);
-    }
-    found
-}
-
-/// Whether what a resource describes is on the machine with no record of the host making it
-/// (under any id); `None` for what has nothing of its own to find (an access path, an action, a
-/// step, an opening).
-fn present(ctx: &mut Ctx<'_>, r: &Resource) -> Option<Result<bool, Error>> {
-    let path_present = |ctx: &mut Ctx<'_>, path: &std::path::Path| {
-        // A path the host wrote under another id (a bundle's) is the host's, not found.
-        if ctx.store.holds_target(r.kind(), &r.target()) {
-            return Ok(false);
-        }
-        ctx.fs.meta(path).map(|m| m.is_some()).map_err(Error::from)
-    };
-    Some(match &r.spec {
-        Spec::File(f) => path_present(ctx, f.path.as_path()),
-        Spec::Directory(d) => path_present(ctx, d.path.as_path()),
-        Spec::Archive(a) => path_present(ctx, a.path.as_path()),
-        // A unit that exists is the operator's as found, running or not: starting or
-        // stopping it is what taking the module will do.
-        Spec::Service(s) => ctx.systemd().and_then(|sd| Ok(sd.state(s.unit.as_str())?.exists())),
-        Spec::Process(p) => {
-            let unit = process::unit_name(p.name.as_str());
-            ctx.systemd().and_then(|sd| Ok(!sd.state(&unit)?.stopped()))
-        }
-        Spec::Package(p) => ctx.machine.packages.installed(p.package.as_str()).map_err(Error::from),
-        Spec::User(u) => {
-            crate::system::accounts::lookup(u.name.as_str()).map(|a| a.is_some()).map_err(Error::from)
-        }
-        Spec::Container(_) | Spec::Network(_) => return container::found_made_by_others(ctx, r),
-        // An opening is held by the firewall step, which knows what the filter found lets in;
-        // an access path is never the host's to make, so there is nothing to hold; an action
-        // has nothing present to find.
-        Spec::Access(_) | Spec::Action(_) | Spec::Opening(_) => return None,
-    })
+fn begin(r: &Resource, action: Verb, detail: Option<String>) -> Outcome {
+    Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
 }
 
 /// One resource, by its type.

@@ -1,0 +1,208 @@
+//! Holding what an adopted node was found with: what a module not yet taken describes and is
+//! already present is reported and left as found, and what would act on it does not run. Apart
+//! because it decides, before and beside the appliers, whether a resource is applied at all.
+
+use std::collections::{BTreeSet, HashSet};
+
+use super::{begin, container, process, Ctx, Error, Outcome, Pass, Step, Verb};
+use crate::declaration::{Declaration, Kind, Resource, Spec};
+
+/// What an adopted node held before a pass changed anything, for the resources it may hold.
+#[derive(Default)]
+pub(super) struct Found {
+    /// By resource index: found present with no record of the host making it, or the error
+    /// looking. Taken out when the resource is reached.
+    present: std::collections::HashMap<usize, Result<bool, Error>>,
+    /// Modules not taken that hold something (held before, or found now): their actions and
+    /// steps would act on it, so they do not run.
+    modules: HashSet<String>,
+    /// Names of containers held: an action run `in` one does not run.
+    containers: HashSet<String>,
+}
+
+/// Why an action or step is held on an adopted node, or `None` when it runs: it would run
+/// inside a held container (whatever its module), or its module is not taken and holds
+/// something it would act on. Decided at each pass, never remembered: a step has nothing of its
+/// own to find.
+pub(super) fn held_step(declaration: &Declaration, found: &Found, r: &Resource) -> Option<String> {
+    let adoption = declaration.adoption.as_ref()?;
+    let module = r.id.module();
+    let step = match &r.spec {
+        Spec::Action(a) => {
+            if let Some(name) = a.in_container.as_ref().filter(|c| found.containers.contains(c.as_str())) {
+                return Some(format!(
+                    "it would run inside container {name}, which is held as found until its module is taken: not run"
+                ));
+            }
+            true
+        }
+        Spec::Container(c) => c.run_once || c.schedule.is_some(),
+        Spec::Directory(_)
+        | Spec::File(_)
+        | Spec::Access(_)
+        | Spec::Package(_)
+        | Spec::Service(_)
+        | Spec::User(_)
+        | Spec::Archive(_)
+        | Spec::Process(_)
+        | Spec::Network(_)
+        | Spec::Opening(_) => false,
+    };
+    (step && !adoption.taken.iter().any(|m| m == module) && found.modules.contains(module)).then(|| {
+        format!("module {module:?} is not taken yet, and what it would act on is held as found: not run")
+    })
+}
+
+/// Looks, before anything in the pass, at what each resource of a module not yet taken would
+/// find: the answer `Pass::hold` gives when the resource is reached. Only on an adopted node,
+/// and only for resources with no record and no hold already.
+pub(super) fn look_before(ctx: &mut Ctx<'_>, only: Option<&BTreeSet<usize>>) -> Found {
+    let mut found = Found::default();
+    let Some(adoption) = ctx.declaration.adoption.as_ref() else { return found };
+    let untaken = |r: &Resource| !adoption.taken.iter().any(|m| m == r.id.module());
+    for (id, h) in ctx.store.holds() {
+        let Some(r) = ctx.declaration.find(id).filter(|r| untaken(r)) else { continue };
+        found.modules.insert(r.id.module().to_owned());
+        if h.kind == Kind::Container {
+            found.containers.insert(h.target.to_string());
+        }
+    }
+    let declaration = ctx.declaration;
+    for r in &declaration.resources {
+        if only.is_some_and(|only| !only.contains(&r.index))
+            || !untaken(r)
+            || ctx.store.get(r.id.as_str()).is_some()
+            || ctx.store.held(r.id.as_str()).is_some()
+        {
+            continue;
+        }
+        let Some(present) = present(ctx, r) else { continue };
+        if matches!(present, Ok(true)) {
+            found.modules.insert(r.id.module().to_owned());
+            if let Spec::Container(c) = &r.spec {
+                found.containers.insert(c.name.to_string());
+            }
+        }
+        found.present.insert(r.index, present);
+    }
+    found
+}
+
+/// Whether what a resource describes is on the machine with no record of the host making it
+/// (under any id); `None` for what has nothing of its own to find (an access path, an action, a
+/// step, an opening).
+fn present(ctx: &mut Ctx<'_>, r: &Resource) -> Option<Result<bool, Error>> {
+    let path_present = |ctx: &mut Ctx<'_>, path: &std::path::Path| {
+        // A path the host wrote under another id (a bundle's) is the host's, not found.
+        if ctx.store.holds_target(r.kind(), &r.target()) {
+            return Ok(false);
+        }
+        ctx.fs.meta(path).map(|m| m.is_some()).map_err(Error::from)
+    };
+    Some(match &r.spec {
+        Spec::File(f) => path_present(ctx, f.path.as_path()),
+        Spec::Directory(d) => path_present(ctx, d.path.as_path()),
+        Spec::Archive(a) => path_present(ctx, a.path.as_path()),
+        // A unit that exists is the operator's as found, running or not: starting or
+        // stopping it is what taking the module will do.
+        Spec::Service(s) => ctx.systemd().and_then(|sd| Ok(sd.state(s.unit.as_str())?.exists())),
+        Spec::Process(p) => {
+            let unit = process::unit_name(p.name.as_str());
+            ctx.systemd().and_then(|sd| Ok(!sd.state(&unit)?.stopped()))
+        }
+        Spec::Package(p) => ctx.machine.packages.installed(p.package.as_str()).map_err(Error::from),
+        Spec::User(u) => {
+            crate::system::accounts::lookup(u.name.as_str()).map(|a| a.is_some()).map_err(Error::from)
+        }
+        Spec::Container(_) | Spec::Network(_) => return container::found_made_by_others(ctx, r),
+        // An opening is held by the firewall step, which knows what the filter found lets in;
+        // an access path is never the host's to make, so there is nothing to hold; an action
+        // has nothing present to find.
+        Spec::Access(_) | Spec::Action(_) | Spec::Opening(_) => return None,
+    })
+}
+
+impl Pass<'_> {
+    /// On an adopted node, what a module not yet taken describes and was found present with no
+    /// record of the host making it (before this pass changed anything) is held as found:
+    /// reported, never recorded as applied, never changed, and remembered in the store until the
+    /// module is taken, so that it disappearing does not make it the host's to create. What would
+    /// act on something held is held too, and never run: an action run `in` a held container
+    /// (whatever its module), and the actions, run-once and scheduled steps of a module that
+    /// holds anything. `None`: applied as on any node. The hold to remember comes back beside
+    /// the outcome, for the caller to store once the applier's context is gone.
+    pub(super) fn hold(
+        &self,
+        found: &mut Found,
+        r: &Resource,
+    ) -> Option<(Result<Step, Error>, Option<crate::store::Held>)> {
+        let adoption = self.declaration.adoption.as_ref()?;
+        let module = r.id.module();
+        let held = |detail: String| Some((Ok(Step::Done(begin(r, Verb::Held, Some(detail)), None)), None));
+        if let Some(why) = held_step(self.declaration, found, r) {
+            return held(why);
+        }
+        if adoption.taken.iter().any(|m| m == module) {
+            return None;
+        }
+        if self.store.held(r.id.as_str()).is_some() {
+            return held(format!(
+                "held as found since it was first found, and module {module:?} is not taken yet: left as it is now"
+            ));
+        }
+        if self.store.get(r.id.as_str()).is_some() {
+            return None;
+        }
+        match found.present.remove(&r.index)? {
+            Ok(true) => {
+                let detail = format!("found present, and module {module:?} is not taken yet: left as found");
+                let remember = crate::store::Held {
+                    kind: r.kind(),
+                    target: r.target().into_boxed_str(),
+                    origin: self.opts.origin,
+                };
+                Some((Ok(Step::Done(begin(r, Verb::Held, Some(detail)), None)), Some(remember)))
+            }
+            Ok(false) => None,
+            Err(e) => Some((Err(e), None)),
+        }
+    }
+
+    /// Lets go of the holds the declaration no longer asks for, before a full pass: one whose
+    /// module is now taken (the resource is applied in this pass), and one no longer declared by
+    /// this origin, reported `forgotten` (what was held was never the host's, so nothing is
+    /// removed).
+    pub(super) fn release_holds(&mut self) {
+        let mut released = Vec::new();
+        for (id, h) in self.store.holds() {
+            match self.declaration.find(id) {
+                None if h.origin == self.opts.origin => released.push((id.to_owned(), Some(h.clone()))),
+                None => {}
+                Some(r) => {
+                    let taken = self
+                        .declaration
+                        .adoption
+                        .as_ref()
+                        .is_none_or(|a| a.taken.iter().any(|m| m == r.id.module()));
+                    if taken {
+                        released.push((id.to_owned(), None));
+                    }
+                }
+            }
+        }
+        for (id, gone) in released {
+            if !self.opts.dry_run {
+                self.store.release(&id);
+            }
+            if let Some(h) = gone {
+                self.slots.push(Some(Outcome {
+                    id,
+                    kind: h.kind,
+                    target: h.target.into(),
+                    action: Verb::Forgotten,
+                    detail: Some("no longer declared; it was held as found, and is left as found".to_owned()),
+                }));
+            }
+        }
+    }
+}
