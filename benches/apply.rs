@@ -152,6 +152,23 @@ fn cfengine_ready() -> bool {
         .env("DEBIAN_FRONTEND", "noninteractive")
         .status()
         .is_ok_and(|s| s.success());
+    // The package enables CFEngine's own daemons; the comparison runs `cf-agent -K` alone, so
+    // they are stopped and masked where systemd runs them (best effort: nothing to do without
+    // systemd as PID 1).
+    let _ = Command::new("systemctl")
+        .args([
+            "mask",
+            "--now",
+            "cfengine3",
+            "cf-execd",
+            "cf-serverd",
+            "cf-monitord",
+            "cf-apache",
+            "cf-hub",
+            "cf-postgres",
+            "cf-runalerts",
+        ])
+        .output();
     installed && present()
 }
 
