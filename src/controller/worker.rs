@@ -96,14 +96,14 @@ pub struct Worker {
     sources: Vec<String>,
 }
 
-/// A digest of a read of the declaration source: each file's name, length and bytes, or the
-/// error. Two reads that digest the same found the same thing.
 /// Tells systemd what the agent is doing, for `systemctl status` ("Status:"). Nothing when not
 /// run by systemd.
 fn status(what: &str) {
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(what)]);
 }
 
+/// A digest of a read of the declaration source: each file's name, length and bytes, or the
+/// error. Two reads that digest the same found the same thing.
 fn fingerprint(read: &std::io::Result<Vec<(PathBuf, Vec<u8>)>>) -> [u8; 32] {
     let mut h = sha2::Sha256::new();
     match read {
@@ -428,8 +428,6 @@ impl Worker {
         }
     }
 
-    /// Notes, for `/healthz`, why the source was refused, while no declaration is in force: the
-    /// first line of the message, cut, since a refusal can list many problems.
     /// The source is not there to read (`what` says how): said once, until it is, and
     /// reported on `/healthz` and to systemd while nothing is in force.
     fn await_declaration(&mut self, what: &str) {
@@ -449,6 +447,8 @@ impl Worker {
         }
     }
 
+    /// Notes, for `/healthz`, why the source was refused, while no declaration is in force: the
+    /// first line of the message, cut, since a refusal can list many problems.
     fn refused(&self, message: String) {
         if self.declaration.is_some() {
             return;
