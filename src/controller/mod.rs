@@ -7,8 +7,10 @@
 //!   declaration settling is the declaration key, a gap in what a watcher saw is a full resync.
 //! - `queue`: de-duplication, the never-twice-at-once rule and the claims, backoff, the rate
 //!   limit.
-//! - `worker`: the store's one owner; reconciles inline or apart, the declaration in force, the
-//!   watchers it starts.
+//! - `runner`: the loop that drains the queue: each key run inline or apart (at most `workers - 1`
+//!   apart), what ended apart taken back, the queue told how each key ended, panics caught.
+//! - `worker`: the store's one owner, and what one reconcile does: the declaration loaded and
+//!   put in force, a full pass, one key, what it did told, the watchers it starts.
 //! - `scheduler`: scheduled steps at their fires.
 //! - `health`: `/healthz` and systemd's watchdog.
 //! - `contents`: declared content kept out of the heap.
@@ -24,6 +26,7 @@
 mod contents;
 mod health;
 pub mod queue;
+mod runner;
 mod scheduler;
 mod trigger;
 mod worker;
@@ -71,7 +74,7 @@ pub struct Config {
     /// The container runtime's socket (`--container-socket`); `None` looks in the usual places.
     pub container_socket: Option<String>,
     /// How many reconciles may run at once (`--workers`, at least 1): the worker's own, and
-    /// up to `workers - 1` long ones apart from it (`worker`'s module doc). 1 is the single
+    /// up to `workers - 1` long ones apart from it (`runner`'s module doc). 1 is the single
     /// worker of before, every reconcile in turn.
     pub workers: usize,
     /// How long an action or a step may run (`--step-timeout`); `None` for no limit.
@@ -143,7 +146,7 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
 
     let queue = Arc::new(Queue::<Key>::new(config.queue.clone()));
     let index = worker.index();
-    let worker_task = tokio::spawn(worker::drain(worker, Arc::clone(&queue)));
+    let worker_task = tokio::spawn(runner::drain(worker, Arc::clone(&queue)));
     intake(rx, &index, &queue, &metrics, config.resync, &shutdown).await;
     stop(&queue, worker_task, &shutdown, tasks).await
 }

@@ -122,7 +122,7 @@ async fn schedule(
                     let result = match ran {
                         Ok(result) => result,
                         Err(payload) => {
-                            let message = super::worker::panic_message(payload.as_ref());
+                            let message = super::runner::panic_message(payload.as_ref());
                             ScheduledRun::Panicked { id: id.as_str(), message: &message }.emit(&metrics);
                             return;
                         }
