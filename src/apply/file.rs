@@ -63,11 +63,7 @@ pub fn declared_bytes<'a>(f: &'a File, contents: Option<&ContentFile>) -> Result
             .map(Cow::Owned)
             .map_err(|error| Error::ContentFile { path: f.path.as_path().to_owned(), error });
     }
-    match (&f.content, &f.bytes) {
-        (Some(c), _) => Ok(Cow::Borrowed(c.as_bytes())),
-        (None, Some(b)) => Ok(Cow::Borrowed(b.as_slice())),
-        (None, None) => Err(Error::NoContent { path: f.path.as_path().to_owned() }),
-    }
+    f.inline_body().map(Cow::Borrowed).ok_or_else(|| Error::NoContent { path: f.path.as_path().to_owned() })
 }
 
 /// Looks at the file, decides what to do (`decide`, pure), then does it (`act`): what can be

@@ -170,12 +170,7 @@ impl Declaration {
             if f.stored.is_some() || f.carries_secret() || f.into.is_some() {
                 return None;
             }
-            let body = match (&f.content, &f.bytes) {
-                (Some(c), _) => c.as_bytes(),
-                (None, Some(b)) => b.as_slice(),
-                (None, None) => return None,
-            };
-            Some((r.index, body))
+            f.inline_body().map(|body| (r.index, body))
         })
     }
 

@@ -96,6 +96,17 @@ impl File {
         self.sealed.is_some() || !self.secrets.is_empty()
     }
 
+    /// The body declared in the declaration itself: `content`'s text (holes and all) or the
+    /// decoded `bytes`; `None` for a sealed file, or one whose body was moved to the daemon's
+    /// content file.
+    pub fn inline_body(&self) -> Option<&[u8]> {
+        match (&self.content, &self.bytes) {
+            (Some(c), _) => Some(c.as_bytes()),
+            (None, Some(b)) => Some(b.as_slice()),
+            (None, None) => None,
+        }
+    }
+
     /// The mode the file must have: the declared one, else the default for what it carries.
     pub fn mode(&self) -> Mode {
         self.mode.unwrap_or(if self.carries_secret() { Mode::new(0o600) } else { Mode::new(0o644) })
@@ -597,9 +608,7 @@ impl Spec {
     /// to the daemon's content file.
     pub fn inline_bytes(&self) -> usize {
         match self {
-            Spec::File(f) => {
-                f.content.as_ref().map_or(0, String::len) + f.bytes.as_ref().map_or(0, Base64Bytes::len)
-            }
+            Spec::File(f) => f.inline_body().map_or(0, <[u8]>::len),
             Spec::Directory(_)
             | Spec::Access(_)
             | Spec::Package(_)

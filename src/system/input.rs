@@ -63,6 +63,13 @@ pub fn open_regular(path: &Path) -> io::Result<(File, u64)> {
 /// Reads a whole regular file of at most `limit` bytes (see the module's notes).
 pub fn read_input(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     let (file, size) = open_regular(path)?;
+    read_bounded(file, size, limit)
+}
+
+/// Reads an opened regular file of `size` bytes whole, refusing it past `limit`: the size only
+/// guides the first allocation, and the read itself stops at the limit, so a file that grows
+/// meanwhile cannot make it read more.
+fn read_bounded(file: File, size: u64, limit: u64) -> io::Result<Vec<u8>> {
     let too_big = |size: u64| {
         io::Error::other(format!(
             "it is {size} bytes, more than the {limit} bytes mesh-host reads from such a file"
@@ -71,7 +78,6 @@ pub fn read_input(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     if size > limit {
         return Err(too_big(size));
     }
-    // The size only guides the first allocation; the read itself is bounded by the limit.
     let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
     file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > limit {
@@ -157,20 +163,7 @@ fn open_input_file(path: &Path) -> std::io::Result<Option<(std::fs::File, u64)>>
 /// bytes). `None` as for `open_input_file`.
 pub fn read_input_file(path: &Path, limit: u64) -> std::io::Result<Option<Vec<u8>>> {
     let Some((file, size)) = open_input_file(path)? else { return Ok(None) };
-    let too_big = |size: u64| {
-        std::io::Error::other(format!(
-            "it is {size} bytes, more than the {limit} bytes mesh-host reads from such a file"
-        ))
-    };
-    if size > limit {
-        return Err(too_big(size));
-    }
-    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-    std::io::Read::read_to_end(&mut std::io::Read::take(file, limit.saturating_add(1)), &mut bytes)?;
-    if bytes.len() as u64 > limit {
-        return Err(too_big(bytes.len() as u64));
-    }
-    Ok(Some(bytes))
+    read_bounded(file, size, limit).map(Some)
 }
 
 /// The SHA-256 of a file a container will read at creation, read as a stream: a mounted file

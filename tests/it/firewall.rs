@@ -644,6 +644,15 @@ fn attempt(ns: &str, to: SocketAddr) -> std::thread::JoinHandle<(Instant, bool)>
     })
 }
 
+/// Stops four probers, a declared port over IPv4 and IPv6 then an undeclared one over both, and
+/// checks what each saw `when`: the declared port open throughout, the other never.
+pub fn probed([v4, v6, no4, no6]: [Prober; 4], when: &str) {
+    v4.stop().always_open(when);
+    v6.stop().always_open(when);
+    no4.stop().never_open(when);
+    no6.stop().never_open(when);
+}
+
 impl Prober {
     /// Starts probing; returns once the first attempt is under way, so the change that
     /// follows is covered from its beginning.
@@ -926,12 +935,6 @@ fn the_flip_from_ufw_and_the_way_back_keep_declared_ports_open_and_others_closed
             Prober::start(&net.b, "10.77.2.1:8082"),
             Prober::start(&net.b, "[fd77:2::1]:8082"),
         ]
-    };
-    let probed = |[v4, v6, no4, no6]: [Prober; 4], when: &str| {
-        v4.stop().always_open(when);
-        v6.stop().always_open(when);
-        no4.stop().never_open(when);
-        no6.stop().never_open(when);
     };
 
     // The declaration loses `adoption`, and something else in it fails: nothing of the flip.

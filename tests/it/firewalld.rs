@@ -19,7 +19,7 @@ use std::process::{Command, Output};
 
 use serde_json::{json, Value};
 
-use crate::firewall::{answers_udp, connects, Prober};
+use crate::firewall::{answers_udp, connects, probed, Prober};
 use crate::support::{action, detail, Scratch};
 
 const RUN: &str = "/run/mesh-host-fw";
@@ -465,12 +465,6 @@ fn the_flip_from_firewalld_and_the_way_back_keep_declared_ports_open_and_others_
             Prober::start(PEER, "10.79.0.1:8191"),
             Prober::start(PEER, "[fd79::1]:8191"),
         ]
-    };
-    let probed = |[v4, v6, no4, no6]: [Prober; 4], when: &str| {
-        v4.stop().always_open(when);
-        v6.stop().always_open(when);
-        no4.stop().never_open(when);
-        no6.stop().never_open(when);
     };
 
     // The declaration loses `adoption`, and something else in it fails: nothing of the flip.

@@ -147,6 +147,18 @@ fn node(s: &Scratch, endpoints: &str, node: &str, groups: &[&str]) -> Daemon {
 
 /// `node`, with more arguments to `run` (TLS, a login).
 fn node_with(s: &Scratch, endpoints: &str, node: &str, groups: &[&str], more: &[&str]) -> Daemon {
+    node_with_env(s, endpoints, node, groups, more, &[])
+}
+
+/// `node_with`, with more environment (a failpoint).
+fn node_with_env(
+    s: &Scratch,
+    endpoints: &str,
+    node: &str,
+    groups: &[&str],
+    more: &[&str],
+    env: &[(&str, &str)],
+) -> Daemon {
     let port = free_port();
     let log = s.path(&format!("node-{port}.log"));
     let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"));
@@ -158,6 +170,7 @@ fn node_with(s: &Scratch, endpoints: &str, node: &str, groups: &[&str], more: &[
     let child = cmd
         .args(["--metrics", &format!("127.0.0.1:{port}"), "--settle-ms", "20"])
         .env("MESH_HOST_LOG", "info")
+        .envs(env.iter().copied())
         .stdout(std::fs::File::create(&log).unwrap())
         .stderr(std::fs::File::options().append(true).open(&log).unwrap())
         .spawn()
@@ -568,19 +581,8 @@ fn a_revision_compacted_away_before_the_watch_starts_leads_to_a_whole_read() {
         assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
     };
     declare("v1\n");
-    let port = free_port();
-    let log = s.path("node.log");
-    let child = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
-        .arg("--state")
-        .arg(s.state())
-        .args(["run", "--etcd", &url, "--node", "compact-1", "--metrics", &format!("127.0.0.1:{port}")])
-        .env("MESH_HOST_LOG", "info")
-        .env("MESH_HOST_FAILPOINT", "etcd-watch-late")
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(std::fs::File::options().append(true).open(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut daemon = Daemon { child: Some(child), port, log };
+    let mut daemon =
+        node_with_env(&s, &url, "compact-1", &[], &[], &[("MESH_HOST_FAILPOINT", "etcd-watch-late")]);
     assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "{}", daemon.log());
     // Within the node's 3 s between its read and its watch.
     declare("v2\n");

@@ -373,15 +373,19 @@ fn temporaries(dir: &Path) -> Vec<String> {
     found
 }
 
+/// `apply` (with `--json` when asked) under the failpoint `point`.
+fn apply_with_failpoint(s: &Scratch, d: &Path, point: &str, json: bool) -> Output {
+    let mut command = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"));
+    command.arg("--state").arg(s.state()).arg("apply");
+    if json {
+        command.arg("--json");
+    }
+    command.arg(d).env("MESH_HOST_FAILPOINT", point).output().unwrap()
+}
+
 /// `apply --json` with a failpoint: the process aborts there, as a crash would.
 fn apply_crashing_at(s: &Scratch, d: &Path, point: &str) {
-    let out = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
-        .arg("--state")
-        .arg(s.state())
-        .args(["apply", "--json", d.to_str().unwrap()])
-        .env("MESH_HOST_FAILPOINT", point)
-        .output()
-        .unwrap();
+    let out = apply_with_failpoint(s, d, point, true);
     assert_eq!(
         out.status.code(),
         None,
@@ -515,14 +519,7 @@ fn a_failed_sync_after_the_renames_fails_its_files_and_records_none() {
         .map(|i| json!({"type": "file", "id": format!("a.f{i}"), "path": s.p(&format!("f{i}")), "content": "x"}))
         .collect();
     let d = s.declare(serde_json::Value::Array(files));
-    let out = assert_cmd::Command::cargo_bin("mesh-host")
-        .unwrap()
-        .env("MESH_HOST_FAILPOINT", "sync-eio")
-        .arg("--state")
-        .arg(s.state())
-        .args(["apply", "--json", d.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = apply_with_failpoint(&s, &d, "sync-eio", true);
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let error = &report["error"];
@@ -570,14 +567,7 @@ fn a_failed_sync_after_a_single_file_s_rename_fails_it_and_records_nothing() {
     std::fs::write(s.path("a.conf"), "there before\n").unwrap();
     let d =
         s.declare(json!([{"type": "file", "id": "a.conf", "path": s.p("a.conf"), "content": "declared\n"}]));
-    let out = assert_cmd::Command::cargo_bin("mesh-host")
-        .unwrap()
-        .env("MESH_HOST_FAILPOINT", "sync-eio")
-        .arg("--state")
-        .arg(s.state())
-        .args(["apply", "--json", d.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = apply_with_failpoint(&s, &d, "sync-eio", true);
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let message = report["error"]["message"].as_str().unwrap();
@@ -606,14 +596,7 @@ fn hex_sha256(bytes: &[u8]) -> String {
 fn a_store_that_cannot_be_written_is_reported_apart_from_the_resources() {
     let s = Scratch::new();
     let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "x\n"}]));
-    let out = assert_cmd::Command::cargo_bin("mesh-host")
-        .unwrap()
-        .env("MESH_HOST_FAILPOINT", "store-write-eio")
-        .arg("--state")
-        .arg(s.state())
-        .args(["apply", "--json", d.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = apply_with_failpoint(&s, &d, "store-write-eio", true);
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(report["error"].is_null(), "no resource failed: {report:#}");
@@ -622,14 +605,7 @@ fn a_store_that_cannot_be_written_is_reported_apart_from_the_resources() {
     assert!(why.contains("not recorded") && why.contains(&s.state().display().to_string()), "{report:#}");
     assert!(!report.to_string().contains("state-store"), "no made-up resource: {report:#}");
     // For a person too.
-    let out = assert_cmd::Command::cargo_bin("mesh-host")
-        .unwrap()
-        .env("MESH_HOST_FAILPOINT", "store-write-eio")
-        .arg("--state")
-        .arg(s.state())
-        .args(["apply", d.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = apply_with_failpoint(&s, &d, "store-write-eio", false);
     let said = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(said.contains("apply failed to record") && !said.contains("converged"), "{said}");
