@@ -38,6 +38,7 @@ impl Pass<'_> {
                     message: failure.message.clone(),
                     others: 0,
                     gated: false,
+                    refused: true,
                     failures: vec![failure],
                 })
             }

@@ -288,6 +288,7 @@ impl<'a> Pass<'a> {
                 message: named.message.clone(),
                 others: self.failures.len() - 1,
                 gated: gate_at.is_some(),
+                refused: false,
                 failures: self.failures.clone(),
             }
         });

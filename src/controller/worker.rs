@@ -94,6 +94,11 @@ pub struct Worker {
     /// The names of the files of the declaration in force (the revision read from etcd is in
     /// the fleet cache's names).
     sources: Vec<String>,
+    /// Why the last full pass refused the declaration in force whole on this machine (a
+    /// firewall found on an adopted node that the host cannot manage), or `None`. While it is
+    /// set, no reconcile of one key runs and no scheduled step fires: a declaration refused on
+    /// this machine is refused everywhere, not applied piece by piece (issue 21).
+    pub(super) refusal: Option<String>,
 }
 
 /// Tells systemd what the agent is doing, for `systemctl status` ("Status:"). Nothing when not
@@ -167,6 +172,7 @@ impl Worker {
             installed: tokio::sync::watch::channel(Arc::default()).0,
             applied: tokio::sync::watch::channel(Default::default()).0,
             sources: Vec::new(),
+            refusal: None,
         }
     }
 
@@ -286,6 +292,8 @@ impl Worker {
     /// scheduler is not woken by every reconcile of a file.
     fn publish_installed_steps(&self) {
         let installed = match self.declaration.as_deref() {
+            // A refused declaration has nothing installed: the scheduler fires none of it.
+            Some(_) if self.refusal.is_some() => std::collections::HashMap::new(),
             Some(d) if d.scheduled_steps().next().is_some() => {
                 apply::installed_steps(d, &self.store, &self.config.key)
             }
@@ -486,10 +494,16 @@ impl Worker {
         let t = std::time::Instant::now();
         let (report, _) = apply::apply_in(&mut self.session, declaration, &mut self.store, &options);
         let pass = t.elapsed();
-        self.tally(&report, None, false);
+        let refused_before = self.refusal.is_some();
+        self.note_refusal(&report);
+        // A refusal that stands is said once, when it began, not at every resync.
+        self.tally(&report, None, refused_before && self.refusal.is_some());
         self.publish_applied(&report, true);
         events::ApplyFinished { at: now_secs(), succeeded: report.error.is_none() }.emit(&self.metrics);
-        self.count_resources(&report);
+        if self.refusal.is_none() {
+            // A refused pass attempted nothing: the counts of the last pass that did stand.
+            self.count_resources(&report);
+        }
         let t = std::time::Instant::now();
         self.watch_paths();
         tracing::debug!(
@@ -504,7 +518,33 @@ impl Worker {
         }
     }
 
+    /// Follows a full pass's report: a declaration refused whole on this machine (`refused`)
+    /// begins or ends its refusal here, said once each way, on `/healthz`, and in the index, so
+    /// that any change in the ruleset brings a full pass to look again. The watcher of the
+    /// ruleset is started with the first refusal if no opening started it.
+    fn note_refusal(&mut self, report: &Report) {
+        let now = report.error.as_ref().filter(|e| e.refused).map(|e| e.message.clone());
+        match (&self.refusal, &now) {
+            (None, Some(why)) => events::RefusedHere::Began { message: why }.emit(&self.metrics),
+            (Some(_), None) => events::RefusedHere::Ended.emit(&self.metrics),
+            _ => {}
+        }
+        self.health.set_refused(now.clone());
+        self.index.write().unwrap_or_else(|e| e.into_inner()).refused = now.is_some();
+        if now.is_some() && self.firewall_watcher.is_none() {
+            use crate::system::firewall::{FAMILY, TABLE};
+            self.firewall_watcher = Some(mesh_host_watchers::firewall::spawn(FAMILY, TABLE, self.tx.clone()));
+        }
+        self.refusal = now;
+    }
+
     fn one(&mut self, id: &Id, seen: Instant) -> Verdict {
+        if let Some(why) = &self.refusal {
+            // Nothing of a refused declaration is applied, one key at a time either: the full
+            // pass that lifts the refusal applies everything.
+            tracing::debug!(key = %id, refused = %why, "not reconciled: the declaration is refused on this machine");
+            return Verdict::Clean;
+        }
         let options = self.options();
         let Some(declaration) = self.declaration.as_deref() else {
             return Verdict::Clean;
