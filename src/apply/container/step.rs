@@ -130,11 +130,24 @@ pub fn installed_steps(declaration: &Declaration, store: &Store, key: &Path) -> 
         .filter_map(|(id, _)| {
             let r = declaration.get(id)?;
             let Spec::Container(c) = &r.spec else { return None };
+            // Installed before its module came to hold something: held now, so not run.
+            if module_holds(declaration, store, r) {
+                return None;
+            }
             let rec = store.get(id.as_str()).filter(|rec| rec.kind == Kind::Container)?;
             let want = spec(declaration, c, None, &keyed_with(declaration, c, &mut ring).ok()?);
             (rec.spec() == Some(want.as_str())).then(|| (id.clone(), want))
         })
         .collect()
+}
+
+/// Whether `r`'s module is not taken on an adopted node and holds something (remembered in the
+/// store): its steps are held, as `adopt::held_step` decides in a pass, whatever their record.
+fn module_holds(declaration: &Declaration, store: &Store, r: &crate::declaration::Resource) -> bool {
+    let Some(adoption) = declaration.adoption.as_ref() else { return false };
+    let module = r.id.module();
+    !adoption.taken.iter().any(|m| m == module)
+        && store.holds().any(|(id, _)| declaration.find(id).is_some_and(|h| h.id.module() == module))
 }
 
 /// Runs one scheduled step to completion: what the daemon's scheduler calls at each fire.

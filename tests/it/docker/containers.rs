@@ -472,6 +472,68 @@ fn adopted_node_holds_a_container_and_network_it_did_not_make_until_taken(rt: Cl
     assert_ne!(rt.id(&web), before);
 }
 
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_adopted_node_makes_no_container_over_what_it_holds() {
+    adopted_node_makes_no_container_over_what_it_holds(DOCKER);
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn podman_adopted_node_makes_no_container_over_what_it_holds() {
+    adopted_node_makes_no_container_over_what_it_holds(PODMAN_CLI);
+}
+
+/// A container of an untaken module that would mount a held data directory, read a held
+/// env-file or be restarted by a held file is held, and not created (issue 21, item 2): on a
+/// real node that is a second database started on the operator's live data. Once the module is
+/// taken, all of it is made.
+fn adopted_node_makes_no_container_over_what_it_holds(rt: Cli) {
+    let n = Names::new(rt, "adoptover");
+    let s = Scratch::new();
+    std::fs::create_dir(s.path("pgdata")).unwrap();
+    std::fs::write(s.path("pgdata/PG_VERSION"), "15\n").unwrap();
+    std::fs::write(s.path("pg.env"), "MODE=theirs\n").unwrap();
+    let (server, worker, cache) = (n.container("server"), n.container("worker"), n.container("cache"));
+    let declare = |taken: &[&str]| {
+        let path = s.path("adopted.json");
+        let d = json!({"version": 1, "adoption": {"taken": taken}, "resources": [
+            {"type": "directory", "id": "pg.data", "path": s.p("pgdata")},
+            {"type": "file", "id": "pg.env", "path": s.p("pg.env"), "content": "MODE=mesh\n"},
+            {"type": "container", "id": "pg.server", "name": server, "image": IMAGE, "args": SERVE,
+             "volumes": [format!("{}:/data", s.p("pgdata"))]},
+            {"type": "container", "id": "pg.worker", "name": worker, "image": IMAGE, "args": SERVE,
+             "env-file": [s.p("pg.env")]},
+            {"type": "container", "id": "pg.cache", "name": cache, "image": IMAGE, "args": SERVE,
+             "restart-on": ["pg.env"]},
+        ]});
+        std::fs::write(&path, serde_json::to_vec_pretty(&d).unwrap()).unwrap();
+        path
+    };
+    let report = rt.applied(&s, &declare(&[]));
+    for (id, says) in [
+        ("pg.server", format!("mount or read {} over {}", s.p("pgdata"), s.p("pgdata"))),
+        ("pg.worker", format!("mount or read {} over {}", s.p("pg.env"), s.p("pg.env"))),
+        ("pg.cache", "restarted by a change of pg.env".to_owned()),
+    ] {
+        assert_eq!(action(&report, id), "held", "{id}: {report:#}");
+        assert!(detail(&report, id).contains(&says), "{id}: {says:?} in {report:#}");
+    }
+    for name in [&server, &worker, &cache] {
+        assert!(rt.inspect(name, "{{.Id}}").is_none(), "{name} was created over what is held");
+    }
+    assert_eq!(std::fs::read_to_string(s.path("pg.env")).unwrap(), "MODE=theirs\n");
+
+    let report = rt.applied(&s, &declare(&["pg"]));
+    for id in ["pg.server", "pg.worker", "pg.cache"] {
+        assert_eq!(action(&report, id), "created", "{id}: {report:#}");
+    }
+    assert!(detail(&report, "pg.env").starts_with("taken over"), "{report:#}");
+    for name in [&server, &worker, &cache] {
+        assert!(rt.inspect(name, "{{.Id}}").is_some(), "{name} is made once its module is taken");
+    }
+}
+
 /// On an adopted node nothing runs inside what the host holds: an action `in` a held container
 /// (of any module), and the run-once and scheduled steps of the module that holds it.
 #[test]
