@@ -87,6 +87,10 @@ pub struct More {
     pub schedule: Option<String>,
     /// For a file that sets keys `into` someone else's: what to put back when it leaves.
     pub into: Option<Merged>,
+    /// For a container: the machine's ports its declared mappings bind (`holds`), for whatever
+    /// assigns ports above the node to go around. What the declaration binds, not what is open:
+    /// a port open now may be gone when it is asked for, a declared one is the host's to keep.
+    pub holds: Vec<u16>,
 }
 
 /// What a file with `into` found before the host first set each of its keys, so the keys can
@@ -180,6 +184,11 @@ impl Record {
         self.more.as_ref().and_then(|m| m.schedule.as_deref())
     }
 
+    /// For a container: the machine's ports its declared mappings bind; empty for anything else.
+    pub fn holds(&self) -> &[u16] {
+        self.more.as_ref().map_or(&[], |m| &m.holds)
+    }
+
     /// For a file with `into`: what its keys held before the host set them.
     pub fn into(&self) -> Option<&Merged> {
         self.more.as_ref().and_then(|m| m.into.as_ref())
@@ -215,6 +224,8 @@ struct Wire<T> {
     schedule: Option<T>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     into: Option<Merged>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    holds: Vec<u16>,
 }
 
 impl From<Wire<String>> for Record {
@@ -236,6 +247,7 @@ impl From<Wire<String>> for Record {
                 reads: w.reads,
                 schedule: w.schedule,
                 into: w.into,
+                holds: w.holds,
             }
             .boxed(),
         }
@@ -261,6 +273,7 @@ impl Serialize for Record {
             reads: self.reads().cloned().unwrap_or_default(),
             schedule: self.schedule(),
             into: self.into().cloned(),
+            holds: self.holds().to_vec(),
         }
         .serialize(s)
     }

@@ -407,6 +407,7 @@ impl<'a> Pass<'a> {
                         reads: facts.reads,
                         schedule: facts.schedule,
                         into: facts.into,
+                        holds: r.spec.holds(),
                     }
                     .boxed(),
                 },

@@ -99,6 +99,10 @@ pub struct Worker {
     /// set, no reconcile of one key runs and no scheduled step fires: a declaration refused on
     /// this machine is refused everywhere, not applied piece by piece (issue 21).
     pub(super) refusal: Option<String>,
+    /// The ids the last full pass (and the reconciles since) reported `held`: a hold is logged
+    /// when it begins and when it ends, not at every pass (10,000 held files must not write
+    /// 10,000 lines at every resync).
+    held: HashSet<String>,
 }
 
 /// Tells systemd what the agent is doing, for `systemctl status` ("Status:"). Nothing when not
@@ -173,6 +177,7 @@ impl Worker {
             applied: tokio::sync::watch::channel(Default::default()).0,
             sources: Vec::new(),
             refusal: None,
+            held: HashSet::new(),
         }
     }
 
@@ -498,6 +503,9 @@ impl Worker {
         self.note_refusal(&report);
         // A refusal that stands is said once, when it began, not at every resync.
         self.tally(&report, None, refused_before && self.refusal.is_some());
+        if self.refusal.is_none() {
+            self.note_holds(&report);
+        }
         self.publish_applied(&report, true);
         events::ApplyFinished { at: now_secs(), succeeded: report.error.is_none() }.emit(&self.metrics);
         if self.refusal.is_none() {
@@ -538,6 +546,16 @@ impl Worker {
         self.refusal = now;
     }
 
+    /// After a full pass: which holds ended (said once each), and what is held now.
+    fn note_holds(&mut self, report: &Report) {
+        let now: HashSet<String> =
+            report.outcomes.iter().filter(|o| o.action == Verb::Held).map(|o| o.id.clone()).collect();
+        for id in self.held.difference(&now) {
+            events::HoldEnded { id }.emit(&self.metrics);
+        }
+        self.held = now;
+    }
+
     fn one(&mut self, id: &Id, seen: Instant) -> Verdict {
         if let Some(why) = &self.refusal {
             // Nothing of a refused declaration is applied, one key at a time either: the full
@@ -569,6 +587,7 @@ impl Worker {
     pub(super) fn conclude_one(&mut self, id: &Id, report: &Report, seen: Instant) -> Verdict {
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
         self.tally(report, Some(seen), quiet);
+        self.held.extend(report.outcomes.iter().filter(|o| o.action == Verb::Held).map(|o| o.id.clone()));
         self.publish_applied(report, false);
         if report.outcomes.iter().any(|o| o.action.moved()) {
             // A directory made again (by itself, or as a file's parent) needs its watch made
@@ -594,6 +613,8 @@ impl Worker {
     /// the change was first seen.
     fn tally(&self, report: &Report, seen: Option<Instant>, quiet: bool) {
         for o in &report.outcomes {
+            // A hold already said is not said again (`held`).
+            let quiet = quiet || (o.action == Verb::Held && self.held.contains(&o.id));
             events::ResourceChanged {
                 id: &o.id,
                 kind: o.kind.as_str(),

@@ -279,6 +279,21 @@ impl Event for RefusedHere<'_> {
     }
 }
 
+/// A resource the daemon had been reporting `held` is no longer held: its module was taken,
+/// or it is no longer declared. Said once; the hold itself is said once, when it begins (the
+/// outcome of the pass that first holds it), not at every pass.
+pub struct HoldEnded<'a> {
+    /// The resource's id.
+    pub id: &'a str,
+}
+
+impl Event for HoldEnded<'_> {
+    fn emit(self, _: &Metrics) {
+        let id = self.id;
+        tracing::info!(id, "no longer held: {id} (its module was taken, or it is no longer declared)");
+    }
+}
+
 /// The state store could not be written after a reconcile or on the way out: what was applied
 /// is on the machine, but the store does not say so; the next pass reads it from the machine.
 pub struct StoreNotWritten<'a> {

@@ -314,3 +314,38 @@ fn what_would_be_written_into_a_held_directory_is_held_and_made_once_taken() {
     assert_eq!(read(&s.path("pg/data/postgresql.conf")), "the mesh's\n");
     assert_eq!(read(&s.path("pg/data/PG_VERSION")), "15\n", "the operator's data is left");
 }
+
+/// The daemon says a hold when it begins and when it ends, not at every pass (issue 21, item
+/// 4): resyncs every second over a held file write its line once, a hand-edit of the held file
+/// is left and not said again, and taking the module says the hold ended, once.
+#[test]
+fn the_daemon_logs_a_hold_when_it_begins_and_ends_not_at_every_pass() {
+    let s = Scratch::new();
+    std::fs::write(s.path("app.conf"), "the operator's\n").unwrap();
+    let resources = json!([
+        {"type": "file", "id": "app.conf", "path": s.p("app.conf"), "content": "the mesh's\n"},
+    ]);
+    let d = adopted(&s, &[], resources.clone());
+    let daemon = crate::support::Daemon::start(&s, &d, &["--resync", "1"]);
+    let full_passes = || daemon.metric("mesh_host_reconcile_duration_seconds_count{scope=\"full\"}");
+    assert!(wait_for(PATIENCE, || full_passes() >= 4.0), "resyncs ran:\n{}", daemon.log());
+    std::fs::write(s.path("app.conf"), "the operator's, edited\n").unwrap();
+    assert!(wait_for(PATIENCE, || full_passes() >= 6.0), "{}", daemon.log());
+    let log = daemon.log();
+    assert_eq!(log.matches("held app.conf").count(), 1, "a hold is said once:\n{log}");
+    assert_eq!(read(&s.path("app.conf")), "the operator's, edited\n", "a held file is left as it is");
+    assert_eq!(daemon.metric("mesh_host_resources{type=\"file\",state=\"held\"}"), 1.0, "and it is a gauge");
+
+    adopted(&s, &["app"], resources);
+    assert!(
+        wait_for(PATIENCE, || read(&s.path("app.conf")) == "the mesh's\n"),
+        "taken, the file is the host's:\n{}",
+        daemon.log()
+    );
+    assert!(wait_for(PATIENCE, || daemon.log().contains("no longer held: app.conf")), "{}", daemon.log());
+    assert!(wait_for(PATIENCE, || full_passes() >= 9.0), "{}", daemon.log());
+    let log = daemon.log();
+    assert_eq!(log.matches("no longer held: app.conf").count(), 1, "{log}");
+    assert!(log.contains("taken over: held as found until its module was taken"), "{log}");
+    assert_eq!(daemon.metric("mesh_host_resources{type=\"file\",state=\"held\"}"), 0.0);
+}

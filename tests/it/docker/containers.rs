@@ -495,13 +495,15 @@ fn adopted_node_makes_no_container_over_what_it_holds(rt: Cli) {
     std::fs::write(s.path("pgdata/PG_VERSION"), "15\n").unwrap();
     std::fs::write(s.path("pg.env"), "MODE=theirs\n").unwrap();
     let (server, worker, cache) = (n.container("server"), n.container("worker"), n.container("cache"));
+    // A port of the machine the server binds by declaration, recorded as the container's holds.
+    let port = 20_000 + (std::process::id() % 20_000) as u16 + u16::from(rt.podman);
     let declare = |taken: &[&str]| {
         let path = s.path("adopted.json");
         let d = json!({"version": 1, "adoption": {"taken": taken}, "resources": [
             {"type": "directory", "id": "pg.data", "path": s.p("pgdata")},
             {"type": "file", "id": "pg.env", "path": s.p("pg.env"), "content": "MODE=mesh\n"},
             {"type": "container", "id": "pg.server", "name": server, "image": IMAGE, "args": SERVE,
-             "volumes": [format!("{}:/data", s.p("pgdata"))]},
+             "volumes": [format!("{}:/data", s.p("pgdata"))], "ports": [format!("127.0.0.1:{port}:80")]},
             {"type": "container", "id": "pg.worker", "name": worker, "image": IMAGE, "args": SERVE,
              "env-file": [s.p("pg.env")]},
             {"type": "container", "id": "pg.cache", "name": cache, "image": IMAGE, "args": SERVE,
@@ -532,6 +534,8 @@ fn adopted_node_makes_no_container_over_what_it_holds(rt: Cli) {
     for name in [&server, &worker, &cache] {
         assert!(rt.inspect(name, "{{.Id}}").is_some(), "{name} is made once its module is taken");
     }
+    assert_eq!(record(&s, "pg.server")["holds"], json!([port]), "the declared host port is recorded");
+    assert!(record(&s, "pg.worker")["holds"].is_null(), "none declared, none recorded");
 }
 
 /// On an adopted node nothing runs inside what the host holds: an action `in` a held container
