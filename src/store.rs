@@ -1124,4 +1124,54 @@ mod tests {
         store.save_changes().unwrap();
         assert_eq!(Store::read_only(&path).unwrap().get("web.conf").unwrap().mode, Some(0o600));
     }
+
+    /// A store whose records are `(id, type, target, applied-at)`.
+    fn store_of(dir: &tempfile::TempDir, records: &[(&str, &str, &str, u64)]) -> Store {
+        let records: serde_json::Map<String, serde_json::Value> = records
+            .iter()
+            .enumerate()
+            .map(|(position, (id, kind, target, at))| {
+                let record = serde_json::json!({
+                    "origin": "declared", "type": kind, "target": target, "position": position,
+                    "declared": Digest::of(id.as_bytes()).to_string(), "applied-at": at,
+                });
+                ((*id).to_owned(), record)
+            })
+            .collect();
+        store_at(dir, &serde_json::json!({"schema": 1, "records": records}).to_string())
+    }
+
+    /// The record found by target is the one applied last, under whatever id, whatever the
+    /// order of the ids; records of another type or target are not in the running, however
+    /// recent. Two applied in the same second (the resolution of `applied-at`) go to the id
+    /// last in order, the store's map being sorted: the same on every read, never random.
+    #[test]
+    fn the_record_by_target_is_the_most_recently_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_of(
+            &dir,
+            &[
+                ("a.first", "file", "/srv/app.env", 1_764_480_100),
+                ("m.latest", "file", "/srv/app.env", 1_764_480_300),
+                ("z.between", "file", "/srv/app.env", 1_764_480_200),
+                ("b.other-path", "file", "/srv/other.env", 1_764_480_900),
+                ("c.directory", "directory", "/srv/app.env", 1_764_480_900),
+            ],
+        );
+        let found = |kind, target| store.latest_at(kind, target).map(|(id, _)| id.to_owned());
+        assert_eq!(found(Kind::File, "/srv/app.env").as_deref(), Some("m.latest"));
+        assert_eq!(found(Kind::Directory, "/srv/app.env").as_deref(), Some("c.directory"));
+        assert_eq!(found(Kind::File, "/srv/none.env"), None);
+        assert_eq!(found(Kind::Container, "/srv/app.env"), None);
+
+        let dir = tempfile::tempdir().unwrap();
+        let tied = store_of(
+            &dir,
+            &[
+                ("m.one", "file", "/srv/app.env", 1_764_480_300),
+                ("c.two", "file", "/srv/app.env", 1_764_480_300),
+            ],
+        );
+        assert_eq!(tied.latest_at(Kind::File, "/srv/app.env").map(|(id, _)| id), Some("m.one"));
+    }
 }

@@ -157,6 +157,48 @@ fn docker_reads_are_found_by_name_when_a_new_id_takes_the_container_over() {
     assert_ne!(DOCKER.id(&db), before);
 }
 
+/// Genesis bytes reconcile: a file written before any declaration named it (at first boot, by
+/// hand) is read from the disk by the container that mounts it; declared later with the same
+/// bytes, it is `unchanged`, and its record says what the container was created reading, so the
+/// container is not recreated. The bytes are binary, declared as `bytes`.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_a_file_written_before_it_was_declared_and_declared_with_the_same_bytes_recreates_nothing() {
+    let n = Names::new(DOCKER, "genesis");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let genesis: &[u8] = &[0, 1, 2, 0xfe, 0xff, b'\n'];
+    std::fs::write(s.path("seed.bin"), genesis).unwrap();
+    let container = json!({"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
+                           "volumes": [format!("{}:/run/seed.bin:ro", s.p("seed.bin"))]});
+    let report = applied(&s, &declare_as(&s, "before.json", json!([container])));
+    assert_eq!(action(&report, "web.app"), "created", "{report:#}");
+    let read = record(&s, "web.app")["reads"][s.p("seed.bin")].clone();
+    assert!(read.as_str().is_some_and(|d| d.starts_with("sha256:")), "read from the disk: {read}");
+    let before = DOCKER.id(&web);
+
+    let declared = declare_as(
+        &s,
+        "after.json",
+        json!([
+            {"type": "file", "id": "web.seed", "path": s.p("seed.bin"), "bytes": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, genesis)},
+            container,
+        ]),
+    );
+    let report = applied(&s, &declared);
+    assert_eq!(action(&report, "web.seed"), "unchanged", "{report:#}");
+    assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
+    assert_eq!(DOCKER.id(&web), before, "the container was recreated");
+    assert_eq!(record(&s, "web.seed")["wrote"], read, "the file's record is of the bytes the container read");
+    assert_eq!(record(&s, "web.app")["reads"][s.p("seed.bin")], read);
+    assert_eq!(std::fs::read(s.path("seed.bin")).unwrap(), genesis);
+
+    // And the next apply, now reading the digest from the file's record, agrees.
+    let report = applied(&s, &declared);
+    assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
+    assert_eq!(DOCKER.id(&web), before);
+}
+
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_restart_on_recreates_when_the_named_resource_changed() {
