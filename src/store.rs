@@ -189,8 +189,9 @@ impl Record {
         self.more.as_ref().map_or(&[], |m| &m.holds)
     }
 
-    /// For a file with `into`: what its keys held before the host set them.
-    pub fn into(&self) -> Option<&Merged> {
+    /// For a file with `into`: what its keys held before the host set them. Not `into`, which
+    /// would shadow `Into::into` on every record.
+    pub fn merged(&self) -> Option<&Merged> {
         self.more.as_ref().and_then(|m| m.into.as_ref())
     }
 }
@@ -272,7 +273,7 @@ impl Serialize for Record {
             spec: self.spec(),
             reads: self.reads().cloned().unwrap_or_default(),
             schedule: self.schedule(),
-            into: self.into().cloned(),
+            into: self.merged().cloned(),
             holds: self.holds().to_vec(),
         }
         .serialize(s)
@@ -444,8 +445,6 @@ pub struct Store {
     recovered: Option<journal::Recovered>,
     /// A pass wrote to the journal since the store was last written.
     journaled: bool,
-    /// The store's lock, held while the store may be written; `None` for a read-only store.
-    lock: Option<fs::Lock>,
     /// How many records hold each type and target, so `holds_target` is a lookup: adopting a
     /// node asks it of every found file, and a scan of every record for each would be
     /// quadratic in the size of the node.
@@ -475,9 +474,32 @@ fn stamp(path: &Path) -> Option<fs::Sig> {
     fs::Fs::new().meta(path).ok().flatten().map(|m| m.sig)
 }
 
+/// The store held with its lock: the only one that can be written. A store opened without the
+/// lock (`Store::read_only`, a copy `lend`s to a reconcile apart) is a plain `Store`, which has
+/// no `save`: that it is never written is a matter of its type, not of a check at run time.
+/// Everything else of the store is reached through it as through a `Store`.
+pub struct Writer {
+    store: Store,
+    /// Held for as long as the writer lives; released when it is dropped.
+    _lock: fs::Lock,
+}
+
+impl std::ops::Deref for Writer {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        &self.store
+    }
+}
+
+impl std::ops::DerefMut for Writer {
+    fn deref_mut(&mut self) -> &mut Store {
+        &mut self.store
+    }
+}
+
 impl Store {
     /// Opens the store to read and write, holding its lock. An absent store is an empty one.
-    pub fn open(path: &Path) -> Result<Store, Error> {
+    pub fn open(path: &Path) -> Result<Writer, Error> {
         Store::read_only(path)?.lock()
     }
 
@@ -485,7 +507,7 @@ impl Store {
     /// file changed meanwhile. Only here is anything made on the machine (the state directory,
     /// the lock file), so a command refused before it gets here has touched nothing
     /// (docs/decisions.md, "The store").
-    pub fn lock(self) -> Result<Store, Error> {
+    pub fn lock(self) -> Result<Writer, Error> {
         let mut lock_path = self.path.as_os_str().to_owned();
         lock_path.push(".lock");
         let lock = fs::try_lock(Path::new(&lock_path))
@@ -496,7 +518,7 @@ impl Store {
         // (docs/decisions.md, "The store").
         let dir = state_dir(&self.path);
         journal::remove_temporaries(dir).map_err(Error::Open)?;
-        let mut store = if stamp(&self.path) == self.stamp { self } else { Store::read_only(&self.path)? };
+        let store = if stamp(&self.path) == self.stamp { self } else { Store::read_only(&self.path)? };
         // Only root should read what the host owns; a store others can read is tightened, with
         // a warning (docs/decisions.md, "The store"). The key file is refused instead: see
         // docs/decisions.md, "A key file anyone but its owner can read or write is refused".
@@ -521,8 +543,7 @@ impl Store {
                 "the last pass did not finish; its temporary files were removed, and the files it was writing will not be counted as drift"
             );
         }
-        store.lock = Some(lock);
-        Ok(store)
+        Ok(Writer { store, _lock: lock })
     }
 
     /// Where the journal of intent is kept: beside the store.
@@ -540,16 +561,6 @@ impl Store {
     /// What an unfinished pass was writing at `path`, by the journal found at start-up.
     pub fn intended(&self, path: &Path) -> &[journal::Intent] {
         self.recovered.as_ref().and_then(|r| r.intents.get(path)).map(Vec::as_slice).unwrap_or(&[])
-    }
-
-    /// Once the store holds what the passes did, the journal has nothing left to say.
-    fn forget_journal(&mut self) -> Result<(), Error> {
-        if self.lock.is_some() && self.lent == 0 && (self.journaled || self.recovered.is_some()) {
-            journal::remove(&self.journal_path())?;
-            self.journaled = false;
-            self.recovered = None;
-        }
-        Ok(())
     }
 
     /// Opens the store to read only. It takes no lock and can never write.
@@ -570,7 +581,6 @@ impl Store {
             stamp: stamp(path),
             recovered: None,
             journaled: false,
-            lock: None,
             targets: std::collections::HashMap::new(),
             lent: 0,
         };
@@ -698,7 +708,9 @@ impl Store {
         orphans.sort_by(|a, b| b.1.position.cmp(&a.1.position).then(b.0.cmp(&a.0)));
         orphans
     }
+}
 
+impl Writer {
     /// Writes the store if anything changed since it was last written, signatures included:
     /// after a whole pass, and on the way out.
     pub fn save(&mut self) -> Result<(), Error> {
@@ -721,7 +733,6 @@ impl Store {
     }
 
     fn write(&mut self) -> Result<(), Error> {
-        assert!(self.lock.is_some(), "a read-only store is never saved");
         self.file.schema = SCHEMA;
         if self.grown > self.file.records.len() / 8 {
             self.compact();
@@ -732,12 +743,24 @@ impl Store {
         self.stale = false;
         Ok(())
     }
+
+    /// Once the store holds what the passes did, the journal has nothing left to say; not while
+    /// a copy is lent, whose reconcile may have written intents its records do not yet cover.
+    fn forget_journal(&mut self) -> Result<(), Error> {
+        let store = &mut self.store;
+        if store.lent == 0 && (store.journaled || store.recovered.is_some()) {
+            journal::remove(&store.journal_path())?;
+            store.journaled = false;
+            store.recovered = None;
+        }
+        Ok(())
+    }
 }
 
 /// A reconcile running beside others works on a copy of the store and gives back only what it
 /// claimed (`controller::queue::Claim`): claims in flight are disjoint, so what one gives back
-/// is never what another is changing.
-impl Store {
+/// is never what another is changing. Only the writer lends: what it takes back, it writes.
+impl Writer {
     /// A copy of the records and holds for a reconcile that runs apart from the store's owner.
     /// It holds no lock and cannot be saved; what it records comes back through `take_back`.
     /// What a crash's journal recovered is not lent: the first pass after a start, a full one,
@@ -753,7 +776,6 @@ impl Store {
             stamp: self.stamp,
             recovered: None,
             journaled: false,
-            lock: None,
             targets: self.targets.clone(),
             lent: 0,
         }
@@ -882,7 +904,7 @@ mod tests {
   }
 }"#;
 
-    fn store_at(dir: &tempfile::TempDir, text: &str) -> Store {
+    fn store_at(dir: &tempfile::TempDir, text: &str) -> Writer {
         let path = dir.path().join("state.json");
         std::fs::write(&path, text).unwrap();
         Store::open(&path).unwrap()
@@ -1126,7 +1148,7 @@ mod tests {
     }
 
     /// A store whose records are `(id, type, target, applied-at)`.
-    fn store_of(dir: &tempfile::TempDir, records: &[(&str, &str, &str, u64)]) -> Store {
+    fn store_of(dir: &tempfile::TempDir, records: &[(&str, &str, &str, u64)]) -> Writer {
         let records: serde_json::Map<String, serde_json::Value> = records
             .iter()
             .enumerate()

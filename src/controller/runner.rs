@@ -416,7 +416,7 @@ mod tests {
         list.iter().map(|s| id(s)).collect()
     }
 
-    fn declared() -> (Declaration, tempfile::TempDir, Store) {
+    fn declared() -> (Declaration, tempfile::TempDir, crate::store::Writer) {
         let d = Declaration::parse(DECLARATION.as_bytes()).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("state.json")).unwrap();

@@ -18,7 +18,7 @@ use super::trigger::{Index, Key};
 use super::{contents, Config};
 use crate::apply::{self, Options, Report, Verb};
 use crate::declaration::{Declaration, Id, Kind};
-use crate::store::Store;
+use crate::store::Writer as Store;
 use crate::telemetry::{events, Event as _, Metrics};
 
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths

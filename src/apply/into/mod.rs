@@ -57,7 +57,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     let template = f.content.as_deref().ok_or_else(|| Error::NoContent { path: path.to_owned() })?;
     let record =
         ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::File && *rec.target == *r.target());
-    let recorded = record.and_then(Record::into).filter(|m| m.format == format);
+    let recorded = record.and_then(Record::merged).filter(|m| m.format == format);
 
     // The hot path: a file whose signature is the one recorded when the host last found its
     // keys as declared, under this same declaration, has not been touched since. It is not
