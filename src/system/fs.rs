@@ -340,7 +340,7 @@ impl Fs {
     /// Notes in the journal, durably, what a batch is about to leave. Call before `commit`.
     pub fn intend(&mut self, intents: Vec<super::journal::Intent>) -> Result<()> {
         match &mut self.journal {
-            Some(j) => j.intend(intents),
+            Some(j) => j.intend(intents).map_err(Error::from),
             None => Ok(()),
         }
     }
@@ -1068,9 +1068,41 @@ pub fn try_lock(path: &Path) -> Result<Option<Lock>> {
     }
 }
 
+impl From<super::journal::Error> for Error {
+    fn from(e: super::journal::Error) -> Error {
+        Error::Io { op: e.op, path: e.path, source: e.source }
+    }
+}
+
+/// Removes the host's temporary files in `dir` that another process of the host left: named
+/// `.NAME.mesh-host-PID-N` with a PID not this process's. Only called with the store's lock
+/// held, so the process that made them is gone. Returns how many.
+pub fn remove_temporaries(dir: &Path) -> Result<usize> {
+    let mut fs = Fs::new();
+    if fs.meta(dir)?.is_none_or(|m| m.kind != Kind::Directory) {
+        return Ok(0);
+    }
+    let ours = format!("{}", std::process::id());
+    let mut removed = 0;
+    for name in fs.list(dir)? {
+        let Some(name) = name.to_str() else { continue };
+        let Some((_, tail)) = name.rsplit_once(TMP_MARK) else { continue };
+        let Some((pid, n)) = tail.split_once('-') else { continue };
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if name.starts_with('.') && digits(pid) && digits(n) && pid != ours {
+            let path = dir.join(name);
+            if fs.meta(&path)?.is_some_and(|m| m.kind == Kind::File) {
+                fs.remove_file(&path)?;
+                removed += 1;
+            }
+        }
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::orders_replacing_renames;
+    use super::{orders_replacing_renames, remove_temporaries};
 
     #[test]
     fn only_ext4_with_ordered_data_and_auto_da_alloc_lets_a_replacing_rename_go_first() {
@@ -1087,5 +1119,24 @@ mod tests {
         // No optional fields at all, and a line cut short.
         assert!(orders_replacing_renames("30 29 8:1 / /srv rw - ext4 /dev/sda1 rw", "8:1"));
         assert!(!orders_replacing_renames("30 29 8:1 / /srv rw - ext4", "8:1"));
+    }
+
+    #[test]
+    fn only_another_process_s_temporary_files_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = [
+            (".app.conf.mesh-host-1-7".to_owned(), true),
+            (format!(".app.conf.mesh-host-{}-7", std::process::id()), false),
+            (".app.conf.mesh-host-x-7".to_owned(), false),
+            ("app.conf.mesh-host-1-7".to_owned(), false),
+            ("app.conf".to_owned(), false),
+        ];
+        for (name, _) in &names {
+            std::fs::write(dir.path().join(name), "x").unwrap();
+        }
+        assert_eq!(remove_temporaries(dir.path()).unwrap(), 1);
+        for (name, gone) in &names {
+            assert_eq!(!dir.path().join(name).exists(), *gone, "{name}");
+        }
     }
 }
