@@ -300,7 +300,7 @@ impl EtcdLogin {
             .map_err(|e| Usage(format!("mesh-host: --etcd: {e}")))?;
         Ok(match (&self.etcd_user, &self.etcd_password_file) {
             (Some(user), Some(file)) => {
-                let password = crate::system::etcd::read_password(file)
+                let password = crate::system::input::read_password(file)
                     .with_context(|| format!("cannot read the etcd password file {}", file.display()))?;
                 etcd.with_login(user.clone(), password)
             }
@@ -391,7 +391,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
                     // controller reads as its source, and what a restart applies while etcd is
                     // out of reach (docs/decisions.md, "The cache is the declaration source").
                     let dir = crate::store::state_dir(&cli.state).join("fleet");
-                    crate::system::etcd::private_dir(&dir).with_context(|| {
+                    crate::system::fs::private_dir(&dir).with_context(|| {
                         format!("cannot make the fleet cache directory {}", dir.display())
                     })?;
                     declaration = dir.join("declaration.d");
@@ -451,7 +451,7 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
                 crate::fleet::check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")))?;
             }
             let etcd = login.client(&etcd)?;
-            let password = crate::system::etcd::read_password(&node_password_file).with_context(|| {
+            let password = crate::system::input::read_password(&node_password_file).with_context(|| {
                 format!("cannot read the node's password file {}", node_password_file.display())
             })?;
             let out = tokio::runtime::Handle::current()

@@ -134,7 +134,7 @@ fn take(
                 .map(|(i, (key, bytes))| (super::cache_name(revision, i, &key), bytes))
                 .collect();
             files.push((MANIFEST.into(), manifest.to_string().into_bytes()));
-            match crate::system::etcd::replace_dir(cache, &files) {
+            match crate::system::fs::replace_dir(cache, &files) {
                 Ok(()) => {
                     tracing::info!(
                         node = %node,
