@@ -9,6 +9,7 @@
 //! - The watchers crate knows nothing of the root crate.
 //! - No catch-all arm (`_ =>`) in a match over `Spec`, `Kind` or `Verb`: a new resource type or
 //!   outcome word must be decided at every place that tells them apart, by the compiler.
+//! - Every `docs/` file a comment cites exists, and so does every section it names.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -443,4 +444,130 @@ fn the_spec_check_sees_what_it_looks_for() {
     assert!(!spec_variant_named("use crate::declaration::Spec;"));
     let code = code_only("// Spec::File in a comment\nlet a = \"Spec::File\";");
     assert!(!code.lines().any(spec_variant_named), "comments and strings are not code");
+}
+
+/// The sections of a markdown document a comment may cite: its headings (`#` to `####`) and
+/// the bold leads of its bullets (`- **A step has a time limit**, ...`), at any depth; a lead
+/// may run over lines. Bold words inside a sentence are emphasis, not places to point at.
+fn sections(markdown: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (at, line) in markdown.lines().scan(0, |at, l| {
+        let here = *at;
+        *at += l.len() + 1;
+        Some((here, l))
+    }) {
+        let trimmed = line.trim_start();
+        let heading = trimmed.trim_start_matches('#');
+        if (1..=4).contains(&(trimmed.len() - heading.len())) && heading.starts_with(' ') {
+            out.push(heading.trim().to_owned());
+        } else if let Some(lead) = trimmed.strip_prefix("- **") {
+            let start = at + (line.len() - lead.len());
+            if let Some(end) = markdown[start..].find("**") {
+                out.push(markdown[start..start + end].split_whitespace().collect::<Vec<_>>().join(" "));
+            }
+        }
+    }
+    out
+}
+
+/// The comments of a Rust file, each run of comment lines joined into one line (a citation is
+/// often cut by a line break), with the `//`, `///` or `//!` taken off each.
+fn comment_runs(text: &str) -> Vec<String> {
+    let mut runs = Vec::new();
+    let mut run: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if let Some(c) = trimmed.strip_prefix("//") {
+            run.push(c.trim_start_matches(['/', '!']).trim());
+            continue;
+        }
+        if !run.is_empty() {
+            runs.push(run.join(" "));
+            run.clear();
+        }
+        // A comment after code on the line starts a run the next lines may continue.
+        if let Some(at) = line.find("// ") {
+            run.push(line[at + 3..].trim());
+        }
+    }
+    if !run.is_empty() {
+        runs.push(run.join(" "));
+    }
+    runs
+}
+
+/// Each citation in a comment: the document (`docs/decisions.md`) and the text after it, from
+/// which a quoted section is read against the document's own sections (so a section whose name
+/// holds quotes, `What makes a container "the same"`, is read whole).
+fn citations(comment: &str) -> Vec<(String, Option<String>)> {
+    let mut out = Vec::new();
+    for (at, _) in comment.match_indices("docs/") {
+        if comment[..at].ends_with(|c: char| is_ident(c) || c == '/' || c == '.') {
+            continue;
+        }
+        let rest = &comment[at..];
+        let Some(end) = rest.find(".md") else { continue };
+        let doc = &rest[..end + 3];
+        if !doc["docs/".len()..end].chars().all(|c| is_ident(c) || c == '-' || c == '/') {
+            continue;
+        }
+        let after = rest[end + 3..].strip_prefix(',').unwrap_or(&rest[end + 3..]).trim_start();
+        out.push((doc.to_owned(), after.strip_prefix('"').map(str::to_owned)));
+    }
+    out
+}
+
+/// Every `docs/…` file a comment cites exists, and every section it names (`docs/decisions.md,
+/// "The daemon"`) is a heading or a bullet's bold lead there, word for word: a section renamed
+/// or moved fails here, not in a reader's search.
+#[test]
+fn every_cited_document_and_section_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs: BTreeMap<String, Option<Vec<String>>> = BTreeMap::new();
+    let mut wrong = Vec::new();
+    let mut seen = 0;
+    for dir in ["src", "watchers/src", "tests", "benches", "fuzz"] {
+        for file in rust_files(&root.join(dir)) {
+            if file.ends_with("tests/tidy.rs") {
+                continue; // its own tests' examples, which cite nothing real
+            }
+            for comment in comment_runs(&std::fs::read_to_string(&file).unwrap()) {
+                for (doc, quoted) in citations(&comment) {
+                    seen += 1;
+                    let known = docs.entry(doc.clone()).or_insert_with(|| {
+                        std::fs::read_to_string(root.join(&doc)).ok().map(|text| sections(&text))
+                    });
+                    let Some(known) = known else {
+                        wrong.push(format!("{}: cites {doc}, which does not exist", file.display()));
+                        continue;
+                    };
+                    let Some(quoted) = quoted else { continue };
+                    if !known.iter().any(|s| quoted.starts_with(&format!("{s}\""))) {
+                        let shown: String = quoted.chars().take(70).collect();
+                        wrong.push(format!("{}: {doc}, \"{shown}...: no such section", file.display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(seen > 100, "the citations were not found ({seen}): the check reads the wrong thing");
+    assert!(wrong.is_empty(), "citations that lead nowhere:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_citation_check_sees_what_it_looks_for() {
+    let doc = "# Title\n## The daemon\n- **A step has a time\n  limit**, and more\n  - **Nested** too\n\
+               Some **emphasis** here.\n##### Too deep\n";
+    assert_eq!(sections(doc), ["Title", "The daemon", "A step has a time limit", "Nested"]);
+    let runs = comment_runs(
+        "/// See (docs/decisions.md,\n/// \"The daemon\").\nlet x = 1; // docs/a.md\n// \"B\"\n",
+    );
+    assert_eq!(runs, ["See (docs/decisions.md, \"The daemon\").", "docs/a.md \"B\""]);
+    assert_eq!(
+        citations("(docs/a.md, \"X \"y\"\"; docs/b.md) and mydocs/c.md"),
+        [
+            ("docs/a.md".to_owned(), Some("X \"y\"\"; docs/b.md) and mydocs/c.md".to_owned())),
+            ("docs/b.md".to_owned(), None)
+        ]
+    );
 }
