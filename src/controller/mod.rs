@@ -2,7 +2,7 @@
 //! queue, the worker drains it (short reconciles itself, up to `workers - 1` slow ones beside
 //! it), each key reconciled and read back, metrics and one log line per change on the way.
 //!
-//! The stages, each in its own file, wired together by `run` here:
+//! The stages, each in its own file, wired together by `Daemon` here:
 //! - `trigger`: what a watcher's change means: a managed path is its resource's key, the
 //!   declaration settling is the declaration key, a gap in what a watcher saw is a full resync.
 //! - `queue`: de-duplication, the never-twice-at-once rule and the claims, backoff, the rate
