@@ -5,6 +5,7 @@
 //!   included: `declaration` and `system` depend on nothing else in the crate (so the model is
 //!   pure and the machine layer knows no declaration type), no module reaches a later stage
 //!   (`apply` never reaches the controller), and the table allows no arrow the code does not use.
+//!   A `super::` chain that climbs to the crate's root is an arrow too.
 //! - The controller knows nothing of etcd.
 //! - The watchers crate knows nothing of the root crate.
 //! - No catch-all arm (`_ =>`) in a match over `Spec`, `Kind` or `Verb`: a new resource type or
@@ -175,6 +176,59 @@ fn group_heads(text: &str) -> Vec<String> {
     heads
 }
 
+/// How deep a file's module is below the crate: `src/store.rs` and `src/apply/mod.rs` are 1,
+/// `src/apply/file.rs` 2, `src/lib.rs` 0.
+fn depth_of(src: &Path, file: &Path) -> usize {
+    let rel = file.strip_prefix(src).unwrap();
+    let parts = rel.components().count();
+    if rel.ends_with("mod.rs") || rel == Path::new("lib.rs") {
+        parts - 1
+    } else {
+        parts
+    }
+}
+
+/// The top-level modules a file reaches through `super::`: a chain of as many `super`s as the
+/// module is deep (inline `mod x { .. }` blocks counted) is the crate's root, and the name after
+/// it another module, `super::apply` from `src/store.rs` as surely as `crate::apply`.
+fn through_super(code: &str, depth: usize) -> BTreeSet<String> {
+    let b = code.as_bytes();
+    let mut found = BTreeSet::new();
+    // Whether each open brace opened an inline module.
+    let mut braces: Vec<bool> = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let at_word = i == 0 || !is_ident(b[i - 1] as char);
+        if b[i] == b'{' {
+            let before = code[..i].trim_end();
+            let name_start = before.trim_end_matches(|c: char| is_ident(c));
+            braces.push(name_start.len() < before.len() && name_start.trim_end().ends_with("mod"));
+        } else if b[i] == b'}' {
+            braces.pop();
+        } else if at_word && b[i..].starts_with(b"super::") {
+            let mut k = 0;
+            let mut j = i;
+            while b[j..].starts_with(b"super::") {
+                k += 1;
+                j += "super::".len();
+            }
+            let inline = braces.iter().filter(|m| **m).count();
+            let name: String = code[j..].chars().take_while(|c| is_ident(*c)).collect();
+            if k >= depth + inline && !name.is_empty() {
+                found.insert(name);
+            } else if k >= depth + inline {
+                if let Some(group) = code[j..].strip_prefix('{') {
+                    found.extend(group_heads(group).into_iter().filter(|n| n != "self"));
+                }
+            }
+            i = j;
+            continue;
+        }
+        i += 1;
+    }
+    found
+}
+
 /// Every module's arrows: for each top-level module of `src/` (`main.rs` left out: the binary,
 /// outside the library), the modules its files name, with the first file that names each.
 fn used_arrows(src: &Path) -> BTreeMap<String, BTreeMap<String, PathBuf>> {
@@ -186,7 +240,8 @@ fn used_arrows(src: &Path) -> BTreeMap<String, BTreeMap<String, PathBuf>> {
         }
         let code = code_only(&std::fs::read_to_string(&file).unwrap());
         let to = used.entry(module.clone()).or_default();
-        for name in arrows(&code).into_iter().filter(|n| *n != module) {
+        let reached = arrows(&code).into_iter().chain(through_super(&code, depth_of(src, &file)));
+        for name in reached.filter(|n| *n != module) {
             to.entry(name).or_insert_with(|| file.clone());
         }
     }
@@ -396,6 +451,13 @@ fn the_checks_see_what_they_look_for() {
         code_only("use crate::{apply::{self, Verb}, store,\n    system::fs as f};\nuse crate::{self};");
     assert_eq!(arrows(&grouped), ["apply", "store", "system"].map(String::from).into());
     assert_eq!(arrows(&code_only("mesh_host_watchers::Change; my_crate::x")), BTreeSet::new());
+    let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(through_super("use super::apply::Verb;", 1), set(&["apply"]));
+    assert_eq!(through_super("use super::{store, system};", 1), set(&["store", "system"]));
+    assert_eq!(through_super("fn f() { g(super::x) }", 2), set(&[]), "a sibling, not the root");
+    assert_eq!(through_super("use super::super::cron;", 2), set(&["cron"]));
+    assert_eq!(through_super("mod tests { use super::*; use super::super::store; }", 1), set(&["store"]));
+    assert_eq!(through_super("pub(crate) mod inner { use super::x; }", 1), set(&[]));
     assert!(names_enum("Kind::File | Kind::Directory", "Kind"));
     assert!(!names_enum("FsKind::File", "Kind"));
     assert!(!names_enum("fs::Kind::File", "Kind"));
