@@ -338,8 +338,8 @@ impl Seal for Vault<'_> {
             return Ok(None);
         }
         // One that opens with neither is left as it is: the apply goes on, and only putting
-        // it back, should that come, fails, naming the key (docs/decisions.md, "Without a key
-        // that opens it, the removal fails and keeps the record").
+        // it back, should that come, fails, naming the key (docs/decisions.md, "`into`":
+        // "Without a key that opens it, the removal fails and keeps the record").
         let Ok(opened) = ring.open(sealed) else { return Ok(None) };
         self.seal(owned, self.text(owned, &opened)?).map(Some)
     }
@@ -424,7 +424,7 @@ fn decide(
             // Only the first time the host sets it: what it holds later is the host's own
             // value. Sealed when the key is filled from a secret: it is likely the credential
             // the secret replaces, and if the host wrote it (a record lost), it is a secret
-            // (docs/decisions.md, "sealed to the node's own public key").
+            // (docs/decisions.md, "`into`": "sealed to the node's own public key").
             None => {
                 let before = match held.first() {
                     None => None,
@@ -435,7 +435,7 @@ fn decide(
             }
             // Recorded in the clear before the key was filled from a secret: sealed now, once,
             // since sealing is not deterministic and the store must not move every pass
-            // (docs/decisions.md, "sealed to the node's own public key").
+            // (docs/decisions.md, "`into`": "sealed to the node's own public key").
             Some(Some(before @ Was::Plain(_))) if secret => {
                 let Was::Plain(plain) = before else { unreachable!("matched as plain") };
                 let sealed = vault.seal(key, plain)?;
