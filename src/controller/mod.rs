@@ -200,8 +200,8 @@ impl Daemon {
 fn daemon_metrics(config: &Config) -> Metrics {
     let types: Vec<&'static str> = crate::declaration::Kind::ALL.iter().map(|k| k.as_str()).collect();
     let actions: Vec<&'static str> = crate::apply::Verb::ALL.iter().map(|v| v.as_str()).collect();
-    let known =
-        crate::telemetry::metrics::Known { types: &types, actions: &actions, sources: &trigger::SOURCES };
+    let sources = trigger::Source::ALL.map(trigger::Source::as_str);
+    let known = crate::telemetry::metrics::Known { types: &types, actions: &actions, sources: &sources };
     Metrics::for_daemon(&known, config.resync)
 }
 
@@ -262,7 +262,7 @@ async fn intake(
                     events::WatcherState { watcher, up }.emit(metrics);
                 }
                 for (key, source) in added {
-                    events::KeyQueued { source }.emit(metrics);
+                    events::KeyQueued { source: source.as_str() }.emit(metrics);
                     queue.add(key);
                 }
                 events::QueueDepth(queue.stats().depth).emit(metrics);
@@ -270,7 +270,7 @@ async fn intake(
             _ = resync.tick() => {
                 // A full pass reads the declaration source again too, so a new declaration the
                 // watcher missed (its directory's parent replaced, say) is applied by the resync.
-                events::KeyQueued { source: "resync" }.emit(metrics);
+                events::KeyQueued { source: trigger::Source::Resync.as_str() }.emit(metrics);
                 queue.add(Key::Full);
             }
         }
