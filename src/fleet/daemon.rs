@@ -56,10 +56,11 @@ pub async fn start(source: Source, etcd: Etcd, cache: PathBuf, beside: Beside) -
         refused_rx.clone(),
         shutdown.clone(),
     )));
-    tasks.push(tokio::spawn(report_refusals(refused_rx, metrics, shutdown.clone())));
+    tasks.push(tokio::spawn(report_refusals(refused_rx, Arc::clone(&metrics), shutdown.clone())));
     tracing::info!(endpoints = %source.endpoints, node = %source.node, groups = ?source.groups, "declaration from etcd");
     let (first_tx, first_rx) = tokio::sync::oneshot::channel();
-    tasks.push(tokio::spawn(super::source::run(source, etcd, cache, first_tx, refused_tx, shutdown)));
+    tasks
+        .push(tokio::spawn(super::source::run(source, etcd, cache, first_tx, refused_tx, metrics, shutdown)));
     // The first apply waits for the first read of etcd (it fails fast when etcd refuses
     // connections), bounded: a node must start even when etcd hangs, on its cache.
     if tokio::time::timeout(FIRST_READ, first_rx).await.is_err() {

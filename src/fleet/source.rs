@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::declaration::Declaration;
 use crate::system::etcd::{self, Etcd, Kv, Seen};
+use crate::telemetry::{events, Event as _, Metrics};
 
 /// Where a node's declaration comes from in etcd.
 #[derive(Clone, Debug)]
@@ -102,6 +103,7 @@ fn take(
     revision: i64,
     kvs: Vec<Kv>,
     seen: &mut Option<String>,
+    metrics: &Metrics,
 ) -> Taken {
     let d = digest(&kvs);
     // The same bytes at a later revision leave the cache as it is: rewriting it would re-apply
@@ -136,26 +138,14 @@ fn take(
             files.push((MANIFEST.into(), manifest.to_string().into_bytes()));
             match crate::system::fs::replace_dir(cache, &files) {
                 Ok(()) => {
-                    tracing::info!(
-                        node = %node,
-                        revision,
-                        resources = declaration.resources.len(),
-                        keys = kvs.len(),
-                        "declaration from etcd accepted at revision {revision}: {} resources from {} keys",
-                        declaration.resources.len(),
-                        kvs.len()
-                    );
+                    let (resources, keys) = (declaration.resources.len(), kvs.len());
+                    events::FleetSource::Accepted { node, revision, resources, keys }.emit(metrics);
                     Taken::Accepted
                 }
                 Err(e) => {
                     // Not recorded as seen: the next read tries the write again.
                     *seen = None;
-                    tracing::error!(
-                        node = %node,
-                        revision,
-                        "cannot write the declaration from etcd to {}: {e}; the declaration in force stays",
-                        cache.display()
-                    );
+                    events::FleetSource::NotCached { node, revision, cache, error: &e }.emit(metrics);
                     Taken::NotCached
                 }
             }
@@ -179,6 +169,7 @@ pub async fn run(
     cache: PathBuf,
     first: tokio::sync::oneshot::Sender<()>,
     refused: tokio::sync::watch::Sender<Option<String>>,
+    metrics: std::sync::Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
     let mut first = Some(first);
@@ -192,9 +183,8 @@ pub async fn run(
         let (revision, kvs) = match read_at_one_revision(&etcd, &prefixes).await {
             Ok(read) => read,
             Err(e) => {
-                if !down {
-                    tracing::warn!(node = %source.node, "cannot read the declaration from etcd: {e}; converging on the last one known, trying again");
-                }
+                events::FleetSource::Unreachable { node: &source.node, error: &e, first: !down }
+                    .emit(&metrics);
                 down = true;
                 if let Some(first) = first.take() {
                     let _ = first.send(());
@@ -207,15 +197,13 @@ pub async fn run(
                 continue;
             }
         };
-        if down {
-            tracing::info!(node = %source.node, revision, "etcd answers again; read its declaration at revision {revision}");
-            down = false;
-        }
+        events::FleetSource::Reached { node: &source.node, revision, again: down }.emit(&metrics);
+        down = false;
         backoff = Duration::from_millis(250);
-        let (take_source, take_cache) = (source.clone(), cache.clone());
+        let (take_source, take_cache, take_metrics) = (source.clone(), cache.clone(), metrics.clone());
         let mut take_seen = seen.take();
         let joined = tokio::task::spawn_blocking(move || {
-            let taken = take(&take_source, &take_cache, revision, kvs, &mut take_seen);
+            let taken = take(&take_source, &take_cache, revision, kvs, &mut take_seen, &take_metrics);
             (taken, take_seen)
         })
         .await;
@@ -275,18 +263,18 @@ pub async fn run(
                 seen = rx.recv() => match seen {
                     Some(Ok(Seen::Created)) => continue,
                     Some(Ok(Seen::Changed(at))) => {
-                        tracing::debug!(node = %source.node, revision = at, "etcd: the declaration changed");
+                        events::FleetSource::Changed { node: &source.node, revision: at }.emit(&metrics);
                         break;
                     }
                     Some(Err(etcd::Error::Compacted(at))) => {
-                        tracing::info!(node = %source.node, "etcd compacted revision {at} away; reading the whole declaration again");
+                        events::FleetSource::Compacted { node: &source.node, at }.emit(&metrics);
                         break;
                     }
                     Some(Err(e)) => {
                         if e.to_string().contains("auth token") {
                             etcd.forget_token();
                         }
-                        tracing::warn!(node = %source.node, "the watch on etcd ended: {e}; reading the whole declaration again");
+                        events::FleetSource::WatchEnded { node: &source.node, error: &e }.emit(&metrics);
                         // A short pause: a member going away ends every watch at once.
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         break;

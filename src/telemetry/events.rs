@@ -294,6 +294,115 @@ impl Event for HoldEnded<'_> {
     }
 }
 
+/// What the fleet's etcd source saw: etcd reached or not (the `mesh_host_etcd_up` gauge, and a
+/// line once each way), a declaration accepted or not cached, the watch moving on. Plain values,
+/// as every event's: telemetry knows nothing of etcd.
+pub enum FleetSource<'a> {
+    /// A read of the declaration failed: the node converges on the last one known. `first` is
+    /// true for the first failure after a success (or at start): only that one is said.
+    Unreachable {
+        /// The node's name.
+        node: &'a str,
+        /// Why, as the etcd client says it.
+        error: &'a dyn std::fmt::Display,
+        /// The first failure since etcd last answered.
+        first: bool,
+    },
+    /// A read succeeded; `again` when the one before had failed (then it is said).
+    Reached {
+        /// The node's name.
+        node: &'a str,
+        /// The revision read at.
+        revision: i64,
+        /// etcd had not answered before this.
+        again: bool,
+    },
+    /// A new declaration was read from etcd, parsed and written to the cache.
+    Accepted {
+        /// The node's name.
+        node: &'a str,
+        /// The revision read at.
+        revision: i64,
+        /// How many resources, from how many keys.
+        resources: usize,
+        /// How many keys it was read from.
+        keys: usize,
+    },
+    /// A declaration read could not be written to the cache directory: the one in force stays.
+    NotCached {
+        /// The node's name.
+        node: &'a str,
+        /// The revision read at.
+        revision: i64,
+        /// The cache directory.
+        cache: &'a std::path::Path,
+        /// Why.
+        error: &'a dyn std::fmt::Display,
+    },
+    /// A watched prefix changed at `revision`: read again.
+    Changed {
+        /// The node's name.
+        node: &'a str,
+        /// The revision of the change.
+        revision: i64,
+    },
+    /// The revision to watch from was compacted away: the whole declaration is read again.
+    Compacted {
+        /// The node's name.
+        node: &'a str,
+        /// The revision compacted.
+        at: i64,
+    },
+    /// A watch ended with an error: the whole declaration is read again.
+    WatchEnded {
+        /// The node's name.
+        node: &'a str,
+        /// Why, as the etcd client says it.
+        error: &'a dyn std::fmt::Display,
+    },
+}
+
+impl Event for FleetSource<'_> {
+    fn emit(self, m: &Metrics) {
+        match self {
+            FleetSource::Unreachable { node, error, first } => {
+                m.etcd_up.get_or_create(&Vec::new()).set(0);
+                if first {
+                    tracing::warn!(node = %node, "cannot read the declaration from etcd: {error}; converging on the last one known, trying again");
+                }
+            }
+            FleetSource::Reached { node, revision, again } => {
+                m.etcd_up.get_or_create(&Vec::new()).set(1);
+                if again {
+                    tracing::info!(node = %node, revision, "etcd answers again; read its declaration at revision {revision}");
+                }
+            }
+            FleetSource::Accepted { node, revision, resources, keys } => tracing::info!(
+                node = %node,
+                revision,
+                resources,
+                keys,
+                "declaration from etcd accepted at revision {revision}: {resources} resources from {keys} keys"
+            ),
+            FleetSource::NotCached { node, revision, cache, error } => tracing::error!(
+                node = %node,
+                revision,
+                "cannot write the declaration from etcd to {}: {error}; the declaration in force stays",
+                cache.display()
+            ),
+            FleetSource::Changed { node, revision } => {
+                tracing::debug!(node = %node, revision, "etcd: the declaration changed")
+            }
+            FleetSource::Compacted { node, at } => {
+                tracing::info!(node = %node, "etcd compacted revision {at} away; reading the whole declaration again")
+            }
+            FleetSource::WatchEnded { node, error } => {
+                tracing::warn!(node = %node, "the watch on etcd ended: {error}; reading the whole declaration again")
+            }
+        }
+    }
+}
+
 /// The state store could not be written after a reconcile or on the way out: what was applied
 /// is on the machine, but the store does not say so; the next pass reads it from the machine.
 pub struct StoreNotWritten<'a> {

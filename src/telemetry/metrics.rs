@@ -51,6 +51,9 @@ pub struct Metrics {
     /// `mesh_host_declaration_refused`: 1 while the declaration in force is refused whole on
     /// this machine (a firewall found in force that the host cannot manage), 0 otherwise.
     pub declaration_refused: Gauge,
+    /// `mesh_host_etcd_up`: 1 while the fleet's last read of etcd succeeded, 0 after a failed
+    /// one; absent on a node whose declaration is a local directory.
+    pub etcd_up: Family<Labels, Gauge>,
     /// Reconciles that panicked: each failed its key, and the daemon went on.
     pub panics: Counter,
     /// State-store writes that failed: what was applied is on the machine but not recorded.
@@ -135,6 +138,7 @@ impl Metrics {
             watcher_up: Family::default(),
             declaration_refusals: Counter::default(),
             declaration_refused: Gauge::default(),
+            etcd_up: Family::default(),
             panics: Counter::default(),
             store_write_failures: Counter::default(),
             scheduled_runs: Family::default(),
@@ -243,6 +247,11 @@ impl Metrics {
             "mesh_host_declaration_refused",
             "1 while the declaration is refused whole on this machine (a firewall found in force that the host cannot manage): nothing of it is applied",
             self.declaration_refused.clone(),
+        );
+        registry.register(
+            "mesh_host_etcd_up",
+            "1 while the fleet's last read of etcd succeeded, 0 after a failed one; absent where the declaration is a local directory",
+            self.etcd_up.clone(),
         );
         registry.register(
             "mesh_host_panics",

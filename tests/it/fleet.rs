@@ -467,6 +467,11 @@ fn a_node_cut_off_from_etcd_keeps_its_last_declaration_across_a_restart_and_appl
     declare("v1\n");
     let mut daemon = node(&s, &url, "db-1", &[]);
     assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "{}", daemon.log());
+    // Whether etcd answers is a gauge, as a watcher's connection is.
+    let etcd_up = |daemon: &Daemon, up: &str| {
+        daemon.get("/metrics").is_some_and(|m| m.lines().any(|l| l == format!("mesh_host_etcd_up {up}")))
+    };
+    assert!(etcd_up(&daemon, "1"), "{}", daemon.get("/metrics").unwrap_or_default());
 
     // etcd goes away: the node goes on converging on what it holds.
     etcd.stop();
@@ -476,6 +481,7 @@ fn a_node_cut_off_from_etcd_keeps_its_last_declaration_across_a_restart_and_appl
         "still converging while cut off:\n{}",
         daemon.log()
     );
+    assert!(wait_for(PATIENCE, || etcd_up(&daemon, "0")), "etcd is seen down:\n{}", daemon.log());
 
     // A restart while etcd is down applies the last declaration accepted, from the cache.
     assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
@@ -498,6 +504,7 @@ fn a_node_cut_off_from_etcd_keeps_its_last_declaration_across_a_restart_and_appl
         "a declaration changed while the node was cut off is applied when etcd returns:\n{}",
         daemon.log()
     );
+    assert!(wait_for(PATIENCE, || etcd_up(&daemon, "1")), "etcd is seen up again:\n{}", daemon.log());
     assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
 }
 
