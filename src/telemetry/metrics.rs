@@ -436,6 +436,7 @@ mod tests {
         m.watcher_up.get_or_create(&vec![("watcher", "file")]).set(1);
         m.scheduled_runs.get_or_create(&vec![("result", "succeeded")]).inc();
         m.declared_content.get_or_create(&vec![("where", "file")]).set(1);
+        m.etcd_up.get_or_create(&Vec::new()).set(1);
         m.encode()
             .lines()
             .filter(|l| !l.starts_with('#'))
