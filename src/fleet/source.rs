@@ -228,61 +228,77 @@ pub async fn run(
             tokio::time::sleep(Duration::from_secs(3)).await;
         }
 
-        // One watch per prefix, all from the revision after the one read; whichever speaks
-        // first ends the wait. Aborted when dropped, before the next read starts new ones.
-        let (tx, mut rx) = mpsc::unbounded_channel::<Result<Seen, etcd::Error>>();
-        let mut watches = tokio::task::JoinSet::new();
-        for prefix in &prefixes {
-            let (tx, prefix) = (tx.clone(), prefix.clone());
-            let etcd = &*etcd;
-            let watch = etcd.watch_prefix(&prefix, revision + 1).await;
-            watches.spawn(async move {
-                let mut watch = match watch {
-                    Ok(w) => w,
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                        return;
-                    }
-                };
-                loop {
-                    let seen = watch.next().await;
-                    let end = seen.is_err();
-                    if tx.send(seen).is_err() || end {
-                        return;
-                    }
-                }
-            });
+        if !wait_for_change(&etcd, &prefixes, revision, &source.node, &metrics, &shutdown).await {
+            return;
         }
-        drop(tx);
-        let reread = tokio::time::sleep(REREAD);
-        tokio::pin!(reread);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = &mut reread => break,
-                seen = rx.recv() => match seen {
-                    Some(Ok(Seen::Created)) => continue,
-                    Some(Ok(Seen::Changed(at))) => {
-                        events::FleetSource::Changed { node: &source.node, revision: at }.emit(&metrics);
-                        break;
-                    }
-                    Some(Err(etcd::Error::Compacted(at))) => {
-                        events::FleetSource::Compacted { node: &source.node, at }.emit(&metrics);
-                        break;
-                    }
-                    Some(Err(e)) => {
-                        if e.to_string().contains("auth token") {
-                            etcd.forget_token();
-                        }
-                        events::FleetSource::WatchEnded { node: &source.node, error: &e }.emit(&metrics);
-                        // A short pause: a member going away ends every watch at once.
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        break;
-                    }
-                    None => break,
-                },
-            }
-        }
-        watches.abort_all();
     }
+}
+
+/// Watches every prefix from the revision after `revision` until one speaks (a change, a
+/// compaction, an error) or `REREAD` passes: then the whole declaration is to be read again.
+/// `false` when `shutdown` came first.
+async fn wait_for_change(
+    etcd: &Etcd,
+    prefixes: &[String],
+    revision: i64,
+    node: &str,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> bool {
+    // One watch per prefix, all from the revision after the one read; whichever speaks
+    // first ends the wait. Aborted when dropped, before the next read starts new ones.
+    let (tx, mut rx) = mpsc::unbounded_channel::<Result<Seen, etcd::Error>>();
+    let mut watches = tokio::task::JoinSet::new();
+    for prefix in prefixes {
+        let (tx, prefix) = (tx.clone(), prefix.clone());
+        let watch = etcd.watch_prefix(&prefix, revision + 1).await;
+        watches.spawn(async move {
+            let mut watch = match watch {
+                Ok(w) => w,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            loop {
+                let seen = watch.next().await;
+                let end = seen.is_err();
+                if tx.send(seen).is_err() || end {
+                    return;
+                }
+            }
+        });
+    }
+    drop(tx);
+    let reread = tokio::time::sleep(REREAD);
+    tokio::pin!(reread);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            _ = &mut reread => break,
+            seen = rx.recv() => match seen {
+                Some(Ok(Seen::Created)) => continue,
+                Some(Ok(Seen::Changed(at))) => {
+                    events::FleetSource::Changed { node, revision: at }.emit(metrics);
+                    break;
+                }
+                Some(Err(etcd::Error::Compacted(at))) => {
+                    events::FleetSource::Compacted { node, at }.emit(metrics);
+                    break;
+                }
+                Some(Err(e)) => {
+                    if e.to_string().contains("auth token") {
+                        etcd.forget_token();
+                    }
+                    events::FleetSource::WatchEnded { node, error: &e }.emit(metrics);
+                    // A short pause: a member going away ends every watch at once.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    break;
+                }
+                None => break,
+            },
+        }
+    }
+    watches.abort_all();
+    true
 }
