@@ -105,38 +105,7 @@ async fn schedule(
                     key.clone(),
                 );
                 tokio::task::spawn_blocking(move || {
-                    // A panic in a run is caught here, as a reconcile's is in the worker: it
-                    // fails this run, is counted, and the step is no longer "running", so its
-                    // next fire runs (uncaught, it would be skipped as still running for ever).
-                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        crate::apply::run_scheduled(
-                            &declaration,
-                            &id,
-                            Some(&spec),
-                            socket.as_deref(),
-                            limit,
-                            &key,
-                        )
-                    }));
-                    running.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-                    let result = match ran {
-                        Ok(result) => result,
-                        Err(payload) => {
-                            let message = super::runner::panic_message(payload.as_ref());
-                            ScheduledRun::Panicked { id: id.as_str(), message: &message }.emit(&metrics);
-                            return;
-                        }
-                    };
-                    match result {
-                        Ok(run) => ScheduledRun::Succeeded { id: id.as_str(), took: run.took }.emit(&metrics),
-                        // Installed at an older declaration, and the new one not applied yet.
-                        Err(crate::apply::Error::StepNotInstalled { .. }) => {
-                            ScheduledRun::NotInstalled { id: id.as_str() }.emit(&metrics)
-                        }
-                        Err(e) => {
-                            ScheduledRun::Failed { id: id.as_str(), message: &e.to_string() }.emit(&metrics)
-                        }
-                    }
+                    run_one(&declaration, &id, &spec, socket.as_deref(), limit, &key, &metrics, &running);
                 });
             }
             // Sleep one second past the fire just taken: fires fall on whole minutes, so the
@@ -146,5 +115,42 @@ async fn schedule(
                 tokio::time::sleep(d).await;
             }
         }
+    }
+}
+
+/// Runs one scheduled step to its end, on a blocking thread, takes it out of `running`, and
+/// says how it went. A panic in the run is caught here, as a reconcile's is in the worker: it
+/// fails this run and is counted, and the step is no longer "running", so its next fire runs
+/// (uncaught, it would be skipped as still running for ever).
+#[allow(clippy::too_many_arguments, reason = "what one run needs, each from the scheduler's own state")]
+fn run_one(
+    declaration: &Declaration,
+    id: &Id,
+    spec: &str,
+    socket: Option<&str>,
+    limit: Option<Duration>,
+    key: &std::path::Path,
+    metrics: &Metrics,
+    running: &Mutex<HashSet<Id>>,
+) {
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        crate::apply::run_scheduled(declaration, id, Some(spec), socket, limit, key)
+    }));
+    running.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+    let result = match ran {
+        Ok(result) => result,
+        Err(payload) => {
+            let message = super::runner::panic_message(payload.as_ref());
+            ScheduledRun::Panicked { id: id.as_str(), message: &message }.emit(metrics);
+            return;
+        }
+    };
+    match result {
+        Ok(run) => ScheduledRun::Succeeded { id: id.as_str(), took: run.took }.emit(metrics),
+        // Installed at an older declaration, and the new one not applied yet.
+        Err(crate::apply::Error::StepNotInstalled { .. }) => {
+            ScheduledRun::NotInstalled { id: id.as_str() }.emit(metrics)
+        }
+        Err(e) => ScheduledRun::Failed { id: id.as_str(), message: &e.to_string() }.emit(metrics),
     }
 }
