@@ -73,6 +73,29 @@ pub enum Error {
         /// How many other resources of the pass failed.
         failed: usize,
     },
+    /// The way back to the found firewall (ufw or firewalld) waits: something else in the pass
+    /// failed.
+    #[error("the way back from the host's own filter to {to} waits until everything applies without failure ({failed} failed); table inet mesh_host stays in force, and {to} as it is")]
+    WayBackWaits {
+        /// The firewall to go back to: `ufw` or `firewalld`.
+        to: &'static str,
+        /// How many other resources of the pass failed.
+        failed: usize,
+    },
+    /// The flip from the found firewall waits: a reconcile of some keys (a change the daemon
+    /// saw) never moves the filter, only a full pass that fails nothing does.
+    #[error("the flip from {from} to the host's own filter waits for a full pass that fails nothing, and this was a reconcile of one change; {from} and the openings made in it were left in force")]
+    FlipWaitsForFullPass {
+        /// The firewall found: `ufw` or `firewalld`.
+        from: &'static str,
+    },
+    /// The way back to the found firewall waits: a reconcile of some keys never moves the
+    /// filter.
+    #[error("the way back from the host's own filter to {to} waits for a full pass that fails nothing, and this was a reconcile of one change; table inet mesh_host stays in force, and {to} as it is")]
+    WayBackWaitsForFullPass {
+        /// The firewall to go back to: `ufw` or `firewalld`.
+        to: &'static str,
+    },
     /// What nft answered. Shared, because one load of the filter is every opening's.
     #[error(transparent)]
     Firewall(Arc<crate::system::firewall::Error>),
@@ -713,6 +736,14 @@ mod tests {
             (
                 Error::FlipWaits { from: "firewalld", failed: 2 },
                 "the flip from firewalld to the host's own filter waits until everything applies without failure (2 failed); firewalld and the openings made in it were left in force".into(),
+            ),
+            (
+                Error::FlipWaitsForFullPass { from: "ufw" },
+                "the flip from ufw to the host's own filter waits for a full pass that fails nothing, and this was a reconcile of one change; ufw and the openings made in it were left in force".into(),
+            ),
+            (
+                Error::WayBackWaits { to: "ufw", failed: 1 },
+                "the way back from the host's own filter to ufw waits until everything applies without failure (1 failed); table inet mesh_host stays in force, and ufw as it is".into(),
             ),
             (
                 Error::FlipFirewalld { reason: "firewalld.service failed to stop".into() },

@@ -76,8 +76,9 @@ impl Pass<'_> {
     }
 
     /// The firewall step: the host's filter from every declared opening, loaded once, after
-    /// everything else; orphan openings leave it in the same load.
-    pub(super) fn firewall(&mut self) {
+    /// everything else; orphan openings leave it in the same load. `whole`: the pass is a full
+    /// one, not a reconcile of some keys, which never moves the filter between firewalls.
+    pub(super) fn firewall(&mut self, whole: bool) {
         let orphans = std::mem::take(&mut self.orphan_openings);
         if self.found == opening::Found::Firewalld {
             return self.firewall_in_firewalld(orphans);
@@ -94,12 +95,9 @@ impl Pass<'_> {
         let fw_retired = recorded_in(firewalld::FIREWALLD_RETIRED);
         if fw_flipping || fw_retired {
             let declaration = self.declaration;
-            if fw_flipping && !self.failures.is_empty() {
-                let failed = self.failures.len();
-                for (index, _) in std::mem::take(&mut self.openings) {
-                    self.fail(&declaration.resources[index], &Error::FlipWaits { from: "firewalld", failed });
-                }
-                return;
+            let moving = fw_flipping || adopted;
+            if let Some(waits) = self.move_waits(moving, whole, fw_flipping, "firewalld") {
+                return self.fail_openings(&waits);
             }
             let (done, spec) = if fw_flipping {
                 (firewalld::flip(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD_RETIRED)
@@ -120,14 +118,6 @@ impl Pass<'_> {
                     && rec.origin == self.opts.origin
                     && rec.spec() == Some(opening::UFW)
             });
-        if flipping && !self.failures.is_empty() {
-            let failed = self.failures.len();
-            let declaration = self.declaration;
-            for (index, _) in std::mem::take(&mut self.openings) {
-                self.fail(&declaration.resources[index], &Error::FlipWaits { from: "ufw", failed });
-            }
-            return;
-        }
         let opening_spec = |spec: &str| {
             self.store.records().any(|(_, rec)| {
                 rec.kind == Kind::Opening && rec.origin == self.opts.origin && rec.spec() == Some(spec)
@@ -135,10 +125,14 @@ impl Pass<'_> {
         };
         // The way back: a declaration with `adoption` returning to a node whose ufw the host
         // retired. Its openings go into ufw, ufw is enabled, and only then does the host's own
-        // table go: the mirror of the flip. It does not wait for a clean pass: the host's table
-        // protects the node until ufw is up, and ufw is what the adopted node is to be behind.
+        // table go: the mirror of the flip. Like the flip, it waits for a full pass that fails
+        // nothing; the host's table protects the node meanwhile (docs/decisions.md, "The flip
+        // and the way back wait for a full pass that fails nothing").
         let retired = opening_spec(opening::UFW_RETIRED);
         let returning = !in_ufw && self.declaration.adoption.is_some() && retired;
+        if let Some(waits) = self.move_waits(flipping || returning, whole, flipping, "ufw") {
+            return self.fail_openings(&waits);
+        }
         let done = if in_ufw || returning {
             let done = opening::apply_ufw(self.declaration, self.store, self.opts, orphans, returning);
             opening::without_own_table(done, self.opts, "ufw")
@@ -155,6 +149,33 @@ impl Pass<'_> {
             None
         };
         self.take_done(done, spec);
+    }
+
+    /// Why a move between the found firewall and the host's own table (`flip`: to the host's;
+    /// otherwise the way back to `found`) waits, if it does: it runs only in a full pass in
+    /// which nothing else failed. A reconcile of one key (an `nft monitor` event) knows nothing
+    /// of how the rest of the declaration stands, and a failure elsewhere in the pass may be
+    /// what the port serves; meanwhile the filter in force keeps protecting the node
+    /// (docs/decisions.md, "The flip and the way back wait for a full pass that fails nothing").
+    fn move_waits(&self, moving: bool, whole: bool, flip: bool, found: &'static str) -> Option<Error> {
+        let failed = self.failures.len();
+        match (moving, whole, flip) {
+            (false, _, _) => None,
+            (true, false, true) => Some(Error::FlipWaitsForFullPass { from: found }),
+            (true, false, false) => Some(Error::WayBackWaitsForFullPass { to: found }),
+            (true, true, _) if failed == 0 => None,
+            (true, true, true) => Some(Error::FlipWaits { from: found, failed }),
+            (true, true, false) => Some(Error::WayBackWaits { to: found, failed }),
+        }
+    }
+
+    /// Fails every opening set aside with `why`, leaving the filter in force and every record
+    /// (orphans' included) as they are, for the pass that may move it.
+    fn fail_openings(&mut self, why: &Error) {
+        let declaration = self.declaration;
+        for (index, _) in std::mem::take(&mut self.openings) {
+            self.fail(&declaration.resources[index], why);
+        }
     }
 
     /// Reports and records what the firewall step did with each opening: `spec` is what the
