@@ -19,8 +19,6 @@ mod directory;
 mod error;
 mod file;
 pub use file::declared_bytes;
-mod firewall;
-mod firewalld;
 mod into;
 mod network;
 mod opening;

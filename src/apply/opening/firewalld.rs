@@ -22,8 +22,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::opening::{self, Done, Seen};
-use super::{Error, Options, Outcome, Verb};
+use super::{driver, nft, Done, Seen};
+use crate::apply::opening;
+use crate::apply::{Error, Options, Outcome, Verb};
 use crate::declaration::{Declaration, Opening, Resource};
 use crate::store::{Record, Store};
 use crate::system::firewall::Transport;
@@ -409,14 +410,14 @@ pub(super) fn flip(
     opts: &Options,
     orphans: Vec<(String, Record)>,
 ) -> Done {
-    let leaving = opening::Leaving {
+    let leaving = driver::Leaving {
         from: "firewalld",
         spec: FIREWALLD,
         moved: "moved from firewalld into table inet mesh_host; firewalld was stopped and disabled, and the host's services and rules deleted from its saved configuration",
         orphan_removed: "its rules and service were deleted from firewalld, which was stopped",
     };
     let retire = |ids: &[String]| if opts.dry_run { Ok(()) } else { retire(opts, ids) };
-    opening::flip_from(&leaving, declaration, store, opts, orphans, retire, |reason| Error::FlipFirewalld {
+    driver::flip_from(&leaving, declaration, store, opts, orphans, retire, |reason| Error::FlipFirewalld {
         reason,
     })
 }
@@ -489,7 +490,7 @@ fn check_retired(systemd: &crate::system::Systemd, bus: Option<&str>) -> Result<
 
 /// The way back: a declaration with `adoption` returning to a node whose firewalld the host
 /// retired. The host's table, still in force, is made to let the declared openings in too
-/// (`opening::widen_for_way_back`), so a new one is open before firewalld, started without the
+/// (`nft::widen_for_way_back`), so a new one is open before firewalld, started without the
 /// orphans, closes theirs. The openings are saved in firewalld's configuration (offline), then firewalld
 /// is enabled and started, so it starts with them in force and never refuses a declared port;
 /// then they are read back over D-Bus (and put in force with the port written out, as on any
@@ -506,7 +507,7 @@ pub(super) fn way_back(
         if opts.dry_run {
             return Ok(None);
         }
-        opening::widen_for_way_back(declaration, &orphans).map_err(|e| e.to_string())?;
+        nft::widen_for_way_back(declaration, &orphans).map_err(|e| e.to_string())?;
         save_offline(declaration).map_err(|e| e.to_string())?;
         let systemd = crate::system::Systemd::connect(bus).map_err(|e| e.to_string())?;
         crate::system::firewalld::failpoint("start").map_err(|e| e.to_string())?;
@@ -531,10 +532,10 @@ pub(super) fn way_back(
     };
     match started() {
         Ok(Some(fw)) => {
-            opening::without_own_table(apply(declaration, store, opts, orphans, &fw), opts, "firewalld")
+            nft::without_own_table(apply(declaration, store, opts, orphans, &fw), opts, "firewalld")
         }
         // `plan`: what the host's table holds now is what is reported.
-        Ok(None) => opening::apply(declaration, store, opts, orphans),
+        Ok(None) => nft::apply(declaration, store, opts, orphans),
         Err(reason) => {
             let declared = opening::declared_openings(declaration);
             Done {

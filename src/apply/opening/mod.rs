@@ -1,12 +1,145 @@
-//! The firewall step of a pass: the firewall found in force looked for first, then, after
-//! everything else, every opening loaded at once into the host's own table, ufw or firewalld,
-//! with the flips between them. Apart because it is one step for all openings, not one each.
+//! Openings: the host's filter, as one engine. The filter is one thing on the machine made
+//! from many resources, so openings are not applied one by one: the pass sets them aside, and
+//! once everything else has been applied the firewall step (here, on `Pass`) works the filter
+//! out from all of them, in the one place it lives.
+//!
+//! Where it lives, by job:
+//! - `nft`: the host's own table `inet mesh_host`, worked out from every opening, compared with
+//!   the table nft lists, replaced in one transaction if it differs, and read back whole; each
+//!   opening's outcome is its own part of that comparison (its rules, found by their comment).
+//! - `ufw` and `firewalld`: the firewall found in force on an adopted node, where the openings
+//!   are made instead, and retired in the flip to the host's table.
+//! - `found`: which firewall is in force on an adopted node, looked for before anything else.
+//! - `driver`: the flip from a found firewall, the same for both.
+//!
+//! Loading it last is the order rule (spec, "Firewalls"): what protects the node goes last on
+//! the way in. It also means a declaration that adds a service and its opening never has the
+//! port open before the service's files are in place (docs/decisions.md, "The filter is loaded
+//! after everything else in the pass"). The flip to the host's filter when `adoption` goes and
+//! the way back when it returns are ordered so that what protects the node goes last on the
+//! way in and first on the way back.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 
-use super::{firewalld, opening, Error, Facts, Failure, Pass, PassFailed, Verb};
-use crate::declaration::{Kind, Spec};
-use crate::store::Record;
+use super::{Error, Facts, Failure, Outcome, Pass, PassFailed, Verb};
+use crate::declaration::{Cidr, Declaration, Kind, Opening, Protocol, Resource, Spec};
+use crate::store::{Record, Store};
+use crate::system::firewall::Transport;
+
+mod driver;
+mod firewalld;
+mod found;
+mod nft;
+mod ufw;
+
+pub(super) use found::Found;
+
+pub(super) fn transport(p: Protocol) -> Transport {
+    match p {
+        Protocol::Tcp => Transport::Tcp,
+        Protocol::Udp => Transport::Udp,
+    }
+}
+
+/// A network with its host bits cleared, as nft lists it: `10.0.0.0/8` for `10.0.0.5/8`.
+pub(super) fn network(c: &Cidr) -> (IpAddr, u8) {
+    let addr = match c.addr {
+        IpAddr::V4(a) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(c.prefix)).unwrap_or(0);
+            IpAddr::V4((u32::from(a) & mask).into())
+        }
+        IpAddr::V6(a) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(c.prefix)).unwrap_or(0);
+            IpAddr::V6((u128::from(a) & mask).into())
+        }
+    };
+    (addr, c.prefix)
+}
+
+/// What happened to one declared opening, from plain values.
+pub(super) struct Seen<'a> {
+    /// Its record: whether it was declared the same when last applied.
+    pub recorded: Option<bool>,
+    /// Its rules in the table found are exactly the ones wanted.
+    pub intact: bool,
+    /// The table was absent.
+    pub table_absent: bool,
+    /// What else of the table was changed by hand, reported on the first opening only.
+    pub common: &'a [String],
+}
+
+/// The outcome word and detail of one opening.
+pub(super) fn decide(seen: &Seen<'_>) -> (Verb, Option<String>) {
+    // "corrected" already says it was put back; the detail says what had been done to it. A hand
+    // change outside every opening's rules is told on the first opening only, so one edit counts
+    // as drift once (docs/decisions.md, "A hand change to the table outside any opening's
+    // rules").
+    let by_hand = |what: String| (Verb::Corrected, Some(what));
+    match (seen.recorded, seen.intact) {
+        (Some(true), true) if !seen.common.is_empty() => {
+            by_hand(format!("table inet mesh_host had been changed by hand: {}", seen.common.join(", ")))
+        }
+        (_, true) => (Verb::Unchanged, None),
+        (Some(true), false) if seen.table_absent => {
+            by_hand("table inet mesh_host had been deleted by hand".to_owned())
+        }
+        (Some(true), false) => by_hand("its rule had been changed or deleted by hand".to_owned()),
+        (Some(false), false) => (Verb::Updated, None),
+        (None, false) => (Verb::Created, None),
+    }
+}
+
+/// Whether an opening may be held: the declaration is an adopted node's, its module is not
+/// taken, and the host has no record of it.
+pub(super) fn holdable(declaration: &Declaration, store: &Store, r: &Resource) -> bool {
+    declaration.adoption.as_ref().is_some_and(|a| !a.taken.iter().any(|m| m == r.id.module()))
+        && store.get(r.id.as_str()).is_none()
+}
+
+/// Whether an opening that may be held is: held before (a hold lasts until its module is taken,
+/// whatever became of the port since), or its port found open now (docs/decisions.md, "An
+/// opening is held"; "A hold is remembered").
+pub(super) fn held_now(store: &Store, r: &Resource, found_open: bool) -> bool {
+    store.held(r.id.as_str()).is_some() || found_open
+}
+
+pub(super) fn held_detail(r: &Resource) -> String {
+    format!("found open, and module {:?} is not taken yet: left open as found", r.id.module())
+}
+
+/// What became of an orphan opening: the outcome word and its detail.
+pub(super) type Left = (Verb, Option<String>);
+
+/// What the firewall step did with each opening.
+pub(super) struct Done {
+    /// Each declared opening's outcome, by its index in the declaration.
+    pub declared: Vec<(usize, Result<Outcome, Error>)>,
+    /// Each orphan opening's outcome, with its record.
+    pub orphans: Vec<(String, Record, Result<Left, Error>)>,
+}
+
+/// Every declared opening, with its fields.
+pub(super) fn declared_openings(declaration: &Declaration) -> Vec<(&Resource, &Opening)> {
+    declaration
+        .resources
+        .iter()
+        .filter_map(|r| match &r.spec {
+            Spec::Opening(o) => Some((r, o)),
+            Spec::Directory(_)
+            | Spec::File(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::Service(_)
+            | Spec::Container(_)
+            | Spec::Network(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Process(_)
+            | Spec::Action(_) => None,
+        })
+        .collect()
+}
 
 impl Pass<'_> {
     /// On an adopted node, looks for the firewall found in force before anything else, and
@@ -20,7 +153,7 @@ impl Pass<'_> {
         if self.declaration.adoption.is_none() || !reaches_openings {
             return Ok(());
         }
-        match opening::found_firewall(self.opts.bus.as_deref()) {
+        match found::found_firewall(self.opts.bus.as_deref()) {
             Ok(found) => {
                 self.found = found;
                 Ok(())
@@ -50,7 +183,7 @@ impl Pass<'_> {
         let done = match crate::system::firewalld::Firewalld::running(self.opts.bus.as_deref()) {
             Ok(Some(fw)) => {
                 let done = firewalld::apply(self.declaration, self.store, self.opts, orphans, &fw);
-                opening::without_own_table(done, self.opts, "firewalld")
+                nft::without_own_table(done, self.opts, "firewalld")
             }
             found => {
                 let e = match found {
@@ -60,8 +193,8 @@ impl Pass<'_> {
                     ),
                 };
                 let e = std::sync::Arc::new(e);
-                opening::Done {
-                    declared: opening::declared_openings(self.declaration)
+                Done {
+                    declared: declared_openings(self.declaration)
                         .into_iter()
                         .map(|(r, _)| (r.index, Err(Error::Firewalld(e.clone()))))
                         .collect(),
@@ -80,7 +213,7 @@ impl Pass<'_> {
     /// one, not a reconcile of some keys, which never moves the filter between firewalls.
     pub(super) fn firewall(&mut self, whole: bool) {
         let orphans = std::mem::take(&mut self.orphan_openings);
-        if self.found == opening::Found::Firewalld {
+        if self.found == Found::Firewalld {
             return self.firewall_in_firewalld(orphans);
         }
         let recorded_in = |spec: &str| {
@@ -104,19 +237,17 @@ impl Pass<'_> {
             } else if adopted {
                 (firewalld::way_back(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD)
             } else {
-                (opening::apply(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD_RETIRED)
+                (nft::apply(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD_RETIRED)
             };
             return self.take_done(done, Some(spec));
         }
-        let in_ufw = self.found == opening::Found::Ufw;
+        let in_ufw = self.found == Found::Ufw;
         // The flip: a node adopted behind ufw whose declaration no longer says `adoption`. What
         // protects the node goes last: only once everything else applied without failure.
         let flipping = !in_ufw
             && self.declaration.adoption.is_none()
             && self.store.records().any(|(_, rec)| {
-                rec.kind == Kind::Opening
-                    && rec.origin == self.opts.origin
-                    && rec.spec() == Some(opening::UFW)
+                rec.kind == Kind::Opening && rec.origin == self.opts.origin && rec.spec() == Some(ufw::UFW)
             });
         let opening_spec = |spec: &str| {
             self.store.records().any(|(_, rec)| {
@@ -128,23 +259,23 @@ impl Pass<'_> {
         // table go: the mirror of the flip. Like the flip, it waits for a full pass that fails
         // nothing; the host's table protects the node meanwhile (docs/decisions.md, "The flip
         // and the way back wait for a full pass that fails nothing").
-        let retired = opening_spec(opening::UFW_RETIRED);
+        let retired = opening_spec(ufw::UFW_RETIRED);
         let returning = !in_ufw && self.declaration.adoption.is_some() && retired;
         if let Some(waits) = self.move_waits(flipping || returning, whole, flipping, "ufw") {
             return self.fail_openings(&waits);
         }
         let done = if in_ufw || returning {
-            let done = opening::apply_ufw(self.declaration, self.store, self.opts, orphans, returning);
-            opening::without_own_table(done, self.opts, "ufw")
+            let done = ufw::apply_ufw(self.declaration, self.store, self.opts, orphans, returning);
+            nft::without_own_table(done, self.opts, "ufw")
         } else if flipping {
-            opening::flip(self.declaration, self.store, self.opts, orphans)
+            ufw::flip(self.declaration, self.store, self.opts, orphans)
         } else {
-            opening::apply(self.declaration, self.store, self.opts, orphans)
+            nft::apply(self.declaration, self.store, self.opts, orphans)
         };
         let spec = if in_ufw || returning {
-            Some(opening::UFW)
+            Some(ufw::UFW)
         } else if flipping || retired {
-            Some(opening::UFW_RETIRED)
+            Some(ufw::UFW_RETIRED)
         } else {
             None
         };
@@ -181,7 +312,7 @@ impl Pass<'_> {
     /// Reports and records what the firewall step did with each opening: `spec` is what the
     /// records say of where the openings are (ufw, firewalld, retired), none for the host's own
     /// table alone.
-    pub(super) fn take_done(&mut self, done: opening::Done, spec: Option<&str>) {
+    pub(super) fn take_done(&mut self, done: Done, spec: Option<&str>) {
         let facts = || Facts { spec: spec.map(str::to_owned), ..Facts::default() };
         let slots: BTreeMap<usize, usize> = self.openings.iter().copied().collect();
         let declaration = self.declaration;
@@ -239,5 +370,48 @@ impl Pass<'_> {
                 raced: false,
             });
         }
+    }
+}
+
+/// What the unit tests of the firewall's files share.
+#[cfg(test)]
+pub(super) mod testing {
+    use crate::declaration::Opening;
+
+    /// An opening, as a declaration would give it.
+    pub fn opening(port: u16, protocol: &str, from: &[&str]) -> Opening {
+        serde_json::from_value(serde_json::json!({"port": port, "protocol": protocol, "from": from})).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drift_is_told_from_a_change_of_declaration() {
+        let seen = |recorded, intact, table_absent, common: &'static [String]| {
+            decide(&Seen { recorded, intact, table_absent, common })
+        };
+        assert_eq!(seen(None, false, true, &[]).0, Verb::Created);
+        assert_eq!(seen(Some(true), true, false, &[]), (Verb::Unchanged, None));
+        assert_eq!(seen(Some(false), false, false, &[]).0, Verb::Updated, "declared otherwise: updated");
+        let (verb, said) = seen(Some(true), false, false, &[]);
+        assert_eq!(
+            (verb, said.unwrap()),
+            (Verb::Corrected, "its rule had been changed or deleted by hand".into())
+        );
+        let (verb, said) = seen(Some(true), false, true, &[]);
+        assert_eq!(
+            (verb, said.unwrap()),
+            (Verb::Corrected, "table inet mesh_host had been deleted by hand".into())
+        );
+        let common = Box::leak(Box::new(vec!["its rules were reordered".to_owned()]));
+        assert_eq!(seen(Some(true), true, false, common).0, Verb::Corrected);
+        assert_eq!(
+            seen(None, true, false, common).0,
+            Verb::Unchanged,
+            "nothing of its own was found changed"
+        );
     }
 }

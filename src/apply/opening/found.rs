@@ -1,0 +1,57 @@
+//! Which firewall is in force on an adopted node, looked for before the pass changes anything.
+
+use crate::system::firewall;
+use crate::system::firewalld::{self, Firewalld};
+use crate::system::ufw;
+
+/// The firewall found in force on an adopted node, looked for before anything else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::apply) enum Found {
+    /// Nothing filters the input hook but, perhaps, the host's own table.
+    Nothing,
+    /// ufw is active: openings are made in it.
+    Ufw,
+    /// firewalld is running: openings are made in it.
+    Firewalld,
+}
+
+/// Which firewall is in force here, or why the declaration is refused: any filter on the
+/// input hook other than ufw's, firewalld's and the host's own, named. firewalld is looked for
+/// on `bus` (the system bus when `None`), where the agent also reaches systemd: its bus name
+/// having an owner is what "running" means. A bus that cannot be reached has no firewalld on
+/// it; a firewalld running all the same is then found as the filter it loaded, and refused
+/// (docs/decisions.md, "firewalld is found running"; "Any other filter in force").
+pub(super) fn found_firewall(bus: Option<&str>) -> Result<Found, String> {
+    let failed = |e: &dyn std::fmt::Display| {
+        format!("cannot tell which firewall is in force: {e}; nothing was touched")
+    };
+    if ufw::active().map_err(|e| failed(&e))? {
+        return Ok(Found::Ufw);
+    }
+    match Firewalld::running(bus) {
+        Ok(Some(_)) => return Ok(Found::Firewalld),
+        Ok(None) | Err(firewalld::Error::Connect { .. }) => {}
+        Err(e) => return Err(failed(&e)),
+    }
+    // nft lists only nftables' chains: a filter made with iptables-legacy is looked for apart.
+    let mut chains = firewall::input_chains().map_err(|e| failed(&e))?;
+    chains.extend(firewall::legacy_input_chains().map_err(|e| failed(&e))?);
+    let in_force: Vec<String> = chains
+        .into_iter()
+        .filter(|c| c.policy != "accept" || c.rules > 0)
+        .map(|c| {
+            format!(
+                "table {} {} chain {} (policy {}, {} rules)",
+                c.family, c.table, c.chain, c.policy, c.rules
+            )
+        })
+        .collect();
+    if in_force.is_empty() {
+        Ok(Found::Nothing)
+    } else {
+        Err(format!(
+            "a filter other than ufw or firewalld is in force on the input hook of this adopted node: {}; mesh-host does not load its own filter beside one it cannot manage, so the declaration was refused and nothing was touched",
+            in_force.join(", ")
+        ))
+    }
+}
