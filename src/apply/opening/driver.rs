@@ -3,6 +3,7 @@
 //! through.
 
 use super::nft::apply;
+use super::plan::Home;
 use super::Done;
 use crate::apply::{Error, Options, Verb};
 use crate::declaration::Declaration;
@@ -12,7 +13,7 @@ use crate::store::{Record, Store};
 /// in their `spec`, and the details of a declared opening moved and of an orphan removed.
 pub(super) struct Leaving {
     pub(super) from: &'static str,
-    pub(super) spec: &'static str,
+    pub(super) home: Home,
     pub(super) moved: &'static str,
     pub(super) orphan_removed: &'static str,
 }
@@ -33,7 +34,7 @@ pub(super) fn flip_from<E: Clone>(
     let made: Vec<String> = store
         .records()
         .filter(|(_, rec)| rec.kind == crate::declaration::Kind::Opening && rec.origin == opts.origin)
-        .filter(|(_, rec)| rec.spec() == Some(leaving.spec))
+        .filter(|(_, rec)| Home::parse(rec.spec()) == leaving.home)
         .map(|(id, _)| id.to_owned())
         .collect();
     let mut done = apply(declaration, store, opts, orphans);

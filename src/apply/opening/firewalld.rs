@@ -22,6 +22,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use super::plan::Home;
 use super::{driver, nft, Done, Seen};
 use crate::apply::opening;
 use crate::apply::{Error, Options, Outcome, Verb};
@@ -29,9 +30,6 @@ use crate::declaration::{Declaration, Opening, Resource};
 use crate::store::{Record, Store};
 use crate::system::firewall::Transport;
 use crate::system::firewalld::{self, offline, Firewalld, Service};
-
-/// What the record of an opening made in firewalld says in its `spec`.
-pub(super) const FIREWALLD: &str = "firewalld";
 
 /// The prefix of every service the host saves in firewalld.
 const PREFIX: &str = "mesh-host-";
@@ -343,8 +341,9 @@ pub(super) fn apply(
             }
         };
         let result = result.map(|()| {
-            let recorded =
-                store.get(r.id.as_str()).map(|rec| rec.declared == r.digest && rec.spec() == Some(FIREWALLD));
+            let recorded = store
+                .get(r.id.as_str())
+                .map(|rec| rec.declared == r.digest && Home::parse(rec.spec()) == Home::Firewalld);
             let (action, detail) = opening::decide(&Seen {
                 recorded,
                 intact: saved && in_force,
@@ -389,10 +388,6 @@ pub(super) fn apply(
     done
 }
 
-/// What the record of an opening in the host's table says in its `spec` on a node whose
-/// firewalld the host retired in a flip: what the way back looks for.
-pub(super) const FIREWALLD_RETIRED: &str = "firewalld-retired";
-
 /// firewalld's unit.
 const UNIT: &str = "firewalld.service";
 
@@ -412,7 +407,7 @@ pub(super) fn flip(
 ) -> Done {
     let leaving = driver::Leaving {
         from: "firewalld",
-        spec: FIREWALLD,
+        home: Home::Firewalld,
         moved: "moved from firewalld into table inet mesh_host; firewalld was stopped and disabled, and the host's services and rules deleted from its saved configuration",
         orphan_removed: "its rules and service were deleted from firewalld, which was stopped",
     };

@@ -21,6 +21,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::{Error, Facts, Failure, Outcome, Pass, PassFailed, Verb};
 use crate::declaration::{Cidr, Declaration, Kind, Opening, Protocol, Resource, Spec};
@@ -31,9 +32,11 @@ mod driver;
 mod firewalld;
 mod found;
 mod nft;
+mod plan;
 mod ufw;
 
 pub(super) use found::Found;
+use plan::{plan, Backend, Home, Move, Scope, Step};
 
 pub(super) fn transport(p: Protocol) -> Transport {
     match p {
@@ -141,6 +144,31 @@ pub(super) fn declared_openings(declaration: &Declaration) -> Vec<(&Resource, &O
         .collect()
 }
 
+/// Why a move that is due waits, said to every opening: `failed` others in a full pass, or
+/// none in a reconcile of some keys.
+fn waits(due: Move, failed: Option<usize>) -> Error {
+    match (due, failed) {
+        (Move::Flip(b), Some(failed)) => Error::FlipWaits { from: b.name(), failed },
+        (Move::WayBack(b), Some(failed)) => Error::WayBackWaits { to: b.name(), failed },
+        (Move::Flip(b), None) => Error::FlipWaitsForFullPass { from: b.name() },
+        (Move::WayBack(b), None) => Error::WayBackWaitsForFullPass { to: b.name() },
+    }
+}
+
+impl Done {
+    /// Every declared opening and every orphan failed with one error.
+    pub(super) fn failed(
+        declared: &[(&Resource, &Opening)],
+        orphans: Vec<(String, Record)>,
+        e: impl Fn() -> Error,
+    ) -> Done {
+        Done {
+            declared: declared.iter().map(|(r, _)| (r.index, Err(e()))).collect(),
+            orphans: orphans.into_iter().map(|(id, rec)| (id, rec, Err(e()))).collect(),
+        }
+    }
+}
+
 impl Pass<'_> {
     /// On an adopted node, looks for the firewall found in force before anything else, and
     /// keeps it in `found`: one the host cannot manage refuses the whole declaration, with
@@ -179,8 +207,8 @@ impl Pass<'_> {
 
     /// The firewall step behind firewalld, found running on an adopted node: the openings are
     /// made in it, and the host's own table, if one is there, removed once they read back.
-    pub(super) fn firewall_in_firewalld(&mut self, orphans: Vec<(String, Record)>) {
-        let done = match crate::system::firewalld::Firewalld::running(self.opts.bus.as_deref()) {
+    fn in_firewalld(&self, orphans: Vec<(String, Record)>) -> Done {
+        match crate::system::firewalld::Firewalld::running(self.opts.bus.as_deref()) {
             Ok(Some(fw)) => {
                 let done = firewalld::apply(self.declaration, self.store, self.opts, orphans, &fw);
                 nft::without_own_table(done, self.opts, "firewalld")
@@ -192,112 +220,49 @@ impl Pass<'_> {
                         "gone: it stopped during this pass".to_owned(),
                     ),
                 };
-                let e = std::sync::Arc::new(e);
-                Done {
-                    declared: declared_openings(self.declaration)
-                        .into_iter()
-                        .map(|(r, _)| (r.index, Err(Error::Firewalld(e.clone()))))
-                        .collect(),
-                    orphans: orphans
-                        .into_iter()
-                        .map(|(id, rec)| (id, rec, Err(Error::Firewalld(e.clone()))))
-                        .collect(),
-                }
+                let e = Arc::new(e);
+                Done::failed(&declared_openings(self.declaration), orphans, || Error::Firewalld(e.clone()))
             }
-        };
-        self.take_done(done, Some(firewalld::FIREWALLD));
+        }
     }
 
-    /// The firewall step: the host's filter from every declared opening, loaded once, after
-    /// everything else; orphan openings leave it in the same load. `whole`: the pass is a full
-    /// one, not a reconcile of some keys, which never moves the filter between firewalls.
+    /// Where the records of this origin's openings say they live, read once.
+    fn home(&self) -> Home {
+        Home::of(
+            self.store
+                .records()
+                .filter(|(_, rec)| rec.kind == Kind::Opening && rec.origin == self.opts.origin)
+                .map(|(_, rec)| Home::parse(rec.spec())),
+        )
+    }
+
+    /// The firewall step: where the filter lives read once from the records, what to do about
+    /// it decided by `plan`, then run; every opening is reported and recorded from what it did.
+    /// `whole`: the pass is a full one, not a reconcile of some keys, which never moves the
+    /// filter between firewalls (docs/decisions.md, "The flip and the way back wait for a full
+    /// pass that fails nothing").
     pub(super) fn firewall(&mut self, whole: bool) {
         let orphans = std::mem::take(&mut self.orphan_openings);
-        if self.found == Found::Firewalld {
-            return self.firewall_in_firewalld(orphans);
-        }
-        let recorded_in = |spec: &str| {
-            self.store.records().any(|(_, rec)| {
-                rec.kind == Kind::Opening && rec.origin == self.opts.origin && rec.spec() == Some(spec)
-            })
-        };
-        // The same two orders with firewalld: the flip once the declaration no longer says
-        // `adoption` (only after a clean pass), and the way back when it says it again.
-        let adopted = self.declaration.adoption.is_some();
-        let fw_flipping = !adopted && recorded_in(firewalld::FIREWALLD);
-        let fw_retired = recorded_in(firewalld::FIREWALLD_RETIRED);
-        if fw_flipping || fw_retired {
-            let declaration = self.declaration;
-            let moving = fw_flipping || adopted;
-            if let Some(waits) = self.move_waits(moving, whole, fw_flipping, "firewalld") {
-                return self.fail_openings(&waits);
+        let scope = if whole { Scope::Full { failed: self.failures.len() } } else { Scope::Keys };
+        let step = plan(self.found, self.home(), self.declaration.adoption.is_some(), scope);
+        let (declaration, store, opts) = (self.declaration, &*self.store, self.opts);
+        let done = match step {
+            Step::Waits { due, failed } => return self.fail_openings(&waits(due, failed)),
+            Step::Own { .. } => nft::apply(declaration, store, opts, orphans),
+            Step::In(Backend::Firewalld) => self.in_firewalld(orphans),
+            // Behind ufw, found active; and the way back to it, where ufw is enabled once its
+            // openings are saved. The host's own table goes once they read back in ufw.
+            Step::In(Backend::Ufw) | Step::Move(Move::WayBack(Backend::Ufw)) => {
+                let enable = step != Step::In(Backend::Ufw);
+                nft::without_own_table(ufw::apply_ufw(declaration, store, opts, orphans, enable), opts, "ufw")
             }
-            let (done, spec) = if fw_flipping {
-                (firewalld::flip(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD_RETIRED)
-            } else if adopted {
-                (firewalld::way_back(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD)
-            } else {
-                (nft::apply(declaration, self.store, self.opts, orphans), firewalld::FIREWALLD_RETIRED)
-            };
-            return self.take_done(done, Some(spec));
-        }
-        let in_ufw = self.found == Found::Ufw;
-        // The flip: a node adopted behind ufw whose declaration no longer says `adoption`. What
-        // protects the node goes last: only once everything else applied without failure.
-        let flipping = !in_ufw
-            && self.declaration.adoption.is_none()
-            && self.store.records().any(|(_, rec)| {
-                rec.kind == Kind::Opening && rec.origin == self.opts.origin && rec.spec() == Some(ufw::UFW)
-            });
-        let opening_spec = |spec: &str| {
-            self.store.records().any(|(_, rec)| {
-                rec.kind == Kind::Opening && rec.origin == self.opts.origin && rec.spec() == Some(spec)
-            })
+            Step::Move(Move::Flip(Backend::Ufw)) => ufw::flip(declaration, store, opts, orphans),
+            Step::Move(Move::Flip(Backend::Firewalld)) => firewalld::flip(declaration, store, opts, orphans),
+            Step::Move(Move::WayBack(Backend::Firewalld)) => {
+                firewalld::way_back(declaration, store, opts, orphans)
+            }
         };
-        // The way back: a declaration with `adoption` returning to a node whose ufw the host
-        // retired. Its openings go into ufw, ufw is enabled, and only then does the host's own
-        // table go: the mirror of the flip. Like the flip, it waits for a full pass that fails
-        // nothing; the host's table protects the node meanwhile (docs/decisions.md, "The flip
-        // and the way back wait for a full pass that fails nothing").
-        let retired = opening_spec(ufw::UFW_RETIRED);
-        let returning = !in_ufw && self.declaration.adoption.is_some() && retired;
-        if let Some(waits) = self.move_waits(flipping || returning, whole, flipping, "ufw") {
-            return self.fail_openings(&waits);
-        }
-        let done = if in_ufw || returning {
-            let done = ufw::apply_ufw(self.declaration, self.store, self.opts, orphans, returning);
-            nft::without_own_table(done, self.opts, "ufw")
-        } else if flipping {
-            ufw::flip(self.declaration, self.store, self.opts, orphans)
-        } else {
-            nft::apply(self.declaration, self.store, self.opts, orphans)
-        };
-        let spec = if in_ufw || returning {
-            Some(ufw::UFW)
-        } else if flipping || retired {
-            Some(ufw::UFW_RETIRED)
-        } else {
-            None
-        };
-        self.take_done(done, spec);
-    }
-
-    /// Why a move between the found firewall and the host's own table (`flip`: to the host's;
-    /// otherwise the way back to `found`) waits, if it does: it runs only in a full pass in
-    /// which nothing else failed. A reconcile of one key (an `nft monitor` event) knows nothing
-    /// of how the rest of the declaration stands, and a failure elsewhere in the pass may be
-    /// what the port serves; meanwhile the filter in force keeps protecting the node
-    /// (docs/decisions.md, "The flip and the way back wait for a full pass that fails nothing").
-    fn move_waits(&self, moving: bool, whole: bool, flip: bool, found: &'static str) -> Option<Error> {
-        let failed = self.failures.len();
-        match (moving, whole, flip) {
-            (false, _, _) => None,
-            (true, false, true) => Some(Error::FlipWaitsForFullPass { from: found }),
-            (true, false, false) => Some(Error::WayBackWaitsForFullPass { to: found }),
-            (true, true, _) if failed == 0 => None,
-            (true, true, true) => Some(Error::FlipWaits { from: found, failed }),
-            (true, true, false) => Some(Error::WayBackWaits { to: found, failed }),
-        }
+        self.take_done(done, step.record());
     }
 
     /// Fails every opening set aside with `why`, leaving the filter in force and every record
@@ -309,11 +274,10 @@ impl Pass<'_> {
         }
     }
 
-    /// Reports and records what the firewall step did with each opening: `spec` is what the
-    /// records say of where the openings are (ufw, firewalld, retired), none for the host's own
-    /// table alone.
-    pub(super) fn take_done(&mut self, done: Done, spec: Option<&str>) {
-        let facts = || Facts { spec: spec.map(str::to_owned), ..Facts::default() };
+    /// Reports and records what the firewall step did with each opening: `home` is what the
+    /// records say of where the openings are.
+    fn take_done(&mut self, done: Done, home: Home) {
+        let facts = || Facts { spec: home.spec().map(str::to_owned), ..Facts::default() };
         let slots: BTreeMap<usize, usize> = self.openings.iter().copied().collect();
         let declaration = self.declaration;
         for (index, result) in done.declared {

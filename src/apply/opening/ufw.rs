@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 
 use super::driver::{flip_from, Leaving};
 use super::nft::widen;
+use super::plan::Home;
 use super::{decide, declared_openings, held_detail, held_now, holdable, network, transport, Done, Seen};
 use crate::apply::{Error, Options, Outcome, Verb};
 use crate::declaration::{Declaration, Opening, Resource};
@@ -251,8 +252,9 @@ pub(super) fn apply_ufw(
             Ok(_) => Ok(()),
         };
         let result = result.map(|()| {
-            let recorded =
-                store.get(r.id.as_str()).map(|rec| rec.declared == r.digest && rec.spec() == Some(UFW));
+            let recorded = store
+                .get(r.id.as_str())
+                .map(|rec| rec.declared == r.digest && Home::parse(rec.spec()) == Home::Ufw);
             let (action, detail) =
                 decide(&Seen { recorded, intact: saved && loaded, table_absent: false, common: &[] });
             let detail = match detail {
@@ -287,13 +289,6 @@ pub(super) fn apply_ufw(
     done
 }
 
-/// What the record of an opening made in ufw says in its `spec`.
-pub(super) const UFW: &str = "ufw";
-
-/// What the record of an opening in the host's table says in its `spec` on a node whose ufw the
-/// host retired in a flip: what the way back looks for.
-pub(super) const UFW_RETIRED: &str = "ufw-retired";
-
 /// The flip, on a node whose openings were made in ufw and whose declaration no longer says
 /// `adoption`: the host's own filter is loaded (the caller has checked that everything else
 /// applied), then ufw is disabled, then the host's rules are deleted from ufw; the orphan
@@ -309,7 +304,7 @@ pub(super) fn flip(
 ) -> Done {
     let leaving = Leaving {
         from: "ufw",
-        spec: UFW,
+        home: Home::Ufw,
         moved:
             "moved from ufw into table inet mesh_host; ufw was disabled and the host's rules in it deleted",
         orphan_removed: "its rules were deleted from ufw, which was disabled",
