@@ -2,7 +2,7 @@
 //! both: the table loaded first, the found firewall retired only once every opening went
 //! through.
 
-use super::nft::apply;
+use super::nft::{apply, dropped_to};
 use super::plan::Home;
 use super::Done;
 use crate::apply::{Error, Options, Verb};
@@ -53,13 +53,16 @@ pub(super) fn flip_from<E: Clone>(
     }
     match retire(&made) {
         Ok(()) => {
-            for (_, result) in &mut done.declared {
+            // The ports the host's table closed are told again on the first opening, as the
+            // load told them, since the flip's detail replaces the load's.
+            for (i, (_, result)) in done.declared.iter_mut().enumerate() {
                 if let Ok(o) = result {
                     o.action = Verb::Updated;
-                    let closes = o.detail.take().filter(|d| d.contains("new connections are dropped"));
-                    o.detail = Some(match closes {
-                        Some(c) => format!("{}; {}", leaving.moved, c.rsplit("; ").next().unwrap_or(&c)),
-                        None => leaving.moved.to_owned(),
+                    o.detail = Some(match i {
+                        0 if !done.closes.is_empty() => {
+                            format!("{}; {}", leaving.moved, dropped_to(&done.closes))
+                        }
+                        _ => leaving.moved.to_owned(),
                     });
                 }
             }

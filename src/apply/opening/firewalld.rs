@@ -174,7 +174,7 @@ pub(super) fn apply(
     fw: &Firewalld,
 ) -> Done {
     let declared = opening::declared_openings(declaration);
-    let mut done = Done { declared: Vec::new(), orphans: Vec::new() };
+    let mut done = Done::default();
     let failed = |e: firewalld::Error| Arc::new(e);
     let found = match read(fw).map_err(failed) {
         Ok(found) => found,
@@ -531,19 +531,9 @@ pub(super) fn way_back(
         }
         // `plan`: what the host's table holds now is what is reported.
         Ok(None) => nft::apply(declaration, store, opts, orphans),
-        Err(reason) => {
-            let declared = opening::declared_openings(declaration);
-            Done {
-                declared: declared
-                    .iter()
-                    .map(|(r, _)| (r.index, Err(Error::WayBackFirewalld { reason: reason.clone() })))
-                    .collect(),
-                orphans: orphans
-                    .into_iter()
-                    .map(|(id, rec)| (id, rec, Err(Error::WayBackFirewalld { reason: reason.clone() })))
-                    .collect(),
-            }
-        }
+        Err(reason) => Done::failed(&opening::declared_openings(declaration), orphans, || {
+            Error::WayBackFirewalld { reason: reason.clone() }
+        }),
     }
 }
 

@@ -115,11 +115,15 @@ pub(super) fn held_detail(r: &Resource) -> String {
 pub(super) type Left = (Verb, Option<String>);
 
 /// What the firewall step did with each opening.
+#[derive(Default)]
 pub(super) struct Done {
     /// Each declared opening's outcome, by its index in the declaration.
     pub declared: Vec<(usize, Result<Outcome, Error>)>,
     /// Each orphan opening's outcome, with its record.
     pub orphans: Vec<(String, Record, Result<Left, Error>)>,
+    /// The listening ports the host's table closed, or would close, to new connections: told
+    /// on the first declared opening, and again by the flip that loaded that table.
+    pub closes: Vec<nft::Closed>,
 }
 
 /// Every declared opening, with its fields.
@@ -165,6 +169,7 @@ impl Done {
         Done {
             declared: declared.iter().map(|(r, _)| (r.index, Err(e()))).collect(),
             orphans: orphans.into_iter().map(|(id, rec)| (id, rec, Err(e()))).collect(),
+            closes: Vec::new(),
         }
     }
 }

@@ -247,6 +247,29 @@ fn lets_in(found: Option<&Table>, t: Transport, port: u16) -> bool {
     })
 }
 
+/// A listening port a new filter closes to new connections from elsewhere: what the flip says
+/// again when it moves the openings, kept as data rather than read back out of a detail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(in crate::apply) struct Closed {
+    pub transport: Transport,
+    pub port: u16,
+    /// The addresses it listens on.
+    pub addrs: Vec<IpAddr>,
+}
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let addrs: Vec<String> = self.addrs.iter().map(IpAddr::to_string).collect();
+        write!(f, "{}/{} (listening on {})", self.port, self.transport.as_str(), addrs.join(", "))
+    }
+}
+
+/// What an opening's detail says of the ports a filter closes.
+pub(super) fn dropped_to(closes: &[Closed]) -> String {
+    let ports: Vec<String> = closes.iter().map(Closed::to_string).collect();
+    format!("new connections are dropped to {}", ports.join(", "))
+}
+
 /// The listening ports the new filter would close to new connections from elsewhere: open
 /// before (no table, or a rule let them in) and not declared now. A socket bound to loopback
 /// only is not reachable from elsewhere anyway (docs/decisions.md, "Ports the filter closes").
@@ -254,7 +277,7 @@ pub(super) fn newly_closed(
     listeners: &[Listener],
     found: Option<&Table>,
     declared: &BTreeSet<(Transport, u16)>,
-) -> Vec<String> {
+) -> Vec<Closed> {
     let mut closed: BTreeMap<(Transport, u16), BTreeSet<IpAddr>> = BTreeMap::new();
     for l in listeners {
         let loopback = match l.addr {
@@ -268,10 +291,7 @@ pub(super) fn newly_closed(
     }
     closed
         .into_iter()
-        .map(|((t, port), addrs)| {
-            let addrs: Vec<String> = addrs.iter().map(IpAddr::to_string).collect();
-            format!("{port}/{} (listening on {})", t.as_str(), addrs.join(", "))
-        })
+        .map(|((transport, port), addrs)| Closed { transport, port, addrs: addrs.into_iter().collect() })
         .collect()
 }
 
@@ -285,7 +305,7 @@ pub(super) fn apply(
     orphans: Vec<(String, Record)>,
 ) -> Done {
     let declared = declared_openings(declaration);
-    let mut done = Done { declared: Vec::new(), orphans: Vec::new() };
+    let mut done = Done::default();
     // No opening declared and none recorded: a table found all the same (a crash between its
     // load and the store's write) is left until an opening is declared again
     // (docs/decisions.md, "The table is removed").
@@ -381,7 +401,7 @@ pub(super) fn apply(
             if first {
                 let said = match &closes {
                     Ok(c) if c.is_empty() => None,
-                    Ok(c) => Some(format!("new connections are dropped to {}", c.join(", "))),
+                    Ok(c) => Some(dropped_to(c)),
                     Err(e) => Some(format!("the listening sockets could not be read ({e}), so the ports this filter closes are not known")),
                 };
                 detail = match (detail, said) {
@@ -406,6 +426,7 @@ pub(super) fn apply(
         });
         done.orphans.push((id, rec, result));
     }
+    done.closes = closes.unwrap_or_default();
     done
 }
 
@@ -628,14 +649,15 @@ mod tests {
             l(Transport::Tcp, "10.0.0.1", 80),
         ];
         let declared = BTreeSet::from([(Transport::Tcp, 80)]);
+        let said = |closed: Vec<Closed>| closed.iter().map(Closed::to_string).collect::<Vec<_>>();
         assert_eq!(
-            newly_closed(&listeners, None, &declared),
+            said(newly_closed(&listeners, None, &declared)),
             vec!["22/tcp (listening on 0.0.0.0, ::)", "53/udp (listening on ::)"],
             "with no table, every listening port not declared and not on loopback"
         );
         // A table of the host's that already drops 22 and lets 53/udp in.
         let table = wanted([("dns", &opening(53, "udp", &["10.0.0.0/8"]))]);
-        assert_eq!(newly_closed(&listeners, Some(&table), &declared), vec!["53/udp (listening on ::)"]);
+        assert_eq!(said(newly_closed(&listeners, Some(&table), &declared)), vec!["53/udp (listening on ::)"]);
         let mut open = table.clone();
         open.chains[0]["policy"] = json!("accept");
         assert_eq!(

@@ -121,7 +121,7 @@ pub(super) fn apply_ufw(
     enable: bool,
 ) -> Done {
     let declared = declared_openings(declaration);
-    let mut done = Done { declared: Vec::new(), orphans: Vec::new() };
+    let mut done = Done::default();
     if enable && !opts.dry_run {
         if let Err(e) = widen(declaration, &orphans) {
             done.declared.extend(declared.iter().map(|(r, _)| (r.index, Err(e.error()))));
