@@ -42,7 +42,7 @@ pub use archive::ArchiveLimits;
 #[doc(hidden)]
 pub use container::parse_env_file;
 pub use container::{installed_steps, run_scheduled, spec_digest, ScheduledRun};
-pub use error::{Aspect, Error, Need, Target};
+pub use error::{Aspect, Error, FirewalldMove, FoundUnreadable, Need, Target};
 pub use outcome::{Failure, Outcome, PassFailed, Report, Verb};
 use pass::Pass;
 use rising::Rising;

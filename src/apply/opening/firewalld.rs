@@ -25,7 +25,7 @@ use std::sync::Arc;
 use super::plan::Home;
 use super::{driver, nft, Done, Seen};
 use crate::apply::opening;
-use crate::apply::{Error, Options, Outcome, Verb};
+use crate::apply::{Error, FirewalldMove, Options, Outcome, Verb};
 use crate::declaration::{Declaration, Opening, Resource};
 use crate::store::{Record, Store};
 use crate::system::firewall::Transport;
@@ -411,7 +411,7 @@ pub(super) fn flip(
         moved: "moved from firewalld into table inet mesh_host; firewalld was stopped and disabled, and the host's services and rules deleted from its saved configuration",
         orphan_removed: "its rules and service were deleted from firewalld, which was stopped",
     };
-    let retire = |ids: &[String]| if opts.dry_run { Ok(()) } else { retire(opts, ids) };
+    let retire = |ids: &[String]| if opts.dry_run { Ok(()) } else { retire(opts, ids).map_err(Arc::new) };
     driver::flip_from(&leaving, declaration, store, opts, orphans, retire, |reason| Error::FlipFirewalld {
         reason,
     })
@@ -424,61 +424,57 @@ pub(super) fn flip(
 /// enabled again if it was, so firewalld stays as it was, in force with the host's openings.
 /// If the deletion fails, firewalld stays retired and the next pass deletes what is left
 /// (docs/decisions.md, "Retiring firewalld").
-fn retire(opts: &Options, ids: &[String]) -> Result<(), String> {
+fn retire(opts: &Options, ids: &[String]) -> Result<(), FirewalldMove> {
     let bus = opts.bus.as_deref();
-    let systemd = crate::system::Systemd::connect(bus).map_err(|e| e.to_string())?;
-    let boot = systemd.boot(UNIT).map_err(|e| e.to_string())?;
+    let systemd = crate::system::Systemd::connect(bus)?;
+    let boot = systemd.boot(UNIT)?;
     let running = match Firewalld::running(bus) {
         Ok(found) => found.is_some(),
         Err(firewalld::Error::Connect { .. }) => false,
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
     };
     let stopped = systemd
         .set_boot(UNIT, false)
-        .map_err(|e| e.to_string())
-        .and_then(|()| crate::system::firewalld::failpoint("stop").map_err(|e| e.to_string()))
-        .and_then(|()| if running { systemd.stop(UNIT).map_err(|e| e.to_string()) } else { Ok(()) });
+        .map_err(FirewalldMove::from)
+        .and_then(|()| Ok(crate::system::firewalld::failpoint("stop")?))
+        .and_then(|()| if running { Ok(systemd.stop(UNIT)?) } else { Ok(()) });
     if let Err(e) = stopped {
         if boot == "enabled" {
-            if let Err(u) = systemd.set_boot(UNIT, true) {
-                return Err(format!("{e}; enabling it again failed too: {u}"));
+            if let Err(again) = systemd.set_boot(UNIT, true) {
+                return Err(FirewalldMove::NotEnabledAgain { failed: Box::new(e), again });
             }
         }
         return Err(e);
     }
     check_retired(&systemd, bus)?;
-    let offline = |e: firewalld::Error| e.to_string();
-    let zone = offline::default_zone().map_err(offline)?;
-    let saved = offline::rich_rules(&zone).map_err(offline)?;
+    let zone = offline::default_zone()?;
+    let saved = offline::rich_rules(&zone)?;
     for id in ids {
         let name = service_name(id);
         for rule in saved_for(&saved, &name) {
-            offline::remove_rich_rule(&zone, rule).map_err(offline)?;
+            offline::remove_rich_rule(&zone, rule)?;
         }
-        if offline::has_service(&name).map_err(offline)? {
-            offline::remove_service(&name).map_err(offline)?;
+        if offline::has_service(&name)? {
+            offline::remove_service(&name)?;
         }
     }
-    let left = offline::rich_rules(&zone).map_err(offline)?;
+    let left = offline::rich_rules(&zone)?;
     if let Some(id) = ids.iter().find(|id| !saved_for(&left, &service_name(id)).is_empty()) {
-        return Err(format!("firewalld was retired, and the saved rules of {id} are still in its zone {zone} after deleting them"));
+        return Err(FirewalldMove::RulesLeft { id: id.clone(), zone });
     }
     Ok(())
 }
 
-fn check_retired(systemd: &crate::system::Systemd, bus: Option<&str>) -> Result<(), String> {
-    let state = systemd.state(UNIT).map_err(|e| e.to_string())?;
-    let boot = systemd.boot(UNIT).map_err(|e| e.to_string())?;
+fn check_retired(systemd: &crate::system::Systemd, bus: Option<&str>) -> Result<(), FirewalldMove> {
+    let state = systemd.state(UNIT)?;
+    let boot = systemd.boot(UNIT)?;
     let answers = match Firewalld::running(bus) {
         Ok(Some(_)) => true,
         Ok(None) | Err(firewalld::Error::Connect { .. }) => false,
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
     };
     if !state.stopped() || answers || boot == "enabled" {
-        return Err(format!(
-            "firewalld was stopped and disabled, and reads back {state}, {boot}{}",
-            if answers { ", still answering on the bus" } else { "" }
-        ));
+        return Err(FirewalldMove::NotRetired { state: Box::new(state), boot, answers });
     }
     Ok(())
 }
@@ -498,16 +494,16 @@ pub(super) fn way_back(
     orphans: Vec<(String, Record)>,
 ) -> Done {
     let bus = opts.bus.as_deref();
-    let started = || -> Result<Option<Firewalld>, String> {
+    let started = || -> Result<Option<Firewalld>, FirewalldMove> {
         if opts.dry_run {
             return Ok(None);
         }
-        nft::widen_for_way_back(declaration, &orphans).map_err(|e| e.to_string())?;
-        save_offline(declaration).map_err(|e| e.to_string())?;
-        let systemd = crate::system::Systemd::connect(bus).map_err(|e| e.to_string())?;
-        crate::system::firewalld::failpoint("start").map_err(|e| e.to_string())?;
-        systemd.set_boot(UNIT, true).map_err(|e| e.to_string())?;
-        systemd.start(UNIT).map_err(|e| e.to_string())?;
+        nft::widen_for_way_back(declaration, &orphans).map_err(|e| FirewalldMove::Widen(Box::new(e)))?;
+        save_offline(declaration)?;
+        let systemd = crate::system::Systemd::connect(bus)?;
+        crate::system::firewalld::failpoint("start")?;
+        systemd.set_boot(UNIT, true)?;
+        systemd.start(UNIT)?;
         let began = std::time::Instant::now();
         loop {
             match Firewalld::running(bus) {
@@ -515,13 +511,8 @@ pub(super) fn way_back(
                 Ok(None) | Err(firewalld::Error::NotRunning(_)) if began.elapsed() < START_WAIT => {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
-                Ok(None) => {
-                    return Err(format!(
-                        "firewalld was started and did not answer on the bus within {} s",
-                        START_WAIT.as_secs()
-                    ))
-                }
-                Err(e) => return Err(e.to_string()),
+                Ok(None) => return Err(FirewalldMove::NoAnswer { secs: START_WAIT.as_secs() }),
+                Err(e) => return Err(e.into()),
             }
         }
     };
@@ -531,9 +522,12 @@ pub(super) fn way_back(
         }
         // `plan`: what the host's table holds now is what is reported.
         Ok(None) => nft::apply(declaration, store, opts, orphans),
-        Err(reason) => Done::failed(&opening::declared_openings(declaration), orphans, || {
-            Error::WayBackFirewalld { reason: reason.clone() }
-        }),
+        Err(reason) => {
+            let reason = Arc::new(reason);
+            Done::failed(&opening::declared_openings(declaration), orphans, || Error::WayBackFirewalld {
+                reason: reason.clone(),
+            })
+        }
     }
 }
 

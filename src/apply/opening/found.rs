@@ -1,5 +1,6 @@
 //! Which firewall is in force on an adopted node, looked for before the pass changes anything.
 
+use crate::apply::{Error, FoundUnreadable};
 use crate::system::firewall;
 use crate::system::firewalld::{self, Firewalld};
 use crate::system::ufw;
@@ -21,21 +22,19 @@ pub(in crate::apply) enum Found {
 /// having an owner is what "running" means. A bus that cannot be reached has no firewalld on
 /// it; a firewalld running all the same is then found as the filter it loaded, and refused
 /// (docs/decisions.md, "firewalld is found running"; "Any other filter in force").
-pub(super) fn found_firewall(bus: Option<&str>) -> Result<Found, String> {
-    let failed = |e: &dyn std::fmt::Display| {
-        format!("cannot tell which firewall is in force: {e}; nothing was touched")
-    };
-    if ufw::active().map_err(|e| failed(&e))? {
+pub(super) fn found_firewall(bus: Option<&str>) -> Result<Found, Error> {
+    let unknown = |e: FoundUnreadable| Error::FirewallUnknown(e);
+    if ufw::active().map_err(|e| unknown(e.into()))? {
         return Ok(Found::Ufw);
     }
     match Firewalld::running(bus) {
         Ok(Some(_)) => return Ok(Found::Firewalld),
         Ok(None) | Err(firewalld::Error::Connect { .. }) => {}
-        Err(e) => return Err(failed(&e)),
+        Err(e) => return Err(unknown(e.into())),
     }
     // nft lists only nftables' chains: a filter made with iptables-legacy is looked for apart.
-    let mut chains = firewall::input_chains().map_err(|e| failed(&e))?;
-    chains.extend(firewall::legacy_input_chains().map_err(|e| failed(&e))?);
+    let mut chains = firewall::input_chains().map_err(|e| unknown(e.into()))?;
+    chains.extend(firewall::legacy_input_chains().map_err(|e| unknown(e.into()))?);
     let in_force: Vec<String> = chains
         .into_iter()
         .filter(|c| c.policy != "accept" || c.rules > 0)
@@ -49,9 +48,6 @@ pub(super) fn found_firewall(bus: Option<&str>) -> Result<Found, String> {
     if in_force.is_empty() {
         Ok(Found::Nothing)
     } else {
-        Err(format!(
-            "a filter other than ufw or firewalld is in force on the input hook of this adopted node: {}; mesh-host does not load its own filter beside one it cannot manage, so the declaration was refused and nothing was touched",
-            in_force.join(", ")
-        ))
+        Err(Error::ForeignFilter { chains: in_force })
     }
 }

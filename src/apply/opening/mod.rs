@@ -191,12 +191,12 @@ impl Pass<'_> {
                 self.found = found;
                 Ok(())
             }
-            Err(message) => {
+            Err(refused) => {
                 let failure = Failure {
                     id: "the firewall found on this machine".to_owned(),
                     kind: Kind::Opening,
                     target: "the input hook".to_owned(),
-                    message,
+                    message: refused.to_string(),
                     raced: false,
                 };
                 Err(PassFailed {
