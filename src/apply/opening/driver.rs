@@ -1,13 +1,199 @@
-//! The flip from a found firewall (ufw or firewalld) to the host's own table, the same for
-//! both: the table loaded first, the found firewall retired only once every opening went
-//! through.
+//! The one driver of the found firewalls (ufw, firewalld), written once over the small
+//! `Filter` trait each implements: held openings set aside, every opening compared with what
+//! the firewall holds and put right, orphans deleted, then one read-back told to each. And the
+//! flip from a found firewall to the host's own table, the same for both: the table loaded
+//! first, the found firewall retired only once every opening went through.
+
+use std::sync::Arc;
 
 use super::nft::{apply, dropped_to};
 use super::plan::Home;
-use super::Done;
-use crate::apply::{Error, Options, Verb};
-use crate::declaration::Declaration;
+use super::{decide, declared_openings, held_detail, held_now, holdable, Done, Seen};
+use crate::apply::{Error, Options, Outcome, Verb};
+use crate::declaration::{Declaration, Opening, Resource};
 use crate::store::{Record, Store};
+
+/// How one opening compares with what a found firewall holds.
+pub(super) struct Compared {
+    /// Its rules are there as wanted, saved and in force.
+    pub intact: bool,
+    /// Something of it is to be put right (`Filter::put`).
+    pub change: bool,
+}
+
+/// A found firewall the openings are made in, as the driver asks of it. Each call that fails
+/// answers its `Fault`, which fails every opening: the firewall is one, as the host's table is.
+pub(super) trait Filter {
+    /// What it holds, read at once.
+    type Seen;
+    /// One opening as it holds it.
+    type Want;
+    /// What a failed call answers.
+    type Fault;
+    /// Where openings made in it live, as their records say.
+    const HOME: Home;
+    /// Its failure as an opening's error.
+    fn error(fault: &Arc<Self::Fault>) -> Error;
+    /// What it holds now.
+    fn read(&mut self) -> Result<Self::Seen, Self::Fault>;
+    /// Whether a rule of its own (the operator's) lets this opening's port in already.
+    fn lets_in(&self, seen: &Self::Seen, o: &Opening) -> bool;
+    /// An opening as it should hold it.
+    fn want(&self, id: &str, o: &Opening) -> Self::Want;
+    /// How an opening compares with what it holds.
+    fn compare(&mut self, seen: &Self::Seen, id: &str, want: &Self::Want) -> Result<Compared, Self::Fault>;
+    /// Puts an opening right.
+    fn put(&mut self, seen: &Self::Seen, id: &str, want: &Self::Want) -> Result<(), Self::Fault>;
+    /// Whether it holds anything of an orphan opening.
+    fn find_orphan(&mut self, seen: &Self::Seen, id: &str) -> Result<bool, Self::Fault>;
+    /// Deletes what it holds of an orphan opening.
+    fn delete(&mut self, seen: &Self::Seen, id: &str) -> Result<(), Self::Fault>;
+    /// What is done once, after every opening was put and every orphan deleted.
+    fn finish(
+        &mut self,
+        seen: &Self::Seen,
+        wanted: &[Self::Want],
+        orphans: &[&str],
+    ) -> Result<(), Self::Fault>;
+    /// What it holds after the change, for the read-back.
+    fn read_back(&mut self, wanted: &[Self::Want]) -> Result<Self::Seen, Self::Fault>;
+    /// Whether an opening reads back as wanted.
+    fn check(&mut self, now: &Self::Seen, id: &str, want: &Self::Want) -> Result<(), Error>;
+    /// Whether an orphan reads back gone.
+    fn check_gone(&self, now: &Self::Seen, id: &str) -> Result<(), Error>;
+    /// Where the openings are, as a detail says it.
+    fn here(&self) -> String;
+    /// What an orphan's detail says: its rules deleted, or already gone.
+    fn gone(was_there: bool) -> &'static str;
+}
+
+/// Splits the declared openings into those held, reported `held` in `done` and never touched,
+/// and the rest: an opening of a module not taken yet whose port was let in before the pass
+/// (`open`) stays as found (docs/decisions.md, "An opening is held").
+pub(super) fn hold<'d>(
+    done: &mut Done,
+    declaration: &Declaration,
+    store: &Store,
+    declared: Vec<(&'d Resource, &'d Opening)>,
+    open: impl Fn(&Opening) -> bool,
+) -> Vec<(&'d Resource, &'d Opening)> {
+    let mut live = Vec::new();
+    for (r, o) in declared {
+        if holdable(declaration, store, r) && held_now(store, r, open(o)) {
+            let outcome = Outcome {
+                id: r.id.to_string(),
+                kind: r.kind(),
+                target: r.target(),
+                action: Verb::Held,
+                detail: Some(held_detail(r)),
+            };
+            done.declared.push((r.index, Ok(outcome)));
+        } else {
+            live.push((r, o));
+        }
+    }
+    live
+}
+
+/// The openings in a found firewall: read, held set aside, each compared and put right, the
+/// orphans deleted, then read back once and each told. A change stops at the first failure
+/// (the rest would fail alike), and `plan` changes nothing. The firewall's own rules and the
+/// operator's are never touched.
+pub(super) fn apply_with<F: Filter>(
+    f: &mut F,
+    declaration: &Declaration,
+    store: &Store,
+    opts: &Options,
+    orphans: Vec<(String, Record)>,
+) -> Done {
+    let declared = declared_openings(declaration);
+    let seen = match f.read() {
+        Ok(seen) => seen,
+        Err(e) => {
+            let e = Arc::new(e);
+            return Done::failed(&declared, orphans, || F::error(&e));
+        }
+    };
+    let mut done = Done::default();
+    let live = hold(&mut done, declaration, store, declared, |o| f.lets_in(&seen, o));
+    let wanted: Vec<F::Want> = live.iter().map(|(r, o)| f.want(r.id.as_str(), o)).collect();
+    let mut change = Ok(());
+    let intact = compare_and_put(f, &seen, &live, &wanted, opts, &mut change);
+    let mut was_there = Vec::new();
+    for (id, _) in &orphans {
+        was_there.push(f.find_orphan(&seen, id).unwrap_or_else(|e| {
+            change = std::mem::replace(&mut change, Ok(())).and(Err(e));
+            false
+        }));
+        if !opts.dry_run && change.is_ok() {
+            change = f.delete(&seen, id);
+        }
+    }
+    let ids: Vec<&str> = orphans.iter().map(|(id, _)| id.as_str()).collect();
+    let after = change
+        .and_then(|()| match opts.dry_run {
+            true => Ok(None),
+            false => f.finish(&seen, &wanted, &ids).and_then(|()| f.read_back(&wanted)).map(Some),
+        })
+        .map_err(Arc::new);
+    for (((r, _), want), intact) in live.iter().zip(&wanted).zip(intact) {
+        let result = match &after {
+            Err(e) => Err(F::error(e)),
+            Ok(None) => Ok(()),
+            Ok(Some(now)) => f.check(now, r.id.as_str(), want),
+        };
+        done.declared.push((r.index, result.map(|()| told(f, store, r, intact))));
+    }
+    for ((id, rec), was_there) in orphans.into_iter().zip(was_there) {
+        let result = match &after {
+            Err(e) => Err(F::error(e)),
+            Ok(Some(now)) => f.check_gone(now, &id),
+            Ok(None) => Ok(()),
+        };
+        done.orphans.push((id, rec, result.map(|()| (Verb::Removed, Some(F::gone(was_there).to_owned())))));
+    }
+    done
+}
+
+/// Compares each live opening and puts it right, until a change fails (`change`); whether each
+/// was found intact.
+fn compare_and_put<F: Filter>(
+    f: &mut F,
+    seen: &F::Seen,
+    live: &[(&Resource, &Opening)],
+    wanted: &[F::Want],
+    opts: &Options,
+    change: &mut Result<(), F::Fault>,
+) -> Vec<bool> {
+    let mut intact = Vec::new();
+    for ((r, _), want) in live.iter().zip(wanted) {
+        let id = r.id.as_str();
+        // The first failure is the one told.
+        let compared = f.compare(seen, id, want).unwrap_or_else(|e| {
+            *change = std::mem::replace(change, Ok(())).and(Err(e));
+            Compared { intact: false, change: false }
+        });
+        intact.push(compared.intact);
+        if compared.change && !opts.dry_run && change.is_ok() {
+            *change = f.put(seen, id, want);
+        }
+    }
+    intact
+}
+
+/// The outcome of an opening that read back as wanted in a found firewall: drift is told from
+/// a change of declaration by its record, which must say it lives there.
+fn told<F: Filter>(f: &F, store: &Store, r: &Resource, intact: bool) -> Outcome {
+    let recorded =
+        store.get(r.id.as_str()).map(|rec| rec.declared == r.digest && Home::parse(rec.spec()) == F::HOME);
+    let (action, detail) = decide(&Seen { recorded, intact, table_absent: false, common: &[] });
+    let here = f.here();
+    let detail = match detail {
+        Some(d) => format!("{d}; {here}"),
+        None => format!("{here} (runtime and permanent)"),
+    };
+    Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail: Some(detail) }
+}
 
 /// What a flip says of the found firewall it leaves: its name, what its openings' records say
 /// in their `spec`, and the details of a declared opening moved and of an orphan removed.

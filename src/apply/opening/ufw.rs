@@ -6,13 +6,14 @@
 //! `system::ufw` and read back.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use super::driver::{flip_from, Leaving};
+use super::driver::{apply_with, flip_from, Compared, Filter, Leaving};
 use super::nft::widen;
 use super::plan::Home;
-use super::{decide, declared_openings, held_detail, held_now, holdable, network, transport, Done, Seen};
-use crate::apply::{Error, Options, Outcome, Verb};
-use crate::declaration::{Declaration, Opening, Resource};
+use super::{declared_openings, network, transport, Done};
+use crate::apply::{Error, Options};
+use crate::declaration::{Declaration, Opening};
 use crate::store::{Record, Store};
 use crate::system::firewall::Transport;
 use crate::system::ufw;
@@ -111,8 +112,8 @@ fn ufw_added_for(added: &[String], id: &str) -> Vec<(String, Vec<String>)> {
 /// `enable`: the way back, ufw found disabled by the host's own flip. The host's table is made
 /// to let the declared openings in too (`widen_for_way_back`), ufw's rules are saved, then it
 /// is enabled (ufw's start loads the saved rules before it sets its policy, so no declared
-/// port is closed meanwhile), then read back. It does not wait for a clean pass: the host's
-/// table protects the node until ufw is up (docs/decisions.md, "The way back").
+/// port is closed meanwhile), then read back. The host's table protects the node until ufw is
+/// up (docs/decisions.md, "The way back").
 pub(super) fn apply_ufw(
     declaration: &Declaration,
     store: &Store,
@@ -120,173 +121,139 @@ pub(super) fn apply_ufw(
     orphans: Vec<(String, Record)>,
     enable: bool,
 ) -> Done {
-    let declared = declared_openings(declaration);
-    let mut done = Done::default();
     if enable && !opts.dry_run {
         if let Err(e) = widen(declaration, &orphans) {
-            done.declared.extend(declared.iter().map(|(r, _)| (r.index, Err(e.error()))));
-            done.orphans.extend(orphans.into_iter().map(|(id, rec)| (id, rec, Err(e.error()))));
-            return done;
+            return Done::failed(&declared_openings(declaration), orphans, || e.error());
         }
     }
-    let ufw_failed = |e: ufw::Error| std::sync::Arc::new(e);
-    let found = ufw::added().and_then(|a| Ok((a, ufw::in_force()?))).map_err(ufw_failed);
-    let (added, in_force) = match found {
-        Ok(found) => found,
-        Err(e) => {
-            done.declared.extend(declared.iter().map(|(r, _)| (r.index, Err(Error::Ufw(e.clone())))));
-            done.orphans.extend(orphans.into_iter().map(|(id, rec)| (id, rec, Err(Error::Ufw(e.clone())))));
-            return done;
-        }
-    };
-    let mut seen = Vec::new();
-    let mut change: Result<(), std::sync::Arc<ufw::Error>> = Ok(());
+    apply_with(&mut InUfw { enable }, declaration, store, opts, orphans)
+}
+
+/// ufw, found active on an adopted node, or enabled again on the way back (`enable`).
+struct InUfw {
+    enable: bool,
+}
+
+/// ufw as read at one moment: its saved rules as `ufw show added` lists them, and the rules in
+/// force as `iptables -S` prints them.
+type Listed = (Vec<String>, Vec<String>);
+
+impl Filter for InUfw {
+    type Seen = Listed;
+    type Want = Vec<UfwRule>;
+    type Fault = ufw::Error;
+    const HOME: Home = Home::Ufw;
+
+    fn error(fault: &Arc<ufw::Error>) -> Error {
+        Error::Ufw(Arc::clone(fault))
+    }
+
+    fn read(&mut self) -> Result<Listed, ufw::Error> {
+        Ok((ufw::added()?, ufw::in_force()?))
+    }
+
     // An opening of a module not taken yet, whose port a rule of ufw's own already lets in, is
     // held: nothing of the host's is added beside the operator's rule (docs/decisions.md, "An
     // opening is held").
-    let held: BTreeSet<usize> = declared
-        .iter()
-        .filter(|(r, o)| {
-            holdable(declaration, store, r)
-                && held_now(store, r, ufw_lets_in(&added, transport(o.protocol), o.port.get()))
-        })
-        .map(|(r, _)| r.index)
-        .collect();
-    let declared: Vec<(&Resource, &Opening)> = declared
-        .into_iter()
-        .filter(|(r, _)| {
-            if held.contains(&r.index) {
-                done.declared.push((
-                    r.index,
-                    Ok(Outcome {
-                        id: r.id.to_string(),
-                        kind: r.kind(),
-                        target: r.target(),
-                        action: Verb::Held,
-                        detail: Some(held_detail(r)),
-                    }),
-                ));
-                false
-            } else {
-                true
-            }
-        })
-        .collect();
-    for (r, o) in &declared {
-        let want = ufw_rules(r.id.as_str(), o);
-        let have = ufw_added_for(&added, r.id.as_str());
-        let saved = {
-            let mut a: Vec<&String> = have.iter().map(|(line, _)| line).collect();
-            let mut b: Vec<&String> = want.iter().map(|w| &w.shown).collect();
-            a.sort();
-            b.sort();
-            a == b
-        };
+    fn lets_in(&self, (added, _): &Listed, o: &Opening) -> bool {
+        ufw_lets_in(added, transport(o.protocol), o.port.get())
+    }
+
+    fn want(&self, id: &str, o: &Opening) -> Vec<UfwRule> {
+        ufw_rules(id, o)
+    }
+
+    fn compare(
+        &mut self,
+        (added, in_force): &Listed,
+        id: &str,
+        want: &Vec<UfwRule>,
+    ) -> Result<Compared, ufw::Error> {
+        let have = ufw_added_for(added, id);
+        let mut a: Vec<&String> = have.iter().map(|(line, _)| line).collect();
+        let mut b: Vec<&String> = want.iter().map(|w| &w.shown).collect();
+        a.sort();
+        b.sort();
+        let saved = a == b;
         let loaded = want.iter().flat_map(|w| &w.in_force).all(|l| in_force.contains(l));
-        seen.push((saved, loaded));
-        if !saved && !opts.dry_run && change.is_ok() {
-            change = have
-                .iter()
-                .try_for_each(|(_, words)| ufw::delete(words))
-                .and_then(|()| want.iter().try_for_each(|w| ufw::add(&w.words, &ufw_comment(r.id.as_str()))))
-                .map_err(ufw_failed);
-        }
+        // Saved and not in force is put right by the read-back's reload, not by adding again.
+        Ok(Compared { intact: saved && loaded, change: !saved })
     }
-    let mut orphan_found = Vec::new();
-    for (id, _) in &orphans {
-        let have = ufw_added_for(&added, id);
-        orphan_found.push(!have.is_empty());
-        if !opts.dry_run && change.is_ok() {
-            change = have.iter().try_for_each(|(_, words)| ufw::delete(words)).map_err(ufw_failed);
+
+    fn put(&mut self, (added, _): &Listed, id: &str, want: &Vec<UfwRule>) -> Result<(), ufw::Error> {
+        for (_, words) in ufw_added_for(added, id) {
+            ufw::delete(&words)?;
         }
+        want.iter().try_for_each(|w| ufw::add(&w.words, &ufw_comment(id)))
     }
-    // Read back: saved, and in force. A rule saved and not in force (the filter flushed by hand)
-    // is put in force by loading ufw's saved rules again: `ufw show added` shows what is saved,
-    // not what is in force (ARCHITECTURE.md, "The firewall found on an adopted node").
-    let read_back = || -> Result<(Vec<String>, Vec<String>), std::sync::Arc<ufw::Error>> {
-        Ok((ufw::added().map_err(ufw_failed)?, ufw::in_force().map_err(ufw_failed)?))
-    };
-    let after = change.and_then(|()| {
-        if opts.dry_run {
-            return Ok((added.clone(), in_force.clone()));
+
+    fn find_orphan(&mut self, (added, _): &Listed, id: &str) -> Result<bool, ufw::Error> {
+        Ok(!ufw_added_for(added, id).is_empty())
+    }
+
+    fn delete(&mut self, (added, _): &Listed, id: &str) -> Result<(), ufw::Error> {
+        ufw_added_for(added, id).iter().try_for_each(|(_, words)| ufw::delete(words))
+    }
+
+    fn finish(&mut self, _: &Listed, _: &[Vec<UfwRule>], _: &[&str]) -> Result<(), ufw::Error> {
+        if self.enable {
+            ufw::enable()?;
         }
-        if enable {
-            ufw::enable().map_err(ufw_failed)?;
+        Ok(())
+    }
+
+    // A rule saved and not in force (the filter flushed by hand) is put in force by loading
+    // ufw's saved rules again: `ufw show added` shows what is saved, not what is in force
+    // (ARCHITECTURE.md, "The firewall found on an adopted node").
+    fn read_back(&mut self, wanted: &[Vec<UfwRule>]) -> Result<Listed, ufw::Error> {
+        let (added, in_force) = self.read()?;
+        if wanted.iter().flatten().flat_map(|w| &w.in_force).all(|l| in_force.contains(l)) {
+            return Ok((added, in_force));
         }
-        let (a, f) = read_back()?;
-        let all_in_force = declared
-            .iter()
-            .flat_map(|(r, o)| ufw_rules(r.id.as_str(), o))
-            .flat_map(|w| w.in_force)
-            .all(|l| f.contains(&l));
-        if all_in_force {
-            Ok((a, f))
+        ufw::reload()?;
+        self.read()
+    }
+
+    fn check(&mut self, (added, in_force): &Listed, id: &str, want: &Vec<UfwRule>) -> Result<(), Error> {
+        let have = ufw_added_for(added, id);
+        let missing: Vec<&String> =
+            want.iter().map(|w| &w.shown).filter(|s| !have.iter().any(|(l, _)| l == *s)).collect();
+        let not_loaded: Vec<&String> =
+            want.iter().flat_map(|w| &w.in_force).filter(|l| !in_force.contains(l)).collect();
+        if have.len() == want.len() && missing.is_empty() && not_loaded.is_empty() {
+            return Ok(());
+        }
+        Err(Error::UfwReadBack {
+            id: id.to_owned(),
+            differs: format!(
+                "saved {} rule(s) under its comment for {} wanted, missing {missing:?}; not in force {not_loaded:?}",
+                have.len(),
+                want.len()
+            ),
+        })
+    }
+
+    fn check_gone(&self, (added, _): &Listed, id: &str) -> Result<(), Error> {
+        if ufw_added_for(added, id).is_empty() {
+            return Ok(());
+        }
+        Err(Error::UfwReadBack {
+            id: id.to_owned(),
+            differs: "its rules are still in ufw after deleting them".into(),
+        })
+    }
+
+    fn here(&self) -> String {
+        "in ufw, found active on this adopted node".to_owned()
+    }
+
+    fn gone(was_there: bool) -> &'static str {
+        if was_there {
+            "its rules were deleted from ufw"
         } else {
-            ufw::reload().map_err(ufw_failed)?;
-            read_back()
+            "its rules were already gone from ufw"
         }
-    });
-    for ((r, o), (saved, loaded)) in declared.iter().zip(seen) {
-        let result = match &after {
-            Err(e) => Err(Error::Ufw(e.clone())),
-            Ok((a, f)) if !opts.dry_run => {
-                let want = ufw_rules(r.id.as_str(), o);
-                let have = ufw_added_for(a, r.id.as_str());
-                let missing: Vec<&String> =
-                    want.iter().map(|w| &w.shown).filter(|s| !have.iter().any(|(l, _)| l == *s)).collect();
-                let not_loaded: Vec<&String> =
-                    want.iter().flat_map(|w| &w.in_force).filter(|l| !f.contains(l)).collect();
-                if have.len() != want.len() || !missing.is_empty() || !not_loaded.is_empty() {
-                    Err(Error::UfwReadBack {
-                        id: r.id.to_string(),
-                        differs: format!(
-                            "saved {} rule(s) under its comment for {} wanted, missing {missing:?}; not in force {not_loaded:?}",
-                            have.len(),
-                            want.len()
-                        ),
-                    })
-                } else {
-                    Ok(())
-                }
-            }
-            Ok(_) => Ok(()),
-        };
-        let result = result.map(|()| {
-            let recorded = store
-                .get(r.id.as_str())
-                .map(|rec| rec.declared == r.digest && Home::parse(rec.spec()) == Home::Ufw);
-            let (action, detail) =
-                decide(&Seen { recorded, intact: saved && loaded, table_absent: false, common: &[] });
-            let detail = match detail {
-                Some(d) => format!("{d}; in ufw, found active on this adopted node"),
-                None => "in ufw, found active on this adopted node (runtime and permanent)".to_owned(),
-            };
-            Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail: Some(detail) }
-        });
-        done.declared.push((r.index, result));
     }
-    for ((id, rec), was_there) in orphans.into_iter().zip(orphan_found) {
-        let result = match &after {
-            Err(e) => Err(Error::Ufw(e.clone())),
-            Ok((a, _)) if !opts.dry_run && !ufw_added_for(a, &id).is_empty() => Err(Error::UfwReadBack {
-                id: id.clone(),
-                differs: "its rules are still in ufw after deleting them".into(),
-            }),
-            Ok(_) => Ok((
-                Verb::Removed,
-                Some(
-                    if was_there {
-                        "its rules were deleted from ufw"
-                    } else {
-                        "its rules were already gone from ufw"
-                    }
-                    .to_owned(),
-                ),
-            )),
-        };
-        done.orphans.push((id, rec, result));
-    }
-    done
 }
 
 /// The flip, on a node whose openings were made in ufw and whose declaration no longer says
