@@ -230,7 +230,7 @@ fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
         Spec::Container(c) => container::apply(ctx, r, c),
         Spec::Network(n) => network::apply(ctx, r, n),
         // Openings are one filter, loaded by the firewall step once everything else is applied
-        // (`opening::apply`); the pass sets them aside and never steps them one by one.
+        // (`opening::nft::apply`); the pass sets them aside and never steps them one by one.
         Spec::Opening(_) => unreachable!("the pass sets openings aside for the firewall step"),
     }
 }

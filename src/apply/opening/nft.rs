@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use super::{decide, declared_openings, held_detail, held_now, holdable, network, transport, Done, Seen};
 use crate::apply::{Error, Options, Verb};
-use crate::declaration::{Declaration, Opening};
+use crate::declaration::{Declaration, Opening, Resource};
 use crate::store::{Record, Store};
 use crate::system::firewall::{self, Listener, Transport, FAMILY, TABLE};
 
@@ -333,25 +333,67 @@ pub(super) fn apply(
             return done;
         }
     };
-    // On an adopted node, an opening of a module not taken yet whose port was let in before
-    // this pass (no filter of the host's at all, or one that accepts it) is held: it stays open,
-    // its rule in the table, but it is not the host's yet. When every opening is held and no
-    // table of the host's is there, none is loaded: a filter with policy drop would close what
-    // the node was found with (docs/decisions.md, "An opening is held").
-    let held: BTreeSet<usize> = fits
-        .iter()
+    let held = held_in_table(declaration, store, &fits, found.as_ref());
+    let worked = work_out(&fits, &held, found.as_ref(), any_too_long);
+    let loaded = if worked.change && !opts.dry_run { load(worked.want.as_ref()) } else { Ok(()) };
+    tell(&mut done, store, &fits, &held, found.as_ref(), &worked, &loaded);
+    let found_by_comment = found.as_ref().map(by_comment);
+    for (id, rec) in orphans {
+        let was_there = found_by_comment.as_ref().is_some_and(|f| f.contains_key(id.as_str()));
+        let result = loaded.as_ref().map_err(Failed::error).map(|()| {
+            let detail = match (was_there, worked.want.is_some()) {
+                (false, _) => "its rule was already gone",
+                (true, true) => "its rule was taken out of table inet mesh_host",
+                (true, false) => "it was the last opening, so table inet mesh_host was removed",
+            };
+            (Verb::Removed, Some(detail.to_owned()))
+        });
+        done.orphans.push((id, rec, result));
+    }
+    done.closes = worked.closes.unwrap_or_default();
+    done
+}
+
+/// The declared openings held, by index. On an adopted node, an opening of a module not taken
+/// yet whose port was let in before this pass (no filter of the host's at all, or one that
+/// accepts it) is held: it stays open, its rule in the table, but it is not the host's yet.
+/// When every opening is held and no table of the host's is there, none is loaded: a filter
+/// with policy drop would close what the node was found with (docs/decisions.md, "An opening
+/// is held").
+fn held_in_table(
+    declaration: &Declaration,
+    store: &Store,
+    fits: &[(&Resource, &Opening)],
+    found: Option<&Table>,
+) -> BTreeSet<usize> {
+    fits.iter()
         .filter(|(r, o)| {
             holdable(declaration, store, r)
-                && held_now(store, r, lets_in(found.as_ref(), transport(o.protocol), o.port.get()))
+                && held_now(store, r, lets_in(found, transport(o.protocol), o.port.get()))
         })
         .map(|(r, _)| r.index)
-        .collect();
+        .collect()
+}
+
+/// What the table found is to become: `want` the table to load (none: the table is removed,
+/// or nothing is loaded), `change` whether it differs from the one found, and `closes` the
+/// listening ports the new one closes.
+struct Worked {
+    want: Option<Table>,
+    change: bool,
+    closes: std::io::Result<Vec<Closed>>,
+}
+
+fn work_out(
+    fits: &[(&Resource, &Opening)],
+    held: &BTreeSet<usize>,
+    found: Option<&Table>,
+    any_too_long: bool,
+) -> Worked {
     let all_held = fits.iter().all(|(r, _)| held.contains(&r.index));
     let nothing_to_load = fits.is_empty() || (all_held && found.is_none());
     let want = (!nothing_to_load).then(|| wanted(fits.iter().map(|(r, o)| (r.id.as_str(), *o))));
-    let ids: BTreeSet<&str> = fits.iter().map(|(r, _)| r.id.as_str()).collect();
-
-    let change = match (&want, &found) {
+    let change = match (&want, found) {
         (Some(w), Some(f)) => w != f,
         (Some(_), None) => true,
         // Openings are declared and none could be loaded: the filter in force stays, rather
@@ -367,67 +409,67 @@ pub(super) fn apply(
         Some(_) if change => firewall::listening().map(|listeners| {
             let open: BTreeSet<(Transport, u16)> =
                 fits.iter().map(|(_, o)| (transport(o.protocol), o.port.get())).collect();
-            newly_closed(&listeners, found.as_ref(), &open)
+            newly_closed(&listeners, found, &open)
         }),
         _ => Ok(Vec::new()),
     };
+    Worked { want, change, closes }
+}
 
-    let loaded = if change && !opts.dry_run { load(want.as_ref()) } else { Ok(()) };
-
-    let common = match (&want, &found) {
+/// Each declared opening's outcome, from its own part of the comparison (its rules found
+/// intact or not, against its record); what was changed in the common part, and the ports the
+/// new filter closes, are told on the first one only, so a hand edit counts as drift once.
+fn tell(
+    done: &mut Done,
+    store: &Store,
+    fits: &[(&Resource, &Opening)],
+    held: &BTreeSet<usize>,
+    found: Option<&Table>,
+    worked: &Worked,
+    loaded: &Result<(), Failed>,
+) {
+    let ids: BTreeSet<&str> = fits.iter().map(|(r, _)| r.id.as_str()).collect();
+    let common = match (&worked.want, found) {
         (Some(w), Some(f)) => common_drift(f, w, &ids),
         (_, _) => Vec::new(),
     };
-    let found_by_comment = found.as_ref().map(by_comment);
-    let mut first = true;
-    for (r, o) in &fits {
+    let found_by_comment = found.map(by_comment);
+    for (i, (r, o)) in fits.iter().enumerate() {
         let result = loaded.as_ref().map_err(Failed::error).map(|()| {
             let own = opening_rules(r.id.as_str(), o).into_iter().map(canonical_rule).collect::<Vec<_>>();
-            let intact = found_by_comment
-                .as_ref()
-                .is_some_and(|f| f.get(r.id.as_str()).is_some_and(|rules| rules.iter().copied().eq(own.iter())));
+            let intact = found_by_comment.as_ref().is_some_and(|f| {
+                f.get(r.id.as_str()).is_some_and(|rules| rules.iter().copied().eq(own.iter()))
+            });
             let recorded: Option<bool> = store.get(r.id.as_str()).map(|rec| rec.declared == r.digest);
+            let first = i == 0;
             let seen = Seen {
                 recorded,
                 intact,
                 table_absent: found.is_none(),
                 common: if first { &common } else { &[] },
             };
-            let (action, mut detail) = if held.contains(&r.index) {
-                (Verb::Held, Some(held_detail(r)))
-            } else {
-                decide(&seen)
+            let (action, detail) =
+                if held.contains(&r.index) { (Verb::Held, Some(held_detail(r))) } else { decide(&seen) };
+            let said = if first { closes_said(&worked.closes) } else { None };
+            let detail = match (detail, said) {
+                (Some(d), Some(s)) => Some(format!("{d}; {s}")),
+                (d, s) => d.or(s),
             };
-            if first {
-                let said = match &closes {
-                    Ok(c) if c.is_empty() => None,
-                    Ok(c) => Some(dropped_to(c)),
-                    Err(e) => Some(format!("the listening sockets could not be read ({e}), so the ports this filter closes are not known")),
-                };
-                detail = match (detail, said) {
-                    (Some(d), Some(s)) => Some(format!("{d}; {s}")),
-                    (d, s) => d.or(s),
-                };
-            }
-            first = false;
             crate::apply::Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
         });
         done.declared.push((r.index, result));
     }
-    for (id, rec) in orphans {
-        let was_there = found_by_comment.as_ref().is_some_and(|f| f.contains_key(id.as_str()));
-        let result = loaded.as_ref().map_err(Failed::error).map(|()| {
-            let detail = match (was_there, want.is_some()) {
-                (false, _) => "its rule was already gone",
-                (true, true) => "its rule was taken out of table inet mesh_host",
-                (true, false) => "it was the last opening, so table inet mesh_host was removed",
-            };
-            (Verb::Removed, Some(detail.to_owned()))
-        });
-        done.orphans.push((id, rec, result));
+}
+
+/// What the first opening says of the ports the new filter closes, if anything.
+fn closes_said(closes: &std::io::Result<Vec<Closed>>) -> Option<String> {
+    match closes {
+        Ok(c) if c.is_empty() => None,
+        Ok(c) => Some(dropped_to(c)),
+        Err(e) => Some(format!(
+            "the listening sockets could not be read ({e}), so the ports this filter closes are not known"
+        )),
     }
-    done.closes = closes.unwrap_or_default();
-    done
 }
 
 /// Why the filter could not be loaded, kept once and told to every opening.
