@@ -80,7 +80,7 @@ fn main() {
     // Killed to running again.
     let parsed = Declaration::parse(&std::fs::read(&decl).unwrap()).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let mut store = Store::open(&state).unwrap();
+    let mut store = Some(Store::open(&state).unwrap());
     let opts = Options {
         origin: Origin::Declared,
         dry_run: false,
@@ -121,8 +121,7 @@ fn main() {
                 }
                 let seen = Instant::now();
                 lag.push(seen - done);
-                let (d, s) =
-                    (parsed.clone(), std::mem::replace(&mut store, Store::read_only(&state).unwrap()));
+                let (d, s) = (parsed.clone(), store.take().expect("the store is back"));
                 let o = opts.clone();
                 let (report, s) = tokio::task::spawn_blocking(move || {
                     let mut s = s;
@@ -132,7 +131,7 @@ fn main() {
                 .await
                 .unwrap();
                 recovered.push(seen.elapsed());
-                store = s;
+                store = Some(s);
                 assert!(report.error.is_none(), "{:?}", report.error);
                 let word = report.outcomes.iter().find(|o| o.target == name).map(|o| o.action.as_str());
                 assert!(matches!(word, Some("corrected" | "unchanged")), "{:?}", report.outcomes);

@@ -87,6 +87,10 @@ pub struct More {
     pub schedule: Option<String>,
     /// For a file that sets keys `into` someone else's: what to put back when it leaves.
     pub into: Option<Merged>,
+    /// For a container: the machine's ports its declared mappings bind (`holds`), for whatever
+    /// assigns ports above the node to go around. What the declaration binds, not what is open:
+    /// a port open now may be gone when it is asked for, a declared one is the host's to keep.
+    pub holds: Vec<u16>,
 }
 
 /// What a file with `into` found before the host first set each of its keys, so the keys can
@@ -180,8 +184,14 @@ impl Record {
         self.more.as_ref().and_then(|m| m.schedule.as_deref())
     }
 
-    /// For a file with `into`: what its keys held before the host set them.
-    pub fn into(&self) -> Option<&Merged> {
+    /// For a container: the machine's ports its declared mappings bind; empty for anything else.
+    pub fn holds(&self) -> &[u16] {
+        self.more.as_ref().map_or(&[], |m| &m.holds)
+    }
+
+    /// For a file with `into`: what its keys held before the host set them. Not `into`, which
+    /// would shadow `Into::into` on every record.
+    pub fn merged(&self) -> Option<&Merged> {
         self.more.as_ref().and_then(|m| m.into.as_ref())
     }
 }
@@ -215,6 +225,8 @@ struct Wire<T> {
     schedule: Option<T>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     into: Option<Merged>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    holds: Vec<u16>,
 }
 
 impl From<Wire<String>> for Record {
@@ -236,6 +248,7 @@ impl From<Wire<String>> for Record {
                 reads: w.reads,
                 schedule: w.schedule,
                 into: w.into,
+                holds: w.holds,
             }
             .boxed(),
         }
@@ -260,7 +273,8 @@ impl Serialize for Record {
             spec: self.spec(),
             reads: self.reads().cloned().unwrap_or_default(),
             schedule: self.schedule(),
-            into: self.into().cloned(),
+            into: self.merged().cloned(),
+            holds: self.holds().to_vec(),
         }
         .serialize(s)
     }
@@ -431,8 +445,6 @@ pub struct Store {
     recovered: Option<journal::Recovered>,
     /// A pass wrote to the journal since the store was last written.
     journaled: bool,
-    /// The store's lock, held while the store may be written; `None` for a read-only store.
-    lock: Option<fs::Lock>,
     /// How many records hold each type and target, so `holds_target` is a lookup: adopting a
     /// node asks it of every found file, and a scan of every record for each would be
     /// quadratic in the size of the node.
@@ -462,9 +474,32 @@ fn stamp(path: &Path) -> Option<fs::Sig> {
     fs::Fs::new().meta(path).ok().flatten().map(|m| m.sig)
 }
 
+/// The store held with its lock: the only one that can be written. A store opened without the
+/// lock (`Store::read_only`, a copy `lend`s to a reconcile apart) is a plain `Store`, which has
+/// no `save`: that it is never written is a matter of its type, not of a check at run time.
+/// Everything else of the store is reached through it as through a `Store`.
+pub struct Writer {
+    store: Store,
+    /// Held for as long as the writer lives; released when it is dropped.
+    _lock: fs::Lock,
+}
+
+impl std::ops::Deref for Writer {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        &self.store
+    }
+}
+
+impl std::ops::DerefMut for Writer {
+    fn deref_mut(&mut self) -> &mut Store {
+        &mut self.store
+    }
+}
+
 impl Store {
     /// Opens the store to read and write, holding its lock. An absent store is an empty one.
-    pub fn open(path: &Path) -> Result<Store, Error> {
+    pub fn open(path: &Path) -> Result<Writer, Error> {
         Store::read_only(path)?.lock()
     }
 
@@ -472,7 +507,7 @@ impl Store {
     /// file changed meanwhile. Only here is anything made on the machine (the state directory,
     /// the lock file), so a command refused before it gets here has touched nothing
     /// (docs/decisions.md, "The store").
-    pub fn lock(self) -> Result<Store, Error> {
+    pub fn lock(self) -> Result<Writer, Error> {
         let mut lock_path = self.path.as_os_str().to_owned();
         lock_path.push(".lock");
         let lock = fs::try_lock(Path::new(&lock_path))
@@ -483,7 +518,7 @@ impl Store {
         // (docs/decisions.md, "The store").
         let dir = state_dir(&self.path);
         journal::remove_temporaries(dir).map_err(Error::Open)?;
-        let mut store = if stamp(&self.path) == self.stamp { self } else { Store::read_only(&self.path)? };
+        let store = if stamp(&self.path) == self.stamp { self } else { Store::read_only(&self.path)? };
         // Only root should read what the host owns; a store others can read is tightened, with
         // a warning (docs/decisions.md, "The store"). The key file is refused instead: see
         // docs/decisions.md, "A key file anyone but its owner can read or write is refused".
@@ -508,8 +543,7 @@ impl Store {
                 "the last pass did not finish; its temporary files were removed, and the files it was writing will not be counted as drift"
             );
         }
-        store.lock = Some(lock);
-        Ok(store)
+        Ok(Writer { store, _lock: lock })
     }
 
     /// Where the journal of intent is kept: beside the store.
@@ -527,16 +561,6 @@ impl Store {
     /// What an unfinished pass was writing at `path`, by the journal found at start-up.
     pub fn intended(&self, path: &Path) -> &[journal::Intent] {
         self.recovered.as_ref().and_then(|r| r.intents.get(path)).map(Vec::as_slice).unwrap_or(&[])
-    }
-
-    /// Once the store holds what the passes did, the journal has nothing left to say.
-    fn forget_journal(&mut self) -> Result<(), Error> {
-        if self.lock.is_some() && self.lent == 0 && (self.journaled || self.recovered.is_some()) {
-            journal::remove(&self.journal_path())?;
-            self.journaled = false;
-            self.recovered = None;
-        }
-        Ok(())
     }
 
     /// Opens the store to read only. It takes no lock and can never write.
@@ -557,7 +581,6 @@ impl Store {
             stamp: stamp(path),
             recovered: None,
             journaled: false,
-            lock: None,
             targets: std::collections::HashMap::new(),
             lent: 0,
         };
@@ -685,7 +708,9 @@ impl Store {
         orphans.sort_by(|a, b| b.1.position.cmp(&a.1.position).then(b.0.cmp(&a.0)));
         orphans
     }
+}
 
+impl Writer {
     /// Writes the store if anything changed since it was last written, signatures included:
     /// after a whole pass, and on the way out.
     pub fn save(&mut self) -> Result<(), Error> {
@@ -708,7 +733,6 @@ impl Store {
     }
 
     fn write(&mut self) -> Result<(), Error> {
-        assert!(self.lock.is_some(), "a read-only store is never saved");
         self.file.schema = SCHEMA;
         if self.grown > self.file.records.len() / 8 {
             self.compact();
@@ -719,12 +743,24 @@ impl Store {
         self.stale = false;
         Ok(())
     }
+
+    /// Once the store holds what the passes did, the journal has nothing left to say; not while
+    /// a copy is lent, whose reconcile may have written intents its records do not yet cover.
+    fn forget_journal(&mut self) -> Result<(), Error> {
+        let store = &mut self.store;
+        if store.lent == 0 && (store.journaled || store.recovered.is_some()) {
+            journal::remove(&store.journal_path())?;
+            store.journaled = false;
+            store.recovered = None;
+        }
+        Ok(())
+    }
 }
 
 /// A reconcile running beside others works on a copy of the store and gives back only what it
 /// claimed (`controller::queue::Claim`): claims in flight are disjoint, so what one gives back
-/// is never what another is changing.
-impl Store {
+/// is never what another is changing. Only the writer lends: what it takes back, it writes.
+impl Writer {
     /// A copy of the records and holds for a reconcile that runs apart from the store's owner.
     /// It holds no lock and cannot be saved; what it records comes back through `take_back`.
     /// What a crash's journal recovered is not lent: the first pass after a start, a full one,
@@ -740,7 +776,6 @@ impl Store {
             stamp: self.stamp,
             recovered: None,
             journaled: false,
-            lock: None,
             targets: self.targets.clone(),
             lent: 0,
         }
@@ -869,7 +904,7 @@ mod tests {
   }
 }"#;
 
-    fn store_at(dir: &tempfile::TempDir, text: &str) -> Store {
+    fn store_at(dir: &tempfile::TempDir, text: &str) -> Writer {
         let path = dir.path().join("state.json");
         std::fs::write(&path, text).unwrap();
         Store::open(&path).unwrap()
@@ -1110,5 +1145,55 @@ mod tests {
         store.record("web.conf", conf);
         store.save_changes().unwrap();
         assert_eq!(Store::read_only(&path).unwrap().get("web.conf").unwrap().mode, Some(0o600));
+    }
+
+    /// A store whose records are `(id, type, target, applied-at)`.
+    fn store_of(dir: &tempfile::TempDir, records: &[(&str, &str, &str, u64)]) -> Writer {
+        let records: serde_json::Map<String, serde_json::Value> = records
+            .iter()
+            .enumerate()
+            .map(|(position, (id, kind, target, at))| {
+                let record = serde_json::json!({
+                    "origin": "declared", "type": kind, "target": target, "position": position,
+                    "declared": Digest::of(id.as_bytes()).to_string(), "applied-at": at,
+                });
+                ((*id).to_owned(), record)
+            })
+            .collect();
+        store_at(dir, &serde_json::json!({"schema": 1, "records": records}).to_string())
+    }
+
+    /// The record found by target is the one applied last, under whatever id, whatever the
+    /// order of the ids; records of another type or target are not in the running, however
+    /// recent. Two applied in the same second (the resolution of `applied-at`) go to the id
+    /// last in order, the store's map being sorted: the same on every read, never random.
+    #[test]
+    fn the_record_by_target_is_the_most_recently_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_of(
+            &dir,
+            &[
+                ("a.first", "file", "/srv/app.env", 1_764_480_100),
+                ("m.latest", "file", "/srv/app.env", 1_764_480_300),
+                ("z.between", "file", "/srv/app.env", 1_764_480_200),
+                ("b.other-path", "file", "/srv/other.env", 1_764_480_900),
+                ("c.directory", "directory", "/srv/app.env", 1_764_480_900),
+            ],
+        );
+        let found = |kind, target| store.latest_at(kind, target).map(|(id, _)| id.to_owned());
+        assert_eq!(found(Kind::File, "/srv/app.env").as_deref(), Some("m.latest"));
+        assert_eq!(found(Kind::Directory, "/srv/app.env").as_deref(), Some("c.directory"));
+        assert_eq!(found(Kind::File, "/srv/none.env"), None);
+        assert_eq!(found(Kind::Container, "/srv/app.env"), None);
+
+        let dir = tempfile::tempdir().unwrap();
+        let tied = store_of(
+            &dir,
+            &[
+                ("m.one", "file", "/srv/app.env", 1_764_480_300),
+                ("c.two", "file", "/srv/app.env", 1_764_480_300),
+            ],
+        );
+        assert_eq!(tied.latest_at(Kind::File, "/srv/app.env").map(|(id, _)| id), Some("m.one"));
     }
 }

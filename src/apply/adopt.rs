@@ -3,9 +3,10 @@
 //! because it decides, before and beside the appliers, whether a resource is applied at all.
 
 use std::collections::{BTreeSet, HashSet};
+use std::path::Path;
 
 use super::{begin, container, process, Ctx, Error, Outcome, Pass, Step, Verb};
-use crate::declaration::{Declaration, Kind, Resource, Spec};
+use crate::declaration::{Declaration, Id, Kind, Resource, Spec};
 
 /// What an adopted node held before a pass changed anything, for the resources it may hold.
 #[derive(Default)]
@@ -18,6 +19,102 @@ pub(super) struct Found {
     modules: HashSet<String>,
     /// Names of containers held: an action run `in` one does not run.
     containers: HashSet<String>,
+    /// Everything held, remembered or found now, by id with its type and target: what a
+    /// resource of a module not taken must not act on, write into or run over (`acts_on_held`).
+    held: Vec<(String, Kind, String)>,
+}
+
+impl Found {
+    /// The first thing held that `matches` by its type and target, as `(id, target)`.
+    fn first(&self, mut matches: impl FnMut(Kind, &str) -> bool) -> Option<(&str, &str)> {
+        self.held
+            .iter()
+            .find(|(_, kind, target)| matches(*kind, target))
+            .map(|(id, _, t)| (id.as_str(), t.as_str()))
+    }
+
+    /// A held path `p` overlaps: the path itself, one inside it, or one it is inside.
+    fn path_over(&self, p: &Path) -> Option<(&str, &str)> {
+        self.first(|kind, target| {
+            matches!(kind, Kind::File | Kind::Directory | Kind::Archive)
+                && (p.starts_with(target) || Path::new(target).starts_with(p))
+        })
+    }
+
+    /// A held directory (or an archive's, which is one) that `p` is inside.
+    fn directory_around(&self, p: &Path) -> Option<(&str, &str)> {
+        self.first(|kind, target| {
+            matches!(kind, Kind::Directory | Kind::Archive) && p.starts_with(target) && p != Path::new(target)
+        })
+    }
+
+    /// A held resource among `ids`.
+    fn among(&self, ids: &[Id]) -> Option<&str> {
+        ids.iter()
+            .find_map(|id| self.held.iter().find(|(h, _, _)| h == id.as_str()).map(|(h, _, _)| h.as_str()))
+    }
+}
+
+/// Why a resource of a module not taken is held because of what it would act on, or `None`:
+/// it would write into a held directory (a file, a directory, an archive), mount or read a
+/// held path (a container), run a program from one (a process), be restarted or reloaded by a
+/// held resource (a container, a process, a service), or be a service whose unit file is held.
+/// The spec's "the host never runs anything inside what it does not own yet", for every type
+/// (docs/decisions.md, "Adoption"). Decided at each pass, never remembered: what it would act
+/// on is what is held.
+pub(super) fn acts_on_held(declaration: &Declaration, found: &Found, r: &Resource) -> Option<String> {
+    let adoption = declaration.adoption.as_ref()?;
+    let module = r.id.module();
+    if found.held.is_empty() || adoption.taken.iter().any(|m| m == module) {
+        return None;
+    }
+    let tail =
+        format!("held as found until its module is taken; module {module:?} is not taken yet: not applied");
+    let into = |p: &Path| {
+        found
+            .directory_around(p)
+            .map(|(id, dir)| format!("it would be written into directory {dir} ({id}), {tail}"))
+    };
+    let restarted = |ids: &[Id], verb: &str| {
+        found.among(ids).map(|id| format!("it would be {verb} by a change of {id}, which is {tail}"))
+    };
+    match &r.spec {
+        Spec::File(f) => into(f.path.as_path()),
+        Spec::Directory(d) => into(d.path.as_path()),
+        Spec::Archive(a) => into(a.path.as_path()),
+        Spec::Container(_) => r
+            .spec
+            .reads()
+            .into_iter()
+            .find_map(|p| {
+                found.path_over(p).map(|(id, over)| {
+                    format!("it would mount or read {} over {over} ({id}), {tail}", p.display())
+                })
+            })
+            .or_else(|| restarted(r.spec.restart_on(), "restarted")),
+        Spec::Process(p) => {
+            let program = Path::new(p.command.as_slice().first().map_or("", String::as_str));
+            program
+                .is_absolute()
+                .then(|| found.path_over(program))
+                .flatten()
+                .map(|(id, over)| format!("it would run {} from {over} ({id}), {tail}", program.display()))
+                .or_else(|| restarted(r.spec.restart_on(), "restarted"))
+        }
+        Spec::Service(s) => found
+            .first(|kind, target| {
+                kind == Kind::File && Path::new(target).file_name() == Some(s.unit.as_str().as_ref())
+            })
+            .map(|(id, file)| format!("its unit file {file} ({id}) is {tail}"))
+            .or_else(|| restarted(r.spec.restart_on(), "restarted"))
+            .or_else(|| restarted(r.spec.reload_on(), "reloaded")),
+        Spec::Access(_)
+        | Spec::Package(_)
+        | Spec::User(_)
+        | Spec::Action(_)
+        | Spec::Network(_)
+        | Spec::Opening(_) => None,
+    }
 }
 
 /// Why an action or step is held on an adopted node, or `None` when it runs: it would run
@@ -66,6 +163,7 @@ pub(super) fn look_before(ctx: &mut Ctx<'_>, only: Option<&BTreeSet<usize>>) -> 
         if h.kind == Kind::Container {
             found.containers.insert(h.target.to_string());
         }
+        found.held.push((id.to_owned(), h.kind, h.target.to_string()));
     }
     let declaration = ctx.declaration;
     for r in &declaration.resources {
@@ -82,6 +180,7 @@ pub(super) fn look_before(ctx: &mut Ctx<'_>, only: Option<&BTreeSet<usize>>) -> 
             if let Spec::Container(c) = &r.spec {
                 found.containers.insert(c.name.to_string());
             }
+            found.held.push((r.id.to_string(), r.kind(), r.target()));
         }
         found.present.insert(r.index, present);
     }
@@ -153,7 +252,7 @@ impl Pass<'_> {
         if self.store.get(r.id.as_str()).is_some() {
             return None;
         }
-        match found.present.remove(&r.index)? {
+        match found.present.remove(&r.index).unwrap_or(Ok(false)) {
             Ok(true) => {
                 let detail = format!("found present, and module {module:?} is not taken yet: left as found");
                 let remember = crate::store::Held {
@@ -163,13 +262,15 @@ impl Pass<'_> {
                 };
                 Some((Ok(Step::Done(begin(r, Verb::Held, Some(detail)), None)), Some(remember)))
             }
-            Ok(false) => None,
+            // Not found itself: held still if it would act on something held.
+            Ok(false) => acts_on_held(self.declaration, found, r).and_then(held),
             Err(e) => Some((Err(e), None)),
         }
     }
 
     /// Lets go of the holds the declaration no longer asks for, before a full pass: one whose
-    /// module is now taken (the resource is applied in this pass), and one no longer declared by
+    /// module is now taken (the resource is applied in this pass, and its outcome says it was
+    /// taken over, `Pass::report`), and one no longer declared by
     /// this origin, reported `forgotten` (what was held was never the host's, so nothing is
     /// removed).
     pub(super) fn release_holds(&mut self) {
@@ -186,6 +287,7 @@ impl Pass<'_> {
                         .is_none_or(|a| a.taken.iter().any(|m| m == r.id.module()));
                     if taken {
                         released.push((id.to_owned(), None));
+                        self.taken_over.insert(id.to_owned());
                     }
                 }
             }

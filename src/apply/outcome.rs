@@ -135,6 +135,11 @@ pub struct PassFailed {
     pub others: usize,
     /// The failure was a gate (an action or run-once step), so nothing after it was attempted.
     pub gated: bool,
+    /// The whole declaration was refused on this machine before anything was attempted (a
+    /// firewall found in force on an adopted node that the host cannot manage): nothing of it
+    /// may be applied while this stands, by a full pass or by a reconcile of one key.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
     /// Every failure, the first included: an extension of the spec's report, so a person does
     /// not have to re-run to learn what else broke.
     pub failures: Vec<Failure>,

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use super::adopt::{held_step, look_before, Found};
+use super::adopt::{acts_on_held, held_step, look_before, Found};
 use super::{
     file, opening, remove, step, Ctx, Diffs, Error, Facts, Failure, Managers, Options, Outcome, PassFailed,
     Report, Rising, Session, Step, Verb,
@@ -54,6 +54,9 @@ pub(super) struct Pass<'a> {
     /// signature, and when the latest was taken.
     untrusted_sigs: Vec<(usize, crate::system::Sig)>,
     latest_fresh: Option<std::time::Instant>,
+    /// Ids whose hold was let go at the start of this pass because their module is now taken:
+    /// their outcomes say they were taken over.
+    pub(super) taken_over: HashSet<String>,
 }
 
 impl<'a> Pass<'a> {
@@ -72,6 +75,7 @@ impl<'a> Pass<'a> {
             found: opening::Found::Nothing,
             untrusted_sigs: Vec::new(),
             latest_fresh: None,
+            taken_over: HashSet::new(),
         }
     }
 
@@ -132,6 +136,7 @@ impl<'a> Pass<'a> {
             self.declaration.gates().find(|r| {
                 self.store.get(r.id.as_str()).is_none_or(|rec| rec.declared != r.digest)
                     && held_step(self.declaration, found, r).is_none()
+                    && acts_on_held(self.declaration, found, r).is_none()
             })
         })
     }
@@ -278,7 +283,15 @@ impl<'a> Pass<'a> {
     /// `gate_at` is where the failure of the gate that closed the pass is, if one did: the
     /// report's error is that gate's own, whatever failed before it.
     fn report(self, gate_at: Option<usize>) -> Report {
-        let outcomes: Vec<Outcome> = self.slots.into_iter().flatten().collect();
+        let mut outcomes: Vec<Outcome> = self.slots.into_iter().flatten().collect();
+        // The hand-over from the operator to the host, in the report of the pass that made it.
+        for o in outcomes.iter_mut().filter(|o| self.taken_over.contains(&o.id)) {
+            const TAKEN: &str = "taken over: held as found until its module was taken";
+            o.detail = Some(match o.detail.take() {
+                Some(detail) => format!("{TAKEN}; {detail}"),
+                None => TAKEN.to_owned(),
+            });
+        }
         let error = (!self.failures.is_empty()).then(|| {
             // A gate's failure is the one that matters: it is why the rest was not attempted,
             // and the error says "it is a gate" of whatever it names. Otherwise the first.
@@ -288,6 +301,7 @@ impl<'a> Pass<'a> {
                 message: named.message.clone(),
                 others: self.failures.len() - 1,
                 gated: gate_at.is_some(),
+                refused: false,
                 failures: self.failures.clone(),
             }
         });
@@ -393,6 +407,7 @@ impl<'a> Pass<'a> {
                         reads: facts.reads,
                         schedule: facts.schedule,
                         into: facts.into,
+                        holds: r.spec.holds(),
                     }
                     .boxed(),
                 },

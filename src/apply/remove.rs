@@ -24,7 +24,7 @@ pub(super) fn remove(
 ) -> Result<(Verb, Option<String>), Error> {
     // Keys set in someone else's file: each goes back to what it held before the host, and the
     // file goes only if the host made it and nothing else is left (docs/decisions.md, "`into`").
-    if let (Kind::File, Some(merged)) = (rec.kind, rec.into()) {
+    if let (Kind::File, Some(merged)) = (rec.kind, rec.merged()) {
         return super::into::remove(fs, machine, &opts.key, Path::new(&*rec.target), merged, opts.dry_run);
     }
     match look(fs, machine, rec, opts)? {

@@ -279,4 +279,33 @@ mod tests {
         let bytes = SecretBox::new(Box::new(vec![0xff]));
         assert!(fitted(bytes, Fill::Raw).is_ok(), "a whole file's template takes any bytes");
     }
+
+    /// Only the secrets a hole names are opened: a declared secret no hole names is left sealed,
+    /// so one this node cannot open (sealed to another node) does not fail the file. Named by a
+    /// hole, the same value fails it, which is what shows it was not opened before.
+    #[test]
+    fn a_secret_no_hole_names_is_not_opened() {
+        let ring = Keyring::parse(&Keyring::generate()).unwrap();
+        let elsewhere = Keyring::parse(&Keyring::generate()).unwrap();
+        let pw = crate::secrets::seal(&ring.public_key(), b"hunter2").unwrap();
+        let unused = crate::secrets::seal(&elsewhere.public_key(), b"not this node's").unwrap();
+        let file = |content: &str| {
+            let d = crate::declaration::Declaration::parse(
+                serde_json::json!({"version": 1, "resources": [
+                    {"type": "file", "id": "app.env", "path": "/etc/app.env", "content": content,
+                     "secrets": {"pw": pw, "unused": unused}}]})
+                .to_string()
+                .as_bytes(),
+            )
+            .unwrap();
+            let crate::declaration::Spec::File(f) = &d.resources[0].spec else { unreachable!() };
+            f.clone()
+        };
+        for how in [Fill::Raw, Fill::EnvLine, Fill::JsonString] {
+            let opened = open_as(&ring, &file("PW=${secret:pw}\n"), how).unwrap();
+            assert_eq!(opened.expose_secret().as_slice(), b"PW=hunter2\n");
+        }
+        let named = open_as(&ring, &file("PW=${secret:pw} ${secret:unused}\n"), Fill::Raw).err().unwrap();
+        assert!(matches!(&named, Error::NotOpened { field, .. } if field == "secrets.unused"), "{named}");
+    }
 }

@@ -10,6 +10,9 @@
 //!   worker goes on finishing others.
 //! - `not_in_force` is written by the worker when a declaration is refused while none is in
 //!   force, and cleared when one is accepted; read by `/healthz`.
+//! - `refused` is written by the worker when a full pass refuses the declaration in force whole
+//!   on this machine (a firewall found that the host cannot manage), and cleared when a full
+//!   pass no longer does; read by `/healthz`.
 //!
 //! Atomics and a mutex held only to copy a short string: no reader ever waits on the worker.
 //!
@@ -30,6 +33,8 @@ pub struct Health {
     oldest_apart: AtomicI64,
     /// Why no declaration is in force; `None` once one is.
     not_in_force: Mutex<Option<String>>,
+    /// Why the declaration in force is refused whole on this machine; `None` while it is not.
+    refused: Mutex<Option<String>>,
     /// How long the worker may go without finishing a reconcile (`Config::stale_after`).
     stale_after: Duration,
 }
@@ -46,6 +51,7 @@ impl Health {
             heartbeat: AtomicI64::new(now_secs()),
             oldest_apart: AtomicI64::new(0),
             not_in_force: Mutex::new(Some("no declaration has been read yet".into())),
+            refused: Mutex::new(None),
             stale_after,
         }
     }
@@ -71,6 +77,11 @@ impl Health {
         *self.not_in_force.lock().unwrap_or_else(|e| e.into_inner()) = why;
     }
 
+    /// Why the declaration in force is refused whole on this machine, or `None` once it is not.
+    pub fn set_refused(&self, why: Option<String>) {
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
     /// Whether the worker has finished something recently enough.
     pub fn alive(&self) -> bool {
         let now = now_secs();
@@ -89,6 +100,11 @@ impl Health {
         // daemon").
         if let Some(why) = self.not_in_force.lock().unwrap_or_else(|e| e.into_inner()).as_deref() {
             return Err(format!("no declaration in force: {why}"));
+        }
+        // In force but applied nowhere: a firewall found that the host cannot manage refuses it
+        // whole, and every reconcile with it (docs/decisions.md, "The daemon").
+        if let Some(why) = self.refused.lock().unwrap_or_else(|e| e.into_inner()).as_deref() {
+            return Err(format!("declaration refused on this machine, nothing of it is applied: {why}"));
         }
         // A worker stuck in one reconcile is the failure this is for.
         if self.alive() {
@@ -144,6 +160,19 @@ mod tests {
         assert!(h.check().unwrap_err().contains("has not finished a reconcile for"));
         assert!(!h.alive());
         h.beat();
+        assert_eq!(h.check(), Ok(()));
+    }
+
+    #[test]
+    fn a_declaration_refused_on_this_machine_is_unhealthy_until_it_is_not() {
+        let h = Health::new(Duration::from_secs(60));
+        h.ready();
+        h.set_not_in_force(None);
+        h.set_refused(Some("a filter other than ufw or firewalld is in force".into()));
+        let why = h.check().unwrap_err();
+        assert!(why.starts_with("declaration refused on this machine"), "{why}");
+        assert!(why.contains("a filter other than ufw or firewalld"), "{why}");
+        h.set_refused(None);
         assert_eq!(h.check(), Ok(()));
     }
 

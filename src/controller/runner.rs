@@ -253,10 +253,14 @@ impl Worker {
     }
 
     /// What a reconcile of `key` run apart needs, owned; `None` when there is nothing to run
-    /// apart (no declaration in force, or the id is no longer declared), which the inline path
-    /// then settles at once.
+    /// apart (no declaration in force, the id no longer declared, or the declaration refused on
+    /// this machine), which the inline path then settles at once.
     fn apart(&mut self, key: &Key, seen: Instant) -> Option<Apart> {
         let Key::Resource(id) = key else { return None };
+        // Refused on this machine: nothing runs apart either; the inline path says so.
+        if self.refusal.is_some() {
+            return None;
+        }
         let declaration = self.declaration.clone()?;
         declaration.get(id)?;
         let options = self.options();
@@ -412,7 +416,7 @@ mod tests {
         list.iter().map(|s| id(s)).collect()
     }
 
-    fn declared() -> (Declaration, tempfile::TempDir, Store) {
+    fn declared() -> (Declaration, tempfile::TempDir, crate::store::Writer) {
         let d = Declaration::parse(DECLARATION.as_bytes()).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("state.json")).unwrap();

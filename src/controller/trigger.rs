@@ -45,6 +45,10 @@ pub struct Index {
     container_names: HashMap<String, Id>,
     /// The opening whose reconcile loads the host's filter (every opening is loaded with it).
     opening: Option<Id>,
+    /// The declaration in force is refused whole on this machine (a firewall found that the
+    /// host cannot manage): a change anywhere in the ruleset may have lifted that, so it
+    /// brings a full pass. Set by the worker after each full pass; false in a new index.
+    pub refused: bool,
 }
 
 impl Index {
@@ -62,7 +66,14 @@ impl Index {
             }
         }
         let opening = d.first_opening().cloned();
-        Index { declaration: Some(Arc::clone(d)), units, containers, container_names, opening }
+        Index {
+            declaration: Some(Arc::clone(d)),
+            units,
+            containers,
+            container_names,
+            opening,
+            refused: false,
+        }
     }
 
     /// The systemd units the declaration manages, for the systemd watcher.
@@ -84,7 +95,7 @@ impl Index {
 /// Every source label a key can be queued with (`mesh_host_queue_adds_total`): what `keys`
 /// returns, the watchers' names in `Resynced`, and the periodic resync. The metric is created
 /// at 0 for each, so the first add is seen by `increase()`.
-pub const SOURCES: [&str; 5] = ["file", "declaration", "systemd", "docker", "resync"];
+pub const SOURCES: [&str; 6] = ["file", "declaration", "systemd", "docker", "firewall", "resync"];
 
 /// The keys a change adds, each with the source label for `mesh_host_queue_adds_total`.
 pub fn keys(change: &Change, index: &Index) -> Vec<(Key, &'static str)> {
@@ -108,7 +119,11 @@ pub fn keys(change: &Change, index: &Index) -> Vec<(Key, &'static str)> {
         // it whole. Nothing declared opened, nothing to put back (ARCHITECTURE.md, "The host's
         // filter"; docs/decisions.md, "The daemon follows the table").
         Change::Firewall => index.opening.iter().map(|id| (Key::Resource(id.clone()), "firewall")).collect(),
-        Change::Up { .. } => Vec::new(),
+        // Elsewhere in the ruleset (ufw or firewalld enabled or disabled, a foreign table
+        // removed, Docker's own rules): it matters only while a found firewall refuses the
+        // declaration, which a full pass looks at again (docs/decisions.md, "The daemon").
+        Change::Ruleset if index.refused => vec![(Key::Full, "firewall")],
+        Change::Ruleset | Change::Up { .. } => Vec::new(),
     }
 }
 
@@ -158,6 +173,13 @@ mod tests {
         assert!(keys(&container("other", "other"), &index).is_empty());
         assert_eq!(keys(&Change::Firewall, &index), vec![(id("a.http"), "firewall")], "the filter is one");
         assert!(keys(&Change::Firewall, &Index::default()).is_empty(), "nothing opened");
+        assert!(keys(&Change::Ruleset, &index).is_empty(), "a change elsewhere is not the host's");
+        let refused = Index { refused: true, ..Index::new(index.declaration.as_ref().unwrap()) };
+        assert_eq!(
+            keys(&Change::Ruleset, &refused),
+            vec![(Key::Full, "firewall")],
+            "while refused, any change in the ruleset looks again"
+        );
         assert_eq!(
             keys(&Change::SourceChanged { source: "/etc/mesh-host/declaration.d".into() }, &index),
             vec![(Key::Declaration, "declaration")]

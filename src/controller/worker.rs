@@ -18,7 +18,7 @@ use super::trigger::{Index, Key};
 use super::{contents, Config};
 use crate::apply::{self, Options, Report, Verb};
 use crate::declaration::{Declaration, Id, Kind};
-use crate::store::Store;
+use crate::store::Writer as Store;
 use crate::telemetry::{events, Event as _, Metrics};
 
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths
@@ -94,6 +94,15 @@ pub struct Worker {
     /// The names of the files of the declaration in force (the revision read from etcd is in
     /// the fleet cache's names).
     sources: Vec<String>,
+    /// Why the last full pass refused the declaration in force whole on this machine (a
+    /// firewall found on an adopted node that the host cannot manage), or `None`. While it is
+    /// set, no reconcile of one key runs and no scheduled step fires: a declaration refused on
+    /// this machine is refused everywhere, not applied piece by piece (issue 21).
+    pub(super) refusal: Option<String>,
+    /// The ids the last full pass (and the reconciles since) reported `held`: a hold is logged
+    /// when it begins and when it ends, not at every pass (10,000 held files must not write
+    /// 10,000 lines at every resync).
+    held: HashSet<String>,
 }
 
 /// Tells systemd what the agent is doing, for `systemctl status` ("Status:"). Nothing when not
@@ -167,6 +176,8 @@ impl Worker {
             installed: tokio::sync::watch::channel(Arc::default()).0,
             applied: tokio::sync::watch::channel(Default::default()).0,
             sources: Vec::new(),
+            refusal: None,
+            held: HashSet::new(),
         }
     }
 
@@ -286,6 +297,8 @@ impl Worker {
     /// scheduler is not woken by every reconcile of a file.
     fn publish_installed_steps(&self) {
         let installed = match self.declaration.as_deref() {
+            // A refused declaration has nothing installed: the scheduler fires none of it.
+            Some(_) if self.refusal.is_some() => std::collections::HashMap::new(),
             Some(d) if d.scheduled_steps().next().is_some() => {
                 apply::installed_steps(d, &self.store, &self.config.key)
             }
@@ -486,10 +499,19 @@ impl Worker {
         let t = std::time::Instant::now();
         let (report, _) = apply::apply_in(&mut self.session, declaration, &mut self.store, &options);
         let pass = t.elapsed();
-        self.tally(&report, None, false);
+        let refused_before = self.refusal.is_some();
+        self.note_refusal(&report);
+        // A refusal that stands is said once, when it began, not at every resync.
+        self.tally(&report, None, refused_before && self.refusal.is_some());
+        if self.refusal.is_none() {
+            self.note_holds(&report);
+        }
         self.publish_applied(&report, true);
         events::ApplyFinished { at: now_secs(), succeeded: report.error.is_none() }.emit(&self.metrics);
-        self.count_resources(&report);
+        if self.refusal.is_none() {
+            // A refused pass attempted nothing: the counts of the last pass that did stand.
+            self.count_resources(&report);
+        }
         let t = std::time::Instant::now();
         self.watch_paths();
         tracing::debug!(
@@ -504,7 +526,43 @@ impl Worker {
         }
     }
 
+    /// Follows a full pass's report: a declaration refused whole on this machine (`refused`)
+    /// begins or ends its refusal here, said once each way, on `/healthz`, and in the index, so
+    /// that any change in the ruleset brings a full pass to look again. The watcher of the
+    /// ruleset is started with the first refusal if no opening started it.
+    fn note_refusal(&mut self, report: &Report) {
+        let now = report.error.as_ref().filter(|e| e.refused).map(|e| e.message.clone());
+        match (&self.refusal, &now) {
+            (None, Some(why)) => events::RefusedHere::Began { message: why }.emit(&self.metrics),
+            (Some(_), None) => events::RefusedHere::Ended.emit(&self.metrics),
+            _ => {}
+        }
+        self.health.set_refused(now.clone());
+        self.index.write().unwrap_or_else(|e| e.into_inner()).refused = now.is_some();
+        if now.is_some() && self.firewall_watcher.is_none() {
+            use crate::system::firewall::{FAMILY, TABLE};
+            self.firewall_watcher = Some(mesh_host_watchers::firewall::spawn(FAMILY, TABLE, self.tx.clone()));
+        }
+        self.refusal = now;
+    }
+
+    /// After a full pass: which holds ended (said once each), and what is held now.
+    fn note_holds(&mut self, report: &Report) {
+        let now: HashSet<String> =
+            report.outcomes.iter().filter(|o| o.action == Verb::Held).map(|o| o.id.clone()).collect();
+        for id in self.held.difference(&now) {
+            events::HoldEnded { id }.emit(&self.metrics);
+        }
+        self.held = now;
+    }
+
     fn one(&mut self, id: &Id, seen: Instant) -> Verdict {
+        if let Some(why) = &self.refusal {
+            // Nothing of a refused declaration is applied, one key at a time either: the full
+            // pass that lifts the refusal applies everything.
+            tracing::debug!(key = %id, refused = %why, "not reconciled: the declaration is refused on this machine");
+            return Verdict::Clean;
+        }
         let options = self.options();
         let Some(declaration) = self.declaration.as_deref() else {
             return Verdict::Clean;
@@ -529,6 +587,7 @@ impl Worker {
     pub(super) fn conclude_one(&mut self, id: &Id, report: &Report, seen: Instant) -> Verdict {
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
         self.tally(report, Some(seen), quiet);
+        self.held.extend(report.outcomes.iter().filter(|o| o.action == Verb::Held).map(|o| o.id.clone()));
         self.publish_applied(report, false);
         if report.outcomes.iter().any(|o| o.action.moved()) {
             // A directory made again (by itself, or as a file's parent) needs its watch made
@@ -554,6 +613,8 @@ impl Worker {
     /// the change was first seen.
     fn tally(&self, report: &Report, seen: Option<Instant>, quiet: bool) {
         for o in &report.outcomes {
+            // A hold already said is not said again (`held`).
+            let quiet = quiet || (o.action == Verb::Held && self.held.contains(&o.id));
             events::ResourceChanged {
                 id: &o.id,
                 kind: o.kind.as_str(),

@@ -4,9 +4,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use super::error::Problems;
 use super::model::Kind;
 use super::types::Id;
-use super::validate::Problems;
 use super::Resource;
 
 /// Rules between resources: unique ids, one owner per path or name, references that resolve.

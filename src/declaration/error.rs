@@ -188,3 +188,50 @@ impl fmt::Display for Refused {
         Ok(())
     }
 }
+
+/// The most problems a refusal keeps and lists. Past them, problems are counted, not kept: a
+/// 10 MB declaration of five million bad resources took 2 GB and wrote 309 MB to stderr when
+/// each was kept, and at the 256 MiB input limit it would have taken more memory than a host
+/// has. The first hundred say what is wrong; a person fixes those and sends it again.
+const LISTED: usize = 100;
+
+/// Collects problems, so each carries the index and id without repeating them: the first
+/// `LISTED` of them, and how many more there were. Here, beside what it makes, so that the rules
+/// of one resource (`validate`) and those between resources (`across`) both use it without
+/// either depending on the other's module.
+pub(super) struct Problems {
+    pub(super) all: Vec<Problem>,
+    unlisted: usize,
+}
+
+impl Problems {
+    pub(super) fn new() -> Problems {
+        Problems { all: Vec::new(), unlisted: 0 }
+    }
+
+    pub(super) fn at(
+        &mut self,
+        index: Option<usize>,
+        id: Option<&str>,
+        field: Option<&str>,
+        message: String,
+    ) {
+        if self.all.len() < LISTED {
+            self.all.push(Problem::new(index, id, field, &message));
+        } else {
+            self.unlisted += 1;
+        }
+    }
+
+    /// Takes in the problems found after this collection's own, in order.
+    pub(super) fn extend(&mut self, later: Problems) {
+        let room = LISTED.saturating_sub(self.all.len());
+        let kept = later.all.len().min(room);
+        self.unlisted += later.all.len() - kept + later.unlisted;
+        self.all.extend(later.all.into_iter().take(kept));
+    }
+
+    pub(super) fn refused(self) -> Refused {
+        Refused { problems: self.all, unlisted: self.unlisted }
+    }
+}

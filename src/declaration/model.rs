@@ -642,6 +642,32 @@ impl Spec {
         }
     }
 
+    /// The machine's ports a resource binds by declaration: a container's published host
+    /// ports, in order, without repeats (a port the runtime picks is not one). Empty for
+    /// anything else.
+    pub fn holds(&self) -> Vec<u16> {
+        match self {
+            Spec::Container(c) => {
+                let mut ports: Vec<u16> =
+                    c.ports.iter().flat_map(|p| p.publishes()).filter_map(|(host, _)| host).collect();
+                ports.sort_unstable();
+                ports.dedup();
+                ports
+            }
+            Spec::Directory(_)
+            | Spec::File(_)
+            | Spec::Access(_)
+            | Spec::Package(_)
+            | Spec::Service(_)
+            | Spec::User(_)
+            | Spec::Archive(_)
+            | Spec::Process(_)
+            | Spec::Action(_)
+            | Spec::Network(_)
+            | Spec::Opening(_) => Vec::new(),
+        }
+    }
+
     /// Ids whose change in an apply restarts (or recreates) this resource.
     pub fn restart_on(&self) -> &[Id] {
         match self {

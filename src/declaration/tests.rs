@@ -1585,3 +1585,21 @@ fn a_resource_with_a_bad_escape() {
               resources[0] (id "a.f"), field `content`: unexpected end of hex escape"#]],
     );
 }
+
+#[test]
+fn a_containers_holds_are_its_declared_host_ports_without_repeats() {
+    let d = Declaration::parse(
+        br#"{"version": 1, "resources": [
+            {"type": "container", "id": "a.web", "name": "web", "image": "i:1",
+             "ports": ["8080:80", "127.0.0.1:8000-8002:9000-9002/tcp", "127.0.0.1::53/udp", "[::1]:8080:80"]},
+            {"type": "file", "id": "a.conf", "path": "/srv/a.conf", "content": "x"}
+        ]}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        d.resources[0].spec.holds(),
+        vec![8000, 8001, 8002, 8080],
+        "a port the runtime picks is not held"
+    );
+    assert!(d.resources[1].spec.holds().is_empty());
+}

@@ -13,56 +13,11 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::across::across;
-use super::error::{Problem, Refused};
+use super::error::{Problems, Refused};
 use super::json::{strict, strip_position, Entry, Listed, TopLevel, TWICE};
 use super::model::*;
 use super::types::Id;
 use super::{Adoption, Declaration, Resource, VERSIONS};
-
-/// The most problems a refusal keeps and lists. Past them, problems are counted, not kept: a
-/// 10 MB declaration of five million bad resources took 2 GB and wrote 309 MB to stderr when
-/// each was kept, and at the 256 MiB input limit it would have taken more memory than a host
-/// has. The first hundred say what is wrong; a person fixes those and sends it again.
-const LISTED: usize = 100;
-
-/// Collects problems, so each carries the index and id without repeating them: the first
-/// `LISTED` of them, and how many more there were.
-pub(super) struct Problems {
-    all: Vec<Problem>,
-    unlisted: usize,
-}
-
-impl Problems {
-    fn new() -> Problems {
-        Problems { all: Vec::new(), unlisted: 0 }
-    }
-
-    pub(super) fn at(
-        &mut self,
-        index: Option<usize>,
-        id: Option<&str>,
-        field: Option<&str>,
-        message: String,
-    ) {
-        if self.all.len() < LISTED {
-            self.all.push(Problem::new(index, id, field, &message));
-        } else {
-            self.unlisted += 1;
-        }
-    }
-
-    /// Takes in the problems found after this collection's own, in order.
-    fn extend(&mut self, later: Problems) {
-        let room = LISTED.saturating_sub(self.all.len());
-        let kept = later.all.len().min(room);
-        self.unlisted += later.all.len() - kept + later.unlisted;
-        self.all.extend(later.all.into_iter().take(kept));
-    }
-
-    fn refused(self) -> Refused {
-        Refused { problems: self.all, unlisted: self.unlisted }
-    }
-}
 
 pub(super) fn parse(bytes: &[u8]) -> Result<Declaration, Refused> {
     parse_sources(&[(None, bytes)])

@@ -41,6 +41,13 @@ pub fn unix_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+/// The agent's soft limit on open descriptors (`RLIMIT_NOFILE`), which its work and its HTTP
+/// connections share; 1,024 (the usual default) when it cannot be read. The agent does not
+/// raise it itself: the unit file sets it (`LimitNOFILE`).
+pub fn descriptor_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft)
+}
+
 /// A duration as a person reads it in a message: "90 s", "15 min", "1 h".
 pub fn human(d: std::time::Duration) -> String {
     let secs = d.as_secs();

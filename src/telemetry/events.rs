@@ -248,6 +248,52 @@ impl Event for DeclarationRefused<'_> {
     }
 }
 
+/// The declaration in force refused whole on this machine, or no longer: a firewall found in
+/// force on an adopted node that the host cannot manage. Said when the refusal begins and when
+/// it ends, not at every pass that finds it still standing.
+pub enum RefusedHere<'a> {
+    /// A full pass refused the declaration: nothing of it is applied until one no longer does.
+    Began {
+        /// Why, as the pass says it (what was found).
+        message: &'a str,
+    },
+    /// A full pass no longer refuses it: it was applied.
+    Ended,
+}
+
+impl Event for RefusedHere<'_> {
+    fn emit(self, m: &Metrics) {
+        match self {
+            RefusedHere::Began { message } => {
+                m.declaration_refusals.inc();
+                m.declaration_refused.set(1);
+                tracing::error!(
+                    "{message}; until that changes nothing of the declaration is applied, by a full pass or by a reconcile of one change, and it is looked at again at each resync and whenever the ruleset changes"
+                );
+            }
+            RefusedHere::Ended => {
+                m.declaration_refused.set(0);
+                tracing::info!("the declaration is no longer refused on this machine: it was applied");
+            }
+        }
+    }
+}
+
+/// A resource the daemon had been reporting `held` is no longer held: its module was taken,
+/// or it is no longer declared. Said once; the hold itself is said once, when it begins (the
+/// outcome of the pass that first holds it), not at every pass.
+pub struct HoldEnded<'a> {
+    /// The resource's id.
+    pub id: &'a str,
+}
+
+impl Event for HoldEnded<'_> {
+    fn emit(self, _: &Metrics) {
+        let id = self.id;
+        tracing::info!(id, "no longer held: {id} (its module was taken, or it is no longer declared)");
+    }
+}
+
 /// The state store could not be written after a reconcile or on the way out: what was applied
 /// is on the machine, but the store does not say so; the next pass reads it from the machine.
 pub struct StoreNotWritten<'a> {

@@ -3,31 +3,58 @@
 //! Hand-written rather than a web framework: two read-only GET routes for a scraper do not
 //! justify a server stack in a root daemon, and a small loop is easy to audit. Each request
 //! is bounded in size and time, connections are closed after one response, and at most
-//! `CONNECTIONS` are served at once (issue 12, fault 9: there was no limit, so a flood of
-//! connections could take every file descriptor the agent has, and with them its ability to
-//! open the files it manages).
+//! `connections_for` of the agent's descriptor limit are held at once (issue 12, fault 9: there
+//! was no limit, so a flood of connections could take every file descriptor the agent has, and
+//! with them its ability to open the files it manages).
+//!
+//! The limit is kept by dropping the oldest connection held, never by leaving new ones
+//! unaccepted (issue 22, point 6: a slot was taken before accepting, so 200 idle connections
+//! from one local user filled the slots and the listen queue, and `/healthz` probes timed out
+//! in the kernel, unseen by the agent). A probe is a new connection that sends its request at
+//! once, so it is answered before a flood can make it the oldest.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::task::{AbortHandle, JoinSet};
 
 use super::metrics::Metrics;
 
 /// Whether the agent is healthy, for `/healthz`.
 pub type Health = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
-/// How many connections are served at once. A scraper and a health check need one each; the
-/// rest is headroom. Connections past the limit are not accepted until a slot frees: they wait
-/// in the kernel's listen queue, where they cost the agent no descriptor and no task.
-pub const CONNECTIONS: usize = 64;
+/// The most connections held at once, whatever the descriptor limit. A scraper and a health
+/// check need one each; the rest is room for a flood to be cut down in, oldest first, while new
+/// connections are still taken in. 256 connections held cost the agent 256 descriptors and
+/// about 1.5 MiB (measured in RELIABILITY.md, "The endpoints under a connection flood").
+pub const CONNECTIONS: usize = 256;
+
+/// The fewest connections held at once, however low the descriptor limit.
+const FEWEST: usize = 16;
+
+/// How many connections are held at once under a soft descriptor limit of `nofile`: an eighth
+/// of it, between `FEWEST` and `CONNECTIONS`. Under the unit file's 65,536 that is 256; under
+/// the 1,024 a shell usually gives, 128, which leaves the rest for the agent's own work (its
+/// cache of 256 directories and a batch of 512 files, the store, the watchers), so a flood can
+/// never take the descriptors the files it manages need.
+pub fn connections_for(nofile: u64) -> usize {
+    usize::try_from(nofile / 8).unwrap_or(usize::MAX).clamp(FEWEST, CONNECTIONS)
+}
+
+/// How many connections may wait in the kernel's listen queue for the loop to accept them (the
+/// kernel takes at most `net.core.somaxconn`). The loop accepts at once, so the queue only
+/// fills when connections come faster than it runs: larger than std's 128, so a burst of a
+/// thousand connects is queued rather than dropped (a dropped SYN is retried after a second,
+/// which a probe with a one-second limit cannot wait for).
+const BACKLOG: u32 = 1024;
 
 /// How long a client has, from its connection's acceptance, to send its whole request. A
 /// scraper sends it at once; a client that trickles bytes (slowloris) or sends nothing is cut
-/// off here, so it holds a slot for this long at most.
+/// off here, so it holds a connection for this long at most, and less under a flood.
 pub const REQUEST_LIMIT: Duration = Duration::from_secs(5);
 
 /// How long writing an answer may take, for a client that does not read it.
@@ -40,38 +67,106 @@ pub async fn serve(
     health: Health,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = TcpListener::bind(addr).await?;
+    let most = connections_for(crate::system::descriptor_limit());
+    serve_holding(addr, most, metrics, health, shutdown).await
+}
+
+/// Listens on `addr` with the larger backlog; the socket is made by hand for that, since
+/// `TcpListener::bind` always asks for 128.
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    // As `TcpListener::bind` does: a restarted agent binds its port again at once, rather than
+    // failing while the last one's connections are in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
+/// `serve`, holding at most `most` connections at once.
+async fn serve_holding(
+    addr: SocketAddr,
+    most: usize,
+    metrics: Arc<Metrics>,
+    health: Health,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = listen(addr)?;
     let bound = listener.local_addr()?;
-    let slots = Arc::new(Semaphore::new(CONNECTIONS));
     let task = tokio::spawn(async move {
+        // Every connection held, owned by this loop alone, so counting them and choosing the
+        // one to drop need no lock. Returning drops the set, which ends every connection.
+        let mut held = Held::default();
         loop {
-            // A slot before the connection, not after: a connection accepted only to be closed
-            // for want of a slot would still cost a descriptor while it lasts, and a client
-            // refused that way retries at once. The semaphore is never closed.
-            let slot = tokio::select! {
+            tokio::select! {
                 _ = shutdown.cancelled() => return,
-                slot = Arc::clone(&slots).acquire_owned() => slot,
-            };
-            let Ok(slot) = slot else { return };
-            let accepted = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                accepted = listener.accept() => accepted,
-            };
-            let Ok((stream, _)) = accepted else {
-                // Out of descriptors, most likely: wait rather than spin.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            };
-            let metrics = Arc::clone(&metrics);
-            let health = Arc::clone(&health);
-            tokio::spawn(async move {
-                // Held until the connection is done, whichever way it ends.
-                let _slot = slot;
-                let _ = respond(stream, &metrics, &health).await;
-            });
+                Some(ended) = held.tasks.join_next_with_id(), if !held.tasks.is_empty() => {
+                    held.forget(ended);
+                }
+                accepted = listener.accept() => {
+                    let Ok((stream, _)) = accepted else {
+                        // Out of descriptors, most likely: wait rather than spin.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    held.make_room(most).await;
+                    let (metrics, health) = (Arc::clone(&metrics), Arc::clone(&health));
+                    let task = held.tasks.spawn(async move {
+                        let _ = respond(stream, &metrics, &health).await;
+                    });
+                    held.by_age.push_back(task);
+                }
+            }
         }
     });
     Ok((bound, task))
+}
+
+/// The connections being served, and the order they were accepted in.
+///
+/// Why drop the oldest rather than refuse the newest: a connection refused (or left in the
+/// listen queue) is the one a probe just made, so a flood that holds every place blinds the
+/// agent's health for as long as it likes; dropping the oldest keeps every place for the newest
+/// connections, and a flood then only shortens the time its own connections live, never a
+/// probe's (a probe would have to wait behind `most` newer connections before sending its
+/// request). Why not a request deadline that shrinks under load instead: it bounds how long
+/// each connection lives, not how many are held, so the descriptors taken would still grow
+/// with the rate of the flood; a cap bounds them by a number, and the oldest is the one
+/// nearest its deadline anyway.
+#[derive(Default)]
+struct Held {
+    /// The connections' tasks, each holding its stream: a task ended, by its answer, a time
+    /// limit or being aborted, has closed its connection.
+    tasks: JoinSet<()>,
+    /// The connections still held, oldest first. A connection aborted is taken out at once,
+    /// one ended by itself when its end is collected.
+    by_age: VecDeque<AbortHandle>,
+}
+
+impl Held {
+    /// Drops the oldest connections until fewer than `most` are held, so that with the one
+    /// being accepted there are at most `most`. Each is waited for, so its descriptor is closed
+    /// before the next connection is taken in: the bound is on descriptors, not intentions.
+    async fn make_room(&mut self, most: usize) {
+        while self.tasks.len() >= most.max(1) {
+            if let Some(oldest) = self.by_age.pop_front() {
+                oldest.abort();
+            }
+            // The one aborted, or another that ended meanwhile: either way one fewer is held.
+            match self.tasks.join_next_with_id().await {
+                Some(ended) => self.forget(ended),
+                None => return,
+            }
+        }
+    }
+
+    /// Takes a connection whose task has ended out of the order (a scan of at most `most`).
+    fn forget(&mut self, ended: Result<(tokio::task::Id, ()), tokio::task::JoinError>) {
+        let id = match ended {
+            Ok((id, ())) => id,
+            Err(e) => e.id(),
+        };
+        self.by_age.retain(|task| task.id() != id);
+    }
 }
 
 /// Reads a request's head (up to the blank line), or `None` when the client closed first or
@@ -127,4 +222,75 @@ async fn respond(mut stream: TcpStream, metrics: &Metrics, health: &Health) -> s
         stream.shutdown().await
     };
     tokio::time::timeout(ANSWER_LIMIT, answer).await.unwrap_or(Ok(()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Write as _};
+    use std::net::TcpStream;
+
+    use super::*;
+
+    /// Whether the daemon's end of `s` is still open: nothing to read yet, and no end of file.
+    fn open(s: &TcpStream) -> bool {
+        s.set_nonblocking(true).unwrap();
+        let open = matches!((&*s).read(&mut [0u8; 16]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        s.set_nonblocking(false).unwrap();
+        open
+    }
+
+    fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn the_connections_held_are_an_eighth_of_the_descriptor_limit_within_bounds() {
+        assert_eq!(connections_for(0), FEWEST);
+        assert_eq!(connections_for(64), FEWEST);
+        assert_eq!(connections_for(1024), 128);
+        assert_eq!(connections_for(65_536), CONNECTIONS);
+        assert_eq!(connections_for(u64::MAX), CONNECTIONS);
+    }
+
+    /// Issue 22, point 6: past the limit, the oldest connection is dropped and the newest is
+    /// answered; before, the newest waited in the listen queue for a slot the idle ones held.
+    #[test]
+    fn past_the_limit_the_oldest_connection_is_dropped_and_a_probe_answered() {
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let health: Health = Arc::new(|| Ok(()));
+        let (addr, task) = runtime
+            .block_on(serve_holding(
+                "127.0.0.1:0".parse().unwrap(),
+                4,
+                Arc::new(Metrics::new()),
+                health,
+                shutdown.clone(),
+            ))
+            .unwrap();
+        // Four idle connections fill the places; each is in once the server could read it.
+        let idle: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(idle.iter().all(open), "four idle connections are held");
+        // A fifth comes in, and the first goes.
+        let fifth = TcpStream::connect(addr).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(idle.iter().map(open).collect::<Vec<_>>(), [false, true, true, true]);
+        assert!(open(&fifth));
+        // A probe is answered at once, in the place of the second.
+        assert!(get(addr, "/healthz").ends_with("\r\n\r\nok\n"));
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(idle.iter().map(open).collect::<Vec<_>>(), [false, false, true, true]);
+        assert!(open(&fifth));
+        shutdown.cancel();
+        runtime.block_on(task).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!open(&fifth), "shutdown ends every connection");
+    }
 }

@@ -48,6 +48,9 @@ pub struct Metrics {
     pub watcher_up: Family<Labels, Gauge>,
     /// `mesh_host_declaration_refusals_total`: declarations refused whole.
     pub declaration_refusals: Counter,
+    /// `mesh_host_declaration_refused`: 1 while the declaration in force is refused whole on
+    /// this machine (a firewall found in force that the host cannot manage), 0 otherwise.
+    pub declaration_refused: Gauge,
     /// Reconciles that panicked: each failed its key, and the daemon went on.
     pub panics: Counter,
     /// State-store writes that failed: what was applied is on the machine but not recorded.
@@ -131,6 +134,7 @@ impl Metrics {
             last_apply_success: Gauge::default(),
             watcher_up: Family::default(),
             declaration_refusals: Counter::default(),
+            declaration_refused: Gauge::default(),
             panics: Counter::default(),
             store_write_failures: Counter::default(),
             scheduled_runs: Family::default(),
@@ -232,8 +236,13 @@ impl Metrics {
         );
         registry.register(
             "mesh_host_declaration_refusals",
-            "Declarations refused (invalid, or half-written); the previous one stays in force",
+            "Declarations refused: invalid or half-written (the previous one stays in force), or refused on this machine by a found firewall (counted when the refusal begins)",
             self.declaration_refusals.clone(),
+        );
+        registry.register(
+            "mesh_host_declaration_refused",
+            "1 while the declaration is refused whole on this machine (a firewall found in force that the host cannot manage): nothing of it is applied",
+            self.declaration_refused.clone(),
         );
         registry.register(
             "mesh_host_panics",

@@ -249,3 +249,103 @@ fn ten_thousand_found_files_are_each_held_and_remembered() {
     assert!(report["outcomes"].as_array().unwrap().iter().all(|o| o["action"] == "held"));
     assert_eq!(read(&s.path("found/d7/f7")), "theirs 7\n");
 }
+
+/// What an untaken module would write into a held directory is held too (issue 21, item 2):
+/// a file, a directory and an archive inside the operator's data directory are not made there,
+/// decided again at each pass and never remembered, so they are made once the module is taken;
+/// the directory's own outcome then says it was taken over.
+#[test]
+fn what_would_be_written_into_a_held_directory_is_held_and_made_once_taken() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path("pg/data")).unwrap();
+    std::fs::write(s.path("pg/data/PG_VERSION"), "15\n").unwrap();
+    let archive = {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(3);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, "x", &b"v1\n"[..]).unwrap();
+        b.into_inner().unwrap()
+    };
+    use base64::Engine as _;
+    let resources = json!([
+        {"type": "directory", "id": "pg.data", "path": s.p("pg/data"), "mode": "0700"},
+        {"type": "file", "id": "pg.conf", "path": s.p("pg/data/postgresql.conf"), "content": "the mesh's\n"},
+        {"type": "directory", "id": "pg.wal", "path": s.p("pg/data/wal")},
+        {"type": "archive", "id": "pg.ext", "path": s.p("pg/data/ext"),
+         "bytes": base64::engine::general_purpose::STANDARD.encode(&archive)},
+        // Beside the held directory, not in it: made as on any node.
+        {"type": "file", "id": "pg.motd", "path": s.p("pg/motd"), "content": "hello\n"},
+    ]);
+    let d = adopted(&s, &[], resources.clone());
+    for (pass, beside) in [("first", "created"), ("second", "unchanged")] {
+        let (code, report) = s.apply(&d);
+        assert_eq!(code, 0, "{pass}: {report:#}");
+        assert_eq!(action(&report, "pg.data"), "held", "{pass}: {report:#}");
+        for id in ["pg.conf", "pg.wal", "pg.ext"] {
+            assert_eq!(action(&report, id), "held", "{pass}: {id}: {report:#}");
+            let detail = detail(&report, id);
+            assert!(
+                detail.contains(&format!("written into directory {}", s.p("pg/data")))
+                    && detail.contains("pg.data"),
+                "{pass}: {id}: the detail names what it would have acted on: {detail}"
+            );
+        }
+        assert_eq!(action(&report, "pg.motd"), beside, "{pass}: {report:#}");
+        assert!(
+            !s.path("pg/data/postgresql.conf").exists(),
+            "{pass}: nothing written into the held directory"
+        );
+        assert!(!s.path("pg/data/wal").exists() && !s.path("pg/data/ext").exists(), "{pass}");
+        let st = store(&s);
+        assert!(st["held"]["pg.data"].is_object(), "{st:#}");
+        assert!(st["held"]["pg.conf"].is_null(), "decided at each pass, never remembered: {st:#}");
+    }
+
+    // Taken: the directory is the host's now, and what goes into it is made.
+    let d = adopted(&s, &["pg"], resources);
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "pg.data"), "updated", "{report:#}");
+    assert!(detail(&report, "pg.data").starts_with("taken over"), "{report:#}");
+    assert_eq!(action(&report, "pg.conf"), "created", "{report:#}");
+    assert!(!detail(&report, "pg.conf").contains("taken over"), "it was never held as found: {report:#}");
+    assert_eq!(read(&s.path("pg/data/postgresql.conf")), "the mesh's\n");
+    assert_eq!(read(&s.path("pg/data/PG_VERSION")), "15\n", "the operator's data is left");
+}
+
+/// The daemon says a hold when it begins and when it ends, not at every pass (issue 21, item
+/// 4): resyncs every second over a held file write its line once, a hand-edit of the held file
+/// is left and not said again, and taking the module says the hold ended, once.
+#[test]
+fn the_daemon_logs_a_hold_when_it_begins_and_ends_not_at_every_pass() {
+    let s = Scratch::new();
+    std::fs::write(s.path("app.conf"), "the operator's\n").unwrap();
+    let resources = json!([
+        {"type": "file", "id": "app.conf", "path": s.p("app.conf"), "content": "the mesh's\n"},
+    ]);
+    let d = adopted(&s, &[], resources.clone());
+    let daemon = crate::support::Daemon::start(&s, &d, &["--resync", "1"]);
+    let full_passes = || daemon.metric("mesh_host_reconcile_duration_seconds_count{scope=\"full\"}");
+    assert!(wait_for(PATIENCE, || full_passes() >= 4.0), "resyncs ran:\n{}", daemon.log());
+    std::fs::write(s.path("app.conf"), "the operator's, edited\n").unwrap();
+    assert!(wait_for(PATIENCE, || full_passes() >= 6.0), "{}", daemon.log());
+    let log = daemon.log();
+    assert_eq!(log.matches("held app.conf").count(), 1, "a hold is said once:\n{log}");
+    assert_eq!(read(&s.path("app.conf")), "the operator's, edited\n", "a held file is left as it is");
+    assert_eq!(daemon.metric("mesh_host_resources{type=\"file\",state=\"held\"}"), 1.0, "and it is a gauge");
+
+    adopted(&s, &["app"], resources);
+    assert!(
+        wait_for(PATIENCE, || read(&s.path("app.conf")) == "the mesh's\n"),
+        "taken, the file is the host's:\n{}",
+        daemon.log()
+    );
+    assert!(wait_for(PATIENCE, || daemon.log().contains("no longer held: app.conf")), "{}", daemon.log());
+    assert!(wait_for(PATIENCE, || full_passes() >= 9.0), "{}", daemon.log());
+    let log = daemon.log();
+    assert_eq!(log.matches("no longer held: app.conf").count(), 1, "{log}");
+    assert!(log.contains("taken over: held as found until its module was taken"), "{log}");
+    assert_eq!(daemon.metric("mesh_host_resources{type=\"file\",state=\"held\"}"), 0.0);
+}

@@ -312,6 +312,78 @@ fn access_is_confirmed_never_created() {
     assert!(s.path("media").exists());
 }
 
+/// A directory declared without `mode` is 0755 (the reference's default), and kept so: one
+/// found with another mode, with no record of the host's, is set to it, and a chmod by hand is
+/// put back to it. Made first at 0700, so the 0755 seen is the default's, not `mkdir`'s under
+/// the umask.
+#[test]
+fn a_directory_without_a_mode_is_0755() {
+    let s = Scratch::new();
+    std::fs::create_dir(s.path("found")).unwrap();
+    Command::new("chmod").arg("0700").arg(s.path("found")).status().unwrap();
+    let d = s.declare(json!([
+        {"type": "directory", "id": "a.found", "path": s.p("found")},
+        {"type": "directory", "id": "a.made", "path": s.p("made/below")},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "a.found"), "updated");
+    assert_eq!(detail(&report, "a.found"), "mode 0700 to 0755");
+    assert_eq!(mode_of(&s.path("found")), 0o755);
+    assert_eq!(action(&report, "a.made"), "created");
+    assert_eq!(mode_of(&s.path("made/below")), 0o755);
+
+    Command::new("chmod").arg("0750").arg(s.path("made/below")).status().unwrap();
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "a.found"), "unchanged");
+    assert_eq!(action(&report, "a.made"), "corrected");
+    assert_eq!(mode_of(&s.path("made/below")), 0o755);
+}
+
+/// An access whose path is not a directory (a regular file, or a symlink, even to a
+/// directory) fails that resource, naming the path, and leaves what is there as it was; the
+/// rest of the declaration applies, and nothing is recorded for the access.
+#[test]
+fn an_access_path_that_is_not_a_directory_fails_and_is_left_alone() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let s = Scratch::new();
+    std::fs::write(s.path("media"), "a file").unwrap();
+    std::fs::set_permissions(s.path("media"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::create_dir(s.path("real")).unwrap();
+    std::os::unix::fs::symlink(s.path("real"), s.path("linked")).unwrap();
+    let d = s.declare(json!([
+        {"type": "access", "id": "media.lib", "path": s.p("media"), "mode": "read"},
+        {"type": "access", "id": "media.linked", "path": s.p("linked"), "mode": "write"},
+        {"type": "file", "id": "media.conf", "path": s.p("media.conf"), "content": "x"},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1, "{report:#}");
+    let failures = report["error"]["failures"].as_array().unwrap();
+    let message = |id: &str| {
+        failures.iter().find(|f| f["id"] == id).unwrap_or_else(|| panic!("{id}: {report:#}"))["message"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(failures.len(), 2, "{report:#}");
+    for (id, path) in [("media.lib", "media"), ("media.linked", "linked")] {
+        assert_eq!(
+            message(id),
+            format!("{} is not a directory; an access names a directory the operator provides", s.p(path))
+        );
+    }
+    assert_eq!(action(&report, "media.conf"), "created", "the rest applies");
+    assert_eq!(std::fs::read_to_string(s.path("media")).unwrap(), "a file");
+    assert_eq!(mode_of(&s.path("media")), 0o640);
+    assert_eq!(std::fs::read_link(s.path("linked")).unwrap(), s.path("real"), "the symlink is left");
+    let store: serde_json::Value = serde_json::from_slice(&std::fs::read(s.state()).unwrap()).unwrap();
+    assert!(
+        store["records"]["media.lib"].is_null() && store["records"]["media.linked"].is_null(),
+        "{store:#}"
+    );
+}
+
 /// A tar archive from (name, content) pairs, names written raw so that hostile ones can be made.
 fn tar_of(entries: &[(&str, &[u8])]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());

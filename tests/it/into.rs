@@ -458,8 +458,23 @@ fn the_daemon_corrects_a_hand_edit_of_an_owned_key_filled_from_a_secret() {
     // reconciled the file after the edit (its count of single-resource reconciles moves), not
     // after a pause that a slow machine could outlast.
     let reconciles = r#"mesh_host_reconcile_duration_seconds_count{scope="resource"}"#;
-    let (looked, drift) =
-        (daemon.metric(reconciles), daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}"));
+    let counts =
+        || (daemon.metric(reconciles), daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}"));
+    // The rewrite may have woken the daemon twice (the truncation, then the write): once the
+    // file reads as set, a second correction can still be on its way. Sampled once the counts
+    // have stood still for a moment, so a late correction of the rewrite is not taken for
+    // this edit's.
+    let mut before = counts();
+    assert!(
+        wait_for(PATIENCE, || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let now = counts();
+            std::mem::replace(&mut before, now) == now
+        }),
+        "the daemon never settled:\n{}",
+        daemon.log()
+    );
+    let (looked, drift) = before;
     let other = set.replace("DB_HOST=db", "DB_HOST=db2");
     std::fs::write(&path, &other).unwrap();
     assert!(

@@ -27,6 +27,7 @@ mod into;
 mod malformed;
 mod operator;
 mod packages;
+mod refusal;
 mod reliability;
 mod schema;
 mod secrets;

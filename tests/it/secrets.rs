@@ -387,6 +387,55 @@ fn without_a_key_the_files_carrying_secrets_fail_naming_it_and_the_rest_applies(
     assert!(!s.path("etc/app.key").exists() && !s.path("etc/app.env").exists());
 }
 
+/// A file carrying a secret that is untouched since the host last found it as declared is not
+/// opened: with the key file taken away, a steady apply still finds both files `unchanged` and
+/// exits 0, where opening either would fail naming the missing key. Once one of them is touched
+/// it must be compared, so it is opened, and without the key it fails; the other is still not.
+#[test]
+fn an_untouched_file_carrying_a_secret_is_not_opened() {
+    let s = Scratch::new();
+    let public = keygen(&s);
+    let d = s.declare(serde_json::json!([
+        {"type": "file", "id": "db.password", "path": s.p("etc/db/password"), "sealed": seal(&public, b"hunter2")},
+        {"type": "file", "id": "db.env", "path": s.p("etc/db/env"), "content": "PASSWORD=${secret:pw}\n",
+         "secrets": {"pw": seal(&public, b"hunter2")}},
+    ]));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    // Old enough for their signatures to be trusted, then recorded by a steady pass.
+    std::thread::sleep(std::time::Duration::from_millis(120));
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    let store: serde_json::Value = serde_json::from_str(&store_text(&s)).unwrap();
+    for id in ["db.password", "db.env"] {
+        assert_eq!(action(&report, id), "unchanged", "{report:#}");
+        assert!(store["records"][id]["sig"].is_array(), "{id} is signed: {store:#}");
+    }
+
+    let away = s.path("sealing.key.away");
+    std::fs::rename(key_of(&s), &away).unwrap();
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "an untouched file was opened without its key:\n{report:#}");
+    assert_eq!(action(&report, "db.password"), "unchanged");
+    assert_eq!(action(&report, "db.env"), "unchanged");
+
+    // Touched (the same bytes written again: a new change time), it must be compared.
+    std::fs::write(s.path("etc/db/env"), "PASSWORD=hunter2\n").unwrap();
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 1, "{report:#}");
+    let failures = report["error"]["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{report:#}");
+    assert_eq!(failures[0]["id"], "db.env");
+    assert!(failures[0]["message"].as_str().unwrap().contains("mesh-host keygen"), "{report:#}");
+    assert_eq!(action(&report, "db.password"), "unchanged");
+
+    std::fs::rename(&away, key_of(&s)).unwrap();
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "db.env"), "unchanged", "what was written again is what is declared");
+    assert_eq!(std::fs::read_to_string(s.path("etc/db/env")).unwrap(), "PASSWORD=hunter2\n");
+}
+
 /// Every place an opened value could leak to, searched for a planted secret and its plain
 /// sha256 (issue 9, item 6): the reports and logs at trace level, as text and as JSON, of
 /// apply, plan and status; a daemon's logs, metrics, and /proc cmdline, environ and content

@@ -789,6 +789,49 @@ fn on_an_adopted_node_units_packages_and_users_of_untaken_modules_are_held() {
     t.clean(&[&unit, &taken, &proc_unit], &[]);
 }
 
+/// A process or service of an untaken module that would run a program from a held directory,
+/// be restarted by a held file, or whose unit file is held, is held and not started (issue 21,
+/// item 2), against the systemd testbed.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn on_an_adopted_node_units_that_would_run_over_what_is_held_are_held() {
+    let t = testbed();
+    let proc_name = unique("mh-it-overproc");
+    let proc_unit = format!("mesh-host-{proc_name}.service");
+    let restarted = format!("{}.service", unique("mh-it-overrestart"));
+    let with_file = format!("{}.service", unique("mh-it-overfile"));
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path("opt/bin")).unwrap();
+    std::fs::write(s.path("opt/bin/tool"), "#!/bin/sh\n").unwrap();
+    std::fs::write(s.path("app.conf"), "theirs\n").unwrap();
+    let unit_file = t.path(&format!("/etc/systemd/system/{with_file}"));
+    let d = s.path("adopted.json");
+    let declaration = json!({"version": 1, "adoption": {"taken": []}, "resources": [
+        {"type": "directory", "id": "app.opt", "path": s.p("opt")},
+        {"type": "file", "id": "app.conf", "path": s.p("app.conf"), "content": "mesh\n"},
+        {"type": "file", "id": "app.unit", "path": unit_file, "content": sleeper("")},
+        {"type": "process", "id": "app.tool", "name": proc_name, "command": [s.p("opt/bin/tool")]},
+        {"type": "service", "id": "app.svc", "unit": restarted, "state": "running", "restart-on": ["app.conf"]},
+        {"type": "service", "id": "app.unitsvc", "unit": with_file, "state": "running"},
+    ]});
+    // The unit file found on the machine, the operator's.
+    t.unit(&with_file, &sleeper(""));
+    std::fs::write(&d, serde_json::to_vec(&declaration).unwrap()).unwrap();
+    let (code, report) = apply_on(&s, &t.bus(), &d);
+    assert_eq!(code, 0, "{report:#}");
+    for id in ["app.opt", "app.conf", "app.unit", "app.tool", "app.svc", "app.unitsvc"] {
+        assert_eq!(action(&report, id), "held", "{id}: {report:#}");
+    }
+    assert!(
+        detail(&report, "app.tool").contains(&format!("run {} from {}", s.p("opt/bin/tool"), s.p("opt"))),
+        "{report:#}"
+    );
+    assert!(detail(&report, "app.svc").contains("restarted by a change of app.conf"), "{report:#}");
+    assert_ne!(t.active(&proc_unit), "active", "the process was not started");
+    assert_ne!(t.active(&with_file), "active", "the service whose unit file is held was not started");
+    t.clean(&[&proc_unit, &restarted, &with_file], &[]);
+}
+
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn the_daemon_starts_again_a_unit_stopped_by_hand() {

@@ -2,8 +2,9 @@
 //!
 //! `nft monitor` prints one line per change to the ruleset of the namespace it runs in (`add
 //! rule inet mesh_host input ...`, `delete table inet mesh_host`). A line naming the watched
-//! table becomes a [`Change::Firewall`]; the controller decides what that means. Many lines
-//! come from one load; the work queue merges the keys they make.
+//! table becomes a [`Change::Firewall`], any other change a [`Change::Ruleset`]; the controller
+//! decides what that means. Many lines come from one load; the work queue merges the keys they
+//! make.
 //!
 //! When nft exits (it was killed, or the netlink socket overflowed), the task says
 //! [`Change::Up`] `false`, starts it again after a capped exponential backoff, and once it runs
@@ -42,6 +43,13 @@ pub fn about(line: &str, names: &str) -> bool {
     })
 }
 
+/// Whether a line of `nft monitor` is a change elsewhere in the ruleset: any line that is not a
+/// comment (`# new generation 12 by process 99 (nft)`) nor empty.
+pub fn elsewhere(line: &str) -> bool {
+    let line = line.trim();
+    !line.is_empty() && !line.starts_with('#')
+}
+
 async fn run(names: String, tx: mpsc::UnboundedSender<Change>) {
     let mut wait = BACKOFF_FIRST;
     let mut started_before = false;
@@ -74,7 +82,12 @@ async fn run(names: String, tx: mpsc::UnboundedSender<Change>) {
                         line = lines.next_line() => match line {
                             Ok(Some(line)) => {
                                 wait = BACKOFF_FIRST;
-                                if about(&line, &names) && tx.send(Change::Firewall).is_err() {
+                                let change = if about(&line, &names) {
+                                    Some(Change::Firewall)
+                                } else {
+                                    elsewhere(&line).then_some(Change::Ruleset)
+                                };
+                                if change.is_some_and(|c| tx.send(c).is_err()) {
                                     return;
                                 }
                             }
@@ -100,7 +113,7 @@ async fn run(names: String, tx: mpsc::UnboundedSender<Change>) {
 
 #[cfg(test)]
 mod tests {
-    use super::about;
+    use super::{about, elsewhere};
 
     #[test]
     fn only_lines_about_the_table_count() {
@@ -114,5 +127,13 @@ mod tests {
         assert!(!about("add rule inet mesh_host2 input tcp dport 1 accept", names));
         assert!(!about("add rule ip filter INPUT tcp dport 22 accept", names));
         assert!(!about("# new generation 12 by process 99 (nft)", names));
+    }
+
+    #[test]
+    fn a_change_elsewhere_is_any_line_but_a_comment() {
+        assert!(elsewhere("add rule ip filter ufw-user-input tcp dport 22 accept"));
+        assert!(elsewhere("delete table ip guard"));
+        assert!(!elsewhere("# new generation 12 by process 99 (nft)"));
+        assert!(!elsewhere("   "));
     }
 }

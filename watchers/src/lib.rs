@@ -42,6 +42,10 @@ pub enum Change {
     /// The watched nftables table changed: a table, chain, set or rule in it was added or
     /// deleted, by anyone (the agent's own loads included).
     Firewall,
+    /// Something else in the ruleset changed: a table, chain or rule outside the watched table
+    /// (another firewall enabled or disabled, a foreign table removed, Docker's rules). Many
+    /// come from one change; the controller decides whether any matters.
+    Ruleset,
     /// A declaration source changed and has since been still for the quiet period: time to
     /// read it. The watcher does not read it; the controller does, through its own checks.
     SourceChanged {

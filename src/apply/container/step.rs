@@ -130,11 +130,24 @@ pub fn installed_steps(declaration: &Declaration, store: &Store, key: &Path) -> 
         .filter_map(|(id, _)| {
             let r = declaration.get(id)?;
             let Spec::Container(c) = &r.spec else { return None };
+            // Installed before its module came to hold something: held now, so not run.
+            if module_holds(declaration, store, r) {
+                return None;
+            }
             let rec = store.get(id.as_str()).filter(|rec| rec.kind == Kind::Container)?;
             let want = spec(declaration, c, None, &keyed_with(declaration, c, &mut ring).ok()?);
             (rec.spec() == Some(want.as_str())).then(|| (id.clone(), want))
         })
         .collect()
+}
+
+/// Whether `r`'s module is not taken on an adopted node and holds something (remembered in the
+/// store): its steps are held, as `adopt::held_step` decides in a pass, whatever their record.
+fn module_holds(declaration: &Declaration, store: &Store, r: &crate::declaration::Resource) -> bool {
+    let Some(adoption) = declaration.adoption.as_ref() else { return false };
+    let module = r.id.module();
+    !adoption.taken.iter().any(|m| m == module)
+        && store.holds().any(|(id, _)| declaration.find(id).is_some_and(|h| h.id.module() == module))
 }
 
 /// Runs one scheduled step to completion: what the daemon's scheduler calls at each fire.
@@ -164,4 +177,46 @@ pub fn run_scheduled(
     ensure_image(&docker, c)?;
     run_step(&docker, r, c, &want, "scheduled step", limit)?;
     Ok(ScheduledRun { id: id.to_string(), took: started.elapsed() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scheduled step recorded before its module held anything is not installed once the
+    /// module holds something (issue 21, item 4), and is again once the module is taken.
+    #[test]
+    fn a_step_of_a_module_that_holds_something_is_not_installed() {
+        let parse = |taken: &str| {
+            Declaration::parse(
+                format!(
+                    r#"{{"version": 1, "adoption": {{"taken": [{taken}]}}, "resources": [
+                        {{"type": "file", "id": "db.conf", "path": "/srv/db.conf", "content": "x"}},
+                        {{"type": "container", "id": "db.backup", "name": "backup", "image": "i:1",
+                          "schedule": "0 3 * * *", "args": ["true"]}},
+                        {{"type": "container", "id": "ops.backup", "name": "opsbackup", "image": "i:1",
+                          "schedule": "0 3 * * *", "args": ["true"]}}
+                    ]}}"#
+                )
+                .as_bytes(),
+            )
+            .unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open(&dir.path().join("state.json")).unwrap();
+        let d = parse("");
+        let step = d.get(&Id::parse("db.backup").unwrap()).unwrap();
+        let other = d.get(&Id::parse("ops.backup").unwrap()).unwrap();
+        assert!(!module_holds(&d, &store, step), "the module holds nothing yet");
+        let held = crate::store::Held {
+            kind: Kind::File,
+            target: "/srv/db.conf".into(),
+            origin: crate::store::Origin::Declared,
+        };
+        store.hold("db.conf", held);
+        assert!(module_holds(&d, &store, step), "its module holds the file");
+        assert!(!module_holds(&d, &store, other), "another module's step is not held by it");
+        let taken = parse(r#""db""#);
+        assert!(!module_holds(&taken, &store, taken.get(&Id::parse("db.backup").unwrap()).unwrap()), "taken");
+    }
 }

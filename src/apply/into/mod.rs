@@ -57,7 +57,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     let template = f.content.as_deref().ok_or_else(|| Error::NoContent { path: path.to_owned() })?;
     let record =
         ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::File && *rec.target == *r.target());
-    let recorded = record.and_then(Record::into).filter(|m| m.format == format);
+    let recorded = record.and_then(Record::merged).filter(|m| m.format == format);
 
     // The hot path: a file whose signature is the one recorded when the host last found its
     // keys as declared, under this same declaration, has not been touched since. It is not
@@ -91,7 +91,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     } else if recorded.is_some_and(holds_sealed) {
         put_back_ring(ctx.machine, &ctx.opts.key)
     } else {
-        Err("no key was needed".to_owned())
+        Err(NoRing::NotNeeded)
     };
     let vault = Vault { ring: ring.clone(), path, key: &ctx.opts.key };
     let ring = ring.ok();
@@ -215,14 +215,36 @@ fn holds_sealed(merged: &Merged) -> bool {
     merged.was.values().any(|w| matches!(w, Some(Was::Sealed { .. })))
 }
 
+/// Why the `Vault` has no keyring: none was looked for, since nothing asked for one (nothing to
+/// open, nothing sealed to put back), or none could be had.
+#[derive(Clone, Debug)]
+enum NoRing {
+    /// Nothing asked for the key: a seal or an open then is the engine's mistake, said so.
+    NotNeeded,
+    /// There is no key file at the key's path.
+    NoKeyFile,
+    /// The key file could not be used: why, as the keyring says it.
+    Unusable(String),
+}
+
+impl std::fmt::Display for NoRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoRing::NotNeeded => f.write_str("no key was needed"),
+            NoRing::NoKeyFile => {
+                f.write_str("there is no key file (a new one made by `mesh-host keygen` would not open it)")
+            }
+            NoRing::Unusable(why) => f.write_str(why),
+        }
+    }
+}
+
 /// The node's keyring, to open a value recorded sealed, or why there is none.
-fn put_back_ring(machine: &mut Managers, key: &Path) -> Result<Arc<Keyring>, String> {
+fn put_back_ring(machine: &mut Managers, key: &Path) -> Result<Arc<Keyring>, NoRing> {
     match machine.keyring(key) {
         Ok(Some(ring)) => Ok(ring),
-        Ok(None) => {
-            Err("there is no key file (a new one made by `mesh-host keygen` would not open it)".to_owned())
-        }
-        Err(why) => Err(why.to_string()),
+        Ok(None) => Err(NoRing::NoKeyFile),
+        Err(why) => Err(NoRing::Unusable(why.to_string())),
     }
 }
 
@@ -230,7 +252,7 @@ fn put_back_ring(machine: &mut Managers, key: &Path) -> Result<Arc<Keyring>, Str
 /// recorded sealed, and opens it again to put it back; with the node's key, or why there is
 /// none usable.
 struct Vault<'a> {
-    ring: Result<Arc<Keyring>, String>,
+    ring: Result<Arc<Keyring>, NoRing>,
     /// The `into` file, for errors.
     path: &'a Path,
     /// Where the node's key is looked for, for errors.
@@ -253,7 +275,7 @@ impl Seal for Vault<'_> {
     fn seal(&self, owned: &str, plain: &str) -> Result<Was, Error> {
         let failed =
             |why: String| Error::IntoSeal { path: self.path.to_owned(), owned: owned.to_owned(), why };
-        let ring = self.ring.as_ref().map_err(|why| failed(why.clone()))?;
+        let ring = self.ring.as_ref().map_err(|why| failed(why.to_string()))?;
         let sealed =
             crate::secrets::seal(&ring.public_key(), plain.as_bytes()).map_err(|e| failed(e.to_string()))?;
         Ok(Was::Sealed { sealed })
@@ -285,7 +307,7 @@ impl Seal for Vault<'_> {
 
 impl Vault<'_> {
     fn open(&self, owned: &str, sealed: &str) -> Result<Opened, Error> {
-        let ring = self.ring.as_ref().map_err(|why| self.cannot_open(owned, why.clone()))?;
+        let ring = self.ring.as_ref().map_err(|why| self.cannot_open(owned, why.to_string()))?;
         ring.open(sealed).map_err(|e| self.cannot_open(owned, e.to_string()))
     }
 
@@ -483,8 +505,7 @@ pub(super) fn remove(
     let Some((meta, found)) = read(fs, path, merged.format)? else {
         return Ok((Verb::Forgotten, Some("no longer declared, and the file is no longer there".to_owned())));
     };
-    let ring =
-        if holds_sealed(merged) { put_back_ring(machine, key) } else { Err("no key was needed".to_owned()) };
+    let ring = if holds_sealed(merged) { put_back_ring(machine, key) } else { Err(NoRing::NotNeeded) };
     let vault = Vault { ring, path, key };
     let mut doc = found.clone();
     let mut restored = Vec::new();

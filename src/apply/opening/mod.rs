@@ -204,6 +204,7 @@ impl Pass<'_> {
                     message: failure.message.clone(),
                     others: 0,
                     gated: false,
+                    refused: true,
                     failures: vec![failure],
                 })
             }

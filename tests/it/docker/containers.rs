@@ -157,6 +157,48 @@ fn docker_reads_are_found_by_name_when_a_new_id_takes_the_container_over() {
     assert_ne!(DOCKER.id(&db), before);
 }
 
+/// Genesis bytes reconcile: a file written before any declaration named it (at first boot, by
+/// hand) is read from the disk by the container that mounts it; declared later with the same
+/// bytes, it is `unchanged`, and its record says what the container was created reading, so the
+/// container is not recreated. The bytes are binary, declared as `bytes`.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_a_file_written_before_it_was_declared_and_declared_with_the_same_bytes_recreates_nothing() {
+    let n = Names::new(DOCKER, "genesis");
+    let s = Scratch::new();
+    let web = n.container("web");
+    let genesis: &[u8] = &[0, 1, 2, 0xfe, 0xff, b'\n'];
+    std::fs::write(s.path("seed.bin"), genesis).unwrap();
+    let container = json!({"type": "container", "id": "web.app", "name": web, "image": IMAGE, "args": SERVE,
+                           "volumes": [format!("{}:/run/seed.bin:ro", s.p("seed.bin"))]});
+    let report = applied(&s, &declare_as(&s, "before.json", json!([container])));
+    assert_eq!(action(&report, "web.app"), "created", "{report:#}");
+    let read = record(&s, "web.app")["reads"][s.p("seed.bin")].clone();
+    assert!(read.as_str().is_some_and(|d| d.starts_with("sha256:")), "read from the disk: {read}");
+    let before = DOCKER.id(&web);
+
+    let declared = declare_as(
+        &s,
+        "after.json",
+        json!([
+            {"type": "file", "id": "web.seed", "path": s.p("seed.bin"), "bytes": base64::Engine::encode(&base64::engine::general_purpose::STANDARD, genesis)},
+            container,
+        ]),
+    );
+    let report = applied(&s, &declared);
+    assert_eq!(action(&report, "web.seed"), "unchanged", "{report:#}");
+    assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
+    assert_eq!(DOCKER.id(&web), before, "the container was recreated");
+    assert_eq!(record(&s, "web.seed")["wrote"], read, "the file's record is of the bytes the container read");
+    assert_eq!(record(&s, "web.app")["reads"][s.p("seed.bin")], read);
+    assert_eq!(std::fs::read(s.path("seed.bin")).unwrap(), genesis);
+
+    // And the next apply, now reading the digest from the file's record, agrees.
+    let report = applied(&s, &declared);
+    assert_eq!(action(&report, "web.app"), "unchanged", "{report:#}");
+    assert_eq!(DOCKER.id(&web), before);
+}
+
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn docker_restart_on_recreates_when_the_named_resource_changed() {
@@ -470,6 +512,72 @@ fn adopted_node_holds_a_container_and_network_it_did_not_make_until_taken(rt: Cl
     assert_eq!(action(&report, "legacy.web"), "updated", "{report:#}");
     assert!(detail(&report, "legacy.web").contains("had not created"), "{report:#}");
     assert_ne!(rt.id(&web), before);
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_adopted_node_makes_no_container_over_what_it_holds() {
+    adopted_node_makes_no_container_over_what_it_holds(DOCKER);
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn podman_adopted_node_makes_no_container_over_what_it_holds() {
+    adopted_node_makes_no_container_over_what_it_holds(PODMAN_CLI);
+}
+
+/// A container of an untaken module that would mount a held data directory, read a held
+/// env-file or be restarted by a held file is held, and not created (issue 21, item 2): on a
+/// real node that is a second database started on the operator's live data. Once the module is
+/// taken, all of it is made.
+fn adopted_node_makes_no_container_over_what_it_holds(rt: Cli) {
+    let n = Names::new(rt, "adoptover");
+    let s = Scratch::new();
+    std::fs::create_dir(s.path("pgdata")).unwrap();
+    std::fs::write(s.path("pgdata/PG_VERSION"), "15\n").unwrap();
+    std::fs::write(s.path("pg.env"), "MODE=theirs\n").unwrap();
+    let (server, worker, cache) = (n.container("server"), n.container("worker"), n.container("cache"));
+    // A port of the machine the server binds by declaration, recorded as the container's holds.
+    let port = 20_000 + (std::process::id() % 20_000) as u16 + u16::from(rt.podman);
+    let declare = |taken: &[&str]| {
+        let path = s.path("adopted.json");
+        let d = json!({"version": 1, "adoption": {"taken": taken}, "resources": [
+            {"type": "directory", "id": "pg.data", "path": s.p("pgdata")},
+            {"type": "file", "id": "pg.env", "path": s.p("pg.env"), "content": "MODE=mesh\n"},
+            {"type": "container", "id": "pg.server", "name": server, "image": IMAGE, "args": SERVE,
+             "volumes": [format!("{}:/data", s.p("pgdata"))], "ports": [format!("127.0.0.1:{port}:80")]},
+            {"type": "container", "id": "pg.worker", "name": worker, "image": IMAGE, "args": SERVE,
+             "env-file": [s.p("pg.env")]},
+            {"type": "container", "id": "pg.cache", "name": cache, "image": IMAGE, "args": SERVE,
+             "restart-on": ["pg.env"]},
+        ]});
+        std::fs::write(&path, serde_json::to_vec_pretty(&d).unwrap()).unwrap();
+        path
+    };
+    let report = rt.applied(&s, &declare(&[]));
+    for (id, says) in [
+        ("pg.server", format!("mount or read {} over {}", s.p("pgdata"), s.p("pgdata"))),
+        ("pg.worker", format!("mount or read {} over {}", s.p("pg.env"), s.p("pg.env"))),
+        ("pg.cache", "restarted by a change of pg.env".to_owned()),
+    ] {
+        assert_eq!(action(&report, id), "held", "{id}: {report:#}");
+        assert!(detail(&report, id).contains(&says), "{id}: {says:?} in {report:#}");
+    }
+    for name in [&server, &worker, &cache] {
+        assert!(rt.inspect(name, "{{.Id}}").is_none(), "{name} was created over what is held");
+    }
+    assert_eq!(std::fs::read_to_string(s.path("pg.env")).unwrap(), "MODE=theirs\n");
+
+    let report = rt.applied(&s, &declare(&["pg"]));
+    for id in ["pg.server", "pg.worker", "pg.cache"] {
+        assert_eq!(action(&report, id), "created", "{id}: {report:#}");
+    }
+    assert!(detail(&report, "pg.env").starts_with("taken over"), "{report:#}");
+    for name in [&server, &worker, &cache] {
+        assert!(rt.inspect(name, "{{.Id}}").is_some(), "{name} is made once its module is taken");
+    }
+    assert_eq!(record(&s, "pg.server")["holds"], json!([port]), "the declared host port is recorded");
+    assert!(record(&s, "pg.worker")["holds"].is_null(), "none declared, none recorded");
 }
 
 /// On an adopted node nothing runs inside what the host holds: an action `in` a held container

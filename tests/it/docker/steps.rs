@@ -128,6 +128,44 @@ fn docker_scheduled_step_is_installed_not_run_then_run_by_the_scheduler() {
     assert_eq!(action(&report, "db.broken"), "unchanged");
 }
 
+/// A scheduled step whose schedule changes is re-installed (`updated`), not run: its record
+/// takes the new schedule, the scheduler runs it at the new declaration, and no longer at the
+/// old one, which it was installed at no more.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_a_changed_schedule_re_installs_a_scheduled_step() {
+    let n = Names::new(DOCKER, "resched");
+    let s = Scratch::new();
+    std::fs::create_dir(s.path("out")).unwrap();
+    let step = |schedule: &str| {
+        json!([{"type": "container", "id": "db.backup", "name": n.container("backup"), "image": IMAGE,
+                "schedule": schedule, "volumes": [format!("{}:/out", s.p("out"))],
+                "args": ["sh", "-c", "echo ran >> /out/log"]}])
+    };
+    let every_five = declare_as(&s, "every-five.json", step("*/5 * * * *"));
+    let nightly = declare_as(&s, "nightly.json", step("0 3 * * *"));
+    let report = applied(&s, &every_five);
+    assert_eq!(action(&report, "db.backup"), "created", "{report:#}");
+    let installed = record(&s, "db.backup")["spec"].clone();
+
+    let report = applied(&s, &nightly);
+    assert_eq!(action(&report, "db.backup"), "updated", "{report:#}");
+    assert!(
+        detail(&report, "db.backup")
+            .starts_with("scheduled step re-installed: its image, settings or cadence changed"),
+        "{report:#}"
+    );
+    assert_eq!(record(&s, "db.backup")["schedule"], "0 3 * * *");
+    assert_ne!(record(&s, "db.backup")["spec"], installed, "the schedule is part of the spec");
+    assert!(!s.path("out/log").exists(), "re-installing does not run it");
+    assert_eq!(action(&applied(&s, &nightly), "db.backup"), "unchanged");
+
+    let refused = fire(&s, &every_five, "db.backup").expect_err("installed at the old schedule no more");
+    assert!(refused.to_string().contains("is not installed at its current declaration"), "{refused}");
+    fire(&s, &nightly, "db.backup").expect("installed at the new schedule");
+    assert_eq!(std::fs::read_to_string(s.path("out/log")).unwrap(), "ran\n");
+}
+
 /// Regression (issue 11): a run-once step published its declared ports, so a step declared
 /// from its service's template (the same ports) clashed with the service already holding them
 /// and failed its gate. A step publishes no ports, and says so.
