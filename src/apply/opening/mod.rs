@@ -10,7 +10,13 @@
 //! - `ufw` and `firewalld`: the firewall found in force on an adopted node, where the openings
 //!   are made instead, and retired in the flip to the host's table.
 //! - `found`: which firewall is in force on an adopted node, looked for before anything else.
-//! - `driver`: the flip from a found firewall, the same for both.
+//! - `plan`: where the openings live (`Home`, as their records say it) and the pure `plan` of
+//!   what the step does about it: stay, make them in a found firewall, flip, go back, or wait.
+//! - `driver`: the one driver of the found firewalls over the `Filter` trait ufw and firewalld
+//!   implement (held, compare, put, read back), and the flip from either, the same for both.
+//!
+//! Architecture Invariant: where the filter lives is decided in `plan` alone, and only a full
+//! pass that failed nothing moves it between firewalls.
 //!
 //! Loading it last is the order rule (spec, "Firewalls"): what protects the node goes last on
 //! the way in. It also means a declaration that adds a service and its opening never has the
@@ -38,6 +44,7 @@ mod ufw;
 pub(super) use found::Found;
 use plan::{plan, Backend, Home, Move, Scope, Step};
 
+/// The transport of a declared protocol, as the machine layer names it.
 pub(super) fn transport(p: Protocol) -> Transport {
     match p {
         Protocol::Tcp => Transport::Tcp,
