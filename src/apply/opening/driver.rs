@@ -269,3 +269,167 @@ pub(super) fn flip_from<E: Clone>(
     }
     done
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::store::Origin;
+
+    /// A found firewall in memory: which openings it holds, which of them intact, which port
+    /// a rule of its own lets in, which put fails; and what was done to it, in order.
+    #[derive(Default)]
+    struct Fake {
+        holds: BTreeSet<String>,
+        intact: BTreeSet<String>,
+        own_port: Option<u16>,
+        put_fails: Option<&'static str>,
+        did: Vec<String>,
+    }
+
+    impl Filter for Fake {
+        type Seen = BTreeSet<String>;
+        type Want = ();
+        type Fault = String;
+        const HOME: Home = Home::Ufw;
+
+        fn error(fault: &Arc<String>) -> Error {
+            Error::UfwReadBack { id: "the fake".into(), differs: fault.to_string() }
+        }
+        fn read(&mut self) -> Result<BTreeSet<String>, String> {
+            self.did.push("read".into());
+            Ok(self.holds.clone())
+        }
+        fn lets_in(&self, _: &BTreeSet<String>, o: &Opening) -> bool {
+            self.own_port == Some(o.port.get())
+        }
+        fn want(&self, _: &str, _: &Opening) {}
+        fn compare(&mut self, _: &BTreeSet<String>, id: &str, (): &()) -> Result<Compared, String> {
+            let intact = self.intact.contains(id);
+            Ok(Compared { intact, change: !intact })
+        }
+        fn put(&mut self, _: &BTreeSet<String>, id: &str, (): &()) -> Result<(), String> {
+            self.did.push(format!("put {id}"));
+            if self.put_fails == Some(id) {
+                return Err(format!("{id} could not be put"));
+            }
+            self.holds.insert(id.to_owned());
+            Ok(())
+        }
+        fn find_orphan(&mut self, seen: &BTreeSet<String>, id: &str) -> Result<bool, String> {
+            Ok(seen.contains(id))
+        }
+        fn delete(&mut self, _: &BTreeSet<String>, id: &str) -> Result<(), String> {
+            self.did.push(format!("delete {id}"));
+            self.holds.remove(id);
+            Ok(())
+        }
+        fn finish(&mut self, _: &BTreeSet<String>, _: &[()], _: &[&str]) -> Result<(), String> {
+            self.did.push("finish".into());
+            Ok(())
+        }
+        fn read_back(&mut self, _: &[()]) -> Result<BTreeSet<String>, String> {
+            self.did.push("read back".into());
+            Ok(self.holds.clone())
+        }
+        fn check(&mut self, now: &BTreeSet<String>, id: &str, (): &()) -> Result<(), Error> {
+            match now.contains(id) {
+                true => Ok(()),
+                false => Err(Error::UfwReadBack { id: id.into(), differs: "not there".into() }),
+            }
+        }
+        fn check_gone(&self, now: &BTreeSet<String>, id: &str) -> Result<(), Error> {
+            match now.contains(id) {
+                false => Ok(()),
+                true => Err(Error::UfwReadBack { id: id.into(), differs: "still there".into() }),
+            }
+        }
+        fn here(&self) -> String {
+            "in the fake".into()
+        }
+        fn gone(was_there: bool) -> &'static str {
+            if was_there {
+                "deleted"
+            } else {
+                "already gone"
+            }
+        }
+    }
+
+    fn declaration(adopted: bool) -> Declaration {
+        let adoption = if adopted { r#""adoption": {"taken": []},"# } else { "" };
+        let text = format!(
+            r#"{{"version": 1, {adoption} "resources": [
+                {{"type": "opening", "id": "web.http", "port": 8080}},
+                {{"type": "opening", "id": "web.ssh", "port": 22}}
+            ]}}"#
+        );
+        Declaration::parse(text.as_bytes()).unwrap()
+    }
+
+    fn options(dry_run: bool) -> Options {
+        Options {
+            origin: Origin::Declared,
+            dry_run,
+            originals: "/nonexistent/originals".into(),
+            bus: None,
+            container_socket: None,
+            step_timeout: None,
+            archive_limits: crate::apply::archive::ArchiveLimits::default(),
+            contents: None,
+            key: "/nonexistent/key".into(),
+            progress: None,
+        }
+    }
+
+    fn told(done: &Done) -> Vec<(usize, String)> {
+        done.declared
+            .iter()
+            .map(|(i, r)| match r {
+                Ok(o) => (*i, format!("{} {}", o.action.as_str(), o.detail.as_deref().unwrap_or(""))),
+                Err(e) => (*i, format!("failed: {e}")),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn held_set_aside_each_compared_and_put_then_read_back_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::read_only(&dir.path().join("state.json")).unwrap();
+        let mut fake =
+            Fake { own_port: Some(22), intact: BTreeSet::from(["web.http".into()]), ..Fake::default() };
+        fake.holds.insert("web.http".into());
+        let done = apply_with(&mut fake, &declaration(true), &store, &options(false), Vec::new());
+        assert_eq!(
+            told(&done),
+            vec![
+                (1, "held found open, and module \"web\" is not taken yet: left open as found".into()),
+                (0, "unchanged in the fake (runtime and permanent)".into()),
+            ],
+            "the operator's port held and never touched; the intact one unchanged"
+        );
+        assert_eq!(fake.did, ["read", "finish", "read back"]);
+
+        let mut fake = Fake::default();
+        let done = apply_with(&mut fake, &declaration(false), &store, &options(false), Vec::new());
+        assert_eq!(told(&done)[1], (1, "created in the fake (runtime and permanent)".into()));
+        assert_eq!(fake.did, ["read", "put web.http", "put web.ssh", "finish", "read back"]);
+    }
+
+    #[test]
+    fn a_change_stops_at_its_first_failure_and_plan_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::read_only(&dir.path().join("state.json")).unwrap();
+        let mut fake = Fake { put_fails: Some("web.http"), ..Fake::default() };
+        let done = apply_with(&mut fake, &declaration(false), &store, &options(false), Vec::new());
+        assert_eq!(fake.did, ["read", "put web.http"], "nothing after the failure, no read-back");
+        let failed = "failed: the fake: ufw reads back different: web.http could not be put";
+        assert_eq!(told(&done), vec![(0, failed.into()), (1, failed.into())], "the firewall is one");
+
+        let mut fake = Fake::default();
+        let done = apply_with(&mut fake, &declaration(false), &store, &options(true), Vec::new());
+        assert_eq!(fake.did, ["read"], "plan reads and changes nothing");
+        assert_eq!(told(&done)[0], (0, "created in the fake (runtime and permanent)".into()));
+    }
+}
