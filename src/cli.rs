@@ -107,50 +107,7 @@ pub enum Command {
     },
     /// Apply, then keep the machine matching: watch the declaration and every managed path,
     /// put back what changes, serve metrics. Stops on SIGTERM or SIGINT.
-    Run {
-        /// A declaration file, or a directory whose `*.json` files are read as one declaration.
-        #[arg(long, value_name = "PATH", default_value = "/etc/mesh-host/declaration.d")]
-        declaration: PathBuf,
-        /// Where the declaration came from: `declared` (the mesh) or `bundle` (carried by
-        /// hand for a first boot). Orphans are looked for among this origin's records only.
-        #[arg(long, value_enum, default_value = "declared")]
-        origin: Origin,
-        /// Where /metrics and /healthz listen; "off" for nowhere.
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9787")]
-        metrics: String,
-        /// Seconds between full resyncs, beside what the watchers report.
-        #[arg(long, value_name = "SECONDS", default_value_t = 600)]
-        resync: u64,
-        /// Milliseconds the declaration must be still before it is read.
-        #[arg(long, value_name = "MS", default_value_t = 50)]
-        settle_ms: u64,
-        /// How many reconciles may run at once: one for files and full passes, the rest for
-        /// slow work (a unit's start, a container, an action) so it never holds a file's
-        /// correction behind it. 1 runs every reconcile in turn.
-        #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
-        workers: u16,
-        /// Take the declaration from etcd instead of `--declaration`: comma-separated endpoints,
-        /// such as `http://127.0.0.1:2379`. The last declaration accepted from etcd is kept
-        /// beside the state store and applied while etcd cannot be reached.
-        #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS", requires = "node")]
-        etcd: Option<String>,
-        /// This node's name in the fleet (with `--etcd`).
-        #[arg(long, env = "MESH_HOST_NODE", value_name = "NAME", requires = "etcd")]
-        node: Option<String>,
-        /// A group this node is in (with `--etcd`); repeat it, or separate with commas. Groups
-        /// are read in the order given, after the fleet's keys and before the node's own.
-        #[arg(
-            long = "group",
-            env = "MESH_HOST_GROUPS",
-            value_name = "GROUP",
-            value_delimiter = ',',
-            requires = "etcd"
-        )]
-        groups: Vec<String>,
-        /// TLS and the login to etcd's auth, when they are on.
-        #[command(flatten)]
-        login: EtcdLogin,
-    },
+    Run(RunArgs),
     /// Declarations and status kept in etcd, for a fleet of nodes.
     Fleet {
         /// What to do in the fleet.
@@ -241,6 +198,53 @@ pub enum FleetCommand {
     },
 }
 
+/// How `run` runs: its declaration, its pace, and etcd when the declaration comes from there.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// A declaration file, or a directory whose `*.json` files are read as one declaration.
+    #[arg(long, value_name = "PATH", default_value = "/etc/mesh-host/declaration.d")]
+    pub declaration: PathBuf,
+    /// Where the declaration came from: `declared` (the mesh) or `bundle` (carried by
+    /// hand for a first boot). Orphans are looked for among this origin's records only.
+    #[arg(long, value_enum, default_value = "declared")]
+    pub origin: Origin,
+    /// Where /metrics and /healthz listen; "off" for nowhere.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9787")]
+    pub metrics: String,
+    /// Seconds between full resyncs, beside what the watchers report.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    pub resync: u64,
+    /// Milliseconds the declaration must be still before it is read.
+    #[arg(long, value_name = "MS", default_value_t = 50)]
+    pub settle_ms: u64,
+    /// How many reconciles may run at once: one for files and full passes, the rest for
+    /// slow work (a unit's start, a container, an action) so it never holds a file's
+    /// correction behind it. 1 runs every reconcile in turn.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub workers: u16,
+    /// Take the declaration from etcd instead of `--declaration`: comma-separated endpoints,
+    /// such as `http://127.0.0.1:2379`. The last declaration accepted from etcd is kept
+    /// beside the state store and applied while etcd cannot be reached.
+    #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS", requires = "node")]
+    pub etcd: Option<String>,
+    /// This node's name in the fleet (with `--etcd`).
+    #[arg(long, env = "MESH_HOST_NODE", value_name = "NAME", requires = "etcd")]
+    pub node: Option<String>,
+    /// A group this node is in (with `--etcd`); repeat it, or separate with commas. Groups
+    /// are read in the order given, after the fleet's keys and before the node's own.
+    #[arg(
+        long = "group",
+        env = "MESH_HOST_GROUPS",
+        value_name = "GROUP",
+        value_delimiter = ',',
+        requires = "etcd"
+    )]
+    pub groups: Vec<String>,
+    /// TLS and the login to etcd's auth, when they are on.
+    #[command(flatten)]
+    pub login: EtcdLogin,
+}
+
 /// Where a declaration is put, and what.
 #[derive(Debug, clap::Args)]
 pub struct FleetPut {
@@ -300,7 +304,7 @@ impl EtcdLogin {
             .map_err(|e| Usage(format!("mesh-host: --etcd: {e}")))?;
         Ok(match (&self.etcd_user, &self.etcd_password_file) {
             (Some(user), Some(file)) => {
-                let password = crate::system::etcd::read_password(file)
+                let password = crate::system::input::read_password(file)
                     .with_context(|| format!("cannot read the etcd password file {}", file.display()))?;
                 etcd.with_login(user.clone(), password)
             }
@@ -351,8 +355,6 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
         key: key_path(cli.key.as_deref(), &cli.state),
     };
     let key = reach.key.clone();
-    let (bus, socket, step_timeout) = (reach.bus.clone(), reach.socket.clone(), reach.step_timeout);
-    let archive_limits = reach.archive_limits;
     match cli.command {
         Command::Check { file, json } => check(&file, json),
         Command::Plan { file, origin, json } => plan(&file, origin, json, &cli.state, reach),
@@ -361,65 +363,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
         }
         Command::Status { json } => status(json, &cli.state, &reach.key),
         Command::Fleet { command } => fleet(command),
-        Command::Run {
-            declaration,
-            origin,
-            metrics,
-            resync,
-            settle_ms,
-            workers,
-            etcd,
-            node,
-            groups,
-            login,
-        } => {
-            let metrics = match metrics.as_str() {
-                "off" | "none" => None,
-                addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
-            };
-            let mut declaration = std::path::absolute(&declaration)?;
-            let fleet = match (etcd, node) {
-                (Some(endpoints), Some(node)) => {
-                    crate::fleet::check_name("--node", &node)
-                        .map_err(|e| Usage(format!("mesh-host: {e}")))?;
-                    for g in &groups {
-                        crate::fleet::check_name("--group", g)
-                            .map_err(|e| Usage(format!("mesh-host: {e}")))?;
-                    }
-                    let client = login.client(&endpoints)?;
-                    // The last declaration accepted from etcd, beside the state store: what the
-                    // controller reads as its source, and what a restart applies while etcd is
-                    // out of reach (docs/decisions.md, "The cache is the declaration source").
-                    let dir = crate::store::state_dir(&cli.state).join("fleet");
-                    crate::system::etcd::private_dir(&dir).with_context(|| {
-                        format!("cannot make the fleet cache directory {}", dir.display())
-                    })?;
-                    declaration = dir.join("declaration.d");
-                    Some((crate::fleet::source::Source { endpoints, node, groups }, client))
-                }
-                _ => None,
-            };
-            let config = crate::controller::Config {
-                fleet: fleet.as_ref().map(|(s, _)| s.clone()),
-                declaration,
-                state: cli.state.clone(),
-                origin,
-                metrics,
-                // A resync of 0 would be a full pass in a loop: one second is the floor.
-                resync: std::time::Duration::from_secs(resync.max(1)),
-                quiet: std::time::Duration::from_millis(settle_ms),
-                queue: crate::controller::queue::Config::default(),
-                bus: bus.clone(),
-                container_socket: socket,
-                workers: usize::from(workers),
-                step_timeout,
-                archive_limits,
-                key: key.clone(),
-            };
-            tokio::runtime::Handle::current()
-                .block_on(crate::controller::run(config, fleet.map(|(_, client)| client)))?;
-            Ok(Ended::Converged)
-        }
+        Command::Run(args) => daemon(args, &cli.state, reach),
         Command::Schema => {
             println!("{}", serde_json::to_string_pretty(&crate::declaration::json_schema())?);
             Ok(Ended::Converged)
@@ -440,6 +384,71 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
     }
 }
 
+/// `mesh-host run`: the controller, and the fleet's tasks beside it when the declaration comes
+/// from etcd. The face starts both; the controller is handed a directory to read and gives out
+/// what it applied, and knows nothing of etcd (`controller`'s module doc).
+fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+    let RunArgs { declaration, origin, metrics, resync, settle_ms, workers, etcd, node, groups, login } =
+        args;
+    let metrics = match metrics.as_str() {
+        "off" | "none" => None,
+        addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
+    };
+    let mut declaration = std::path::absolute(&declaration)?;
+    let fleet = match (etcd, node) {
+        (Some(endpoints), Some(node)) => {
+            crate::fleet::check_name("--node", &node).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+            for g in &groups {
+                crate::fleet::check_name("--group", g).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+            }
+            let client = login.client(&endpoints)?;
+            // The last declaration accepted from etcd, beside the state store: what the
+            // controller reads as its source, and what a restart applies while etcd is out of
+            // reach (docs/decisions.md, "The cache is the declaration source").
+            let dir = crate::store::state_dir(state).join("fleet");
+            crate::system::fs::private_dir(&dir)
+                .with_context(|| format!("cannot make the fleet cache directory {}", dir.display()))?;
+            declaration = dir.join("declaration.d");
+            Some((crate::fleet::source::Source { endpoints, node, groups }, client))
+        }
+        _ => None,
+    };
+    let config = crate::controller::Config {
+        declaration: declaration.clone(),
+        state: state.to_owned(),
+        origin,
+        metrics,
+        // A resync of 0 would be a full pass in a loop: one second is the floor.
+        resync: std::time::Duration::from_secs(resync.max(1)),
+        quiet: std::time::Duration::from_millis(settle_ms),
+        queue: crate::controller::queue::Config::default(),
+        bus: reach.bus,
+        container_socket: reach.socket,
+        workers: usize::from(workers),
+        step_timeout: reach.step_timeout,
+        archive_limits: reach.archive_limits,
+        key: reach.key,
+    };
+    tokio::runtime::Handle::current().block_on(async move {
+        // The controller first: it takes the store's lock, so a second agent on the same state
+        // stops before its fleet tasks could write the cache or the node's status.
+        let daemon = crate::controller::Daemon::start(config).await?;
+        let beside = match fleet {
+            Some((source, client)) => {
+                let given = crate::fleet::daemon::Beside {
+                    shutdown: daemon.shutdown(),
+                    metrics: daemon.metrics(),
+                    applied: daemon.applied(),
+                };
+                crate::fleet::daemon::start(source, client, declaration, given).await
+            }
+            None => Vec::new(),
+        };
+        daemon.run(beside).await
+    })?;
+    Ok(Ended::Converged)
+}
+
 fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     let (args, diff) = match command {
         FleetCommand::Put(args) => (args, false),
@@ -451,7 +460,7 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
                 crate::fleet::check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")))?;
             }
             let etcd = login.client(&etcd)?;
-            let password = crate::system::etcd::read_password(&node_password_file).with_context(|| {
+            let password = crate::system::input::read_password(&node_password_file).with_context(|| {
                 format!("cannot read the node's password file {}", node_password_file.display())
             })?;
             let out = tokio::runtime::Handle::current()

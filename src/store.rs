@@ -517,7 +517,7 @@ impl Store {
         // one else can be writing it. The same sweep as for a pass's leftovers
         // (docs/decisions.md, "The store").
         let dir = state_dir(&self.path);
-        journal::remove_temporaries(dir).map_err(Error::Open)?;
+        fs::remove_temporaries(dir).map_err(Error::Open)?;
         let store = if stamp(&self.path) == self.stamp { self } else { Store::read_only(&self.path)? };
         // Only root should read what the host owns; a store others can read is tightened, with
         // a warning (docs/decisions.md, "The store"). The key file is refused instead: see
@@ -534,7 +534,7 @@ impl Store {
         if let Some(recovered) = &store.recovered {
             let mut removed = 0;
             for dir in &recovered.dirs {
-                removed += journal::remove_temporaries(dir).map_err(Error::Open)?;
+                removed += fs::remove_temporaries(dir).map_err(Error::Open)?;
             }
             tracing::info!(
                 directories = recovered.dirs.len(),
@@ -749,7 +749,7 @@ impl Writer {
     fn forget_journal(&mut self) -> Result<(), Error> {
         let store = &mut self.store;
         if store.lent == 0 && (store.journaled || store.recovered.is_some()) {
-            journal::remove(&store.journal_path())?;
+            journal::remove(&store.journal_path()).map_err(fs::Error::from)?;
             store.journaled = false;
             store.recovered = None;
         }

@@ -10,6 +10,11 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo doc"
+# Every doc comment renders, links included: a link to an item renamed or moved, or a bracket
+# read as one, fails here rather than in a reader's browser. Private items too, since most of
+# the crate (system/, the appliers) is pub(crate) and would otherwise go unread.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --document-private-items
 echo "== cargo deny (licenses, bans, sources; advisories need GitHub, out of reach here)"
 if ! command -v cargo-deny >/dev/null 2>&1; then
   # A debug build installs in about half the time of a release one, and checks as well.

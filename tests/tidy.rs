@@ -1,17 +1,23 @@
 //! Tidy checks, in the spirit of rust-analyzer's: the invariants ARCHITECTURE.md states, checked
 //! on the source text so that breaking one fails the suite instead of waiting for a reviewer.
 //!
-//! - The dependency arrows between the crate's modules: `declaration` and `system` depend on
-//!   nothing else in the crate (so the model is pure and the machine layer knows no declaration
-//!   type), and no module reaches a later stage (`apply` never reaches the controller).
+//! - The dependency arrows between the crate's modules, grouped imports (`use crate::{a, b}`)
+//!   included: `declaration` and `system` depend on nothing else in the crate (so the model is
+//!   pure and the machine layer knows no declaration type), no module reaches a later stage
+//!   (`apply` never reaches the controller), and the table allows no arrow the code does not use.
+//!   A `super::` chain that climbs to the crate's root is an arrow too.
+//! - The controller knows nothing of etcd.
 //! - The watchers crate knows nothing of the root crate.
 //! - No catch-all arm (`_ =>`) in a match over `Spec`, `Kind` or `Verb`: a new resource type or
 //!   outcome word must be decided at every place that tells them apart, by the compiler.
+//! - Every `docs/` file a comment cites exists, and so does every section it names.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// What each top-level module of `src/` may name with `crate::`.
+/// What each top-level module of `src/` names with `crate::`: exactly the arrows the code has
+/// (`every_allowed_arrow_is_used`), so that a new one fails until it is added here on purpose.
+/// Read top down, each names only modules above it.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("declaration", &[]),
     ("system", &[]),
@@ -19,13 +25,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("cron", &["declaration"]),
     ("store", &["declaration", "system"]),
     ("telemetry", &["system"]),
-    ("apply", &["cron", "declaration", "secrets", "store", "system"]),
-    ("fleet", &["declaration", "system"]),
-    ("controller", &["apply", "cron", "declaration", "fleet", "secrets", "store", "system", "telemetry"]),
-    (
-        "cli",
-        &["apply", "controller", "cron", "declaration", "fleet", "secrets", "store", "system", "telemetry"],
-    ),
+    ("apply", &["declaration", "secrets", "store", "system"]),
+    ("controller", &["apply", "cron", "declaration", "store", "system", "telemetry"]),
+    ("fleet", &["controller", "declaration", "system", "telemetry"]),
+    ("cli", &["apply", "controller", "declaration", "fleet", "secrets", "store", "system"]),
     ("lib", &[]),
 ];
 
@@ -120,20 +123,129 @@ fn module_of(src: &Path, file: &Path) -> String {
     first.trim_end_matches(".rs").to_owned()
 }
 
-/// Every `crate::name` in the code.
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// Every `crate::name` in the code, and every name a grouped import takes from the crate:
+/// `use crate::{a, b::{c, d}}` reaches `a` and `b`.
 fn arrows(code: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
     let mut rest = code;
     while let Some(at) = rest.find("crate::") {
         let before = rest[..at].chars().next_back();
         let after = &rest[at + "crate::".len()..];
-        let name: String = after.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') && !name.is_empty() {
-            found.insert(name);
-        }
         rest = after;
+        if before.is_some_and(is_ident) {
+            continue; // `my_crate::...`: another name that ends the same way
+        }
+        let name: String = after.chars().take_while(|c| is_ident(*c)).collect();
+        if !name.is_empty() {
+            found.insert(name);
+        } else if let Some(group) = after.trim_start().strip_prefix('{') {
+            found.extend(group_heads(group).into_iter().filter(|n| n != "self"));
+        }
     }
     found
+}
+
+/// The first name of each item of a `{...}` group, `text` starting just after its `{`: for
+/// `a, b::{c, d}, e as f}` that is `a`, `b` and `e`. Nested groups are skipped whole.
+fn group_heads(text: &str) -> Vec<String> {
+    let mut heads = Vec::new();
+    let mut depth = 0;
+    let mut at_item = true;
+    let mut chars = text.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => at_item = true,
+            c if at_item && depth == 0 && is_ident(c) => {
+                let name: String = text[i..].chars().take_while(|c| is_ident(*c)).collect();
+                for _ in 1..name.len() {
+                    chars.next();
+                }
+                heads.push(name);
+                at_item = false;
+            }
+            _ => {}
+        }
+    }
+    heads
+}
+
+/// How deep a file's module is below the crate: `src/store.rs` and `src/apply/mod.rs` are 1,
+/// `src/apply/file.rs` 2, `src/lib.rs` 0.
+fn depth_of(src: &Path, file: &Path) -> usize {
+    let rel = file.strip_prefix(src).unwrap();
+    let parts = rel.components().count();
+    if rel.ends_with("mod.rs") || rel == Path::new("lib.rs") {
+        parts - 1
+    } else {
+        parts
+    }
+}
+
+/// The top-level modules a file reaches through `super::`: a chain of as many `super`s as the
+/// module is deep (inline `mod x { .. }` blocks counted) is the crate's root, and the name after
+/// it another module, `super::apply` from `src/store.rs` as surely as `crate::apply`.
+fn through_super(code: &str, depth: usize) -> BTreeSet<String> {
+    let b = code.as_bytes();
+    let mut found = BTreeSet::new();
+    // Whether each open brace opened an inline module.
+    let mut braces: Vec<bool> = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let at_word = i == 0 || !is_ident(b[i - 1] as char);
+        if b[i] == b'{' {
+            let before = code[..i].trim_end();
+            let name_start = before.trim_end_matches(|c: char| is_ident(c));
+            braces.push(name_start.len() < before.len() && name_start.trim_end().ends_with("mod"));
+        } else if b[i] == b'}' {
+            braces.pop();
+        } else if at_word && b[i..].starts_with(b"super::") {
+            let mut k = 0;
+            let mut j = i;
+            while b[j..].starts_with(b"super::") {
+                k += 1;
+                j += "super::".len();
+            }
+            let inline = braces.iter().filter(|m| **m).count();
+            let name: String = code[j..].chars().take_while(|c| is_ident(*c)).collect();
+            if k >= depth + inline && !name.is_empty() {
+                found.insert(name);
+            } else if k >= depth + inline {
+                if let Some(group) = code[j..].strip_prefix('{') {
+                    found.extend(group_heads(group).into_iter().filter(|n| n != "self"));
+                }
+            }
+            i = j;
+            continue;
+        }
+        i += 1;
+    }
+    found
+}
+
+/// Every module's arrows: for each top-level module of `src/` (`main.rs` left out: the binary,
+/// outside the library), the modules its files name, with the first file that names each.
+fn used_arrows(src: &Path) -> BTreeMap<String, BTreeMap<String, PathBuf>> {
+    let mut used: BTreeMap<String, BTreeMap<String, PathBuf>> = BTreeMap::new();
+    for file in rust_files(src) {
+        let module = module_of(src, &file);
+        if module == "main" {
+            continue;
+        }
+        let code = code_only(&std::fs::read_to_string(&file).unwrap());
+        let to = used.entry(module.clone()).or_default();
+        let reached = arrows(&code).into_iter().chain(through_super(&code, depth_of(src, &file)));
+        for name in reached.filter(|n| *n != module) {
+            to.entry(name).or_insert_with(|| file.clone());
+        }
+    }
+    used
 }
 
 #[test]
@@ -141,22 +253,14 @@ fn modules_depend_only_along_the_allowed_arrows() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let allowed: BTreeMap<&str, &[&str]> = ALLOWED.iter().copied().collect();
     let mut wrong = Vec::new();
-    for file in rust_files(&src) {
-        let module = module_of(&src, &file);
-        if module == "main" {
-            continue; // the binary, outside the library
-        }
+    for (module, to) in used_arrows(&src) {
         let Some(may) = allowed.get(module.as_str()) else {
-            wrong.push(format!(
-                "{}: module `{module}` is not in tests/tidy.rs's ALLOWED table",
-                file.display()
-            ));
+            wrong.push(format!("module `{module}` is not in tests/tidy.rs's ALLOWED table"));
             continue;
         };
-        let code = code_only(&std::fs::read_to_string(&file).unwrap());
-        for to in arrows(&code) {
-            if to != module && !may.contains(&to.as_str()) {
-                wrong.push(format!("{}: `{module}` reaches `crate::{to}`", file.display()));
+        for (name, file) in to {
+            if !may.contains(&name.as_str()) {
+                wrong.push(format!("{}: `{module}` reaches `crate::{name}`", file.display()));
             }
         }
     }
@@ -165,6 +269,59 @@ fn modules_depend_only_along_the_allowed_arrows() {
         "forbidden arrows between modules (ARCHITECTURE.md, Invariants):\n{}",
         wrong.join("\n")
     );
+}
+
+/// ALLOWED is the code's picture, not a wish list: an arrow allowed and not used is taken out,
+/// so that a new arrow is a change to this table, made on purpose and seen in review, rather
+/// than one the table happened to let through.
+#[test]
+fn every_allowed_arrow_is_used() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let used = used_arrows(&src);
+    let mut unused = Vec::new();
+    for (module, may) in ALLOWED {
+        for to in *may {
+            if !used.get(*module).is_some_and(|u| u.contains_key(*to)) {
+                unused.push(format!("`{module}` → `{to}`"));
+            }
+        }
+    }
+    assert!(
+        unused.is_empty(),
+        "arrows ALLOWED in tests/tidy.rs that the code does not use; take them out:\n{}",
+        unused.join("\n")
+    );
+}
+
+/// The controller knows nothing of etcd (`src/fleet/mod.rs`, `src/controller/mod.rs`): the
+/// fleet's tasks are started beside it by the face, and it reads a directory either way. The
+/// module arrows keep it from `crate::fleet`; this keeps it from the etcd client in `system`,
+/// which the arrow `controller → system` would otherwise let through, however it is named
+/// (`crate::system::etcd`, `system::{etcd, ..}`, `use crate::system; system::etcd::...`).
+#[test]
+fn the_controller_knows_nothing_of_etcd() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut wrong = Vec::new();
+    for file in rust_files(&src.join("controller")) {
+        let code = code_only(&std::fs::read_to_string(&file).unwrap());
+        for (n, line) in code.lines().enumerate() {
+            if names_word(line, "etcd") || names_word(line, "Etcd") {
+                wrong.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the controller names etcd (ARCHITECTURE.md, Invariants):\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// Whether `line` has `word` as a whole identifier (not `etcd_x` nor `my_etcd`).
+fn names_word(line: &str, word: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    line.match_indices(word)
+        .any(|(at, _)| !line[..at].ends_with(ident) && !line[at + word.len()..].starts_with(ident))
 }
 
 #[test]
@@ -290,6 +447,17 @@ fn the_checks_see_what_they_look_for() {
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].1, vec!["Spec::File(f)".to_owned(), "_".to_owned()]);
     assert!(arrows(&code).is_empty());
+    let grouped =
+        code_only("use crate::{apply::{self, Verb}, store,\n    system::fs as f};\nuse crate::{self};");
+    assert_eq!(arrows(&grouped), ["apply", "store", "system"].map(String::from).into());
+    assert_eq!(arrows(&code_only("mesh_host_watchers::Change; my_crate::x")), BTreeSet::new());
+    let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(through_super("use super::apply::Verb;", 1), set(&["apply"]));
+    assert_eq!(through_super("use super::{store, system};", 1), set(&["store", "system"]));
+    assert_eq!(through_super("fn f() { g(super::x) }", 2), set(&[]), "a sibling, not the root");
+    assert_eq!(through_super("use super::super::cron;", 2), set(&["cron"]));
+    assert_eq!(through_super("mod tests { use super::*; use super::super::store; }", 1), set(&["store"]));
+    assert_eq!(through_super("pub(crate) mod inner { use super::x; }", 1), set(&[]));
     assert!(names_enum("Kind::File | Kind::Directory", "Kind"));
     assert!(!names_enum("FsKind::File", "Kind"));
     assert!(!names_enum("fs::Kind::File", "Kind"));
@@ -338,4 +506,130 @@ fn the_spec_check_sees_what_it_looks_for() {
     assert!(!spec_variant_named("use crate::declaration::Spec;"));
     let code = code_only("// Spec::File in a comment\nlet a = \"Spec::File\";");
     assert!(!code.lines().any(spec_variant_named), "comments and strings are not code");
+}
+
+/// The sections of a markdown document a comment may cite: its headings (`#` to `####`) and
+/// the bold leads of its bullets (`- **A step has a time limit**, ...`), at any depth; a lead
+/// may run over lines. Bold words inside a sentence are emphasis, not places to point at.
+fn sections(markdown: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (at, line) in markdown.lines().scan(0, |at, l| {
+        let here = *at;
+        *at += l.len() + 1;
+        Some((here, l))
+    }) {
+        let trimmed = line.trim_start();
+        let heading = trimmed.trim_start_matches('#');
+        if (1..=4).contains(&(trimmed.len() - heading.len())) && heading.starts_with(' ') {
+            out.push(heading.trim().to_owned());
+        } else if let Some(lead) = trimmed.strip_prefix("- **") {
+            let start = at + (line.len() - lead.len());
+            if let Some(end) = markdown[start..].find("**") {
+                out.push(markdown[start..start + end].split_whitespace().collect::<Vec<_>>().join(" "));
+            }
+        }
+    }
+    out
+}
+
+/// The comments of a Rust file, each run of comment lines joined into one line (a citation is
+/// often cut by a line break), with the `//`, `///` or `//!` taken off each.
+fn comment_runs(text: &str) -> Vec<String> {
+    let mut runs = Vec::new();
+    let mut run: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if let Some(c) = trimmed.strip_prefix("//") {
+            run.push(c.trim_start_matches(['/', '!']).trim());
+            continue;
+        }
+        if !run.is_empty() {
+            runs.push(run.join(" "));
+            run.clear();
+        }
+        // A comment after code on the line starts a run the next lines may continue.
+        if let Some(at) = line.find("// ") {
+            run.push(line[at + 3..].trim());
+        }
+    }
+    if !run.is_empty() {
+        runs.push(run.join(" "));
+    }
+    runs
+}
+
+/// Each citation in a comment: the document (`docs/decisions.md`) and the text after it, from
+/// which a quoted section is read against the document's own sections (so a section whose name
+/// holds quotes, `What makes a container "the same"`, is read whole).
+fn citations(comment: &str) -> Vec<(String, Option<String>)> {
+    let mut out = Vec::new();
+    for (at, _) in comment.match_indices("docs/") {
+        if comment[..at].ends_with(|c: char| is_ident(c) || c == '/' || c == '.') {
+            continue;
+        }
+        let rest = &comment[at..];
+        let Some(end) = rest.find(".md") else { continue };
+        let doc = &rest[..end + 3];
+        if !doc["docs/".len()..end].chars().all(|c| is_ident(c) || c == '-' || c == '/') {
+            continue;
+        }
+        let after = rest[end + 3..].strip_prefix(',').unwrap_or(&rest[end + 3..]).trim_start();
+        out.push((doc.to_owned(), after.strip_prefix('"').map(str::to_owned)));
+    }
+    out
+}
+
+/// Every `docs/…` file a comment cites exists, and every section it names (`docs/decisions.md,
+/// "The daemon"`) is a heading or a bullet's bold lead there, word for word: a section renamed
+/// or moved fails here, not in a reader's search.
+#[test]
+fn every_cited_document_and_section_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs: BTreeMap<String, Option<Vec<String>>> = BTreeMap::new();
+    let mut wrong = Vec::new();
+    let mut seen = 0;
+    for dir in ["src", "watchers/src", "tests", "benches", "fuzz"] {
+        for file in rust_files(&root.join(dir)) {
+            if file.ends_with("tests/tidy.rs") {
+                continue; // its own tests' examples, which cite nothing real
+            }
+            for comment in comment_runs(&std::fs::read_to_string(&file).unwrap()) {
+                for (doc, quoted) in citations(&comment) {
+                    seen += 1;
+                    let known = docs.entry(doc.clone()).or_insert_with(|| {
+                        std::fs::read_to_string(root.join(&doc)).ok().map(|text| sections(&text))
+                    });
+                    let Some(known) = known else {
+                        wrong.push(format!("{}: cites {doc}, which does not exist", file.display()));
+                        continue;
+                    };
+                    let Some(quoted) = quoted else { continue };
+                    if !known.iter().any(|s| quoted.starts_with(&format!("{s}\""))) {
+                        let shown: String = quoted.chars().take(70).collect();
+                        wrong.push(format!("{}: {doc}, \"{shown}...: no such section", file.display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(seen > 100, "the citations were not found ({seen}): the check reads the wrong thing");
+    assert!(wrong.is_empty(), "citations that lead nowhere:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_citation_check_sees_what_it_looks_for() {
+    let doc = "# Title\n## The daemon\n- **A step has a time\n  limit**, and more\n  - **Nested** too\n\
+               Some **emphasis** here.\n##### Too deep\n";
+    assert_eq!(sections(doc), ["Title", "The daemon", "A step has a time limit", "Nested"]);
+    let runs = comment_runs(
+        "/// See (docs/decisions.md,\n/// \"The daemon\").\nlet x = 1; // docs/a.md\n// \"B\"\n",
+    );
+    assert_eq!(runs, ["See (docs/decisions.md, \"The daemon\").", "docs/a.md \"B\""]);
+    assert_eq!(
+        citations("(docs/a.md, \"X \"y\"\"; docs/b.md) and mydocs/c.md"),
+        [
+            ("docs/a.md".to_owned(), Some("X \"y\"\"; docs/b.md) and mydocs/c.md".to_owned())),
+            ("docs/b.md".to_owned(), None)
+        ]
+    );
 }

@@ -291,7 +291,7 @@ pub enum Error {
     ArchiveRefused {
         /// The directory the archive unpacks into.
         path: PathBuf,
-        /// Why it is refused, as a phrase that follows "the archive for <path>".
+        /// Why it is refused, as a phrase that follows "the archive for `<path>`".
         why: String,
     },
     /// An archive's `source` that cannot be read; nothing was unpacked.

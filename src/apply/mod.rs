@@ -218,7 +218,7 @@ fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
         Spec::Directory(d) => directory::apply(ctx, r, d),
         // Keys in a file that belongs to someone else: its own applier, which never writes the
         // file whole.
-        Spec::File(f) if f.into.is_some() => into::apply(ctx, r, f),
+        Spec::File(f) if let Some(format) = f.into => into::apply(ctx, r, f, format),
         Spec::File(f) => file::apply(ctx, r, f),
         Spec::Access(a) => access::apply(ctx, r, a),
         Spec::Archive(a) => archive::apply(ctx, r, a),

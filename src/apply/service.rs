@@ -234,7 +234,7 @@ fn boot_word(b: Boot) -> &'static str {
 }
 
 /// Whether systemd's unit file state satisfies the declaration. `static` units have no
-/// [Install] section and a masked unit cannot start at all, so neither starts at boot.
+/// `[Install]` section and a masked unit cannot start at all, so neither starts at boot.
 fn boot_is(b: Boot, found: &str) -> bool {
     match b {
         Boot::Enabled => found == "enabled",

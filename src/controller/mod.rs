@@ -2,7 +2,7 @@
 //! queue, the worker drains it (short reconciles itself, up to `workers - 1` slow ones beside
 //! it), each key reconciled and read back, metrics and one log line per change on the way.
 //!
-//! The stages, each in its own file, wired together by `run` here:
+//! The stages, each in its own file, wired together by `Daemon` here:
 //! - `trigger`: what a watcher's change means: a managed path is its resource's key, the
 //!   declaration settling is the declaration key, a gap in what a watcher saw is a full resync.
 //! - `queue`: de-duplication, the never-twice-at-once rule and the claims, backoff, the rate
@@ -15,13 +15,23 @@
 //! - `health`: `/healthz` and systemd's watchdog.
 //! - `contents`: declared content kept out of the heap.
 //!
+//! The daemon starts in two steps, so that what runs beside the controller (the fleet's tasks,
+//! started by the face) starts at the right moment: `Daemon::start` takes the store's lock,
+//! serves `/metrics` and hands out the cancellation token, the metrics and what was applied;
+//! `Daemon::run` watches the declaration, applies it, and drains the queue until shutdown.
+//!
 //! Shutdown: one cancellation token. SIGTERM or SIGINT cancels it; the intake loop stops, the
 //! queue is shut down, the worker finishes every reconcile in flight and writes the store, and
-//! every task (scheduler, watchdog, HTTP, watchers) stops and is awaited before `run` returns.
+//! every task (scheduler, watchdog, HTTP, watchers, and the tasks handed to `run`) stops and is
+//! awaited before `run` returns.
 //!
 //! Architecture Invariant: the controller knows nothing about how a resource is applied; it
 //! calls `apply::apply` and `apply::reconcile` and reads their reports, and asks the
 //! declaration (never matches on `Spec`) what it needs.
+//!
+//! Architecture Invariant: the controller knows nothing of etcd. Its declaration is a file or a
+//! directory, whoever writes it; what it applied goes out on a watch channel (`Applied`), to
+//! whoever follows it. `tests/tidy.rs` holds it to naming neither `fleet` nor `system::etcd`.
 
 mod contents;
 mod health;
@@ -47,10 +57,8 @@ use crate::telemetry::{events, Event as _, Metrics};
 use health::Health;
 use queue::Queue;
 pub use trigger::Key;
+pub use worker::Applied;
 use worker::Worker;
-
-/// How long the first apply waits for the first read of the declaration from etcd.
-const FIRST_READ: Duration = Duration::from_secs(10);
 
 /// How the daemon runs.
 #[derive(Clone, Debug)]
@@ -81,9 +89,6 @@ pub struct Config {
     pub step_timeout: Option<Duration>,
     /// How much one archive may unpack (`--archive-max-bytes`, `--archive-max-entries`).
     pub archive_limits: crate::apply::ArchiveLimits,
-    /// Where in etcd the declaration comes from (`--etcd`); `declaration` is then the cache
-    /// directory the fleet source writes.
-    pub fleet: Option<crate::fleet::source::Source>,
     /// The node's sealing key (`--key`), read in each pass that opens a sealed value.
     pub key: PathBuf,
 }
@@ -99,56 +104,95 @@ impl Config {
     }
 }
 
-/// Runs the daemon until SIGTERM or SIGINT, then stops intake, lets the reconciles in flight
-/// finish, persists the store, stops every task and returns.
-pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> anyhow::Result<()> {
-    let shutdown = CancellationToken::new();
-    // Signals first: a SIGTERM during the first apply must stop the agent cleanly too (after
-    // that apply, which is not interrupted half way).
-    let mut tasks = vec![signals(shutdown.clone())?];
-    let metrics = Arc::new(daemon_metrics(&config));
-    let health = Arc::new(Health::new(config.stale_after()));
-    let store = Store::open(&config.state)?;
-    // Unbounded, unlike mini-redis's channels: a watcher must never block on the agent (inotify
-    // would overflow its queue meanwhile), and the intake loop drains it at once into the queue,
-    // which de-duplicates, so it holds at most the changes of one wake-up (ARCHITECTURE.md,
-    // "The queue").
-    let (tx, rx) = mpsc::unbounded_channel::<Change>();
-    let files = FileWatcher::new(tx.clone()).context("cannot start the file watcher (inotify)")?;
-    events::WatcherState { watcher: "file", up: true }.emit(&metrics);
-    let mut worker =
-        Worker::new(config.clone(), store, files, Arc::clone(&metrics), Arc::clone(&health), tx.clone());
+/// The daemon, started and not yet applying: the store is locked, the file watcher, the worker
+/// and the scheduler made, `/metrics` served. What runs beside the controller is started
+/// between `start` and `run`, with the token, the metrics and the channel handed out here.
+pub struct Daemon {
+    config: Config,
+    shutdown: CancellationToken,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    worker: Worker,
+    /// The watchers' side of the changes' channel; `run` hands a clone to the declaration
+    /// watcher, then drops it, so the channel closes when every watcher has gone.
+    tx: mpsc::UnboundedSender<Change>,
+    rx: mpsc::UnboundedReceiver<Change>,
+    /// Every task started so far, stopped and awaited by `stop`.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
 
-    tasks.push(scheduler::spawn(
-        worker.in_force(),
-        worker.installed_steps(),
-        config.container_socket.clone(),
-        config.step_timeout,
-        config.key.clone(),
-        Arc::clone(&metrics),
-        shutdown.clone(),
-    ));
-    if let Some(addr) = config.metrics {
-        tasks.push(serve_metrics(addr, &metrics, &health, &shutdown).await?);
+impl Daemon {
+    /// Starts everything but the first apply and the intake: signals first (a SIGTERM from here
+    /// on stops the agent cleanly, after the first apply, which is not interrupted half way),
+    /// then the store's lock, so that a second agent on the same state stops here, before
+    /// anything beside it writes its declaration source.
+    pub async fn start(config: Config) -> anyhow::Result<Daemon> {
+        let shutdown = CancellationToken::new();
+        let mut tasks = vec![signals(shutdown.clone())?];
+        let metrics = Arc::new(daemon_metrics(&config));
+        let health = Arc::new(Health::new(config.stale_after()));
+        let store = Store::open(&config.state)?;
+        // Unbounded, unlike mini-redis's channels: a watcher must never block on the agent
+        // (inotify would overflow its queue meanwhile), and the intake loop drains it at once
+        // into the queue, which de-duplicates, so it holds at most the changes of one wake-up
+        // (ARCHITECTURE.md, "The queue").
+        let (tx, rx) = mpsc::unbounded_channel::<Change>();
+        let files = FileWatcher::new(tx.clone()).context("cannot start the file watcher (inotify)")?;
+        events::WatcherState { watcher: "file", up: true }.emit(&metrics);
+        let worker =
+            Worker::new(config.clone(), store, files, Arc::clone(&metrics), Arc::clone(&health), tx.clone());
+        tasks.push(scheduler::spawn(
+            worker.in_force(),
+            worker.installed_steps(),
+            config.container_socket.clone(),
+            config.step_timeout,
+            config.key.clone(),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        ));
+        if let Some(addr) = config.metrics {
+            tasks.push(serve_metrics(addr, &metrics, &health, &shutdown).await?);
+        }
+        Ok(Daemon { config, shutdown, metrics, health, worker, tx, rx, tasks })
     }
-    if let (Some(source), Some(etcd)) = (config.fleet.clone(), etcd) {
-        tasks.extend(follow_etcd(source, etcd, &config, &worker, &metrics, &shutdown).await);
-    }
-    // Watch before the first apply, so a change made during it is not missed; what the
-    // watchers report meanwhile waits in the channel.
-    tasks.push(
-        source_watcher::spawn(config.declaration.clone(), config.quiet, tx.clone())
-            .with_context(|| format!("cannot watch the declaration {}", config.declaration.display()))?,
-    );
-    drop(tx);
-    first_apply(&mut worker, &config, &health, &shutdown);
-    tasks.extend(health::watchdog(Arc::clone(&health), shutdown.clone()));
 
-    let queue = Arc::new(Queue::<Key>::new(config.queue.clone()));
-    let index = worker.index();
-    let worker_task = tokio::spawn(runner::drain(worker, Arc::clone(&queue)));
-    intake(rx, &index, &queue, &metrics, config.resync, &shutdown).await;
-    stop(&queue, worker_task, &shutdown, tasks).await
+    /// The agent's one cancellation token: a task started beside the controller stops on it.
+    pub fn shutdown(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// The daemon's metrics, for what runs beside the controller to emit its events into.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
+    }
+
+    /// What the node has applied, updated by the worker only when it moves.
+    pub fn applied(&self) -> tokio::sync::watch::Receiver<Applied> {
+        self.worker.applied()
+    }
+
+    /// Runs the daemon until SIGTERM or SIGINT, then stops intake, lets the reconciles in
+    /// flight finish, persists the store, stops every task (`beside` too, after the worker, as
+    /// the controller's own) and returns.
+    pub async fn run(self, beside: Vec<tokio::task::JoinHandle<()>>) -> anyhow::Result<()> {
+        let Daemon { config, shutdown, metrics, health, mut worker, tx, rx, mut tasks } = self;
+        tasks.extend(beside);
+        // Watch before the first apply, so a change made during it is not missed; what the
+        // watchers report meanwhile waits in the channel.
+        tasks.push(
+            source_watcher::spawn(config.declaration.clone(), config.quiet, tx.clone())
+                .with_context(|| format!("cannot watch the declaration {}", config.declaration.display()))?,
+        );
+        drop(tx);
+        first_apply(&mut worker, &config, &health, &shutdown);
+        tasks.extend(health::watchdog(Arc::clone(&health), shutdown.clone()));
+
+        let queue = Arc::new(Queue::<Key>::new(config.queue.clone()));
+        let index = worker.index();
+        let worker_task = tokio::spawn(runner::drain(worker, Arc::clone(&queue)));
+        intake(rx, &index, &queue, &metrics, config.resync, &shutdown).await;
+        stop(&queue, worker_task, &shutdown, tasks).await
+    }
 }
 
 /// The daemon's metrics, with every resource type, outcome word and change source known up
@@ -156,8 +200,8 @@ pub async fn run(config: Config, etcd: Option<crate::system::etcd::Etcd>) -> any
 fn daemon_metrics(config: &Config) -> Metrics {
     let types: Vec<&'static str> = crate::declaration::Kind::ALL.iter().map(|k| k.as_str()).collect();
     let actions: Vec<&'static str> = crate::apply::Verb::ALL.iter().map(|v| v.as_str()).collect();
-    let known =
-        crate::telemetry::metrics::Known { types: &types, actions: &actions, sources: &trigger::SOURCES };
+    let sources = trigger::Source::ALL.map(trigger::Source::as_str);
+    let known = crate::telemetry::metrics::Known { types: &types, actions: &actions, sources: &sources };
     Metrics::for_daemon(&known, config.resync)
 }
 
@@ -176,56 +220,6 @@ async fn serve_metrics(
         .with_context(|| format!("cannot listen for metrics on {addr}"))?;
     tracing::info!(address = %bound, "serving /metrics and /healthz");
     Ok(task)
-}
-
-/// Starts the fleet's tasks (the etcd source, the node's status writer, the refusals'
-/// reporter), and waits, bounded, for the source's first read, so that the first apply is of
-/// what etcd holds now rather than of a stale cache.
-///
-/// The etcd source writes the cache directory the source watcher follows: the controller reads
-/// it as it reads a local directory, and applies what it held last while etcd is out of reach.
-async fn follow_etcd(
-    source: crate::fleet::source::Source,
-    etcd: crate::system::etcd::Etcd,
-    config: &Config,
-    worker: &Worker,
-    metrics: &Arc<Metrics>,
-    shutdown: &CancellationToken,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    let mut tasks = Vec::new();
-    let etcd = Arc::new(etcd);
-    // Why the latest declaration in etcd was refused: written by the source, read by the
-    // status writer (into the node's status) and by the task below (counted and logged,
-    // as a local refusal is).
-    let (refused_tx, refused_rx) = tokio::sync::watch::channel(None::<String>);
-    tasks.push(tokio::spawn(crate::fleet::status::run(
-        Arc::clone(&etcd),
-        source.node.clone(),
-        source.groups.clone(),
-        worker.applied(),
-        refused_rx.clone(),
-        shutdown.clone(),
-    )));
-    tasks.push(tokio::spawn(report_refusals(refused_rx, Arc::clone(metrics), shutdown.clone())));
-    tracing::info!(endpoints = %source.endpoints, node = %source.node, groups = ?source.groups, "declaration from etcd");
-    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
-    tasks.push(tokio::spawn(crate::fleet::source::run(
-        source,
-        etcd,
-        config.declaration.clone(),
-        first_tx,
-        refused_tx,
-        shutdown.clone(),
-    )));
-    // The first apply waits for the first read of etcd (it fails fast when etcd refuses
-    // connections), bounded: a node must start even when etcd hangs, on its cache.
-    if tokio::time::timeout(FIRST_READ, first_rx).await.is_err() {
-        tracing::warn!(
-            "no answer from etcd in {}: starting on the last declaration known",
-            crate::system::human(FIRST_READ)
-        );
-    }
-    tasks
 }
 
 /// The first apply, then readiness: told to `/healthz` and to systemd, whose start timeout is
@@ -268,7 +262,7 @@ async fn intake(
                     events::WatcherState { watcher, up }.emit(metrics);
                 }
                 for (key, source) in added {
-                    events::KeyQueued { source }.emit(metrics);
+                    events::KeyQueued { source: source.as_str() }.emit(metrics);
                     queue.add(key);
                 }
                 events::QueueDepth(queue.stats().depth).emit(metrics);
@@ -276,7 +270,7 @@ async fn intake(
             _ = resync.tick() => {
                 // A full pass reads the declaration source again too, so a new declaration the
                 // watcher missed (its directory's parent replaced, say) is applied by the resync.
-                events::KeyQueued { source: "resync" }.emit(metrics);
+                events::KeyQueued { source: trigger::Source::Resync.as_str() }.emit(metrics);
                 queue.add(Key::Full);
             }
         }
@@ -310,33 +304,6 @@ async fn stop(
 /// time: a margin of three periods, so one late tick does not fail the start.
 const EXTEND_EVERY: Duration = Duration::from_secs(10);
 const EXTEND_BY: Duration = Duration::from_secs(30);
-
-/// Counts and logs each declaration refused in etcd, as a local refusal is counted and logged
-/// (`mesh_host_declaration_refusals_total`), until shutdown.
-async fn report_refusals(
-    mut refused: tokio::sync::watch::Receiver<Option<String>>,
-    metrics: Arc<crate::telemetry::metrics::Metrics>,
-    shutdown: CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            changed = refused.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                let why = refused.borrow_and_update().clone();
-                if let Some(message) = why {
-                    crate::telemetry::events::DeclarationRefused {
-                        message: &message,
-                        kept: "the declaration last accepted from etcd stays in force",
-                    }
-                    .emit(&metrics);
-                }
-            }
-        }
-    }
-}
 
 /// Keeps extending systemd's start timeout (`EXTEND_TIMEOUT_USEC`) until the returned token is
 /// cancelled: the first apply runs before READY, and 10,000 resources with image pulls take
@@ -395,7 +362,6 @@ mod tests {
             workers: 4,
             step_timeout: step.map(Duration::from_secs),
             archive_limits: crate::apply::ArchiveLimits::default(),
-            fleet: None,
             key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
         }
     }

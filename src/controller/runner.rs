@@ -41,7 +41,7 @@ use crate::telemetry::{events, Event as _};
 
 /// A reconcile run apart from the worker, as it leaves: everything it needs, owned.
 struct Apart {
-    key: Key,
+    /// Only a resource's key runs apart: its id is the key.
     id: Id,
     seen: Instant,
     /// The ids whose records and holds are taken back: the claim's.
@@ -54,7 +54,8 @@ struct Apart {
 
 /// A reconcile run apart, as it comes back.
 struct Back {
-    key: Key,
+    /// The resource's id: its key is `Key::Resource(id)`.
+    id: Id,
     seen: Instant,
     started: Instant,
     ids: Vec<Id>,
@@ -69,7 +70,7 @@ impl Apart {
     /// inline, and comes back as the key's failure.
     fn run(self) -> Back {
         let started = Instant::now();
-        let Apart { key, id, seen, ids, declaration, mut store, mut session, options } = self;
+        let Apart { id, seen, ids, declaration, mut store, mut session, options } = self;
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             failpoint_panic_reconcile(&id);
             apply::reconcile_in(&mut session, &declaration, std::slice::from_ref(&id), &mut store, &options)
@@ -78,7 +79,7 @@ impl Apart {
             Ok(report) => Ok((report, session)),
             Err(payload) => Err(panic_message(payload.as_ref())),
         };
-        Back { key, seen, started, ids, store, report }
+        Back { id, seen, started, ids, store, report }
     }
 }
 
@@ -266,7 +267,6 @@ impl Worker {
         let options = self.options();
         let ids = self.claimed(id);
         Some(Apart {
-            key: key.clone(),
             id: id.clone(),
             seen,
             ids,
@@ -280,14 +280,14 @@ impl Worker {
     /// Takes back a reconcile run apart: the records it claimed, its session, its report, as
     /// `reconcile` settles one inline.
     fn take_back(&mut self, back: Back) -> Verdict {
-        let Back { key, seen, started, ids, store, report } = back;
-        let Key::Resource(id) = &key else { unreachable!("only a resource's key runs apart") };
+        let Back { id, seen, started, ids, store, report } = back;
+        let key = Key::Resource(id.clone());
         let verdict = match report {
             Ok((report, session)) => {
                 let claimed: Vec<&str> = ids.iter().map(Id::as_str).collect();
                 self.store.take_back(store, Some(&claimed));
                 self.spare.push(session);
-                self.conclude_one(id, &report, seen)
+                self.conclude_one(&id, &report, seen)
             }
             Err(message) => {
                 self.store.take_back(store, None);
@@ -315,7 +315,7 @@ impl Worker {
         self.health.set_oldest_apart(starts.values().map(|(_, at)| *at).min());
         match (joined, key) {
             (Ok((_, back)), _) => {
-                let key = back.key.clone();
+                let key = Key::Resource(back.id.clone());
                 let verdict = self.take_back(back);
                 self.done(queue, &key, verdict);
             }

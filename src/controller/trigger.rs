@@ -92,37 +92,87 @@ impl Index {
     }
 }
 
-/// Every source label a key can be queued with (`mesh_host_queue_adds_total`): what `keys`
-/// returns, the watchers' names in `Resynced`, and the periodic resync. The metric is created
-/// at 0 for each, so the first add is seen by `increase()`.
-pub const SOURCES: [&str; 6] = ["file", "declaration", "systemd", "docker", "firewall", "resync"];
+/// What queued a key: the `source` label of `mesh_host_queue_adds_total`. A closed set, so the
+/// metric is created at 0 for each (`ALL`) and the first add is seen by `increase()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The file watcher: a managed path moved, or it overflowed.
+    File,
+    /// The declaration source settled.
+    Declaration,
+    /// The systemd watcher: a unit moved, or it reconnected.
+    Systemd,
+    /// The Docker watcher: a container event, or it reconnected.
+    Docker,
+    /// `nft monitor`: the host's table moved, or the ruleset did while refused.
+    Firewall,
+    /// The periodic resync, or a watcher whose name is not one of the above.
+    Resync,
+}
+
+impl Source {
+    /// Every source, in the order the metric lists them.
+    pub const ALL: [Source; 6] = [
+        Source::File,
+        Source::Declaration,
+        Source::Systemd,
+        Source::Docker,
+        Source::Firewall,
+        Source::Resync,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::File => "file",
+            Source::Declaration => "declaration",
+            Source::Systemd => "systemd",
+            Source::Docker => "docker",
+            Source::Firewall => "firewall",
+            Source::Resync => "resync",
+        }
+    }
+
+    /// The source for a watcher that says it resynced, by the name it gives.
+    fn of_watcher(name: &str) -> Source {
+        match name {
+            "file" => Source::File,
+            "systemd" => Source::Systemd,
+            "docker" => Source::Docker,
+            "firewall" => Source::Firewall,
+            _ => Source::Resync,
+        }
+    }
+}
 
 /// The keys a change adds, each with the source label for `mesh_host_queue_adds_total`.
-pub fn keys(change: &Change, index: &Index) -> Vec<(Key, &'static str)> {
+pub fn keys(change: &Change, index: &Index) -> Vec<(Key, Source)> {
     match change {
         Change::Path(path) => {
-            index.at_path(path).map(|id| (Key::Resource(id.clone()), "file")).into_iter().collect()
+            index.at_path(path).map(|id| (Key::Resource(id.clone()), Source::File)).into_iter().collect()
         }
-        Change::SourceChanged { .. } => vec![(Key::Declaration, "declaration")],
-        Change::Resynced { watcher } => vec![(Key::Full, *watcher)],
+        Change::SourceChanged { .. } => vec![(Key::Declaration, Source::Declaration)],
+        Change::Resynced { watcher } => vec![(Key::Full, Source::of_watcher(watcher))],
         Change::Unit { unit } => {
-            index.units.get(unit).map(|id| (Key::Resource(id.clone()), "systemd")).into_iter().collect()
+            index.units.get(unit).map(|id| (Key::Resource(id.clone()), Source::Systemd)).into_iter().collect()
         }
         Change::Container { id_label, name, .. } => Id::parse(id_label)
             .ok()
             .filter(|id| index.containers.contains(id))
             .or_else(|| index.container_names.get(name).cloned())
-            .map(|id| (Key::Resource(id), "docker"))
+            .map(|id| (Key::Resource(id), Source::Docker))
             .into_iter()
             .collect(),
         // The host's table moved: the filter is one, so reconciling its first opening loads
         // it whole. Nothing declared opened, nothing to put back (ARCHITECTURE.md, "The host's
         // filter"; docs/decisions.md, "The daemon follows the table").
-        Change::Firewall => index.opening.iter().map(|id| (Key::Resource(id.clone()), "firewall")).collect(),
+        Change::Firewall => {
+            index.opening.iter().map(|id| (Key::Resource(id.clone()), Source::Firewall)).collect()
+        }
         // Elsewhere in the ruleset (ufw or firewalld enabled or disabled, a foreign table
         // removed, Docker's own rules): it matters only while a found firewall refuses the
         // declaration, which a full pass looks at again (docs/decisions.md, "The daemon").
-        Change::Ruleset if index.refused => vec![(Key::Full, "firewall")],
+        Change::Ruleset if index.refused => vec![(Key::Full, Source::Firewall)],
         Change::Ruleset | Change::Up { .. } => Vec::new(),
     }
 }
@@ -148,18 +198,18 @@ mod tests {
         .unwrap();
         let index = Index::new(&Arc::new(d));
         let id = |s: &str| Key::Resource(Id::parse(s).unwrap());
-        assert_eq!(keys(&Change::Path("/srv/a/conf".into()), &index), vec![(id("a.conf"), "file")]);
-        assert_eq!(keys(&Change::Path("/srv/a".into()), &index), vec![(id("a.dir"), "file")]);
+        assert_eq!(keys(&Change::Path("/srv/a/conf".into()), &index), vec![(id("a.conf"), Source::File)]);
+        assert_eq!(keys(&Change::Path("/srv/a".into()), &index), vec![(id("a.dir"), Source::File)]);
         assert!(keys(&Change::Path("/srv/media".into()), &index).is_empty());
         assert!(keys(&Change::Path("/srv/a/.conf.mesh-host-1-2".into()), &index).is_empty());
-        assert_eq!(keys(&Change::Resynced { watcher: "file" }, &index), vec![(Key::Full, "file")]);
+        assert_eq!(keys(&Change::Resynced { watcher: "file" }, &index), vec![(Key::Full, Source::File)]);
         assert_eq!(
             keys(&Change::Unit { unit: "nginx.service".into() }, &index),
-            vec![(id("a.web"), "systemd")]
+            vec![(id("a.web"), Source::Systemd)]
         );
         assert_eq!(
             keys(&Change::Unit { unit: "mesh-host-worker.service".into() }, &index),
-            vec![(id("a.worker"), "systemd")]
+            vec![(id("a.worker"), Source::Systemd)]
         );
         assert!(keys(&Change::Unit { unit: "sshd.service".into() }, &index).is_empty());
         assert_eq!(index.units().len(), 2);
@@ -168,21 +218,29 @@ mod tests {
             name: name.into(),
             action: "die".into(),
         };
-        assert_eq!(keys(&container("a.app", "app"), &index), vec![(id("a.app"), "docker")]);
-        assert_eq!(keys(&container("store", "app"), &index), vec![(id("a.app"), "docker")], "found by name");
+        assert_eq!(keys(&container("a.app", "app"), &index), vec![(id("a.app"), Source::Docker)]);
+        assert_eq!(
+            keys(&container("store", "app"), &index),
+            vec![(id("a.app"), Source::Docker)],
+            "found by name"
+        );
         assert!(keys(&container("other", "other"), &index).is_empty());
-        assert_eq!(keys(&Change::Firewall, &index), vec![(id("a.http"), "firewall")], "the filter is one");
+        assert_eq!(
+            keys(&Change::Firewall, &index),
+            vec![(id("a.http"), Source::Firewall)],
+            "the filter is one"
+        );
         assert!(keys(&Change::Firewall, &Index::default()).is_empty(), "nothing opened");
         assert!(keys(&Change::Ruleset, &index).is_empty(), "a change elsewhere is not the host's");
         let refused = Index { refused: true, ..Index::new(index.declaration.as_ref().unwrap()) };
         assert_eq!(
             keys(&Change::Ruleset, &refused),
-            vec![(Key::Full, "firewall")],
+            vec![(Key::Full, Source::Firewall)],
             "while refused, any change in the ruleset looks again"
         );
         assert_eq!(
             keys(&Change::SourceChanged { source: "/etc/mesh-host/declaration.d".into() }, &index),
-            vec![(Key::Declaration, "declaration")]
+            vec![(Key::Declaration, Source::Declaration)]
         );
         // Every source seen here is one the metric starts at 0 for.
         let changes = [
@@ -194,10 +252,20 @@ mod tests {
             Change::Resynced { watcher: mesh_host_watchers::docker::WATCHER },
             Change::Resynced { watcher: "systemd" },
         ];
-        for change in &changes {
-            for (_, source) in keys(change, &index) {
-                assert!(SOURCES.contains(&source), "{source} is not in SOURCES");
-            }
+        let expected = [
+            Source::File,
+            Source::Systemd,
+            Source::Docker,
+            Source::Declaration,
+            Source::File,
+            Source::Docker,
+            Source::Systemd,
+        ];
+        for (change, want) in changes.iter().zip(expected) {
+            let sources: Vec<Source> = keys(change, &index).into_iter().map(|(_, s)| s).collect();
+            assert_eq!(sources, vec![want], "{change:?}");
         }
+        assert_eq!(Source::of_watcher("firewall"), Source::Firewall);
+        assert_eq!(Source::of_watcher("something new"), Source::Resync);
     }
 }

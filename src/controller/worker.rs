@@ -21,6 +21,26 @@ use crate::declaration::{Declaration, Id, Kind};
 use crate::store::Writer as Store;
 use crate::telemetry::{events, Event as _, Metrics};
 
+/// What a node has applied, as the worker last saw it: published on a watch channel
+/// (`Worker::applied`) only when it moves, for whoever reports it (the fleet's status writer).
+/// Carries no secret: counts, and messages the report already logs (which never hold an opened
+/// value).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// The names of the files of the declaration in force, as the source listed them.
+    pub sources: Vec<String>,
+    /// Whether the last full pass, and every reconcile since, succeeded.
+    pub converged: bool,
+    /// Each outcome word's count in the last full pass.
+    pub counts: std::collections::BTreeMap<String, u64>,
+    /// Drift put back since the node started.
+    pub drift_corrections: u64,
+    /// Read-backs that found someone else had written since the node started (contested keys).
+    pub contested: u64,
+    /// The last failure, until a full pass succeeds.
+    pub last_error: Option<String>,
+}
+
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths
 /// follow the declaration. Only the worker's task touches it; what others read is shared
 /// explicitly (`index`, `health`, `in_force`, `units`), each said below. A reconcile run apart
@@ -87,12 +107,12 @@ pub struct Worker {
     /// recorded at: written here after every reconcile, read by the scheduler at each fire, which
     /// runs no other step.
     installed: tokio::sync::watch::Sender<Arc<std::collections::HashMap<Id, String>>>,
-    /// What the node has applied, for the fleet's status writer (a watch channel: the writer
-    /// takes the latest at its own pace, at most once a second). Updated only when it moves, so
+    /// What the node has applied (a watch channel: a follower takes the latest at its own
+    /// pace, the fleet's status writer at most once a second). Updated only when it moves, so
     /// a quiet node wakes no one.
-    applied: tokio::sync::watch::Sender<crate::fleet::status::Applied>,
-    /// The names of the files of the declaration in force (the revision read from etcd is in
-    /// the fleet cache's names).
+    applied: tokio::sync::watch::Sender<Applied>,
+    /// The names of the files of the declaration in force (a source may name its files so
+    /// that they say where they came from, as the fleet's cache does).
     sources: Vec<String>,
     /// Why the last full pass refused the declaration in force whole on this machine (a
     /// firewall found on an adopted node that the host cannot manage), or `None`. While it is
@@ -181,8 +201,8 @@ impl Worker {
         }
     }
 
-    /// What the node has applied, as the fleet's status writer follows it.
-    pub fn applied(&self) -> tokio::sync::watch::Receiver<crate::fleet::status::Applied> {
+    /// What the node has applied, as a follower (the fleet's status writer) sees it.
+    pub fn applied(&self) -> tokio::sync::watch::Receiver<Applied> {
         self.applied.subscribe()
     }
 

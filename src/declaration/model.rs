@@ -198,11 +198,11 @@ pub struct Container {
     /// Empty by default.
     #[serde(default)]
     pub env_file: Vec<AbsPath>,
-    /// Published ports, "[ip:][host:]container[/tcp|udp|sctp]", as `docker run -p` takes them.
+    /// Published ports, `[ip:][host:]container[/tcp|udp|sctp]`, as `docker run -p` takes them.
     /// Empty by default.
     #[serde(default)]
     pub ports: Vec<PortMapping>,
-    /// Volumes, "source:target[:options]"; a file bind-mounted directly is part of the
+    /// Volumes, `source:target[:options]`; a file bind-mounted directly is part of the
     /// container's spec. Empty by default.
     #[serde(default)]
     pub volumes: Vec<Volume>,

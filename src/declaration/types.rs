@@ -830,7 +830,7 @@ pub struct PortMapping {
 pub const PORT_RANGE_LIMIT: u16 = 1000;
 
 impl PortMapping {
-    /// Reads "[ip:][host:]container[/tcp|udp|sctp]" (an IPv6 address in brackets), or says why it
+    /// Reads `[ip:][host:]container[/tcp|udp|sctp]` (an IPv6 address in brackets), or says why it
     /// is not a port mapping.
     pub fn parse(s: &str) -> Result<PortMapping, String> {
         let bad = || format!("{s:?} is not a port mapping such as \"8080:80\" or \"127.0.0.1:8080:80/tcp\"");
@@ -974,7 +974,7 @@ pub struct Volume {
 }
 
 impl Volume {
-    /// Reads "source:target[:options]", or says why it is not a volume.
+    /// Reads `source:target[:options]`, or says why it is not a volume.
     pub fn parse(s: &str) -> Result<Volume, String> {
         let bad = || format!("{s:?} is not a volume such as \"/srv/data:/data\" or \"name:/data:ro\"");
         let (source, target, options) = match s.split(':').collect::<Vec<&str>>().as_slice() {

@@ -16,11 +16,15 @@
 //!   under the state directory (the cache), only when it is a declaration mesh-host accepts;
 //!   the controller reads that directory as it reads a local `declaration.d`.
 //! - `status`: the node's status and presence, written back to etcd.
+//! - `daemon`: the source, the status writer and the refusals' reporter started together, by
+//!   the face, beside the controller.
 //! - `put`: `mesh-host fleet put` and `fleet diff`, the operator's side.
 //!
 //! Architecture Invariant: the controller knows nothing of etcd. Its declaration source is a
-//! directory either way; etcd is one way of writing that directory.
+//! directory either way; etcd is one way of writing that directory. The fleet follows the
+//! controller (what it applied, its token), never the other way (`tests/tidy.rs`).
 
+pub mod daemon;
 pub mod put;
 pub mod source;
 pub mod status;

@@ -88,7 +88,7 @@ pub enum Taken {
     /// Accepted, but the cache could not be written: tried again at the next read.
     NotCached,
     /// Refused whole, with why: the declaration in force stays. Reported once per distinct read
-    /// (the controller counts it and logs it; the status in etcd carries it until a later
+    /// (the reporter in `daemon` counts it and logs it; the status in etcd carries it until a later
     /// declaration is accepted).
     Refused(String),
 }
@@ -134,7 +134,7 @@ fn take(
                 .map(|(i, (key, bytes))| (super::cache_name(revision, i, &key), bytes))
                 .collect();
             files.push((MANIFEST.into(), manifest.to_string().into_bytes()));
-            match crate::system::etcd::replace_dir(cache, &files) {
+            match crate::system::fs::replace_dir(cache, &files) {
                 Ok(()) => {
                     tracing::info!(
                         node = %node,
@@ -171,7 +171,8 @@ fn take(
 /// rather than of an older cache, without waiting on an etcd that does not answer
 /// (docs/decisions.md, "A fresh node waits for etcd at most 10 s"). `refused`
 /// holds why the latest declaration read was refused, `None` once one is accepted: the
-/// controller counts and logs each refusal, and the status writer puts it in the node's status.
+/// reporter (`daemon`) counts and logs each refusal, and the status writer puts it in the
+/// node's status.
 pub async fn run(
     source: Source,
     etcd: std::sync::Arc<Etcd>,

@@ -8,9 +8,9 @@
 //!                            dies or is cut off
 //! ```
 //!
-//! The controller's worker publishes an `Applied` after each reconcile on a watch channel, which
-//! keeps only the latest: the writer here takes it, writes, waits a second, and takes whatever
-//! is latest then. So a busy node costs etcd one write a second, and the last state is always
+//! The controller's worker publishes a `controller::Applied` after each reconcile on a watch
+//! channel, which keeps only the latest: the writer here takes it, writes, waits a second, and
+//! takes whatever is latest then. So a busy node costs etcd one write a second, and the last state is always
 //! written (ARCHITECTURE.md, "Code map", `fleet/`). What the status holds, and what
 //! `revision` and `converged` mean: docs/decisions.md, "Status".
 
@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::controller;
 use crate::system::etcd::Etcd;
 
 /// How long a node's presence outlives its last word to etcd.
@@ -30,13 +31,13 @@ pub const ALIVE_TTL: i64 = 10;
 /// The least time between two status writes of one node.
 const WRITE_EVERY: Duration = Duration::from_secs(1);
 
-/// What a node has applied, as the worker last saw it. Carries no secret: counts, ids' counts
-/// and messages the report already logs (which never hold an opened value).
+/// What a node has applied, as its status says it: `controller::Applied` but for the names of
+/// the files in force, which the status gives as the revision they were read at. Its own type,
+/// not the controller's with serde's attributes, so that what is written to etcd (which
+/// `fleet status` reads, across versions) is decided here, where the format is, and a field
+/// renamed in the controller cannot change it unseen.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Applied {
-    /// The names of the files of the declaration in force (the cache's, when it came from etcd).
-    #[serde(skip)]
-    pub sources: Vec<String>,
+pub struct Summary {
     /// Whether the last full pass, and every reconcile since, succeeded.
     pub converged: bool,
     /// Each outcome word's count in the last full pass.
@@ -47,6 +48,18 @@ pub struct Applied {
     pub contested: u64,
     /// The last failure, until a full pass succeeds.
     pub last_error: Option<String>,
+}
+
+impl From<&controller::Applied> for Summary {
+    fn from(a: &controller::Applied) -> Summary {
+        Summary {
+            converged: a.converged,
+            counts: a.counts.clone(),
+            drift_corrections: a.drift_corrections,
+            contested: a.contested,
+            last_error: a.last_error.clone(),
+        }
+    }
 }
 
 /// What is written to a node's status key.
@@ -60,7 +73,7 @@ pub struct Status {
     pub revision: Option<i64>,
     /// What its last apply did: whether it converged, its counts, its last error.
     #[serde(flatten)]
-    pub applied: Applied,
+    pub applied: Summary,
     /// Why the latest declaration etcd holds for the node was refused; absent once a later one
     /// is accepted. The node goes on enforcing the declaration it applied (`revision`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -92,7 +105,7 @@ pub async fn run(
     etcd: Arc<Etcd>,
     node: String,
     groups: Vec<String>,
-    mut applied: watch::Receiver<Applied>,
+    mut applied: watch::Receiver<controller::Applied>,
     mut refused: watch::Receiver<Option<String>>,
     shutdown: CancellationToken,
 ) {
@@ -144,13 +157,16 @@ pub async fn run(
                 if changed.is_err() {
                     return;
                 }
-                let now = applied.borrow_and_update().clone();
+                let (revision, now) = {
+                    let now = applied.borrow_and_update();
+                    (revision_of(&now.sources), Summary::from(&*now))
+                };
                 let refusal = refused.borrow_and_update().clone();
                 let written_at = crate::system::unix_secs();
                 let record = Status {
                     node: node.clone(),
                     groups: groups.clone(),
-                    revision: revision_of(&now.sources),
+                    revision,
                     applied: now,
                     refused: refusal,
                     written_at,

@@ -783,58 +783,6 @@ fn seen(endpoint: &str, doc: Value) -> Result<Option<Seen>, Error> {
     Ok(last.map(Seen::Changed))
 }
 
-/// Reads a password from a file (its first line), bounded, for etcd's auth. Never logged.
-pub fn read_password(path: &std::path::Path) -> std::io::Result<SecretString> {
-    let bytes = crate::system::read_input(path, 4096)?;
-    let text = String::from_utf8(bytes).map_err(|_| std::io::Error::other("the password is not UTF-8"))?;
-    Ok(SecretString::from(text.lines().next().unwrap_or_default().to_owned()))
-}
-
-/// Makes `dir` (and its parents) if missing, private to root: the fleet cache's home.
-pub fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt as _;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
-}
-
-/// Replaces the directory `dir` with one holding exactly `files` (name, bytes), in one step: the
-/// new directory is written beside it, made durable, and exchanged with the old one by a single
-/// rename (`RENAME_EXCHANGE`): the path names the old set of files or the new, never a mix.
-/// (A reader that lists, then opens each name, can still straddle the swap: the fleet's file
-/// names carry the revision so that such a reader finds a name missing rather than a mix.)
-/// The files are private to root (a declaration can hold sealed values and paths worth hiding).
-pub fn replace_dir(dir: &std::path::Path, files: &[(String, Vec<u8>)]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
-    let name = dir.file_name().ok_or_else(|| std::io::Error::other("the directory has no name"))?;
-    let parent = dir.parent().unwrap_or(std::path::Path::new("/"));
-    let new = parent.join(format!(".{}.new", name.to_string_lossy()));
-    if new.exists() {
-        std::fs::remove_dir_all(&new)?;
-    }
-    std::fs::DirBuilder::new().mode(0o700).create(&new)?;
-    for (file, bytes) in files {
-        let mut f =
-            std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(new.join(file))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::File::open(&new)?.sync_all()?;
-    if dir.exists() {
-        rustix::fs::renameat_with(
-            rustix::fs::CWD,
-            &new,
-            rustix::fs::CWD,
-            dir,
-            rustix::fs::RenameFlags::EXCHANGE,
-        )?;
-        // The old set is now at `new`.
-        std::fs::remove_dir_all(&new)?;
-    } else {
-        std::fs::rename(&new, dir)?;
-    }
-    std::fs::File::open(parent)?.sync_all()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -931,21 +879,5 @@ mod tests {
         assert!(cn.starts_with("HTTP 400 Bad Request: CommonName") && cn.contains("without a CN"), "{cn}");
         let long = not_json(hyper::StatusCode::NOT_FOUND, "x".repeat(10_000).as_bytes());
         assert!(long.len() < 400, "bounded");
-    }
-
-    #[test]
-    #[allow(clippy::disallowed_methods, reason = "the test looks at what it wrote")]
-    fn a_directory_is_replaced_whole() {
-        let scratch = tempfile::tempdir().unwrap();
-        let dir = scratch.path().join("declaration.d");
-        replace_dir(&dir, &[("0001-a.json".into(), b"1".to_vec()), ("0002-b.json".into(), b"2".to_vec())])
-            .unwrap();
-        replace_dir(&dir, &[("0001-c.json".into(), b"3".to_vec())]).unwrap();
-        let names: Vec<String> =
-            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-        assert_eq!(names, ["0001-c.json"]);
-        assert_eq!(std::fs::read(dir.join("0001-c.json")).unwrap(), b"3");
-        // Nothing is left beside it.
-        assert_eq!(std::fs::read_dir(scratch.path()).unwrap().count(), 1);
     }
 }

@@ -340,7 +340,7 @@ impl Fs {
     /// Notes in the journal, durably, what a batch is about to leave. Call before `commit`.
     pub fn intend(&mut self, intents: Vec<super::journal::Intent>) -> Result<()> {
         match &mut self.journal {
-            Some(j) => j.intend(intents),
+            Some(j) => j.intend(intents).map_err(Error::from),
             None => Ok(()),
         }
     }
@@ -1043,6 +1043,53 @@ pub fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(found)
 }
 
+/// Makes `dir` (and its parents) if missing, private to root: the fleet cache's home.
+pub fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Replaces the directory `dir` with one holding exactly `files` (name, bytes), in one step: the
+/// new directory is written beside it, made durable, and exchanged with the old one by a single
+/// rename (`RENAME_EXCHANGE`): the path names the old set of files or the new, never a mix.
+/// (A reader that lists, then opens each name, can still straddle the swap: the fleet's file
+/// names carry the revision so that such a reader finds a name missing rather than a mix.)
+/// The files are private to root (a declaration can hold sealed values and paths worth hiding).
+/// Reached by path, not through `Fs`'s descriptors: the directory is the agent's own, under the
+/// state directory and private to root, as the store is.
+pub fn replace_dir(dir: &std::path::Path, files: &[(String, Vec<u8>)]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    let name = dir.file_name().ok_or_else(|| std::io::Error::other("the directory has no name"))?;
+    let parent = dir.parent().unwrap_or(std::path::Path::new("/"));
+    let new = parent.join(format!(".{}.new", name.to_string_lossy()));
+    if new.exists() {
+        std::fs::remove_dir_all(&new)?;
+    }
+    std::fs::DirBuilder::new().mode(0o700).create(&new)?;
+    for (file, bytes) in files {
+        let mut f =
+            std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(new.join(file))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::File::open(&new)?.sync_all()?;
+    if dir.exists() {
+        rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            &new,
+            rustix::fs::CWD,
+            dir,
+            rustix::fs::RenameFlags::EXCHANGE,
+        )?;
+        // The old set is now at `new`.
+        std::fs::remove_dir_all(&new)?;
+    } else {
+        std::fs::rename(&new, dir)?;
+    }
+    std::fs::File::open(parent)?.sync_all()
+}
+
 /// An exclusive advisory lock on a file, held while the value lives.
 pub struct Lock {
     _fd: OwnedFd,
@@ -1068,9 +1115,41 @@ pub fn try_lock(path: &Path) -> Result<Option<Lock>> {
     }
 }
 
+impl From<super::journal::Error> for Error {
+    fn from(e: super::journal::Error) -> Error {
+        Error::Io { op: e.op, path: e.path, source: e.source }
+    }
+}
+
+/// Removes the host's temporary files in `dir` that another process of the host left: named
+/// `.NAME.mesh-host-PID-N` with a PID not this process's. Only called with the store's lock
+/// held, so the process that made them is gone. Returns how many.
+pub fn remove_temporaries(dir: &Path) -> Result<usize> {
+    let mut fs = Fs::new();
+    if fs.meta(dir)?.is_none_or(|m| m.kind != Kind::Directory) {
+        return Ok(0);
+    }
+    let ours = format!("{}", std::process::id());
+    let mut removed = 0;
+    for name in fs.list(dir)? {
+        let Some(name) = name.to_str() else { continue };
+        let Some((_, tail)) = name.rsplit_once(TMP_MARK) else { continue };
+        let Some((pid, n)) = tail.split_once('-') else { continue };
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if name.starts_with('.') && digits(pid) && digits(n) && pid != ours {
+            let path = dir.join(name);
+            if fs.meta(&path)?.is_some_and(|m| m.kind == Kind::File) {
+                fs.remove_file(&path)?;
+                removed += 1;
+            }
+        }
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::orders_replacing_renames;
+    use super::{orders_replacing_renames, remove_temporaries};
 
     #[test]
     fn only_ext4_with_ordered_data_and_auto_da_alloc_lets_a_replacing_rename_go_first() {
@@ -1087,5 +1166,43 @@ mod tests {
         // No optional fields at all, and a line cut short.
         assert!(orders_replacing_renames("30 29 8:1 / /srv rw - ext4 /dev/sda1 rw", "8:1"));
         assert!(!orders_replacing_renames("30 29 8:1 / /srv rw - ext4", "8:1"));
+    }
+
+    #[test]
+    fn only_another_process_s_temporary_files_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = [
+            (".app.conf.mesh-host-1-7".to_owned(), true),
+            (format!(".app.conf.mesh-host-{}-7", std::process::id()), false),
+            (".app.conf.mesh-host-x-7".to_owned(), false),
+            ("app.conf.mesh-host-1-7".to_owned(), false),
+            ("app.conf".to_owned(), false),
+        ];
+        for (name, _) in &names {
+            std::fs::write(dir.path().join(name), "x").unwrap();
+        }
+        assert_eq!(remove_temporaries(dir.path()).unwrap(), 1);
+        for (name, gone) in &names {
+            assert_eq!(!dir.path().join(name).exists(), *gone, "{name}");
+        }
+    }
+
+    #[test]
+    #[allow(clippy::disallowed_methods, reason = "the test looks at what it wrote")]
+    fn a_directory_is_replaced_whole() {
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path().join("declaration.d");
+        super::replace_dir(
+            &dir,
+            &[("0001-a.json".into(), b"1".to_vec()), ("0002-b.json".into(), b"2".to_vec())],
+        )
+        .unwrap();
+        super::replace_dir(&dir, &[("0001-c.json".into(), b"3".to_vec())]).unwrap();
+        let names: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert_eq!(names, ["0001-c.json"]);
+        assert_eq!(std::fs::read(dir.join("0001-c.json")).unwrap(), b"3");
+        // Nothing is left beside it.
+        assert_eq!(std::fs::read_dir(scratch.path()).unwrap().count(), 1);
     }
 }

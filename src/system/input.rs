@@ -177,6 +177,13 @@ pub fn hash_input_file(path: &Path) -> std::io::Result<Option<[u8; 32]>> {
     Ok(Some(hasher.finalize().into()))
 }
 
+/// Reads a password from a file (its first line), bounded, for etcd's auth. Never logged.
+pub fn read_password(path: &std::path::Path) -> std::io::Result<secrecy::SecretString> {
+    let bytes = read_input(path, 4096)?;
+    let text = String::from_utf8(bytes).map_err(|_| std::io::Error::other("the password is not UTF-8"))?;
+    Ok(secrecy::SecretString::from(text.lines().next().unwrap_or_default().to_owned()))
+}
+
 /// Whether anything is at a path (a bind mount's source), following symlinks.
 pub fn exists(path: &Path) -> bool {
     std::fs::metadata(path).is_ok()

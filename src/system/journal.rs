@@ -23,7 +23,22 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::fs::{self, Fs, Result, TMP_MARK};
+/// A journal that could not be written, synced or removed: what the host was doing, the
+/// journal's path, and the system's error. Its own type, so the journal needs nothing of
+/// `system::fs`, which holds a journal (`fs::Error` takes it in as an `Io`).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {op} {path}: {source}")]
+pub struct Error {
+    /// What the host was doing, as words that follow "cannot".
+    pub op: &'static str,
+    /// The journal's path.
+    pub path: PathBuf,
+    /// The system's error.
+    #[source]
+    pub source: std::io::Error,
+}
+
+type Result<T> = std::result::Result<T, Error>;
 
 /// What the host is about to leave at one path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,8 +81,7 @@ impl Journal {
     }
 
     fn append(&mut self, lines: &[Line], sync: bool) -> Result<()> {
-        let io =
-            |e: std::io::Error| fs::Error::Io { op: "write the journal", path: self.path.clone(), source: e };
+        let io = |e: std::io::Error| Error { op: "write the journal", path: self.path.clone(), source: e };
         if self.file.is_none() {
             let file = std::fs::OpenOptions::new()
                 .append(true)
@@ -120,8 +134,7 @@ impl Journal {
     /// was synced whole since.
     pub fn make_durable(&mut self, synced: impl Fn(u64) -> bool) -> Result<()> {
         let Some(file) = &self.file else { return Ok(()) };
-        let io =
-            |e: std::io::Error| fs::Error::Io { op: "sync the journal", path: self.path.clone(), source: e };
+        let io = |e: std::io::Error| Error { op: "sync the journal", path: self.path.clone(), source: e };
         let dev = std::os::unix::fs::MetadataExt::dev(&file.metadata().map_err(io)?);
         if !synced(dev) {
             file.sync_data().map_err(io)?;
@@ -159,32 +172,6 @@ pub fn recover(path: &Path) -> std::io::Result<Option<Recovered>> {
     Ok(Some(found))
 }
 
-/// Removes the host's temporary files in `dir` that another process of the host left: named
-/// `.NAME.mesh-host-PID-N` with a PID not this process's. Only called with the store's lock
-/// held, so the process that made them is gone. Returns how many.
-pub fn remove_temporaries(dir: &Path) -> Result<usize> {
-    let mut fs = Fs::new();
-    if fs.meta(dir)?.is_none_or(|m| m.kind != super::fs::Kind::Directory) {
-        return Ok(0);
-    }
-    let ours = format!("{}", std::process::id());
-    let mut removed = 0;
-    for name in fs.list(dir)? {
-        let Some(name) = name.to_str() else { continue };
-        let Some((_, tail)) = name.rsplit_once(TMP_MARK) else { continue };
-        let Some((pid, n)) = tail.split_once('-') else { continue };
-        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-        if name.starts_with('.') && digits(pid) && digits(n) && pid != ours {
-            let path = dir.join(name);
-            if fs.meta(&path)?.is_some_and(|m| m.kind == super::fs::Kind::File) {
-                fs.remove_file(&path)?;
-                removed += 1;
-            }
-        }
-    }
-    Ok(removed)
-}
-
 /// Removes the journal once the store holds what the pass did. Absent is success.
 ///
 /// The removal is not made durable (no fsync of the state directory): after a power cut a
@@ -194,7 +181,7 @@ pub fn remove_temporaries(dir: &Path) -> Result<usize> {
 pub fn remove(path: &Path) -> Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(fs::Error::Io { op: "remove the journal", path: path.to_owned(), source: e })
+            Err(Error { op: "remove the journal", path: path.to_owned(), source: e })
         }
         _ => Ok(()),
     }
@@ -225,24 +212,5 @@ mod tests {
         assert_eq!(found.intents.len(), 1);
         remove(&path).unwrap();
         assert!(recover(&path).unwrap().is_none());
-    }
-
-    #[test]
-    fn only_another_process_s_temporary_files_are_removed() {
-        let dir = tempfile::tempdir().unwrap();
-        let names = [
-            (".app.conf.mesh-host-1-7".to_owned(), true),
-            (format!(".app.conf.mesh-host-{}-7", std::process::id()), false),
-            (".app.conf.mesh-host-x-7".to_owned(), false),
-            ("app.conf.mesh-host-1-7".to_owned(), false),
-            ("app.conf".to_owned(), false),
-        ];
-        for (name, _) in &names {
-            std::fs::write(dir.path().join(name), "x").unwrap();
-        }
-        assert_eq!(remove_temporaries(dir.path()).unwrap(), 1);
-        for (name, gone) in &names {
-            assert_eq!(!dir.path().join(name).exists(), *gone, "{name}");
-        }
     }
 }

@@ -78,7 +78,7 @@ pub struct Known<'a> {
     pub types: &'a [&'static str],
     /// Every outcome word (`apply::Verb::ALL`).
     pub actions: &'a [&'static str],
-    /// Every source a key is queued from (`controller::trigger::SOURCES`).
+    /// Every source a key is queued from (`controller::trigger::Source::ALL`).
     pub sources: &'a [&'static str],
 }
 

@@ -51,32 +51,15 @@ const EMPTY_LOOKS: usize = 5;
 const EMPTY_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Sets the declared keys in the file, reads them back, and records what they held before.
-pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, Error> {
+/// `format` is the file's `into`: the dispatcher calls this only for a file that has one.
+pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File, format: MergeInto) -> Result<Step, Error> {
     let path = f.path.as_path();
-    let format = f.into.expect("into::apply is only called for a file with `into`");
     let template = f.content.as_deref().ok_or_else(|| Error::NoContent { path: path.to_owned() })?;
     let record =
         ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::File && *rec.target == *r.target());
     let recorded = record.and_then(Record::merged).filter(|m| m.format == format);
-
-    // The hot path: a file whose signature is the one recorded when the host last found its
-    // keys as declared, under this same declaration, has not been touched since. It is not
-    // read, and its secrets are not opened (docs/decisions.md, "Secret holes in `into`
-    // content").
-    if let (Some(rec), Some(merged)) =
-        (record.filter(|rec| rec.sig.is_some() && rec.declared == r.digest), recorded)
-    {
-        if ctx.fs.meta(path)?.is_some_and(|m| m.kind == FsKind::File && Some(m.sig) == rec.sig) {
-            let facts = Facts {
-                wrote: rec.wrote,
-                mode: rec.mode,
-                owner: rec.owner,
-                sig: rec.sig,
-                into: Some(merged.clone()),
-                ..Facts::default()
-            };
-            return Ok(Step::Done(begin(r, Verb::Unchanged, None), Some(facts)));
-        }
+    if let Some(step) = untouched(ctx, r, path, record, recorded)? {
+        return Ok(step);
     }
 
     // The keys filled from a secret, told from the template: nothing is opened for this.
@@ -97,13 +80,9 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     let ring = ring.ok();
     // Opened now that the keys must be compared or written; zeroed when this returns.
     let opened: Opened;
-    let content = match (&ring, f.carries_secret()) {
-        (Some(ring), true) => {
-            let fill = match format {
-                MergeInto::Json => Fill::JsonString,
-                MergeInto::Env => Fill::EnvLine,
-            };
-            opened = secret::open_as(ring, f, fill)?;
+    let content = match &ring {
+        Some(ring) if f.carries_secret() => {
+            opened = open_content(ring, f, format)?;
             // The template is text and each value was checked to be text as it was filled.
             std::str::from_utf8(opened.expose_secret().as_slice()).map_err(|_| Error::IntoValue {
                 path: path.to_owned(),
@@ -119,21 +98,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         Some(ring) => Digest::from_keyed(ring.digest(doc.text().as_bytes())),
         None => digest(doc.text().as_bytes()),
     };
-    let mut found = read(&mut ctx.fs, path, format)?;
-    // A program that rewrites its env file truncates it first. Found empty where the host had
-    // set keys, it is most likely at that moment: written into now, the program's own write
-    // would land on the file the host replaced, and its lines would be lost. Looked at again,
-    // briefly, before it is taken as emptied. (An empty JSON file is refused outright: it is
-    // not an object; see `Doc::parse`.) Both are in docs/decisions.md, "`into`".
-    if format == MergeInto::Env && recorded.is_some() {
-        for _ in 0..EMPTY_LOOKS {
-            if !found.as_ref().is_some_and(|(_, d)| d.text().is_empty()) {
-                break;
-            }
-            std::thread::sleep(EMPTY_WAIT);
-            found = read(&mut ctx.fs, path, format)?;
-        }
-    }
+    let found = read_settled(&mut ctx.fs, path, format, recorded.is_some())?;
 
     let plan = decide(
         found.as_ref().map(|(_, d)| d),
@@ -173,17 +138,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         ),
     };
     let mut detail = plan.detail.clone();
-    // Before the host first writes over a file it has no record of, a copy is kept, as for any
-    // file: the keys are put back on removal, and the copy is there for whatever else a person
-    // may want back (docs/decisions.md, "A file found with no record").
     if let (None, Some(_)) = (record, &found) {
-        if !ctx.store.holds_target(Kind::File, &r.target()) {
-            let at = super::file::kept_path(&ctx.opts.originals, path);
-            if ctx.fs.meta(&at)?.is_none() {
-                let copy = ctx.fs.stage_copy(path, &at, mode & 0o700)?;
-                ctx.fs.commit(vec![copy]).pop().unwrap_or(Ok(()))?;
-            }
-            let said = format!("the file as found was kept at {}", at.display());
+        if let Some(said) = keep_original(ctx, r, path, mode)? {
             detail = Some(match detail {
                 Some(d) => format!("{d}; {said}"),
                 None => said,
@@ -191,15 +147,99 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         }
     }
     write(&mut ctx.fs, path, &plan.doc, mode, owner)?;
+    let (meta, now) = read_back(&mut ctx.fs, path, format, &declared)?;
+    let facts = facts(&now, &meta, plan.merged);
+    Ok(Step::Done(begin(r, plan.action, detail), Some(facts)))
+}
 
-    // Read back: every owned key holds what is declared, in the file as it is now.
-    let (meta, now) = read(&mut ctx.fs, path, format)?
+/// The hot path: a file whose signature is the one recorded when the host last found its keys
+/// as declared, under this same declaration, has not been touched since. It is not read, and
+/// its secrets are not opened (docs/decisions.md, "Secret holes in `into` content"). `None`:
+/// it must be looked at.
+fn untouched(
+    ctx: &mut Ctx<'_>,
+    r: &Resource,
+    path: &Path,
+    record: Option<&Record>,
+    recorded: Option<&Merged>,
+) -> Result<Option<Step>, Error> {
+    let (Some(rec), Some(merged)) =
+        (record.filter(|rec| rec.sig.is_some() && rec.declared == r.digest), recorded)
+    else {
+        return Ok(None);
+    };
+    if !ctx.fs.meta(path)?.is_some_and(|m| m.kind == FsKind::File && Some(m.sig) == rec.sig) {
+        return Ok(None);
+    }
+    let facts = Facts {
+        wrote: rec.wrote,
+        mode: rec.mode,
+        owner: rec.owner,
+        sig: rec.sig,
+        into: Some(merged.clone()),
+        ..Facts::default()
+    };
+    Ok(Some(Step::Done(begin(r, Verb::Unchanged, None), Some(facts))))
+}
+
+/// The declared content with its secret holes filled, each value written as the format quotes
+/// it.
+fn open_content(ring: &Keyring, f: &File, format: MergeInto) -> Result<Opened, Error> {
+    let fill = match format {
+        MergeInto::Json => Fill::JsonString,
+        MergeInto::Env => Fill::EnvLine,
+    };
+    secret::open_as(ring, f, fill)
+}
+
+/// Reads the file, and, for an env file the host had set keys in (`recorded`) found empty,
+/// again, briefly: a program that rewrites its env file truncates it first, and written into
+/// at that moment, the program's own write would land on the file the host replaced, and its
+/// lines would be lost. Only then is it taken as emptied. (An empty JSON file is refused
+/// outright: it is not an object; see `Doc::parse`.) Both are in docs/decisions.md, "`into`".
+fn read_settled(
+    fs: &mut Fs,
+    path: &Path,
+    format: MergeInto,
+    recorded: bool,
+) -> Result<Option<(Meta, Doc)>, Error> {
+    let mut found = read(fs, path, format)?;
+    if format == MergeInto::Env && recorded {
+        for _ in 0..EMPTY_LOOKS {
+            if !found.as_ref().is_some_and(|(_, d)| d.text().is_empty()) {
+                break;
+            }
+            std::thread::sleep(EMPTY_WAIT);
+            found = read(fs, path, format)?;
+        }
+    }
+    Ok(found)
+}
+
+/// Before the host first writes over a file it has no record of, a copy is kept, as for any
+/// file: the keys are put back on removal, and the copy is there for whatever else a person
+/// may want back (docs/decisions.md, "A file found with no record"). What to say of it, or
+/// `None` when the path is the host's under another id.
+fn keep_original(ctx: &mut Ctx<'_>, r: &Resource, path: &Path, mode: u32) -> Result<Option<String>, Error> {
+    if ctx.store.holds_target(Kind::File, &r.target()) {
+        return Ok(None);
+    }
+    let at = super::file::kept_path(&ctx.opts.originals, path);
+    if ctx.fs.meta(&at)?.is_none() {
+        let copy = ctx.fs.stage_copy(path, &at, mode & 0o700)?;
+        ctx.fs.commit(vec![copy]).pop().unwrap_or(Ok(()))?;
+    }
+    Ok(Some(format!("the file as found was kept at {}", at.display())))
+}
+
+/// Read back: every owned key holds what is declared, in the file as it is now.
+fn read_back(fs: &mut Fs, path: &Path, format: MergeInto, declared: &[Pair]) -> Result<(Meta, Doc), Error> {
+    let (meta, now) = read(fs, path, format)?
         .ok_or_else(|| Error::Vanished { target: super::Target::Path(path.to_owned()), did: "written" })?;
     if let Some((key, _)) = declared.iter().find(|(k, v)| !now.holds(k, v)) {
         return Err(Error::IntoReadBack { path: path.to_owned(), key: key.clone() });
     }
-    let facts = facts(&now, &meta, plan.merged);
-    Ok(Step::Done(begin(r, plan.action, detail), Some(facts)))
+    Ok((meta, now))
 }
 
 /// The keys and values a declared content sets, in order.
@@ -298,8 +338,8 @@ impl Seal for Vault<'_> {
             return Ok(None);
         }
         // One that opens with neither is left as it is: the apply goes on, and only putting
-        // it back, should that come, fails, naming the key (docs/decisions.md, "Without a key
-        // that opens it, the removal fails and keeps the record").
+        // it back, should that come, fails, naming the key (docs/decisions.md, "`into`":
+        // "Without a key that opens it, the removal fails and keeps the record").
         let Ok(opened) = ring.open(sealed) else { return Ok(None) };
         self.seal(owned, self.text(owned, &opened)?).map(Some)
     }
@@ -384,7 +424,7 @@ fn decide(
             // Only the first time the host sets it: what it holds later is the host's own
             // value. Sealed when the key is filled from a secret: it is likely the credential
             // the secret replaces, and if the host wrote it (a record lost), it is a secret
-            // (docs/decisions.md, "sealed to the node's own public key").
+            // (docs/decisions.md, "`into`": "sealed to the node's own public key").
             None => {
                 let before = match held.first() {
                     None => None,
@@ -395,7 +435,7 @@ fn decide(
             }
             // Recorded in the clear before the key was filled from a secret: sealed now, once,
             // since sealing is not deterministic and the store must not move every pass
-            // (docs/decisions.md, "sealed to the node's own public key").
+            // (docs/decisions.md, "`into`": "sealed to the node's own public key").
             Some(Some(before @ Was::Plain(_))) if secret => {
                 let Was::Plain(plain) = before else { unreachable!("matched as plain") };
                 let sealed = vault.seal(key, plain)?;
