@@ -55,14 +55,25 @@ pub enum Error {
     /// The flip from firewalld to the host's own filter stopped after the filter was loaded.
     #[error("the host's own filter was loaded, and retiring firewalld failed: {reason}; firewalld and the openings made in it stay, and the next pass tries again")]
     FlipFirewalld {
-        /// What failed, and what of it was undone.
-        reason: String,
+        /// What failed, and what of it was undone. Shared: it is every opening's.
+        reason: Arc<FirewalldMove>,
     },
     /// The way back to firewalld could not start it.
     #[error("firewalld, retired by the host, could not be started again: {reason}; table inet mesh_host stays in force, and the next pass tries again")]
     WayBackFirewalld {
-        /// What failed.
-        reason: String,
+        /// What failed. Shared: it is every opening's.
+        reason: Arc<FirewalldMove>,
+    },
+    /// Which firewall is in force on an adopted node could not be told: the declaration is
+    /// refused, nothing touched.
+    #[error("cannot tell which firewall is in force: {0}; nothing was touched")]
+    FirewallUnknown(FoundUnreadable),
+    /// A filter other than ufw's, firewalld's and the host's own is in force on the input hook
+    /// of an adopted node: the declaration is refused, nothing touched.
+    #[error("a filter other than ufw or firewalld is in force on the input hook of this adopted node: {}; mesh-host does not load its own filter beside one it cannot manage, so the declaration was refused and nothing was touched", .chains.join(", "))]
+    ForeignFilter {
+        /// Each chain in force, described: its table, name, policy and number of rules.
+        chains: Vec<String>,
     },
     /// The flip from the found firewall (ufw or firewalld) waits: something else in the pass
     /// failed.
@@ -72,6 +83,29 @@ pub enum Error {
         from: &'static str,
         /// How many other resources of the pass failed.
         failed: usize,
+    },
+    /// The way back to the found firewall (ufw or firewalld) waits: something else in the pass
+    /// failed.
+    #[error("the way back from the host's own filter to {to} waits until everything applies without failure ({failed} failed); table inet mesh_host stays in force, and {to} as it is")]
+    WayBackWaits {
+        /// The firewall to go back to: `ufw` or `firewalld`.
+        to: &'static str,
+        /// How many other resources of the pass failed.
+        failed: usize,
+    },
+    /// The flip from the found firewall waits: a reconcile of some keys (a change the daemon
+    /// saw) never moves the filter, only a full pass that fails nothing does.
+    #[error("the flip from {from} to the host's own filter waits for a full pass that fails nothing, and this was a reconcile of one change; {from} and the openings made in it were left in force")]
+    FlipWaitsForFullPass {
+        /// The firewall found: `ufw` or `firewalld`.
+        from: &'static str,
+    },
+    /// The way back to the found firewall waits: a reconcile of some keys never moves the
+    /// filter.
+    #[error("the way back from the host's own filter to {to} waits for a full pass that fails nothing, and this was a reconcile of one change; table inet mesh_host stays in force, and {to} as it is")]
+    WayBackWaitsForFullPass {
+        /// The firewall to go back to: `ufw` or `firewalld`.
+        to: &'static str,
     },
     /// What nft answered. Shared, because one load of the filter is every opening's.
     #[error(transparent)]
@@ -621,6 +655,68 @@ impl std::fmt::Display for Aspect {
     }
 }
 
+/// What could not be read while looking for the firewall in force on an adopted node.
+#[derive(Debug, thiserror::Error)]
+pub enum FoundUnreadable {
+    /// ufw could not say whether it is active.
+    #[error(transparent)]
+    Ufw(#[from] crate::system::ufw::Error),
+    /// firewalld answered, and not whether it runs.
+    #[error(transparent)]
+    Firewalld(#[from] crate::system::firewalld::Error),
+    /// The chains on the input hook could not be listed.
+    #[error(transparent)]
+    Nft(#[from] crate::system::firewall::Error),
+}
+
+/// Why retiring firewalld (the flip) or starting it again (the way back) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FirewalldMove {
+    /// systemd refused or failed a call about firewalld's unit.
+    #[error(transparent)]
+    Systemd(#[from] systemd::Error),
+    /// firewalld, or its offline tool, failed.
+    #[error(transparent)]
+    Firewalld(#[from] crate::system::firewalld::Error),
+    /// Disabling or stopping the unit failed, and enabling it again after failed too.
+    #[error("{failed}; enabling it again failed too: {again}")]
+    NotEnabledAgain {
+        /// Why it could not be disabled or stopped.
+        failed: Box<FirewalldMove>,
+        /// Why it could not be enabled again.
+        again: systemd::Error,
+    },
+    /// Disabled and stopped without an error, firewalld reads back otherwise.
+    #[error("firewalld was stopped and disabled, and reads back {state}, {boot}{}", if *.answers { ", still answering on the bus" } else { "" })]
+    NotRetired {
+        /// The unit's state read back.
+        state: Box<UnitState>,
+        /// Whether it starts at boot, as systemd says it.
+        boot: String,
+        /// Whether firewalld still answers on the bus.
+        answers: bool,
+    },
+    /// The host's saved rules are still in firewalld's zone after they were deleted.
+    #[error(
+        "firewalld was retired, and the saved rules of {id} are still in its zone {zone} after deleting them"
+    )]
+    RulesLeft {
+        /// The opening whose rules are left.
+        id: String,
+        /// The zone they are in.
+        zone: String,
+    },
+    /// Started, firewalld never answered on the bus.
+    #[error("firewalld was started and did not answer on the bus within {secs} s")]
+    NoAnswer {
+        /// How long it was waited for, in seconds.
+        secs: u64,
+    },
+    /// The host's table could not be made to let the declared openings in before the way back.
+    #[error(transparent)]
+    Widen(Box<Error>),
+}
+
 /// Who needs a path that is not there, and that the host never makes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Need {
@@ -715,8 +811,30 @@ mod tests {
                 "the flip from firewalld to the host's own filter waits until everything applies without failure (2 failed); firewalld and the openings made in it were left in force".into(),
             ),
             (
-                Error::FlipFirewalld { reason: "firewalld.service failed to stop".into() },
-                "the host's own filter was loaded, and retiring firewalld failed: firewalld.service failed to stop; firewalld and the openings made in it stay, and the next pass tries again".into(),
+                Error::FlipWaitsForFullPass { from: "ufw" },
+                "the flip from ufw to the host's own filter waits for a full pass that fails nothing, and this was a reconcile of one change; ufw and the openings made in it were left in force".into(),
+            ),
+            (
+                Error::WayBackWaits { to: "ufw", failed: 1 },
+                "the way back from the host's own filter to ufw waits until everything applies without failure (1 failed); table inet mesh_host stays in force, and ufw as it is".into(),
+            ),
+            (
+                Error::FlipFirewalld {
+                    reason: Arc::new(FirewalldMove::NotRetired {
+                        state: state("active", "running"),
+                        boot: "disabled".into(),
+                        answers: true,
+                    }),
+                },
+                "the host's own filter was loaded, and retiring firewalld failed: firewalld was stopped and disabled, and reads back active (running), disabled, still answering on the bus; firewalld and the openings made in it stay, and the next pass tries again".into(),
+            ),
+            (
+                Error::WayBackFirewalld { reason: Arc::new(FirewalldMove::NoAnswer { secs: 60 }) },
+                "firewalld, retired by the host, could not be started again: firewalld was started and did not answer on the bus within 60 s; table inet mesh_host stays in force, and the next pass tries again".into(),
+            ),
+            (
+                Error::ForeignFilter { chains: vec!["table ip guard chain c (policy drop, 0 rules)".into(), "table inet x chain i (policy accept, 2 rules)".into()] },
+                "a filter other than ufw or firewalld is in force on the input hook of this adopted node: table ip guard chain c (policy drop, 0 rules), table inet x chain i (policy accept, 2 rules); mesh-host does not load its own filter beside one it cannot manage, so the declaration was refused and nothing was touched".into(),
             ),
             (
                 Error::FirewalldReadBack { id: "web.http".into(), differs: "not in force [\"rule\"]".into() },

@@ -19,8 +19,6 @@ mod directory;
 mod error;
 mod file;
 pub use file::declared_bytes;
-mod firewall;
-mod firewalld;
 mod into;
 mod network;
 mod opening;
@@ -44,7 +42,7 @@ pub use archive::ArchiveLimits;
 #[doc(hidden)]
 pub use container::parse_env_file;
 pub use container::{installed_steps, run_scheduled, spec_digest, ScheduledRun};
-pub use error::{Aspect, Error, Need, Target};
+pub use error::{Aspect, Error, FirewalldMove, FoundUnreadable, Need, Target};
 pub use outcome::{Failure, Outcome, PassFailed, Report, Verb};
 use pass::Pass;
 use rising::Rising;
@@ -232,7 +230,7 @@ fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
         Spec::Container(c) => container::apply(ctx, r, c),
         Spec::Network(n) => network::apply(ctx, r, n),
         // Openings are one filter, loaded by the firewall step once everything else is applied
-        // (`opening::apply`); the pass sets them aside and never steps them one by one.
+        // (`opening::nft::apply`); the pass sets them aside and never steps them one by one.
         Spec::Opening(_) => unreachable!("the pass sets openings aside for the firewall step"),
     }
 }

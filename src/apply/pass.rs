@@ -272,7 +272,7 @@ impl<'a> Pass<'a> {
         if gate_at.is_some() {
             self.firewall_held_by_gate();
         } else if !self.openings.is_empty() || !self.orphan_openings.is_empty() {
-            self.firewall();
+            self.firewall(whole);
         }
         if whole {
             self.trust_signatures(fs);

@@ -122,7 +122,7 @@ fn look(fs: &mut Fs, machine: &mut Managers, rec: &Record, opts: &Options) -> Re
             let found = machine.docker(opts.container_socket.as_deref())?.network(&rec.target)?;
             Ok(decide::network(&rec.target, found.map(|n| (n.labels.contains_key(ID_LABEL), n.containers))))
         }
-        // Not reached: the pass hands orphan openings to the firewall step (`opening::apply`),
+        // Not reached: the pass hands orphan openings to the firewall step (`opening::nft::apply`),
         // which takes them out of the filter after everything else, in the same load
         // (docs/decisions.md, "The filter is loaded after everything else in the pass").
         Kind::Opening => Ok(Plan::Leave(

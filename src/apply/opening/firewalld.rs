@@ -19,18 +19,17 @@
 //! `system::firewalld` and reads back. Why D-Bus, and the offline tool only while firewalld is
 //! stopped: ARCHITECTURE.md, "Why D-Bus, and `firewall-offline-cmd` only while stopped".
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::opening::{self, Done, Seen};
-use super::{Error, Options, Outcome, Verb};
-use crate::declaration::{Declaration, Opening, Resource};
+use super::plan::Home;
+use super::{driver, nft, Done};
+use crate::apply::opening;
+use crate::apply::{Error, FirewalldMove, Options};
+use crate::declaration::{Declaration, Opening};
 use crate::store::{Record, Store};
 use crate::system::firewall::Transport;
 use crate::system::firewalld::{self, offline, Firewalld, Service};
-
-/// What the record of an opening made in firewalld says in its `spec`.
-pub(super) const FIREWALLD: &str = "firewalld";
 
 /// The prefix of every service the host saves in firewalld.
 const PREFIX: &str = "mesh-host-";
@@ -138,7 +137,7 @@ fn lets_in(ports: &[(String, String)], t: Transport, port: u16) -> bool {
 }
 
 /// firewalld as read at one moment: the default zone's rules, runtime and saved, and its ports.
-struct Seen2 {
+struct Zone {
     zone: String,
     runtime: Vec<String>,
     permanent: Vec<String>,
@@ -146,9 +145,9 @@ struct Seen2 {
     services: BTreeSet<String>,
 }
 
-fn read(fw: &Firewalld) -> Result<Seen2, firewalld::Error> {
+fn read(fw: &Firewalld) -> Result<Zone, firewalld::Error> {
     let zone = fw.default_zone()?;
-    Ok(Seen2 {
+    Ok(Zone {
         runtime: fw.runtime_rich_rules(&zone)?,
         permanent: fw.permanent_rich_rules(&zone)?,
         ports: fw.runtime_ports(&zone)?,
@@ -174,223 +173,180 @@ pub(super) fn apply(
     orphans: Vec<(String, Record)>,
     fw: &Firewalld,
 ) -> Done {
-    let declared = opening::declared_openings(declaration);
-    let mut done = Done { declared: Vec::new(), orphans: Vec::new() };
-    let failed = |e: firewalld::Error| Arc::new(e);
-    let found = match read(fw).map_err(failed) {
-        Ok(found) => found,
-        Err(e) => {
-            done.declared.extend(declared.iter().map(|(r, _)| (r.index, Err(Error::Firewalld(e.clone())))));
-            done.orphans
-                .extend(orphans.into_iter().map(|(id, rec)| (id, rec, Err(Error::Firewalld(e.clone())))));
-            return done;
-        }
-    };
-    let zone = found.zone.clone();
+    let mut f = InFirewalld { fw, zone: String::new(), found: HashMap::new(), stale: BTreeSet::new() };
+    driver::apply_with(&mut f, declaration, store, opts, orphans)
+}
+
+/// firewalld, found running, as the driver works in it.
+struct InFirewalld<'a> {
+    fw: &'a Firewalld,
+    /// The default zone, as first read.
+    zone: String,
+    /// Each opening's service as found, and whether it was saved as wanted: read back again
+    /// only where something was changed.
+    found: HashMap<String, (bool, Option<Service>)>,
+    /// The rules in force the host had for its openings, worked out from what is saved: taken
+    /// out once every wanted one is in, unless wanted.
+    stale: BTreeSet<String>,
+}
+
+impl driver::Filter for InFirewalld<'_> {
+    type Seen = Zone;
+    type Want = Rules;
+    type Fault = firewalld::Error;
+    const HOME: Home = Home::Firewalld;
+
+    fn error(fault: &Arc<firewalld::Error>) -> Error {
+        Error::Firewalld(Arc::clone(fault))
+    }
+
+    fn read(&mut self) -> Result<Zone, firewalld::Error> {
+        let zone = read(self.fw)?;
+        self.zone = zone.zone.clone();
+        Ok(zone)
+    }
+
     // An opening of a module not taken yet, whose port firewalld already lets in, is held:
     // nothing of the host's is added beside the operator's setting (docs/decisions.md, "An
     // opening is held behind firewalld").
-    let mut live: Vec<(&Resource, &Opening)> = Vec::new();
-    for (r, o) in declared {
-        let open = lets_in(&found.ports, opening::transport(o.protocol), o.port.get());
-        if opening::holdable(declaration, store, r) && opening::held_now(store, r, open) {
-            let outcome = Outcome {
-                id: r.id.to_string(),
-                kind: r.kind(),
-                target: r.target(),
-                action: Verb::Held,
-                detail: Some(opening::held_detail(r)),
-            };
-            done.declared.push((r.index, Ok(outcome)));
-        } else {
-            live.push((r, o));
-        }
+    fn lets_in(&self, seen: &Zone, o: &Opening) -> bool {
+        lets_in(&seen.ports, opening::transport(o.protocol), o.port.get())
     }
-    let wanted: Vec<Rules> = live.iter().map(|(r, o)| rules(r.id.as_str(), o)).collect();
-    let wanted_runtime: BTreeSet<&String> = wanted.iter().flat_map(|w| &w.runtime).collect();
 
-    let mut seen = Vec::new();
-    // Each opening's service as found: read back again only where something was changed.
-    let mut before: Vec<Option<Service>> = Vec::new();
-    let mut stale_runtime: BTreeSet<String> = BTreeSet::new();
-    let mut change: Result<(), firewalld::Error> = Ok(());
-    for ((r, _), want) in live.iter().zip(&wanted) {
-        let name = service_name(r.id.as_str());
-        let service = match fw.service(&name, &found.services) {
-            Ok(s) => s,
-            Err(e) => {
-                change = change.and(Err(e));
-                None
-            }
-        };
-        before.push(service.clone());
-        let have = saved_for(&found.permanent, &name);
+    fn want(&self, id: &str, o: &Opening) -> Rules {
+        rules(id, o)
+    }
+
+    fn compare(&mut self, seen: &Zone, id: &str, want: &Rules) -> Result<driver::Compared, firewalld::Error> {
+        let name = service_name(id);
+        let service = self.fw.service(&name, &seen.services)?;
+        let have = saved_for(&seen.permanent, &name);
         let saved = service.as_ref() == Some(&want.service)
             && sorted(&have.iter().map(|s| (*s).clone()).collect::<Vec<_>>()) == sorted(&want.permanent);
-        let in_force = want.runtime.iter().all(|w| found.runtime.contains(w));
-        seen.push((saved, in_force));
+        let in_force = want.runtime.iter().all(|w| seen.runtime.contains(w));
         if let Some(s) = &service {
-            stale_runtime.extend(runtime_of(&have, &name, &s.ports));
+            self.stale.extend(runtime_of(&have, &name, &s.ports));
         }
-        if opts.dry_run || change.is_err() {
-            continue;
-        }
-        // What is wanted goes in before what is stale goes out: no moment with the port closed
-        // (docs/decisions.md, "Which rules in force are the host's").
-        change = (|| {
-            if service.as_ref() != Some(&want.service) {
-                fw.put_service(&name, &want.service, service.is_some())?;
-            }
-            for rule in want.permanent.iter().filter(|w| !have.contains(w)) {
-                fw.add_permanent_rich_rule(&zone, rule)?;
-            }
-            for rule in have.iter().filter(|h| !want.permanent.contains(h)) {
-                fw.remove_permanent_rich_rule(&zone, rule)?;
-            }
-            for rule in want.runtime.iter().filter(|w| !found.runtime.contains(w)) {
-                fw.add_runtime_rich_rule(&zone, rule)?;
-            }
-            Ok(())
-        })();
+        self.found.insert(id.to_owned(), (saved, service));
+        // `put` changes only what differs.
+        Ok(driver::Compared { intact: saved && in_force, change: true })
     }
-    let mut orphan_found = Vec::new();
-    for (id, _) in &orphans {
+
+    // What is wanted goes in before what is stale goes out: no moment with the port closed
+    // (docs/decisions.md, "Which rules in force are the host's").
+    fn put(&mut self, seen: &Zone, id: &str, want: &Rules) -> Result<(), firewalld::Error> {
+        let (fw, zone) = (self.fw, &self.zone);
         let name = service_name(id);
-        let have = saved_for(&found.permanent, &name);
-        let service = fw.service(&name, &found.services);
-        orphan_found.push(!have.is_empty() || matches!(service, Ok(Some(_))));
-        match service {
-            Ok(Some(s)) => stale_runtime.extend(runtime_of(&have, &name, &s.ports)),
-            Ok(None) => {}
-            Err(e) => change = change.and(Err(e)),
+        let service = self.found.get(id).and_then(|(_, s)| s.as_ref());
+        if service != Some(&want.service) {
+            fw.put_service(&name, &want.service, service.is_some())?;
         }
+        let have = saved_for(&seen.permanent, &name);
+        for rule in want.permanent.iter().filter(|w| !have.contains(w)) {
+            fw.add_permanent_rich_rule(zone, rule)?;
+        }
+        for rule in have.iter().filter(|h| !want.permanent.contains(h)) {
+            fw.remove_permanent_rich_rule(zone, rule)?;
+        }
+        for rule in want.runtime.iter().filter(|w| !seen.runtime.contains(w)) {
+            fw.add_runtime_rich_rule(zone, rule)?;
+        }
+        Ok(())
+    }
+
+    fn find_orphan(&mut self, seen: &Zone, id: &str) -> Result<bool, firewalld::Error> {
+        let name = service_name(id);
+        let have = saved_for(&seen.permanent, &name);
         // After an operator's reload, the saved rules are in force as they are saved.
-        stale_runtime.extend(have.iter().map(|r| (*r).clone()));
-        if opts.dry_run || change.is_err() {
-            continue;
+        self.stale.extend(have.iter().map(|r| (*r).clone()));
+        let service = self.fw.service(&name, &seen.services)?;
+        if let Some(s) = &service {
+            self.stale.extend(runtime_of(&have, &name, &s.ports));
         }
-        change = (|| {
-            for rule in &have {
-                fw.remove_permanent_rich_rule(&zone, rule)?;
-            }
-            Ok(())
-        })();
-    }
-    if !opts.dry_run && change.is_ok() {
-        change = (|| {
-            for rule in stale_runtime.iter().filter(|r| !wanted_runtime.contains(r)) {
-                if found.runtime.contains(rule) {
-                    fw.remove_runtime_rich_rule(&zone, rule)?;
-                }
-            }
-            for (id, _) in &orphans {
-                let name = service_name(id);
-                if found.services.contains(&name) {
-                    fw.remove_service(&name)?;
-                }
-            }
-            Ok(())
-        })();
+        Ok(!have.is_empty() || service.is_some())
     }
 
-    // Read back, saved and in force.
-    let after = change.map_err(failed).and_then(|()| {
-        if opts.dry_run {
-            Ok(None)
+    fn delete(&mut self, seen: &Zone, id: &str) -> Result<(), firewalld::Error> {
+        for rule in saved_for(&seen.permanent, &service_name(id)) {
+            self.fw.remove_permanent_rich_rule(&self.zone, rule)?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, seen: &Zone, wanted: &[Rules], orphans: &[&str]) -> Result<(), firewalld::Error> {
+        let wanted_runtime: BTreeSet<&String> = wanted.iter().flat_map(|w| &w.runtime).collect();
+        for rule in self.stale.iter().filter(|r| !wanted_runtime.contains(r)) {
+            if seen.runtime.contains(rule) {
+                self.fw.remove_runtime_rich_rule(&self.zone, rule)?;
+            }
+        }
+        for id in orphans {
+            let name = service_name(id);
+            if seen.services.contains(&name) {
+                self.fw.remove_service(&name)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn read_back(&mut self, _: &[Rules]) -> Result<Zone, firewalld::Error> {
+        read(self.fw)
+    }
+
+    fn check(&mut self, now: &Zone, id: &str, want: &Rules) -> Result<(), Error> {
+        let name = service_name(id);
+        let (saved, found) = self.found.get(id).cloned().unwrap_or((false, None));
+        let service = if saved {
+            found
         } else {
-            read(fw).map(Some).map_err(failed)
-        }
-    });
-    for ((((r, _), want), (saved, in_force)), found_service) in live.iter().zip(&wanted).zip(seen).zip(before)
-    {
-        let result = match &after {
-            Err(e) => Err(Error::Firewalld(e.clone())),
-            Ok(None) => Ok(()),
-            Ok(Some(now)) => {
-                let name = service_name(r.id.as_str());
-                let service = if saved { Ok(found_service) } else { fw.service(&name, &now.services) };
-                match service {
-                    Err(e) => Err(Error::Firewalld(Arc::new(e))),
-                    Ok(service) => {
-                        let mut differs = Vec::new();
-                        if service.as_ref() != Some(&want.service) {
-                            differs.push(match service {
-                                None => format!("its service {name} is not saved"),
-                                Some(s) => format!("its service {name} is saved as {s:?}"),
-                            });
-                        }
-                        let have: Vec<String> =
-                            saved_for(&now.permanent, &name).into_iter().cloned().collect();
-                        if sorted(&have) != sorted(&want.permanent) {
-                            differs.push(format!("saved rules {have:?}, wanted {:?}", want.permanent));
-                        }
-                        let missing: Vec<&String> =
-                            want.runtime.iter().filter(|w| !now.runtime.contains(w)).collect();
-                        if !missing.is_empty() {
-                            differs.push(format!("not in force {missing:?}"));
-                        }
-                        if differs.is_empty() {
-                            Ok(())
-                        } else {
-                            Err(Error::FirewalldReadBack {
-                                id: r.id.to_string(),
-                                differs: differs.join("; "),
-                            })
-                        }
-                    }
-                }
-            }
+            self.fw.service(&name, &now.services).map_err(|e| Error::Firewalld(Arc::new(e)))?
         };
-        let result = result.map(|()| {
-            let recorded =
-                store.get(r.id.as_str()).map(|rec| rec.declared == r.digest && rec.spec() == Some(FIREWALLD));
-            let (action, detail) = opening::decide(&Seen {
-                recorded,
-                intact: saved && in_force,
-                table_absent: false,
-                common: &[],
+        let mut differs = Vec::new();
+        if service.as_ref() != Some(&want.service) {
+            differs.push(match service {
+                None => format!("its service {name} is not saved"),
+                Some(s) => format!("its service {name} is saved as {s:?}"),
             });
-            let here = format!("in firewalld's zone {zone}, found running on this adopted node");
-            let detail = match detail {
-                Some(d) => format!("{d}; {here}"),
-                None => format!("{here} (runtime and permanent)"),
-            };
-            Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail: Some(detail) }
-        });
-        done.declared.push((r.index, result));
+        }
+        let have: Vec<String> = saved_for(&now.permanent, &name).into_iter().cloned().collect();
+        if sorted(&have) != sorted(&want.permanent) {
+            differs.push(format!("saved rules {have:?}, wanted {:?}", want.permanent));
+        }
+        let missing: Vec<&String> = want.runtime.iter().filter(|w| !now.runtime.contains(w)).collect();
+        if !missing.is_empty() {
+            differs.push(format!("not in force {missing:?}"));
+        }
+        if differs.is_empty() {
+            return Ok(());
+        }
+        Err(Error::FirewalldReadBack { id: id.to_owned(), differs: differs.join("; ") })
     }
-    for ((id, rec), was_there) in orphans.into_iter().zip(orphan_found) {
-        let name = service_name(&id);
-        let result = match &after {
-            Err(e) => Err(Error::Firewalld(e.clone())),
-            Ok(Some(now)) if !saved_for(&now.permanent, &name).is_empty() || now.services.contains(&name) => {
-                Err(Error::FirewalldReadBack {
-                    id: id.clone(),
-                    differs: format!(
-                        "its saved rules or its service {name} are still in firewalld after deleting them"
-                    ),
-                })
-            }
-            Ok(_) => Ok((
-                Verb::Removed,
-                Some(
-                    if was_there {
-                        "its rules and its service were deleted from firewalld"
-                    } else {
-                        "its rules were already gone from firewalld"
-                    }
-                    .to_owned(),
-                ),
-            )),
-        };
-        done.orphans.push((id, rec, result));
-    }
-    done
-}
 
-/// What the record of an opening in the host's table says in its `spec` on a node whose
-/// firewalld the host retired in a flip: what the way back looks for.
-pub(super) const FIREWALLD_RETIRED: &str = "firewalld-retired";
+    fn check_gone(&self, now: &Zone, id: &str) -> Result<(), Error> {
+        let name = service_name(id);
+        if saved_for(&now.permanent, &name).is_empty() && !now.services.contains(&name) {
+            return Ok(());
+        }
+        Err(Error::FirewalldReadBack {
+            id: id.to_owned(),
+            differs: format!(
+                "its saved rules or its service {name} are still in firewalld after deleting them"
+            ),
+        })
+    }
+
+    fn here(&self) -> String {
+        format!("in firewalld's zone {}, found running on this adopted node", self.zone)
+    }
+
+    fn gone(was_there: bool) -> &'static str {
+        if was_there {
+            "its rules and its service were deleted from firewalld"
+        } else {
+            "its rules were already gone from firewalld"
+        }
+    }
+}
 
 /// firewalld's unit.
 const UNIT: &str = "firewalld.service";
@@ -409,14 +365,14 @@ pub(super) fn flip(
     opts: &Options,
     orphans: Vec<(String, Record)>,
 ) -> Done {
-    let leaving = opening::Leaving {
+    let leaving = driver::Leaving {
         from: "firewalld",
-        spec: FIREWALLD,
+        home: Home::Firewalld,
         moved: "moved from firewalld into table inet mesh_host; firewalld was stopped and disabled, and the host's services and rules deleted from its saved configuration",
         orphan_removed: "its rules and service were deleted from firewalld, which was stopped",
     };
-    let retire = |ids: &[String]| if opts.dry_run { Ok(()) } else { retire(opts, ids) };
-    opening::flip_from(&leaving, declaration, store, opts, orphans, retire, |reason| Error::FlipFirewalld {
+    let retire = |ids: &[String]| if opts.dry_run { Ok(()) } else { retire(opts, ids).map_err(Arc::new) };
+    driver::flip_from(&leaving, declaration, store, opts, orphans, retire, |reason| Error::FlipFirewalld {
         reason,
     })
 }
@@ -428,68 +384,64 @@ pub(super) fn flip(
 /// enabled again if it was, so firewalld stays as it was, in force with the host's openings.
 /// If the deletion fails, firewalld stays retired and the next pass deletes what is left
 /// (docs/decisions.md, "Retiring firewalld").
-fn retire(opts: &Options, ids: &[String]) -> Result<(), String> {
+fn retire(opts: &Options, ids: &[String]) -> Result<(), FirewalldMove> {
     let bus = opts.bus.as_deref();
-    let systemd = crate::system::Systemd::connect(bus).map_err(|e| e.to_string())?;
-    let boot = systemd.boot(UNIT).map_err(|e| e.to_string())?;
+    let systemd = crate::system::Systemd::connect(bus)?;
+    let boot = systemd.boot(UNIT)?;
     let running = match Firewalld::running(bus) {
         Ok(found) => found.is_some(),
         Err(firewalld::Error::Connect { .. }) => false,
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
     };
     let stopped = systemd
         .set_boot(UNIT, false)
-        .map_err(|e| e.to_string())
-        .and_then(|()| crate::system::firewalld::failpoint("stop").map_err(|e| e.to_string()))
-        .and_then(|()| if running { systemd.stop(UNIT).map_err(|e| e.to_string()) } else { Ok(()) });
+        .map_err(FirewalldMove::from)
+        .and_then(|()| Ok(crate::system::firewalld::failpoint("stop")?))
+        .and_then(|()| if running { Ok(systemd.stop(UNIT)?) } else { Ok(()) });
     if let Err(e) = stopped {
         if boot == "enabled" {
-            if let Err(u) = systemd.set_boot(UNIT, true) {
-                return Err(format!("{e}; enabling it again failed too: {u}"));
+            if let Err(again) = systemd.set_boot(UNIT, true) {
+                return Err(FirewalldMove::NotEnabledAgain { failed: Box::new(e), again });
             }
         }
         return Err(e);
     }
     check_retired(&systemd, bus)?;
-    let offline = |e: firewalld::Error| e.to_string();
-    let zone = offline::default_zone().map_err(offline)?;
-    let saved = offline::rich_rules(&zone).map_err(offline)?;
+    let zone = offline::default_zone()?;
+    let saved = offline::rich_rules(&zone)?;
     for id in ids {
         let name = service_name(id);
         for rule in saved_for(&saved, &name) {
-            offline::remove_rich_rule(&zone, rule).map_err(offline)?;
+            offline::remove_rich_rule(&zone, rule)?;
         }
-        if offline::has_service(&name).map_err(offline)? {
-            offline::remove_service(&name).map_err(offline)?;
+        if offline::has_service(&name)? {
+            offline::remove_service(&name)?;
         }
     }
-    let left = offline::rich_rules(&zone).map_err(offline)?;
+    let left = offline::rich_rules(&zone)?;
     if let Some(id) = ids.iter().find(|id| !saved_for(&left, &service_name(id)).is_empty()) {
-        return Err(format!("firewalld was retired, and the saved rules of {id} are still in its zone {zone} after deleting them"));
+        return Err(FirewalldMove::RulesLeft { id: id.clone(), zone });
     }
     Ok(())
 }
 
-fn check_retired(systemd: &crate::system::Systemd, bus: Option<&str>) -> Result<(), String> {
-    let state = systemd.state(UNIT).map_err(|e| e.to_string())?;
-    let boot = systemd.boot(UNIT).map_err(|e| e.to_string())?;
+fn check_retired(systemd: &crate::system::Systemd, bus: Option<&str>) -> Result<(), FirewalldMove> {
+    let state = systemd.state(UNIT)?;
+    let boot = systemd.boot(UNIT)?;
     let answers = match Firewalld::running(bus) {
         Ok(Some(_)) => true,
         Ok(None) | Err(firewalld::Error::Connect { .. }) => false,
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
     };
     if !state.stopped() || answers || boot == "enabled" {
-        return Err(format!(
-            "firewalld was stopped and disabled, and reads back {state}, {boot}{}",
-            if answers { ", still answering on the bus" } else { "" }
-        ));
+        return Err(FirewalldMove::NotRetired { state: Box::new(state), boot, answers });
     }
     Ok(())
 }
 
 /// The way back: a declaration with `adoption` returning to a node whose firewalld the host
 /// retired. The host's table, still in force, is made to let the declared openings in too
-/// (`opening::widen_for_way_back`), so a new one is open before firewalld, started without the
+/// (`nft::widen_for_way_back`), so a new one is open before firewalld, started without the
 /// orphans, closes theirs. The openings are saved in firewalld's configuration (offline), then firewalld
 /// is enabled and started, so it starts with them in force and never refuses a declared port;
 /// then they are read back over D-Bus (and put in force with the port written out, as on any
@@ -502,16 +454,16 @@ pub(super) fn way_back(
     orphans: Vec<(String, Record)>,
 ) -> Done {
     let bus = opts.bus.as_deref();
-    let started = || -> Result<Option<Firewalld>, String> {
+    let started = || -> Result<Option<Firewalld>, FirewalldMove> {
         if opts.dry_run {
             return Ok(None);
         }
-        opening::widen_for_way_back(declaration, &orphans).map_err(|e| e.to_string())?;
-        save_offline(declaration).map_err(|e| e.to_string())?;
-        let systemd = crate::system::Systemd::connect(bus).map_err(|e| e.to_string())?;
-        crate::system::firewalld::failpoint("start").map_err(|e| e.to_string())?;
-        systemd.set_boot(UNIT, true).map_err(|e| e.to_string())?;
-        systemd.start(UNIT).map_err(|e| e.to_string())?;
+        nft::widen_for_way_back(declaration, &orphans).map_err(|e| FirewalldMove::Widen(Box::new(e)))?;
+        save_offline(declaration)?;
+        let systemd = crate::system::Systemd::connect(bus)?;
+        crate::system::firewalld::failpoint("start")?;
+        systemd.set_boot(UNIT, true)?;
+        systemd.start(UNIT)?;
         let began = std::time::Instant::now();
         loop {
             match Firewalld::running(bus) {
@@ -519,34 +471,22 @@ pub(super) fn way_back(
                 Ok(None) | Err(firewalld::Error::NotRunning(_)) if began.elapsed() < START_WAIT => {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
-                Ok(None) => {
-                    return Err(format!(
-                        "firewalld was started and did not answer on the bus within {} s",
-                        START_WAIT.as_secs()
-                    ))
-                }
-                Err(e) => return Err(e.to_string()),
+                Ok(None) => return Err(FirewalldMove::NoAnswer { secs: START_WAIT.as_secs() }),
+                Err(e) => return Err(e.into()),
             }
         }
     };
     match started() {
         Ok(Some(fw)) => {
-            opening::without_own_table(apply(declaration, store, opts, orphans, &fw), opts, "firewalld")
+            nft::without_own_table(apply(declaration, store, opts, orphans, &fw), opts, "firewalld")
         }
         // `plan`: what the host's table holds now is what is reported.
-        Ok(None) => opening::apply(declaration, store, opts, orphans),
+        Ok(None) => nft::apply(declaration, store, opts, orphans),
         Err(reason) => {
-            let declared = opening::declared_openings(declaration);
-            Done {
-                declared: declared
-                    .iter()
-                    .map(|(r, _)| (r.index, Err(Error::WayBackFirewalld { reason: reason.clone() })))
-                    .collect(),
-                orphans: orphans
-                    .into_iter()
-                    .map(|(id, rec)| (id, rec, Err(Error::WayBackFirewalld { reason: reason.clone() })))
-                    .collect(),
-            }
+            let reason = Arc::new(reason);
+            Done::failed(&opening::declared_openings(declaration), orphans, || Error::WayBackFirewalld {
+                reason: reason.clone(),
+            })
         }
     }
 }

@@ -1,0 +1,711 @@
+//! The host's own filter, the nftables table `inet mesh_host`: every declared opening is a
+//! rule (or one per `from` network) in one chain on the input hook whose policy is drop. It is
+//! worked out from all of them, compared with the table nft lists, replaced in one transaction
+//! if it differs, and read back whole.
+//!
+//! `wanted`, `parse`, `common_drift` and `newly_closed` are pure and unit-tested; `apply`,
+//! `widen_for_way_back` and `without_own_table` act through `system::firewall` and read back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use serde_json::{json, Value};
+
+use super::{decide, declared_openings, held_detail, held_now, holdable, network, transport, Done, Seen};
+use crate::apply::{Error, Options, Verb};
+use crate::declaration::{Declaration, Opening, Resource};
+use crate::store::{Record, Store};
+use crate::system::firewall::{self, Listener, Transport, FAMILY, TABLE};
+
+/// The base chain's name in the host's table.
+const CHAIN: &str = "input";
+
+/// The longest comment nftables keeps on a rule. An opening's id is its rules' comment.
+const COMMENT_MAX: usize = 128;
+
+/// One rule as the host writes it and compares it: the opening it belongs to (its comment;
+/// none for the rules every filter of the host's has) and its expressions.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Rule {
+    pub comment: Option<String>,
+    pub expr: Value,
+}
+
+/// The table as the host wants it, or as nft listed it.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub(super) struct Table {
+    /// Each chain without its handle: name, type, hook, priority, policy.
+    pub chains: Vec<Value>,
+    /// The rules of the chain `input`, in order.
+    pub rules: Vec<Rule>,
+    /// Anything else found in the table (rules of another chain, sets, maps...), described.
+    pub others: Vec<String>,
+}
+
+/// The chain every filter of the host's has.
+fn base_chain() -> Value {
+    json!({"name": CHAIN, "type": "filter", "hook": "input", "prio": 0, "policy": "drop"})
+}
+
+fn accept_when(matches: Vec<Value>) -> Value {
+    let mut expr = matches;
+    expr.push(json!({"accept": null}));
+    Value::Array(expr)
+}
+
+fn equals(left: Value, right: Value) -> Value {
+    json!({"match": {"op": "==", "left": left, "right": right}})
+}
+
+/// What the filter accepts whatever is declared: the machine talking to itself, answers to
+/// what it started, and the ICMP a network needs to work (errors, including "packet too big",
+/// which path MTU discovery needs; echo, which people diagnose with; IPv6 neighbour discovery,
+/// without which IPv6 does not work at all).
+fn fixed_rules() -> Vec<Rule> {
+    let rule = |expr| Rule { comment: None, expr };
+    vec![
+        rule(accept_when(vec![equals(json!({"meta": {"key": "iif"}}), json!("lo"))])),
+        rule(accept_when(vec![json!({"match": {
+            "op": "in", "left": {"ct": {"key": "state"}}, "right": ["established", "related"]
+        }})])),
+        rule(accept_when(vec![equals(
+            json!({"payload": {"protocol": "icmp", "field": "type"}}),
+            json!({"set": ["echo-request", "destination-unreachable", "time-exceeded", "parameter-problem"]}),
+        )])),
+        rule(accept_when(vec![equals(
+            json!({"payload": {"protocol": "icmpv6", "field": "type"}}),
+            json!({"set": [
+                "destination-unreachable", "packet-too-big", "time-exceeded", "parameter-problem",
+                "echo-request", "nd-router-advert", "nd-neighbor-solicit", "nd-neighbor-advert"
+            ]}),
+        )])),
+    ]
+}
+
+/// An opening's rules: one accepting its port from anywhere, or one per `from` network (a set
+/// of networks would have nft merge overlapping ones, and then list something else than was
+/// loaded).
+pub(super) fn opening_rules(id: &str, o: &Opening) -> Vec<Rule> {
+    let port = equals(
+        json!({"payload": {"protocol": transport(o.protocol).as_str(), "field": "dport"}}),
+        json!(o.port.get()),
+    );
+    let rule = |expr| Rule { comment: Some(id.to_owned()), expr };
+    if o.from.is_empty() {
+        return vec![rule(accept_when(vec![port]))];
+    }
+    let mut seen = BTreeSet::new();
+    o.from
+        .iter()
+        .map(network)
+        .filter(|n| seen.insert(*n))
+        .map(|(addr, prefix)| {
+            let (family, full) = if addr.is_ipv4() { ("ip", 32) } else { ("ip6", 128) };
+            let source = if prefix == full {
+                json!(addr.to_string())
+            } else {
+                json!({"prefix": {"addr": addr.to_string(), "len": prefix}})
+            };
+            rule(accept_when(vec![
+                equals(json!({"payload": {"protocol": family, "field": "saddr"}}), source),
+                port.clone(),
+            ]))
+        })
+        .collect()
+}
+
+/// The table the host wants for these openings.
+pub(super) fn wanted<'a>(openings: impl IntoIterator<Item = (&'a str, &'a Opening)>) -> Table {
+    let mut rules = fixed_rules();
+    for (id, o) in openings {
+        rules.extend(opening_rules(id, o));
+    }
+    Table {
+        chains: vec![base_chain()],
+        rules: rules.into_iter().map(canonical_rule).collect(),
+        others: vec![],
+    }
+}
+
+/// Sets sorted, so that the order nft lists a set's elements in does not count as a change.
+fn canonical(v: Value) -> Value {
+    match v {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| {
+                    let v = canonical(v);
+                    match (k.as_str(), v) {
+                        ("set", Value::Array(mut items)) => {
+                            items.sort_by_key(Value::to_string);
+                            (k, Value::Array(items))
+                        }
+                        (_, v) => (k, v),
+                    }
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(canonical).collect()),
+        other => other,
+    }
+}
+
+fn canonical_rule(r: Rule) -> Rule {
+    Rule { comment: r.comment, expr: canonical(r.expr) }
+}
+
+/// The table from what `nft -j list table` printed (without its metainfo).
+pub(super) fn parse(objects: &[Value]) -> Table {
+    let mut table = Table::default();
+    for object in objects {
+        let Some((kind, body)) = object.as_object().and_then(|o| o.iter().next()) else { continue };
+        match kind.as_str() {
+            "table" => {}
+            "chain" => {
+                let mut chain = body.clone();
+                if let Some(c) = chain.as_object_mut() {
+                    for k in ["family", "table", "handle"] {
+                        c.remove(k);
+                    }
+                }
+                table.chains.push(chain);
+            }
+            "rule" if body["chain"] == CHAIN => table.rules.push(canonical_rule(Rule {
+                comment: body.get("comment").and_then(Value::as_str).map(str::to_owned),
+                expr: body.get("expr").cloned().unwrap_or(Value::Null),
+            })),
+            "rule" => table.others.push(format!("a rule in chain {}", body["chain"])),
+            other => table.others.push(format!("a {other} {}", body.get("name").unwrap_or(&Value::Null))),
+        }
+    }
+    table
+}
+
+/// What differs between the table found and the one wanted, besides the openings' own rules.
+pub(super) fn common_drift(found: &Table, wanted: &Table, ids: &BTreeSet<&str>) -> Vec<String> {
+    let mut drift = Vec::new();
+    if found.chains != wanted.chains {
+        drift.push(match found.chains.iter().find(|c| c["name"] == CHAIN) {
+            Some(c) if found.chains.len() == 1 => format!(
+                "its chain input was changed (policy {}, hook {})",
+                c.get("policy").unwrap_or(&Value::Null),
+                c.get("hook").unwrap_or(&Value::Null)
+            ),
+            Some(_) => "a chain was added to it".to_owned(),
+            None => "its chain input was deleted".to_owned(),
+        });
+    }
+    let fixed = |t: &Table| t.rules.iter().filter(|r| r.comment.is_none()).cloned().collect::<Vec<_>>();
+    if fixed(found) != fixed(wanted) {
+        drift.push("its rules for loopback, established connections and ICMP were changed".to_owned());
+    }
+    let strangers =
+        found.rules.iter().filter(|r| r.comment.as_deref().is_some_and(|c| !ids.contains(c))).count();
+    if strangers > 0 {
+        drift.push(format!("{strangers} rule(s) the declaration does not hold were added to it"));
+    }
+    drift.extend(found.others.iter().map(|o| format!("{o} was added to it")));
+    if drift.is_empty() && found != wanted {
+        drift.push("its rules were reordered".to_owned());
+    }
+    drift
+}
+
+/// Each opening's rules in a table, by comment: looked up once per opening, so a declaration of
+/// thousands of openings is not compared in quadratic time.
+fn by_comment(t: &Table) -> std::collections::HashMap<&str, Vec<&Rule>> {
+    let mut map: std::collections::HashMap<&str, Vec<&Rule>> = std::collections::HashMap::new();
+    for r in &t.rules {
+        if let Some(c) = r.comment.as_deref() {
+            map.entry(c).or_default().push(r);
+        }
+    }
+    map
+}
+
+/// Whether a table lets new connections to this port in: no table at all, a chain that does
+/// not drop, or a rule accepting the port (from some source or all).
+fn lets_in(found: Option<&Table>, t: Transport, port: u16) -> bool {
+    let Some(found) = found else { return true };
+    if found.chains.iter().all(|c| c.get("policy").and_then(Value::as_str) != Some("drop")) {
+        return true;
+    }
+    found.rules.iter().any(|r| {
+        r.expr.as_array().into_iter().flatten().any(|e| {
+            let m = &e["match"];
+            let port_matches = match &m["right"] {
+                Value::Number(n) => n.as_u64() == Some(u64::from(port)),
+                Value::Object(o) => o
+                    .get("set")
+                    .and_then(Value::as_array)
+                    .is_some_and(|s| s.iter().any(|v| v.as_u64() == Some(u64::from(port)))),
+                _ => false,
+            };
+            m["left"]["payload"]["field"] == "dport"
+                && m["left"]["payload"]["protocol"] == t.as_str()
+                && port_matches
+        })
+    })
+}
+
+/// A listening port a new filter closes to new connections from elsewhere: what the flip says
+/// again when it moves the openings, kept as data rather than read back out of a detail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(in crate::apply) struct Closed {
+    pub transport: Transport,
+    pub port: u16,
+    /// The addresses it listens on.
+    pub addrs: Vec<IpAddr>,
+}
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let addrs: Vec<String> = self.addrs.iter().map(IpAddr::to_string).collect();
+        write!(f, "{}/{} (listening on {})", self.port, self.transport.as_str(), addrs.join(", "))
+    }
+}
+
+/// What an opening's detail says of the ports a filter closes.
+pub(super) fn dropped_to(closes: &[Closed]) -> String {
+    let ports: Vec<String> = closes.iter().map(Closed::to_string).collect();
+    format!("new connections are dropped to {}", ports.join(", "))
+}
+
+/// The listening ports the new filter would close to new connections from elsewhere: open
+/// before (no table, or a rule let them in) and not declared now. A socket bound to loopback
+/// only is not reachable from elsewhere anyway (docs/decisions.md, "Ports the filter closes").
+pub(super) fn newly_closed(
+    listeners: &[Listener],
+    found: Option<&Table>,
+    declared: &BTreeSet<(Transport, u16)>,
+) -> Vec<Closed> {
+    let mut closed: BTreeMap<(Transport, u16), BTreeSet<IpAddr>> = BTreeMap::new();
+    for l in listeners {
+        let loopback = match l.addr {
+            IpAddr::V4(a) => a.is_loopback(),
+            IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|a| a.is_loopback()),
+        };
+        let key = (l.transport, l.port);
+        if !loopback && !declared.contains(&key) && lets_in(found, l.transport, l.port) {
+            closed.entry(key).or_default().insert(l.addr);
+        }
+    }
+    closed
+        .into_iter()
+        .map(|((transport, port), addrs)| Closed { transport, port, addrs: addrs.into_iter().collect() })
+        .collect()
+}
+
+/// Works out the host's filter from every declared opening, loads it if the table differs (or
+/// removes the table when none is declared and the host had made one), reads it back, and
+/// says what happened to each opening, declared or orphan.
+pub(super) fn apply(
+    declaration: &Declaration,
+    store: &Store,
+    opts: &Options,
+    orphans: Vec<(String, Record)>,
+) -> Done {
+    let declared = declared_openings(declaration);
+    let mut done = Done::default();
+    // No opening declared and none recorded: a table found all the same (a crash between its
+    // load and the store's write) is left until an opening is declared again
+    // (docs/decisions.md, "The table is removed").
+    if declared.is_empty() && orphans.is_empty() {
+        return done;
+    }
+    // An id too long to be a rule's comment could not be told apart from another's once loaded:
+    // that opening fails alone, and the others are loaded without it (docs/decisions.md, "One
+    // opening's rules are found by their comment").
+    let (fits, too_long): (Vec<_>, Vec<_>) =
+        declared.into_iter().partition(|(r, _)| r.id.as_str().len() <= COMMENT_MAX);
+    let any_too_long = !too_long.is_empty();
+    for (r, _) in too_long {
+        done.declared
+            .push((r.index, Err(Error::IdTooLongForRule { id: r.id.to_string(), max: COMMENT_MAX })));
+    }
+
+    let found = match firewall::read_table() {
+        Ok(found) => found.map(|objects| parse(&objects)),
+        Err(e) => {
+            let e = std::sync::Arc::new(e);
+            done.declared.extend(fits.iter().map(|(r, _)| (r.index, Err(Error::Firewall(e.clone())))));
+            done.orphans
+                .extend(orphans.into_iter().map(|(id, rec)| (id, rec, Err(Error::Firewall(e.clone())))));
+            return done;
+        }
+    };
+    let held = held_in_table(declaration, store, &fits, found.as_ref());
+    let worked = work_out(&fits, &held, found.as_ref(), any_too_long);
+    let loaded = if worked.change && !opts.dry_run { load(worked.want.as_ref()) } else { Ok(()) };
+    tell(&mut done, store, &fits, &held, found.as_ref(), &worked, &loaded);
+    let found_by_comment = found.as_ref().map(by_comment);
+    for (id, rec) in orphans {
+        let was_there = found_by_comment.as_ref().is_some_and(|f| f.contains_key(id.as_str()));
+        let result = loaded.as_ref().map_err(Failed::error).map(|()| {
+            let detail = match (was_there, worked.want.is_some()) {
+                (false, _) => "its rule was already gone",
+                (true, true) => "its rule was taken out of table inet mesh_host",
+                (true, false) => "it was the last opening, so table inet mesh_host was removed",
+            };
+            (Verb::Removed, Some(detail.to_owned()))
+        });
+        done.orphans.push((id, rec, result));
+    }
+    done.closes = worked.closes.unwrap_or_default();
+    done
+}
+
+/// The declared openings held, by index. On an adopted node, an opening of a module not taken
+/// yet whose port was let in before this pass (no filter of the host's at all, or one that
+/// accepts it) is held: it stays open, its rule in the table, but it is not the host's yet.
+/// When every opening is held and no table of the host's is there, none is loaded: a filter
+/// with policy drop would close what the node was found with (docs/decisions.md, "An opening
+/// is held").
+fn held_in_table(
+    declaration: &Declaration,
+    store: &Store,
+    fits: &[(&Resource, &Opening)],
+    found: Option<&Table>,
+) -> BTreeSet<usize> {
+    fits.iter()
+        .filter(|(r, o)| {
+            holdable(declaration, store, r)
+                && held_now(store, r, lets_in(found, transport(o.protocol), o.port.get()))
+        })
+        .map(|(r, _)| r.index)
+        .collect()
+}
+
+/// What the table found is to become: `want` the table to load (none: the table is removed,
+/// or nothing is loaded), `change` whether it differs from the one found, and `closes` the
+/// listening ports the new one closes.
+struct Worked {
+    want: Option<Table>,
+    change: bool,
+    closes: std::io::Result<Vec<Closed>>,
+}
+
+fn work_out(
+    fits: &[(&Resource, &Opening)],
+    held: &BTreeSet<usize>,
+    found: Option<&Table>,
+    any_too_long: bool,
+) -> Worked {
+    let all_held = fits.iter().all(|(r, _)| held.contains(&r.index));
+    let nothing_to_load = fits.is_empty() || (all_held && found.is_none());
+    let want = (!nothing_to_load).then(|| wanted(fits.iter().map(|(r, o)| (r.id.as_str(), *o))));
+    let change = match (&want, found) {
+        (Some(w), Some(f)) => w != f,
+        (Some(_), None) => true,
+        // Openings are declared and none could be loaded: the filter in force stays, rather
+        // than the table going and every port with it.
+        (None, _) if any_too_long => false,
+        (None, found) => found.is_some(),
+    };
+    // The listening ports this filter closes, said before it is loaded (and by `plan`), so an
+    // operator sees what a new filter cuts off (docs/decisions.md, "Ports the filter closes").
+    let closes = match &want {
+        // A table left as it is closes nothing new; reading every socket of a busy server on
+        // each pass would be paid for nothing.
+        Some(_) if change => firewall::listening().map(|listeners| {
+            let open: BTreeSet<(Transport, u16)> =
+                fits.iter().map(|(_, o)| (transport(o.protocol), o.port.get())).collect();
+            newly_closed(&listeners, found, &open)
+        }),
+        _ => Ok(Vec::new()),
+    };
+    Worked { want, change, closes }
+}
+
+/// Each declared opening's outcome, from its own part of the comparison (its rules found
+/// intact or not, against its record); what was changed in the common part, and the ports the
+/// new filter closes, are told on the first one only, so a hand edit counts as drift once.
+fn tell(
+    done: &mut Done,
+    store: &Store,
+    fits: &[(&Resource, &Opening)],
+    held: &BTreeSet<usize>,
+    found: Option<&Table>,
+    worked: &Worked,
+    loaded: &Result<(), Failed>,
+) {
+    let ids: BTreeSet<&str> = fits.iter().map(|(r, _)| r.id.as_str()).collect();
+    let common = match (&worked.want, found) {
+        (Some(w), Some(f)) => common_drift(f, w, &ids),
+        (_, _) => Vec::new(),
+    };
+    let found_by_comment = found.map(by_comment);
+    for (i, (r, o)) in fits.iter().enumerate() {
+        let result = loaded.as_ref().map_err(Failed::error).map(|()| {
+            let own = opening_rules(r.id.as_str(), o).into_iter().map(canonical_rule).collect::<Vec<_>>();
+            let intact = found_by_comment.as_ref().is_some_and(|f| {
+                f.get(r.id.as_str()).is_some_and(|rules| rules.iter().copied().eq(own.iter()))
+            });
+            let recorded: Option<bool> = store.get(r.id.as_str()).map(|rec| rec.declared == r.digest);
+            let first = i == 0;
+            let seen = Seen {
+                recorded,
+                intact,
+                table_absent: found.is_none(),
+                common: if first { &common } else { &[] },
+            };
+            let (action, detail) =
+                if held.contains(&r.index) { (Verb::Held, Some(held_detail(r))) } else { decide(&seen) };
+            let said = if first { closes_said(&worked.closes) } else { None };
+            let detail = match (detail, said) {
+                (Some(d), Some(s)) => Some(format!("{d}; {s}")),
+                (d, s) => d.or(s),
+            };
+            crate::apply::Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
+        });
+        done.declared.push((r.index, result));
+    }
+}
+
+/// What the first opening says of the ports the new filter closes, if anything.
+fn closes_said(closes: &std::io::Result<Vec<Closed>>) -> Option<String> {
+    match closes {
+        Ok(c) if c.is_empty() => None,
+        Ok(c) => Some(dropped_to(c)),
+        Err(e) => Some(format!(
+            "the listening sockets could not be read ({e}), so the ports this filter closes are not known"
+        )),
+    }
+}
+
+/// Why the filter could not be loaded, kept once and told to every opening.
+pub(super) enum Failed {
+    Nft(std::sync::Arc<firewall::Error>),
+    ReadBack(String),
+}
+
+impl Failed {
+    pub(super) fn error(&self) -> Error {
+        match self {
+            Failed::Nft(e) => Error::Firewall(std::sync::Arc::clone(e)),
+            Failed::ReadBack(differs) => Error::FilterReadBack { differs: differs.clone() },
+        }
+    }
+}
+
+/// Replaces the table with `want` in one transaction (or removes it), then reads it back: the
+/// old filter stands until the new one is complete (ARCHITECTURE.md, "The host's filter").
+fn load(want: Option<&Table>) -> Result<(), Failed> {
+    let nft = |e| Failed::Nft(std::sync::Arc::new(e));
+    match want {
+        None => {
+            firewall::remove_table().map_err(nft)?;
+            match firewall::read_table().map_err(nft)? {
+                None => Ok(()),
+                Some(_) => Err(Failed::ReadBack("it is still there after it was removed".into())),
+            }
+        }
+        Some(want) => {
+            firewall::load(batch(want)).map_err(nft)?;
+            match firewall::read_table().map_err(nft)?.map(|o| parse(&o)) {
+                None => Err(Failed::ReadBack("it is not there after it was loaded".into())),
+                Some(found) if found == *want => Ok(()),
+                Some(found) => {
+                    let ids: BTreeSet<&str> =
+                        want.rules.iter().filter_map(|r| r.comment.as_deref()).collect();
+                    let mut differs = common_drift(&found, want, &ids);
+                    let (found_by_comment, wanted_by_comment) = (by_comment(&found), by_comment(want));
+                    differs.extend(
+                        ids.iter()
+                            .filter(|id| found_by_comment.get(*id) != wanted_by_comment.get(*id))
+                            .map(|id| format!("the rules of {id} differ")),
+                    );
+                    Err(Failed::ReadBack(differs.join(", ")))
+                }
+            }
+        }
+    }
+}
+
+/// The way back's first step, before the found firewall (ufw or firewalld, retired by a flip)
+/// is started again: the host's table, still in force, is made to let in every declared
+/// opening as well as what it let in already (the orphans' rules are kept). A packet must pass
+/// both filters while both stand, so without this a newly declared port would open only when
+/// the table goes, after the found firewall, started without the orphans, had already closed
+/// their ports: the openings are applied before any orphan is removed (spec, "Firewalls").
+/// Nothing is loaded when the table is absent (no filter of the host's stands) or already lets
+/// all of them in; what is loaded is read back.
+pub(super) fn widen_for_way_back(
+    declaration: &Declaration,
+    orphans: &[(String, Record)],
+) -> Result<(), Error> {
+    widen(declaration, orphans).map_err(|f| f.error())
+}
+
+pub(super) fn widen(declaration: &Declaration, orphans: &[(String, Record)]) -> Result<(), Failed> {
+    let nft = |e| Failed::Nft(std::sync::Arc::new(e));
+    let Some(found) = firewall::read_table().map_err(nft)?.map(|o| parse(&o)) else { return Ok(()) };
+    let fits = declared_openings(declaration).into_iter().filter(|(r, _)| r.id.as_str().len() <= COMMENT_MAX);
+    let mut want = wanted(fits.map(|(r, o)| (r.id.as_str(), o)));
+    let leaving: BTreeSet<&str> = orphans.iter().map(|(id, _)| id.as_str()).collect();
+    want.rules.extend(
+        found.rules.iter().filter(|r| r.comment.as_deref().is_some_and(|c| leaving.contains(c))).cloned(),
+    );
+    if want == found {
+        return Ok(());
+    }
+    load(Some(&want))
+}
+
+/// The nft commands that replace the table with `want`: made if absent (so that deleting it
+/// cannot fail), deleted, and made anew with its chain and rules. nft applies them as one
+/// transaction, so the old filter holds until the new one is complete.
+fn batch(want: &Table) -> Vec<Value> {
+    let table = json!({"table": {"family": FAMILY, "name": TABLE}});
+    let mut commands =
+        vec![json!({"add": table.clone()}), json!({"delete": table.clone()}), json!({"add": table})];
+    for chain in &want.chains {
+        let mut chain = chain.clone();
+        chain["family"] = json!(FAMILY);
+        chain["table"] = json!(TABLE);
+        commands.push(json!({"add": {"chain": chain}}));
+    }
+    for rule in &want.rules {
+        let mut body = json!({"family": FAMILY, "table": TABLE, "chain": CHAIN, "expr": rule.expr});
+        if let Some(c) = &rule.comment {
+            body["comment"] = json!(c);
+        }
+        commands.push(json!({"add": {"rule": body}}));
+    }
+    commands
+}
+
+/// After openings were made in `found` (ufw or firewalld): the host's own table, if it is there
+/// (left by a flip, on the way back), is removed, since a packet would have to pass both
+/// filters. Read back (docs/decisions.md, "Behind ufw the host's own table is removed").
+pub(super) fn without_own_table(mut done: Done, opts: &Options, found: &str) -> Done {
+    let failed =
+        done.declared.iter().any(|(_, r)| r.is_err()) || done.orphans.iter().any(|(_, _, r)| r.is_err());
+    if failed || opts.dry_run {
+        return done;
+    }
+    let removed = firewall::read_table().and_then(|found| match found {
+        None => Ok(false),
+        Some(_) => firewall::remove_table().map(|()| true),
+    });
+    let removed = removed.and_then(|was| match firewall::read_table()? {
+        None => Ok(was),
+        Some(_) => Err(firewall::Error::Nft {
+            what: "remove table inet mesh_host",
+            how: "returned success and the table is still there".into(),
+        }),
+    });
+    match removed {
+        Ok(true) => {
+            for (_, result) in &mut done.declared {
+                if let Ok(o) = result {
+                    // One declared for the first time was not moved: it was made in `found`.
+                    if o.action != Verb::Held && o.action != Verb::Created {
+                        o.action = Verb::Updated;
+                        o.detail = Some(format!(
+                            "moved into {found}, enabled again; table inet mesh_host was removed after {found} was read back"
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(false) => {}
+        Err(e) => {
+            let e = std::sync::Arc::new(e);
+            for (_, result) in &mut done.declared {
+                *result = Err(Error::Firewall(e.clone()));
+            }
+        }
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::opening::testing::opening;
+    use crate::declaration::Cidr;
+    #[test]
+    fn a_from_network_is_written_as_nft_lists_it() {
+        let rules = opening_rules(
+            "web.admin",
+            &opening(22, "tcp", &["10.1.2.3/8", "10.9.9.9/8", "fd00::1/8", "192.0.2.7"]),
+        );
+        let sources: Vec<&Value> = rules.iter().map(|r| &r.expr[0]["match"]["right"]).collect();
+        assert_eq!(
+            sources,
+            vec![
+                &json!({"prefix": {"addr": "10.0.0.0", "len": 8}}),
+                &json!({"prefix": {"addr": "fd00::", "len": 8}}),
+                &json!("192.0.2.7"),
+            ],
+            "host bits cleared, the same network once, a single address bare"
+        );
+        assert!(rules.iter().all(|r| r.comment.as_deref() == Some("web.admin")));
+        assert_eq!(rules[1].expr[0]["match"]["left"]["payload"]["protocol"], "ip6");
+        let any = opening_rules("web.dns", &opening(53, "udp", &[]));
+        assert_eq!(any.len(), 1);
+        assert_eq!(any[0].expr[0]["match"]["left"]["payload"], json!({"protocol": "udp", "field": "dport"}));
+        assert_eq!(network(&Cidr::parse("0.0.0.0/0").unwrap()).1, 0);
+    }
+
+    #[test]
+    fn the_order_nft_lists_a_set_in_is_not_a_change() {
+        let want = wanted([("web.http", &opening(80, "tcp", &[]))]);
+        let mut listed: Vec<Value> =
+            vec![json!({"table": {"family": "inet", "name": "mesh_host", "handle": 3}})];
+        let mut chain = base_chain();
+        chain["family"] = json!("inet");
+        chain["table"] = json!("mesh_host");
+        chain["handle"] = json!(1);
+        listed.push(json!({ "chain": chain }));
+        for (i, r) in want.rules.iter().enumerate() {
+            let mut expr = r.expr.clone();
+            if let Some(set) = expr[0]["match"]["right"].get_mut("set").and_then(Value::as_array_mut) {
+                set.reverse();
+            }
+            let mut rule = json!({"family": "inet", "table": "mesh_host", "chain": "input", "handle": i + 2, "expr": expr});
+            if let Some(c) = &r.comment {
+                rule["comment"] = json!(c);
+            }
+            listed.push(json!({ "rule": rule }));
+        }
+        assert_eq!(parse(&listed), want);
+        listed.push(json!({"set": {"family": "inet", "table": "mesh_host", "name": "extra"}}));
+        let found = parse(&listed);
+        assert_ne!(found, want);
+        assert_eq!(
+            common_drift(&found, &want, &BTreeSet::from(["web.http"])),
+            vec!["a set \"extra\" was added to it"]
+        );
+    }
+
+    #[test]
+    fn a_port_is_newly_closed_only_if_it_was_open_listening_and_is_not_declared() {
+        let l = |t, addr: &str, port| Listener { transport: t, addr: addr.parse().unwrap(), port };
+        let listeners = [
+            l(Transport::Tcp, "0.0.0.0", 22),
+            l(Transport::Tcp, "::", 22),
+            l(Transport::Tcp, "127.0.0.1", 631),
+            l(Transport::Tcp, "::ffff:127.0.0.1", 632),
+            l(Transport::Udp, "::", 53),
+            l(Transport::Tcp, "10.0.0.1", 80),
+        ];
+        let declared = BTreeSet::from([(Transport::Tcp, 80)]);
+        let said = |closed: Vec<Closed>| closed.iter().map(Closed::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            said(newly_closed(&listeners, None, &declared)),
+            vec!["22/tcp (listening on 0.0.0.0, ::)", "53/udp (listening on ::)"],
+            "with no table, every listening port not declared and not on loopback"
+        );
+        // A table of the host's that already drops 22 and lets 53/udp in.
+        let table = wanted([("dns", &opening(53, "udp", &["10.0.0.0/8"]))]);
+        assert_eq!(said(newly_closed(&listeners, Some(&table), &declared)), vec!["53/udp (listening on ::)"]);
+        let mut open = table.clone();
+        open.chains[0]["policy"] = json!("accept");
+        assert_eq!(
+            newly_closed(&listeners, Some(&open), &declared).len(),
+            2,
+            "a chain that accepts closes nothing"
+        );
+    }
+}
