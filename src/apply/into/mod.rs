@@ -25,7 +25,7 @@
 
 mod doc;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -419,40 +419,7 @@ fn decide(
         if held.len() > 1 {
             twice.push(format!("{key} appears {} times in the file; each was set", held.len()));
         }
-        let secret = secret_keys.contains(key);
-        match was.get_mut(key) {
-            // Only the first time the host sets it: what it holds later is the host's own
-            // value. Sealed when the key is filled from a secret: it is likely the credential
-            // the secret replaces, and if the host wrote it (a record lost), it is a secret
-            // (docs/decisions.md, "`into`": "sealed to the node's own public key").
-            None => {
-                let before = match held.first() {
-                    None => None,
-                    Some(v) if secret => Some(vault.seal(key, v)?),
-                    Some(v) => Some(Was::Plain((*v).to_owned())),
-                };
-                was.insert(key.clone(), before);
-            }
-            // Recorded in the clear before the key was filled from a secret: sealed now, once,
-            // since sealing is not deterministic and the store must not move every pass
-            // (docs/decisions.md, "`into`": "sealed to the node's own public key").
-            Some(Some(before @ Was::Plain(_))) if secret => {
-                let Was::Plain(plain) = before else { unreachable!("matched as plain") };
-                let sealed = vault.seal(key, plain)?;
-                plain.zeroize();
-                *before = sealed;
-            }
-            // Sealed to a key being rotated away: sealed again to the current one, once, so
-            // `--retire-previous` does not strand it (docs/decisions.md, "Secret holes in `into`
-            // content", during a rotation).
-            Some(Some(before @ Was::Sealed { .. })) => {
-                let Was::Sealed { sealed } = &*before else { unreachable!("matched as sealed") };
-                if let Some(again) = vault.refresh(key, sealed)? {
-                    *before = again;
-                }
-            }
-            Some(_) => {}
-        }
+        note_before(&mut was, key, held.first().copied(), secret_keys.contains(key), vault)?;
         if !doc.holds(key, value) {
             doc.set(key, value);
             set.push(key.as_str());
@@ -489,6 +456,53 @@ fn decide(
         });
     }
     Ok(Plan { action, detail, doc, write, merged: Merged { format, was, made } })
+}
+
+/// Notes what `key` held before the host first set it (`held`, the file's first value for it),
+/// as the record keeps it: only the first time, sealed when the key is filled from a secret
+/// (`secret`); and a value recorded in the clear, or sealed to a key being rotated away, sealed
+/// again once.
+fn note_before(
+    was: &mut BTreeMap<String, Option<Was>>,
+    key: &str,
+    held: Option<&str>,
+    secret: bool,
+    vault: &dyn Seal,
+) -> Result<(), Error> {
+    match was.get_mut(key) {
+        // Only the first time the host sets it: what it holds later is the host's own
+        // value. Sealed when the key is filled from a secret: it is likely the credential
+        // the secret replaces, and if the host wrote it (a record lost), it is a secret
+        // (docs/decisions.md, "`into`": "sealed to the node's own public key").
+        None => {
+            let before = match held {
+                None => None,
+                Some(v) if secret => Some(vault.seal(key, v)?),
+                Some(v) => Some(Was::Plain(v.to_owned())),
+            };
+            was.insert(key.to_owned(), before);
+        }
+        // Recorded in the clear before the key was filled from a secret: sealed now, once,
+        // since sealing is not deterministic and the store must not move every pass
+        // (docs/decisions.md, "`into`": "sealed to the node's own public key").
+        Some(Some(before @ Was::Plain(_))) if secret => {
+            let Was::Plain(plain) = before else { unreachable!("matched as plain") };
+            let sealed = vault.seal(key, plain)?;
+            plain.zeroize();
+            *before = sealed;
+        }
+        // Sealed to a key being rotated away: sealed again to the current one, once, so
+        // `--retire-previous` does not strand it (docs/decisions.md, "Secret holes in `into`
+        // content", during a rotation).
+        Some(Some(before @ Was::Sealed { .. })) => {
+            let Was::Sealed { sealed } = &*before else { unreachable!("matched as sealed") };
+            if let Some(again) = vault.refresh(key, sealed)? {
+                *before = again;
+            }
+        }
+        Some(_) => {}
+    }
+    Ok(())
 }
 
 /// What is at the path, read and checked to be of its format; `None` when nothing is there.
