@@ -121,14 +121,14 @@ impl FileWatcher {
         let mut wanted: HashMap<PathBuf, usize> = HashMap::new();
         for path in paths {
             let path = path.as_ref();
-            if !interest.insert(path_hash(path)) {
-                continue;
-            }
+            // A path given twice (a directory and an archive unpacked into it) counts once. A
+            // hash collision would count one path too few, never leave a directory unwatched.
+            let new = usize::from(interest.insert(path_hash(path)));
             if let Some(parent) = path.parent() {
                 match wanted.get_mut(parent) {
-                    Some(n) => *n += 1,
+                    Some(n) => *n += new,
                     None => {
-                        wanted.insert(parent.to_path_buf(), 1);
+                        wanted.insert(parent.to_path_buf(), new);
                     }
                 }
             }
