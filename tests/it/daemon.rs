@@ -903,7 +903,8 @@ fn watched_inodes(pid: u32) -> std::collections::HashSet<u64> {
 /// change the scratch tree), whose limit is set to 12 before the daemon is exec'd: the kernel's
 /// real ENOSPC, for this daemon only, at a count that holds only its own watches, with nothing
 /// to restore afterwards (the namespace ends with the daemon). Raising the namespace's limit
-/// from outside (`nsenter`) then shows the shortage clear.
+/// from outside (`nsenter`) then shows the shortage clear, and lowering it below what is in use
+/// before three more directories are declared shows it come back, said once more.
 #[test]
 fn issue27_running_out_of_watches_is_said_once_and_the_resync_covers_what_is_unwatched() {
     let s = Scratch::new();
@@ -915,7 +916,7 @@ fn issue27_running_out_of_watches_is_said_once_and_the_resync_covers_what_is_unw
         resources.push(json!({"type": "file", "id": format!("t.f{i}"), "path": s.p(&format!("tree/d{i}/f")), "content": format!("ours {i}\n")}));
     }
     std::fs::create_dir_all(s.path("tree")).unwrap();
-    let d = s.declare(serde_json::Value::Array(resources));
+    let d = s.declare(serde_json::Value::Array(resources.clone()));
     let limit = 12;
     let set_limit = format!("echo {limit} > /proc/sys/user/max_inotify_watches && exec \"$@\"");
     let wrapper = ["unshare", "--user", "--map-root-user", "--", "sh", "-c", &set_limit, "sh"];
@@ -977,18 +978,15 @@ fn issue27_running_out_of_watches_is_said_once_and_the_resync_covers_what_is_unw
     }
 
     // The limit raised: the next pass watches everything, and says so once.
-    let raised = Command::new("nsenter")
-        .args([
-            "--user",
-            "--target",
-            &pid.to_string(),
-            "sh",
-            "-c",
-            "echo 1000 > /proc/sys/user/max_inotify_watches",
-        ])
-        .status()
-        .unwrap();
-    assert!(raised.success());
+    let set_limit = |n: usize| {
+        let set = format!("echo {n} > /proc/sys/user/max_inotify_watches");
+        let done = Command::new("nsenter")
+            .args(["--user", "--target", &pid.to_string(), "sh", "-c", &set])
+            .status()
+            .unwrap();
+        assert!(done.success());
+    };
+    set_limit(1000);
     assert!(
         wait_for(PATIENCE, || unwatched() == 0.0 && watched() == 60.0),
         "watched {} and unwatched {} after the limit was raised:\n{}",
@@ -1002,5 +1000,33 @@ fn issue27_running_out_of_watches_is_said_once_and_the_resync_covers_what_is_unw
         daemon.log()
     );
     assert_eq!(daemon.log().matches("out of inotify watches").count(), 1, "{}", daemon.log());
+
+    // And back: a limit below what is in use refuses the watches that three more directories
+    // need, which is said again, once.
+    set_limit(1);
+    let mut resources = resources.clone();
+    for i in dirs..dirs + 3 {
+        resources
+            .push(json!({"type": "directory", "id": format!("t.d{i}"), "path": s.p(&format!("tree/d{i}"))}));
+        resources.push(json!({"type": "file", "id": format!("t.f{i}"), "path": s.p(&format!("tree/d{i}/f")), "content": format!("ours {i}\n")}));
+    }
+    s.declare(serde_json::Value::Array(resources));
+    assert!(
+        wait_for(PATIENCE, || watched() == 63.0 && unwatched() == 3.0),
+        "watched {} and unwatched {} with three more directories:\n{}",
+        watched(),
+        unwatched(),
+        daemon.log()
+    );
+    assert!(
+        wait_for(PATIENCE, || daemon.log().matches("out of inotify watches").count() == 2),
+        "{}",
+        daemon.log()
+    );
+    assert!(
+        daemon.log().contains("out of inotify watches: 3 of 66 managed paths (in 3 directories)"),
+        "{}",
+        daemon.log()
+    );
     assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
 }
