@@ -123,6 +123,9 @@ pub struct Worker {
     /// when it begins and when it ends, not at every pass (10,000 held files must not write
     /// 10,000 lines at every resync).
     held: HashSet<String>,
+    /// The file watcher ran out of inotify watches and that was said: said once when it began,
+    /// and again only after it cleared and came back, not at every pass that still meets it.
+    out_of_watches: bool,
 }
 
 /// Tells systemd what the agent is doing, for `systemctl status` ("Status:"). Nothing when not
@@ -198,6 +201,7 @@ impl Worker {
             sources: Vec::new(),
             refusal: None,
             held: HashSet::new(),
+            out_of_watches: false,
         }
     }
 
@@ -615,6 +619,7 @@ impl Worker {
             for (dir, e) in self.files.rewatch() {
                 tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
             }
+            self.note_watches();
         }
         match &report.error {
             // Someone wrote the file again between the host's write and its read-back: that is
@@ -687,5 +692,29 @@ impl Worker {
         for (dir, e) in self.files.set_paths(index.paths()) {
             tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
         }
+        drop(index);
+        self.note_watches();
+    }
+
+    /// After the file watcher's watches moved: the gauges of paths watched and not, and a
+    /// shortage of inotify watches said when it begins and when it ends. The paths it leaves
+    /// unwatched need nothing more: every full pass (each resync) reconciles every resource.
+    fn note_watches(&mut self) {
+        let c = self.files.coverage();
+        events::PathsWatched { watched: c.watched, unwatched: c.unwatched }.emit(&self.metrics);
+        match (self.out_of_watches, c.out_of_watches) {
+            (false, true) => events::OutOfWatches::Began {
+                unwatched: c.unwatched,
+                paths: c.watched + c.unwatched,
+                dirs: c.unwatched_dirs,
+                // Read only here, when it is said: the limit is the operator's to change.
+                limit: crate::system::inotify_watch_limit(),
+                resync: self.config.resync,
+            }
+            .emit(&self.metrics),
+            (true, false) => events::OutOfWatches::Ended { unwatched: c.unwatched }.emit(&self.metrics),
+            _ => {}
+        }
+        self.out_of_watches = c.out_of_watches;
     }
 }

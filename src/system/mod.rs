@@ -48,6 +48,24 @@ pub fn descriptor_limit() -> u64 {
     nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft)
 }
 
+/// The inotify watches one user may hold, as this process is limited (the file watcher's
+/// directories and the declaration watcher's count against it, with every other process of
+/// the same user): the lower of its user namespace's `user.max_inotify_watches` and the
+/// machine's `fs.inotify.max_user_watches` (the initial namespace's; a namespace between the
+/// two, if any, is not visible from here). With the knob that sets it, as sysctl names it.
+pub fn inotify_watch_limit() -> Option<(u64, &'static str)> {
+    let read = |path: &str| std::fs::read_to_string(path).ok()?.trim().parse::<u64>().ok();
+    let machine = read("/proc/sys/fs/inotify/max_user_watches").map(|n| (n, "fs.inotify.max_user_watches"));
+    let namespace = read("/proc/sys/user/max_inotify_watches").map(|n| (n, "user.max_inotify_watches"));
+    match (machine, namespace) {
+        // In the initial namespace the two are the same variable: the machine's name is the one
+        // an operator knows.
+        (Some(m), Some(n)) if n.0 < m.0 => Some(n),
+        (Some(m), _) => Some(m),
+        (None, n) => n,
+    }
+}
+
 /// A duration as a person reads it in a message: "90 s", "15 min", "1 h".
 pub fn human(d: std::time::Duration) -> String {
     let secs = d.as_secs();

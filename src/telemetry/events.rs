@@ -514,6 +514,75 @@ impl Event for ContentHeld {
     }
 }
 
+/// How many managed paths the file watcher watches (their directory holds an inotify watch,
+/// so a change is seen at once) and how many it does not (seen only by the next full pass).
+pub struct PathsWatched {
+    /// Paths watched.
+    pub watched: usize,
+    /// Paths not watched: their directory is absent, or no watch was left to add.
+    pub unwatched: usize,
+}
+
+impl Event for PathsWatched {
+    fn emit(self, m: &Metrics) {
+        m.watched_paths.get_or_create(&vec![("state", "watched")]).set(self.watched as i64);
+        m.watched_paths.get_or_create(&vec![("state", "unwatched")]).set(self.unwatched as i64);
+    }
+}
+
+/// The file watcher could not add a watch for want of inotify watches (ENOSPC: the user's
+/// limit, shared by every process of the user, is reached), or can again. Said once when it
+/// begins and once when it ends, never per path nor at every pass; the gauges of
+/// `PathsWatched` follow it between the two.
+pub enum OutOfWatches {
+    /// A watch was refused: the paths of the directories left over are not watched.
+    Began {
+        /// Managed paths not watched.
+        unwatched: usize,
+        /// Managed paths in all.
+        paths: usize,
+        /// Directories not watched.
+        dirs: usize,
+        /// The limit this process meets and the sysctl that sets it, when it could be read.
+        limit: Option<(u64, &'static str)>,
+        /// The daemon's period of full passes, which cover the unwatched paths.
+        resync: Duration,
+    },
+    /// Every wanted directory that exists could be watched again.
+    Ended {
+        /// Managed paths still not watched (their directory absent).
+        unwatched: usize,
+    },
+}
+
+impl Event for OutOfWatches {
+    fn emit(self, _: &Metrics) {
+        match self {
+            OutOfWatches::Began { unwatched, paths, dirs, limit, resync } => {
+                let (limit, knob) = match limit {
+                    Some((n, knob)) => (format!("the limit of {n} inotify watches per user ({knob})"), knob),
+                    None => {
+                        ("the limit of inotify watches per user".to_owned(), "fs.inotify.max_user_watches")
+                    }
+                };
+                tracing::warn!(
+                    unwatched,
+                    paths,
+                    directories = dirs,
+                    "out of inotify watches: {unwatched} of {paths} managed paths (in {dirs} directories) are not watched, {limit} being reached by this and every other process of the user; a change to them is not seen as it happens but put back by the periodic resync (every {}); raise {knob} (sysctl, and in /etc/sysctl.d to keep it) to watch them all",
+                    crate::system::human(resync)
+                );
+            }
+            OutOfWatches::Ended { unwatched } => {
+                tracing::info!(
+                    unwatched,
+                    "inotify watches are available again: every managed directory that exists is watched"
+                );
+            }
+        }
+    }
+}
+
 /// How many resources of one type the last full pass left applied, failed and held.
 pub struct ResourcesCounted {
     /// The resource type.

@@ -46,6 +46,8 @@ pub struct Metrics {
     pub last_apply_success: Gauge,
     /// `mesh_host_watcher_up`: 1 while a watcher is connected to its source, by watcher.
     pub watcher_up: Family<Labels, Gauge>,
+    /// `mesh_host_watched_paths`: managed paths the file watcher watches and does not, by state.
+    pub watched_paths: Family<Labels, Gauge>,
     /// `mesh_host_declaration_refusals_total`: declarations refused whole.
     pub declaration_refusals: Counter,
     /// `mesh_host_declaration_refused`: 1 while the declaration in force is refused whole on
@@ -90,6 +92,9 @@ pub const SCHEDULED_RESULTS: [&str; 4] = ["succeeded", "failed", "skipped", "not
 
 /// What a reconcile covers: the `scope` label of `mesh_host_reconcile_duration_seconds`.
 pub const SCOPES: [&str; 2] = ["resource", "full"];
+
+/// Whether a managed path's directory is watched: the `state` label of `mesh_host_watched_paths`.
+pub const WATCH_STATES: [&str; 2] = ["watched", "unwatched"];
 
 /// The classic text exposition's content type (Prometheus 0.0.4).
 pub const CLASSIC: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -136,6 +141,7 @@ impl Metrics {
             last_apply_timestamp: Gauge::default(),
             last_apply_success: Gauge::default(),
             watcher_up: Family::default(),
+            watched_paths: Family::default(),
             declaration_refusals: Counter::default(),
             declaration_refused: Gauge::default(),
             etcd_up: Family::default(),
@@ -239,6 +245,11 @@ impl Metrics {
             self.watcher_up.clone(),
         );
         registry.register(
+            "mesh_host_watched_paths",
+            "Managed paths whose directory holds an inotify watch (watched: a change is put back at once) and whose directory does not (unwatched: absent, or the user's fs.inotify.max_user_watches reached; put back by the next resync)",
+            self.watched_paths.clone(),
+        );
+        registry.register(
             "mesh_host_declaration_refusals",
             "Declarations refused: invalid or half-written (the previous one stays in force), or refused on this machine by a found firewall (counted when the refusal begins)",
             self.declaration_refusals.clone(),
@@ -311,6 +322,9 @@ impl Metrics {
         }
         for scope in SCOPES {
             drop(m.reconcile_duration.get_or_create(&vec![("scope", scope)]));
+        }
+        for state in WATCH_STATES {
+            drop(m.watched_paths.get_or_create(&vec![("state", state)]));
         }
         m.resync_period.set(resync.as_secs_f64());
         m
@@ -434,6 +448,7 @@ mod tests {
         m.reconcile_duration.get_or_create(&vec![("scope", "full")]).observe(0.1);
         m.queue_adds.get_or_create(&vec![("source", "file")]).inc();
         m.watcher_up.get_or_create(&vec![("watcher", "file")]).set(1);
+        m.watched_paths.get_or_create(&vec![("state", "watched")]).set(1);
         m.scheduled_runs.get_or_create(&vec![("result", "succeeded")]).inc();
         m.declared_content.get_or_create(&vec![("where", "file")]).set(1);
         m.etcd_up.get_or_create(&Vec::new()).set(1);
@@ -461,6 +476,7 @@ mod tests {
             r#"mesh_host_scheduled_runs_total{result="not_installed"} 0"#,
             r#"mesh_host_reconcile_duration_seconds_count{scope="resource"} 0"#,
             "mesh_host_resync_period_seconds 600.0",
+            r#"mesh_host_watched_paths{state="unwatched"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == series), "{series} missing from:\n{text}");
         }

@@ -137,6 +137,19 @@ impl Daemon {
     /// Starts the daemon with more environment (a failpoint) and waits until /healthz answers
     /// anything, healthy or not.
     pub fn launch(s: &Scratch, declaration: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Daemon::launch_under(&[], s, declaration, extra, env)
+    }
+
+    /// `launch`, the daemon run by `wrapper` (a program and its arguments, given the daemon's
+    /// command line after them, which it must exec: `unshare`, say), so that its pid is the
+    /// daemon's.
+    pub fn launch_under(
+        wrapper: &[&str],
+        s: &Scratch,
+        declaration: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         // Beside the scratch tree's files, not among them: the declaration watcher watches the
         // directory the declaration is in, and at trace level the inotify layer logs each event
@@ -145,7 +158,16 @@ impl Daemon {
         let logs = s.path("logs");
         std::fs::create_dir_all(&logs).unwrap();
         let log = logs.join(format!("daemon-{port}.log"));
-        let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+        let binary = assert_cmd::cargo::cargo_bin("mesh-host");
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = std::process::Command::new(program);
+                c.args(args).arg(&binary);
+                c
+            }
+            None => std::process::Command::new(&binary),
+        };
+        let child = command
             .arg("--state")
             .arg(s.state())
             .args(["run", "--declaration"])

@@ -209,3 +209,36 @@ async fn fault5_a_declaration_directory_removed_made_again_or_swapped_in_is_stil
     std::fs::write(d.join("b.json"), "{}").unwrap();
     assert_eq!(next(&mut rx, "a file written in the directory swapped in").await, settled);
 }
+
+/// Coverage is counted in paths: a directory's paths are watched with it, and the paths of a
+/// directory that does not exist yet are unwatched until it does and `set_paths` runs again.
+#[tokio::test]
+async fn coverage_counts_the_paths_of_watched_and_unwatched_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir(&a).unwrap();
+    let paths = [a.join("1"), a.join("2"), a.join("2"), b.join("1")];
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let mut w = FileWatcher::new(tx).unwrap();
+    let failed = w.set_paths(&paths);
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let c = w.coverage();
+    assert_eq!((c.watched, c.unwatched, c.unwatched_dirs, c.out_of_watches), (2, 1, 1, false));
+    std::fs::create_dir(&b).unwrap();
+    assert!(w.set_paths(&paths).is_empty());
+    let c = w.coverage();
+    assert_eq!((c.watched, c.unwatched, c.unwatched_dirs), (3, 0, 0));
+    // A watched directory removed: its watch is lost, and its paths unwatched, at the next look.
+    std::fs::remove_dir_all(&a).unwrap();
+    assert!(tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            w.rewatch();
+            if w.coverage().unwatched == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .is_ok());
+}
