@@ -800,301 +800,192 @@ mod tests {
     /// match on many of them, and each was a format string before it was a variant.
     #[test]
     fn every_message_reads_as_it_did() {
+        let snapshot = expect_test::expect![[r#"
+            the id "a.b" is longer than 128 bytes, the most nftables keeps as a rule's comment; this opening was not loaded (the others were)
+            the flip from firewalld to the host's own filter waits until everything applies without failure (2 failed); firewalld and the openings made in it were left in force
+            the flip from ufw to the host's own filter waits for a full pass that fails nothing, and this was a reconcile of one change; ufw and the openings made in it were left in force
+            the way back from the host's own filter to ufw waits until everything applies without failure (1 failed); table inet mesh_host stays in force, and ufw as it is
+            the host's own filter was loaded, and retiring firewalld failed: firewalld was stopped and disabled, and reads back active (running), disabled, still answering on the bus; firewalld and the openings made in it stay, and the next pass tries again
+            firewalld, retired by the host, could not be started again: firewalld was started and did not answer on the bus within 60 s; table inet mesh_host stays in force, and the next pass tries again
+            a filter other than ufw or firewalld is in force on the input hook of this adopted node: table ip guard chain c (policy drop, 0 rules), table inet x chain i (policy accept, 2 rules); mesh-host does not load its own filter beside one it cannot manage, so the declaration was refused and nothing was touched
+            web.http: firewalld reads back different: not in force ["rule"]
+            table inet mesh_host was loaded and reads back different: its rules were reordered
+            /etc/app.conf sets keys `into` a file that belongs to someone else; it has no content of its own to write whole, and nothing was written
+            /etc/app.conf is not valid JSON (line 3, column 7: expected `:`); mesh-host sets keys only in a file it can read as a JSON object, so it left the file exactly as it is
+            /etc/app.conf was written, and reading it back PORT does not hold the declared value
+            /etc/app.conf carries a sealed value, which is opened only when the file is applied
+            /etc/app.conf: `secrets.pw` opened, and the value is not UTF-8 text, so it cannot fill its hole in this `into` file; nothing was written
+            /etc/app.conf: the value PASSWORD held before the host set it is to be put back, and was recorded sealed to this node's key, which cannot open it now: there is no key file; nothing was written, and the record is kept so that a later pass can put it back once the key at /var/lib/mesh-host/sealing.key opens it
+            /etc/app.conf: the value PASSWORD held before the host set it could not be sealed to this node's key to be kept: cannot seal: boom; nothing was written
+            /etc/app.conf carries a sealed value and this node has no sealing key at /var/lib/mesh-host/sealing.key: make one with `mesh-host keygen` and seal the value to the public key it prints; nothing was written
+            /etc/app.conf: `secrets.db` does not open: it is neither an armored age value (`-----BEGIN AGE ENCRYPTED FILE-----`) nor base64 of a binary one; nothing was written
+            /etc/app.conf declares no content
+            /etc/app.conf: the archive has no bytes or source
+            cannot read the declared content of /etc/app.conf from the agent's content file: boom; touch the declaration to have it read again
+            a.b is not declared
+            a.b is not a scheduled container step
+            scheduled step a.b is not installed at its current declaration (its install failed, a gate before it failed, or its module is not taken yet), so it was not run
+            /etc/app.conf is a symlink; mesh-host never writes through a symlink, and does not replace one it did not make: remove it, or declare the real path
+            /etc/app.conf exists and is not a regular file; it was left alone
+            /etc/app.conf exists and is not a regular file; it was left alone
+            /etc/app.conf is a symlink; mesh-host never manages a directory through a symlink: declare the real path
+            /etc/app.conf exists and is not a directory; it was left alone
+            /etc/app.conf exists and is not a directory to unpack into; it was left alone
+            /etc/app.conf is not a directory; an access names a directory the operator provides
+            /etc/app.conf is not there, and it is the operator's to provide: an access names shared data that mesh-host never creates
+            container web: env-file[1] /etc/app.conf is not there (or not a file); declare it before the container
+            container web: volumes[2]: /etc/app.conf does not exist; declare it before the container
+            the archive for /etc/app.conf changed while it was read; nothing was unpacked
+            cannot read the archive /etc/app.conf: boom
+            cannot read /etc/app.conf, which the container reads: boom
+            container web: env-file[0] /etc/app.conf: is not UTF-8 text
+            image sha256:ab is not on this machine, and an image named by its id alone cannot be pulled: name it by repository and digest (name@sha256:...), or load it (`podman load`) before applying
+            image web:1 is not on this machine and cannot be pulled: manifest unknown
+            image web:1 was pulled, and the runtime does not have it afterwards
+            image web@sha256:ab is named by its digest, and the runtime holds it as web@sha256:cd; nothing was created
+            a.service cannot be enabled: its unit file has no [Install] section (systemd calls it static)
+            a.service is activating (auto-restart): the program keeps exiting; journalctl -u a.service says why
+            app: the group "wheel" named in groups does not exist on this machine
+            app has uid 1001 and the declaration says 1002; mesh-host does not renumber an account (its files would keep the old number): change it by hand or declare 1001
+            /etc/app.conf: the mode is 0644 after the host set it to 0640
+            container web: the label mesh-host.spec is absent after the host set it to sha256:1
+            network net was created and is not there afterwards
+            container web was started and is not there afterwards
+            /etc/app.conf is still there after removing it
+            container web is still there after removing it
+            network net is still there after removing it
+            /etc/app.conf is missing after unpacking
+            a.service was restarted for b.c and is failed (failed) a moment later: it exited or died at once; journalctl -u a.service says why
+            a.service was reloaded for b.c and is inactive (dead); journalctl -u a.service says why
+            a.service was stopped and is active (running)
+            a.service was set to enabled at boot and systemd reads it back as disabled
+            a.service was started with spec sha256:1 and systemd describes it as "x"
+            container web was started and is not running: it exited at once, and the runtime keeps restarting it; read its logs with `docker logs web`
+            container web was started and is not running: it exited with code 1; read its logs with `docker logs web`
+            run-once step mig exited with code 3; its container is left for its logs: `podman logs mig`
+            apt installed curl without an error and the package database does not have it installed
+            app was added without an error and does not exist
+            app was made with uid 1002 and has uid 1001
+            app was changed without an error and still differs: shell /bin/sh to /bin/bash
+            verify exited 1, so the command ran, and it exited 2: no
+            the command exited 0 and verify still fails (exited 1): the command claimed success and did not do its job
+            no container runtime answers on this machine (tried /run/docker.sock); start Docker or Podman's service, or configure its socket"#]];
         let p = || PathBuf::from("/etc/app.conf");
-        let cases: Vec<(Error, String)> = vec![
-            (
-                Error::IdTooLongForRule { id: "a.b".into(), max: 128 },
-                "the id \"a.b\" is longer than 128 bytes, the most nftables keeps as a rule's comment; this opening was not loaded (the others were)".into(),
-            ),
-            (
-                Error::FlipWaits { from: "firewalld", failed: 2 },
-                "the flip from firewalld to the host's own filter waits until everything applies without failure (2 failed); firewalld and the openings made in it were left in force".into(),
-            ),
-            (
-                Error::FlipWaitsForFullPass { from: "ufw" },
-                "the flip from ufw to the host's own filter waits for a full pass that fails nothing, and this was a reconcile of one change; ufw and the openings made in it were left in force".into(),
-            ),
-            (
-                Error::WayBackWaits { to: "ufw", failed: 1 },
-                "the way back from the host's own filter to ufw waits until everything applies without failure (1 failed); table inet mesh_host stays in force, and ufw as it is".into(),
-            ),
-            (
-                Error::FlipFirewalld {
-                    reason: Arc::new(FirewalldMove::NotRetired {
-                        state: state("active", "running"),
-                        boot: "disabled".into(),
-                        answers: true,
-                    }),
-                },
-                "the host's own filter was loaded, and retiring firewalld failed: firewalld was stopped and disabled, and reads back active (running), disabled, still answering on the bus; firewalld and the openings made in it stay, and the next pass tries again".into(),
-            ),
-            (
-                Error::WayBackFirewalld { reason: Arc::new(FirewalldMove::NoAnswer { secs: 60 }) },
-                "firewalld, retired by the host, could not be started again: firewalld was started and did not answer on the bus within 60 s; table inet mesh_host stays in force, and the next pass tries again".into(),
-            ),
-            (
-                Error::ForeignFilter { chains: vec!["table ip guard chain c (policy drop, 0 rules)".into(), "table inet x chain i (policy accept, 2 rules)".into()] },
-                "a filter other than ufw or firewalld is in force on the input hook of this adopted node: table ip guard chain c (policy drop, 0 rules), table inet x chain i (policy accept, 2 rules); mesh-host does not load its own filter beside one it cannot manage, so the declaration was refused and nothing was touched".into(),
-            ),
-            (
-                Error::FirewalldReadBack { id: "web.http".into(), differs: "not in force [\"rule\"]".into() },
-                "web.http: firewalld reads back different: not in force [\"rule\"]".into(),
-            ),
-            (
-                Error::FilterReadBack { differs: "its rules were reordered".into() },
-                "table inet mesh_host was loaded and reads back different: its rules were reordered".into(),
-            ),
-            (
-                Error::IntoUnsupported { path: p() },
-                "/etc/app.conf sets keys `into` a file that belongs to someone else; it has no content of its own to write whole, and nothing was written".into(),
-            ),
-            (
-                Error::IntoUnreadable { path: p(), why: "is not valid JSON (line 3, column 7: expected `:`)".into(), format: "a JSON object" },
-                "/etc/app.conf is not valid JSON (line 3, column 7: expected `:`); mesh-host sets keys only in a file it can read as a JSON object, so it left the file exactly as it is".into(),
-            ),
-            (
-                Error::IntoReadBack { path: p(), key: "PORT".into() },
-                "/etc/app.conf was written, and reading it back PORT does not hold the declared value".into(),
-            ),
-            (
-                Error::Sealed { path: p() },
-                "/etc/app.conf carries a sealed value, which is opened only when the file is applied".into(),
-            ),
-            (
-                Error::IntoValue { path: p(), field: "secrets.pw".into(), why: "is not UTF-8 text" },
-                "/etc/app.conf: `secrets.pw` opened, and the value is not UTF-8 text, so it cannot fill its hole in this `into` file; nothing was written".into(),
-            ),
-            (
-                Error::IntoPutBack {
-                    path: p(),
-                    owned: "PASSWORD".into(),
-                    key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
-                    why: "there is no key file".into(),
-                },
-                "/etc/app.conf: the value PASSWORD held before the host set it is to be put back, and was recorded sealed to this node's key, which cannot open it now: there is no key file; nothing was written, and the record is kept so that a later pass can put it back once the key at /var/lib/mesh-host/sealing.key opens it".into(),
-            ),
-            (
-                Error::IntoSeal { path: p(), owned: "PASSWORD".into(), why: "cannot seal: boom".into() },
-                "/etc/app.conf: the value PASSWORD held before the host set it could not be sealed to this node's key to be kept: cannot seal: boom; nothing was written".into(),
-            ),
-            (
-                Error::NoKey { path: p(), key: PathBuf::from("/var/lib/mesh-host/sealing.key") },
-                "/etc/app.conf carries a sealed value and this node has no sealing key at /var/lib/mesh-host/sealing.key: make one with `mesh-host keygen` and seal the value to the public key it prints; nothing was written".into(),
-            ),
-            (
-                Error::NotOpened { path: p(), field: "secrets.db".into(), error: crate::secrets::OpenError::NotAge },
-                "/etc/app.conf: `secrets.db` does not open: it is neither an armored age value (`-----BEGIN AGE ENCRYPTED FILE-----`) nor base64 of a binary one; nothing was written".into(),
-            ),
-            (Error::NoContent { path: p() }, "/etc/app.conf declares no content".into()),
-            (Error::NoArchive { path: p() }, "/etc/app.conf: the archive has no bytes or source".into()),
-            (
-                Error::ContentFile { path: p(), error: io() },
-                "cannot read the declared content of /etc/app.conf from the agent's content file: boom; touch the declaration to have it read again".into(),
-            ),
-            (Error::NotDeclared { id: "a.b".into() }, "a.b is not declared".into()),
-            (Error::NotScheduled { id: "a.b".into() }, "a.b is not a scheduled container step".into()),
-            (
-                Error::StepNotInstalled { id: "a.b".into() },
-                "scheduled step a.b is not installed at its current declaration (its install failed, a gate before it failed, or its module is not taken yet), so it was not run".into(),
-            ),
-            (
-                Error::WrongKind { path: p(), declared: Kind::File, found: FsKind::Symlink },
-                "/etc/app.conf is a symlink; mesh-host never writes through a symlink, and does not replace one it did not make: remove it, or declare the real path".into(),
-            ),
-            (
-                Error::WrongKind { path: p(), declared: Kind::File, found: FsKind::Other },
-                "/etc/app.conf exists and is not a regular file; it was left alone".into(),
-            ),
-            (
-                Error::WrongKind { path: p(), declared: Kind::File, found: FsKind::Directory },
-                "/etc/app.conf exists and is not a regular file; it was left alone".into(),
-            ),
-            (
-                Error::WrongKind { path: p(), declared: Kind::Directory, found: FsKind::Symlink },
-                "/etc/app.conf is a symlink; mesh-host never manages a directory through a symlink: declare the real path".into(),
-            ),
-            (
-                Error::WrongKind { path: p(), declared: Kind::Directory, found: FsKind::File },
-                "/etc/app.conf exists and is not a directory; it was left alone".into(),
-            ),
-            (
-                Error::WrongKind { path: p(), declared: Kind::Archive, found: FsKind::Symlink },
-                "/etc/app.conf exists and is not a directory to unpack into; it was left alone".into(),
-            ),
-            (
-                Error::WrongKind { path: p(), declared: Kind::Access, found: FsKind::File },
-                "/etc/app.conf is not a directory; an access names a directory the operator provides".into(),
-            ),
-            (
-                Error::Missing { path: p(), need: Need::Access },
-                "/etc/app.conf is not there, and it is the operator's to provide: an access names shared data that mesh-host never creates".into(),
-            ),
-            (
-                Error::Missing { path: p(), need: Need::EnvFile { container: "web".into(), index: 1 } },
-                "container web: env-file[1] /etc/app.conf is not there (or not a file); declare it before the container".into(),
-            ),
-            (
-                Error::Missing { path: p(), need: Need::BindSource { container: "web".into(), index: 2 } },
-                "container web: volumes[2]: /etc/app.conf does not exist; declare it before the container".into(),
-            ),
-            (
-                Error::ArchiveRefused { path: p(), why: "changed while it was read".into() },
-                "the archive for /etc/app.conf changed while it was read; nothing was unpacked".into(),
-            ),
-            (
-                Error::ArchiveSource { path: p(), error: io() },
-                "cannot read the archive /etc/app.conf: boom".into(),
-            ),
-            (
-                Error::ContainerReads { path: p(), error: io() },
-                "cannot read /etc/app.conf, which the container reads: boom".into(),
-            ),
-            (
-                Error::EnvFile { container: "web".into(), index: 0, path: p(), why: "is not UTF-8 text".into() },
-                "container web: env-file[0] /etc/app.conf: is not UTF-8 text".into(),
-            ),
-            (
-                Error::ImageMissing { image: "sha256:ab".into(), cli: "podman" },
-                "image sha256:ab is not on this machine, and an image named by its id alone cannot be pulled: name it by repository and digest (name@sha256:...), or load it (`podman load`) before applying".into(),
-            ),
-            (
-                Error::PullFailed { image: "web:1".into(), answer: "manifest unknown".into() },
-                "image web:1 is not on this machine and cannot be pulled: manifest unknown".into(),
-            ),
-            (
-                Error::PulledNotThere { image: "web:1".into() },
-                "image web:1 was pulled, and the runtime does not have it afterwards".into(),
-            ),
-            (
-                Error::ImageDigest { image: "web@sha256:ab".into(), found: "web@sha256:cd".into() },
-                "image web@sha256:ab is named by its digest, and the runtime holds it as web@sha256:cd; nothing was created".into(),
-            ),
-            (
-                Error::StaticUnit { unit: "a.service".into() },
-                "a.service cannot be enabled: its unit file has no [Install] section (systemd calls it static)".into(),
-            ),
-            (
-                Error::UnitKeepsExiting { unit: "a.service".into(), state: state("activating", "auto-restart") },
-                "a.service is activating (auto-restart): the program keeps exiting; journalctl -u a.service says why".into(),
-            ),
-            (
-                Error::NoGroup { user: "app".into(), group: "wheel".into() },
-                "app: the group \"wheel\" named in groups does not exist on this machine".into(),
-            ),
-            (
-                Error::Renumber { user: "app".into(), found: 1001, declared: 1002 },
-                "app has uid 1001 and the declaration says 1002; mesh-host does not renumber an account (its files would keep the old number): change it by hand or declare 1001".into(),
-            ),
-            (
-                Error::ReadBack {
-                    target: Target::Path(p()),
-                    what: Aspect::Mode,
-                    wanted: "0640".into(),
-                    found: "0644".into(),
-                },
-                "/etc/app.conf: the mode is 0644 after the host set it to 0640".into(),
-            ),
-            (
-                Error::ReadBack {
-                    target: Target::Container("web".into()),
-                    what: Aspect::SpecLabel,
-                    wanted: "sha256:1".into(),
-                    found: "absent".into(),
-                },
-                "container web: the label mesh-host.spec is absent after the host set it to sha256:1".into(),
-            ),
-            (
-                Error::Vanished { target: Target::Network("net".into()), did: "created" },
-                "network net was created and is not there afterwards".into(),
-            ),
-            (
-                Error::Vanished { target: Target::Container("web".into()), did: "started" },
-                "container web was started and is not there afterwards".into(),
-            ),
-            (
-                Error::StillThere { target: Target::Path(p()) },
-                "/etc/app.conf is still there after removing it".into(),
-            ),
-            (
-                Error::StillThere { target: Target::Container("web".into()) },
-                "container web is still there after removing it".into(),
-            ),
-            (
-                Error::StillThere { target: Target::Network("net".into()) },
-                "network net is still there after removing it".into(),
-            ),
-            (
-                Error::Unpacked { path: p(), what: "is missing" },
-                "/etc/app.conf is missing after unpacking".into(),
-            ),
-            (
-                Error::UnitDied {
-                    unit: "a.service".into(),
-                    did: "was restarted for b.c".into(),
-                    state: state("failed", "failed"),
-                },
-                "a.service was restarted for b.c and is failed (failed) a moment later: it exited or died at once; journalctl -u a.service says why".into(),
-            ),
-            (
-                Error::ReloadDied { unit: "a.service".into(), why: "b.c".into(), state: state("inactive", "dead") },
-                "a.service was reloaded for b.c and is inactive (dead); journalctl -u a.service says why".into(),
-            ),
-            (
-                Error::StillRunning { unit: "a.service".into(), state: state("active", "running") },
-                "a.service was stopped and is active (running)".into(),
-            ),
-            (
-                Error::BootReadBack { unit: "a.service".into(), wanted: "enabled", found: "disabled".into() },
-                "a.service was set to enabled at boot and systemd reads it back as disabled".into(),
-            ),
-            (
-                Error::UnitSpec { unit: "a.service".into(), wanted: "sha256:1".into(), described: "x".into() },
-                "a.service was started with spec sha256:1 and systemd describes it as \"x\"".into(),
-            ),
-            (
-                Error::ContainerRestarting { name: "web".into(), cli: "docker" },
-                "container web was started and is not running: it exited at once, and the runtime keeps restarting it; read its logs with `docker logs web`".into(),
-            ),
-            (
-                Error::ContainerDied { name: "web".into(), how: "exited with code 1".into(), cli: "docker" },
-                "container web was started and is not running: it exited with code 1; read its logs with `docker logs web`".into(),
-            ),
-            (
-                Error::StepFailed { step: "run-once step", name: "mig".into(), code: 3, cli: "podman" },
-                "run-once step mig exited with code 3; its container is left for its logs: `podman logs mig`".into(),
-            ),
-            (
-                Error::NotInstalled { manager: "apt", package: "curl".into() },
-                "apt installed curl without an error and the package database does not have it installed".into(),
-            ),
-            (
-                Error::AccountMissing { user: "app".into() },
-                "app was added without an error and does not exist".into(),
-            ),
-            (
-                Error::AccountUid { user: "app".into(), wanted: 1002, found: 1001 },
-                "app was made with uid 1002 and has uid 1001".into(),
-            ),
-            (
-                Error::AccountDiffers { user: "app".into(), left: "shell /bin/sh to /bin/bash".into() },
-                "app was changed without an error and still differs: shell /bin/sh to /bin/bash".into(),
-            ),
-            (
-                Error::CommandFailed { verify: "exited 1".into(), ran: "exited 2: no".into() },
-                "verify exited 1, so the command ran, and it exited 2: no".into(),
-            ),
-            (
-                Error::VerifyStillFails { verify: "exited 1".into() },
-                "the command exited 0 and verify still fails (exited 1): the command claimed success and did not do its job".into(),
-            ),
-            (
-                Error::from(docker::Error::NoRuntime { tried: "/run/docker.sock".into() }),
-                docker::Error::NoRuntime { tried: "/run/docker.sock".into() }.to_string(),
-            ),
+        let errors: Vec<Error> = vec![
+            Error::IdTooLongForRule { id: "a.b".into(), max: 128 },
+            Error::FlipWaits { from: "firewalld", failed: 2 },
+            Error::FlipWaitsForFullPass { from: "ufw" },
+            Error::WayBackWaits { to: "ufw", failed: 1 },
+            Error::FlipFirewalld {
+                reason: Arc::new(FirewalldMove::NotRetired {
+                    state: state("active", "running"),
+                    boot: "disabled".into(),
+                    answers: true,
+                }),
+            },
+            Error::WayBackFirewalld { reason: Arc::new(FirewalldMove::NoAnswer { secs: 60 }) },
+            Error::ForeignFilter {
+                chains: vec![
+                    "table ip guard chain c (policy drop, 0 rules)".into(),
+                    "table inet x chain i (policy accept, 2 rules)".into(),
+                ],
+            },
+            Error::FirewalldReadBack { id: "web.http".into(), differs: "not in force [\"rule\"]".into() },
+            Error::FilterReadBack { differs: "its rules were reordered".into() },
+            Error::IntoUnsupported { path: p() },
+            Error::IntoUnreadable {
+                path: p(),
+                why: "is not valid JSON (line 3, column 7: expected `:`)".into(),
+                format: "a JSON object",
+            },
+            Error::IntoReadBack { path: p(), key: "PORT".into() },
+            Error::Sealed { path: p() },
+            Error::IntoValue { path: p(), field: "secrets.pw".into(), why: "is not UTF-8 text" },
+            Error::IntoPutBack {
+                path: p(),
+                owned: "PASSWORD".into(),
+                key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
+                why: "there is no key file".into(),
+            },
+            Error::IntoSeal { path: p(), owned: "PASSWORD".into(), why: "cannot seal: boom".into() },
+            Error::NoKey { path: p(), key: PathBuf::from("/var/lib/mesh-host/sealing.key") },
+            Error::NotOpened {
+                path: p(),
+                field: "secrets.db".into(),
+                error: crate::secrets::OpenError::NotAge,
+            },
+            Error::NoContent { path: p() },
+            Error::NoArchive { path: p() },
+            Error::ContentFile { path: p(), error: io() },
+            Error::NotDeclared { id: "a.b".into() },
+            Error::NotScheduled { id: "a.b".into() },
+            Error::StepNotInstalled { id: "a.b".into() },
+            Error::WrongKind { path: p(), declared: Kind::File, found: FsKind::Symlink },
+            Error::WrongKind { path: p(), declared: Kind::File, found: FsKind::Other },
+            Error::WrongKind { path: p(), declared: Kind::File, found: FsKind::Directory },
+            Error::WrongKind { path: p(), declared: Kind::Directory, found: FsKind::Symlink },
+            Error::WrongKind { path: p(), declared: Kind::Directory, found: FsKind::File },
+            Error::WrongKind { path: p(), declared: Kind::Archive, found: FsKind::Symlink },
+            Error::WrongKind { path: p(), declared: Kind::Access, found: FsKind::File },
+            Error::Missing { path: p(), need: Need::Access },
+            Error::Missing { path: p(), need: Need::EnvFile { container: "web".into(), index: 1 } },
+            Error::Missing { path: p(), need: Need::BindSource { container: "web".into(), index: 2 } },
+            Error::ArchiveRefused { path: p(), why: "changed while it was read".into() },
+            Error::ArchiveSource { path: p(), error: io() },
+            Error::ContainerReads { path: p(), error: io() },
+            Error::EnvFile { container: "web".into(), index: 0, path: p(), why: "is not UTF-8 text".into() },
+            Error::ImageMissing { image: "sha256:ab".into(), cli: "podman" },
+            Error::PullFailed { image: "web:1".into(), answer: "manifest unknown".into() },
+            Error::PulledNotThere { image: "web:1".into() },
+            Error::ImageDigest { image: "web@sha256:ab".into(), found: "web@sha256:cd".into() },
+            Error::StaticUnit { unit: "a.service".into() },
+            Error::UnitKeepsExiting { unit: "a.service".into(), state: state("activating", "auto-restart") },
+            Error::NoGroup { user: "app".into(), group: "wheel".into() },
+            Error::Renumber { user: "app".into(), found: 1001, declared: 1002 },
+            Error::ReadBack {
+                target: Target::Path(p()),
+                what: Aspect::Mode,
+                wanted: "0640".into(),
+                found: "0644".into(),
+            },
+            Error::ReadBack {
+                target: Target::Container("web".into()),
+                what: Aspect::SpecLabel,
+                wanted: "sha256:1".into(),
+                found: "absent".into(),
+            },
+            Error::Vanished { target: Target::Network("net".into()), did: "created" },
+            Error::Vanished { target: Target::Container("web".into()), did: "started" },
+            Error::StillThere { target: Target::Path(p()) },
+            Error::StillThere { target: Target::Container("web".into()) },
+            Error::StillThere { target: Target::Network("net".into()) },
+            Error::Unpacked { path: p(), what: "is missing" },
+            Error::UnitDied {
+                unit: "a.service".into(),
+                did: "was restarted for b.c".into(),
+                state: state("failed", "failed"),
+            },
+            Error::ReloadDied {
+                unit: "a.service".into(),
+                why: "b.c".into(),
+                state: state("inactive", "dead"),
+            },
+            Error::StillRunning { unit: "a.service".into(), state: state("active", "running") },
+            Error::BootReadBack { unit: "a.service".into(), wanted: "enabled", found: "disabled".into() },
+            Error::UnitSpec { unit: "a.service".into(), wanted: "sha256:1".into(), described: "x".into() },
+            Error::ContainerRestarting { name: "web".into(), cli: "docker" },
+            Error::ContainerDied { name: "web".into(), how: "exited with code 1".into(), cli: "docker" },
+            Error::StepFailed { step: "run-once step", name: "mig".into(), code: 3, cli: "podman" },
+            Error::NotInstalled { manager: "apt", package: "curl".into() },
+            Error::AccountMissing { user: "app".into() },
+            Error::AccountUid { user: "app".into(), wanted: 1002, found: 1001 },
+            Error::AccountDiffers { user: "app".into(), left: "shell /bin/sh to /bin/bash".into() },
+            Error::CommandFailed { verify: "exited 1".into(), ran: "exited 2: no".into() },
+            Error::VerifyStillFails { verify: "exited 1".into() },
+            Error::from(docker::Error::NoRuntime { tried: "/run/docker.sock".into() }),
         ];
-        for (error, said) in cases {
-            assert_eq!(error.to_string(), said, "{error:?}");
-        }
+        let said: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        snapshot.assert_eq(&said.join("\n"));
     }
 
     /// Every applier returns `Result<_, Error>`: a large error makes every one of those results

@@ -285,19 +285,8 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
         return Err(Error::WrongKind { path: want.path.to_owned(), declared: Kind::File, found: meta.kind });
     }
 
-    // A seed that is present is left exactly as it is: what the program grew in it since is not
-    // the mesh's to put back. The record keeps what the host once wrote, so a later change of
-    // the seed in the declaration is not mistaken for drift.
     if want.create_once {
-        // No signature: a seed is not compared, so there is nothing for one to save.
-        let wrote = record.and_then(|r| r.wrote).or_else(|| want.digest_found(held));
-        let detail = "created once, and present: what is in it now is not the mesh's to change";
-        let facts = Facts { sig: None, fresh: None, ..as_found(wrote, meta) };
-        return Ok(Plan {
-            action: Verb::Kept,
-            detail: Some(detail.into()),
-            change: Change::None(Box::new(facts)),
-        });
+        return Ok(seed_kept(record, meta, held, want));
     }
 
     // Hashed at most once, and only when needed: the steady state below never hashes.
@@ -318,11 +307,8 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
             }
             _ => found_digest(),
         };
-        return Ok(Plan {
-            action: Verb::Unchanged,
-            detail: None,
-            change: Change::None(Box::new(as_found(wrote, meta))),
-        });
+        let change = Change::None(Box::new(as_found(wrote, meta)));
+        return Ok(Plan { action: Verb::Unchanged, detail: None, change });
     }
 
     // Drift is a difference from what the host last left, not from what is declared now: a
@@ -383,6 +369,17 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
         Change::Set { mode: (!mode_same).then_some(want.mode), owner: owner_change }
     };
     Ok(Plan { action, detail: Some(detail), change })
+}
+
+/// A seed that is present is left exactly as it is: what the program grew in it since is not
+/// the mesh's to put back. The record keeps what the host once wrote, so a later change of the
+/// seed in the declaration is not mistaken for drift.
+fn seed_kept(record: Option<&Record>, meta: &Meta, held: &Content, want: &Declared<'_>) -> Plan {
+    // No signature: a seed is not compared, so there is nothing for one to save.
+    let wrote = record.and_then(|r| r.wrote).or_else(|| want.digest_found(held));
+    let detail = "created once, and present: what is in it now is not the mesh's to change";
+    let facts = Facts { sig: None, fresh: None, ..as_found(wrote, meta) };
+    Plan { action: Verb::Kept, detail: Some(detail.into()), change: Change::None(Box::new(facts)) }
 }
 
 /// What a plan shows of the content it would write: a diff, where the content changes.

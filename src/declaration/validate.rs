@@ -519,13 +519,22 @@ fn fields<T: DeserializeOwned + schemars::JsonSchema>(
             Err(e) => e,
         };
     }
-    // Required fields not given at all, from the type's schema, in its order.
+    missing_required::<T>(&given, index, id, problems);
+    None
+}
+
+/// The required fields of `T` not given at all (`given`), from the type's schema, in its order.
+fn missing_required<T: schemars::JsonSchema>(
+    given: &BTreeSet<String>,
+    index: usize,
+    id: Option<&str>,
+    problems: &mut Problems,
+) {
     let schema = schemars::schema_for!(T);
     let required = schema.get("required").and_then(Value::as_array).into_iter().flatten();
     for field in required.filter_map(Value::as_str).filter(|f| !given.contains(*f)) {
         problems.at(Some(index), id, Some(field), format!("missing field `{field}`"));
     }
-    None
 }
 
 /// Rules between the fields of one resource. A rule about one field alone belongs to the
