@@ -349,3 +349,33 @@ fn the_daemon_logs_a_hold_when_it_begins_and_ends_not_at_every_pass() {
     assert!(log.contains("taken over: held as found until its module was taken"), "{log}");
     assert_eq!(daemon.metric("mesh_host_resources{type=\"file\",state=\"held\"}"), 0.0);
 }
+
+/// The daemon holds what would be written into a held directory too (issue 21, item 2, on the
+/// daemon's path): its first pass does not write the file, and a file the operator then puts
+/// there, seen by the watcher and reconciled alone, is left as they wrote it.
+#[test]
+fn the_daemon_writes_nothing_into_a_held_directory() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path("pg/data")).unwrap();
+    let conf = s.path("pg/data/postgresql.conf");
+    let d = adopted(
+        &s,
+        &[],
+        json!([
+            {"type": "directory", "id": "pg.data", "path": s.p("pg/data")},
+            {"type": "file", "id": "pg.conf", "path": s.p("pg/data/postgresql.conf"), "content": "the mesh's\n"},
+        ]),
+    );
+    let daemon = crate::support::Daemon::start(&s, &d, &[]);
+    assert!(!conf.exists(), "the first pass wrote into the held directory:\n{}", daemon.log());
+    let reconciles = r#"mesh_host_reconcile_duration_seconds_count{scope="resource"}"#;
+    let before = daemon.metric(reconciles);
+    std::fs::write(&conf, "the operator's\n").unwrap();
+    assert!(
+        wait_for(PATIENCE, || daemon.metric(reconciles) > before),
+        "the operator's file was not looked at:\n{}",
+        daemon.log()
+    );
+    assert_eq!(read(&conf), "the operator's\n", "{}", daemon.log());
+    assert_eq!(daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}"), 0.0);
+}
