@@ -530,7 +530,7 @@ impl Store {
             }
         }
         // The last pass did not finish: its temporary files go; its intents stay until this
-        // pass has used them (ARCHITECTURE.md, "Crashes").
+        // pass has used them (docs/durability.md, "Crashes").
         if let Some(recovered) = &store.recovered {
             let mut removed = 0;
             for dir in &recovered.dirs {

@@ -315,7 +315,7 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
     // declaration that changed its mind is an update, a machine that changed on its own was
     // changed by hand (ARCHITECTURE.md, "Drift versus a change of mind"). What an unfinished
     // pass of the host's was writing (the journal found at start-up) is the host's own work, not
-    // a hand's (ARCHITECTURE.md, "Crashes").
+    // a hand's (docs/durability.md, "Crashes").
     let intended = known.intended;
     let found_ours = !intended.is_empty()
         && found_digest().is_some_and(|d| intended.iter().any(|i| i.sum == d.to_string()));

@@ -6,7 +6,7 @@
 //! state directory (`system::contents`), and the declaration keeps only where each body is
 //! (`declaration::Stored`, plain values). The file is the daemon's: it hands it to each apply in
 //! `apply::Options::contents`. A daemon memory policy, so it lives here, not in an applier
-//! (ARCHITECTURE.md, "Memory at scale").
+//! (docs/memory.md, "Memory at scale").
 
 use std::path::Path;
 

@@ -16,7 +16,7 @@
 //!
 //! Atomics and a mutex held only to copy a short string: no reader ever waits on the worker.
 //!
-//! What makes the agent unhealthy, and why, is ARCHITECTURE.md, "Health".
+//! What makes the agent unhealthy, and why, is docs/health.md, "Health".
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -126,7 +126,7 @@ impl Health {
 /// Pings systemd's watchdog while the worker is alive, until shutdown. A wedged worker stops
 /// the pings, and systemd restarts the agent. `None` when the unit has no watchdog. Alive is
 /// the same measure as `/healthz`'s, so a step never outlasts the watchdog's patience
-/// (ARCHITECTURE.md, "Health").
+/// (docs/health.md, "Health").
 pub fn watchdog(health: Arc<Health>, shutdown: CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
     let interval = sd_notify::watchdog_enabled()?;
     Some(tokio::spawn(async move {

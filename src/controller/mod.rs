@@ -135,7 +135,7 @@ impl Daemon {
         // Unbounded, unlike mini-redis's channels: a watcher must never block on the agent
         // (inotify would overflow its queue meanwhile), and the intake loop drains it at once
         // into the queue, which de-duplicates, so it holds at most the changes of one wake-up
-        // (ARCHITECTURE.md, "The queue").
+        // (docs/concurrency.md, "The queue").
         let (tx, rx) = mpsc::unbounded_channel::<Change>();
         let files = FileWatcher::new(tx.clone()).context("cannot start the file watcher (inotify)")?;
         events::WatcherState { watcher: "file", up: true }.emit(&metrics);

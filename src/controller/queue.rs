@@ -11,7 +11,7 @@
 //! - the backoff state is visible: `stats()` feeds gauges, and `done` says when a key becomes or
 //!   stops being contested.
 //!
-//! (ARCHITECTURE.md, "The queue"; the numbers of a contest are in ARCHITECTURE.md, "Contested
+//! (docs/concurrency.md, "The queue"; the numbers of a contest are in docs/concurrency.md, "Contested
 //! resources".)
 //!
 //! Several reconciles may run at once (`worker`), so a key handed out holds a **claim**: the
@@ -21,7 +21,7 @@
 //! barrier: the caller may then refuse to start new long work behind it, so the full pass waits
 //! at most for what was already running, rather than skipping what is in flight
 //! (docs/decisions.md, "A full pass waits for the reconciles in flight and runs alone";
-//! ARCHITECTURE.md, "A full pass and reconciles in flight").
+//! docs/concurrency.md, "A full pass and reconciles in flight").
 //!
 //! All times are tokio's, so the tests run under paused time.
 
@@ -37,20 +37,20 @@ use tokio::time::Instant;
 #[derive(Clone, Debug)]
 pub struct Config {
     /// First retry after a failure; doubles per further failure (5 ms to 5 min, with jitter:
-    /// ARCHITECTURE.md, "The queue").
+    /// docs/concurrency.md, "The queue").
     pub failure_base: Duration,
     /// The longest retry delay after failures.
     pub failure_cap: Duration,
     /// First backoff after a repeated correction; doubles per further one.
     pub contest_base: Duration,
     /// Kept short on purpose: once the fight stops, the file must be put back within it
-    /// (ARCHITECTURE.md, "Contested resources").
+    /// (docs/concurrency.md, "Contested resources").
     pub contest_cap: Duration,
     /// A correction within this time of the previous one is a repeat.
     pub contest_window: Duration,
     /// How many repeats in a row make a key contested (reported once, counted in a gauge).
     /// Holds start at the first repeat; the report waits for a pattern, so a person saving a
-    /// file twice in a second is not told they are fighting the agent (ARCHITECTURE.md,
+    /// file twice in a second is not told they are fighting the agent (docs/concurrency.md,
     /// "Contested resources").
     pub contest_after: u32,
     /// Token bucket: keys admitted per second, and the burst.
@@ -58,7 +58,7 @@ pub struct Config {
     /// The most keys admitted at once, beyond the steady rate.
     pub burst: f64,
     /// The longest the bucket makes any key wait: capped, so ten thousand keys added at once
-    /// never wait for minutes (ARCHITECTURE.md, "The queue").
+    /// never wait for minutes (docs/concurrency.md, "The queue").
     pub max_wait: Duration,
     /// Jitter added to backoffs, as a fraction of the delay (0.1 = up to 10 % more).
     pub jitter: f64,

@@ -10,7 +10,7 @@
 //!
 //! At shutdown the scheduler stops at once: no fire is started after it. A step already running
 //! is a container under the runtime, not a child of the agent: it runs to its end, and its result
-//! is neither logged nor counted (the agent is gone; ARCHITECTURE.md, "Shutdown").
+//! is neither logged nor counted (the agent is gone; docs/concurrency.md, "Shutdown").
 //!
 //! Why a fire is skipped, and why only an installed step runs (a backup must not run against a
 //! store whose migration never passed): docs/decisions.md, "The daemon".

@@ -164,7 +164,7 @@ pub fn keys(change: &Change, index: &Index) -> Vec<(Key, Source)> {
             .into_iter()
             .collect(),
         // The host's table moved: the filter is one, so reconciling its first opening loads
-        // it whole. Nothing declared opened, nothing to put back (ARCHITECTURE.md, "The host's
+        // it whole. Nothing declared opened, nothing to put back (docs/firewall.md, "The host's
         // filter"; docs/decisions.md, "The daemon follows the table").
         Change::Firewall => {
             index.opening.iter().map(|id| (Key::Resource(id.clone()), Source::Firewall)).collect()

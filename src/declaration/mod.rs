@@ -127,7 +127,7 @@ impl Declaration {
 
     /// The indexes a reconcile of `ids` selects: each declared one, and whatever restarts or
     /// reloads on it, transitively. Ids not declared select nothing. It is also the core of a
-    /// key's claim, which keeps two reconciles off one resource (ARCHITECTURE.md, "Concurrent
+    /// key's claim, which keeps two reconciles off one resource (docs/concurrency.md, "Concurrent
     /// reconciles").
     pub fn closure<'a>(&'a self, ids: impl IntoIterator<Item = &'a Id>) -> std::collections::BTreeSet<usize> {
         let mut selected = std::collections::BTreeSet::new();

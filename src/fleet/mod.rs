@@ -127,7 +127,7 @@ pub fn prefixes(node: &str, groups: &[String]) -> Vec<String> {
 /// The revision is in the name so that no name is ever in two successive caches: a reader that
 /// listed the old directory and opens a name after the new one was swapped in finds nothing
 /// (and reads again once the source settles), never a mix of old and new files that could parse
-/// (ARCHITECTURE.md, "Sources: a directory, or etcd through a directory").
+/// (docs/sources.md, "Sources: a directory, or etcd through a directory").
 pub fn cache_name(revision: i64, index: usize, key: &str) -> String {
     let tail = key.strip_prefix(ROOT).unwrap_or(key);
     let mut safe: String = tail

@@ -10,7 +10,7 @@
 //!
 //! While etcd cannot be reached, the cache stays as it is and the controller goes on converging
 //! on it; a node started while etcd is down applies its last known declaration
-//! (docs/decisions.md, "The cache is the declaration source"; ARCHITECTURE.md, "Sources: a
+//! (docs/decisions.md, "The cache is the declaration source"; docs/sources.md, "Sources: a
 //! directory, or etcd through a directory", which also says why every change is a whole read).
 
 use std::path::PathBuf;

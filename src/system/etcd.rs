@@ -3,7 +3,7 @@
 //!
 //! Why not the `etcd-client` crate: it brings tonic, prost and a build script that needs
 //! `protoc`, a heavy build on the two shared cores the project builds on, for four calls that
-//! the gateway every etcd since 3.3 serves answers just as well. ARCHITECTURE.md says more.
+//! the gateway every etcd since 3.3 serves answers just as well. docs/dependencies.md says more.
 //!
 //! The gateway speaks proto3 JSON: keys and values are base64, 64-bit numbers are strings, and a
 //! field at its zero value is left out. Streamed answers (a watch) are a sequence of JSON
@@ -197,7 +197,7 @@ impl rustls::client::ResolvesClientCert for NoCertificate {
 }
 
 /// rustls's cryptography from ring: aws-lc-rs, rustls's default, builds C with cmake and clang,
-/// which neither CI nor the Debian package's build should need (ARCHITECTURE.md).
+/// which neither CI nor the Debian package's build should need (docs/dependencies.md).
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

@@ -17,7 +17,7 @@
 //!
 //! `service_name`, `rules` and `runtime_of` are pure and unit-tested; `apply` acts through
 //! `system::firewalld` and reads back. Why D-Bus, and the offline tool only while firewalld is
-//! stopped: ARCHITECTURE.md, "Why D-Bus, and `firewall-offline-cmd` only while stopped".
+//! stopped: docs/firewall.md, "Why D-Bus, and `firewall-offline-cmd` only while stopped".
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

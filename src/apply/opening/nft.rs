@@ -488,7 +488,7 @@ impl Failed {
 }
 
 /// Replaces the table with `want` in one transaction (or removes it), then reads it back: the
-/// old filter stands until the new one is complete (ARCHITECTURE.md, "The host's filter").
+/// old filter stands until the new one is complete (docs/firewall.md, "The host's filter").
 fn load(want: Option<&Table>) -> Result<(), Failed> {
     let nft = |e| Failed::Nft(std::sync::Arc::new(e));
     match want {

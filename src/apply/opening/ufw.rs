@@ -204,7 +204,7 @@ impl Filter for InUfw {
 
     // A rule saved and not in force (the filter flushed by hand) is put in force by loading
     // ufw's saved rules again: `ufw show added` shows what is saved, not what is in force
-    // (ARCHITECTURE.md, "The firewall found on an adopted node").
+    // (docs/firewall.md, "The firewall found on an adopted node").
     fn read_back(&mut self, wanted: &[Vec<UfwRule>]) -> Result<Listed, ufw::Error> {
         let (added, in_force) = self.read()?;
         if wanted.iter().flatten().flat_map(|w| &w.in_force).all(|l| in_force.contains(l)) {
@@ -261,7 +261,7 @@ impl Filter for InUfw {
 /// applied), then ufw is disabled, then the host's rules are deleted from ufw; the orphan
 /// openings are told last. Anything that fails after the load fails every opening, so their
 /// records stay those of ufw and the next pass tries the rest again: the filter already loaded
-/// is found as wanted, ufw is disabled, its rules deleted (ARCHITECTURE.md, "The firewall found
+/// is found as wanted, ufw is disabled, its rules deleted (docs/firewall.md, "The firewall found
 /// on an adopted node").
 pub(super) fn flip(
     declaration: &Declaration,
