@@ -478,14 +478,28 @@ fn an_opening_that_fails_fails_alone_without_gating() {
 }
 
 /// `mesh-host run` in the node's namespace, with /metrics on its loopback; killed when dropped.
-struct Agent {
+pub struct Agent {
     child: std::process::Child,
     node: String,
     log: std::path::PathBuf,
 }
 
 impl Agent {
-    fn start(net: &Net, s: &Scratch, declaration: &std::path::Path) -> Agent {
+    /// Starts the daemon and waits until `/healthz` answers "ok".
+    pub fn start(net: &Net, s: &Scratch, declaration: &std::path::Path) -> Agent {
+        let agent = Agent::launch(net, s, declaration);
+        assert!(
+            crate::support::wait_for(crate::support::PATIENCE, || agent
+                .get("/healthz")
+                .is_some_and(|b| b == "ok\n")),
+            "the daemon never became healthy:\n{}",
+            agent.log()
+        );
+        agent
+    }
+
+    /// Starts the daemon and waits until `/healthz` answers anything, healthy or not.
+    pub fn launch(net: &Net, s: &Scratch, declaration: &std::path::Path) -> Agent {
         let log = s.path("daemon.log");
         // In the node, with its private /etc/ufw bound when it has one, as `Net::agent` runs.
         let child = net
@@ -502,21 +516,20 @@ impl Agent {
             .unwrap();
         let agent = Agent { child, node: net.node.clone(), log };
         assert!(
-            crate::support::wait_for(crate::support::PATIENCE, || agent
-                .get("/healthz")
-                .is_some_and(|b| b == "ok\n")),
-            "the daemon never became healthy:\n{}",
+            crate::support::wait_for(crate::support::PATIENCE, || agent.answer("/healthz").is_some()),
+            "the daemon never answered /healthz:\n{}",
             agent.log()
         );
         agent
     }
 
-    fn log(&self) -> String {
+    pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// GETs a path of the daemon's HTTP server, from inside its namespace.
-    fn get(&self, path: &str) -> Option<String> {
+    /// GETs a path of the daemon's HTTP server, from inside its namespace: the status code and
+    /// the body of whatever answer came.
+    pub fn answer(&self, path: &str) -> Option<(u16, String)> {
         let path = path.to_owned();
         Net::inside(&self.node, move || {
             let mut s = TcpStream::connect("127.0.0.1:9787").ok()?;
@@ -524,11 +537,17 @@ impl Agent {
             let mut out = String::new();
             s.read_to_string(&mut out).ok()?;
             let (head, body) = out.split_once("\r\n\r\n")?;
-            head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+            let status = head.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
+            Some((status, body.to_owned()))
         })
     }
 
-    fn metric(&self, sample: &str) -> f64 {
+    /// The body of a 200 answer.
+    pub fn get(&self, path: &str) -> Option<String> {
+        self.answer(path).and_then(|(status, body)| (status == 200).then_some(body))
+    }
+
+    pub fn metric(&self, sample: &str) -> f64 {
         let body = self.get("/metrics").unwrap_or_default();
         body.lines()
             .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))

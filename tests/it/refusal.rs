@@ -3,86 +3,10 @@
 //! any of it, `/healthz` says why, and taking the filter off lets the declaration in without a
 //! restart. Run in a network namespace of its own (`firewall::Net`), as the firewall tests are.
 
-use std::io::{Read as _, Write as _};
-use std::net::TcpStream;
-use std::path::Path;
-use std::process::Command;
-
 use serde_json::json;
 
-use crate::firewall::Net;
+use crate::firewall::{Agent, Net};
 use crate::support::{wait_for, Scratch, PATIENCE};
-
-/// `mesh-host run` in the node's namespace, its HTTP server on the node's loopback; killed when
-/// dropped.
-struct NodeAgent {
-    child: std::process::Child,
-    node: String,
-    log: std::path::PathBuf,
-}
-
-const PORT: u16 = 9788;
-
-impl NodeAgent {
-    /// Starts the daemon and waits until `/healthz` answers anything.
-    fn launch(net: &Net, s: &Scratch, declaration: &Path) -> NodeAgent {
-        let logs = s.path("logs");
-        std::fs::create_dir_all(&logs).unwrap();
-        let log = logs.join("daemon.log");
-        let child = Command::new("ip")
-            .args(["netns", "exec", &net.node])
-            .arg(assert_cmd::cargo::cargo_bin("mesh-host"))
-            .arg("--state")
-            .arg(s.state())
-            .args(["run", "--declaration"])
-            .arg(declaration)
-            .args(["--metrics", &format!("127.0.0.1:{PORT}")])
-            .env("MESH_HOST_LOG", "info")
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::options().append(true).open(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let agent = NodeAgent { child, node: net.node.clone(), log };
-        assert!(
-            wait_for(PATIENCE, || agent.answer("/healthz").is_some()),
-            "the daemon never answered /healthz:\n{}",
-            agent.log()
-        );
-        agent
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// GETs a path from inside the node's namespace: the status code and the body.
-    fn answer(&self, path: &str) -> Option<(u16, String)> {
-        let path = path.to_owned();
-        Net::inside(&self.node, move || {
-            let mut s = TcpStream::connect(("127.0.0.1", PORT)).ok()?;
-            write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
-            let mut out = String::new();
-            s.read_to_string(&mut out).ok()?;
-            let (head, body) = out.split_once("\r\n\r\n")?;
-            let status = head.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
-            Some((status, body.to_owned()))
-        })
-    }
-
-    fn metric(&self, sample: &str) -> f64 {
-        let body = self.answer("/metrics").map(|(_, b)| b).unwrap_or_default();
-        body.lines()
-            .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
-            .map_or(0.0, |v| v.trim().parse().unwrap())
-    }
-}
-
-impl Drop for NodeAgent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A filter of someone else's on the node's input hook: policy accept, one rule (so the host's
 /// own loopback still reaches the agent's HTTP server).
@@ -112,10 +36,10 @@ fn the_daemon_applies_nothing_of_a_declaration_refused_here_and_lets_it_in_once_
         {"type": "opening", "id": "web.http", "port": 8080},
     ]});
     std::fs::write(&d, serde_json::to_vec_pretty(&declaration).unwrap()).unwrap();
-    let agent = NodeAgent::launch(&net, &s, &d);
+    let agent = Agent::launch(&net, &s, &d);
 
     // Refused, and said so: 503 naming what was found, counted once, a gauge at 1.
-    let refused = |agent: &NodeAgent| {
+    let refused = |agent: &Agent| {
         agent.answer("/healthz").is_some_and(|(status, body)| {
             status == 503
                 && body.contains("declaration refused on this machine")
