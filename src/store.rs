@@ -76,8 +76,10 @@ pub struct More {
     /// For a container: the digest of the spec it was created from (the `mesh-host.spec`
     /// label); for a run-once step, the spec it last completed at; for a scheduled step, the
     /// spec it was installed at. For a process: the digest of the command, environment and user
-    /// its transient unit was started with. For an opening: `ufw` when it was made in ufw,
-    /// found active on an adopted node (absent: in the host's own table).
+    /// its transient unit was started with. For an opening, where the filter it is in lives
+    /// (`apply::opening::Home`): `ufw` or `firewalld` when it was made in the firewall found on
+    /// an adopted node, `ufw-retired` or `firewalld-retired` once the host flipped from it into
+    /// its own table (absent: in the host's own table, never behind a found firewall).
     pub spec: Option<String>,
     /// For a container: each file it read at creation (env-files, files mounted directly), by
     /// path, with the digest of what the file held then. What names the file in "recreated:
