@@ -40,6 +40,10 @@ pub struct FileWatcher {
     /// many of those paths it holds (so that what is unseen is counted in paths, as the
     /// operator declared them, not in directories).
     wanted: HashMap<PathBuf, usize>,
+    /// Wanted directories without a watch (lost, absent, or refused for want of watches): all
+    /// that `rewatch` looks at, so a correction costs the same on a node of ten directories or
+    /// of ten thousand.
+    pending: HashSet<PathBuf>,
     /// The paths of interest in watched directories: kept as watches come and go, so that
     /// `coverage` costs nothing after each correction.
     watched_paths: usize,
@@ -103,6 +107,7 @@ impl FileWatcher {
             shared,
             watched: HashSet::new(),
             wanted: HashMap::new(),
+            pending: HashSet::new(),
             watched_paths: 0,
             paths: 0,
             out_of_watches: false,
@@ -145,6 +150,7 @@ impl FileWatcher {
         }
         self.watched_paths = self.watched.iter().map(|d| self.wanted.get(d).copied().unwrap_or(0)).sum();
         self.take_lost();
+        self.pending = self.wanted.keys().filter(|d| !self.watched.contains(*d)).cloned().collect();
         self.add_missing()
     }
 
@@ -171,23 +177,25 @@ impl FileWatcher {
                 let _ = self.watcher.unwatch(&dir);
                 self.watched_paths -= self.wanted.get(&dir).copied().unwrap_or(0);
                 freed = true;
+                self.pending.insert(dir);
             }
         }
         freed
     }
 
-    /// Adds a watch on every wanted directory that has none, until the limit refuses one.
+    /// Adds a watch on every wanted directory that has none (`pending`), until the limit refuses
+    /// one.
     fn add_missing(&mut self) -> Vec<(PathBuf, notify::Error)> {
         let mut failed = Vec::new();
         let mut refused = false;
-        for (dir, &paths) in &self.wanted {
-            if self.watched.contains(dir) {
-                continue;
-            }
+        let mut added = Vec::new();
+        for dir in &self.pending {
+            let paths = self.wanted.get(dir).copied().unwrap_or(0);
             match self.watcher.watch(dir, RecursiveMode::NonRecursive) {
                 Ok(()) => {
                     self.watched.insert(dir.clone());
                     self.watched_paths += paths;
+                    added.push(dir.clone());
                 }
                 // ENOSPC from inotify_add_watch: the user's watches are all in use. Every other
                 // directory would be refused the same way.
@@ -197,6 +205,9 @@ impl FileWatcher {
                 }
                 Err(e) => failed.push((dir.clone(), e)),
             }
+        }
+        for dir in added {
+            self.pending.remove(&dir);
         }
         self.out_of_watches = refused;
         failed
@@ -225,4 +236,37 @@ fn path_hash(path: &Path) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
     path.hash(&mut h);
     h.finish()
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods, reason = "the test makes and removes the directories it watches")]
+mod tests {
+    use super::*;
+
+    /// After each correction `rewatch` looks only at the directories without a watch, not at
+    /// every one wanted: none while all are watched, the one lost once it is removed, and none
+    /// again once it is watched anew.
+    #[tokio::test]
+    async fn rewatch_looks_only_at_directories_without_a_watch() {
+        let root = tempfile::tempdir().unwrap();
+        let dirs: Vec<PathBuf> = (0..50).map(|i| root.path().join(format!("d{i}"))).collect();
+        for d in &dirs {
+            std::fs::create_dir(d).unwrap();
+        }
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut w = FileWatcher::new(tx).unwrap();
+        assert!(w.set_paths(dirs.iter().map(|d| d.join("f"))).is_empty());
+        assert_eq!((w.watched(), w.pending.len()), (50, 0), "all watched, nothing pending");
+        std::fs::remove_dir(&dirs[7]).unwrap();
+        let lost = || !w.shared.lost.lock().unwrap().is_empty();
+        let start = std::time::Instant::now();
+        while !lost() && start.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(w.rewatch().len() == 1, "the removed directory cannot be watched yet");
+        assert_eq!(w.pending.iter().collect::<Vec<_>>(), vec![&dirs[7]], "only the lost one is pending");
+        std::fs::create_dir(&dirs[7]).unwrap();
+        assert!(w.rewatch().is_empty());
+        assert_eq!((w.watched(), w.pending.len()), (50, 0));
+    }
 }
