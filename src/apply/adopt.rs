@@ -19,39 +19,72 @@ pub(super) struct Found {
     modules: HashSet<String>,
     /// Names of containers held: an action run `in` one does not run.
     containers: HashSet<String>,
-    /// Everything held, remembered or found now, by id with its type and target: what a
-    /// resource of a module not taken must not act on, write into or run over (`acts_on_held`).
-    held: Vec<(String, Kind, String)>,
+    /// Everything held, remembered or found now, indexed for what a resource of a module not
+    /// taken must not act on, write into or run over (`acts_on_held`): each question is a few
+    /// lookups, not a scan of every hold, so adopting ten thousand found files beside ten
+    /// thousand new resources stays linear.
+    held: Held,
+}
+
+/// What is held, by the questions `acts_on_held` asks of it.
+#[derive(Default)]
+struct Held {
+    /// Ids of everything held: what restarts or reloads on one is held.
+    ids: HashSet<String>,
+    /// Held files, directories and archives by path, with their id and type.
+    paths: std::collections::HashMap<std::path::PathBuf, (String, Kind)>,
+    /// Each strict ancestor of a held path, with the first held path found beneath it: a mount
+    /// of the ancestor would run over it.
+    above: std::collections::HashMap<std::path::PathBuf, (String, String)>,
+    /// Held files by their file name, with their id and path: a unit file is found by its unit.
+    files_named: std::collections::HashMap<String, (String, String)>,
 }
 
 impl Found {
-    /// The first thing held that `matches` by its type and target, as `(id, target)`.
-    fn first(&self, mut matches: impl FnMut(Kind, &str) -> bool) -> Option<(&str, &str)> {
-        self.held
-            .iter()
-            .find(|(_, kind, target)| matches(*kind, target))
-            .map(|(id, _, t)| (id.as_str(), t.as_str()))
+    /// Notes that `id` is held, with its type and what it names on the machine.
+    fn hold_seen(&mut self, id: &str, kind: Kind, target: &str) {
+        let held = &mut self.held;
+        held.ids.insert(id.to_owned());
+        if !matches!(kind, Kind::File | Kind::Directory | Kind::Archive) {
+            return;
+        }
+        let path = Path::new(target);
+        held.paths.entry(path.to_path_buf()).or_insert_with(|| (id.to_owned(), kind));
+        for up in path.ancestors().skip(1) {
+            held.above.entry(up.to_path_buf()).or_insert_with(|| (id.to_owned(), target.to_owned()));
+        }
+        if let (Kind::File, Some(name)) = (kind, path.file_name().and_then(|n| n.to_str())) {
+            held.files_named.entry(name.to_owned()).or_insert_with(|| (id.to_owned(), target.to_owned()));
+        }
     }
 
-    /// A held path `p` overlaps: the path itself, one inside it, or one it is inside.
-    fn path_over(&self, p: &Path) -> Option<(&str, &str)> {
-        self.first(|kind, target| {
-            matches!(kind, Kind::File | Kind::Directory | Kind::Archive)
-                && (p.starts_with(target) || Path::new(target).starts_with(p))
+    /// The held path nearest to `p` at or above it whose type `fits`, as `(id, target)`.
+    fn at_or_above(&self, p: &Path, skip_self: bool, fits: impl Fn(Kind) -> bool) -> Option<(&str, &str)> {
+        p.ancestors().skip(usize::from(skip_self)).find_map(|up| {
+            let (path, (id, kind)) = self.held.paths.get_key_value(up)?;
+            fits(*kind).then(|| (id.as_str(), path.to_str().unwrap_or_default()))
         })
+    }
+
+    /// A held path `p` overlaps: the path itself, one it is inside, or one inside it.
+    fn path_over(&self, p: &Path) -> Option<(&str, &str)> {
+        self.at_or_above(p, false, |_| true)
+            .or_else(|| self.held.above.get(p).map(|(id, target)| (id.as_str(), target.as_str())))
     }
 
     /// A held directory (or an archive's, which is one) that `p` is inside.
     fn directory_around(&self, p: &Path) -> Option<(&str, &str)> {
-        self.first(|kind, target| {
-            matches!(kind, Kind::Directory | Kind::Archive) && p.starts_with(target) && p != Path::new(target)
-        })
+        self.at_or_above(p, true, |kind| matches!(kind, Kind::Directory | Kind::Archive))
+    }
+
+    /// A held file named `name` (a unit file, by its unit), as `(id, path)`.
+    fn file_named(&self, name: &str) -> Option<(&str, &str)> {
+        self.held.files_named.get(name).map(|(id, path)| (id.as_str(), path.as_str()))
     }
 
     /// A held resource among `ids`.
     fn among(&self, ids: &[Id]) -> Option<&str> {
-        ids.iter()
-            .find_map(|id| self.held.iter().find(|(h, _, _)| h == id.as_str()).map(|(h, _, _)| h.as_str()))
+        ids.iter().find_map(|id| self.held.ids.get(id.as_str())).map(String::as_str)
     }
 }
 
@@ -65,7 +98,7 @@ impl Found {
 pub(super) fn acts_on_held(declaration: &Declaration, found: &Found, r: &Resource) -> Option<String> {
     let adoption = declaration.adoption.as_ref()?;
     let module = r.id.module();
-    if found.held.is_empty() || adoption.taken.iter().any(|m| m == module) {
+    if found.held.ids.is_empty() || adoption.taken.iter().any(|m| m == module) {
         return None;
     }
     let tail =
@@ -102,9 +135,7 @@ pub(super) fn acts_on_held(declaration: &Declaration, found: &Found, r: &Resourc
                 .or_else(|| restarted(r.spec.restart_on(), "restarted"))
         }
         Spec::Service(s) => found
-            .first(|kind, target| {
-                kind == Kind::File && Path::new(target).file_name() == Some(s.unit.as_str().as_ref())
-            })
+            .file_named(s.unit.as_str())
             .map(|(id, file)| format!("its unit file {file} ({id}) is {tail}"))
             .or_else(|| restarted(r.spec.restart_on(), "restarted"))
             .or_else(|| restarted(r.spec.reload_on(), "reloaded")),
@@ -163,7 +194,7 @@ pub(super) fn look_before(ctx: &mut Ctx<'_>, only: Option<&BTreeSet<usize>>) -> 
         if h.kind == Kind::Container {
             found.containers.insert(h.target.to_string());
         }
-        found.held.push((id.to_owned(), h.kind, h.target.to_string()));
+        found.hold_seen(id, h.kind, &h.target);
     }
     let declaration = ctx.declaration;
     for r in &declaration.resources {
@@ -180,7 +211,7 @@ pub(super) fn look_before(ctx: &mut Ctx<'_>, only: Option<&BTreeSet<usize>>) -> 
             if let Spec::Container(c) = &r.spec {
                 found.containers.insert(c.name.to_string());
             }
-            found.held.push((r.id.to_string(), r.kind(), r.target()));
+            found.hold_seen(r.id.as_str(), r.kind(), &r.target());
         }
         found.present.insert(r.index, present);
     }
