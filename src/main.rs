@@ -33,6 +33,11 @@ fn main() -> ExitCode {
         mesh_host::system::memory::for_a_command();
     }
     mesh_host::telemetry::init(cli.log_json);
+    if mesh_host::system::durable::MUTANT {
+        tracing::warn!(
+            "this build never syncs to disk (feature powerloss-mutant): for the power-loss lanes only"
+        );
+    }
     tracing::debug!(arena_eager_commit = mesh_host::system::memory::arena_eager_commit(), "allocator policy");
     // The command runs on the main thread with a small runtime entered: the apply engine is
     // synchronous and reaches async protocols (Docker, D-Bus) through the runtime's handle,

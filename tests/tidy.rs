@@ -317,6 +317,34 @@ fn the_controller_knows_nothing_of_etcd() {
     );
 }
 
+/// Every sync the agent asks of the kernel goes through `system::durable`: the power-loss
+/// lanes' mutant (`tests/powerloss/`) switches them all off there, and a sync made anywhere else
+/// would be one the lanes could not show they see.
+#[test]
+fn every_sync_goes_through_durable() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut wrong = Vec::new();
+    for file in rust_files(&src) {
+        if file.ends_with("system/durable.rs") {
+            continue;
+        }
+        let code = code_only(&std::fs::read_to_string(&file).unwrap());
+        for (n, line) in code.lines().enumerate() {
+            let call = ["sync_all(", "sync_data(", "fsync(", "fdatasync(", "syncfs("].iter().any(|c| {
+                line.match_indices(c).any(|(at, _)| {
+                    !line[..at].ends_with("durable::")
+                        && !line[..at].ends_with("fn ")
+                        && !line[..at].ends_with("self.")
+                })
+            });
+            if call {
+                wrong.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "a sync outside system::durable (docs/durability.md):\n{}", wrong.join("\n"));
+}
+
 /// Whether `line` has `word` as a whole identifier (not `etcd_x` nor `my_etcd`).
 fn names_word(line: &str, word: &str) -> bool {
     let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';

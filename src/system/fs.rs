@@ -23,6 +23,8 @@ use rustix::fs::{self as rfs, AtFlags, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use sha2::Digest as _;
 
+use super::durable;
+
 /// What a regular file holds, as `Fs::read_up_to` found it.
 #[derive(Debug)]
 pub enum Content {
@@ -265,7 +267,7 @@ fn sync_after_rename(staged: &[Staged], results: &mut [Result<()>]) {
     for (s, result) in staged.iter().zip(results.iter_mut()).filter(|(_, r)| r.is_ok()) {
         // In place, but not known to survive a crash until this returns: a failed sync
         // fails the file, so nothing reports or records it as done.
-        let synced = if failpoint_named("sync-eio") { Err(Errno::IO) } else { rfs::fsync(&s.fd) };
+        let synced = if failpoint_named("sync-eio") { Err(Errno::IO) } else { durable::fsync(&s.fd) };
         if let Err(e) = synced {
             *result =
                 Err(Error::io("make the file durable (fsync after its rename)", &s.dir.join(&s.name), e));
@@ -655,10 +657,10 @@ impl Fs {
                 if synced_after {
                     Ok(())
                 } else {
-                    rfs::fsync(&s.fd)
+                    durable::fsync(&s.fd)
                 }
             } else {
-                *synced_devs.entry(dev).or_insert_with(|| rfs::syncfs(&s.fd))
+                *synced_devs.entry(dev).or_insert_with(|| durable::syncfs(&s.fd))
             };
             results.push(r.map_err(|e| Error::io("sync", &s.dir.join(&s.name), e)));
         }
@@ -732,7 +734,8 @@ impl Fs {
         for ((s, result), dev) in staged.iter().zip(results.iter()).zip(devs) {
             if result.is_ok() && !renamed.iter().any(|(d, _)| d == dev) {
                 // `sync-eio`: the failpoint a test needs to show a failed sync fails its files.
-                let synced = if failpoint_named("sync-eio") { Err(Errno::IO) } else { rfs::syncfs(&s.fd) };
+                let synced =
+                    if failpoint_named("sync-eio") { Err(Errno::IO) } else { durable::syncfs(&s.fd) };
                 renamed.push((*dev, synced));
             }
         }
@@ -753,7 +756,7 @@ impl Fs {
         dirs.dedup();
         for d in dirs {
             let synced = match self.open_dir(&d) {
-                Ok(Some(fd)) => rfs::fsync(fd),
+                Ok(Some(fd)) => durable::fsync(fd),
                 _ => Err(Errno::NOENT),
             };
             if let Err(e) = synced {
@@ -810,8 +813,8 @@ impl Fs {
         let mut failed = Vec::new();
         let sync = |fs: &mut Fs, parent: &Path, whole: bool| {
             let r = match fs.open_dir(parent) {
-                Ok(Some(fd)) if whole => rfs::syncfs(fd),
-                Ok(Some(fd)) => rfs::fsync(fd),
+                Ok(Some(fd)) if whole => durable::syncfs(fd),
+                Ok(Some(fd)) => durable::fsync(fd),
                 _ => Err(Errno::NOENT),
             };
             r.err()
@@ -856,7 +859,7 @@ impl Fs {
         match rfs::unlinkat(dir, name, AtFlags::empty()) {
             // Durable before it is reported: a removal a crash could undo must not be recorded
             // as done (an orphan forgotten by the store, back on the disk).
-            Ok(()) | Err(Errno::NOENT) => rfs::fsync(dir)
+            Ok(()) | Err(Errno::NOENT) => durable::fsync(dir)
                 .map_err(|e| Error::io("make the removal durable (fsync of its parent)", path, e)),
             Err(e) => Err(Error::io("remove", path, e)),
         }
@@ -872,7 +875,7 @@ impl Fs {
         match rfs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
             // Made durable as a file's removal is: the parent synced, so a crash cannot bring
             // back a directory the store no longer records.
-            Ok(()) | Err(Errno::NOENT) => rfs::fsync(dir)
+            Ok(()) | Err(Errno::NOENT) => durable::fsync(dir)
                 .map_err(|e| Error::io("make the removal durable (fsync of its parent)", path, e)),
             Err(e) => Err(Error::io("remove the directory", path, e)),
         }
@@ -1013,7 +1016,7 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     let staged = fs.stage(path, bytes, 0o600, None)?;
     // `store-write-eio`: the failpoint a test needs to show a store that cannot be written is
     // reported as such, apart from every resource's outcome.
-    let synced = if failpoint_named("store-write-eio") { Err(Errno::IO) } else { rfs::fsync(&staged.fd) };
+    let synced = if failpoint_named("store-write-eio") { Err(Errno::IO) } else { durable::fsync(&staged.fd) };
     synced.map_err(|e| Error::io("sync", path, e))?;
     failpoint("store-write");
     fs.commit_batch(vec![staged], false).pop().unwrap_or(Ok(()))
@@ -1071,9 +1074,9 @@ pub fn replace_dir(dir: &std::path::Path, files: &[(String, Vec<u8>)]) -> std::i
         let mut f =
             std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(new.join(file))?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        durable::file(&f)?;
     }
-    std::fs::File::open(&new)?.sync_all()?;
+    durable::file(&std::fs::File::open(&new)?)?;
     if dir.exists() {
         rustix::fs::renameat_with(
             rustix::fs::CWD,
@@ -1087,7 +1090,7 @@ pub fn replace_dir(dir: &std::path::Path, files: &[(String, Vec<u8>)]) -> std::i
     } else {
         std::fs::rename(&new, dir)?;
     }
-    std::fs::File::open(parent)?.sync_all()
+    durable::file(&std::fs::File::open(parent)?)
 }
 
 /// An exclusive advisory lock on a file, held while the value lives.

@@ -102,7 +102,7 @@ impl Journal {
         let file = self.file.as_mut().expect("opened above");
         file.write_all(&text).map_err(io)?;
         if sync {
-            file.sync_data().map_err(io)?;
+            super::durable::data(file).map_err(io)?;
         }
         Ok(())
     }
@@ -137,7 +137,7 @@ impl Journal {
         let io = |e: std::io::Error| Error { op: "sync the journal", path: self.path.clone(), source: e };
         let dev = std::os::unix::fs::MetadataExt::dev(&file.metadata().map_err(io)?);
         if !synced(dev) {
-            file.sync_data().map_err(io)?;
+            super::durable::data(file).map_err(io)?;
         }
         Ok(())
     }

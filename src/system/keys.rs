@@ -146,10 +146,10 @@ fn write(path: &Path, text: &SecretString, over: bool) -> Result<(), KeyFileErro
             .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&tmp)?;
         file.write_all(text.expose_secret().as_bytes())?;
-        file.sync_all()?;
+        super::durable::file(&file)?;
         let flags = if over { rustix::fs::RenameFlags::empty() } else { rustix::fs::RenameFlags::NOREPLACE };
         rustix::fs::renameat_with(rustix::fs::CWD, &tmp, rustix::fs::CWD, path, flags)?;
-        std::fs::File::open(dir)?.sync_all()
+        super::durable::file(&std::fs::File::open(dir)?)
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

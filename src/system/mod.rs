@@ -12,6 +12,7 @@ pub(crate) mod accounts;
 pub(crate) mod command;
 pub(crate) mod contents;
 pub mod docker;
+pub mod durable;
 pub(crate) mod etcd;
 pub(crate) mod firewall;
 pub(crate) mod firewalld;
