@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{apply_cli, declaration, median, DIRS, FILES_PER_DIR};
+use common::{apply_cli, declaration, dirs, median, FILES_PER_DIR};
 
 /// An ext4 filesystem in a loop image made for one cold run, unmounted and deleted on drop.
 struct Fresh {
@@ -64,11 +64,11 @@ fn policy(root: &Path) -> String {
     p.push_str("body common control { bundlesequence => { \"main\" }; }\n");
     p.push_str("body perms m(mode) { mode => \"$(mode)\"; rxdirs => \"false\"; }\n");
     p.push_str("bundle agent main {\nfiles:\n");
-    for d in 0..DIRS {
+    for d in 0..dirs() {
         let dir = root.join(format!("d{d:04}"));
         writeln!(p, "  \"{}/.\" create => \"true\", perms => m(\"0755\");", dir.display()).unwrap();
     }
-    for d in 0..DIRS {
+    for d in 0..dirs() {
         let dir = root.join(format!("d{d:04}"));
         for f in 0..FILES_PER_DIR {
             writeln!(
@@ -99,7 +99,7 @@ fn cf_agent(policy: &Path) -> Duration {
 
 /// Checks that a tool made the whole tree: every file present with its 1 KiB.
 fn check_tree(root: &Path) {
-    for d in [0, DIRS / 2, DIRS - 1] {
+    for d in [0, dirs() / 2, dirs() - 1] {
         for f in 0..FILES_PER_DIR {
             let path = root.join(format!("d{d:04}/f{f}.conf"));
             let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);

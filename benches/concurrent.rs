@@ -199,7 +199,7 @@ fn run(workers: &str, edits: usize, disturb: bool) -> Run {
     .unwrap();
     let mut latencies = Vec::with_capacity(edits);
     for i in 0..edits {
-        let dir = root.join(format!("d{:04}", (i * 7) % common::DIRS));
+        let dir = root.join(format!("d{:04}", (i * 7) % common::dirs()));
         let file = dir.join(format!("f{}.conf", i % common::FILES_PER_DIR));
         watcher.watch(&dir, RecursiveMode::NonRecursive).unwrap();
         while rx.try_recv().is_ok() {}

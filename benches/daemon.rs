@@ -107,8 +107,8 @@ fn main() {
     let pid = daemon.id();
     println!(
         "daemon with {} files in {} directories, on {}",
-        common::DIRS * common::FILES_PER_DIR,
-        common::DIRS,
+        common::dirs() * common::FILES_PER_DIR,
+        common::dirs(),
         base.display()
     );
     println!("  start-up to ready (cold apply included): {:.2} s", started.elapsed().as_secs_f64());
@@ -138,7 +138,7 @@ fn main() {
     .unwrap();
     let mut latencies = Vec::with_capacity(edits);
     for i in 0..edits {
-        let dir = root.join(format!("d{:04}", (i * 7) % common::DIRS));
+        let dir = root.join(format!("d{:04}", (i * 7) % common::dirs()));
         let file = dir.join(format!("f{}.conf", i % common::FILES_PER_DIR));
         watcher.watch(&dir, RecursiveMode::NonRecursive).unwrap();
         while rx.try_recv().is_ok() {}

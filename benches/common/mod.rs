@@ -1,18 +1,27 @@
-//! What the benchmark harnesses share: the 10,000-file declaration.
+//! What the benchmark harnesses share: the declaration of files in directories of ten, 10,000
+//! files by default; `MESH_HOST_BENCH_FILES` chooses another size (1,000 or 100,000 for the
+//! growth figures in BENCHMARKS.md), always ten files per directory.
 #![allow(dead_code)]
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-pub const DIRS: usize = 1_000;
 pub const FILES_PER_DIR: usize = 10;
 
-/// 1,000 directories of 10 files of 1 KiB each, under `root`.
+/// How many directories the declaration has: `MESH_HOST_BENCH_FILES` / 10 (1,000 by default).
+pub fn dirs() -> usize {
+    let files: usize =
+        std::env::var("MESH_HOST_BENCH_FILES").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    (files / FILES_PER_DIR).max(1)
+}
+
+/// `dirs()` directories of 10 files of 1 KiB each, under `root`.
 pub fn declaration(root: &Path) -> serde_json::Value {
-    let mut resources = Vec::with_capacity(DIRS * (FILES_PER_DIR + 1));
+    let dirs = dirs();
+    let mut resources = Vec::with_capacity(dirs * (FILES_PER_DIR + 1));
     let body: String = "x".repeat(1023) + "\n";
-    for d in 0..DIRS {
+    for d in 0..dirs {
         let dir = root.join(format!("d{d:04}"));
         resources.push(serde_json::json!({"type": "directory", "id": format!("bench.d{d}"), "path": dir}));
         for f in 0..FILES_PER_DIR {

@@ -197,12 +197,13 @@ pub(super) fn look_before(ctx: &mut Ctx<'_>, only: Option<&BTreeSet<usize>>) -> 
         found.hold_seen(id, h.kind, &h.target);
     }
     let declaration = ctx.declaration;
-    for r in &declaration.resources {
-        if only.is_some_and(|only| !only.contains(&r.index))
-            || !untaken(r)
-            || ctx.store.get(r.id.as_str()).is_some()
-            || ctx.store.held(r.id.as_str()).is_some()
-        {
+    // The selected resources only, found by index: not a scan of the declaration per correction.
+    let selected: Box<dyn Iterator<Item = &Resource>> = match only {
+        Some(only) => Box::new(only.iter().map(|&i| &declaration.resources[i])),
+        None => Box::new(declaration.resources.iter()),
+    };
+    for r in selected {
+        if !untaken(r) || ctx.store.get(r.id.as_str()).is_some() || ctx.store.held(r.id.as_str()).is_some() {
             continue;
         }
         let Some(present) = present(ctx, r) else { continue };

@@ -53,6 +53,9 @@ pub struct Declaration {
     named_by: HashMap<Id, Vec<usize>>,
     /// The positions of the gates (actions, run-once steps), in order.
     gates: Vec<usize>,
+    /// The positions of the scheduled steps, in order: the controller asks after every
+    /// reconcile whether there are any, which a scan would make cost as much as the node is big.
+    scheduled: Vec<usize>,
 }
 
 /// A declaration that says the node ran before the mesh came.
@@ -158,7 +161,10 @@ impl Declaration {
 
     /// The scheduled steps, with their cron expressions.
     pub fn scheduled_steps(&self) -> impl Iterator<Item = (&Id, &Cron)> + '_ {
-        self.resources.iter().filter_map(|r| r.spec.schedule().map(|c| (&r.id, c)))
+        self.scheduled.iter().filter_map(|&i| {
+            let r = &self.resources[i];
+            r.spec.schedule().map(|c| (&r.id, c))
+        })
     }
 
     /// The files whose declared body may be kept outside the declaration, in the daemon's
@@ -217,7 +223,8 @@ impl Declaration {
             }
         }
         let gates = resources.iter().filter(|r| r.spec.is_gate()).map(|r| r.index).collect();
-        Declaration { resources, adoption, by_id, by_path, named_by, gates }
+        let scheduled = resources.iter().filter(|r| r.spec.schedule().is_some()).map(|r| r.index).collect();
+        Declaration { resources, adoption, by_id, by_path, named_by, gates, scheduled }
     }
 }
 
