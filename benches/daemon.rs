@@ -2,7 +2,9 @@
 //! idle CPU, RSS with 10,000 resources, and a storm of rewrites of one file.
 //! Run with `cargo bench --bench daemon`; figures go in BENCHMARKS.md.
 //! MESH_HOST_BENCH_DIR chooses the filesystem (default /var/tmp); MESH_HOST_BENCH_IDLE_SECS
-//! the idle window (default 60); MESH_HOST_BENCH_EDITS the number of edits (default 1000).
+//! the idle window (default 60); MESH_HOST_BENCH_EDITS the number of edits (default 1000);
+//! MESH_HOST_BENCH_FILES the size of the node (default 10,000). It prints the floor beside the
+//! put-back: an atomic 1 KiB write with fsyncs, on the same filesystem in the same run.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -67,6 +69,17 @@ fn content_file_bytes(pid: u32) -> u64 {
         .filter_map(|e| std::fs::metadata(e.path()).ok())
         .map(|m| m.len())
         .sum()
+}
+
+/// An atomic, durable write of `body` to `dir/name`: the floor of a put-back.
+fn atomic_write(dir: &Path, name: &str, body: &[u8]) {
+    use std::io::Write as _;
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp).unwrap();
+    f.write_all(body).unwrap();
+    f.sync_all().unwrap();
+    std::fs::rename(&tmp, dir.join(name)).unwrap();
+    std::fs::File::open(dir).unwrap().sync_all().unwrap();
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -154,6 +167,26 @@ fn main() {
         percentile(&latencies, 0.5).as_secs_f64() * 1e3,
         percentile(&latencies, 0.99).as_secs_f64() * 1e3,
         latencies.last().unwrap().as_secs_f64() * 1e3
+    );
+    // The floor, on the same filesystem in the same run: what the agent's put-back cannot beat,
+    // an atomic 1 KiB write (temporary file, fsync, rename, fsync of the directory).
+    let floor_dir = scratch.path().join("floor");
+    std::fs::create_dir_all(&floor_dir).unwrap();
+    let mut floor = Vec::with_capacity(edits);
+    for i in 0..edits {
+        let t = Instant::now();
+        atomic_write(&floor_dir, &format!("f{}", i % 10), &body);
+        floor.push(t.elapsed());
+    }
+    floor.sort();
+    let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
+    let (f50, f99) = (percentile(&floor, 0.5), percentile(&floor, 0.99));
+    println!(
+        "  floor (atomic 1 KiB write: fsync, rename, directory fsync): p50 {:.3} ms, p99 {:.3} ms; put-back is {:.2}x the floor at p50, {:.2}x at p99",
+        f50.as_secs_f64() * 1e3,
+        f99.as_secs_f64() * 1e3,
+        p50.as_secs_f64() / f50.as_secs_f64(),
+        p99.as_secs_f64() / f99.as_secs_f64()
     );
     println!(
         "  RSS after the edits: {:.1} MiB (peak {:.1} MiB)",
