@@ -33,9 +33,14 @@ impl Fresh {
         let _ = Command::new("umount").arg(&mount).stderr(std::process::Stdio::null()).status();
         let _ = std::fs::remove_file(&image);
         std::fs::create_dir_all(&mount).unwrap();
-        // 1 GiB is room for 10,000 files of 1 KiB, their directories, the store and the journal.
-        run("truncate", &["-s", "1G", image.to_str().unwrap()]);
-        run("mkfs.ext4", &["-q", "-F", image.to_str().unwrap()]);
+        // 1 GiB is room for 10,000 files of 1 KiB, their directories, the store and the journal;
+        // a larger node gets 12 KiB a file and an inode for each (ext4's default of one inode
+        // per 16 KiB would run out at 100,000).
+        let files = dirs() * (FILES_PER_DIR + 1);
+        let size = format!("{}M", (files * 12 / 1024).max(1024));
+        let inodes = (files + files / 4 + 1024).to_string();
+        run("truncate", &["-s", &size, image.to_str().unwrap()]);
+        run("mkfs.ext4", &["-q", "-F", "-N", &inodes, image.to_str().unwrap()]);
         run("mount", &["-o", "loop", image.to_str().unwrap(), mount.to_str().unwrap()]);
         Fresh { image, mount }
     }
