@@ -19,7 +19,7 @@ use std::process::{Command, Output};
 
 use serde_json::{json, Value};
 
-use crate::firewall::{answers_udp, connects, probed, Prober};
+use super::{answers_udp, connects, probed, Prober};
 use crate::support::{action, detail, Scratch};
 
 const RUN: &str = "/run/mesh-host-fw";
