@@ -413,3 +413,117 @@ impl Probed {
         self.attempts[last].0
     }
 }
+
+/// An adopted node behind the firewall found on it, as a scenario run over both found
+/// firewalls sees it: ufw in namespaces of the test's own (`Net::with_ufw`), firewalld in the
+/// testbed's machine (`firewalld::Machine`).
+pub trait Adopted {
+    /// The agent running as a daemon, stopped when dropped.
+    type Daemon;
+    /// The found firewall's name, in messages.
+    const NAME: &'static str;
+    /// A port declared, and one never declared.
+    const PORTS: (u16, u16);
+    /// How long a daemon's full pass may take to be seen.
+    const PATIENCE: Duration;
+    /// Where the agent may write a declared file `name`: in a directory it sees.
+    fn file(&self, s: &Scratch, name: &str) -> String;
+    /// Listens on a TCP port on the node, echoing.
+    fn serve_tcp(&self, port: u16);
+    /// `apply --json` of the declaration at `d`: the exit code and the report.
+    fn apply(&self, s: &Scratch, d: &std::path::Path) -> (i32, Value);
+    /// The daemon, run on the declaration at `d` and up: its first full pass made.
+    fn run(&self, s: &Scratch, d: &std::path::Path) -> Self::Daemon;
+    /// Hands the daemon the declaration at `d` again, rewritten.
+    fn redeclare(&self, d: &std::path::Path);
+    /// The daemon's log.
+    fn log(daemon: &Self::Daemon) -> String;
+    /// nft, in the node's network.
+    fn nft(&self, args: &[&str]);
+    /// The host's table as nft prints it, or `None` when absent.
+    fn table(&self) -> Option<String>;
+    /// Whether the found firewall is in force as it was found.
+    fn in_force(&self) -> bool;
+    /// Whether the found firewall is retired as the flip leaves it, the host's openings gone
+    /// from it.
+    fn retired(&self) -> bool;
+    /// Whether the opening `web.http` is made in the found firewall.
+    fn holds_opening(&self) -> bool;
+    /// Whether a new connection from an admitted peer to `port` is answered.
+    fn connects(&self, port: u16) -> bool;
+}
+
+/// Issue 21, point 3, behind either found firewall: a reconcile of one opening (an `nft
+/// monitor` event) runs while the flip waits for a full pass that fails nothing. It must leave
+/// the found firewall and the openings made in it exactly as they are; before the fix it judged
+/// the flip on its own failures (none) and retired it. The next full pass that fails nothing
+/// flips.
+pub fn one_opening_never_flips<N: Adopted>(node: &N) {
+    let s = Scratch::new();
+    let name = N::NAME;
+    let (port, closed) = N::PORTS;
+    for p in [port, closed] {
+        node.serve_tcp(p);
+    }
+    let adopted = s.declare_adopted(json!([{"type": "opening", "id": "web.http", "port": port}]));
+    let (code, report) = node.apply(&s, &adopted);
+    assert_eq!((code, action(&report, "web.http")), (0, "created".into()), "{report:#}");
+    assert!(node.holds_opening(), "the opening is made in {name}");
+
+    // `adoption` goes, and a file of the declaration fails: the daemon's full pass leaves the
+    // flip waiting.
+    let failing = s.declare(json!([
+        {"type": "file", "id": "web.conf", "path": "/proc/version/web.conf", "content": "x"},
+        {"type": "opening", "id": "web.http", "port": port},
+    ]));
+    let daemon = node.run(&s, &failing);
+    assert!(node.in_force(), "the full pass failed, so no flip from {name}");
+    assert_eq!(node.table(), None);
+
+    // A change to the host's table: `nft monitor` queues the opening alone. Made again until
+    // its reconcile says why it waits (the watcher may still be subscribing when it is up), or
+    // until the found firewall is gone, which is the fault.
+    let waits = "waits for a full pass that fails nothing";
+    let seen = (0..20).any(|n| {
+        node.nft(&["add", "table", "inet", "mesh_host"]);
+        node.nft(&["add", "chain", "inet", "mesh_host", &format!("probe{n}")]);
+        crate::support::wait_for(Duration::from_secs(1), || {
+            N::log(&daemon).contains(waits) || !node.in_force()
+        })
+    });
+    assert!(seen, "the change to the table was never reconciled:\n{}", N::log(&daemon));
+    assert!(
+        node.in_force(),
+        "a reconcile of one opening retired {name} while the full pass fails:\n{}",
+        N::log(&daemon)
+    );
+    assert!(node.holds_opening(), "the opening stays in {name}");
+    assert!(
+        node.table().is_some_and(|t| !t.contains("web.http") && !t.contains("policy drop")),
+        "the table is left as it was found, the hand-made one filtering nothing: {:?}",
+        node.table()
+    );
+    assert!(N::log(&daemon).contains(waits), "{}", N::log(&daemon));
+    assert!(node.connects(port), "{port} is open in {name}");
+    assert!(!node.connects(closed), "{name} still closes what is not declared");
+
+    // The file fixed: the next full pass fails nothing, and flips.
+    let fixed = s.declare(json!([
+        {"type": "file", "id": "web.conf", "path": node.file(&s, "web.conf"), "content": "x"},
+        {"type": "opening", "id": "web.http", "port": port},
+    ]));
+    node.redeclare(&fixed);
+    assert!(
+        crate::support::wait_for(N::PATIENCE, || {
+            node.retired()
+                && node.table().is_some_and(|t| {
+                    t.contains("\"web.http\"") && t.contains(&port.to_string()) && t.contains("policy drop")
+                })
+        }),
+        "the clean full pass flipped from {name} to the host's table:\n{}",
+        N::log(&daemon)
+    );
+    assert!(node.table().is_some_and(|t| !t.contains("probe")), "the hand-made chains went with the load");
+    assert!(node.connects(port));
+    assert!(!node.connects(closed));
+}

@@ -335,84 +335,63 @@ fn on_an_adopted_node_without_a_firewall_openings_of_untaken_modules_are_held_an
     assert!(!connects(&net.a, "10.77.1.1:2222"));
 }
 
-/// Issue 21, point 3: a reconcile of one opening (an `nft monitor` event) runs while the flip
-/// from ufw waits for a full pass that fails nothing. It must leave ufw and the openings made
-/// in it exactly as they are; before the fix it judged the flip on its own failures (none) and
-/// retired ufw. The next full pass that fails nothing flips.
+/// Issue 21, point 3, behind ufw: `one_opening_never_flips`.
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn a_reconcile_of_one_opening_never_flips_from_ufw_while_the_flip_waits_for_a_clean_full_pass() {
-    let net = Net::with_ufw();
-    let s = Scratch::new();
-    for port in [8080, 8082] {
-        net.serve_tcp(port);
+    one_opening_never_flips(&Net::with_ufw());
+}
+
+/// ufw in the node's namespace, with a private copy of its state; peer `a` is admitted.
+impl Adopted for Net {
+    type Daemon = Agent;
+    const NAME: &'static str = "ufw";
+    const PORTS: (u16, u16) = (8080, 8082);
+    const PATIENCE: Duration = crate::support::PATIENCE;
+
+    fn file(&self, s: &Scratch, name: &str) -> String {
+        s.p(name)
     }
-    let adopted = s.declare_adopted(json!([{"type": "opening", "id": "web.http", "port": 8080}]));
-    let (code, report) = net.apply(&s, &adopted);
-    assert_eq!((code, action(&report, "web.http")), (0, "created".into()), "{report:#}");
-    assert!(net.ufw(&["show", "added"]).contains("mesh-host web.http"));
-
-    // `adoption` goes, and a file of the declaration fails: the flip waits.
-    let failing = s.declare(json!([
-        {"type": "file", "id": "web.conf", "path": "/proc/version/web.conf", "content": "x"},
-        {"type": "opening", "id": "web.http", "port": 8080},
-    ]));
-    let agent = Agent::start(&net, &s, &failing);
-    assert!(
-        crate::support::wait_for(crate::support::PATIENCE, || agent
-            .metric("mesh_host_watcher_up{watcher=\"firewall\"}")
-            == 1.0),
-        "the firewall watcher is up:\n{}",
-        agent.log()
-    );
-    assert!(net.ufw(&["status"]).contains("Status: active"), "the full pass failed, so no flip");
-    assert_eq!(net.table(), None);
-
-    // A change to the host's table: `nft monitor` queues the opening alone. Made again until
-    // its reconcile says why it waits (the watcher may still be subscribing when it is up), or
-    // until ufw is gone, which is the fault.
-    let waits = "waits for a full pass that fails nothing";
-    let mut n = 0;
-    let seen = (0..20).any(|_| {
-        n += 1;
-        net.nft(&["add", "table", "inet", "mesh_host"]);
-        net.nft(&["add", "chain", "inet", "mesh_host", &format!("probe{n}")]);
-        crate::support::wait_for(Duration::from_secs(1), || {
-            agent.log().contains(waits) || !net.ufw(&["status"]).contains("Status: active")
-        })
-    });
-    assert!(seen, "the change to the table was never reconciled:\n{}", agent.log());
-    assert!(
-        net.ufw(&["status"]).contains("Status: active"),
-        "a reconcile of one opening retired ufw while the full pass fails:\n{}",
-        agent.log()
-    );
-    assert!(net.ufw(&["show", "added"]).contains("mesh-host web.http"), "the opening stays in ufw");
-    assert!(
-        net.table().is_some_and(|t| !t.contains("web.http") && !t.contains("policy drop")),
-        "the table is left as it was found, the hand-made one filtering nothing: {:?}",
-        net.table()
-    );
-    assert!(agent.log().contains(waits), "{}", agent.log());
-    assert!(connects(&net.a, "10.77.1.1:8080"), "8080 is open in ufw");
-    assert!(!connects(&net.a, "10.77.1.1:8082"), "ufw still closes what is not declared");
-
-    // The file fixed: the next full pass fails nothing, and flips.
-    s.declare(json!([
-        {"type": "file", "id": "web.conf", "path": s.p("web.conf"), "content": "x"},
-        {"type": "opening", "id": "web.http", "port": 8080},
-    ]));
-    assert!(
-        crate::support::wait_for(crate::support::PATIENCE, || {
-            // ufw disabled, then the host's rules deleted from it: the last step of the flip.
-            net.ufw(&["status"]).contains("Status: inactive")
-                && !net.ufw(&["show", "added"]).contains("mesh-host")
-                && net.table().is_some_and(|t| t.contains("\"web.http\"") && t.contains("policy drop"))
-        }),
-        "the clean full pass flipped to the host's table:\n{}",
-        agent.log()
-    );
-    assert!(net.table().is_some_and(|t| !t.contains("probe")), "the hand-made chains went with the load");
-    assert!(connects(&net.a, "10.77.1.1:8080"));
-    assert!(!connects(&net.a, "10.77.1.1:8082"));
+    fn serve_tcp(&self, port: u16) {
+        Net::serve_tcp(self, port);
+    }
+    fn apply(&self, s: &Scratch, d: &std::path::Path) -> (i32, Value) {
+        Net::apply(self, s, d)
+    }
+    fn run(&self, s: &Scratch, d: &std::path::Path) -> Agent {
+        let agent = Agent::start(self, s, d);
+        assert!(
+            crate::support::wait_for(crate::support::PATIENCE, || agent
+                .metric("mesh_host_watcher_up{watcher=\"firewall\"}")
+                == 1.0),
+            "the firewall watcher is up:\n{}",
+            agent.log()
+        );
+        agent
+    }
+    /// Nothing to do: the daemon follows the scratch directory's declaration, rewritten in place.
+    fn redeclare(&self, _: &std::path::Path) {}
+    fn log(daemon: &Agent) -> String {
+        daemon.log()
+    }
+    fn nft(&self, args: &[&str]) {
+        Net::nft(self, args);
+    }
+    fn table(&self) -> Option<String> {
+        Net::table(self)
+    }
+    fn in_force(&self) -> bool {
+        self.ufw(&["status"]).contains("Status: active")
+    }
+    /// ufw disabled, then the host's rules deleted from it: the last step of the flip.
+    fn retired(&self) -> bool {
+        self.ufw(&["status"]).contains("Status: inactive")
+            && !self.ufw(&["show", "added"]).contains("mesh-host")
+    }
+    fn holds_opening(&self) -> bool {
+        self.ufw(&["show", "added"]).contains("mesh-host web.http")
+    }
+    fn connects(&self, port: u16) -> bool {
+        connects(&self.a, &format!("10.77.1.1:{port}"))
+    }
 }
