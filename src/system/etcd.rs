@@ -122,8 +122,8 @@ impl Refusal {
         }
     }
 
-    /// The refusal in a watch's `cancel_reason`: a gRPC status written out as "rpc error: code
-    /// = <Name> desc = <message>", its code by name.
+    /// The refusal in a watch's `cancel_reason`: a gRPC status written out as
+    /// `rpc error: code = NAME desc = MESSAGE`, its code by name.
     fn of_status(reason: &str) -> Self {
         let name = reason.strip_prefix("rpc error: code = ").and_then(|r| r.split(' ').next());
         let desc = reason.split_once(" desc = ").map_or(reason, |(_, d)| d);
