@@ -6,7 +6,7 @@
 //! passed, and the caller persists the store once the pass is over.
 //!
 //! Here: the public calls and what the appliers share (`Ctx`, `Step`, `Facts`, and `step`,
-//! which picks the applier). The pass itself is `pass.rs`, its firewall step `firewall.rs`, the
+//! which picks the applier for a `One`, any resource but an opening). The pass itself is `pass.rs`, its firewall step `firewall.rs`, the
 //! second look at units `rising.rs`, holding what an adopted node was found with `adopt.rs`, and
 //! the connections to the machine's managers `session.rs`; one file per resource type besides.
 
@@ -49,7 +49,10 @@ use rising::Rising;
 use session::Managers;
 pub use session::Session;
 
-use crate::declaration::{Declaration, Digest, Id, Resource, Spec};
+use crate::declaration::{
+    Access, Action, Archive, Container, Declaration, Digest, Directory, File, Id, Network, Opening, Package,
+    Process, Resource, Service, Spec, User,
+};
 use crate::store::{Origin, Store};
 use crate::system::docker::Docker;
 use crate::system::{Fs, OwnerIds, Systemd};
@@ -212,25 +215,60 @@ fn begin(r: &Resource, action: Verb, detail: Option<String>) -> Outcome {
     Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
 }
 
+/// A resource's spec as the pass steps it, one resource at a time: every type but the opening.
+/// Openings are one filter, loaded by the firewall step once everything else is applied
+/// (`opening::nft::apply`); the pass sets them aside as `One::of` hands them back, so `step` has
+/// no opening arm to reach.
+enum One<'r> {
+    Directory(&'r Directory),
+    File(&'r File),
+    Access(&'r Access),
+    Archive(&'r Archive),
+    Package(&'r Package),
+    Service(&'r Service),
+    User(&'r User),
+    Process(&'r Process),
+    Action(&'r Action),
+    Container(&'r Container),
+    Network(&'r Network),
+}
+
+impl<'r> One<'r> {
+    /// The spec as one the pass steps, or the opening it is, for the firewall step.
+    fn of(spec: &'r Spec) -> Result<Self, &'r Opening> {
+        Ok(match spec {
+            Spec::Directory(d) => One::Directory(d),
+            Spec::File(f) => One::File(f),
+            Spec::Access(a) => One::Access(a),
+            Spec::Archive(a) => One::Archive(a),
+            Spec::Package(p) => One::Package(p),
+            Spec::Service(s) => One::Service(s),
+            Spec::User(u) => One::User(u),
+            Spec::Process(p) => One::Process(p),
+            Spec::Action(a) => One::Action(a),
+            Spec::Container(c) => One::Container(c),
+            Spec::Network(n) => One::Network(n),
+            Spec::Opening(o) => return Err(o),
+        })
+    }
+}
+
 /// One resource, by its type.
-fn step(ctx: &mut Ctx<'_>, r: &Resource) -> Result<Step, Error> {
-    match &r.spec {
-        Spec::Directory(d) => directory::apply(ctx, r, d),
+fn step(ctx: &mut Ctx<'_>, r: &Resource, one: One<'_>) -> Result<Step, Error> {
+    match one {
+        One::Directory(d) => directory::apply(ctx, r, d),
         // Keys in a file that belongs to someone else: its own applier, which never writes the
         // file whole.
-        Spec::File(f) if let Some(format) = f.into => into::apply(ctx, r, f, format),
-        Spec::File(f) => file::apply(ctx, r, f),
-        Spec::Access(a) => access::apply(ctx, r, a),
-        Spec::Archive(a) => archive::apply(ctx, r, a),
-        Spec::Package(p) => package::apply(ctx, r, p),
-        Spec::Service(s) => service::apply(ctx, r, s),
-        Spec::User(u) => user::apply(ctx, r, u),
-        Spec::Process(p) => process::apply(ctx, r, p),
-        Spec::Action(a) => action::apply(ctx, r, a),
-        Spec::Container(c) => container::apply(ctx, r, c),
-        Spec::Network(n) => network::apply(ctx, r, n),
-        // Openings are one filter, loaded by the firewall step once everything else is applied
-        // (`opening::nft::apply`); the pass sets them aside and never steps them one by one.
-        Spec::Opening(_) => unreachable!("the pass sets openings aside for the firewall step"),
+        One::File(f) if let Some(format) = f.into => into::apply(ctx, r, f, format),
+        One::File(f) => file::apply(ctx, r, f),
+        One::Access(a) => access::apply(ctx, r, a),
+        One::Archive(a) => archive::apply(ctx, r, a),
+        One::Package(p) => package::apply(ctx, r, p),
+        One::Service(s) => service::apply(ctx, r, s),
+        One::User(u) => user::apply(ctx, r, u),
+        One::Process(p) => process::apply(ctx, r, p),
+        One::Action(a) => action::apply(ctx, r, a),
+        One::Container(c) => container::apply(ctx, r, c),
+        One::Network(n) => network::apply(ctx, r, n),
     }
 }

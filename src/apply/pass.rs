@@ -6,10 +6,10 @@ use std::collections::{BTreeSet, HashSet};
 
 use super::adopt::{acts_on_held, held_step, look_before, Found};
 use super::{
-    file, opening, remove, step, Ctx, Diffs, Error, Facts, Failure, Managers, Options, Outcome, PassFailed,
-    Report, Rising, Session, Step, Verb,
+    file, opening, remove, step, Ctx, Diffs, Error, Facts, Failure, Managers, One, Options, Outcome,
+    PassFailed, Report, Rising, Session, Step, Verb,
 };
-use crate::declaration::{Declaration, Id, Kind, Resource, Spec};
+use crate::declaration::{Declaration, Id, Kind, Resource};
 use crate::store::{More, Record, Store};
 use crate::system::{Fs, OwnerIds, Staged};
 
@@ -199,11 +199,11 @@ impl<'a> Pass<'a> {
         machine: &mut Managers,
     ) -> Option<usize> {
         // The filter is made from every opening at once, after everything else.
-        if matches!(resource.spec, Spec::Opening(_)) {
+        let Ok(one) = One::of(&resource.spec) else {
             self.openings.push((resource.index, self.slots.len()));
             self.slots.push(None);
             return None;
-        }
+        };
         // Files are committed in batches; anything that is not a file or directory may
         // depend on them (a service restarted on a file), so the batch is finished first.
         if !matches!(resource.kind(), Kind::File | Kind::Directory) || self.pending.len() >= BATCH {
@@ -216,7 +216,7 @@ impl<'a> Pass<'a> {
         }
         let (result, remember) = match self.hold(found, resource) {
             Some(held) => held,
-            None => (self.with_ctx(lent, machine, |ctx| step(ctx, resource)), None),
+            None => (self.with_ctx(lent, machine, |ctx| step(ctx, resource, one)), None),
         };
         if let (Some(held), false) = (remember, self.opts.dry_run) {
             self.store.hold(resource.id.as_str(), held);

@@ -54,6 +54,7 @@ pub async fn start(source: Source, etcd: Etcd, cache: PathBuf, beside: Beside) -
         source.groups.clone(),
         applied,
         refused_rx.clone(),
+        Arc::clone(&metrics),
         shutdown.clone(),
     )));
     tasks.push(tokio::spawn(report_refusals(refused_rx, Arc::clone(&metrics), shutdown.clone())));

@@ -287,7 +287,11 @@ async fn wait_for_change(
                     break;
                 }
                 Some(Err(e)) => {
-                    if e.to_string().contains("auth token") {
+                    // A token etcd no longer takes (it expired, or etcd restarted): the next
+                    // read logs in again.
+                    if let etcd::Error::Refused { why: etcd::Refusal::InvalidToken, .. }
+                    | etcd::Error::Cancelled { why: etcd::Refusal::InvalidToken, .. } = &e
+                    {
                         etcd.forget_token();
                     }
                     events::FleetSource::WatchEnded { node, error: &e }.emit(metrics);

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controller;
 use crate::system::etcd::Etcd;
+use crate::telemetry::{events, Event as _, Metrics};
 
 /// How long a node's presence outlives its last word to etcd.
 pub const ALIVE_TTL: i64 = 10;
@@ -107,6 +108,7 @@ pub async fn run(
     groups: Vec<String>,
     mut applied: watch::Receiver<controller::Applied>,
     mut refused: watch::Receiver<Option<String>>,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
     let (status, alive) = (status_key(&node), alive_key(&node));
@@ -124,7 +126,7 @@ pub async fn run(
                         // Expired (cut off for longer than the TTL): a new lease, the key again.
                         Ok(false) => None,
                         Err(e) => {
-                            tracing::debug!(node = %node, "cannot renew the presence lease: {e}");
+                            events::FleetStatus::LeaseNotRenewed { node: &node, error: &e }.emit(&metrics);
                             Some(id)
                         }
                     },
@@ -135,12 +137,12 @@ pub async fn run(
                         Ok(id) => match etcd.put_with_lease(&alive, b"1", id).await {
                             Ok(_) => Some(id),
                             Err(e) => {
-                                tracing::debug!(node = %node, "cannot write the presence key: {e}");
+                                events::FleetStatus::PresenceNotWritten { node: &node, error: &e }.emit(&metrics);
                                 None
                             }
                         },
                         Err(e) => {
-                            tracing::debug!(node = %node, "cannot take a presence lease: {e}");
+                            events::FleetStatus::LeaseNotTaken { node: &node, error: &e }.emit(&metrics);
                             None
                         }
                     };
@@ -174,12 +176,12 @@ pub async fn run(
                 let bytes = match serde_json::to_vec(&record) {
                     Ok(b) => b,
                     Err(e) => {
-                        tracing::warn!(node = %node, "cannot write the status: {e}");
+                        events::FleetStatus::NotEncoded { node: &node, error: &e }.emit(&metrics);
                         continue;
                     }
                 };
                 if let Err(e) = etcd.put(&status, &bytes).await {
-                    tracing::debug!(node = %node, "cannot write the status to etcd: {e}; the next change tries again");
+                    events::FleetStatus::NotWritten { node: &node, error: &e }.emit(&metrics);
                     // Written again when etcd answers: the latest is still there to take.
                     applied.mark_changed();
                 }

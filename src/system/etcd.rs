@@ -53,8 +53,20 @@ pub enum Error {
         endpoint: String,
         /// The call refused.
         call: &'static str,
-        /// etcd's answer.
+        /// What the refusal means, read from etcd's code: what callers match.
+        why: Refusal,
+        /// etcd's answer, for people.
         message: String,
+    },
+    /// etcd cancelled a watch it had taken (for a token it no longer accepts, say): watch again.
+    #[error("{endpoint}: etcd cancelled the watch: {reason}")]
+    Cancelled {
+        /// The endpoint that cancelled it.
+        endpoint: String,
+        /// What the cancellation means, read from the gRPC status in its reason.
+        why: Refusal,
+        /// etcd's reason, for people.
+        reason: String,
     },
     /// The revision asked for was compacted away: read everything again at the current one.
     #[error("etcd has compacted revision {0} away")]
@@ -69,6 +81,73 @@ pub enum Error {
         /// What is wrong with the answer.
         message: String,
     },
+}
+
+/// What an etcd refusal means, read once from the gRPC code etcd gives with it, so that callers
+/// match a variant and never etcd's words. The codes are etcd's (`api/v3rpc/rpctypes`): its JSON
+/// gateway answers a unary call with `{"error", "code", "message"}`, a watch stream's error with
+/// `{"error": {"grpc_code", "message"}}`, and a watch it cancels with the gRPC status written
+/// out in `cancel_reason` ("rpc error: code = Unauthenticated desc = ...").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// gRPC 16, Unauthenticated: the token sent is not (or no longer) valid; log in again.
+    InvalidToken,
+    /// gRPC 7, PermissionDenied: the user's roles do not allow the call.
+    PermissionDenied,
+    /// gRPC 9, FailedPrecondition, for a role or user that is already there.
+    AlreadyExists,
+    /// Anything else, with etcd's gRPC code when it gave one (none when the gateway refused the
+    /// request before etcd saw it).
+    Other(Option<u64>),
+}
+
+/// etcd's words for a role or a user made twice ("etcdserver: role name already exists",
+/// "etcdserver: user name already exists"). Code 9 also means "not found" and "authentication is
+/// not enabled", so the code alone cannot tell them apart: the fixed message, in this one place,
+/// does.
+const ALREADY_EXISTS: &str = "name already exists";
+
+/// etcd's words for a revision compacted away ("etcdserver: mvcc: required revision has been
+/// compacted"). Its code, 11 (OutOfRange), also means a revision in the future.
+const COMPACTED: &str = "required revision has been compacted";
+
+impl Refusal {
+    /// The refusal that etcd's gRPC `code` and `message` say.
+    fn of(code: Option<u64>, message: &str) -> Self {
+        match code {
+            Some(16) => Refusal::InvalidToken,
+            Some(7) => Refusal::PermissionDenied,
+            Some(9) if message.ends_with(ALREADY_EXISTS) => Refusal::AlreadyExists,
+            code => Refusal::Other(code),
+        }
+    }
+
+    /// The refusal in a watch's `cancel_reason`: a gRPC status written out as
+    /// `rpc error: code = NAME desc = MESSAGE`, its code by name.
+    fn of_status(reason: &str) -> Self {
+        let name = reason.strip_prefix("rpc error: code = ").and_then(|r| r.split(' ').next());
+        let desc = reason.split_once(" desc = ").map_or(reason, |(_, d)| d);
+        let code = match name {
+            Some("Unauthenticated") => Some(16),
+            Some("PermissionDenied") => Some(7),
+            Some("FailedPrecondition") => Some(9),
+            Some("OutOfRange") => Some(11),
+            _ => None,
+        };
+        Refusal::of(code, desc)
+    }
+}
+
+/// etcd's gRPC code and message in the answer to a unary call that failed:
+/// `{"error": "...", "code": 16, "message": "..."}`.
+fn code_and_message(value: &Value) -> (Option<u64>, String) {
+    let message = value.get("error").or(value.get("message")).and_then(Value::as_str).unwrap_or("");
+    (value.get("code").and_then(Value::as_u64), message.to_owned())
+}
+
+/// Whether etcd's gRPC `code` and `message` say the revision asked for was compacted away.
+fn compacted(code: Option<u64>, message: &str) -> bool {
+    code == Some(11) && message.ends_with(COMPACTED)
 }
 
 /// One key and its value.
@@ -422,7 +501,7 @@ impl Etcd {
     async fn call(&self, call: &'static str, path: &str, body: Value) -> Result<Value, Error> {
         self.ensure_token().await?;
         match self.call_once(call, path, body.clone()).await {
-            Err(Error::Refused { message, .. }) if self.login.is_some() && message.contains("auth token") => {
+            Err(Error::Refused { why: Refusal::InvalidToken, .. }) if self.login.is_some() => {
                 *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 self.ensure_token().await?;
                 self.call_once(call, path, body).await
@@ -468,6 +547,7 @@ impl Etcd {
                     return Err(Error::Refused {
                         endpoint: endpoint.clone(),
                         call,
+                        why: Refusal::Other(None),
                         message: not_json(status, &bytes),
                     })
                 }
@@ -480,13 +560,8 @@ impl Etcd {
                 }
             };
             if !status.is_success() {
-                let message = value
-                    .get("error")
-                    .or(value.get("message"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned();
-                if message.contains("compacted") {
+                let (code, message) = code_and_message(&value);
+                if compacted(code, &message) {
                     return Err(Error::Compacted(num(&body["revision"])));
                 }
                 // A member without a leader (mid-election) or stopping: another may answer.
@@ -494,7 +569,8 @@ impl Etcd {
                     last = format!("{endpoint}: HTTP {status}: {message}");
                     continue;
                 }
-                return Err(Error::Refused { endpoint: endpoint.clone(), call, message });
+                let why = Refusal::of(code, &message);
+                return Err(Error::Refused { endpoint: endpoint.clone(), call, why, message });
             }
             return Ok(value);
         }
@@ -598,7 +674,7 @@ impl Etcd {
     /// `key`, or on every key under it when `prefix`.
     pub async fn grant(&self, role: &str, permission: &str, key: &str, prefix: bool) -> Result<(), Error> {
         match self.call("a role", "/v3/auth/role/add", json!({"name": role})).await {
-            Err(Error::Refused { message, .. }) if message.contains("already exists") => {}
+            Err(Error::Refused { why: Refusal::AlreadyExists, .. }) => {}
             other => {
                 other?;
             }
@@ -622,7 +698,7 @@ impl Etcd {
             .call("a user", "/v3/auth/user/add", json!({"name": user, "password": password.expose_secret()}))
             .await
         {
-            Err(Error::Refused { message, .. }) if message.contains("already exists") => false,
+            Err(Error::Refused { why: Refusal::AlreadyExists, .. }) => false,
             other => {
                 other?;
                 true
@@ -755,11 +831,9 @@ impl Watch {
 /// progress notice).
 fn seen(endpoint: &str, doc: Value) -> Result<Option<Seen>, Error> {
     if let Some(error) = doc.get("error") {
-        return Err(Error::Refused {
-            endpoint: endpoint.to_owned(),
-            call: "a watch",
-            message: error.get("message").and_then(Value::as_str).unwrap_or("").to_owned(),
-        });
+        let message = error.get("message").and_then(Value::as_str).unwrap_or("").to_owned();
+        let why = Refusal::of(error.get("grpc_code").and_then(Value::as_u64), &message);
+        return Err(Error::Refused { endpoint: endpoint.to_owned(), call: "a watch", why, message });
     }
     let result = &doc["result"];
     let compacted = num(&result["compact_revision"]);
@@ -767,12 +841,11 @@ fn seen(endpoint: &str, doc: Value) -> Result<Option<Seen>, Error> {
         return Err(Error::Compacted(compacted));
     }
     if result["canceled"].as_bool().unwrap_or(false) {
-        return Err(Error::Unreachable {
-            endpoints: endpoint.to_owned(),
-            message: format!(
-                "etcd cancelled the watch: {}",
-                result["cancel_reason"].as_str().unwrap_or("no reason given")
-            ),
+        let reason = result["cancel_reason"].as_str().unwrap_or("no reason given");
+        return Err(Error::Cancelled {
+            endpoint: endpoint.to_owned(),
+            why: Refusal::of_status(reason),
+            reason: reason.to_owned(),
         });
     }
     if result["created"].as_bool().unwrap_or(false) {
@@ -810,12 +883,52 @@ mod tests {
         let compacted = r#"{"result":{"canceled":true,"compact_revision":"40"}}"#;
         assert!(matches!(seen(at, doc(compacted)), Err(Error::Compacted(40))));
         let canceled = r#"{"result":{"canceled":true,"cancel_reason":"permission denied"}}"#;
-        let e = seen(at, doc(canceled)).unwrap_err().to_string();
+        let e = seen(at, doc(canceled)).unwrap_err();
+        assert!(matches!(e, Error::Cancelled { why: Refusal::Other(None), .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("cancelled the watch: permission denied"), "{e}");
         let e = seen(at, doc(r#"{"error":{"grpc_code":16,"message":"etcdserver: invalid auth token"}}"#))
-            .unwrap_err()
-            .to_string();
+            .unwrap_err();
+        assert!(matches!(e, Error::Refused { why: Refusal::InvalidToken, .. }), "{e:?}");
+        let e = e.to_string();
         assert!(e.contains("invalid auth token") && e.contains(at), "{e}");
+        // What etcd 3.4 answers a watch sent with a token it does not accept: taken, then
+        // cancelled, the gRPC status written out in the reason.
+        let bad_token = r#"{"result":{"watch_id":"-1","created":true,"canceled":true,"cancel_reason":"rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"}}"#;
+        let e = seen(at, doc(bad_token)).unwrap_err();
+        assert!(matches!(e, Error::Cancelled { why: Refusal::InvalidToken, .. }), "{e:?}");
+        assert!(e.to_string().contains("cancelled the watch: rpc error: code = Unauthenticated"), "{e}");
+    }
+
+    /// etcd's refusals, as its JSON gateway (3.4, the testbed's) answers unary calls: read by
+    /// code, and by etcd's fixed words only where one code means several things.
+    #[test]
+    fn a_refusal_is_read_by_its_grpc_code() {
+        let read = |v: &str| {
+            let (code, message) = code_and_message(&serde_json::from_str(v).unwrap());
+            (Refusal::of(code, &message), compacted(code, &message))
+        };
+        let answer = |m: &str, code: u64| format!(r#"{{"error":"{m}","message":"{m}","code":{code}}}"#);
+        let token = answer("etcdserver: invalid auth token", 16);
+        assert_eq!(read(&token), (Refusal::InvalidToken, false));
+        assert_eq!(read(&answer("etcdserver: permission denied", 7)), (Refusal::PermissionDenied, false));
+        let role = answer("etcdserver: role name already exists", 9);
+        assert_eq!(read(&role), (Refusal::AlreadyExists, false));
+        let user = answer("etcdserver: user name already exists", 9);
+        assert_eq!(read(&user), (Refusal::AlreadyExists, false));
+        let not_found = answer("etcdserver: role name not found", 9);
+        assert_eq!(read(&not_found), (Refusal::Other(Some(9)), false), "the same code, another meaning");
+        let gone = answer("etcdserver: mvcc: required revision has been compacted", 11);
+        assert!(read(&gone).1, "compacted");
+        let future = answer("etcdserver: mvcc: required revision is a future revision", 11);
+        assert_eq!(read(&future), (Refusal::Other(Some(11)), false), "out of range, not compacted");
+        // Words without a code (an older gateway, a proxy) are not guessed at.
+        let bare = r#"{"error":"etcdserver: invalid auth token"}"#;
+        assert_eq!(read(bare), (Refusal::Other(None), false));
+
+        let status = "rpc error: code = PermissionDenied desc = etcdserver: permission denied";
+        assert_eq!(Refusal::of_status(status), Refusal::PermissionDenied);
+        assert_eq!(Refusal::of_status("no reason given"), Refusal::Other(None));
     }
 
     #[test]

@@ -403,6 +403,70 @@ impl Event for FleetSource<'_> {
     }
 }
 
+/// What the fleet's status writer could not do: each is tried again (the status at the next
+/// change or turn, the presence at the next keepalive), so only a status that cannot be encoded
+/// is a warning. Plain values, as every event's: telemetry knows nothing of etcd.
+pub enum FleetStatus<'a> {
+    /// The presence lease could not be renewed: kept, and renewed at the next tick.
+    LeaseNotRenewed {
+        /// The node's name.
+        node: &'a str,
+        /// Why, as the etcd client says it.
+        error: &'a dyn std::fmt::Display,
+    },
+    /// A presence lease was taken but the presence key could not be written under it.
+    PresenceNotWritten {
+        /// The node's name.
+        node: &'a str,
+        /// Why, as the etcd client says it.
+        error: &'a dyn std::fmt::Display,
+    },
+    /// No presence lease could be taken.
+    LeaseNotTaken {
+        /// The node's name.
+        node: &'a str,
+        /// Why, as the etcd client says it.
+        error: &'a dyn std::fmt::Display,
+    },
+    /// The status could not be encoded as JSON: not written.
+    NotEncoded {
+        /// The node's name.
+        node: &'a str,
+        /// Why, as the encoder says it.
+        error: &'a dyn std::fmt::Display,
+    },
+    /// The status could not be written to etcd: written again at the next change.
+    NotWritten {
+        /// The node's name.
+        node: &'a str,
+        /// Why, as the etcd client says it.
+        error: &'a dyn std::fmt::Display,
+    },
+}
+
+impl Event for FleetStatus<'_> {
+    fn emit(self, _: &Metrics) {
+        match self {
+            FleetStatus::LeaseNotRenewed { node, error } => {
+                tracing::debug!(node = %node, "cannot renew the presence lease: {error}")
+            }
+            FleetStatus::PresenceNotWritten { node, error } => {
+                tracing::debug!(node = %node, "cannot write the presence key: {error}")
+            }
+            FleetStatus::LeaseNotTaken { node, error } => {
+                tracing::debug!(node = %node, "cannot take a presence lease: {error}")
+            }
+            FleetStatus::NotEncoded { node, error } => {
+                tracing::warn!(node = %node, "cannot write the status: {error}")
+            }
+            FleetStatus::NotWritten { node, error } => tracing::debug!(
+                node = %node,
+                "cannot write the status to etcd: {error}; the next change tries again"
+            ),
+        }
+    }
+}
+
 /// The state store could not be written after a reconcile or on the way out: what was applied
 /// is on the machine, but the store does not say so; the next pass reads it from the machine.
 pub struct StoreNotWritten<'a> {

@@ -21,7 +21,6 @@ mod docker;
 mod faults;
 mod files;
 mod firewall;
-mod firewalld;
 mod fleet;
 mod into;
 mod malformed;

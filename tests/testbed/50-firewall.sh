@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Picked up by up.sh: what the firewall tests need (tests/it/firewall.rs). nft loads and lists
+# Picked up by up.sh: what the firewall tests need (tests/it/firewall/). nft loads and lists
 # rules; ip makes the network namespaces each test runs the agent in, joined by veth pairs; ping checks
 # that ICMP echo is let in.
 # Nothing here loads a rule into the machine's own namespace.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# firewalld for the integration tests (tests/it/firewalld.rs): a second minimal Debian 12 tree
+# firewalld for the integration tests (tests/it/firewall/firewalld.rs): a second minimal Debian 12 tree
 # with firewalld, booted with systemd-nspawn in a network namespace of its own, so firewalld
 # filters only that namespace and never this machine's own network (Docker, the other tests).
 #

@@ -1,0 +1,284 @@
+//! Declarations through etcd (issue 14), against real etcd on loopback: the testbed's member
+//! (tests/testbed/50-etcd.sh) for `fleet put` and `fleet diff`, and a member of the test's own,
+//! started from the same binary, where the test must stop etcd under a running node; the
+//! testbed's TLS member (tests/testbed/51-etcd-tls.sh) and its certificates for TLS; and two
+//! network namespaces of one test's own, joined by a veth pair it cuts, for a real partition.
+//!
+//! Every test uses names of its own (`fleet-it-...`), so tests running at once never read each
+//! other's keys.
+//!
+//! One file per subject: `put` (`fleet put` and `fleet diff`), `node` (a node following etcd,
+//! its cache, its status), `auth` (etcd's auth, one scenario over plain and TLS), `tls` (TLS
+//! alone) and `outage` (members killed, cut off, a network split). Here: what they share.
+
+mod auth;
+mod node;
+mod outage;
+mod put;
+mod tls;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::support::*;
+
+/// The testbed's member (50-etcd.sh).
+const TESTBED_ETCD: &str = "http://127.0.0.1:23790";
+
+fn need_etcd_binaries() {
+    for tool in ["etcd", "etcdctl"] {
+        let found = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().unwrap();
+        assert!(
+            found.status.success(),
+            "{tool} is missing: the fleet tests need Debian's etcd-server and etcd-client; run tests/testbed/up.sh (50-etcd.sh)"
+        );
+    }
+}
+
+fn need_testbed_etcd() -> &'static str {
+    need_etcd_binaries();
+    let health = etcdctl(TESTBED_ETCD, &["endpoint", "health"]);
+    assert!(
+        health.status.success(),
+        "no etcd answers on {TESTBED_ETCD}: run tests/testbed/up.sh (50-etcd.sh starts it): {}",
+        String::from_utf8_lossy(&health.stderr)
+    );
+    TESTBED_ETCD
+}
+
+fn etcdctl(endpoints: &str, args: &[&str]) -> Output {
+    Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", endpoints])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The keys under a prefix, as etcdctl prints them (key and value lines).
+fn keys_under(endpoints: &str, prefix: &str) -> Vec<String> {
+    let out = etcdctl(endpoints, &["get", "--prefix", "--keys-only", prefix]);
+    assert!(out.status.success(), "etcdctl get: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().filter(|l| !l.is_empty()).map(str::to_owned).collect()
+}
+
+/// A name no other test, nor an earlier run of this one, uses.
+fn unique(what: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("fleet-it-{what}-{}-{nanos}", std::process::id())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// An etcd member of the test's own, on free loopback ports, its data in the scratch directory;
+/// killed when dropped. Stopped and started again on the same data, it is the same cluster.
+struct OwnEtcd {
+    child: Option<std::process::Child>,
+    client: u16,
+    peer: u16,
+    data: PathBuf,
+    log: PathBuf,
+}
+
+impl OwnEtcd {
+    fn start(s: &Scratch) -> OwnEtcd {
+        need_etcd_binaries();
+        let mut e = OwnEtcd {
+            child: None,
+            client: free_port(),
+            peer: free_port(),
+            data: s.path("etcd-data"),
+            log: s.path("etcd.log"),
+        };
+        e.resume();
+        e
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    fn resume(&mut self) {
+        let (client, peer) =
+            (format!("http://127.0.0.1:{}", self.client), format!("http://127.0.0.1:{}", self.peer));
+        let child = Command::new("etcd")
+            .args(["--name", "fleet-it", "--data-dir"])
+            .arg(&self.data)
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("fleet-it={peer}")])
+            .stdout(std::fs::File::options().create(true).append(true).open(&self.log).unwrap())
+            .stderr(std::fs::File::options().create(true).append(true).open(&self.log).unwrap())
+            .spawn()
+            .expect("etcd starts");
+        self.child = Some(child);
+        let url = self.url();
+        assert!(
+            wait_for(PATIENCE, || etcdctl(&url, &["endpoint", "health"]).status.success()),
+            "the test's etcd did not come up:\n{}",
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for OwnEtcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Writes a declaration file of these resources at `path`.
+fn write_declaration(path: &Path, resources: serde_json::Value) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, serde_json::to_vec_pretty(&json!({"version": 1, "resources": resources})).unwrap())
+        .unwrap();
+}
+
+fn fleet(s: &Scratch, args: &[&str]) -> Output {
+    s.run(&[&["fleet"], args].concat())
+}
+
+/// `mesh-host run --etcd ... --node ...` on the scratch state, waiting until /healthz answers.
+fn node(s: &Scratch, endpoints: &str, node: &str, groups: &[&str]) -> Daemon {
+    node_with(s, endpoints, node, groups, &[])
+}
+
+/// `node`, with more arguments to `run` (TLS, a login).
+fn node_with(s: &Scratch, endpoints: &str, node: &str, groups: &[&str], more: &[&str]) -> Daemon {
+    node_with_env(s, endpoints, node, groups, more, &[])
+}
+
+/// `node_with`, with more environment (a failpoint).
+fn node_with_env(
+    s: &Scratch,
+    endpoints: &str,
+    node: &str,
+    groups: &[&str],
+    more: &[&str],
+    env: &[(&str, &str)],
+) -> Daemon {
+    let port = free_port();
+    let log = s.path(&format!("node-{port}.log"));
+    let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"));
+    cmd.arg("--state").arg(s.state()).args(["run", "--etcd", endpoints, "--node", node]);
+    for g in groups {
+        cmd.args(["--group", g]);
+    }
+    cmd.args(more);
+    let child = cmd
+        .args(["--metrics", &format!("127.0.0.1:{port}"), "--settle-ms", "20"])
+        .env("MESH_HOST_LOG", "info")
+        .envs(env.iter().copied())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+        .spawn()
+        .expect("mesh-host starts");
+    let d = Daemon { child: Some(child), port, log };
+    assert!(
+        wait_for(PATIENCE, || d.answer("/healthz").is_some()),
+        "the node never answered /healthz:\n{}",
+        d.log()
+    );
+    d
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// The testbed's TLS member and its certificates (tests/testbed/51-etcd-tls.sh).
+const TLS_ETCD: &str = "https://127.0.0.1:23791";
+const TLS_DIR: &str = "/var/lib/mesh-host-testbed/etcd-tls";
+
+/// A file of the testbed's TLS set, there or the test fails saying how to make it.
+fn tls_file(name: &str) -> String {
+    let path = format!("{TLS_DIR}/{name}");
+    assert!(
+        Path::new(&path).exists(),
+        "{path} is missing: the TLS tests need the testbed's certificates; run tests/testbed/up.sh (51-etcd-tls.sh)"
+    );
+    path
+}
+
+/// mesh-host's TLS options for one of the testbed's client certificates (`node-a`, `operator`...).
+fn tls_args(who: &str) -> Vec<String> {
+    ["--etcd-ca", &tls_file("ca.pem"), "--etcd-cert", &tls_file(&format!("{who}.pem"))]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(["--etcd-key".to_owned(), tls_file(&format!("{who}.key"))])
+        .collect()
+}
+
+/// etcdctl over TLS with one of the testbed's client certificates.
+fn etcdctl_tls(endpoints: &str, who: &str, args: &[&str]) -> Output {
+    let (ca, cert, key) =
+        (tls_file("ca.pem"), tls_file(&format!("{who}.pem")), tls_file(&format!("{who}.key")));
+    etcdctl(endpoints, &[&["--cacert", &ca, "--cert", &cert, "--key", &key], args].concat())
+}
+
+fn need_tls_etcd() -> &'static str {
+    need_etcd_binaries();
+    let health = etcdctl_tls(TLS_ETCD, "operator", &["endpoint", "health"]);
+    assert!(
+        health.status.success(),
+        "no etcd answers over TLS on {TLS_ETCD}: run tests/testbed/up.sh (51-etcd-tls.sh starts it): {}",
+        String::from_utf8_lossy(&health.stderr)
+    );
+    TLS_ETCD
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+impl OwnEtcd {
+    /// A member of the test's own that speaks only TLS and asks every client for a certificate
+    /// signed by the testbed's CA: for etcd's auth, which the test turns on.
+    fn start_tls(s: &Scratch) -> OwnEtcd {
+        need_etcd_binaries();
+        let mut e = OwnEtcd {
+            child: None,
+            client: free_port(),
+            peer: free_port(),
+            data: s.path("etcd-data"),
+            log: s.path("etcd.log"),
+        };
+        let (client, peer) =
+            (format!("https://127.0.0.1:{}", e.client), format!("http://127.0.0.1:{}", e.peer));
+        let child = Command::new("etcd")
+            .args(["--name", "fleet-it-tls", "--data-dir"])
+            .arg(&e.data)
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--cert-file", &tls_file("server.pem"), "--key-file", &tls_file("server.key")])
+            .args(["--trusted-ca-file", &tls_file("ca.pem"), "--client-cert-auth"])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("fleet-it-tls={peer}")])
+            .stdout(std::fs::File::create(&e.log).unwrap())
+            .stderr(std::fs::File::options().append(true).open(&e.log).unwrap())
+            .spawn()
+            .expect("etcd starts");
+        e.child = Some(child);
+        assert!(
+            wait_for(PATIENCE, || etcdctl_tls(&client, "operator", &["endpoint", "health"]).status.success()),
+            "the test's TLS etcd did not come up:\n{}",
+            std::fs::read_to_string(&e.log).unwrap_or_default()
+        );
+        e
+    }
+
+    fn tls_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.client)
+    }
+}

@@ -1,0 +1,436 @@
+//! A node following etcd: its groups and own keys, a refusal, its cache across a restart, a
+//! sealed value, a compacted revision, its status and presence.
+
+use super::*;
+use crate::support::*;
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_applies_the_fleet_its_groups_and_its_own_keys_follows_changes_and_keeps_its_declaration_on_a_refusal(
+) {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let put = |scope: &[&str], file: &Path| {
+        let out = fleet(&s, &[&["put", "--etcd", &url], scope, &[file.to_str().unwrap()]].concat());
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    write_declaration(
+        &s.path("in/fleet.json"),
+        json!([{"type": "directory", "id": "base.dir", "path": s.p("out"), "mode": "0755"}]),
+    );
+    write_declaration(
+        &s.path("in/eu.json"),
+        json!([{"type": "file", "id": "eu.motd", "path": s.p("out/motd"), "content": "eu\n"}]),
+    );
+    write_declaration(
+        &s.path("in/node.json"),
+        json!([{"type": "file", "id": "web.conf", "path": s.p("out/web.conf"), "content": "port=80\n"}]),
+    );
+    put(&["--fleet"], &s.path("in/fleet.json"));
+    put(&["--group", "eu"], &s.path("in/eu.json"));
+    put(&["--node", "web-1"], &s.path("in/node.json"));
+    // A key of another node and of a group this node is not in: never read by it.
+    write_declaration(
+        &s.path("in/other.json"),
+        json!([{"type": "file", "id": "other.x", "path": s.p("out/other"), "content": "no\n"}]),
+    );
+    put(&["--node", "web-2"], &s.path("in/other.json"));
+    put(&["--group", "us"], &s.path("in/other.json"));
+
+    let mut daemon = node(&s, &url, "web-1", &["eu"]);
+    let conf = s.path("out/web.conf");
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "port=80\n"),
+        "the node's own key applied:\n{}",
+        daemon.log()
+    );
+    assert_eq!(read(&s.path("out/motd")), "eu\n", "its group's key applied");
+    assert!(!s.path("out/other").exists(), "another node's and another group's keys are not read");
+    assert!(
+        !daemon.log().contains("no declaration is in force"),
+        "a fresh node's first apply waits for its first read of etcd:\n{}",
+        daemon.log()
+    );
+
+    // A put that would make the node's whole declaration refused (an id its fleet declares, or
+    // a group declaring the id of the node's own file) is refused before it reaches etcd,
+    // naming the node.
+    write_declaration(
+        &s.path("in/clash.json"),
+        json!([{"type": "directory", "id": "base.dir", "path": s.p("elsewhere")}]),
+    );
+    let out = fleet(&s, &["put", "--etcd", &url, "--node", "web-1", s.p("in/clash.json").as_str()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("node web-1")
+            && stderr.contains("base.dir")
+            && stderr.contains("nothing was written"),
+        "{stderr}"
+    );
+    assert!(
+        wait_for(PATIENCE, || !etcdctl(&url, &["get", "/mesh-host/node/web-1/status"]).stdout.is_empty()),
+        "web-1 reported its groups"
+    );
+    write_declaration(
+        &s.path("in/clash.json"),
+        json!([{"type": "file", "id": "web.conf", "path": s.p("out/other-conf"), "content": "x"}]),
+    );
+    let out = fleet(&s, &["put", "--etcd", &url, "--group", "eu", s.p("in/clash.json").as_str()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("node web-1") && stderr.contains("web.conf"), "{stderr}");
+    assert_eq!(
+        keys_under(&url, "/mesh-host/group/eu/"),
+        ["/mesh-host/group/eu/declaration/eu.json"],
+        "nothing written"
+    );
+
+    // A change under the node's prefix is seen through the watch.
+    write_declaration(
+        &s.path("in/node.json"),
+        json!([{"type": "file", "id": "web.conf", "path": s.p("out/web.conf"), "content": "port=8080\n"}]),
+    );
+    put(&["--node", "web-1"], &s.path("in/node.json"));
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=8080\n"), "the change applied:\n{}", daemon.log());
+
+    // An invalid declaration written straight into etcd (fleet put would refuse it) is refused by
+    // the node: the one in force stays, and hand-edits are still put back from it.
+    let bad = r#"{"version": 1, "resources": [{"type": "file", "id": "web.conf", "path": "relative"}]}"#;
+    let out = etcdctl(&url, &["put", "/mesh-host/node/web-1/declaration/node.json", bad]);
+    assert!(out.status.success());
+    assert!(
+        wait_for(PATIENCE, || daemon.log().contains("is refused: ")
+            && daemon.log().contains("the declaration last accepted from etcd stays in force")),
+        "the refusal is reported:\n{}",
+        daemon.log()
+    );
+    // Counted as a local refusal is, and carried in the node's status in etcd, which `fleet
+    // status` shows as the node's last error.
+    assert_eq!(daemon.metric("mesh_host_declaration_refusals_total"), 1.0, "{}", daemon.log());
+    let refused_in_status = || {
+        let (_, status) = fleet_status(&s, &url);
+        let said = row(&status, "web-1")["status"]["refused"].as_str().unwrap_or_default().to_owned();
+        said.contains("is refused") && said.contains("web.conf")
+    };
+    assert!(wait_for(PATIENCE, refused_in_status), "{:#}", fleet_status(&s, &url).1);
+    let table = String::from_utf8_lossy(&fleet(&s, &["status", "--etcd", &url]).stdout).into_owned();
+    assert!(table.contains("is refused"), "the table's last error: {table}");
+    std::fs::write(&conf, "hand-edit\n").unwrap();
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "port=8080\n"),
+        "the declaration in force stays:\n{}",
+        daemon.log()
+    );
+    // Fixed again: applied.
+    write_declaration(
+        &s.path("in/node.json"),
+        json!([{"type": "file", "id": "web.conf", "path": s.p("out/web.conf"), "content": "port=9090\n"}]),
+    );
+    put(&["--node", "web-1"], &s.path("in/node.json"));
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "port=9090\n"),
+        "a good declaration after a bad one:\n{}",
+        daemon.log()
+    );
+    let status_of = || row(&fleet_status(&s, &url).1, "web-1")["status"].clone();
+    assert!(
+        wait_for(PATIENCE, || {
+            let st = status_of();
+            st["refused"].is_null() && st["converged"] == true && st["last_error"].is_null()
+        }),
+        "the refusal is gone from the status once a declaration is accepted: {:#}",
+        status_of()
+    );
+
+    // A resource that fails: the node is not converged, and its status says what failed, until
+    // it is fixed.
+    write_declaration(
+        &s.path("in/node.json"),
+        json!([
+            {"type": "file", "id": "web.conf", "path": s.p("out/web.conf"), "content": "port=9090\n"},
+            {"type": "file", "id": "web.inner", "path": s.p("out/web.conf/inner"), "content": "x\n"},
+        ]),
+    );
+    put(&["--node", "web-1"], &s.path("in/node.json"));
+    assert!(
+        wait_for(PATIENCE, || {
+            let st = status_of();
+            st["converged"] == false && st["last_error"].as_str().is_some_and(|e| e.contains("web.inner"))
+        }),
+        "a failure reaches the status: {:#}\n{}",
+        status_of(),
+        daemon.log()
+    );
+    write_declaration(
+        &s.path("in/node.json"),
+        json!([{"type": "file", "id": "web.conf", "path": s.p("out/web.conf"), "content": "port=9090\n"}]),
+    );
+    put(&["--node", "web-1"], &s.path("in/node.json"));
+    assert!(
+        wait_for(PATIENCE, || {
+            let st = status_of();
+            st["converged"] == true && st["last_error"].is_null()
+        }),
+        "converged again: {:#}",
+        status_of()
+    );
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_cut_off_from_etcd_keeps_its_last_declaration_across_a_restart_and_applies_what_changed_meanwhile() {
+    let s = Scratch::new();
+    let mut etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let put = |file: &Path| {
+        let out = fleet(&s, &["put", "--etcd", &url, "--node", "db-1", file.to_str().unwrap()]);
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let conf = s.path("db.conf");
+    let declare = |content: &str| {
+        write_declaration(
+            &s.path("in/db.json"),
+            json!([{"type": "file", "id": "db.conf", "path": s.p("db.conf"), "content": content}]),
+        );
+        put(&s.path("in/db.json"));
+    };
+    declare("v1\n");
+    let mut daemon = node(&s, &url, "db-1", &[]);
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "{}", daemon.log());
+    // Whether etcd answers is a gauge, as a watcher's connection is.
+    let etcd_up = |daemon: &Daemon, up: &str| {
+        daemon.get("/metrics").is_some_and(|m| m.lines().any(|l| l == format!("mesh_host_etcd_up {up}")))
+    };
+    assert!(etcd_up(&daemon, "1"), "{}", daemon.get("/metrics").unwrap_or_default());
+
+    // etcd goes away: the node goes on converging on what it holds.
+    etcd.stop();
+    std::fs::write(&conf, "hand-edit\n").unwrap();
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "v1\n"),
+        "still converging while cut off:\n{}",
+        daemon.log()
+    );
+    assert!(wait_for(PATIENCE, || etcd_up(&daemon, "0")), "etcd is seen down:\n{}", daemon.log());
+
+    // A restart while etcd is down applies the last declaration accepted, from the cache.
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+    std::fs::remove_file(&conf).unwrap();
+    let mut daemon = node(&s, &url, "db-1", &[]);
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "v1\n"),
+        "a node started while etcd is down applies its last known declaration:\n{}",
+        daemon.log()
+    );
+    assert!(daemon.log().contains("cannot read the declaration from etcd"), "{}", daemon.log());
+
+    // etcd returns and the declaration changes before the node, waiting out its backoff, has
+    // read again: applied once it reconnects. (With one member, nothing can be written while
+    // etcd is down: the frozen-member and cut-network tests change it while the node is away.)
+    etcd.resume();
+    declare("v2\n");
+    assert!(
+        wait_for(Duration::from_secs(45), || read(&conf) == "v2\n"),
+        "a declaration changed while the node was cut off is applied when etcd returns:\n{}",
+        daemon.log()
+    );
+    assert!(wait_for(PATIENCE, || etcd_up(&daemon, "1")), "etcd is seen up again:\n{}", daemon.log());
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}
+
+/// Every file under `dir`, read whole (etcd's data: its bolt database and write-ahead log).
+fn bytes_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if let Ok(bytes) = std::fs::read(&p) {
+                out.push((p, bytes));
+            }
+        }
+    }
+    out
+}
+
+fn holds(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_sealed_value_goes_through_etcd_and_neither_etcd_nor_the_cache_holds_it_in_the_clear() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let public = crate::secrets::keygen(&s);
+    let plain = format!("fleet-pw-{}", std::process::id());
+    let sealed = crate::secrets::seal(&public, plain.as_bytes());
+    let env = s.path("db.env");
+    write_declaration(
+        &s.path("in/db.json"),
+        json!([{"type": "file", "id": "db.env", "path": s.p("db.env"),
+                "content": "PASSWORD=${secret:db_password}\n", "secrets": {"db_password": sealed}}]),
+    );
+    let out = fleet(&s, &["put", "--etcd", &url, "--node", "sealed-1", s.p("in/db.json").as_str()]);
+    assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    let mut daemon = node(&s, &url, "sealed-1", &[]);
+    assert!(
+        wait_for(PATIENCE, || read(&env) == format!("PASSWORD={plain}\n")),
+        "the node opened the value it got through etcd:\n{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.terminate(), Some(0));
+
+    // What etcd serves, what it keeps on disk, what the node cached and logged: no plaintext.
+    let served = etcdctl(&url, &["get", "--prefix", "/mesh-host/"]);
+    assert!(served.status.success());
+    assert!(holds(&served.stdout, b"BEGIN AGE ENCRYPTED FILE"), "etcd holds the sealed value");
+    assert!(!holds(&served.stdout, plain.as_bytes()), "etcd serves the value in the clear");
+    for (path, bytes) in
+        bytes_under(&s.path("etcd-data")).into_iter().chain(bytes_under(&s.path("state/fleet")))
+    {
+        assert!(!holds(&bytes, plain.as_bytes()), "{} holds the value in the clear", path.display());
+    }
+    assert!(!daemon.log().contains(&plain), "the node's log holds the value");
+}
+
+/// `fleet status --json`: the exit code and the rows.
+/// etcd compacts away the revision a node would watch from (the node is held 3 s between its
+/// read and its watch by the failpoint `etcd-watch-late`; meanwhile two changes are written and
+/// etcd compacted to its latest revision): the watch is refused as compacted, the node reads the
+/// whole declaration again, and applies the latest. Nothing is missed.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_revision_compacted_away_before_the_watch_starts_leads_to_a_whole_read() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let conf = s.path("compact.conf");
+    let declare = |content: &str| {
+        write_declaration(
+            &s.path("in/compact.json"),
+            json!([{"type": "file", "id": "compact.conf", "path": s.p("compact.conf"), "content": content}]),
+        );
+        let out = fleet(&s, &["put", "--etcd", &url, "--node", "compact-1", s.p("in/compact.json").as_str()]);
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    declare("v1\n");
+    let mut daemon =
+        node_with_env(&s, &url, "compact-1", &[], &[], &[("MESH_HOST_FAILPOINT", "etcd-watch-late")]);
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "{}", daemon.log());
+    // Within the node's 3 s between its read and its watch.
+    declare("v2\n");
+    declare("v3\n");
+    let got = etcdctl(&url, &["get", "/mesh-host/", "--prefix", "--keys-only", "-w", "json"]);
+    let latest = serde_json::from_slice::<serde_json::Value>(&got.stdout).unwrap()["header"]["revision"]
+        .as_i64()
+        .expect("etcd's revision");
+    let out = etcdctl(&url, &["compaction", &latest.to_string()]);
+    assert!(out.status.success(), "etcdctl compaction: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        wait_for(Duration::from_secs(20), || read(&conf) == "v3\n"),
+        "the latest declaration applied after the compaction:\n{}",
+        daemon.log()
+    );
+    assert!(
+        daemon.log().contains("compacted revision")
+            && daemon.log().contains("reading the whole declaration again"),
+        "the watch found its revision compacted away and the node read again:\n{}",
+        daemon.log()
+    );
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}
+
+fn fleet_status(s: &Scratch, url: &str) -> (i32, serde_json::Value) {
+    let out = fleet(s, &["status", "--etcd", url, "--json"]);
+    let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("fleet status printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stderr))
+    });
+    (out.status.code().unwrap_or(-1), v)
+}
+
+fn row<'a>(status: &'a serde_json::Value, node: &str) -> &'a serde_json::Value {
+    status["nodes"].as_array().unwrap().iter().find(|r| r["node"] == node).unwrap_or(&serde_json::Value::Null)
+}
+
+/// The version of a key (how many times it was written since it was made), 0 when absent.
+fn version_of(url: &str, key: &str) -> i64 {
+    let out = etcdctl(url, &["get", key, "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["kvs"][0]["version"].as_i64().unwrap_or(0)
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_reports_its_status_at_most_once_a_second_and_its_presence_goes_with_it() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let conf = s.path("st.conf");
+    write_declaration(
+        &s.path("in/st.json"),
+        json!([{"type": "file", "id": "st.conf", "path": s.p("st.conf"), "content": "a\n"}]),
+    );
+    let out = fleet(&s, &["put", "--etcd", &url, "--node", "st-1", s.p("in/st.json").as_str()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let daemon = node(&s, &url, "st-1", &[]);
+    assert!(wait_for(PATIENCE, || read(&conf) == "a\n"), "{}", daemon.log());
+
+    // Converged at the revision put, alive: fleet status says so, and exits 0.
+    assert!(
+        wait_for(PATIENCE, || fleet_status(&s, &url).0 == 0),
+        "the node never showed current: {:#}\n{}",
+        fleet_status(&s, &url).1,
+        daemon.log()
+    );
+    let (_, status) = fleet_status(&s, &url);
+    let r = row(&status, "st-1");
+    assert_eq!(r["alive"], true, "{r:#}");
+    assert_eq!(r["status"]["converged"], true, "{r:#}");
+    assert!(r["status"]["revision"].as_i64().unwrap() >= r["latest"].as_i64().unwrap(), "{r:#}");
+    assert_eq!(r["status"]["counts"]["created"], 1, "{r:#}");
+    let text = fleet(&s, &["status", "--etcd", &url]);
+    let table = String::from_utf8_lossy(&text.stdout);
+    assert!(table.contains("st-1") && table.contains("1 of 1 nodes alive, converged"), "{table}");
+
+    // A storm of hand-edits: every one put back, the status written at most once a second.
+    let key = "/mesh-host/node/st-1/status";
+    let before = version_of(&url, key);
+    let start = std::time::Instant::now();
+    for i in 0..40 {
+        std::fs::write(&conf, format!("edit {i}\n")).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(wait_for(PATIENCE, || read(&conf) == "a\n"), "{}", daemon.log());
+    std::thread::sleep(Duration::from_millis(1500));
+    let writes = version_of(&url, key) - before;
+    let seconds = start.elapsed().as_secs_f64();
+    assert!(writes >= 1, "the corrections were reported");
+    assert!(
+        (writes as f64) <= seconds.ceil() + 1.0,
+        "{writes} status writes in {seconds:.1} s: more than one a second"
+    );
+    let (_, status) = fleet_status(&s, &url);
+    assert!(row(&status, "st-1")["status"]["drift_corrections"].as_u64().unwrap() >= 1, "{status:#}");
+
+    // Killed without a word: its presence goes within the lease's time to live, and fleet status
+    // says so, exiting 1.
+    let mut daemon = daemon;
+    let mut child = daemon.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        wait_for(Duration::from_secs(16), || !row(&fleet_status(&s, &url).1, "st-1")["alive"]
+            .as_bool()
+            .unwrap_or(true)),
+        "the presence key outlived the node"
+    );
+    let (code, _) = fleet_status(&s, &url);
+    assert_eq!(code, 1, "a node gone is not a fleet converged");
+}

@@ -1,0 +1,353 @@
+//! etcd going away under a running node: a cluster's leader killed, a member cut off, the
+//! node's network split from etcd.
+
+use super::*;
+use crate::support::*;
+
+/// A three-member etcd cluster of the test's own, on free loopback ports; killed when dropped.
+struct Cluster {
+    members: Vec<std::process::Child>,
+    clients: Vec<String>,
+}
+
+impl Cluster {
+    fn start(s: &Scratch) -> Cluster {
+        need_etcd_binaries();
+        let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+        let initial: Vec<String> =
+            ports.iter().enumerate().map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}")).collect();
+        let initial = initial.join(",");
+        // One token for the three: it is what makes them one cluster.
+        let token = unique("cluster");
+        let mut members = Vec::new();
+        let mut clients = Vec::new();
+        for (i, (client, peer)) in ports.iter().enumerate() {
+            let (client, peer) = (format!("http://127.0.0.1:{client}"), format!("http://127.0.0.1:{peer}"));
+            let log = s.path(&format!("etcd-m{i}.log"));
+            members.push(
+                Command::new("etcd")
+                    .args(["--name", &format!("m{i}"), "--data-dir"])
+                    .arg(s.path(&format!("etcd-m{i}")))
+                    .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+                    .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+                    .args(["--initial-cluster", &initial, "--initial-cluster-token", &token])
+                    .stdout(std::fs::File::create(&log).unwrap())
+                    .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+                    .spawn()
+                    .expect("etcd starts"),
+            );
+            clients.push(client);
+        }
+        let c = Cluster { members, clients };
+        let all = c.endpoints();
+        assert!(
+            wait_for(Duration::from_secs(20), || etcdctl(&all, &["endpoint", "health", "--cluster"])
+                .status
+                .success()),
+            "the test's 3-member cluster did not come up:\n{}",
+            std::fs::read_to_string(s.path("etcd-m0.log")).unwrap_or_default()
+        );
+        c
+    }
+
+    fn endpoints(&self) -> String {
+        self.clients.join(",")
+    }
+
+    /// The index of the member that leads now.
+    fn leader(&self) -> usize {
+        let out = etcdctl(&self.endpoints(), &["endpoint", "status", "-w", "json"]);
+        let statuses: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        statuses
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|st| st["Status"]["leader"] == st["Status"]["header"]["member_id"])
+            .expect("a leader")
+    }
+
+    /// Kills the member that leads now; returns its index.
+    fn kill_leader(&mut self) -> usize {
+        let leader = self.leader();
+        self.members[leader].kill().unwrap();
+        self.members[leader].wait().unwrap();
+        leader
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            let _ = m.kill();
+            let _ = m.wait();
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_goes_on_through_the_leader_of_a_three_member_cluster_killed_and_misses_nothing() {
+    let s = Scratch::new();
+    let mut cluster = Cluster::start(&s);
+    let all = cluster.endpoints();
+    let conf = s.path("ha.conf");
+    let declare = |content: &str, endpoints: &str| {
+        write_declaration(
+            &s.path("in/ha.json"),
+            json!([{"type": "file", "id": "ha.conf", "path": s.p("ha.conf"), "content": content}]),
+        );
+        let out = fleet(&s, &["put", "--etcd", endpoints, "--fleet", s.p("in/ha.json").as_str()]);
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    declare("v1\n", &all);
+    // The leader first among the node's endpoints: the one it talks to is the one killed, so
+    // its watches break and it must go on through another member.
+    let leader = cluster.leader();
+    let mut ordered = vec![cluster.clients[leader].clone()];
+    ordered.extend(cluster.clients.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, c)| c.clone()));
+    let daemon = node(&s, &ordered.join(","), "ha-1", &[]);
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "{}", daemon.log());
+
+    assert_eq!(cluster.kill_leader(), leader, "the leader did not move before the kill");
+    let survivors: Vec<String> =
+        cluster.clients.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, c)| c.clone()).collect();
+    let survivors = survivors.join(",");
+    // Every change after the kill is applied, the last one last: nothing missed, nothing stale.
+    assert!(
+        wait_for(Duration::from_secs(20), || etcdctl(&survivors, &["endpoint", "health"]).status.success()),
+        "the cluster did not elect a new leader"
+    );
+    for v in 2..=5 {
+        declare(&format!("v{v}\n"), &survivors);
+    }
+    assert!(
+        wait_for(Duration::from_secs(20), || read(&conf) == "v5\n"),
+        "the node follows the cluster after its leader was killed:\n{}",
+        daemon.log()
+    );
+    assert!(
+        daemon.log().contains("the watch on etcd ended"),
+        "the node's watch was on the member killed:\n{}",
+        daemon.log()
+    );
+    std::fs::write(&conf, "hand-edit\n").unwrap();
+    assert!(wait_for(PATIENCE, || read(&conf) == "v5\n"), "{}", daemon.log());
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_cut_off_from_its_member_keeps_converging_and_applies_what_changed_meanwhile_when_it_returns() {
+    let s = Scratch::new();
+    let cluster = Cluster::start(&s);
+    let conf = s.path("cut.conf");
+    let declare = |content: &str, endpoints: &str| {
+        write_declaration(
+            &s.path("in/cut.json"),
+            json!([{"type": "file", "id": "cut.conf", "path": s.p("cut.conf"), "content": content}]),
+        );
+        let out = fleet(&s, &["put", "--etcd", endpoints, "--node", "cut-1", s.p("in/cut.json").as_str()]);
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    declare("v1\n", &cluster.endpoints());
+    // The node knows only member 0: frozen (SIGSTOP), it is a partition as the node sees one:
+    // connections that hang rather than fail.
+    let daemon = node(&s, &cluster.clients[0], "cut-1", &[]);
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "{}", daemon.log());
+    let member0 = cluster.members[0].id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &member0]).status().unwrap().success());
+    let others = cluster.clients[1..].join(",");
+    assert!(
+        wait_for(Duration::from_secs(20), || etcdctl(&others, &["endpoint", "health"]).status.success()),
+        "the other two members went on"
+    );
+    // Changed while the node is cut off; meanwhile it goes on converging on what it has.
+    declare("v2\n", &others);
+    std::fs::write(&conf, "hand-edit\n").unwrap();
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "v1\n"),
+        "still converging while cut off:\n{}",
+        daemon.log()
+    );
+    // That put-back, made after v2 was written, is the barrier: the node ran a reconcile since,
+    // and it was still of v1. (No pause-then-look: a node cut off has nothing to wait for.)
+
+    assert!(Command::new("kill").args(["-CONT", &member0]).status().unwrap().success());
+    assert!(
+        wait_for(Duration::from_secs(30), || read(&conf) == "v2\n"),
+        "the change made while the node was cut off is applied when it returns:\n{}",
+        daemon.log()
+    );
+}
+
+/// Two network namespaces of the test's own joined by one veth pair: etcd's (10.78.1.1 on `e0`,
+/// and its own loopback) and the agent's (10.78.1.2 on `a0`). Cutting the pair is a network
+/// partition as a node sees one: its packets go nowhere and its connections hang. Deleted, with
+/// the pair, when dropped. (The firewall tests use 10.77.0.0/16 in namespaces of their own.)
+struct Split {
+    etcd_ns: String,
+    agent_ns: String,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap_or_else(|e| {
+        panic!(
+            "ip is missing ({e}): the cut-off test needs iproute2; run tests/testbed/up.sh (50-firewall.sh)"
+        )
+    });
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+impl Split {
+    fn new() -> Split {
+        let id = std::process::id();
+        let split = Split { etcd_ns: format!("fleetcut-e-{id}"), agent_ns: format!("fleetcut-a-{id}") };
+        let (e, a) = (split.etcd_ns.as_str(), split.agent_ns.as_str());
+        ip(&["netns", "add", e]);
+        ip(&["netns", "add", a]);
+        ip(&["-n", e, "link", "add", "e0", "type", "veth", "peer", "name", "a0", "netns", a]);
+        ip(&["-n", e, "addr", "add", "10.78.1.1/24", "dev", "e0"]);
+        ip(&["-n", a, "addr", "add", "10.78.1.2/24", "dev", "a0"]);
+        for (ns, dev) in [(e, "e0"), (e, "lo"), (a, "a0"), (a, "lo")] {
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+        }
+        split
+    }
+
+    /// A command run in one of the two namespaces.
+    fn in_ns(ns: &str, program: &Path) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns]).arg(program);
+        cmd
+    }
+
+    fn cut(&self) {
+        ip(&["-n", &self.etcd_ns, "link", "set", "e0", "down"]);
+    }
+
+    fn mend(&self) {
+        ip(&["-n", &self.etcd_ns, "link", "set", "e0", "up"]);
+    }
+}
+
+impl Drop for Split {
+    fn drop(&mut self) {
+        for ns in [&self.etcd_ns, &self.agent_ns] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// A child process killed (and reaped) when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_whose_network_is_cut_keeps_converging_drops_out_and_resyncs_what_changed_when_it_returns() {
+    need_etcd_binaries();
+    let s = Scratch::new();
+    let split = Split::new();
+    let etcd_bin = PathBuf::from("etcd");
+    let etcd = Killed(
+        Split::in_ns(&split.etcd_ns, &etcd_bin)
+            .args(["--name", "fleetcut", "--data-dir"])
+            .arg(s.path("etcd-data"))
+            // Its own loopback too, so the test reaches it from its namespace while the pair is cut.
+            .args(["--listen-client-urls", "http://10.78.1.1:2379,http://127.0.0.1:2379"])
+            .args(["--advertise-client-urls", "http://10.78.1.1:2379"])
+            .args(["--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls"])
+            .args(["http://127.0.0.1:2380", "--initial-cluster", "fleetcut=http://127.0.0.1:2380"])
+            .stdout(std::fs::File::create(s.path("etcd.log")).unwrap())
+            .stderr(std::fs::File::options().append(true).open(s.path("etcd.log")).unwrap())
+            .spawn()
+            .expect("etcd starts in its namespace"),
+    );
+    let ctl = |args: &[&str]| {
+        Split::in_ns(&split.etcd_ns, Path::new("etcdctl"))
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", "http://127.0.0.1:2379"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert!(
+        wait_for(PATIENCE, || ctl(&["endpoint", "health"]).status.success()),
+        "etcd did not come up in its namespace:\n{}",
+        read(&s.path("etcd.log"))
+    );
+    let binary = assert_cmd::cargo::cargo_bin("mesh-host");
+    let conf = s.path("cut.conf");
+    // Returns the revision written.
+    let declare = |content: &str| -> i64 {
+        write_declaration(
+            &s.path("in/cut.json"),
+            json!([{"type": "file", "id": "cut.conf", "path": s.p("cut.conf"), "content": content}]),
+        );
+        let out = Split::in_ns(&split.etcd_ns, &binary)
+            .arg("--state")
+            .arg(s.path("cli/state.json"))
+            .args(["fleet", "put", "--etcd", "http://127.0.0.1:2379", "--node", "cut-ns"])
+            .arg(s.path("in/cut.json"))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+        stdout.split("at revision ").nth(1).and_then(|r| r.split(':').next()).unwrap().parse().unwrap()
+    };
+    declare("v1\n");
+
+    let log = s.path("node.log");
+    let _agent = Killed(
+        Split::in_ns(&split.agent_ns, &binary)
+            .arg("--state")
+            .arg(s.state())
+            .args(["run", "--etcd", "http://10.78.1.1:2379", "--node", "cut-ns", "--metrics", "off"])
+            .args(["--settle-ms", "20"])
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::options().append(true).open(&log).unwrap())
+            .spawn()
+            .expect("mesh-host starts in its namespace"),
+    );
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "applied across the pair:\n{}", read(&log));
+    let alive = || !ctl(&["get", "/mesh-host/node/cut-ns/alive", "--print-value-only"]).stdout.is_empty();
+    assert!(wait_for(PATIENCE, alive), "the node's presence is there:\n{}", read(&log));
+
+    // The pair is cut. A change is made meanwhile; the node goes on converging on what it has,
+    // and its presence goes when its lease runs out (10 s).
+    split.cut();
+    let v2 = declare("v2\n");
+    std::fs::write(&conf, "hand-edit\n").unwrap();
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "still converging while cut off:\n{}", read(&log));
+    assert!(
+        wait_for(Duration::from_secs(20), || !alive()),
+        "the presence of a node cut off outlived its lease:\n{}",
+        read(&log)
+    );
+    assert_eq!(read(&conf), "v1\n", "nothing of the change reached a node cut off");
+
+    // Mended: the node reconnects, reads again, applies the change made while it was away, says
+    // so in its status, and is present again.
+    split.mend();
+    assert!(
+        wait_for(Duration::from_secs(60), || read(&conf) == "v2\n"),
+        "the change made while the node was cut off is applied when it returns:\n{}",
+        read(&log)
+    );
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            let out = ctl(&["get", "/mesh-host/node/cut-ns/status", "--print-value-only"]);
+            let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            status["revision"].as_i64().unwrap_or(0) >= v2 && status["converged"] == true
+        }),
+        "the status reports the revision written while cut off:\n{}",
+        read(&log)
+    );
+    assert!(wait_for(Duration::from_secs(20), alive), "present again:\n{}", read(&log));
+    drop(etcd);
+}
