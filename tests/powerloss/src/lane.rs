@@ -155,7 +155,9 @@ fn record(cfg: &Config) -> std::io::Result<Recorded> {
     phases.push(mark(&m, "setup", &none));
     declarations.push((cold.clone(), 1));
     for (name, decl, next) in [("cold", &cold, &change), ("change", &change, &change)] {
+        let t = Instant::now();
         must_apply(cfg, decl)?;
+        eprintln!("powerloss: fuse: the {name} apply took {:.1} s", t.elapsed().as_secs_f64());
         phases.push(mark(&m, name, &none));
         declarations.push((next.clone(), 2));
     }
@@ -182,7 +184,16 @@ fn record(cfg: &Config) -> std::io::Result<Recorded> {
     for (path, bytes) in &edits {
         write_synced(&cfg.mount.join(path), bytes)?;
     }
-    phases.push(mark(&m, "edited", &sums));
+    // What the hand-edits leave, built rather than looked at: the daemon may have put some
+    // back already by the time the harness could look.
+    let (mut edited, at) = mark(&m, "edited", &sums);
+    edited.managed = phases[2].0.managed.clone();
+    for (path, bytes) in &edits {
+        if let Some(e) = edited.managed.get_mut(path.trim_start_matches("m/")) {
+            e.sum = Some(check::sum(bytes));
+        }
+    }
+    phases.push((edited, at));
     declarations.push((change.clone(), 2));
     let want = phases[2].0.managed.clone();
     let corrected = || {
@@ -208,6 +219,7 @@ fn record(cfg: &Config) -> std::io::Result<Recorded> {
     if !status.success() {
         return Err(std::io::Error::other(format!("the daemon stopped with {status}")));
     }
+    eprintln!("powerloss: fuse: the daemon put back {} hand-edits", edits.len());
     phases.push(mark(&m, "daemon", &sums));
     declarations.push((change.clone(), 2));
     let (base, log) = {
@@ -298,6 +310,7 @@ pub fn run(cfg: &Config) -> std::io::Result<Vec<Tally>> {
                     check::read_tree(&tree, store).as_deref(),
                     &snap,
                     &root,
+                    before,
                     after,
                     &mut found,
                 );
@@ -316,6 +329,7 @@ pub fn run(cfg: &Config) -> std::io::Result<Vec<Tally>> {
                 tally.add(&format!("{name} boundary {b} {crash:?}"), found);
             }
         }
+        eprintln!("{}", tally.line());
         tallies.push(tally);
     }
     Ok(tallies)
