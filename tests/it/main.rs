@@ -26,6 +26,7 @@ mod fleet;
 mod into;
 mod malformed;
 mod operator;
+mod powerloss;
 mod packages;
 mod refusal;
 mod reliability;
