@@ -55,7 +55,8 @@ fn after_a_crash(m: &Mounted) -> (check::Snapshot, check::Snapshot) {
 
 fn declare(dir: &Path, resources: serde_json::Value) -> PathBuf {
     let path = dir.join(format!("declaration-{}.json", rand_name()));
-    std::fs::write(&path, serde_json::to_vec(&json!({"version": 1, "resources": resources})).unwrap()).unwrap();
+    std::fs::write(&path, serde_json::to_vec(&json!({"version": 1, "resources": resources})).unwrap())
+        .unwrap();
     path
 }
 
@@ -74,7 +75,8 @@ fn syncfs_on_fuse_is_not_trusted() {
     let (at, m) = mount(scratch.path());
     let mut resources = Vec::new();
     for d in 0..2 {
-        resources.push(json!({"type": "directory", "id": format!("d{d}"), "path": at.join(format!("m/d{d}"))}));
+        resources
+            .push(json!({"type": "directory", "id": format!("d{d}"), "path": at.join(format!("m/d{d}"))}));
         for f in 0..10 {
             resources.push(json!({"type": "file", "id": format!("d{d}.f{f}"),
                 "path": at.join(format!("m/d{d}/f{f}")), "content": format!("{d} {f}\n")}));
@@ -93,9 +95,7 @@ fn syncfs_on_fuse_is_not_trusted() {
 fn a_change_in_place_is_durable_before_it_is_recorded() {
     let scratch = tempfile::tempdir().unwrap();
     let (at, m) = mount(scratch.path());
-    let file = |f: usize, mode: &str| {
-        json!({"type": "file", "id": format!("f{f}"), "path": at.join(format!("m/f{f}")), "content": "x\n", "mode": mode})
-    };
+    let file = |f: usize, mode: &str| json!({"type": "file", "id": format!("f{f}"), "path": at.join(format!("m/f{f}")), "content": "x\n", "mode": mode});
     apply(&at, &declare(scratch.path(), json!([file(0, "0644"), file(1, "0644")])));
     apply(&at, &declare(scratch.path(), json!([file(0, "0600"), file(1, "0640")])));
     let (crashed, live) = after_a_crash(&m);
