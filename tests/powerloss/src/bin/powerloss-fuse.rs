@@ -2,6 +2,11 @@
 //! [--boundaries N] [--seed N]`. Root; mounts at a scratch directory. Prints one line per
 //! workload and the findings; exits 0 whatever it found (the caller decides).
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test tool: it makes and removes its own scratch directories"
+)]
+
 use std::path::PathBuf;
 
 fn main() -> std::io::Result<()> {
