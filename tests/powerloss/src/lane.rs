@@ -329,7 +329,7 @@ pub fn run(cfg: &Config) -> std::io::Result<Vec<Tally>> {
                 tally.add(&format!("{name} boundary {b} {crash:?}"), found);
             }
         }
-        eprintln!("{}", tally.line());
+        eprintln!("powerloss: fuse: the {} workload checked", tally.workload);
         tallies.push(tally);
     }
     Ok(tallies)
