@@ -93,6 +93,28 @@ fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::File::open(path.parent().unwrap_or(Path::new("/")))?.sync_all()
 }
 
+/// Replaces a file durably through the mount, as a careful person's edit is made: a new file
+/// beside it, synced, renamed over it, the directory synced. A crash in between leaves the
+/// old content or the new, so what the harness does is never taken for a tear the agent made.
+/// The temporary name is one the checks pass over (`check::temporary`) and the agent's
+/// clean-up does not take for its own (no PID in it).
+pub fn replace_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.mesh-host-hand-edit"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    // The person keeps the file's mode and owner: only its content is the edit.
+    if let Ok(was) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::MetadataExt as _;
+        std::os::unix::fs::fchown(&f, Some(was.uid()), Some(was.gid()))?;
+        f.set_permissions(was.permissions())?;
+    }
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(path.parent().unwrap_or(Path::new("/")))?.sync_all()
+}
+
 fn apply(cfg: &Config, declaration: &Path) -> std::io::Result<(i32, serde_json::Value, String)> {
     let out = Command::new(&cfg.agent)
         .arg("--state")
@@ -182,7 +204,7 @@ fn record(cfg: &Config) -> std::io::Result<Recorded> {
         std::thread::sleep(Duration::from_millis(50));
     }
     for (path, bytes) in &edits {
-        write_synced(&cfg.mount.join(path), bytes)?;
+        replace_synced(&cfg.mount.join(path), bytes)?;
     }
     // What the hand-edits leave, built rather than looked at: the daemon may have put some
     // back already by the time the harness could look.

@@ -45,7 +45,7 @@ fn main() -> std::io::Result<()> {
         Some("declare") => workload::write_declarations(&root.to_string_lossy(), &value("--out")?),
         Some("hand-edit") => {
             for (path, bytes) in workload::hand_edits() {
-                synced(&root.join(path), &bytes)?;
+                mesh_host_powerloss::lane::replace_synced(&root.join(path), &bytes)?;
             }
             Ok(())
         }
