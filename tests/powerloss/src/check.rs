@@ -204,7 +204,7 @@ pub fn check_managed(crash: &Snapshot, older: &[Phase], before: &Phase, after: &
 }
 
 /// Checks the store (its bytes, if it exists) against the machine: it must parse, and each
-/// file it records as written must hold what it says, unless the record is the one of the
+/// file or directory it records must hold the content, mode and owner it says, unless the record is the one of the
 /// phase reported done (the store not rewritten yet: behind, not ahead), the phase in flight
 /// removes the file (a record not yet forgotten) or a hand-edit is there.
 pub fn check_store(
@@ -225,24 +225,43 @@ pub fn check_store(
     };
     let prefix = format!("{}/m/", root.trim_end_matches('/'));
     for (id, r) in records {
-        let (Some(target), Some(wrote)) = (r["target"].as_str(), r["wrote"].as_str()) else { continue };
+        let Some(target) = r["target"].as_str() else { continue };
         let Some(rel) = target.strip_prefix(&prefix) else { continue };
-        let wrote = wrote.trim_start_matches("sha256:");
         let is = crash.get(rel);
-        if is.and_then(|e| e.sum.as_deref()) == Some(wrote) {
-            continue;
-        }
+        let (was, will) = (before.managed.get(rel), after.managed.get(rel));
+        // Absent, and removed by the phase in flight: a record not yet forgotten is behind.
         if is.is_none() && !after.managed.contains_key(rel) {
             continue;
         }
-        // The store of the phase reported done, not yet rewritten: behind, not ahead.
-        if before.managed.get(rel).and_then(|e| e.sum.as_deref()) == Some(wrote) {
-            continue;
+        // What the record says of the content, the mode and the owner, each beside the machine's.
+        let wrote = r["wrote"].as_str().map(|w| w.trim_start_matches("sha256:").to_owned());
+        let mode = r["mode"].as_u64().map(|m| m as u32);
+        let owner = r["owner"]
+            .as_array()
+            .and_then(|o| Some((o.first()?.as_u64()? as u32, o.get(1)?.as_u64()? as u32)));
+        let parts: [(&str, Option<String>, fn(&Entry) -> String); 3] = [
+            ("content", wrote, |e| e.sum.clone().unwrap_or_default()),
+            ("mode", mode.map(|m| format!("{m:o}")), |e| format!("{:o}", e.mode)),
+            ("owner", owner.map(|(u, g)| format!("{u}:{g}")), |e| format!("{}:{}", e.uid, e.gid)),
+        ];
+        for (what, recorded, of) in parts {
+            let Some(recorded) = recorded else { continue };
+            if is.map(of).as_ref() == Some(&recorded) {
+                continue;
+            }
+            // The store of the phase reported done, not yet rewritten, over the machine as the
+            // phase in flight leaves it: behind, not ahead.
+            if was.map(of).as_ref() == Some(&recorded) && is.map(of) == will.map(of) {
+                continue;
+            }
+            // A hand-edit is there: drift for the agent to count, not a record ahead.
+            if is.and_then(|e| e.sum.as_ref()).is_some_and(|s| after.hand_edits.contains(s)) {
+                continue;
+            }
+            found
+                .ahead
+                .push(format!("{id} ({rel}): the store says {what} {recorded}, the machine holds {is:?}"));
         }
-        if is.and_then(|e| e.sum.as_ref()).is_some_and(|s| after.hand_edits.contains(s)) {
-            continue;
-        }
-        found.ahead.push(format!("{id} ({rel}): the store says {wrote}, the machine holds {is:?}"));
     }
 }
 
