@@ -239,7 +239,8 @@ pub fn check_store(
         let owner = r["owner"]
             .as_array()
             .and_then(|o| Some((o.first()?.as_u64()? as u32, o.get(1)?.as_u64()? as u32)));
-        let parts: [(&str, Option<String>, fn(&Entry) -> String); 3] = [
+        type Recorded = (&'static str, Option<String>, fn(&Entry) -> String);
+        let parts: [Recorded; 3] = [
             ("content", wrote, |e| e.sum.clone().unwrap_or_default()),
             ("mode", mode.map(|m| format!("{m:o}")), |e| format!("{:o}", e.mode)),
             ("owner", owner.map(|(u, g)| format!("{u}:{g}")), |e| format!("{}:{}", e.uid, e.gid)),
