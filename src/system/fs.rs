@@ -499,7 +499,11 @@ impl Fs {
     /// Sets the permission bits of what is at `path` (file or directory, never through a link).
     pub fn set_mode(&mut self, path: &Path, mode: u32) -> Result<()> {
         let fd = self.open_at(path, false)?.ok_or_else(|| Error::io("chmod", path, Errno::NOENT))?;
-        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| Error::io("chmod", path, e))
+        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| Error::io("chmod", path, e))?;
+        // Durable before it is reported or recorded: a change in place is in no batch, and no
+        // syncfs follows it; without this a power cut can undo a mode the store records (the
+        // FUSE power-loss lane, `a_change_in_place_is_durable_before_it_is_recorded`).
+        durable::fsync(&fd).map_err(|e| Error::io("make the mode durable (fsync)", path, e))
     }
 
     /// Sets the owner of what is at `path`, never through a link. The mode is set again after,
@@ -509,7 +513,9 @@ impl Fs {
         let mode = rfs::fstat(&fd).map_err(|e| Error::io("chown", path, e))?.st_mode & 0o7777;
         rfs::fchown(&fd, Some(rfs::Uid::from_raw(uid)), Some(rfs::Gid::from_raw(gid)))
             .map_err(|e| Error::io("chown", path, e))?;
-        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| Error::io("chmod", path, e))
+        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| Error::io("chmod", path, e))?;
+        // Durable before it is recorded, as a mode is (`set_mode`).
+        durable::fsync(&fd).map_err(|e| Error::io("make the owner durable (fsync)", path, e))
     }
 
     /// Writes `content` to a temporary file beside `path`, with its final mode and owner, not yet
@@ -659,6 +665,9 @@ impl Fs {
                 } else {
                     durable::fsync(&s.fd)
                 }
+            } else if !syncfs_reaches_storage(&s.fd) {
+                // FUSE: a syncfs never reaches the server, so each file is synced itself.
+                durable::fsync(&s.fd)
             } else {
                 *synced_devs.entry(dev).or_insert_with(|| durable::syncfs(&s.fd))
             };
@@ -731,8 +740,38 @@ impl Fs {
         // A sync that fails fails every file it was to make durable: in place, but not
         // known to survive a crash, so not reported (nor recorded) as done.
         let mut renamed: Vec<(u64, std::result::Result<(), Errno>)> = Vec::new();
+        // On a filesystem whose syncfs does not reach its storage (FUSE), each directory renamed
+        // into is fsynced instead; a file whose directory's sync failed fails.
+        let mut dirs_synced: Vec<(PathBuf, std::result::Result<(), Errno>)> = Vec::new();
+        for (s, result) in staged.iter().zip(results.iter_mut()) {
+            if result.is_err() || syncfs_reaches_storage(&s.fd) {
+                continue;
+            }
+            let synced = match dirs_synced.iter().find(|(d, _)| d == &s.dir) {
+                Some((_, r)) => *r,
+                None => {
+                    let r = if failpoint_named("sync-eio") {
+                        Err(Errno::IO)
+                    } else {
+                        match self.open_dir(&s.dir) {
+                            Ok(Some(fd)) => durable::fsync(fd),
+                            _ => Err(Errno::NOENT),
+                        }
+                    };
+                    dirs_synced.push((s.dir.clone(), r));
+                    r
+                }
+            };
+            if let Err(e) = synced {
+                *result = Err(Error::io(
+                    "make the rename durable (fsync of its directory)",
+                    &s.dir.join(&s.name),
+                    e,
+                ));
+            }
+        }
         for ((s, result), dev) in staged.iter().zip(results.iter()).zip(devs) {
-            if result.is_ok() && !renamed.iter().any(|(d, _)| d == dev) {
+            if result.is_ok() && syncfs_reaches_storage(&s.fd) && !renamed.iter().any(|(d, _)| d == dev) {
                 // `sync-eio`: the failpoint a test needs to show a failed sync fails its files.
                 let synced =
                     if failpoint_named("sync-eio") { Err(Errno::IO) } else { durable::syncfs(&s.fd) };
@@ -819,7 +858,11 @@ impl Fs {
             };
             r.err()
         };
-        if unsynced.len() > DIRS_BEFORE_SYNCFS {
+        let trusted = unsynced.iter().all(|(_, parent)| match self.open_dir(parent) {
+            Ok(Some(fd)) => syncfs_reaches_storage(fd),
+            _ => true,
+        });
+        if unsynced.len() > DIRS_BEFORE_SYNCFS && trusted {
             let mut devs: Vec<(u64, Option<Errno>)> = Vec::new();
             for (dev, parent) in &unsynced {
                 let r = match devs.iter().find(|(d, _)| d == dev) {
@@ -994,6 +1037,24 @@ fn orders_replacing_renames(line: &str, numbers: &str) -> bool {
     let mut rest = rest.split(' ');
     let (Some(kind), _, Some(options)) = (rest.next(), rest.next(), rest.next()) else { return false };
     kind == "ext4" && !options.split(',').any(|o| o == "data=writeback" || o == "noauto_da_alloc")
+}
+
+/// The magic number `statfs(2)` gives for every FUSE filesystem (sshfs, rclone, s3fs, the
+/// power-loss lane's own...).
+const FUSE_SUPER_MAGIC: u64 = 0x6573_5546;
+
+/// Whether a `syncfs(2)` of the filesystem holding `fd` reaches its storage, so that one
+/// syncfs can stand for an fsync of each file and directory it wrote. Not on FUSE: the kernel
+/// sends the server `FUSE_SYNCFS` only for virtiofs (`fuse_sync_fs` returns at once unless the
+/// connection set `sync_fs`), so a syncfs there writes back the kernel's dirty pages to the
+/// server and asks it to make nothing durable, while each fsync and fsyncdir is forwarded
+/// (docs/durability.md, "Filesystems whose syncfs promises nothing"). Found by the FUSE
+/// power-loss lane (`syncfs_on_fuse_is_not_trusted`). Anything else, or a statfs that fails,
+/// is trusted as before.
+fn syncfs_reaches_storage(fd: impl AsFd) -> bool {
+    // The field's type differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    rfs::fstatfs(fd).map_or(true, |st| st.f_type as u64 != FUSE_SUPER_MAGIC)
 }
 
 /// Whether `MESH_HOST_FAILPOINT` names this point (read once), for a failpoint that does

@@ -26,6 +26,7 @@ mod into;
 mod malformed;
 mod operator;
 mod packages;
+mod powerloss;
 mod refusal;
 mod reliability;
 mod schema;
