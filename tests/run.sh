@@ -25,6 +25,21 @@ echo "== cargo-deb (tests/it/operator.rs packages the debug build and installs i
 if ! cargo deb --version >/dev/null 2>&1; then
   cargo install --locked --debug cargo-deb@3.8.0
 fi
+echo "== the power-loss mutant (tests/powerloss/): the agent with every sync a no-op"
+# Built here, in the suite's own target directory, so that only the root crate is compiled
+# again for the feature (a target directory of its own would build every dependency a second
+# time); the real binary is put back before any test runs. tests/it/powerloss.rs finds it
+# through MESH_HOST_POWERLOSS_MUTANT.
+target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
+cargo build --quiet --features powerloss-mutant --bin mesh-host
+mkdir -p "$target_dir/powerloss-mutant"
+cp "$target_dir/debug/mesh-host" "$target_dir/powerloss-mutant/mesh-host"
+cargo build --quiet --bin mesh-host
+if cmp -s "$target_dir/debug/mesh-host" "$target_dir/powerloss-mutant/mesh-host"; then
+  echo "tests/run.sh: the real binary was not put back after the mutant's build" >&2
+  exit 1
+fi
+export MESH_HOST_POWERLOSS_MUTANT="$target_dir/powerloss-mutant/mesh-host"
 echo "== tests"
 # Tests that need the testbed (Docker, Podman, systemd, apt, useradd) are marked
 # `#[ignore = "needs the testbed: ..."]`, so a bare `cargo test` elsewhere reports them as

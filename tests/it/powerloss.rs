@@ -21,6 +21,26 @@ fn agent() -> PathBuf {
     assert_cmd::cargo::cargo_bin("mesh-host")
 }
 
+/// The mutant build (`--features powerloss-mutant`): the one tests/run.sh built
+/// (`MESH_HOST_POWERLOSS_MUTANT`), or else built now in a target directory of its own.
+fn mutant() -> PathBuf {
+    if let Some(built) = std::env::var_os("MESH_HOST_POWERLOSS_MUTANT") {
+        return PathBuf::from(built);
+    }
+    let real = agent();
+    let target = real.parent().and_then(Path::parent).expect("the binary is in a target dir");
+    let mutant_target = target.join("powerloss-mutant");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "--features", "powerloss-mutant", "--bin", "mesh-host", "--target-dir"])
+        .arg(&mutant_target)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "the mutant did not build");
+    mutant_target.join("debug/mesh-host")
+}
+
 /// Mounts an empty `PowerFs` at `dir/mnt` with `m/` and `state/` made durable.
 fn mount(dir: &Path) -> (PathBuf, Mounted) {
     needs_fuse();
@@ -137,18 +157,7 @@ fn the_fuse_lane_finds_nothing_wrong_with_the_real_build() {
 /// be caught losing or tearing files.
 #[test]
 fn the_fuse_lane_finds_losses_in_the_mutant_that_never_syncs() {
-    let real = agent();
-    let target = real.parent().and_then(Path::parent).expect("the binary is in a target dir");
-    let mutant_target = target.join("powerloss-mutant");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "--features", "powerloss-mutant", "--bin", "mesh-host", "--target-dir"])
-        .arg(&mutant_target)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "the mutant did not build");
-    let tallies = run_lane(mutant_target.join("debug/mesh-host"));
+    let tallies = run_lane(mutant());
     let lost: usize = tallies.iter().map(|t| t.torn + t.lost).sum();
     assert!(lost > 0, "the lane saw no loss in a build that never syncs: {tallies:?}");
 }
