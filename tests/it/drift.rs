@@ -195,3 +195,33 @@ fn a_hand_edited_secret_never_reaches_the_history_the_log_or_the_metrics() {
         }
     }
 }
+
+/// A process inside a Docker container writes a bind-mounted managed file: put back, and
+/// named by the container's name (looked up from the id its cgroup carries), as a container.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_process_in_a_docker_container_is_named_by_its_container() {
+    must_be_root();
+    const SETUP: &str = "run tests/testbed/docker.sh (as root) to start Docker with the image local/busybox:1";
+    let image = Command::new("docker").args(["image", "inspect", "local/busybox:1"]).output();
+    assert!(image.is_ok_and(|o| o.status.success()), "Docker or its test image is missing: {SETUP}");
+    let s = Scratch::new();
+    let conf = s.path("etc/app.conf");
+    let d = s.declare(json!([
+        {"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"), "content": "port=80\n"},
+    ]));
+    let daemon = Daemon::start(&s, &d, &[]);
+    let name = format!("mh-drift-writer-{}", std::process::id());
+    let _ = Command::new("docker").args(["rm", "-f", &name]).output();
+    let out = Command::new("docker")
+        .args(["run", "--rm", "--name", &name, "-v"])
+        .arg(format!("{}:/x", s.path("etc").display()))
+        .args(["local/busybox:1", "sh", "-c", "echo port=1 > /x/app.conf; sleep 1"])
+        .output()
+        .expect("docker runs");
+    assert!(out.status.success(), "docker run: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "put back:\n{}", daemon.log());
+    let c = corrected_by(&s, &daemon, "app.conf", |c| c["who"]["by"] == "container");
+    assert_eq!(c["who"]["container"], name.as_str(), "{c}");
+    assert_eq!(daemon.metric("mesh_host_drift_corrections_total{type=\"file\",writer=\"container\"}"), 1.0);
+}

@@ -500,26 +500,44 @@ fn look_at(pid: i32, moved: Moved) -> Writer {
     }
 }
 
-/// The systemd unit or the container a cgroup line (`0::/system.slice/cron.service`) names.
+/// The systemd unit or the container a process's cgroups name: the unified hierarchy's line
+/// (`0::/system.slice/cron.service`) first, then, on a hybrid or v1 machine, systemd's named
+/// hierarchy (`1:name=systemd:/docker/<id>`), then any controller's (`4:pids:/docker/<id>`).
 fn cgroup_owner(cgroup: &str) -> (Option<String>, Option<String>) {
-    let path = cgroup.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or_default();
+    let lines: Vec<(&str, &str)> = cgroup
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter_map(|(_, rest)| rest.split_once(':'))
+        .collect();
+    let unified = lines.iter().filter(|(c, _)| c.is_empty());
+    let named = lines.iter().filter(|(c, _)| *c == "name=systemd");
+    let others = lines.iter().filter(|(c, _)| !c.is_empty() && *c != "name=systemd");
+    let ordered: Vec<&str> = unified.chain(named).chain(others).map(|(_, p)| *p).collect();
+    for path in &ordered {
+        if let Some(id) = container_of(path) {
+            return (None, Some(id));
+        }
+    }
+    let unit = ordered.iter().find_map(|path| {
+        path.split('/').rev().find(|p| p.ends_with(".service") || p.ends_with(".scope")).map(str::to_owned)
+    });
+    (unit, None)
+}
+
+/// The container id a cgroup path names, if it names one.
+fn container_of(path: &str) -> Option<String> {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     for (i, p) in parts.iter().enumerate().rev() {
         for prefix in ["docker-", "libpod-", "crio-"] {
             if let Some(id) = p.strip_prefix(prefix).and_then(|s| s.strip_suffix(".scope")) {
-                return (None, Some(id.to_owned()));
+                return Some(id.to_owned());
             }
         }
         if i > 0 && (parts[i - 1] == "docker" || parts[i - 1] == "libpod") && p.len() == 64 {
-            return (None, Some((*p).to_owned()));
+            return Some((*p).to_owned());
         }
     }
-    let unit = parts
-        .iter()
-        .rev()
-        .find(|p| p.ends_with(".service") || p.ends_with(".scope"))
-        .map(|p| (*p).to_owned());
-    (unit, None)
+    None
 }
 
 /// A uid's name in `/etc/passwd`.
@@ -548,6 +566,13 @@ mod tests {
         assert_eq!(cgroup_owner(&format!("0::/system.slice/docker-{id}.scope\n")), (None, Some(id.clone())));
         assert_eq!(cgroup_owner(&format!("0::/docker/{id}\n")), (None, Some(id)));
         assert_eq!(cgroup_owner("0::/\n"), (None, None));
+        let id = "b".repeat(64);
+        let hybrid = format!("9:name=systemd:/docker/{id}\n8:pids:/docker/{id}\n0::/\n");
+        assert_eq!(cgroup_owner(&hybrid), (None, Some(id)));
+        assert_eq!(
+            cgroup_owner("9:name=systemd:/system.slice/cron.service\n0::/\n"),
+            (Some("cron.service".into()), None)
+        );
     }
 
     /// As root: a write by a child process is attributed to it, by name; this process's own
