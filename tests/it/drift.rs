@@ -202,7 +202,8 @@ fn a_hand_edited_secret_never_reaches_the_history_the_log_or_the_metrics() {
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn a_process_in_a_docker_container_is_named_by_its_container() {
     must_be_root();
-    const SETUP: &str = "run tests/testbed/docker.sh (as root) to start Docker with the image local/busybox:1";
+    const SETUP: &str =
+        "run tests/testbed/docker.sh (as root) to start Docker with the image local/busybox:1";
     let image = Command::new("docker").args(["image", "inspect", "local/busybox:1"]).output();
     assert!(image.is_ok_and(|o| o.status.success()), "Docker or its test image is missing: {SETUP}");
     let s = Scratch::new();
