@@ -796,7 +796,12 @@ impl Worker {
 }
 
 /// Starts the fanotify watcher, or says once why writers will be `unknown`.
+/// `MESH_HOST_FANOTIFY=off` leaves it off (the benchmark's run without attribution).
 fn start_writers() -> Option<Writers> {
+    if std::env::var_os("MESH_HOST_FANOTIFY").is_some_and(|v| v == "off") {
+        tracing::info!("fanotify is off (MESH_HOST_FANOTIFY=off): who made each drift will be unknown");
+        return None;
+    }
     match Writers::start() {
         Ok(w) => Some(w),
         Err(e) => {
