@@ -42,6 +42,9 @@ pub struct Applied {
     pub contested: u64,
     /// The last failure, until a full pass succeeds.
     pub last_error: Option<String>,
+    /// The last correction since the node started, and who made the change it put back
+    /// (`app.conf by vim (pid 7, ...)`): names, never content.
+    pub last_correction: Option<String>,
 }
 
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths
@@ -224,7 +227,7 @@ impl Worker {
     /// Folds a report into what the node has applied. `full` for a full pass, whose counts and
     /// success stand for the whole declaration; a reconcile of one key only adds to the
     /// corrections and can only fail the node.
-    fn publish_applied(&self, report: &Report, full: bool) {
+    fn publish_applied(&self, report: &Report, full: bool, last_correction: Option<String>) {
         let corrected = report.outcomes.iter().filter(|o| o.action == Verb::Corrected).count() as u64;
         let failures = report.error.iter().flat_map(|e| &e.failures);
         let contested = failures.clone().filter(|f| f.raced).count() as u64;
@@ -233,6 +236,9 @@ impl Worker {
         self.applied.send_if_modified(|a| {
             let before = a.clone();
             a.drift_corrections += corrected;
+            if last_correction.is_some() {
+                a.last_correction.clone_from(&last_correction);
+            }
             a.contested += contested;
             if full {
                 a.counts =
@@ -537,11 +543,11 @@ impl Worker {
         let refused_before = self.refusal.is_some();
         self.note_refusal(&report);
         // A refusal that stands is said once, when it began, not at every resync.
-        self.tally(&report, None, refused_before && self.refusal.is_some());
+        let last = self.tally(&report, None, refused_before && self.refusal.is_some());
         if self.refusal.is_none() {
             self.note_holds(&report);
         }
-        self.publish_applied(&report, true);
+        self.publish_applied(&report, true, last);
         events::ApplyFinished { at: now_secs(), succeeded: report.error.is_none() }.emit(&self.metrics);
         if self.refusal.is_none() {
             // A refused pass attempted nothing: the counts of the last pass that did stand.
@@ -621,9 +627,9 @@ impl Worker {
     /// fleet's status, watches made again, and the verdict for the queue.
     pub(super) fn conclude_one(&mut self, id: &Id, report: &Report, seen: Instant) -> Verdict {
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
-        self.tally(report, Some(seen), quiet);
+        let last = self.tally(report, Some(seen), quiet);
         self.held.extend(report.outcomes.iter().filter(|o| o.action == Verb::Held).map(|o| o.id.clone()));
-        self.publish_applied(report, false);
+        self.publish_applied(report, false, last);
         if report.outcomes.iter().any(|o| o.action.moved()) {
             // A directory made again (by itself, or as a file's parent) needs its watch made
             // again; this looks only at directories whose watch was lost.
@@ -650,7 +656,9 @@ impl Worker {
     /// Tells what a report did, once: each change and each failure is an event (its log line
     /// and its metrics move together), and the latency of a correction is measured from when
     /// the change was first seen.
-    fn tally(&self, report: &Report, seen: Option<Instant>, quiet: bool) {
+    /// Returns the last correction's id and who made it, for the fleet's status.
+    fn tally(&self, report: &Report, seen: Option<Instant>, quiet: bool) -> Option<String> {
+        let mut last = None;
         for o in &report.outcomes {
             // A hold already said is not said again (`held`).
             let quiet = quiet || (o.action == Verb::Held && self.held.contains(&o.id));
@@ -684,7 +692,8 @@ impl Worker {
                 }),
             }
             .emit(&self.metrics);
-            if let Some(who) = who {
+            if let (Some(who), Some(text)) = (who, text) {
+                last = Some(format!("{} by {text}", o.id));
                 self.history.add(drift::Correction {
                     at_ms: crate::system::unix_millis(),
                     id: o.id.clone(),
@@ -707,6 +716,7 @@ impl Worker {
             }
             .emit(&self.metrics);
         }
+        last
     }
 
     /// Who made the change a correction of `target` put back: the latest writer fanotify saw
