@@ -189,8 +189,8 @@ pub fn read(state: &Path) -> std::io::Result<Vec<Correction>> {
 }
 
 /// The history's writer: corrections are sent to a thread that keeps the last [`KEPT`] and
-/// replaces the file with them at most every 200 ms (atomic, durable, private), so a storm of
-/// corrections costs one write each 200 ms, and the correction path only a send.
+/// replaces the file with them at most once a second (atomic, durable, private), so a storm of
+/// corrections costs one write a second, and the correction path only a send.
 pub struct History {
     tx: Option<mpsc::Sender<Correction>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -211,8 +211,8 @@ impl History {
                 while let Ok(first) = rx.recv() {
                     let mut open = true;
                     push(&mut kept, first);
-                    // Gathers what comes in the next 200 ms into the same write.
-                    let until = std::time::Instant::now() + Duration::from_millis(200);
+                    // Gathers what comes in the next second into the same write.
+                    let until = std::time::Instant::now() + Duration::from_secs(1);
                     loop {
                         let left = until.saturating_duration_since(std::time::Instant::now());
                         match rx.recv_timeout(left) {
