@@ -731,7 +731,7 @@ impl Worker {
         use std::time::Duration;
         let now = std::time::Instant::now();
         let (since, wait) = match seen.map(Instant::into_std) {
-            Some(s) => (s.checked_sub(Duration::from_secs(1)).unwrap_or(s), Duration::from_millis(20)),
+            Some(s) => (s.checked_sub(Duration::from_secs(1)).unwrap_or(s), Duration::from_millis(50)),
             None => (now.checked_sub(Duration::from_secs(60)).unwrap_or(now), Duration::ZERO),
         };
         let Some(w) = writers.take(path, since, wait) else { return drift::Who::unknown() };
