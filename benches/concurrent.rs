@@ -38,12 +38,20 @@ fn get(port: u16, path: &str) -> Option<String> {
 }
 
 fn metric(port: u16, sample: &str) -> f64 {
-    get(port, "/metrics")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
+    let body = get(port, "/metrics").unwrap_or_default();
+    if let Some(v) = body.lines().find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
+    {
+        return v.trim().parse().unwrap_or(0.0);
+    }
+    // A sample named with fewer labels than the series carry (the drift counter's `writer`)
+    // is their sum.
+    let Some(open) = sample.strip_suffix('}') else { return 0.0 };
+    let wider = format!("{open},");
+    body.lines()
+        .filter_map(|l| l.strip_prefix(&wider))
+        .filter_map(|rest| rest.rsplit_once("} "))
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+        .sum()
 }
 
 /// `systemctl` inside the testbed, as a person at its console would run it; whether it

@@ -120,6 +120,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The last corrections the daemon made (kept beside the store, at most 1,000): when, the
+    /// resource, what was found changed, who changed it (where fanotify could say), and how
+    /// long until it was put back. Newest last.
+    Drift {
+        /// Print them as JSON lines, one correction a line.
+        #[arg(long)]
+        json: bool,
+        /// Only those of the last DURATION (`90s`, `15m`, `2h`, `1d`; a bare number is seconds).
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        since: Option<std::time::Duration>,
+        /// Only those of this resource.
+        #[arg(long, value_name = "ID")]
+        id: Option<String>,
+    },
     /// Print the JSON Schema of the declaration.
     Schema,
     /// Make this node's sealing key (an age X25519 identity), mode 0600, and print its public
@@ -362,6 +376,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
             apply_cmd(&file, origin, Shown { json, verbose }, &cli.state, reach)
         }
         Command::Status { json } => status(json, &cli.state, &reach.key),
+        Command::Drift { json, since, id } => drift(json, since, id.as_deref(), &cli.state),
         Command::Fleet { command } => fleet(command),
         Command::Run(args) => daemon(args, &cli.state, reach),
         Command::Schema => {
@@ -901,6 +916,50 @@ pub fn human(report: &Report, declared: usize, verbose: bool) -> String {
     out
 }
 
+/// `90s`, `15m`, `2h`, `1d`, or a bare number of seconds.
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let (n, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, ""), |i| s.split_at(i));
+    let n: u64 = n.parse().map_err(|_| format!("`{s}` is not a duration (90s, 15m, 2h, 1d)"))?;
+    let scale = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return Err(format!("`{s}`: the unit is one of s, m, h, d")),
+    };
+    Ok(std::time::Duration::from_secs(n.saturating_mul(scale)))
+}
+
+/// One correction in a line: `2026-12-01T23:50:01Z corrected app.conf (/etc/app.conf):
+/// content; by vim (pid 7, ...); put back in 1.2 ms`.
+fn drift_line(c: &crate::controller::drift::Correction) -> String {
+    let when = crate::controller::drift::utc(c.at_ms);
+    let changed = if c.changed.is_empty() { String::new() } else { format!(": {}", c.changed) };
+    let took = c.put_back_ms.map(|ms| format!("; put back in {ms:.1} ms")).unwrap_or_default();
+    format!("{when} corrected {} ({}){changed}; by {}{took}", c.id, c.target, c.who.describe())
+}
+
+fn drift(
+    json: bool,
+    since: Option<std::time::Duration>,
+    id: Option<&str>,
+    state: &Path,
+) -> anyhow::Result<Ended> {
+    let all = crate::controller::drift::read(state)
+        .with_context(|| format!("cannot read {}", crate::controller::drift::path(state).display()))?;
+    let from = since.map(|d| crate::system::unix_millis().saturating_sub(d.as_millis() as u64));
+    let shown =
+        all.iter().filter(|c| from.is_none_or(|f| c.at_ms >= f)).filter(|c| id.is_none_or(|i| c.id == i));
+    for c in shown {
+        if json {
+            println!("{}", serde_json::to_string(c)?);
+        } else {
+            println!("{}", drift_line(c));
+        }
+    }
+    Ok(Ended::Converged)
+}
+
 fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
     let store = Store::read_only(state)?;
     let mut looker = apply::status::Looker::with_key(key);
@@ -932,8 +991,10 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
         .holds()
         .map(|(id, h)| serde_json::json!({"id": id, "type": h.kind, "target": h.target, "origin": h.origin}))
         .collect();
+    // The last correction the daemon made, and who made the change it put back.
+    let last = crate::controller::drift::read(state).ok().and_then(|mut all| all.pop());
     if json {
-        let all = serde_json::json!({"state": state, "records": rows, "kept": kept, "held": held});
+        let all = serde_json::json!({"state": state, "records": rows, "kept": kept, "held": held, "last-correction": last});
         println!("{}", serde_json::to_string_pretty(&all)?);
     } else {
         for r in &rows {
@@ -972,6 +1033,9 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
         }
         if !held.is_empty() {
             println!("held as found: {}, until their modules are taken", held.len());
+        }
+        if let Some(c) = &last {
+            println!("last correction: {}", drift_line(c));
         }
     }
     Ok(Ended::Converged)

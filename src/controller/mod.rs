@@ -34,6 +34,7 @@
 //! whoever follows it. `tests/tidy.rs` holds it to naming neither `fleet` nor `system::etcd`.
 
 mod contents;
+pub mod drift;
 mod health;
 pub mod queue;
 mod runner;

@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
+use mesh_host_watchers::writers::Writers;
 use mesh_host_watchers::{Change, FileWatcher};
+
+use super::drift;
 use sha2::Digest as _;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -39,6 +42,9 @@ pub struct Applied {
     pub contested: u64,
     /// The last failure, until a full pass succeeds.
     pub last_error: Option<String>,
+    /// The last correction since the node started, and who made the change it put back
+    /// (`app.conf by vim (pid 7, ...)`): names, never content.
+    pub last_correction: Option<String>,
 }
 
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths
@@ -62,6 +68,11 @@ pub struct Worker {
     /// watches its changes need are made again when it is taken back. Its own thread (notify's)
     /// shares with it only what `mesh_host_watchers::file` says.
     files: FileWatcher,
+    /// Who wrote each managed path (fanotify); `None` where fanotify cannot be used, and then
+    /// every correction's writer is `unknown`. Marked beside `files`, on the same directories.
+    writers: Option<Writers>,
+    /// The corrections kept under the state directory (`mesh-host drift`).
+    history: drift::History,
     /// Paths, units and names to keys. Written here when a declaration is accepted (replaced
     /// whole); read by the intake loop for every change. A read lock held only for a lookup.
     index: Arc<RwLock<Index>>,
@@ -175,6 +186,7 @@ impl Worker {
         health: Arc<Health>,
         tx: mpsc::UnboundedSender<Change>,
     ) -> Worker {
+        let history = drift::History::start(&config.state);
         Worker {
             config,
             spare: Vec::new(),
@@ -182,6 +194,8 @@ impl Worker {
             store,
             session: apply::Session::default(),
             files,
+            writers: start_writers(),
+            history,
             index: Arc::new(RwLock::new(Index::default())),
             source_seen: None,
             awaiting: false,
@@ -213,7 +227,7 @@ impl Worker {
     /// Folds a report into what the node has applied. `full` for a full pass, whose counts and
     /// success stand for the whole declaration; a reconcile of one key only adds to the
     /// corrections and can only fail the node.
-    fn publish_applied(&self, report: &Report, full: bool) {
+    fn publish_applied(&self, report: &Report, full: bool, last_correction: Option<String>) {
         let corrected = report.outcomes.iter().filter(|o| o.action == Verb::Corrected).count() as u64;
         let failures = report.error.iter().flat_map(|e| &e.failures);
         let contested = failures.clone().filter(|f| f.raced).count() as u64;
@@ -222,6 +236,9 @@ impl Worker {
         self.applied.send_if_modified(|a| {
             let before = a.clone();
             a.drift_corrections += corrected;
+            if last_correction.is_some() {
+                a.last_correction.clone_from(&last_correction);
+            }
             a.contested += contested;
             if full {
                 a.counts =
@@ -526,11 +543,11 @@ impl Worker {
         let refused_before = self.refusal.is_some();
         self.note_refusal(&report);
         // A refusal that stands is said once, when it began, not at every resync.
-        self.tally(&report, None, refused_before && self.refusal.is_some());
+        let last = self.tally(&report, None, refused_before && self.refusal.is_some());
         if self.refusal.is_none() {
             self.note_holds(&report);
         }
-        self.publish_applied(&report, true);
+        self.publish_applied(&report, true, last);
         events::ApplyFinished { at: now_secs(), succeeded: report.error.is_none() }.emit(&self.metrics);
         if self.refusal.is_none() {
             // A refused pass attempted nothing: the counts of the last pass that did stand.
@@ -610,14 +627,17 @@ impl Worker {
     /// fleet's status, watches made again, and the verdict for the queue.
     pub(super) fn conclude_one(&mut self, id: &Id, report: &Report, seen: Instant) -> Verdict {
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
-        self.tally(report, Some(seen), quiet);
+        let last = self.tally(report, Some(seen), quiet);
         self.held.extend(report.outcomes.iter().filter(|o| o.action == Verb::Held).map(|o| o.id.clone()));
-        self.publish_applied(report, false);
+        self.publish_applied(report, false, last);
         if report.outcomes.iter().any(|o| o.action.moved()) {
             // A directory made again (by itself, or as a file's parent) needs its watch made
             // again; this looks only at directories whose watch was lost.
             for (dir, e) in self.files.rewatch() {
                 tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
+            }
+            if let Some(w) = &mut self.writers {
+                w.rewatch();
             }
             self.note_watches();
         }
@@ -636,20 +656,54 @@ impl Worker {
     /// Tells what a report did, once: each change and each failure is an event (its log line
     /// and its metrics move together), and the latency of a correction is measured from when
     /// the change was first seen.
-    fn tally(&self, report: &Report, seen: Option<Instant>, quiet: bool) {
+    /// Returns the last correction's id and who made it, for the fleet's status.
+    fn tally(&self, report: &Report, seen: Option<Instant>, quiet: bool) -> Option<String> {
+        let mut last = None;
         for o in &report.outcomes {
             // A hold already said is not said again (`held`).
             let quiet = quiet || (o.action == Verb::Held && self.held.contains(&o.id));
+            let since_seen = seen.map(|s| s.elapsed());
+            let who = (o.action == Verb::Corrected).then(|| self.who(&o.target, seen));
+            let text = who.as_ref().map(drift::Who::describe);
             events::ResourceChanged {
                 id: &o.id,
                 kind: o.kind.as_str(),
                 target: &o.target,
                 action: o.action.as_str(),
                 detail: o.detail.as_deref(),
-                since_seen: seen.map(|s| s.elapsed()),
+                since_seen,
                 quiet,
+                by: who.as_ref().zip(text.as_deref()).map(|(w, text)| events::By {
+                    kind: mesh_host_watchers::writers::KINDS
+                        .iter()
+                        .find(|k| **k == w.by)
+                        .copied()
+                        .unwrap_or("unknown"),
+                    text,
+                    pid: w.pid,
+                    comm: w.comm.as_deref(),
+                    exe: w.exe.as_deref(),
+                    uid: w.uid,
+                    user: w.user.as_deref(),
+                    unit: w.unit.as_deref(),
+                    container: w.container.as_deref(),
+                    session: w.session,
+                    exited: w.exited,
+                }),
             }
             .emit(&self.metrics);
+            if let (Some(who), Some(text)) = (who, text) {
+                last = Some(format!("{} by {text}", o.id));
+                self.history.add(drift::Correction {
+                    at_ms: crate::system::unix_millis(),
+                    id: o.id.clone(),
+                    kind: o.kind.as_str().to_owned(),
+                    target: o.target.clone(),
+                    changed: o.detail.clone().unwrap_or_default(),
+                    who,
+                    put_back_ms: since_seen.map(|d| d.as_secs_f64() * 1000.0),
+                });
+            }
         }
         for f in report.error.iter().flat_map(|e| &e.failures) {
             // A raced read-back is a contest in progress, which has its own log line.
@@ -662,6 +716,33 @@ impl Worker {
             }
             .emit(&self.metrics);
         }
+        last
+    }
+
+    /// Who made the change a correction of `target` put back: the latest writer fanotify saw
+    /// at that path since the change was seen (waiting a little for it: its event and
+    /// inotify's are read on two threads), or `unknown`.
+    fn who(&self, target: &str, seen: Option<Instant>) -> drift::Who {
+        let Some(writers) = &self.writers else { return drift::Who::unknown() };
+        let path = std::path::Path::new(target);
+        if !path.is_absolute() {
+            return drift::Who::unknown();
+        }
+        use std::time::Duration;
+        let now = std::time::Instant::now();
+        let (since, wait) = match seen.map(Instant::into_std) {
+            Some(s) => (s.checked_sub(Duration::from_secs(1)).unwrap_or(s), Duration::from_millis(50)),
+            None => (now.checked_sub(Duration::from_secs(60)).unwrap_or(now), Duration::ZERO),
+        };
+        let Some(w) = writers.take(path, since, wait) else { return drift::Who::unknown() };
+        let name = w.container.as_deref().and_then(|id| self.container_name(id));
+        drift::Who::from_writer(&w, name)
+    }
+
+    /// A container's name, from its id, asked of the runtime the agent already talks to.
+    fn container_name(&self, id: &str) -> Option<String> {
+        let docker = crate::system::docker::connect(self.config.container_socket.as_deref()).ok()?;
+        docker.container(id).ok().flatten().map(|c| c.name).filter(|n| !n.is_empty())
     }
 
     fn count_resources(&self, report: &Report) {
@@ -692,6 +773,11 @@ impl Worker {
         for (dir, e) in self.files.set_paths(index.paths()) {
             tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
         }
+        if let Some(w) = &mut self.writers {
+            for (dir, e) in w.set_paths(index.paths()) {
+                tracing::debug!(directory = %dir.display(), error = %e, "cannot mark for fanotify; its writers are unknown");
+            }
+        }
         drop(index);
         self.note_watches();
     }
@@ -716,5 +802,21 @@ impl Worker {
             _ => {}
         }
         self.out_of_watches = c.out_of_watches;
+    }
+}
+
+/// Starts the fanotify watcher, or says once why writers will be `unknown`.
+/// `MESH_HOST_FANOTIFY=off` leaves it off (the benchmark's run without attribution).
+fn start_writers() -> Option<Writers> {
+    if std::env::var_os("MESH_HOST_FANOTIFY").is_some_and(|v| v == "off") {
+        tracing::info!("fanotify is off (MESH_HOST_FANOTIFY=off): who made each drift will be unknown");
+        return None;
+    }
+    match Writers::start() {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::info!(error = %e, "fanotify cannot be used (it needs root and Linux 5.9): who made each drift will be unknown; corrections go on as before");
+            None
+        }
     }
 }

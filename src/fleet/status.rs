@@ -49,6 +49,10 @@ pub struct Summary {
     pub contested: u64,
     /// The last failure, until a full pass succeeds.
     pub last_error: Option<String>,
+    /// The last correction since the node started, and who made the change it put back.
+    /// Absent from an older node's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_correction: Option<String>,
 }
 
 impl From<&controller::Applied> for Summary {
@@ -59,6 +63,7 @@ impl From<&controller::Applied> for Summary {
             drift_corrections: a.drift_corrections,
             contested: a.contested,
             last_error: a.last_error.clone(),
+            last_correction: a.last_correction.clone(),
         }
     }
 }

@@ -190,6 +190,8 @@ type Result<T> = std::result::Result<T, Error>;
 pub struct ContainerState {
     /// The container's id.
     pub id: String,
+    /// Its name, without the leading `/` the engine gives it.
+    pub name: String,
     /// Whether it is running now.
     pub running: bool,
     /// The code it exited with, once it has exited.
@@ -389,6 +391,7 @@ impl Docker {
                 let state = c.state.unwrap_or_default();
                 Ok(Some(ContainerState {
                     id: c.id.unwrap_or_default(),
+                    name: c.name.unwrap_or_default().trim_start_matches('/').to_owned(),
                     running: state.running.unwrap_or(false) && !state.restarting.unwrap_or(false),
                     restarts: c.restart_count.unwrap_or(0),
                     exit_code: state.exit_code,

@@ -42,6 +42,14 @@ pub fn unix_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+/// Milliseconds since the epoch, 0 before it.
+pub fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// The agent's soft limit on open descriptors (`RLIMIT_NOFILE`), which its work and its HTTP
 /// connections share; 1,024 (the usual default) when it cannot be read. The agent does not
 /// raise it itself: the unit file sets it (`LimitNOFILE`).

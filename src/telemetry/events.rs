@@ -33,13 +33,44 @@ pub struct ResourceChanged<'a> {
     pub since_seen: Option<Duration>,
     /// Log at debug level: the resource is contested or was failing.
     pub quiet: bool,
+    /// For a correction, who made the change it put back, when fanotify saw it.
+    pub by: Option<By<'a>>,
+}
+
+/// Who made a change a correction put back: plain values, as fanotify and `/proc` gave them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct By<'a> {
+    /// The kind of writer, the drift counter's `writer` label: `session`, `unit`,
+    /// `container` or `unknown`.
+    pub kind: &'static str,
+    /// The words a person reads (`vim (pid 7, user alice uid 1000, in session-3.scope)`).
+    pub text: &'a str,
+    /// Its pid.
+    pub pid: Option<i32>,
+    /// Its command name.
+    pub comm: Option<&'a str>,
+    /// Its executable.
+    pub exe: Option<&'a str>,
+    /// Its effective uid.
+    pub uid: Option<u32>,
+    /// That uid's name.
+    pub user: Option<&'a str>,
+    /// The systemd unit it ran in.
+    pub unit: Option<&'a str>,
+    /// The container it ran in.
+    pub container: Option<&'a str>,
+    /// Its audit session id.
+    pub session: Option<u32>,
+    /// It had exited before it was looked at.
+    pub exited: bool,
 }
 
 impl Event for ResourceChanged<'_> {
     fn emit(self, m: &Metrics) {
         m.outcomes.get_or_create(&vec![("type", self.kind), ("action", self.action)]).inc();
         if self.action == "corrected" {
-            m.drift_corrections.get_or_create(&vec![("type", self.kind)]).inc();
+            let writer = self.by.map_or("unknown", |b| b.kind);
+            m.drift_corrections.get_or_create(&vec![("type", self.kind), ("writer", writer)]).inc();
             if let Some(latency) = self.since_seen {
                 m.correction_latency.observe(latency.as_secs_f64());
             }
@@ -49,6 +80,47 @@ impl Event for ResourceChanged<'_> {
         }
         let (id, kind, target, action) = (self.id, self.kind, self.target, self.action);
         let detail = self.detail.map(|d| format!(": {d}")).unwrap_or_default();
+        if let Some(b) = self.by.filter(|_| action == "corrected") {
+            let text = b.text;
+            let (pid, comm, exe, uid, user, unit) = (b.pid, b.comm, b.exe, b.uid, b.user, b.unit);
+            let (container, session, exited) = (b.container, b.session, b.exited);
+            if self.quiet {
+                tracing::debug!(
+                    id,
+                    r#type = kind,
+                    action,
+                    by = b.kind,
+                    pid,
+                    comm,
+                    exe,
+                    uid,
+                    user,
+                    unit,
+                    container,
+                    session,
+                    exited,
+                    "{action} {id} ({target}){detail}; changed by {text}"
+                );
+            } else {
+                tracing::info!(
+                    id,
+                    r#type = kind,
+                    action,
+                    by = b.kind,
+                    pid,
+                    comm,
+                    exe,
+                    uid,
+                    user,
+                    unit,
+                    container,
+                    session,
+                    exited,
+                    "{action} {id} ({target}){detail}; changed by {text}"
+                );
+            }
+            return;
+        }
         if self.quiet {
             tracing::debug!(id, r#type = kind, action, "{action} {id} ({target}){detail}");
         } else {
@@ -764,10 +836,11 @@ mod tests {
             detail: None,
             since_seen: Some(Duration::from_millis(2)),
             quiet: false,
+            by: None,
         }
         .emit(&m);
         assert_eq!(sample(&m, "mesh_host_resource_outcomes_total{type=\"file\",action=\"corrected\"}"), 1.0);
-        assert_eq!(sample(&m, "mesh_host_drift_corrections_total{type=\"file\"}"), 1.0);
+        assert_eq!(sample(&m, "mesh_host_drift_corrections_total{type=\"file\",writer=\"unknown\"}"), 1.0);
         assert_eq!(sample(&m, "mesh_host_correction_latency_seconds_count"), 1.0);
         ResourceChanged {
             id: "web.conf",
@@ -777,10 +850,11 @@ mod tests {
             detail: None,
             since_seen: None,
             quiet: false,
+            by: None,
         }
         .emit(&m);
         assert_eq!(
-            sample(&m, "mesh_host_drift_corrections_total{type=\"file\"}"),
+            sample(&m, "mesh_host_drift_corrections_total{type=\"file\",writer=\"unknown\"}"),
             1.0,
             "an update is not drift"
         );

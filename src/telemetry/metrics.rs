@@ -16,7 +16,8 @@ type Labels = Vec<(&'static str, &'static str)>;
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
-    /// `mesh_host_drift_corrections_total`: corrections of what someone changed by hand, by type.
+    /// `mesh_host_drift_corrections_total`: corrections of what someone changed by hand, by type and
+    /// kind of writer (`session`, `unit`, `container`, `unknown`: never a name or a pid).
     pub drift_corrections: Family<Labels, Counter>,
     /// `mesh_host_resource_outcomes_total`: every outcome of a pass, by type and word.
     pub outcomes: Family<Labels, Counter>,
@@ -308,7 +309,9 @@ impl Metrics {
         let m = Metrics::new();
         // Each child is made by looking it up; the guard the lookup returns is let go at once.
         for &kind in known.types {
-            drop(m.drift_corrections.get_or_create(&vec![("type", kind)]));
+            for &writer in mesh_host_watchers::writers::KINDS {
+                drop(m.drift_corrections.get_or_create(&vec![("type", kind), ("writer", writer)]));
+            }
             drop(m.failures.get_or_create(&vec![("type", kind)]));
             for &action in known.actions {
                 drop(m.outcomes.get_or_create(&vec![("type", kind), ("action", action)]));
@@ -442,7 +445,7 @@ mod tests {
         // production emits (controller::worker::count_resources: applied, failed, held), so the
         // fixture reads as the exposition does.
         m.resources.get_or_create(&vec![("type", "file"), ("state", "applied")]).set(1);
-        m.drift_corrections.get_or_create(&vec![("type", "file")]).inc();
+        m.drift_corrections.get_or_create(&vec![("type", "file"), ("writer", "session")]).inc();
         m.failures.get_or_create(&vec![("type", "file")]).inc();
         m.outcomes.get_or_create(&vec![("type", "file"), ("action", "created")]).inc();
         m.reconcile_duration.get_or_create(&vec![("scope", "full")]).observe(0.1);
@@ -467,8 +470,9 @@ mod tests {
         let m = Metrics::for_daemon(&known, std::time::Duration::from_secs(600));
         let text = m.encode();
         for series in [
-            r#"mesh_host_drift_corrections_total{type="file"} 0"#,
-            r#"mesh_host_drift_corrections_total{type="service"} 0"#,
+            r#"mesh_host_drift_corrections_total{type="file",writer="session"} 0"#,
+            r#"mesh_host_drift_corrections_total{type="file",writer="unknown"} 0"#,
+            r#"mesh_host_drift_corrections_total{type="service",writer="container"} 0"#,
             r#"mesh_host_resource_failures_total{type="service"} 0"#,
             r#"mesh_host_resource_outcomes_total{type="service",action="corrected"} 0"#,
             r#"mesh_host_queue_adds_total{source="file"} 0"#,

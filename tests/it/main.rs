@@ -18,6 +18,7 @@ mod adoption;
 mod attacks;
 mod daemon;
 mod docker;
+mod drift;
 mod faults;
 mod files;
 mod firewall;

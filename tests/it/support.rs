@@ -210,13 +210,22 @@ impl Daemon {
         Some((status, body.to_owned()))
     }
 
-    /// The value of one sample, by its full name with labels, or 0 when absent.
+    /// The value of one sample, by its full name with labels, or 0 when absent. A sample named
+    /// with fewer labels than the series carry is their sum: `drift{type="file"}` adds up
+    /// `drift{type="file",writer="..."}` over every writer.
     pub fn metric(&self, sample: &str) -> f64 {
         let body = self.get("/metrics").unwrap_or_default();
+        let exact = body.lines().find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')));
+        if let Some(v) = exact {
+            return v.trim().parse().unwrap();
+        }
+        let Some(open) = sample.strip_suffix('}') else { return 0.0 };
+        let wider = format!("{open},");
         body.lines()
-            .find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
-            .map(|v| v.trim().parse().unwrap())
-            .unwrap_or(0.0)
+            .filter_map(|l| l.strip_prefix(&wider))
+            .filter_map(|rest| rest.rsplit_once("} "))
+            .map(|(_, v)| v.trim().parse::<f64>().unwrap())
+            .sum()
     }
 
     /// Sends SIGTERM and returns the exit code.

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 
 pub mod file;
 pub mod source;
+pub mod writers;
 
 pub use file::FileWatcher;
 
