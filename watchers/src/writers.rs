@@ -579,10 +579,8 @@ mod tests {
     /// writes are not.
     #[test]
     fn a_writer_is_named_and_our_own_writes_are_not() {
-        let Ok(mut w) = Writers::start() else {
-            eprintln!("skipped: fanotify needs CAP_SYS_ADMIN");
-            return;
-        };
+        let mut w = Writers::start()
+            .expect("fanotify needs root (CAP_SYS_ADMIN) and a kernel with FAN_REPORT_DFID_NAME: run the tests as root, as tests/run.sh does");
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, "a").unwrap();
@@ -590,8 +588,13 @@ mod tests {
         let since = Instant::now();
         std::fs::write(&path, "b").unwrap();
         assert_eq!(w.take(&path, since, Duration::from_millis(300)), None, "our own write");
-        let status =
-            std::process::Command::new("sh").arg("-c").arg(format!("echo c > {}", path.display())).status();
+        // The writer stays a moment after its write, so that it is still there to be looked at
+        // (one that exits at once is told as exited, with its pid and nothing the kernel did not
+        // carry).
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("echo c > {}; sleep 0.5", path.display()))
+            .status();
         assert!(status.unwrap().success());
         let got = w.take(&path, since, Duration::from_secs(2)).expect("the shell's write is seen");
         assert_eq!(got.moved, Moved::Content);
