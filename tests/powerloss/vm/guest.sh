@@ -1,10 +1,11 @@
 #!/bin/sh
+# shellcheck shell=busybox
 # The VM lane in the guest (busybox sh), for one filesystem (tests/powerloss/vm/README.md).
 # Disks: vda this payload (read-only), vdb the data device (made by run.sh), vdc the log, vdd a
 # copy of vdb as it was made (the replay target), vde the snapshots' copy-on-write store.
 # From the kernel's command line: pl_fs (ext4, xfs, btrfs), pl_opts (mount options), pl_states
 # (crash points to visit, 0 for all).
-set -eu
+set -euo pipefail
 FS=${pl_fs:?}
 OPTS=${pl_opts:-defaults}
 STATES=${pl_states:-0}
@@ -46,7 +47,7 @@ $MH run --declaration $W/change.json --metrics off --resync 3600 > /tmp/daemon.l
 daemon=$!
 # Its first pass (everything unchanged) before the hand-edits, so each edit is a correction.
 i=0
-until grep -q 'watching' /tmp/daemon.log || [ $i -ge 120 ]; do sleep 1; i=$((i + 1)); done
+until grep -q 'mesh-host is running' /tmp/daemon.log || [ $i -ge 120 ]; do sleep 1; i=$((i + 1)); done
 sleep 2
 while read -r f; do echo "a hand edit" > "$f"; done < $W/edits.txt
 i=0
@@ -61,7 +62,8 @@ plvm check $ROOT/srv /tmp/m2 /tmp/m2 1 > /tmp/d.res 2>&1 || true
 say "PLINFO daemon live check: $(tail -1 /tmp/d.res)"
 umount $ROOT
 dmsetup remove lw
-say "PLINFO log: $(plvm list /dev/vdc | head -1)"
+plvm list /dev/vdc > /tmp/list
+say "PLINFO log: $(head -1 /tmp/list)"
 
 # Every crash point: the replay target as a power cut there leaves it, seen through a snapshot
 # so that mounting it (the filesystem's own log replay) and the next apply leave it unchanged.

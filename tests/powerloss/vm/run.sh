@@ -69,7 +69,8 @@ if [ ! -f "$ir" ] || [ "$here/init" -nt "$ir" ]; then
         for f in ${line//:/}; do mkdir -p "$st/lib/modules/$kver/$(dirname "$f")"; cp "$md/$f" "$st/lib/modules/$kver/$f"; done
     done
     # Modules the kernel asks for by alias (crc32c for ext4 and btrfs, xxhash, blake2b).
-    for f in $(cd "$md" && find kernel/crypto kernel/arch/x86/crypto kernel/lib -name '*.ko' | grep -E 'crc32|xxhash|blake2|sha256|libcrc' || true); do
+    extra=$(cd "$md" && find kernel/crypto kernel/arch/x86/crypto kernel/lib -name '*.ko')
+    grep -E 'crc32|xxhash|blake2|sha256|libcrc' <<< "$extra" | while read -r f; do
         mkdir -p "$st/lib/modules/$kver/$(dirname "$f")"; cp "$md/$f" "$st/lib/modules/$kver/$f"
     done
     cp "$here/init" "$st/init" && chmod 755 "$st/init"
