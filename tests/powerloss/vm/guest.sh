@@ -1,5 +1,5 @@
 #!/bin/sh
-# shellcheck shell=busybox
+# shellcheck shell=sh disable=SC3040 # busybox ash, which has pipefail
 # The VM lane in the guest (busybox sh), for one filesystem (tests/powerloss/vm/README.md).
 # Disks: vda this payload (read-only), vdb the data device (made by run.sh), vdc the log, vdd a
 # copy of vdb as it was made (the replay target), vde the snapshots' copy-on-write store.
