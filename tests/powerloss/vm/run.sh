@@ -4,7 +4,7 @@
 #   tests/powerloss/vm/run.sh [STATES] [--mutant] [--short] [--fs ext4,ext4-noauto,xfs,btrfs]
 # STATES: crash points visited per filesystem (0, the default: all). --mutant: the agent built
 # with the feature powerloss-mutant (no syncs), which must show losses. --short: the CI lane
-# (ext4 and XFS, 24 points each). Prints, per filesystem and workload:
+# (ext4, 200 files in 20 directories, 12 points; a few minutes of TCG). Prints, per filesystem and workload:
 #   powerloss: lane=vm fs=FS workload=W states=N torn=T lost=L ahead=A drift=D failed=F
 # Root. Needs network once (apt) unless the testbed's cache holds the kernel and busybox.
 set -euo pipefail
@@ -12,11 +12,11 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
 tb=${MESH_HOST_TESTBED:-/var/lib/mesh-host-testbed}/powerloss
-states=0 mutant=0 fss=ext4,ext4-noauto,xfs,btrfs
+states=0 mutant=0 fss=ext4,ext4-noauto,xfs,btrfs files=1000
 for a in "$@"; do
     case "$a" in
         --mutant) mutant=1 ;;
-        --short) fss=ext4,xfs; [ "$states" = 0 ] && states=24 ;;
+        --short) fss=ext4 files=200; [ "$states" = 0 ] && states=12 ;;
         --fs=*) fss=${a#--fs=} ;;
         [0-9]*) states=$a ;;
         *) echo "usage: $0 [STATES] [--mutant] [--short] [--fs=ext4,ext4-noauto,xfs,btrfs]" >&2; exit 2 ;;
@@ -105,7 +105,7 @@ for v in 1 2; do
     [ "$v" = 2 ] && echo "new in v2" > "$work/a2/docs/new.txt" && rm "$work/a2/docs/p3.txt"
     tar -C "$work/a$v" -czf - docs | base64 -w0 > "$work/a$v.b64"
 done
-"$ptgt/release/plvm" gen "$work/p/w" /mnt/t "$work/a1.b64" "$work/a2.b64"
+"$ptgt/release/plvm" gen "$work/p/w" /mnt/t "$work/a1.b64" "$work/a2.b64" "$files"
 mb=$(( $(du -sm "$work/p" | cut -f1) + 64 ))
 mkfs.ext4 -q -F -d "$work/p" "$work/payload.img" "${mb}M"
 
@@ -126,7 +126,7 @@ for f in "${fslist[@]}"; do
     truncate -s 4G "$work/log.img"
     truncate -s 1G "$work/cow.img"
     out=$work/console-$f.log
-    echo "powerloss vm: $f ($lane agent, states ${states/#0/all}): booting" >&2
+    echo "powerloss vm: $f ($lane agent, $files files, states ${states/#0/all}): booting" >&2
     timeout "${MESH_HOST_VM_TIMEOUT:-5400}" qemu-system-x86_64 -accel tcg -m 1536 -smp 1 -nographic -no-reboot \
         -kernel "$vmlinuz" -initrd "$ir" \
         -append "console=ttyS0 quiet loglevel=3 panic=-1 pl_fs=$fs pl_opts=$opts pl_states=$states" \

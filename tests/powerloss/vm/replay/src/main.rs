@@ -8,8 +8,8 @@
 //!   points are visited (0: all), evenly spread, every mark among them. The hook sees
 //!   `PL_INDEX`, `PL_KIND`, `PL_MARK` (the last mark logged at or before the point) and must exit
 //!   0, or the replay stops.
-//! - `plvm gen DIR ROOT ARCHIVE1 ARCHIVE2`: the workloads' declarations (`cold.json`,
-//!   `change.json`) over ROOT, and `edits.txt`, the files the daemon workload edits by hand.
+//! - `plvm gen DIR ROOT ARCHIVE1 ARCHIVE2 [FILES]`: the workloads' declarations (`cold.json`,
+//!   `change.json`) over ROOT, FILES files (1,000 by default) in FILES/10 directories, and `edits.txt`, the files the daemon workload edits by hand.
 //! - `plvm manifest ROOT OUT`: what ROOT holds (path, kind, mode, owner, sha256 of content).
 //! - `plvm check ROOT BEFORE AFTER DONE [IGNORE]`: every path of either manifest holds its
 //!   BEFORE or its AFTER entry whole (content, mode and owner together; absent is an entry);
@@ -64,6 +64,8 @@ fn main() {
             &arg(&args, 3, "ROOT"),
             &arg(&args, 4, "ARCHIVE1"),
             &arg(&args, 5, "ARCHIVE2"),
+            args.get(6)
+                .map_or(1000, |n| n.parse().unwrap_or_else(|_| die(format!("FILES {n}: not a number")))),
         ),
         "manifest" => manifest(&arg(&args, 2, "ROOT"), &arg(&args, 3, "OUT")),
         "check" => check(
@@ -164,13 +166,14 @@ fn content(i: usize, gen: &str) -> String {
     line.repeat(size / line.len() + 1)[..size].to_string()
 }
 
-fn gen(dir: &str, root: &str, arch1: &str, arch2: &str) -> io::Result<()> {
+fn gen(dir: &str, root: &str, arch1: &str, arch2: &str, files: usize) -> io::Result<()> {
+    let dirs = (files / 10).max(1);
     use serde_json::json;
     let a1 = fs::read_to_string(arch1)?;
     let a2 = fs::read_to_string(arch2)?;
     let mut cold = Vec::new();
     let mut change = Vec::new();
-    for d in 0..100 {
+    for d in 0..dirs {
         let mut dir = json!({"type": "directory", "id": format!("d{d}"), "path": format!("{root}/srv/d{d}"), "mode": "0755"});
         cold.push(dir.clone());
         if d % 10 == 3 {
@@ -178,8 +181,8 @@ fn gen(dir: &str, root: &str, arch1: &str, arch2: &str) -> io::Result<()> {
         }
         change.push(dir);
     }
-    for i in 0..1000 {
-        let path = format!("{root}/srv/d{}/f{i}", i % 100);
+    for i in 0..files {
+        let path = format!("{root}/srv/d{}/f{i}", i % dirs);
         let f = json!({"type": "file", "id": format!("f{i}"), "path": path, "content": content(i, "cold"), "mode": "0644"});
         cold.push(f.clone());
         let mut g = f;
@@ -207,8 +210,8 @@ fn gen(dir: &str, root: &str, arch1: &str, arch2: &str) -> io::Result<()> {
         fs::write(Path::new(dir).join(name), serde_json::to_vec_pretty(&doc)?)?;
     }
     let mut edits = String::new();
-    for i in (3..1000).step_by(100) {
-        edits.push_str(&format!("{root}/srv/d{}/f{i}\n", i % 100));
+    for i in (3..files).step_by(files.div_ceil(10)) {
+        edits.push_str(&format!("{root}/srv/d{}/f{i}\n", i % dirs));
     }
     fs::write(Path::new(dir).join("edits.txt"), edits)?;
     // The file `into` edits: someone else's, there before the host.
@@ -335,7 +338,8 @@ fn ahead(status: &str, ignore: Option<&String>) -> io::Result<()> {
     let mut n = 0;
     for r in records {
         let target = r["target"].as_str().unwrap_or("");
-        if r["machine"] != "holds" && !ignore.contains(target) {
+        // `null`: a record whose hold status does not judge (an archive; the manifests do).
+        if r["machine"].is_string() && r["machine"] != "holds" && !ignore.contains(target) {
             n += 1;
             eprintln!("ahead: {} {target}: machine {}", r["id"], r["machine"]);
         }
