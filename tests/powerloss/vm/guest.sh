@@ -83,11 +83,11 @@ case "$PL_MARK" in
     *) wl=daemon b=/tmp/m2 a=/tmp/m2 done=1 ign=/dev/null decl=change ;;
 esac
 dmsetup create snap --table "0 $SZ snapshot /dev/vdd /dev/vde N 8"
-res="torn=0 lost=0"; ahead="ahead=0"; drift="drift=0 failed=0"; temps="temps=0"; mountfail=0
+res="torn=0 lost=0"; ahead="ahead=0 behind=0"; drift="drift=0 failed=0"; temps="temps=0"; mountfail=0
 if mount -t "$FS" -o "$OPTS" /dev/mapper/snap "$ROOT" 2>/tmp/mount.err; then
     res=$(plvm check "$ROOT/srv" "$b" "$a" "$done" "$ign" 2>/tmp/check.err)
     if $MH status --json > /tmp/status.json 2>/tmp/status.err; then
-        ahead=$(plvm ahead /tmp/status.json "$ign" 2>>/tmp/check.err)
+        ahead=$(plvm ahead /tmp/status.json "$ROOT/srv" "$a" "$ign" 2>>/tmp/check.err)
     else
         ahead="ahead=1"; echo "store unreadable: $(tail -2 /tmp/status.err)" >> /tmp/check.err
     fi

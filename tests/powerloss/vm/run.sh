@@ -5,7 +5,7 @@
 # STATES: crash points visited per filesystem (0, the default: all). --mutant: the agent built
 # with the feature powerloss-mutant (no syncs), which must show losses. --short: the CI lane
 # (ext4, 200 files in 20 directories, 12 points; a few minutes of TCG). Prints, per filesystem and workload:
-#   powerloss: lane=vm fs=FS workload=W states=N torn=T lost=L ahead=A drift=D failed=F
+#   powerloss: lane=vm fs=FS workload=W states=N torn=T lost=L ahead=A drift=D failed=F behind=B
 # Root. Needs network once (apt) unless the testbed's cache holds the kernel and busybox.
 set -euo pipefail
 
@@ -143,7 +143,7 @@ for f in "${fslist[@]}"; do
     for wl in cold change daemon; do
         grep "^PLSTATE .* workload=$wl " "$out.txt" | awk -v f="$f" -v wl="$wl" '
             { n++; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] += kv[2] } }
-            END { printf "powerloss: lane=vm fs=%s workload=%s states=%d torn=%d lost=%d ahead=%d drift=%d failed=%d\n",
-                  f, wl, n, v["torn"] + v["mountfail"], v["lost"], v["ahead"], v["drift"], v["failed"] + v["unconverged"] + v["temps"] }'
+            END { printf "powerloss: lane=vm fs=%s workload=%s states=%d torn=%d lost=%d ahead=%d drift=%d failed=%d behind=%d\n",
+                  f, wl, n, v["torn"] + v["mountfail"], v["lost"], v["ahead"], v["drift"], v["failed"] + v["unconverged"] + v["temps"], v["behind"] }'
     done
 done

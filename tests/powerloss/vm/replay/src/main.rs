@@ -14,8 +14,9 @@
 //! - `plvm check ROOT BEFORE AFTER DONE [IGNORE]`: every path of either manifest holds its
 //!   BEFORE or its AFTER entry whole (content, mode and owner together; absent is an entry);
 //!   with DONE=1 (the agent had reported the change) the AFTER one. Prints `torn=T lost=L`.
-//! - `plvm ahead STATUS_JSON [IGNORE]`: records of `mesh-host status --json` whose machine does
-//!   not hold what they say. Prints `ahead=A`.
+//! - `plvm ahead STATUS_JSON ROOT AFTER [IGNORE]`: records of `mesh-host status --json` whose
+//!   machine does not hold what they say (`ahead`), but for an orphan's record whose file is
+//!   already gone (`behind`: the removal not yet recorded). Prints `ahead=A behind=B`.
 //! - `plvm drift APPLY_JSON [IGNORE]`: outcomes of `mesh-host apply --json` counted as drift
 //!   (`corrected`) or failed. Prints `drift=D failed=F`.
 //! - `plvm temps ROOT`: the host's temporary files left under ROOT. Prints `temps=N`.
@@ -75,7 +76,9 @@ fn main() {
             &arg(&args, 5, "DONE"),
             args.get(6),
         ),
-        "ahead" => ahead(&arg(&args, 2, "STATUS_JSON"), args.get(3)),
+        "ahead" => {
+            ahead(&arg(&args, 2, "STATUS_JSON"), &arg(&args, 3, "ROOT"), &arg(&args, 4, "AFTER"), args.get(5))
+        }
         "drift" => drift(&arg(&args, 2, "APPLY_JSON"), args.get(3)),
         "temps" => temps(&arg(&args, 2, "ROOT")),
         other => die(format!("unknown command {other}")),
@@ -331,20 +334,29 @@ fn load_json(path: &str) -> io::Result<serde_json::Value> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{path}: {e}")))
 }
 
-fn ahead(status: &str, ignore: Option<&String>) -> io::Result<()> {
+fn ahead(status: &str, root: &str, after: &str, ignore: Option<&String>) -> io::Result<()> {
     let v = load_json(status)?;
     let ignore = read_ignore(ignore)?;
+    let after = read_manifest(after)?;
     let records = v["records"].as_array().ok_or_else(|| io::Error::other(format!("{status}: no records")))?;
-    let mut n = 0;
+    let (mut n, mut behind) = (0, 0);
     for r in records {
         let target = r["target"].as_str().unwrap_or("");
         // `null`: a record whose hold status does not judge (an archive; the manifests do).
-        if r["machine"].is_string() && r["machine"] != "holds" && !ignore.contains(target) {
-            n += 1;
-            eprintln!("ahead: {} {target}: machine {}", r["id"], r["machine"]);
+        if !r["machine"].is_string() || r["machine"] == "holds" || ignore.contains(target) {
+            continue;
         }
+        let rel = target.strip_prefix(root).unwrap_or(target).trim_start_matches('/');
+        if r["machine"] == "missing" && !after.contains_key(rel) {
+            // An orphan removed and its record not yet dropped: the store behind, never ahead
+            // (the record outlives the file, so the next pass finishes the removal).
+            behind += 1;
+            continue;
+        }
+        n += 1;
+        eprintln!("ahead: {} {target}: machine {}", r["id"], r["machine"]);
     }
-    println!("ahead={n}");
+    println!("ahead={n} behind={behind}");
     Ok(())
 }
 
