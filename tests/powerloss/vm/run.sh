@@ -8,6 +8,8 @@
 #   powerloss: lane=vm fs=FS workload=W states=N torn=T lost=L ahead=A drift=D failed=F behind=B
 # Root. Needs network once (apt) unless the testbed's cache holds the kernel and busybox.
 set -euo pipefail
+# In braces: bash reads all of it before running any, so an edit during a run cannot break it.
+{
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
@@ -147,3 +149,5 @@ for f in "${fslist[@]}"; do
                   f, wl, n, v["torn"] + v["mountfail"], v["lost"], v["ahead"], v["drift"], v["failed"] + v["unconverged"] + v["temps"], v["behind"] }'
     done
 done
+exit 0
+}
