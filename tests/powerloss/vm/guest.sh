@@ -43,7 +43,14 @@ say "PLINFO change apply $(( $(date +%s) - t0 )) s: $(grep -o '"action": "[a-z]*
 
 t0=$(date +%s)
 mark daemon-start
-$MH run --declaration $W/change.json --metrics off --resync 3600 > /tmp/daemon.log 2>&1 &
+# Under strace (when the payload has it: the order of each correction's rename and fsync, the
+# rename-first shortcut's evidence), only those calls stopped (seccomp-bpf).
+trace=""
+if [ -x /p/bin/strace ]; then
+    trace="strace -f -qq -y --seccomp-bpf -e trace=fsync,fdatasync,rename,renameat,renameat2 -o /tmp/daemon.strace"
+fi
+# shellcheck disable=SC2086 # trace is words
+$trace $MH run --declaration $W/change.json --metrics off --resync 3600 > /tmp/daemon.log 2>&1 &
 daemon=$!
 # Its first pass (everything unchanged) before the hand-edits, so each edit is a correction.
 i=0
@@ -60,6 +67,19 @@ wait $daemon || true
 say "PLINFO daemon $(( $(date +%s) - t0 )) s, corrections: $(grep -c 'corrected' /tmp/daemon.log || true)"
 plvm check $ROOT/srv /tmp/m2 /tmp/m2 1 > /tmp/d.res 2>&1 || true
 say "PLINFO daemon live check: $(tail -1 /tmp/d.res)"
+if [ -f /tmp/daemon.strace ]; then
+    # For each corrected file: its first fsync before its rename (the temporary name's), or after
+    # (the final name's, the shortcut).
+    first=0 after=0
+    while read -r f; do
+        n=${f##*/}
+        r=$(grep -n "rename.*\.${n}\.mesh-host-.*[\"/]${n}\"" /tmp/daemon.strace | head -1 | cut -d: -f1 || true)
+        s=$(grep -n "sync(.*</mnt/t/srv/[^>]*[./]${n}[.>]" /tmp/daemon.strace | head -1 | cut -d: -f1 || true)
+        if [ -z "$r" ] || [ -z "$s" ]; then continue; fi
+        if [ "$s" -lt "$r" ]; then first=$((first + 1)); else after=$((after + 1)); fi
+    done < $W/edits.txt
+    say "PLINFO rename-first fs=$FS opts=$OPTS: corrections synced before their rename $first, renamed first $after"
+fi
 umount $ROOT
 dmsetup remove lw
 plvm list /dev/vdc > /tmp/list
