@@ -25,6 +25,7 @@ mkdir -p $ROOT/state $ROOT/srv
 cp $W/conf.json $ROOT/srv/conf.json
 sync
 plvm manifest $ROOT/srv /tmp/m0
+: > /tmp/s0
 mark ready
 
 t0=$(date +%s)
@@ -32,6 +33,7 @@ mark cold-start
 $MH apply $W/cold.json --json > /tmp/cold.out 2>/tmp/cold.err || { say "PLERROR cold apply: $(tail -3 /tmp/cold.err)"; exit 1; }
 mark cold-done
 plvm manifest $ROOT/srv /tmp/m1
+cp $ROOT/state/state.json /tmp/s1
 say "PLINFO cold apply $(( $(date +%s) - t0 )) s, $(grep -c '"created"' /tmp/cold.out) created"
 
 t0=$(date +%s)
@@ -39,6 +41,7 @@ mark change-start
 $MH apply $W/change.json --json > /tmp/change.out 2>/tmp/change.err || { say "PLERROR change apply: $(tail -3 /tmp/change.err)"; exit 1; }
 mark change-done
 plvm manifest $ROOT/srv /tmp/m2
+cp $ROOT/state/state.json /tmp/s2
 say "PLINFO change apply $(( $(date +%s) - t0 )) s: $(grep -o '"action": "[a-z]*"' /tmp/change.out | sort | uniq -c | tr -s ' \n' ' ')"
 
 t0=$(date +%s)
@@ -95,19 +98,22 @@ cat >> /tmp/hook.sh <<'HOOK'
 MH="mesh-host --state $ROOT/state/state.json"
 case "$PL_MARK" in
     -) exit 0 ;;
-    ready|cold-start) wl=cold b=/tmp/m0 a=/tmp/m1 done=0 ign=/dev/null decl=cold ;;
-    cold-done) wl=cold b=/tmp/m0 a=/tmp/m1 done=1 ign=/dev/null decl=cold ;;
-    change-start) wl=change b=/tmp/m1 a=/tmp/m2 done=0 ign=/dev/null decl=change ;;
-    change-done) wl=change b=/tmp/m1 a=/tmp/m2 done=1 ign=/dev/null decl=change ;;
-    daemon-start) wl=daemon b=/tmp/m2 a=/tmp/m2 done=0 ign=$W/edits.txt decl=change ;;
-    *) wl=daemon b=/tmp/m2 a=/tmp/m2 done=1 ign=/dev/null decl=change ;;
+    ready|cold-start) wl=cold b=/tmp/m0 a=/tmp/m1 done=0 ign=/dev/null decl=cold sb=/tmp/s0 ;;
+    cold-done) wl=cold b=/tmp/m0 a=/tmp/m1 done=1 ign=/dev/null decl=cold sb=/tmp/s0 ;;
+    change-start) wl=change b=/tmp/m1 a=/tmp/m2 done=0 ign=/dev/null decl=change sb=/tmp/s1 ;;
+    change-done) wl=change b=/tmp/m1 a=/tmp/m2 done=1 ign=/dev/null decl=change sb=/tmp/s1 ;;
+    daemon-start) wl=daemon b=/tmp/m2 a=/tmp/m2 done=0 ign=$W/edits.txt decl=change sb=/dev/null ;;
+    *) wl=daemon b=/tmp/m2 a=/tmp/m2 done=1 ign=/dev/null decl=change sb=/dev/null ;;
 esac
 dmsetup create snap --table "0 $SZ snapshot /dev/vdd /dev/vde N 8"
 res="torn=0 lost=0"; ahead="ahead=0 behind=0"; drift="drift=0 failed=0"; temps="temps=0"; mountfail=0
 if mount -t "$FS" -o "$OPTS" /dev/mapper/snap "$ROOT" 2>/tmp/mount.err; then
     res=$(plvm check "$ROOT/srv" "$b" "$a" "$done" "$ign" 2>/tmp/check.err)
     if $MH status --json > /tmp/status.json 2>/tmp/status.err; then
-        ahead=$(plvm ahead /tmp/status.json "$ROOT/srv" "$a" "$ign" 2>>/tmp/check.err)
+        # The store the workload started from (its work not yet recorded): behind, not ahead.
+        store=after
+        if [ ! -e "$ROOT/state/state.json" ] || cmp -s "$ROOT/state/state.json" "$sb"; then store=before; fi
+        ahead=$(plvm ahead /tmp/status.json "$ROOT/srv" "$a" "$store" "$ign" 2>>/tmp/check.err)
     else
         ahead="ahead=1"; echo "store unreadable: $(tail -2 /tmp/status.err)" >> /tmp/check.err
     fi

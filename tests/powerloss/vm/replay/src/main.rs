@@ -14,9 +14,11 @@
 //! - `plvm check ROOT BEFORE AFTER DONE [IGNORE]`: every path of either manifest holds its
 //!   BEFORE or its AFTER entry whole (content, mode and owner together; absent is an entry);
 //!   with DONE=1 (the agent had reported the change) the AFTER one. Prints `torn=T lost=L`.
-//! - `plvm ahead STATUS_JSON ROOT AFTER [IGNORE]`: records of `mesh-host status --json` whose
-//!   machine does not hold what they say (`ahead`), but for an orphan's record whose file is
-//!   already gone (`behind`: the removal not yet recorded). Prints `ahead=A behind=B`.
+//! - `plvm ahead STATUS_JSON ROOT AFTER STORE [IGNORE]`: records of `mesh-host status --json`
+//!   whose machine does not hold what they say (`ahead`), but (`behind`) when STORE is `before`
+//!   (the crash state's store is the one from before the workload: its work not yet recorded)
+//!   or for an orphan's record whose file is already gone (the removal not yet recorded).
+//!   Prints `ahead=A behind=B`.
 //! - `plvm drift APPLY_JSON [IGNORE]`: outcomes of `mesh-host apply --json` counted as drift
 //!   (`corrected`) or failed. Prints `drift=D failed=F`.
 //! - `plvm temps ROOT`: the host's temporary files left under ROOT. Prints `temps=N`.
@@ -76,9 +78,13 @@ fn main() {
             &arg(&args, 5, "DONE"),
             args.get(6),
         ),
-        "ahead" => {
-            ahead(&arg(&args, 2, "STATUS_JSON"), &arg(&args, 3, "ROOT"), &arg(&args, 4, "AFTER"), args.get(5))
-        }
+        "ahead" => ahead(
+            &arg(&args, 2, "STATUS_JSON"),
+            &arg(&args, 3, "ROOT"),
+            &arg(&args, 4, "AFTER"),
+            &arg(&args, 5, "STORE"),
+            args.get(6),
+        ),
         "drift" => drift(&arg(&args, 2, "APPLY_JSON"), args.get(3)),
         "temps" => temps(&arg(&args, 2, "ROOT")),
         other => die(format!("unknown command {other}")),
@@ -334,7 +340,7 @@ fn load_json(path: &str) -> io::Result<serde_json::Value> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{path}: {e}")))
 }
 
-fn ahead(status: &str, root: &str, after: &str, ignore: Option<&String>) -> io::Result<()> {
+fn ahead(status: &str, root: &str, after: &str, store: &str, ignore: Option<&String>) -> io::Result<()> {
     let v = load_json(status)?;
     let ignore = read_ignore(ignore)?;
     let after = read_manifest(after)?;
@@ -347,9 +353,10 @@ fn ahead(status: &str, root: &str, after: &str, ignore: Option<&String>) -> io::
             continue;
         }
         let rel = target.strip_prefix(root).unwrap_or(target).trim_start_matches('/');
-        if r["machine"] == "missing" && !after.contains_key(rel) {
-            // An orphan removed and its record not yet dropped: the store behind, never ahead
-            // (the record outlives the file, so the next pass finishes the removal).
+        if store == "before" || (r["machine"] == "missing" && !after.contains_key(rel)) {
+            // The store as it was before the pass (the pass's work not yet recorded), or an
+            // orphan removed and its record not yet dropped (the record outlives the file, so
+            // the next pass finishes the removal): the store behind, never ahead.
             behind += 1;
             continue;
         }
