@@ -46,14 +46,7 @@ say "PLINFO change apply $(( $(date +%s) - t0 )) s: $(grep -o '"action": "[a-z]*
 
 t0=$(date +%s)
 mark daemon-start
-# Under strace (when the payload has it: the order of each correction's rename and fsync, the
-# rename-first shortcut's evidence), only those calls stopped (seccomp-bpf).
-trace=""
-if [ -x /p/bin/strace ]; then
-    trace="strace -f -qq -y --seccomp-bpf -e trace=fsync,fdatasync,rename,renameat,renameat2 -o /tmp/daemon.strace"
-fi
-# shellcheck disable=SC2086 # trace is words
-$trace $MH run --declaration $W/change.json --metrics off --resync 3600 > /tmp/daemon.log 2>&1 &
+$MH run --declaration $W/change.json --metrics off --resync 3600 > /tmp/daemon.log 2>&1 &
 daemon=$!
 # Its first pass (everything unchanged) before the hand-edits, so each edit is a correction.
 i=0
@@ -61,7 +54,8 @@ until grep -q 'mesh-host is running' /tmp/daemon.log || [ $i -ge 120 ]; do sleep
 sleep 2
 while read -r f; do echo "a hand edit" > "$f"; done < $W/edits.txt
 i=0
-until [ "$(plvm check $ROOT/srv /tmp/m2 /tmp/m2 1 2>/dev/null)" = "torn=0 lost=0" ] || [ $i -ge 300 ]; do sleep 1; i=$((i + 1)); done
+end=$(( $(date +%s) + 300 ))
+until [ "$(plvm check $ROOT/srv /tmp/m2 /tmp/m2 1 2>/dev/null)" = "torn=0 lost=0" ] || [ "$(date +%s)" -ge $end ]; do sleep 1; done
 # The correction is visible at its rename; the agent syncs it just after (rename-first on ext4).
 sleep 3
 mark daemon-done
@@ -70,19 +64,6 @@ wait $daemon || true
 say "PLINFO daemon $(( $(date +%s) - t0 )) s, corrections: $(grep -c 'corrected' /tmp/daemon.log || true)"
 plvm check $ROOT/srv /tmp/m2 /tmp/m2 1 > /tmp/d.res 2>&1 || true
 say "PLINFO daemon live check: $(tail -1 /tmp/d.res)"
-if [ -f /tmp/daemon.strace ]; then
-    # For each corrected file: its first fsync before its rename (the temporary name's), or after
-    # (the final name's, the shortcut).
-    first=0 after=0
-    while read -r f; do
-        n=${f##*/}
-        r=$(grep -n "rename.*\.${n}\.mesh-host-.*[\"/]${n}\"" /tmp/daemon.strace | head -1 | cut -d: -f1 || true)
-        s=$(grep -n "sync(.*</mnt/t/srv/[^>]*[./]${n}[.>]" /tmp/daemon.strace | head -1 | cut -d: -f1 || true)
-        if [ -z "$r" ] || [ -z "$s" ]; then continue; fi
-        if [ "$s" -lt "$r" ]; then first=$((first + 1)); else after=$((after + 1)); fi
-    done < $W/edits.txt
-    say "PLINFO rename-first fs=$FS opts=$OPTS: corrections synced before their rename $first, renamed first $after"
-fi
 umount $ROOT
 dmsetup remove lw
 plvm list /dev/vdc > /tmp/list

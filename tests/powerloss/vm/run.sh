@@ -96,8 +96,6 @@ rm -rf "$work" && mkdir -p "$work/p/bin" "$work/p/lib" "$work/p/w"
 trap 'rm -rf "$work"' EXIT
 strip -o "$work/p/bin/mesh-host" "$tgt/debug/mesh-host"
 cp "$ptgt/release/plvm" "$(command -v dmsetup)" "$work/p/bin/"
-# strace, when the host has it: the guest shows the order of the daemon's renames and fsyncs.
-if command -v strace >/dev/null; then cp "$(command -v strace)" "$work/p/bin/"; fi
 for b in "$work"/p/bin/*; do
     ldd "$b" | awk '/=> \//{print $3} /^\s*\/lib64/{print $1}' | while read -r l; do cp -L "$l" "$work/p/lib/"; done
 done
