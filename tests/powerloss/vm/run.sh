@@ -5,7 +5,8 @@
 # STATES: crash points visited per filesystem (0, the default: all). --mutant: the agent built
 # with the feature powerloss-mutant (no syncs), which must show losses. --short: the CI lane
 # (ext4, 200 files in 20 directories, 12 points; a few minutes of TCG). Prints, per filesystem and workload:
-#   powerloss: lane=vm fs=FS workload=W states=N torn=T lost=L ahead=A drift=D failed=F behind=B
+#   powerloss: lane=vm fs=FS workload=W states=N torn=T lost=L ahead=A other=D+F drift=D failed=F behind=B
+# (other: the sum tests/powerloss/run.sh judges beside torn, lost and ahead).
 # Root. Needs network once (apt) unless the testbed's cache holds the kernel and busybox.
 set -euo pipefail
 # In braces: bash reads all of it before running any, so an edit during a run cannot break it.
@@ -145,8 +146,9 @@ for f in "${fslist[@]}"; do
     for wl in cold change daemon; do
         grep "^PLSTATE .* workload=$wl " "$out.txt" | awk -v f="$f" -v wl="$wl" '
             { n++; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] += kv[2] } }
-            END { printf "powerloss: lane=vm fs=%s workload=%s states=%d torn=%d lost=%d ahead=%d drift=%d failed=%d behind=%d\n",
-                  f, wl, n, v["torn"] + v["mountfail"], v["lost"], v["ahead"], v["drift"], v["failed"] + v["unconverged"] + v["temps"], v["behind"] }'
+            END { failed = v["failed"] + v["unconverged"] + v["temps"]
+                  printf "powerloss: lane=vm fs=%s workload=%s states=%d torn=%d lost=%d ahead=%d other=%d drift=%d failed=%d behind=%d\n",
+                  f, wl, n, v["torn"] + v["mountfail"], v["lost"], v["ahead"], v["drift"] + failed, v["drift"], failed, v["behind"] }'
     done
 done
 exit 0
