@@ -87,15 +87,21 @@ fi
 # The agent (the real one, or the mutant in a target directory of its own) and plvm.
 tgt=${CARGO_TARGET_DIR:-$repo/target}
 features=()
-if [ "$mutant" = 1 ]; then tgt=$tgt-mutant; features=(--features powerloss-mutant); fi
-(cd "$repo" && CARGO_TARGET_DIR=$tgt nice cargo build -q --bin mesh-host "${features[@]}") || fail "cargo build of the agent failed"
+agent=$tgt/debug/mesh-host
+if [ "$mutant" = 1 ] && [ -n "${MESH_HOST_POWERLOSS_MUTANT:-}" ]; then
+  # Built already (tests/run.sh builds it in the suite's own target directory).
+  agent=$MESH_HOST_POWERLOSS_MUTANT
+else
+  if [ "$mutant" = 1 ]; then tgt=$tgt-mutant; features=(--features powerloss-mutant); agent=$tgt/debug/mesh-host; fi
+  (cd "$repo" && CARGO_TARGET_DIR=$tgt nice cargo build -q --bin mesh-host "${features[@]}") || fail "cargo build of the agent failed"
+fi
 ptgt=${CARGO_TARGET_DIR:-$repo/target}-plvm
 (cd "$here/replay" && CARGO_TARGET_DIR=$ptgt nice cargo build -q --release) || fail "cargo build of plvm failed"
 
 work=$tb/run-$$
 rm -rf "$work" && mkdir -p "$work/p/bin" "$work/p/lib" "$work/p/w"
 trap 'rm -rf "$work"' EXIT
-strip -o "$work/p/bin/mesh-host" "$tgt/debug/mesh-host"
+strip -o "$work/p/bin/mesh-host" "$agent"
 cp "$ptgt/release/plvm" "$(command -v dmsetup)" "$work/p/bin/"
 for b in "$work"/p/bin/*; do
     ldd "$b" | awk '/=> \//{print $3} /^\s*\/lib64/{print $1}' | while read -r l; do cp -L "$l" "$work/p/lib/"; done
