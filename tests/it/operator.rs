@@ -219,8 +219,9 @@ fn promtool_finds_the_live_metrics_clean() {
     // Every labelled counter is there at 0 before anything happened to it: the first
     // correction after a start is then an increase() Prometheus can see.
     for series in [
-        r#"mesh_host_drift_corrections_total{type="file"} 0"#,
-        r#"mesh_host_drift_corrections_total{type="container"} 0"#,
+        r#"mesh_host_drift_corrections_total{type="file",writer="unknown"} 0"#,
+        r#"mesh_host_drift_corrections_total{type="file",writer="session"} 0"#,
+        r#"mesh_host_drift_corrections_total{type="container",writer="container"} 0"#,
         r#"mesh_host_resource_failures_total{type="service"} 0"#,
         r#"mesh_host_resource_outcomes_total{type="file",action="corrected"} 0"#,
         r#"mesh_host_scheduled_runs_total{result="failed"} 0"#,

@@ -50,6 +50,28 @@ pub fn elsewhere(line: &str) -> bool {
     !line.is_empty() && !line.starts_with('#')
 }
 
+/// Makes the child killed when the agent dies, however it dies: `kill_on_drop` covers a
+/// clean exit, not a SIGKILL or a crash, after which an orphaned `nft monitor` would run on for
+/// ever (one more at each restart) and keep whatever mounts its namespace copied alive.
+#[allow(unsafe_code, reason = "pre_exec runs between fork and exec; see SAFETY")]
+fn dies_with_its_parent(command: &mut tokio::process::Command) {
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the child between fork and exec, where only async-signal-safe
+    // calls are allowed: prctl and getppid are system calls, and nothing is allocated.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before the prctl: then nothing would ever signal.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("the agent exited before nft monitor started"));
+            }
+            Ok(())
+        });
+    }
+}
+
 async fn run(names: String, tx: mpsc::UnboundedSender<Change>) {
     let mut wait = BACKOFF_FIRST;
     let mut started_before = false;
@@ -58,13 +80,15 @@ async fn run(names: String, tx: mpsc::UnboundedSender<Change>) {
             clippy::disallowed_methods,
             reason = "the watchers crate has no system module; nft monitor only reads the ruleset"
         )]
-        let child = tokio::process::Command::new("nft")
+        let mut command = tokio::process::Command::new("nft");
+        command
             .args(["monitor"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn();
+            .kill_on_drop(true);
+        dies_with_its_parent(&mut command);
+        let child = command.spawn();
         match child {
             Ok(mut child) => {
                 if tx.send(Change::Up { watcher: WATCHER, up: true }).is_err() {
