@@ -52,6 +52,12 @@ fi
 
 field() { grep '^powerloss: lane=' "$out" | grep -o " $1=[0-9]*" | cut -d= -f2 | awk '{s += $1} END {print s + 0}'; }
 n=$(field states); t=$(field torn); l=$(field lost); a=$(field ahead)
+# An open finding of the VM lane (RELIABILITY.md, "Open finding"): temporary files a crash left
+# that the next apply did not remove. Said on every run until it is fixed; not yet a failure.
+temps=$(field temps)
+if [ "${temps:-0}" -gt 0 ]; then
+  echo "powerloss: OPEN FINDING (issue 22): $temps temporary files a crash left were still there after the next apply"
+fi
 echo "powerloss: ${n:-0} crash states checked, ${t:-0} torn, ${l:-0} lost, ${a:-0} ahead"
 if [ "$mutant" = 1 ]; then
   [ $((t + l)) -gt 0 ] || { echo "powerloss: the mutant lost nothing: the lanes cannot see a loss" >&2; exit 1; }

@@ -152,9 +152,9 @@ for f in "${fslist[@]}"; do
     for wl in cold change daemon; do
         grep "^PLSTATE .* workload=$wl " "$out.txt" | awk -v f="$f" -v wl="$wl" '
             { n++; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] += kv[2] } }
-            END { failed = v["failed"] + v["unconverged"] + v["temps"]
-                  printf "powerloss: lane=vm fs=%s workload=%s states=%d torn=%d lost=%d ahead=%d other=%d drift=%d failed=%d behind=%d\n",
-                  f, wl, n, v["torn"] + v["mountfail"], v["lost"], v["ahead"], v["drift"] + failed, v["drift"], failed, v["behind"] }'
+            END { failed = v["failed"] + v["unconverged"]
+                  printf "powerloss: lane=vm fs=%s workload=%s states=%d torn=%d lost=%d ahead=%d other=%d drift=%d failed=%d behind=%d temps=%d\n",
+                  f, wl, n, v["torn"] + v["mountfail"], v["lost"], v["ahead"], v["drift"] + failed, v["drift"], failed, v["behind"], v["temps"] }'
     done
 done
 exit 0
