@@ -214,18 +214,7 @@ impl Daemon {
     /// with fewer labels than the series carry is their sum: `drift{type="file"}` adds up
     /// `drift{type="file",writer="..."}` over every writer.
     pub fn metric(&self, sample: &str) -> f64 {
-        let body = self.get("/metrics").unwrap_or_default();
-        let exact = body.lines().find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')));
-        if let Some(v) = exact {
-            return v.trim().parse().unwrap();
-        }
-        let Some(open) = sample.strip_suffix('}') else { return 0.0 };
-        let wider = format!("{open},");
-        body.lines()
-            .filter_map(|l| l.strip_prefix(&wider))
-            .filter_map(|rest| rest.rsplit_once("} "))
-            .map(|(_, v)| v.trim().parse::<f64>().unwrap())
-            .sum()
+        metric_in(&self.get("/metrics").unwrap_or_default(), sample)
     }
 
     /// Sends SIGTERM and returns the exit code.
@@ -253,4 +242,21 @@ impl Drop for Daemon {
             let _ = child.wait();
         }
     }
+}
+
+/// A sample's value in a scrape `body`: the series named exactly, or for `name{labels}` the sum
+/// over every series with those labels and more (the correction counter's `writer`); 0 when
+/// none is there.
+pub fn metric_in(body: &str, sample: &str) -> f64 {
+    let exact = body.lines().find_map(|l| l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')));
+    if let Some(v) = exact {
+        return v.trim().parse().unwrap();
+    }
+    let Some(open) = sample.strip_suffix('}') else { return 0.0 };
+    let wider = format!("{open},");
+    body.lines()
+        .filter_map(|l| l.strip_prefix(&wider))
+        .filter_map(|rest| rest.rsplit_once("} "))
+        .map(|(_, v)| v.trim().parse::<f64>().unwrap())
+        .sum()
 }

@@ -72,21 +72,9 @@ impl Agent {
         self.answer(path).and_then(|(status, body)| (status == 200).then_some(body))
     }
 
-    /// A sample's value; for `name{labels}`, summed over every series that has those labels and
-    /// more (the correction counter's `writer`).
+    /// A sample's value (`support::metric_in`).
     pub fn metric(&self, sample: &str) -> f64 {
-        let body = self.get("/metrics").unwrap_or_default();
-        let wider = sample.strip_suffix('}').map(|s| format!("{s},"));
-        body.lines()
-            .filter_map(|l| {
-                let rest = l.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' '));
-                let rest = rest.or_else(|| {
-                    let wider = wider.as_deref()?;
-                    l.strip_prefix(wider).and_then(|r| r.split_once("} ")).map(|(_, v)| v)
-                });
-                rest.map(|v| v.trim().parse::<f64>().unwrap())
-            })
-            .sum()
+        crate::support::metric_in(&self.get("/metrics").unwrap_or_default(), sample)
     }
 
     /// The pids of the agent's children.
