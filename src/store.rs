@@ -560,6 +560,12 @@ impl Store {
         self.journaled = true;
     }
 
+    /// Whether a journal of intent was found at start-up: the last pass did not finish, and the
+    /// next one looks for what it left (`system::fs::Fs::after_a_crash`).
+    pub fn after_a_crash(&self) -> bool {
+        self.recovered.is_some()
+    }
+
     /// What an unfinished pass was writing at `path`, by the journal found at start-up.
     pub fn intended(&self, path: &Path) -> &[journal::Intent] {
         self.recovered.as_ref().and_then(|r| r.intents.get(path)).map(Vec::as_slice).unwrap_or(&[])

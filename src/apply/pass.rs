@@ -89,7 +89,11 @@ impl<'a> Pass<'a> {
                 Diffs::default(),
             );
         }
-        let fs = if self.opts.dry_run { Fs::new() } else { Fs::journaled(self.store.journal_path()) };
+        let fs = match (self.opts.dry_run, self.store.after_a_crash()) {
+            (true, _) => Fs::new(),
+            (false, false) => Fs::journaled(self.store.journal_path()),
+            (false, true) => Fs::journaled(self.store.journal_path()).after_a_crash(),
+        };
         let mut lent = Lent { fs, owner_ids: OwnerIds::default(), diffs: Diffs::default() };
         let mut machine = session.start();
 
@@ -275,6 +279,52 @@ impl<'a> Pass<'a> {
         }
         if whole {
             self.trust_signatures(fs);
+            self.sweep_after_a_crash(fs);
+        }
+    }
+
+    /// After a pass that did not finish, the directories of every file, directory and archive
+    /// declared or recorded are cleared of the temporary files it left, beyond those this pass
+    /// staged in (`Fs::after_a_crash`): a temporary can outlive the journal line that named its
+    /// directory (docs/durability.md, "Crashes"). Only after a crash: it reads each directory.
+    fn sweep_after_a_crash(&mut self, fs: &mut Fs) {
+        if fs.swept().is_none() {
+            return;
+        }
+        let declared = self.declaration.resources.iter().map(|r| (r.kind(), r.target()));
+        let recorded = self.store.records().map(|(_, r)| (r.kind, r.target.to_string()));
+        let mut dirs = std::collections::BTreeSet::new();
+        for (kind, target) in declared.chain(recorded) {
+            let path = std::path::PathBuf::from(target);
+            match kind {
+                Kind::File => dirs.extend(path.parent().map(std::path::Path::to_path_buf)),
+                Kind::Directory | Kind::Archive => {
+                    dirs.extend(path.parent().map(std::path::Path::to_path_buf));
+                    dirs.insert(path);
+                }
+                // Nothing of these is staged as a temporary file beside a path.
+                Kind::Access
+                | Kind::Package
+                | Kind::Service
+                | Kind::Container
+                | Kind::Network
+                | Kind::User
+                | Kind::Process
+                | Kind::Action
+                | Kind::Opening => {}
+            }
+        }
+        for dir in &dirs {
+            if let Err(error) = fs.sweep(dir) {
+                tracing::warn!(directory = %dir.display(), %error, "cannot clear the temporary files a crashed pass left");
+            }
+        }
+        if let Some((directories, removed)) = fs.swept() {
+            tracing::info!(
+                directories,
+                temporary_files_removed = removed,
+                "the directories of the declaration were cleared of the temporary files the unfinished pass left"
+            );
         }
     }
 

@@ -11,7 +11,7 @@
 //! each directory touched is synced. Each file is still replaced atomically and durably; 10,000
 //! files cost one data sync and a thousand directory syncs rather than ten thousand fsyncs.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -312,6 +312,9 @@ pub struct Fs {
     /// Directories this session made whose entries are not durable yet, with the filesystem
     /// each is on: the next batch's commit, or `make_durable`, syncs them (see `make_dirs`).
     unsynced: Vec<(u64, PathBuf)>,
+    /// Set when the last pass did not finish (`after_a_crash`): the directories already cleared
+    /// of the temporary files it left, and how many were removed.
+    sweep: Option<(HashSet<PathBuf>, usize)>,
 }
 
 /// How many directory descriptors a session keeps. Resources in one directory are usually
@@ -332,6 +335,38 @@ impl Fs {
     /// A session whose staged writes are noted in the journal at `journal`.
     pub fn journaled(journal: PathBuf) -> Fs {
         Fs { journal: Some(super::journal::Journal::new(journal)), ..Fs::default() }
+    }
+
+    /// A session for the first pass after one that did not finish: each directory it stages in
+    /// is first cleared of the temporary files another process of the host left there, and
+    /// `sweep` clears the others the pass names. The journal names the directories a crashed
+    /// pass staged in, but its lines are appended without a sync, while a file's fsync or the
+    /// filesystem's own periodic commit can make a temporary file's entry durable: after a
+    /// power cut, the temporaries can outlive the lines that name their directories.
+    pub fn after_a_crash(mut self) -> Fs {
+        self.sweep = Some((HashSet::new(), 0));
+        self
+    }
+
+    /// Clears `dir` of the host's temporary files that another process left, once per session
+    /// and only after a crash (`after_a_crash`); otherwise does nothing. A directory that is
+    /// not there has nothing to clear.
+    pub fn sweep(&mut self, dir: &Path) -> Result<()> {
+        let Some((swept, _)) = &mut self.sweep else { return Ok(()) };
+        if swept.contains(dir) {
+            return Ok(());
+        }
+        swept.insert(dir.to_owned());
+        let removed = remove_temporaries(dir)?;
+        if let Some((_, total)) = &mut self.sweep {
+            *total += removed;
+        }
+        Ok(())
+    }
+
+    /// How many directories were cleared after a crash, and how many temporary files removed.
+    pub fn swept(&self) -> Option<(usize, usize)> {
+        self.sweep.as_ref().map(|(dirs, removed)| (dirs.len(), *removed))
     }
 
     /// Whether this session wrote to its journal.
@@ -542,6 +577,7 @@ impl Fs {
     ) -> Result<Staged> {
         let (parent, name) = split(path);
         self.make_dirs(parent, 0o755)?;
+        self.sweep(parent)?;
         if let Some(journal) = &mut self.journal {
             journal.note_dir(parent)?;
         }

@@ -98,9 +98,14 @@ if mount -t "$FS" -o "$OPTS" /dev/mapper/snap "$ROOT" 2>/tmp/mount.err; then
     else
         ahead="ahead=1"; echo "store unreadable: $(tail -2 /tmp/status.err)" >> /tmp/check.err
     fi
+    # What the crash left of the journal of intent, told where a temporary outlives the apply.
+    jinfo="no journal"
+    j="$ROOT/state/state.json.journal"
+    [ -e "$j" ] && jinfo="journal: $(wc -c < "$j") bytes, $(grep -c '"dir"' "$j") directory lines"
     $MH apply "$W/$decl.json" --json > /tmp/apply.json 2>/tmp/apply.err || true
     drift=$(plvm drift /tmp/apply.json "$ign" 2>>/tmp/check.err) || drift="drift=0 failed=1"
     temps=$(plvm temps "$ROOT/srv" 2>>/tmp/check.err)
+    [ "$temps" = "temps=0" ] || echo "$jinfo before the next apply" >> /tmp/check.err
     again=$(plvm check "$ROOT/srv" "$a" "$a" 1 "$ign" 2>>/tmp/check.err)
     [ "$again" = "torn=0 lost=0" ] || { echo "not converged: $again" >> /tmp/check.err; drift="$drift unconverged=1"; }
     umount "$ROOT"
