@@ -10,6 +10,10 @@ echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+# The VM lane's replay tool is a crate of its own (its own workspace and lock file: it is built
+# for the guest, apart from the agent); the same gates for it.
+(cd tests/powerloss/vm/replay && cargo fmt --check &&
+  CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/../../../../target}-plvm" cargo clippy --release --all-targets -- -D warnings)
 echo "== cargo doc"
 # Every doc comment renders, links included: a link to an item renamed or moved, or a bracket
 # read as one, fails here rather than in a reader's browser. Private items too, since most of

@@ -15,8 +15,8 @@ use crate::support::*;
 
 /// A filesystem mounted for one test, unmounted (lazily, should anything still hold it) when
 /// the test ends.
-struct Mount {
-    dir: PathBuf,
+pub struct Mount {
+    pub dir: PathBuf,
 }
 
 fn sh(cmd: &mut Command) {
@@ -38,11 +38,17 @@ impl Mount {
 
     /// A fresh ext4 of `size` in a sparse image beside `dir`, loop-mounted at `dir`.
     fn ext4(dir: PathBuf, size: &str) -> Mount {
+        Mount::ext4_with(dir, size, "")
+    }
+
+    /// `ext4`, mounted with these options as well (`noauto_da_alloc`), or none (`""`).
+    pub fn ext4_with(dir: PathBuf, size: &str, options: &str) -> Mount {
         std::fs::create_dir_all(&dir).unwrap();
         let image = dir.with_extension("img");
         sh(Command::new("truncate").args(["-s", size]).arg(&image));
         sh(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image));
-        sh(Command::new("mount").args(["-o", "loop"]).arg(&image).arg(&dir));
+        let options = if options.is_empty() { "loop".to_owned() } else { format!("loop,{options}") };
+        sh(Command::new("mount").args(["-o", &options]).arg(&image).arg(&dir));
         Mount { dir }
     }
 

@@ -64,6 +64,24 @@ wait $daemon || true
 say "PLINFO daemon $(( $(date +%s) - t0 )) s, corrections: $(grep -c 'corrected' /tmp/daemon.log || true)"
 plvm check $ROOT/srv /tmp/m2 /tmp/m2 1 > /tmp/d.res 2>&1 || true
 say "PLINFO daemon live check: $(tail -1 /tmp/d.res)"
+
+# The agent stopped at each of its failpoints (system::fs::failpoint: it aborts there) in an
+# apply of a third content, with a mark written just after each death: replayed to the mark,
+# the disk is a power cut at the moment the process died. Each run starts from what the one
+# before left (its journal and temporaries); a last whole apply converges.
+t0=$(date +%s)
+cp $ROOT/state/state.json /tmp/s3
+mark fp-start
+for fp in batch-staged batch-renamed store-write; do
+    if MESH_HOST_FAILPOINT=$fp $MH apply $W/again.json --json > /tmp/fp.out 2>/tmp/fp.err; then
+        say "PLERROR the failpoint $fp did not stop the apply"; exit 1
+    fi
+    mark "fp-$fp"
+done
+$MH apply $W/again.json --json > /tmp/again.out 2>/tmp/again.err || { say "PLERROR apply after the failpoints: $(tail -3 /tmp/again.err)"; exit 1; }
+mark fp-done
+plvm manifest $ROOT/srv /tmp/m3
+say "PLINFO failpoints $(( $(date +%s) - t0 )) s: $(grep -o '"action": "[a-z]*"' /tmp/again.out | sort | uniq -c | tr -s ' \n' ' ')"
 umount $ROOT
 dmsetup remove lw
 plvm list /dev/vdc > /tmp/list
@@ -84,7 +102,9 @@ case "$PL_MARK" in
     change-start) wl=change b=/tmp/m1 a=/tmp/m2 done=0 ign=/dev/null decl=change sb=/tmp/s1 ;;
     change-done) wl=change b=/tmp/m1 a=/tmp/m2 done=1 ign=/dev/null decl=change sb=/tmp/s1 ;;
     daemon-start) wl=daemon b=/tmp/m2 a=/tmp/m2 done=0 ign=$W/edits.txt decl=change sb=/dev/null ;;
-    *) wl=daemon b=/tmp/m2 a=/tmp/m2 done=1 ign=/dev/null decl=change sb=/dev/null ;;
+    daemon-done) wl=daemon b=/tmp/m2 a=/tmp/m2 done=1 ign=/dev/null decl=change sb=/dev/null ;;
+    fp-start|fp-batch-staged|fp-batch-renamed|fp-store-write) wl=failpoint b=/tmp/m2 a=/tmp/m3 done=0 ign=/dev/null decl=again sb=/tmp/s3 ;;
+    *) wl=failpoint b=/tmp/m2 a=/tmp/m3 done=1 ign=/dev/null decl=again sb=/tmp/s3 ;;
 esac
 dmsetup create snap --table "0 $SZ snapshot /dev/vdd /dev/vde N 8"
 res="torn=0 lost=0"; ahead="ahead=0 behind=0"; drift="drift=0 failed=0"; temps="temps=0"; mountfail=0

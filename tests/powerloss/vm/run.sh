@@ -149,7 +149,7 @@ for f in "${fslist[@]}"; do
     grep -E '^PLDETAIL' "$out.txt" | sort | uniq -c | sort -rn | head -8 | sed "s/^/  [$f] /" >&2 || true
     mkdir -p "$tb/logs" && cp "$out.txt" "$tb/logs/console-$f-$lane-$files.log"
     grep -q "^PLDONE fs=$fs" "$out.txt" || fail "$f: the guest did not finish (console: $tb/logs/console-$f-$lane-$files.log)"
-    for wl in cold change daemon; do
+    for wl in cold change daemon failpoint; do
         grep "^PLSTATE .* workload=$wl " "$out.txt" | awk -v f="$f" -v wl="$wl" '
             { n++; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] += kv[2] } }
             END { failed = v["failed"] + v["unconverged"]

@@ -9,7 +9,9 @@
 //!   `PL_INDEX`, `PL_KIND`, `PL_MARK` (the last mark logged at or before the point) and must exit
 //!   0, or the replay stops.
 //! - `plvm gen DIR ROOT ARCHIVE1 ARCHIVE2 [FILES]`: the workloads' declarations (`cold.json`,
-//!   `change.json`) over ROOT, FILES files (1,000 by default) in FILES/10 directories, and `edits.txt`, the files the daemon workload edits by hand.
+//!   `change.json`, and `again.json` for the failpoint workload) over ROOT, FILES files (1,000
+//!   by default) in FILES/10 directories, and `edits.txt`, the files the daemon workload edits
+//!   by hand.
 //! - `plvm manifest ROOT OUT`: what ROOT holds (path, kind, mode, owner, sha256 of content).
 //! - `plvm check ROOT BEFORE AFTER DONE [IGNORE]`: every path of either manifest holds its
 //!   BEFORE or its AFTER entry whole (content, mode and owner together; absent is an entry);
@@ -182,12 +184,16 @@ fn gen(dir: &str, root: &str, arch1: &str, arch2: &str, files: usize) -> io::Res
     let a2 = fs::read_to_string(arch2)?;
     let mut cold = Vec::new();
     let mut change = Vec::new();
+    // The failpoint workload's declaration: the changing one with a third content for the files
+    // whose content it changed, applied with the agent stopped at each of its failpoints.
+    let mut again = Vec::new();
     for d in 0..dirs {
         let mut dir = json!({"type": "directory", "id": format!("d{d}"), "path": format!("{root}/srv/d{d}"), "mode": "0755"});
         cold.push(dir.clone());
         if d % 10 == 3 {
             dir["mode"] = json!("0750");
         }
+        again.push(dir.clone());
         change.push(dir);
     }
     for i in 0..files {
@@ -206,15 +212,22 @@ fn gen(dir: &str, root: &str, arch1: &str, arch2: &str, files: usize) -> io::Res
             9 => continue, // an orphan: removed by the changing apply
             _ => {}
         }
+        let mut h = g.clone();
+        if matches!(i % 10, 0 | 4) {
+            h["content"] = json!(content(i + 5, "again"));
+        }
+        again.push(h);
         change.push(g);
     }
     let arch = |b64: &str| json!({"type": "archive", "id": "bundle", "path": format!("{root}/srv/bundle"), "bytes": b64.trim()});
     cold.push(arch(&a1));
     change.push(arch(&a2));
+    again.push(arch(&a2));
     let into = |v: serde_json::Value| json!({"type": "file", "id": "conf", "path": format!("{root}/srv/conf.json"), "into": "json", "content": v.to_string()});
     cold.push(into(json!({"level": "info"})));
     change.push(into(json!({"level": "debug", "port": 8080})));
-    for (name, res) in [("cold.json", cold), ("change.json", change)] {
+    again.push(into(json!({"level": "debug", "port": 8080})));
+    for (name, res) in [("cold.json", cold), ("change.json", change), ("again.json", again)] {
         let doc = json!({"version": 1, "resources": res});
         fs::write(Path::new(dir).join(name), serde_json::to_vec_pretty(&doc)?)?;
     }
