@@ -538,12 +538,12 @@ impl Worker {
         }
         let Some(declaration) = self.declaration.as_deref() else { return Verdict::Clean };
         let t = std::time::Instant::now();
-        let (report, _) = apply::apply_in(&mut self.session, declaration, &mut self.store, &options);
+        let (mut report, _) = apply::apply_in(&mut self.session, declaration, &mut self.store, &options);
         let pass = t.elapsed();
         let refused_before = self.refusal.is_some();
         self.note_refusal(&report);
         // A refusal that stands is said once, when it began, not at every resync.
-        let last = self.tally(&report, None, refused_before && self.refusal.is_some());
+        let last = self.tally(&mut report, None, refused_before && self.refusal.is_some());
         if self.refusal.is_none() {
             self.note_holds(&report);
         }
@@ -613,19 +613,19 @@ impl Worker {
             return Verdict::Clean;
         }
         failpoint_panic_reconcile(id);
-        let report = apply::reconcile_in(
+        let mut report = apply::reconcile_in(
             &mut self.session,
             declaration,
             std::slice::from_ref(id),
             &mut self.store,
             &options,
         );
-        self.conclude_one(id, &report, seen)
+        self.conclude_one(id, &mut report, seen)
     }
 
     /// What follows one resource's reconcile, inline or apart: metrics and log lines, the
     /// fleet's status, watches made again, and the verdict for the queue.
-    pub(super) fn conclude_one(&mut self, id: &Id, report: &Report, seen: Instant) -> Verdict {
+    pub(super) fn conclude_one(&mut self, id: &Id, report: &mut Report, seen: Instant) -> Verdict {
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
         let last = self.tally(report, Some(seen), quiet);
         self.held.extend(report.outcomes.iter().filter(|o| o.action == Verb::Held).map(|o| o.id.clone()));
@@ -655,16 +655,26 @@ impl Worker {
 
     /// Tells what a report did, once: each change and each failure is an event (its log line
     /// and its metrics move together), and the latency of a correction is measured from when
-    /// the change was first seen.
+    /// the change was first seen. A correction's detail in the report gains who made the change
+    /// it put back (`...: content; by sed (pid 4242, ...)`), and it is kept in the history with
+    /// its hand-edit, which leaves the report then.
     /// Returns the last correction's id and who made it, for the fleet's status.
-    fn tally(&self, report: &Report, seen: Option<Instant>, quiet: bool) -> Option<String> {
+    fn tally(&self, report: &mut Report, seen: Option<Instant>, quiet: bool) -> Option<String> {
         let mut last = None;
-        for o in &report.outcomes {
+        for o in &mut report.outcomes {
             // A hold already said is not said again (`held`).
             let quiet = quiet || (o.action == Verb::Held && self.held.contains(&o.id));
             let since_seen = seen.map(|s| s.elapsed());
             let who = (o.action == Verb::Corrected).then(|| self.who(&o.target, seen));
-            let text = who.as_ref().map(drift::Who::describe);
+            // The outcome's own words, for the history, before the writer is added to them.
+            let changed = o.detail.clone().unwrap_or_default();
+            if let Some(who) = &who {
+                let by = format!("by {}", who.describe());
+                o.detail = Some(match o.detail.take() {
+                    Some(d) => format!("{d}; {by}"),
+                    None => by,
+                });
+            }
             events::ResourceChanged {
                 id: &o.id,
                 kind: o.kind.as_str(),
@@ -673,36 +683,23 @@ impl Worker {
                 detail: o.detail.as_deref(),
                 since_seen,
                 quiet,
-                by: who.as_ref().zip(text.as_deref()).map(|(w, text)| events::By {
-                    kind: mesh_host_watchers::writers::KINDS
-                        .iter()
-                        .find(|k| **k == w.by)
-                        .copied()
-                        .unwrap_or("unknown"),
-                    text,
-                    pid: w.pid,
-                    comm: w.comm.as_deref(),
-                    exe: w.exe.as_deref(),
-                    uid: w.uid,
-                    user: w.user.as_deref(),
-                    unit: w.unit.as_deref(),
-                    container: w.container.as_deref(),
-                    session: w.session,
-                    exited: w.exited,
-                }),
+                by: who.as_ref().map(by),
             }
             .emit(&self.metrics);
-            if let (Some(who), Some(text)) = (who, text) {
-                last = Some(format!("{} by {text}", o.id));
-                self.history.add(drift::Correction {
+            if let Some(who) = who {
+                last = Some(format!("{} by {}", o.id, who.describe()));
+                let c = drift::Correction {
                     at_ms: crate::system::unix_millis(),
                     id: o.id.clone(),
                     kind: o.kind.as_str().to_owned(),
                     target: o.target.clone(),
-                    changed: o.detail.clone().unwrap_or_default(),
+                    changed,
                     who,
                     put_back_ms: since_seen.map(|d| d.as_secs_f64() * 1000.0),
-                });
+                    diff: None,
+                    diff_omitted: None,
+                };
+                self.history.add(c.with_edit(o.hand_edit.take()));
             }
         }
         for f in report.error.iter().flat_map(|e| &e.failures) {
@@ -802,6 +799,24 @@ impl Worker {
             _ => {}
         }
         self.out_of_watches = c.out_of_watches;
+    }
+}
+
+/// The event's fields of who made a change.
+fn by(w: &drift::Who) -> events::By<'_> {
+    events::By {
+        kind: mesh_host_watchers::writers::KINDS.iter().find(|k| **k == w.by).copied().unwrap_or("unknown"),
+        pid: w.pid,
+        comm: w.comm.as_deref(),
+        exe: w.exe.as_deref(),
+        uid: w.uid,
+        user: w.user.as_deref(),
+        loginuid: w.loginuid,
+        session: w.session,
+        unit: w.unit.as_deref(),
+        container: w.container.as_deref(),
+        exited: w.exited,
+        moved: w.moved.as_deref(),
     }
 }
 

@@ -85,12 +85,19 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// The kind of writer, for a metric's label: `container`, `session` (a login's session
-    /// scope), `unit` (any other systemd unit) or `unknown`. Never a name or a pid.
+    /// The kind of writer, for a metric's label: `container`, `session` (a login's: its session
+    /// scope, or, where logind makes none, an audit session id), `unit` (any other systemd unit)
+    /// or `unknown`. Never a name or a pid.
+    ///
+    /// The audit session comes before the unit: a login on a machine without logind (sshd's
+    /// children in `sshd.service`) is a person's session, and a unit's own processes have none,
+    /// since PID 1 has no login uid to hand down.
     pub fn kind(&self) -> &'static str {
         if self.container.is_some() {
             "container"
-        } else if self.unit.as_deref().is_some_and(|u| u.starts_with("session-") && u.ends_with(".scope")) {
+        } else if self.unit.as_deref().is_some_and(|u| u.starts_with("session-") && u.ends_with(".scope"))
+            || self.session.is_some()
+        {
             "session"
         } else if self.unit.is_some() {
             "unit"
@@ -573,6 +580,33 @@ mod tests {
             cgroup_owner("9:name=systemd:/system.slice/cron.service\n0::/\n"),
             (Some("cron.service".into()), None)
         );
+    }
+
+    #[test]
+    fn a_writer_is_of_one_kind() {
+        let w = Writer {
+            pid: 1,
+            comm: None,
+            exe: None,
+            uid: None,
+            user: None,
+            loginuid: None,
+            session: None,
+            unit: None,
+            container: None,
+            exited: false,
+            moved: Moved::Content,
+            at: SystemTime::now(),
+            seen: Instant::now(),
+        };
+        assert_eq!(w.kind(), "unknown");
+        let unit = Writer { unit: Some("cron.service".into()), ..w.clone() };
+        assert_eq!(unit.kind(), "unit");
+        assert_eq!(Writer { unit: Some("session-3.scope".into()), ..w.clone() }.kind(), "session");
+        // A login without logind: the audit session says it is a person's.
+        let login = Writer { loginuid: Some(1000), session: Some(5), ..unit };
+        assert_eq!(login.kind(), "session");
+        assert_eq!(Writer { container: Some("c".into()), ..login }.kind(), "container");
     }
 
     /// As root: a write by a child process is attributed to it, by name; this process's own
