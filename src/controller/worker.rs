@@ -736,10 +736,16 @@ impl Worker {
         drift::Who::from_writer(&w, name)
     }
 
-    /// A container's name, from its id, asked of the runtime the agent already talks to.
+    /// A container's name, from its id: asked of the runtime the agent already talks to (Docker,
+    /// or Podman's Docker-compatible socket), then of the `podman` program, since a Podman
+    /// container needs no socket to run. Asked after the put back, so it never delays that.
     fn container_name(&self, id: &str) -> Option<String> {
-        let docker = crate::system::docker::connect(self.config.container_socket.as_deref()).ok()?;
-        docker.container(id).ok().flatten().map(|c| c.name).filter(|n| !n.is_empty())
+        let docker = crate::system::docker::connect(self.config.container_socket.as_deref()).ok();
+        docker
+            .and_then(|d| d.container(id).ok().flatten())
+            .map(|c| c.name)
+            .filter(|n| !n.is_empty())
+            .or_else(|| crate::system::docker::podman_name(id))
     }
 
     fn count_resources(&self, report: &Report) {
