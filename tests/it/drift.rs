@@ -451,14 +451,14 @@ fn a_transient_unit_in_the_systemd_testbed_is_named_by_its_unit() {
     let script = format!("echo port=6 > {inside}; sleep 1");
     let out =
         t.inside("systemd-run", &[&format!("--unit={name}"), "--wait", "--quiet", "/bin/sh", "-c", &script]);
-    let _ = std::fs::remove_dir_all(conf.parent().unwrap());
     assert!(out.status.success(), "systemd-run: {}", String::from_utf8_lossy(&out.stderr));
     let c = corrected_by(&s, &daemon, "app.conf", |c| c["who"]["pid"].is_i64());
-    assert_eq!(
-        (&c["who"]["by"], &c["who"]["unit"]),
-        (&json!("unit"), &json!(format!("{name}.service"))),
-        "{c}"
-    );
+    // The daemon first, so that it does not put back the file removed below.
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(conf.parent().unwrap());
+    let unit = format!("{name}.service");
+    assert_eq!((&c["who"]["by"], &c["who"]["unit"]), (&json!("unit"), &json!(unit)), "{c}");
+    assert!(c["who"]["session"].is_null(), "a unit's process has no login session: {c}");
 }
 
 /// Where fanotify cannot be used (the daemon run without CAP_SYS_ADMIN, through `setpriv`),
