@@ -59,8 +59,11 @@ fn a_shell_and_sed_are_named_and_the_agents_own_writes_are_not() {
     let editor = s.path("bin/hand-edit");
     std::fs::copy("/bin/dash", &editor).expect("dash is installed (package dash)");
 
-    // The shell stays a moment after its write, so that it is looked at alive.
-    let script = format!("echo port=8080 > {}; sleep 0.3", conf.display());
+    // The shell stays a moment after its write, so that it is looked at alive. It opens the
+    // file without truncating it (`1<>`), so that its one write is the whole hand-edit: `>`
+    // would empty the file first, and a daemon quick enough would put back that empty file
+    // before the write, into the old inode, lands.
+    let script = format!("echo port=8080 1<> {}; sleep 0.3", conf.display());
     assert!(Command::new(&editor).args(["-c", &script]).status().unwrap().success());
     assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "put back:\n{}", daemon.log());
     let c = corrected_by(&s, &daemon, "app.conf", |c| c["who"]["comm"] == "hand-edit");
@@ -476,12 +479,13 @@ fn without_fanotify_corrections_go_on_and_every_writer_is_unknown() {
     let daemon = Daemon::launch_under(&wrapper, &s, &d, &[], &[]);
     let healthy = wait_for(PATIENCE, || daemon.get("/healthz").is_some_and(|b| b == "ok\n"));
     assert!(healthy && read(&conf) == "port=80\n", "applied, and watching:\n{}", daemon.log());
-    let script = format!("echo port=7 > {}; sleep 0.3", conf.display());
+    // Without truncating first, as in the first test, so that the diff is of the whole edit.
+    let script = format!("echo port=7777 1<> {}; sleep 0.3", conf.display());
     assert!(Command::new("sh").args(["-c", &script]).status().unwrap().success());
     assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "put back:\n{}", daemon.log());
     let c = corrected_by(&s, &daemon, "app.conf", |_| true);
     assert_eq!(c["who"], json!({"by": "unknown"}), "{c}");
-    assert!(c["diff"].as_str().is_some_and(|d| d.contains("+port=7")), "{c}");
+    assert!(c["diff"].as_str().is_some_and(|d| d.contains("-port=80\n+port=7777\n")), "{c}");
     let log = daemon.log();
     assert_eq!(log.matches("fanotify cannot be used").count(), 1, "said once, at start:\n{log}");
     assert!(log.contains("content; by unknown"), "{log}");
