@@ -88,8 +88,8 @@ impl Who {
         }
     }
 
-    /// The words a log line says: `vim (pid 4242, user alice uid 1000, session 3, in
-    /// session-3.scope)`, `pid 4242 (exited)`, `unknown`.
+    /// The words a report's detail and a log line say: `vim (pid 4242, user alice uid 1000,
+    /// login uid 1000 session 3, in session-3.scope)`, `pid 4242, exited`, `unknown`.
     pub fn describe(&self) -> String {
         let Some(pid) = self.pid else { return "unknown".into() };
         let mut parts = vec![format!("pid {pid}")];
