@@ -73,6 +73,12 @@ pub struct Worker {
     writers: Option<Writers>,
     /// The corrections kept under the state directory (`mesh-host drift`).
     history: drift::History,
+    /// Containers' names by id, as the runtime last gave them (`None`: it did not, asked at that
+    /// time, and asked again 10 s later): a container rewriting a managed file as fast as it can
+    /// costs one question to the runtime (for Podman, a program run), not one per correction.
+    /// At most `NAMES` kept; emptied when full. A lock only because `tally` takes `&self`; only
+    /// the worker's task takes it.
+    container_names: std::sync::Mutex<std::collections::HashMap<String, (Option<String>, Instant)>>,
     /// Paths, units and names to keys. Written here when a declaration is accepted (replaced
     /// whole); read by the intake loop for every change. A read lock held only for a lookup.
     index: Arc<RwLock<Index>>,
@@ -196,6 +202,7 @@ impl Worker {
             files,
             writers: start_writers(),
             history,
+            container_names: std::sync::Mutex::default(),
             index: Arc::new(RwLock::new(Index::default())),
             source_seen: None,
             awaiting: false,
@@ -740,12 +747,25 @@ impl Worker {
     /// or Podman's Docker-compatible socket), then of the `podman` program, since a Podman
     /// container needs no socket to run. Asked after the put back, so it never delays that.
     fn container_name(&self, id: &str) -> Option<String> {
+        const NAMES: usize = 256;
+        const RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+        let mut names = self.container_names.lock().unwrap_or_else(|e| e.into_inner());
+        match names.get(id) {
+            Some((Some(name), _)) => return Some(name.clone()),
+            Some((None, asked)) if asked.elapsed() < RETRY => return None,
+            _ => {}
+        }
         let docker = crate::system::docker::connect(self.config.container_socket.as_deref()).ok();
-        docker
+        let name = docker
             .and_then(|d| d.container(id).ok().flatten())
             .map(|c| c.name)
             .filter(|n| !n.is_empty())
-            .or_else(|| crate::system::docker::podman_name(id))
+            .or_else(|| crate::system::docker::podman_name(id));
+        if names.len() >= NAMES {
+            names.clear();
+        }
+        names.insert(id.to_owned(), (name.clone(), Instant::now()));
+        name
     }
 
     fn count_resources(&self, report: &Report) {
