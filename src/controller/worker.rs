@@ -673,13 +673,13 @@ impl Worker {
             let quiet = quiet || (o.action == Verb::Held && self.held.contains(&o.id));
             let since_seen = seen.map(|s| s.elapsed());
             let who = (o.action == Verb::Corrected).then(|| self.who(&o.target, seen));
+            let text = who.as_ref().map(drift::Who::describe);
             // The outcome's own words, for the history, before the writer is added to them.
-            let changed = o.detail.clone().unwrap_or_default();
-            if let Some(who) = &who {
-                let by = format!("by {}", who.describe());
+            let changed = text.as_ref().map(|_| o.detail.clone().unwrap_or_default());
+            if let Some(text) = &text {
                 o.detail = Some(match o.detail.take() {
-                    Some(d) => format!("{d}; {by}"),
-                    None => by,
+                    Some(d) => format!("{d}; by {text}"),
+                    None => format!("by {text}"),
                 });
             }
             events::ResourceChanged {
@@ -693,14 +693,14 @@ impl Worker {
                 by: who.as_ref().map(by),
             }
             .emit(&self.metrics);
-            if let Some(who) = who {
-                last = Some(format!("{} by {}", o.id, who.describe()));
+            if let (Some(who), Some(text)) = (who, text) {
+                last = Some(format!("{} by {text}", o.id));
                 let c = drift::Correction {
                     at_ms: crate::system::unix_millis(),
                     id: o.id.clone(),
                     kind: o.kind.as_str().to_owned(),
                     target: o.target.clone(),
-                    changed,
+                    changed: changed.unwrap_or_default(),
                     who,
                     put_back_ms: since_seen.map(|d| d.as_secs_f64() * 1000.0),
                     diff: None,
