@@ -931,12 +931,24 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 }
 
 /// One correction in a line: `2026-12-01T23:50:01Z corrected app.conf (/etc/app.conf):
-/// content; by vim (pid 7, ...); put back in 1.2 ms`.
+/// content; by vim (pid 7, ...); put back in 1.2 ms`, then the hand-edit's diff, indented, or
+/// why there is none.
 fn drift_line(c: &crate::controller::drift::Correction) -> String {
     let when = crate::controller::drift::utc(c.at_ms);
     let changed = if c.changed.is_empty() { String::new() } else { format!(": {}", c.changed) };
     let took = c.put_back_ms.map(|ms| format!("; put back in {ms:.1} ms")).unwrap_or_default();
-    format!("{when} corrected {} ({}){changed}; by {}{took}", c.id, c.target, c.who.describe())
+    let mut line =
+        format!("{when} corrected {} ({}){changed}; by {}{took}", c.id, c.target, c.who.describe());
+    if let Some(why) = &c.diff_omitted {
+        line.push_str(&format!("; diff omitted: {why}"));
+    }
+    // The hand-edit's diff under its line, indented, so that lines stay one correction each
+    // where the diff is absent and a reader's eye finds the next correction where it is not.
+    for l in c.diff.iter().flat_map(|d| d.lines()) {
+        line.push_str("\n    ");
+        line.push_str(l);
+    }
+    line
 }
 
 fn drift(

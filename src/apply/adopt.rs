@@ -335,6 +335,7 @@ impl Pass<'_> {
                     target: h.target.into(),
                     action: Verb::Forgotten,
                     detail: Some("no longer declared; it was held as found, and is left as found".to_owned()),
+                    hand_edit: None,
                 }));
             }
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use age::secrecy::ExposeSecret as _;
 
-use super::{begin, secret, Aspect, Ctx, Error, Facts, Outcome, Step, Target, Verb};
+use super::{begin, secret, Aspect, Ctx, Error, Facts, HandEdit, Outcome, Step, Target, Verb};
 use crate::declaration::{digest, Digest, File, Kind, Resource};
 use crate::secrets::Keyring;
 use crate::store::Record;
@@ -41,6 +41,18 @@ pub(super) struct Checked {
     detail: Option<String>,
     /// For a file carrying a secret: what its digests are keyed with.
     keyed: Option<Arc<Keyring>>,
+    /// For a correction of the content: what the hand-edit left, for the drift history. The
+    /// diff is made at the read-back, once the file is put back, so that it never delays that.
+    edit: Option<Edit>,
+}
+
+/// What a correction of a file's content keeps of the hand-edit until the read-back.
+enum Edit {
+    /// The declared content and what was found, both text and at most `HandEdit::LARGEST`
+    /// bytes, of a file whose content may be shown (`hidden`).
+    Texts { declared: String, found: String },
+    /// Why nothing of it is kept.
+    Omitted(String),
 }
 
 /// The bytes the declaration puts in the file: its content, its decoded `bytes`, or what the
@@ -125,7 +137,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         }
         return Ok(Step::Done(begin(r, plan.action, plan.planned()), None));
     }
-    act(&mut ctx.fs, r, &want, plan, found.as_ref())
+    let edit = plan.hand_content.then(|| hand_edit(f, &want, found.as_ref()));
+    act(&mut ctx.fs, r, &want, plan, found.as_ref(), edit)
 }
 
 /// What the declaration asks of one file, resolved to plain values.
@@ -193,6 +206,8 @@ struct Plan {
     /// What the report says, before what only acting can add (see `Plan::applied`).
     detail: Option<String>,
     change: Change,
+    /// The content is corrected: a hand changed it since the host last wrote it.
+    hand_content: bool,
 }
 
 enum Change {
@@ -279,7 +294,7 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
             Some(_) => (Verb::Corrected, Some("it had been deleted on the machine".to_owned())),
             None => (Verb::Created, None),
         };
-        return Ok(Plan { action, detail, change: Change::Write { keep: None } });
+        return Ok(Plan { action, detail, change: Change::Write { keep: None }, hand_content: false });
     };
     if meta.kind != FsKind::File {
         return Err(Error::WrongKind { path: want.path.to_owned(), declared: Kind::File, found: meta.kind });
@@ -308,7 +323,7 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
             _ => found_digest(),
         };
         let change = Change::None(Box::new(as_found(wrote, meta)));
-        return Ok(Plan { action: Verb::Unchanged, detail: None, change });
+        return Ok(Plan { action: Verb::Unchanged, detail: None, change, hand_content: false });
     }
 
     // Drift is a difference from what the host last left, not from what is declared now: a
@@ -368,7 +383,8 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
     } else {
         Change::Set { mode: (!mode_same).then_some(want.mode), owner: owner_change }
     };
-    Ok(Plan { action, detail: Some(detail), change })
+    let hand_content = drifted.first().is_some_and(|d| d == "content");
+    Ok(Plan { action, detail: Some(detail), change, hand_content })
 }
 
 /// A seed that is present is left exactly as it is: what the program grew in it since is not
@@ -379,7 +395,12 @@ fn seed_kept(record: Option<&Record>, meta: &Meta, held: &Content, want: &Declar
     let wrote = record.and_then(|r| r.wrote).or_else(|| want.digest_found(held));
     let detail = "created once, and present: what is in it now is not the mesh's to change";
     let facts = Facts { sig: None, fresh: None, ..as_found(wrote, meta) };
-    Plan { action: Verb::Kept, detail: Some(detail.into()), change: Change::None(Box::new(facts)) }
+    Plan {
+        action: Verb::Kept,
+        detail: Some(detail.into()),
+        change: Change::None(Box::new(facts)),
+        hand_content: false,
+    }
 }
 
 /// What a plan shows of the content it would write: a diff, where the content changes.
@@ -392,15 +413,11 @@ fn seed_kept(record: Option<&Record>, meta: &Meta, held: &Content, want: &Declar
 fn planned_diff(plan: &Plan, found: Option<&(Meta, Content)>, f: &File, content: &[u8]) -> Option<String> {
     let Change::Write { .. } = plan.change else { return None };
     let path = &f.path;
-    if f.carries_secret() {
-        return Some(format!("{path}: content differs (not shown: it carries a secret)\n"));
+    if let Some(why) = hidden(f, found.map(|(meta, _)| meta.mode), None) {
+        return Some(format!("{path}: content differs (not shown: {why})\n"));
     }
     Some(match found {
         None => diff(f, b"", content),
-        Some((meta, _)) if meta.mode & 0o004 == 0 => format!(
-            "{path}: content differs (not shown: the file on the machine is not world-readable, mode {:04o})\n",
-            meta.mode
-        ),
         Some((_, Content::Bytes(bytes))) => diff(f, bytes, content),
         Some((_, other)) => format!(
             "content differs: {} bytes on the machine (too large to show), {} declared\n",
@@ -408,6 +425,77 @@ fn planned_diff(plan: &Plan, found: Option<&(Meta, Content)>, f: &File, content:
             content.len()
         ),
     })
+}
+
+/// Why the content of a file may not be shown, if it may not: the one rule for `plan`'s diffs
+/// and the drift history's. Never the content of a file carrying a secret (opened or on the
+/// machine), and never what is on the machine when that file is not world-readable (`found`),
+/// nor, for the history, content declared not world-readable (`declared`): a dry run or the
+/// history must not turn into a way of reading a credential already on disk (docs/decisions.md,
+/// "`plan` never diffs a file on the machine that is not world-readable").
+fn hidden(f: &File, found: Option<u32>, declared: Option<u32>) -> Option<String> {
+    if f.carries_secret() {
+        return Some("it carries a secret".to_owned());
+    }
+    if let Some(mode) = found.filter(|m| m & 0o004 == 0) {
+        return Some(format!("the file on the machine is not world-readable, mode {mode:04o}"));
+    }
+    declared
+        .filter(|m| m & 0o004 == 0)
+        .map(|mode| format!("the file is declared not world-readable, mode {mode:04o}"))
+}
+
+/// What a correction of a file's content keeps of the hand-edit: both sides as text, where
+/// `hidden` allows it and both are small text; else why not. What was found is already held
+/// (the applier read it to compare): nothing is read again.
+fn hand_edit(f: &File, want: &Declared<'_>, found: Option<&(Meta, Content)>) -> Edit {
+    let Some((meta, held)) = found else {
+        return Edit::Omitted("the file had been deleted".to_owned());
+    };
+    if let Some(why) = hidden(f, Some(meta.mode), Some(want.mode)) {
+        return Edit::Omitted(why);
+    }
+    let Content::Bytes(bytes) = held else {
+        return Edit::Omitted(format!("the file found is larger than {} KiB", HandEdit::LARGEST / 1024));
+    };
+    if bytes.len() > HandEdit::LARGEST || want.content.len() > HandEdit::LARGEST {
+        return Edit::Omitted(format!("a side is larger than {} KiB", HandEdit::LARGEST / 1024));
+    }
+    match (as_text(want.content), as_text(bytes)) {
+        (Some(declared), Some(found)) => {
+            Edit::Texts { declared: declared.to_owned(), found: found.to_owned() }
+        }
+        _ => Edit::Omitted("a side is not UTF-8 text".to_owned()),
+    }
+}
+
+impl Edit {
+    /// The history's words: the unified diff from the declared content to what the hand-edit
+    /// left, cut at `HandEdit::MAX` bytes on a line's end. Its time is bounded too: past 20 ms
+    /// the diff settles for a coarser one, as `similar` does at a deadline.
+    fn said(&self, path: &Path) -> HandEdit {
+        let (declared, found) = match self {
+            Edit::Texts { declared, found } => (declared, found),
+            Edit::Omitted(why) => return HandEdit::Omitted(why.clone()),
+        };
+        let mut text = similar::TextDiff::configure()
+            .timeout(std::time::Duration::from_millis(20))
+            .diff_lines(declared.as_str(), found.as_str())
+            .unified_diff()
+            .context_radius(3)
+            .header(&format!("{} (declared)", path.display()), &format!("{} (as found)", path.display()))
+            .to_string();
+        if text.len() > HandEdit::MAX {
+            let mut end = HandEdit::MAX;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            end = text[..end].rfind('\n').map_or(0, |i| i + 1);
+            text.truncate(end);
+            text.push_str(&format!("... the diff goes on; cut at {} bytes\n", HandEdit::MAX));
+        }
+        HandEdit::Diff(text)
+    }
 }
 
 /// Carries out a plan that changes the file: writes are staged for the pass's batch commit and
@@ -418,6 +506,7 @@ fn act(
     want: &Declared<'_>,
     plan: Plan,
     found: Option<&(Meta, Content)>,
+    edit: Option<Edit>,
 ) -> Result<Step, Error> {
     let path = want.path;
     let checked = Checked {
@@ -432,6 +521,7 @@ fn act(
         action: plan.action,
         detail: plan.applied(),
         keyed: want.keyed.clone(),
+        edit,
     };
     match plan.change {
         Change::None(facts) => Ok(Step::Done(begin(r, plan.action, plan.detail), Some(*facts))),
@@ -529,6 +619,7 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
         target: c.target.clone(),
         action: c.action,
         detail: c.detail.clone(),
+        hand_edit: c.edit.as_ref().map(|e| e.said(&c.path)),
     };
     Ok((outcome, as_found(Some(digest_found), meta)))
 }
@@ -819,7 +910,12 @@ mod tests {
         )
         .unwrap();
         let f = file_of(&d, "a.f");
-        let write = Plan { action: Verb::Created, detail: None, change: Change::Write { keep: None } };
+        let write = Plan {
+            action: Verb::Created,
+            detail: None,
+            change: Change::Write { keep: None },
+            hand_content: false,
+        };
         let shown = planned_diff(&write, None, f, b"b\n").unwrap();
         assert!(shown.contains("+b"), "{shown}");
         let shown = planned_diff(&write, Some(&(file(0o644), bytes(b"a\n"))), f, b"b\n").unwrap();
@@ -849,7 +945,12 @@ mod tests {
                 {"type": "file", "id": "a.s", "path": "/etc/app.key", "sealed": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}]}"#,
         )
         .unwrap();
-        let write = Plan { action: Verb::Updated, detail: None, change: Change::Write { keep: None } };
+        let write = Plan {
+            action: Verb::Updated,
+            detail: None,
+            change: Change::Write { keep: None },
+            hand_content: false,
+        };
         // A credential already on disk, readable by its owner only: a dry run does not show it.
         for mode in [0o600, 0o640, 0o000] {
             let shown = planned_diff(
@@ -867,6 +968,58 @@ mod tests {
             assert!(!shown.contains("value"), "{shown}");
             assert_eq!(shown, "/etc/app.key: content differs (not shown: it carries a secret)\n");
         }
+    }
+
+    /// The drift history's diff of a hand-edit: made only of what `plan` may show, bounded, and
+    /// only for a correction of the content (not an update, not a chmod).
+    #[test]
+    fn a_hand_edit_is_kept_as_a_bounded_diff_only_where_plan_may_show_one() {
+        let d: Declaration = Declaration::parse(
+            br#"{"version": 1, "resources": [
+                {"type": "file", "id": "a.f", "path": "/etc/app.conf", "content": "port=80\n"},
+                {"type": "file", "id": "a.s", "path": "/etc/app.key", "sealed": "YWdlLWVuY3J5cHRpb24ub3JnL3YxCg=="}]}"#,
+        )
+        .unwrap();
+        let (f, sealed) = (file_of(&d, "a.f"), file_of(&d, "a.s"));
+        let said = |f: &File, w: &Declared<'_>, found: (Meta, Content)| {
+            hand_edit(f, w, Some(&found)).said(Path::new(PATH))
+        };
+        let w = want(b"port=80\n", 0o644, None);
+        let HandEdit::Diff(shown) = said(f, &w, (file(0o644), bytes(b"port=8080\n"))) else { panic!() };
+        assert!(shown.contains("-port=80\n+port=8080\n"), "{shown}");
+        assert!(shown.starts_with("--- /etc/app.conf (declared)\n+++ /etc/app.conf (as found)\n"), "{shown}");
+        let omitted = |f: &File, w: &Declared<'_>, found| match said(f, w, found) {
+            HandEdit::Omitted(why) => why,
+            HandEdit::Diff(d) => panic!("a diff: {d}"),
+        };
+        let secret = || bytes(b"password=hunter2\n");
+        assert_eq!(omitted(sealed, &w, (file(0o644), secret())), "it carries a secret");
+        assert_eq!(
+            omitted(f, &w, (file(0o600), secret())),
+            "the file on the machine is not world-readable, mode 0600"
+        );
+        assert_eq!(
+            omitted(f, &want(b"port=80\n", 0o640, None), (file(0o644), secret())),
+            "the file is declared not world-readable, mode 0640"
+        );
+        let big = vec![b'a'; HandEdit::LARGEST + 1];
+        assert!(omitted(f, &w, (file(0o644), bytes(&big))).contains("larger than 64 KiB"));
+        let large = Content::Large { sum: [0; 32], size: 5 << 20 };
+        assert!(omitted(f, &w, (file(0o644), large)).contains("larger than 64 KiB"));
+        assert_eq!(omitted(f, &w, (file(0o644), bytes(b"\x7fELF\x00"))), "a side is not UTF-8 text");
+        // A long hand-edit: cut on a line's end, and said to be cut.
+        let long: String = (0..2000).map(|i| format!("line {i}\n")).collect();
+        let HandEdit::Diff(shown) = said(f, &w, (file(0o644), bytes(long.as_bytes()))) else { panic!() };
+        assert!(shown.len() <= HandEdit::MAX + 64, "{}", shown.len());
+        assert!(shown.ends_with("... the diff goes on; cut at 4096 bytes\n"), "{shown}");
+        // Only a correction of the content keeps one.
+        let rec = record(b"port=80\n", 0o644, (0, 0), "v2");
+        let p = plan(Some((&file(0o644), &bytes(b"port=1\n"))), &known(Some(&rec), &[]), &w);
+        assert!(p.action == Verb::Corrected && p.hand_content);
+        let p = plan(Some((&file(0o600), &bytes(b"port=80\n"))), &known(Some(&rec), &[]), &w);
+        assert!(p.action == Verb::Corrected && !p.hand_content, "a chmod");
+        let p = plan(Some((&file(0o644), &bytes(b"port=1\n"))), &known(None, &[]), &w);
+        assert!(p.action == Verb::Updated && !p.hand_content);
     }
 
     #[test]

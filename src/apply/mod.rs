@@ -43,7 +43,7 @@ pub use archive::ArchiveLimits;
 pub use container::parse_env_file;
 pub use container::{installed_steps, run_scheduled, spec_digest, ScheduledRun};
 pub use error::{Aspect, Error, FirewalldMove, FoundUnreadable, Need, Target};
-pub use outcome::{Failure, Outcome, PassFailed, Report, Verb};
+pub use outcome::{Failure, HandEdit, Outcome, PassFailed, Report, Verb};
 use pass::Pass;
 use rising::Rising;
 use session::Managers;
@@ -212,7 +212,7 @@ fn named(names: &[Id], changed: &HashSet<Id>) -> Vec<String> {
 }
 
 fn begin(r: &Resource, action: Verb, detail: Option<String>) -> Outcome {
-    Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
+    Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail, hand_edit: None }
 }
 
 /// A resource's spec as the pass steps it, one resource at a time: every type but the opening.

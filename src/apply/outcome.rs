@@ -103,6 +103,33 @@ pub struct Outcome {
     pub action: Verb,
     /// A sentence for a person, where it helps ("mode 0644 to 0600"); null otherwise.
     pub detail: Option<String>,
+    /// For a file whose content was corrected: what the hand-edit left, as a diff or as why
+    /// none is kept. For the drift history only: not in the report, which is printed where a
+    /// diff of a correction is no one's business (a terminal's scrollback, a CI log).
+    #[serde(skip)]
+    pub hand_edit: Option<HandEdit>,
+}
+
+/// What a hand-edit did to a file's content, as the drift history keeps it: a unified diff from
+/// the declared content (what the host put back) to what the hand-edit left, bounded in size, or
+/// why there is none. Never a secret: made only where `plan` may show a diff too
+/// (`file::hidden`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HandEdit {
+    /// The diff, at most [`HandEdit::MAX`] bytes and a line saying it was cut.
+    Diff(String),
+    /// Why no diff is kept: `it carries a secret`, `the file on the machine is not
+    /// world-readable, mode 0600`, a side too large, or not text.
+    Omitted(String),
+}
+
+impl HandEdit {
+    /// The most bytes of diff kept: enough for the lines a hand changes in a configuration file,
+    /// while a thousand corrections keep the history to a few megabytes.
+    pub const MAX: usize = 4096;
+    /// The largest content, on either side, a diff is made of: above it the diff is omitted, so
+    /// a correction never spends more than a small diff's time on it.
+    pub const LARGEST: usize = 64 * 1024;
 }
 
 /// One resource that failed, with why.

@@ -409,6 +409,7 @@ impl<'a> Pass<'a> {
                     target: record.target.into(),
                     action,
                     detail,
+                    hand_edit: None,
                 }));
             }
             Err(e) => self.failures.push(Failure {

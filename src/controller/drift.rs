@@ -2,8 +2,11 @@
 //! (`mesh_host_watchers::writers`), kept in a bounded history beside the store
 //! (`drift.jsonl`), written by a thread of its own so that the correction never waits for it.
 //!
-//! The history keeps no content: what changed is the outcome's words (`content`, `mode 0644 to
-//! 0600`), never the bytes, so a secret-bearing file's value cannot reach it.
+//! What changed is the outcome's words (`content`, `mode 0644 to 0600`) and, for a correction of
+//! the content of a world-readable text file that carries no secret, a unified diff of the
+//! hand-edit, bounded (`apply::HandEdit`). The diff is made under the same rule as `plan`'s
+//! (`apply::file::hidden`): a secret-bearing or non-world-readable file's content never reaches
+//! the history; its record says only why there is no diff.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -12,6 +15,8 @@ use std::time::Duration;
 
 use mesh_host_watchers::writers::Writer;
 use serde::{Deserialize, Serialize};
+
+use crate::apply::HandEdit;
 
 /// The most corrections the history keeps; older ones are dropped.
 pub const KEPT: usize = 1000;
@@ -83,8 +88,8 @@ impl Who {
         }
     }
 
-    /// The words a log line says: `vim (pid 4242, user alice uid 1000, session 3, in
-    /// session-3.scope)`, `pid 4242 (exited)`, `unknown`.
+    /// The words a report's detail and a log line say: `vim (pid 4242, user alice uid 1000,
+    /// login uid 1000 session 3, in session-3.scope)`, `pid 4242, exited`, `unknown`.
     pub fn describe(&self) -> String {
         let Some(pid) = self.pid else { return "unknown".into() };
         let mut parts = vec![format!("pid {pid}")];
@@ -100,7 +105,10 @@ impl Who {
             _ => {}
         }
         if let Some(s) = self.session {
-            parts.push(format!("session {s}"));
+            match self.loginuid {
+                Some(l) => parts.push(format!("login uid {l} session {s}")),
+                None => parts.push(format!("session {s}")),
+            }
         }
         if let Some(c) = &self.container {
             parts.push(format!("in container {c}"));
@@ -133,12 +141,37 @@ pub struct Correction {
     /// From the change seen to its put back, when the daemon was woken for it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub put_back_ms: Option<f64>,
+    /// For a correction of a file's content: a unified diff from the declared content (what was
+    /// put back) to what the hand-edit left, at most `HandEdit::MAX` bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff: Option<String>,
+    /// For a correction of a file's content with no diff: why (`it carries a secret`, `the file
+    /// on the machine is not world-readable, mode 0600`, too large, not text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff_omitted: Option<String>,
 }
 
 impl Correction {
+    /// Keeps what a correction's hand-edit was, as the applier said it.
+    pub fn with_edit(mut self, edit: Option<HandEdit>) -> Correction {
+        match edit {
+            Some(HandEdit::Diff(d)) => self.diff = Some(d),
+            Some(HandEdit::Omitted(why)) => self.diff_omitted = Some(why),
+            None => {}
+        }
+        self
+    }
+
     /// Cuts every text field to a bounded size, so that a record is bounded too.
     pub fn bounded(mut self) -> Correction {
         for s in [&mut self.id, &mut self.target, &mut self.changed] {
+            *s = cap(s);
+        }
+        // Bounded where it was made; cut again, in case a record came from elsewhere.
+        for s in self.diff.iter_mut() {
+            *s = cap_at(s, HandEdit::MAX + 64);
+        }
+        for s in self.diff_omitted.iter_mut() {
             *s = cap(s);
         }
         self
@@ -146,10 +179,14 @@ impl Correction {
 }
 
 fn cap(s: &str) -> String {
-    if s.len() <= FIELD {
+    cap_at(s, FIELD)
+}
+
+fn cap_at(s: &str, most: usize) -> String {
+    if s.len() <= most {
         return s.to_owned();
     }
-    let mut end = FIELD;
+    let mut end = most;
     while !s.is_char_boundary(end) {
         end -= 1;
     }
@@ -281,6 +318,8 @@ mod tests {
             changed: "content".into(),
             who: Who::unknown(),
             put_back_ms: Some(1.0),
+            diff: None,
+            diff_omitted: None,
         }
     }
 
@@ -324,6 +363,11 @@ mod tests {
             ..Who::default()
         };
         assert_eq!(who.describe(), "vim (pid 7, user alice uid 1000, session 3, in session-3.scope)");
+        let who = Who { loginuid: Some(1000), ..who };
+        assert_eq!(
+            who.describe(),
+            "vim (pid 7, user alice uid 1000, login uid 1000 session 3, in session-3.scope)"
+        );
         assert_eq!(Who::unknown().describe(), "unknown");
     }
 }

@@ -283,11 +283,11 @@ impl Worker {
         let Back { id, seen, started, ids, store, report } = back;
         let key = Key::Resource(id.clone());
         let verdict = match report {
-            Ok((report, session)) => {
+            Ok((mut report, session)) => {
                 let claimed: Vec<&str> = ids.iter().map(Id::as_str).collect();
                 self.store.take_back(store, Some(&claimed));
                 self.spare.push(session);
-                self.conclude_one(&id, &report, seen)
+                self.conclude_one(&id, &mut report, seen)
             }
             Err(message) => {
                 self.store.take_back(store, None);

@@ -73,6 +73,12 @@ pub struct Worker {
     writers: Option<Writers>,
     /// The corrections kept under the state directory (`mesh-host drift`).
     history: drift::History,
+    /// Containers' names by id, as the runtime last gave them (`None`: it did not, asked at that
+    /// time, and asked again 10 s later): a container rewriting a managed file as fast as it can
+    /// costs one question to the runtime (for Podman, a program run), not one per correction.
+    /// At most `NAMES` kept; emptied when full. A lock only because `tally` takes `&self`; only
+    /// the worker's task takes it.
+    container_names: std::sync::Mutex<std::collections::HashMap<String, (Option<String>, Instant)>>,
     /// Paths, units and names to keys. Written here when a declaration is accepted (replaced
     /// whole); read by the intake loop for every change. A read lock held only for a lookup.
     index: Arc<RwLock<Index>>,
@@ -196,6 +202,7 @@ impl Worker {
             files,
             writers: start_writers(),
             history,
+            container_names: std::sync::Mutex::default(),
             index: Arc::new(RwLock::new(Index::default())),
             source_seen: None,
             awaiting: false,
@@ -538,12 +545,12 @@ impl Worker {
         }
         let Some(declaration) = self.declaration.as_deref() else { return Verdict::Clean };
         let t = std::time::Instant::now();
-        let (report, _) = apply::apply_in(&mut self.session, declaration, &mut self.store, &options);
+        let (mut report, _) = apply::apply_in(&mut self.session, declaration, &mut self.store, &options);
         let pass = t.elapsed();
         let refused_before = self.refusal.is_some();
         self.note_refusal(&report);
         // A refusal that stands is said once, when it began, not at every resync.
-        let last = self.tally(&report, None, refused_before && self.refusal.is_some());
+        let last = self.tally(&mut report, None, refused_before && self.refusal.is_some());
         if self.refusal.is_none() {
             self.note_holds(&report);
         }
@@ -613,19 +620,19 @@ impl Worker {
             return Verdict::Clean;
         }
         failpoint_panic_reconcile(id);
-        let report = apply::reconcile_in(
+        let mut report = apply::reconcile_in(
             &mut self.session,
             declaration,
             std::slice::from_ref(id),
             &mut self.store,
             &options,
         );
-        self.conclude_one(id, &report, seen)
+        self.conclude_one(id, &mut report, seen)
     }
 
     /// What follows one resource's reconcile, inline or apart: metrics and log lines, the
     /// fleet's status, watches made again, and the verdict for the queue.
-    pub(super) fn conclude_one(&mut self, id: &Id, report: &Report, seen: Instant) -> Verdict {
+    pub(super) fn conclude_one(&mut self, id: &Id, report: &mut Report, seen: Instant) -> Verdict {
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
         let last = self.tally(report, Some(seen), quiet);
         self.held.extend(report.outcomes.iter().filter(|o| o.action == Verb::Held).map(|o| o.id.clone()));
@@ -655,16 +662,26 @@ impl Worker {
 
     /// Tells what a report did, once: each change and each failure is an event (its log line
     /// and its metrics move together), and the latency of a correction is measured from when
-    /// the change was first seen.
+    /// the change was first seen. A correction's detail in the report gains who made the change
+    /// it put back (`...: content; by sed (pid 4242, ...)`), and it is kept in the history with
+    /// its hand-edit, which leaves the report then.
     /// Returns the last correction's id and who made it, for the fleet's status.
-    fn tally(&self, report: &Report, seen: Option<Instant>, quiet: bool) -> Option<String> {
+    fn tally(&self, report: &mut Report, seen: Option<Instant>, quiet: bool) -> Option<String> {
         let mut last = None;
-        for o in &report.outcomes {
+        for o in &mut report.outcomes {
             // A hold already said is not said again (`held`).
             let quiet = quiet || (o.action == Verb::Held && self.held.contains(&o.id));
             let since_seen = seen.map(|s| s.elapsed());
             let who = (o.action == Verb::Corrected).then(|| self.who(&o.target, seen));
             let text = who.as_ref().map(drift::Who::describe);
+            // The outcome's own words, for the history, before the writer is added to them.
+            let changed = text.as_ref().map(|_| o.detail.clone().unwrap_or_default());
+            if let Some(text) = &text {
+                o.detail = Some(match o.detail.take() {
+                    Some(d) => format!("{d}; by {text}"),
+                    None => format!("by {text}"),
+                });
+            }
             events::ResourceChanged {
                 id: &o.id,
                 kind: o.kind.as_str(),
@@ -673,36 +690,23 @@ impl Worker {
                 detail: o.detail.as_deref(),
                 since_seen,
                 quiet,
-                by: who.as_ref().zip(text.as_deref()).map(|(w, text)| events::By {
-                    kind: mesh_host_watchers::writers::KINDS
-                        .iter()
-                        .find(|k| **k == w.by)
-                        .copied()
-                        .unwrap_or("unknown"),
-                    text,
-                    pid: w.pid,
-                    comm: w.comm.as_deref(),
-                    exe: w.exe.as_deref(),
-                    uid: w.uid,
-                    user: w.user.as_deref(),
-                    unit: w.unit.as_deref(),
-                    container: w.container.as_deref(),
-                    session: w.session,
-                    exited: w.exited,
-                }),
+                by: who.as_ref().map(by),
             }
             .emit(&self.metrics);
             if let (Some(who), Some(text)) = (who, text) {
                 last = Some(format!("{} by {text}", o.id));
-                self.history.add(drift::Correction {
+                let c = drift::Correction {
                     at_ms: crate::system::unix_millis(),
                     id: o.id.clone(),
                     kind: o.kind.as_str().to_owned(),
                     target: o.target.clone(),
-                    changed: o.detail.clone().unwrap_or_default(),
+                    changed: changed.unwrap_or_default(),
                     who,
                     put_back_ms: since_seen.map(|d| d.as_secs_f64() * 1000.0),
-                });
+                    diff: None,
+                    diff_omitted: None,
+                };
+                self.history.add(c.with_edit(o.hand_edit.take()));
             }
         }
         for f in report.error.iter().flat_map(|e| &e.failures) {
@@ -739,10 +743,29 @@ impl Worker {
         drift::Who::from_writer(&w, name)
     }
 
-    /// A container's name, from its id, asked of the runtime the agent already talks to.
+    /// A container's name, from its id: asked of the runtime the agent already talks to (Docker,
+    /// or Podman's Docker-compatible socket), then of the `podman` program, since a Podman
+    /// container needs no socket to run. Asked after the put back, so it never delays that.
     fn container_name(&self, id: &str) -> Option<String> {
-        let docker = crate::system::docker::connect(self.config.container_socket.as_deref()).ok()?;
-        docker.container(id).ok().flatten().map(|c| c.name).filter(|n| !n.is_empty())
+        const NAMES: usize = 256;
+        const RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+        let mut names = self.container_names.lock().unwrap_or_else(|e| e.into_inner());
+        match names.get(id) {
+            Some((Some(name), _)) => return Some(name.clone()),
+            Some((None, asked)) if asked.elapsed() < RETRY => return None,
+            _ => {}
+        }
+        let docker = crate::system::docker::connect(self.config.container_socket.as_deref()).ok();
+        let name = docker
+            .and_then(|d| d.container(id).ok().flatten())
+            .map(|c| c.name)
+            .filter(|n| !n.is_empty())
+            .or_else(|| crate::system::docker::podman_name(id));
+        if names.len() >= NAMES {
+            names.clear();
+        }
+        names.insert(id.to_owned(), (name.clone(), Instant::now()));
+        name
     }
 
     fn count_resources(&self, report: &Report) {
@@ -802,6 +825,24 @@ impl Worker {
             _ => {}
         }
         self.out_of_watches = c.out_of_watches;
+    }
+}
+
+/// The event's fields of who made a change.
+fn by(w: &drift::Who) -> events::By<'_> {
+    events::By {
+        kind: mesh_host_watchers::writers::KINDS.iter().find(|k| **k == w.by).copied().unwrap_or("unknown"),
+        pid: w.pid,
+        comm: w.comm.as_deref(),
+        exe: w.exe.as_deref(),
+        uid: w.uid,
+        user: w.user.as_deref(),
+        loginuid: w.loginuid,
+        session: w.session,
+        unit: w.unit.as_deref(),
+        container: w.container.as_deref(),
+        exited: w.exited,
+        moved: w.moved.as_deref(),
     }
 }
 

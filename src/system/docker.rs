@@ -293,6 +293,20 @@ fn block<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Handle::current().block_on(f)
 }
 
+/// A Podman container's name, from its id, asked of the `podman` program (Podman needs no
+/// service, so there may be no socket to ask): `None` when Podman is not installed, does not
+/// know the id, or does not answer within two seconds.
+pub fn podman_name(id: &str) -> Option<String> {
+    if !crate::system::command::exists("podman") || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let argv: Vec<String> =
+        ["podman", "container", "inspect", "--format", "{{.Name}}", id].map(str::to_owned).into();
+    let ran = crate::system::command::run_within(&argv, &[], Some(Duration::from_secs(2))).ok()?;
+    let name = ran.stdout.trim();
+    (ran.success() && !name.is_empty() && !name.contains('\n')).then(|| name.to_owned())
+}
+
 /// Connects to the runtime: the configured socket if there is one, else the first of
 /// `DOCKER_HOST` and [`DEFAULT_SOCKETS`] that answers. The API version is settled with the
 /// engine (API 1.41, or the engine's own when older): bollard would otherwise ask for a newer

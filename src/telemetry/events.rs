@@ -27,7 +27,8 @@ pub struct ResourceChanged<'a> {
     pub target: &'a str,
     /// The outcome word (`created`, `corrected`, ...).
     pub action: &'static str,
-    /// What a person is told beside the word, if anything.
+    /// What a person is told beside the word, if anything: for a correction, who made the
+    /// change too (`...; by sed (pid 7, ...)`).
     pub detail: Option<&'a str>,
     /// From the change seen on the machine to now, for a correction the daemon was woken for.
     pub since_seen: Option<Duration>,
@@ -43,8 +44,6 @@ pub struct By<'a> {
     /// The kind of writer, the drift counter's `writer` label: `session`, `unit`,
     /// `container` or `unknown`.
     pub kind: &'static str,
-    /// The words a person reads (`vim (pid 7, user alice uid 1000, in session-3.scope)`).
-    pub text: &'a str,
     /// Its pid.
     pub pid: Option<i32>,
     /// Its command name.
@@ -59,10 +58,14 @@ pub struct By<'a> {
     pub unit: Option<&'a str>,
     /// The container it ran in.
     pub container: Option<&'a str>,
+    /// Its audit login uid.
+    pub loginuid: Option<u32>,
     /// Its audit session id.
     pub session: Option<u32>,
     /// It had exited before it was looked at.
     pub exited: bool,
+    /// What the event said it changed: `content`, `attributes`, `entry`.
+    pub moved: Option<&'a str>,
 }
 
 impl Event for ResourceChanged<'_> {
@@ -81,9 +84,11 @@ impl Event for ResourceChanged<'_> {
         let (id, kind, target, action) = (self.id, self.kind, self.target, self.action);
         let detail = self.detail.map(|d| format!(": {d}")).unwrap_or_default();
         if let Some(b) = self.by.filter(|_| action == "corrected") {
-            let text = b.text;
+            // The detail already names the writer in words; these are its fields, for
+            // `--log-json`.
             let (pid, comm, exe, uid, user, unit) = (b.pid, b.comm, b.exe, b.uid, b.user, b.unit);
-            let (container, session, exited) = (b.container, b.session, b.exited);
+            let (container, loginuid, session, exited, moved) =
+                (b.container, b.loginuid, b.session, b.exited, b.moved);
             if self.quiet {
                 tracing::debug!(
                     id,
@@ -95,11 +100,13 @@ impl Event for ResourceChanged<'_> {
                     exe,
                     uid,
                     user,
+                    loginuid,
+                    session,
                     unit,
                     container,
-                    session,
                     exited,
-                    "{action} {id} ({target}){detail}; changed by {text}"
+                    moved,
+                    "{action} {id} ({target}){detail}"
                 );
             } else {
                 tracing::info!(
@@ -112,11 +119,13 @@ impl Event for ResourceChanged<'_> {
                     exe,
                     uid,
                     user,
+                    loginuid,
+                    session,
                     unit,
                     container,
-                    session,
                     exited,
-                    "{action} {id} ({target}){detail}; changed by {text}"
+                    moved,
+                    "{action} {id} ({target}){detail}"
                 );
             }
             return;

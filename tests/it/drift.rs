@@ -1,7 +1,8 @@
 //! Who made the drift (issue 26): real writers change managed files under a running daemon
 //! with real fanotify, and `mesh-host drift --json` and the log must name each; the agent's own
-//! writes are named by no one, and a secret never reaches the history, the log or the metrics.
-//! Root is needed (fanotify wants CAP_SYS_ADMIN): a test run without it fails, saying so.
+//! writes are named by no one, a hand-edit of a plain file is kept as a diff, and a secret
+//! never reaches the history, the log or the metrics. Root is needed (fanotify wants
+//! CAP_SYS_ADMIN): a test run without it fails, saying so.
 
 use std::process::Command;
 
@@ -58,8 +59,11 @@ fn a_shell_and_sed_are_named_and_the_agents_own_writes_are_not() {
     let editor = s.path("bin/hand-edit");
     std::fs::copy("/bin/dash", &editor).expect("dash is installed (package dash)");
 
-    // The shell stays a moment after its write, so that it is looked at alive.
-    let script = format!("echo port=8080 > {}; sleep 0.3", conf.display());
+    // The shell stays a moment after its write, so that it is looked at alive. It opens the
+    // file without truncating it (`1<>`), so that its one write is the whole hand-edit: `>`
+    // would empty the file first, and a daemon quick enough would put back that empty file
+    // before the write, into the old inode, lands.
+    let script = format!("echo port=8080 1<> {}; sleep 0.3", conf.display());
     assert!(Command::new(&editor).args(["-c", &script]).status().unwrap().success());
     assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "put back:\n{}", daemon.log());
     let c = corrected_by(&s, &daemon, "app.conf", |c| c["who"]["comm"] == "hand-edit");
@@ -70,7 +74,23 @@ fn a_shell_and_sed_are_named_and_the_agents_own_writes_are_not() {
     assert!(who["pid"].as_i64().is_some_and(|p| p > 0), "{c}");
     assert!(c["put_back_ms"].as_f64().is_some(), "{c}");
     assert!(c["changed"].as_str().unwrap().contains("content"), "{c}");
-    assert!(daemon.log().contains("; changed by hand-edit (pid"), "{}", daemon.log());
+    assert!(!c["changed"].as_str().unwrap().contains("hand-edit"), "the outcome's words only: {c}");
+    // The correction's report detail names the writer, and so its log line does.
+    assert!(daemon.log().contains("content; by hand-edit (pid"), "{}", daemon.log());
+    // The hand-edit, as a diff from what is declared (and was put back) to what it left.
+    let diff = format!(
+        "--- {0} (declared)\n+++ {0} (as found)\n@@ -1 +1 @@\n-port=80\n+port=8080\n",
+        conf.display()
+    );
+    assert_eq!(c["diff"], diff.as_str(), "{c}");
+    assert!(c["diff_omitted"].is_null(), "{c}");
+    let text = s.run(&["drift"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("\n    -port=80\n    +port=8080\n"),
+        "drift shows the diff under its line:\n{text}"
+    );
+    assert!(text.contains("corrected app.conf (") && text.contains("by hand-edit (pid"), "{text}");
 
     // sed -i writes a temporary file and renames it over: a directory-entry change, by a
     // process that exits at once (named if it was looked at in time, else said to have exited).
@@ -192,9 +212,11 @@ fn a_hand_edited_secret_never_reaches_the_history_the_log_or_the_metrics() {
     assert!(wait_for(PATIENCE, || read(&secret) == PLANT), "put back:\n{}", daemon.log());
     let c = corrected_by(&s, &daemon, "app.secret", |_| true);
     assert!(c["who"]["pid"].as_i64().is_some(), "the writer is named: {c}");
+    assert_eq!((&c["diff_omitted"], &c["diff"]), (&json!("it carries a secret"), &Value::Null), "{c}");
     let out = s.run(&["drift", "--json"]);
     let places = [
         ("drift --json", String::from_utf8_lossy(&out.stdout).into_owned()),
+        ("drift", String::from_utf8_lossy(&s.run(&["drift"]).stdout).into_owned()),
         ("drift.jsonl", read(&s.path("state/drift.jsonl"))),
         ("the log at trace", daemon.log()),
         ("/metrics", daemon.get("/metrics").unwrap_or_default()),
@@ -237,4 +259,266 @@ fn a_process_in_a_docker_container_is_named_by_its_container() {
     let c = corrected_by(&s, &daemon, "app.conf", |c| c["who"]["by"] == "container");
     assert_eq!(c["who"]["container"], name.as_str(), "{c}");
     assert_eq!(daemon.metric("mesh_host_drift_corrections_total{type=\"file\",writer=\"container\"}"), 1.0);
+}
+
+/// A hand-edit of a file only its owner may read (declared 0600, no secret in it): put back and
+/// named, and nothing of its content kept, as `plan` would show none: the correction says why
+/// there is no diff, and neither the declared value nor the hand-typed one reaches `drift`,
+/// the history file, or (the typed one) the daemon's log at trace level.
+#[test]
+fn a_hand_edited_private_file_keeps_no_diff_and_says_why() {
+    must_be_root();
+    const DECLARED: &str = "token=declared-0600-drift-26";
+    const EDIT: &str = "token=typed-0600-drift-26";
+    let s = Scratch::new();
+    let token = s.path("etc/app.token");
+    let d = s.declare(json!([
+        {"type": "file", "id": "app.token", "path": s.p("etc/app.token"), "content": format!("{DECLARED}\n"),
+         "mode": "0600"},
+    ]));
+    let daemon = Daemon::launch(&s, &d, &[], &[("MESH_HOST_LOG", "trace")]);
+    let healthy = wait_for(PATIENCE, || daemon.get("/healthz").is_some_and(|b| b == "ok\n"));
+    assert!(healthy && read(&token).starts_with(DECLARED), "applied, and watching:\n{}", daemon.log());
+    let script = format!("echo {EDIT} > {}; sleep 0.3", token.display());
+    assert!(Command::new("sh").args(["-c", &script]).status().unwrap().success());
+    assert!(wait_for(PATIENCE, || read(&token).starts_with(DECLARED)), "put back:\n{}", daemon.log());
+    let c = corrected_by(&s, &daemon, "app.token", |_| true);
+    assert_eq!(c["diff_omitted"], "the file on the machine is not world-readable, mode 0600", "{c}");
+    assert!(c["diff"].is_null(), "{c}");
+    let text = String::from_utf8_lossy(&s.run(&["drift"]).stdout).into_owned();
+    assert!(
+        text.contains("; diff omitted: the file on the machine is not world-readable, mode 0600"),
+        "{text}"
+    );
+    let places = [
+        ("drift --json", String::from_utf8_lossy(&s.run(&["drift", "--json"]).stdout).into_owned()),
+        ("drift", text),
+        ("drift.jsonl", read(&s.path("state/drift.jsonl"))),
+    ];
+    for (what, text) in &places {
+        for needle in [DECLARED, EDIT] {
+            assert!(!text.contains(needle), "{needle} is in {what}:\n{text}");
+        }
+    }
+    assert!(!daemon.log().contains(EDIT), "the hand-typed value is in the log");
+}
+
+/// The JSON log's fields of an event: tracing's `fields` object, or the line itself.
+fn fields(line: &Value) -> &Value {
+    if line["fields"].is_object() {
+        &line["fields"]
+    } else {
+        line
+    }
+}
+
+/// A process of a login session writes a managed file. Its login uid is written as
+/// `pam_loginuid` does at a login (root may set its own `/proc/self/loginuid` once, with
+/// CAP_AUDIT_CONTROL) and the kernel gives it a session id: it is named `session`, with that
+/// login uid and session, in the history and the counter's label, and the correction's report
+/// detail names it, as the `--log-json` line's message and fields do. This machine has no
+/// logind (its PID 1 is not systemd), so the session is the kernel's audit session, not a
+/// `session-N.scope`; the kernel must have audit (CONFIG_AUDIT), or the test fails saying so.
+#[test]
+fn a_login_sessions_process_is_named_by_its_session_in_the_history_and_the_json_log() {
+    must_be_root();
+    let s = Scratch::new();
+    let conf = s.path("etc/app.conf");
+    let d = s.declare(json!([
+        {"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"), "content": "port=80\n"},
+    ]));
+    let daemon = Daemon::start(&s, &d, &["--log-json"]);
+    let script = format!(
+        "echo 4242 > /proc/self/loginuid || exit 97; cat /proc/self/sessionid; echo port=9 > {}; sleep 0.3",
+        conf.display()
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+    assert_ne!(
+        out.status.code(),
+        Some(97),
+        "the kernel refused a login uid ({}): a session needs a kernel with audit (CONFIG_AUDIT) and root with CAP_AUDIT_CONTROL",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let session: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().expect("a session id");
+    assert_ne!(session, u64::from(u32::MAX), "the kernel gave no session id: it has no audit (CONFIG_AUDIT)");
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "put back:\n{}", daemon.log());
+    let c = corrected_by(&s, &daemon, "app.conf", |c| c["who"]["by"] == "session");
+    let who = &c["who"];
+    assert_eq!((who["loginuid"].as_u64(), who["session"].as_u64()), (Some(4242), Some(session)), "{c}");
+    assert_eq!(who["comm"], "sh", "{c}");
+    let pid = who["pid"].as_i64().unwrap();
+    let log = daemon.log();
+    let line = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| fields(l)["action"] == "corrected")
+        .unwrap_or_else(|| panic!("no JSON line of the correction:\n{log}"));
+    let f = fields(&line);
+    assert_eq!(
+        (&f["by"], &f["comm"], f["pid"].as_i64()),
+        (&json!("session"), &json!("sh"), Some(pid)),
+        "{line}"
+    );
+    assert_eq!((f["loginuid"].as_u64(), f["session"].as_u64()), (Some(4242), Some(session)), "{line}");
+    assert_eq!((&f["moved"], f["uid"].as_u64()), (&json!("content"), Some(0)), "{line}");
+    let message = f["message"].as_str().unwrap();
+    let (by, login) =
+        (format!("content; by sh (pid {pid}, "), format!(", login uid 4242 session {session})"));
+    assert!(
+        message.contains(&by) && message.contains(&login),
+        "the report's detail names the writer: {message}"
+    );
+    let sample = "mesh_host_drift_corrections_total{type=\"file\",writer=\"session\"}";
+    assert_eq!(daemon.metric(sample), 1.0);
+}
+
+/// A cgroup v2 directory the test makes and removes: `<hierarchy>/<slice>/<unit>`.
+struct Cgroup(std::path::PathBuf);
+
+impl Cgroup {
+    /// Under the machine's cgroup v2 hierarchy (`/sys/fs/cgroup` on a unified machine,
+    /// `/sys/fs/cgroup/unified` on a hybrid one).
+    fn new(slice: &str, unit: &str) -> Cgroup {
+        let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+        let root = mounts
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|f| f.get(2) == Some(&"cgroup2"))
+            .map(|f| f[1].to_owned())
+            .expect("a cgroup v2 hierarchy is mounted (the kernel has cgroup2; mount -t cgroup2 none /sys/fs/cgroup/unified)");
+        let dir = std::path::Path::new(&root).join(slice).join(unit);
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot make the cgroup {}: {e}", dir.display()));
+        Cgroup(dir)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+        if let Some(slice) = self.0.parent() {
+            let _ = std::fs::remove_dir(slice);
+        }
+    }
+}
+
+/// A writer in a unit's cgroup is named by its unit. This machine's PID 1 is not systemd, so
+/// no `systemd-run` here can start a unit the agent would see; the writer is put by the test in
+/// a cgroup v2 directory named as systemd names a unit's (`mh-it-….slice/mh-drift-….service`),
+/// by writing its pid to `cgroup.procs`, and has no login session (as a unit's processes have
+/// none: it unsets its login uid). The agent reads that from the kernel (`/proc/PID/cgroup`),
+/// as it would a real unit's; the real transient unit is the next test, in the testbed.
+#[test]
+fn a_process_in_a_units_cgroup_is_named_by_its_unit() {
+    must_be_root();
+    let s = Scratch::new();
+    let conf = s.path("etc/app.conf");
+    let d = s.declare(json!([
+        {"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"), "content": "port=80\n"},
+    ]));
+    let daemon = Daemon::start(&s, &d, &[]);
+    let unit = format!("mh-drift-{}.service", std::process::id());
+    let cgroup = Cgroup::new(&format!("mh-it-{}.slice", std::process::id()), &unit);
+    let script = format!(
+        "echo $$ > {}/cgroup.procs || exit 97; {{ echo 4294967295 > /proc/self/loginuid; }} 2>/dev/null; echo port=5 > {}; sleep 0.3",
+        cgroup.0.display(),
+        conf.display()
+    );
+    let status = Command::new("sh").args(["-c", &script]).status().unwrap();
+    assert!(status.success(), "the writer could not join the cgroup {}", cgroup.0.display());
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "put back:\n{}", daemon.log());
+    let c = corrected_by(&s, &daemon, "app.conf", |c| c["who"]["pid"].is_i64());
+    assert_eq!((&c["who"]["by"], &c["who"]["unit"]), (&json!("unit"), &json!(unit)), "{c}");
+    assert!(daemon.log().contains(&format!("in {unit})")), "{}", daemon.log());
+    assert_eq!(daemon.metric("mesh_host_drift_corrections_total{type=\"file\",writer=\"unit\"}"), 1.0);
+}
+
+/// A transient unit, started by `systemd-run --unit=NAME` inside the systemd testbed, writes a
+/// managed file in the testbed's tree (a directory on the host, where the agent's fanotify
+/// marks it; the kernel gives the writer's pid as the host sees it): named by its unit,
+/// `NAME.service`, read from the cgroup systemd put it in.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_transient_unit_in_the_systemd_testbed_is_named_by_its_unit() {
+    must_be_root();
+    let t = crate::systemd::testbed();
+    let name = crate::systemd::unique("mh-drift-run");
+    let inside = format!("/var/lib/{name}/app.conf");
+    let conf = t.path(&inside);
+    std::fs::create_dir_all(conf.parent().unwrap()).unwrap();
+    let s = Scratch::new();
+    let d = s.declare(json!([
+        {"type": "file", "id": "app.conf", "path": conf, "content": "port=80\n"},
+    ]));
+    let daemon = Daemon::start(&s, &d, &[]);
+    let script = format!("echo port=6 > {inside}; sleep 1");
+    let out =
+        t.inside("systemd-run", &[&format!("--unit={name}"), "--wait", "--quiet", "/bin/sh", "-c", &script]);
+    assert!(out.status.success(), "systemd-run: {}", String::from_utf8_lossy(&out.stderr));
+    let c = corrected_by(&s, &daemon, "app.conf", |c| c["who"]["pid"].is_i64());
+    // The daemon first, so that it does not put back the file removed below.
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(conf.parent().unwrap());
+    let unit = format!("{name}.service");
+    assert_eq!((&c["who"]["by"], &c["who"]["unit"]), (&json!("unit"), &json!(unit)), "{c}");
+    assert!(c["who"]["session"].is_null(), "a unit's process has no login session: {c}");
+}
+
+/// Where fanotify cannot be used (the daemon run without CAP_SYS_ADMIN, through `setpriv`),
+/// everything else is as before: the start says so once, a hand-edit is put back and kept in
+/// the history with its diff, and its writer is `unknown`, in the history and the counter.
+#[test]
+fn without_fanotify_corrections_go_on_and_every_writer_is_unknown() {
+    must_be_root();
+    let s = Scratch::new();
+    let conf = s.path("etc/app.conf");
+    let d = s.declare(json!([
+        {"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"), "content": "port=80\n"},
+    ]));
+    let wrapper = ["setpriv", "--inh-caps", "-all", "--bounding-set", "-sys_admin"];
+    let daemon = Daemon::launch_under(&wrapper, &s, &d, &[], &[]);
+    let healthy = wait_for(PATIENCE, || daemon.get("/healthz").is_some_and(|b| b == "ok\n"));
+    assert!(healthy && read(&conf) == "port=80\n", "applied, and watching:\n{}", daemon.log());
+    // Without truncating first, as in the first test, so that the diff is of the whole edit.
+    let script = format!("echo port=7777 1<> {}; sleep 0.3", conf.display());
+    assert!(Command::new("sh").args(["-c", &script]).status().unwrap().success());
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "put back:\n{}", daemon.log());
+    let c = corrected_by(&s, &daemon, "app.conf", |_| true);
+    assert_eq!(c["who"], json!({"by": "unknown"}), "{c}");
+    assert!(c["diff"].as_str().is_some_and(|d| d.contains("-port=80\n+port=7777\n")), "{c}");
+    let log = daemon.log();
+    assert_eq!(log.matches("fanotify cannot be used").count(), 1, "said once, at start:\n{log}");
+    assert!(log.contains("content; by unknown"), "{log}");
+    assert_eq!(daemon.metric("mesh_host_drift_corrections_total{type=\"file\",writer=\"unknown\"}"), 1.0);
+}
+
+/// A process inside a Podman container (Podman needs no service: the test runs `podman run`)
+/// writes a bind-mounted managed file: named by the container's name, which the agent asks of
+/// the `podman` program, as a container.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_process_in_a_podman_container_is_named_by_its_container() {
+    must_be_root();
+    const SETUP: &str =
+        "run tests/testbed/docker.sh (as root): it installs Podman and imports local/busybox:1";
+    let image = Command::new("podman").args(["image", "exists", "local/busybox:1"]).status();
+    assert!(image.is_ok_and(|s| s.success()), "Podman or its test image is missing: {SETUP}");
+    let s = Scratch::new();
+    let conf = s.path("etc/app.conf");
+    let d = s.declare(json!([
+        {"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"), "content": "port=80\n"},
+    ]));
+    let daemon = Daemon::start(&s, &d, &[]);
+    let name = format!("mh-drift-podman-{}", std::process::id());
+    let _ = Command::new("podman").args(["rm", "-f", &name]).output();
+    let out = Command::new("podman")
+        .args(["run", "--rm", "--name", &name, "-v"])
+        .arg(format!("{}:/x", s.path("etc").display()))
+        .args(["local/busybox:1", "sh", "-c", "echo port=8 > /x/app.conf; sleep 1"])
+        .output()
+        .expect("podman runs");
+    assert!(out.status.success(), "podman run: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "put back:\n{}", daemon.log());
+    let c = corrected_by(&s, &daemon, "app.conf", |c| c["who"]["by"] == "container");
+    assert_eq!(c["who"]["container"], name.as_str(), "{c}");
 }

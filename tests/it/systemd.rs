@@ -59,6 +59,15 @@ impl Testbed {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// A program run inside the testbed, as a person at its console would run it.
+    pub fn inside(&self, program: &str, args: &[&str]) -> std::process::Output {
+        Command::new("nsenter")
+            .args(["-t", &self.pid.to_string(), "-a", program])
+            .args(args)
+            .output()
+            .expect("nsenter runs")
+    }
+
     pub fn active(&self, unit: &str) -> String {
         self.systemctl(&["is-active", unit])
     }

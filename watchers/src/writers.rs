@@ -85,12 +85,19 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// The kind of writer, for a metric's label: `container`, `session` (a login's session
-    /// scope), `unit` (any other systemd unit) or `unknown`. Never a name or a pid.
+    /// The kind of writer, for a metric's label: `container`, `session` (a login's: its session
+    /// scope, or, where logind makes none, an audit session id), `unit` (any other systemd unit)
+    /// or `unknown`. Never a name or a pid.
+    ///
+    /// The audit session comes before the unit: a login on a machine without logind (sshd's
+    /// children in `sshd.service`) is a person's session, and a unit's own processes have none,
+    /// since PID 1 has no login uid to hand down.
     pub fn kind(&self) -> &'static str {
         if self.container.is_some() {
             "container"
-        } else if self.unit.as_deref().is_some_and(|u| u.starts_with("session-") && u.ends_with(".scope")) {
+        } else if self.unit.as_deref().is_some_and(|u| u.starts_with("session-") && u.ends_with(".scope"))
+            || self.session.is_some()
+        {
             "session"
         } else if self.unit.is_some() {
             "unit"
@@ -144,7 +151,17 @@ impl Writers {
     /// Makes the fanotify group and starts the thread that reads it. Fails without
     /// `CAP_SYS_ADMIN` (`EPERM`), on a kernel without fanotify or FID reporting (`ENOSYS`,
     /// `EINVAL`): the error says which.
+    ///
+    /// `CAP_SYS_ADMIN` is checked before the group is asked for: Linux 5.13 and later give a
+    /// group to a process without it, but one whose events carry pid 0 for every other
+    /// process's change, which would name every writer as a pid 0 that had exited.
     pub fn start() -> io::Result<Writers> {
+        if !may_see_pids() {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "this process has no CAP_SYS_ADMIN, without which fanotify gives no writer's pid",
+            ));
+        }
         let flags = libc::FAN_CLASS_NOTIF
             | libc::FAN_CLOEXEC
             | libc::FAN_NONBLOCK
@@ -284,6 +301,18 @@ impl Drop for Writers {
     }
 }
 
+/// Whether this process has `CAP_SYS_ADMIN` in effect (`/proc/self/status`, `CapEff`).
+fn may_see_pids() -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let caps = s.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(caps.trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -365,7 +394,9 @@ fn read_loop(fd: &OwnedFd, shared: &Shared) {
             }
         };
         for event in parse(&buf[..n]) {
-            if event.pid == me {
+            // Pid 0 is no writer: it is what a group without CAP_SYS_ADMIN is given for another
+            // process's change (`start` refuses to make one, should the capability go).
+            if event.pid == me || event.pid <= 0 {
                 continue;
             }
             if event.mask & libc::FAN_Q_OVERFLOW != 0 {
@@ -524,13 +555,19 @@ fn cgroup_owner(cgroup: &str) -> (Option<String>, Option<String>) {
     (unit, None)
 }
 
-/// The container id a cgroup path names, if it names one.
+/// The container id a cgroup path names, if it names one: `docker-<id>.scope` (systemd's
+/// driver), `libpod-<id>` (Podman's cgroupfs driver, under `libpod_parent`), `/docker/<id>`.
+/// An id is 64 hex digits, so that `libpod-conmon-<id>.scope` (Podman's monitor, not the
+/// container) is not taken for one.
 fn container_of(path: &str) -> Option<String> {
+    let is_id = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     for (i, p) in parts.iter().enumerate().rev() {
         for prefix in ["docker-", "libpod-", "crio-"] {
-            if let Some(id) = p.strip_prefix(prefix).and_then(|s| s.strip_suffix(".scope")) {
-                return Some(id.to_owned());
+            if let Some(id) = p.strip_prefix(prefix).map(|s| s.strip_suffix(".scope").unwrap_or(s)) {
+                if is_id(id) {
+                    return Some(id.to_owned());
+                }
             }
         }
         if i > 0 && (parts[i - 1] == "docker" || parts[i - 1] == "libpod") && p.len() == 64 {
@@ -566,6 +603,14 @@ mod tests {
         assert_eq!(cgroup_owner(&format!("0::/system.slice/docker-{id}.scope\n")), (None, Some(id.clone())));
         assert_eq!(cgroup_owner(&format!("0::/docker/{id}\n")), (None, Some(id)));
         assert_eq!(cgroup_owner("0::/\n"), (None, None));
+        let id = "c".repeat(64);
+        let podman = format!("9:name=systemd:/libpod_parent/libpod-{id}\n0::/libpod_parent/libpod-{id}\n");
+        assert_eq!(cgroup_owner(&podman), (None, Some(id.clone())));
+        assert_eq!(
+            cgroup_owner(&format!("0::/machine.slice/libpod-conmon-{id}.scope\n")),
+            (Some(format!("libpod-conmon-{id}.scope")), None),
+            "Podman's monitor is not the container"
+        );
         let id = "b".repeat(64);
         let hybrid = format!("9:name=systemd:/docker/{id}\n8:pids:/docker/{id}\n0::/\n");
         assert_eq!(cgroup_owner(&hybrid), (None, Some(id)));
@@ -573,6 +618,33 @@ mod tests {
             cgroup_owner("9:name=systemd:/system.slice/cron.service\n0::/\n"),
             (Some("cron.service".into()), None)
         );
+    }
+
+    #[test]
+    fn a_writer_is_of_one_kind() {
+        let w = Writer {
+            pid: 1,
+            comm: None,
+            exe: None,
+            uid: None,
+            user: None,
+            loginuid: None,
+            session: None,
+            unit: None,
+            container: None,
+            exited: false,
+            moved: Moved::Content,
+            at: SystemTime::now(),
+            seen: Instant::now(),
+        };
+        assert_eq!(w.kind(), "unknown");
+        let unit = Writer { unit: Some("cron.service".into()), ..w.clone() };
+        assert_eq!(unit.kind(), "unit");
+        assert_eq!(Writer { unit: Some("session-3.scope".into()), ..w.clone() }.kind(), "session");
+        // A login without logind: the audit session says it is a person's.
+        let login = Writer { loginuid: Some(1000), session: Some(5), ..unit };
+        assert_eq!(login.kind(), "session");
+        assert_eq!(Writer { container: Some("c".into()), ..login }.kind(), "container");
     }
 
     /// As root: a write by a child process is attributed to it, by name; this process's own

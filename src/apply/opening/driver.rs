@@ -86,6 +86,7 @@ pub(super) fn hold<'d>(
                 target: r.target(),
                 action: Verb::Held,
                 detail: Some(held_detail(r)),
+                hand_edit: None,
             };
             done.declared.push((r.index, Ok(outcome)));
         } else {
@@ -192,7 +193,14 @@ fn told<F: Filter>(f: &F, store: &Store, r: &Resource, intact: bool) -> Outcome 
         Some(d) => format!("{d}; {here}"),
         None => format!("{here} (runtime and permanent)"),
     };
-    Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail: Some(detail) }
+    Outcome {
+        id: r.id.to_string(),
+        kind: r.kind(),
+        target: r.target(),
+        action,
+        detail: Some(detail),
+        hand_edit: None,
+    }
 }
 
 /// What a flip says of the found firewall it leaves: its name, what its openings' records say

@@ -455,7 +455,14 @@ fn tell(
                 (Some(d), Some(s)) => Some(format!("{d}; {s}")),
                 (d, s) => d.or(s),
             };
-            crate::apply::Outcome { id: r.id.to_string(), kind: r.kind(), target: r.target(), action, detail }
+            crate::apply::Outcome {
+                id: r.id.to_string(),
+                kind: r.kind(),
+                target: r.target(),
+                action,
+                detail,
+                hand_edit: None,
+            }
         });
         done.declared.push((r.index, result));
     }
