@@ -4,7 +4,9 @@
 #   tests/powerloss/vm/run.sh [STATES] [--mutant] [--short] [--fs ext4,ext4-noauto,xfs,btrfs]
 # STATES: crash points visited per filesystem (0, the default: all). --mutant: the agent built
 # with the feature powerloss-mutant (no syncs), which must show losses. --short: the CI lane
-# (ext4, 200 files in 20 directories, 12 points; a few minutes of TCG). Prints, per filesystem and workload:
+# (ext4, 200 files in 20 directories, 12 points; a few minutes of TCG). --release: the agent's
+# release build in the guest, several times faster under TCG (for the long runs over every
+# point). Prints, per filesystem and workload:
 #   powerloss: lane=vm fs=FS workload=W states=N torn=T lost=L ahead=A other=D+F drift=D failed=F behind=B
 # (other: the sum tests/powerloss/run.sh judges beside torn, lost and ahead).
 # Root. Needs network once (apt) unless the testbed's cache holds the kernel and busybox.
@@ -15,14 +17,15 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
 tb=${MESH_HOST_TESTBED:-/var/lib/mesh-host-testbed}/powerloss
-states=0 mutant=0 fss=ext4,ext4-noauto,xfs,btrfs files=1000
+states=0 mutant=0 fss=ext4,ext4-noauto,xfs,btrfs files=1000 profile=debug
 for a in "$@"; do
     case "$a" in
         --mutant) mutant=1 ;;
+        --release) profile=release ;;
         --short) fss=ext4 files=200; [ "$states" = 0 ] && states=12 ;;
         --fs=*) fss=${a#--fs=} ;;
         [0-9]*) states=$a ;;
-        *) echo "usage: $0 [STATES] [--mutant] [--short] [--fs=ext4,ext4-noauto,xfs,btrfs]" >&2; exit 2 ;;
+        *) echo "usage: $0 [STATES] [--mutant] [--short] [--release] [--fs=ext4,ext4-noauto,xfs,btrfs]" >&2; exit 2 ;;
     esac
 done
 
@@ -87,12 +90,13 @@ fi
 # The agent (the real one, or the mutant in a target directory of its own) and plvm.
 tgt=${CARGO_TARGET_DIR:-$repo/target}
 features=()
-agent=$tgt/debug/mesh-host
+agent=$tgt/$profile/mesh-host
+[ "$profile" = release ] && features+=(--release)
 if [ "$mutant" = 1 ] && [ -n "${MESH_HOST_POWERLOSS_MUTANT:-}" ]; then
   # Built already (tests/run.sh builds it in the suite's own target directory).
   agent=$MESH_HOST_POWERLOSS_MUTANT
 else
-  if [ "$mutant" = 1 ]; then tgt=$tgt-mutant; features=(--features powerloss-mutant); agent=$tgt/debug/mesh-host; fi
+  if [ "$mutant" = 1 ]; then tgt=$tgt-mutant; features+=(--features powerloss-mutant); agent=$tgt/$profile/mesh-host; fi
   (cd "$repo" && CARGO_TARGET_DIR=$tgt nice cargo build -q --bin mesh-host "${features[@]}") || fail "cargo build of the agent failed"
 fi
 ptgt=${CARGO_TARGET_DIR:-$repo/target}-plvm
