@@ -107,7 +107,7 @@ case "$PL_MARK" in
     *) wl=failpoint b=/tmp/m2 a=/tmp/m3 done=1 ign=/dev/null decl=again sb=/tmp/s3 ;;
 esac
 dmsetup create snap --table "0 $SZ snapshot /dev/vdd /dev/vde N 8"
-res="torn=0 lost=0"; ahead="ahead=0 behind=0"; drift="drift=0 failed=0"; temps="temps=0"; mountfail=0
+res="torn=0 lost=0"; ahead="ahead=0 behind=0"; drift="drift=0 failed=0"; temps="temps=0"; journal="journal=0"; mountfail=0
 if mount -t "$FS" -o "$OPTS" /dev/mapper/snap "$ROOT" 2>/tmp/mount.err; then
     res=$(plvm check "$ROOT/srv" "$b" "$a" "$done" "$ign" 2>/tmp/check.err)
     if $MH status --json > /tmp/status.json 2>/tmp/status.err; then
@@ -122,6 +122,7 @@ if mount -t "$FS" -o "$OPTS" /dev/mapper/snap "$ROOT" 2>/tmp/mount.err; then
     jinfo="no journal"
     j="$ROOT/state/state.json.journal"
     [ -e "$j" ] && jinfo="journal: $(wc -c < "$j") bytes, $(grep -c '"dir"' "$j") directory lines"
+    journal=$(plvm journal "$j" "$ROOT/" 2>>/tmp/check.err) || journal="journal=1"
     $MH apply "$W/$decl.json" --json > /tmp/apply.json 2>/tmp/apply.err || true
     drift=$(plvm drift /tmp/apply.json "$ign" 2>>/tmp/check.err) || drift="drift=0 failed=1"
     temps=$(plvm temps "$ROOT/srv" 2>>/tmp/check.err)
@@ -134,7 +135,7 @@ else
     echo "mount failed: $(tail -2 /tmp/mount.err)" > /tmp/check.err
 fi
 dmsetup remove snap
-echo "PLSTATE fs=$FS opts=$OPTS workload=$wl index=$PL_INDEX kind=$PL_KIND mark=$PL_MARK $res $ahead $drift $temps mountfail=$mountfail" > /dev/console
+echo "PLSTATE fs=$FS opts=$OPTS workload=$wl index=$PL_INDEX kind=$PL_KIND mark=$PL_MARK $res $ahead $drift $temps $journal mountfail=$mountfail" > /dev/console
 sed 's/^/PLDETAIL /' /tmp/check.err | head -5 > /dev/console
 exit 0
 HOOK

@@ -7,7 +7,7 @@
 # (ext4, 200 files in 20 directories, 12 points; a few minutes of TCG). --release: the agent's
 # release build in the guest, several times faster under TCG (for the long runs over every
 # point). Prints, per filesystem and workload:
-#   powerloss: lane=vm fs=FS workload=W states=N torn=T lost=L ahead=A other=D+F drift=D failed=F behind=B
+#   powerloss: lane=vm fs=FS workload=W states=N torn=T lost=L ahead=A other=D+F+J drift=D failed=F behind=B temps=M journal=J
 # (other: the sum tests/powerloss/run.sh judges beside torn, lost and ahead).
 # Root. Needs network once (apt) unless the testbed's cache holds the kernel and busybox.
 set -euo pipefail
@@ -157,8 +157,8 @@ for f in "${fslist[@]}"; do
         grep "^PLSTATE .* workload=$wl " "$out.txt" | awk -v f="$f" -v wl="$wl" '
             { n++; for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] += kv[2] } }
             END { failed = v["failed"] + v["unconverged"]
-                  printf "powerloss: lane=vm fs=%s workload=%s states=%d torn=%d lost=%d ahead=%d other=%d drift=%d failed=%d behind=%d temps=%d\n",
-                  f, wl, n, v["torn"] + v["mountfail"], v["lost"], v["ahead"], v["drift"] + failed, v["drift"], failed, v["behind"], v["temps"] }'
+                  printf "powerloss: lane=vm fs=%s workload=%s states=%d torn=%d lost=%d ahead=%d other=%d drift=%d failed=%d behind=%d temps=%d journal=%d\n",
+                  f, wl, n, v["torn"] + v["mountfail"], v["lost"], v["ahead"], v["drift"] + failed + v["journal"], v["drift"], failed, v["behind"], v["temps"], v["journal"] }'
     done
 done
 exit 0

@@ -24,6 +24,11 @@
 //! - `plvm drift APPLY_JSON [IGNORE]`: outcomes of `mesh-host apply --json` counted as drift
 //!   (`corrected`) or failed. Prints `drift=D failed=F`.
 //! - `plvm temps ROOT`: the host's temporary files left under ROOT. Prints `temps=N`.
+//! - `plvm journal JOURNAL ROOT`: whether the journal of intent a crash left (if any) is
+//!   coherent: every whole line a directory or an intent as the agent writes them (a path
+//!   under ROOT; an intent's digest, mode and owner well-formed), only the last line torn (cut
+//!   short, or zeros where the data never reached the disk). Prints `journal=N`, the lines that
+//!   are not.
 //!
 //! IGNORE is a file of paths (one a line) left out: the daemon workload's hand-edited files.
 
@@ -89,6 +94,7 @@ fn main() {
         ),
         "drift" => drift(&arg(&args, 2, "APPLY_JSON"), args.get(3)),
         "temps" => temps(&arg(&args, 2, "ROOT")),
+        "journal" => journal(&arg(&args, 2, "JOURNAL"), &arg(&args, 3, "ROOT")),
         other => die(format!("unknown command {other}")),
     };
     if let Err(e) = r {
@@ -411,5 +417,67 @@ fn temps(root: &str) -> io::Result<()> {
     walk(Path::new(root), "", &mut m)?;
     let n = m.keys().filter(|k| is_temp(k)).inspect(|k| eprintln!("temp left: {k}")).count();
     println!("temps={n}");
+    Ok(())
+}
+
+/// One line of the journal of intent as the agent writes it (`src/system/journal.rs`): a
+/// directory temporary files may be made in, or a file about to be renamed into place.
+fn journal_line_ok(line: &[u8], root: &str) -> Result<(), String> {
+    let v: serde_json::Value = serde_json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
+    let under =
+        |p: &serde_json::Value| p.as_str().is_some_and(|p| p.starts_with(root) && !p.contains("/../"));
+    let obj = v.as_object().filter(|o| o.len() == 1).ok_or("not one tagged line")?;
+    if let Some(dir) = obj.get("dir") {
+        return if under(dir) { Ok(()) } else { Err(format!("a directory outside {root}: {dir}")) };
+    }
+    let i = obj.get("intent").and_then(|i| i.as_object()).ok_or("neither a directory nor an intent")?;
+    let sum_ok = i.get("sum").and_then(|s| s.as_str()).is_some_and(|s| {
+        // `sha256:` + hex, or `hmac-sha256:` + hex for a secret (src/declaration/digest.rs).
+        let hex = s.strip_prefix("sha256:").or_else(|| s.strip_prefix("hmac-sha256:")).unwrap_or("");
+        hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    });
+    let mode_ok = i.get("mode").and_then(|m| m.as_u64()).is_some_and(|m| m <= 0o7777);
+    let owner_ok = match i.get("owner") {
+        None | Some(serde_json::Value::Null) => true,
+        Some(o) => o.as_array().is_some_and(|a| a.len() == 2 && a.iter().all(|x| x.as_u64().is_some())),
+    };
+    match (i.get("path").is_some_and(under), sum_ok, mode_ok, owner_ok) {
+        (true, true, true, true) => Ok(()),
+        _ => Err(format!("an intent not as the agent writes one: {}", serde_json::Value::Object(i.clone()))),
+    }
+}
+
+fn journal(path: &str, root: &str) -> io::Result<()> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            println!("journal=0");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    let mut bad = 0;
+    let lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
+    let last = lines.len() - 1; // the text after the last newline: empty unless torn
+    for (n, line) in lines.iter().enumerate() {
+        if n == last || line.is_empty() {
+            continue;
+        }
+        if let Err(why) = journal_line_ok(line, root) {
+            eprintln!("journal line {}: {why}", n + 1);
+            bad += 1;
+        }
+    }
+    // The tail: a line cut short by the crash, or zeros, is what a power cut may leave; a whole
+    // line there without its newline is judged as the others are.
+    let tail = lines[last];
+    if !tail.is_empty() && !tail.iter().all(|b| *b == 0) && journal_line_ok(tail, root).is_err() {
+        let cut = serde_json::from_slice::<serde_json::Value>(tail).is_err();
+        if !cut {
+            eprintln!("journal's last line: not as the agent writes one");
+            bad += 1;
+        }
+    }
+    println!("journal={bad}");
     Ok(())
 }
