@@ -195,14 +195,25 @@ fn the_rename_first_shortcut_is_taken_on_ext4_and_refused_with_noauto_da_alloc()
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "two\n");
         let calls = std::fs::read_to_string(&trace).unwrap();
         let ours: Vec<&str> = calls.lines().filter(|l| l.contains("shortcut.conf")).collect();
-        let renamed = ours.iter().position(|l| l.contains("rename")).unwrap_or_else(|| panic!("no rename:\n{calls}"));
-        let synced_before = ours[..renamed].iter().any(|l| l.contains("sync(") && l.contains(".shortcut.conf.mesh-host-"));
-        let synced_after = ours[renamed..].iter().any(|l| l.contains("sync(") && l.contains("/shortcut.conf>"));
+        let renamed =
+            ours.iter().position(|l| l.contains("rename")).unwrap_or_else(|| panic!("no rename:\n{calls}"));
+        let synced_before =
+            ours[..renamed].iter().any(|l| l.contains("sync(") && l.contains(".shortcut.conf.mesh-host-"));
+        let synced_after =
+            ours[renamed..].iter().any(|l| l.contains("sync(") && l.contains("/shortcut.conf>"));
         let mount = if options.is_empty() { "ext4 (defaults)" } else { "ext4 noauto_da_alloc" };
         if rename_first {
-            assert!(!synced_before && synced_after, "{mount}: the shortcut (rename, then fsync) is expected:\n{}", ours.join("\n"));
+            assert!(
+                !synced_before && synced_after,
+                "{mount}: the shortcut (rename, then fsync) is expected:\n{}",
+                ours.join("\n")
+            );
         } else {
-            assert!(synced_before, "{mount}: the new file must be synced before its rename:\n{}", ours.join("\n"));
+            assert!(
+                synced_before,
+                "{mount}: the new file must be synced before its rename:\n{}",
+                ours.join("\n")
+            );
         }
     }
 }
