@@ -671,4 +671,117 @@ mod tests {
         assert_eq!(fake.did, ["read"], "plan reads and changes nothing");
         assert_eq!(told(&done)[0], (0, "created in the fake (runtime and permanent)".into()));
     }
+
+    /// A backend whose change is whole, as the host's table's is: a plan of fixed data, and
+    /// whether its change fails.
+    struct Whole {
+        fails: bool,
+        did: Vec<&'static str>,
+    }
+
+    impl Backend for Whole {
+        type Seen = ();
+        type Want = ();
+        type Change = ();
+        type Fault = String;
+        const HOME: Option<Home> = None;
+
+        fn error(fault: &Arc<String>) -> Error {
+            Error::FilterReadBack { differs: fault.to_string() }
+        }
+        fn read(&mut self) -> Result<(), String> {
+            Ok(())
+        }
+        fn lets_in(&self, (): &(), o: &Opening) -> bool {
+            o.port.get() == 8080
+        }
+        fn want(&self, _: &str, _: &Opening) {}
+        fn compare(&mut self, (): &(), items: &[Item<'_, ()>], _: &[&str]) -> Plan<(), String> {
+            let closed =
+                Closed { transport: crate::system::firewall::Transport::Tcp, port: 23, addrs: vec![] };
+            Plan {
+                verdicts: items
+                    .iter()
+                    .map(|i| if i.held { Verdict::HeldWithin } else { Verdict::Own { intact: false } })
+                    .collect(),
+                change: Ok(()),
+                common_drift: vec!["its rules were reordered".into()],
+                absent: false,
+                closes: Ok(vec![closed]),
+                orphans: vec!["its rule was taken out"],
+            }
+        }
+        fn act(&mut self, (): &(), _: &[Item<'_, ()>], _: &[&str], (): &()) -> Result<(), String> {
+            self.did.push("act");
+            if self.fails {
+                return Err("it would not load".into());
+            }
+            Ok(())
+        }
+        fn read_back(&mut self, _: &[Item<'_, ()>], (): &()) -> Result<Option<()>, String> {
+            self.did.push("read back");
+            Ok(None)
+        }
+        fn check(&mut self, (): &(), _: &str, (): &()) -> Result<(), Error> {
+            panic!("a whole read-back checks no opening on its own")
+        }
+        fn check_gone(&self, (): &(), _: &str) -> Result<(), Error> {
+            panic!("a whole read-back checks no orphan on its own")
+        }
+        fn here(&self) -> Option<String> {
+            None
+        }
+    }
+
+    #[test]
+    fn a_whole_change_keeps_held_openings_in_and_tells_the_filter_on_the_first_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::read_only(&dir.path().join("state.json")).unwrap();
+        let d = declaration(true);
+        let orphan = || {
+            let rec = Record {
+                origin: Origin::Declared,
+                kind: crate::declaration::Kind::Opening,
+                target: "22/tcp".into(),
+                position: 2,
+                declared: crate::declaration::digest(b"v1"),
+                applied_at: 0,
+                wrote: None,
+                mode: None,
+                owner: None,
+                sig: None,
+                more: None,
+            };
+            vec![("old.ssh".to_owned(), rec)]
+        };
+        let mut whole = Whole { fails: false, did: Vec::new() };
+        let done = run(&mut whole, &d, &store, &options(false), declared_openings(&d), orphan());
+        assert_eq!(whole.did, ["act", "read back"]);
+        assert_eq!(
+            told(&done),
+            vec![
+                (0, "held found open, and module \"web\" is not taken yet: left open as found; new connections are dropped to 23/tcp (listening on )".into()),
+                (1, "created ".into()),
+            ],
+            "held in place, the ports closed told on the first, the common drift only on an opening of the host's that is first"
+        );
+        assert_eq!(done.closes.len(), 1);
+        let removed =
+            done.orphans.iter().map(|(id, _, r)| (id.as_str(), r.as_ref().ok().cloned())).collect::<Vec<_>>();
+        assert_eq!(
+            removed,
+            vec![("old.ssh", Some((Verb::Removed, Some("its rule was taken out".to_owned()))))]
+        );
+
+        let mut whole = Whole { fails: true, did: Vec::new() };
+        let done = run(&mut whole, &d, &store, &options(false), declared_openings(&d), orphan());
+        assert_eq!(whole.did, ["act"], "no read-back after a failed change");
+        let failed = "failed: table inet mesh_host was loaded and reads back different: it would not load";
+        assert_eq!(
+            told(&done),
+            vec![(0, failed.into()), (1, failed.into())],
+            "held within, it fails with the table"
+        );
+        assert!(done.orphans[0].2.is_err());
+    }
 }
