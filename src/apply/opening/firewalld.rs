@@ -273,7 +273,7 @@ impl driver::Filter for InFirewalld<'_> {
         Ok(())
     }
 
-    fn finish(&mut self, seen: &Zone, wanted: &[Rules], orphans: &[&str]) -> Result<(), firewalld::Error> {
+    fn finish(&mut self, seen: &Zone, wanted: &[&Rules], orphans: &[&str]) -> Result<(), firewalld::Error> {
         let wanted_runtime: BTreeSet<&String> = wanted.iter().flat_map(|w| &w.runtime).collect();
         for rule in self.stale.iter().filter(|r| !wanted_runtime.contains(r)) {
             if seen.runtime.contains(rule) {
@@ -289,7 +289,7 @@ impl driver::Filter for InFirewalld<'_> {
         Ok(())
     }
 
-    fn read_back(&mut self, _: &[Rules]) -> Result<Zone, firewalld::Error> {
+    fn read_back(&mut self, _: &[&Rules]) -> Result<Zone, firewalld::Error> {
         read(self.fw)
     }
 

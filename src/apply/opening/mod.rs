@@ -4,16 +4,19 @@
 //! out from all of them, in the one place it lives.
 //!
 //! Where it lives, by job:
-//! - `nft`: the host's own table `inet mesh_host`, worked out from every opening, compared with
-//!   the table nft lists, replaced in one transaction if it differs, and read back whole; each
-//!   opening's outcome is its own part of that comparison (its rules, found by their comment).
+//! - `nft`: the host's own table `inet mesh_host` as the driver's backend: worked out from every
+//!   opening (`table_plan`, pure), compared with the table nft lists, replaced in one
+//!   transaction if it differs, and read back whole; each opening's verdict is its own part of
+//!   that comparison (its rules, found by their comment).
 //! - `ufw` and `firewalld`: the firewall found in force on an adopted node, where the openings
 //!   are made instead, and retired in the flip to the host's table.
 //! - `found`: which firewall is in force on an adopted node, looked for before anything else.
 //! - `plan`: where the openings live (`Home`, as their records say it) and the pure `plan` of
 //!   what the step does about it: stay, make them in a found firewall, flip, go back, or wait.
-//! - `driver`: the one driver of the found firewalls over the `Filter` trait ufw and firewalld
-//!   implement (held, compare, put, read back), and the flip from either, the same for both.
+//! - `driver`: the one driver of all three over the small `Backend` trait (read, held,
+//!   compare into a `Plan` of data, act, read back once, tell): the host's table implements it
+//!   whole (`nft`), ufw and firewalld one opening at a time through `Filter`. And the flip from
+//!   either found firewall, the same for both.
 //!
 //! Architecture Invariant: where the filter lives is decided in `plan` alone, and only a full
 //! pass that failed nothing moves it between firewalls.

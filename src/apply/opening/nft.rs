@@ -3,17 +3,20 @@
 //! worked out from all of them, compared with the table nft lists, replaced in one transaction
 //! if it differs, and read back whole.
 //!
-//! `wanted`, `parse`, `common_drift` and `newly_closed` are pure and unit-tested; `apply`,
+//! `wanted`, `parse`, `common_drift`, `newly_closed` and `table_plan` are pure and unit-tested; `apply`,
 //! `widen_for_way_back` and `without_own_table` act through `system::firewall` and read back.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::{decide, declared_openings, held_detail, held_now, holdable, network, transport, Done, Seen};
+use super::driver::{run, Backend, Item, Plan, Verdict};
+use super::plan::Home;
+use super::{declared_openings, network, transport, Done};
 use crate::apply::{Error, Options, Verb};
-use crate::declaration::{Declaration, Opening, Resource};
+use crate::declaration::{Declaration, Opening};
 use crate::store::{Record, Store};
 use crate::system::firewall::{self, Listener, Transport, FAMILY, TABLE};
 
@@ -297,7 +300,8 @@ pub(super) fn newly_closed(
 
 /// Works out the host's filter from every declared opening, loads it if the table differs (or
 /// removes the table when none is declared and the host had made one), reads it back, and
-/// says what happened to each opening, declared or orphan.
+/// says what happened to each opening, declared or orphan: the one driver (`driver::run`) over
+/// the table as a `Backend`.
 pub(super) fn apply(
     declaration: &Declaration,
     store: &Store,
@@ -305,227 +309,233 @@ pub(super) fn apply(
     orphans: Vec<(String, Record)>,
 ) -> Done {
     let declared = declared_openings(declaration);
-    let mut done = Done::default();
     // No opening declared and none recorded: a table found all the same (a crash between its
     // load and the store's write) is left until an opening is declared again
     // (docs/decisions.md, "The table is removed").
     if declared.is_empty() && orphans.is_empty() {
-        return done;
+        return Done::default();
     }
     // An id too long to be a rule's comment could not be told apart from another's once loaded:
-    // that opening fails alone, and the others are loaded without it (docs/decisions.md, "One
-    // opening's rules are found by their comment").
+    // that opening fails alone, before anything is read, and the others are loaded without it
+    // (docs/decisions.md, "One opening's rules are found by their comment").
     let (fits, too_long): (Vec<_>, Vec<_>) =
         declared.into_iter().partition(|(r, _)| r.id.as_str().len() <= COMMENT_MAX);
-    let any_too_long = !too_long.is_empty();
-    for (r, _) in too_long {
-        done.declared
-            .push((r.index, Err(Error::IdTooLongForRule { id: r.id.to_string(), max: COMMENT_MAX })));
-    }
-
-    let found = match firewall::read_table() {
-        Ok(found) => found.map(|objects| parse(&objects)),
-        Err(e) => {
-            let e = std::sync::Arc::new(e);
-            done.declared.extend(fits.iter().map(|(r, _)| (r.index, Err(Error::Firewall(e.clone())))));
-            done.orphans
-                .extend(orphans.into_iter().map(|(id, rec)| (id, rec, Err(Error::Firewall(e.clone())))));
-            return done;
-        }
-    };
-    let held = held_in_table(declaration, store, &fits, found.as_ref());
-    let worked = work_out(&fits, &held, found.as_ref(), any_too_long);
-    let loaded = if worked.change && !opts.dry_run { load(worked.want.as_ref()) } else { Ok(()) };
-    tell(&mut done, store, &fits, &held, found.as_ref(), &worked, &loaded);
-    let found_by_comment = found.as_ref().map(by_comment);
-    for (id, rec) in orphans {
-        let was_there = found_by_comment.as_ref().is_some_and(|f| f.contains_key(id.as_str()));
-        let result = loaded.as_ref().map_err(Failed::error).map(|()| {
-            let detail = match (was_there, worked.want.is_some()) {
-                (false, _) => "its rule was already gone",
-                (true, true) => "its rule was taken out of table inet mesh_host",
-                (true, false) => "it was the last opening, so table inet mesh_host was removed",
-            };
-            (Verb::Removed, Some(detail.to_owned()))
-        });
-        done.orphans.push((id, rec, result));
-    }
-    done.closes = worked.closes.unwrap_or_default();
+    let mut table = InTable { any_too_long: !too_long.is_empty() };
+    let mut done = run(&mut table, declaration, store, opts, fits, orphans);
+    let refused = too_long
+        .into_iter()
+        .map(|(r, _)| (r.index, Err(Error::IdTooLongForRule { id: r.id.to_string(), max: COMMENT_MAX })));
+    done.declared.splice(0..0, refused);
     done
 }
 
-/// The declared openings held, by index. On an adopted node, an opening of a module not taken
-/// yet whose port was let in before this pass (no filter of the host's at all, or one that
-/// accepts it) is held: it stays open, its rule in the table, but it is not the host's yet.
-/// When every opening is held and no table of the host's is there, none is loaded: a filter
-/// with policy drop would close what the node was found with (docs/decisions.md, "An opening
-/// is held").
-fn held_in_table(
-    declaration: &Declaration,
-    store: &Store,
-    fits: &[(&Resource, &Opening)],
-    found: Option<&Table>,
-) -> BTreeSet<usize> {
-    fits.iter()
-        .filter(|(r, o)| {
-            holdable(declaration, store, r)
-                && held_now(store, r, lets_in(found, transport(o.protocol), o.port.get()))
-        })
-        .map(|(r, _)| r.index)
-        .collect()
+/// What the host's table is to become.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Load {
+    /// Left as it is: as wanted already, or nothing to load.
+    Keep,
+    /// Removed: no opening is declared any more.
+    Remove,
+    /// Replaced whole, in one transaction, with this one.
+    Replace(Table),
 }
 
-/// What the table found is to become: `want` the table to load (none: the table is removed,
-/// or nothing is loaded), `change` whether it differs from the one found, and `closes` the
-/// listening ports the new one closes.
-struct Worked {
-    want: Option<Table>,
-    change: bool,
-    closes: std::io::Result<Vec<Closed>>,
-}
-
-fn work_out(
-    fits: &[(&Resource, &Opening)],
-    held: &BTreeSet<usize>,
-    found: Option<&Table>,
+/// The host's own table as the driver's `Backend`: the unit of change is the whole table, so
+/// `compare` works out the table wanted from every opening (held ones in it, since a table
+/// with policy drop that left one out would close its port), `act` loads it in one
+/// transaction, and `read_back` compares it whole, so no opening is checked on its own.
+struct InTable {
+    /// Openings are declared that could not be loaded: with none loadable, the filter in force
+    /// stays rather than the table going and every port with it.
     any_too_long: bool,
-) -> Worked {
-    let all_held = fits.iter().all(|(r, _)| held.contains(&r.index));
-    let nothing_to_load = fits.is_empty() || (all_held && found.is_none());
-    let want = (!nothing_to_load).then(|| wanted(fits.iter().map(|(r, o)| (r.id.as_str(), *o))));
-    let change = match (&want, found) {
-        (Some(w), Some(f)) => w != f,
-        (Some(_), None) => true,
-        // Openings are declared and none could be loaded: the filter in force stays, rather
-        // than the table going and every port with it.
-        (None, _) if any_too_long => false,
-        (None, found) => found.is_some(),
-    };
-    // The listening ports this filter closes, said before it is loaded (and by `plan`), so an
-    // operator sees what a new filter cuts off (docs/decisions.md, "Ports the filter closes").
-    let closes = match &want {
-        // A table left as it is closes nothing new; reading every socket of a busy server on
-        // each pass would be paid for nothing.
-        Some(_) if change => firewall::listening().map(|listeners| {
-            let open: BTreeSet<(Transport, u16)> =
-                fits.iter().map(|(_, o)| (transport(o.protocol), o.port.get())).collect();
-            newly_closed(&listeners, found, &open)
-        }),
-        _ => Ok(Vec::new()),
-    };
-    Worked { want, change, closes }
 }
 
-/// Each declared opening's outcome, from its own part of the comparison (its rules found
-/// intact or not, against its record); what was changed in the common part, and the ports the
-/// new filter closes, are told on the first one only, so a hand edit counts as drift once.
-fn tell(
-    done: &mut Done,
-    store: &Store,
-    fits: &[(&Resource, &Opening)],
-    held: &BTreeSet<usize>,
+impl Backend for InTable {
+    type Seen = Option<Table>;
+    type Want = Vec<Rule>;
+    type Change = Load;
+    type Fault = Failed;
+    const HOME: Option<Home> = None;
+
+    fn error(fault: &Arc<Failed>) -> Error {
+        fault.error()
+    }
+
+    fn read(&mut self) -> Result<Option<Table>, Failed> {
+        Ok(firewall::read_table().map_err(|e| Failed::Nft(Arc::new(e)))?.map(|o| parse(&o)))
+    }
+
+    // An opening of a module not taken yet whose port was let in before this pass (no filter
+    // of the host's at all, or one that accepts it) is held: it stays open, its rule in the
+    // table, but it is not the host's yet (docs/decisions.md, "An opening is held").
+    fn lets_in(&self, seen: &Option<Table>, o: &Opening) -> bool {
+        lets_in(seen.as_ref(), transport(o.protocol), o.port.get())
+    }
+
+    fn want(&self, id: &str, o: &Opening) -> Vec<Rule> {
+        opening_rules(id, o).into_iter().map(canonical_rule).collect()
+    }
+
+    fn compare(
+        &mut self,
+        seen: &Option<Table>,
+        items: &[Item<'_, Vec<Rule>>],
+        orphans: &[&str],
+    ) -> Plan<Load, Failed> {
+        table_plan(seen.as_ref(), items, orphans, self.any_too_long, firewall::listening)
+    }
+
+    fn act(
+        &mut self,
+        _: &Option<Table>,
+        _: &[Item<'_, Vec<Rule>>],
+        _: &[&str],
+        load: &Load,
+    ) -> Result<(), Failed> {
+        make(load)
+    }
+
+    fn read_back(&mut self, _: &[Item<'_, Vec<Rule>>], load: &Load) -> Result<Option<Option<Table>>, Failed> {
+        read_back(load).map(|()| None)
+    }
+
+    fn check(&mut self, _: &Option<Table>, _: &str, _: &Vec<Rule>) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn check_gone(&self, _: &Option<Table>, _: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn here(&self) -> Option<String> {
+        None
+    }
+}
+
+/// The plan for the host's table, pure: from the table found, the openings that fit (held or
+/// not), the orphans and whether some did not fit, the table to load (`Load`), each opening's
+/// verdict from its own rules found by their comment, what was changed by hand outside every
+/// opening's rules, and each orphan's detail. `listening` reads the listening sockets, only
+/// when a new table is loaded, for the ports it closes.
+pub(super) fn table_plan(
     found: Option<&Table>,
-    worked: &Worked,
-    loaded: &Result<(), Failed>,
-) {
-    let ids: BTreeSet<&str> = fits.iter().map(|(r, _)| r.id.as_str()).collect();
-    let common = match (&worked.want, found) {
+    items: &[Item<'_, Vec<Rule>>],
+    orphans: &[&str],
+    any_too_long: bool,
+    listening: impl FnOnce() -> std::io::Result<Vec<Listener>>,
+) -> Plan<Load, Failed> {
+    // When every opening is held and no table of the host's is there, none is loaded: a filter
+    // with policy drop would close what the node was found with (docs/decisions.md, "An
+    // opening is held").
+    let all_held = items.iter().all(|i| i.held);
+    let nothing_to_load = items.is_empty() || (all_held && found.is_none());
+    let want = (!nothing_to_load).then(|| wanted(items.iter().map(|i| (i.r.id.as_str(), i.o))));
+    let ids: BTreeSet<&str> = items.iter().map(|i| i.r.id.as_str()).collect();
+    let common_drift = match (&want, found) {
         (Some(w), Some(f)) => common_drift(f, w, &ids),
         (_, _) => Vec::new(),
     };
     let found_by_comment = found.map(by_comment);
-    for (i, (r, o)) in fits.iter().enumerate() {
-        let result = loaded.as_ref().map_err(Failed::error).map(|()| {
-            let own = opening_rules(r.id.as_str(), o).into_iter().map(canonical_rule).collect::<Vec<_>>();
-            let intact = found_by_comment.as_ref().is_some_and(|f| {
-                f.get(r.id.as_str()).is_some_and(|rules| rules.iter().copied().eq(own.iter()))
-            });
-            let recorded: Option<bool> = store.get(r.id.as_str()).map(|rec| rec.declared == r.digest);
-            let first = i == 0;
-            let seen = Seen {
-                recorded,
-                intact,
-                table_absent: found.is_none(),
-                common: if first { &common } else { &[] },
-            };
-            let (action, detail) =
-                if held.contains(&r.index) { (Verb::Held, Some(held_detail(r))) } else { decide(&seen) };
-            let said = if first { closes_said(&worked.closes) } else { None };
-            let detail = match (detail, said) {
-                (Some(d), Some(s)) => Some(format!("{d}; {s}")),
-                (d, s) => d.or(s),
-            };
-            crate::apply::Outcome {
-                id: r.id.to_string(),
-                kind: r.kind(),
-                target: r.target(),
-                action,
-                detail,
-                hand_edit: None,
-            }
-        });
-        done.declared.push((r.index, result));
-    }
-}
-
-/// What the first opening says of the ports the new filter closes, if anything.
-fn closes_said(closes: &std::io::Result<Vec<Closed>>) -> Option<String> {
-    match closes {
-        Ok(c) if c.is_empty() => None,
-        Ok(c) => Some(dropped_to(c)),
-        Err(e) => Some(format!(
-            "the listening sockets could not be read ({e}), so the ports this filter closes are not known"
-        )),
-    }
+    let verdicts = items
+        .iter()
+        .map(|i| match i.held {
+            true => Verdict::HeldWithin,
+            false => Verdict::Own {
+                intact: found_by_comment.as_ref().is_some_and(|f| {
+                    f.get(i.r.id.as_str()).is_some_and(|rules| rules.iter().copied().eq(i.want.iter()))
+                }),
+            },
+        })
+        .collect();
+    let orphans = orphans
+        .iter()
+        .map(|id| match (found_by_comment.as_ref().is_some_and(|f| f.contains_key(id)), want.is_some()) {
+            (false, _) => "its rule was already gone",
+            (true, true) => "its rule was taken out of table inet mesh_host",
+            (true, false) => "it was the last opening, so table inet mesh_host was removed",
+        })
+        .collect();
+    let load = match (want, found) {
+        (Some(w), Some(f)) if w == *f => Load::Keep,
+        (Some(w), _) => Load::Replace(w),
+        // Openings are declared and none could be loaded: the filter in force stays, rather
+        // than the table going and every port with it.
+        (None, _) if any_too_long => Load::Keep,
+        (None, Some(_)) => Load::Remove,
+        (None, None) => Load::Keep,
+    };
+    // The listening ports this filter closes, said before it is loaded (and by `plan`), so an
+    // operator sees what a new filter cuts off (docs/decisions.md, "Ports the filter closes").
+    // A table left as it is closes nothing new; reading every socket of a busy server on each
+    // pass would be paid for nothing.
+    let closes = match &load {
+        Load::Replace(_) => listening().map(|listeners| {
+            let open: BTreeSet<(Transport, u16)> =
+                items.iter().map(|i| (transport(i.o.protocol), i.o.port.get())).collect();
+            newly_closed(&listeners, found, &open)
+        }),
+        Load::Keep | Load::Remove => Ok(Vec::new()),
+    };
+    Plan { verdicts, change: Ok(load), common_drift, absent: found.is_none(), closes, orphans }
 }
 
 /// Why the filter could not be loaded, kept once and told to every opening.
 pub(super) enum Failed {
-    Nft(std::sync::Arc<firewall::Error>),
+    Nft(Arc<firewall::Error>),
     ReadBack(String),
 }
 
 impl Failed {
     pub(super) fn error(&self) -> Error {
         match self {
-            Failed::Nft(e) => Error::Firewall(std::sync::Arc::clone(e)),
+            Failed::Nft(e) => Error::Firewall(Arc::clone(e)),
             Failed::ReadBack(differs) => Error::FilterReadBack { differs: differs.clone() },
         }
     }
 }
 
-/// Replaces the table with `want` in one transaction (or removes it), then reads it back: the
-/// old filter stands until the new one is complete (docs/firewall.md, "The host's filter").
-fn load(want: Option<&Table>) -> Result<(), Failed> {
-    let nft = |e| Failed::Nft(std::sync::Arc::new(e));
-    match want {
-        None => {
-            firewall::remove_table().map_err(nft)?;
-            match firewall::read_table().map_err(nft)? {
-                None => Ok(()),
-                Some(_) => Err(Failed::ReadBack("it is still there after it was removed".into())),
-            }
-        }
-        Some(want) => {
-            firewall::load(batch(want)).map_err(nft)?;
-            match firewall::read_table().map_err(nft)?.map(|o| parse(&o)) {
-                None => Err(Failed::ReadBack("it is not there after it was loaded".into())),
-                Some(found) if found == *want => Ok(()),
-                Some(found) => {
-                    let ids: BTreeSet<&str> =
-                        want.rules.iter().filter_map(|r| r.comment.as_deref()).collect();
-                    let mut differs = common_drift(&found, want, &ids);
-                    let (found_by_comment, wanted_by_comment) = (by_comment(&found), by_comment(want));
-                    differs.extend(
-                        ids.iter()
-                            .filter(|id| found_by_comment.get(*id) != wanted_by_comment.get(*id))
-                            .map(|id| format!("the rules of {id} differ")),
-                    );
-                    Err(Failed::ReadBack(differs.join(", ")))
-                }
-            }
-        }
+/// Replaces the table in one transaction, or removes it: the old filter stands until the new
+/// one is complete (docs/firewall.md, "The host's filter").
+fn make(load: &Load) -> Result<(), Failed> {
+    let nft = |e| Failed::Nft(Arc::new(e));
+    match load {
+        Load::Keep => Ok(()),
+        Load::Remove => firewall::remove_table().map_err(nft),
+        Load::Replace(want) => firewall::load(batch(want)).map_err(nft),
     }
+}
+
+/// Reads the table back after `make`, whole: gone if removed, exactly as wanted if replaced.
+fn read_back(load: &Load) -> Result<(), Failed> {
+    let nft = |e| Failed::Nft(Arc::new(e));
+    match load {
+        Load::Keep => Ok(()),
+        Load::Remove => match firewall::read_table().map_err(nft)? {
+            None => Ok(()),
+            Some(_) => Err(Failed::ReadBack("it is still there after it was removed".into())),
+        },
+        Load::Replace(want) => match firewall::read_table().map_err(nft)?.map(|o| parse(&o)) {
+            None => Err(Failed::ReadBack("it is not there after it was loaded".into())),
+            Some(found) if found == *want => Ok(()),
+            Some(found) => {
+                let ids: BTreeSet<&str> = want.rules.iter().filter_map(|r| r.comment.as_deref()).collect();
+                let mut differs = common_drift(&found, want, &ids);
+                let (found_by_comment, wanted_by_comment) = (by_comment(&found), by_comment(want));
+                differs.extend(
+                    ids.iter()
+                        .filter(|id| found_by_comment.get(*id) != wanted_by_comment.get(*id))
+                        .map(|id| format!("the rules of {id} differ")),
+                );
+                Err(Failed::ReadBack(differs.join(", ")))
+            }
+        },
+    }
+}
+
+/// `make`, then `read_back`.
+fn load(load: &Load) -> Result<(), Failed> {
+    make(load)?;
+    read_back(load)
 }
 
 /// The way back's first step, before the found firewall (ufw or firewalld, retired by a flip)
@@ -544,7 +554,7 @@ pub(super) fn widen_for_way_back(
 }
 
 pub(super) fn widen(declaration: &Declaration, orphans: &[(String, Record)]) -> Result<(), Failed> {
-    let nft = |e| Failed::Nft(std::sync::Arc::new(e));
+    let nft = |e| Failed::Nft(Arc::new(e));
     let Some(found) = firewall::read_table().map_err(nft)?.map(|o| parse(&o)) else { return Ok(()) };
     let fits = declared_openings(declaration).into_iter().filter(|(r, _)| r.id.as_str().len() <= COMMENT_MAX);
     let mut want = wanted(fits.map(|(r, o)| (r.id.as_str(), o)));
@@ -555,7 +565,7 @@ pub(super) fn widen(declaration: &Declaration, orphans: &[(String, Record)]) -> 
     if want == found {
         return Ok(());
     }
-    load(Some(&want))
+    load(&Load::Replace(want))
 }
 
 /// The nft commands that replace the table with `want`: made if absent (so that deleting it
@@ -617,7 +627,7 @@ pub(super) fn without_own_table(mut done: Done, opts: &Options, found: &str) -> 
         }
         Ok(false) => {}
         Err(e) => {
-            let e = std::sync::Arc::new(e);
+            let e = Arc::new(e);
             for (_, result) in &mut done.declared {
                 *result = Err(Error::Firewall(e.clone()));
             }
@@ -714,5 +724,141 @@ mod tests {
             2,
             "a chain that accepts closes nothing"
         );
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+
+    /// Two openings, 8080/tcp (`web.http`) and 53/udp (`dns.udp`), as a declaration gives them.
+    fn declaration() -> Declaration {
+        let text = r#"{"version": 1, "resources": [
+            {"type": "opening", "id": "web.http", "port": 8080},
+            {"type": "opening", "id": "dns.udp", "port": 53, "protocol": "udp"}
+        ]}"#;
+        Declaration::parse(text.as_bytes()).unwrap()
+    }
+
+    fn items<'d>(declaration: &'d Declaration, held: &[&str]) -> Vec<Item<'d, Vec<Rule>>> {
+        declared_openings(declaration)
+            .into_iter()
+            .map(|(r, o)| Item {
+                r,
+                o,
+                want: opening_rules(r.id.as_str(), o).into_iter().map(canonical_rule).collect(),
+                held: held.contains(&r.id.as_str()),
+            })
+            .collect()
+    }
+
+    fn listening() -> std::io::Result<Vec<Listener>> {
+        let l = |t, port| Listener { transport: t, addr: "0.0.0.0".parse().unwrap(), port };
+        Ok(vec![l(Transport::Tcp, 22), l(Transport::Tcp, 8080)])
+    }
+
+    fn unread() -> std::io::Result<Vec<Listener>> {
+        panic!("the sockets are read only when a new table is loaded")
+    }
+
+    fn plan_of(
+        found: Option<&Table>,
+        items: &[Item<'_, Vec<Rule>>],
+        orphans: &[&str],
+        listen: impl FnOnce() -> std::io::Result<Vec<Listener>>,
+    ) -> (Load, Plan<Load, Failed>) {
+        let mut plan = table_plan(found, items, orphans, false, listen);
+        let load = std::mem::replace(&mut plan.change, Ok(Load::Keep));
+        (load.unwrap_or_else(|_| panic!("the table's plan never fails")), plan)
+    }
+
+    #[test]
+    fn no_table_found_loads_one_and_says_the_ports_it_closes() {
+        let d = declaration();
+        let items = items(&d, &[]);
+        let (load, plan) = plan_of(None, &items, &[], listening);
+        let want = wanted(items.iter().map(|i| (i.r.id.as_str(), i.o)));
+        assert_eq!(load, Load::Replace(want));
+        assert_eq!(plan.verdicts, vec![Verdict::Own { intact: false }; 2]);
+        assert!(plan.absent && plan.common_drift.is_empty());
+        let closes = plan.closes.unwrap();
+        assert_eq!(
+            closes.iter().map(Closed::to_string).collect::<Vec<_>>(),
+            vec!["22/tcp (listening on 0.0.0.0)"],
+            "8080 is declared, 22 is not"
+        );
+    }
+
+    #[test]
+    fn a_table_as_wanted_is_kept_and_its_sockets_are_not_read() {
+        let d = declaration();
+        let items = items(&d, &[]);
+        let found = wanted(items.iter().map(|i| (i.r.id.as_str(), i.o)));
+        let (load, plan) = plan_of(Some(&found), &items, &["old.ssh"], unread);
+        assert_eq!(load, Load::Keep);
+        assert_eq!(plan.verdicts, vec![Verdict::Own { intact: true }; 2]);
+        assert!(!plan.absent && plan.common_drift.is_empty());
+        assert_eq!(plan.orphans, vec!["its rule was already gone"]);
+    }
+
+    #[test]
+    fn a_hand_edit_is_one_openings_and_the_common_parts_told_apart() {
+        let d = declaration();
+        let items = items(&d, &[]);
+        let mut found = wanted(items.iter().map(|i| (i.r.id.as_str(), i.o)));
+        // The rule of dns.udp deleted by hand, a set added, and an orphan's rule left in.
+        found.rules.retain(|r| r.comment.as_deref() != Some("dns.udp"));
+        found.others.push("a set \"extra\"".to_owned());
+        found
+            .rules
+            .extend(opening_rules("old.ssh", &crate::apply::opening::testing::opening(22, "tcp", &[])));
+        let (load, plan) = plan_of(Some(&found), &items, &["old.ssh"], listening);
+        assert!(matches!(load, Load::Replace(_)));
+        assert_eq!(plan.verdicts, vec![Verdict::Own { intact: true }, Verdict::Own { intact: false }]);
+        assert_eq!(
+            plan.common_drift,
+            vec![
+                "1 rule(s) the declaration does not hold were added to it",
+                "a set \"extra\" was added to it"
+            ]
+        );
+        assert_eq!(plan.orphans, vec!["its rule was taken out of table inet mesh_host"]);
+        let closes: Vec<String> = plan.closes.unwrap().iter().map(Closed::to_string).collect();
+        assert_eq!(closes, vec!["22/tcp (listening on 0.0.0.0)"], "the orphan's rule let 22 in");
+    }
+
+    #[test]
+    fn held_openings_are_in_the_table_and_none_is_loaded_when_all_are_held_and_none_is_there() {
+        let d = declaration();
+        let some = items(&d, &["dns.udp"]);
+        let (load, plan) = plan_of(None, &some, &[], listening);
+        assert!(
+            matches!(load, Load::Replace(ref t) if t.rules.iter().any(|r| r.comment.as_deref() == Some("dns.udp")))
+        );
+        assert_eq!(plan.verdicts, vec![Verdict::Own { intact: false }, Verdict::HeldWithin]);
+        let all = items(&d, &["web.http", "dns.udp"]);
+        let (load, plan) = plan_of(None, &all, &[], unread);
+        assert_eq!(load, Load::Keep, "a filter with policy drop would close what the node was found with");
+        assert_eq!(plan.verdicts, vec![Verdict::HeldWithin; 2]);
+    }
+
+    #[test]
+    fn the_last_opening_gone_removes_the_table_unless_openings_did_not_fit() {
+        let d = declaration();
+        let found = wanted(items(&d, &[]).iter().map(|i| (i.r.id.as_str(), i.o)));
+        let (load, plan) = plan_of(Some(&found), &[], &["web.http", "gone.x"], unread);
+        assert_eq!(load, Load::Remove);
+        assert_eq!(
+            plan.orphans,
+            vec!["it was the last opening, so table inet mesh_host was removed", "its rule was already gone"]
+        );
+        let plan = table_plan(Some(&found), &[], &["web.http"], true, unread);
+        assert_eq!(
+            plan.change.ok(),
+            Some(Load::Keep),
+            "the filter in force stays rather than every port going"
+        );
+        let (load, _) = plan_of(None, &[], &["web.http"], unread);
+        assert_eq!(load, Load::Keep, "no table, nothing to remove");
     }
 }

@@ -195,7 +195,7 @@ impl Filter for InUfw {
         ufw_added_for(added, id).iter().try_for_each(|(_, words)| ufw::delete(words))
     }
 
-    fn finish(&mut self, _: &Listed, _: &[Vec<UfwRule>], _: &[&str]) -> Result<(), ufw::Error> {
+    fn finish(&mut self, _: &Listed, _: &[&Vec<UfwRule>], _: &[&str]) -> Result<(), ufw::Error> {
         if self.enable {
             ufw::enable()?;
         }
@@ -205,9 +205,9 @@ impl Filter for InUfw {
     // A rule saved and not in force (the filter flushed by hand) is put in force by loading
     // ufw's saved rules again: `ufw show added` shows what is saved, not what is in force
     // (docs/firewall.md, "The firewall found on an adopted node").
-    fn read_back(&mut self, wanted: &[Vec<UfwRule>]) -> Result<Listed, ufw::Error> {
+    fn read_back(&mut self, wanted: &[&Vec<UfwRule>]) -> Result<Listed, ufw::Error> {
         let (added, in_force) = self.read()?;
-        if wanted.iter().flatten().flat_map(|w| &w.in_force).all(|l| in_force.contains(l)) {
+        if wanted.iter().copied().flatten().flat_map(|w| &w.in_force).all(|l| in_force.contains(l)) {
             return Ok((added, in_force));
         }
         ufw::reload()?;
