@@ -257,11 +257,24 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
         ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Archive && *rec.target == *r.target());
     let found = ctx.fs.meta(path)?.map(|m| m.kind);
     let facts = Facts { archive: Some(got.to_string()), ..Facts::default() };
+    let mut listed = None;
     let (action, detail) = match decide(path, record, found, &got)? {
+        Plan::Unchanged if ctx.store.after_a_crash() => {
+            let all = entries(&mut src, path, &got)?;
+            let lost = lost_after_a_crash(&mut ctx.fs, path, &all)?;
+            listed = Some(all);
+            match lost {
+                0 => return Ok(Step::Done(begin(r, Verb::Unchanged, None), Some(facts))),
+                n => (Verb::Updated, Some(format!("the last pass did not finish, and {n} of the files unpacked here were missing or empty: unpacked again"))),
+            }
+        }
         Plan::Unchanged => return Ok(Step::Done(begin(r, Verb::Unchanged, None), Some(facts))),
         Plan::Unpack(action, detail) => (action, Some(detail)),
     };
-    let entries = entries(&mut src, path, &got)?;
+    let entries = match listed {
+        Some(all) => all,
+        None => entries(&mut src, path, &got)?,
+    };
     // Only before the host first unpacks this archive here: once it has, the files it names
     // are the ones it wrote, and keeping each on every update would fill `kept/` with the
     // host's own old versions (docs/decisions.md, "Archives").
@@ -288,6 +301,24 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
     let sums = unpack(&mut ctx.fs, &mut src, path, &entries, &got)?;
     read_back(&mut ctx.fs, path, &entries, sums)?;
     Ok(Step::Done(begin(r, action, detail), Some(facts)))
+}
+
+/// After a pass that did not finish (a journal found at start-up), how many of the files an
+/// archive recorded as unpacked are missing, or empty where the archive's are not: what a power
+/// cut leaves when a disk acknowledged a flush it had not made, the record durable and the
+/// files' delayed data not. Only then is an archive's tree looked at; otherwise its files are
+/// the operator's to change, as after `tar -x` (docs/decisions.md, "Archives").
+fn lost_after_a_crash(fs: &mut Fs, path: &Path, entries: &[Entry]) -> Result<usize, Error> {
+    let mut lost = 0;
+    for e in entries {
+        if let Body::File { size } = e.body {
+            let there = fs.meta(&path.join(&e.path))?;
+            if there.is_none_or(|m| m.kind != FsKind::File || (m.sig.size == 0 && size > 0)) {
+                lost += 1;
+            }
+        }
+    }
+    Ok(lost)
 }
 
 /// Keeps, as a `file` keeps its original, each regular file already at a path the archive is

@@ -662,6 +662,44 @@ fn temporaries_are_cleared_after_a_crash_whose_journal_lost_their_directories() 
     assert_eq!(std::fs::read_to_string(s.path("d0/f0")).unwrap(), "new\n");
 }
 
+/// A power cut on a disk that acknowledged a flush it had not made can leave an archive's record
+/// saying "unpacked" over files that are empty (the VM lane's mutant, which never syncs, shows
+/// it: RELIABILITY.md). After a crash (a journal found), the first pass looks at the files an
+/// unchanged archive unpacked and unpacks it again if any is missing or empty where the
+/// archive's is not; without a crash, an emptied file is the operator's change and stays.
+#[test]
+fn after_a_crash_an_archive_whose_files_were_lost_is_unpacked_again() {
+    let s = Scratch::new();
+    let tar = tar_of(&[("bin/tool", b"#!/bin/sh\necho tool\n"), ("README", b"read me\n")]);
+    let d = s.declare(
+        json!([{"type": "archive", "id": "tool.dist", "path": s.p("opt/tool"), "bytes": b64(&tar)}]),
+    );
+    assert_eq!(s.apply(&d).0, 0);
+    let tool = s.path("opt/tool/bin/tool");
+
+    std::fs::write(&tool, "").unwrap();
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "tool.dist"), "unchanged", "no crash: the emptied file is left as found");
+    assert_eq!(std::fs::read(&tool).unwrap(), b"");
+
+    std::fs::write(format!("{}.journal", s.state().display()), "").unwrap();
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "tool.dist"), "updated", "{report:#}");
+    assert!(
+        detail(&report, "tool.dist").contains("1 of the files unpacked here were missing or empty"),
+        "{report:#}"
+    );
+    assert_eq!(std::fs::read(&tool).unwrap(), b"#!/bin/sh\necho tool\n");
+    let (_, report) = s.apply(&d);
+    assert_eq!(
+        action(&report, "tool.dist"),
+        "unchanged",
+        "once recovered, an ordinary pass again: {report:#}"
+    );
+}
+
 #[test]
 fn status_says_what_the_machine_still_holds() {
     let s = Scratch::new();
