@@ -7,13 +7,15 @@
 #
 # What it leaves, under /var/lib/mesh-host-testbed/etcd-tls (keys mode 0600):
 #   ca.pem, ca.key          the testbed's CA
-#   server.pem, server.key  etcd's certificate: IP SAN 127.0.0.1, for serving and for the
-#                           calls etcd's JSON gateway makes to etcd itself (so clientAuth too)
-#   node-a, node-b, operator (.pem, .key)
-#                           client certificates WITHOUT a common name: etcd's JSON gateway
-#                           refuses a certificate with one while etcd's auth is on (it cannot
-#                           take the user from it), so a node's user comes from its login
-#   named.pem, named.key    a client certificate WITH a common name, to see that refusal said
+#   server.pem, server.key  etcd's certificate: IP SAN 127.0.0.1, for serving (and clientAuth,
+#                           for the calls an etcd member makes to itself)
+#   node-a, node-b (.pem, .key)
+#                           the nodes' client certificates, CN=node-a and CN=node-b: with
+#                           etcd's auth on and --client-cert-auth, etcd takes the user from the
+#                           CN over gRPC, so a node is known by its certificate and needs no
+#                           password (mesh-host speaks gRPC, issue 24)
+#   operator.pem, .key      a client certificate WITHOUT a common name: the operator's, who
+#                           logs in as root with a password (the alternative to a CN)
 #   other-ca.pem            a CA that signed nothing here: "the wrong CA"
 # and, in the background, etcd serving clients on https://127.0.0.1:23791 (--client-cert-auth,
 # auth off) and peers on http://127.0.0.1:23801, data under .../etcd-tls/data, its pid in
@@ -61,8 +63,13 @@ cert() {
 client='basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n'
 made=1
 for f in ca.pem ca.key server.pem server.key node-a.pem node-a.key node-b.pem node-b.key \
-  operator.pem operator.key named.pem named.key other-ca.pem; do
+  operator.pem operator.key other-ca.pem; do
   [ -s "$f" ] || made=0
+done
+# A set made before the nodes' certificates named them (CN) is made again.
+for who in node-a node-b; do
+  [ -s "$who.pem" ] && openssl x509 -in "$who.pem" -noout -subject 2>/dev/null | grep -q "CN *= *$who\b" ||
+    made=0
 done
 if [ "$made" = 0 ]; then
   # All made again, from a new CA: a member already running on the old one is restarted below.
@@ -73,10 +80,10 @@ if [ "$made" = 0 ]; then
     -days 3650 -out ca.pem 2>/dev/null
   cert server "/O=mesh-host testbed/CN=etcd" \
     'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=IP:127.0.0.1\n'
-  for who in node-a node-b operator; do
-    cert "$who" "/O=mesh-host testbed/OU=$who" "$client"
+  for who in node-a node-b; do
+    cert "$who" "/O=mesh-host testbed/CN=$who" "$client"
   done
-  cert named "/O=mesh-host testbed/CN=node-a" "$client"
+  cert operator "/O=mesh-host testbed/OU=operator" "$client"
   key other-ca.key
   openssl req -x509 -new -key other-ca.key -subj "/CN=not the testbed's CA" -days 3650 \
     -out other-ca.pem 2>/dev/null
