@@ -278,3 +278,45 @@ impl OwnEtcd {
         OwnEtcd::start_with(s, true, &[])
     }
 }
+
+/// The TCP connections process `pid` holds established to `port` on loopback, from the kernel's
+/// own tables (/proc/PID/net/tcp and tcp6, the sockets matched to the process's descriptors by
+/// inode): what `ss -tnp` shows, without parsing its columns.
+fn connections_to(pid: u32, port: u16) -> usize {
+    let mut inodes = std::collections::BTreeSet::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+        let Ok(target) = std::fs::read_link(fd.path()) else { continue };
+        let target = target.to_string_lossy().into_owned();
+        if let Some(inode) = target.strip_prefix("socket:[").and_then(|t| t.strip_suffix(']')) {
+            inodes.insert(inode.to_owned());
+        }
+    }
+    let mut count = 0;
+    for table in ["tcp", "tcp6"] {
+        let text = read(Path::new(&format!("/proc/{pid}/net/{table}")));
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // local, remote (ADDR:PORT in hex), state (01: established), ..., inode (column 9).
+            let remote_port =
+                cols.get(2).and_then(|r| r.rsplit(':').next()).and_then(|p| u16::from_str_radix(p, 16).ok());
+            if remote_port == Some(port)
+                && cols.get(3) == Some(&"01")
+                && cols.get(9).is_some_and(|i| inodes.contains(*i))
+            {
+                count += 1;
+            }
+        }
+    }
+    count
+}
+
+/// What `ss -tnp` says of `pid`'s connections, for a failure's message.
+fn ss_of(pid: u32) -> String {
+    let out =
+        Command::new("ss").args(["-tnp"]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    out.unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(&format!("pid={pid},")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}

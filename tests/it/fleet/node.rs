@@ -434,3 +434,50 @@ fn a_node_reports_its_status_at_most_once_a_second_and_its_presence_goes_with_it
     let (code, _) = fleet_status(&s, &url);
     assert_eq!(code, 1, "a node gone is not a fleet converged");
 }
+
+/// One connection per node (issue 24): the node's reads, its watch of the fleet's, two groups'
+/// and its own prefixes, its status writes and its lease's renewals are all streams of one
+/// HTTP/2 connection, so a node in steady state holds exactly one TCP connection to etcd.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_in_steady_state_holds_exactly_one_tcp_connection_to_etcd() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    for (scope, name) in
+        [(&["--fleet"][..], "all"), (&["--group", "g1"][..], "g1"), (&["--node", "one"][..], "own")]
+    {
+        let file = s.path(&format!("in/{name}.json"));
+        write_declaration(&file, json!([{"type": "file", "id": name, "path": s.p(name), "content": "x\n"}]));
+        let out = fleet(&s, &[&["put", "--etcd", &url], scope, &[file.to_str().unwrap()]].concat());
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut daemon = node(&s, &url, "one", &["g1", "g2"]);
+    let status = format!("/mesh-host/node/one/status");
+    assert!(
+        wait_for(PATIENCE, || String::from_utf8_lossy(&etcdctl(&url, &["get", &status]).stdout)
+            .contains("converged\":true")),
+        "{}",
+        daemon.log()
+    );
+    assert!(
+        !keys_under(&url, "/mesh-host/node/one/alive").is_empty(),
+        "the lease is taken: {}",
+        daemon.log()
+    );
+    let pid = daemon.child.as_ref().unwrap().id();
+    // Steady state: past a lease renewal (every 3 s) and a status write.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(connections_to(pid, etcd.client), 1, "ss -tnp:\n{}\n{}", ss_of(pid), daemon.log());
+    // A change is followed on that same connection.
+    write_declaration(
+        &s.path("in/all.json"),
+        json!([{"type": "file", "id": "all", "path": s.p("all"), "content": "y\n"}]),
+    );
+    let out = fleet(&s, &["put", "--etcd", &url, "--fleet", s.p("in/all.json").as_str()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(wait_for(PATIENCE, || read(&s.path("all")) == "y\n"), "{}", daemon.log());
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(connections_to(pid, etcd.client), 1, "ss -tnp:\n{}\n{}", ss_of(pid), daemon.log());
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}
