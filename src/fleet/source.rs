@@ -182,8 +182,14 @@ pub async fn run(
         let (revision, kvs) = match read_at_one_revision(&etcd, &prefixes).await {
             Ok(read) => read,
             Err(e) => {
-                events::FleetSource::Unreachable { node: &source.node, error: &e, first: !down }
-                    .emit(&metrics);
+                let certificate_refused = e.certificate_refused();
+                events::FleetSource::Unreachable {
+                    node: &source.node,
+                    error: &e,
+                    first: !down,
+                    certificate_refused,
+                }
+                .emit(&metrics);
                 down = true;
                 if let Some(first) = first.take() {
                     let _ = first.send(());

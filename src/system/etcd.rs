@@ -349,7 +349,7 @@ fn tls_hint(message: &str, asked: bool) -> &'static str {
         || message.contains("CertificateRevoked")
         || message.contains("UnknownCA")
     {
-        " (etcd refused the client certificate of --etcd-cert: not signed by the CA etcd trusts, expired, or revoked; write a valid one and its key in place, they are read again at every connection)"
+        CERTIFICATE_REFUSED
     } else {
         ""
     }
@@ -394,6 +394,19 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         source = s.source();
     }
     message
+}
+
+/// `chain`, with the hint of a TLS refusal that came after the handshake (under TLS 1.3, etcd's
+/// refusal of a certificate reaches the client as an alert on the first read, through HTTP/2,
+/// not through the connector).
+fn said(e: &(dyn std::error::Error + 'static)) -> String {
+    let message = chain(e);
+    let hint = tls_hint(&message, false);
+    if message.contains(hint.trim_start()) {
+        message
+    } else {
+        message + hint
+    }
 }
 
 /// What the channel dials with: TCP, and TLS over it for `https://` endpoints, the files read
@@ -452,6 +465,18 @@ async fn connect(uri: &http::Uri, tls: Option<&TlsFiles>) -> Result<Connected, S
         ));
     }
     Ok(hyper_util::rt::TokioIo::new(Box::new(stream) as Box<dyn Io>))
+}
+
+/// The hint beside TLS's words when etcd refused the client's certificate: what
+/// `Error::certificate_refused` looks for.
+const CERTIFICATE_REFUSED: &str = " (etcd refused the client certificate of --etcd-cert: not signed by the CA etcd trusts, expired, or revoked; write a valid one and its key in place, they are read again at every connection)";
+
+impl Error {
+    /// Whether etcd could not be reached because it refused the client's certificate: the
+    /// operator's to mend, by writing a new one in place.
+    pub fn certificate_refused(&self) -> bool {
+        matches!(self, Error::Unreachable { message, .. } if message.contains(CERTIFICATE_REFUSED.trim_start()))
+    }
 }
 
 /// The end of the range of every key that starts with `prefix` (etcd's `range_end`), as bytes.
@@ -572,7 +597,7 @@ impl Etcd {
                     *connection = Some(Connection { at, channel: channel.clone() });
                     return Ok((at, channel));
                 }
-                Err(e) => last = format!("{endpoint}: {}", chain(&e)),
+                Err(e) => last = format!("{endpoint}: {}", said(&e)),
             }
         }
         Err(Error::Unreachable {
@@ -665,7 +690,7 @@ impl Etcd {
             match tokio::time::timeout(CALL_TIMEOUT, f(channel)).await {
                 Ok(Ok(answer)) => return Ok(answer.into_inner()),
                 Ok(Err(status)) if another_may_answer(&status) => {
-                    last = format!("{endpoint}: {}", chain(&status));
+                    last = format!("{endpoint}: {}", said(&status));
                 }
                 Ok(Err(status)) => {
                     if compacted(Some(status.code() as u64), status.message()) {
@@ -945,7 +970,7 @@ impl Etcd {
                     })
                 }
                 Ok(Err(status)) if another_may_answer(&status) => {
-                    last = format!("{endpoint}: {}", chain(&status));
+                    last = format!("{endpoint}: {}", said(&status));
                 }
                 Ok(Err(status)) => {
                     return Err(Error::Refused {
@@ -1013,7 +1038,7 @@ impl Watch {
                 Err(status) => {
                     return Err(Error::Unreachable {
                         endpoints: self.watchers.endpoint.clone(),
-                        message: format!("the watch broke: {}", chain(&status)),
+                        message: format!("the watch broke: {}", said(&status)),
                     })
                 }
             };

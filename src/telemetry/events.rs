@@ -379,6 +379,8 @@ pub enum FleetSource<'a> {
         error: &'a dyn std::fmt::Display,
         /// The first failure since etcd last answered.
         first: bool,
+        /// etcd refused the node's client certificate.
+        certificate_refused: bool,
     },
     /// A read succeeded; `again` when the one before had failed (then it is said).
     Reached {
@@ -437,14 +439,23 @@ pub enum FleetSource<'a> {
 impl Event for FleetSource<'_> {
     fn emit(self, m: &Metrics) {
         match self {
-            FleetSource::Unreachable { node, error, first } => {
+            FleetSource::Unreachable { node, error, first, certificate_refused } => {
                 m.etcd_up.get_or_create(&Vec::new()).set(0);
-                if first {
+                let refused = m.etcd_certificate_refused.get_or_create(&Vec::new());
+                // Said once when it starts, whatever failed before it: the operator's action.
+                if certificate_refused && refused.get() == 0 && !first {
+                    tracing::error!(node = %node, "etcd refuses this node's client certificate: {error}; converging on the last declaration known, trying again with the files as they are then");
+                } else if certificate_refused && first {
+                    tracing::error!(node = %node, "cannot read the declaration from etcd, which refuses this node's client certificate: {error}; converging on the last one known, trying again with the files as they are then");
+                }
+                refused.set(i64::from(certificate_refused));
+                if first && !certificate_refused {
                     tracing::warn!(node = %node, "cannot read the declaration from etcd: {error}; converging on the last one known, trying again");
                 }
             }
             FleetSource::Reached { node, revision, again } => {
                 m.etcd_up.get_or_create(&Vec::new()).set(1);
+                m.etcd_certificate_refused.get_or_create(&Vec::new()).set(0);
                 if again {
                     tracing::info!(node = %node, revision, "etcd answers again; read its declaration at revision {revision}");
                 }
