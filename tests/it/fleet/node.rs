@@ -453,9 +453,9 @@ fn a_node_in_steady_state_holds_exactly_one_tcp_connection_to_etcd() {
         assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
     }
     let mut daemon = node(&s, &url, "one", &["g1", "g2"]);
-    let status = format!("/mesh-host/node/one/status");
+    let status = "/mesh-host/node/one/status";
     assert!(
-        wait_for(PATIENCE, || String::from_utf8_lossy(&etcdctl(&url, &["get", &status]).stdout)
+        wait_for(PATIENCE, || String::from_utf8_lossy(&etcdctl(&url, &["get", status]).stdout)
             .contains("converged\":true")),
         "{}",
         daemon.log()
