@@ -284,8 +284,8 @@ pub struct FleetPut {
     pub path: PathBuf,
 }
 
-/// How mesh-host proves itself to etcd: TLS with a client certificate, and a login to etcd's
-/// auth, when they are on.
+/// How mesh-host proves itself to etcd: TLS with a client certificate (whose CN etcd's auth
+/// takes as the user), or a login to etcd's auth by password.
 #[derive(Debug, clap::Args)]
 pub struct EtcdLogin {
     /// The etcd user to log in as (a node: its own name, given by `fleet grant`).
@@ -300,7 +300,8 @@ pub struct EtcdLogin {
     #[arg(long, env = "MESH_HOST_ETCD_CA", value_name = "FILE")]
     pub etcd_ca: Option<PathBuf>,
     /// This node's client certificate (PEM), shown to etcd when it asks for one
-    /// (`--client-cert-auth`).
+    /// (`--client-cert-auth`). With etcd's auth on and no `--etcd-user`, its CN is the user
+    /// etcd knows the node as. Read again at every connection to etcd.
     #[arg(long, env = "MESH_HOST_ETCD_CERT", value_name = "FILE", requires = "etcd_key")]
     pub etcd_cert: Option<PathBuf>,
     /// The private key (PEM) of `--etcd-cert`; refused when others than its owner can read it.

@@ -3,10 +3,13 @@
 //!
 //! The loop: read every prefix of the node at one revision; if what was read parses, write it
 //! to the cache in one step (the controller's source watcher sees the directory change and puts
-//! it in force); then watch every prefix from the next revision. Any change seen, a watch that
-//! breaks, a compacted revision, or a minute of quiet leads to the same thing: a full read
-//! again. Since each read is whole and each watch starts right after the revision read, nothing
-//! written in between is missed, across reconnects and leader changes alike.
+//! it in force); then watch every prefix, on one Watch stream, from the next revision. Any
+//! change seen, a compacted revision, a watch etcd refuses, or a minute of quiet leads to the
+//! same thing: a full read again. A stream that breaks (its member gone) is opened again, on
+//! the next member if need be, from the revision after the last one it is known to have sent
+//! everything up to. Since each read is whole and each watch starts right after the revision
+//! read (or seen), nothing written in between is missed, across reconnects and leader changes
+//! alike.
 //!
 //! While etcd cannot be reached, the cache stays as it is and the controller goes on converging
 //! on it; a node started while etcd is down applies its last known declaration
