@@ -272,7 +272,11 @@ async fn wait_for_change(
                 _ = shutdown.cancelled() => return false,
                 _ = &mut reread => return true,
                 seen = watch.next() => match seen {
-                    Ok(Seen::Created | Seen::Progress(_)) => continue,
+                    Ok(Seen::Created) => continue,
+                    Ok(Seen::Progress(at)) => {
+                        events::FleetSource::Progress { node, revision: at }.emit(metrics);
+                        continue;
+                    }
                     Ok(Seen::Changed(at)) => {
                         events::FleetSource::Changed { node, revision: at }.emit(metrics);
                         return true;

@@ -420,6 +420,14 @@ pub enum FleetSource<'a> {
         /// The revision of the change.
         revision: i64,
     },
+    /// etcd's progress notice: the watch is alive and has delivered every change up to
+    /// `revision`.
+    Progress {
+        /// The node's name.
+        node: &'a str,
+        /// The revision every change up to has been delivered.
+        revision: i64,
+    },
     /// The revision to watch from was compacted away: the whole declaration is read again.
     Compacted {
         /// The node's name.
@@ -475,6 +483,10 @@ impl Event for FleetSource<'_> {
             ),
             FleetSource::Changed { node, revision } => {
                 tracing::debug!(node = %node, revision, "etcd: the declaration changed")
+            }
+            FleetSource::Progress { node, revision } => {
+                m.etcd_watch_revision.get_or_create(&Vec::new()).set(revision);
+                tracing::debug!(node = %node, revision, "etcd: the watch is alive, every change up to revision {revision} delivered");
             }
             FleetSource::Compacted { node, at } => {
                 tracing::info!(node = %node, "etcd compacted revision {at} away; reading the whole declaration again")

@@ -61,6 +61,9 @@ pub struct Metrics {
     /// (expired, revoked, or from a CA etcd does not trust), 0 once etcd takes one; absent where
     /// the declaration is a local directory.
     pub etcd_certificate_refused: Family<Labels, Gauge>,
+    /// `mesh_host_etcd_watch_revision`: the etcd revision up to which the fleet's watch has
+    /// delivered every change, from etcd's progress notices; absent until the first.
+    pub etcd_watch_revision: Family<Labels, Gauge>,
     /// Reconciles that panicked: each failed its key, and the daemon went on.
     pub panics: Counter,
     /// State-store writes that failed: what was applied is on the machine but not recorded.
@@ -151,6 +154,7 @@ impl Metrics {
             declaration_refused: Gauge::default(),
             etcd_up: Family::default(),
             etcd_certificate_refused: Family::default(),
+            etcd_watch_revision: Family::default(),
             panics: Counter::default(),
             store_write_failures: Counter::default(),
             scheduled_runs: Family::default(),
@@ -274,6 +278,11 @@ impl Metrics {
             "mesh_host_etcd_certificate_refused",
             "1 while etcd refuses the node's client certificate (expired, revoked, or from a CA it does not trust), 0 once it takes one; the files are read again at every connection",
             self.etcd_certificate_refused.clone(),
+        );
+        registry.register(
+            "mesh_host_etcd_watch_revision",
+            "The etcd revision up to which the fleet's watch has delivered every change, from etcd's progress notices: an idle watch known alive, and where it stands",
+            self.etcd_watch_revision.clone(),
         );
         registry.register(
             "mesh_host_panics",
