@@ -464,7 +464,88 @@ async fn connect(uri: &http::Uri, tls: Option<&TlsFiles>) -> Result<Connected, S
             tls_hint("", true).trim_start().trim_start_matches('(').trim_end_matches(')')
         ));
     }
-    Ok(hyper_util::rt::TokioIo::new(Box::new(stream) as Box<dyn Io>))
+    let primed = accepted(stream).await?;
+    Ok(hyper_util::rt::TokioIo::new(Box::new(primed) as Box<dyn Io>))
+}
+
+/// How long the connector waits for etcd's first bytes after the handshake.
+const FIRST_BYTES: Duration = Duration::from_secs(2);
+
+/// Whether etcd took the client's certificate. Under TLS 1.3 the client's side of the handshake
+/// ends before etcd has checked its certificate, and a refusal (expired, revoked, another CA's)
+/// comes as an alert on the first read; read through HTTP/2 it may surface as an alert, a reset
+/// or a closed connection, depending on timing. So the first bytes are read here: etcd's HTTP/2
+/// server speaks first (its SETTINGS), so they come at once, and a refusal is said in words.
+/// The bytes read are handed on in front of the rest. Nothing come after `FIRST_BYTES`: handed
+/// on as it is.
+async fn accepted<S>(mut stream: S) -> Result<Primed<S>, String>
+where
+    S: tokio::io::AsyncRead + Unpin,
+{
+    use tokio::io::AsyncReadExt as _;
+    let mut first = vec![0; 16 << 10];
+    match tokio::time::timeout(FIRST_BYTES, stream.read(&mut first)).await {
+        Ok(Ok(0)) => Err(format!(
+            "TLS: etcd closed the connection just after the handshake, as it does when it refuses the client's certificate{CERTIFICATE_REFUSED}"
+        )),
+        Ok(Ok(n)) => {
+            first.truncate(n);
+            Ok(Primed { first, at: 0, inner: stream })
+        }
+        Ok(Err(e)) => {
+            let message = chain(&e);
+            Err(format!("TLS: {message}{}", tls_hint(&message, false)))
+        }
+        Err(_) => Ok(Primed { first: Vec::new(), at: 0, inner: stream }),
+    }
+}
+
+/// A stream with the bytes `accepted` read put back in front of the rest.
+struct Primed<S> {
+    first: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Primed<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.at < this.first.len() {
+            let n = (this.first.len() - this.at).min(buf.remaining());
+            buf.put_slice(&this.first[this.at..this.at + n]);
+            this.at += n;
+            return std::task::Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Primed<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
 }
 
 /// The hint beside TLS's words when etcd refused the client's certificate: what

@@ -7,15 +7,22 @@
 #
 # What it leaves, under /var/lib/mesh-host-testbed/etcd-tls (keys mode 0600):
 #   ca.pem, ca.key          the testbed's CA
-#   server.pem, server.key  etcd's certificate: IP SAN 127.0.0.1, for serving (and clientAuth,
-#                           for the calls an etcd member makes to itself)
-#   node-a, node-b (.pem, .key)
-#                           the nodes' client certificates, CN=node-a and CN=node-b: with
+#   server.pem, server.key  etcd's certificate: IP SAN 127.0.0.1, for serving and for the
+#                           calls etcd's JSON gateway makes to etcd itself (so clientAuth too)
+#   node-a, node-b, operator (.pem, .key)
+#                           client certificates WITHOUT a common name: etcd's JSON gateway
+#                           refuses a certificate with one while etcd's auth is on (it cannot
+#                           take the user from it), so a node's user comes from its login
+#   named.pem, named.key    a client certificate WITH a common name (CN=node-a), which the
+#                           JSON gateway of older mesh-host builds refused (kept: a testbed is
+#                           shared by branches, and an older branch's script remakes the whole
+#                           set, CA included, when a file it knows is missing)
+#   node-a-cn, node-b-cn (.pem, .key)
+#                           the nodes' certificates naming them, CN=node-a and CN=node-b: with
 #                           etcd's auth on and --client-cert-auth, etcd takes the user from the
-#                           CN over gRPC, so a node is known by its certificate and needs no
-#                           password (mesh-host speaks gRPC, issue 24)
-#   operator.pem, .key      a client certificate WITHOUT a common name: the operator's, who
-#                           logs in as root with a password (the alternative to a CN)
+#                           CN over gRPC, so a node is known by its certificate alone and holds
+#                           no password (issue 24). Made from the CA above when missing or not
+#                           signed by it, without remaking the rest.
 #   other-ca.pem            a CA that signed nothing here: "the wrong CA"
 # and, in the background, etcd serving clients on https://127.0.0.1:23791 (--client-cert-auth,
 # auth off) and peers on http://127.0.0.1:23801, data under .../etcd-tls/data, its pid in
@@ -63,13 +70,8 @@ cert() {
 client='basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n'
 made=1
 for f in ca.pem ca.key server.pem server.key node-a.pem node-a.key node-b.pem node-b.key \
-  operator.pem operator.key other-ca.pem; do
+  operator.pem operator.key named.pem named.key other-ca.pem; do
   [ -s "$f" ] || made=0
-done
-# A set made before the nodes' certificates named them (CN) is made again.
-for who in node-a node-b; do
-  [ -s "$who.pem" ] && openssl x509 -in "$who.pem" -noout -subject 2>/dev/null | grep -q "CN *= *$who\b" ||
-    made=0
 done
 if [ "$made" = 0 ]; then
   # All made again, from a new CA: a member already running on the old one is restarted below.
@@ -80,15 +82,25 @@ if [ "$made" = 0 ]; then
     -days 3650 -out ca.pem 2>/dev/null
   cert server "/O=mesh-host testbed/CN=etcd" \
     'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=IP:127.0.0.1\n'
-  for who in node-a node-b; do
-    cert "$who" "/O=mesh-host testbed/CN=$who" "$client"
+  for who in node-a node-b operator; do
+    cert "$who" "/O=mesh-host testbed/OU=$who" "$client"
   done
-  cert operator "/O=mesh-host testbed/OU=operator" "$client"
+  cert named "/O=mesh-host testbed/CN=node-a" "$client"
   key other-ca.key
   openssl req -x509 -new -key other-ca.key -subj "/CN=not the testbed's CA" -days 3650 \
     -out other-ca.pem 2>/dev/null
   rm -f other-ca.key
 fi
+
+# The nodes' certificates with a CN, from the CA there now: made again only when missing or
+# signed by another CA (the set above remade), never remaking the CA, so a member and the tests
+# running on it are left alone.
+for who in node-a node-b; do
+  if ! [ -s "$who-cn.pem" ] || ! [ -s "$who-cn.key" ] ||
+    ! openssl verify -CAfile ca.pem "$who-cn.pem" >/dev/null 2>&1; then
+    cert "$who-cn" "/O=mesh-host testbed/CN=$who" "$client"
+  fi
+done
 
 healthy() {
   curl -sf --cacert ca.pem --cert operator.pem --key operator.key "https://$CLIENT/health" 2>/dev/null |

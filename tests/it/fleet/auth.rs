@@ -45,8 +45,8 @@ impl Transport {
         }
     }
 
-    /// The nodes' names (over TLS, the CNs of the testbed's node certificates) and the word in
-    /// the passwords.
+    /// The nodes' names (over TLS, the CNs of the testbed's node certificates, `node-a-cn.pem`
+    /// and `node-b-cn.pem`) and the word in the passwords.
     fn names(self) -> (&'static str, &'static str, &'static str) {
         match self {
             Transport::Plain => ("auth-a", "auth-b", "fleet"),
@@ -62,7 +62,7 @@ impl Transport {
                 .into_iter()
                 .map(str::to_owned)
                 .collect(),
-            Transport::Tls => tls_args(node),
+            Transport::Tls => tls_args(&format!("{node}-cn")),
         }
     }
 
@@ -176,7 +176,7 @@ fn only_its_own(t: Transport) {
     let a_login = format!("{a}:{a_secret}");
     let as_a = |args: &[&str]| match t {
         Transport::Plain => t.etcdctl(url, "node-a", &[&["--user", &a_login], args].concat()),
-        Transport::Tls => t.etcdctl(url, "node-a", args),
+        Transport::Tls => t.etcdctl(url, "node-a-cn", args),
     };
     let denied = |out: &Output| {
         !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("permission denied")
@@ -254,9 +254,17 @@ fn a_password_login_outlives_its_token_and_a_change_put_after_it_expired_is_appl
     let login = ["--etcd-user", name, "--etcd-password-file", node_pw.as_str()];
     let mut daemon = node_with(&s, &url, name, &[], &login);
     assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "applied:\n{}", daemon.log());
-    // Nothing the node sends between changes carries the token (etcd 3.4 does not check a
-    // lease's renewal): 4 s idle is twice the TTL.
-    std::thread::sleep(Duration::from_secs(4));
+    let status = format!("/mesh-host/node/{name}/status");
+    let written = || {
+        let out = etcdctl(&url, &["--user", "root:root-pw-ttl", "get", &status, "--print-value-only"]);
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        (status["converged"] == true).then(|| status["revision"].as_i64()).flatten()
+    };
+    assert!(wait_for(PATIENCE, || written().is_some()), "the status written:\n{}", daemon.log());
+    let v1 = written();
+    // Then the node is idle, and nothing it sends while idle carries the token (etcd 3.4 does
+    // not check a lease's renewal): 5 s idle is more than twice the TTL.
+    std::thread::sleep(Duration::from_secs(5));
     declare("v2\n");
     assert!(
         wait_for(PATIENCE, || read(&conf) == "v2\n"),
@@ -269,15 +277,7 @@ fn a_password_login_outlives_its_token_and_a_change_put_after_it_expired_is_appl
         daemon.log()
     );
     // And its status, written with a token of a later login.
-    let status = format!("/mesh-host/node/{name}/status");
-    assert!(
-        wait_for(PATIENCE, || {
-            let out = etcdctl(&url, &["--user", "root:root-pw-ttl", "get", &status, "--print-value-only"]);
-            String::from_utf8_lossy(&out.stdout).contains("\"converged\":true")
-        }),
-        "{}",
-        daemon.log()
-    );
+    assert!(wait_for(PATIENCE, || written() > v1), "the status of v2 written:\n{}", daemon.log());
     assert!(!daemon.log().contains("node-pw-ttl"), "the password reached the log");
     assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
 }

@@ -240,7 +240,8 @@ fn tls_file(name: &str) -> String {
     path
 }
 
-/// mesh-host's TLS options for one of the testbed's client certificates (`node-a`, `operator`...).
+/// mesh-host's TLS options for one of the testbed's client certificates (`node-a`, `operator`,
+/// `node-a-cn` whose CN is node-a...).
 fn tls_args(who: &str) -> Vec<String> {
     ["--etcd-ca", &tls_file("ca.pem"), "--etcd-cert", &tls_file(&format!("{who}.pem"))]
         .into_iter()
