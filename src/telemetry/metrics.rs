@@ -474,6 +474,8 @@ mod tests {
         m.scheduled_runs.get_or_create(&vec![("result", "succeeded")]).inc();
         m.declared_content.get_or_create(&vec![("where", "file")]).set(1);
         m.etcd_up.get_or_create(&Vec::new()).set(1);
+        m.etcd_certificate_refused.get_or_create(&Vec::new()).set(0);
+        m.etcd_watch_revision.get_or_create(&Vec::new()).set(1);
         m.encode()
             .lines()
             .filter(|l| !l.starts_with('#'))
