@@ -262,7 +262,12 @@ async fn wait_for_change(
     let reread = tokio::time::sleep(REREAD);
     tokio::pin!(reread);
     let mut from = revision + 1;
+    // Streams that broke before etcd created their watchers: a member that takes streams and
+    // drops them at once would otherwise be retried ten times a second; past a few, a whole
+    // read, with its backoff.
+    let mut stillborn = 0;
     loop {
+        let mut created = false;
         let mut watch = match etcd.watch_prefixes(prefixes, from).await {
             Ok(watch) => watch,
             Err(e) => return watch_ended(etcd, node, &e, metrics).await,
@@ -272,7 +277,11 @@ async fn wait_for_change(
                 _ = shutdown.cancelled() => return false,
                 _ = &mut reread => return true,
                 seen = watch.next() => match seen {
-                    Ok(Seen::Created) => continue,
+                    Ok(Seen::Created) => {
+                        created = true;
+                        stillborn = 0;
+                        continue;
+                    }
                     Ok(Seen::Progress(at)) => {
                         events::FleetSource::Progress { node, revision: at }.emit(metrics);
                         continue;
@@ -288,6 +297,10 @@ async fn wait_for_change(
                     Err(e @ etcd::Error::Unreachable { .. }) => {
                         events::FleetSource::WatchEnded { node, error: &e }.emit(metrics);
                         from = from.max(watch.seen() + 1);
+                        stillborn += usize::from(!created);
+                        if stillborn >= 3 {
+                            return true;
+                        }
                         // A short pause: a member going away ends the stream at once, and
                         // its successor may still be electing a leader.
                         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -461,7 +461,7 @@ fn a_node_in_steady_state_holds_exactly_one_tcp_connection_to_etcd() {
         daemon.log()
     );
     assert!(
-        !keys_under(&url, "/mesh-host/node/one/alive").is_empty(),
+        wait_for(PATIENCE, || !keys_under(&url, "/mesh-host/node/one/alive").is_empty()),
         "the lease is taken: {}",
         daemon.log()
     );
