@@ -583,6 +583,10 @@ pub struct Etcd {
     /// The connection, made at the first call and again after its endpoint failed. A tokio lock
     /// held while dialling: two calls at once must not make two connections.
     connection: tokio::sync::Mutex<Option<Connection>>,
+    /// Bumped each time the connection is dropped for another endpoint: a watch opened on the
+    /// old one ends then, so that its stream does not hold the old connection open beside the
+    /// new one (a call can fail over, "no leader" say, while the watch's stream still flows).
+    moved: tokio::sync::watch::Sender<u64>,
     /// The user and password of etcd's auth, when the node logs in with a password (without
     /// one, over TLS, etcd takes the user from the certificate's CN): exchanged for a token,
     /// which every request then carries.
@@ -636,6 +640,7 @@ impl Etcd {
             current: AtomicUsize::new(0),
             tls,
             connection: tokio::sync::Mutex::new(None),
+            moved: tokio::sync::watch::Sender::new(0),
             login: None,
             token: std::sync::Mutex::new(None),
         })
@@ -694,6 +699,7 @@ impl Etcd {
         if connection.as_ref().is_some_and(|c| c.at == at) {
             *connection = None;
             self.current.store((at + 1) % self.endpoints.len(), Ordering::Relaxed);
+            self.moved.send_modify(|n| *n += 1);
         }
     }
 
@@ -1009,6 +1015,8 @@ impl Etcd {
         self.ensure_token().await?;
         let mut last = String::new();
         for _ in 0..self.endpoints.len() {
+            // Taken before the channel: a move while the watch opens is seen by it.
+            let moved = self.moved.subscribe();
             let (at, channel) = self.channel().await?;
             let endpoint = self.endpoints[at].clone();
             // The creations are queued before the stream opens: etcd answers the stream's
@@ -1043,12 +1051,13 @@ impl Etcd {
                     return Ok(Watch {
                         _requests: tx,
                         answers: answers.into_inner(),
+                        moved,
                         watchers: Watchers {
                             endpoint,
                             progress: vec![start_revision - 1; prefixes.len()],
                             created: 0,
                         },
-                    })
+                    });
                 }
                 Ok(Err(status)) if another_may_answer(&status) => {
                     last = format!("{endpoint}: {}", said(&status));
@@ -1089,6 +1098,8 @@ pub struct Watch {
     /// The request side of the stream, held open: dropping it would end the stream.
     _requests: mpsc::Sender<rpc::WatchRequest>,
     answers: tonic::Streaming<rpc::WatchResponse>,
+    /// Changes when the client drops the connection this watch is on for another endpoint.
+    moved: tokio::sync::watch::Receiver<u64>,
     watchers: Watchers,
 }
 
@@ -1108,7 +1119,17 @@ impl Watch {
     /// for (a full read).
     pub async fn next(&mut self) -> Result<Seen, Error> {
         loop {
-            let answer = match self.answers.message().await {
+            let answer = tokio::select! {
+                answer = self.answers.message() => answer,
+                // The sender lives as long as the client; gone, the watch goes too.
+                _ = self.moved.changed() => {
+                    return Err(Error::Unreachable {
+                        endpoints: self.watchers.endpoint.clone(),
+                        message: "the client moved to another endpoint; the watch follows it".into(),
+                    })
+                }
+            };
+            let answer = match answer {
                 Ok(Some(answer)) => answer,
                 Ok(None) => {
                     return Err(Error::Unreachable {
