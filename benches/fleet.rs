@@ -1,8 +1,9 @@
 //! The fleet (issue 14, item 6), on this machine: N agents (each with its own state and target
 //! directory and a one-file declaration of its own) on one private etcd member, one fleet-wide
 //! write, and the time until every agent's status reports a revision at or past that write's,
-//! converged; etcd's write rate from the idle agents; each agent's resident size; the agents'
-//! CPU for the change and etcd's WAL fsyncs meanwhile, which say where the time went.
+//! converged; etcd's write rate, its CPU and the TCP connections to it from the idle agents (from
+//! the kernel's socket tables, as `ss -tnp`); each agent's resident size; the agents' CPU for the
+//! change and etcd's WAL fsyncs meanwhile, which say where the time went.
 //!
 //! `cargo bench --bench fleet` (a release build), or, where no release build may be made,
 //! `cargo test --bench fleet` (the debug build; `harness = false`, so this runs either way).
@@ -177,6 +178,36 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
 }
 
+/// The TCP connections process `pid` holds established with `port` on its side (`local`) or on
+/// the other (`!local`), from the kernel's tables: the sockets of /proc/PID/net/tcp{,6} whose
+/// inode is one of the process's descriptors (what `ss -tnp` shows).
+fn connections(pid: u32, port: u16, local: bool) -> usize {
+    let mut inodes = std::collections::BTreeSet::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).into_iter().flatten().flatten() {
+        let target =
+            std::fs::read_link(fd.path()).map(|t| t.to_string_lossy().into_owned()).unwrap_or_default();
+        if let Some(inode) = target.strip_prefix("socket:[").and_then(|t| t.strip_suffix(']')) {
+            inodes.insert(inode.to_owned());
+        }
+    }
+    let mut count = 0;
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let side = if local { cols.get(1) } else { cols.get(2) };
+            let at = side.and_then(|a| a.rsplit(':').next()).and_then(|p| u16::from_str_radix(p, 16).ok());
+            if at == Some(port)
+                && cols.get(3) == Some(&"01")
+                && cols.get(9).is_some_and(|i| inodes.contains(*i))
+            {
+                count += 1;
+            }
+        }
+    }
+    count
+}
+
 fn main() {
     let agents: usize =
         std::env::var("MESH_HOST_BENCH_AGENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
@@ -189,7 +220,7 @@ fn main() {
     let (client, peer) = (free_port(), free_port());
     let etcd = Etcd { url: format!("http://127.0.0.1:{client}") };
     let peer = format!("http://127.0.0.1:{peer}");
-    let _etcd_process = Stopped(
+    let etcd_process = Stopped(
         Command::new("etcd")
             .args(["--name", "bench", "--data-dir"])
             .arg(work.join("etcd"))
@@ -237,10 +268,16 @@ fn main() {
     let ready = converged();
     std::thread::sleep(Duration::from_secs(2));
 
-    // Idle: etcd's revisions a second with nothing declared changing.
-    let (r0, t0) = (etcd.revision(), Instant::now());
+    // Idle: etcd's revisions a second and its CPU with nothing declared changing, and the
+    // connections the agents hold to it.
+    let etcd_pid = etcd_process.0.id();
+    let (r0, t0, etcd_cpu0) = (etcd.revision(), Instant::now(), common::cpu_seconds(etcd_pid));
     std::thread::sleep(Duration::from_secs(10));
-    let idle_rate = (etcd.revision() - r0) as f64 / t0.elapsed().as_secs_f64();
+    let idle_secs = t0.elapsed().as_secs_f64();
+    let idle_rate = (etcd.revision() - r0) as f64 / idle_secs;
+    let idle_etcd_cpu = 100.0 * (common::cpu_seconds(etcd_pid) - etcd_cpu0) / idle_secs;
+    let per_agent: Vec<usize> = nodes.iter().map(|n| connections(n.0.id(), client, false)).collect();
+    let etcd_side = connections(etcd_pid, client, true);
 
     // A watch on every node's keys, started before the write, stamps each status as etcd
     // delivers it (a poll would measure its own length: on a loaded machine one etcdctl start
@@ -310,6 +347,13 @@ fn main() {
             "max": times[times.len() - 1] - put_took,
         })),
         "idle_etcd_revisions_per_s": idle_rate,
+        "idle_etcd_cpu_percent": idle_etcd_cpu,
+        "idle_connections": {
+            "agents_total": per_agent.iter().sum::<usize>(),
+            "per_agent_min": per_agent.iter().min(),
+            "per_agent_max": per_agent.iter().max(),
+            "etcd_client_port_total": etcd_side,
+        },
         "agent_rss_mib": {"median": quantile(&rss, 0.5), "max": rss[rss.len() - 1]},
         // What one fleet-wide change cost the agents (read, cache, parse, apply, status).
         "agent_cpu_for_the_change_ms": {"total": cpu_used * 1000.0, "per_agent": cpu_used * 1000.0 / agents as f64},

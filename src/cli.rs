@@ -192,9 +192,11 @@ pub enum FleetCommand {
         /// A group the node reads; repeat it.
         #[arg(long = "group", value_name = "GROUP", value_delimiter = ',')]
         groups: Vec<String>,
-        /// A file whose first line is the node's new password.
+        /// A file whose first line is the node's new password, for a node that logs in with
+        /// one. Without it the user has no password: the node is known by its client
+        /// certificate, whose CN must be its name.
         #[arg(long, value_name = "PATH")]
-        node_password_file: PathBuf,
+        node_password_file: Option<PathBuf>,
     },
     /// Every node in a table: alive, the revision applied and the latest it reads, converged,
     /// drift corrected, contested keys, the last error. Exits 1 when a node is not alive,
@@ -282,8 +284,8 @@ pub struct FleetPut {
     pub path: PathBuf,
 }
 
-/// How mesh-host proves itself to etcd: TLS with a client certificate, and a login to etcd's
-/// auth, when they are on.
+/// How mesh-host proves itself to etcd: TLS with a client certificate (whose CN etcd's auth
+/// takes as the user), or a login to etcd's auth by password.
 #[derive(Debug, clap::Args)]
 pub struct EtcdLogin {
     /// The etcd user to log in as (a node: its own name, given by `fleet grant`).
@@ -298,7 +300,8 @@ pub struct EtcdLogin {
     #[arg(long, env = "MESH_HOST_ETCD_CA", value_name = "FILE")]
     pub etcd_ca: Option<PathBuf>,
     /// This node's client certificate (PEM), shown to etcd when it asks for one
-    /// (`--client-cert-auth`).
+    /// (`--client-cert-auth`). With etcd's auth on and no `--etcd-user`, its CN is the user
+    /// etcd knows the node as. Read again at every connection to etcd.
     #[arg(long, env = "MESH_HOST_ETCD_CERT", value_name = "FILE", requires = "etcd_key")]
     pub etcd_cert: Option<PathBuf>,
     /// The private key (PEM) of `--etcd-cert`; refused when others than its owner can read it.
@@ -475,11 +478,19 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
                 crate::fleet::check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")))?;
             }
             let etcd = login.client(&etcd)?;
-            let password = crate::system::input::read_password(&node_password_file).with_context(|| {
-                format!("cannot read the node's password file {}", node_password_file.display())
-            })?;
-            let out = tokio::runtime::Handle::current()
-                .block_on(crate::fleet::grant(&etcd, &node, &groups, &password))?;
+            let password =
+                match &node_password_file {
+                    Some(file) => Some(crate::system::input::read_password(file).with_context(|| {
+                        format!("cannot read the node's password file {}", file.display())
+                    })?),
+                    None => None,
+                };
+            let out = tokio::runtime::Handle::current().block_on(crate::fleet::grant(
+                &etcd,
+                &node,
+                &groups,
+                password.as_ref(),
+            ))?;
             print!("{out}");
             return Ok(Ended::Converged);
         }

@@ -89,13 +89,14 @@ pub fn role_of(node: &str) -> String {
 /// Gives node `node` (in `groups`) a user of its own in etcd's auth, with a role that reads
 /// only its own, its groups' and the fleet's declaration and writes only its own status and
 /// presence. Idempotent: grants are added again harmlessly; an existing user keeps its password.
-/// The groups are decided here, when the node is granted, not by the node (docs/decisions.md,
+/// Without `password` the user has none: the node is known by the CN of its client certificate,
+/// which must be its name (etcd's `--client-cert-auth`). The groups are decided here, when the node is granted, not by the node (docs/decisions.md,
 /// "Auth: one etcd user per node, named as the node").
 pub async fn grant(
     etcd: &crate::system::etcd::Etcd,
     node: &str,
     groups: &[String],
-    password: &secrecy::SecretString,
+    password: Option<&secrecy::SecretString>,
 ) -> Result<String, crate::system::etcd::Error> {
     let role = role_of(node);
     for prefix in prefixes(node, groups) {
@@ -106,7 +107,11 @@ pub async fn grant(
     let made = etcd.user_with_role(node, password, &role).await?;
     Ok(format!(
         "grant: user {node} ({}) has role {role}: reads the fleet's{}, and its own declaration; writes its status and presence\n",
-        if made { "made" } else { "already there, its password unchanged" },
+        match (made, password) {
+            (true, Some(_)) => "made, with a password",
+            (true, None) => "made, without a password: known by its certificate's CN",
+            (false, _) => "already there, its password unchanged",
+        },
         groups.iter().map(|g| format!(", group {g}'s")).collect::<String>()
     ))
 }

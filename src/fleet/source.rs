@@ -3,10 +3,13 @@
 //!
 //! The loop: read every prefix of the node at one revision; if what was read parses, write it
 //! to the cache in one step (the controller's source watcher sees the directory change and puts
-//! it in force); then watch every prefix from the next revision. Any change seen, a watch that
-//! breaks, a compacted revision, or a minute of quiet leads to the same thing: a full read
-//! again. Since each read is whole and each watch starts right after the revision read, nothing
-//! written in between is missed, across reconnects and leader changes alike.
+//! it in force); then watch every prefix, on one Watch stream, from the next revision. Any
+//! change seen, a compacted revision, a watch etcd refuses, or a minute of quiet leads to the
+//! same thing: a full read again. A stream that breaks (its member gone) is opened again, on
+//! the next member if need be, from the revision after the last one it is known to have sent
+//! everything up to. Since each read is whole and each watch starts right after the revision
+//! read (or seen), nothing written in between is missed, across reconnects and leader changes
+//! alike.
 //!
 //! While etcd cannot be reached, the cache stays as it is and the controller goes on converging
 //! on it; a node started while etcd is down applies its last known declaration
@@ -17,7 +20,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use sha2::Digest as _;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::declaration::Declaration;
@@ -183,8 +185,14 @@ pub async fn run(
         let (revision, kvs) = match read_at_one_revision(&etcd, &prefixes).await {
             Ok(read) => read,
             Err(e) => {
-                events::FleetSource::Unreachable { node: &source.node, error: &e, first: !down }
-                    .emit(&metrics);
+                let certificate_refused = e.certificate_refused();
+                events::FleetSource::Unreachable {
+                    node: &source.node,
+                    error: &e,
+                    first: !down,
+                    certificate_refused,
+                }
+                .emit(&metrics);
                 down = true;
                 if let Some(first) = first.take() {
                     let _ = first.send(());
@@ -235,8 +243,14 @@ pub async fn run(
 }
 
 /// Watches every prefix from the revision after `revision` until one speaks (a change, a
-/// compaction, an error) or `REREAD` passes: then the whole declaration is to be read again.
+/// compaction, a refusal) or `REREAD` passes: then the whole declaration is to be read again.
 /// `false` when `shutdown` came first.
+///
+/// Every prefix is watched on one Watch stream of the client's one connection. When the stream
+/// breaks (the member went away, the connection died), it is opened again, on the next member
+/// when that one is gone, from the revision after the last one the watch is known to have sent
+/// everything up to: the read's, or a later progress notice's. Nothing is missed and nothing is
+/// read again that did not change; a watch that cannot be opened again leads to a whole read.
 async fn wait_for_change(
     etcd: &Etcd,
     prefixes: &[String],
@@ -245,64 +259,71 @@ async fn wait_for_change(
     metrics: &Metrics,
     shutdown: &CancellationToken,
 ) -> bool {
-    // One watch per prefix, all from the revision after the one read; whichever speaks
-    // first ends the wait. Aborted when dropped, before the next read starts new ones.
-    let (tx, mut rx) = mpsc::unbounded_channel::<Result<Seen, etcd::Error>>();
-    let mut watches = tokio::task::JoinSet::new();
-    for prefix in prefixes {
-        let (tx, prefix) = (tx.clone(), prefix.clone());
-        let watch = etcd.watch_prefix(&prefix, revision + 1).await;
-        watches.spawn(async move {
-            let mut watch = match watch {
-                Ok(w) => w,
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-            };
-            loop {
-                let seen = watch.next().await;
-                let end = seen.is_err();
-                if tx.send(seen).is_err() || end {
-                    return;
-                }
-            }
-        });
-    }
-    drop(tx);
     let reread = tokio::time::sleep(REREAD);
     tokio::pin!(reread);
+    let mut from = revision + 1;
+    // Streams that broke before etcd created their watchers: a member that takes streams and
+    // drops them at once would otherwise be retried ten times a second; past a few, a whole
+    // read, with its backoff.
+    let mut stillborn = 0;
     loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return false,
-            _ = &mut reread => break,
-            seen = rx.recv() => match seen {
-                Some(Ok(Seen::Created)) => continue,
-                Some(Ok(Seen::Changed(at))) => {
-                    events::FleetSource::Changed { node, revision: at }.emit(metrics);
-                    break;
-                }
-                Some(Err(etcd::Error::Compacted(at))) => {
-                    events::FleetSource::Compacted { node, at }.emit(metrics);
-                    break;
-                }
-                Some(Err(e)) => {
-                    // A token etcd no longer takes (it expired, or etcd restarted): the next
-                    // read logs in again.
-                    if let etcd::Error::Refused { why: etcd::Refusal::InvalidToken, .. }
-                    | etcd::Error::Cancelled { why: etcd::Refusal::InvalidToken, .. } = &e
-                    {
-                        etcd.forget_token();
+        let mut created = false;
+        let mut watch = match etcd.watch_prefixes(prefixes, from).await {
+            Ok(watch) => watch,
+            Err(e) => return watch_ended(etcd, node, &e, metrics).await,
+        };
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                _ = &mut reread => return true,
+                seen = watch.next() => match seen {
+                    Ok(Seen::Created) => {
+                        created = true;
+                        stillborn = 0;
+                        continue;
                     }
-                    events::FleetSource::WatchEnded { node, error: &e }.emit(metrics);
-                    // A short pause: a member going away ends every watch at once.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    break;
-                }
-                None => break,
-            },
+                    Ok(Seen::Progress(at)) => {
+                        events::FleetSource::Progress { node, revision: at }.emit(metrics);
+                        continue;
+                    }
+                    Ok(Seen::Changed(at)) => {
+                        events::FleetSource::Changed { node, revision: at }.emit(metrics);
+                        return true;
+                    }
+                    Err(etcd::Error::Compacted(at)) => {
+                        events::FleetSource::Compacted { node, at }.emit(metrics);
+                        return true;
+                    }
+                    Err(e @ etcd::Error::Unreachable { .. }) => {
+                        events::FleetSource::WatchEnded { node, error: &e }.emit(metrics);
+                        from = from.max(watch.seen() + 1);
+                        stillborn += usize::from(!created);
+                        if stillborn >= 3 {
+                            return true;
+                        }
+                        // A short pause: a member going away ends the stream at once, and
+                        // its successor may still be electing a leader.
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        break;
+                    }
+                    Err(e) => return watch_ended(etcd, node, &e, metrics).await,
+                },
+            }
         }
     }
-    watches.abort_all();
+}
+
+/// A watch refused or cancelled: said, and the whole declaration is read again (`true`).
+async fn watch_ended(etcd: &Etcd, node: &str, e: &etcd::Error, metrics: &Metrics) -> bool {
+    // A token etcd no longer takes (it expired, or etcd restarted): the next read logs in
+    // again.
+    if let etcd::Error::Refused { why: etcd::Refusal::InvalidToken, .. }
+    | etcd::Error::Cancelled { why: etcd::Refusal::InvalidToken, .. } = e
+    {
+        etcd.forget_token();
+    }
+    events::FleetSource::WatchEnded { node, error: e }.emit(metrics);
+    // A short pause: a member going away ends every watch at once.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     true
 }

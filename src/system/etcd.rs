@@ -1,35 +1,70 @@
-//! A small etcd v3 client over etcd's JSON gateway (`/v3/kv/range`, `/v3/kv/txn`, `/v3/watch`):
-//! the few calls the fleet needs, on the hyper client bollard already brings in.
+//! A small etcd v3 client over etcd's gRPC API: the few calls the fleet needs (KV, Watch, Lease,
+//! Auth), on one HTTP/2 connection per client.
 //!
-//! Why not the `etcd-client` crate: it brings tonic, prost and a build script that needs
-//! `protoc`, a heavy build on the two shared cores the project builds on, for four calls that
-//! the gateway every etcd since 3.3 serves answers just as well. docs/dependencies.md says more.
+//! The messages and clients are generated at build time from etcd's own protos (`proto/`) by
+//! protox and tonic-prost-build (`build.rs`): no `protoc` on the build machine. Why gRPC rather
+//! than etcd's JSON gateway, which mesh-host spoke first: the gateway never takes the user from
+//! a client certificate's CN, costs one connection per watch and has no progress notices
+//! (docs/decisions.md, "etcd over gRPC, the node's identity from its certificate").
 //!
-//! The gateway speaks proto3 JSON: keys and values are base64, 64-bit numbers are strings, and a
-//! field at its zero value is left out. Streamed answers (a watch) are a sequence of JSON
-//! documents, each `{"result": ...}` or `{"error": ...}`.
+//! One connection: every call of a client and every watch it opens are streams on one tonic
+//! `Channel` to one endpoint at a time, all the prefixes of a node on one bidirectional Watch
+//! stream. When that endpoint stops answering, the connection is dropped and the next endpoint
+//! is dialled; nothing else holds a connection open.
+//!
+//! TLS is made here, by the connector the channel dials with (rustls and ring, through
+//! tokio-rustls), not by tonic's own TLS: the key and certificates are read again at every
+//! connect, so a certificate renewed in place is taken at the next reconnect without a restart,
+//! and a refusal can say that etcd asked for a certificate the client does not have.
 
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine as _;
-use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use secrecy::{ExposeSecret as _, SecretString};
-use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tonic::codegen::http;
+use tonic::transport::Channel;
+
+/// The code generated from etcd's protos (`build.rs`): private, undocumented, not linted.
+#[allow(missing_docs, dead_code, clippy::all, clippy::pedantic, unreachable_pub)]
+mod pb {
+    pub mod mvccpb {
+        tonic::include_proto!("mvccpb");
+    }
+    pub mod authpb {
+        tonic::include_proto!("authpb");
+    }
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
+}
+
+use pb::etcdserverpb as rpc;
+use rpc::auth_client::AuthClient;
+use rpc::kv_client::KvClient;
+use rpc::lease_client::LeaseClient;
+use rpc::watch_client::WatchClient;
 
 /// How long one unary call (a read, a transaction) may take before the next endpoint is tried.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The largest answer read from etcd: its own default request limit is 1.5 MiB per value, and a
-/// range holds a node's whole declaration.
+/// How long a connection (TCP and TLS) may take to be made.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// HTTP/2 pings while a stream is open: a connection that died without a word (a cable pulled,
+/// a firewall dropping packets) is known dead within `KEEPALIVE + KEEPALIVE_TIMEOUT`, and every
+/// watch on it ends. Not more often than etcd's `--grpc-keepalive-min-time` (5 s), below which
+/// etcd answers pings with GOAWAY; never while no stream is open, which etcd also punishes.
+const KEEPALIVE: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The largest message read from etcd: its own default request limit is 1.5 MiB per value, and
+/// a range holds a node's whole declaration.
 const ANSWER_LIMIT: usize = 512 << 20;
 
 /// The largest certificate file read: a CA bundle of a few hundred certificates fits.
@@ -72,7 +107,7 @@ pub enum Error {
     #[error("etcd has compacted revision {0} away")]
     Compacted(i64),
     /// etcd answered with something the client cannot read.
-    #[error("etcd at {endpoint} answered {call} with something that is not etcd's JSON: {message}")]
+    #[error("etcd at {endpoint} answered {call} with something mesh-host cannot read: {message}")]
     Garbled {
         /// The endpoint that answered.
         endpoint: String,
@@ -83,11 +118,10 @@ pub enum Error {
     },
 }
 
-/// What an etcd refusal means, read once from the gRPC code etcd gives with it, so that callers
-/// match a variant and never etcd's words. The codes are etcd's (`api/v3rpc/rpctypes`): its JSON
-/// gateway answers a unary call with `{"error", "code", "message"}`, a watch stream's error with
-/// `{"error": {"grpc_code", "message"}}`, and a watch it cancels with the gRPC status written
-/// out in `cancel_reason` ("rpc error: code = Unauthenticated desc = ...").
+/// What an etcd refusal means, read once from the gRPC status etcd answers with, so that callers
+/// match a variant and never etcd's words. The codes are etcd's (`api/v3rpc/rpctypes`); a watch
+/// etcd cancels carries its gRPC status written out in `cancel_reason` ("rpc error: code =
+/// PermissionDenied desc = ...").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// gRPC 16, Unauthenticated: the token sent is not (or no longer) valid; log in again.
@@ -96,8 +130,8 @@ pub enum Refusal {
     PermissionDenied,
     /// gRPC 9, FailedPrecondition, for a role or user that is already there.
     AlreadyExists,
-    /// Anything else, with etcd's gRPC code when it gave one (none when the gateway refused the
-    /// request before etcd saw it).
+    /// Anything else, with etcd's gRPC code when it gave one (none in a cancellation's reason
+    /// that names no code).
     Other(Option<u64>),
 }
 
@@ -138,13 +172,6 @@ impl Refusal {
     }
 }
 
-/// etcd's gRPC code and message in the answer to a unary call that failed:
-/// `{"error": "...", "code": 16, "message": "..."}`.
-fn code_and_message(value: &Value) -> (Option<u64>, String) {
-    let message = value.get("error").or(value.get("message")).and_then(Value::as_str).unwrap_or("");
-    (value.get("code").and_then(Value::as_u64), message.to_owned())
-}
-
 /// Whether etcd's gRPC `code` and `message` say the revision asked for was compacted away.
 fn compacted(code: Option<u64>, message: &str) -> bool {
     code == Some(11) && message.ends_with(COMPACTED)
@@ -170,24 +197,6 @@ pub struct Range {
     pub kvs: Vec<Kv>,
 }
 
-/// A client for one cluster: its endpoints are tried in turn, starting with the last that
-/// answered.
-pub struct Etcd {
-    endpoints: Vec<String>,
-    /// The endpoint that answered last; a failing one moves it on.
-    current: AtomicUsize,
-    /// Speaks plain HTTP to `http://` endpoints and TLS to `https://` ones (never both for one
-    /// cluster: `new` refuses a mix, which would send the login's token in the clear to some).
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-    /// The user and password of etcd's auth, when it is on: exchanged for a token, which every
-    /// request then carries.
-    login: Option<(String, SecretString)>,
-    /// The token of the last login; cleared when etcd says it is no longer good.
-    token: std::sync::Mutex<Option<String>>,
-    /// Over TLS without a client certificate: whether etcd asked for one.
-    no_certificate: Option<Arc<NoCertificate>>,
-}
-
 /// The files of TLS to etcd: whom to trust, and who this client is.
 #[derive(Clone, Debug, Default)]
 pub struct TlsFiles {
@@ -207,10 +216,16 @@ impl TlsFiles {
         self.ca.is_none() && self.cert.is_none() && self.key.is_none()
     }
 
-    /// The TLS configuration these files make: etcd's certificate checked against the CA, and
-    /// the client's certificate shown when there is one. Without one, the resolver that notes
-    /// whether etcd asked for one.
+    /// The TLS configuration these files make, read from them now: etcd's certificate checked
+    /// against the CA, the client's certificate shown when there is one, and HTTP/2 asked for
+    /// (gRPC's). Without a certificate, the resolver that notes whether etcd asked for one.
     fn config(&self) -> Result<(rustls::ClientConfig, Option<Arc<NoCertificate>>), String> {
+        let (mut config, asked) = self.config_without_alpn()?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok((config, asked))
+    }
+
+    fn config_without_alpn(&self) -> Result<(rustls::ClientConfig, Option<Arc<NoCertificate>>), String> {
         let Some(ca) = &self.ca else {
             return Err(
                 "https:// endpoints need --etcd-ca, the CA certificate that signed etcd's: without it there is nothing to check etcd's certificate against"
@@ -252,9 +267,8 @@ impl TlsFiles {
 
 /// The client certificate of a client that has none: it shows none, and notes whether etcd
 /// asked. Under TLS 1.3, etcd's refusal of a client without a certificate comes after the
-/// handshake, and often reaches hyper only as a connection closed before the request went out
-/// ("connection was not ready"), without the alert's words; this is what lets the error say why
-/// all the same.
+/// handshake, and often reaches the client only as a connection closed, without the alert's
+/// words; this is what lets the connector say why all the same, before any request is sent.
 #[derive(Debug, Default)]
 struct NoCertificate {
     asked: std::sync::atomic::AtomicBool,
@@ -279,15 +293,6 @@ impl rustls::client::ResolvesClientCert for NoCertificate {
 /// which neither CI nor the Debian package's build should need (docs/dependencies.md).
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// The configuration of a client that speaks only plain HTTP: the type wants one.
-fn plain_config() -> Result<rustls::ClientConfig, String> {
-    Ok(rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth())
 }
 
 /// Every certificate in a PEM file, at least one.
@@ -337,26 +342,16 @@ fn tls_hint(message: &str, asked: bool) -> &'static str {
         " (etcd's certificate does not name the host or address the endpoint gives: use one it names)"
     } else if message.contains("invalid peer certificate") {
         " (etcd's certificate is not signed by the CA of --etcd-ca, or is not valid now)"
-    } else if message.contains("CertificateRequired") || message.contains("BadCertificate") {
+    } else if message.contains("CertificateRequired") {
         " (etcd asks for a client certificate signed by the CA it trusts: give --etcd-cert and --etcd-key)"
+    } else if message.contains("BadCertificate")
+        || message.contains("CertificateExpired")
+        || message.contains("CertificateRevoked")
+        || message.contains("UnknownCA")
+    {
+        CERTIFICATE_REFUSED
     } else {
         ""
-    }
-}
-
-/// What an answer that is not etcd's JSON says, when etcd's gateway refused the request before
-/// etcd saw it.
-fn not_json(status: hyper::StatusCode, bytes: &[u8]) -> String {
-    let text: String = String::from_utf8_lossy(bytes).chars().take(300).collect();
-    let text = text.trim();
-    if text.contains("CommonName") {
-        // etcd 3.4 and later: its JSON gateway cannot take the user from the certificate (the
-        // gateway calls etcd with etcd's own certificate), so it refuses one that names a user.
-        format!(
-            "HTTP {status}: {text} (etcd's JSON gateway, which mesh-host speaks, never takes the user from a certificate's CN, and refuses a certificate with a CN while its auth is on: give the node a certificate without a CN, and log in with --etcd-user and --etcd-password-file)"
-        )
-    } else {
-        format!("HTTP {status}: {text}")
     }
 }
 
@@ -373,18 +368,238 @@ pub fn prefix_end(prefix: &str) -> Vec<u8> {
     vec![0]
 }
 
-fn num(v: &Value) -> i64 {
-    match v {
-        Value::String(s) => s.parse().unwrap_or(0),
-        Value::Number(n) => n.as_i64().unwrap_or(0),
-        _ => 0,
+/// The refusal a gRPC status says, and etcd's message.
+fn refusal_of(status: &tonic::Status) -> Refusal {
+    Refusal::of(Some(status.code() as u64), status.message())
+}
+
+/// Whether a status says the endpoint could not serve the call at all (gone, stopping, without
+/// a leader mid-election, or not answering in time): another endpoint may.
+fn another_may_answer(status: &tonic::Status) -> bool {
+    matches!(status.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled)
+        // A transport error (a connection reset mid-call) reaches tonic as Unknown with a source.
+        || (status.code() == tonic::Code::Unknown && std::error::Error::source(status).is_some())
+}
+
+/// An error and every error under it, in one line: tonic's and hyper's own words are terse
+/// ("transport error"), the sources say why (the connector's words, rustls's alert).
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !message.contains(&more) {
+            message = format!("{message}: {more}");
+        }
+        source = s.source();
     }
+    message
+}
+
+/// `chain`, with the hint of a TLS refusal that came after the handshake (under TLS 1.3, etcd's
+/// refusal of a certificate reaches the client as an alert on the first read, through HTTP/2,
+/// not through the connector).
+fn said(e: &(dyn std::error::Error + 'static)) -> String {
+    let message = chain(e);
+    let hint = tls_hint(&message, false);
+    if message.contains(hint.trim_start()) {
+        message
+    } else {
+        message + hint
+    }
+}
+
+/// What the channel dials with: TCP, and TLS over it for `https://` endpoints, the files read
+/// again at every connect.
+#[derive(Clone)]
+struct Connector {
+    tls: Option<Arc<TlsFiles>>,
+}
+
+/// A connection the channel speaks HTTP/2 over: plain TCP or TLS.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
+
+type Connected = hyper_util::rt::TokioIo<Box<dyn Io>>;
+
+impl tower_service::Service<http::Uri> for Connector {
+    type Response = Connected;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<Connected, std::io::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let tls = self.tls.clone();
+        Box::pin(async move { connect(&uri, tls.as_deref()).await.map_err(std::io::Error::other) })
+    }
+}
+
+/// One connection to `uri`: TCP, then TLS when `tls` is given, with the files read now.
+async fn connect(uri: &http::Uri, tls: Option<&TlsFiles>) -> Result<Connected, String> {
+    let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_owned();
+    let port = uri.port_u16().unwrap_or(2379);
+    let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await.map_err(|e| e.to_string())?;
+    tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+    let Some(tls) = tls else {
+        return Ok(hyper_util::rt::TokioIo::new(Box::new(tcp) as Box<dyn Io>));
+    };
+    let (config, no_certificate) = tls.config()?;
+    let name = rustls_pki_types::ServerName::try_from(host.clone())
+        .map_err(|e| format!("{host}: not a name TLS can check a certificate against: {e}"))?;
+    let stream =
+        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.map_err(|e| {
+            let message = chain(&e);
+            let asked = no_certificate.as_ref().is_some_and(|n| n.asked.load(Ordering::Relaxed));
+            let hint = tls_hint(&message, asked);
+            format!("TLS: {message}{hint}")
+        })?;
+    // Under TLS 1.3 etcd refuses a client without a certificate only after the handshake: said
+    // now, in words, rather than as the connection closed a moment later.
+    if no_certificate.is_some_and(|n| n.asked.load(Ordering::Relaxed)) {
+        return Err(format!(
+            "TLS: {}",
+            tls_hint("", true).trim_start().trim_start_matches('(').trim_end_matches(')')
+        ));
+    }
+    let primed = accepted(stream).await?;
+    Ok(hyper_util::rt::TokioIo::new(Box::new(primed) as Box<dyn Io>))
+}
+
+/// How long the connector waits for etcd's first bytes after the handshake.
+const FIRST_BYTES: Duration = Duration::from_secs(2);
+
+/// Whether etcd took the client's certificate. Under TLS 1.3 the client's side of the handshake
+/// ends before etcd has checked its certificate, and a refusal (expired, revoked, another CA's)
+/// comes as an alert on the first read; read through HTTP/2 it may surface as an alert, a reset
+/// or a closed connection, depending on timing. So the first bytes are read here: etcd's HTTP/2
+/// server speaks first (its SETTINGS), so they come at once, and a refusal is said in words.
+/// The bytes read are handed on in front of the rest. Nothing come after `FIRST_BYTES`: handed
+/// on as it is.
+async fn accepted<S>(mut stream: S) -> Result<Primed<S>, String>
+where
+    S: tokio::io::AsyncRead + Unpin,
+{
+    use tokio::io::AsyncReadExt as _;
+    let mut first = vec![0; 16 << 10];
+    match tokio::time::timeout(FIRST_BYTES, stream.read(&mut first)).await {
+        Ok(Ok(0)) => Err(format!(
+            "TLS: etcd closed the connection just after the handshake, as it does when it refuses the client's certificate{CERTIFICATE_REFUSED}"
+        )),
+        Ok(Ok(n)) => {
+            first.truncate(n);
+            Ok(Primed { first, at: 0, inner: stream })
+        }
+        Ok(Err(e)) => {
+            let message = chain(&e);
+            Err(format!("TLS: {message}{}", tls_hint(&message, false)))
+        }
+        Err(_) => Ok(Primed { first: Vec::new(), at: 0, inner: stream }),
+    }
+}
+
+/// A stream with the bytes `accepted` read put back in front of the rest.
+struct Primed<S> {
+    first: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Primed<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.at < this.first.len() {
+            let n = (this.first.len() - this.at).min(buf.remaining());
+            buf.put_slice(&this.first[this.at..this.at + n]);
+            this.at += n;
+            return std::task::Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Primed<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// The hint beside TLS's words when etcd refused the client's certificate: what
+/// `Error::certificate_refused` looks for.
+const CERTIFICATE_REFUSED: &str = " (etcd refused the client certificate of --etcd-cert: not signed by the CA etcd trusts, expired, or revoked; write a valid one and its key in place, they are read again at every connection)";
+
+impl Error {
+    /// Whether etcd could not be reached because it refused the client's certificate: the
+    /// operator's to mend, by writing a new one in place.
+    pub fn certificate_refused(&self) -> bool {
+        matches!(self, Error::Unreachable { message, .. } if message.contains(CERTIFICATE_REFUSED.trim_start()))
+    }
+}
+
+/// The end of the range of every key that starts with `prefix` (etcd's `range_end`), as bytes.
+fn range_of(prefix: &str) -> (Vec<u8>, Vec<u8>) {
+    (prefix.as_bytes().to_vec(), prefix_end(prefix))
+}
+
+/// The one connection of a client: which endpoint, and the channel to it.
+struct Connection {
+    at: usize,
+    channel: Channel,
+}
+
+/// A client for one cluster: one connection at a time, to one of its endpoints, tried in turn
+/// starting with the last that answered.
+pub struct Etcd {
+    endpoints: Vec<String>,
+    /// The endpoint to dial next: the one that answered last, moved on when it fails.
+    current: AtomicUsize,
+    /// The TLS files for `https://` endpoints (never a mix: `new` refuses one, which would send
+    /// a login's token in the clear to some).
+    tls: Option<Arc<TlsFiles>>,
+    /// The connection, made at the first call and again after its endpoint failed. A tokio lock
+    /// held while dialling: two calls at once must not make two connections.
+    connection: tokio::sync::Mutex<Option<Connection>>,
+    /// Bumped each time the connection is dropped for another endpoint: a watch opened on the
+    /// old one ends then, so that its stream does not hold the old connection open beside the
+    /// new one (a call can fail over, "no leader" say, while the watch's stream still flows).
+    moved: tokio::sync::watch::Sender<u64>,
+    /// The user and password of etcd's auth, when the node logs in with a password (without
+    /// one, over TLS, etcd takes the user from the certificate's CN): exchanged for a token,
+    /// which every request then carries.
+    login: Option<(String, SecretString)>,
+    /// The token of the last login; cleared when etcd says it is no longer good.
+    token: std::sync::Mutex<Option<String>>,
 }
 
 impl Etcd {
     /// A client for a comma-separated list of endpoints (`http://127.0.0.1:2379,...`, or all
-    /// `https://`, which needs `tls.ca`). Reads the TLS files, and refuses them when they cannot
-    /// be used: a message naming the option and the file.
+    /// `https://`, which needs `tls.ca`). Reads the TLS files once to refuse them now when they
+    /// cannot be used (a message naming the option and the file); they are read again at every
+    /// connect. Connects at the first call.
     pub fn new(endpoints: &str, tls: &TlsFiles) -> Result<Etcd, String> {
         let endpoints: Vec<String> = endpoints
             .split(',')
@@ -400,43 +615,34 @@ impl Etcd {
                     "{e}: an etcd endpoint is a URL such as http://127.0.0.1:2379 or https://10.0.0.1:2379"
                 ));
             }
+            e.parse::<http::Uri>().map_err(|err| format!("{e}: not a URL: {err}"))?;
         }
         let https = endpoints.iter().filter(|e| e.starts_with("https://")).count();
-        let (config, no_certificate) = if https == 0 {
+        let tls = if https == 0 {
             if !tls.is_empty() {
                 return Err(format!(
                     "--etcd-ca, --etcd-cert and --etcd-key are for https:// endpoints; {} would not use them: say https://, or leave them out",
                     endpoints.join(",")
                 ));
             }
-            // Never used for TLS: no endpoint is https://. A client with nothing to trust.
-            (plain_config()?, None)
+            None
         } else if https < endpoints.len() {
             return Err(format!(
                 "{}: some endpoints are https:// and some http://; one cluster is spoken to one way (the login's token would otherwise cross the network in the clear)",
                 endpoints.join(",")
             ));
         } else {
-            tls.config()?
+            tls.config()?;
+            Some(Arc::new(tls.clone()))
         };
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(Duration::from_secs(3)));
-        connector.set_nodelay(true);
-        // The TLS connector below is the one that looks at the scheme.
-        connector.enforce_http(false);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(config)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector);
-        let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
         Ok(Etcd {
             endpoints,
             current: AtomicUsize::new(0),
-            client,
+            tls,
+            connection: tokio::sync::Mutex::new(None),
+            moved: tokio::sync::watch::Sender::new(0),
             login: None,
             token: std::sync::Mutex::new(None),
-            no_certificate,
         })
     }
 
@@ -447,8 +653,72 @@ impl Etcd {
         self
     }
 
+    /// The endpoints, as given.
+    pub fn endpoints(&self) -> String {
+        self.endpoints.join(",")
+    }
+
+    /// The connection, made now when there is none: each endpoint dialled in turn from the
+    /// current one. Returns the endpoint's index and the channel.
+    async fn channel(&self) -> Result<(usize, Channel), Error> {
+        let mut connection = self.connection.lock().await;
+        if let Some(c) = connection.as_ref() {
+            return Ok((c.at, c.channel.clone()));
+        }
+        let start = self.current.load(Ordering::Relaxed);
+        let mut last = String::new();
+        for i in 0..self.endpoints.len() {
+            let at = (start + i) % self.endpoints.len();
+            let endpoint = &self.endpoints[at];
+            let dial = tonic::transport::Endpoint::from_shared(endpoint.clone())
+                .map_err(|e| Error::Unreachable { endpoints: endpoint.clone(), message: e.to_string() })?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(KEEPALIVE)
+                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                .keep_alive_while_idle(false);
+            match dial.connect_with_connector(Connector { tls: self.tls.clone() }).await {
+                Ok(channel) => {
+                    self.current.store(at, Ordering::Relaxed);
+                    *connection = Some(Connection { at, channel: channel.clone() });
+                    return Ok((at, channel));
+                }
+                Err(e) => last = format!("{endpoint}: {}", said(&e)),
+            }
+        }
+        Err(Error::Unreachable {
+            endpoints: self.endpoints(),
+            message: format!("no etcd endpoint could be connected to; last: {last}"),
+        })
+    }
+
+    /// Drops the connection to endpoint `at` (it failed a call) so that the next call dials the
+    /// next endpoint.
+    async fn failed(&self, at: usize) {
+        let mut connection = self.connection.lock().await;
+        if connection.as_ref().is_some_and(|c| c.at == at) {
+            *connection = None;
+            self.current.store((at + 1) % self.endpoints.len(), Ordering::Relaxed);
+            self.moved.send_modify(|n| *n += 1);
+        }
+    }
+
     fn token(&self) -> Option<String> {
         self.token.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Forgets the token, so the next request logs in again (a watch refused for its token).
+    pub fn forget_token(&self) {
+        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// A request carrying the token of the login, when there is one.
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = self.token().and_then(|t| t.parse().ok()) {
+            request.metadata_mut().insert("token", token);
+        }
+        request
     }
 
     /// Logs in when there is a login and no token yet.
@@ -457,122 +727,72 @@ impl Etcd {
         if self.token().is_some() {
             return Ok(());
         }
-        // The password is in the body only: no error or log line carries a request's body.
-        let body = json!({"name": user, "password": password.expose_secret()});
-        let answer = self.call_once("a login", "/v3/auth/authenticate", body).await?;
-        let token = answer["token"].as_str().unwrap_or_default().to_owned();
-        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
+        // The password is in the request only: no error or log line carries a request.
+        let answer = self
+            .call_once("a login", |channel| {
+                let request = tonic::Request::new(rpc::AuthenticateRequest {
+                    name: user.clone(),
+                    password: password.expose_secret().to_owned(),
+                });
+                async move { AuthClient::new(channel).authenticate(request).await }
+            })
+            .await?;
+        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = Some(answer.token);
         Ok(())
     }
 
-    /// The endpoints, as given.
-    pub fn endpoints(&self) -> String {
-        self.endpoints.join(",")
-    }
-
-    async fn post(
-        &self,
-        endpoint: &str,
-        path: &str,
-        body: &Value,
-    ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
-        let mut request =
-            hyper::Request::post(format!("{endpoint}{path}")).header("content-type", "application/json");
-        if let Some(token) = self.token() {
-            request = request.header("authorization", token);
-        }
-        let request = request.body(Full::new(Bytes::from(body.to_string()))).map_err(|e| e.to_string())?;
-        self.client.request(request).await.map_err(|e| {
-            // hyper's own message is terse ("client error (Connect)"): the source says why.
-            let mut message = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                message = format!("{message}: {s}");
-                source = s.source();
-            }
-            let asked = self.no_certificate.as_ref().is_some_and(|n| n.asked.load(Ordering::Relaxed));
-            let hint = tls_hint(&message, asked);
-            message + hint
-        })
-    }
-
-    /// One unary call, logged in first when etcd's auth is on, and once more with a new token
-    /// when etcd says the one held expired.
-    async fn call(&self, call: &'static str, path: &str, body: Value) -> Result<Value, Error> {
+    /// One unary call, logged in first when etcd's auth is on by password, and once more with
+    /// a new token when etcd says the one held expired (etcd's simple tokens last
+    /// `--auth-token-ttl`, 300 s by default, after their last use).
+    async fn call<T, F, Fut>(&self, call: &'static str, f: F) -> Result<T, Error>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
         self.ensure_token().await?;
-        match self.call_once(call, path, body.clone()).await {
+        match self.call_once(call, &f).await {
             Err(Error::Refused { why: Refusal::InvalidToken, .. }) if self.login.is_some() => {
-                *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                tracing::info!(
+                    "etcd no longer takes the token of the last login (it expired): logging in again"
+                );
+                self.forget_token();
                 self.ensure_token().await?;
-                self.call_once(call, path, body).await
+                self.call_once(call, &f).await
             }
             answer => answer,
         }
     }
 
-    /// One unary call, tried on each endpoint in turn until one answers.
-    async fn call_once(&self, call: &'static str, path: &str, body: Value) -> Result<Value, Error> {
-        let start = self.current.load(Ordering::Relaxed);
+    /// One unary call, on the connection, and on each endpoint in turn while the one it is to
+    /// cannot serve it.
+    async fn call_once<T, F, Fut>(&self, call: &'static str, f: F) -> Result<T, Error>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
         let mut last = String::new();
-        for i in 0..self.endpoints.len() {
-            let at = (start + i) % self.endpoints.len();
+        for _ in 0..self.endpoints.len() {
+            let (at, channel) = self.channel().await?;
             let endpoint = &self.endpoints[at];
-            let answer = tokio::time::timeout(CALL_TIMEOUT, async {
-                let response = self.post(endpoint, path, &body).await?;
-                let status = response.status();
-                let bytes = http_body_util::Limited::new(response.into_body(), ANSWER_LIMIT)
-                    .collect()
-                    .await
-                    .map_err(|e| format!("reading the answer: {e}"))?
-                    .to_bytes();
-                Ok::<_, String>((status, bytes))
-            })
-            .await;
-            let (status, bytes) = match answer {
-                Ok(Ok(answer)) => answer,
-                Ok(Err(e)) => {
-                    last = format!("{endpoint}: {e}");
-                    continue;
+            match tokio::time::timeout(CALL_TIMEOUT, f(channel)).await {
+                Ok(Ok(answer)) => return Ok(answer.into_inner()),
+                Ok(Err(status)) if another_may_answer(&status) => {
+                    last = format!("{endpoint}: {}", said(&status));
                 }
-                Err(_) => {
-                    last = format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT));
-                    continue;
-                }
-            };
-            self.current.store(at, Ordering::Relaxed);
-            let value: Value = match serde_json::from_slice(&bytes) {
-                Ok(value) => value,
-                // Refused before etcd saw it (by the gateway's own checks): say what it said.
-                Err(_) if status.is_client_error() => {
+                Ok(Err(status)) => {
+                    if compacted(Some(status.code() as u64), status.message()) {
+                        return Err(Error::Compacted(0));
+                    }
                     return Err(Error::Refused {
                         endpoint: endpoint.clone(),
                         call,
-                        why: Refusal::Other(None),
-                        message: not_json(status, &bytes),
-                    })
+                        why: refusal_of(&status),
+                        message: status.message().to_owned(),
+                    });
                 }
-                Err(e) => {
-                    return Err(Error::Garbled {
-                        endpoint: endpoint.clone(),
-                        call,
-                        message: format!("{e} (HTTP {status})"),
-                    })
-                }
-            };
-            if !status.is_success() {
-                let (code, message) = code_and_message(&value);
-                if compacted(code, &message) {
-                    return Err(Error::Compacted(num(&body["revision"])));
-                }
-                // A member without a leader (mid-election) or stopping: another may answer.
-                if status.is_server_error() {
-                    last = format!("{endpoint}: HTTP {status}: {message}");
-                    continue;
-                }
-                let why = Refusal::of(code, &message);
-                return Err(Error::Refused { endpoint: endpoint.clone(), call, why, message });
+                Err(_) => last = format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)),
             }
-            return Ok(value);
+            self.failed(at).await;
         }
         Err(Error::Unreachable {
             endpoints: self.endpoints(),
@@ -580,28 +800,34 @@ impl Etcd {
         })
     }
 
+    fn kv(channel: Channel) -> KvClient<Channel> {
+        KvClient::new(channel).max_decoding_message_size(ANSWER_LIMIT)
+    }
+
     /// Every key under `prefix`, in key order, at `revision` (the latest when `None`).
     pub async fn range_prefix(&self, prefix: &str, revision: Option<i64>) -> Result<Range, Error> {
-        let mut body = json!({
-            "key": B64.encode(prefix),
-            "range_end": B64.encode(prefix_end(prefix)),
-        });
-        if let Some(r) = revision {
-            body["revision"] = r.to_string().into();
-        }
-        let answer = self.call("a range read", "/v3/kv/range", body).await?;
-        let endpoint = self.endpoints[self.current.load(Ordering::Relaxed)].clone();
-        let garbled =
-            |message: String| Error::Garbled { endpoint: endpoint.clone(), call: "a range read", message };
-        let revision = num(&answer["header"]["revision"]);
-        let mut kvs = Vec::new();
-        for kv in answer["kvs"].as_array().map(Vec::as_slice).unwrap_or_default() {
-            let key =
-                B64.decode(kv["key"].as_str().unwrap_or_default()).map_err(|e| garbled(e.to_string()))?;
-            let key = String::from_utf8(key).map_err(|_| garbled("a key that is not UTF-8".into()))?;
-            let value =
-                B64.decode(kv["value"].as_str().unwrap_or_default()).map_err(|e| garbled(e.to_string()))?;
-            kvs.push(Kv { key, value, mod_revision: num(&kv["mod_revision"]) });
+        let (key, range_end) = range_of(prefix);
+        let message =
+            rpc::RangeRequest { key, range_end, revision: revision.unwrap_or(0), ..Default::default() };
+        let answer = match self
+            .call("a range read", |channel| {
+                let request = self.request(message.clone());
+                async move { Self::kv(channel).range(request).await }
+            })
+            .await
+        {
+            Err(Error::Compacted(_)) => return Err(Error::Compacted(revision.unwrap_or(0))),
+            other => other?,
+        };
+        let revision = answer.header.map_or(0, |h| h.revision);
+        let mut kvs = Vec::with_capacity(answer.kvs.len());
+        for kv in answer.kvs {
+            let key = String::from_utf8(kv.key).map_err(|_| Error::Garbled {
+                endpoint: self.endpoints[self.current.load(Ordering::Relaxed)].clone(),
+                call: "a range read",
+                message: "a key that is not UTF-8".into(),
+            })?;
+            kvs.push(Kv { key, value: kv.value, mod_revision: kv.mod_revision });
         }
         Ok(Range { revision, kvs })
     }
@@ -617,133 +843,236 @@ impl Etcd {
         kvs: &[(String, Vec<u8>)],
         stale: &[String],
     ) -> Result<Option<i64>, Error> {
-        let mut ops: Vec<Value> = kvs
+        use rpc::request_op::Request as Op;
+        let mut success: Vec<rpc::RequestOp> = kvs
             .iter()
-            .map(|(k, v)| json!({"request_put": {"key": B64.encode(k), "value": B64.encode(v)}}))
+            .map(|(k, v)| rpc::RequestOp {
+                request: Some(Op::RequestPut(rpc::PutRequest {
+                    key: k.as_bytes().to_vec(),
+                    value: v.clone(),
+                    ..Default::default()
+                })),
+            })
             .collect();
-        ops.extend(stale.iter().map(|k| json!({"request_delete_range": {"key": B64.encode(k)}})));
-        let body = json!({
-            // Every key under the prefix was last written at or before `read_at`.
-            "compare": [{
-                "key": B64.encode(prefix),
-                "range_end": B64.encode(prefix_end(prefix)),
-                "target": "MOD",
-                "result": "LESS",
-                "mod_revision": (read_at + 1).to_string(),
-            }],
-            "success": ops,
-        });
-        let answer = self.call("a transaction", "/v3/kv/txn", body).await?;
-        Ok(answer["succeeded"].as_bool().unwrap_or(false).then(|| num(&answer["header"]["revision"])))
+        success.extend(stale.iter().map(|k| rpc::RequestOp {
+            request: Some(Op::RequestDeleteRange(rpc::DeleteRangeRequest {
+                key: k.as_bytes().to_vec(),
+                ..Default::default()
+            })),
+        }));
+        let (key, range_end) = range_of(prefix);
+        // Every key under the prefix was last written at or before `read_at`.
+        let compare = rpc::Compare {
+            result: rpc::compare::CompareResult::Less as i32,
+            target: rpc::compare::CompareTarget::Mod as i32,
+            key,
+            range_end,
+            target_union: Some(rpc::compare::TargetUnion::ModRevision(read_at + 1)),
+        };
+        let message = rpc::TxnRequest { compare: vec![compare], success, failure: Vec::new() };
+        let answer = self
+            .call("a transaction", |channel| {
+                let request = self.request(message.clone());
+                async move { Self::kv(channel).txn(request).await }
+            })
+            .await?;
+        Ok(answer.succeeded.then(|| answer.header.map_or(0, |h| h.revision)))
+    }
+
+    /// Puts one key; bound to `lease` when it is not 0, so that it goes when the lease does.
+    async fn put_in(&self, key: &str, value: &[u8], lease: i64) -> Result<i64, Error> {
+        let message = rpc::PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: value.to_vec(),
+            lease,
+            ..Default::default()
+        };
+        let answer = self
+            .call("a put", |channel| {
+                let request = self.request(message.clone());
+                async move { Self::kv(channel).put(request).await }
+            })
+            .await?;
+        Ok(answer.header.map_or(0, |h| h.revision))
     }
 
     /// Puts one key.
     pub async fn put(&self, key: &str, value: &[u8]) -> Result<i64, Error> {
-        let body = json!({"key": B64.encode(key), "value": B64.encode(value)});
-        let answer = self.call("a put", "/v3/kv/put", body).await?;
-        Ok(num(&answer["header"]["revision"]))
+        self.put_in(key, value, 0).await
     }
 
     /// Puts one key bound to a lease: it goes when the lease does.
     pub async fn put_with_lease(&self, key: &str, value: &[u8], lease: i64) -> Result<i64, Error> {
-        let body = json!({"key": B64.encode(key), "value": B64.encode(value), "lease": lease.to_string()});
-        let answer = self.call("a put", "/v3/kv/put", body).await?;
-        Ok(num(&answer["header"]["revision"]))
+        self.put_in(key, value, lease).await
     }
 
     /// Takes a lease of `ttl` seconds; returns its id.
     pub async fn lease_grant(&self, ttl: i64) -> Result<i64, Error> {
-        let answer = self.call("a lease grant", "/v3/lease/grant", json!({"TTL": ttl.to_string()})).await?;
-        Ok(num(&answer["ID"]))
+        let answer = self
+            .call("a lease grant", |channel| {
+                let request = self.request(rpc::LeaseGrantRequest { ttl, id: 0 });
+                async move { LeaseClient::new(channel).lease_grant(request).await }
+            })
+            .await?;
+        Ok(answer.id)
     }
 
-    /// Renews a lease once. `false` when it had expired already (its keys are gone).
+    /// Renews a lease once, on a LeaseKeepAlive stream of the connection: one request, one
+    /// answer. `false` when it had expired already (its keys are gone).
     pub async fn lease_keepalive(&self, id: i64) -> Result<bool, Error> {
-        // A stream on the gateway: one request in the body, one answer back.
-        let answer =
-            self.call("a lease renewal", "/v3/lease/keepalive", json!({"ID": id.to_string()})).await?;
-        Ok(num(&answer["result"]["TTL"]) > 0)
-    }
-
-    /// Forgets the token, so the next request logs in again (a watch refused for its token).
-    pub fn forget_token(&self) {
-        *self.token.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let answer = self
+            .call("a lease renewal", |channel| {
+                let request = self.request(futures_util::stream::iter([rpc::LeaseKeepAliveRequest { id }]));
+                async move {
+                    let mut answers = LeaseClient::new(channel).lease_keep_alive(request).await?.into_inner();
+                    match answers.message().await? {
+                        Some(answer) => Ok(tonic::Response::new(answer)),
+                        None => Err(tonic::Status::unavailable("the lease's stream ended without an answer")),
+                    }
+                }
+            })
+            .await?;
+        Ok(answer.ttl > 0)
     }
 
     /// Makes `role` (when missing) and grants it `permission` (`READ`, `WRITE`, `READWRITE`) on
     /// `key`, or on every key under it when `prefix`.
     pub async fn grant(&self, role: &str, permission: &str, key: &str, prefix: bool) -> Result<(), Error> {
-        match self.call("a role", "/v3/auth/role/add", json!({"name": role})).await {
+        let add = self
+            .call("a role", |channel| {
+                let request = self.request(rpc::AuthRoleAddRequest { name: role.to_owned() });
+                async move { AuthClient::new(channel).role_add(request).await }
+            })
+            .await;
+        match add {
             Err(Error::Refused { why: Refusal::AlreadyExists, .. }) => {}
             other => {
                 other?;
             }
         }
-        let mut perm = json!({"permType": permission, "key": B64.encode(key)});
-        if prefix {
-            perm["range_end"] = B64.encode(prefix_end(key)).into();
-        }
-        self.call("a grant", "/v3/auth/role/grant", json!({"name": role, "perm": perm})).await?;
+        use pb::authpb::permission::Type;
+        let perm_type = match permission {
+            "READ" => Type::Read,
+            "WRITE" => Type::Write,
+            _ => Type::Readwrite,
+        };
+        let perm = pb::authpb::Permission {
+            perm_type: perm_type as i32,
+            key: key.as_bytes().to_vec(),
+            range_end: if prefix { prefix_end(key) } else { Vec::new() },
+        };
+        self.call("a grant", |channel| {
+            let request = self.request(rpc::AuthRoleGrantPermissionRequest {
+                name: role.to_owned(),
+                perm: Some(perm.clone()),
+            });
+            async move { AuthClient::new(channel).role_grant_permission(request).await }
+        })
+        .await?;
         Ok(())
     }
 
     /// Makes `user` (when missing: an existing user keeps its password) and gives it `role`.
+    /// Without a password, the user has none (etcd's `no_password`): it is known by the CN of
+    /// its client certificate only, and no login can be made as it.
     pub async fn user_with_role(
         &self,
         user: &str,
-        password: &SecretString,
+        password: Option<&SecretString>,
         role: &str,
     ) -> Result<bool, Error> {
-        let made = match self
-            .call("a user", "/v3/auth/user/add", json!({"name": user, "password": password.expose_secret()}))
-            .await
-        {
+        let add = self
+            .call("a user", |channel| {
+                let request = self.request(rpc::AuthUserAddRequest {
+                    name: user.to_owned(),
+                    password: password.map(|p| p.expose_secret().to_owned()).unwrap_or_default(),
+                    options: Some(pb::authpb::UserAddOptions { no_password: password.is_none() }),
+                    hashed_password: String::new(),
+                });
+                async move { AuthClient::new(channel).user_add(request).await }
+            })
+            .await;
+        let made = match add {
             Err(Error::Refused { why: Refusal::AlreadyExists, .. }) => false,
             other => {
                 other?;
                 true
             }
         };
-        self.call("a role for a user", "/v3/auth/user/grant", json!({"user": user, "role": role})).await?;
+        self.call("a role for a user", |channel| {
+            let request =
+                self.request(rpc::AuthUserGrantRoleRequest { user: user.to_owned(), role: role.to_owned() });
+            async move { AuthClient::new(channel).user_grant_role(request).await }
+        })
+        .await?;
         Ok(made)
     }
 
-    /// Watches every key under `prefix` from `start_revision` on. The watch ends (`next` says
-    /// so) when the endpoint goes away; the caller reads again and watches anew.
-    pub async fn watch_prefix(&self, prefix: &str, start_revision: i64) -> Result<Watch, Error> {
-        let body = json!({"create_request": {
-            "key": B64.encode(prefix),
-            "range_end": B64.encode(prefix_end(prefix)),
-            "start_revision": start_revision.to_string(),
-        }});
+    /// Watches every key under each of `prefixes` from `start_revision` on, all on one Watch
+    /// stream of the connection (one watcher per prefix), with progress notices. The watch ends
+    /// (`next` says so) when the endpoint goes away; the caller watches anew from what it saw.
+    pub async fn watch_prefixes(&self, prefixes: &[String], start_revision: i64) -> Result<Watch, Error> {
         self.ensure_token().await?;
-        let start = self.current.load(Ordering::Relaxed);
         let mut last = String::new();
-        for i in 0..self.endpoints.len() {
-            let at = (start + i) % self.endpoints.len();
-            let endpoint = &self.endpoints[at];
-            match tokio::time::timeout(CALL_TIMEOUT, self.post(endpoint, "/v3/watch", &body)).await {
-                Ok(Ok(response)) if response.status().is_success() => {
-                    self.current.store(at, Ordering::Relaxed);
+        for _ in 0..self.endpoints.len() {
+            // Taken before the channel: a move while the watch opens is seen by it.
+            let moved = self.moved.subscribe();
+            let (at, channel) = self.channel().await?;
+            let endpoint = self.endpoints[at].clone();
+            // The creations are queued before the stream opens: etcd answers the stream's
+            // headers with its first message, the first creation's answer.
+            let (tx, rx) = mpsc::channel(prefixes.len().max(1));
+            for prefix in prefixes {
+                let (key, range_end) = range_of(prefix);
+                let create = rpc::WatchCreateRequest {
+                    key,
+                    range_end,
+                    start_revision,
+                    progress_notify: true,
+                    ..Default::default()
+                };
+                let request = rpc::WatchRequest {
+                    request_union: Some(rpc::watch_request::RequestUnion::CreateRequest(create)),
+                };
+                // Room for every one: `rx` is right here.
+                let _ = tx.try_send(request);
+            }
+            let requests =
+                futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+            let opened = tokio::time::timeout(
+                CALL_TIMEOUT,
+                WatchClient::new(channel)
+                    .max_decoding_message_size(ANSWER_LIMIT)
+                    .watch(self.request(requests)),
+            )
+            .await;
+            match opened {
+                Ok(Ok(answers)) => {
                     return Ok(Watch {
-                        body: response.into_body(),
-                        buffer: Vec::new(),
-                        endpoint: endpoint.clone(),
+                        _requests: tx,
+                        answers: answers.into_inner(),
+                        moved,
+                        watchers: Watchers {
+                            endpoint,
+                            progress: vec![start_revision - 1; prefixes.len()],
+                            created: 0,
+                        },
                     });
                 }
-                Ok(Ok(response)) => {
-                    let status = response.status();
-                    // The refusal's words, bounded: a gateway's error page is short.
-                    let body = http_body_util::Limited::new(response.into_body(), 4096)
-                        .collect()
-                        .await
-                        .map(|b| b.to_bytes())
-                        .unwrap_or_default();
-                    last = format!("{endpoint}: {}", not_json(status, &body));
+                Ok(Err(status)) if another_may_answer(&status) => {
+                    last = format!("{endpoint}: {}", said(&status));
                 }
-                Ok(Err(e)) => last = format!("{endpoint}: {e}"),
+                Ok(Err(status)) => {
+                    return Err(Error::Refused {
+                        endpoint,
+                        call: "a watch",
+                        why: refusal_of(&status),
+                        message: status.message().to_owned(),
+                    })
+                }
                 Err(_) => last = format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)),
             }
+            self.failed(at).await;
         }
         Err(Error::Unreachable {
             endpoints: self.endpoints(),
@@ -755,180 +1084,205 @@ impl Etcd {
 /// What a watch saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Seen {
-    /// The watch is in place.
+    /// Every prefix's watcher is in place.
     Created,
-    /// Keys under the prefix changed; the revision of the last change.
+    /// Keys under a prefix changed; the revision of the last change.
     Changed(i64),
+    /// A progress notice: every watcher is alive, and has sent every change up to the
+    /// revision given (`Watch::seen`).
+    Progress(i64),
 }
 
-/// A watch stream, read with `next`.
+/// The watchers of one client's prefixes on one Watch stream, read with `next`.
 pub struct Watch {
-    body: hyper::body::Incoming,
-    buffer: Vec<u8>,
+    /// The request side of the stream, held open: dropping it would end the stream.
+    _requests: mpsc::Sender<rpc::WatchRequest>,
+    answers: tonic::Streaming<rpc::WatchResponse>,
+    /// Changes when the client drops the connection this watch is on for another endpoint.
+    moved: tokio::sync::watch::Receiver<u64>,
+    watchers: Watchers,
+}
+
+/// What a watch's answers have said so far.
+struct Watchers {
     endpoint: String,
+    /// Per watcher (etcd numbers them 0, 1... in the order created): the revision up to which
+    /// it has sent every change, from its progress notices.
+    progress: Vec<i64>,
+    /// How many watchers etcd said it created.
+    created: usize,
 }
 
 impl Watch {
-    /// The next thing the watch saw. An error when the stream ended or broke (the caller reads
-    /// again and watches anew) or etcd compacted the revision asked for (a full read).
+    /// The next thing the watch saw. An error when the stream ended or broke (the caller
+    /// watches again from `seen`), a watcher was cancelled, or etcd compacted the revision asked
+    /// for (a full read).
     pub async fn next(&mut self) -> Result<Seen, Error> {
         loop {
-            // A whole document in the buffer already?
-            let mut stream = serde_json::Deserializer::from_slice(&self.buffer).into_iter::<Value>();
-            match stream.next() {
-                Some(Ok(doc)) => {
-                    let used = stream.byte_offset();
-                    self.buffer.drain(..used);
-                    if let Some(seen) = self.read(doc)? {
-                        return Ok(seen);
-                    }
-                    continue;
-                }
-                Some(Err(e)) if !e.is_eof() => {
-                    return Err(Error::Garbled {
-                        endpoint: self.endpoint.clone(),
-                        call: "a watch",
-                        message: e.to_string(),
+            let answer = tokio::select! {
+                answer = self.answers.message() => answer,
+                // The sender lives as long as the client; gone, the watch goes too.
+                _ = self.moved.changed() => {
+                    return Err(Error::Unreachable {
+                        endpoints: self.watchers.endpoint.clone(),
+                        message: "the client moved to another endpoint; the watch follows it".into(),
                     })
                 }
-                _ => {}
-            }
-            if self.buffer.len() > ANSWER_LIMIT {
-                return Err(Error::Garbled {
-                    endpoint: self.endpoint.clone(),
-                    call: "a watch",
-                    message: "one watch answer larger than mesh-host reads".into(),
-                });
-            }
-            match self.body.frame().await {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.buffer.extend_from_slice(&data);
-                    }
-                }
-                Some(Err(e)) => {
+            };
+            let answer = match answer {
+                Ok(Some(answer)) => answer,
+                Ok(None) => {
                     return Err(Error::Unreachable {
-                        endpoints: self.endpoint.clone(),
-                        message: format!("the watch broke: {e}"),
-                    })
-                }
-                None => {
-                    return Err(Error::Unreachable {
-                        endpoints: self.endpoint.clone(),
+                        endpoints: self.watchers.endpoint.clone(),
                         message: "the watch ended".into(),
                     })
                 }
+                Err(status) => {
+                    return Err(Error::Unreachable {
+                        endpoints: self.watchers.endpoint.clone(),
+                        message: format!("the watch broke: {}", said(&status)),
+                    })
+                }
+            };
+            if let Some(seen) = self.watchers.read(&answer)? {
+                return Ok(seen);
             }
         }
     }
 
-    fn read(&self, doc: Value) -> Result<Option<Seen>, Error> {
-        seen(&self.endpoint, doc)
+    /// The revision up to which every watcher has sent every change: where a new watch resumes
+    /// from (`seen() + 1`) without missing anything.
+    pub fn seen(&self) -> i64 {
+        self.watchers.seen()
     }
 }
 
-/// What one document of a watch stream says: `None` for one that says nothing to act on (a
-/// progress notice).
-fn seen(endpoint: &str, doc: Value) -> Result<Option<Seen>, Error> {
-    if let Some(error) = doc.get("error") {
-        let message = error.get("message").and_then(Value::as_str).unwrap_or("").to_owned();
-        let why = Refusal::of(error.get("grpc_code").and_then(Value::as_u64), &message);
-        return Err(Error::Refused { endpoint: endpoint.to_owned(), call: "a watch", why, message });
+impl Watchers {
+    fn seen(&self) -> i64 {
+        self.progress.iter().copied().min().unwrap_or(0)
     }
-    let result = &doc["result"];
-    let compacted = num(&result["compact_revision"]);
-    if compacted > 0 {
-        return Err(Error::Compacted(compacted));
+
+    /// What one answer says: `None` for one that says nothing to act on yet.
+    fn read(&mut self, answer: &rpc::WatchResponse) -> Result<Option<Seen>, Error> {
+        if answer.compact_revision > 0 {
+            return Err(Error::Compacted(answer.compact_revision));
+        }
+        if answer.canceled {
+            let reason =
+                if answer.cancel_reason.is_empty() { "no reason given" } else { &answer.cancel_reason };
+            return Err(Error::Cancelled {
+                endpoint: self.endpoint.clone(),
+                why: Refusal::of_status(reason),
+                reason: reason.to_owned(),
+            });
+        }
+        if answer.created {
+            self.created += 1;
+            return Ok((self.created == self.progress.len()).then_some(Seen::Created));
+        }
+        if let Some(last) = answer.events.iter().filter_map(|e| e.kv.as_ref()).map(|kv| kv.mod_revision).max()
+        {
+            return Ok(Some(Seen::Changed(last)));
+        }
+        // No events: a progress notice, everything up to the header's revision sent.
+        let revision = answer.header.as_ref().map_or(0, |h| h.revision);
+        let Some(at) = usize::try_from(answer.watch_id).ok().and_then(|id| self.progress.get_mut(id)) else {
+            return Ok(None);
+        };
+        *at = (*at).max(revision);
+        Ok(Some(Seen::Progress(self.seen())))
     }
-    if result["canceled"].as_bool().unwrap_or(false) {
-        let reason = result["cancel_reason"].as_str().unwrap_or("no reason given");
-        return Err(Error::Cancelled {
-            endpoint: endpoint.to_owned(),
-            why: Refusal::of_status(reason),
-            reason: reason.to_owned(),
-        });
-    }
-    if result["created"].as_bool().unwrap_or(false) {
-        return Ok(Some(Seen::Created));
-    }
-    let events = result["events"].as_array().map(Vec::as_slice).unwrap_or_default();
-    let last = events.iter().map(|e| num(&e["kv"]["mod_revision"])).max();
-    Ok(last.map(Seen::Changed))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_watch_document_is_read_as_etcd_means_it() {
-        let at = "http://127.0.0.1:2379";
-        let doc = |v: &str| serde_json::from_str::<Value>(v).unwrap();
-        assert_eq!(
-            seen(at, doc(r#"{"result":{"header":{"revision":"5"},"created":true}}"#)).unwrap(),
-            Some(Seen::Created)
-        );
-        let events = r#"{"result":{"events":[{"kv":{"key":"YQ==","mod_revision":"7"}},{"type":"DELETE","kv":{"key":"Yg==","mod_revision":"9"}}]}}"#;
-        assert_eq!(
-            seen(at, doc(events)).unwrap(),
-            Some(Seen::Changed(9)),
-            "the last change's revision, deletes too"
-        );
-        assert_eq!(
-            seen(at, doc(r#"{"result":{"header":{"revision":"12"}}}"#)).unwrap(),
-            None,
-            "a progress notice"
-        );
-        // A watch from a revision compacted away: a full read follows.
-        let compacted = r#"{"result":{"canceled":true,"compact_revision":"40"}}"#;
-        assert!(matches!(seen(at, doc(compacted)), Err(Error::Compacted(40))));
-        let canceled = r#"{"result":{"canceled":true,"cancel_reason":"permission denied"}}"#;
-        let e = seen(at, doc(canceled)).unwrap_err();
-        assert!(matches!(e, Error::Cancelled { why: Refusal::Other(None), .. }), "{e:?}");
-        let e = e.to_string();
-        assert!(e.contains("cancelled the watch: permission denied"), "{e}");
-        let e = seen(at, doc(r#"{"error":{"grpc_code":16,"message":"etcdserver: invalid auth token"}}"#))
-            .unwrap_err();
-        assert!(matches!(e, Error::Refused { why: Refusal::InvalidToken, .. }), "{e:?}");
-        let e = e.to_string();
-        assert!(e.contains("invalid auth token") && e.contains(at), "{e}");
-        // What etcd 3.4 answers a watch sent with a token it does not accept: taken, then
-        // cancelled, the gRPC status written out in the reason.
-        let bad_token = r#"{"result":{"watch_id":"-1","created":true,"canceled":true,"cancel_reason":"rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"}}"#;
-        let e = seen(at, doc(bad_token)).unwrap_err();
-        assert!(matches!(e, Error::Cancelled { why: Refusal::InvalidToken, .. }), "{e:?}");
-        assert!(e.to_string().contains("cancelled the watch: rpc error: code = Unauthenticated"), "{e}");
+    fn watchers(n: usize, from: i64) -> Watchers {
+        Watchers { endpoint: "http://127.0.0.1:2379".into(), progress: vec![from - 1; n], created: 0 }
     }
 
-    /// etcd's refusals, as its JSON gateway (3.4, the testbed's) answers unary calls: read by
-    /// code, and by etcd's fixed words only where one code means several things.
+    fn answer(watch_id: i64, revision: i64) -> rpc::WatchResponse {
+        rpc::WatchResponse {
+            header: Some(rpc::ResponseHeader { revision, ..Default::default() }),
+            watch_id,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_watch_answer_is_read_as_etcd_means_it() {
+        let mut w = watchers(2, 10);
+        let created = rpc::WatchResponse { created: true, ..answer(0, 12) };
+        assert_eq!(w.read(&created).unwrap(), None, "one of two watchers in place");
+        let created = rpc::WatchResponse { created: true, ..answer(1, 12) };
+        assert_eq!(w.read(&created).unwrap(), Some(Seen::Created), "both");
+        assert_eq!(w.seen(), 9, "the creation's revision is not progress: older changes may follow");
+
+        // Progress notices, one per watcher: the watch has sent everything up to the lower.
+        assert_eq!(w.read(&answer(0, 20)).unwrap(), Some(Seen::Progress(9)));
+        assert_eq!(w.read(&answer(1, 25)).unwrap(), Some(Seen::Progress(20)));
+        assert_eq!(w.seen(), 20);
+
+        let kv = |rev| pb::mvccpb::KeyValue { key: b"a".to_vec(), mod_revision: rev, ..Default::default() };
+        let event = |rev| pb::mvccpb::Event { kv: Some(kv(rev)), ..Default::default() };
+        let events = rpc::WatchResponse { events: vec![event(27), event(29)], ..answer(1, 29) };
+        assert_eq!(w.read(&events).unwrap(), Some(Seen::Changed(29)), "the last change's revision");
+
+        // A watch from a revision compacted away: a full read follows.
+        let compacted = rpc::WatchResponse { canceled: true, compact_revision: 40, ..answer(0, 50) };
+        assert!(matches!(w.read(&compacted), Err(Error::Compacted(40))));
+        // What etcd 3.4 answers a watch of keys the user may not read: taken, then cancelled,
+        // the gRPC status written out in the reason.
+        let denied = rpc::WatchResponse {
+            created: true,
+            canceled: true,
+            cancel_reason: "rpc error: code = PermissionDenied desc = etcdserver: permission denied".into(),
+            ..answer(-1, 50)
+        };
+        let e = w.read(&denied).unwrap_err();
+        assert!(matches!(e, Error::Cancelled { why: Refusal::PermissionDenied, .. }), "{e:?}");
+        assert!(e.to_string().contains("cancelled the watch: rpc error: code = PermissionDenied"), "{e}");
+        let bare = rpc::WatchResponse { canceled: true, ..answer(0, 50) };
+        let e = w.read(&bare).unwrap_err();
+        assert!(matches!(e, Error::Cancelled { why: Refusal::Other(None), .. }), "{e:?}");
+        assert!(e.to_string().contains("no reason given"), "{e}");
+    }
+
+    /// etcd's refusals, as gRPC statuses: read by code, and by etcd's fixed words only where
+    /// one code means several things.
     #[test]
     fn a_refusal_is_read_by_its_grpc_code() {
-        let read = |v: &str| {
-            let (code, message) = code_and_message(&serde_json::from_str(v).unwrap());
-            (Refusal::of(code, &message), compacted(code, &message))
+        use tonic::{Code, Status};
+        let read = |code: Code, m: &str| {
+            let status = Status::new(code, m);
+            (refusal_of(&status), compacted(Some(status.code() as u64), status.message()))
         };
-        let answer = |m: &str, code: u64| format!(r#"{{"error":"{m}","message":"{m}","code":{code}}}"#);
-        let token = answer("etcdserver: invalid auth token", 16);
-        assert_eq!(read(&token), (Refusal::InvalidToken, false));
-        assert_eq!(read(&answer("etcdserver: permission denied", 7)), (Refusal::PermissionDenied, false));
-        let role = answer("etcdserver: role name already exists", 9);
-        assert_eq!(read(&role), (Refusal::AlreadyExists, false));
-        let user = answer("etcdserver: user name already exists", 9);
-        assert_eq!(read(&user), (Refusal::AlreadyExists, false));
-        let not_found = answer("etcdserver: role name not found", 9);
-        assert_eq!(read(&not_found), (Refusal::Other(Some(9)), false), "the same code, another meaning");
-        let gone = answer("etcdserver: mvcc: required revision has been compacted", 11);
-        assert!(read(&gone).1, "compacted");
-        let future = answer("etcdserver: mvcc: required revision is a future revision", 11);
-        assert_eq!(read(&future), (Refusal::Other(Some(11)), false), "out of range, not compacted");
-        // Words without a code (an older gateway, a proxy) are not guessed at.
-        let bare = r#"{"error":"etcdserver: invalid auth token"}"#;
-        assert_eq!(read(bare), (Refusal::Other(None), false));
+        assert_eq!(
+            read(Code::Unauthenticated, "etcdserver: invalid auth token"),
+            (Refusal::InvalidToken, false)
+        );
+        assert_eq!(
+            read(Code::PermissionDenied, "etcdserver: permission denied"),
+            (Refusal::PermissionDenied, false)
+        );
+        let role = read(Code::FailedPrecondition, "etcdserver: role name already exists");
+        assert_eq!(role, (Refusal::AlreadyExists, false));
+        let user = read(Code::FailedPrecondition, "etcdserver: user name already exists");
+        assert_eq!(user, (Refusal::AlreadyExists, false));
+        let not_found = read(Code::FailedPrecondition, "etcdserver: role name not found");
+        assert_eq!(not_found, (Refusal::Other(Some(9)), false), "the same code, another meaning");
+        assert!(read(Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted").1);
+        let future = read(Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision");
+        assert_eq!(future, (Refusal::Other(Some(11)), false), "out of range, not compacted");
 
         let status = "rpc error: code = PermissionDenied desc = etcdserver: permission denied";
         assert_eq!(Refusal::of_status(status), Refusal::PermissionDenied);
         assert_eq!(Refusal::of_status("no reason given"), Refusal::Other(None));
+
+        // A member going away, stopping or without a leader: another endpoint is tried.
+        assert!(another_may_answer(&Status::unavailable("etcdserver: no leader")));
+        assert!(!another_may_answer(&Status::permission_denied("etcdserver: permission denied")));
     }
 
     #[test]
@@ -944,7 +1298,8 @@ mod tests {
         let e = Etcd::new("10.0.0.1:2379", &none).err().unwrap();
         assert!(e.contains("a URL such as"), "{e}");
         assert!(Etcd::new(" , ", &none).is_err());
-        Etcd::new("http://10.0.0.1:2379,http://10.0.0.2:2379", &none).unwrap();
+        let two = Etcd::new("http://10.0.0.1:2379, http://10.0.0.2:2379/", &none).unwrap();
+        assert_eq!(two.endpoints(), "http://10.0.0.1:2379,http://10.0.0.2:2379");
 
         let e = Etcd::new("https://10.0.0.1:2379", &none).err().unwrap();
         assert!(e.contains("need --etcd-ca"), "{e}");
@@ -977,20 +1332,10 @@ mod tests {
     }
 
     #[test]
-    fn tls_refusals_carry_a_hint_and_a_gateway_refusal_says_why() {
-        assert!(tls_hint("client error (Connect): invalid peer certificate: UnknownIssuer", false)
-            .contains("--etcd-ca"));
+    fn tls_refusals_carry_a_hint() {
+        assert!(tls_hint("invalid peer certificate: UnknownIssuer", false).contains("--etcd-ca"));
         assert!(tls_hint("received fatal alert: CertificateRequired", false).contains("--etcd-cert"));
-        // The alert's words lost (TLS 1.3: the refusal comes after the handshake), the request
-        // for a certificate still says why.
-        assert!(tls_hint("client error (Canceled): connection was not ready", true).contains("has none"));
+        assert!(tls_hint("", true).contains("has none"));
         assert_eq!(tls_hint("Connection refused (os error 111)", false), "");
-        let cn = not_json(
-            hyper::StatusCode::BAD_REQUEST,
-            b"CommonName of client sending a request against gateway will be ignored and not used as expected\n",
-        );
-        assert!(cn.starts_with("HTTP 400 Bad Request: CommonName") && cn.contains("without a CN"), "{cn}");
-        let long = not_json(hyper::StatusCode::NOT_FOUND, "x".repeat(10_000).as_bytes());
-        assert!(long.len() < 400, "bounded");
     }
 }

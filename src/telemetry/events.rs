@@ -388,6 +388,8 @@ pub enum FleetSource<'a> {
         error: &'a dyn std::fmt::Display,
         /// The first failure since etcd last answered.
         first: bool,
+        /// etcd refused the node's client certificate.
+        certificate_refused: bool,
     },
     /// A read succeeded; `again` when the one before had failed (then it is said).
     Reached {
@@ -427,6 +429,14 @@ pub enum FleetSource<'a> {
         /// The revision of the change.
         revision: i64,
     },
+    /// etcd's progress notice: the watch is alive and has delivered every change up to
+    /// `revision`.
+    Progress {
+        /// The node's name.
+        node: &'a str,
+        /// The revision every change up to has been delivered.
+        revision: i64,
+    },
     /// The revision to watch from was compacted away: the whole declaration is read again.
     Compacted {
         /// The node's name.
@@ -446,14 +456,23 @@ pub enum FleetSource<'a> {
 impl Event for FleetSource<'_> {
     fn emit(self, m: &Metrics) {
         match self {
-            FleetSource::Unreachable { node, error, first } => {
+            FleetSource::Unreachable { node, error, first, certificate_refused } => {
                 m.etcd_up.get_or_create(&Vec::new()).set(0);
-                if first {
+                let refused = m.etcd_certificate_refused.get_or_create(&Vec::new());
+                // Said once when it starts, whatever failed before it: the operator's action.
+                if certificate_refused && refused.get() == 0 && !first {
+                    tracing::error!(node = %node, "etcd refuses this node's client certificate: {error}; converging on the last declaration known, trying again with the files as they are then");
+                } else if certificate_refused && first {
+                    tracing::error!(node = %node, "cannot read the declaration from etcd, which refuses this node's client certificate: {error}; converging on the last one known, trying again with the files as they are then");
+                }
+                refused.set(i64::from(certificate_refused));
+                if first && !certificate_refused {
                     tracing::warn!(node = %node, "cannot read the declaration from etcd: {error}; converging on the last one known, trying again");
                 }
             }
             FleetSource::Reached { node, revision, again } => {
                 m.etcd_up.get_or_create(&Vec::new()).set(1);
+                m.etcd_certificate_refused.get_or_create(&Vec::new()).set(0);
                 if again {
                     tracing::info!(node = %node, revision, "etcd answers again; read its declaration at revision {revision}");
                 }
@@ -473,6 +492,10 @@ impl Event for FleetSource<'_> {
             ),
             FleetSource::Changed { node, revision } => {
                 tracing::debug!(node = %node, revision, "etcd: the declaration changed")
+            }
+            FleetSource::Progress { node, revision } => {
+                m.etcd_watch_revision.get_or_create(&Vec::new()).set(revision);
+                tracing::debug!(node = %node, revision, "etcd: the watch is alive, every change up to revision {revision} delivered");
             }
             FleetSource::Compacted { node, at } => {
                 tracing::info!(node = %node, "etcd compacted revision {at} away; reading the whole declaration again")

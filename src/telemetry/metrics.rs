@@ -57,6 +57,13 @@ pub struct Metrics {
     /// `mesh_host_etcd_up`: 1 while the fleet's last read of etcd succeeded, 0 after a failed
     /// one; absent on a node whose declaration is a local directory.
     pub etcd_up: Family<Labels, Gauge>,
+    /// `mesh_host_etcd_certificate_refused`: 1 while etcd refuses the node's client certificate
+    /// (expired, revoked, or from a CA etcd does not trust), 0 once etcd takes one; absent where
+    /// the declaration is a local directory.
+    pub etcd_certificate_refused: Family<Labels, Gauge>,
+    /// `mesh_host_etcd_watch_revision`: the etcd revision up to which the fleet's watch has
+    /// delivered every change, from etcd's progress notices; absent until the first.
+    pub etcd_watch_revision: Family<Labels, Gauge>,
     /// Reconciles that panicked: each failed its key, and the daemon went on.
     pub panics: Counter,
     /// State-store writes that failed: what was applied is on the machine but not recorded.
@@ -146,6 +153,8 @@ impl Metrics {
             declaration_refusals: Counter::default(),
             declaration_refused: Gauge::default(),
             etcd_up: Family::default(),
+            etcd_certificate_refused: Family::default(),
+            etcd_watch_revision: Family::default(),
             panics: Counter::default(),
             store_write_failures: Counter::default(),
             scheduled_runs: Family::default(),
@@ -264,6 +273,16 @@ impl Metrics {
             "mesh_host_etcd_up",
             "1 while the fleet's last read of etcd succeeded, 0 after a failed one; absent where the declaration is a local directory",
             self.etcd_up.clone(),
+        );
+        registry.register(
+            "mesh_host_etcd_certificate_refused",
+            "1 while etcd refuses the node's client certificate (expired, revoked, or from a CA it does not trust), 0 once it takes one; the files are read again at every connection",
+            self.etcd_certificate_refused.clone(),
+        );
+        registry.register(
+            "mesh_host_etcd_watch_revision",
+            "The etcd revision up to which the fleet's watch has delivered every change, from etcd's progress notices: an idle watch known alive, and where it stands",
+            self.etcd_watch_revision.clone(),
         );
         registry.register(
             "mesh_host_panics",
@@ -455,6 +474,8 @@ mod tests {
         m.scheduled_runs.get_or_create(&vec![("result", "succeeded")]).inc();
         m.declared_content.get_or_create(&vec![("where", "file")]).set(1);
         m.etcd_up.get_or_create(&Vec::new()).set(1);
+        m.etcd_certificate_refused.get_or_create(&Vec::new()).set(0);
+        m.etcd_watch_revision.get_or_create(&Vec::new()).set(1);
         m.encode()
             .lines()
             .filter(|l| !l.starts_with('#'))

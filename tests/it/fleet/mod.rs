@@ -83,10 +83,19 @@ struct OwnEtcd {
     peer: u16,
     data: PathBuf,
     log: PathBuf,
+    /// TLS only, every client asked for a certificate signed by the testbed's CA.
+    tls: bool,
+    /// More of etcd's flags (`--auth-token-ttl`).
+    extra: Vec<String>,
 }
 
 impl OwnEtcd {
     fn start(s: &Scratch) -> OwnEtcd {
+        OwnEtcd::start_with(s, false, &[])
+    }
+
+    /// A member speaking TLS or not, with more of etcd's flags.
+    fn start_with(s: &Scratch, tls: bool, extra: &[&str]) -> OwnEtcd {
         need_etcd_binaries();
         let mut e = OwnEtcd {
             child: None,
@@ -94,32 +103,51 @@ impl OwnEtcd {
             peer: free_port(),
             data: s.path("etcd-data"),
             log: s.path("etcd.log"),
+            tls,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
         };
         e.resume();
         e
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client)
+        format!("{}://127.0.0.1:{}", if self.tls { "https" } else { "http" }, self.client)
     }
 
     fn resume(&mut self) {
-        let (client, peer) =
-            (format!("http://127.0.0.1:{}", self.client), format!("http://127.0.0.1:{}", self.peer));
-        let child = Command::new("etcd")
-            .args(["--name", "fleet-it", "--data-dir"])
+        let (client, peer) = (self.url(), format!("http://127.0.0.1:{}", self.peer));
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", "fleet-it", "--data-dir"])
             .arg(&self.data)
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("fleet-it={peer}")])
+            .args(&self.extra);
+        if self.tls {
+            cmd.args(["--cert-file", &tls_file("server.pem"), "--key-file", &tls_file("server.key")]).args([
+                "--trusted-ca-file",
+                &tls_file("ca.pem"),
+                "--client-cert-auth",
+            ]);
+        }
+        let child = cmd
             .stdout(std::fs::File::options().create(true).append(true).open(&self.log).unwrap())
             .stderr(std::fs::File::options().create(true).append(true).open(&self.log).unwrap())
             .spawn()
             .expect("etcd starts");
         self.child = Some(child);
         let url = self.url();
+        let tls = self.tls;
+        let healthy = || {
+            let out = if tls {
+                etcdctl_tls(&url, "operator", &["endpoint", "health"])
+            } else {
+                etcdctl(&url, &["endpoint", "health"])
+            };
+            out.status.success()
+        };
         assert!(
-            wait_for(PATIENCE, || etcdctl(&url, &["endpoint", "health"]).status.success()),
+            wait_for(PATIENCE, healthy),
             "the test's etcd did not come up:\n{}",
             std::fs::read_to_string(&self.log).unwrap_or_default()
         );
@@ -212,7 +240,8 @@ fn tls_file(name: &str) -> String {
     path
 }
 
-/// mesh-host's TLS options for one of the testbed's client certificates (`node-a`, `operator`...).
+/// mesh-host's TLS options for one of the testbed's client certificates (`node-a`, `operator`,
+/// `node-a-cn` whose CN is node-a...).
 fn tls_args(who: &str) -> Vec<String> {
     ["--etcd-ca", &tls_file("ca.pem"), "--etcd-cert", &tls_file(&format!("{who}.pem"))]
         .into_iter()
@@ -247,38 +276,48 @@ impl OwnEtcd {
     /// A member of the test's own that speaks only TLS and asks every client for a certificate
     /// signed by the testbed's CA: for etcd's auth, which the test turns on.
     fn start_tls(s: &Scratch) -> OwnEtcd {
-        need_etcd_binaries();
-        let mut e = OwnEtcd {
-            child: None,
-            client: free_port(),
-            peer: free_port(),
-            data: s.path("etcd-data"),
-            log: s.path("etcd.log"),
-        };
-        let (client, peer) =
-            (format!("https://127.0.0.1:{}", e.client), format!("http://127.0.0.1:{}", e.peer));
-        let child = Command::new("etcd")
-            .args(["--name", "fleet-it-tls", "--data-dir"])
-            .arg(&e.data)
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--cert-file", &tls_file("server.pem"), "--key-file", &tls_file("server.key")])
-            .args(["--trusted-ca-file", &tls_file("ca.pem"), "--client-cert-auth"])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("fleet-it-tls={peer}")])
-            .stdout(std::fs::File::create(&e.log).unwrap())
-            .stderr(std::fs::File::options().append(true).open(&e.log).unwrap())
-            .spawn()
-            .expect("etcd starts");
-        e.child = Some(child);
-        assert!(
-            wait_for(PATIENCE, || etcdctl_tls(&client, "operator", &["endpoint", "health"]).status.success()),
-            "the test's TLS etcd did not come up:\n{}",
-            std::fs::read_to_string(&e.log).unwrap_or_default()
-        );
-        e
+        OwnEtcd::start_with(s, true, &[])
     }
+}
 
-    fn tls_url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.client)
+/// The TCP connections process `pid` holds established to `port` on loopback, from the kernel's
+/// own tables (/proc/PID/net/tcp and tcp6, the sockets matched to the process's descriptors by
+/// inode): what `ss -tnp` shows, without parsing its columns.
+fn connections_to(pid: u32, port: u16) -> usize {
+    let mut inodes = std::collections::BTreeSet::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+        let Ok(target) = std::fs::read_link(fd.path()) else { continue };
+        let target = target.to_string_lossy().into_owned();
+        if let Some(inode) = target.strip_prefix("socket:[").and_then(|t| t.strip_suffix(']')) {
+            inodes.insert(inode.to_owned());
+        }
     }
+    let mut count = 0;
+    for table in ["tcp", "tcp6"] {
+        let text = read(Path::new(&format!("/proc/{pid}/net/{table}")));
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // local, remote (ADDR:PORT in hex), state (01: established), ..., inode (column 9).
+            let remote_port =
+                cols.get(2).and_then(|r| r.rsplit(':').next()).and_then(|p| u16::from_str_radix(p, 16).ok());
+            if remote_port == Some(port)
+                && cols.get(3) == Some(&"01")
+                && cols.get(9).is_some_and(|i| inodes.contains(*i))
+            {
+                count += 1;
+            }
+        }
+    }
+    count
+}
+
+/// What `ss -tnp` says of `pid`'s connections, for a failure's message.
+fn ss_of(pid: u32) -> String {
+    let out =
+        Command::new("ss").args(["-tnp"]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    out.unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(&format!("pid={pid},")))
+        .collect::<Vec<_>>()
+        .join("\n")
 }

@@ -434,3 +434,87 @@ fn a_node_reports_its_status_at_most_once_a_second_and_its_presence_goes_with_it
     let (code, _) = fleet_status(&s, &url);
     assert_eq!(code, 1, "a node gone is not a fleet converged");
 }
+
+/// One connection per node (issue 24): the node's reads, its watch of the fleet's, two groups'
+/// and its own prefixes, its status writes and its lease's renewals are all streams of one
+/// HTTP/2 connection, so a node in steady state holds exactly one TCP connection to etcd.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_in_steady_state_holds_exactly_one_tcp_connection_to_etcd() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    for (scope, name) in
+        [(&["--fleet"][..], "all"), (&["--group", "g1"][..], "g1"), (&["--node", "one"][..], "own")]
+    {
+        let file = s.path(&format!("in/{name}.json"));
+        write_declaration(&file, json!([{"type": "file", "id": name, "path": s.p(name), "content": "x\n"}]));
+        let out = fleet(&s, &[&["put", "--etcd", &url], scope, &[file.to_str().unwrap()]].concat());
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut daemon = node(&s, &url, "one", &["g1", "g2"]);
+    let status = "/mesh-host/node/one/status";
+    assert!(
+        wait_for(PATIENCE, || String::from_utf8_lossy(&etcdctl(&url, &["get", status]).stdout)
+            .contains("converged\":true")),
+        "{}",
+        daemon.log()
+    );
+    assert!(
+        wait_for(PATIENCE, || !keys_under(&url, "/mesh-host/node/one/alive").is_empty()),
+        "the lease is taken: {}",
+        daemon.log()
+    );
+    let pid = daemon.child.as_ref().unwrap().id();
+    // Steady state: past a lease renewal (every 3 s) and a status write.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(connections_to(pid, etcd.client), 1, "ss -tnp:\n{}\n{}", ss_of(pid), daemon.log());
+    // A change is followed on that same connection.
+    write_declaration(
+        &s.path("in/all.json"),
+        json!([{"type": "file", "id": "all", "path": s.p("all"), "content": "y\n"}]),
+    );
+    let out = fleet(&s, &["put", "--etcd", &url, "--fleet", s.p("in/all.json").as_str()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(wait_for(PATIENCE, || read(&s.path("all")) == "y\n"), "{}", daemon.log());
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(connections_to(pid, etcd.client), 1, "ss -tnp:\n{}\n{}", ss_of(pid), daemon.log());
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}
+
+/// Progress notices (issue 24): an idle watch is known to be alive, and at which revision,
+/// without any change of the node's own. etcd here sends them every second
+/// (`--experimental-watch-progress-notify-interval`, 10 minutes by default); writes elsewhere in
+/// the keyspace move the revision on, and the node's `mesh_host_etcd_watch_revision` follows.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn an_idle_watch_is_known_alive_and_where_it_stands_from_etcds_progress_notices() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start_with(&s, false, &["--experimental-watch-progress-notify-interval", "1s"]);
+    let url = etcd.url();
+    write_declaration(
+        &s.path("in/p.json"),
+        json!([{"type": "file", "id": "p", "path": s.p("p"), "content": "p\n"}]),
+    );
+    let out = fleet(&s, &["put", "--etcd", &url, "--fleet", s.p("in/p.json").as_str()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut daemon = node(&s, &url, "progress-1", &[]);
+    assert!(wait_for(PATIENCE, || read(&s.path("p")) == "p\n"), "{}", daemon.log());
+    // Keys the node does not read: its watch sees no event, but etcd's revision moves on.
+    for i in 0..3 {
+        assert!(etcdctl(&url, &["put", &format!("/elsewhere/{i}"), "x"]).status.success());
+    }
+    let revision = {
+        let out = etcdctl(&url, &["endpoint", "status", "-w", "json"]);
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        status[0]["Status"]["header"]["revision"].as_i64().unwrap() as f64
+    };
+    assert!(
+        wait_for(PATIENCE, || daemon.metric("mesh_host_etcd_watch_revision") >= revision),
+        "the watch's revision reached {revision} from progress notices alone: {}\n{}",
+        daemon.metric("mesh_host_etcd_watch_revision"),
+        daemon.log()
+    );
+    assert!(!daemon.log().contains("the watch on etcd ended"), "{}", daemon.log());
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}

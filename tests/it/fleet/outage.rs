@@ -130,6 +130,12 @@ fn a_node_goes_on_through_the_leader_of_a_three_member_cluster_killed_and_misses
         "the node's watch was on the member killed:\n{}",
         daemon.log()
     );
+    // Failed over on one connection: to a survivor, none left to the member killed.
+    let pid = daemon.child.as_ref().unwrap().id();
+    let port = |url: &str| url.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    let held: Vec<usize> = cluster.clients.iter().map(|c| connections_to(pid, port(c))).collect();
+    assert_eq!(held.iter().sum::<usize>(), 1, "connections to m0, m1, m2: {held:?}\n{}", ss_of(pid));
+    assert_eq!(held[leader], 0, "a connection to the member killed: {held:?}");
     std::fs::write(&conf, "hand-edit\n").unwrap();
     assert!(wait_for(PATIENCE, || read(&conf) == "v5\n"), "{}", daemon.log());
 }
