@@ -251,7 +251,7 @@ impl Generations {
         let path = self.meta_path(meta.number);
         let bytes = serde_json::to_vec_pretty(meta)
             .map_err(|source| Error::Json { path: path.display().to_string(), source })?;
-        fs::write_private(&path, &bytes).map_err(|e| Error::Io {
+        fs::write_own(&path, &bytes).map_err(|e| Error::Io {
             what: "write",
             path: path.display().to_string(),
             source: std::io::Error::other(e.to_string()),
@@ -285,7 +285,7 @@ impl Generations {
     /// Marks generation `n` as the one in force.
     pub fn set_in_force(&self, n: u64) -> Result<(), Error> {
         let path = self.in_force_path();
-        fs::write_private(&path, format!("{n}\n").as_bytes()).map_err(|e| Error::Io {
+        fs::write_own(&path, format!("{n}\n").as_bytes()).map_err(|e| Error::Io {
             what: "write",
             path: path.display().to_string(),
             source: std::io::Error::other(e.to_string()),
@@ -315,7 +315,7 @@ impl Generations {
         self.kept(hold.generation)?;
         let bytes = serde_json::to_vec_pretty(hold)
             .map_err(|source| Error::Json { path: self.hold.display().to_string(), source })?;
-        fs::write_private(&self.hold, &bytes).map_err(|e| Error::Io {
+        fs::write_own(&self.hold, &bytes).map_err(|e| Error::Io {
             what: "write",
             path: self.hold.display().to_string(),
             source: std::io::Error::other(e.to_string()),

@@ -1119,6 +1119,18 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     fs.commit_batch(vec![staged], false).pop().unwrap_or(Ok(()))
 }
 
+/// `write_private` for the agent's files other than the store (the generations' records, the
+/// rollback hold): the same atomic and durable write, without the store's failpoints, so that a
+/// test crashing the store's write crashes it there and nowhere before.
+pub fn write_own(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut fs = Fs::new();
+    let (parent, _) = split(path);
+    fs.make_dirs(parent, 0o700)?;
+    let staged = fs.stage(path, bytes, 0o600, None)?;
+    durable::fsync(&staged.fd).map_err(|e| Error::io("sync", path, e))?;
+    fs.commit_batch(vec![staged], false).pop().unwrap_or(Ok(()))
+}
+
 /// Every regular file below `dir`, sorted; symlinks are listed as what they are (never
 /// followed). An absent `dir` has none.
 pub fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
