@@ -100,7 +100,10 @@ impl Worker {
         };
         self.generation = number;
         events::GenerationInForce { number, held: hold.is_some() }.emit(&self.metrics);
-        self.health.set_held(hold.map(|h| describe_hold(&h)));
+        let said = hold.map(|h| describe_hold(&h));
+        self.health.set_held(said.clone());
+        // For the fleet's status, which carries both to etcd.
+        self.publish_generation(number, said);
     }
 
     /// Records the source's declaration as a generation (a new one when its digest is new).

@@ -45,6 +45,11 @@ pub struct Applied {
     /// The last correction since the node started, and who made the change it put back
     /// (`app.conf by vim (pid 7, ...)`): names, never content.
     pub last_correction: Option<String>,
+    /// The generation in force (`mesh-host generations`), when it could be recorded.
+    pub generation: Option<u64>,
+    /// How a rollback holds the node (`held at generation N by rollback since T ...`), or
+    /// `None` while it follows its source.
+    pub hold: Option<String>,
 }
 
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths
@@ -272,6 +277,16 @@ impl Worker {
                 a.last_error = report.error.as_ref().map(|e| e.to_string());
             }
             *a != before
+        });
+    }
+
+    /// Tells followers of `applied` the generation in force and the hold, when they moved.
+    pub(super) fn publish_generation(&self, generation: Option<u64>, hold: Option<String>) {
+        self.applied.send_if_modified(|a| {
+            let moved = a.generation != generation || a.hold != hold;
+            a.generation = generation;
+            a.hold = hold;
+            moved
         });
     }
 
