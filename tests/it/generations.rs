@@ -277,3 +277,50 @@ fn rollback_release_lets_the_daemon_apply_its_source_again() {
     assert_eq!(numbers(&generations(&s)), [1, 2], "going back is not a new generation");
     assert_eq!(std::fs::metadata(s.path("state/generations")).unwrap().permissions().mode() & 0o777, 0o700);
 }
+
+#[test]
+fn a_first_pass_that_fails_is_recorded_so() {
+    let s = Scratch::new();
+    assert_eq!(s.apply(&write(&s, "one.json", &app(&s, "v1\n"))).0, 0);
+    // A file under a file: its parent cannot be made.
+    let bad = json!({"version": 1, "resources": [
+        {"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"), "content": "v1\n"},
+        {"type": "file", "id": "app.under", "path": s.p("etc/app.conf/under"), "content": "x\n"},
+    ]});
+    let (code, report) = s.apply(&write(&s, "bad.json", &bad));
+    assert_eq!(code, 1, "{report:#}");
+    let listed = generations(&s);
+    assert_eq!(listed["generations"][1]["first_pass"], "1 failed", "{listed:#}");
+    // Applied again, it is the same generation, and its first pass stays as it ended.
+    assert_eq!(s.apply(&write(&s, "bad.json", &bad)).0, 1);
+    assert_eq!(numbers(&generations(&s)), [1, 2]);
+    assert_eq!(generations(&s)["generations"][1]["first_pass"], "1 failed");
+}
+
+#[test]
+fn a_daemon_started_under_a_hold_applies_the_held_generation_not_its_source() {
+    let s = Scratch::new();
+    let conf = s.path("etc/app.conf");
+    let source = s.path("decl.d");
+    write(&s, "decl.d/app.json", &app(&s, "v1\n"));
+    assert_eq!(s.apply(&source).0, 0);
+    write(&s, "decl.d/app.json", &app(&s, "v2\n"));
+    assert_eq!(s.apply(&source).0, 0);
+    let out = s.run(&["rollback"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(read(&conf), "v1\n");
+
+    // The source still holds generation 2: a daemon started now keeps the hold.
+    let daemon = Daemon::launch(&s, &source, &[], &[]);
+    assert!(
+        wait_for(PATIENCE, || daemon
+            .get("/healthz")
+            .is_some_and(|h| h.starts_with("ok: held at generation 1"))),
+        "{:?}\n{}",
+        daemon.answer("/healthz"),
+        daemon.log()
+    );
+    assert_eq!(read(&conf), "v1\n", "{}", daemon.log());
+    assert_eq!(daemon.metric("mesh_host_generation_held"), 1.0);
+    assert!(daemon.log().contains("the source holds generation 2"), "{}", daemon.log());
+}
