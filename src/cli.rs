@@ -56,6 +56,11 @@ pub struct Cli {
     /// The most entries one archive may hold.
     #[arg(long, global = true, value_name = "COUNT", default_value_t = ArchiveLimits::default().entries)]
     pub archive_max_entries: u64,
+    /// How many generations (declarations accepted, kept under the state directory for
+    /// `mesh-host rollback`) are kept; the oldest go first, never the one held.
+    #[arg(long, global = true, value_name = "N", default_value_t = crate::generations::DEFAULT_KEEP,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub keep_generations: u16,
     /// The subcommand to run, with its own arguments.
     #[command(subcommand)]
     pub command: Command,
@@ -117,6 +122,31 @@ pub enum Command {
     /// What is recorded, and whether the machine still holds each file and directory.
     Status {
         /// Print the records and the kept originals as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The generations this node keeps: each declaration it accepted, numbered, with when,
+    /// where from, its digest, how its first pass ended, which is in force, and any hold.
+    Generations {
+        /// Print them as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Apply a kept generation (the one before the generation in force by default) and hold
+    /// the node there: a running daemon applies it instead of its source's declaration until
+    /// a declaration never seen before arrives, or `--release`. Without a daemon it is applied
+    /// at once, as `apply` does.
+    Rollback {
+        /// The generation to go back to (`mesh-host generations` lists them).
+        #[arg(value_name = "GEN", conflicts_with = "release")]
+        generation: Option<u64>,
+        /// End the hold: the daemon applies its source's declaration again.
+        #[arg(long)]
+        release: bool,
+        /// Why, kept with the hold and shown by `status` and `/healthz`.
+        #[arg(long, value_name = "TEXT", conflicts_with = "release")]
+        reason: Option<String>,
+        /// Print the report as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -370,6 +400,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
         step_timeout: (cli.step_timeout > 0).then(|| std::time::Duration::from_secs(cli.step_timeout)),
         archive_limits: ArchiveLimits { bytes: cli.archive_max_bytes, entries: cli.archive_max_entries },
         key: key_path(cli.key.as_deref(), &cli.state),
+        keep: usize::from(cli.keep_generations),
     };
     let key = reach.key.clone();
     match cli.command {
@@ -379,6 +410,10 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
             apply_cmd(&file, origin, Shown { json, verbose }, &cli.state, reach)
         }
         Command::Status { json } => status(json, &cli.state, &reach.key),
+        Command::Generations { json } => generations(json, &cli.state),
+        Command::Rollback { generation, release, reason, json } => {
+            rollback(Rollback { generation, release, reason, json }, &cli.state, reach)
+        }
         Command::Drift { json, since, id } => drift(json, since, id.as_deref(), &cli.state),
         Command::Fleet { command } => fleet(command),
         Command::Run(args) => daemon(args, &cli.state, reach),
@@ -446,6 +481,7 @@ fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
         step_timeout: reach.step_timeout,
         archive_limits: reach.archive_limits,
         key: reach.key,
+        keep_generations: reach.keep,
     };
     tokio::runtime::Handle::current().block_on(async move {
         // The controller first: it takes the store's lock, so a second agent on the same state
@@ -612,6 +648,15 @@ fn seal(to: &str) -> anyhow::Result<Ended> {
 /// what `check` and `plan` say of the live `declaration.d` is what the daemon will do with it.
 /// A refusal is returned as itself so `main` can give it its own exit code.
 pub fn load(source: &Path) -> anyhow::Result<Declaration> {
+    load_files(source).map(|(d, _)| d)
+}
+
+/// A declaration's files, each named as it was read.
+type Named = Vec<(String, Vec<u8>)>;
+
+/// `load`, and the files it read, named as read (`-` for standard input), for the generation
+/// the declaration becomes.
+fn load_files(source: &Path) -> anyhow::Result<(Declaration, Named)> {
     use crate::system::input::DECLARATION_LIMIT;
     // Usage: the command was pointed at something that is not a declaration to read.
     let unreadable = |e: std::io::Error| {
@@ -621,19 +666,22 @@ pub fn load(source: &Path) -> anyhow::Result<Declaration> {
     };
     if source == Path::new("-") {
         let bytes = crate::system::read_stdin(DECLARATION_LIMIT).map_err(unreadable)?;
-        return Ok(Declaration::parse(&bytes)?);
+        let d = Declaration::parse(&bytes)?;
+        return Ok((d, vec![("stdin.json".into(), bytes)]));
     }
     let mut files = crate::system::read_source(source).map_err(unreadable)?;
     // A single file's problems are named as before, without the file's name on each line: the
     // person just typed it. A directory's name the file each is in, as the daemon's do
     // (docs/decisions.md, "The command line").
     if files.len() == 1 && files[0].0 == source {
-        let (_, bytes) = files.pop().expect("one file");
-        return Ok(Declaration::parse(&bytes)?);
+        let (path, bytes) = files.pop().expect("one file");
+        let d = Declaration::parse(&bytes)?;
+        return Ok((d, vec![(path.display().to_string(), bytes)]));
     }
     let named: Vec<(String, Vec<u8>)> =
         files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
-    Ok(Declaration::parse_sources(&named)?)
+    let d = Declaration::parse_sources(&named)?;
+    Ok((d, named))
 }
 
 /// Loads a declaration for a command that may answer in JSON: under `--json` a refusal, or a
@@ -641,7 +689,12 @@ pub fn load(source: &Path) -> anyhow::Result<Declaration> {
 /// gets a document whatever happened. The error is still returned, for the exit code (2) and
 /// the text on stderr.
 fn load_for(source: &Path, json: bool) -> anyhow::Result<Declaration> {
-    load(source).inspect_err(|e| {
+    load_files_for(source, json).map(|(d, _)| d)
+}
+
+/// `load_for`, and the files read (`load_files`).
+fn load_files_for(source: &Path, json: bool) -> anyhow::Result<(Declaration, Named)> {
+    load_files(source).inspect_err(|e| {
         if json {
             if let Some(refusal) = refusal_json(e) {
                 println!("{refusal:#}");
@@ -689,6 +742,8 @@ struct Reach {
     step_timeout: Option<std::time::Duration>,
     archive_limits: ArchiveLimits,
     key: PathBuf,
+    /// How many generations are kept (`--keep-generations`).
+    keep: usize,
 }
 
 fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options {
@@ -826,23 +881,49 @@ fn apply_cmd(file: &Path, origin: Origin, shown: Shown, state: &Path, reach: Rea
             tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "state store opened");
             store
         });
-        let d = load_for(file, json);
+        let d = load_files_for(file, json);
         (d, store.join().expect("opening the store does not panic"))
     });
-    let d = d?;
+    let (d, files) = d?;
     // Locked only once the declaration is accepted: a refused one touches nothing.
     let mut store = store?.lock()?;
+    let keep = reach.keep;
+    let source = if file == Path::new("-") {
+        "apply standard input".into()
+    } else {
+        format!("apply {}", file.display())
+    };
+    let generation = accept_generation(state, &source, &files, keep);
+    drop(files);
     tracing::debug!(
         elapsed_ms = t.elapsed().as_secs_f64() * 1e3,
         resources = d.resources.len(),
         "declaration and store loaded"
     );
+    one_pass(&d, &mut store, origin, shown, state, reach, generation)
+}
+
+/// One pass of `d` with the store locked, as `apply` and `rollback` run it: the report
+/// printed, the store written, and the generation's first pass noted.
+fn one_pass(
+    d: &Declaration,
+    store: &mut crate::store::Writer,
+    origin: Origin,
+    shown: Shown,
+    state: &Path,
+    reach: Reach,
+    generation: Option<u64>,
+) -> anyhow::Result<Ended> {
+    let json = shown.json;
     let t = std::time::Instant::now();
     let mut opts = options(origin, state, false, reach);
     opts.progress = if json { None } else { terminal_progress() };
-    let (mut report, _) = apply::apply(&d, &mut store, &opts);
+    let (mut report, _) = apply::apply(d, store, &opts);
     clear_progress(&opts.progress);
     tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "pass finished");
+    if let Some(n) = generation {
+        note_first_pass(state, n, &report);
+    }
     // What worked is recorded even when something else failed: the record follows each fact.
     if let Err(e) = store.save() {
         report.store_error = Some(format!("{e}; what this apply did is on the machine but not recorded"));
@@ -860,6 +941,152 @@ fn apply_cmd(file: &Path, origin: Origin, shown: Shown, state: &Path, reach: Rea
         print!("{}", human(&report, d.resources.len(), shown.verbose));
     }
     Ok(if report.failed() { Ended::Failed } else { Ended::Converged })
+}
+
+/// Records what `apply` accepted as a generation (`generations`), and releases a rollback's
+/// hold when it is one never seen before, as a daemon would. A record, not a gate: what cannot
+/// be recorded is said, and the declaration applied all the same.
+fn accept_generation(state: &Path, source: &str, files: &[(String, Vec<u8>)], keep: usize) -> Option<u64> {
+    let gens = crate::generations::Generations::of(state);
+    let accepted = match gens.accept(source, files, keep) {
+        Ok(accepted) => accepted,
+        Err(e) => {
+            eprintln!(
+                "mesh-host: cannot record the declaration as a generation ({e}); it is applied all the same"
+            );
+            return None;
+        }
+    };
+    if accepted.new {
+        match gens.hold() {
+            Ok(Some(h)) if gens.release().is_ok() => eprintln!(
+                "released the hold at generation {}: this declaration is new (generation {})",
+                h.generation, accepted.number
+            ),
+            _ => {}
+        }
+    }
+    accepted.new.then_some(accepted.number)
+}
+
+/// Notes how a new generation's first pass ended.
+fn note_first_pass(state: &Path, n: u64, report: &Report) {
+    let failed = report.error.as_ref().map(|e| e.failures.len());
+    let outcome = crate::generations::outcome(failed, report.error.as_ref().is_some_and(|e| e.refused));
+    if let Err(e) = crate::generations::Generations::of(state).first_pass(n, &outcome) {
+        eprintln!("mesh-host: cannot note how generation {n}'s first pass ended: {e}");
+    }
+}
+
+/// `mesh-host generations`.
+fn generations(json: bool, state: &Path) -> anyhow::Result<Ended> {
+    let gens = crate::generations::Generations::of(state);
+    let all = gens.list()?;
+    let in_force = gens.in_force();
+    let hold = gens.hold()?;
+    if json {
+        let rows: Vec<serde_json::Value> = all
+            .iter()
+            .map(|m| {
+                let mut row = serde_json::to_value(m).unwrap_or_default();
+                row["in-force"] = (Some(m.number) == in_force).into();
+                row["held"] = hold.as_ref().is_some_and(|h| h.generation == m.number).into();
+                row
+            })
+            .collect();
+        let all = serde_json::json!({"directory": gens.dir(), "in-force": in_force, "hold": hold, "generations": rows});
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(Ended::Converged);
+    }
+    println!("{:>4}  {:<20}  {:<14}  {:<16}  SOURCE", "GEN", "ACCEPTED", "FIRST PASS", "DIGEST");
+    for m in &all {
+        let mark = match (Some(m.number) == in_force, hold.as_ref().is_some_and(|h| h.generation == m.number))
+        {
+            (_, true) => "held",
+            (true, false) => "in force",
+            (false, false) => "",
+        };
+        println!(
+            "{:>4}  {:<20}  {:<14}  {:<16}  {}{}",
+            m.number,
+            crate::controller::drift::utc(m.accepted_at * 1000),
+            m.first_pass.as_deref().unwrap_or("-"),
+            &m.digest[..m.digest.len().min(16)],
+            m.source,
+            if mark.is_empty() { String::new() } else { format!("  <- {mark}") }
+        );
+    }
+    println!("{} generations kept in {}", all.len(), gens.dir().display());
+    if let Some(h) = &hold {
+        println!("{}", h.describe(&crate::controller::drift::utc(h.since * 1000)));
+    }
+    Ok(Ended::Converged)
+}
+
+/// What `mesh-host rollback` was asked.
+struct Rollback {
+    generation: Option<u64>,
+    release: bool,
+    reason: Option<String>,
+    json: bool,
+}
+
+/// `mesh-host rollback`: the hold written, then the generation applied at once when no daemon
+/// holds the store, or left to the daemon, which watches the hold (docs/decisions.md,
+/// "Generations and rollback").
+fn rollback(asked: Rollback, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+    use crate::generations::{Generations, Hold};
+    let gens = Generations::of(state);
+    let usage = |e: crate::generations::Error| Usage(format!("mesh-host: rollback: {e}"));
+    if asked.release {
+        match gens.hold()? {
+            Some(h) => {
+                gens.release()?;
+                println!(
+                    "released the hold at generation {}: a daemon applies its source's declaration again",
+                    h.generation
+                );
+            }
+            None => println!("no hold to release: the node follows its source"),
+        }
+        return Ok(Ended::Converged);
+    }
+    let n = match asked.generation {
+        Some(n) => gens.kept(n).map_err(usage)?.number,
+        None => gens.previous().map_err(usage)?,
+    };
+    let files: Vec<(String, Vec<u8>)> =
+        gens.files(n)?.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
+    // Refused as any declaration would be, before the hold is written: a generation this
+    // version cannot read is not one to hold the node at.
+    let d = Declaration::parse_sources(&files)?;
+    drop(files);
+    let hold = Hold {
+        generation: n,
+        since: crate::system::unix_secs(),
+        by: crate::generations::operator(),
+        reason: asked.reason,
+    };
+    let said = hold.describe(&crate::controller::drift::utc(hold.since * 1000));
+    match Store::read_only(state)?.lock() {
+        Err(crate::store::Error::Locked { .. }) => {
+            gens.set_hold(&hold)?;
+            println!(
+                "{said}\nthe daemon running on {} applies it now; `mesh-host status` shows it",
+                state.display()
+            );
+            Ok(Ended::Converged)
+        }
+        Err(e) => Err(e.into()),
+        Ok(mut store) => {
+            gens.set_hold(&hold)?;
+            gens.set_in_force(n)?;
+            let shown = Shown { json: asked.json, verbose: false };
+            let ended = one_pass(&d, &mut store, Origin::Declared, shown, state, reach, None)?;
+            eprintln!("{said}");
+            Ok(ended)
+        }
+    }
 }
 
 fn line(out: &mut String, word: &str, id: &str, target: &str, detail: Option<&str>) {
@@ -1016,8 +1243,19 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
         .collect();
     // The last correction the daemon made, and who made the change it put back.
     let last = crate::controller::drift::read(state).ok().and_then(|mut all| all.pop());
+    // The generation in force, and the rollback's hold: the first thing to know at 3 a.m.
+    let gens = crate::generations::Generations::of(state);
+    let generation = gens.in_force();
+    let hold = gens.hold()?;
+    let hold_said = hold.as_ref().map(|h| h.describe(&crate::controller::drift::utc(h.since * 1000)));
     if json {
-        let all = serde_json::json!({"state": state, "records": rows, "kept": kept, "held": held, "last-correction": last});
+        let hold = hold.as_ref().map(|h| {
+            serde_json::json!({"generation": h.generation, "since": h.since, "by": h.by, "reason": h.reason, "said": hold_said})
+        });
+        let all = serde_json::json!({
+            "state": state, "generation": generation, "hold": hold,
+            "records": rows, "kept": kept, "held": held, "last-correction": last,
+        });
         println!("{}", serde_json::to_string_pretty(&all)?);
     } else {
         for r in &rows {
@@ -1059,6 +1297,11 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
         }
         if let Some(c) = &last {
             println!("last correction: {}", drift_line(c));
+        }
+        match (generation, &hold_said) {
+            (_, Some(said)) => println!("generation: {said}"),
+            (Some(n), None) => println!("generation: {n} in force (`mesh-host generations` lists them)"),
+            (None, None) => {}
         }
     }
     Ok(Ended::Converged)

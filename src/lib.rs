@@ -14,6 +14,7 @@ pub mod controller;
 pub mod cron;
 pub mod declaration;
 pub mod fleet;
+pub mod generations;
 pub mod secrets;
 pub mod store;
 pub mod system;

@@ -24,11 +24,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("secrets", &[]),
     ("cron", &["declaration"]),
     ("store", &["declaration", "system"]),
+    ("generations", &["store", "system"]),
     ("telemetry", &["system"]),
     ("apply", &["declaration", "secrets", "store", "system"]),
-    ("controller", &["apply", "cron", "declaration", "store", "system", "telemetry"]),
+    ("controller", &["apply", "cron", "declaration", "generations", "store", "system", "telemetry"]),
     ("fleet", &["controller", "declaration", "system", "telemetry"]),
-    ("cli", &["apply", "controller", "declaration", "fleet", "secrets", "store", "system"]),
+    ("cli", &["apply", "controller", "declaration", "fleet", "generations", "secrets", "store", "system"]),
     ("lib", &[]),
 ];
 

@@ -13,6 +13,9 @@
 //! - `refused` is written by the worker when a full pass refuses the declaration in force whole
 //!   on this machine (a firewall found that the host cannot manage), and cleared when a full
 //!   pass no longer does; read by `/healthz`.
+//! - `held` is written by the worker when it puts a generation held by a rollback in force, and
+//!   cleared when it puts any other in force; read by `/healthz`, which stays healthy and says
+//!   so.
 //!
 //! Atomics and a mutex held only to copy a short string: no reader ever waits on the worker.
 //!
@@ -35,6 +38,8 @@ pub struct Health {
     not_in_force: Mutex<Option<String>>,
     /// Why the declaration in force is refused whole on this machine; `None` while it is not.
     refused: Mutex<Option<String>>,
+    /// How the node is held by a rollback; `None` while it is not.
+    held: Mutex<Option<String>>,
     /// How long the worker may go without finishing a reconcile (`Config::stale_after`).
     stale_after: Duration,
 }
@@ -52,6 +57,7 @@ impl Health {
             oldest_apart: AtomicI64::new(0),
             not_in_force: Mutex::new(Some("no declaration has been read yet".into())),
             refused: Mutex::new(None),
+            held: Mutex::new(None),
             stale_after,
         }
     }
@@ -80,6 +86,17 @@ impl Health {
     /// Why the declaration in force is refused whole on this machine, or `None` once it is not.
     pub fn set_refused(&self, why: Option<String>) {
         *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
+    /// How the node is held by a rollback, or `None` once it is not.
+    pub fn set_held(&self, how: Option<String>) {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = how;
+    }
+
+    /// What a healthy `/healthz` adds to its `ok`: the rollback hold, when there is one (a
+    /// held node is healthy, and the person reading it at 3 a.m. must still see it is held).
+    pub fn note(&self) -> Option<String> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Whether the worker has finished something recently enough.

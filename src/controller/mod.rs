@@ -13,6 +13,8 @@
 //!   put in force, a full pass, one key, what it did told, the watchers it starts.
 //! - `scheduler`: scheduled steps at their fires.
 //! - `health`: `/healthz` and systemd's watchdog.
+//! - `held`: generations in the daemon: the one recorded for each declaration accepted, and
+//!   the rollback hold, which puts a kept generation in force instead of the source's.
 //! - `contents`: declared content kept out of the heap.
 //!
 //! The daemon starts in two steps, so that what runs beside the controller (the fleet's tasks,
@@ -36,6 +38,7 @@
 mod contents;
 pub mod drift;
 mod health;
+mod held;
 pub mod queue;
 mod runner;
 mod scheduler;
@@ -92,6 +95,8 @@ pub struct Config {
     pub archive_limits: crate::apply::ArchiveLimits,
     /// The node's sealing key (`--key`), read in each pass that opens a sealed value.
     pub key: PathBuf,
+    /// How many generations are kept under the state directory (`--keep-generations`).
+    pub keep_generations: usize,
 }
 
 impl Config {
@@ -184,6 +189,13 @@ impl Daemon {
             source_watcher::spawn(config.declaration.clone(), config.quiet, tx.clone())
                 .with_context(|| format!("cannot watch the declaration {}", config.declaration.display()))?,
         );
+        // The rollback hold is watched as the source is: made or removed, it is a change of
+        // what the daemon applies, read with the source at once (`held`).
+        let hold = crate::generations::Generations::of(&config.state).hold_path().to_owned();
+        tasks.push(
+            source_watcher::spawn(hold.clone(), config.quiet, tx.clone())
+                .with_context(|| format!("cannot watch the rollback hold {}", hold.display()))?,
+        );
         drop(tx);
         first_apply(&mut worker, &config, &health, &shutdown);
         tasks.extend(health::watchdog(Arc::clone(&health), shutdown.clone()));
@@ -215,7 +227,7 @@ async fn serve_metrics(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let checked = Arc::clone(health);
-    let check: crate::telemetry::http::Health = Arc::new(move || checked.check());
+    let check: crate::telemetry::http::Health = Arc::new(move || checked.check().map(|()| checked.note()));
     let (bound, task) = crate::telemetry::http::serve(addr, Arc::clone(metrics), check, shutdown.clone())
         .await
         .with_context(|| format!("cannot listen for metrics on {addr}"))?;
@@ -364,6 +376,7 @@ mod tests {
             step_timeout: step.map(Duration::from_secs),
             archive_limits: crate::apply::ArchiveLimits::default(),
             key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
+            keep_generations: usize::from(crate::generations::DEFAULT_KEEP),
         }
     }
 

@@ -45,6 +45,11 @@ pub struct Applied {
     /// The last correction since the node started, and who made the change it put back
     /// (`app.conf by vim (pid 7, ...)`): names, never content.
     pub last_correction: Option<String>,
+    /// The generation in force (`mesh-host generations`), when it could be recorded.
+    pub generation: Option<u64>,
+    /// How a rollback holds the node (`held at generation N by rollback since T ...`), or
+    /// `None` while it follows its source.
+    pub hold: Option<String>,
 }
 
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths
@@ -143,6 +148,12 @@ pub struct Worker {
     /// The file watcher ran out of inotify watches and that was said: said once when it began,
     /// and again only after it cleared and came back, not at every pass that still meets it.
     out_of_watches: bool,
+    /// The generations kept under the state directory, and the rollback hold (`held`).
+    pub(super) generations: crate::generations::Generations,
+    /// The generation of the declaration in force, when it could be recorded.
+    pub(super) generation: Option<u64>,
+    /// A new generation whose first full pass has not ended yet: that pass notes its outcome.
+    pub(super) first_pass: Option<u64>,
 }
 
 /// Tells systemd what the agent is doing, for `systemctl status` ("Status:"). Nothing when not
@@ -152,9 +163,13 @@ fn status(what: &str) {
 }
 
 /// A digest of a read of the declaration source: each file's name, length and bytes, or the
-/// error. Two reads that digest the same found the same thing.
-fn fingerprint(read: &std::io::Result<Vec<(PathBuf, Vec<u8>)>>) -> [u8; 32] {
+/// error, and the generation held, if any. Two reads that digest the same found the same thing.
+fn fingerprint(read: &std::io::Result<Vec<(PathBuf, Vec<u8>)>>, held: Option<u64>) -> [u8; 32] {
     let mut h = sha2::Sha256::new();
+    if let Some(n) = held {
+        h.update(b"held\0");
+        h.update(n.to_le_bytes());
+    }
     match read {
         Ok(files) => {
             for (path, bytes) in files {
@@ -193,6 +208,7 @@ impl Worker {
         tx: mpsc::UnboundedSender<Change>,
     ) -> Worker {
         let history = drift::History::start(&config.state);
+        let generations = crate::generations::Generations::of(&config.state);
         Worker {
             config,
             spare: Vec::new(),
@@ -223,6 +239,9 @@ impl Worker {
             refusal: None,
             held: HashSet::new(),
             out_of_watches: false,
+            generations,
+            generation: None,
+            first_pass: None,
         }
     }
 
@@ -258,6 +277,16 @@ impl Worker {
                 a.last_error = report.error.as_ref().map(|e| e.to_string());
             }
             *a != before
+        });
+    }
+
+    /// Tells followers of `applied` the generation in force and the hold, when they moved.
+    pub(super) fn publish_generation(&self, generation: Option<u64>, hold: Option<String>) {
+        self.applied.send_if_modified(|a| {
+            let moved = a.generation != generation || a.hold != hold;
+            a.generation = generation;
+            a.hold = hold;
+            moved
         });
     }
 
@@ -403,9 +432,11 @@ impl Worker {
     /// ordinary open would block the worker for good, and `/dev/zero` cannot eat memory
     /// (issue 12, fault 2).
     fn load_declaration(&mut self, force: bool) {
-        let source = &self.config.declaration;
-        let read = crate::system::read_source(source);
-        let seen = fingerprint(&read);
+        let source = self.config.declaration.clone();
+        let read = crate::system::read_source(&source);
+        // The hold is read with the source, so that making or releasing one is a change too.
+        let hold = self.read_hold();
+        let seen = fingerprint(&read, hold.as_ref().map(|h| h.generation));
         if !force && self.source_seen == Some(seen) {
             return;
         }
@@ -441,9 +472,16 @@ impl Worker {
         self.awaiting = false;
         let named: Vec<(String, Vec<u8>)> =
             files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
+        // Held by a rollback: the held generation's files are parsed instead (`held`).
+        let mut chosen = self.choose(hold, &named);
+        let named = match &mut chosen {
+            super::held::Chosen::Held { files, .. } => std::mem::take(files),
+            _ => named,
+        };
         match Declaration::parse_sources(&named) {
             Ok(mut d) => {
                 self.sources = named.iter().map(|(name, _)| name.clone()).collect();
+                self.in_force_generation(chosen, &named);
                 drop(named);
                 events::DeclarationAccepted { resources: d.resources.len() }.emit(&self.metrics);
                 status(&format!("enforcing {} resources from {}", d.resources.len(), source.display()));
@@ -549,6 +587,7 @@ impl Worker {
         let pass = t.elapsed();
         let refused_before = self.refusal.is_some();
         self.note_refusal(&report);
+        self.note_first_pass(&report);
         // A refusal that stands is said once, when it began, not at every resync.
         let last = self.tally(&mut report, None, refused_before && self.refusal.is_some());
         if self.refusal.is_none() {

@@ -53,6 +53,13 @@ pub struct Summary {
     /// Absent from an older node's status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_correction: Option<String>,
+    /// The generation in force on the node (`mesh-host generations`). Absent from an older
+    /// node's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    /// How a rollback holds the node, while one does. Absent while it follows its source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<String>,
 }
 
 impl From<&controller::Applied> for Summary {
@@ -64,6 +71,8 @@ impl From<&controller::Applied> for Summary {
             contested: a.contested,
             last_error: a.last_error.clone(),
             last_correction: a.last_correction.clone(),
+            generation: a.generation,
+            hold: a.hold.clone(),
         }
     }
 }

@@ -1119,6 +1119,18 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     fs.commit_batch(vec![staged], false).pop().unwrap_or(Ok(()))
 }
 
+/// `write_private` for the agent's files other than the store (the generations' records, the
+/// rollback hold): the same atomic and durable write, without the store's failpoints, so that a
+/// test crashing the store's write crashes it there and nowhere before.
+pub fn write_own(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut fs = Fs::new();
+    let (parent, _) = split(path);
+    fs.make_dirs(parent, 0o700)?;
+    let staged = fs.stage(path, bytes, 0o600, None)?;
+    durable::fsync(&staged.fd).map_err(|e| Error::io("sync", path, e))?;
+    fs.commit_batch(vec![staged], false).pop().unwrap_or(Ok(()))
+}
+
 /// Every regular file below `dir`, sorted; symlinks are listed as what they are (never
 /// followed). An absent `dir` has none.
 pub fn files_under(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
@@ -1188,6 +1200,49 @@ pub fn replace_dir(dir: &std::path::Path, files: &[(String, Vec<u8>)]) -> std::i
         std::fs::rename(&new, dir)?;
     }
     durable::file(&std::fs::File::open(parent)?)
+}
+
+/// The names of the directories directly under `dir` (not followed through symlinks), sorted;
+/// an absent `dir` has none. For the agent's own directories under the state directory (the
+/// generations), never for managed paths.
+pub fn dir_names(dir: &std::path::Path) -> std::io::Result<Vec<String>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Removes a tree the agent made under its state directory (an old generation), then syncs
+/// its parent so the removal survives a crash. Never called on a managed path.
+pub fn remove_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    durable::file(&std::fs::File::open(dir.parent().unwrap_or(std::path::Path::new("/")))?)
+}
+
+/// Removes one of the agent's own files under its state directory (the rollback hold), then
+/// syncs its directory. An absent file is already removed: `Ok(false)`.
+pub fn remove_private_file(path: &std::path::Path) -> std::io::Result<bool> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    durable::file(&std::fs::File::open(path.parent().unwrap_or(std::path::Path::new("/")))?)?;
+    Ok(true)
 }
 
 /// An exclusive advisory lock on a file, held while the value lives.

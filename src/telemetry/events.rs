@@ -360,6 +360,84 @@ impl Event for RefusedHere<'_> {
     }
 }
 
+/// A declaration the daemon accepted was recorded as a new generation.
+pub struct GenerationRecorded<'a> {
+    /// Its number.
+    pub number: u64,
+    /// Where it came from.
+    pub source: &'a str,
+}
+
+impl Event for GenerationRecorded<'_> {
+    fn emit(self, _: &Metrics) {
+        tracing::info!(
+            generation = self.number,
+            source = self.source,
+            "recorded as generation {}",
+            self.number
+        );
+    }
+}
+
+/// The generation put in force: the gauges of the generation and of the hold.
+pub struct GenerationInForce {
+    /// Its number, when it could be recorded.
+    pub number: Option<u64>,
+    /// Whether a rollback holds it.
+    pub held: bool,
+}
+
+impl Event for GenerationInForce {
+    fn emit(self, m: &Metrics) {
+        m.generation.set(self.number.map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX)));
+        m.generation_held.set(i64::from(self.held));
+    }
+}
+
+/// A rollback's hold put its generation in force instead of the source's declaration.
+pub struct GenerationHeld<'a> {
+    /// The generation held.
+    pub generation: u64,
+    /// How the hold is said (`/healthz`'s words).
+    pub how: &'a str,
+    /// The kept generation the source holds, when it is another one.
+    pub source: Option<u64>,
+}
+
+impl Event for GenerationHeld<'_> {
+    fn emit(self, _: &Metrics) {
+        let generation = self.generation;
+        match self.source {
+            Some(s) => tracing::warn!(
+                generation,
+                source_generation = s,
+                "{}; the source holds generation {s}, not applied while the hold stands",
+                self.how
+            ),
+            None => tracing::warn!(generation, "{}", self.how),
+        }
+    }
+}
+
+/// A rollback's hold ended.
+pub struct GenerationReleased<'a> {
+    /// The generation that was held.
+    pub generation: u64,
+    /// What ended it.
+    pub by: &'a str,
+}
+
+impl Event for GenerationReleased<'_> {
+    fn emit(self, _: &Metrics) {
+        tracing::info!(
+            generation = self.generation,
+            "the hold at generation {} is released by {}",
+            self.generation,
+            self.by
+        );
+    }
+}
+
 /// A resource the daemon had been reporting `held` is no longer held: its module was taken,
 /// or it is no longer declared. Said once; the hold itself is said once, when it begins (the
 /// outcome of the pass that first holds it), not at every pass.

@@ -25,7 +25,7 @@ use tokio::task::{AbortHandle, JoinSet};
 use super::metrics::Metrics;
 
 /// Whether the agent is healthy, for `/healthz`.
-pub type Health = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+pub type Health = Arc<dyn Fn() -> Result<Option<String>, String> + Send + Sync>;
 
 /// The most connections held at once, whatever the descriptor limit. A scraper and a health
 /// check need one each; the rest is room for a flood to be cut down in, oldest first, while new
@@ -206,7 +206,8 @@ async fn respond(mut stream: TcpStream, metrics: &Metrics, health: &Health) -> s
             ("200 OK", content_type, body)
         }
         ("GET", "/healthz") => match health() {
-            Ok(()) => ("200 OK", "text/plain; charset=utf-8", "ok\n".to_owned()),
+            Ok(None) => ("200 OK", "text/plain; charset=utf-8", "ok\n".to_owned()),
+            Ok(Some(note)) => ("200 OK", "text/plain; charset=utf-8", format!("ok: {note}\n")),
             Err(why) => ("503 Service Unavailable", "text/plain; charset=utf-8", format!("{why}\n")),
         },
         ("GET", _) => ("404 Not Found", "text/plain; charset=utf-8", "try /metrics or /healthz\n".to_owned()),
@@ -264,7 +265,7 @@ mod tests {
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let shutdown = tokio_util::sync::CancellationToken::new();
-        let health: Health = Arc::new(|| Ok(()));
+        let health: Health = Arc::new(|| Ok(None));
         let (addr, task) = runtime
             .block_on(serve_holding(
                 "127.0.0.1:0".parse().unwrap(),

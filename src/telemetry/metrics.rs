@@ -54,6 +54,10 @@ pub struct Metrics {
     /// `mesh_host_declaration_refused`: 1 while the declaration in force is refused whole on
     /// this machine (a firewall found in force that the host cannot manage), 0 otherwise.
     pub declaration_refused: Gauge,
+    /// `mesh_host_generation`: the number of the generation in force (0 before any is recorded).
+    pub generation: Gauge,
+    /// `mesh_host_generation_held`: 1 while a rollback holds the node at a generation, 0 otherwise.
+    pub generation_held: Gauge,
     /// `mesh_host_etcd_up`: 1 while the fleet's last read of etcd succeeded, 0 after a failed
     /// one; absent on a node whose declaration is a local directory.
     pub etcd_up: Family<Labels, Gauge>,
@@ -152,6 +156,8 @@ impl Metrics {
             watched_paths: Family::default(),
             declaration_refusals: Counter::default(),
             declaration_refused: Gauge::default(),
+            generation: Gauge::default(),
+            generation_held: Gauge::default(),
             etcd_up: Family::default(),
             etcd_certificate_refused: Family::default(),
             etcd_watch_revision: Family::default(),
@@ -268,6 +274,16 @@ impl Metrics {
             "mesh_host_declaration_refused",
             "1 while the declaration is refused whole on this machine (a firewall found in force that the host cannot manage): nothing of it is applied",
             self.declaration_refused.clone(),
+        );
+        registry.register(
+            "mesh_host_generation",
+            "The number of the generation in force (mesh-host generations lists them); 0 before any is recorded",
+            self.generation.clone(),
+        );
+        registry.register(
+            "mesh_host_generation_held",
+            "1 while a rollback holds the node at a generation instead of its source's declaration, 0 otherwise",
+            self.generation_held.clone(),
         );
         registry.register(
             "mesh_host_etcd_up",

@@ -23,6 +23,7 @@ mod faults;
 mod files;
 mod firewall;
 mod fleet;
+mod generations;
 mod into;
 mod malformed;
 mod operator;
