@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -449,19 +450,26 @@ pub struct Store {
     journaled: bool,
     /// How many records hold each type and target, so `holds_target` is a lookup: adopting a
     /// node asks it of every found file, and a scan of every record for each would be
-    /// quadratic in the size of the node.
-    targets: std::collections::HashMap<(Kind, Box<str>), u32>,
+    /// quadratic in the size of the node. Built the first time it is asked, then kept up to
+    /// date: a node that is not being adopted asks it only of a file found where it has no
+    /// record, often never, and the index is a copy of every target (about 70 bytes a record,
+    /// 7.8 MB at 100,000) that a daemon would otherwise hold for months unused
+    /// (docs/memory.md). Do not build it on load again.
+    targets: OnceLock<Targets>,
     /// Copies lent to reconciles running apart (`lend`) and not yet taken back: while any is
     /// out, the journal of intent is kept, since the reconcile holding it may have written
     /// intents its records do not yet cover.
     lent: usize,
 }
 
-fn count_in(targets: &mut std::collections::HashMap<(Kind, Box<str>), u32>, r: &Record) {
+/// How many records hold each type and target.
+type Targets = std::collections::HashMap<(Kind, Box<str>), u32>;
+
+fn count_in(targets: &mut Targets, r: &Record) {
     *targets.entry((r.kind, r.target.clone())).or_default() += 1;
 }
 
-fn count_out(targets: &mut std::collections::HashMap<(Kind, Box<str>), u32>, r: &Record) {
+fn count_out(targets: &mut Targets, r: &Record) {
     let key = (r.kind, r.target.clone());
     if let Some(n) = targets.get_mut(&key) {
         *n -= 1;
@@ -583,12 +591,9 @@ impl Store {
             stamp: stamp(path),
             recovered: None,
             journaled: false,
-            targets: std::collections::HashMap::new(),
+            targets: OnceLock::new(),
             lent: 0,
         };
-        for r in store.file.records.values() {
-            count_in(&mut store.targets, r);
-        }
         // What the host was doing when it stopped, read even for a plan, so that a plan does not
         // call the host's own unfinished work drift either.
         store.recovered = journal::recover(&store.journal_path())
@@ -616,7 +621,14 @@ impl Store {
     pub fn holds_target(&self, kind: Kind, target: &str) -> bool {
         // The key is borrowed as a pair of owned parts; one small allocation per lookup beats a
         // second map keyed by borrowed strings.
-        self.targets.contains_key(&(kind, Box::from(target)))
+        let targets = self.targets.get_or_init(|| {
+            let mut targets = Targets::new();
+            for r in self.file.records.values() {
+                count_in(&mut targets, r);
+            }
+            targets
+        });
+        targets.contains_key(&(kind, Box::from(target)))
     }
 
     /// The hold of a resource found present on an adopted node, if it is held.
@@ -668,9 +680,15 @@ impl Store {
             }
             _ => {
                 record.applied_at = now();
-                count_in(&mut self.targets, &record);
+                if let Some(targets) = self.targets.get_mut() {
+                    count_in(targets, &record);
+                }
                 match self.file.records.insert(id.into(), record) {
-                    Some(old) => count_out(&mut self.targets, &old),
+                    Some(old) => {
+                        if let Some(targets) = self.targets.get_mut() {
+                            count_out(targets, &old);
+                        }
+                    }
                     None => self.grown += 1,
                 }
                 self.dirty = true;
@@ -692,7 +710,9 @@ impl Store {
     /// Drops the record of a resource removed or forgotten; written at the next save.
     pub fn forget(&mut self, id: &str) {
         if let Some(old) = self.file.records.remove(id) {
-            count_out(&mut self.targets, &old);
+            if let Some(targets) = self.targets.get_mut() {
+                count_out(targets, &old);
+            }
             self.dirty = true;
         }
     }
