@@ -20,12 +20,15 @@ use super::types::Id;
 use super::{Adoption, Declaration, Resource, VERSIONS};
 
 pub(super) fn parse(bytes: &[u8]) -> Result<Declaration, Refused> {
-    parse_sources(&[(None, bytes)])
+    parse_sources(&[(None, bytes)], &|_| {})
 }
 
 /// Parses several documents as one declaration: their resources in order, first document
 /// first. A problem names the document it is in (when there are names) and the index there.
-pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declaration, Refused> {
+pub(super) fn parse_sources(
+    sources: &[(Option<&str>, &[u8])],
+    keep: &(dyn Fn(&mut Resource) + Sync),
+) -> Result<Declaration, Refused> {
     let mut problems = Problems::new();
     // A directory emptied (by a deployment half done, or by mistake) is no declaration, not a
     // declaration of nothing: taken as the latter, it would remove everything the host made.
@@ -61,7 +64,7 @@ pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declara
     }
     let top_level = problems.all.len();
 
-    let resources = resources_of(raw_resources, &mut problems);
+    let resources = resources_of(raw_resources, keep, &mut problems);
 
     // Another resource is named as the person wrote it: by its index in its own document, and
     // the document when there are several (docs/decisions.md, "A directory source").
@@ -105,7 +108,11 @@ pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declara
 /// apart and then moved in. Grown by doubling in each half and then joined, the lists held
 /// about 2.2 times the final one at once at the peak (67 MB for 30.8 at 100,000 resources):
 /// do not go back to growing them (docs/memory.md, "The peak of a start").
-fn resources_of(raw: Vec<&RawValue>, problems: &mut Problems) -> Vec<Resource> {
+fn resources_of(
+    raw: Vec<&RawValue>,
+    keep: &(dyn Fn(&mut Resource) + Sync),
+    problems: &mut Problems,
+) -> Vec<Resource> {
     const PARALLEL_FROM: usize = 2_000;
     let one = |start: usize, raw: Vec<&RawValue>, out: &mut Vec<Resource>| {
         let mut found = Problems::new();
@@ -113,7 +120,8 @@ fn resources_of(raw: Vec<&RawValue>, problems: &mut Problems) -> Vec<Resource> {
             let index = start + i;
             match strict(r) {
                 Ok(value) => {
-                    if let Some(r) = resource(index, r, value, &mut found) {
+                    if let Some(mut r) = resource(index, r, value, &mut found) {
+                        keep(&mut r);
                         out.push(r);
                     }
                 }
