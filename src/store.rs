@@ -1123,6 +1123,28 @@ mod tests {
     }
 
     #[test]
+    fn a_newer_store_is_told_newer_whether_its_records_read_here_or_not_and_garbage_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let open = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Store::read_only(&path).err().expect("refused")
+        };
+        // Records this build reads, under a newer schema.
+        let readable = WRITTEN_BEFORE.replacen("\"schema\": 1", "\"schema\": 9", 1);
+        assert_ne!(readable, WRITTEN_BEFORE, "the fixture names its schema");
+        assert!(matches!(open(&readable), Error::Newer { found: 9, .. }));
+        // Records it does not, under a newer schema, the schema last.
+        let unreadable = r#"{"records": {"a.b": {"shape": "of the future"}}, "schema": 9}"#;
+        assert!(matches!(open(unreadable), Error::Newer { found: 9, .. }));
+        // The same records under this schema, and no schema at all: corrupt.
+        let corrupt = r#"{"records": {"a.b": {"shape": "of the future"}}, "schema": 1}"#;
+        assert!(matches!(open(corrupt), Error::Corrupt { .. }));
+        let err = open(r#"{"records": {}}"#);
+        assert!(matches!(&err, Error::Corrupt { reason, .. } if reason.contains("schema")), "{err}");
+    }
+
+    #[test]
     fn a_record_whose_digest_is_not_one_refuses_the_store() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
