@@ -52,8 +52,8 @@ pub fn arena_eager_commit() -> std::ffi::c_long {
 /// never returned, and an apply's loop reuses them within microseconds. Never purging, as
 /// commands did until then, kept every page any thread had freed: the declaration's text and
 /// the store's, freed before the pass, and each validating thread's memory, which no other
-/// thread reused. At 100,000 files a steady `apply` peaked at 425 MB resident with a live heap
-/// of 238 MB at most; with 10 ms, at 308 MB (debug build, docs/memory.md). Do not set it back
+/// thread reused. At 100,000 files a steady `apply` peaked at 415 MiB resident with a live heap
+/// of 238 MB at most; with 10 ms, at 301 MiB (debug build, docs/memory.md). Do not set it back
 /// to -1 without measuring the peak at 100,000.
 pub fn for_a_command() {
     // SAFETY: as above.
