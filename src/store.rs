@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -310,6 +311,11 @@ pub struct Held {
 
 /// The records, refusing an id given twice: JSON readers otherwise keep the last one silently,
 /// and the host would forget what the other one made (docs/decisions.md, "The store").
+///
+/// Read into a list, sorted (the host writes them sorted, so this is one look) and built into
+/// the map from it, whose nodes are then full: inserted one at a time, the map's nodes were left
+/// half full (39 MB instead of 20.5 at 100,000 records) and were rebuilt after loading while
+/// the first map was still held (docs/memory.md).
 fn unique_records<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<Box<str>, Record>, D::Error> {
     struct Records;
     impl<'de> serde::de::Visitor<'de> for Records {
@@ -318,15 +324,18 @@ fn unique_records<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<Box
             f.write_str("an object of records by id")
         }
         fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-            let mut out = BTreeMap::new();
+            let mut out: Vec<(Box<str>, Record)> = Vec::new();
             while let Some(id) = map.next_key::<Box<str>>()? {
-                let record: Record = map.next_value()?;
-                if out.contains_key(&id) {
-                    return Err(serde::de::Error::custom(format!("record {:?} is given twice", cut(&id))));
-                }
-                out.insert(id, record);
+                out.push((id, map.next_value()?));
             }
-            Ok(out)
+            out.sort_by(|a, b| a.0.cmp(&b.0));
+            if let Some(twice) = out.windows(2).find(|w| w[0].0 == w[1].0) {
+                return Err(serde::de::Error::custom(format!(
+                    "record {:?} is given twice",
+                    cut(&twice[0].0)
+                )));
+            }
+            Ok(out.into_iter().collect())
         }
     }
     d.deserialize_map(Records)
@@ -449,19 +458,26 @@ pub struct Store {
     journaled: bool,
     /// How many records hold each type and target, so `holds_target` is a lookup: adopting a
     /// node asks it of every found file, and a scan of every record for each would be
-    /// quadratic in the size of the node.
-    targets: std::collections::HashMap<(Kind, Box<str>), u32>,
+    /// quadratic in the size of the node. Built the first time it is asked, then kept up to
+    /// date: a node that is not being adopted asks it only of a file found where it has no
+    /// record, often never, and the index is a copy of every target (about 70 bytes a record,
+    /// 7.8 MB at 100,000) that a daemon would otherwise hold for months unused
+    /// (docs/memory.md). Do not build it on load again.
+    targets: OnceLock<Targets>,
     /// Copies lent to reconciles running apart (`lend`) and not yet taken back: while any is
     /// out, the journal of intent is kept, since the reconcile holding it may have written
     /// intents its records do not yet cover.
     lent: usize,
 }
 
-fn count_in(targets: &mut std::collections::HashMap<(Kind, Box<str>), u32>, r: &Record) {
+/// How many records hold each type and target.
+type Targets = std::collections::HashMap<(Kind, Box<str>), u32>;
+
+fn count_in(targets: &mut Targets, r: &Record) {
     *targets.entry((r.kind, r.target.clone())).or_default() += 1;
 }
 
-fn count_out(targets: &mut std::collections::HashMap<(Kind, Box<str>), u32>, r: &Record) {
+fn count_out(targets: &mut Targets, r: &Record) {
     let key = (r.kind, r.target.clone());
     if let Some(n) = targets.get_mut(&key) {
         *n -= 1;
@@ -589,17 +605,14 @@ impl Store {
             stamp: stamp(path),
             recovered: None,
             journaled: false,
-            targets: std::collections::HashMap::new(),
+            targets: OnceLock::new(),
             lent: 0,
         };
-        for r in store.file.records.values() {
-            count_in(&mut store.targets, r);
-        }
         // What the host was doing when it stopped, read even for a plan, so that a plan does not
         // call the host's own unfinished work drift either.
         store.recovered = journal::recover(&store.journal_path())
             .map_err(|source| Error::Read { path: store.journal_path(), source })?;
-        store.compact();
+        // Not compacted: the records were built into a full map (`unique_records`).
         Ok(store)
     }
 
@@ -622,7 +635,14 @@ impl Store {
     pub fn holds_target(&self, kind: Kind, target: &str) -> bool {
         // The key is borrowed as a pair of owned parts; one small allocation per lookup beats a
         // second map keyed by borrowed strings.
-        self.targets.contains_key(&(kind, Box::from(target)))
+        let targets = self.targets.get_or_init(|| {
+            let mut targets = Targets::new();
+            for r in self.file.records.values() {
+                count_in(&mut targets, r);
+            }
+            targets
+        });
+        targets.contains_key(&(kind, Box::from(target)))
     }
 
     /// The hold of a resource found present on an adopted node, if it is held.
@@ -674,9 +694,15 @@ impl Store {
             }
             _ => {
                 record.applied_at = now();
-                count_in(&mut self.targets, &record);
+                if let Some(targets) = self.targets.get_mut() {
+                    count_in(targets, &record);
+                }
                 match self.file.records.insert(id.into(), record) {
-                    Some(old) => count_out(&mut self.targets, &old),
+                    Some(old) => {
+                        if let Some(targets) = self.targets.get_mut() {
+                            count_out(targets, &old);
+                        }
+                    }
                     None => self.grown += 1,
                 }
                 self.dirty = true;
@@ -698,7 +724,9 @@ impl Store {
     /// Drops the record of a resource removed or forgotten; written at the next save.
     pub fn forget(&mut self, id: &str) {
         if let Some(old) = self.file.records.remove(id) {
-            count_out(&mut self.targets, &old);
+            if let Some(targets) = self.targets.get_mut() {
+                count_out(targets, &old);
+            }
             self.dirty = true;
         }
     }
@@ -825,9 +853,10 @@ impl Writer {
 }
 
 impl Store {
-    /// Rebuilds the map from its sorted entries. A B-tree filled one insert at a time (as
-    /// loading and a first apply fill it) leaves its nodes about half full; built from sorted
-    /// entries, they are full: about 2 MiB less at 10,000 records, for a millisecond.
+    /// Rebuilds the map from its sorted entries. A B-tree filled one insert at a time (as a
+    /// first apply fills it) leaves its nodes about half full; built from sorted entries, they
+    /// are full: about 2 MiB less at 10,000 records, for a millisecond. Loading builds it full
+    /// from the start (`unique_records`).
     fn compact(&mut self) {
         self.file.records = std::mem::take(&mut self.file.records).into_iter().collect();
         self.grown = 0;
@@ -846,11 +875,24 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<File, Error> {
         schema: u32,
     }
     let corrupt = |reason: String| Error::Corrupt { path: path.to_owned(), reason };
-    let version: Version = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
-    if version.schema > SCHEMA {
-        return Err(Error::Newer { path: path.to_owned(), found: version.schema });
+    let newer = |found: u32| Error::Newer { path: path.to_owned(), found };
+    // Read as a store first: a second reading, of the schema alone, is only for a file that
+    // does not read as one, to say whether it is newer (whose records may not read here) or
+    // corrupt, exactly as when the schema was always read first. At 100,000 records that first
+    // reading was a whole pass over 56 MB on every start and apply.
+    let file: File = match serde_json::from_slice(bytes) {
+        Ok(file) => file,
+        Err(e) => {
+            let version: Version = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+            if version.schema > SCHEMA {
+                return Err(newer(version.schema));
+            }
+            return Err(corrupt(e.to_string()));
+        }
+    };
+    if file.schema > SCHEMA {
+        return Err(newer(file.schema));
     }
-    let file: File = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
     file.validate().map_err(corrupt)?;
     Ok(file)
 }
@@ -1084,6 +1126,28 @@ mod tests {
         );
         let again: serde_json::Value = serde_json::to_value(&merged).unwrap();
         assert_eq!(again, serde_json::from_str::<serde_json::Value>(text).unwrap(), "written as read");
+    }
+
+    #[test]
+    fn a_newer_store_is_told_newer_whether_its_records_read_here_or_not_and_garbage_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let open = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Store::read_only(&path).err().expect("refused")
+        };
+        // Records this build reads, under a newer schema.
+        let readable = WRITTEN_BEFORE.replacen("\"schema\": 1", "\"schema\": 9", 1);
+        assert_ne!(readable, WRITTEN_BEFORE, "the fixture names its schema");
+        assert!(matches!(open(&readable), Error::Newer { found: 9, .. }));
+        // Records it does not, under a newer schema, the schema last.
+        let unreadable = r#"{"records": {"a.b": {"shape": "of the future"}}, "schema": 9}"#;
+        assert!(matches!(open(unreadable), Error::Newer { found: 9, .. }));
+        // The same records under this schema, and no schema at all: corrupt.
+        let corrupt = r#"{"records": {"a.b": {"shape": "of the future"}}, "schema": 1}"#;
+        assert!(matches!(open(corrupt), Error::Corrupt { .. }));
+        let err = open(r#"{"records": {}}"#);
+        assert!(matches!(&err, Error::Corrupt { reason, .. } if reason.contains("schema")), "{err}");
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, d: &Directory) -> Result<St
     // A permission set at creation is not a permission maintained: the mode and owner are
     // compared on every pass, so a chmod by hand is put back like a file's content.
     let mode = d.mode.map_or(0o755, |m| m.bits());
-    let owner = d.owner.as_ref().map(|o| ctx.owner_ids.resolve(&o.user, o.group.as_deref())).transpose()?;
+    let owner = d.owner.as_ref().map(|o| ctx.owner_ids.resolve(o.user(), o.group())).transpose()?;
     let record =
         ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Directory && *rec.target == *r.target());
 

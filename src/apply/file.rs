@@ -82,7 +82,7 @@ pub fn declared_bytes<'a>(f: &'a File, contents: Option<&ContentFile>) -> Result
 /// decided without the machine is, so every branch of it is tested without root.
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, Error> {
     let path = f.path.as_path();
-    let owner = f.owner.as_ref().map(|o| ctx.owner_ids.resolve(&o.user, o.group.as_deref())).transpose()?;
+    let owner = f.owner.as_ref().map(|o| ctx.owner_ids.resolve(o.user(), o.group())).transpose()?;
     // Declared before `want`, which borrows it once it is known.
     let content: Cow<'_, [u8]>;
     let opened;

@@ -20,7 +20,7 @@ use super::queue::Verdict;
 use super::trigger::{Index, Key};
 use super::{contents, Config};
 use crate::apply::{self, Options, Report, Verb};
-use crate::declaration::{Declaration, Id, Kind};
+use crate::declaration::{Declaration, Id, Kind, Refused};
 use crate::store::Writer as Store;
 use crate::telemetry::{events, Event as _, Metrics};
 
@@ -390,13 +390,14 @@ impl Worker {
         });
     }
 
-    /// Moves the declared bytes of the new declaration's files out of the heap into a content
-    /// file in the state directory (`contents`). Where that cannot be done, they stay in
-    /// memory, which works the same.
-    fn move_bodies_to_content_file(&mut self, d: &mut Declaration) {
+    /// Parses the declaration's sources, moving the declared bytes of its files out of the heap
+    /// into a content file in the state directory as it goes (`contents`). Where that cannot be
+    /// done, they stay in memory, which works the same.
+    fn parse_moving_bodies(&mut self, named: &[(String, Vec<u8>)]) -> Result<Declaration, Refused> {
         let dir = crate::store::state_dir(&self.config.state);
         // The old file stays open until the new one is made: the new one never takes its inode.
-        match contents::move_bodies(d, dir) {
+        let (d, file) = contents::parse_moving(named, dir)?;
+        match file {
             Ok((file, files)) => {
                 tracing::info!(
                     files,
@@ -420,6 +421,7 @@ impl Worker {
             in_memory: d.inline_bytes() as u64,
         }
         .emit(&self.metrics);
+        Ok(d)
     }
 
     /// Reads the declaration source and puts what it holds in force when it parses. With
@@ -432,8 +434,9 @@ impl Worker {
     /// ordinary open would block the worker for good, and `/dev/zero` cannot eat memory
     /// (issue 12, fault 2).
     fn load_declaration(&mut self, force: bool) {
-        let source = self.config.declaration.clone();
-        let read = crate::system::read_source(&source);
+        // A copy: the parse below takes the worker mutably, to keep the content file.
+        let source = &self.config.declaration.clone();
+        let read = crate::system::read_source(source);
         // The hold is read with the source, so that making or releasing one is a change too.
         let hold = self.read_hold();
         let seen = fingerprint(&read, hold.as_ref().map(|h| h.generation));
@@ -478,15 +481,14 @@ impl Worker {
             super::held::Chosen::Held { files, .. } => std::mem::take(files),
             _ => named,
         };
-        match Declaration::parse_sources(&named) {
-            Ok(mut d) => {
+        match self.parse_moving_bodies(&named) {
+            Ok(d) => {
                 self.sources = named.iter().map(|(name, _)| name.clone()).collect();
                 self.in_force_generation(chosen, &named);
                 drop(named);
                 events::DeclarationAccepted { resources: d.resources.len() }.emit(&self.metrics);
                 status(&format!("enforcing {} resources from {}", d.resources.len(), source.display()));
                 self.health.set_not_in_force(None);
-                self.move_bodies_to_content_file(&mut d);
                 let d = Arc::new(d);
                 let index = Index::new(&d);
                 let units = index.units();

@@ -86,6 +86,27 @@ impl Resource {
         self.spec.kind()
     }
 
+    /// The declared body of a file that may be kept outside the declaration, in the daemon's
+    /// content file. Not of a file carrying a sealed value (opened per apply), nor of one
+    /// writing keys `into` a file (merged from its text), nor of one already moved.
+    pub fn movable_body(&self) -> Option<&[u8]> {
+        let Spec::File(f) = &self.spec else { return None };
+        if f.stored.is_some() || f.carries_secret() || f.into.is_some() {
+            return None;
+        }
+        f.inline_body()
+    }
+
+    /// Notes that this file's body is kept at `stored`, and drops it from the resource.
+    /// Nothing for a resource that is not a file.
+    pub fn body_moved(&mut self, stored: Stored) {
+        if let Spec::File(f) = &mut self.spec {
+            f.stored = Some(stored);
+            f.content = None;
+            f.bytes = None;
+        }
+    }
+
     /// What a person would call the thing on the machine: a path, a unit, a name, a port.
     pub fn target(&self) -> String {
         self.spec.target()
@@ -101,9 +122,22 @@ impl Declaration {
     /// Parses several named documents as one declaration, in the order given (a directory's
     /// `*.json` files, sorted by name). Problems name their document.
     pub fn parse_sources(sources: &[(String, Vec<u8>)]) -> Result<Declaration, Refused> {
+        Declaration::parse_sources_keeping(sources, &|_| {})
+    }
+
+    /// As `parse_sources`, handing each resource to `keep` as soon as it is validated, before
+    /// the next is read: how the daemon moves each file's body out of the heap while the
+    /// declaration is parsed (`controller::contents`), so that the bodies of 100,000 files are
+    /// never all in memory beside the declaration's text. `keep` may be called from two threads
+    /// at once, in no particular order; it is called for resources of a declaration that is
+    /// then refused, too.
+    pub fn parse_sources_keeping(
+        sources: &[(String, Vec<u8>)],
+        keep: &(dyn Fn(&mut Resource) + Sync),
+    ) -> Result<Declaration, Refused> {
         let refs: Vec<(Option<&str>, &[u8])> =
             sources.iter().map(|(name, bytes)| (Some(name.as_str()), bytes.as_slice())).collect();
-        validate::parse_sources(&refs)
+        validate::parse_sources(&refs, keep)
     }
 
     /// The resource with this id, if it is declared.
@@ -168,25 +202,16 @@ impl Declaration {
     }
 
     /// The files whose declared body may be kept outside the declaration, in the daemon's
-    /// content file, with that body: by index. Not a file carrying a sealed value (opened per
-    /// apply), nor one writing keys `into` a file (merged from its text), nor one already moved.
+    /// content file, with that body: by index (`Resource::movable_body`).
     pub fn movable_bodies(&self) -> impl Iterator<Item = (usize, &[u8])> + '_ {
-        self.resources.iter().filter_map(|r| {
-            let Spec::File(f) = &r.spec else { return None };
-            if f.stored.is_some() || f.carries_secret() || f.into.is_some() {
-                return None;
-            }
-            f.inline_body().map(|body| (r.index, body))
-        })
+        self.resources.iter().filter_map(|r| r.movable_body().map(|body| (r.index, body)))
     }
 
     /// Notes that the body of the file at `index` is kept at `stored`, and drops it from the
     /// declaration. Nothing for a resource that is not a file.
     pub fn body_moved(&mut self, index: usize, stored: Stored) {
-        if let Some(Spec::File(f)) = self.resources.get_mut(index).map(|r| &mut r.spec) {
-            f.stored = Some(stored);
-            f.content = None;
-            f.bytes = None;
+        if let Some(r) = self.resources.get_mut(index) {
+            r.body_moved(stored);
         }
     }
 

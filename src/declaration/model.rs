@@ -48,7 +48,8 @@ pub struct File {
     pub path: AbsPath,
     /// The file's text; one of `content`, `bytes` and `sealed` is given. May hold `${secret:NAME}`
     /// holes, filled from `secrets`.
-    pub content: Option<String>,
+    // Boxed, as the bodies, ids and owners are: a capacity in every file is 8 bytes for nothing.
+    pub content: Option<Box<str>>,
     /// Base64 of the file's bytes, for what is not text.
     // Decoded when parsed (`Base64Bytes`).
     pub bytes: Option<Base64Bytes>,

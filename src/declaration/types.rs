@@ -34,8 +34,10 @@ pub(crate) mod pattern {
 }
 
 /// A resource identity: `[a-z0-9][a-z0-9._-]*`. The part before the first `.` is its module.
+/// A boxed text, not a `String`: it is in every resource a daemon holds, and a capacity
+/// beside the length is 8 bytes of each for nothing.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Id(String);
+pub struct Id(Box<str>);
 
 impl Id {
     /// Checks the spec's pattern; the error is a sentence about the value.
@@ -45,7 +47,7 @@ impl Id {
         let rest_ok =
             s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'));
         if first_ok && rest_ok {
-            Ok(Id(s.to_owned()))
+            Ok(Id(s.into()))
         } else {
             Err(format!(
                 "{s:?} is not an id: ids are lower-case letters, digits, '.', '_' and '-', starting with a letter or digit"
@@ -232,13 +234,12 @@ impl JsonSchema for Mode {
 }
 
 /// `user` or `user:group`. Whether they exist is the machine's business, checked at apply.
+///
+/// Kept as the one text it was declared as: 16 bytes in every file and directory (an `Option`
+/// of it too) and one allocation, where a user and an optional group as two strings were 48
+/// bytes in each of them, declared or not (docs/memory.md).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Owner {
-    /// The owning user's name.
-    pub user: String,
-    /// The owning group's name; the user's primary group when absent.
-    pub group: Option<String>,
-}
+pub struct Owner(Box<str>);
 
 fn account_name_ok(s: &str) -> bool {
     !s.is_empty()
@@ -259,16 +260,23 @@ impl Owner {
                 "{s:?} is not an owner: write \"user\" or \"user:group\" with account names"
             ));
         }
-        Ok(Owner { user: user.to_owned(), group: group.map(str::to_owned) })
+        Ok(Owner(s.into()))
+    }
+
+    /// The owning user's name.
+    pub fn user(&self) -> &str {
+        self.0.split_once(':').map_or(&self.0, |(user, _)| user)
+    }
+
+    /// The owning group's name; the user's primary group when absent.
+    pub fn group(&self) -> Option<&str> {
+        self.0.split_once(':').map(|(_, group)| group)
     }
 }
 
 impl fmt::Display for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.group {
-            Some(g) => write!(f, "{}:{}", self.user, g),
-            None => f.write_str(&self.user),
-        }
+        f.write_str(&self.0)
     }
 }
 
@@ -1124,7 +1132,7 @@ schema_of_a_pattern!(
 /// refused with the declaration, naming its field; whether it opens is the node's key's to say,
 /// at apply. Kept as the text.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Sealed(String);
+pub struct Sealed(Box<str>);
 
 /// How armored age text begins and ends.
 const ARMOR_BEGIN: &str = "-----BEGIN AGE ENCRYPTED FILE-----";
@@ -1149,7 +1157,7 @@ impl Sealed {
         let binary =
             s.starts_with(BINARY_BEGIN) && base64::engine::general_purpose::STANDARD.decode(s).is_ok();
         if armored || binary {
-            Ok(Sealed(s.to_owned()))
+            Ok(Sealed(s.into()))
         } else {
             Err(format!(
                 "is not a sealed value: armored age text (`{ARMOR_BEGIN}` ... `{ARMOR_END}`), or base64 of a binary age value, as `mesh-host seal` or `age -r` make"
@@ -1190,7 +1198,7 @@ impl JsonSchema for Sealed {
 /// Decoded once, when the declaration is parsed, and held as the bytes (three quarters of the
 /// text); text that is not base64 refuses the declaration, naming the field.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Base64Bytes(Vec<u8>);
+pub struct Base64Bytes(Box<[u8]>);
 
 impl Base64Bytes {
     /// The decoded bytes.
@@ -1221,7 +1229,7 @@ impl<'de> Deserialize<'de> for Base64Bytes {
         let text = String::deserialize(d)?;
         base64::engine::general_purpose::STANDARD
             .decode(&text)
-            .map(Base64Bytes)
+            .map(|bytes| Base64Bytes(bytes.into_boxed_slice()))
             .map_err(|_| D::Error::custom("is not standard base64"))
     }
 }

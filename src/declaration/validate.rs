@@ -20,12 +20,15 @@ use super::types::Id;
 use super::{Adoption, Declaration, Resource, VERSIONS};
 
 pub(super) fn parse(bytes: &[u8]) -> Result<Declaration, Refused> {
-    parse_sources(&[(None, bytes)])
+    parse_sources(&[(None, bytes)], &|_| {})
 }
 
 /// Parses several documents as one declaration: their resources in order, first document
 /// first. A problem names the document it is in (when there are names) and the index there.
-pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declaration, Refused> {
+pub(super) fn parse_sources(
+    sources: &[(Option<&str>, &[u8])],
+    keep: &(dyn Fn(&mut Resource) + Sync),
+) -> Result<Declaration, Refused> {
     let mut problems = Problems::new();
     // A directory emptied (by a deployment half done, or by mistake) is no declaration, not a
     // declaration of nothing: taken as the latter, it would remove everything the host made.
@@ -61,7 +64,7 @@ pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declara
     }
     let top_level = problems.all.len();
 
-    let resources = resources_of(raw_resources, &mut problems);
+    let resources = resources_of(raw_resources, keep, &mut problems);
 
     // Another resource is named as the person wrote it: by its index in its own document, and
     // the document when there are several (docs/decisions.md, "A directory source").
@@ -99,18 +102,26 @@ pub(super) fn parse_sources(sources: &[(Option<&str>, &[u8])]) -> Result<Declara
 /// Validates every resource. A large declaration is split in two halves validated on two
 /// threads (each resource stands alone until `across`), then joined in order, problems
 /// included, so the result is exactly what one thread would give.
-fn resources_of(raw: Vec<&RawValue>, problems: &mut Problems) -> Vec<Resource> {
+///
+/// The list the declaration keeps is reserved once, for every text long enough to be a
+/// resource, and the first half is validated straight into it; only the second half is built
+/// apart and then moved in. Grown by doubling in each half and then joined, the lists held
+/// about 2.2 times the final one at once at the peak (67 MB for 30.8 at 100,000 resources):
+/// do not go back to growing them (docs/memory.md, "The peak of a start").
+fn resources_of(
+    raw: Vec<&RawValue>,
+    keep: &(dyn Fn(&mut Resource) + Sync),
+    problems: &mut Problems,
+) -> Vec<Resource> {
     const PARALLEL_FROM: usize = 2_000;
-    let one = |start: usize, raw: Vec<&RawValue>| {
+    let one = |start: usize, raw: Vec<&RawValue>, out: &mut Vec<Resource>| {
         let mut found = Problems::new();
-        // Grown as resources pass, not reserved for every element: a list of five million
-        // numbers (10 MB) once reserved 1.3 GB of address space for resources that could never be.
-        let mut out = Vec::new();
         for (i, r) in raw.into_iter().enumerate() {
             let index = start + i;
             match strict(r) {
                 Ok(value) => {
-                    if let Some(r) = resource(index, r, value, &mut found) {
+                    if let Some(mut r) = resource(index, r, value, &mut found) {
+                        keep(&mut r);
                         out.push(r);
                     }
                 }
@@ -121,11 +132,11 @@ fn resources_of(raw: Vec<&RawValue>, problems: &mut Problems) -> Vec<Resource> {
                 }
             }
         }
-        (out, found)
+        found
     };
+    let mut out = Vec::with_capacity(room(&raw));
     if raw.len() < PARALLEL_FROM {
-        let (mut out, found) = one(0, raw);
-        problems.extend(found);
+        problems.extend(one(0, raw, &mut out));
         // The declaration keeps this list for as long as it is in force: no spare room.
         out.shrink_to_fit();
         return out;
@@ -133,17 +144,30 @@ fn resources_of(raw: Vec<&RawValue>, problems: &mut Problems) -> Vec<Resource> {
     let mut first = raw;
     let second = first.split_off(first.len() / 2);
     let split = first.len();
-    let ((mut out, found1), (out2, found2)) = std::thread::scope(|scope| {
-        let other = scope.spawn(|| one(split, second));
-        let mine = one(0, first);
+    let (found1, (out2, found2)) = std::thread::scope(|scope| {
+        let other = scope.spawn(|| {
+            let mut out2 = Vec::with_capacity(room(&second));
+            let found = one(split, second, &mut out2);
+            (out2, found)
+        });
+        let mine = one(0, first, &mut out);
         (mine, other.join().expect("validating resources does not panic"))
     });
-    out.reserve_exact(out2.len());
+    // Within the room reserved: no reallocation.
     out.extend(out2);
     out.shrink_to_fit();
     problems.extend(found1);
     problems.extend(found2);
     out
+}
+
+/// How many resources `raw` can hold at most: its texts at least as long as the shortest
+/// resource, `{"id":"a","type":"user"}` (24 bytes). Room is not reserved for every element: a
+/// list of five million numbers (10 MB) once reserved 1.3 GB of address space for resources
+/// that could never be; counted so, a 10 MB list can ask for at most 400,000.
+fn room(raw: &[&RawValue]) -> usize {
+    const SHORTEST: usize = r#"{"id":"a","type":"user"}"#.len();
+    raw.iter().filter(|r| r.get().len() >= SHORTEST).count()
 }
 
 /// The top level of one document: its resources, as text not yet parsed (each is parsed on the

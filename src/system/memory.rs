@@ -6,8 +6,9 @@
 //! people run their own work on, its resident size should be what it holds, not what it once
 //! parsed. Measured with 10,000 resources: 64 MiB resident with the defaults, 36 MiB with the purge
 //! delay at 0, 28 MiB with eager arena commit off as well (before the structures were made
-//! compact and the content moved out of the heap). A command that exits in moments wants the
-//! opposite, and gets it.
+//! compact and the content moved out of the heap). A command that exits in moments keeps
+//! freed pages a little (10 ms) for reuse, but not for good: at 100,000 files what its threads
+//! free and never reuse is most of its peak (`for_a_command`).
 
 use libmimalloc_sys::{mi_option_set, mi_option_t};
 
@@ -44,13 +45,19 @@ pub fn arena_eager_commit() -> std::ffi::c_long {
     unsafe { libmimalloc_sys::mi_option_get(ARENA_EAGER_COMMIT) }
 }
 
-/// A command's policy (`apply`, `plan`, `check`...): freed memory is kept for reuse, never
-/// purged, since the process exits in moments. Purging at once, as the daemon does, made a
-/// steady `apply` of 10,000 files 14 % slower: its freed pages were returned and faulted in
-/// again, zeroed by the kernel, over and over (half of its samples under perf).
+/// A command's policy (`apply`, `plan`, `check`...): freed memory is purged 10 ms after it is
+/// freed, not at once and not never. Purging at once, as the daemon does, made a steady `apply`
+/// of 10,000 files 14 % slower: its freed pages were returned and faulted in again, zeroed by
+/// the kernel, over and over (half of its samples under perf); a page reused within 10 ms is
+/// never returned, and an apply's loop reuses them within microseconds. Never purging, as
+/// commands did until then, kept every page any thread had freed: the declaration's text and
+/// the store's, freed before the pass, and each validating thread's memory, which no other
+/// thread reused. At 100,000 files a steady `apply` peaked at 415 MiB resident with a live heap
+/// of 238 MB at most; with 10 ms, at 301 MiB (debug build, docs/memory.md). Do not set it back
+/// to -1 without measuring the peak at 100,000.
 pub fn for_a_command() {
     // SAFETY: as above.
-    unsafe { mi_option_set(PURGE_DELAY, -1) }
+    unsafe { mi_option_set(PURGE_DELAY, 10) }
 }
 
 /// This process's resident set in bytes, from `/proc/self/statm`; `None` where it cannot be read.

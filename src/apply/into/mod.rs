@@ -134,7 +134,7 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File, format: MergeInto
         Some((meta, _)) => (meta.mode, Some((meta.uid, meta.gid))),
         None => (
             f.mode().bits(),
-            f.owner.as_ref().map(|o| ctx.owner_ids.resolve(&o.user, o.group.as_deref())).transpose()?,
+            f.owner.as_ref().map(|o| ctx.owner_ids.resolve(o.user(), o.group())).transpose()?,
         ),
     };
     let mut detail = plan.detail.clone();
