@@ -220,6 +220,48 @@ mod tests {
         assert_eq!(revision_of(&["/etc/mesh-host/declaration.d/10-base.json".into()]), None);
         assert_eq!(revision_of(&[]), None);
     }
+
+    #[test]
+    fn the_table_shows_each_nodes_generation_and_a_rollback_hold_under_it() {
+        let status = |node: &str, generation: Option<u64>, hold: Option<&str>| Status {
+            node: node.into(),
+            groups: Vec::new(),
+            revision: Some(7),
+            applied: Summary {
+                converged: true,
+                generation,
+                hold: hold.map(str::to_owned),
+                ..Summary::default()
+            },
+            refused: None,
+            written_at: 0,
+        };
+        let row = |node: &str, status: Option<Status>| Row {
+            node: node.into(),
+            alive: true,
+            status,
+            latest: Some(7),
+            current: true,
+        };
+        let held = "held at generation 3 by rollback since 2026-12-02T03:00:00Z (by root: bad config)";
+        let text = table(
+            9,
+            &[
+                row("a", Some(status("a", Some(4), None))),
+                row("b", Some(status("b", Some(3), Some(held)))),
+                row("c", Some(status("c", None, None))),
+                row("d", None),
+            ],
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains(" GEN "), "{text}");
+        let gen = |line: &str| line.split_whitespace().nth(7).map(str::to_owned);
+        assert_eq!(gen(lines[1]).as_deref(), Some("4"), "{text}");
+        assert_eq!(gen(lines[2]).as_deref(), Some("3*"), "{text}");
+        assert_eq!(gen(lines[3]).as_deref(), Some("-"), "an older node says nothing: {text}");
+        assert_eq!(lines[5], format!("b: {held}"), "{text}");
+        assert_eq!(lines.len(), 7, "one hold line, then the summary: {text}");
+    }
 }
 
 /// One node's row in `fleet status`.
@@ -279,14 +321,24 @@ pub async fn rows(etcd: &Etcd) -> Result<(i64, Vec<Row>), crate::system::etcd::E
     Ok((all.revision, nodes.into_values().collect()))
 }
 
+/// The generation a node's status says is in force, `N*` while a rollback holds it, `-` from a
+/// node that does not say (an older agent, or no status).
+fn generation(s: Option<&Status>) -> String {
+    match s.and_then(|s| s.applied.generation.map(|g| (g, s.applied.hold.is_some()))) {
+        Some((g, true)) => format!("{g}*"),
+        Some((g, false)) => g.to_string(),
+        None => "-".into(),
+    }
+}
+
 /// The table `fleet status` prints.
 pub fn table(revision: i64, rows: &[Row]) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<24} {:<5} {:>8} {:>8} {:<9} {:>6} {:>9}  LAST ERROR",
-        "NODE", "ALIVE", "APPLIED", "LATEST", "CONVERGED", "DRIFT", "CONTESTED"
+        "{:<24} {:<5} {:>8} {:>8} {:<9} {:>6} {:>9} {:>6}  LAST ERROR",
+        "NODE", "ALIVE", "APPLIED", "LATEST", "CONVERGED", "DRIFT", "CONTESTED", "GEN"
     );
     let opt = |r: Option<i64>| r.map(|r| r.to_string()).unwrap_or_else(|| "-".into());
     for row in rows {
@@ -297,7 +349,7 @@ pub fn table(revision: i64, rows: &[Row]) -> String {
         error = error.lines().next().unwrap_or_default().chars().take(80).collect();
         let _ = writeln!(
             out,
-            "{:<24} {:<5} {:>8} {:>8} {:<9} {:>6} {:>9}  {}",
+            "{:<24} {:<5} {:>8} {:>8} {:<9} {:>6} {:>9} {:>6}  {}",
             row.node,
             if row.alive { "yes" } else { "no" },
             opt(s.and_then(|s| s.revision)),
@@ -309,8 +361,16 @@ pub fn table(revision: i64, rows: &[Row]) -> String {
             },
             s.map(|s| s.applied.drift_corrections.to_string()).unwrap_or_else(|| "-".into()),
             s.map(|s| s.applied.contested.to_string()).unwrap_or_else(|| "-".into()),
+            generation(s),
             error
         );
+    }
+    // A node held by a rollback applies an older generation, not what etcd holds for it: said
+    // under the table, whole, since it is what keeps that node from its latest revision.
+    for row in rows {
+        if let Some(hold) = row.status.as_ref().and_then(|s| s.applied.hold.as_deref()) {
+            let _ = writeln!(out, "{}: {hold}", row.node);
+        }
     }
     let current = rows.iter().filter(|r| r.current).count();
     let _ = writeln!(
