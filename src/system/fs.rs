@@ -352,14 +352,9 @@ impl Fs {
     /// and only after a crash (`after_a_crash`); otherwise does nothing. A directory that is
     /// not there has nothing to clear.
     pub fn sweep(&mut self, dir: &Path) -> Result<()> {
-        let Some((swept, _)) = &mut self.sweep else { return Ok(()) };
-        if swept.contains(dir) {
-            return Ok(());
-        }
-        swept.insert(dir.to_owned());
-        let removed = remove_temporaries(dir)?;
-        if let Some((_, total)) = &mut self.sweep {
-            *total += removed;
+        let Some((swept, total)) = &mut self.sweep else { return Ok(()) };
+        if swept.insert(dir.to_owned()) {
+            *total += remove_temporaries(dir)?;
         }
         Ok(())
     }

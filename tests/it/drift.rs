@@ -240,24 +240,7 @@ fn a_process_in_a_docker_container_is_named_by_its_container() {
         "run tests/testbed/docker.sh (as root) to start Docker with the image local/busybox:1";
     let image = Command::new("docker").args(["image", "inspect", "local/busybox:1"]).output();
     assert!(image.is_ok_and(|o| o.status.success()), "Docker or its test image is missing: {SETUP}");
-    let s = Scratch::new();
-    let conf = s.path("etc/app.conf");
-    let d = s.declare(json!([
-        {"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"), "content": "port=80\n"},
-    ]));
-    let daemon = Daemon::start(&s, &d, &[]);
-    let name = format!("mh-drift-writer-{}", std::process::id());
-    let _ = Command::new("docker").args(["rm", "-f", &name]).output();
-    let out = Command::new("docker")
-        .args(["run", "--rm", "--name", &name, "-v"])
-        .arg(format!("{}:/x", s.path("etc").display()))
-        .args(["local/busybox:1", "sh", "-c", "echo port=1 > /x/app.conf; sleep 1"])
-        .output()
-        .expect("docker runs");
-    assert!(out.status.success(), "docker run: {}", String::from_utf8_lossy(&out.stderr));
-    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "put back:\n{}", daemon.log());
-    let c = corrected_by(&s, &daemon, "app.conf", |c| c["who"]["by"] == "container");
-    assert_eq!(c["who"]["container"], name.as_str(), "{c}");
+    let (_s, daemon) = a_container_edit_is_named("docker", "mh-drift-writer", "port=1");
     assert_eq!(daemon.metric("mesh_host_drift_corrections_total{type=\"file\",writer=\"container\"}"), 1.0);
 }
 
@@ -503,22 +486,31 @@ fn a_process_in_a_podman_container_is_named_by_its_container() {
         "run tests/testbed/docker.sh (as root): it installs Podman and imports local/busybox:1";
     let image = Command::new("podman").args(["image", "exists", "local/busybox:1"]).status();
     assert!(image.is_ok_and(|s| s.success()), "Podman or its test image is missing: {SETUP}");
+    a_container_edit_is_named("podman", "mh-drift-podman", "port=8");
+}
+
+/// The body of the Docker and Podman tests: `engine run` a busybox container that writes a
+/// bind-mounted managed file (`edit` as its new content); the file is put back and the
+/// correction names the container by its name. Returns the scratch and the daemon for what a
+/// test checks beyond that.
+fn a_container_edit_is_named(engine: &str, prefix: &str, edit: &str) -> (Scratch, Daemon) {
     let s = Scratch::new();
     let conf = s.path("etc/app.conf");
     let d = s.declare(json!([
         {"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"), "content": "port=80\n"},
     ]));
     let daemon = Daemon::start(&s, &d, &[]);
-    let name = format!("mh-drift-podman-{}", std::process::id());
-    let _ = Command::new("podman").args(["rm", "-f", &name]).output();
-    let out = Command::new("podman")
+    let name = format!("{prefix}-{}", std::process::id());
+    let _ = Command::new(engine).args(["rm", "-f", &name]).output();
+    let out = Command::new(engine)
         .args(["run", "--rm", "--name", &name, "-v"])
         .arg(format!("{}:/x", s.path("etc").display()))
-        .args(["local/busybox:1", "sh", "-c", "echo port=8 > /x/app.conf; sleep 1"])
+        .args(["local/busybox:1", "sh", "-c", &format!("echo {edit} > /x/app.conf; sleep 1")])
         .output()
-        .expect("podman runs");
-    assert!(out.status.success(), "podman run: {}", String::from_utf8_lossy(&out.stderr));
+        .unwrap_or_else(|e| panic!("{engine} runs: {e}"));
+    assert!(out.status.success(), "{engine} run: {}", String::from_utf8_lossy(&out.stderr));
     assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "put back:\n{}", daemon.log());
     let c = corrected_by(&s, &daemon, "app.conf", |c| c["who"]["by"] == "container");
     assert_eq!(c["who"]["container"], name.as_str(), "{c}");
+    (s, daemon)
 }
