@@ -128,6 +128,15 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
         kept: &ctx.opts.originals,
     };
     let plan = decide(found.as_ref().map(|(meta, held)| (meta, held)), &known, &want)?;
+    // Found after a crash where the unfinished pass was writing, and kept as it is (or only
+    // its mode or owner set): durable before it is recorded (`Fs::found_in_flight`). A file
+    // written anew is synced by its own commit.
+    if !known.intended.is_empty()
+        && !ctx.opts.dry_run
+        && matches!(plan.change, Change::None(_) | Change::Set { .. })
+    {
+        ctx.fs.found_in_flight(path)?;
+    }
     if let Change::None(facts) = plan.change {
         return Ok(Step::Done(begin(r, plan.action, plan.detail), Some(*facts)));
     }

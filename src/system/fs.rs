@@ -315,6 +315,9 @@ pub struct Fs {
     /// Set when the last pass did not finish (`after_a_crash`): the directories already cleared
     /// of the temporary files it left, and how many were removed.
     sweep: Option<(HashSet<PathBuf>, usize)>,
+    /// After a crash: the filesystems already synced for what the unfinished pass left on
+    /// them, with how the sync ended (see `found_in_flight`).
+    settled: HashMap<u64, std::result::Result<(), Errno>>,
 }
 
 /// How many directory descriptors a session keeps. Resources in one directory are usually
@@ -524,6 +527,38 @@ impl Fs {
     /// `None` when what is there is not a regular file.
     pub fn digest(&mut self, path: &Path) -> Result<Option<(Meta, Option<[u8; 32]>)>> {
         Ok(self.read_up_to(path, 0)?.map(|(meta, content)| (meta, content.sum())))
+    }
+
+    /// Makes durable a file found after a crash holding what the unfinished pass was writing
+    /// (the journal names it), before the store records it as the host's. That pass may have
+    /// died between its renames and their sync: the file is in place, but its new name is
+    /// not known to survive a power cut, and recording it unsynced would leave the store
+    /// ahead of the disk if one came. ext4 and XFS commit a rename before any later fsync's
+    /// transaction, so the store's own sync happened to cover it there; btrfs logs an fsync
+    /// per inode and does not (the VM power-loss lane; docs/durability.md, "Crashes"). One
+    /// syncfs per filesystem covers every such file at once, since all of them were left
+    /// before this process started; where a syncfs reaches nothing (FUSE), the file and its
+    /// directory are synced each.
+    pub fn found_in_flight(&mut self, path: &Path) -> Result<()> {
+        let (parent, _) = split(path);
+        let Some(fd) = self.open_at(path, false)? else {
+            return Err(Error::io("make durable what the unfinished pass left", path, Errno::NOENT));
+        };
+        if syncfs_reaches_storage(&fd) {
+            let dev = rfs::fstat(&fd).map_err(|e| Error::io("look at", path, e))?.st_dev;
+            let synced = *self.settled.entry(dev).or_insert_with(|| durable::syncfs(&fd));
+            return synced
+                .map_err(|e| Error::io("make durable what the unfinished pass left (syncfs)", path, e));
+        }
+        durable::fsync(&fd)
+            .map_err(|e| Error::io("make durable what the unfinished pass left (fsync)", path, e))?;
+        let synced = match self.open_dir(parent)? {
+            Some(dir) => durable::fsync(dir),
+            None => Err(Errno::NOENT),
+        };
+        synced.map_err(|e| {
+            Error::io("make durable what the unfinished pass left (fsync of its directory)", path, e)
+        })
     }
 
     /// Sets the permission bits of what is at `path` (file or directory, never through a link).
