@@ -504,6 +504,12 @@ impl<'a> Pass<'a> {
                 continue;
             };
             *slot = None;
+            // Its record was made when it was done: one that this pass changed goes, so the
+            // store claims nothing not known to survive a crash; the next pass finds what is
+            // there and records it then. A record this pass left as it was stays.
+            if self.changed.contains(&r.id) {
+                self.store.forget(r.id.as_str());
+            }
             self.fail(r, e);
         }
     }

@@ -917,6 +917,11 @@ impl Fs {
         let unsynced = std::mem::take(&mut self.unsynced);
         let mut failed = Vec::new();
         let sync = |fs: &mut Fs, parent: &Path, whole: bool| {
+            // `dir-sync-eio`: the failpoint a test needs to show that what is in a directory
+            // that cannot be made durable is neither reported done nor recorded.
+            if failpoint_named("dir-sync-eio") {
+                return Some(Errno::IO);
+            }
             let r = match fs.open_dir(parent) {
                 Ok(Some(fd)) if whole => durable::syncfs(fd),
                 Ok(Some(fd)) => durable::fsync(fd),

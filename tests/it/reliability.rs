@@ -532,6 +532,24 @@ fn a_failed_sync_after_the_renames_fails_its_files_and_records_none() {
     assert!(std::fs::read_to_string(s.state()).unwrap().contains("a.f0"));
 }
 
+/// A directory made in no batch (a directory resource alone) is made durable at the end of the
+/// pass, after it was reported done and recorded; that sync failing fails it, and its record
+/// must go with it: the store claims nothing not known to survive a crash.
+#[test]
+fn a_directory_that_cannot_be_made_durable_fails_and_is_not_recorded() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "directory", "id": "a.d", "path": s.p("made")}]));
+    let out = apply_with_failpoint(&s, &d, "dir-sync-eio", true);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["error"]["message"].as_str().unwrap().contains("durable"), "{report}");
+    let store = std::fs::read_to_string(s.state()).unwrap_or_default();
+    assert!(!store.contains("a.d"), "a directory not known to be durable is recorded: {store}");
+    let (code, report) = s.apply(&d);
+    assert_eq!(code, 0, "{report}");
+    assert!(std::fs::read_to_string(s.state()).unwrap().contains("a.d"));
+}
+
 /// A single file put over an existing one on ext4 is renamed first and synced after (issue 15:
 /// the daemon's correction does not wait on the disk). Killed between the two, the file holds
 /// the host's new content whole, and the next pass takes it as the host's own work, not drift;
