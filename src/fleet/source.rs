@@ -171,6 +171,7 @@ pub async fn run(
     cache: PathBuf,
     first: tokio::sync::oneshot::Sender<()>,
     refused: tokio::sync::watch::Sender<Option<String>>,
+    contact: std::sync::Arc<tokio::sync::watch::Sender<super::confirm::Contact>>,
     metrics: std::sync::Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
@@ -193,6 +194,8 @@ pub async fn run(
                     certificate_refused,
                 }
                 .emit(&metrics);
+                // For the confirmation window (`confirm`): whether etcd answered before a change.
+                contact.send_replace(super::confirm::Contact { up: false, error: Some(e.to_string()) });
                 down = true;
                 if let Some(first) = first.take() {
                     let _ = first.send(());
@@ -206,6 +209,7 @@ pub async fn run(
             }
         };
         events::FleetSource::Reached { node: &source.node, revision, again: down }.emit(&metrics);
+        contact.send_replace(super::confirm::Contact { up: true, error: None });
         down = false;
         backoff = Duration::from_millis(250);
         let (take_source, take_cache, take_metrics) = (source.clone(), cache.clone(), metrics.clone());

@@ -703,6 +703,18 @@ impl Etcd {
         }
     }
 
+    /// Drops the connection, whatever its state, so that the next call dials afresh: the
+    /// endpoint's name resolved again, the TLS files read again. Watches on it end, as when it
+    /// fails over, and are opened again on the new one, so the client still holds one
+    /// connection. The same endpoint is dialled first. The fleet's confirmation of a new
+    /// generation proves the route with it (docs/decisions.md, "Confirm or go back").
+    pub async fn reconnect(&self) {
+        let mut connection = self.connection.lock().await;
+        if connection.take().is_some() {
+            self.moved.send_modify(|n| *n += 1);
+        }
+    }
+
     fn token(&self) -> Option<String> {
         self.token.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
