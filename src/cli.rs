@@ -1276,7 +1276,7 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
     let hold_said = hold.as_ref().map(|h| h.describe(&crate::controller::drift::utc(h.since * 1000)));
     if json {
         let hold = hold.as_ref().map(|h| {
-            serde_json::json!({"generation": h.generation, "since": h.since, "by": h.by, "reason": h.reason, "said": hold_said})
+            serde_json::json!({"generation": h.generation, "since": h.since, "by": h.by, "reason": h.reason, "reverted": h.reverted, "said": hold_said})
         });
         let all = serde_json::json!({
             "state": state, "generation": generation, "hold": hold,

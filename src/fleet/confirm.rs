@@ -213,7 +213,7 @@ pub struct Confirm {
 /// Follows what the controller applied until `shutdown`: opens a window for each new
 /// generation, has it confirmed by the status writer (`ask`, `acked`), and goes back when it
 /// closes unconfirmed. See the module's notes.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, reason = "what the window follows and tells, each from `daemon`")]
 pub async fn run(
     confirm: Confirm,
     etcd: Arc<Etcd>,

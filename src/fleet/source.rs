@@ -165,6 +165,7 @@ fn take(
 /// holds why the latest declaration read was refused, `None` once one is accepted: the
 /// reporter (`daemon`) counts and logs each refusal, and the status writer puts it in the
 /// node's status.
+#[allow(clippy::too_many_arguments, reason = "what the source's task follows and tells, each from `daemon`")]
 pub async fn run(
     source: Source,
     etcd: std::sync::Arc<Etcd>,

@@ -157,6 +157,7 @@ pub struct Confirming {
 }
 
 /// Writes the node's status and keeps its presence until `shutdown`.
+#[allow(clippy::too_many_arguments, reason = "what the status writer follows and tells, each from `daemon`")]
 pub async fn run(
     etcd: Arc<Etcd>,
     node: String,
@@ -323,6 +324,54 @@ mod tests {
         assert_eq!(gen(lines[3]).as_deref(), Some("-"), "an older node says nothing: {text}");
         assert_eq!(lines[5], format!("b: {held}"), "{text}");
         assert_eq!(lines.len(), 7, "one hold line, then the summary: {text}");
+    }
+
+    #[test]
+    fn a_node_gone_back_by_itself_says_why_in_its_row_and_under_the_table() {
+        let hold = crate::generations::Hold {
+            generation: 3,
+            since: 1_780_000_000,
+            by: super::super::confirm::BY.into(),
+            reason: Some("no etcd round trip within 1 min of applying generation 4 (revision 9)".into()),
+            reverted: Some(crate::generations::Reverted { from: 4, revision: Some(9) }),
+        };
+        let applied = controller::Applied {
+            generation: Some(3),
+            hold: Some(hold.describe("T")),
+            reverted: Some(hold.clone()),
+            converged: true,
+            ..controller::Applied::default()
+        };
+        let summary = Summary::from(&applied);
+        let reverted = summary.reverted.clone().unwrap();
+        assert_eq!((reverted.generation, reverted.from, reverted.revision), (3, 4, Some(9)));
+        assert_eq!(reverted.reason, hold.reason.clone().unwrap());
+        // An operator's hold is not a going back.
+        let operator = controller::Applied { reverted: None, ..applied.clone() };
+        assert_eq!(Summary::from(&operator).reverted, None);
+        let status = Status {
+            node: "a".into(),
+            groups: Vec::new(),
+            revision: Some(7),
+            applied: summary,
+            refused: None,
+            written_at: 0,
+        };
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["reverted"]["generation"], 3, "at the top of the status: {json:#}");
+        assert_eq!(json["reverted"]["from"], 4, "{json:#}");
+        let row =
+            Row { node: "a".into(), alive: true, status: Some(status), latest: Some(9), current: false };
+        let text = table(9, &[row]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[1].contains(" 3*  reverted from generation 4: no etcd round trip within 1 min"),
+            "{text}"
+        );
+        assert!(
+            lines[2].starts_with("a: held at generation 3 by the node itself since T, reverted from generation 4 (revision 9): no etcd"),
+            "{text}"
+        );
     }
 }
 

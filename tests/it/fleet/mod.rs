@@ -12,6 +12,7 @@
 //! alone) and `outage` (members killed, cut off, a network split). Here: what they share.
 
 mod auth;
+mod confirm;
 mod generations;
 mod node;
 mod outage;
