@@ -7,8 +7,10 @@
 //! rollback` writes (`hold.json`, with a reason and `reverted` set), which the controller, who
 //! watches it, applies as an ordinary pass; the status says `reverted` once etcd answers again.
 //!
-//! A node that could not reach etcd before the change (started offline on its cache, or with
-//! etcd down) is not armed: the window would only measure etcd's outage. Why a new connection and
+//! A node that could not reach etcd before the change is not armed: only a generation this run
+//! of the agent read from etcd is (the read is the proof that etcd answered just before), so a
+//! node started offline on its cache applies it and stays; the window would only measure etcd's
+//! outage. Why a new connection and
 //! not the one held, and what the daemon does with its source meanwhile: docs/decisions.md,
 //! "Confirm or go back".
 //!
@@ -33,14 +35,27 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 /// Who a hold the node makes itself says made it.
 pub const BY: &str = "mesh-host (confirmation window)";
 
-/// Whether etcd answered the node's last call, as the source's reads and the status writer's
-/// writes find it.
+/// What the node's calls to etcd found: the revision the source last read (the proof that a
+/// generation was read from etcd by this run of the agent, so that etcd answered before the
+/// change), and why the last call (a read, a status written) failed, while it did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Contact {
-    /// The last call was answered.
-    pub up: bool,
+    /// The revision of the source's last whole read in this run; `None` before one succeeded.
+    pub read: Option<i64>,
     /// Why the last call failed, while it did.
     pub error: Option<String>,
+}
+
+impl Contact {
+    /// A call answered.
+    pub fn answered(&mut self) {
+        self.error = None;
+    }
+
+    /// A call that failed, and why.
+    pub fn failed(&mut self, error: String) {
+        self.error = Some(error);
+    }
 }
 
 /// A status the status writer had acknowledged by etcd: what it said, and the latest ask it was
@@ -134,10 +149,14 @@ impl Window {
         self.pending.map(|p| p.deadline)
     }
 
-    /// What the controller applied, at `now`; `up` whether etcd answered the node's last call.
-    /// A new generation counts once its pass has ended: its generation and its revision have
-    /// both moved (a generation put in force before its pass moves the first alone).
-    pub fn applied(&mut self, seen: Seen, up: bool, now: Instant) -> Step {
+    /// What the controller applied, at `now`; `read` the revision of the source's last read of
+    /// etcd in this run. A new generation counts once its pass has ended: its generation and its
+    /// revision have both moved (a generation put in force before its pass moves the first
+    /// alone). It is armed only when it was read from etcd in this run (`read` at or past its
+    /// revision): etcd answered just before the change, whatever the change did to the
+    /// connection since. A node that applies its cache without having read it (started offline)
+    /// is not.
+    pub fn applied(&mut self, seen: Seen, read: Option<i64>, now: Instant) -> Step {
         if seen.held {
             self.current = (seen.generation, seen.revision);
             return self.pending.take().map_or(Step::Nothing, Step::Cancelled);
@@ -161,10 +180,10 @@ impl Window {
             return not("the confirmation window is off (--confirm-window 0)");
         }
         let Some(previous) = before else { return not("no generation before it to go back to") };
-        let Some(revision) = seen.revision else { return not("it was not read from etcd") };
-        if !up {
+        let Some(revision) = seen.revision else { return not("its files name no etcd revision") };
+        if read.is_none_or(|r| r < revision) {
             return not(
-                "etcd did not answer before it either: a node cut off before the change does not go back",
+                "it was not read from etcd by this run (etcd did not answer before it either): a node cut off before the change does not go back",
             );
         }
         self.asked += 1;
@@ -242,8 +261,8 @@ pub async fn run(
                     return;
                 }
                 let seen = Seen::of(&applied.borrow_and_update());
-                let up = contact.borrow().up;
-                match window.applied(seen, up, Instant::now()) {
+                let read = contact.borrow().read;
+                match window.applied(seen, read, Instant::now()) {
                     Step::Nothing => {}
                     Step::Armed(p) => {
                         let within = crate::system::human(length);
@@ -329,17 +348,18 @@ mod tests {
     }
 
     /// Generation 2 put in force (its pass not ended), then its pass ended at revision 20.
-    fn apply_two(w: &mut Window, up: bool) -> Step {
+    /// `read`: the revision the source last read; 20 or more when it read generation 2.
+    fn apply_two(w: &mut Window, read: Option<i64>) -> Step {
         let now = Instant::now();
-        assert_eq!(w.applied(seen(1, 10), true, now), Step::Nothing, "the generation in force at start");
-        assert_eq!(w.applied(seen(2, 10), up, now), Step::Nothing, "in force, its pass not ended");
-        w.applied(seen(2, 20), up, now)
+        assert_eq!(w.applied(seen(1, 10), Some(10), now), Step::Nothing, "the generation in force at start");
+        assert_eq!(w.applied(seen(2, 10), read, now), Step::Nothing, "in force, its pass not ended");
+        w.applied(seen(2, 20), read, now)
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_new_generation_confirmed_in_time_closes_its_window() {
         let mut w = Window::new(W, Some(1));
-        let Step::Armed(p) = apply_two(&mut w, true) else { panic!("not armed") };
+        let Step::Armed(p) = apply_two(&mut w, Some(20)) else { panic!("not armed") };
         assert_eq!((p.generation, p.previous, p.revision), (2, 1, 20));
         assert_eq!(w.deadline(), Some(Instant::now() + W));
         // An ack written before the ask proves nothing of the new route.
@@ -358,7 +378,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_window_that_closes_unconfirmed_goes_back_to_the_generation_before() {
         let mut w = Window::new(W, Some(1));
-        let Step::Armed(p) = apply_two(&mut w, true) else { panic!("not armed") };
+        let Step::Armed(p) = apply_two(&mut w, Some(20)) else { panic!("not armed") };
         tokio::time::advance(W - Duration::from_millis(1)).await;
         assert_eq!(w.expired(Instant::now()), None);
         tokio::time::advance(Duration::from_millis(1)).await;
@@ -366,7 +386,7 @@ mod tests {
         assert_eq!(w.expired(Instant::now()), None, "once");
         // The hold the node made puts generation 1 in force: no window for it.
         let held = Seen { generation: Some(1), revision: Some(10), held: true };
-        assert_eq!(w.applied(held, false, Instant::now()), Step::Nothing);
+        assert_eq!(w.applied(held, None, Instant::now()), Step::Nothing);
         assert!(reason(&p, W, Some("refused")).starts_with(
             "no etcd round trip within 1 min of applying generation 2 (revision 20); last: refused"
         ));
@@ -374,27 +394,36 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_node_cut_off_before_the_change_is_not_armed() {
+        // Started offline: the source never read etcd.
+        assert!(matches!(
+            apply_two(&mut Window::new(W, Some(1)), None),
+            Step::NotArmed { generation: 2, .. }
+        ));
+        // Read etcd, but not this generation: it came from the cache.
         let mut w = Window::new(W, Some(1));
-        assert!(matches!(apply_two(&mut w, false), Step::NotArmed { generation: 2, .. }));
+        assert!(matches!(apply_two(&mut w, Some(10)), Step::NotArmed { generation: 2, .. }));
         tokio::time::advance(W * 2).await;
         assert_eq!(w.expired(Instant::now()), None);
     }
 
     #[tokio::test(start_paused = true)]
     async fn no_window_when_off_or_with_nothing_to_go_back_to() {
-        assert!(matches!(apply_two(&mut Window::new(Duration::ZERO, Some(1)), true), Step::NotArmed { .. }));
+        assert!(matches!(
+            apply_two(&mut Window::new(Duration::ZERO, Some(1)), Some(20)),
+            Step::NotArmed { .. }
+        ));
         let mut fresh = Window::new(W, None);
         assert!(matches!(
-            fresh.applied(seen(1, 10), true, Instant::now()),
+            fresh.applied(seen(1, 10), Some(10), Instant::now()),
             Step::NotArmed { generation: 1, .. }
         ));
         // The generation the node had before it restarted, applied again: not a change.
         let mut restarted = Window::new(W, Some(4));
-        assert_eq!(restarted.applied(seen(4, 40), true, Instant::now()), Step::Nothing);
+        assert_eq!(restarted.applied(seen(4, 40), Some(40), Instant::now()), Step::Nothing);
         // A new one read at start-up, etcd reached: armed, back to the one before the restart.
         let mut caught = Window::new(W, Some(4));
         assert!(matches!(
-            caught.applied(seen(5, 50), true, Instant::now()),
+            caught.applied(seen(5, 50), Some(51), Instant::now()),
             Step::Armed(Pending { previous: 4, .. })
         ));
     }
@@ -402,13 +431,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_operators_rollback_closes_the_window_and_its_release_opens_one() {
         let mut w = Window::new(W, Some(1));
-        let Step::Armed(p) = apply_two(&mut w, true) else { panic!("not armed") };
+        let Step::Armed(p) = apply_two(&mut w, Some(20)) else { panic!("not armed") };
         let held = Seen { generation: Some(1), revision: Some(10), held: true };
-        assert_eq!(w.applied(held, true, Instant::now()), Step::Cancelled(p));
+        assert_eq!(w.applied(held, Some(20), Instant::now()), Step::Cancelled(p));
         assert_eq!(w.deadline(), None);
         // Released: the source's generation 2 in force again, a window for it again.
         assert!(matches!(
-            w.applied(seen(2, 20), true, Instant::now()),
+            w.applied(seen(2, 20), Some(20), Instant::now()),
             Step::Armed(Pending { previous: 1, .. })
         ));
     }

@@ -196,7 +196,7 @@ pub async fn run(
                 }
                 .emit(&metrics);
                 // For the confirmation window (`confirm`): whether etcd answered before a change.
-                contact.send_replace(super::confirm::Contact { up: false, error: Some(e.to_string()) });
+                contact.send_modify(|c| c.failed(e.to_string()));
                 down = true;
                 if let Some(first) = first.take() {
                     let _ = first.send(());
@@ -210,7 +210,10 @@ pub async fn run(
             }
         };
         events::FleetSource::Reached { node: &source.node, revision, again: down }.emit(&metrics);
-        contact.send_replace(super::confirm::Contact { up: true, error: None });
+        contact.send_modify(|c| {
+            c.answered();
+            c.read = Some(revision);
+        });
         down = false;
         backoff = Duration::from_millis(250);
         let (take_source, take_cache, take_metrics) = (source.clone(), cache.clone(), metrics.clone());

@@ -252,12 +252,12 @@ pub async fn run(
                 };
                 match etcd.put(&status, &bytes).await {
                     Ok(_) => {
-                        contact.send_replace(super::confirm::Contact { up: true, error: None });
+                        contact.send_modify(super::confirm::Contact::answered);
                         acked.send_replace(said);
                     }
                     Err(e) => {
                         events::FleetStatus::NotWritten { node: &node, error: &e }.emit(&metrics);
-                        contact.send_replace(super::confirm::Contact { up: false, error: Some(e.to_string()) });
+                        contact.send_modify(|c| c.failed(e.to_string()));
                         // Written again when etcd answers: the latest is still there to take.
                         applied.mark_changed();
                     }
