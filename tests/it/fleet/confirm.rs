@@ -27,6 +27,11 @@ fn hosts(address: &str) -> String {
 /// an overlay whose upper layer is in the scratch directory and whose `/etc/hosts` maps the
 /// name to the member at the start; waits until /healthz answers.
 fn node_in_namespace(s: &Scratch, port: u16, name: &str, more: &[&str]) -> Daemon {
+    node_in_namespace_env(s, port, name, more, &[])
+}
+
+/// `node_in_namespace`, with more environment.
+fn node_in_namespace_env(s: &Scratch, port: u16, name: &str, more: &[&str], env: &[(&str, &str)]) -> Daemon {
     let (upper, work) = (s.path("etc-upper"), s.path("etc-work"));
     std::fs::create_dir_all(&upper).unwrap();
     std::fs::create_dir_all(&work).unwrap();
@@ -48,6 +53,7 @@ fn node_in_namespace(s: &Scratch, port: u16, name: &str, more: &[&str]) -> Daemo
         .args(more)
         .args(["--metrics", &format!("127.0.0.1:{metrics}"), "--settle-ms", "20"])
         .env("MESH_HOST_LOG", "info")
+        .envs(env.iter().copied())
         .stdout(std::fs::File::create(&log).unwrap())
         .stderr(std::fs::File::options().append(true).open(&log).unwrap())
         .spawn()
@@ -163,9 +169,28 @@ fn a_node_cut_off_from_etcd_by_its_new_generation_goes_back_within_the_window() 
     assert!(table.contains(&format!("{name}: held at generation 1 by the node itself")), "{table}");
 
     // The source is still read while held: the bad declaration (a kept generation) changes
-    // nothing; a newer one ends the hold, as it ends a rollback's.
+    // nothing; across a restart too (the hold is a file), still saying why.
     std::thread::sleep(Duration::from_secs(6));
     assert_eq!(read(&marker), "a\n", "held, no second try of generation 2:\n{}", daemon.log());
+    drop(daemon);
+    let before = node_status(&s, &url, &name)["status"]["written_at"].as_u64().unwrap();
+    // A second later at least: the restarted node's first status is written at a later second.
+    std::thread::sleep(Duration::from_millis(1100));
+    let daemon = node_in_namespace(&s, etcd.client, &name, &["--confirm-window", WINDOW]);
+    // (Its first status, before its first pass, says nothing yet; the one after it says why.)
+    assert!(
+        wait_for(PATIENCE, || {
+            let st = node_status(&s, &url, &name);
+            st["status"]["written_at"].as_u64() > Some(before) && st["status"]["reverted"]["from"] == 2
+        }),
+        "restarted, still reverted: {:#}\n{}",
+        node_status(&s, &url, &name),
+        daemon.log()
+    );
+    assert_eq!(read(&marker), "a\n", "{}", daemon.log());
+    assert_eq!(metric(&daemon, "mesh_host_reverted"), Some(1.0));
+
+    // A newer declaration ends the hold, as it ends a rollback's.
     put(&s, &url, &name, "127.0.0.1", "c\n");
     assert!(wait_for(PATIENCE, || read(&marker) == "c\n"), "{}", daemon.log());
     assert!(
@@ -260,6 +285,29 @@ fn a_node_offline_from_the_start_does_not_go_back() {
     );
     std::thread::sleep(Duration::from_secs(7));
     assert_eq!(read(&marker), "b\n", "not gone back:\n{}", daemon.log());
+    assert!(!daemon.log().contains("by itself"), "{}", daemon.log());
+    assert_eq!(metric(&daemon, "mesh_host_reverts_total"), Some(0.0));
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn with_the_window_off_a_node_cut_off_by_its_new_generation_stays_on_it() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let name = unique("off");
+    let marker = s.path("marker");
+    put(&s, &url, &name, "127.0.0.1", "a\n");
+    // The environment's equivalent of --confirm-window 0.
+    let daemon = node_in_namespace_env(&s, etcd.client, &name, &[], &[("MESH_HOST_CONFIRM_WINDOW", "0")]);
+    assert!(wait_for(PATIENCE, || read(&marker) == "a\n"), "{}", daemon.log());
+    assert!(daemon.log().contains("the confirmation window is off"), "{}", daemon.log());
+    put(&s, &url, &name, "127.0.0.2", "b\n");
+    assert!(wait_for(PATIENCE, || read(&marker) == "b\n"), "{}", daemon.log());
+    // Its connection, opened before the change, is not dropped: it does not even know.
+    std::thread::sleep(Duration::from_secs(7));
+    assert_eq!(read(&marker), "b\n", "{}", daemon.log());
+    assert_eq!(node_hosts(&daemon), hosts("127.0.0.2"));
     assert!(!daemon.log().contains("by itself"), "{}", daemon.log());
     assert_eq!(metric(&daemon, "mesh_host_reverts_total"), Some(0.0));
 }
