@@ -76,7 +76,7 @@ pub struct Reverted {
     pub from: u64,
     /// The etcd revision of the generation gone back from.
     pub revision: Option<i64>,
-    /// Why (`no etcd round trip within 60 s of applying generation 5 (revision 42); last: ...`).
+    /// Why (`no etcd round trip within 1 min of applying generation 5 (revision 42); last: ...`).
     pub reason: String,
     /// When, in seconds since the epoch.
     pub since: u64,
