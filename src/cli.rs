@@ -291,7 +291,12 @@ pub struct RunArgs {
     /// answered before the change and not within this window, the node goes back to the
     /// generation before by itself, held there as by `mesh-host rollback`, and its status
     /// says `reverted`. 0 turns it off.
-    #[arg(long, env = "MESH_HOST_CONFIRM_WINDOW", value_name = "SECONDS", default_value_t = 60)]
+    #[arg(
+        long,
+        env = "MESH_HOST_CONFIRM_WINDOW",
+        value_name = "SECONDS",
+        default_value_t = crate::fleet::confirm::DEFAULT_WINDOW.as_secs()
+    )]
     pub confirm_window: u64,
     /// TLS and the login to etcd's auth, when they are on.
     #[command(flatten)]

@@ -10,9 +10,8 @@
 //! A node that could not reach etcd before the change is not armed: only a generation this run
 //! of the agent read from etcd is (the read is the proof that etcd answered just before), so a
 //! node started offline on its cache applies it and stays; the window would only measure etcd's
-//! outage. Why a new connection and
-//! not the one held, and what the daemon does with its source meanwhile: docs/decisions.md,
-//! "Confirm or go back".
+//! outage. Why a new connection and not the one held, and what the daemon does with its source
+//! meanwhile: docs/decisions.md, "Confirm or go back".
 //!
 //! The decision is `Window`, pure (its clock is given); `run` is the task around it, started by
 //! `daemon` beside the status writer, which does the round trip when asked (`Ack`).
