@@ -311,3 +311,36 @@ fn with_the_window_off_a_node_cut_off_by_its_new_generation_stays_on_it() {
     assert!(!daemon.log().contains("by itself"), "{}", daemon.log());
     assert_eq!(metric(&daemon, "mesh_host_reverts_total"), Some(0.0));
 }
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_that_reads_a_bad_generation_as_it_starts_goes_back_too() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let name = unique("boot");
+    let marker = s.path("marker");
+    put(&s, &url, &name, "127.0.0.1", "a\n");
+    let daemon = node_in_namespace(&s, etcd.client, &name, &["--confirm-window", WINDOW]);
+    assert!(wait_for(PATIENCE, || read(&marker) == "a\n"), "{}", daemon.log());
+    drop(daemon);
+    // Put while the node is down: its first read as it starts is the bad generation, read from
+    // etcd (so etcd answered before the change), and the one to go back to is the generation it
+    // had in force when it stopped.
+    put(&s, &url, &name, "127.0.0.2", "b\n");
+    let daemon = node_in_namespace(&s, etcd.client, &name, &["--confirm-window", WINDOW]);
+    assert!(wait_for(PATIENCE, || read(&marker) == "b\n"), "{}", daemon.log());
+    assert!(
+        wait_for(Duration::from_secs(5) + PATIENCE, || read(&marker) == "a\n"),
+        "went back:\n{}",
+        daemon.log()
+    );
+    assert_eq!(node_hosts(&daemon), hosts("127.0.0.1"));
+    assert!(
+        wait_for(PATIENCE, || node_status(&s, &url, &name)["status"]["reverted"]["from"] == 2),
+        "{:#}\n{}",
+        node_status(&s, &url, &name),
+        daemon.log()
+    );
+    assert_eq!(node_status(&s, &url, &name)["status"]["reverted"]["generation"], 1);
+}
