@@ -286,6 +286,18 @@ pub struct RunArgs {
         requires = "etcd"
     )]
     pub groups: Vec<String>,
+    /// Seconds a new generation from etcd has to be confirmed (with `--etcd`): once applied,
+    /// the node dials etcd afresh and has its status at the new revision written. If etcd
+    /// answered before the change and not within this window, the node goes back to the
+    /// generation before by itself, held there as by `mesh-host rollback`, and its status
+    /// says `reverted`. 0 turns it off.
+    #[arg(
+        long,
+        env = "MESH_HOST_CONFIRM_WINDOW",
+        value_name = "SECONDS",
+        default_value_t = crate::fleet::confirm::DEFAULT_WINDOW.as_secs()
+    )]
+    pub confirm_window: u64,
     /// TLS and the login to etcd's auth, when they are on.
     #[command(flatten)]
     pub login: EtcdLogin,
@@ -441,8 +453,19 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
 /// from etcd. The face starts both; the controller is handed a directory to read and gives out
 /// what it applied, and knows nothing of etcd (`controller`'s module doc).
 fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
-    let RunArgs { declaration, origin, metrics, resync, settle_ms, workers, etcd, node, groups, login } =
-        args;
+    let RunArgs {
+        declaration,
+        origin,
+        metrics,
+        resync,
+        settle_ms,
+        workers,
+        etcd,
+        node,
+        groups,
+        confirm_window,
+        login,
+    } = args;
     let metrics = match metrics.as_str() {
         "off" | "none" => None,
         addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
@@ -494,7 +517,14 @@ fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
                     metrics: daemon.metrics(),
                     applied: daemon.applied(),
                 };
-                crate::fleet::daemon::start(source, client, declaration, given).await
+                // Read before the first pass: the generation a new one would go back to.
+                let generations = crate::generations::Generations::of(state);
+                let confirm = crate::fleet::confirm::Confirm {
+                    window: std::time::Duration::from_secs(confirm_window),
+                    in_force: generations.in_force(),
+                    generations,
+                };
+                crate::fleet::daemon::start(source, client, declaration, confirm, given).await
             }
             None => Vec::new(),
         };
@@ -1066,6 +1096,7 @@ fn rollback(asked: Rollback, state: &Path, reach: Reach) -> anyhow::Result<Ended
         since: crate::system::unix_secs(),
         by: crate::generations::operator(),
         reason: asked.reason,
+        reverted: None,
     };
     let said = hold.describe(&crate::controller::drift::utc(hold.since * 1000));
     match Store::read_only(state)?.lock() {
@@ -1250,7 +1281,7 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
     let hold_said = hold.as_ref().map(|h| h.describe(&crate::controller::drift::utc(h.since * 1000)));
     if json {
         let hold = hold.as_ref().map(|h| {
-            serde_json::json!({"generation": h.generation, "since": h.since, "by": h.by, "reason": h.reason, "said": hold_said})
+            serde_json::json!({"generation": h.generation, "since": h.since, "by": h.by, "reason": h.reason, "reverted": h.reverted, "said": hold_said})
         });
         let all = serde_json::json!({
             "state": state, "generation": generation, "hold": hold,

@@ -61,6 +61,22 @@ pub struct Hold {
     pub by: String,
     /// Why, as `rollback --reason` said; `None` when not said.
     pub reason: Option<String>,
+    /// Set when the node made the hold itself, going back from a generation that cut it off
+    /// from its source (the fleet's confirmation window); `None` for an operator's rollback, and
+    /// in a hold written by an older version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverted: Option<Reverted>,
+}
+
+/// What a node went back from by itself: the generation it had applied, and the revision of its
+/// source that generation was read at, when the source says one (docs/decisions.md, "Confirm or
+/// go back").
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Reverted {
+    /// The generation gone back from.
+    pub from: u64,
+    /// The source's revision of that generation (the etcd revision, for a node fed by etcd).
+    pub revision: Option<i64>,
 }
 
 /// What accepting a declaration did.
@@ -352,6 +368,13 @@ impl Hold {
     /// The hold as `/healthz`, `status` and the log say it; `since` is its time, as text.
     pub fn describe(&self, since: &str) -> String {
         let reason = self.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+        if let Some(r) = &self.reverted {
+            let at = r.revision.map(|r| format!(" (revision {r})")).unwrap_or_default();
+            return format!(
+                "held at generation {} by the node itself since {since}, reverted from generation {}{at}{reason}; a newer declaration from the source, or `mesh-host rollback --release`, ends it",
+                self.generation, r.from
+            );
+        }
         format!(
             "held at generation {} by rollback since {since} (by {}{reason}); a newer declaration from the source, or `mesh-host rollback --release`, ends it",
             self.generation, self.by

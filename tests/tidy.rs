@@ -28,7 +28,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("telemetry", &["system"]),
     ("apply", &["declaration", "secrets", "store", "system"]),
     ("controller", &["apply", "cron", "declaration", "generations", "store", "system", "telemetry"]),
-    ("fleet", &["controller", "declaration", "system", "telemetry"]),
+    ("fleet", &["controller", "declaration", "generations", "system", "telemetry"]),
     ("cli", &["apply", "controller", "declaration", "fleet", "generations", "secrets", "store", "system"]),
     ("lib", &[]),
 ];

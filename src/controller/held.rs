@@ -99,11 +99,13 @@ impl Worker {
             }
         };
         self.generation = number;
-        events::GenerationInForce { number, held: hold.is_some() }.emit(&self.metrics);
+        let reverted = hold.clone().filter(|h| h.reverted.is_some());
+        events::GenerationInForce { number, held: hold.is_some(), reverted: reverted.is_some() }
+            .emit(&self.metrics);
         let said = hold.map(|h| describe_hold(&h));
         self.health.set_held(said.clone());
-        // For the fleet's status, which carries both to etcd.
-        self.publish_generation(number, said);
+        // For the fleet's status, which carries them to etcd.
+        self.publish_generation(number, said, reverted);
     }
 
     /// Records the source's declaration as a generation (a new one when its digest is new).

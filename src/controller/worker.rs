@@ -50,6 +50,9 @@ pub struct Applied {
     /// How a rollback holds the node (`held at generation N by rollback since T ...`), or
     /// `None` while it follows its source.
     pub hold: Option<String>,
+    /// The hold, when the node made it itself (`Hold::reverted` is set): what it went back from
+    /// and why. `None` under an operator's rollback and while it follows its source.
+    pub reverted: Option<crate::generations::Hold>,
 }
 
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths
@@ -281,11 +284,17 @@ impl Worker {
     }
 
     /// Tells followers of `applied` the generation in force and the hold, when they moved.
-    pub(super) fn publish_generation(&self, generation: Option<u64>, hold: Option<String>) {
+    pub(super) fn publish_generation(
+        &self,
+        generation: Option<u64>,
+        hold: Option<String>,
+        reverted: Option<crate::generations::Hold>,
+    ) {
         self.applied.send_if_modified(|a| {
-            let moved = a.generation != generation || a.hold != hold;
+            let moved = a.generation != generation || a.hold != hold || a.reverted != reverted;
             a.generation = generation;
             a.hold = hold;
+            a.reverted = reverted;
             moved
         });
     }

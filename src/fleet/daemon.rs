@@ -40,10 +40,41 @@ pub struct Beside {
 ///
 /// The controller reads `cache` as it reads a local directory, and applies what it held last
 /// while etcd is out of reach.
-pub async fn start(source: Source, etcd: Etcd, cache: PathBuf, beside: Beside) -> Vec<JoinHandle<()>> {
+///
+/// With a confirmation window (`confirm.window` not zero), each new generation the controller
+/// applies from etcd is confirmed by a round trip to etcd, or gone back from (`confirm`).
+pub async fn start(
+    source: Source,
+    etcd: Etcd,
+    cache: PathBuf,
+    confirm: super::confirm::Confirm,
+    beside: Beside,
+) -> Vec<JoinHandle<()>> {
     let Beside { shutdown, metrics, applied } = beside;
     let mut tasks = Vec::new();
     let etcd = Arc::new(etcd);
+    // Whether etcd answered the node's last call (the source's reads, the status writer's
+    // writes), the window's asks for a round trip, and the statuses etcd acknowledged.
+    let contact = Arc::new(watch::Sender::new(super::confirm::Contact::default()));
+    let (ask_tx, ask_rx) = watch::channel(0u64);
+    let (acked_tx, acked_rx) = watch::channel(super::confirm::Ack::default());
+    if confirm.window.is_zero() {
+        tracing::info!("the confirmation window is off (--confirm-window 0): a new generation from etcd is not confirmed");
+    } else {
+        tasks.push(tokio::spawn(super::confirm::run(
+            confirm,
+            Arc::clone(&etcd),
+            source.node.clone(),
+            applied.clone(),
+            contact.subscribe(),
+            acked_rx,
+            ask_tx,
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        )));
+    }
+    let confirming =
+        super::status::Confirming { ask: ask_rx, acked: acked_tx, contact: Arc::clone(&contact) };
     // Why the latest declaration in etcd was refused: written by the source, read by the
     // status writer (into the node's status) and by the reporter (counted and logged, as a
     // local refusal is).
@@ -54,14 +85,16 @@ pub async fn start(source: Source, etcd: Etcd, cache: PathBuf, beside: Beside) -
         source.groups.clone(),
         applied,
         refused_rx.clone(),
+        confirming,
         Arc::clone(&metrics),
         shutdown.clone(),
     )));
     tasks.push(tokio::spawn(report_refusals(refused_rx, Arc::clone(&metrics), shutdown.clone())));
     tracing::info!(endpoints = %source.endpoints, node = %source.node, groups = ?source.groups, "declaration from etcd");
     let (first_tx, first_rx) = tokio::sync::oneshot::channel();
-    tasks
-        .push(tokio::spawn(super::source::run(source, etcd, cache, first_tx, refused_tx, metrics, shutdown)));
+    tasks.push(tokio::spawn(super::source::run(
+        source, etcd, cache, first_tx, refused_tx, contact, metrics, shutdown,
+    )));
     // The first apply waits for the first read of etcd (it fails fast when etcd refuses
     // connections), bounded: a node must start even when etcd hangs, on its cache.
     if tokio::time::timeout(FIRST_READ, first_rx).await.is_err() {

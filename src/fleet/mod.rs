@@ -16,14 +16,17 @@
 //!   under the state directory (the cache), only when it is a declaration mesh-host accepts;
 //!   the controller reads that directory as it reads a local `declaration.d`.
 //! - `status`: the node's status and presence, written back to etcd.
-//! - `daemon`: the source, the status writer and the refusals' reporter started together, by
-//!   the face, beside the controller.
+//! - `confirm`: the confirmation window: a new generation from etcd confirmed by a round trip
+//!   to etcd on a new connection, or the node goes back to the one before by itself.
+//! - `daemon`: the source, the status writer, the refusals' reporter and the confirmation
+//!   window started together, by the face, beside the controller.
 //! - `put`: `mesh-host fleet put` and `fleet diff`, the operator's side.
 //!
 //! Architecture Invariant: the controller knows nothing of etcd. Its declaration source is a
 //! directory either way; etcd is one way of writing that directory. The fleet follows the
 //! controller (what it applied, its token), never the other way (`tests/tidy.rs`).
 
+pub mod confirm;
 pub mod daemon;
 pub mod put;
 pub mod source;

@@ -165,12 +165,14 @@ fn take(
 /// holds why the latest declaration read was refused, `None` once one is accepted: the
 /// reporter (`daemon`) counts and logs each refusal, and the status writer puts it in the
 /// node's status.
+#[allow(clippy::too_many_arguments, reason = "what the source's task follows and tells, each from `daemon`")]
 pub async fn run(
     source: Source,
     etcd: std::sync::Arc<Etcd>,
     cache: PathBuf,
     first: tokio::sync::oneshot::Sender<()>,
     refused: tokio::sync::watch::Sender<Option<String>>,
+    contact: std::sync::Arc<tokio::sync::watch::Sender<super::confirm::Contact>>,
     metrics: std::sync::Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
@@ -193,6 +195,8 @@ pub async fn run(
                     certificate_refused,
                 }
                 .emit(&metrics);
+                // For the confirmation window (`confirm`): whether etcd answered before a change.
+                contact.send_modify(|c| c.failed(e.to_string()));
                 down = true;
                 if let Some(first) = first.take() {
                     let _ = first.send(());
@@ -206,6 +210,10 @@ pub async fn run(
             }
         };
         events::FleetSource::Reached { node: &source.node, revision, again: down }.emit(&metrics);
+        contact.send_modify(|c| {
+            c.answered();
+            c.read = Some(revision);
+        });
         down = false;
         backoff = Duration::from_millis(250);
         let (take_source, take_cache, take_metrics) = (source.clone(), cache.clone(), metrics.clone());

@@ -60,6 +60,26 @@ pub struct Summary {
     /// How a rollback holds the node, while one does. Absent while it follows its source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold: Option<String>,
+    /// While the node holds a generation it went back to by itself (a new one was not
+    /// confirmed by an etcd round trip in its window): which, from which, and why. Absent
+    /// otherwise, and from an older node's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverted: Option<Reverted>,
+}
+
+/// A node's own going back, as its status says it (docs/decisions.md, "Confirm or go back").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reverted {
+    /// The generation gone back to, and held.
+    pub generation: u64,
+    /// The generation gone back from.
+    pub from: u64,
+    /// The etcd revision of the generation gone back from.
+    pub revision: Option<i64>,
+    /// Why (`no etcd round trip within 1 min of applying generation 5 (revision 42); last: ...`).
+    pub reason: String,
+    /// When, in seconds since the epoch.
+    pub since: u64,
 }
 
 impl From<&controller::Applied> for Summary {
@@ -73,6 +93,15 @@ impl From<&controller::Applied> for Summary {
             last_correction: a.last_correction.clone(),
             generation: a.generation,
             hold: a.hold.clone(),
+            reverted: a.reverted.as_ref().and_then(|h| {
+                h.reverted.as_ref().map(|r| Reverted {
+                    generation: h.generation,
+                    from: r.from,
+                    revision: r.revision,
+                    reason: h.reason.clone().unwrap_or_default(),
+                    since: h.since,
+                })
+            }),
         }
     }
 }
@@ -115,16 +144,33 @@ pub fn revision_of(sources: &[String]) -> Option<i64> {
     digits.parse().ok()
 }
 
+/// What the status writer does for the confirmation window (`confirm`): it is asked for a
+/// round trip (`ask`, changed after the connection was dropped), answers with each status
+/// acknowledged (`acked`), and says whether etcd answered (`contact`).
+pub struct Confirming {
+    /// The latest ask.
+    pub ask: watch::Receiver<u64>,
+    /// Each status etcd acknowledged, with the latest ask seen before it was written.
+    pub acked: watch::Sender<super::confirm::Ack>,
+    /// Whether etcd answered the last write.
+    pub contact: Arc<watch::Sender<super::confirm::Contact>>,
+}
+
 /// Writes the node's status and keeps its presence until `shutdown`.
+#[allow(clippy::too_many_arguments, reason = "what the status writer follows and tells, each from `daemon`")]
 pub async fn run(
     etcd: Arc<Etcd>,
     node: String,
     groups: Vec<String>,
     mut applied: watch::Receiver<controller::Applied>,
     mut refused: watch::Receiver<Option<String>>,
+    confirming: Confirming,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
+    let Confirming { mut ask, acked, contact } = confirming;
+    // The window's task may be off (`--confirm-window 0`): then no ask ever comes.
+    let mut asks_open = true;
     let (status, alive) = (status_key(&node), alive_key(&node));
     let mut lease: Option<i64> = None;
     // Written once at least even when nothing changed: a node that restarts says so.
@@ -169,6 +215,14 @@ pub async fn run(
                 // Written with what was applied, below, at the next turn.
                 applied.mark_changed();
             }
+            changed = ask.changed(), if asks_open => {
+                if changed.is_err() {
+                    asks_open = false;
+                    continue;
+                }
+                // A round trip asked for: the status written again, at the next turn.
+                applied.mark_changed();
+            }
             changed = applied.changed() => {
                 if changed.is_err() {
                     return;
@@ -178,6 +232,8 @@ pub async fn run(
                     (revision_of(&now.sources), Summary::from(&*now))
                 };
                 let refusal = refused.borrow_and_update().clone();
+                let asked = *ask.borrow_and_update();
+                let said = super::confirm::Ack { asked, generation: now.generation, revision };
                 let written_at = crate::system::unix_secs();
                 let record = Status {
                     node: node.clone(),
@@ -194,10 +250,17 @@ pub async fn run(
                         continue;
                     }
                 };
-                if let Err(e) = etcd.put(&status, &bytes).await {
-                    events::FleetStatus::NotWritten { node: &node, error: &e }.emit(&metrics);
-                    // Written again when etcd answers: the latest is still there to take.
-                    applied.mark_changed();
+                match etcd.put(&status, &bytes).await {
+                    Ok(_) => {
+                        contact.send_modify(super::confirm::Contact::answered);
+                        acked.send_replace(said);
+                    }
+                    Err(e) => {
+                        events::FleetStatus::NotWritten { node: &node, error: &e }.emit(&metrics);
+                        contact.send_modify(|c| c.failed(e.to_string()));
+                        // Written again when etcd answers: the latest is still there to take.
+                        applied.mark_changed();
+                    }
                 }
                 // The rate limit: whatever changes meanwhile waits in the channel, merged.
                 tokio::select! {
@@ -261,6 +324,54 @@ mod tests {
         assert_eq!(gen(lines[3]).as_deref(), Some("-"), "an older node says nothing: {text}");
         assert_eq!(lines[5], format!("b: {held}"), "{text}");
         assert_eq!(lines.len(), 7, "one hold line, then the summary: {text}");
+    }
+
+    #[test]
+    fn a_node_gone_back_by_itself_says_why_in_its_row_and_under_the_table() {
+        let hold = crate::generations::Hold {
+            generation: 3,
+            since: 1_780_000_000,
+            by: super::super::confirm::BY.into(),
+            reason: Some("no etcd round trip within 1 min of applying generation 4 (revision 9)".into()),
+            reverted: Some(crate::generations::Reverted { from: 4, revision: Some(9) }),
+        };
+        let applied = controller::Applied {
+            generation: Some(3),
+            hold: Some(hold.describe("T")),
+            reverted: Some(hold.clone()),
+            converged: true,
+            ..controller::Applied::default()
+        };
+        let summary = Summary::from(&applied);
+        let reverted = summary.reverted.clone().unwrap();
+        assert_eq!((reverted.generation, reverted.from, reverted.revision), (3, 4, Some(9)));
+        assert_eq!(reverted.reason, hold.reason.clone().unwrap());
+        // An operator's hold is not a going back.
+        let operator = controller::Applied { reverted: None, ..applied.clone() };
+        assert_eq!(Summary::from(&operator).reverted, None);
+        let status = Status {
+            node: "a".into(),
+            groups: Vec::new(),
+            revision: Some(7),
+            applied: summary,
+            refused: None,
+            written_at: 0,
+        };
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["reverted"]["generation"], 3, "at the top of the status: {json:#}");
+        assert_eq!(json["reverted"]["from"], 4, "{json:#}");
+        let row =
+            Row { node: "a".into(), alive: true, status: Some(status), latest: Some(9), current: false };
+        let text = table(9, &[row]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[1].contains(" 3*  reverted from generation 4: no etcd round trip within 1 min"),
+            "{text}"
+        );
+        assert!(
+            lines[2].starts_with("a: held at generation 3 by the node itself since T, reverted from generation 4 (revision 9): no etcd"),
+            "{text}"
+        );
     }
 }
 
@@ -344,8 +455,13 @@ pub fn table(revision: i64, rows: &[Row]) -> String {
     for row in rows {
         let s = row.status.as_ref();
         // A refused declaration first: it is why the node is not at its latest revision.
-        let mut error =
-            s.and_then(|s| s.refused.clone().or_else(|| s.applied.last_error.clone())).unwrap_or_default();
+        // Then a going back of its own: why it is not at its latest revision either.
+        let reverted = |s: &Status| {
+            s.applied.reverted.as_ref().map(|r| format!("reverted from generation {}: {}", r.from, r.reason))
+        };
+        let mut error = s
+            .and_then(|s| s.refused.clone().or_else(|| reverted(s)).or_else(|| s.applied.last_error.clone()))
+            .unwrap_or_default();
         error = error.lines().next().unwrap_or_default().chars().take(80).collect();
         let _ = writeln!(
             out,

@@ -583,9 +583,10 @@ pub struct Etcd {
     /// The connection, made at the first call and again after its endpoint failed. A tokio lock
     /// held while dialling: two calls at once must not make two connections.
     connection: tokio::sync::Mutex<Option<Connection>>,
-    /// Bumped each time the connection is dropped for another endpoint: a watch opened on the
-    /// old one ends then, so that its stream does not hold the old connection open beside the
-    /// new one (a call can fail over, "no leader" say, while the watch's stream still flows).
+    /// Bumped each time the connection is dropped (for another endpoint, or by `reconnect`): a
+    /// watch opened on the old one ends then, so that its stream does not hold the old
+    /// connection open beside the new one (a call can fail over, "no leader" say, while the
+    /// watch's stream still flows).
     moved: tokio::sync::watch::Sender<u64>,
     /// The user and password of etcd's auth, when the node logs in with a password (without
     /// one, over TLS, etcd takes the user from the certificate's CN): exchanged for a token,
@@ -699,6 +700,18 @@ impl Etcd {
         if connection.as_ref().is_some_and(|c| c.at == at) {
             *connection = None;
             self.current.store((at + 1) % self.endpoints.len(), Ordering::Relaxed);
+            self.moved.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Drops the connection, whatever its state, so that the next call dials afresh: the
+    /// endpoint's name resolved again, the TLS files read again. Watches on it end, as when it
+    /// fails over, and are opened again on the new one, so the client still holds one
+    /// connection. The same endpoint is dialled first. The fleet's confirmation of a new
+    /// generation proves the route with it (docs/decisions.md, "Confirm or go back").
+    pub async fn reconnect(&self) {
+        let mut connection = self.connection.lock().await;
+        if connection.take().is_some() {
             self.moved.send_modify(|n| *n += 1);
         }
     }
@@ -1098,7 +1111,8 @@ pub struct Watch {
     /// The request side of the stream, held open: dropping it would end the stream.
     _requests: mpsc::Sender<rpc::WatchRequest>,
     answers: tonic::Streaming<rpc::WatchResponse>,
-    /// Changes when the client drops the connection this watch is on for another endpoint.
+    /// Changes when the client drops the connection this watch is on (for another endpoint, or
+    /// `reconnect`).
     moved: tokio::sync::watch::Receiver<u64>,
     watchers: Watchers,
 }
@@ -1125,7 +1139,7 @@ impl Watch {
                 _ = self.moved.changed() => {
                     return Err(Error::Unreachable {
                         endpoints: self.watchers.endpoint.clone(),
-                        message: "the client moved to another endpoint; the watch follows it".into(),
+                        message: "the client dropped its connection (for another endpoint, or to dial afresh); the watch follows it".into(),
                     })
                 }
             };

@@ -385,12 +385,16 @@ pub struct GenerationInForce {
     pub number: Option<u64>,
     /// Whether a rollback holds it.
     pub held: bool,
+    /// Whether the hold is one the node made itself (it went back from a generation that cut it
+    /// off from its source).
+    pub reverted: bool,
 }
 
 impl Event for GenerationInForce {
     fn emit(self, m: &Metrics) {
         m.generation.set(self.number.map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX)));
         m.generation_held.set(i64::from(self.held));
+        m.reverted.set(i64::from(self.reverted));
     }
 }
 
@@ -644,6 +648,113 @@ impl Event for FleetStatus<'_> {
             FleetStatus::NotWritten { node, error } => tracing::debug!(
                 node = %node,
                 "cannot write the status to etcd: {error}; the next change tries again"
+            ),
+        }
+    }
+}
+
+/// The fleet's confirmation window (`fleet::confirm`): a new generation from etcd confirmed by
+/// an etcd round trip, or gone back from. Plain values: telemetry knows nothing of etcd.
+pub enum FleetConfirm<'a> {
+    /// A window opened for a new generation.
+    Armed {
+        /// The node's name.
+        node: &'a str,
+        /// The new generation.
+        generation: u64,
+        /// The one gone back to if it is not confirmed.
+        previous: u64,
+        /// The revision it was read at.
+        revision: i64,
+        /// The window, as said (`60 s`).
+        within: &'a str,
+    },
+    /// A new generation applied with no window, and why.
+    NotArmed {
+        /// The node's name.
+        node: &'a str,
+        /// The generation.
+        generation: u64,
+        /// Why.
+        why: &'a str,
+    },
+    /// The round trip came in time.
+    Confirmed {
+        /// The node's name.
+        node: &'a str,
+        /// The generation confirmed.
+        generation: u64,
+        /// Its revision.
+        revision: i64,
+    },
+    /// A hold came while the window was open: it closes.
+    Cancelled {
+        /// The node's name.
+        node: &'a str,
+        /// The generation whose window closed.
+        generation: u64,
+    },
+    /// The window closed unconfirmed: the node goes back by itself (counted).
+    Reverted {
+        /// The node's name.
+        node: &'a str,
+        /// The generation gone back from.
+        from: u64,
+        /// The generation gone back to.
+        to: u64,
+        /// The revision of `from`.
+        revision: i64,
+        /// Why, as the hold says it.
+        reason: &'a str,
+    },
+    /// The window closed unconfirmed, and the hold could not be written.
+    NotReverted {
+        /// The node's name.
+        node: &'a str,
+        /// The generation that stays.
+        generation: u64,
+        /// Why.
+        error: &'a dyn std::fmt::Display,
+    },
+}
+
+impl Event for FleetConfirm<'_> {
+    fn emit(self, m: &Metrics) {
+        match self {
+            FleetConfirm::Armed { node, generation, previous, revision, within } => tracing::info!(
+                node = %node,
+                generation,
+                revision,
+                "generation {generation} (revision {revision}) applied: confirming it by a round trip to etcd on a new connection within {within}, or going back to generation {previous}"
+            ),
+            FleetConfirm::NotArmed { node, generation, why } => {
+                tracing::info!(node = %node, generation, "generation {generation} is not confirmed by etcd: {why}")
+            }
+            FleetConfirm::Confirmed { node, generation, revision } => tracing::info!(
+                node = %node,
+                generation,
+                revision,
+                "generation {generation} (revision {revision}) confirmed: its status reached etcd on a new connection"
+            ),
+            FleetConfirm::Cancelled { node, generation } => tracing::info!(
+                node = %node,
+                generation,
+                "a rollback's hold came while generation {generation} waited for confirmation: the hold decides"
+            ),
+            FleetConfirm::Reverted { node, from, to, revision, reason } => {
+                m.reverts.inc();
+                tracing::error!(
+                    node = %node,
+                    generation = from,
+                    revision,
+                    reverted_to = to,
+                    "going back to generation {to} by itself: {reason}; held there until a newer declaration or `mesh-host rollback --release`"
+                )
+            }
+            FleetConfirm::NotReverted { node, generation, error } => tracing::error!(
+                node = %node,
+                generation,
+                "generation {generation} was not confirmed by etcd in time, and the node cannot go back: {error}"
             ),
         }
     }

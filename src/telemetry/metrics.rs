@@ -58,6 +58,11 @@ pub struct Metrics {
     pub generation: Gauge,
     /// `mesh_host_generation_held`: 1 while a rollback holds the node at a generation, 0 otherwise.
     pub generation_held: Gauge,
+    /// `mesh_host_reverted`: 1 while the node holds a generation it went back to by itself
+    /// (a new generation cut it off from etcd within the confirmation window), 0 otherwise.
+    pub reverted: Gauge,
+    /// `mesh_host_reverts_total`: the times the node went back by itself since it started.
+    pub reverts: Counter,
     /// `mesh_host_etcd_up`: 1 while the fleet's last read of etcd succeeded, 0 after a failed
     /// one; absent on a node whose declaration is a local directory.
     pub etcd_up: Family<Labels, Gauge>,
@@ -158,6 +163,8 @@ impl Metrics {
             declaration_refused: Gauge::default(),
             generation: Gauge::default(),
             generation_held: Gauge::default(),
+            reverted: Gauge::default(),
+            reverts: Counter::default(),
             etcd_up: Family::default(),
             etcd_certificate_refused: Family::default(),
             etcd_watch_revision: Family::default(),
@@ -284,6 +291,16 @@ impl Metrics {
             "mesh_host_generation_held",
             "1 while a rollback holds the node at a generation instead of its source's declaration, 0 otherwise",
             self.generation_held.clone(),
+        );
+        registry.register(
+            "mesh_host_reverted",
+            "1 while the node holds a generation it went back to by itself: the generation after it cut the node off from etcd within the confirmation window; 0 otherwise",
+            self.reverted.clone(),
+        );
+        registry.register(
+            "mesh_host_reverts",
+            "Times the node went back to its previous generation by itself because a new one from etcd was not confirmed (no etcd round trip) within the confirmation window",
+            self.reverts.clone(),
         );
         registry.register(
             "mesh_host_etcd_up",

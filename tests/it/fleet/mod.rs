@@ -9,9 +9,12 @@
 //!
 //! One file per subject: `put` (`fleet put` and `fleet diff`), `node` (a node following etcd,
 //! its cache, its status), `auth` (etcd's auth, one scenario over plain and TLS), `tls` (TLS
-//! alone) and `outage` (members killed, cut off, a network split). Here: what they share.
+//! alone), `outage` (members killed, cut off, a network split), `generations` (a rollback on a
+//! node fed by etcd) and `confirm` (a new generation confirmed, or gone back from). Here: what
+//! they share.
 
 mod auth;
+mod confirm;
 mod generations;
 mod node;
 mod outage;
