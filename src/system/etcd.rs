@@ -832,23 +832,6 @@ impl Etcd {
         Ok(Range { revision, kvs })
     }
 
-    /// Makes the keys under `prefix` exactly `kvs` in one transaction, provided nothing under
-    /// the prefix was written after `read_at` (the revision the caller compared against): puts
-    /// for each, deletes for the keys `stale`. Returns the revision written, or `None` when
-    /// something under the prefix changed meanwhile and nothing was written.
-    pub async fn replace_prefix(
-        &self,
-        prefix: &str,
-        read_at: i64,
-        kvs: &[(String, Vec<u8>)],
-        stale: &[String],
-    ) -> Result<Option<i64>, Error> {
-        let mut writes: Vec<Write> =
-            kvs.iter().map(|(k, v)| Write::Put { key: k.clone(), value: v.clone(), lease: 0 }).collect();
-        writes.extend(stale.iter().map(|k| Write::Delete(k.clone())));
-        self.txn(&[Cond::UnchangedSince { prefix: prefix.to_owned(), revision: read_at }], &writes).await
-    }
-
     /// One transaction: every write of `writes` when every condition of `conds` holds, else
     /// nothing. Returns the revision written, or `None` when a condition did not hold. etcd
     /// refuses a transaction whose writes overlap (a key put and deleted in one).
@@ -902,7 +885,11 @@ impl Etcd {
                     }),
                     Write::DeletePrefix(prefix) => {
                         let (key, range_end) = range_of(prefix);
-                        Op::RequestDeleteRange(rpc::DeleteRangeRequest { key, range_end, ..Default::default() })
+                        Op::RequestDeleteRange(rpc::DeleteRangeRequest {
+                            key,
+                            range_end,
+                            ..Default::default()
+                        })
                     }
                 }),
             })
