@@ -895,6 +895,15 @@ pub async fn pause_rollout(etcd: &Etcd) -> anyhow::Result<String> {
 /// `fleet rollout resume`: ends a pause, and drives the rollout unless a driver already does
 /// (a driver killed is replaced this way, once its lease has ended).
 pub async fn resume(etcd: &Etcd) -> anyhow::Result<bool> {
+    let before = snapshot(etcd).await?;
+    if let (Some((st, _)), Some(driver)) = (&before.state, &before.driver) {
+        if st.paused.is_none() {
+            return refused(format!(
+                "rollout {} is not paused and is already driven by {driver}; a second driver is refused. If that driver is gone, its lease ends within {DRIVER_TTL} s: run `mesh-host fleet rollout resume` then",
+                st.id
+            ));
+        }
+    }
     let (state, s) = change_state(etcd, |st| {
         if st.halted.is_some() {
             return Err(format!(
