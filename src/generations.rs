@@ -395,12 +395,8 @@ mod tests {
 
     #[test]
     fn the_digest_leaves_out_the_revision_a_fleet_cache_file_was_read_at() {
-        let at = |r: i64| {
-            vec![(
-                format!("/c/{}", crate::fleet::cache_name(r, 0, "/mesh-host/fleet/declaration/a.json")),
-                b"{}".to_vec(),
-            )]
-        };
+        // As `fleet::cache_name` names them.
+        let at = |r: i64| vec![(format!("/c/r{r:012}-00000-fleet_declaration_a.json"), b"{}".to_vec())];
         assert_eq!(digest(&at(7)), digest(&at(4242)));
         assert_ne!(digest(&at(7)), digest(&[("/c/a.json".to_owned(), b"{}".to_vec())]));
     }

@@ -548,7 +548,11 @@ fn who() -> String {
     let host = crate::system::read_input(std::path::Path::new("/proc/sys/kernel/hostname"), 256)
         .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
         .unwrap_or_default();
-    format!("{} on {host} (pid {})", crate::generations::operator(), std::process::id())
+    let user = ["SUDO_USER", "LOGNAME", "USER"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| "unknown".into());
+    format!("{user} on {host} (pid {})", std::process::id())
 }
 
 /// What `start` is given.
