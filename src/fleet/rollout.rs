@@ -1242,6 +1242,60 @@ mod tests {
         assert!(matches!(judge(10, 100, 60, &none, 101), Verdict::Pending(w) if w.contains("not alive")));
     }
 
+    fn kv(key: &str, value: serde_json::Value, mod_revision: i64) -> crate::system::etcd::Kv {
+        crate::system::etcd::Kv { key: key.into(), value: value.to_string().into_bytes(), mod_revision }
+    }
+
+    #[test]
+    fn a_snapshot_reads_admissions_statuses_groups_and_a_reverted_report() {
+        let st = |node: &str, groups: &[&str], extra: serde_json::Value| {
+            let mut v = serde_json::json!({"node": node, "groups": groups, "revision": 12, "converged": true,
+                "counts": {}, "drift_corrections": 0, "contested": 0, "last_error": null, "written_at": 100});
+            if let (Some(v), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
+                v.extend(extra.clone());
+            }
+            v
+        };
+        let mut state = state(2, 1, 0, 0);
+        state.waves = vec![vec!["a".into()], vec!["b".into(), "web-10".into()]];
+        let admission = serde_json::json!({"rollout": "r", "replaces": state.replaces, "wave": 1, "at": 100});
+        let range = Range {
+            revision: 20,
+            kvs: vec![
+                kv("/mesh-host/node/a/alive", serde_json::json!(1), 3),
+                kv(
+                    "/mesh-host/node/a/status",
+                    st(
+                        "a",
+                        &[],
+                        serde_json::json!({"reverted": {"generation": 4, "reason": "etcd unreachable"}}),
+                    ),
+                    13,
+                ),
+                kv("/mesh-host/node/b/status", st("b", &["web"], serde_json::json!({})), 14),
+                kv("/mesh-host/node/web-10/status", st("web-10", &["web"], serde_json::json!({})), 15),
+                kv("/mesh-host/rollout/open/node/a/admitted", admission, 11),
+                kv("/mesh-host/rollout/open/state", serde_json::to_value(&state).unwrap(), 11),
+            ],
+        };
+        let s = Snapshot::of(range);
+        assert_eq!(s.state.as_ref().map(|(_, at)| *at), Some(11));
+        assert_eq!(s.admitted.keys().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(s.nodes_of(&Scope::Fleet), ["a", "b", "web-10"]);
+        assert_eq!(s.nodes_of(&Scope::Group("web".into())), ["b", "web-10"]);
+        let verdicts = s.verdicts(&state, 101);
+        assert!(
+            matches!(&verdicts["a"], Verdict::Failed(w) if w.contains("generation 4") && w.contains("etcd unreachable")),
+            "{verdicts:?}"
+        );
+        let r = Report { revision: 20, state: Some(state.clone()), driver: None, nodes: vec![], last: None };
+        assert!(
+            text(&r).contains("driver: none (`mesh-host fleet rollout resume` drives it)"),
+            "{}",
+            text(&r)
+        );
+    }
+
     fn state(waves: usize, opened: usize, max_failures: usize, soak: u64) -> State {
         State {
             id: "r".into(),
