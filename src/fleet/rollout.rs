@@ -825,10 +825,22 @@ async fn act(
             return Ok(Some(false));
         }
         Step::Finished => {
+            let all = state.waves.iter().map(Vec::len).sum::<usize>();
+            let failed: Vec<&String> = state.failures.iter().map(|f| &f.node).collect();
+            let ran = if failed.is_empty() {
+                format!("all {all} node(s) run the candidate")
+            } else {
+                format!(
+                    "{} of {all} node(s) run the candidate, and {} failed, within --max-failures {} ({})",
+                    all - failed.len(),
+                    failed.len(),
+                    state.max_failures,
+                    list(&failed)
+                )
+            };
             println!(
-                "rollout {}: every wave passed its gate; all {} node(s) run the candidate. Run `mesh-host fleet rollout promote` to make it the declaration in force for {} (or `fleet rollout abort` to send them all back)",
+                "rollout {}: every wave passed its gate; {ran}. Run `mesh-host fleet rollout promote` to make it the declaration in force for {} (or `fleet rollout abort` to send them all back)",
                 state.id,
-                state.waves.iter().map(Vec::len).sum::<usize>(),
                 state.scope().describe()
             );
             return Ok(Some(true));

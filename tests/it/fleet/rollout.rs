@@ -36,7 +36,7 @@ fn need_unshare() {
 /// `mesh-host run --etcd URL --node NAME` in a mount namespace of its own, in which `own` is
 /// bind-mounted over `target`; waits until /healthz answers. With `blocked`, its directory
 /// holds a regular file `sub`, so that nothing can be made under `target/sub/`.
-fn agent(target: &Path, url: &str, name: &str, blocked: bool) -> Agent {
+fn agent(target: &Path, url: &str, name: &str, blocked: bool, groups: &[&str]) -> Agent {
     need_unshare();
     let s = Scratch::new();
     let own = s.path("own");
@@ -56,6 +56,7 @@ fn agent(target: &Path, url: &str, name: &str, blocked: bool) -> Agent {
         .arg("--state")
         .arg(s.state())
         .args(["run", "--etcd", url, "--node", name])
+        .args(groups.iter().flat_map(|g| ["--group", g]))
         .args(["--metrics", &format!("127.0.0.1:{port}"), "--settle-ms", "20"])
         .env("MESH_HOST_LOG", "info")
         .stdout(std::fs::File::create(&log).unwrap())
@@ -78,7 +79,7 @@ fn fleet_of_eight(target: &Path, url: &str, blocked: &[&str]) -> Vec<Agent> {
         .map(|i| {
             let name = format!("ro-{i}");
             let sub = blocked.contains(&name.as_str());
-            agent(target, url, &name, sub)
+            agent(target, url, &name, sub, &[])
         })
         .collect()
 }
@@ -481,5 +482,95 @@ fn a_rollout_goes_on_through_the_leader_of_a_three_member_cluster_killed_under_i
         wait_for(ROLLOUT, || fleet(&s, &["status", "--etcd", &url]).status.success()),
         "{}",
         String::from_utf8_lossy(&fleet(&s, &["status", "--etcd", &url]).stdout)
+    );
+}
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_group_rollout_reaches_only_the_group_and_a_dead_node_spends_the_budget_at_its_deadline() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let target = s.path("target");
+    std::fs::create_dir_all(&target).unwrap();
+    let mut agents: Vec<Agent> = (1..=8)
+        .map(|i| {
+            let groups: &[&str] = if i <= 4 { &["web"] } else { &[] };
+            agent(&target, &url, &format!("ro-{i}"), false, groups)
+        })
+        .collect();
+    let file = |dir: &str, id: &str, content: &str| {
+        let d = s.path(dir);
+        write_declaration(
+            &d.join(format!("{id}.json")),
+            json!([{"type": "file", "id": id, "path": target.join(id), "content": content}]),
+        );
+        d
+    };
+    let put = |args: &[&str], dir: &Path| {
+        let out = fleet(&s, &[&["put", "--etcd", &url], args, &[dir.to_str().unwrap()]].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    put(&["--fleet"], &file("fleet", "fleet.conf", "f1\n"));
+    put(&["--group", "web"], &file("web1", "web.conf", "w1\n"));
+    let web = |a: &Agent| read(&a.own.join("web.conf"));
+    assert!(
+        wait_for(ROLLOUT, || agents[..4].iter().all(|a| web(a) == "w1\n")
+            && fleet(&s, &["status", "--etcd", &url]).status.success()),
+        "{}",
+        logs(&agents)
+    );
+    // ro-3 dies; its status stays in etcd, so the plan has it.
+    agents[2].daemon.terminate();
+
+    let w2 = file("web2", "web.conf", "w2\n");
+    let driver = Driver::start(
+        &s,
+        &[
+            "start",
+            "--etcd",
+            &url,
+            "--group",
+            "web",
+            "--waves",
+            "1,50%,100%",
+            "--soak",
+            "0",
+            "--deadline",
+            "5",
+            "--max-failures",
+            "1",
+            w2.to_str().unwrap(),
+        ],
+    );
+    let (code, said) = driver.finish(ROLLOUT);
+    assert_eq!(code, Some(0), "one failure is within the budget: {said}\n{}", logs(&agents));
+    assert!(said.contains("  wave 3: ro-3, ro-4\n"), "only the group, by name: {said}");
+    assert!(
+        said.contains("  ro-3: FAILED: did not report the candidate") && said.contains("--deadline 5 s"),
+        "{said}"
+    );
+    assert!(
+        said.contains("3 of 4 node(s) run the candidate, and 1 failed, within --max-failures 1 (ro-3)"),
+        "{said}"
+    );
+    for a in [&agents[0], &agents[1], &agents[3]] {
+        assert_eq!(web(a), "w2\n", "{}: {said}", a.name);
+    }
+    for a in &agents[4..] {
+        assert_eq!(web(a), "", "{} is not in the group", a.name);
+        assert_eq!(read(&a.own.join("fleet.conf")), "f1\n");
+    }
+    let text =
+        String::from_utf8_lossy(&fleet(&s, &["rollout", "status", "--etcd", &url]).stdout).into_owned();
+    assert!(text.contains("failures 1 of 1 allowed"), "{text}");
+    assert!(text.lines().any(|l| l.contains("ro-3") && l.contains("failed: did not report")), "{text}");
+
+    let out = fleet(&s, &["rollout", "abort", "--etcd", &url]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        wait_for(ROLLOUT, || [&agents[0], &agents[1], &agents[3]].iter().all(|a| web(a) == "w1\n")),
+        "{}",
+        logs(&agents)
     );
 }
