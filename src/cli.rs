@@ -731,7 +731,8 @@ fn rollout(command: RolloutCommand) -> anyhow::Result<Ended> {
             } else {
                 print!("{}", rollout::text(&report));
             }
-            Ok(Ended::Converged)
+            // A script waiting on a rollout stops at a halt.
+            Ok(ended(report.state.as_ref().is_none_or(|st| st.halted.is_none())))
         }
         RolloutCommand::Pause(etcd) => {
             let etcd = etcd.login.client(&etcd.etcd)?;

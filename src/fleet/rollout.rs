@@ -619,21 +619,31 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
             lease: 0,
         });
     }
+    // The driver's key is taken in the same transaction: a start that writes the rollout
+    // drives it, and a driver left from a rollout before (its lease not yet ended) refuses it.
+    let lease = etcd.lease_grant(DRIVER_TTL).await?;
+    writes.push(Write::Put { key: driver_key(), value: driver_value().into_bytes(), lease });
     let conds = [
         Cond::Absent(state_key()),
+        Cond::Absent(driver_key()),
         Cond::UnchangedSince { prefix: prefix.clone(), revision: s.revision },
         Cond::UnchangedSince { prefix: open_prefix(), revision: s.revision },
     ];
     if etcd.txn(&conds, &writes).await?.is_none() {
+        let _ = etcd.lease_revoke(lease).await;
         let again = snapshot(etcd).await?;
-        return refused(match &again.state {
-            Some((other, _)) => format!("nothing was written: {}", open_message(other)),
-            None => format!(
+        return refused(match (&again.state, &again.driver) {
+            (Some((other, _)), _) => format!("nothing was written: {}", open_message(other)),
+            (None, Some(driver)) => format!(
+                "nothing was written: the driver of an earlier rollout, {driver}, still holds its key; its lease ends within {DRIVER_TTL} s: start again then"
+            ),
+            (None, None) => format!(
                 "nothing was written: {} or the rollout's keys changed in etcd while this start was being prepared; start again",
                 start.scope.describe()
             ),
         });
     }
+    let mut driver = Driver { lease, renewed: tokio::time::Instant::now() };
     println!(
         "rollout {}: a candidate of {} key(s) for {}; nothing changes on any node until its wave opens",
         state.id,
@@ -647,7 +657,14 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
     for (i, wave) in state.waves.iter().enumerate() {
         println!("  wave {}: {}", i + 1, wave.join(", "));
     }
-    drive(etcd).await
+    let ended = drive_held(etcd, &mut driver).await;
+    driver.release(etcd).await;
+    ended
+}
+
+/// What the driver's key says: who, and since when.
+fn driver_value() -> String {
+    format!("{} since {}", who(), when(crate::system::unix_secs()))
 }
 
 /// The driver's hold on the rollout: its lease, renewed as it goes.
@@ -660,8 +677,7 @@ impl Driver {
     /// Takes the driver's key, bound to a new lease, when no one holds it.
     async fn take(etcd: &Etcd) -> anyhow::Result<Driver> {
         let lease = etcd.lease_grant(DRIVER_TTL).await?;
-        let me = format!("{} since {}", who(), when(crate::system::unix_secs()));
-        let put = Write::Put { key: driver_key(), value: me.into_bytes(), lease };
+        let put = Write::Put { key: driver_key(), value: driver_value().into_bytes(), lease };
         if etcd.txn(&[Cond::Absent(driver_key())], &[put]).await?.is_none() {
             let _ = etcd.lease_revoke(lease).await;
             let s = snapshot(etcd).await?;

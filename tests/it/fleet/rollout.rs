@@ -151,7 +151,8 @@ impl Drop for Driver {
 
 fn rollout_status(s: &Scratch, url: &str) -> serde_json::Value {
     let out = fleet(s, &["rollout", "status", "--etcd", url, "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // 1 while the rollout is halted.
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -335,6 +336,8 @@ fn a_rollout_failing_on_its_second_wave_halts_there_and_abort_brings_back_the_pr
     assert!(said.contains("  ro-2: FAILED: applied the candidate"), "{said}");
     assert!(said.contains("halted") && said.contains("fleet rollout abort"), "{said}");
 
+    let out = fleet(&s, &["rollout", "status", "--etcd", &url]);
+    assert_eq!(out.status.code(), Some(1), "status exits 1 while halted: {out:?}");
     let status = rollout_status(&s, &url);
     assert_eq!(admitted(&status), ["ro-1", "ro-2"], "{status:#}");
     assert!(status["state"]["halted"].as_str().is_some_and(|h| h.contains("ro-2")), "{status:#}");
