@@ -577,3 +577,107 @@ fn a_group_rollout_reaches_only_the_group_and_a_dead_node_spends_the_budget_at_i
         logs(&agents)
     );
 }
+
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_whose_etcd_role_predates_rollouts_reads_as_before_and_a_new_grant_lets_it_take_one() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let secret = |name: &str, pw: &str| {
+        let p = s.path(name);
+        std::fs::write(&p, format!("{pw}\n")).unwrap();
+        p.display().to_string()
+    };
+    let (root_pw, node_pw) = (secret("root.pw", "root-secret"), secret("node.pw", "node-secret"));
+    let ctl = |args: &[&str]| {
+        let out = etcdctl(&url, &[&["--user", "root:root-secret"], args].concat());
+        assert!(out.status.success(), "etcdctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    assert!(etcdctl(&url, &["user", "add", "root:root-secret"]).status.success());
+    assert!(etcdctl(&url, &["auth", "enable"]).status.success());
+    // The role `fleet grant` made before rollouts: the node's prefixes, its status and presence.
+    ctl(&["role", "add", "old-role"]);
+    ctl(&["role", "grant-permission", "--prefix=true", "old-role", "read", "/mesh-host/fleet/declaration/"]);
+    ctl(&[
+        "role",
+        "grant-permission",
+        "--prefix=true",
+        "old-role",
+        "read",
+        "/mesh-host/node/old-1/declaration/",
+    ]);
+    ctl(&["role", "grant-permission", "old-role", "readwrite", "/mesh-host/node/old-1/status"]);
+    ctl(&["role", "grant-permission", "old-role", "readwrite", "/mesh-host/node/old-1/alive"]);
+    ctl(&["user", "add", "old-1:node-secret"]);
+    ctl(&["user", "grant-role", "old-1", "old-role"]);
+    let root = ["--etcd-user", "root", "--etcd-password-file", root_pw.as_str()];
+    let conf = s.path("old.conf");
+    let put = |content: &str| {
+        let dir = s.path(&format!("in-{}", content.trim()));
+        write_declaration(
+            &dir.join("old.json"),
+            json!([{"type": "file", "id": "old.conf", "path": conf, "content": content}]),
+        );
+        dir
+    };
+    let v1 = put("v1\n");
+    let out = fleet(&s, &[&["put", "--etcd", &url], &root[..], &["--fleet", v1.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let login = ["--etcd-user", "old-1", "--etcd-password-file", node_pw.as_str()];
+    let daemon = node_with(&s, &url, "old-1", &[], &login);
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "{}", daemon.log());
+    let v2 = put("v2\n");
+    let out = fleet(&s, &[&["put", "--etcd", &url], &root[..], &["--fleet", v2.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        wait_for(PATIENCE, || read(&conf) == "v2\n"),
+        "it follows its prefixes as before: {}",
+        daemon.log()
+    );
+
+    // A rollout cannot reach it: it counts as not reporting, by its deadline.
+    let v3 = put("v3\n");
+    let start = |dir: &Path| {
+        fleet(
+            &s,
+            &[
+                &["rollout", "start", "--etcd", &url],
+                &root[..],
+                &["--fleet", "--waves", "100%", "--soak", "0", "--deadline", "3", dir.to_str().unwrap()],
+            ]
+            .concat(),
+        )
+    };
+    let out = start(&v3);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("old-1: FAILED: did not report the candidate"), "{said}");
+    assert_eq!(read(&conf), "v2\n");
+    let out = fleet(&s, &[&["rollout", "abort", "--etcd", &url], &root[..]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // `fleet grant` again: once the node reads its declaration whole again (within a minute,
+    // or at once when restarted, as here) it watches its admission, and takes the candidate.
+    let out = fleet(
+        &s,
+        &[
+            &["grant", "--etcd", &url],
+            &root[..],
+            &["--node", "old-1", "--node-password-file", node_pw.as_str()],
+        ]
+        .concat(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut daemon = daemon;
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+    let daemon = node_with(&s, &url, "old-1", &[], &login);
+    let out = start(&v3);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read(&conf), "v3\n", "{}", daemon.log());
+}
