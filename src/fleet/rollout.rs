@@ -387,7 +387,8 @@ pub fn decide(
     if state.opened > 0 {
         let since = good_since.unwrap_or(now);
         if now < since + state.soak {
-            return Step::Wait(format!("soaking: {} s of {} s", now - since, state.soak));
+            // The same words the whole soak long: the driver prints a wait once.
+            return Step::Wait(format!("every admitted node good: soaking for {} s", state.soak));
         }
     }
     if state.opened >= state.waves.len() {
@@ -733,7 +734,14 @@ async fn drive_held(etcd: &Etcd, driver: &mut Driver) -> anyhow::Result<bool> {
     let mut said: BTreeMap<String, String> = BTreeMap::new();
     let mut last_wait = String::new();
     loop {
-        driver.keep(etcd).await?;
+        match driver.keep(etcd).await {
+            Err(e) if e.downcast_ref::<crate::system::etcd::Error>().is_some() => {
+                println!("etcd: {e}; trying again");
+                pause().await?;
+                continue;
+            }
+            kept => kept?,
+        }
         let s = match snapshot(etcd).await {
             Ok(s) => s,
             Err(e) => {
