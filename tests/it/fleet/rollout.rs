@@ -2,6 +2,9 @@
 //! real agents, each in a mount namespace of its own: every agent sees its own directory at
 //! the same path (`target/`, bind-mounted over it), so one fleet-wide declaration names one
 //! path and each agent writes its own copy, as eight machines would.
+//!
+//! Never against the testbed's shared member: a rollout open there would refuse every other
+//! test's `fleet put`. Each test starts a member of its own.
 
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
