@@ -208,6 +208,116 @@ fn connections(pid: u32, port: u16, local: bool) -> usize {
     count
 }
 
+/// A staged rollout of a new fleet-wide declaration to every agent, and its promote: see
+/// `main`. `statuses` carries etcd's watch of the node keys, each line stamped as it came.
+fn staged(
+    binary: &Path,
+    work: &Path,
+    url: &str,
+    agents: usize,
+    statuses: &mpsc::Receiver<(Instant, String)>,
+) -> serde_json::Value {
+    let candidate = fleet_declaration(&work.join("candidate"), 40);
+    let start = Instant::now();
+    let mut child = Command::new(binary)
+        .arg("--state")
+        .arg(work.join("cli/state.json"))
+        .args(["fleet", "rollout", "start", "--etcd", url, "--fleet"])
+        .args(["--waves", "1,10%,100%", "--soak", "0", "--deadline", "300"])
+        .arg(&candidate)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(work.join("driver.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = mpsc::channel::<(Instant, String)>();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            if tx.send((Instant::now(), line)).is_err() {
+                return;
+            }
+        }
+    });
+    let driver = Stopped(child);
+    // (when, node, revision, converged) for every status written meanwhile.
+    let mut seen: Vec<(Instant, String, i64, bool)> = Vec::new();
+    let take = |wait: Duration, seen: &mut Vec<(Instant, String, i64, bool)>| {
+        while let Ok((at, line)) = statuses.recv_timeout(wait) {
+            let response: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            for event in response["Events"].as_array().map(Vec::as_slice).unwrap_or_default() {
+                if let Some((node, status)) = status_of(&event["kv"]) {
+                    seen.push((
+                        at,
+                        node,
+                        status["revision"].as_i64().unwrap_or(0),
+                        status["converged"] == true,
+                    ));
+                }
+            }
+        }
+    };
+    let mut driver = driver;
+    let exited = loop {
+        take(Duration::from_millis(100), &mut seen);
+        if let Some(status) = driver.0.try_wait().unwrap() {
+            // Reaped: its pid is no longer its own to signal.
+            std::mem::forget(driver);
+            break status;
+        }
+        assert!(start.elapsed() < Duration::from_secs(600), "the rollout did not end in 10 min");
+    };
+    let driven = start.elapsed().as_secs_f64();
+    take(Duration::from_millis(500), &mut seen);
+    let said: Vec<(Instant, String)> = lines.try_iter().collect();
+    assert!(exited.success(), "fleet rollout start: {said:?}");
+    // "wave K of N open at revision R: a, b, c"
+    let mut waves = Vec::new();
+    let mut last_converged = 0.0f64;
+    for (opened, line) in &said {
+        let Some(rest) = line.strip_prefix("wave ").and_then(|r| r.split_once(" open at revision ")) else {
+            continue;
+        };
+        let (revision, nodes) = rest.1.split_once(": ").unwrap();
+        let revision: i64 = revision.parse().unwrap();
+        let nodes: Vec<&str> = nodes.split(", ").collect();
+        let converged: Vec<f64> = nodes
+            .iter()
+            .filter_map(|n| {
+                seen.iter()
+                    .find(|(at, node, r, ok)| node == n && *r >= revision && *ok && at >= opened)
+                    .map(|(at, ..)| (*at - start).as_secs_f64())
+            })
+            .collect();
+        let all = converged.iter().copied().fold(0.0, f64::max);
+        last_converged = last_converged.max(all);
+        waves.push(serde_json::json!({
+            "nodes": nodes.len(),
+            "reported": converged.len(),
+            "opened_s": (*opened - start).as_secs_f64(),
+            "all_converged_s": all,
+            "open_to_all_converged_s": all - (*opened - start).as_secs_f64(),
+        }));
+    }
+    let promote_start = Instant::now();
+    let out = Command::new(binary)
+        .arg("--state")
+        .arg(work.join("cli/state.json"))
+        .args(["fleet", "rollout", "promote", "--etcd", url])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "fleet rollout promote: {}", String::from_utf8_lossy(&out.stderr));
+    let promote_s = promote_start.elapsed().as_secs_f64();
+    serde_json::json!({
+        "agents": agents,
+        "waves_spec": "1,10%,100%",
+        "soak_s": 0,
+        "waves": waves,
+        "start_to_every_node_converged_s": last_converged,
+        "driver_exited_s": driven,
+        "promote_command_s": promote_s,
+    })
+}
+
 fn main() {
     let agents: usize =
         std::env::var("MESH_HOST_BENCH_AGENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
@@ -331,8 +441,15 @@ fn main() {
     let mut rss: Vec<f64> = pids.iter().map(|&p| common::status_kib(p, "VmRSS") as f64 / 1024.0).collect();
     rss.sort_by(f64::total_cmp);
 
+    // The same kind of change, staged: `fleet rollout start --waves 1,10%,100% --soak 0`,
+    // each wave timed from the driver's line that opens it (stamped as it is printed) to the
+    // last of its nodes' statuses at or past the wave's revision, converged, as etcd delivers
+    // them; then the promote.
+    let rollout = staged(binary, work, &etcd.url, agents, &rx);
+
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let report = serde_json::json!({
+        "rollout": rollout,
         "binary": binary,
         "agents": agents,
         "converged_before_the_write": ready,

@@ -242,6 +242,89 @@ pub enum FleetCommand {
         #[arg(long)]
         json: bool,
     },
+    /// A staged rollout: a candidate declaration given to the nodes wave by wave, each wave
+    /// opened when the ones before it report it applied and converged.
+    Rollout {
+        /// What to do with the rollout.
+        #[command(subcommand)]
+        command: RolloutCommand,
+    },
+}
+
+/// etcd, for a command that only reads or writes the rollout's keys.
+#[derive(Debug, clap::Args)]
+pub struct EtcdArgs {
+    /// etcd's endpoints, comma-separated.
+    #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
+    pub etcd: String,
+    /// TLS and the login to etcd's auth, when they are on.
+    #[command(flatten)]
+    pub login: EtcdLogin,
+}
+
+/// What `mesh-host fleet rollout` does.
+#[derive(Debug, Subcommand)]
+pub enum RolloutCommand {
+    /// Validate a declaration as `fleet put` does, write it as a candidate beside the one in
+    /// force (no node changes yet), print the waves, and drive them: each wave opens when every
+    /// node of the waves before it reports the candidate applied and converged, and stayed so
+    /// for --soak. Ends when every wave passed (then promote or abort), or when it halts.
+    Start(RolloutStart),
+    /// The open rollout: its waves, and each node (admitted, revision applied, converged,
+    /// failed, reverted).
+    Status {
+        /// etcd.
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        /// Print it as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Open no further wave until `resume`; the nodes admitted keep the candidate.
+    Pause(EtcdArgs),
+    /// End a pause, and drive the rollout from here when no driver does (a driver killed is
+    /// replaced so, once its lease has ended).
+    Resume(EtcdArgs),
+    /// Close the rollout: every node that took the candidate goes back to the declaration in
+    /// force, its previous generation.
+    Abort(EtcdArgs),
+    /// Once every wave passed: the candidate becomes the declaration in force, and the
+    /// rollout closes.
+    Promote(EtcdArgs),
+}
+
+/// What `fleet rollout start` is given.
+#[derive(Debug, clap::Args)]
+pub struct RolloutStart {
+    /// etcd.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// A candidate for every node's declaration (the fleet's prefix).
+    #[arg(long, group = "scope")]
+    pub fleet: bool,
+    /// A candidate for the declaration of every node in this group.
+    #[arg(long, value_name = "GROUP", group = "scope")]
+    pub group: Option<String>,
+    /// The nodes each wave reaches, counting the waves before it: counts and percentages,
+    /// comma-separated (a share rounded up; the last must be 100%).
+    #[arg(long, value_name = "SIZES", default_value = "1,10%,50%,100%")]
+    pub waves: String,
+    /// Seconds every node of the open waves must stay converged before the next wave opens.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub soak: u64,
+    /// How many nodes may fail (not converge, be reverted, or miss the deadline) before the
+    /// rollout halts.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_failures: usize,
+    /// Seconds an admitted node has to report the candidate applied and converged.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300)]
+    pub deadline: u64,
+    /// A node for the first waves, before the others (which go by name); repeat it.
+    #[arg(long = "canary", value_name = "NODE")]
+    pub canaries: Vec<String>,
+    /// A declaration file, or a directory whose `*.json` files are the candidate.
+    #[arg(value_name = "FILE-OR-DIR")]
+    pub path: PathBuf,
 }
 
 /// How `run` runs: its declaration, its pace, and etcd when the declaration comes from there.
@@ -535,6 +618,7 @@ fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
 
 fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     let (args, diff) = match command {
+        FleetCommand::Rollout { command } => return rollout(command),
         FleetCommand::Put(args) => (args, false),
         FleetCommand::Diff(args) => (args, true),
         FleetCommand::Grant { etcd, login, node, groups, node_password_file } => {
@@ -577,16 +661,7 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     };
     let scope = args.scope()?;
     let etcd = args.login.client(&args.etcd)?;
-    let files = crate::system::read_source(&args.path)
-        .map_err(|e| Usage(format!("mesh-host: cannot read the declaration {}: {e}", args.path.display())))?;
-    if files.is_empty() {
-        return Err(Usage(format!(
-            "mesh-host: {} holds no *.json file to put; to empty {} on purpose, put a declaration with no resources",
-            args.path.display(),
-            scope.describe()
-        ))
-        .into());
-    }
+    let files = read_for_fleet(&args.path, &scope)?;
     // Validated before anything is read from or written to etcd: a declaration mesh-host would
     // refuse never reaches it (docs/decisions.md, "`fleet put` validates twice").
     let wanted = crate::fleet::put::prepare(&scope, files)?;
@@ -598,10 +673,114 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     let out = if diff {
         runtime.block_on(crate::fleet::put::diff(&etcd, &scope, &wanted))?
     } else {
-        runtime.block_on(crate::fleet::put::put(&etcd, &scope, wanted))?
+        runtime.block_on(crate::fleet::put::put(&etcd, &scope, wanted)).map_err(|e| {
+            match e.downcast::<crate::fleet::rollout::Refused>() {
+                Ok(refused) => Usage(format!("mesh-host: {refused}")).into(),
+                Err(e) => e,
+            }
+        })?
     };
     print!("{out}");
     Ok(Ended::Converged)
+}
+
+/// Reads a declaration file or directory for the fleet, or says why not (exit 2).
+fn read_for_fleet(path: &Path, scope: &crate::fleet::Scope) -> anyhow::Result<Vec<(PathBuf, Vec<u8>)>> {
+    let files = crate::system::read_source(path)
+        .map_err(|e| Usage(format!("mesh-host: cannot read the declaration {}: {e}", path.display())))?;
+    if files.is_empty() {
+        return Err(Usage(format!(
+            "mesh-host: {} holds no *.json file to put; to empty {} on purpose, put a declaration with no resources",
+            path.display(),
+            scope.describe()
+        ))
+        .into());
+    }
+    Ok(files)
+}
+
+/// `mesh-host fleet rollout ...`. A refusal of the rollout's (one open already, a second
+/// driver, promote before the last gate) exits 2, like bad usage; a rollout halted exits 1.
+fn rollout(command: RolloutCommand) -> anyhow::Result<Ended> {
+    use crate::fleet::rollout;
+    let runtime = tokio::runtime::Handle::current();
+    let ended = |ok: bool| if ok { Ended::Converged } else { Ended::Failed };
+    let said = |r: anyhow::Result<Ended>| {
+        r.map_err(|e| match e.downcast::<rollout::Refused>() {
+            Ok(refused) => Usage(format!("mesh-host: {refused}")).into(),
+            Err(e) => e,
+        })
+    };
+    let printed = |out: anyhow::Result<String>| {
+        out.map(|text| {
+            print!("{text}");
+            Ended::Converged
+        })
+    };
+    match command {
+        RolloutCommand::Start(args) => {
+            let scope = match (args.fleet, &args.group) {
+                (true, None) => crate::fleet::Scope::Fleet,
+                (false, Some(g)) => {
+                    crate::fleet::check_name("--group", g).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+                    crate::fleet::Scope::Group(g.clone())
+                }
+                _ => {
+                    return Err(
+                        Usage("mesh-host: say what the rollout is for: --fleet or --group G".into()).into()
+                    )
+                }
+            };
+            for c in &args.canaries {
+                crate::fleet::check_name("--canary", c).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+            }
+            let sizes = rollout::parse_waves(&args.waves).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+            let etcd = args.etcd.login.client(&args.etcd.etcd)?;
+            let files = read_for_fleet(&args.path, &scope)?;
+            // Validated as `fleet put` validates: alone, then as each node will read it.
+            let wanted = crate::fleet::put::prepare(&scope, files)?;
+            if let Err(refusal) = runtime.block_on(crate::fleet::put::check_nodes(&etcd, &scope, &wanted))? {
+                return Err(Usage(refusal.replace("this put", "this rollout")).into());
+            }
+            let start = rollout::Start {
+                scope,
+                wanted,
+                sizes,
+                canaries: args.canaries,
+                soak: args.soak,
+                max_failures: args.max_failures,
+                deadline: args.deadline,
+            };
+            said(runtime.block_on(rollout::start(&etcd, start)).map(ended))
+        }
+        RolloutCommand::Status { etcd, json } => {
+            let etcd = etcd.login.client(&etcd.etcd)?;
+            let report = runtime.block_on(rollout::report(&etcd))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", rollout::text(&report));
+            }
+            // A script waiting on a rollout stops at a halt.
+            Ok(ended(report.state.as_ref().is_none_or(|st| st.halted.is_none())))
+        }
+        RolloutCommand::Pause(etcd) => {
+            let etcd = etcd.login.client(&etcd.etcd)?;
+            said(printed(runtime.block_on(rollout::pause_rollout(&etcd))))
+        }
+        RolloutCommand::Resume(etcd) => {
+            let etcd = etcd.login.client(&etcd.etcd)?;
+            said(runtime.block_on(rollout::resume(&etcd)).map(ended))
+        }
+        RolloutCommand::Abort(etcd) => {
+            let etcd = etcd.login.client(&etcd.etcd)?;
+            said(printed(runtime.block_on(rollout::abort(&etcd))))
+        }
+        RolloutCommand::Promote(etcd) => {
+            let etcd = etcd.login.client(&etcd.etcd)?;
+            said(printed(runtime.block_on(rollout::promote(&etcd))))
+        }
+    }
 }
 
 /// Where the node's key is: `--key`, else `sealing.key` beside the store, since the state

@@ -135,10 +135,21 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
 /// The digest of a declaration's files, named as their source named them: each one's file name
 /// (not its directory, so the same files read from elsewhere are the same declaration), length
 /// and bytes.
+///
+/// A name from the fleet's cache starts with the etcd revision it was read at
+/// (`r000000000042-`, `fleet::cache_name`), which is not part of the declaration: left out, so
+/// the same keys and bytes read at a later revision (a declaration back after a rollout's
+/// abort, a candidate promoted) are the same generation.
 pub fn digest(files: &[(String, Vec<u8>)]) -> String {
     let mut h = sha2::Sha256::new();
     for (name, bytes) in files {
-        h.update(file_name(name).as_bytes());
+        let name = file_name(name);
+        let unrevisioned = name
+            .strip_prefix('r')
+            .filter(|rest| rest.len() > 13 && rest.as_bytes()[..12].iter().all(u8::is_ascii_digit))
+            .and_then(|rest| rest[12..].strip_prefix('-'))
+            .unwrap_or(&name);
+        h.update(unrevisioned.as_bytes());
         h.update(b"\0");
         h.update((bytes.len() as u64).to_le_bytes());
         h.update(bytes);
@@ -404,6 +415,14 @@ fn describe(all: &[Meta]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_digest_leaves_out_the_revision_a_fleet_cache_file_was_read_at() {
+        // As `fleet::cache_name` names them.
+        let at = |r: i64| vec![(format!("/c/r{r:012}-00000-fleet_declaration_a.json"), b"{}".to_vec())];
+        assert_eq!(digest(&at(7)), digest(&at(4242)));
+        assert_ne!(digest(&at(7)), digest(&[("/c/a.json".to_owned(), b"{}".to_vec())]));
+    }
 
     #[test]
     fn the_digest_names_files_not_their_directory() {

@@ -21,6 +21,8 @@
 //! - `daemon`: the source, the status writer, the refusals' reporter and the confirmation
 //!   window started together, by the face, beside the controller.
 //! - `put`: `mesh-host fleet put` and `fleet diff`, the operator's side.
+//! - `rollout`: `mesh-host fleet rollout`, a candidate given to the nodes wave by wave, and the
+//!   keys a node reads to know whether it is admitted to it (the source reads them).
 //!
 //! Architecture Invariant: the controller knows nothing of etcd. Its declaration source is a
 //! directory either way; etcd is one way of writing that directory. The fleet follows the
@@ -29,6 +31,7 @@
 pub mod confirm;
 pub mod daemon;
 pub mod put;
+pub mod rollout;
 pub mod source;
 pub mod status;
 
@@ -105,11 +108,14 @@ pub async fn grant(
     for prefix in prefixes(node, groups) {
         etcd.grant(&role, "READ", &prefix, true).await?;
     }
+    // A rollout's candidate, and this node's admission to it (`rollout`).
+    etcd.grant(&role, "READ", &rollout::candidate_prefix(), true).await?;
+    etcd.grant(&role, "READ", &rollout::admission_prefix(node), true).await?;
     etcd.grant(&role, "READWRITE", &status::status_key(node), false).await?;
     etcd.grant(&role, "READWRITE", &status::alive_key(node), false).await?;
     let made = etcd.user_with_role(node, password, &role).await?;
     Ok(format!(
-        "grant: user {node} ({}) has role {role}: reads the fleet's{}, and its own declaration; writes its status and presence\n",
+        "grant: user {node} ({}) has role {role}: reads the fleet's{}, and its own declaration, and a rollout's candidate and its admission to it; writes its status and presence\n",
         match (made, password) {
             (true, Some(_)) => "made, with a password",
             (true, None) => "made, without a password: known by its certificate's CN",

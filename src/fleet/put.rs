@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use crate::declaration::{Declaration, Refused};
-use crate::system::etcd::Etcd;
+use crate::system::etcd::{Cond, Etcd, Write};
 
 use super::Scope;
 
@@ -184,7 +184,11 @@ pub async fn diff(etcd: &Etcd, scope: &Scope, wanted: &[(String, Vec<u8>)]) -> a
 /// under the prefix changed between the read and the write (else nothing is written and the
 /// operator is told to look again): a put over someone else's newer write would undo it
 /// unseen (docs/decisions.md, "`fleet put` makes the scope hold exactly the files put").
+///
+/// Refused, naming the rollout, while a rollout is open (`fleet rollout`): checked in the
+/// same transaction, so a rollout started between the read and the write refuses it too.
 pub async fn put(etcd: &Etcd, scope: &Scope, wanted: Vec<(String, Vec<u8>)>) -> anyhow::Result<String> {
+    refuse_during_rollout(etcd).await?;
     let (revision, now) = current(etcd, scope).await?;
     let changes = Changes::between(&now, &wanted);
     if changes.is_empty() {
@@ -198,13 +202,42 @@ pub async fn put(etcd: &Etcd, scope: &Scope, wanted: Vec<(String, Vec<u8>)>) -> 
         .into_iter()
         .filter(|(k, _)| changes.added.contains(k) || changes.changed.contains(k))
         .collect();
-    match etcd.replace_prefix(&scope.prefix(), revision, &writes, &changes.removed).await? {
-        Some(written) => Ok(format!("put: {} at revision {written}: {}\n", scope.describe(), changes.summary())),
-        None => anyhow::bail!(
+    let mut ops: Vec<Write> =
+        writes.into_iter().map(|(key, value)| Write::Put { key, value, lease: 0 }).collect();
+    ops.extend(changes.removed.iter().cloned().map(Write::Delete));
+    let conds = [
+        Cond::UnchangedSince { prefix: scope.prefix(), revision },
+        Cond::Absent(super::rollout::state_key()),
+    ];
+    match etcd.txn(&conds, &ops).await? {
+        Some(written) => {
+            Ok(format!("put: {} at revision {written}: {}\n", scope.describe(), changes.summary()))
+        }
+        None => {
+            refuse_during_rollout(etcd).await?;
+            anyhow::bail!(
             "{} changed in etcd after revision {revision}, while this put was being prepared; nothing was written. \
              Look at `mesh-host fleet diff` and put again",
             scope.describe()
-        ),
+        )
+        }
+    }
+}
+
+/// Refuses a put while a rollout is open, naming it: the rollout's candidate is to become the
+/// declaration through `promote`, or be withdrawn by `abort`, and a put meanwhile would change
+/// under the rollout what its nodes go back to (docs/decisions.md, "Rollouts").
+async fn refuse_during_rollout(etcd: &Etcd) -> anyhow::Result<()> {
+    let open = etcd.range_prefix(&super::rollout::state_key(), None).await?;
+    let key = super::rollout::state_key();
+    match open.kvs.iter().find(|kv| kv.key == key) {
+        Some(kv) => {
+            let said = serde_json::from_slice::<super::rollout::State>(&kv.value)
+                .map(|st| super::rollout::open_message(&st))
+                .unwrap_or_else(|_| format!("a rollout is open ({key})"));
+            Err(super::rollout::Refused(format!("nothing was put: {said}")).into())
+        }
+        None => Ok(()),
     }
 }
 

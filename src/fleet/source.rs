@@ -49,17 +49,68 @@ const REREAD: Duration = Duration::from_secs(60);
 /// The longest wait between tries while etcd cannot be reached.
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
 
-/// Reads every prefix at one revision: the first read's, which every later read names. Returns
-/// the revision and the keys in declaration order.
-pub async fn read_at_one_revision(etcd: &Etcd, prefixes: &[String]) -> Result<(i64, Vec<Kv>), etcd::Error> {
+/// What one read of etcd found for a node.
+#[derive(Debug, Default)]
+pub struct Read {
+    /// The revision every prefix was read at.
+    pub revision: i64,
+    /// The keys, in declaration order.
+    pub kvs: Vec<Kv>,
+    /// While the node is admitted to a rollout: the rollout's id, and the scope's prefix the
+    /// candidate's keys stand in for.
+    pub rollout: Option<(String, String)>,
+    /// The prefixes to watch from the next revision.
+    pub watch: Vec<String>,
+}
+
+/// Reads the node's declaration at one revision: its admission to a rollout first (whose
+/// revision every later read names), then its prefixes, the candidate's in place of the
+/// scope's while it is admitted (`super::rollout`). A node whose etcd role may not read the
+/// rollout's keys (granted before rollouts existed) reads as it always did, and watches only its
+/// prefixes.
+pub async fn read_node(etcd: &Etcd, node: &str, groups: &[String]) -> Result<Read, etcd::Error> {
+    use super::rollout;
+    let mut prefixes = super::prefixes(node, groups);
+    let mut read = Read { watch: prefixes.clone(), ..Read::default() };
     let mut revision = None;
-    let mut kvs = Vec::new();
-    for prefix in prefixes {
+    match etcd.range_prefix(&rollout::admission_prefix(node), None).await {
+        Ok(range) => {
+            revision = Some(range.revision);
+            read.watch.extend([rollout::admission_prefix(node), rollout::candidate_prefix()]);
+            let key = rollout::admission_key(node);
+            let admission = range
+                .kvs
+                .iter()
+                .find(|kv| kv.key == key)
+                .and_then(|kv| serde_json::from_slice::<rollout::Admission>(&kv.value).ok());
+            if let Some(a) = admission {
+                if let Some(p) = prefixes.iter_mut().find(|p| **p == a.replaces) {
+                    *p = rollout::candidate_prefix();
+                    read.rollout = Some((a.rollout, a.replaces));
+                }
+            }
+        }
+        Err(etcd::Error::Refused { why: etcd::Refusal::PermissionDenied, .. }) => {}
+        Err(e) => return Err(e),
+    }
+    for prefix in &prefixes {
         let range = etcd.range_prefix(prefix, revision).await?;
         revision.get_or_insert(range.revision);
-        kvs.extend(range.kvs);
+        read.kvs.extend(range.kvs);
     }
-    Ok((revision.unwrap_or(0), kvs))
+    read.revision = revision.unwrap_or(0);
+    Ok(read)
+}
+
+/// The name a key is cached under: a candidate's key under the name of the scope's key it
+/// stands in for, so that the candidate, once promoted, is the same generation on the node,
+/// and the declaration in force, back after an abort, is the generation the node had
+/// (docs/decisions.md, "Rollouts").
+fn cached_as(key: &str, replaces: Option<&str>) -> String {
+    match (replaces, key.strip_prefix(&super::rollout::candidate_prefix())) {
+        (Some(scope), Some(name)) => format!("{scope}{name}"),
+        _ => key.to_owned(),
+    }
 }
 
 /// A digest of what was read: keys and values, in order.
@@ -102,11 +153,11 @@ pub enum Taken {
 fn take(
     source: &Source,
     cache: &std::path::Path,
-    revision: i64,
-    kvs: Vec<Kv>,
+    read: Read,
     seen: &mut Option<String>,
     metrics: &Metrics,
 ) -> Taken {
+    let Read { revision, kvs, rollout, .. } = read;
     let d = digest(&kvs);
     // The same bytes at a later revision leave the cache as it is: rewriting it would re-apply
     // every node on every unrelated write, and the status's revision stays that of the last
@@ -129,13 +180,17 @@ fn take(
     match Declaration::parse_sources(&named) {
         Ok(declaration) => {
             let keys: Vec<&str> = kvs.iter().map(|kv| kv.key.as_str()).collect();
-            let manifest = serde_json::json!({
+            let mut manifest = serde_json::json!({
                 "node": node, "groups": source.groups, "revision": revision, "digest": d, "keys": keys,
             });
+            if let Some((id, _)) = &rollout {
+                manifest["rollout"] = serde_json::json!(id);
+            }
+            let replaces = rollout.as_ref().map(|(_, scope)| scope.as_str());
             let mut files: Vec<(String, Vec<u8>)> = named
                 .into_iter()
                 .enumerate()
-                .map(|(i, (key, bytes))| (super::cache_name(revision, i, &key), bytes))
+                .map(|(i, (key, bytes))| (super::cache_name(revision, i, &cached_as(&key, replaces)), bytes))
                 .collect();
             files.push((MANIFEST.into(), manifest.to_string().into_bytes()));
             match crate::system::fs::replace_dir(cache, &files) {
@@ -178,13 +233,12 @@ pub async fn run(
 ) {
     let mut first = Some(first);
     let mut late = crate::system::fs::failpoint_named("etcd-watch-late");
-    let prefixes = super::prefixes(&source.node, &source.groups);
     let mut seen = cached_digest(&cache);
     let mut backoff = Duration::from_millis(250);
     // Whether the last try failed: etcd going away and coming back is logged once each way.
     let mut down = false;
     loop {
-        let (revision, kvs) = match read_at_one_revision(&etcd, &prefixes).await {
+        let read = match read_node(&etcd, &source.node, &source.groups).await {
             Ok(read) => read,
             Err(e) => {
                 let certificate_refused = e.certificate_refused();
@@ -209,6 +263,7 @@ pub async fn run(
                 continue;
             }
         };
+        let (revision, watched) = (read.revision, read.watch.clone());
         events::FleetSource::Reached { node: &source.node, revision, again: down }.emit(&metrics);
         contact.send_modify(|c| {
             c.answered();
@@ -219,7 +274,7 @@ pub async fn run(
         let (take_source, take_cache, take_metrics) = (source.clone(), cache.clone(), metrics.clone());
         let mut take_seen = seen.take();
         let joined = tokio::task::spawn_blocking(move || {
-            let taken = take(&take_source, &take_cache, revision, kvs, &mut take_seen, &take_metrics);
+            let taken = take(&take_source, &take_cache, read, &mut take_seen, &take_metrics);
             (taken, take_seen)
         })
         .await;
@@ -244,7 +299,7 @@ pub async fn run(
             tokio::time::sleep(Duration::from_secs(3)).await;
         }
 
-        if !wait_for_change(&etcd, &prefixes, revision, &source.node, &metrics, &shutdown).await {
+        if !wait_for_change(&etcd, &watched, revision, &source.node, &metrics, &shutdown).await {
             return;
         }
     }

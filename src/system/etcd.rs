@@ -845,44 +845,69 @@ impl Etcd {
         Ok(Range { revision, kvs })
     }
 
-    /// Makes the keys under `prefix` exactly `kvs` in one transaction, provided nothing under
-    /// the prefix was written after `read_at` (the revision the caller compared against): puts
-    /// for each, deletes for the keys `stale`. Returns the revision written, or `None` when
-    /// something under the prefix changed meanwhile and nothing was written.
-    pub async fn replace_prefix(
-        &self,
-        prefix: &str,
-        read_at: i64,
-        kvs: &[(String, Vec<u8>)],
-        stale: &[String],
-    ) -> Result<Option<i64>, Error> {
+    /// One transaction: every write of `writes` when every condition of `conds` holds, else
+    /// nothing. Returns the revision written, or `None` when a condition did not hold. etcd
+    /// refuses a transaction whose writes overlap (a key put and deleted in one).
+    pub async fn txn(&self, conds: &[Cond], writes: &[Write]) -> Result<Option<i64>, Error> {
+        use rpc::compare::{CompareResult, CompareTarget, TargetUnion};
         use rpc::request_op::Request as Op;
-        let mut success: Vec<rpc::RequestOp> = kvs
+        let compare = conds
             .iter()
-            .map(|(k, v)| rpc::RequestOp {
-                request: Some(Op::RequestPut(rpc::PutRequest {
-                    key: k.as_bytes().to_vec(),
-                    value: v.clone(),
-                    ..Default::default()
-                })),
+            .map(|c| match c {
+                // Every key under the prefix was last written at or before `revision`.
+                Cond::UnchangedSince { prefix, revision } => {
+                    let (key, range_end) = range_of(prefix);
+                    rpc::Compare {
+                        result: CompareResult::Less as i32,
+                        target: CompareTarget::Mod as i32,
+                        key,
+                        range_end,
+                        target_union: Some(TargetUnion::ModRevision(revision + 1)),
+                    }
+                }
+                // A key that is not there was created at revision 0.
+                Cond::Absent(key) => rpc::Compare {
+                    result: CompareResult::Equal as i32,
+                    target: CompareTarget::Create as i32,
+                    key: key.as_bytes().to_vec(),
+                    range_end: Vec::new(),
+                    target_union: Some(TargetUnion::CreateRevision(0)),
+                },
+                Cond::WrittenAt(key, revision) => rpc::Compare {
+                    result: CompareResult::Equal as i32,
+                    target: CompareTarget::Mod as i32,
+                    key: key.as_bytes().to_vec(),
+                    range_end: Vec::new(),
+                    target_union: Some(TargetUnion::ModRevision(*revision)),
+                },
             })
             .collect();
-        success.extend(stale.iter().map(|k| rpc::RequestOp {
-            request: Some(Op::RequestDeleteRange(rpc::DeleteRangeRequest {
-                key: k.as_bytes().to_vec(),
-                ..Default::default()
-            })),
-        }));
-        let (key, range_end) = range_of(prefix);
-        // Every key under the prefix was last written at or before `read_at`.
-        let compare = rpc::Compare {
-            result: rpc::compare::CompareResult::Less as i32,
-            target: rpc::compare::CompareTarget::Mod as i32,
-            key,
-            range_end,
-            target_union: Some(rpc::compare::TargetUnion::ModRevision(read_at + 1)),
-        };
-        let message = rpc::TxnRequest { compare: vec![compare], success, failure: Vec::new() };
+        let success = writes
+            .iter()
+            .map(|w| rpc::RequestOp {
+                request: Some(match w {
+                    Write::Put { key, value, lease } => Op::RequestPut(rpc::PutRequest {
+                        key: key.as_bytes().to_vec(),
+                        value: value.clone(),
+                        lease: *lease,
+                        ..Default::default()
+                    }),
+                    Write::Delete(key) => Op::RequestDeleteRange(rpc::DeleteRangeRequest {
+                        key: key.as_bytes().to_vec(),
+                        ..Default::default()
+                    }),
+                    Write::DeletePrefix(prefix) => {
+                        let (key, range_end) = range_of(prefix);
+                        Op::RequestDeleteRange(rpc::DeleteRangeRequest {
+                            key,
+                            range_end,
+                            ..Default::default()
+                        })
+                    }
+                }),
+            })
+            .collect();
+        let message = rpc::TxnRequest { compare, success, failure: Vec::new() };
         let answer = self
             .call("a transaction", |channel| {
                 let request = self.request(message.clone());
@@ -890,6 +915,16 @@ impl Etcd {
             })
             .await?;
         Ok(answer.succeeded.then(|| answer.header.map_or(0, |h| h.revision)))
+    }
+
+    /// Ends a lease at once: the keys bound to it go now rather than at its TTL.
+    pub async fn lease_revoke(&self, id: i64) -> Result<(), Error> {
+        self.call("a lease revocation", |channel| {
+            let request = self.request(rpc::LeaseRevokeRequest { id });
+            async move { LeaseClient::new(channel).lease_revoke(request).await }
+        })
+        .await?;
+        Ok(())
     }
 
     /// Puts one key; bound to `lease` when it is not 0, so that it goes when the lease does.
@@ -1092,6 +1127,40 @@ impl Etcd {
             message: format!("no etcd endpoint accepted a watch; last: {last}"),
         })
     }
+}
+
+/// A condition of a transaction (`Etcd::txn`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cond {
+    /// No key under `prefix` was written after `revision`.
+    UnchangedSince {
+        /// The prefix.
+        prefix: String,
+        /// The revision the caller read the prefix at.
+        revision: i64,
+    },
+    /// The key is not there.
+    Absent(String),
+    /// The key is there and was last written at exactly this revision.
+    WrittenAt(String, i64),
+}
+
+/// A write of a transaction (`Etcd::txn`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Puts a key, bound to `lease` unless it is 0.
+    Put {
+        /// The key.
+        key: String,
+        /// Its new value.
+        value: Vec<u8>,
+        /// The lease it goes with, or 0.
+        lease: i64,
+    },
+    /// Deletes one key.
+    Delete(String),
+    /// Deletes every key under a prefix.
+    DeletePrefix(String),
 }
 
 /// What a watch saw.

@@ -19,6 +19,7 @@ mod generations;
 mod node;
 mod outage;
 mod put;
+mod rollout;
 mod tls;
 
 use std::path::{Path, PathBuf};

@@ -5,13 +5,13 @@ use super::*;
 use crate::support::*;
 
 /// A three-member etcd cluster of the test's own, on free loopback ports; killed when dropped.
-struct Cluster {
+pub(super) struct Cluster {
     members: Vec<std::process::Child>,
-    clients: Vec<String>,
+    pub(super) clients: Vec<String>,
 }
 
 impl Cluster {
-    fn start(s: &Scratch) -> Cluster {
+    pub(super) fn start(s: &Scratch) -> Cluster {
         need_etcd_binaries();
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
         let initial: Vec<String> =
@@ -50,12 +50,12 @@ impl Cluster {
         c
     }
 
-    fn endpoints(&self) -> String {
+    pub(super) fn endpoints(&self) -> String {
         self.clients.join(",")
     }
 
     /// The index of the member that leads now.
-    fn leader(&self) -> usize {
+    pub(super) fn leader(&self) -> usize {
         let out = etcdctl(&self.endpoints(), &["endpoint", "status", "-w", "json"]);
         let statuses: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         statuses
@@ -67,7 +67,7 @@ impl Cluster {
     }
 
     /// Kills the member that leads now; returns its index.
-    fn kill_leader(&mut self) -> usize {
+    pub(super) fn kill_leader(&mut self) -> usize {
         let leader = self.leader();
         self.members[leader].kill().unwrap();
         self.members[leader].wait().unwrap();
