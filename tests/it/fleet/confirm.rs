@@ -344,3 +344,91 @@ fn a_node_that_reads_a_bad_generation_as_it_starts_goes_back_too() {
     );
     assert_eq!(node_status(&s, &url, &name)["status"]["reverted"]["generation"], 1);
 }
+
+/// Points 2 and 3 together: a staged rollout whose candidate cuts its canary off from etcd (its
+/// `/etc/hosts` pointing etcd's name nowhere). The canary takes it, cannot confirm it within
+/// the window, goes back by itself and, once etcd answers again, reports `reverted`; the
+/// rollout counts that as a failure, halts with its budget of 0 spent, and the second node
+/// never sees the candidate. Both nodes in mount namespaces of their own (their `/etc` an
+/// overlay), so the host's `/etc/hosts` is never written whatever happens.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_rollout_halts_when_its_canary_goes_back_by_itself_and_the_next_wave_never_sees_it() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let marker = "/etc/mesh-host-rollout-marker";
+    let declare = |dir: &str, address: &str, content: &str| {
+        write_declaration(
+            &s.path(&format!("{dir}/d.json")),
+            json!([
+                {"type": "file", "id": "hosts", "path": "/etc/hosts", "content": hosts(address)},
+                {"type": "file", "id": "marker", "path": marker, "content": content},
+            ]),
+        );
+        s.p(dir)
+    };
+    let good = declare("good", "127.0.0.1", "a\n");
+    let out = fleet(&s, &["put", "--etcd", &url, "--fleet", &good]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (canary, other) = (unique("canary"), unique("other"));
+    let (sc, so) = (Scratch::new(), Scratch::new());
+    let nodes = [
+        (canary.as_str(), node_in_namespace(&sc, etcd.client, &canary, &["--confirm-window", WINDOW])),
+        (other.as_str(), node_in_namespace(&so, etcd.client, &other, &["--confirm-window", WINDOW])),
+    ];
+    let seen = |d: &Daemon| {
+        let pid = d.child.as_ref().unwrap().id();
+        std::fs::read_to_string(format!("/proc/{pid}/root{marker}")).unwrap_or_default()
+    };
+    for (name, d) in &nodes {
+        assert!(wait_for(PATIENCE, || seen(d) == "a\n"), "{name}:\n{}", d.log());
+        assert!(
+            wait_for(PATIENCE, || node_status(&s, &url, name)["status"]["converged"] == true),
+            "{name}: {:#}",
+            node_status(&s, &url, name)
+        );
+    }
+
+    let bad = declare("bad", "127.0.0.2", "b\n");
+    let args = ["rollout", "start", "--etcd", &url, "--fleet", &bad, "--waves", "1,100%", "--soak", "0"];
+    let mut driver = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .arg("fleet")
+        .args(args)
+        .args(["--canary", &canary, "--deadline", "120"])
+        .stdout(std::fs::File::create(s.path("driver.out")).unwrap())
+        .stderr(std::fs::File::create(s.path("driver.err")).unwrap())
+        .spawn()
+        .expect("the driver starts");
+    let said = || format!("{}{}", read(&s.path("driver.out")), read(&s.path("driver.err")));
+    let mut code = None;
+    assert!(
+        wait_for(Duration::from_secs(90), || {
+            code = driver.try_wait().unwrap().map(|st| st.code());
+            code.is_some()
+        }),
+        "the driver did not end:\n{}\ncanary:\n{}",
+        said(),
+        nodes[0].1.log()
+    );
+    let said = said();
+    assert_eq!(code, Some(Some(1)), "a halted rollout exits 1:\n{said}");
+    assert!(said.contains("halted") && said.contains(&canary) && said.contains("reverted"), "{said}");
+
+    // The canary took it and went back; the other never saw it.
+    let (_, canary_d) = &nodes[0];
+    assert_eq!(seen(canary_d), "a\n", "{}", canary_d.log());
+    assert!(canary_d.log().contains("going back to generation 1 by itself"), "{}", canary_d.log());
+    assert!(!node_status(&s, &url, &canary)["status"]["reverted"].is_null());
+    let (_, other_d) = &nodes[1];
+    assert_eq!(seen(other_d), "a\n", "the second wave saw the candidate:\n{}", other_d.log());
+    assert_eq!(node_status(&s, &url, &other)["status"]["generation"], 1);
+
+    let out = fleet(&s, &["rollout", "status", "--etcd", &url, "--json"]);
+    assert_eq!(out.status.code(), Some(1), "status exits 1 while halted: {out:?}");
+    let out = fleet(&s, &["rollout", "abort", "--etcd", &url]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(seen(other_d), "a\n");
+}
