@@ -895,36 +895,6 @@ fn watched_inodes(pid: u32) -> std::collections::HashSet<u64> {
     inodes
 }
 
-/// A node whose user has no inotify watch left still starts and follows its declaration: the
-/// declaration watcher (which failed the daemon's start before) looks at the source every
-/// second instead, says so once, and a changed declaration is applied within seconds, not at
-/// the next resync (an hour here). The limit is a user namespace's own, set to 0, as in the
-/// test below.
-#[test]
-fn a_node_out_of_inotify_watches_starts_and_follows_its_declaration_by_looking() {
-    let s = Scratch::new();
-    let file = |content: &str| json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": content}]);
-    let d = s.declare(file("one\n"));
-    let set_limit = "echo 0 > /proc/sys/user/max_inotify_watches && exec \"$@\"";
-    let wrapper = ["unshare", "--user", "--map-root-user", "--", "sh", "-c", set_limit, "sh"];
-    let daemon = Daemon::launch_under(&wrapper, &s, &d, &["--resync", "3600"], &[]);
-    assert!(wait_for(PATIENCE, || daemon.get("/healthz").as_deref() == Some("ok\n")), "{}", daemon.log());
-    assert_eq!(read(&s.path("f")), "one\n");
-    s.declare(file("two\n"));
-    assert!(
-        wait_for(std::time::Duration::from_secs(10), || read(&s.path("f")) == "two\n"),
-        "a changed declaration is applied without a watch:\n{}",
-        daemon.log()
-    );
-    let log = daemon.log();
-    let said: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("cannot watch the declaration") && l.contains("declaration.json"))
-        .collect();
-    assert_eq!(said.len(), 1, "said once:\n{log}");
-    assert!(said[0].contains("looked at every second"), "{}", said[0]);
-}
-
 /// Issue 27, point 2: running out of inotify watches is said once, counted, and what is left
 /// unwatched is still put back, by the periodic resync.
 ///
