@@ -518,7 +518,12 @@ fn refused<T>(message: String) -> anyhow::Result<T> {
 }
 
 fn no_rollout(s: &Snapshot) -> String {
-    match &s.last {
+    none_open(s.last.as_ref())
+}
+
+/// What is said when no rollout is open: the last one and how it closed, if there was one.
+fn none_open(last: Option<&State>) -> String {
+    match last {
         Some(last) => format!(
             "no rollout is open; the last, {}, was {}",
             last.id,
@@ -1129,18 +1134,7 @@ pub async fn report(etcd: &Etcd) -> anyhow::Result<Report> {
 pub fn text(r: &Report) -> String {
     let mut out = String::new();
     let Some(state) = &r.state else {
-        let _ = writeln!(
-            out,
-            "{}",
-            match &r.last {
-                Some(last) => format!(
-                    "no rollout is open; the last, {}, was {}",
-                    last.id,
-                    last.closed.as_deref().unwrap_or("closed")
-                ),
-                None => "no rollout is open".into(),
-            }
-        );
+        let _ = writeln!(out, "{}", none_open(r.last.as_ref()));
         return out;
     };
     let _ = writeln!(
