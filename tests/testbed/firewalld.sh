@@ -149,11 +149,15 @@ setsid systemd-nspawn -D "$ROOT" -M "$NAME" -b --register=no --keep-unit --conso
 nspawn=$!
 echo "$nspawn" >"$PIDFILE"
 
-# The machine's init is systemd-nspawn's child.
+# The machine's init is systemd-nspawn's child, once it has become systemd: before that, the
+# child is a short-lived fork of systemd-nspawn already in the new network namespace, and a
+# veth moved into its namespace by pid fails ("RTNETLINK answers: No such process") when it
+# exits first, as it did on a fresh machine's first boot of the machine.
 leader=
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do
   leader=$(cat /proc/"$nspawn"/task/*/children 2>/dev/null | tr ' ' '\n' | grep -m1 . || true)
-  [[ -n $leader ]] && [[ $(readlink /proc/"$leader"/ns/net) != "$(readlink /proc/self/ns/net)" ]] && break
+  [[ -n $leader ]] && [[ $(readlink /proc/"$leader"/ns/net) != "$(readlink /proc/self/ns/net)" ]] \
+    && [[ $(cat /proc/"$leader"/comm 2>/dev/null) == systemd ]] && break
   leader=
   sleep 0.1
 done
