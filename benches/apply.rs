@@ -1,9 +1,10 @@
-//! Cold and steady applies of 10,000 files of 1 KiB in 1,000 directories through the real
-//! binary, side by side with CFEngine (`cf-agent`, Debian's `cfengine3`) on the same work in the
-//! same run: a cold apply on a new ext4 filesystem (a loop image made anew for every cold run of
-//! either tool, so no run pays for another's file churn), then the first steady apply and three
-//! more. What to compare is the ratio within a run: these machines are noisy, and both tools
-//! share the noise. Peak RSS of mesh-host's applies too.
+//! Cold and steady applies of 10,000 files of 1 KiB in 1,000 directories (`MESH_HOST_BENCH_FILES`
+//! for another size) through the real binary, side by side with CFEngine (`cf-agent`, Debian's
+//! `cfengine3`) on the same work in the same run: a cold apply on a new ext4 filesystem (a loop
+//! image made anew for every cold run of either tool, so no run pays for another's file churn),
+//! then the first steady apply, three more, and one after a file in a hundred was edited by
+//! hand. What to compare is the ratio within a run: these machines are noisy, and both tools
+//! share the noise. Each process's own peak RSS too, of either tool.
 //!
 //! Run with `cargo bench --bench apply` as root; figures go in BENCHMARKS.md. Needs
 //! `mkfs.ext4` and loop devices; CFEngine is installed with apt when absent, and where it cannot
@@ -14,52 +15,10 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
-use common::{apply_cli, declaration, dirs, median, FILES_PER_DIR};
-
-/// An ext4 filesystem in a loop image made for one cold run, unmounted and deleted on drop.
-struct Fresh {
-    image: PathBuf,
-    mount: PathBuf,
-}
-
-impl Fresh {
-    fn new(base: &Path, name: &str) -> Fresh {
-        let image = base.join(format!("mesh-host-bench-{name}.img"));
-        let mount = base.join(format!("mesh-host-bench-{name}"));
-        // What an interrupted earlier run left behind, if anything.
-        let _ = Command::new("umount").arg(&mount).stderr(std::process::Stdio::null()).status();
-        let _ = std::fs::remove_file(&image);
-        std::fs::create_dir_all(&mount).unwrap();
-        // 1 GiB is room for 10,000 files of 1 KiB, their directories, the store and the journal;
-        // a larger node gets 12 KiB a file and an inode for each (ext4's default of one inode
-        // per 16 KiB would run out at 100,000).
-        let files = dirs() * (FILES_PER_DIR + 1);
-        let size = format!("{}M", (files * 12 / 1024).max(1024));
-        let inodes = (files + files / 4 + 1024).to_string();
-        run("truncate", &["-s", &size, image.to_str().unwrap()]);
-        run("mkfs.ext4", &["-q", "-F", "-N", &inodes, image.to_str().unwrap()]);
-        run("mount", &["-o", "loop", image.to_str().unwrap(), mount.to_str().unwrap()]);
-        Fresh { image, mount }
-    }
-}
-
-impl Drop for Fresh {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mount).status();
-        let _ = std::fs::remove_file(&self.image);
-        let _ = std::fs::remove_dir(&self.mount);
-    }
-}
-
-fn run(program: &str, args: &[&str]) {
-    let status = Command::new(program).args(args).status().unwrap_or_else(|e| {
-        panic!("cannot run {program}: {e}; the apply benchmark needs e2fsprogs and mount (loop images)")
-    });
-    assert!(status.success(), "{program} {args:?} failed: {status}");
-}
+use common::{apply_measured, declaration, dirs, measured, median, Fresh, Kib, FILES_PER_DIR};
 
 /// The same tree as a CFEngine policy: each directory made with mode 0755, each file with its
 /// whole content (the `content` attribute, CFEngine 3.16 and later) and mode 0644.
@@ -89,17 +48,19 @@ fn policy(root: &Path) -> String {
 }
 
 /// Runs `cf-agent` once on the policy, ignoring its locks (`-K`), as a cold or steady run.
-fn cf_agent(policy: &Path) -> Duration {
-    let start = Instant::now();
-    let out = Command::new("cf-agent")
-        .arg("-K")
-        .arg("-f")
-        .arg(policy)
-        .output()
-        .expect("cf-agent runs: apt-get install cfengine3");
-    let took = start.elapsed();
-    assert!(out.status.success(), "cf-agent failed: {}", String::from_utf8_lossy(&out.stderr));
-    took
+fn cf_agent(policy: &Path) -> (Duration, Kib) {
+    measured(Command::new("cf-agent").arg("-K").arg("-f").arg(policy), "cf-agent (apt-get install cfengine3)")
+}
+
+/// Hand-edits one file in a hundred (the same ones for either tool): the drift the apply after
+/// it puts back.
+fn drift(root: &Path) -> usize {
+    let mut edited = 0;
+    for d in (0..dirs()).step_by(10) {
+        std::fs::write(root.join(format!("d{d:04}/f0.conf")), b"edited by hand\n").unwrap();
+        edited += 1;
+    }
+    edited
 }
 
 /// Checks that a tool made the whole tree: every file present with its 1 KiB.
@@ -113,11 +74,36 @@ fn check_tree(root: &Path) {
     }
 }
 
-/// One tool's times in one round: cold, first steady, and the steady ones after it.
+/// One tool's times in one round: cold, first steady, the steady ones after it, and the apply
+/// after one file in a hundred was edited by hand; the peak RSS of a cold run and of any steady
+/// one.
 struct Times {
     cold: Duration,
     first: Duration,
     steady: Vec<Duration>,
+    drift: Duration,
+    cold_rss: Kib,
+    steady_rss: Kib,
+}
+
+/// A cold apply, the first steady one, three more, then one after a drift, each measured by
+/// `run`; the tree is checked after the cold one and after the drift.
+fn rounds(root: &Path, mut run: impl FnMut() -> (Duration, Kib)) -> Times {
+    let (cold, cold_rss) = run();
+    check_tree(root);
+    let (first, mut steady_rss) = run();
+    let mut steady = Vec::new();
+    for _ in 0..3 {
+        let (t, rss) = run();
+        steady.push(t);
+        steady_rss = steady_rss.max(rss);
+    }
+    drift(root);
+    let (drift, rss) = run();
+    check_tree(root);
+    let edited = root.join("d0000/f0.conf");
+    assert_eq!(std::fs::read(&edited).unwrap(), common::body(), "{} was not put back", edited.display());
+    Times { cold, first, steady, drift, cold_rss, steady_rss: steady_rss.max(rss) }
 }
 
 fn mesh_host(base: &Path, round: usize) -> Times {
@@ -126,23 +112,8 @@ fn mesh_host(base: &Path, round: usize) -> Times {
     let decl = fs.mount.join("declaration.json");
     std::fs::write(&decl, serde_json::to_vec(&declaration(&root)).unwrap()).unwrap();
     let state = fs.mount.join("state/state.json");
-    let cold = apply_cli(&decl, &state);
-    check_tree(&root);
-    let first = apply_cli(&decl, &state);
-    let steady = (0..3).map(|_| apply_cli(&decl, &state)).collect();
-    Times { cold, first, steady }
+    rounds(&root, || apply_measured(&decl, &state))
 }
-
-/// The largest peak RSS of any child so far, in MiB: mesh-host's applies (CFEngine's runs are
-/// children too, so this is read before the first of them).
-fn peak_rss_mib() -> f64 {
-    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).unwrap();
-    usage.max_rss() as f64 / 1024.0
-}
-
-/// Set when this run installed CFEngine: apt-get is a child too, and its peak RSS is then in
-/// `peak_rss_mib`'s figure.
-static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Whether `cf-agent` can run here, installing Debian's `cfengine3` first when it is absent.
 fn cfengine_ready() -> bool {
@@ -150,7 +121,6 @@ fn cfengine_ready() -> bool {
     if present() {
         return true;
     }
-    INSTALLED.store(true, std::sync::atomic::Ordering::Relaxed);
     eprintln!("cf-agent is absent: installing Debian's cfengine3 for the comparison");
     let installed = Command::new("apt-get")
         .args(["install", "-y", "-qq", "cfengine3"])
@@ -182,11 +152,7 @@ fn cfengine(base: &Path, round: usize) -> Times {
     let root = fs.mount.join("tree");
     let file = fs.mount.join("policy.cf");
     std::fs::write(&file, policy(&root)).unwrap();
-    let cold = cf_agent(&file);
-    check_tree(&root);
-    let first = cf_agent(&file);
-    let steady = (0..3).map(|_| cf_agent(&file)).collect();
-    Times { cold, first, steady }
+    rounds(&root, || cf_agent(&file))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -203,59 +169,82 @@ fn main() {
             "CFEngine could not be installed (apt-get install cfengine3): its side is SKIPPED, no ratios"
         );
     }
-    let (mut cold, mut first, mut steady) = (Vec::new(), Vec::new(), Vec::new());
-    let mut rss = 0.0_f64;
-    println!("apply of 10,000 files of 1 KiB in 1,000 directories, a new ext4 per cold run, mesh-host against CFEngine");
+    let mut ratios: [Vec<f64>; 4] = Default::default();
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    println!(
+        "apply of {} files of 1 KiB in {} directories, a new ext4 per cold run, mesh-host against CFEngine; drift: one file in a hundred edited by hand",
+        dirs() * FILES_PER_DIR,
+        dirs()
+    );
     for round in 0..rounds {
         // mesh-host first in even rounds, CFEngine first in odd ones, so neither always meets
         // the other's leftovers in the page cache or the disk's queue.
         let c_first = (peer && round % 2 == 1).then(|| cfengine(&base, round));
         let m = mesh_host(&base, round);
-        if round == 0 || !peer {
-            rss = rss.max(peak_rss_mib());
-        }
         let c = c_first.or_else(|| peer.then(|| cfengine(&base, round)));
         let m_steady = median(m.steady.clone());
         print!(
-            "round {round}: mesh-host cold {:.0} ms, first steady {:.0} ms, steady {:.0} ms",
+            "round {round}: mesh-host cold {:.0} ms, first steady {:.0} ms, steady {:.0} ms, drift {:.0} ms",
             ms(m.cold),
             ms(m.first),
-            ms(m_steady)
+            ms(m_steady),
+            ms(m.drift)
         );
-        if let Some(c) = c {
+        if let Some(c) = &c {
             let c_steady = median(c.steady.clone());
             let ratio = |theirs: Duration, ours: Duration| theirs.as_secs_f64() / ours.as_secs_f64();
+            let r = [
+                ratio(c.cold, m.cold),
+                ratio(c.first, m.first),
+                ratio(c_steady, m_steady),
+                ratio(c.drift, m.drift),
+            ];
             println!(
-                "; CFEngine {:.0}, {:.0}, {:.0} ms; ratios {:.2}x, {:.1}x, {:.1}x",
+                "; CFEngine {:.0}, {:.0}, {:.0}, {:.0} ms; ratios {:.2}x, {:.1}x, {:.1}x, {:.1}x",
                 ms(c.cold),
                 ms(c.first),
                 ms(c_steady),
-                ratio(c.cold, m.cold),
-                ratio(c.first, m.first),
-                ratio(c_steady, m_steady)
+                ms(c.drift),
+                r[0],
+                r[1],
+                r[2],
+                r[3]
             );
-            cold.push(ratio(c.cold, m.cold));
-            first.push(ratio(c.first, m.first));
-            steady.push(ratio(c_steady, m_steady));
+            for (all, r) in ratios.iter_mut().zip(r) {
+                all.push(r);
+            }
         } else {
             println!();
         }
+        ours.push(m);
+        theirs.extend(c);
     }
     if peer {
-        let mid = |mut v: Vec<f64>| {
+        let mid = |v: &mut Vec<f64>| {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
+        let [cold, first, steady, drift] = &mut ratios;
         println!(
-            "median ratio (CFEngine's time / mesh-host's): cold {:.2}x, first steady {:.1}x, steady {:.1}x",
+            "median ratio (CFEngine's time / mesh-host's): cold {:.2}x, first steady {:.1}x, steady {:.1}x, drift {:.1}x",
             mid(cold),
             mid(first),
-            mid(steady)
+            mid(steady),
+            mid(drift)
         );
     }
-    if INSTALLED.load(std::sync::atomic::Ordering::Relaxed) {
-        println!("peak RSS of mesh-host's applies: {rss:.1} MiB, or of apt-get's install of CFEngine in this run (run again for mesh-host's alone)");
+    let peaks = |t: &[Times]| {
+        (
+            t.iter().map(|t| t.cold_rss).max().unwrap_or_default().mib(),
+            t.iter().map(|t| t.steady_rss).max().unwrap_or_default().mib(),
+        )
+    };
+    let (cold, steady) = peaks(&ours);
+    print!("peak RSS, each process's own: mesh-host cold {cold:.1} MiB, steady {steady:.1} MiB");
+    if peer {
+        let (cold, steady) = peaks(&theirs);
+        println!("; CFEngine cold {cold:.1} MiB, steady {steady:.1} MiB");
     } else {
-        println!("peak RSS of mesh-host's applies: {rss:.1} MiB");
+        println!();
     }
 }

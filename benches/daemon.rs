@@ -1,10 +1,13 @@
-//! The daemon under load, through the real binary: hand-edit to corrected-and-read-back latency,
-//! idle CPU, RSS with 10,000 resources, and a storm of rewrites of one file.
+//! The daemon under load, through the real binary: start-up to ready, hand-edit to
+//! corrected-and-read-back latency, idle CPU, RSS with 10,000 resources, a storm of rewrites of
+//! one file, and what a resync costs.
 //! Run with `cargo bench --bench daemon`; figures go in BENCHMARKS.md.
 //! MESH_HOST_BENCH_DIR chooses the filesystem (default /var/tmp); MESH_HOST_BENCH_IDLE_SECS
 //! the idle window (default 60); MESH_HOST_BENCH_EDITS the number of edits (default 1000);
-//! MESH_HOST_BENCH_FILES the size of the node (default 10,000). It prints the floor beside the
-//! put-back: an atomic 1 KiB write with fsyncs, on the same filesystem in the same run.
+//! MESH_HOST_BENCH_FILES the size of the node (default 10,000); MESH_HOST_BENCH_RESYNC_SECS the
+//! period of the resync whose cost it measures last (default 10). It prints the floor beside the
+//! put-back: an atomic 1 KiB write with fsyncs, on the same filesystem in the same run, and the
+//! inotify watches the daemon holds.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -74,6 +77,27 @@ fn content_file_bytes(pid: u32) -> u64 {
         .filter_map(|e| std::fs::metadata(e.path()).ok())
         .map(|m| m.len())
         .sum()
+}
+
+/// How many inotify watches the process holds, over all its inotify instances (the
+/// `inotify wd:` lines of their fdinfo).
+fn inotify_watches(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|info| info.lines().filter(|l| l.starts_with("inotify wd:")).count())
+        .sum()
+}
+
+/// A sample's sum and count from the metrics text: `name_sum{labels}` and `name_count{labels}`.
+fn histogram(metrics: &str, name: &str, labels: &str) -> (f64, u64) {
+    let value = |suffix: &str| {
+        let key = format!("{name}_{suffix}{{{labels}}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(key.as_str())).and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    (value("sum").unwrap_or(0.0), value("count").unwrap_or(0.0) as u64)
 }
 
 /// An atomic, durable write of `body` to `dir/name`: the floor of a put-back.
@@ -157,6 +181,12 @@ fn main() {
     );
     println!("  start-up to ready (cold apply included): {:.2} s", started.elapsed().as_secs_f64());
     std::thread::sleep(Duration::from_secs(2));
+    let metrics = get(port, "/metrics").unwrap_or_default();
+    println!(
+        "  inotify watches held: {}; {}",
+        inotify_watches(pid),
+        metrics.lines().filter(|l| l.starts_with("mesh_host_watched_paths{")).collect::<Vec<_>>().join(", ")
+    );
     println!(
         "  RSS after start: {:.1} MiB (anonymous {:.1}, file-backed {:.1}); declared content in its unlinked file, in the page cache and not in RSS: {:.1} MiB",
         common::status_kib(pid, "VmRSS") as f64 / 1024.0,
@@ -251,5 +281,40 @@ fn main() {
         "  hand-edit to corrected-and-read-back over {edits} edits (attribution off): p50 {p50:.3} ms, p99 {p99:.3} ms, max {max:.3} ms"
     );
     let _ = Command::new("kill").args(["-TERM", &daemon.id().to_string()]).status();
+    let _ = daemon.wait();
+
+    // A resync's cost: a daemon resyncing every `every` seconds, warm (its start's pass done),
+    // over a window of a few resyncs: the wall time of each full pass (the daemon's own
+    // histogram) and the CPU the daemon used in the window, per resync.
+    let every = env_or("MESH_HOST_BENCH_RESYNC_SECS", 10);
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_mesh-host"));
+    daemon.env("MESH_HOST_LOG", "warn").arg("--state").arg(&state).args(["run", "--declaration"]).arg(&decl);
+    daemon.args(["--metrics", &format!("127.0.0.1:{port}"), "--resync", &every.to_string()]);
+    let mut daemon = daemon.stdout(Stdio::null()).spawn().expect("mesh-host starts");
+    let pid = daemon.id();
+    let ready = Instant::now() + Duration::from_secs(120);
+    while !get(port, "/healthz").is_some_and(|b| b.starts_with("ok")) {
+        assert!(Instant::now() < ready, "the resyncing daemon did not become ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let full = "scope=\"full\"";
+    let (sum0, n0) =
+        histogram(&get(port, "/metrics").unwrap_or_default(), "mesh_host_reconcile_duration_seconds", full);
+    let cpu0 = common::cpu_seconds(pid);
+    std::thread::sleep(Duration::from_secs(every * 3 + every / 2));
+    let cpu = common::cpu_seconds(pid) - cpu0;
+    let (sum, n) =
+        histogram(&get(port, "/metrics").unwrap_or_default(), "mesh_host_reconcile_duration_seconds", full);
+    let passes = n.saturating_sub(n0);
+    if passes == 0 {
+        println!("  resync: NO full pass in {} s with --resync {every}", every * 3 + every / 2);
+    } else {
+        println!(
+            "  resync (--resync {every}, warm): {passes} full passes, {:.1} ms each (wall), {:.1} ms of CPU each",
+            (sum - sum0) / passes as f64 * 1e3,
+            cpu / passes as f64 * 1e3
+        );
+    }
+    let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
     let _ = daemon.wait();
 }

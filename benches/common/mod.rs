@@ -3,7 +3,7 @@
 //! growth figures in BENCHMARKS.md), always ten files per directory.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -61,21 +61,110 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
 
 /// Runs `mesh-host apply` once through the real binary; returns its wall time.
 pub fn apply_cli(decl: &Path, state: &Path) -> Duration {
+    apply_measured(decl, state).0
+}
+
+/// Runs `mesh-host apply` once through the real binary; its wall time and its own peak RSS.
+pub fn apply_measured(decl: &Path, state: &Path) -> (Duration, Kib) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mesh-host"));
+    cmd.env("MESH_HOST_LOG", "warn").arg("--state").arg(state).arg("apply").arg(decl);
+    measured(&mut cmd, "mesh-host apply")
+}
+
+/// A peak resident size, in KiB.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Kib(pub u64);
+
+impl Kib {
+    pub fn mib(self) -> f64 {
+        self.0 as f64 / 1024.0
+    }
+}
+
+/// Runs a command to its end, its output kept in a temporary file for a failure's message:
+/// its wall time and its own peak resident size, as the kernel counted it (`wait4`), so that two
+/// tools run by the same harness each get their own figure.
+#[allow(clippy::zombie_processes)] // reaped by wait4, which std's Child cannot see
+pub fn measured(cmd: &mut Command, what: &str) -> (Duration, Kib) {
+    use std::io::{Read as _, Seek as _};
+    let mut err = tempfile::tempfile().unwrap();
     let start = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
-        .env("MESH_HOST_LOG", "warn")
-        .arg("--state")
-        .arg(state)
-        .arg("apply")
-        .arg(decl)
-        .output()
-        .expect("mesh-host runs");
+    let child = cmd
+        .stdout(err.try_clone().unwrap())
+        .stderr(err.try_clone().unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what} cannot run: {e}"));
+    let (status, peak) = wait4(child.id());
     let took = start.elapsed();
-    assert!(out.status.success(), "apply failed: {}", String::from_utf8_lossy(&out.stdout));
-    took
+    if !status {
+        let mut text = String::new();
+        err.rewind().unwrap();
+        err.read_to_string(&mut text).unwrap();
+        panic!("{what} failed: {text}");
+    }
+    (took, peak)
+}
+
+/// Reaps a child: whether it exited 0, and its peak RSS. std's `Child` has no rusage, and nix
+/// wraps no `wait4`.
+#[allow(unsafe_code)]
+fn wait4(pid: u32) -> (bool, Kib) {
+    use nix::libc;
+    let mut status: libc::c_int = 0;
+    // SAFETY: an all-zero rusage is a valid value of a plain C struct, which wait4 fills in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 writes only through the two pointers given, both to live locals of the
+    // right types; the pid is this process's own child, not yet reaped (std reaps only in
+    // `wait`, which is never called on it).
+    let got = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) };
+    assert_eq!(got, pid as libc::pid_t, "wait4: {}", std::io::Error::last_os_error());
+    let exited_0 = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    (exited_0, Kib(usage.ru_maxrss as u64))
 }
 
 pub fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
+}
+
+/// An ext4 filesystem in a loop image made for one cold run, unmounted and deleted on drop.
+pub struct Fresh {
+    image: PathBuf,
+    pub mount: PathBuf,
+}
+
+impl Fresh {
+    pub fn new(base: &Path, name: &str) -> Fresh {
+        let image = base.join(format!("mesh-host-bench-{name}.img"));
+        let mount = base.join(format!("mesh-host-bench-{name}"));
+        // What an interrupted earlier run left behind, if anything.
+        let _ = Command::new("umount").arg(&mount).stderr(std::process::Stdio::null()).status();
+        let _ = std::fs::remove_file(&image);
+        std::fs::create_dir_all(&mount).unwrap();
+        // 1 GiB is room for 10,000 files of 1 KiB, their directories, the store and the journal;
+        // a larger node gets 12 KiB a file and an inode for each (ext4's default of one inode
+        // per 16 KiB would run out at 100,000).
+        let files = dirs() * (FILES_PER_DIR + 1);
+        let size = format!("{}M", (files * 12 / 1024).max(1024));
+        let inodes = (files + files / 4 + 1024).to_string();
+        run("truncate", &["-s", &size, image.to_str().unwrap()]);
+        run("mkfs.ext4", &["-q", "-F", "-N", &inodes, image.to_str().unwrap()]);
+        run("mount", &["-o", "loop", image.to_str().unwrap(), mount.to_str().unwrap()]);
+        Fresh { image, mount }
+    }
+}
+
+impl Drop for Fresh {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount).status();
+        let _ = std::fs::remove_file(&self.image);
+        let _ = std::fs::remove_dir(&self.mount);
+    }
+}
+
+pub fn run(program: &str, args: &[&str]) {
+    let status = Command::new(program).args(args).status().unwrap_or_else(|e| {
+        panic!("cannot run {program}: {e}; the apply benchmark needs e2fsprogs and mount (loop images)")
+    });
+    assert!(status.success(), "{program} {args:?} failed: {status}");
 }
