@@ -24,10 +24,11 @@ fn env_or(name: &str, default: u64) -> u64 {
 }
 
 fn start(state: &Path, decl: &Path, port: u16) -> Child {
-    start_with(state, decl, port, &[])
+    start_with(state, decl, port, &[], &[])
 }
 
-fn start_with(state: &Path, decl: &Path, port: u16, env: &[(&str, &str)]) -> Child {
+/// Starts the daemon with `env` and the extra `args` of `run`, and waits until it is ready.
+fn start_with(state: &Path, decl: &Path, port: u16, env: &[(&str, &str)], args: &[&str]) -> Child {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
         .envs(env.iter().copied())
         // As the README starts it: no environment of the unit's (the binary sets its
@@ -38,6 +39,7 @@ fn start_with(state: &Path, decl: &Path, port: u16, env: &[(&str, &str)]) -> Chi
         .args(["run", "--declaration"])
         .arg(decl)
         .args(["--metrics", &format!("127.0.0.1:{port}")])
+        .args(args)
         .stdout(Stdio::null())
         .spawn()
         .expect("mesh-host starts");
@@ -275,7 +277,7 @@ fn main() {
 
     // The same edits, other files, in the same run, by a daemon without fanotify: what
     // attribution costs a correction.
-    let mut daemon = start_with(&state, &decl, port, &[("MESH_HOST_FANOTIFY", "off")]);
+    let mut daemon = start_with(&state, &decl, port, &[("MESH_HOST_FANOTIFY", "off")], &[]);
     let (p50, p99, max) = edit_latency(&root, edits, &body, edits);
     println!(
         "  hand-edit to corrected-and-read-back over {edits} edits (attribution off): p50 {p50:.3} ms, p99 {p99:.3} ms, max {max:.3} ms"
@@ -287,27 +289,20 @@ fn main() {
     // over a window of a few resyncs: the wall time of each full pass (the daemon's own
     // histogram) and the CPU the daemon used in the window, per resync.
     let every = env_or("MESH_HOST_BENCH_RESYNC_SECS", 10);
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_mesh-host"));
-    daemon.env("MESH_HOST_LOG", "warn").arg("--state").arg(&state).args(["run", "--declaration"]).arg(&decl);
-    daemon.args(["--metrics", &format!("127.0.0.1:{port}"), "--resync", &every.to_string()]);
-    let mut daemon = daemon.stdout(Stdio::null()).spawn().expect("mesh-host starts");
+    let mut daemon = start_with(&state, &decl, port, &[], &["--resync", &every.to_string()]);
     let pid = daemon.id();
-    let ready = Instant::now() + Duration::from_secs(120);
-    while !get(port, "/healthz").is_some_and(|b| b.starts_with("ok")) {
-        assert!(Instant::now() < ready, "the resyncing daemon did not become ready");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let full = "scope=\"full\"";
     let (sum0, n0) =
         histogram(&get(port, "/metrics").unwrap_or_default(), "mesh_host_reconcile_duration_seconds", full);
     let cpu0 = common::cpu_seconds(pid);
-    std::thread::sleep(Duration::from_secs(every * 3 + every / 2));
+    let window = every * 3 + every / 2;
+    std::thread::sleep(Duration::from_secs(window));
     let cpu = common::cpu_seconds(pid) - cpu0;
     let (sum, n) =
         histogram(&get(port, "/metrics").unwrap_or_default(), "mesh_host_reconcile_duration_seconds", full);
     let passes = n.saturating_sub(n0);
     if passes == 0 {
-        println!("  resync: NO full pass in {} s with --resync {every}", every * 3 + every / 2);
+        println!("  resync: NO full pass in {window} s with --resync {every}");
     } else {
         println!(
             "  resync (--resync {every}, warm): {passes} full passes, {:.1} ms each (wall), {:.1} ms of CPU each",

@@ -3,7 +3,7 @@
 //! growth figures in BENCHMARKS.md), always ten files per directory.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -125,46 +125,4 @@ fn wait4(pid: u32) -> (bool, Kib) {
 pub fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
-}
-
-/// An ext4 filesystem in a loop image made for one cold run, unmounted and deleted on drop.
-pub struct Fresh {
-    image: PathBuf,
-    pub mount: PathBuf,
-}
-
-impl Fresh {
-    pub fn new(base: &Path, name: &str) -> Fresh {
-        let image = base.join(format!("mesh-host-bench-{name}.img"));
-        let mount = base.join(format!("mesh-host-bench-{name}"));
-        // What an interrupted earlier run left behind, if anything.
-        let _ = Command::new("umount").arg(&mount).stderr(std::process::Stdio::null()).status();
-        let _ = std::fs::remove_file(&image);
-        std::fs::create_dir_all(&mount).unwrap();
-        // 1 GiB is room for 10,000 files of 1 KiB, their directories, the store and the journal;
-        // a larger node gets 12 KiB a file and an inode for each (ext4's default of one inode
-        // per 16 KiB would run out at 100,000).
-        let files = dirs() * (FILES_PER_DIR + 1);
-        let size = format!("{}M", (files * 12 / 1024).max(1024));
-        let inodes = (files + files / 4 + 1024).to_string();
-        run("truncate", &["-s", &size, image.to_str().unwrap()]);
-        run("mkfs.ext4", &["-q", "-F", "-N", &inodes, image.to_str().unwrap()]);
-        run("mount", &["-o", "loop", image.to_str().unwrap(), mount.to_str().unwrap()]);
-        Fresh { image, mount }
-    }
-}
-
-impl Drop for Fresh {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mount).status();
-        let _ = std::fs::remove_file(&self.image);
-        let _ = std::fs::remove_dir(&self.mount);
-    }
-}
-
-pub fn run(program: &str, args: &[&str]) {
-    let status = Command::new(program).args(args).status().unwrap_or_else(|e| {
-        panic!("cannot run {program}: {e}; the apply benchmark needs e2fsprogs and mount (loop images)")
-    });
-    assert!(status.success(), "{program} {args:?} failed: {status}");
 }
