@@ -18,49 +18,7 @@ use std::process::Command;
 use std::time::Duration;
 
 mod common;
-use common::{apply_measured, declaration, dirs, measured, median, Kib, FILES_PER_DIR};
-
-/// An ext4 filesystem in a loop image made for one cold run, unmounted and deleted on drop.
-struct Fresh {
-    image: PathBuf,
-    mount: PathBuf,
-}
-
-impl Fresh {
-    fn new(base: &Path, name: &str) -> Fresh {
-        let image = base.join(format!("mesh-host-bench-{name}.img"));
-        let mount = base.join(format!("mesh-host-bench-{name}"));
-        // What an interrupted earlier run left behind, if anything.
-        let _ = Command::new("umount").arg(&mount).stderr(std::process::Stdio::null()).status();
-        let _ = std::fs::remove_file(&image);
-        std::fs::create_dir_all(&mount).unwrap();
-        // 1 GiB is room for 10,000 files of 1 KiB, their directories, the store and the journal;
-        // a larger node gets 12 KiB a file and an inode for each (ext4's default of one inode
-        // per 16 KiB would run out at 100,000).
-        let files = dirs() * (FILES_PER_DIR + 1);
-        let size = format!("{}M", (files * 12 / 1024).max(1024));
-        let inodes = (files + files / 4 + 1024).to_string();
-        run("truncate", &["-s", &size, image.to_str().unwrap()]);
-        run("mkfs.ext4", &["-q", "-F", "-N", &inodes, image.to_str().unwrap()]);
-        run("mount", &["-o", "loop", image.to_str().unwrap(), mount.to_str().unwrap()]);
-        Fresh { image, mount }
-    }
-}
-
-impl Drop for Fresh {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mount).status();
-        let _ = std::fs::remove_file(&self.image);
-        let _ = std::fs::remove_dir(&self.mount);
-    }
-}
-
-fn run(program: &str, args: &[&str]) {
-    let status = Command::new(program).args(args).status().unwrap_or_else(|e| {
-        panic!("cannot run {program}: {e}; the apply benchmark needs e2fsprogs and mount (loop images)")
-    });
-    assert!(status.success(), "{program} {args:?} failed: {status}");
-}
+use common::{apply_measured, declaration, dirs, measured, median, Fresh, Kib, FILES_PER_DIR};
 
 /// The same tree as a CFEngine policy: each directory made with mode 0755, each file with its
 /// whole content (the `content` attribute, CFEngine 3.16 and later) and mode 0644.
@@ -146,7 +104,7 @@ fn rounds(root: &Path, mut run: impl FnMut() -> (Duration, Kib)) -> Times {
 }
 
 fn mesh_host(base: &Path, round: usize) -> Times {
-    let fs = Fresh::new(base, &format!("mesh-{round}"));
+    let fs = Fresh::new(base, &format!("mesh-{round}"), dirs() * (FILES_PER_DIR + 1));
     let root = fs.mount.join("tree");
     let decl = fs.mount.join("declaration.json");
     std::fs::write(&decl, serde_json::to_vec(&declaration(&root)).unwrap()).unwrap();
@@ -187,7 +145,7 @@ fn cfengine_ready() -> bool {
 }
 
 fn cfengine(base: &Path, round: usize) -> Times {
-    let fs = Fresh::new(base, &format!("cfe-{round}"));
+    let fs = Fresh::new(base, &format!("cfe-{round}"), dirs() * (FILES_PER_DIR + 1));
     let root = fs.mount.join("tree");
     let file = fs.mount.join("policy.cf");
     std::fs::write(&file, policy(&root)).unwrap();

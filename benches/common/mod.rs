@@ -126,3 +126,45 @@ pub fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
+
+/// An ext4 filesystem in a loop image made for one cold run, unmounted and deleted on drop: no
+/// run pays for another's file churn (ext4 slows file creation after mass deletes).
+pub struct Fresh {
+    image: std::path::PathBuf,
+    pub mount: std::path::PathBuf,
+}
+
+impl Fresh {
+    /// Room for `files` inodes: 1 GiB at least, 12 KiB a file past that, and an inode for each
+    /// (ext4's default of one inode per 16 KiB would run out at 100,000 files of 1 KiB).
+    pub fn new(base: &Path, name: &str, files: usize) -> Fresh {
+        let image = base.join(format!("mesh-host-bench-{name}.img"));
+        let mount = base.join(format!("mesh-host-bench-{name}"));
+        // What an interrupted earlier run left behind, if anything.
+        let _ = Command::new("umount").arg(&mount).stderr(std::process::Stdio::null()).status();
+        let _ = std::fs::remove_file(&image);
+        std::fs::create_dir_all(&mount).unwrap();
+        let size = format!("{}M", (files * 12 / 1024).max(1024));
+        let inodes = (files + files / 4 + 1024).to_string();
+        run("truncate", &["-s", &size, image.to_str().unwrap()]);
+        run("mkfs.ext4", &["-q", "-F", "-N", &inodes, image.to_str().unwrap()]);
+        run("mount", &["-o", "loop", image.to_str().unwrap(), mount.to_str().unwrap()]);
+        Fresh { image, mount }
+    }
+}
+
+impl Drop for Fresh {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount).status();
+        let _ = std::fs::remove_file(&self.image);
+        let _ = std::fs::remove_dir(&self.mount);
+    }
+}
+
+/// Runs a setup command to success, or panics naming it.
+pub fn run(program: &str, args: &[&str]) {
+    let status = Command::new(program).args(args).status().unwrap_or_else(|e| {
+        panic!("cannot run {program}: {e}; the benchmark needs e2fsprogs and mount (loop images)")
+    });
+    assert!(status.success(), "{program} {args:?} failed: {status}");
+}
