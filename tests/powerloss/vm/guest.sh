@@ -94,7 +94,10 @@ set -u
 ROOT=$ROOT; W=$W; FS=$FS; OPTS=$OPTS; SZ=$SZ
 HOOK
 cat >> /tmp/hook.sh <<'HOOK'
-MH="mesh-host --state $ROOT/state/state.json"
+# A hang at a crash point is a finding, not a wait until run.sh's timeout: the agent is killed
+# after 5 minutes and the point counted failed; a task stuck in the kernel panics the guest with
+# its stack on the console (below).
+MH="timeout -s KILL 300 mesh-host --state $ROOT/state/state.json"
 case "$PL_MARK" in
     -) exit 0 ;;
     ready|cold-start) wl=cold b=/tmp/m0 a=/tmp/m1 done=0 ign=/dev/null decl=cold sb=/tmp/s0 ;;
@@ -106,6 +109,7 @@ case "$PL_MARK" in
     fp-start|fp-batch-staged|fp-batch-renamed|fp-store-write) wl=failpoint b=/tmp/m2 a=/tmp/m3 done=0 ign=/dev/null decl=again sb=/tmp/s3 ;;
     *) wl=failpoint b=/tmp/m2 a=/tmp/m3 done=1 ign=/dev/null decl=again sb=/tmp/s3 ;;
 esac
+echo "PLVISIT index=$PL_INDEX kind=$PL_KIND mark=$PL_MARK" > /dev/console
 dmsetup create snap --table "0 $SZ snapshot /dev/vdd /dev/vde N 8"
 res="torn=0 lost=0"; ahead="ahead=0 behind=0"; drift="drift=0 failed=0"; temps="temps=0"; journal="journal=0"; mountfail=0
 if mount -t "$FS" -o "$OPTS" /dev/mapper/snap "$ROOT" 2>/tmp/mount.err; then
@@ -124,6 +128,7 @@ if mount -t "$FS" -o "$OPTS" /dev/mapper/snap "$ROOT" 2>/tmp/mount.err; then
     [ -e "$j" ] && jinfo="journal: $(wc -c < "$j") bytes, $(grep -c '"dir"' "$j") directory lines"
     journal=$(plvm journal "$j" "$ROOT/" 2>>/tmp/check.err) || journal="journal=1"
     $MH apply "$W/$decl.json" --json > /tmp/apply.json 2>/tmp/apply.err || true
+    [ -s /tmp/apply.json ] || echo "apply gave no report (killed after 300 s?): $(tail -2 /tmp/apply.err)" >> /tmp/check.err
     drift=$(plvm drift /tmp/apply.json "$ign" 2>>/tmp/check.err) || drift="drift=0 failed=1"
     temps=$(plvm temps "$ROOT/srv" 2>>/tmp/check.err)
     [ "$temps" = "temps=0" ] || echo "$jinfo before the next apply" >> /tmp/check.err
@@ -139,5 +144,10 @@ echo "PLSTATE fs=$FS opts=$OPTS workload=$wl index=$PL_INDEX kind=$PL_KIND mark=
 sed 's/^/PLDETAIL /' /tmp/check.err | head -5 > /dev/console
 exit 0
 HOOK
+# A task blocked in the kernel for 2 minutes (a mount, an unmount, a sync) ends the run with its
+# stack on the console, instead of a silent guest until run.sh's timeout.
+echo 120 > /proc/sys/kernel/hung_task_timeout_secs || true
+echo 1 > /proc/sys/kernel/hung_task_panic || true
+dmesg -n 4 || true
 plvm replay /dev/vdc /dev/vdd "$STATES" "sh /tmp/hook.sh"
 say "PLDONE fs=$FS"
