@@ -312,6 +312,10 @@ pub struct Fs {
     /// Directories this session made whose entries are not durable yet, with the filesystem
     /// each is on: the next batch's commit, or `make_durable`, syncs them (see `make_dirs`).
     unsynced: Vec<(u64, PathBuf)>,
+    /// The directories themselves that this session made and no sync has covered yet, with
+    /// their filesystems: a mode or owner set on one is made durable with the directory (by
+    /// the next batch's syncfs, or by `make_durable`), not by an fsync of its own each time.
+    fresh: HashMap<PathBuf, u64>,
     /// Set when the last pass did not finish (`after_a_crash`): the directories already cleared
     /// of the temporary files it left, and how many were removed.
     sweep: Option<(HashSet<PathBuf>, usize)>,
@@ -453,6 +457,7 @@ impl Fs {
                 self.unsynced.push((dev, at.clone()));
             }
             at.push(name);
+            self.fresh.insert(at.clone(), dev);
             // mkdir is subject to the umask; the declared mode is set explicitly.
             self.set_mode(&at, want)?;
         }
@@ -567,7 +572,13 @@ impl Fs {
         rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| Error::io("chmod", path, e))?;
         // Durable before it is reported or recorded: a change in place is in no batch, and no
         // syncfs follows it; without this a power cut can undo a mode the store records (the
-        // FUSE power-loss lane, `a_change_in_place_is_durable_before_it_is_recorded`).
+        // FUSE power-loss lane, `a_change_in_place_is_durable_before_it_is_recorded`). A
+        // directory this session made is made durable whole, mode and owner with it, before
+        // anything in it is recorded (`make_durable`): an fsync of each cost a cold apply of
+        // 10,000 files 2,000 fsyncs, a second of its 1.8.
+        if self.is_fresh(path) {
+            return Ok(());
+        }
         durable::fsync(&fd).map_err(|e| Error::io("make the mode durable (fsync)", path, e))
     }
 
@@ -580,7 +591,15 @@ impl Fs {
             .map_err(|e| Error::io("chown", path, e))?;
         rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| Error::io("chmod", path, e))?;
         // Durable before it is recorded, as a mode is (`set_mode`).
+        if self.is_fresh(path) {
+            return Ok(());
+        }
         durable::fsync(&fd).map_err(|e| Error::io("make the owner durable (fsync)", path, e))
+    }
+
+    /// Whether `path` is a directory this session made that no sync has covered yet.
+    fn is_fresh(&self, path: &Path) -> bool {
+        self.fresh.contains_key(path)
     }
 
     /// Writes `content` to a temporary file beside `path`, with its final mode and owner, not yet
@@ -852,6 +871,7 @@ impl Fs {
             }
         }
         self.unsynced.retain(|(dev, _)| !renamed.iter().any(|(d, r)| d == dev && r.is_ok()));
+        self.fresh.retain(|_, dev| !renamed.iter().any(|(d, r)| d == dev && r.is_ok()));
     }
 
     /// The rename of a batch of one made durable by an fsync of its directory; the file fails
@@ -915,6 +935,7 @@ impl Fs {
     /// them is in place but not known to survive a crash.
     pub fn make_durable(&mut self) -> Vec<(PathBuf, Error)> {
         let unsynced = std::mem::take(&mut self.unsynced);
+        let fresh = std::mem::take(&mut self.fresh);
         let mut failed = Vec::new();
         let sync = |fs: &mut Fs, parent: &Path, whole: bool| {
             // `dir-sync-eio`: the failpoint a test needs to show that what is in a directory
@@ -952,6 +973,14 @@ impl Fs {
             for (_, parent) in &unsynced {
                 if let Some(e) = sync(self, parent, false) {
                     failed.push((parent.clone(), e));
+                }
+            }
+            // An fsync of the parent makes the new entry durable; the new directory's own
+            // inode (the mode and owner set after mkdir) is synced itself, since a filesystem
+            // that logs per inode (XFS, btrfs) need not carry it with the parent's.
+            for dir in fresh.keys() {
+                if let Some(e) = sync(self, dir, false) {
+                    failed.push((dir.clone(), e));
                 }
             }
         }
@@ -1204,7 +1233,7 @@ pub fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
 /// The files are private to root (a declaration can hold sealed values and paths worth hiding).
 /// Reached by path, not through `Fs`'s descriptors: the directory is the agent's own, under the
 /// state directory and private to root, as the store is.
-pub fn replace_dir(dir: &std::path::Path, files: &[(String, Vec<u8>)]) -> std::io::Result<()> {
+pub fn replace_dir<B: AsRef<[u8]>>(dir: &std::path::Path, files: &[(String, B)]) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     let name = dir.file_name().ok_or_else(|| std::io::Error::other("the directory has no name"))?;
@@ -1217,7 +1246,7 @@ pub fn replace_dir(dir: &std::path::Path, files: &[(String, Vec<u8>)]) -> std::i
     for (file, bytes) in files {
         let mut f =
             std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(new.join(file))?;
-        f.write_all(bytes)?;
+        f.write_all(bytes.as_ref())?;
         durable::file(&f)?;
     }
     durable::file(&std::fs::File::open(&new)?)?;

@@ -28,11 +28,19 @@ fn file_path(root: &str, d: usize, f: usize) -> String {
     format!("{root}/m/d{d:03}/f{f:02}")
 }
 
-/// The cold apply: `DIRS` directories of `FILES` files each.
+/// The cold apply: `DIRS` directories of `FILES` files each. One directory in four is 0775,
+/// which the umask takes from `mkdir`: its mode is the agent's chmod after it, which must be
+/// durable with the directory (`Fs::make_dirs`), and the changing apply puts it back to 0755 in
+/// place.
 pub fn cold(root: &str) -> Value {
     let mut r = Vec::new();
     for d in 0..DIRS {
-        r.push(json!({"type": "directory", "id": format!("d{d}"), "path": format!("{root}/m/d{d:03}"), "mode": "0755"}));
+        let mode = if d % 4 == 1 { "0775" } else { "0755" };
+        r.push(json!({"type": "directory", "id": format!("d{d}"), "path": format!("{root}/m/d{d:03}"), "mode": mode}));
+        if d == 0 {
+            // Empty, so no file's rename syncs it: only `Fs::make_durable` makes its mode durable.
+            r.push(json!({"type": "directory", "id": "empty", "path": format!("{root}/m/empty"), "mode": "0775"}));
+        }
         for f in 0..FILES {
             r.push(json!({"type": "file", "id": format!("d{d}.f{f}"), "path": file_path(root, d, f),
                 "content": format!("cold {d} {f}\n{}", "x".repeat((d * 7 + f * 13) % 200)), "mode": "0644"}));
@@ -64,6 +72,9 @@ pub fn change(root: &str) -> Value {
     let mut r = Vec::new();
     for d in 0..DIRS - 10 {
         r.push(json!({"type": "directory", "id": format!("d{d}"), "path": format!("{root}/m/d{d:03}"), "mode": "0755"}));
+        if d == 0 {
+            r.push(json!({"type": "directory", "id": "empty", "path": format!("{root}/m/empty"), "mode": "0775"}));
+        }
         for f in 0..FILES {
             let i = d * FILES + f;
             let content = if i % 3 == 0 {
