@@ -207,7 +207,23 @@ fn main() {
     // Latency of hand-edits, each to a different file, one at a time.
     let body = common::body();
     let edits = env_or("MESH_HOST_BENCH_EDITS", 1000) as usize;
+    // `MESH_HOST_BENCH_PERF=FILE`: the daemon profiled (perf record, call graphs) through these
+    // edits alone, for where a correction's time goes (`perf report -i FILE`).
+    let perf = std::env::var_os("MESH_HOST_BENCH_PERF").map(|out| {
+        let perf = Command::new("perf")
+            .args(["record", "-q", "-F", "2999", "-g", "-p", &pid.to_string(), "-o"])
+            .arg(out)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("perf runs (apt-get install linux-perf)");
+        std::thread::sleep(Duration::from_millis(500));
+        perf
+    });
     let (p50, p99, max) = edit_latency(&root, edits, &body, 0);
+    if let Some(mut perf) = perf {
+        let _ = Command::new("kill").args(["-INT", &perf.id().to_string()]).status();
+        let _ = perf.wait();
+    }
     println!(
         "  hand-edit to corrected-and-read-back over {edits} edits (fanotify attribution on): p50 {p50:.3} ms, p99 {p99:.3} ms, max {max:.3} ms"
     );
