@@ -250,6 +250,7 @@ impl Generations {
     pub fn accept(&self, source: &str, files: &[(String, Vec<u8>)], keep: usize) -> Result<Accepted, Error> {
         let digest = digest(files);
         let all = self.list()?;
+        self.remove_temporaries(&all);
         if let Some(m) = all.iter().rev().find(|m| m.digest == digest) {
             self.set_in_force(m.number)?;
             return Ok(Accepted { number: m.number, new: false });
@@ -274,6 +275,21 @@ impl Generations {
         self.set_in_force(number)?;
         self.prune(keep)?;
         Ok(Accepted { number, new: true })
+    }
+
+    /// Removes the temporary files an agent killed in the middle of writing a record left here
+    /// (`.in-force.mesh-host-PID-N`, a generation's `.meta.json.mesh-host-PID-N`): the caller
+    /// holds the store's lock, so whoever made them is gone (`fs::remove_temporaries`). Best
+    /// effort: one that cannot be removed is said, and is tried again at the next accept.
+    /// Found by the kill rounds (`tests/reliability/kill_rounds.rs`, fault 7).
+    fn remove_temporaries(&self, all: &[Meta]) {
+        let dirs =
+            std::iter::once(self.dir.clone()).chain(all.iter().map(|m| self.dir.join(m.number.to_string())));
+        for dir in dirs {
+            if let Err(e) = fs::remove_temporaries(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a temporary file left in the generations");
+            }
+        }
     }
 
     fn write_meta(&self, meta: &Meta) -> Result<(), Error> {
@@ -433,5 +449,25 @@ mod tests {
         assert_eq!(digest(&a), digest(&b));
         assert_eq!(file_name("/b/y"), "y.json", "a file read back by name must end in .json");
         assert_ne!(digest(&a), digest(&[("/b/y".to_owned(), b"{}".to_vec())]));
+    }
+
+    #[test]
+    #[allow(clippy::disallowed_methods, reason = "the test plants what a killed agent left")]
+    fn a_temporary_a_killed_record_write_left_is_removed_at_the_next_accept() {
+        let scratch = tempfile::tempdir().unwrap();
+        let gens = Generations::of(&scratch.path().join("state.json"));
+        let files = vec![("/d/a.json".to_owned(), b"{}".to_vec())];
+        gens.accept("test", &files, 5).unwrap();
+        // What a kill between the temporary's write and its rename leaves (another PID's).
+        let left =
+            [gens.dir().join(".in-force.mesh-host-1-0"), gens.dir().join("1/.meta.json.mesh-host-1-3")];
+        for l in &left {
+            std::fs::write(l, b"2\n").unwrap();
+        }
+        let again = gens.accept("test", &files, 5).unwrap();
+        assert!(!again.new, "the same declaration is the same generation");
+        for l in &left {
+            assert!(!l.exists(), "{} is still there", l.display());
+        }
     }
 }
