@@ -251,13 +251,8 @@ fn run(workers: &str, edits: usize, disturb: bool) -> Run {
 }
 
 fn main() {
-    let docker_ok =
-        Command::new("docker").args(["image", "inspect", IMAGE]).output().is_ok_and(|o| o.status.success());
-    assert!(docker_ok, "no Docker engine with {IMAGE}: run tests/testbed/docker.sh (as root) first");
-    assert!(
-        Path::new(SOCKET).exists(),
-        "no systemd testbed at {SOCKET}: run `sudo tests/testbed/systemd.sh` first"
-    );
+    common::require_docker_image(IMAGE);
+    common::require_systemd_testbed(SOCKET);
     let edits = std::env::var("MESH_HOST_BENCH_EDITS").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
     let build = if cfg!(debug_assertions) { "debug" } else { "release" };
     println!(

@@ -137,28 +137,42 @@ fn wait_for_content(
     }
 }
 
-/// Hand-edits `edits` files one at a time (each to a different file, from the `offset`-th on)
-/// and waits for each to be put back; p50, p99 and max in milliseconds.
-fn edit_latency(root: &Path, edits: usize, body: &[u8], offset: usize) -> (f64, f64, f64) {
+/// Hand-edits each of `files` in turn, `pause` before each, and waits for each to be put back
+/// to `body`; the times to put back, sorted.
+fn put_back_times(files: impl IntoIterator<Item = PathBuf>, pause: Duration, body: &[u8]) -> Vec<Duration> {
     let (tx, rx) = mpsc::channel();
     let mut watcher = notify::recommended_watcher(move |e| {
         let _ = tx.send(e);
     })
     .unwrap();
-    let mut latencies = Vec::with_capacity(edits);
-    for n in 0..edits {
-        let i = n + offset;
-        let dir = root.join(format!("d{:04}", (i * 7) % common::dirs()));
-        let file = dir.join(format!("f{}.conf", i % common::FILES_PER_DIR));
-        watcher.watch(&dir, RecursiveMode::NonRecursive).unwrap();
+    let mut latencies = Vec::new();
+    for file in files {
+        std::thread::sleep(pause);
+        let dir = file.parent().unwrap();
+        watcher.watch(dir, RecursiveMode::NonRecursive).unwrap();
         while rx.try_recv().is_ok() {}
         let t = Instant::now();
         std::fs::write(&file, b"edited by hand\n").unwrap();
-        assert!(wait_for_content(&rx, &file, body, Duration::from_secs(10)), "edit {i} was not put back");
+        assert!(
+            wait_for_content(&rx, &file, body, Duration::from_secs(10)),
+            "{} was not put back",
+            file.display()
+        );
         latencies.push(t.elapsed());
-        watcher.unwatch(&dir).unwrap();
+        watcher.unwatch(dir).unwrap();
     }
     latencies.sort();
+    latencies
+}
+
+/// Hand-edits `edits` files one at a time (each to a different file, from the `offset`-th on)
+/// and waits for each to be put back; p50, p99 and max in milliseconds.
+fn edit_latency(root: &Path, edits: usize, body: &[u8], offset: usize) -> (f64, f64, f64) {
+    let files = (offset..offset + edits).map(|i| {
+        root.join(format!("d{:04}", (i * 7) % common::dirs()))
+            .join(format!("f{}.conf", i % common::FILES_PER_DIR))
+    });
+    let latencies = put_back_times(files, Duration::ZERO, body);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     (ms(percentile(&latencies, 0.5)), ms(percentile(&latencies, 0.99)), ms(*latencies.last().unwrap()))
 }
@@ -264,30 +278,9 @@ fn main() {
     let beside = {
         let (root, body) = (root.clone(), body.clone());
         std::thread::spawn(move || {
-            let (tx, rx) = mpsc::channel();
-            let mut watcher = notify::recommended_watcher(move |e| {
-                let _ = tx.send(e);
-            })
-            .unwrap();
-            let mut latencies = Vec::new();
-            for n in 0..36 {
-                std::thread::sleep(Duration::from_millis(250));
-                let dir = root.join(format!("d{:04}", 1 + n % (common::dirs() - 1).max(1)));
-                let file = dir.join("f5.conf");
-                watcher.watch(&dir, RecursiveMode::NonRecursive).unwrap();
-                while rx.try_recv().is_ok() {}
-                let t = Instant::now();
-                std::fs::write(&file, b"edited by hand beside the storm\n").unwrap();
-                assert!(
-                    wait_for_content(&rx, &file, &body, Duration::from_secs(10)),
-                    "{} was not put back",
-                    file.display()
-                );
-                latencies.push(t.elapsed());
-                watcher.unwatch(&dir).unwrap();
-            }
-            latencies.sort();
-            latencies
+            let files = (0..36)
+                .map(|n| root.join(format!("d{:04}", 1 + n % (common::dirs() - 1).max(1))).join("f5.conf"));
+            put_back_times(files, Duration::from_millis(250), &body)
         })
     };
     let before = common::cpu_seconds(pid);

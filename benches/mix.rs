@@ -66,6 +66,27 @@ fn files() -> usize {
         - ACCESS
 }
 
+/// The `i`-th file's kind, by its extension: `bytes`, `into` JSON, `into` env, create-once,
+/// or plain `content`, in that order of ranges.
+fn ext(i: usize) -> &'static str {
+    if i < BYTES {
+        "bin"
+    } else if i < BYTES + INTO_JSON {
+        "json"
+    } else if i < BYTES + INTO_JSON + INTO_ENV {
+        "env"
+    } else if i < BYTES + INTO_JSON + INTO_ENV + CREATE_ONCE {
+        "once"
+    } else {
+        "conf"
+    }
+}
+
+/// The `i`-th file's path.
+fn file(root: &Path, i: usize) -> PathBuf {
+    dir(root, i).join(format!("f{i}.{}", ext(i)))
+}
+
 fn dir(root: &Path, i: usize) -> PathBuf {
     root.join(format!("d{:04}", i % DIRS))
 }
@@ -104,18 +125,13 @@ fn declaration(root: &Path) -> serde_json::Value {
     let body = "x".repeat(1023) + "\n";
     let bytes = base64::engine::general_purpose::STANDARD.encode(body.as_bytes());
     for i in 0..files() {
-        let path = |ext: &str| dir(root, i).join(format!("f{i}.{ext}"));
-        let id = format!("mix.f{i}");
-        r.push(if i < BYTES {
-            json!({"type": "file", "id": id, "path": path("bin"), "bytes": bytes})
-        } else if i < BYTES + INTO_JSON {
-            json!({"type": "file", "id": id, "path": path("json"), "into": "json", "content": format!("{{\"key\": {i}}}")})
-        } else if i < BYTES + INTO_JSON + INTO_ENV {
-            json!({"type": "file", "id": id, "path": path("env"), "into": "env", "content": format!("KEY={i}\n")})
-        } else if i < BYTES + INTO_JSON + INTO_ENV + CREATE_ONCE {
-            json!({"type": "file", "id": id, "path": path("once"), "create-once": true, "content": body})
-        } else {
-            json!({"type": "file", "id": id, "path": path("conf"), "content": body})
+        let (id, path) = (format!("mix.f{i}"), file(root, i));
+        r.push(match ext(i) {
+            "bin" => json!({"type": "file", "id": id, "path": path, "bytes": bytes}),
+            "json" => json!({"type": "file", "id": id, "path": path, "into": "json", "content": format!("{{\"key\": {i}}}")}),
+            "env" => json!({"type": "file", "id": id, "path": path, "into": "env", "content": format!("KEY={i}\n")}),
+            "once" => json!({"type": "file", "id": id, "path": path, "create-once": true, "content": body}),
+            _ => json!({"type": "file", "id": id, "path": path, "content": body}),
         });
     }
     for i in 0..ARCHIVES {
@@ -234,20 +250,15 @@ fn apply(decl: &Path, state: &Path) -> (Duration, Kib) {
 /// services stopped, a process stopped, the host's firewall table deleted.
 fn drift(root: &Path) {
     for i in (0..files()).step_by(100) {
-        let path = std::fs::read_dir(dir(root, i))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&format!("f{i}."))))
-            .unwrap();
         // An owned key's value changed by hand in the files that belong to someone else; a
         // create-once file is the program's own and is not drift.
-        let edit: &[u8] = match path.extension().and_then(|e| e.to_str()) {
-            Some("once") => continue,
-            Some("json") => b"{\"key\": \"edited by hand\"}\n",
-            Some("env") => b"KEY=edited-by-hand\n",
+        let edit: &[u8] = match ext(i) {
+            "once" => continue,
+            "json" => b"{\"key\": \"edited by hand\"}\n",
+            "env" => b"KEY=edited-by-hand\n",
             _ => b"edited by hand\n",
         };
-        std::fs::write(&path, edit).unwrap();
+        std::fs::write(file(root, i), edit).unwrap();
     }
     for i in 0..2 {
         must("docker", &["stop", "-t", "1", &format!("{PREFIX}-c{i}")]);
@@ -265,7 +276,7 @@ fn drift(root: &Path) {
 
 /// The drift was put back: a file, the containers, the services, the process, the table.
 fn check(root: &Path) {
-    let conf = dir(root, files() - 100).join(format!("f{}.conf", files() - 100));
+    let conf = file(root, files() - 100);
     assert_ne!(std::fs::read(&conf).unwrap(), b"edited by hand\n", "{} was not put back", conf.display());
     for i in 0..2 {
         let out = Command::new("docker")
@@ -294,13 +305,8 @@ fn main() {
         nix::unistd::geteuid().is_root(),
         "the mix benchmark adds users and mounts a loop image: run it as root"
     );
-    let image =
-        Command::new("docker").args(["image", "inspect", IMAGE]).output().is_ok_and(|o| o.status.success());
-    assert!(image, "no Docker engine with {IMAGE}: run tests/testbed/up.sh (as root) first");
-    assert!(
-        Path::new(SOCKET).exists(),
-        "no systemd testbed at {SOCKET}: run tests/testbed/up.sh (as root) first"
-    );
+    common::require_docker_image(IMAGE);
+    common::require_systemd_testbed(SOCKET);
     // mesh-host's D-Bus client blocks on a runtime's handle; the bench's thread is in one.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let _runtime = rt.enter();

@@ -175,3 +175,18 @@ pub fn run(program: &str, args: &[&str]) {
     });
     assert!(status.success(), "{program} {args:?} failed: {status}");
 }
+
+/// Panics, saying how to get it, unless a Docker engine here holds `image`.
+pub fn require_docker_image(image: &str) {
+    let ok =
+        Command::new("docker").args(["image", "inspect", image]).output().is_ok_and(|o| o.status.success());
+    assert!(ok, "no Docker engine with {image}: run tests/testbed/up.sh (as root) first");
+}
+
+/// Panics, saying how to get it, unless the systemd testbed's bus is at `socket`.
+pub fn require_systemd_testbed(socket: &str) {
+    assert!(
+        Path::new(socket).exists(),
+        "no systemd testbed at {socket}: run tests/testbed/up.sh (as root) first"
+    );
+}
