@@ -466,6 +466,14 @@ impl<K: Clone + Eq + Hash> Queue<K> {
         }
     }
 
+    /// Until when a key is held after repeated corrections (a contest), if it is: the owner may
+    /// stop listening for changes to it until then, since none would run it sooner.
+    pub fn held(&self, key: &K) -> Option<Instant> {
+        let q = self.lock();
+        let b = q.backoff.get(key)?;
+        (b.streak > 0 && b.failures == 0).then_some(b.backoff_until?).filter(|&until| until > Instant::now())
+    }
+
     /// Stops taking keys. What is due is still handed out; `next` then returns `None`.
     pub fn shut_down(&self) {
         let mut q = self.lock();
@@ -678,6 +686,30 @@ mod tests {
         }
         assert_eq!(q.done(&"f", Verdict::Clean), Some(Contest::Ended));
         assert_eq!(q.stats().contested, 0);
+    }
+
+    /// `held` says until when a contested key is held, and nothing for a first correction, a
+    /// failure's backoff, or once the key settles: the worker mutes the key's path that long.
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_is_said_only_for_a_repeated_correction() {
+        let q = Queue::new(quiet());
+        q.add("f");
+        let (k, _) = q.next().await.unwrap();
+        q.done(&k, Verdict::Corrected);
+        assert_eq!(q.held(&"f"), None, "a first correction holds nothing");
+        q.add("f");
+        let (k, _) = q.next().await.unwrap();
+        q.done(&k, Verdict::Corrected);
+        assert_eq!(q.held(&"f"), Some(Instant::now() + Duration::from_millis(10)), "a repeat is held");
+        tokio::time::advance(Duration::from_millis(10)).await;
+        assert_eq!(q.held(&"f"), None, "a hold that ended is not said");
+        let (k, _) = q.next().await.unwrap();
+        q.done(&k, Verdict::Clean);
+        assert_eq!(q.held(&"f"), None, "settled");
+        q.add("g");
+        let (k, _) = q.next().await.unwrap();
+        q.done(&k, Verdict::Failed);
+        assert_eq!(q.held(&"g"), None, "a failure's backoff is no contest");
     }
 
     #[tokio::test(start_paused = true)]

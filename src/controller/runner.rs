@@ -344,6 +344,11 @@ impl Worker {
             }
             None => {}
         }
+        if verdict == Verdict::Corrected {
+            if let Some(until) = queue.held(key) {
+                self.mute(key, until.into_std());
+            }
+        }
         match verdict {
             Verdict::Failed => {
                 self.quiet.insert(key.clone());

@@ -840,6 +840,23 @@ impl Worker {
         }
     }
 
+    /// A key held after repeated corrections (a contest): its path is muted in both watchers
+    /// until the hold ends, so that a writer fighting the agent over it wakes neither of their
+    /// threads at each write (mesh_host_watchers::file, "mute"). Nothing is lost: the queue
+    /// runs the key again when the hold ends, and the file watcher says once that it moved.
+    pub(super) fn mute(&mut self, key: &Key, until: std::time::Instant) {
+        let Key::Resource(id) = key else { return };
+        let Some(path) = self.declaration.as_ref().and_then(|d| d.get(id)).and_then(|r| r.spec.path()) else {
+            return;
+        };
+        self.files.mute(path, until);
+        if let Some(w) = &self.writers {
+            if let Err(e) = w.mute(path, until) {
+                tracing::debug!(path = %path.display(), error = %e, "cannot mute for fanotify; its writes wake it during the hold");
+            }
+        }
+    }
+
     /// Points the file watcher at the managed paths of the declaration in force.
     fn watch_paths(&mut self) {
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());

@@ -1,49 +1,166 @@
-//! Paths, through inotify (notify). Parent directories are watched, not the paths themselves:
-//! an editor saves by writing a new file and renaming it over the old one, which a watch on the
-//! old file's inode would never see.
+//! Paths, through inotify. Parent directories are watched, not the paths themselves: an editor
+//! saves by writing a new file and renaming it over the old one, which a watch on the old
+//! file's inode would never see.
+//!
+//! One inotify instance, read on a thread of its own ("inotify"); watches are added and removed
+//! from the owner's thread directly (a system call each, no round trip to the reader). Only the
+//! events that can change what the controller compares are asked for: a write, a chmod or chown,
+//! a create, delete or rename in the directory, and the directory's own removal or move. Opens
+//! and closes are not: the agent's own read-backs would wake the reader for nothing.
 //!
 //! Watches are a per-user resource (`fs.inotify.max_user_watches`, shared by every process of
 //! the user; 8,192 on many machines). When the limit is met, the directories left over are not
 //! watched, and `coverage` says how many paths that leaves unseen: the owner says so and leaves
 //! them to its periodic resync. Adding stops at the first refusal for want of watches (every
-//! further add would be refused the same way, each a round trip to notify's thread), and is
-//! tried again at the next `set_paths`, or when one of this watcher's own watches is freed.
+//! further add would be refused the same way), and is tried again at the next `set_paths`, or
+//! when one of this watcher's own watches is freed.
+//!
+//! A path can be muted until a deadline ([`FileWatcher::mute`]): the owner does so for a path
+//! it is holding anyway (a writer fighting the agent over it, docs/concurrency.md, "Contested
+//! resources"). Changes at a muted path are not sent; one [`Change::Path`] is sent when the
+//! mute ends if it moved meanwhile. While a muted path is moving, the reader reads in batches
+//! (one read per [`BATCH`]) instead of waking for every event: a writer rewriting a file as
+//! fast as it can costs the agent a thousand wakes a second at most, not one per write.
+
+// poll(2) on two descriptors, and the eventfd that stops the reader: raw `libc` calls, each
+// with the reason it is sound beside it.
+#![allow(unsafe_code)]
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher as _};
+use std::io;
+use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
-use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
+use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::Change;
 
-/// What the event handler (on notify's thread) shares with the owner.
+/// While a muted path is moving, the reader waits this long after each read, so that the
+/// kernel gathers what comes meanwhile (and merges repeated identical events) into the next.
+/// Changes at other paths wait at most this much longer while it lasts.
+pub const BATCH: Duration = Duration::from_millis(1);
+
+/// What is asked of inotify for each directory.
+const MASK: WatchMask = WatchMask::MODIFY
+    .union(WatchMask::ATTRIB)
+    .union(WatchMask::CREATE)
+    .union(WatchMask::DELETE)
+    .union(WatchMask::MOVED_FROM)
+    .union(WatchMask::MOVED_TO)
+    .union(WatchMask::DELETE_SELF)
+    .union(WatchMask::MOVE_SELF)
+    .union(WatchMask::ONLYDIR);
+
+/// What the reading thread shares with the owner.
 struct Shared {
     /// The paths to report on, by their hash. Events for anything else in a watched directory
     /// (a temporary file, a neighbour) are dropped here, before they cost the controller
     /// anything. Hashes rather than the paths: 8 bytes each instead of a copy of each of ten
     /// thousand paths; a collision only lets through an event the controller then ignores.
     interest: RwLock<HashSet<u64>>,
-    /// Watched directories that were removed: their watch is gone and must be made again.
-    lost: Mutex<Vec<PathBuf>>,
+    /// Watched directories by watch descriptor. Written by the owner under this lock around
+    /// each add and remove, so the reader never sees an event of a watch it cannot name.
+    wds: Mutex<Wds>,
+    /// Watched directories whose watch is gone (removed, moved away, unmounted): it must be
+    /// made again.
+    lost: Mutex<Vec<Arc<Path>>>,
+    /// Muted paths, by their hash.
+    muted: Mutex<HashMap<u64, Mute>>,
+}
+
+/// Directories by watch descriptor. Two directories are one watch when they are one inode
+/// (a bind mount, a symlinked parent): the kernel gives the same descriptor, and an event in
+/// it is reported under each.
+#[derive(Default)]
+struct Wds {
+    first: HashMap<i32, Arc<Path>>,
+    /// The second and further directories of a descriptor; almost always empty.
+    more: HashMap<i32, Vec<Arc<Path>>>,
+}
+
+impl Wds {
+    fn dirs(&self, wd: i32) -> impl Iterator<Item = &Arc<Path>> + '_ {
+        self.first.get(&wd).into_iter().chain(self.more.get(&wd).into_iter().flatten())
+    }
+
+    fn insert(&mut self, wd: i32, dir: Arc<Path>) {
+        match self.first.get(&wd) {
+            None => {
+                self.first.insert(wd, dir);
+            }
+            Some(d) if *d == dir => {}
+            Some(_) => {
+                let more = self.more.entry(wd).or_default();
+                if !more.contains(&dir) {
+                    more.push(dir);
+                }
+            }
+        }
+    }
+
+    /// Forgets one directory of a descriptor; whether none is left (the watch may go).
+    fn remove(&mut self, wd: i32, dir: &Path) -> bool {
+        if let Some(more) = self.more.get_mut(&wd) {
+            more.retain(|d| &**d != dir);
+            if self.first.get(&wd).is_some_and(|d| &**d == dir) {
+                let next = more.pop();
+                match next {
+                    Some(n) => {
+                        self.first.insert(wd, n);
+                    }
+                    None => {
+                        self.first.remove(&wd);
+                    }
+                }
+            }
+            if more.is_empty() {
+                self.more.remove(&wd);
+            }
+            return !self.first.contains_key(&wd);
+        }
+        if self.first.get(&wd).is_some_and(|d| &**d == dir) {
+            self.first.remove(&wd);
+        }
+        !self.first.contains_key(&wd)
+    }
+
+    /// Forgets a descriptor whose watch the kernel removed; its directories.
+    fn take(&mut self, wd: i32) -> Vec<Arc<Path>> {
+        let mut dirs: Vec<Arc<Path>> = self.first.remove(&wd).into_iter().collect();
+        dirs.extend(self.more.remove(&wd).into_iter().flatten());
+        dirs
+    }
+}
+
+/// One muted path.
+struct Mute {
+    path: PathBuf,
+    until: Instant,
+    /// It moved while muted: said once when the mute ends.
+    moved: bool,
 }
 
 /// Reports changes at a set of paths.
 pub struct FileWatcher {
-    watcher: RecommendedWatcher,
+    watches: Watches,
     shared: Arc<Shared>,
-    /// Directories with a live watch.
-    watched: HashSet<PathBuf>,
+    /// An eventfd the reader polls beside inotify: written once to tell it to stop.
+    stop: Arc<OwnedFd>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Directories with a live watch, and its descriptor.
+    watched: HashMap<Arc<Path>, WatchDescriptor>,
     /// Directories that should have one: the parents of the paths of interest, each with how
     /// many of those paths it holds (so that what is unseen is counted in paths, as the
     /// operator declared them, not in directories).
-    wanted: HashMap<PathBuf, usize>,
+    wanted: HashMap<Arc<Path>, usize>,
     /// Wanted directories without a watch (lost, absent, or refused for want of watches): all
     /// that `rewatch` looks at, so a correction costs the same on a node of ten directories or
     /// of ten thousand.
-    pending: HashSet<PathBuf>,
+    pending: HashSet<Arc<Path>>,
     /// The paths of interest in watched directories: kept as watches come and go, so that
     /// `coverage` costs nothing after each correction.
     watched_paths: usize,
@@ -71,41 +188,33 @@ pub struct Coverage {
 
 impl FileWatcher {
     /// Starts a watcher that sends into `tx`. It watches nothing until `set_paths`.
-    pub fn new(tx: UnboundedSender<Change>) -> notify::Result<FileWatcher> {
-        let shared = Arc::new(Shared { interest: RwLock::new(HashSet::new()), lost: Mutex::new(Vec::new()) });
-        let handler_shared = Arc::clone(&shared);
-        let watcher = notify::recommended_watcher(move |res: notify::Result<Event>| {
-            let event = match res {
-                Ok(event) => event,
-                Err(e) => {
-                    // An error from the watcher means events may have been lost.
-                    tracing::warn!(error = %e, "file watcher error; resyncing");
-                    let _ = tx.send(Change::Resynced { watcher: "file" });
-                    return;
-                }
-            };
-            if event.need_rescan() {
-                // The kernel's queue overflowed: what happened in the gap is unknown.
-                let _ = tx.send(Change::Resynced { watcher: "file" });
-                return;
-            }
-            if matches!(event.kind, EventKind::Access(_)) {
-                return;
-            }
-            let interest = handler_shared.interest.read().unwrap_or_else(|e| e.into_inner());
-            for path in &event.paths {
-                if matches!(event.kind, EventKind::Remove(_)) {
-                    handler_shared.lost.lock().unwrap_or_else(|e| e.into_inner()).push(path.clone());
-                }
-                if interest.contains(&path_hash(path)) {
-                    let _ = tx.send(Change::Path(path.clone()));
-                }
-            }
-        })?;
+    pub fn new(tx: UnboundedSender<Change>) -> io::Result<FileWatcher> {
+        let inotify = Inotify::init()?;
+        let watches = inotify.watches();
+        let shared = Arc::new(Shared {
+            interest: RwLock::new(HashSet::new()),
+            wds: Mutex::new(Wds::default()),
+            lost: Mutex::new(Vec::new()),
+            muted: Mutex::new(HashMap::new()),
+        });
+        // SAFETY: eventfd takes two integers and returns a new descriptor or -1; nothing is
+        // borrowed.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a descriptor eventfd just returned, owned by nothing else.
+        let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+        let (thread_stop, thread_shared) = (Arc::clone(&stop), Arc::clone(&shared));
+        let thread = std::thread::Builder::new()
+            .name("inotify".into())
+            .spawn(move || read_loop(inotify, &thread_stop, &thread_shared, &tx))?;
         Ok(FileWatcher {
-            watcher,
+            watches,
             shared,
-            watched: HashSet::new(),
+            stop,
+            thread: Some(thread),
+            watched: HashMap::new(),
             wanted: HashMap::new(),
             pending: HashSet::new(),
             watched_paths: 0,
@@ -121,9 +230,9 @@ impl FileWatcher {
     pub fn set_paths<P: AsRef<Path>>(
         &mut self,
         paths: impl IntoIterator<Item = P>,
-    ) -> Vec<(PathBuf, notify::Error)> {
+    ) -> Vec<(PathBuf, io::Error)> {
         let mut interest = HashSet::new();
-        let mut wanted: HashMap<PathBuf, usize> = HashMap::new();
+        let mut wanted: HashMap<Arc<Path>, usize> = HashMap::new();
         for path in paths {
             let path = path.as_ref();
             // A path given twice (a directory and an archive unpacked into it) counts once. A
@@ -133,7 +242,12 @@ impl FileWatcher {
                 match wanted.get_mut(parent) {
                     Some(n) => *n += new,
                     None => {
-                        wanted.insert(parent.to_path_buf(), new);
+                        // The directory already watched lends its name, so each is kept once.
+                        let dir = self
+                            .watched
+                            .get_key_value(parent)
+                            .map_or_else(|| Arc::from(parent), |(d, _)| Arc::clone(d));
+                        wanted.insert(dir, new);
                     }
                 }
             }
@@ -141,16 +255,19 @@ impl FileWatcher {
         interest.shrink_to_fit();
         self.paths = wanted.values().sum();
         self.wanted = wanted;
-        *self.shared.interest.write().unwrap_or_else(|e| e.into_inner()) = interest;
-        let stale: Vec<PathBuf> =
-            self.watched.iter().filter(|d| !self.wanted.contains_key(*d)).cloned().collect();
-        for dir in stale {
-            let _ = self.watcher.unwatch(&dir);
-            self.watched.remove(&dir);
+        {
+            let mut muted = lock(&self.shared.muted);
+            muted.retain(|h, _| interest.contains(h));
         }
-        self.watched_paths = self.watched.iter().map(|d| self.wanted.get(d).copied().unwrap_or(0)).sum();
+        *self.shared.interest.write().unwrap_or_else(|e| e.into_inner()) = interest;
+        let stale: Vec<Arc<Path>> =
+            self.watched.keys().filter(|d| !self.wanted.contains_key(*d)).cloned().collect();
+        for dir in stale {
+            self.unwatch(&dir);
+        }
+        self.watched_paths = self.watched.keys().map(|d| self.wanted.get(d).copied().unwrap_or(0)).sum();
         self.take_lost();
-        self.pending = self.wanted.keys().filter(|d| !self.watched.contains(*d)).cloned().collect();
+        self.pending = self.wanted.keys().filter(|d| !self.watched.contains_key(*d)).cloned().collect();
         self.add_missing()
     }
 
@@ -159,7 +276,7 @@ impl FileWatcher {
     /// the limit of watches is reached it adds nothing unless one of this watcher's own watches
     /// was freed since (the next `set_paths` tries again in any case), so that a correction
     /// does not pay for a refused add each time.
-    pub fn rewatch(&mut self) -> Vec<(PathBuf, notify::Error)> {
+    pub fn rewatch(&mut self) -> Vec<(PathBuf, io::Error)> {
         let freed = self.take_lost();
         if self.out_of_watches && !freed {
             return Vec::new();
@@ -167,17 +284,52 @@ impl FileWatcher {
         self.add_missing()
     }
 
+    /// Sends nothing for `path` until `until`; then, if it moved meanwhile, one
+    /// [`Change::Path`]. A later mute of the same path replaces this one; a path that is not
+    /// of interest is not muted. While a muted path moves, every path's changes are read in
+    /// batches ([`BATCH`]).
+    pub fn mute(&self, path: &Path, until: Instant) {
+        let hash = path_hash(path);
+        if !self.shared.interest.read().unwrap_or_else(|e| e.into_inner()).contains(&hash) {
+            return;
+        }
+        let mut muted = lock(&self.shared.muted);
+        match muted.get_mut(&hash) {
+            Some(m) => m.until = until,
+            None => {
+                muted.insert(hash, Mute { path: path.to_path_buf(), until, moved: false });
+            }
+        }
+    }
+
+    /// How many paths are muted now (ended mutes are dropped by the reader).
+    pub fn muted(&self) -> usize {
+        lock(&self.shared.muted).len()
+    }
+
+    /// Removes the watch of one directory (if no other directory shares it).
+    fn unwatch(&mut self, dir: &Arc<Path>) {
+        let Some(wd) = self.watched.remove(dir) else { return };
+        let mut wds = lock(&self.shared.wds);
+        if wds.remove(wd.get_watch_descriptor_id(), dir) {
+            // The reader no longer knows the descriptor: the kernel's IN_IGNORED for it is
+            // dropped. The kernel counts descriptors up, so no new watch takes its number soon.
+            let _ = self.watches.remove(wd);
+        }
+    }
+
     /// Forgets the watches of directories that were removed; whether there was one.
     fn take_lost(&mut self) -> bool {
-        let lost: Vec<PathBuf> =
-            std::mem::take(&mut *self.shared.lost.lock().unwrap_or_else(|e| e.into_inner()));
+        let lost: Vec<Arc<Path>> = std::mem::take(&mut *lock(&self.shared.lost));
         let mut freed = false;
         for dir in lost {
-            if self.watched.remove(&dir) {
-                let _ = self.watcher.unwatch(&dir);
+            if self.watched.contains_key(&dir) {
+                self.unwatch(&dir);
                 self.watched_paths -= self.wanted.get(&dir).copied().unwrap_or(0);
                 freed = true;
-                self.pending.insert(dir);
+                if self.wanted.contains_key(&dir) {
+                    self.pending.insert(dir);
+                }
             }
         }
         freed
@@ -185,25 +337,30 @@ impl FileWatcher {
 
     /// Adds a watch on every wanted directory that has none (`pending`), until the limit refuses
     /// one.
-    fn add_missing(&mut self) -> Vec<(PathBuf, notify::Error)> {
+    fn add_missing(&mut self) -> Vec<(PathBuf, io::Error)> {
         let mut failed = Vec::new();
         let mut refused = false;
         let mut added = Vec::new();
         for dir in &self.pending {
             let paths = self.wanted.get(dir).copied().unwrap_or(0);
-            match self.watcher.watch(dir, RecursiveMode::NonRecursive) {
-                Ok(()) => {
-                    self.watched.insert(dir.clone());
+            // The lock is held across the add: an event of the new watch waits for its name.
+            let mut wds = lock(&self.shared.wds);
+            match self.watches.add(&**dir, MASK) {
+                Ok(wd) => {
+                    let n = wd.get_watch_descriptor_id();
+                    wds.insert(n, Arc::clone(dir));
+                    drop(wds);
+                    self.watched.insert(Arc::clone(dir), wd);
                     self.watched_paths += paths;
-                    added.push(dir.clone());
+                    added.push(Arc::clone(dir));
                 }
                 // ENOSPC from inotify_add_watch: the user's watches are all in use. Every other
                 // directory would be refused the same way.
-                Err(e) if matches!(e.kind, notify::ErrorKind::MaxFilesWatch) => {
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
                     refused = true;
                     break;
                 }
-                Err(e) => failed.push((dir.clone(), e)),
+                Err(e) => failed.push((dir.to_path_buf(), e)),
             }
         }
         for dir in added {
@@ -230,6 +387,145 @@ impl FileWatcher {
     }
 }
 
+impl Drop for FileWatcher {
+    fn drop(&mut self) {
+        // An eventfd is written eight bytes at a time: a counter, which the reader only polls.
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: the descriptor is alive (self holds it) and `one` is eight readable bytes.
+        let wrote = unsafe { libc::write(self.stop.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        // Not told, the reader would never end: it is left to end with the process.
+        if wrote == 8 {
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Reads events until told to stop, sending the changes at paths of interest.
+fn read_loop(mut inotify: Inotify, stop: &OwnedFd, shared: &Shared, tx: &UnboundedSender<Change>) {
+    // Room for a few hundred events per read; a name is at most 255 bytes.
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let timeout = next_deadline(shared).map_or(-1, |at| {
+            let left = at.saturating_duration_since(Instant::now());
+            // Rounded up: waking a little late is harmless, waking early spins.
+            i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX)
+        });
+        let mut fds = [
+            libc::pollfd { fd: inotify.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: two valid pollfds, for the length given; both descriptors are alive (owned by
+        // this function's arguments for the whole loop).
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+        if ready < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            tracing::warn!(error = %e, "inotify: waiting for events failed; resyncing");
+            let _ = tx.send(Change::Resynced { watcher: "file" });
+            return;
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+        end_mutes(shared, tx);
+        if fds[0].revents == 0 {
+            continue;
+        }
+        let events = match inotify.read_events(&mut buf) {
+            Ok(events) => events,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => continue,
+            Err(e) => {
+                // Nothing more will be read: say so, and let the periodic resync cover it all.
+                tracing::warn!(error = %e, "inotify: reading events failed; changes are seen by the resync only");
+                let _ = tx.send(Change::Resynced { watcher: "file" });
+                return;
+            }
+        };
+        let mut contested = false;
+        let mut wds = lock(&shared.wds);
+        let interest = shared.interest.read().unwrap_or_else(|e| e.into_inner());
+        for event in events {
+            if event.mask.contains(EventMask::Q_OVERFLOW) {
+                // The kernel's queue overflowed: what happened in the gap is unknown.
+                let _ = tx.send(Change::Resynced { watcher: "file" });
+                continue;
+            }
+            let wd = event.wd.get_watch_descriptor_id();
+            if event.mask.contains(EventMask::IGNORED) {
+                // The watch is gone (its directory removed or unmounted), unless the owner
+                // removed it, in which case it no longer names the descriptor.
+                lock(&shared.lost).extend(wds.take(wd));
+                continue;
+            }
+            if event.mask.contains(EventMask::MOVE_SELF) {
+                // Moved away: the watch follows the directory to where it is not wanted.
+                lock(&shared.lost).extend(wds.dirs(wd).cloned());
+                continue;
+            }
+            let Some(name) = event.name else { continue };
+            for dir in wds.dirs(wd) {
+                contested |= report(shared, &interest, tx, &dir.join(name));
+            }
+        }
+        drop(interest);
+        drop(wds);
+        if contested {
+            std::thread::sleep(BATCH);
+        }
+    }
+}
+
+/// Sends a change at `path` if it is of interest and not muted; whether it is muted.
+fn report(shared: &Shared, interest: &HashSet<u64>, tx: &UnboundedSender<Change>, path: &Path) -> bool {
+    let hash = path_hash(path);
+    if !interest.contains(&hash) {
+        return false;
+    }
+    {
+        let mut muted = lock(&shared.muted);
+        if let Some(m) = muted.get_mut(&hash) {
+            if Instant::now() < m.until {
+                m.moved = true;
+                return true;
+            }
+            muted.remove(&hash);
+        }
+    }
+    let _ = tx.send(Change::Path(path.to_path_buf()));
+    false
+}
+
+/// Ends the mutes that are due, sending a change for each path that moved while muted.
+fn end_mutes(shared: &Shared, tx: &UnboundedSender<Change>) {
+    let mut muted = lock(&shared.muted);
+    if muted.is_empty() {
+        return;
+    }
+    let now = Instant::now();
+    muted.retain(|_, m| {
+        if m.until > now {
+            return true;
+        }
+        if m.moved {
+            let _ = tx.send(Change::Path(std::mem::take(&mut m.path)));
+        }
+        false
+    });
+}
+
+/// When the next mute ends.
+fn next_deadline(shared: &Shared) -> Option<Instant> {
+    lock(&shared.muted).values().map(|m| m.until).min()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The hash a path of interest is known by: std's SipHash with its fixed keys, the same for
 /// the path given to `set_paths` and the path an event names.
 fn path_hash(path: &Path) -> u64 {
@@ -242,6 +538,28 @@ fn path_hash(path: &Path) -> u64 {
 #[allow(clippy::disallowed_methods, reason = "the test makes and removes the directories it watches")]
 mod tests {
     use super::*;
+
+    use tokio::sync::mpsc::UnboundedReceiver;
+
+    /// Waits up to `wait` for the lost list to fill.
+    fn wait_lost(w: &FileWatcher) {
+        let start = Instant::now();
+        while lock(&w.shared.lost).is_empty() && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The paths received within `wait`.
+    async fn received(rx: &mut UnboundedReceiver<Change>, wait: Duration) -> Vec<PathBuf> {
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + wait;
+        while let Ok(Some(c)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            if let Change::Path(p) = c {
+                got.push(p);
+            }
+        }
+        got
+    }
 
     /// After each correction `rewatch` looks only at the directories without a watch, not at
     /// every one wanted: none while all are watched, the one lost once it is removed, and none
@@ -258,15 +576,84 @@ mod tests {
         assert!(w.set_paths(dirs.iter().map(|d| d.join("f"))).is_empty());
         assert_eq!((w.watched(), w.pending.len()), (50, 0), "all watched, nothing pending");
         std::fs::remove_dir(&dirs[7]).unwrap();
-        let lost = || !w.shared.lost.lock().unwrap().is_empty();
-        let start = std::time::Instant::now();
-        while !lost() && start.elapsed() < std::time::Duration::from_secs(5) {
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        wait_lost(&w);
         assert!(w.rewatch().len() == 1, "the removed directory cannot be watched yet");
-        assert_eq!(w.pending.iter().collect::<Vec<_>>(), vec![&dirs[7]], "only the lost one is pending");
+        assert_eq!(w.pending.iter().map(|d| d.to_path_buf()).collect::<Vec<_>>(), vec![dirs[7].clone()]);
         std::fs::create_dir(&dirs[7]).unwrap();
         assert!(w.rewatch().is_empty());
         assert_eq!((w.watched(), w.pending.len()), (50, 0));
+    }
+
+    /// A watched directory moved away is watched again at its path once one is there: the
+    /// watch does not follow the old directory to where it is no longer wanted.
+    #[tokio::test]
+    async fn a_directory_moved_away_is_watched_again_at_its_path() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("d");
+        std::fs::create_dir(&dir).unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut w = FileWatcher::new(tx).unwrap();
+        assert!(w.set_paths([dir.join("f")]).is_empty());
+        std::fs::rename(&dir, root.path().join("away")).unwrap();
+        wait_lost(&w);
+        assert_eq!(w.rewatch().len(), 1, "nothing at the path yet");
+        std::fs::write(root.path().join("away/f"), "x").unwrap();
+        assert!(
+            received(&mut rx, Duration::from_millis(200)).await.is_empty(),
+            "the moved directory is not reported"
+        );
+        std::fs::create_dir(&dir).unwrap();
+        assert!(w.rewatch().is_empty());
+        std::fs::write(dir.join("f"), "y").unwrap();
+        let got = received(&mut rx, Duration::from_millis(300)).await;
+        assert!(!got.is_empty() && got.iter().all(|p| *p == dir.join("f")), "{got:?}");
+    }
+
+    /// A muted path sends nothing until its deadline however often it moves, its neighbours are
+    /// still reported meanwhile, one change is sent when the mute ends, and after it the path is
+    /// reported as before.
+    #[tokio::test]
+    async fn a_muted_path_is_said_once_when_its_mute_ends() {
+        let root = tempfile::tempdir().unwrap();
+        let (f, g) = (root.path().join("f"), root.path().join("g"));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut w = FileWatcher::new(tx).unwrap();
+        assert!(w.set_paths([&f, &g]).is_empty());
+        std::fs::write(&f, "0").unwrap();
+        assert!(received(&mut rx, Duration::from_millis(200)).await.contains(&f), "reported before the mute");
+
+        let until = Instant::now() + Duration::from_millis(600);
+        w.mute(&f, until);
+        assert_eq!(w.muted(), 1);
+        for i in 0..200 {
+            std::fs::write(&f, i.to_string()).unwrap();
+        }
+        std::fs::write(&g, "g").unwrap();
+        let during =
+            received(&mut rx, until.saturating_duration_since(Instant::now()) - Duration::from_millis(100))
+                .await;
+        assert!(!during.contains(&f), "a muted path was reported: {during:?}");
+        assert!(during.contains(&g), "a neighbour was not reported during the mute: {during:?}");
+
+        let after = received(&mut rx, Duration::from_millis(400)).await;
+        assert_eq!(after, vec![f.clone()], "one change when the mute ends");
+        assert_eq!(w.muted(), 0, "the mute is dropped when it ends");
+        std::fs::write(&f, "again").unwrap();
+        assert!(received(&mut rx, Duration::from_millis(200)).await.contains(&f), "reported after the mute");
+    }
+
+    /// A mute that ends with nothing moved sends nothing, and a path not of interest is never
+    /// muted.
+    #[tokio::test]
+    async fn a_quiet_mute_sends_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let f = root.path().join("f");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut w = FileWatcher::new(tx).unwrap();
+        assert!(w.set_paths([&f]).is_empty());
+        w.mute(&root.path().join("other"), Instant::now() + Duration::from_secs(60));
+        assert_eq!(w.muted(), 0, "a path not of interest is not muted");
+        w.mute(&f, Instant::now() + Duration::from_millis(100));
+        assert!(received(&mut rx, Duration::from_millis(400)).await.is_empty());
     }
 }

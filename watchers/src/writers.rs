@@ -122,8 +122,34 @@ struct Shared {
     latest: Mutex<HashMap<PathBuf, Writer>>,
     /// Woken when a writer is kept.
     kept: Condvar,
+    /// Muted paths (`Writers::mute`).
+    muted: Mutex<HashMap<PathBuf, Mute>>,
+    /// The last writer `take` gave, and of which path: kept with a mute that follows it.
+    taken: Mutex<Option<(PathBuf, Writer)>>,
     stop: AtomicBool,
 }
+
+/// One muted path: an ignore mark on its inode until `until`, then, for `GRACE`, its writer.
+struct Mute {
+    until: Instant,
+    /// The file marked (opened read-only): the mark is removed through it, so it is removed
+    /// from that inode even when another is at the path by then. `None` once removed.
+    file: Option<std::fs::File>,
+    /// Its device and inode, to tell a second mute of the same file from one of a new file.
+    inode: (u64, u64),
+    /// The writer of the change that began the contest: the kernel says nothing of writes to
+    /// the file while it is muted, and whoever fights the agent over it is taken to be the one
+    /// still writing it.
+    writer: Option<Writer>,
+}
+
+/// How long a mute's writer is kept after the mark is removed: the key's retry at the end of
+/// its hold, and that correction's question of who wrote it, come just after.
+const GRACE: Duration = Duration::from_secs(1);
+
+/// What a mute ignores: the writes and attribute changes of the file itself. Directory-entry
+/// changes (a rename over the path) are events of the directory and are still seen.
+const IGNORED: u64 = libc::FAN_MODIFY | libc::FAN_ATTRIB | libc::FAN_CLOSE_WRITE;
 
 /// Keeps the latest writer of each path of interest.
 pub struct Writers {
@@ -182,6 +208,8 @@ impl Writers {
             lost: Mutex::new(Vec::new()),
             latest: Mutex::new(HashMap::new()),
             kept: Condvar::new(),
+            muted: Mutex::new(HashMap::new()),
+            taken: Mutex::new(None),
             stop: AtomicBool::new(false),
         });
         let (thread_fd, thread_shared) = (Arc::clone(&fd), Arc::clone(&shared));
@@ -211,6 +239,13 @@ impl Writers {
         {
             let interest = lock(&self.shared.interest);
             lock(&self.shared.latest).retain(|p, _| interest.contains(&path_hash(p)));
+            lock(&self.shared.muted).retain(|p, m| {
+                let keep = interest.contains(&path_hash(p));
+                if !keep {
+                    unignore(&self.fd, m);
+                }
+                keep
+            });
         }
         for dir in self.marked.iter().filter(|d| !wanted.contains(*d)) {
             let _ = self.mark(libc::FAN_MARK_REMOVE, dir);
@@ -266,10 +301,71 @@ impl Writers {
         }
     }
 
+    /// Asks the kernel to say nothing of writes to the file at `path` until `until` (an ignore
+    /// mark on its inode, `FAN_MARK_IGNORED_SURV_MODIFY`): a writer rewriting it as fast as it
+    /// can then wakes no thread of this process. Meant for a path its owner holds anyway, and
+    /// only for a regular file of interest; a later mute of the same file extends this one.
+    /// Until shortly after the mute ends, `take` gives the writer last taken for the path.
+    pub fn mute(&self, path: &Path, until: Instant) -> io::Result<()> {
+        if !lock(&self.shared.interest).contains(&path_hash(path)) {
+            return Ok(());
+        }
+        use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "read-only, following no link and never blocking, only to name the inode to fanotify; nothing is read"
+        )]
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            // Not `O_PATH`: fanotify_mark refuses such a descriptor (EBADF). `O_NONBLOCK` so
+            // that a FIFO planted at the path does not hold the agent; it is not marked.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Ok(());
+        }
+        let inode = (meta.dev(), meta.ino());
+        let mut muted = lock(&self.shared.muted);
+        if let Some(m) = muted.get_mut(path) {
+            if m.inode == inode && m.file.is_some() {
+                m.until = until;
+                return Ok(());
+            }
+            unignore(&self.fd, m);
+        }
+        ignore(
+            &self.fd,
+            libc::FAN_MARK_ADD | libc::FAN_MARK_IGNORED_MASK | libc::FAN_MARK_IGNORED_SURV_MODIFY,
+            &file,
+        )?;
+        let writer = match lock(&self.shared.taken).take() {
+            Some((p, w)) if p == path => Some(w),
+            _ => muted.get_mut(path).and_then(|m| m.writer.take()),
+        };
+        muted.insert(path.to_path_buf(), Mute { until, file: Some(file), inode, writer });
+        Ok(())
+    }
+
+    /// How many paths are muted now, ignore mark in place.
+    pub fn muted(&self) -> usize {
+        lock(&self.shared.muted).values().filter(|m| m.file.is_some()).count()
+    }
+
     /// Takes the latest writer of `path` seen since `since`, waiting up to `wait` for one if
     /// none is kept yet (the event and inotify's leave the kernel together, but are read on two
     /// threads). An older one is dropped: it belongs to a change that needed no correction.
+    /// While the path is muted (and for a second after), the writer kept with the mute is given
+    /// when no newer one is: the kernel said nothing of writes meanwhile.
     pub fn take(&self, path: &Path, since: Instant, wait: Duration) -> Option<Writer> {
+        let got = self.take_seen(path, since, wait);
+        if let Some(w) = &got {
+            *lock(&self.shared.taken) = Some((path.to_path_buf(), w.clone()));
+        }
+        got
+    }
+
+    fn take_seen(&self, path: &Path, since: Instant, wait: Duration) -> Option<Writer> {
         let deadline = Instant::now() + wait;
         let mut latest = lock(&self.shared.latest);
         loop {
@@ -277,6 +373,9 @@ impl Writers {
                 if w.seen >= since {
                     return Some(w);
                 }
+            }
+            if let Some(w) = lock(&self.shared.muted).get(path).and_then(|m| m.writer.clone()) {
+                return Some(w);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -299,6 +398,46 @@ impl Drop for Writers {
             let _ = t.join();
         }
     }
+}
+
+/// Adds or removes the ignore mark of a mute on `file`'s inode.
+fn ignore(group: &OwnedFd, how: libc::c_uint, file: &std::fs::File) -> io::Result<()> {
+    // SAFETY: both descriptors are alive for the call (borrowed); a null path with a
+    // descriptor marks the descriptor's own inode, and the kernel reads nothing else.
+    let r =
+        unsafe { libc::fanotify_mark(group.as_raw_fd(), how, IGNORED, file.as_raw_fd(), std::ptr::null()) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Removes a mute's ignore mark, if it is still there.
+fn unignore(group: &OwnedFd, m: &mut Mute) {
+    if let Some(file) = m.file.take() {
+        let _ = ignore(group, libc::FAN_MARK_REMOVE | libc::FAN_MARK_IGNORED_MASK, &file);
+    }
+}
+
+/// Ends the mutes that are due (their marks removed), and forgets them after `GRACE`; when
+/// the next one is due.
+fn end_mutes(group: &OwnedFd, shared: &Shared) -> Option<Instant> {
+    let mut muted = lock(&shared.muted);
+    let now = Instant::now();
+    let mut next: Option<Instant> = None;
+    muted.retain(|_, m| {
+        if m.file.is_some() {
+            if m.until <= now {
+                unignore(group, m);
+            } else {
+                next = Some(next.map_or(m.until, |n| n.min(m.until)));
+                return true;
+            }
+        }
+        m.until + GRACE > now
+    });
+    next
 }
 
 /// Whether this process has `CAP_SYS_ADMIN` in effect (`/proc/self/status`, `CapEff`).
@@ -376,10 +515,15 @@ fn read_loop(fd: &OwnedFd, shared: &Shared) {
     // once a second, not at every write.
     let mut recent: Option<Writer> = None;
     while !shared.stop.load(Ordering::Relaxed) {
+        // A mute's mark is removed when it is due, not up to the 200 ms the stop check allows.
+        let timeout = end_mutes(fd, shared).map_or(200, |at| {
+            let left = at.saturating_duration_since(Instant::now()).as_millis() + 1;
+            i32::try_from(left.min(200)).unwrap_or(200)
+        });
         let mut poll = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd, for the length given; the descriptor is alive (`fd` is
         // borrowed for the whole loop).
-        let ready = unsafe { libc::poll(&mut poll, 1, 200) };
+        let ready = unsafe { libc::poll(&mut poll, 1, timeout) };
         if ready <= 0 {
             continue;
         }
@@ -672,5 +816,43 @@ mod tests {
         assert_eq!(got.moved, Moved::Content);
         assert_eq!(got.uid, Some(0));
         assert!(got.comm.is_none() || got.comm.as_deref() == Some("sh"), "{got:?}");
+    }
+
+    /// As root: while a file is muted the kernel tells nothing of writes to it (nothing is kept
+    /// for it however often another process writes it), `take` gives the writer the mute began
+    /// with, and once the mute ends a write is seen again.
+    #[test]
+    fn a_muted_file_wakes_nothing_until_its_mute_ends() {
+        let mut w = Writers::start()
+            .expect("fanotify needs root (CAP_SYS_ADMIN) and a kernel with FAN_REPORT_DFID_NAME: run the tests as root, as tests/run.sh does");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, "a").unwrap();
+        assert!(w.set_paths([&path]).is_empty());
+        let write = |times: u32| {
+            let script = format!(
+                "i=0; while [ $i -lt {times} ]; do echo $i > {}; i=$((i+1)); done; sleep 0.3",
+                path.display()
+            );
+            assert!(std::process::Command::new("sh").arg("-c").arg(script).status().unwrap().success());
+        };
+        let since = Instant::now();
+        write(1);
+        let first = w.take(&path, since, Duration::from_secs(2)).expect("the shell's write is seen");
+
+        let until = Instant::now() + Duration::from_millis(1500);
+        w.mute(&path, until).unwrap();
+        assert_eq!(w.muted(), 1);
+        write(50);
+        assert!(lock(&w.shared.latest).get(&path).is_none(), "a write to a muted file was reported");
+        assert_eq!(w.take(&path, Instant::now(), Duration::ZERO).map(|g| g.pid), Some(first.pid));
+
+        std::thread::sleep(until.saturating_duration_since(Instant::now()) + Duration::from_millis(300));
+        assert_eq!(w.muted(), 0, "the mark is removed when the mute ends");
+        let since = Instant::now();
+        write(1);
+        let again = w.take(&path, since, Duration::from_secs(2)).expect("a write after the mute is seen");
+        assert_ne!(again.pid, first.pid);
+        assert!(again.seen >= since);
     }
 }
