@@ -284,6 +284,7 @@ fn main() {
         })
     };
     let before = common::cpu_seconds(pid);
+    let threads_before = common::thread_cpu_seconds(pid);
     let t = Instant::now();
     let mut writes = 0u64;
     while t.elapsed() < Duration::from_secs(10) {
@@ -291,6 +292,7 @@ fn main() {
         writes += 1;
     }
     let used = common::cpu_seconds(pid) - before;
+    let threads_after = common::thread_cpu_seconds(pid);
     let beside = beside.join().expect("the edits beside the storm");
     let stopped = Instant::now();
     watcher.watch(&root.join("d0000"), RecursiveMode::NonRecursive).unwrap();
@@ -301,6 +303,17 @@ fn main() {
         used / 10.0 * 100.0,
         if converged { "" } else { "NOT" },
         converge.as_secs_f64() * 1e3
+    );
+    // Where it went, by thread (a thread that ended during the storm is missing).
+    let split: Vec<String> = threads_after
+        .iter()
+        .map(|(name, after)| (name, after - threads_before.get(name).copied().unwrap_or(0.0)))
+        .filter(|(_, used)| *used > 0.0)
+        .map(|(name, used)| format!("{name} {:.1} %", used / 10.0 * 100.0))
+        .collect();
+    println!(
+        "    by thread: {}",
+        if split.is_empty() { "none measurable".to_string() } else { split.join(", ") }
     );
     println!(
         "  during it, {} hand-edits of other files, one every 250 ms: put back p50 {:.3} ms, max {:.3} ms (their corrections are in the CPU above)",

@@ -48,6 +48,22 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
+/// CPU seconds so far of each thread of `pid`, by the thread's name (threads of one name
+/// summed: tokio's workers, say), from /proc/PID/task/*/stat.
+pub fn thread_cpu_seconds(pid: u32) -> std::collections::BTreeMap<String, f64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return by_name };
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let name = stat[open + 1..close].to_string();
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let ticks: f64 = fields[11].parse::<f64>().unwrap_or(0.0) + fields[12].parse::<f64>().unwrap_or(0.0);
+        *by_name.entry(name).or_insert(0.0) += ticks / 100.0;
+    }
+    by_name
+}
+
 /// A field of /proc/PID/status in KiB (VmRSS, VmHWM).
 pub fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

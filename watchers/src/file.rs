@@ -495,6 +495,7 @@ fn report(shared: &Shared, interest: &HashSet<u64>, tx: &UnboundedSender<Change>
             muted.remove(&hash);
         }
     }
+    tracing::trace!(path = %path.display(), "inotify: a path of interest moved");
     let _ = tx.send(Change::Path(path.to_path_buf()));
     false
 }
