@@ -857,15 +857,17 @@ fn seal(to: &str) -> anyhow::Result<Ended> {
 /// what `check` and `plan` say of the live `declaration.d` is what the daemon will do with it.
 /// A refusal is returned as itself so `main` can give it its own exit code.
 pub fn load(source: &Path) -> anyhow::Result<Declaration> {
-    load_files(source).map(|(d, _)| d)
+    load_files(source, None).map(|(d, _, _)| d)
 }
 
 /// A declaration's files, each named as it was read.
 type Named = Vec<(String, Vec<u8>)>;
 
 /// `load`, and the files it read, named as read (`-` for standard input), for the generation
-/// the declaration becomes.
-fn load_files(source: &Path) -> anyhow::Result<(Declaration, Named)> {
+/// the declaration becomes. With `bodies`, each file's declared bytes are moved into a content
+/// file in that directory as the file is validated (`controller::contents`), and the file is
+/// given back for the pass to read them from; where none can be made, they stay in memory.
+fn load_files(source: &Path, bodies: Option<&Path>) -> anyhow::Result<(Declaration, Named, Kept)> {
     use crate::system::input::DECLARATION_LIMIT;
     // Usage: the command was pointed at something that is not a declaration to read.
     let unreadable = |e: std::io::Error| {
@@ -875,8 +877,8 @@ fn load_files(source: &Path) -> anyhow::Result<(Declaration, Named)> {
     };
     if source == Path::new("-") {
         let bytes = crate::system::read_stdin(DECLARATION_LIMIT).map_err(unreadable)?;
-        let d = Declaration::parse(&bytes)?;
-        return Ok((d, vec![("stdin.json".into(), bytes)]));
+        let (d, kept) = parse_keeping(bodies, |keep| Declaration::parse_keeping(&bytes, keep))?;
+        return Ok((d, vec![("stdin.json".into(), bytes)], kept));
     }
     let mut files = crate::system::read_source(source).map_err(unreadable)?;
     // A single file's problems are named as before, without the file's name on each line: the
@@ -884,13 +886,42 @@ fn load_files(source: &Path) -> anyhow::Result<(Declaration, Named)> {
     // (docs/decisions.md, "The command line").
     if files.len() == 1 && files[0].0 == source {
         let (path, bytes) = files.pop().expect("one file");
-        let d = Declaration::parse(&bytes)?;
-        return Ok((d, vec![(path.display().to_string(), bytes)]));
+        let (d, kept) = parse_keeping(bodies, |keep| Declaration::parse_keeping(&bytes, keep))?;
+        return Ok((d, vec![(path.display().to_string(), bytes)], kept));
     }
     let named: Vec<(String, Vec<u8>)> =
         files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
-    let d = Declaration::parse_sources(&named)?;
-    Ok((d, named))
+    let (d, kept) = parse_keeping(bodies, |keep| Declaration::parse_sources_keeping(&named, keep))?;
+    Ok((d, named, kept))
+}
+
+/// The content file a command's declared bytes were moved to, if they were.
+type Kept = Option<std::sync::Arc<crate::system::ContentFile>>;
+
+/// Parses with `parse`, moving the bodies into a content file in `bodies` when it is given.
+fn parse_keeping(
+    bodies: Option<&Path>,
+    parse: impl Fn(&(dyn Fn(&mut crate::declaration::Resource) + Sync)) -> Result<Declaration, crate::declaration::Refused>,
+) -> Result<(Declaration, Kept), crate::declaration::Refused> {
+    let Some(dir) = bodies else { return Ok((parse(&|_| {})?, None)) };
+    let (d, file) = crate::controller::contents::parse_moving_with(dir, parse)?;
+    match file {
+        Ok((file, files)) => {
+            tracing::debug!(files, bytes = file.len(), directory = %dir.display(), "declared content kept in an unlinked file for this pass");
+            Ok((d, Some(std::sync::Arc::new(file))))
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, directory = %dir.display(), "declared content kept in memory: no content file could be made");
+            Ok((d, None))
+        }
+    }
+}
+
+/// Where `apply` keeps the declared bytes while it runs: the state directory, or, before a first
+/// apply has made it, the nearest directory above it (the content file is unlinked: nothing is
+/// left wherever it is, and the state directory is only made once the declaration is accepted).
+fn content_dir(state: &Path) -> Option<&Path> {
+    crate::store::state_dir(state).ancestors().find(|d| d.is_dir())
 }
 
 /// Loads a declaration for a command that may answer in JSON: under `--json` a refusal, or a
@@ -898,12 +929,12 @@ fn load_files(source: &Path) -> anyhow::Result<(Declaration, Named)> {
 /// gets a document whatever happened. The error is still returned, for the exit code (2) and
 /// the text on stderr.
 fn load_for(source: &Path, json: bool) -> anyhow::Result<Declaration> {
-    load_files_for(source, json).map(|(d, _)| d)
+    load_files_for(source, json, None).map(|(d, _, _)| d)
 }
 
 /// `load_for`, and the files read (`load_files`).
-fn load_files_for(source: &Path, json: bool) -> anyhow::Result<(Declaration, Named)> {
-    load_files(source).inspect_err(|e| {
+fn load_files_for(source: &Path, json: bool, bodies: Option<&Path>) -> anyhow::Result<(Declaration, Named, Kept)> {
+    load_files(source, bodies).inspect_err(|e| {
         if json {
             if let Some(refusal) = refusal_json(e) {
                 println!("{refusal:#}");
@@ -964,7 +995,7 @@ fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options
         container_socket: reach.socket,
         step_timeout: reach.step_timeout,
         archive_limits: reach.archive_limits,
-        // A command holds its declaration for moments: the bodies stay in it.
+        // Bodies stay in the declaration, but where `apply` moved them out (`one_pass`).
         contents: None,
         key: reach.key,
         progress: None,
@@ -1090,10 +1121,13 @@ fn apply_cmd(file: &Path, origin: Origin, shown: Shown, state: &Path, reach: Rea
             tracing::debug!(elapsed_ms = t.elapsed().as_secs_f64() * 1e3, "state store opened");
             store
         });
-        let d = load_files_for(file, json);
+        // The bodies go to a content file as they are parsed: at 100,000 files of 1 KiB they
+        // are 102 MB, which in memory beside the declaration's text made the peak of the whole
+        // apply (docs/memory.md, "The peak of a start").
+        let d = load_files_for(file, json, content_dir(state));
         (d, store.join().expect("opening the store does not panic"))
     });
-    let (d, files) = d?;
+    let (d, files, kept) = d?;
     // Locked only once the declaration is accepted: a refused one touches nothing.
     let mut store = store?.lock()?;
     let keep = reach.keep;
@@ -1109,13 +1143,16 @@ fn apply_cmd(file: &Path, origin: Origin, shown: Shown, state: &Path, reach: Rea
         resources = d.resources.len(),
         "declaration and store loaded"
     );
-    one_pass(&d, &mut store, origin, shown, state, reach, generation)
+    one_pass(&d, kept, &mut store, origin, shown, state, reach, generation)
 }
 
 /// One pass of `d` with the store locked, as `apply` and `rollback` run it: the report
-/// printed, the store written, and the generation's first pass noted.
+/// printed, the store written, and the generation's first pass noted. `contents` holds the
+/// declared bytes where they were moved out of `d` (`load_files`).
+#[allow(clippy::too_many_arguments, reason = "each is one of the pass's inputs, named at its two callers")]
 fn one_pass(
     d: &Declaration,
+    contents: Kept,
     store: &mut crate::store::Writer,
     origin: Origin,
     shown: Shown,
@@ -1126,6 +1163,7 @@ fn one_pass(
     let json = shown.json;
     let t = std::time::Instant::now();
     let mut opts = options(origin, state, false, reach);
+    opts.contents = contents;
     opts.progress = if json { None } else { terminal_progress() };
     let (mut report, _) = apply::apply(d, store, &opts);
     clear_progress(&opts.progress);
@@ -1292,7 +1330,7 @@ fn rollback(asked: Rollback, state: &Path, reach: Reach) -> anyhow::Result<Ended
             gens.set_hold(&hold)?;
             gens.set_in_force(n)?;
             let shown = Shown { json: asked.json, verbose: false };
-            let ended = one_pass(&d, &mut store, Origin::Declared, shown, state, reach, None)?;
+            let ended = one_pass(&d, None, &mut store, Origin::Declared, shown, state, reach, None)?;
             eprintln!("{said}");
             Ok(ended)
         }
@@ -1520,6 +1558,49 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bodies `apply` reads: moved to a content file as the declaration is parsed, from a
+    /// single file as from a directory, so that its peak never holds them beside the text; and
+    /// in the declaration when no directory is given (`plan`, `check`).
+    #[test]
+    #[allow(clippy::disallowed_methods, reason = "the test writes the declaration it reads")]
+    fn apply_moves_the_bodies_out_of_the_declaration() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = br#"{"version": 1, "resources": [
+            {"type": "file", "id": "a", "path": "/srv/a", "content": "port=80\n"},
+            {"type": "file", "id": "b", "path": "/srv/b", "bytes": "AAEC/w=="},
+            {"type": "directory", "id": "c", "path": "/srv"}
+        ]}"#;
+        let single = dir.path().join("one.json");
+        std::fs::write(&single, text).unwrap();
+        let several = dir.path().join("d.d");
+        std::fs::create_dir(&several).unwrap();
+        std::fs::write(several.join("x.json"), text).unwrap();
+        for source in [&single, &several] {
+            let (d, named, kept) = load_files(source, Some(dir.path())).unwrap();
+            assert_eq!(named.len(), 1);
+            let kept = kept.expect("a content file in a directory that exists");
+            assert_eq!(kept.len(), 8 + 4, "{source:?}: both bodies moved");
+            assert!(d.resources.iter().all(|r| r.movable_body().is_none()), "{source:?}: none left in memory");
+            let (d, _, kept) = load_files(source, None).unwrap();
+            assert!(kept.is_none());
+            assert_eq!(d.resources.iter().filter(|r| r.movable_body().is_some()).count(), 2);
+        }
+    }
+
+    /// Before a first apply has made the state directory, the content file is made in the
+    /// nearest directory above it; the state directory is not made by it.
+    #[test]
+    #[allow(clippy::disallowed_methods, reason = "the test makes the state directory")]
+    fn the_content_file_goes_above_a_state_directory_not_made_yet() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("var/lib/mesh-host/state.json");
+        assert_eq!(content_dir(&state), Some(dir.path()));
+        assert!(!dir.path().join("var").exists());
+        let made = dir.path().join("var/lib/mesh-host");
+        std::fs::create_dir_all(&made).unwrap();
+        assert_eq!(content_dir(&state), Some(made.as_path()));
+    }
 
     /// Every argument of every command, by command path (`run`, `completions`).
     fn every_argument() -> Vec<(String, clap::Arg)> {

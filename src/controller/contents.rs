@@ -1,12 +1,13 @@
-//! Declared content kept out of the daemon's heap.
+//! Declared content kept out of the heap.
 //!
 //! The daemon holds its declaration for months, only to put back the few files that drift: ten
 //! thousand files of a few kilobytes are tens of megabytes of heap. So while a declaration is
 //! parsed the daemon writes every file's declared bytes once into an unlinked file in the
 //! state directory (`system::contents`), and the declaration keeps only where each body is
 //! (`declaration::Stored`, plain values). The file is the daemon's: it hands it to each apply in
-//! `apply::Options::contents`. A daemon memory policy, so it lives here, not in an applier
-//! (docs/memory.md, "Memory at scale").
+//! `apply::Options::contents`. A one-shot `apply` does the same for its one pass, so that its
+//! peak is not the declaration's text and every body at once (`cli`). A memory policy of the
+//! callers, so it lives here, not in an applier (docs/memory.md, "Memory at scale").
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -28,9 +29,20 @@ pub type Parsed = (Declaration, std::io::Result<(ContentFile, usize)>);
 /// with every body in memory; where a body cannot be written, it is parsed again so (a second
 /// parse, only on a write error, rather than bodies split between the file and the heap).
 pub fn parse_moving(sources: &[(String, Vec<u8>)], dir: &Path) -> Result<Parsed, Refused> {
+    parse_moving_with(dir, |keep| Declaration::parse_sources_keeping(sources, keep))
+}
+
+/// As `parse_moving`, for a declaration that `parse` reads, handing each resource it validates
+/// to the `keep` it is given: `apply` reads a single file as one unnamed document
+/// (`Declaration::parse_keeping`), so that its problems are named as before. `parse` is called
+/// again with a `keep` that does nothing where the bodies must stay in memory.
+pub fn parse_moving_with(
+    dir: &Path,
+    parse: impl Fn(&(dyn Fn(&mut Resource) + Sync)) -> Result<Declaration, Refused>,
+) -> Result<Parsed, Refused> {
     let writer = match ContentWriter::create(dir) {
         Ok(writer) => writer,
-        Err(e) => return Ok((Declaration::parse_sources(sources)?, Err(e))),
+        Err(e) => return Ok((parse(&|_| {})?, Err(e))),
     };
     // One writer for both validating threads: a lock per body is nothing beside its parse.
     let spill = Mutex::new(Spill { writer, moved: 0, failed: None });
@@ -48,11 +60,11 @@ pub fn parse_moving(sources: &[(String, Vec<u8>)], dir: &Path) -> Result<Parsed,
             Err(e) => spill.failed = Some(e),
         }
     };
-    let d = Declaration::parse_sources_keeping(sources, &keep)?;
+    let d = parse(&keep)?;
     let Spill { writer, moved, failed } = spill.into_inner().unwrap_or_else(|e| e.into_inner());
     match failed.map_or_else(|| writer.finish(), Err) {
         Ok(file) => Ok((d, Ok((file, moved)))),
-        Err(e) => Ok((Declaration::parse_sources(sources)?, Err(e))),
+        Err(e) => Ok((parse(&|_| {})?, Err(e))),
     }
 }
 

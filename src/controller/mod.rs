@@ -35,7 +35,7 @@
 //! directory, whoever writes it; what it applied goes out on a watch channel (`Applied`), to
 //! whoever follows it. `tests/tidy.rs` holds it to naming neither `fleet` nor `system::etcd`.
 
-mod contents;
+pub(crate) mod contents;
 pub mod drift;
 mod health;
 mod held;

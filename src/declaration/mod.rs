@@ -119,6 +119,12 @@ impl Declaration {
         validate::parse(bytes)
     }
 
+    /// As `parse`, handing each resource to `keep` as soon as it is validated
+    /// (`parse_sources_keeping`): one document, its problems named without a source.
+    pub fn parse_keeping(bytes: &[u8], keep: &(dyn Fn(&mut Resource) + Sync)) -> Result<Declaration, Refused> {
+        validate::parse_sources(&[(None, bytes)], keep)
+    }
+
     /// Parses several named documents as one declaration, in the order given (a directory's
     /// `*.json` files, sorted by name). Problems name their document.
     pub fn parse_sources(sources: &[(String, Vec<u8>)]) -> Result<Declaration, Refused> {
