@@ -901,7 +901,9 @@ type Kept = Option<std::sync::Arc<crate::system::ContentFile>>;
 /// Parses with `parse`, moving the bodies into a content file in `bodies` when it is given.
 fn parse_keeping(
     bodies: Option<&Path>,
-    parse: impl Fn(&(dyn Fn(&mut crate::declaration::Resource) + Sync)) -> Result<Declaration, crate::declaration::Refused>,
+    parse: impl Fn(
+        &(dyn Fn(&mut crate::declaration::Resource) + Sync),
+    ) -> Result<Declaration, crate::declaration::Refused>,
 ) -> Result<(Declaration, Kept), crate::declaration::Refused> {
     let Some(dir) = bodies else { return Ok((parse(&|_| {})?, None)) };
     let (d, file) = crate::controller::contents::parse_moving_with(dir, parse)?;
@@ -933,7 +935,11 @@ fn load_for(source: &Path, json: bool) -> anyhow::Result<Declaration> {
 }
 
 /// `load_for`, and the files read (`load_files`).
-fn load_files_for(source: &Path, json: bool, bodies: Option<&Path>) -> anyhow::Result<(Declaration, Named, Kept)> {
+fn load_files_for(
+    source: &Path,
+    json: bool,
+    bodies: Option<&Path>,
+) -> anyhow::Result<(Declaration, Named, Kept)> {
     load_files(source, bodies).inspect_err(|e| {
         if json {
             if let Some(refusal) = refusal_json(e) {
@@ -1581,7 +1587,10 @@ mod tests {
             assert_eq!(named.len(), 1);
             let kept = kept.expect("a content file in a directory that exists");
             assert_eq!(kept.len(), 8 + 4, "{source:?}: both bodies moved");
-            assert!(d.resources.iter().all(|r| r.movable_body().is_none()), "{source:?}: none left in memory");
+            assert!(
+                d.resources.iter().all(|r| r.movable_body().is_none()),
+                "{source:?}: none left in memory"
+            );
             let (d, _, kept) = load_files(source, None).unwrap();
             assert!(kept.is_none());
             assert_eq!(d.resources.iter().filter(|r| r.movable_body().is_some()).count(), 2);

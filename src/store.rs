@@ -589,8 +589,8 @@ impl Store {
 
     /// Opens the store to read only. It takes no lock and can never write.
     pub fn read_only(path: &Path) -> Result<Store, Error> {
-        let file = match crate::system::read_input(path, crate::system::input::STORE_LIMIT) {
-            Ok(bytes) => parse(path, &bytes)?,
+        let file = match crate::system::input::open_input(path, crate::system::input::STORE_LIMIT) {
+            Ok(reader) => parse(path, reader)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 File { schema: SCHEMA, records: BTreeMap::new(), held: BTreeMap::new() }
             }
@@ -869,21 +869,27 @@ impl From<fs::Error> for Error {
     }
 }
 
-fn parse(path: &Path, bytes: &[u8]) -> Result<File, Error> {
+fn parse(path: &Path, reader: impl std::io::Read) -> Result<File, Error> {
     #[derive(Deserialize)]
     struct Version {
         schema: u32,
     }
     let corrupt = |reason: String| Error::Corrupt { path: path.to_owned(), reason };
     let newer = |found: u32| Error::Newer { path: path.to_owned(), found };
-    // Read as a store first: a second reading, of the schema alone, is only for a file that
-    // does not read as one, to say whether it is newer (whose records may not read here) or
-    // corrupt, exactly as when the schema was always read first. At 100,000 records that first
-    // reading was a whole pass over 56 MB on every start and apply.
-    let file: File = match serde_json::from_slice(bytes) {
+    // Read as a store first, parsed as it is read: the text is never held whole (56 MB at
+    // 100,000 records, beside the declaration's text at the peak of an `apply`). Only a file
+    // that does not read as a store is read again, whole, for its schema alone, to say whether
+    // it is newer (whose records may not read here) or corrupt, exactly as when the schema was
+    // always read first.
+    let file: File = match serde_json::from_reader(reader) {
         Ok(file) => file,
+        Err(e) if e.is_io() => {
+            return Err(Error::Read { path: path.to_owned(), source: e.into() });
+        }
         Err(e) => {
-            let version: Version = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+            let bytes = crate::system::read_input(path, crate::system::input::STORE_LIMIT)
+                .map_err(|source| Error::Read { path: path.to_owned(), source })?;
+            let version: Version = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
             if version.schema > SCHEMA {
                 return Err(newer(version.schema));
             }

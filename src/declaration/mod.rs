@@ -121,7 +121,10 @@ impl Declaration {
 
     /// As `parse`, handing each resource to `keep` as soon as it is validated
     /// (`parse_sources_keeping`): one document, its problems named without a source.
-    pub fn parse_keeping(bytes: &[u8], keep: &(dyn Fn(&mut Resource) + Sync)) -> Result<Declaration, Refused> {
+    pub fn parse_keeping(
+        bytes: &[u8],
+        keep: &(dyn Fn(&mut Resource) + Sync),
+    ) -> Result<Declaration, Refused> {
         validate::parse_sources(&[(None, bytes)], keep)
     }
 
