@@ -280,6 +280,23 @@ fn main() {
         p50 / (f50.as_secs_f64() * 1e3),
         p99 / (f99.as_secs_f64() * 1e3)
     );
+    // What the hand-edit itself costs, timed as the put-back's timer times it (open with
+    // truncation, write, close), on files of the same filesystem that no one manages: the part
+    // of a put-back's figure that is the editor's, not the agent's.
+    let mut edit = Vec::with_capacity(edits);
+    for i in 0..edits {
+        let file = floor_dir.join(format!("f{}", i % 10));
+        let t = Instant::now();
+        std::fs::write(&file, b"edited by hand\n").unwrap();
+        edit.push(t.elapsed());
+        std::fs::write(&file, &body).unwrap();
+    }
+    edit.sort();
+    println!(
+        "  the hand-edit alone (open with O_TRUNC, write, close; files no one manages): p50 {:.3} ms, p99 {:.3} ms",
+        percentile(&edit, 0.5).as_secs_f64() * 1e3,
+        percentile(&edit, 0.99).as_secs_f64() * 1e3
+    );
     println!(
         "  RSS after the edits: {:.1} MiB (peak {:.1} MiB)",
         common::status_kib(pid, "VmRSS") as f64 / 1024.0,
