@@ -773,8 +773,15 @@ impl Writer {
         if self.grown > self.file.records.len() / 8 {
             self.compact();
         }
-        let bytes = serde_json::to_vec_pretty(&self.file).expect("the store serialises");
-        fs::write_private(&self.path, &bytes)?;
+        // Serialised straight into the new file, buffered: never the whole text in memory, which
+        // at 100,000 records was a buffer grown by doubling to 64 MB (and 32 more while it grew),
+        // the peak of any apply that changed something.
+        let file = &self.file;
+        fs::write_private_with(&self.path, &mut |out| {
+            let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
+            serde_json::to_writer_pretty(&mut out, file)?;
+            std::io::Write::flush(&mut out)
+        })?;
         self.dirty = false;
         self.stale = false;
         Ok(())
