@@ -1185,7 +1185,10 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// `write_private`, with the content written by `write` as the file is made (`stage_writing`):
 /// how the store is written without its whole text in memory.
-pub fn write_private_with(path: &Path, write: &mut dyn FnMut(&mut dyn io::Write) -> io::Result<()>) -> Result<()> {
+pub fn write_private_with(
+    path: &Path,
+    write: &mut dyn FnMut(&mut dyn io::Write) -> io::Result<()>,
+) -> Result<()> {
     let mut fs = Fs::new();
     let (parent, _) = split(path);
     fs.make_dirs(parent, 0o700)?;
