@@ -309,17 +309,17 @@ pub struct Held {
     pub origin: Origin,
 }
 
-/// The records, refusing an id given twice: JSON readers otherwise keep the last one silently,
-/// and the host would forget what the other one made (docs/decisions.md, "The store").
-///
-/// Read into a list, sorted (the host writes them sorted, so this is one look) and built into
-/// the map from it, whose nodes are then full: inserted one at a time, the map's nodes were left
-/// half full (39 MB instead of 20.5 at 100,000 records) and were rebuilt after loading while
-/// the first map was still held (docs/memory.md).
 /// How many records are moved into the store's map at a time as it is loaded: each chunk is a
 /// list of its own (about 3 MB), and each move rebuilds the map whole (7 times at 100,000).
 const RECORDS_CHUNK: usize = 16 * 1024;
 
+/// The records, refusing an id given twice: JSON readers otherwise keep the last one silently,
+/// and the host would forget what the other one made (docs/decisions.md, "The store").
+///
+/// Read into a list, sorted (the host writes them sorted, so this is one look) and built into
+/// the map from it a chunk at a time, whose nodes are then full: inserted one at a time, the
+/// map's nodes were left half full (39 MB instead of 20.5 at 100,000 records) and were rebuilt
+/// after loading while the first map was still held (docs/memory.md).
 fn unique_records<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<Box<str>, Record>, D::Error> {
     struct Records;
     impl<'de> serde::de::Visitor<'de> for Records {
