@@ -877,7 +877,7 @@ fn load_files(source: &Path, bodies: Option<&Path>) -> anyhow::Result<(Declarati
     };
     if source == Path::new("-") {
         let bytes = crate::system::read_stdin(DECLARATION_LIMIT).map_err(unreadable)?;
-        let (d, kept) = parse_keeping(bodies, |keep| Declaration::parse_keeping(&bytes, keep))?;
+        let (d, kept) = parse_moving_into(bodies, |keep| Declaration::parse_keeping(&bytes, keep))?;
         return Ok((d, vec![("stdin.json".into(), bytes)], kept));
     }
     let mut files = crate::system::read_source(source).map_err(unreadable)?;
@@ -886,12 +886,12 @@ fn load_files(source: &Path, bodies: Option<&Path>) -> anyhow::Result<(Declarati
     // (docs/decisions.md, "The command line").
     if files.len() == 1 && files[0].0 == source {
         let (path, bytes) = files.pop().expect("one file");
-        let (d, kept) = parse_keeping(bodies, |keep| Declaration::parse_keeping(&bytes, keep))?;
+        let (d, kept) = parse_moving_into(bodies, |keep| Declaration::parse_keeping(&bytes, keep))?;
         return Ok((d, vec![(path.display().to_string(), bytes)], kept));
     }
     let named: Vec<(String, Vec<u8>)> =
         files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
-    let (d, kept) = parse_keeping(bodies, |keep| Declaration::parse_sources_keeping(&named, keep))?;
+    let (d, kept) = parse_moving_into(bodies, |keep| Declaration::parse_sources_keeping(&named, keep))?;
     Ok((d, named, kept))
 }
 
@@ -899,7 +899,7 @@ fn load_files(source: &Path, bodies: Option<&Path>) -> anyhow::Result<(Declarati
 type Kept = Option<std::sync::Arc<crate::system::ContentFile>>;
 
 /// Parses with `parse`, moving the bodies into a content file in `bodies` when it is given.
-fn parse_keeping(
+fn parse_moving_into(
     bodies: Option<&Path>,
     parse: impl Fn(
         &(dyn Fn(&mut crate::declaration::Resource) + Sync),
