@@ -54,7 +54,7 @@ pub fn parse_moving_with(
         let Some(body) = r.movable_body() else { return };
         match spill.writer.push(body) {
             Ok(place) => {
-                r.body_moved(Stored { at: place.at, len: place.len, sum: place.sum });
+                r.body_moved(Stored::new(place.at, place.len, place.sum));
                 spill.moved += 1;
             }
             Err(e) => spill.failed = Some(e),

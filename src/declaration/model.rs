@@ -51,13 +51,14 @@ pub struct File {
     // Boxed, as the bodies, ids and owners are: a capacity in every file is 8 bytes for nothing.
     pub content: Option<Box<str>>,
     /// Base64 of the file's bytes, for what is not text.
-    // Decoded when parsed (`Base64Bytes`).
-    pub bytes: Option<Base64Bytes>,
+    // Decoded when parsed (`Base64Bytes`). This, `sealed` and `secrets` are rare: each is one
+    // pointer, 8 bytes in every file, where inline they were 56 (docs/memory.md).
+    pub bytes: Option<Box<Base64Bytes>>,
     /// The whole file, sealed to this node's key (age X25519): armored, or base64 of binary.
-    pub sealed: Option<Sealed>,
+    pub sealed: Option<Box<Sealed>>,
     /// Sealed values by name, for `${secret:NAME}` holes in `content`.
     #[serde(default)]
-    pub secrets: BTreeMap<String, Sealed>,
+    pub secrets: Secrets,
     /// An octal string of three or four digits; "0644" by default, "0600" when the file carries a
     /// secret.
     pub mode: Option<Mode>,
@@ -81,14 +82,83 @@ pub struct File {
 /// Where one file's declared bytes are in the daemon's content file, and their checksum: plain
 /// values. The declaration holds no handle to anything; the file itself is the daemon's, handed
 /// to each apply in its options.
+///
+/// Held as 32-bit halves, so that it is 20 bytes aligned to 4 and `Option<Stored>` in every file
+/// is 24 bytes, not 32 (docs/memory.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stored {
+    at: [u32; 2],
+    len: u32,
+    sum: [u32; 2],
+}
+
+impl Stored {
+    /// Bytes `len` long at `at` in the content file, whose checksum is `sum`.
+    pub fn new(at: u64, len: u32, sum: u64) -> Stored {
+        let halves = |v: u64| [(v >> 32) as u32, v as u32];
+        Stored { at: halves(at), len, sum: halves(sum) }
+    }
+
     /// Where the bytes start in the content file, from its beginning.
-    pub at: u64,
+    pub fn at(self) -> u64 {
+        (u64::from(self.at[0]) << 32) | u64::from(self.at[1])
+    }
+
     /// How many bytes they are.
-    pub len: u32,
+    pub fn length(self) -> u32 {
+        self.len
+    }
+
     /// Their checksum, checked when they are read back from the content file.
-    pub sum: u64,
+    pub fn sum(self) -> u64 {
+        (u64::from(self.sum[0]) << 32) | u64::from(self.sum[1])
+    }
+}
+
+/// The sealed values of a file's `secrets`, by name: `None` when there are none, as in almost
+/// every file, so that a file holds one pointer for them (8 bytes) rather than an empty map (24).
+/// Read and described in the JSON Schema exactly as the map it holds.
+#[derive(Clone, Debug, Default)]
+#[allow(clippy::box_collection, reason = "one pointer (8 bytes) in every file, where the map is 24")]
+pub struct Secrets(Option<Box<BTreeMap<String, Sealed>>>);
+
+impl Secrets {
+    /// The sealed value named `name`.
+    pub fn get(&self, name: &str) -> Option<&Sealed> {
+        self.0.as_ref().and_then(|m| m.get(name))
+    }
+
+    /// Whether there is a value named `name`.
+    pub fn contains_key(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.as_ref().is_none_or(|m| m.is_empty())
+    }
+}
+
+impl<'de> Deserialize<'de> for Secrets {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<String, Sealed>::deserialize(d)?;
+        Ok(Secrets((!map.is_empty()).then(|| Box::new(map))))
+    }
+}
+
+impl JsonSchema for Secrets {
+    fn inline_schema() -> bool {
+        <BTreeMap<String, Sealed>>::inline_schema()
+    }
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        <BTreeMap<String, Sealed>>::schema_name()
+    }
+    fn schema_id() -> std::borrow::Cow<'static, str> {
+        <BTreeMap<String, Sealed>>::schema_id()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        <BTreeMap<String, Sealed>>::json_schema(generator)
+    }
 }
 
 impl File {
@@ -356,12 +426,13 @@ pub enum Spec {
     Container(Box<Container>),
     /// A container network.
     Network(Network),
-    /// A local account.
-    User(User),
+    /// A local account. Boxed, as containers and processes are: rare beside files, and larger
+    /// than a file (a `Spec` is as large as its largest type).
+    User(Box<User>),
     /// An archive unpacked into a directory.
     Archive(Archive),
     /// A program supervised by systemd as a transient unit.
-    Process(Process),
+    Process(Box<Process>),
     /// A command with its verify.
     Action(Action),
     /// A port open in the firewall.

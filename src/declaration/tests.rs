@@ -1603,3 +1603,18 @@ fn a_containers_holds_are_its_declared_host_ports_without_repeats() {
     );
     assert!(d.resources[1].spec.holds().is_empty());
 }
+
+/// What a resource costs in the daemon for as long as it runs: at 100,000 of them each byte
+/// here is 100 KB there (docs/memory.md). A field added to a file, or a type grown past a file
+/// and not boxed, grows them all; this says so.
+#[test]
+fn a_resource_is_held_in_few_bytes() {
+    use std::mem::size_of;
+    assert!(size_of::<File>() <= 104, "a File is {} bytes", size_of::<File>());
+    assert!(
+        size_of::<Spec>() <= 104,
+        "a Spec is {} bytes: box the type larger than a file",
+        size_of::<Spec>()
+    );
+    assert!(size_of::<Resource>() <= 168, "a Resource is {} bytes", size_of::<Resource>());
+}

@@ -170,13 +170,14 @@ impl JsonSchema for AbsPath {
 }
 
 /// Permission bits, declared as an octal string of three or four digits ("0644", "750").
+// 16 bits hold the 12 a mode has: `Option<Mode>` in every file and directory is 4 bytes, not 8.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Mode(u32);
+pub struct Mode(u16);
 
 impl Mode {
     /// The mode of these permission bits; bits above 0o7777 are dropped.
     pub const fn new(bits: u32) -> Mode {
-        Mode(bits & 0o7777)
+        Mode((bits & 0o7777) as u16)
     }
 
     /// Reads three or four octal digits ("0644"), or says why they are not a mode.
@@ -185,12 +186,12 @@ impl Mode {
         if !ok {
             return Err(format!("{s:?} is not a mode: write three or four octal digits, such as \"0644\""));
         }
-        u32::from_str_radix(s, 8).map(Mode).map_err(|e| e.to_string())
+        u16::from_str_radix(s, 8).map(Mode).map_err(|e| e.to_string())
     }
 
     /// The permission bits, for `chmod`.
     pub fn bits(self) -> u32 {
-        self.0
+        u32::from(self.0)
     }
 }
 

@@ -425,9 +425,9 @@ fn resource(index: usize, text: &RawValue, raw: Value, problems: &mut Problems) 
         Kind::Service => fields(map, text, index, id_text, problems).map(Spec::Service),
         Kind::Container => fields(map, text, index, id_text, problems).map(|c| Spec::Container(Box::new(c))),
         Kind::Network => fields(map, text, index, id_text, problems).map(Spec::Network),
-        Kind::User => fields(map, text, index, id_text, problems).map(Spec::User),
+        Kind::User => fields(map, text, index, id_text, problems).map(|u| Spec::User(Box::new(u))),
         Kind::Archive => fields(map, text, index, id_text, problems).map(Spec::Archive),
-        Kind::Process => fields(map, text, index, id_text, problems).map(Spec::Process),
+        Kind::Process => fields(map, text, index, id_text, problems).map(|p| Spec::Process(Box::new(p))),
         Kind::Action => fields(map, text, index, id_text, problems).map(Spec::Action),
         Kind::Opening => fields(map, text, index, id_text, problems).map(Spec::Opening),
     }?;
