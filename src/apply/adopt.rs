@@ -214,7 +214,7 @@ pub(super) fn look_before(ctx: &mut Ctx<'_>, only: Option<&BTreeSet<usize>>) -> 
             }
             found.hold_seen(r.id.as_str(), r.kind(), &r.target());
         }
-        found.present.insert(r.index, present);
+        found.present.insert(r.index(), present);
     }
     found
 }
@@ -284,7 +284,7 @@ impl Pass<'_> {
         if self.store.get(r.id.as_str()).is_some() {
             return None;
         }
-        match found.present.remove(&r.index).unwrap_or(Ok(false)) {
+        match found.present.remove(&r.index()).unwrap_or(Ok(false)) {
             Ok(true) => {
                 let detail = format!("found present, and module {module:?} is not taken yet: left as found");
                 let remember = crate::store::Held {

@@ -519,7 +519,7 @@ fn act(
 ) -> Result<Step, Error> {
     let path = want.path;
     let checked = Checked {
-        index: r.index,
+        index: r.index(),
         id: r.id.to_string(),
         target: r.target(),
         path: path.to_owned(),

@@ -170,7 +170,7 @@ impl<'a> Pass<'a> {
                 (progress.0)(done, total, resource.id.as_str());
             }
             if let Some(gate) = closed_gate {
-                if resource.index > gate.index {
+                if resource.index() > gate.index() {
                     self.failures.push(Failure {
                         id: gate.id.to_string(),
                         kind: gate.kind(),
@@ -204,7 +204,7 @@ impl<'a> Pass<'a> {
     ) -> Option<usize> {
         // The filter is made from every opening at once, after everything else.
         let Ok(one) = One::of(&resource.spec) else {
-            self.openings.push((resource.index, self.slots.len()));
+            self.openings.push((resource.index(), self.slots.len()));
             self.slots.push(None);
             return None;
         };
@@ -244,7 +244,7 @@ impl<'a> Pass<'a> {
                 if rising.outcome.action.moved() {
                     self.changed.insert(resource.id.clone());
                 }
-                self.rising.push((self.slots.len(), resource.index, rising));
+                self.rising.push((self.slots.len(), resource.index(), rising));
                 self.slots.push(None);
             }
             Err(e) => {
@@ -434,7 +434,7 @@ impl<'a> Pass<'a> {
         }
         if let (Some(facts), false) = (facts, self.opts.dry_run) {
             if let (None, Some(fresh)) = (facts.sig, facts.fresh) {
-                self.untrusted_sigs.push((r.index, fresh));
+                self.untrusted_sigs.push((r.index(), fresh));
                 self.latest_fresh = Some(std::time::Instant::now());
             }
             // Only now: the read-back passed. The record follows the fact.
@@ -444,7 +444,7 @@ impl<'a> Pass<'a> {
                     origin: self.opts.origin,
                     kind: r.kind(),
                     target: r.target().into_boxed_str(),
-                    position: u32::try_from(r.index).expect("fewer than 2^32 resources"),
+                    position: u32::try_from(r.index()).expect("fewer than 2^32 resources"),
                     declared: r.digest,
                     applied_at: 0,
                     wrote: facts.wrote,

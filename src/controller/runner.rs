@@ -188,7 +188,7 @@ fn claimed(d: &Declaration, store: &Store, id: &Id) -> Vec<Id> {
     }
     let last = closure.iter().copied().max().unwrap_or(0);
     let open_gate = d.gates().find(|g| store.get(g.id.as_str()).is_none_or(|rec| rec.declared != g.digest));
-    if let Some(gate) = open_gate.filter(|g| g.index < last) {
+    if let Some(gate) = open_gate.filter(|g| g.index() < last) {
         ids.push(gate.id.clone());
     }
     ids.sort();
@@ -437,7 +437,7 @@ mod tests {
                 origin: crate::store::Origin::Declared,
                 kind: r.kind(),
                 target: r.target().into_boxed_str(),
-                position: r.index as u32,
+                position: r.index() as u32,
                 declared: r.digest,
                 applied_at: 0,
                 wrote: None,

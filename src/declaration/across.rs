@@ -13,10 +13,10 @@ use super::Resource;
 pub(super) fn across(resources: &[Resource], problems: &mut Problems, name: &dyn Fn(usize) -> String) {
     let mut ids: HashMap<&Id, usize> = HashMap::with_capacity(resources.len());
     for r in resources {
-        if let Some(first) = ids.insert(&r.id, r.index) {
+        if let Some(first) = ids.insert(&r.id, r.index()) {
             ids.insert(&r.id, first);
             problems.at(
-                Some(r.index),
+                Some(r.index()),
                 Some(r.id.as_str()),
                 Some("id"),
                 format!("duplicate id: {} already has it", name(first)),
@@ -42,10 +42,10 @@ pub(super) fn across(resources: &[Resource], problems: &mut Problems, name: &dyn
             Kind::Access | Kind::Package | Kind::Action => None,
         };
         if let Some(class) = class {
-            if let Some(first) = targets.insert((class, r.target()), r.index) {
+            if let Some(first) = targets.insert((class, r.target()), r.index()) {
                 targets.insert((class, r.target()), first);
                 problems.at(
-                    Some(r.index),
+                    Some(r.index()),
                     Some(r.id.as_str()),
                     Some(target_field(r.kind())),
                     format!("{:?} is already declared by {}", r.target(), name(first)),
@@ -64,21 +64,21 @@ pub(super) fn across(resources: &[Resource], problems: &mut Problems, name: &dyn
                 let field = format!("{field}[{i}]");
                 if named == &r.id {
                     problems.at(
-                        Some(r.index),
+                        Some(r.index()),
                         Some(r.id.as_str()),
                         Some(&field),
                         format!("a resource cannot {verb} on itself"),
                     );
                 } else if !ids.contains_key(named) {
                     problems.at(
-                        Some(r.index),
+                        Some(r.index()),
                         Some(r.id.as_str()),
                         Some(&field),
                         format!("{:?} is not declared", named.as_str()),
                     );
                 } else if !seen.insert(named) {
                     problems.at(
-                        Some(r.index),
+                        Some(r.index()),
                         Some(r.id.as_str()),
                         Some(&field),
                         format!("{:?} is named twice", named.as_str()),

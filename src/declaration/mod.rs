@@ -42,12 +42,13 @@ pub struct Declaration {
     pub resources: Vec<Resource>,
     /// Present when the node ran before the mesh came: which modules the mesh has taken over.
     pub adoption: Option<Adoption>,
-    /// (hash of the id, position), sorted: a lookup table of 16 bytes per resource, which
-    /// refers to the ids in `resources` instead of holding copies of them.
-    by_id: Vec<(u64, u32)>,
+    /// (hash of the id, position), sorted: a lookup table of 8 bytes per resource, which
+    /// refers to the ids in `resources` instead of holding copies of them. The hash is 32 bits:
+    /// the key is compared in any case, and at 100,000 ids two of them share a hash about once.
+    by_id: Vec<(u32, u32)>,
     /// The same for the paths of files, directories and archives: what a watcher's event at a
     /// path is matched against.
-    by_path: Vec<(u64, u32)>,
+    by_path: Vec<(u32, u32)>,
     /// For each id, the resources naming it in restart-on or reload-on: the controller asks
     /// this on every reconcile, so it is built once rather than found by a scan.
     named_by: HashMap<Id, Vec<usize>>,
@@ -70,8 +71,9 @@ pub struct Adoption {
 /// One declared resource.
 #[derive(Clone, Debug)]
 pub struct Resource {
-    /// Its position in `resources`, which is its apply order.
-    pub index: usize,
+    /// Its position in `resources`, which is its apply order (`index`). 32 bits, beside the
+    /// digest's flag: a resource is 160 bytes, not 168.
+    position: u32,
     /// The resource's id, unique in the declaration.
     pub id: Id,
     /// What the resource is, with the fields of its type.
@@ -81,6 +83,11 @@ pub struct Resource {
 }
 
 impl Resource {
+    /// Its position in `resources`, which is its apply order.
+    pub fn index(&self) -> usize {
+        self.position as usize
+    }
+
     /// The resource's type.
     pub fn kind(&self) -> Kind {
         self.spec.kind()
@@ -180,7 +187,7 @@ impl Declaration {
         let mut todo: Vec<&Id> = ids.into_iter().collect();
         while let Some(id) = todo.pop() {
             if let Some(r) = self.get(id) {
-                if selected.insert(r.index) {
+                if selected.insert(r.index()) {
                     todo.extend(self.dependents(&r.id).map(|d| &d.id));
                 }
             }
@@ -213,7 +220,7 @@ impl Declaration {
     /// The files whose declared body may be kept outside the declaration, in the daemon's
     /// content file, with that body: by index (`Resource::movable_body`).
     pub fn movable_bodies(&self) -> impl Iterator<Item = (usize, &[u8])> + '_ {
-        self.resources.iter().filter_map(|r| r.movable_body().map(|body| (r.index, body)))
+        self.resources.iter().filter_map(|r| r.movable_body().map(|body| (r.index(), body)))
     }
 
     /// Notes that the body of the file at `index` is kept at `stored`, and drops it from the
@@ -243,21 +250,21 @@ impl Declaration {
     }
 
     pub(crate) fn new(resources: Vec<Resource>, adoption: Option<Adoption>) -> Declaration {
-        let by_id = table(resources.iter().map(|r| (hash_of(r.id.as_str()), r.index)));
-        let by_path = table(resources.iter().filter_map(|r| r.spec.path().map(|p| (hash_of(p), r.index))));
+        let by_id = table(resources.iter().map(|r| (hash_of(r.id.as_str()), r.index())));
+        let by_path = table(resources.iter().filter_map(|r| r.spec.path().map(|p| (hash_of(p), r.index()))));
         let mut named_by: HashMap<Id, Vec<usize>> = HashMap::new();
         for r in &resources {
             let mut names: Vec<&Id> = r.spec.restart_on().iter().chain(r.spec.reload_on()).collect();
             names.dedup();
             for id in names {
                 let list = named_by.entry(id.clone()).or_default();
-                if list.last() != Some(&r.index) {
-                    list.push(r.index);
+                if list.last() != Some(&r.index()) {
+                    list.push(r.index());
                 }
             }
         }
-        let gates = resources.iter().filter(|r| r.spec.is_gate()).map(|r| r.index).collect();
-        let scheduled = resources.iter().filter(|r| r.spec.schedule().is_some()).map(|r| r.index).collect();
+        let gates = resources.iter().filter(|r| r.spec.is_gate()).map(|r| r.index()).collect();
+        let scheduled = resources.iter().filter(|r| r.spec.schedule().is_some()).map(|r| r.index()).collect();
         Declaration { resources, adoption, by_id, by_path, named_by, gates, scheduled }
     }
 }
@@ -269,15 +276,15 @@ pub fn digest(bytes: &[u8]) -> Digest {
 
 /// A fixed hash (std's SipHash with its fixed keys): the tables below are rebuilt with each
 /// declaration and never leave the process, so no seed is needed.
-fn hash_of<T: Hash + ?Sized>(key: &T) -> u64 {
+fn hash_of<T: Hash + ?Sized>(key: &T) -> u32 {
     let mut h = std::hash::DefaultHasher::new();
     key.hash(&mut h);
-    h.finish()
+    (h.finish() >> 32) as u32
 }
 
 /// A sorted table of (hash, position).
-fn table(entries: impl Iterator<Item = (u64, usize)>) -> Vec<(u64, u32)> {
-    let mut t: Vec<(u64, u32)> =
+fn table(entries: impl Iterator<Item = (u32, usize)>) -> Vec<(u32, u32)> {
+    let mut t: Vec<(u32, u32)> =
         entries.map(|(h, i)| (h, u32::try_from(i).expect("fewer than 2^32 resources"))).collect();
     t.sort_unstable();
     t.shrink_to_fit();
@@ -285,7 +292,7 @@ fn table(entries: impl Iterator<Item = (u64, usize)>) -> Vec<(u64, u32)> {
 }
 
 /// The positions whose key hashes to `hash`: usually one, and the caller compares the key.
-fn candidates(table: &[(u64, u32)], hash: u64) -> impl Iterator<Item = usize> + '_ {
+fn candidates(table: &[(u32, u32)], hash: u32) -> impl Iterator<Item = usize> + '_ {
     let from = table.partition_point(|&(h, _)| h < hash);
     table[from..].iter().take_while(move |&&(h, _)| h == hash).map(|&(_, i)| i as usize)
 }

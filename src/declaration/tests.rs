@@ -1007,7 +1007,7 @@ fn several_problems_at_once() {
 
 /// One line a resource: index, id, type and target, as a person would list them.
 fn summary(d: &Declaration) -> String {
-    d.resources.iter().map(|r| format!("{} {} {} {}\n", r.index, r.id, r.kind(), r.target())).collect()
+    d.resources.iter().map(|r| format!("{} {} {} {}\n", r.index(), r.id, r.kind(), r.target())).collect()
 }
 
 /// The example of the contract (`spec/declaration.md`), as written there.
@@ -1110,7 +1110,7 @@ fn every_type_parses() {
     );
     let gates: Vec<&str> = d.resources.iter().filter(|r| r.spec.is_gate()).map(|r| r.id.as_str()).collect();
     assert_eq!(gates, ["web.migrate", "web.seed"]);
-    assert_eq!(d.find("web.app").map(|r| r.index), Some(11));
+    assert_eq!(d.find("web.app").map(|r| r.index()), Some(11));
     assert!(d.find("web.gone").is_none());
     assert!(d.find("Not An Id").is_none());
 }
@@ -1291,7 +1291,11 @@ fn a_large_declaration_is_validated_as_one() {
     let good = serde_json::to_vec(&serde_json::json!({"version": 1, "resources": resources})).unwrap();
     let d = Declaration::parse(&good).unwrap();
     assert_eq!(d.resources.len(), 3000);
-    assert!(d.resources.iter().enumerate().all(|(i, r)| r.index == i && r.id.as_str() == format!("m.f{i}")));
+    assert!(d
+        .resources
+        .iter()
+        .enumerate()
+        .all(|(i, r)| r.index() == i && r.id.as_str() == format!("m.f{i}")));
 
     resources[10]["mode"] = serde_json::json!("999");
     resources[2990]["mode"] = serde_json::json!("888");
@@ -1331,7 +1335,7 @@ fn resources_are_found_by_id_and_by_managed_path() {
     assert!(d.find("a.d500.f").is_none() && d.find("not an id").is_none());
     assert!(d.at_path(std::path::Path::new("/srv/media")).is_none(), "an access path is not managed");
     assert!(d.at_path(std::path::Path::new("/srv/d1/g")).is_none());
-    assert_eq!(d.get(&Id::parse("a.media").unwrap()).map(|r| r.index), Some(0));
+    assert_eq!(d.get(&Id::parse("a.media").unwrap()).map(|r| r.index()), Some(0));
 }
 
 // Keys given twice: serde_json would keep the last one silently.
@@ -1616,5 +1620,15 @@ fn a_resource_is_held_in_few_bytes() {
         "a Spec is {} bytes: box the type larger than a file",
         size_of::<Spec>()
     );
-    assert!(size_of::<Resource>() <= 168, "a Resource is {} bytes", size_of::<Resource>());
+    assert!(size_of::<Resource>() <= 160, "a Resource is {} bytes", size_of::<Resource>());
+}
+
+/// The lookup tables keep 32 bits of each hash: ids and paths that share one are all returned,
+/// and the caller's comparison of the key picks the one asked for.
+#[test]
+fn a_lookup_table_returns_every_position_sharing_a_hash() {
+    let t = table([(7u32, 3usize), (5, 1), (7, 2), (9, 0)].into_iter());
+    assert_eq!(candidates(&t, 7).collect::<Vec<_>>(), vec![2, 3]);
+    assert_eq!(candidates(&t, 5).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(candidates(&t, 6).count(), 0);
 }

@@ -433,7 +433,8 @@ fn resource(index: usize, text: &RawValue, raw: Value, problems: &mut Problems) 
     }?;
 
     within(&spec, index, id_text, problems);
-    Some(Resource { index, id: id?, spec, digest })
+    let position = u32::try_from(index).expect("fewer than 2^32 resources");
+    Some(Resource { position, id: id?, spec, digest })
 }
 
 /// Deserialises a resource's own fields, naming the field that failed. serde stops at the

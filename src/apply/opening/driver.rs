@@ -178,7 +178,7 @@ fn tell<B: Backend>(
 ) {
     let verdicts = items.iter().zip(plan.verdicts.iter().copied());
     for (item, _) in verdicts.clone().filter(|(_, v)| *v == Verdict::HeldAside) {
-        done.declared.push((item.r.index, Ok(outcome(item.r, Verb::Held, Some(held_detail(item.r))))));
+        done.declared.push((item.r.index(), Ok(outcome(item.r, Verb::Held, Some(held_detail(item.r))))));
     }
     for (i, (item, verdict)) in verdicts.filter(|(_, v)| *v != Verdict::HeldAside).enumerate() {
         let result = match after {
@@ -190,7 +190,7 @@ fn tell<B: Backend>(
             let (action, detail) = said(b, store, item.r, verdict, plan, i == 0);
             outcome(item.r, action, detail)
         };
-        done.declared.push((item.r.index, result.map(told)));
+        done.declared.push((item.r.index(), result.map(told)));
     }
 }
 

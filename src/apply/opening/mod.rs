@@ -177,7 +177,7 @@ impl Done {
         e: impl Fn() -> Error,
     ) -> Done {
         Done {
-            declared: declared.iter().map(|(r, _)| (r.index, Err(e()))).collect(),
+            declared: declared.iter().map(|(r, _)| (r.index(), Err(e()))).collect(),
             orphans: orphans.into_iter().map(|(id, rec)| (id, rec, Err(e()))).collect(),
             closes: Vec::new(),
         }

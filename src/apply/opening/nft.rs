@@ -324,7 +324,7 @@ pub(super) fn apply(
     let mut done = run(&mut table, declaration, store, opts, fits, orphans);
     let refused = too_long
         .into_iter()
-        .map(|(r, _)| (r.index, Err(Error::IdTooLongForRule { id: r.id.to_string(), max: COMMENT_MAX })));
+        .map(|(r, _)| (r.index(), Err(Error::IdTooLongForRule { id: r.id.to_string(), max: COMMENT_MAX })));
     done.declared.splice(0..0, refused);
     done
 }
