@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -48,8 +48,9 @@ pub struct Record {
     pub origin: Origin,
     /// The resource's type.
     pub kind: Kind,
-    /// What it names on the machine: a path, a unit, a name, a port.
-    pub target: Box<str>,
+    /// What it names on the machine: a path, a unit, a name, a port. The text of the declared
+    /// resource's path itself where it is one (`Spec::target_shared`), not a copy of it.
+    pub target: Arc<str>,
     /// Position in the declaration that last applied it: orphans go in reverse of this order.
     pub position: u32,
     /// The digest of the resource's declaration when it was applied.
@@ -237,7 +238,7 @@ impl From<Wire<String>> for Record {
         Record {
             origin: w.origin,
             kind: w.kind,
-            target: w.target.into_boxed_str(),
+            target: w.target.into(),
             position: w.position,
             declared: w.declared,
             applied_at: w.applied_at,
@@ -480,9 +481,10 @@ pub struct Store {
     /// node asks it of every found file, and a scan of every record for each would be
     /// quadratic in the size of the node. Built the first time it is asked, then kept up to
     /// date: a node that is not being adopted asks it only of a file found where it has no
-    /// record, often never, and the index is a copy of every target (about 70 bytes a record,
-    /// 7.8 MB at 100,000) that a daemon would otherwise hold for months unused
-    /// (docs/memory.md). Do not build it on load again.
+    /// record, often never, and the index is an entry for every target (it shares their texts
+    /// with the records; about 70 bytes a record, 7.8 MB at 100,000, when it copied them) that
+    /// a daemon would otherwise hold for months unused (docs/memory.md). Do not build it on
+    /// load again.
     targets: OnceLock<Targets>,
     /// Copies lent to reconciles running apart (`lend`) and not yet taken back: while any is
     /// out, the journal of intent is kept, since the reconcile holding it may have written
@@ -491,7 +493,7 @@ pub struct Store {
 }
 
 /// How many records hold each type and target.
-type Targets = std::collections::HashMap<(Kind, Box<str>), u32>;
+type Targets = std::collections::HashMap<(Kind, Arc<str>), u32>;
 
 fn count_in(targets: &mut Targets, r: &Record) {
     *targets.entry((r.kind, r.target.clone())).or_default() += 1;
@@ -662,7 +664,7 @@ impl Store {
             }
             targets
         });
-        targets.contains_key(&(kind, Box::from(target)))
+        targets.contains_key(&(kind, Arc::from(target)))
     }
 
     /// The hold of a resource found present on an adopted node, if it is held.
@@ -707,6 +709,9 @@ impl Store {
     pub fn record(&mut self, id: &str, mut record: Record) {
         match self.file.records.get_mut(id) {
             Some(old) if old.same_as(&record) => {
+                // The same text, now shared with the declaration (a record read from the file
+                // had its own copy).
+                old.target = record.target;
                 if old.sig != record.sig {
                     old.sig = record.sig;
                     self.stale = true;
@@ -891,13 +896,8 @@ impl Store {
     /// resident for as long as the daemon runs: 6.7 MiB of a daemon's 77 MiB anonymous memory
     /// after a first apply of 100,000 files (docs/memory.md).
     fn compact(&mut self) {
-        self.file.records = std::mem::take(&mut self.file.records)
-            .into_iter()
-            .map(|(id, mut r)| {
-                r.target = Box::from(&*r.target);
-                (Box::from(&*id), r)
-            })
-            .collect();
+        self.file.records =
+            std::mem::take(&mut self.file.records).into_iter().map(|(id, r)| (Box::from(&*id), r)).collect();
         self.grown = 0;
     }
 }
@@ -1043,6 +1043,25 @@ mod tests {
             sig: None,
             more: None,
         }
+    }
+
+    /// A record read from the file has its own copy of its target; recorded again unchanged,
+    /// as a daemon's first pass records every resource, it takes the text it was given (the
+    /// declaration's own, `Spec::target_shared`) and the copy goes, without dirtying the store.
+    #[test]
+    fn a_record_recorded_unchanged_takes_the_declarations_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = store_at(&dir, WRITTEN_BEFORE);
+        store.record("a.one", file_record(1));
+        store.save().unwrap();
+        drop(store);
+        let mut again = Store::open(&dir.path().join("state.json")).unwrap();
+        let declared = file_record(1);
+        let text = Arc::clone(&declared.target);
+        assert!(!Arc::ptr_eq(&again.get("a.one").unwrap().target, &text), "read from the file");
+        again.record("a.one", declared);
+        assert!(Arc::ptr_eq(&again.get("a.one").unwrap().target, &text));
+        assert!(!again.dirty, "nothing changed that the file holds");
     }
 
     #[test]

@@ -406,7 +406,7 @@ impl<'a> Pass<'a> {
                 self.slots.push(Some(Outcome {
                     id,
                     kind: record.kind,
-                    target: record.target.into(),
+                    target: record.target.to_string(),
                     action,
                     detail,
                     hand_edit: None,
@@ -415,7 +415,7 @@ impl<'a> Pass<'a> {
             Err(e) => self.failures.push(Failure {
                 id,
                 kind: record.kind,
-                target: record.target.into(),
+                target: record.target.to_string(),
                 message: format!("removing what is no longer declared: {e}"),
                 raced: false,
             }),
@@ -443,7 +443,7 @@ impl<'a> Pass<'a> {
                 Record {
                     origin: self.opts.origin,
                     kind: r.kind(),
-                    target: r.target().into_boxed_str(),
+                    target: r.spec.target_shared(),
                     position: u32::try_from(r.index()).expect("fewer than 2^32 resources"),
                     declared: r.digest,
                     applied_at: 0,

@@ -436,7 +436,7 @@ mod tests {
             crate::store::Record {
                 origin: crate::store::Origin::Declared,
                 kind: r.kind(),
-                target: r.target().into_boxed_str(),
+                target: r.spec.target_shared(),
                 position: r.index() as u32,
                 declared: r.digest,
                 applied_at: 0,

@@ -695,6 +695,18 @@ impl Spec {
         }
     }
 
+    /// `target`, sharing the path's text where the target is a path (`AbsPath::shared`): what a
+    /// record holds.
+    pub fn target_shared(&self) -> std::sync::Arc<str> {
+        match self {
+            Spec::Directory(r) => r.path.shared(),
+            Spec::File(r) => r.path.shared(),
+            Spec::Access(r) => r.path.shared(),
+            Spec::Archive(r) => r.path.shared(),
+            _ => self.target().into(),
+        }
+    }
+
     /// The path a file, directory or archive manages: where a change on the machine is its.
     /// An access path is the operator's, not the host's, so it has none here.
     pub fn path(&self) -> Option<&std::path::Path> {

@@ -1632,3 +1632,19 @@ fn a_lookup_table_returns_every_position_sharing_a_hash() {
     assert_eq!(candidates(&t, 5).collect::<Vec<_>>(), vec![1]);
     assert_eq!(candidates(&t, 6).count(), 0);
 }
+
+/// A record holds its resource's path itself, not a copy (docs/memory.md); names are copied.
+#[test]
+fn the_target_of_a_path_is_shared_and_of_a_name_is_not() {
+    let d = Declaration::parse(
+        br#"{"version": 1, "resources": [
+            {"type": "file", "id": "a.conf", "path": "/etc/a.conf", "content": "x"},
+            {"type": "package", "id": "a.pkg", "package": "curl"}]}"#,
+    )
+    .unwrap();
+    let file = &d.resources[0].spec;
+    assert!(std::sync::Arc::ptr_eq(&file.target_shared(), &file.target_shared()));
+    assert_eq!(&*file.target_shared(), "/etc/a.conf");
+    let pkg = &d.resources[1].spec;
+    assert_eq!(&*pkg.target_shared(), "curl");
+}

@@ -101,9 +101,11 @@ impl JsonSchema for Id {
 /// (docs/decisions.md, "Paths are normalised, not resolved").
 ///
 /// Held as the text it was declared as (valid UTF-8, and already normalised, so equal text is an
-/// equal path): a report or a record gets it without a lossy conversion.
+/// equal path): a report or a record gets it without a lossy conversion. Shared: the store's
+/// record of a file or directory holds the same text as its resource (`shared`), one copy for
+/// both in a daemon that holds them for months (docs/memory.md).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct AbsPath(Box<str>);
+pub struct AbsPath(std::sync::Arc<str>);
 
 impl AbsPath {
     /// Reads an absolute path with no `.`, `..` or empty segment (a trailing `/` dropped), or says
@@ -137,6 +139,11 @@ impl AbsPath {
     /// The path as text, for messages and the store.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The path's text itself, shared rather than copied: what a record of it holds.
+    pub fn shared(&self) -> std::sync::Arc<str> {
+        std::sync::Arc::clone(&self.0)
     }
 }
 
