@@ -28,7 +28,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
-use std::hash::{Hash, Hasher as _};
 use std::io;
 use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -37,6 +36,8 @@ use std::time::{Duration, Instant};
 
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
 use tokio::sync::mpsc::UnboundedSender;
+
+use crate::{path_hash, PathSet};
 
 use crate::Change;
 
@@ -60,9 +61,8 @@ const MASK: WatchMask = WatchMask::MODIFY
 struct Shared {
     /// The paths to report on, by their hash. Events for anything else in a watched directory
     /// (a temporary file, a neighbour) are dropped here, before they cost the controller
-    /// anything. Hashes rather than the paths: 8 bytes each instead of a copy of each of ten
-    /// thousand paths; a collision only lets through an event the controller then ignores.
-    interest: RwLock<HashSet<u64>>,
+    /// anything. Shared with the writers' watcher (`interest`).
+    interest: RwLock<Arc<PathSet>>,
     /// Watched directories by watch descriptor. Written by the owner under this lock around
     /// each add and remove, so the reader never sees an event of a watch it cannot name.
     wds: Mutex<Wds>,
@@ -193,7 +193,7 @@ impl FileWatcher {
         let inotify = Inotify::init()?;
         let watches = inotify.watches();
         let shared = Arc::new(Shared {
-            interest: RwLock::new(HashSet::new()),
+            interest: RwLock::new(Arc::default()),
             wds: Mutex::new(Wds::default()),
             lost: Mutex::new(Vec::new()),
             muted: Mutex::new(HashMap::new()),
@@ -232,13 +232,17 @@ impl FileWatcher {
         &mut self,
         paths: impl IntoIterator<Item = P>,
     ) -> Vec<(PathBuf, io::Error)> {
-        let mut interest = HashSet::new();
+        // Only while the paths are counted: a path given twice (a directory and an archive
+        // unpacked into it) counts once. A hash collision would count one path too few, never
+        // leave a directory unwatched.
+        let mut seen = HashSet::new();
         let mut wanted: HashMap<Arc<Path>, usize> = HashMap::new();
+        let mut paths_given = Vec::new();
         for path in paths {
             let path = path.as_ref();
-            // A path given twice (a directory and an archive unpacked into it) counts once. A
-            // hash collision would count one path too few, never leave a directory unwatched.
-            let new = usize::from(interest.insert(path_hash(path)));
+            let hash = path_hash(path);
+            paths_given.push(hash);
+            let new = usize::from(seen.insert(hash));
             if let Some(parent) = path.parent() {
                 match wanted.get_mut(parent) {
                     Some(n) => *n += new,
@@ -253,12 +257,13 @@ impl FileWatcher {
                 }
             }
         }
-        interest.shrink_to_fit();
+        drop(seen);
+        let interest = Arc::new(PathSet::of_hashes(paths_given));
         self.paths = wanted.values().sum();
         self.wanted = wanted;
         {
             let mut muted = lock(&self.shared.muted);
-            muted.retain(|h, _| interest.contains(h));
+            muted.retain(|h, _| interest.holds(*h));
         }
         *self.shared.interest.write().unwrap_or_else(|e| e.into_inner()) = interest;
         let stale: Vec<Arc<Path>> =
@@ -270,6 +275,12 @@ impl FileWatcher {
         self.take_lost();
         self.pending = self.wanted.keys().filter(|d| !self.watched.contains_key(*d)).cloned().collect();
         self.add_missing()
+    }
+
+    /// The paths of interest given to the last `set_paths`, for the writers' watcher to share
+    /// (`writers::Writers::set_paths`).
+    pub fn interest(&self) -> Arc<PathSet> {
+        Arc::clone(&self.shared.interest.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Watches again the directories whose watch was lost (removed and made again) or could
@@ -291,7 +302,7 @@ impl FileWatcher {
     /// batches ([`BATCH`]).
     pub fn mute(&self, path: &Path, until: Instant) {
         let hash = path_hash(path);
-        if !self.shared.interest.read().unwrap_or_else(|e| e.into_inner()).contains(&hash) {
+        if !self.shared.interest.read().unwrap_or_else(|e| e.into_inner()).holds(hash) {
             return;
         }
         let mut muted = lock(&self.shared.muted);
@@ -451,7 +462,7 @@ fn read_loop(mut inotify: Inotify, stop: &OwnedFd, shared: &Shared, tx: &Unbound
         // and each of them is known muted without a path made, hashed and looked up.
         let mut last_muted: Option<(i32, &OsStr)> = None;
         let mut wds = lock(&shared.wds);
-        let interest = shared.interest.read().unwrap_or_else(|e| e.into_inner());
+        let interest = Arc::clone(&shared.interest.read().unwrap_or_else(|e| e.into_inner()));
         for event in events {
             if event.mask.contains(EventMask::Q_OVERFLOW) {
                 // The kernel's queue overflowed: what happened in the gap is unknown.
@@ -490,9 +501,9 @@ fn read_loop(mut inotify: Inotify, stop: &OwnedFd, shared: &Shared, tx: &Unbound
 }
 
 /// Sends a change at `path` if it is of interest and not muted; whether it is muted.
-fn report(shared: &Shared, interest: &HashSet<u64>, tx: &UnboundedSender<Change>, path: &Path) -> bool {
+fn report(shared: &Shared, interest: &PathSet, tx: &UnboundedSender<Change>, path: &Path) -> bool {
     let hash = path_hash(path);
-    if !interest.contains(&hash) {
+    if !interest.holds(hash) {
         return false;
     }
     {
@@ -535,14 +546,6 @@ fn next_deadline(shared: &Shared) -> Option<Instant> {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The hash a path of interest is known by: std's SipHash with its fixed keys, the same for
-/// the path given to `set_paths` and the path an event names.
-fn path_hash(path: &Path) -> u64 {
-    let mut h = std::hash::DefaultHasher::new();
-    path.hash(&mut h);
-    h.finish()
 }
 
 #[cfg(test)]

@@ -20,7 +20,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
-use std::hash::{Hash, Hasher as _};
 use std::io::{self, Read as _};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
@@ -28,6 +27,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
+
+use crate::PathSet;
 
 /// What the writer did, as the event said it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,8 +113,8 @@ pub const KINDS: &[&str] = &["session", "unit", "container", "unknown"];
 
 /// What the reading thread shares with the owner.
 struct Shared {
-    /// The paths to keep a writer for, by their hash (as `file.rs` keeps them).
-    interest: Mutex<HashSet<u64>>,
+    /// The paths to keep a writer for, shared with the file watcher (`Writers::set_paths`).
+    interest: Mutex<Arc<PathSet>>,
     /// Marked directories by their file handle (type and bytes).
     dirs: Mutex<HashMap<Vec<u8>, PathBuf>>,
     /// Marked directories that were removed: their mark is gone.
@@ -203,7 +204,7 @@ impl Writers {
         // SAFETY: `raw` is a descriptor fanotify_init just returned, owned by nothing else.
         let fd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
         let shared = Arc::new(Shared {
-            interest: Mutex::new(HashSet::new()),
+            interest: Mutex::new(Arc::default()),
             dirs: Mutex::new(HashMap::new()),
             lost: Mutex::new(Vec::new()),
             latest: Mutex::new(HashMap::new()),
@@ -220,17 +221,18 @@ impl Writers {
     }
 
     /// Keeps writers for exactly these paths from now on, marking their parent directories.
-    /// Returns the directories that could not be marked (absent, or on a filesystem without
-    /// file handles); `rewatch` tries them again.
+    /// `interest` is the set of the same paths, as the file watcher made it
+    /// (`FileWatcher::interest`): one copy for both watchers. Returns the directories that
+    /// could not be marked (absent, or on a filesystem without file handles); `rewatch` tries
+    /// them again.
     pub fn set_paths<P: AsRef<Path>>(
         &mut self,
         paths: impl IntoIterator<Item = P>,
+        interest: Arc<PathSet>,
     ) -> Vec<(PathBuf, io::Error)> {
-        let mut interest = HashSet::new();
         let mut wanted = HashSet::new();
         for path in paths {
             let path = path.as_ref();
-            interest.insert(path_hash(path));
             if let Some(parent) = path.parent() {
                 wanted.insert(parent.to_path_buf());
             }
@@ -238,9 +240,9 @@ impl Writers {
         *lock(&self.shared.interest) = interest;
         {
             let interest = lock(&self.shared.interest);
-            lock(&self.shared.latest).retain(|p, _| interest.contains(&path_hash(p)));
+            lock(&self.shared.latest).retain(|p, _| interest.contains(p));
             lock(&self.shared.muted).retain(|p, m| {
-                let keep = interest.contains(&path_hash(p));
+                let keep = interest.contains(p);
                 if !keep {
                     unignore(&self.fd, m);
                 }
@@ -307,7 +309,7 @@ impl Writers {
     /// only for a regular file of interest; a later mute of the same file extends this one.
     /// Until shortly after the mute ends, `take` gives the writer last taken for the path.
     pub fn mute(&self, path: &Path, until: Instant) -> io::Result<()> {
-        if !lock(&self.shared.interest).contains(&path_hash(path)) {
+        if !lock(&self.shared.interest).contains(path) {
             return Ok(());
         }
         use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
@@ -456,12 +458,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn path_hash(path: &Path) -> u64 {
-    let mut h = std::hash::DefaultHasher::new();
-    path.hash(&mut h);
-    h.finish()
-}
-
 /// `name_to_handle_at`'s buffer: a `struct file_handle` with room for the largest handle.
 #[repr(C)]
 struct Handle {
@@ -556,7 +552,7 @@ fn read_loop(fd: &OwnedFd, shared: &Shared) {
                 continue;
             }
             let path = dir.join(std::ffi::OsString::from_vec(event.name));
-            if !lock(&shared.interest).contains(&path_hash(&path)) {
+            if !lock(&shared.interest).contains(&path) {
                 continue;
             }
             let moved = if event.mask & (libc::FAN_MODIFY | libc::FAN_CLOSE_WRITE) != 0 {
@@ -800,7 +796,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, "a").unwrap();
-        assert!(w.set_paths([&path]).is_empty());
+        assert!(w.set_paths([&path], Arc::new(PathSet::of([&path]))).is_empty());
         let since = Instant::now();
         std::fs::write(&path, "b").unwrap();
         assert_eq!(w.take(&path, since, Duration::from_millis(300)), None, "our own write");
@@ -828,7 +824,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, "a").unwrap();
-        assert!(w.set_paths([&path]).is_empty());
+        assert!(w.set_paths([&path], Arc::new(PathSet::of([&path]))).is_empty());
         let write = |times: u32| {
             let script = format!(
                 "i=0; while [ $i -lt {times} ]; do echo $i > {}; i=$((i+1)); done; sleep 0.3",
