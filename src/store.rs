@@ -1045,6 +1045,19 @@ mod tests {
         }
     }
 
+    /// A daemon holds a record of every resource for as long as it runs: at 100,000 of them
+    /// each byte here is 100 KB there (docs/memory.md).
+    #[test]
+    fn a_record_is_held_in_few_bytes() {
+        use std::mem::size_of;
+        assert!(
+            size_of::<Option<fs::Sig>>() <= 32,
+            "an Option<Sig> is {} bytes",
+            size_of::<Option<fs::Sig>>()
+        );
+        assert!(size_of::<Record>() <= 160, "a Record is {} bytes", size_of::<Record>());
+    }
+
     /// A record read from the file has its own copy of its target; recorded again unchanged,
     /// as a daemon's first pass records every resource, it takes the text it was given (the
     /// declaration's own, `Spec::target_shared`) and the copy goes, without dirtying the store.

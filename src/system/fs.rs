@@ -115,8 +115,12 @@ pub struct Meta {
 
 /// A file's change signature: what moves whenever anything about the file does. The store
 /// keeps it as the array `[inode, ctime seconds, ctime nanoseconds, size]`.
+///
+/// Aligned to 4 rather than 8: 28 bytes, and `Option<Sig>` in every record of a file 32 rather
+/// than 40 (docs/memory.md). Its fields are read by value, never borrowed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(from = "(u64, i64, u32, u64)", into = "(u64, i64, u32, u64)")]
+#[repr(C, packed(4))]
 pub struct Sig {
     /// The inode number: a rename over the file gives it another.
     pub inode: u64,
