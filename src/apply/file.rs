@@ -66,7 +66,7 @@ pub fn declared_bytes<'a>(f: &'a File, contents: Option<&ContentFile>) -> Result
     if f.into.is_some() {
         return Err(Error::IntoUnsupported { path: f.path.as_path().to_owned() });
     }
-    if let Some(stored) = &f.stored {
+    if let Some(stored) = f.stored() {
         let place = Place { at: stored.at(), len: stored.length(), sum: stored.sum() };
         let read = contents
             .ok_or_else(|| std::io::Error::other("the daemon has no content file"))

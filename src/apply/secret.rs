@@ -83,7 +83,7 @@ pub(super) fn open_as(ring: &Keyring, f: &File, how: Fill) -> Result<Opened, Err
     if let Some(sealed) = &f.sealed {
         return ring.open(sealed.as_str()).map_err(|e| not_opened("sealed".into(), e));
     }
-    let content = f.content.as_deref().unwrap_or_default();
+    let content = f.content().unwrap_or_default();
     let mut opened: BTreeMap<&str, Opened> = BTreeMap::new();
     for name in holes(content).map(|(_, name, _)| name) {
         if opened.contains_key(name) {

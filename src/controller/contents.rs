@@ -114,12 +114,12 @@ mod tests {
         assert_eq!((moved, file.len()), (3, 12));
         for (id, bytes) in ["a.text", "a.bin", "a.empty"].iter().zip(&before) {
             let f = file_of(&d, id);
-            assert!(f.content.is_none() && f.bytes.is_none() && f.stored.is_some(), "{id} left memory");
+            assert!(f.content().is_none() && f.bytes.is_none() && f.stored().is_some(), "{id} left memory");
             assert_eq!(&declared_bytes(f, Some(&file)).unwrap().into_owned(), bytes, "{id}");
             assert!(declared_bytes(f, None).is_err(), "{id}: without the file there is nothing to read");
         }
         let sealed = file_of(&d, "a.key");
-        assert!(sealed.stored.is_none() && sealed.sealed.is_some(), "a sealed file is left as it is");
+        assert!(sealed.stored().is_none() && sealed.sealed.is_some(), "a sealed file is left as it is");
         assert!(declared_bytes(sealed, Some(&file)).is_err());
         assert_eq!(d.inline_bytes(), 0);
         // The digests are of the declaration as written, whatever moved.
@@ -155,7 +155,7 @@ mod tests {
         let (d, file) = parse_moving(&sources(text), Path::new("/nonexistent/state")).unwrap();
         assert!(file.is_err());
         let f = file_of(&d, "a.text");
-        assert!(f.stored.is_none());
+        assert!(f.stored().is_none());
         assert_eq!(declared_bytes(f, None).unwrap().as_ref(), b"port=80\n");
         assert_eq!(d.inline_bytes(), 8);
     }

@@ -72,7 +72,7 @@ pub struct Adoption {
 #[derive(Clone, Debug)]
 pub struct Resource {
     /// Its position in `resources`, which is its apply order (`index`). 32 bits, beside the
-    /// digest's flag: a resource is 160 bytes, not 168.
+    /// digest's flag: a resource is 8 bytes smaller.
     position: u32,
     /// The resource's id, unique in the declaration.
     pub id: Id,
@@ -98,7 +98,7 @@ impl Resource {
     /// writing keys `into` a file (merged from its text), nor of one already moved.
     pub fn movable_body(&self) -> Option<&[u8]> {
         let Spec::File(f) = &self.spec else { return None };
-        if f.stored.is_some() || f.carries_secret() || f.into.is_some() {
+        if f.stored().is_some() || f.carries_secret() || f.into.is_some() {
             return None;
         }
         f.inline_body()
@@ -108,9 +108,7 @@ impl Resource {
     /// Nothing for a resource that is not a file.
     pub fn body_moved(&mut self, stored: Stored) {
         if let Spec::File(f) = &mut self.spec {
-            f.stored = Some(stored);
-            f.content = None;
-            f.bytes = None;
+            f.moved(stored);
         }
     }
 

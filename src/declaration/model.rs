@@ -48,8 +48,11 @@ pub struct File {
     pub path: AbsPath,
     /// The file's text; one of `content`, `bytes` and `sealed` is given. May hold `${secret:NAME}`
     /// holes, filled from `secrets`.
-    // Boxed, as the bodies, ids and owners are: a capacity in every file is 8 bytes for nothing.
-    pub content: Option<Box<str>>,
+    // `content` as declared (`File::content`), or, once the daemon moved the declared bytes
+    // (of `content` or `bytes`) to its content file, where they are (`File::stored`): one
+    // field of 24 bytes for the two, where they were 40 side by side (docs/memory.md).
+    #[serde(rename = "content")]
+    body: Option<Body>,
     /// Base64 of the file's bytes, for what is not text.
     // Decoded when parsed (`Base64Bytes`). This, `sealed` and `secrets` are rare: each is one
     // pointer, 8 bytes in every file, where inline they were 56 (docs/memory.md).
@@ -72,11 +75,38 @@ pub struct File {
     /// The file belongs to someone else and the mesh owns some keys in it: `content` holds those
     /// keys, in this format. What they held before is put back when the resource is removed.
     pub into: Option<MergeInto>,
-    /// Where the daemon keeps the declared bytes once it has moved them out of `content` or
-    /// `bytes` into its content file (`controller::contents`); never part of a declaration.
-    #[serde(skip)]
-    #[schemars(skip)]
-    pub stored: Option<Stored>,
+}
+
+/// A file's declared text, or where the daemon keeps its declared bytes.
+#[derive(Clone, Debug)]
+enum Body {
+    /// `content`, as declared: boxed, as ids and owners are (a capacity in every file would be
+    /// 8 bytes for nothing).
+    Text(Box<str>),
+    /// Moved out of `content` or `bytes` into the daemon's content file
+    /// (`controller::contents`); never part of a declaration.
+    Stored(Stored),
+}
+
+impl<'de> Deserialize<'de> for Body {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Box::<str>::deserialize(d).map(Body::Text)
+    }
+}
+
+impl JsonSchema for Body {
+    fn inline_schema() -> bool {
+        <Box<str>>::inline_schema()
+    }
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        <Box<str>>::schema_name()
+    }
+    fn schema_id() -> std::borrow::Cow<'static, str> {
+        <Box<str>>::schema_id()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        <Box<str>>::json_schema(generator)
+    }
 }
 
 /// Where one file's declared bytes are in the daemon's content file, and their checksum: plain
@@ -171,11 +201,35 @@ impl File {
     /// decoded `bytes`; `None` for a sealed file, or one whose body was moved to the daemon's
     /// content file.
     pub fn inline_body(&self) -> Option<&[u8]> {
-        match (&self.content, &self.bytes) {
+        match (self.content(), &self.bytes) {
             (Some(c), _) => Some(c.as_bytes()),
             (None, Some(b)) => Some(b.as_slice()),
             (None, None) => None,
         }
+    }
+
+    /// `content`, as declared; `None` where none was, or once the daemon moved it to its
+    /// content file.
+    pub fn content(&self) -> Option<&str> {
+        match &self.body {
+            Some(Body::Text(text)) => Some(text),
+            Some(Body::Stored(_)) | None => None,
+        }
+    }
+
+    /// Where the daemon keeps the declared bytes, once it has moved them out of `content` or
+    /// `bytes` into its content file.
+    pub fn stored(&self) -> Option<Stored> {
+        match &self.body {
+            Some(Body::Stored(at)) => Some(*at),
+            Some(Body::Text(_)) | None => None,
+        }
+    }
+
+    /// Notes that the declared bytes are kept at `stored`, and drops them from the file.
+    pub(super) fn moved(&mut self, stored: Stored) {
+        self.body = Some(Body::Stored(stored));
+        self.bytes = None;
     }
 
     /// The mode the file must have: the declared one, else the default for what it carries.
@@ -429,8 +483,8 @@ pub enum Spec {
     /// A local account. Boxed, as containers and processes are: rare beside files, and larger
     /// than a file (a `Spec` is as large as its largest type).
     User(Box<User>),
-    /// An archive unpacked into a directory.
-    Archive(Archive),
+    /// An archive unpacked into a directory. Boxed: rare, and as large as a file.
+    Archive(Box<Archive>),
     /// A program supervised by systemd as a transient unit.
     Process(Box<Process>),
     /// A command with its verify.

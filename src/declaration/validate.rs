@@ -426,7 +426,7 @@ fn resource(index: usize, text: &RawValue, raw: Value, problems: &mut Problems) 
         Kind::Container => fields(map, text, index, id_text, problems).map(|c| Spec::Container(Box::new(c))),
         Kind::Network => fields(map, text, index, id_text, problems).map(Spec::Network),
         Kind::User => fields(map, text, index, id_text, problems).map(|u| Spec::User(Box::new(u))),
-        Kind::Archive => fields(map, text, index, id_text, problems).map(Spec::Archive),
+        Kind::Archive => fields(map, text, index, id_text, problems).map(|a| Spec::Archive(Box::new(a))),
         Kind::Process => fields(map, text, index, id_text, problems).map(|p| Spec::Process(Box::new(p))),
         Kind::Action => fields(map, text, index, id_text, problems).map(Spec::Action),
         Kind::Opening => fields(map, text, index, id_text, problems).map(Spec::Opening),
@@ -574,20 +574,20 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
     match spec {
         Spec::File(f) => {
             let given = [
-                ("content", f.content.is_some()),
+                ("content", f.content().is_some()),
                 ("bytes", f.bytes.is_some()),
                 ("sealed", f.sealed.is_some()),
             ];
             if let Some((field, message)) = exactly_one("a file", &given) {
                 problem(field, message);
             }
-            if !f.secrets.is_empty() && f.content.is_none() {
+            if !f.secrets.is_empty() && f.content().is_none() {
                 problem(
                     "secrets",
                     "secrets fill `${secret:NAME}` holes in `content`, and this file has no `content`".into(),
                 );
             }
-            for name in f.content.as_deref().map(secret_holes).unwrap_or_default() {
+            for name in f.content().map(secret_holes).unwrap_or_default() {
                 if !f.secrets.contains_key(name) {
                     problem(
                         "content",
@@ -599,7 +599,7 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
             if f.create_once {
                 problem("into", "`into` and `create-once` cannot be combined: the first owns keys in a file, the second leaves the whole file alone".into());
             }
-            match (&f.content, into) {
+            match (f.content(), into) {
                 (None, _) => {
                     problem("into", "`into` sets keys from `content`, and this file has no `content`".into())
                 }

@@ -54,7 +54,7 @@ const EMPTY_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 /// `format` is the file's `into`: the dispatcher calls this only for a file that has one.
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File, format: MergeInto) -> Result<Step, Error> {
     let path = f.path.as_path();
-    let template = f.content.as_deref().ok_or_else(|| Error::NoContent { path: path.to_owned() })?;
+    let template = f.content().ok_or_else(|| Error::NoContent { path: path.to_owned() })?;
     let record =
         ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::File && *rec.target == *r.target());
     let recorded = record.and_then(Record::merged).filter(|m| m.format == format);
