@@ -610,6 +610,11 @@ impl Worker {
             // A refused pass attempted nothing: the counts of the last pass that did stand.
             self.count_resources(&report);
         }
+        let failed = report.error.is_some();
+        // The report goes first: what the watchers keep for as long as the daemon runs is then
+        // not allocated among its texts, one or more for each resource (about 0.5 MiB less
+        // resident after a first pass at 100,000 files; docs/memory.md).
+        drop(report);
         let t = std::time::Instant::now();
         self.watch_paths();
         tracing::debug!(
@@ -617,7 +622,7 @@ impl Worker {
             watch_ms = t.elapsed().as_secs_f64() * 1e3,
             "full pass"
         );
-        if report.error.is_some() {
+        if failed {
             Verdict::Failed
         } else {
             Verdict::Clean
