@@ -282,11 +282,11 @@ fn untouched(rec: &Record, want: &Declared<'_>, m: &Meta) -> Option<Facts> {
         && m.kind == FsKind::File
         && rec.sig == Some(m.sig)
         && m.mode == want.mode
-        && rec.mode == Some(want.mode)
+        && rec.mode.map(u32::from) == Some(want.mode)
         && owner_same;
     same.then(|| Facts {
         wrote: rec.wrote,
-        mode: rec.mode,
+        mode: rec.mode.map(u32::from),
         owner: rec.owner,
         sig: rec.sig,
         ..Facts::default()
@@ -353,7 +353,7 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
     }
     if !mode_same {
         changes.push(format!("mode {:04o} to {:04o}", meta.mode, want.mode));
-        if record.is_some_and(|rec| rec.mode != Some(meta.mode))
+        if record.is_some_and(|rec| rec.mode.map(u32::from) != Some(meta.mode))
             && !intended.iter().any(|i| i.mode == meta.mode)
         {
             drifted.push(format!("mode (it was {:04o})", meta.mode));
@@ -715,7 +715,7 @@ mod tests {
             declared: digest(declared.as_bytes()),
             applied_at: 0,
             wrote: Some(digest(wrote)),
-            mode: Some(mode),
+            mode: Some(crate::store::mode_bits(mode)),
             owner: Some(owner),
             sig: Some(SIG),
             more: None,

@@ -448,7 +448,7 @@ impl<'a> Pass<'a> {
                     declared: r.digest,
                     applied_at: 0,
                     wrote: facts.wrote,
-                    mode: facts.mode,
+                    mode: facts.mode.map(crate::store::mode_bits),
                     owner: facts.owner,
                     sig: facts.sig,
                     more: More {

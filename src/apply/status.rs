@@ -54,7 +54,7 @@ impl Looker {
     /// does not look at (units, containers, packages, accounts: their own tools say more).
     pub fn holds(&mut self, rec: &Record) -> Option<Holds> {
         let path = std::path::Path::new(&*rec.target);
-        let mode_same = |mode: u32| rec.mode.is_none_or(|m| m == mode);
+        let mode_same = |mode: u32| rec.mode.is_none_or(|m| u32::from(m) == mode);
         let seen = match rec.kind {
             Kind::File if rec.wrote.is_some_and(|w| w.is_keyed()) => match &self.keyring {
                 Some(ring) => super::secret::found_keyed(&mut self.fs, ring, path).map(|found| {

@@ -173,7 +173,7 @@ fn untouched(
     }
     let facts = Facts {
         wrote: rec.wrote,
-        mode: rec.mode,
+        mode: rec.mode.map(u32::from),
         owner: rec.owner,
         sig: rec.sig,
         into: Some(merged.clone()),
