@@ -869,7 +869,7 @@ impl Worker {
             tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
         }
         if let Some(w) = &mut self.writers {
-            for (dir, e) in w.set_paths(index.paths(), self.files.interest()) {
+            for (dir, e) in w.set_paths(self.files.interest(), self.files.dirs()) {
                 tracing::debug!(directory = %dir.display(), error = %e, "cannot mark for fanotify; its writers are unknown");
             }
         }

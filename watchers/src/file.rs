@@ -283,6 +283,12 @@ impl FileWatcher {
         Arc::clone(&self.shared.interest.read().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// The directories of the paths given to the last `set_paths`, watched or not: this
+    /// watcher's own names of them, for the writers' watcher to share.
+    pub fn dirs(&self) -> impl Iterator<Item = Arc<Path>> + '_ {
+        self.wanted.keys().cloned()
+    }
+
     /// Watches again the directories whose watch was lost (removed and made again) or could
     /// not be made before. Cheap when there is nothing to do: call it after every change. While
     /// the limit of watches is reached it adds nothing unless one of this watcher's own watches

@@ -116,9 +116,9 @@ struct Shared {
     /// The paths to keep a writer for, shared with the file watcher (`Writers::set_paths`).
     interest: Mutex<Arc<PathSet>>,
     /// Marked directories by their file handle (type and bytes).
-    dirs: Mutex<HashMap<Vec<u8>, PathBuf>>,
+    dirs: Mutex<HashMap<Box<[u8]>, Arc<Path>>>,
     /// Marked directories that were removed: their mark is gone.
-    lost: Mutex<Vec<PathBuf>>,
+    lost: Mutex<Vec<Arc<Path>>>,
     /// The latest writer of each path of interest; at most one per managed path.
     latest: Mutex<HashMap<PathBuf, Writer>>,
     /// Woken when a writer is kept.
@@ -156,10 +156,11 @@ const IGNORED: u64 = libc::FAN_MODIFY | libc::FAN_ATTRIB | libc::FAN_CLOSE_WRITE
 pub struct Writers {
     fd: Arc<OwnedFd>,
     shared: Arc<Shared>,
-    /// Directories marked.
-    marked: HashSet<PathBuf>,
+    /// Directories marked: the file watcher's own names of them (`set_paths`), one copy for
+    /// both watchers.
+    marked: HashSet<Arc<Path>>,
     /// Directories wanted and not marked.
-    pending: HashSet<PathBuf>,
+    pending: HashSet<Arc<Path>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -220,23 +221,16 @@ impl Writers {
         Ok(Writers { fd, shared, marked: HashSet::new(), pending: HashSet::new(), thread: Some(thread) })
     }
 
-    /// Keeps writers for exactly these paths from now on, marking their parent directories.
-    /// `interest` is the set of the same paths, as the file watcher made it
-    /// (`FileWatcher::interest`): one copy for both watchers. Returns the directories that
-    /// could not be marked (absent, or on a filesystem without file handles); `rewatch` tries
-    /// them again.
-    pub fn set_paths<P: AsRef<Path>>(
+    /// Keeps writers for exactly the paths of `interest` from now on, marking `dirs`, their
+    /// parent directories. Both as the file watcher holds them (`FileWatcher::interest`,
+    /// `FileWatcher::dirs`): one copy for both watchers. Returns the directories that could not
+    /// be marked (absent, or on a filesystem without file handles); `rewatch` tries them again.
+    pub fn set_paths(
         &mut self,
-        paths: impl IntoIterator<Item = P>,
         interest: Arc<PathSet>,
+        dirs: impl IntoIterator<Item = Arc<Path>>,
     ) -> Vec<(PathBuf, io::Error)> {
-        let mut wanted = HashSet::new();
-        for path in paths {
-            let path = path.as_ref();
-            if let Some(parent) = path.parent() {
-                wanted.insert(parent.to_path_buf());
-            }
-        }
+        let wanted: HashSet<Arc<Path>> = dirs.into_iter().collect();
         *lock(&self.shared.interest) = interest;
         {
             let interest = lock(&self.shared.interest);
@@ -281,13 +275,15 @@ impl Writers {
             });
             match marked {
                 Ok(handle) => {
-                    lock(&self.shared.dirs).insert(handle, dir.clone());
+                    lock(&self.shared.dirs).insert(handle.into_boxed_slice(), Arc::clone(&dir));
                     self.marked.insert(dir);
                 }
-                Err(e) => failed.push((dir, e)),
+                Err(e) => {
+                    failed.push((dir.to_path_buf(), e));
+                    self.pending.insert(dir);
+                }
             }
         }
-        self.pending.extend(failed.iter().map(|(d, _)| d.clone()));
         failed
     }
 
@@ -543,7 +539,7 @@ fn read_loop(fd: &OwnedFd, shared: &Shared) {
                 tracing::debug!("fanotify: the queue overflowed; some writers are unknown");
                 continue;
             }
-            let dir = lock(&shared.dirs).get(&event.dir).cloned();
+            let dir = lock(&shared.dirs).get(event.dir.as_slice()).cloned();
             let Some(dir) = dir else { continue };
             if event.name.is_empty() || event.name == b"." {
                 if event.mask & libc::FAN_DELETE_SELF != 0 {
@@ -796,7 +792,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, "a").unwrap();
-        assert!(w.set_paths([&path], Arc::new(PathSet::of([&path]))).is_empty());
+        assert!(w.set_paths(Arc::new(PathSet::of([&path])), [Arc::from(dir.path())]).is_empty());
         let since = Instant::now();
         std::fs::write(&path, "b").unwrap();
         assert_eq!(w.take(&path, since, Duration::from_millis(300)), None, "our own write");
@@ -824,7 +820,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, "a").unwrap();
-        assert!(w.set_paths([&path], Arc::new(PathSet::of([&path]))).is_empty());
+        assert!(w.set_paths(Arc::new(PathSet::of([&path])), [Arc::from(dir.path())]).is_empty());
         let write = |times: u32| {
             let script = format!(
                 "i=0; while [ $i -lt {times} ]; do echo $i > {}; i=$((i+1)); done; sleep 0.3",
