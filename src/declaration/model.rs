@@ -474,8 +474,9 @@ pub enum Spec {
     Access(Access),
     /// A package, installed if absent.
     Package(Package),
-    /// A systemd unit's state.
-    Service(Service),
+    /// A systemd unit's state. Boxed, as containers, users, archives and processes are: a
+    /// `Spec` is as large as a file, and no larger.
+    Service(Box<Service>),
     /// A container, a run-once step or a scheduled step.
     Container(Box<Container>),
     /// A container network.

@@ -1614,9 +1614,9 @@ fn a_containers_holds_are_its_declared_host_ports_without_repeats() {
 #[test]
 fn a_resource_is_held_in_few_bytes() {
     use std::mem::size_of;
-    assert!(size_of::<File>() <= 88, "a File is {} bytes", size_of::<File>());
-    assert!(size_of::<Spec>() <= 88, "a Spec is {} bytes: box a type as large as a file", size_of::<Spec>());
-    assert!(size_of::<Resource>() <= 144, "a Resource is {} bytes", size_of::<Resource>());
+    assert!(size_of::<File>() <= 80, "a File is {} bytes", size_of::<File>());
+    assert!(size_of::<Spec>() <= 80, "a Spec is {} bytes: box a type as large as a file", size_of::<Spec>());
+    assert!(size_of::<Resource>() <= 136, "a Resource is {} bytes", size_of::<Resource>());
 }
 
 /// The lookup tables keep 32 bits of each hash: ids and paths that share one are all returned,

@@ -422,7 +422,7 @@ fn resource(index: usize, text: &RawValue, raw: Value, problems: &mut Problems) 
         Kind::File => fields(map, text, index, id_text, problems).map(Spec::File),
         Kind::Access => fields(map, text, index, id_text, problems).map(Spec::Access),
         Kind::Package => fields(map, text, index, id_text, problems).map(Spec::Package),
-        Kind::Service => fields(map, text, index, id_text, problems).map(Spec::Service),
+        Kind::Service => fields(map, text, index, id_text, problems).map(|s| Spec::Service(Box::new(s))),
         Kind::Container => fields(map, text, index, id_text, problems).map(|c| Spec::Container(Box::new(c))),
         Kind::Network => fields(map, text, index, id_text, problems).map(Spec::Network),
         Kind::User => fields(map, text, index, id_text, problems).map(|u| Spec::User(Box::new(u))),
