@@ -59,11 +59,11 @@ pub struct Record {
     pub applied_at: u64,
     /// For a file: the digest of the content the host wrote (never the content).
     pub wrote: Option<Digest>,
-    /// For a file or directory: the mode the host left, its permission bits (`0o7777` at most,
-    /// so 16 bits: a record is 8 bytes smaller; `mode_bits` makes one, `u32::from` reads it).
-    pub mode: Option<u16>,
+    /// For a file or directory: the mode the host left, its permission bits (`mode_bits` makes
+    /// them, `u32::from` reads them).
+    pub mode: Option<ModeBits>,
     /// For a file or directory: the uid and gid the host left.
-    pub owner: Option<(u32, u32)>,
+    pub owner: Option<Owned>,
     /// For a file: its change signature when the host last looked (inode, ctime, size). While
     /// it is the same, the file has not been touched and need not be read again.
     pub sig: Option<crate::system::Sig>,
@@ -71,9 +71,78 @@ pub struct Record {
     pub more: Option<Box<More>>,
 }
 
-/// A mode as a record holds it: its permission bits, which fit in 16.
-pub fn mode_bits(mode: u32) -> u16 {
-    (mode & 0o7777) as u16
+/// A mode as a record holds it: its permission bits (`0o7777` at most), as one more than they
+/// are, so that the value is never zero: `Option<ModeBits>` is 2 bytes where `Option<u32>` was
+/// 8, and with `Nanos` a record is 144 bytes and 11 of them fit a node of the store's map in
+/// the allocator's 1,792-byte size rather than its 2,048 (docs/memory.md). Written as the
+/// number of the bits, as always.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ModeBits(std::num::NonZeroU16);
+
+/// The uid and gid a record holds, the uid as one more than it is so that the value is never
+/// zero: `Option<Owned>` is 8 bytes where `Option<(u32, u32)>` was 12 (see `ModeBits`). A uid
+/// of 4294967295 is `(uid_t) -1`, which `chown` reads as "leave it", never an owner: it is
+/// held as 4294967294. Written as the pair `[uid, gid]`, as always.
+#[derive(Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "(u32, u32)", into = "(u32, u32)")]
+pub struct Owned(std::num::NonZeroU32, u32);
+
+/// The record's form of an owner.
+pub fn owned((uid, gid): (u32, u32)) -> Owned {
+    Owned(std::num::NonZeroU32::MIN.saturating_add(uid), gid)
+}
+
+impl From<(u32, u32)> for Owned {
+    fn from(ids: (u32, u32)) -> Owned {
+        owned(ids)
+    }
+}
+
+impl From<Owned> for (u32, u32) {
+    fn from(o: Owned) -> (u32, u32) {
+        (o.0.get() - 1, o.1)
+    }
+}
+
+impl std::fmt::Debug for Owned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (uid, gid) = <(u32, u32)>::from(*self);
+        write!(f, "({uid}, {gid})")
+    }
+}
+
+/// The record's form of a mode's permission bits; bits above `0o7777` are dropped.
+pub fn mode_bits(mode: u32) -> ModeBits {
+    // At most 0o7777 + 1: never zero, never past u16.
+    ModeBits(std::num::NonZeroU16::MIN.saturating_add((mode & 0o7777) as u16))
+}
+
+impl From<ModeBits> for u32 {
+    fn from(m: ModeBits) -> u32 {
+        u32::from(m.0.get() - 1)
+    }
+}
+
+impl std::fmt::Debug for ModeBits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:04o}", u32::from(*self))
+    }
+}
+
+impl Serialize for ModeBits {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u32(u32::from(*self))
+    }
+}
+
+impl<'de> Deserialize<'de> for ModeBits {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let bits = u32::deserialize(d)?;
+        if bits > 0o7777 {
+            return Err(serde::de::Error::custom(format!("mode {bits:o} has bits above 7777")));
+        }
+        Ok(mode_bits(bits))
+    }
 }
 
 /// The parts of a record only some types have.
@@ -220,9 +289,9 @@ struct Wire<T> {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     wrote: Option<Digest>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    mode: Option<u16>,
+    mode: Option<ModeBits>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    owner: Option<(u32, u32)>,
+    owner: Option<Owned>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sig: Option<crate::system::Sig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1057,11 +1126,37 @@ mod tests {
     fn a_record_is_held_in_few_bytes() {
         use std::mem::size_of;
         assert!(
-            size_of::<Option<fs::Sig>>() <= 32,
+            size_of::<Option<fs::Sig>>() <= 28,
             "an Option<Sig> is {} bytes",
             size_of::<Option<fs::Sig>>()
         );
-        assert!(size_of::<Record>() <= 152, "a Record is {} bytes", size_of::<Record>());
+        assert!(size_of::<Record>() <= 144, "a Record is {} bytes", size_of::<Record>());
+    }
+
+    /// A mode, a uid and a change time's nanoseconds are held as one more than they are (so that
+    /// the `None` of their `Option` costs nothing) and read, written and printed as they are.
+    #[test]
+    fn modes_owners_and_nanoseconds_read_back_as_they_were_given() {
+        for bits in [0, 0o644, 0o7777] {
+            let m = mode_bits(bits);
+            assert_eq!(u32::from(m), bits);
+            assert_eq!(serde_json::to_string(&m).unwrap(), bits.to_string());
+            assert_eq!(serde_json::from_str::<ModeBits>(&bits.to_string()).unwrap(), m);
+        }
+        assert_eq!(u32::from(mode_bits(0o100644)), 0o644, "the type's bits are not kept");
+        assert!(serde_json::from_str::<ModeBits>("4096").is_err(), "above 0o7777: not a mode the host left");
+        assert_eq!(format!("{:?}", mode_bits(0o640)), "0640");
+        for ids in [(0, 0), (1000, 100), (u32::MAX - 1, u32::MAX)] {
+            let o = owned(ids);
+            assert_eq!(<(u32, u32)>::from(o), ids);
+            let text = serde_json::to_string(&o).unwrap();
+            assert_eq!(text, format!("[{},{}]", ids.0, ids.1), "written as the pair");
+            assert_eq!(serde_json::from_str::<Owned>(&text).unwrap(), o);
+        }
+        for nanos in [0, 1, 999_999_999] {
+            let sig = fs::Sig::from((7, 1_000, nanos, 3));
+            assert_eq!(<(u64, i64, u32, u64)>::from(sig), (7, 1_000, nanos, 3));
+        }
     }
 
     /// A record read from the file has its own copy of its target; recorded again unchanged,
@@ -1282,7 +1377,7 @@ mod tests {
             declared: Digest::of(&n.to_le_bytes()),
             applied_at: 0,
             wrote: Some(Digest::of(b"x")),
-            mode: Some(0o644),
+            mode: Some(mode_bits(0o644)),
             owner: None,
             sig: None,
             more: None,
@@ -1320,10 +1415,10 @@ mod tests {
         assert_eq!(written.get("web.conf").unwrap().sig, conf.sig, "written with the whole save");
 
         // A change of what a record says is written at once.
-        conf.mode = Some(0o600);
+        conf.mode = Some(mode_bits(0o600));
         store.record("web.conf", conf);
         store.save_changes().unwrap();
-        assert_eq!(Store::read_only(&path).unwrap().get("web.conf").unwrap().mode, Some(0o600));
+        assert_eq!(Store::read_only(&path).unwrap().get("web.conf").unwrap().mode, Some(mode_bits(0o600)));
     }
 
     /// A store whose records are `(id, type, target, applied-at)`.

@@ -76,7 +76,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, d: &Directory) -> Result<St
     let record =
         ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Directory && *rec.target == *r.target());
 
-    let recorded = record.map(|rec| Recorded { mode: rec.mode.map(u32::from), owner: rec.owner });
+    let recorded =
+        record.map(|rec| Recorded { mode: rec.mode.map(u32::from), owner: rec.owner.map(Into::into) });
     let (action, detail) = match decide(path, ctx.fs.meta(path)?.as_ref(), recorded, mode, owner)? {
         Plan::Unchanged { mode, owner } => {
             let facts = Facts { mode: Some(mode), owner: Some(owner), ..Facts::default() };
@@ -129,7 +130,12 @@ mod tests {
             gid: uid,
             dev: 1,
             links: 2,
-            sig: crate::system::Sig { inode: 1, ctime: 0, ctime_nsec: 0, size: 4096 },
+            sig: crate::system::Sig {
+                inode: 1,
+                ctime: 0,
+                ctime_nsec: crate::system::Nanos::new(0),
+                size: 4096,
+            },
         }
     }
 

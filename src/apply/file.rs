@@ -277,7 +277,7 @@ fn may_be_untouched(rec: &Record, want: &Declared<'_>) -> bool {
 /// read again. A signature is recorded only once it can be trusted to move on the next change
 /// (ARCHITECTURE.md, "Invariants"). What to record when so.
 fn untouched(rec: &Record, want: &Declared<'_>, m: &Meta) -> Option<Facts> {
-    let owner_same = want.owner.is_none_or(|o| Some(o) == rec.owner);
+    let owner_same = want.owner.is_none_or(|o| Some(o) == rec.owner.map(<(u32, u32)>::from));
     let same = may_be_untouched(rec, want)
         && m.kind == FsKind::File
         && rec.sig == Some(m.sig)
@@ -287,7 +287,7 @@ fn untouched(rec: &Record, want: &Declared<'_>, m: &Meta) -> Option<Facts> {
     same.then(|| Facts {
         wrote: rec.wrote,
         mode: rec.mode.map(u32::from),
-        owner: rec.owner,
+        owner: rec.owner.map(Into::into),
         sig: rec.sig,
         ..Facts::default()
     })
@@ -362,7 +362,7 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
     let owner_change = want.owner.filter(|_| !owner_same);
     if let Some((uid, gid)) = owner_change {
         changes.push(format!("owner {}:{} to {uid}:{gid}", meta.uid, meta.gid));
-        if record.is_some_and(|rec| rec.owner != Some((meta.uid, meta.gid)))
+        if record.is_some_and(|rec| rec.owner.map(<(u32, u32)>::from) != Some((meta.uid, meta.gid)))
             && !intended.iter().any(|i| i.owner == Some((meta.uid, meta.gid)))
         {
             drifted.push(format!("owner (it was {}:{})", meta.uid, meta.gid));
@@ -691,7 +691,8 @@ mod tests {
     // The decision, without a machine: plain values in, a plan out.
 
     const PATH: &str = "/etc/app.conf";
-    const SIG: crate::system::Sig = crate::system::Sig { inode: 7, ctime: 1_000, ctime_nsec: 0, size: 3 };
+    const SIG: crate::system::Sig =
+        crate::system::Sig { inode: 7, ctime: 1_000, ctime_nsec: crate::system::Nanos::new(0), size: 3 };
 
     fn meta(kind: FsKind, mode: u32, owner: (u32, u32), links: u64) -> Meta {
         Meta { kind, mode, uid: owner.0, gid: owner.1, dev: 1, links, sig: SIG }
@@ -716,7 +717,7 @@ mod tests {
             applied_at: 0,
             wrote: Some(digest(wrote)),
             mode: Some(crate::store::mode_bits(mode)),
-            owner: Some(owner),
+            owner: Some(crate::store::owned(owner)),
             sig: Some(SIG),
             more: None,
         }

@@ -449,7 +449,7 @@ impl<'a> Pass<'a> {
                     applied_at: 0,
                     wrote: facts.wrote,
                     mode: facts.mode.map(crate::store::mode_bits),
-                    owner: facts.owner,
+                    owner: facts.owner.map(crate::store::owned),
                     sig: facts.sig,
                     more: More {
                         archive: facts.archive,

@@ -116,8 +116,9 @@ pub struct Meta {
 /// A file's change signature: what moves whenever anything about the file does. The store
 /// keeps it as the array `[inode, ctime seconds, ctime nanoseconds, size]`.
 ///
-/// Aligned to 4 rather than 8: 28 bytes, and `Option<Sig>` in every record of a file 32 rather
-/// than 40 (docs/memory.md). Its fields are read by value, never borrowed.
+/// Aligned to 4 rather than 8, and its nanoseconds never zero inside (`Nanos`): 28 bytes, and
+/// `Option<Sig>` in every record of a file 28 rather than 40 (docs/memory.md). Its fields are
+/// read by value, never borrowed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(from = "(u64, i64, u32, u64)", into = "(u64, i64, u32, u64)")]
 #[repr(C, packed(4))]
@@ -127,20 +128,46 @@ pub struct Sig {
     /// The change time, which only the kernel sets: seconds and nanoseconds.
     pub ctime: i64,
     /// The nanoseconds of the change time.
-    pub ctime_nsec: u32,
+    pub ctime_nsec: Nanos,
     /// The size in bytes.
     pub size: u64,
 }
 
 impl From<(u64, i64, u32, u64)> for Sig {
     fn from((inode, ctime, ctime_nsec, size): (u64, i64, u32, u64)) -> Sig {
-        Sig { inode, ctime, ctime_nsec, size }
+        Sig { inode, ctime, ctime_nsec: Nanos::new(ctime_nsec), size }
     }
 }
 
 impl From<Sig> for (u64, i64, u32, u64) {
     fn from(s: Sig) -> Self {
-        (s.inode, s.ctime, s.ctime_nsec, s.size)
+        (s.inode, s.ctime, s.ctime_nsec.get(), s.size)
+    }
+}
+
+/// The nanoseconds of a change time (below 10^9), held as one more than they are so that the
+/// value is never zero: `Option<Sig>` keeps its `None` there instead of in 4 more bytes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Nanos(std::num::NonZeroU32);
+
+impl Nanos {
+    /// These nanoseconds.
+    pub const fn new(nanos: u32) -> Nanos {
+        match std::num::NonZeroU32::new(nanos.saturating_add(1)) {
+            Some(n) => Nanos(n),
+            None => Nanos(std::num::NonZeroU32::MAX),
+        }
+    }
+
+    /// The nanoseconds.
+    pub const fn get(self) -> u32 {
+        self.0.get() - 1
+    }
+}
+
+impl std::fmt::Debug for Nanos {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.get())
     }
 }
 
@@ -151,7 +178,7 @@ impl Meta {
     /// (git's "racily clean" problem). `None` means: compare the content next time.
     pub fn trusted_sig(&self) -> Option<Sig> {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?;
-        let ctime = std::time::Duration::new(u64::try_from(self.sig.ctime).ok()?, self.sig.ctime_nsec);
+        let ctime = std::time::Duration::new(u64::try_from(self.sig.ctime).ok()?, self.sig.ctime_nsec.get());
         (now.checked_sub(ctime)? > std::time::Duration::from_millis(50)).then_some(self.sig)
     }
 }
@@ -226,7 +253,7 @@ fn meta_of(st: &rfs::Stat) -> Meta {
         sig: Sig {
             inode: st.st_ino,
             ctime: st.st_ctime as i64,
-            ctime_nsec: st.st_ctime_nsec as u32,
+            ctime_nsec: Nanos::new(st.st_ctime_nsec as u32),
             size: st.st_size as u64,
         },
     }

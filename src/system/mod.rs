@@ -28,6 +28,8 @@ pub(crate) mod ufw;
 pub(crate) mod users;
 
 pub(crate) use contents::{ContentFile, ContentWriter, Place};
+#[cfg(test)]
+pub(crate) use fs::Nanos;
 pub(crate) use fs::{Fs, Meta, Sig, Staged};
 pub(crate) use packages::Packages;
 pub use systemd::Systemd;

@@ -174,7 +174,7 @@ fn untouched(
     let facts = Facts {
         wrote: rec.wrote,
         mode: rec.mode.map(u32::from),
-        owner: rec.owner,
+        owner: rec.owner.map(Into::into),
         sig: rec.sig,
         into: Some(merged.clone()),
         ..Facts::default()
