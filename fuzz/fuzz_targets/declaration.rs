@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     match Declaration::parse(data) {
         Ok(d) => {
             for r in &d.resources {
-                assert!(d.find(r.id.as_str()).is_some_and(|found| found.index == r.index));
+                assert!(d.find(r.id.as_str()).is_some_and(|found| found.index() == r.index()));
                 let _ = r.target();
             }
         }
