@@ -758,7 +758,14 @@ impl Spec {
             Spec::File(r) => r.path.shared(),
             Spec::Access(r) => r.path.shared(),
             Spec::Archive(r) => r.path.shared(),
-            _ => self.target().into(),
+            Spec::Package(_)
+            | Spec::Service(_)
+            | Spec::Container(_)
+            | Spec::Network(_)
+            | Spec::User(_)
+            | Spec::Process(_)
+            | Spec::Action(_)
+            | Spec::Opening(_) => self.target().into(),
         }
     }
 
