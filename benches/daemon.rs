@@ -2,7 +2,8 @@
 //! corrected-and-read-back latency, idle CPU, RSS with 10,000 resources, a storm of rewrites of
 //! one file, and what a resync costs.
 //! Run with `cargo bench --bench daemon`; figures go in BENCHMARKS.md.
-//! MESH_HOST_BENCH_DIR chooses the filesystem (default /var/tmp); MESH_HOST_BENCH_IDLE_SECS
+//! Each run is on a new ext4 loop image, made in MESH_HOST_BENCH_DIR (default /var/tmp) and
+//! removed after (root, e2fsprogs and mount, as the apply harness); MESH_HOST_BENCH_IDLE_SECS
 //! the idle window (default 60); MESH_HOST_BENCH_EDITS the number of edits (default 1000);
 //! MESH_HOST_BENCH_FILES the size of the node (default 10,000); MESH_HOST_BENCH_RESYNC_SECS the
 //! period of the resync whose cost it measures last (default 10). It prints the floor beside the
@@ -199,18 +200,23 @@ fn edit_latency(root: &Path, edits: usize, body: &[u8], offset: usize) -> (f64, 
 
 fn main() {
     let base = PathBuf::from(std::env::var("MESH_HOST_BENCH_DIR").unwrap_or_else(|_| "/var/tmp".into()));
-    let scratch = tempfile::Builder::new().prefix("mesh-host-bench-").tempdir_in(&base).unwrap();
-    let root = scratch.path().join("tree");
-    let decl = scratch.path().join("declaration.json");
+    // A new ext4 loop image for the run, removed after it: on a filesystem that held an earlier
+    // run's 100,000 files, file creation is slower after they were removed (a start at 10,000
+    // took 3.44 s instead of 0.97 on /var/tmp right after a run at 100,000), and the floor
+    // and the agent's figures would be of that, not of the agent.
+    let fresh = common::Fresh::new(&base, "daemon", common::dirs() * (common::FILES_PER_DIR + 1));
+    let scratch = fresh.mount.clone();
+    let root = scratch.join("tree");
+    let decl = scratch.join("declaration.json");
     std::fs::write(&decl, serde_json::to_vec(&common::declaration(&root)).unwrap()).unwrap();
-    let state = scratch.path().join("state/state.json");
+    let state = scratch.join("state/state.json");
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
 
     let started = Instant::now();
     let mut daemon = start(&state, &decl, port);
     let pid = daemon.id();
     println!(
-        "daemon with {} files in {} directories, on {}",
+        "daemon with {} files in {} directories, on a new ext4 loop image in {}",
         common::dirs() * common::FILES_PER_DIR,
         common::dirs(),
         base.display()
@@ -263,7 +269,7 @@ fn main() {
     );
     // The floor, on the same filesystem in the same run: what the agent's put-back cannot beat,
     // an atomic 1 KiB write (temporary file, fsync, rename, fsync of the directory).
-    let floor_dir = scratch.path().join("floor");
+    let floor_dir = scratch.join("floor");
     std::fs::create_dir_all(&floor_dir).unwrap();
     let mut floor = Vec::with_capacity(edits);
     for i in 0..edits {
