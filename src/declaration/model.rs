@@ -52,6 +52,7 @@ pub struct File {
     // (of `content` or `bytes`) to its content file, where they are (`File::stored`): one
     // field of 24 bytes for the two, where they were 40 side by side (docs/memory.md).
     #[serde(rename = "content")]
+    #[schemars(with = "Option<Box<str>>")]
     body: Option<Body>,
     /// Base64 of the file's bytes, for what is not text.
     // Decoded when parsed (`Base64Bytes`). This, `sealed` and `secrets` are rare: each is one
@@ -61,6 +62,7 @@ pub struct File {
     pub sealed: Option<Box<Sealed>>,
     /// Sealed values by name, for `${secret:NAME}` holes in `content`.
     #[serde(default)]
+    #[schemars(with = "BTreeMap<String, Sealed>")]
     pub secrets: Secrets,
     /// An octal string of three or four digits; "0644" by default, "0600" when the file carries a
     /// secret.
@@ -91,21 +93,6 @@ enum Body {
 impl<'de> Deserialize<'de> for Body {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Box::<str>::deserialize(d).map(Body::Text)
-    }
-}
-
-impl JsonSchema for Body {
-    fn inline_schema() -> bool {
-        <Box<str>>::inline_schema()
-    }
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        <Box<str>>::schema_name()
-    }
-    fn schema_id() -> std::borrow::Cow<'static, str> {
-        <Box<str>>::schema_id()
-    }
-    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        <Box<str>>::json_schema(generator)
     }
 }
 
@@ -147,7 +134,7 @@ impl Stored {
 
 /// The sealed values of a file's `secrets`, by name: `None` when there are none, as in almost
 /// every file, so that a file holds one pointer for them (8 bytes) rather than an empty map (24).
-/// Read and described in the JSON Schema exactly as the map it holds.
+/// Read as the map it holds, and described so in the JSON Schema (`File::secrets`).
 #[derive(Clone, Debug, Default)]
 #[allow(clippy::box_collection, reason = "one pointer (8 bytes) in every file, where the map is 24")]
 pub struct Secrets(Option<Box<BTreeMap<String, Sealed>>>);
@@ -173,21 +160,6 @@ impl<'de> Deserialize<'de> for Secrets {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let map = BTreeMap::<String, Sealed>::deserialize(d)?;
         Ok(Secrets((!map.is_empty()).then(|| Box::new(map))))
-    }
-}
-
-impl JsonSchema for Secrets {
-    fn inline_schema() -> bool {
-        <BTreeMap<String, Sealed>>::inline_schema()
-    }
-    fn schema_name() -> std::borrow::Cow<'static, str> {
-        <BTreeMap<String, Sealed>>::schema_name()
-    }
-    fn schema_id() -> std::borrow::Cow<'static, str> {
-        <BTreeMap<String, Sealed>>::schema_id()
-    }
-    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-        <BTreeMap<String, Sealed>>::json_schema(generator)
     }
 }
 
@@ -593,18 +565,24 @@ impl Spec {
 
     /// What a person would call the thing on the machine: a path, a unit, a name, a port.
     pub fn target(&self) -> String {
+        self.target_shared().to_string()
+    }
+
+    /// `target`, sharing the path's text where the target is a path (`AbsPath::shared`): what a
+    /// record holds.
+    pub fn target_shared(&self) -> std::sync::Arc<str> {
         match self {
-            Spec::Directory(r) => r.path.as_str().to_owned(),
-            Spec::File(r) => r.path.as_str().to_owned(),
-            Spec::Access(r) => r.path.as_str().to_owned(),
-            Spec::Archive(r) => r.path.as_str().to_owned(),
-            Spec::Package(r) => r.package.to_string(),
-            Spec::Service(r) => r.unit.to_string(),
-            Spec::Container(r) => r.name.to_string(),
-            Spec::Network(r) => r.name.to_string(),
-            Spec::User(r) => r.name.to_string(),
-            Spec::Process(r) => r.name.to_string(),
-            Spec::Action(r) => r.command.as_slice().join(" "),
+            Spec::Directory(r) => r.path.shared(),
+            Spec::File(r) => r.path.shared(),
+            Spec::Access(r) => r.path.shared(),
+            Spec::Archive(r) => r.path.shared(),
+            Spec::Package(r) => r.package.as_str().into(),
+            Spec::Service(r) => r.unit.as_str().into(),
+            Spec::Container(r) => r.name.as_str().into(),
+            Spec::Network(r) => r.name.as_str().into(),
+            Spec::User(r) => r.name.as_str().into(),
+            Spec::Process(r) => r.name.as_str().into(),
+            Spec::Action(r) => r.command.as_slice().join(" ").into(),
             Spec::Opening(r) => format!(
                 "{}/{}",
                 r.port.get(),
@@ -612,7 +590,8 @@ impl Spec {
                     Protocol::Tcp => "tcp",
                     Protocol::Udp => "udp",
                 }
-            ),
+            )
+            .into(),
         }
     }
 
@@ -747,25 +726,6 @@ impl Spec {
             | Spec::Process(_)
             | Spec::Action(_)
             | Spec::Opening(_) => 0,
-        }
-    }
-
-    /// `target`, sharing the path's text where the target is a path (`AbsPath::shared`): what a
-    /// record holds.
-    pub fn target_shared(&self) -> std::sync::Arc<str> {
-        match self {
-            Spec::Directory(r) => r.path.shared(),
-            Spec::File(r) => r.path.shared(),
-            Spec::Access(r) => r.path.shared(),
-            Spec::Archive(r) => r.path.shared(),
-            Spec::Package(_)
-            | Spec::Service(_)
-            | Spec::Container(_)
-            | Spec::Network(_)
-            | Spec::User(_)
-            | Spec::Process(_)
-            | Spec::Action(_)
-            | Spec::Opening(_) => self.target().into(),
         }
     }
 

@@ -153,10 +153,7 @@ pub struct Nanos(std::num::NonZeroU32);
 impl Nanos {
     /// These nanoseconds.
     pub const fn new(nanos: u32) -> Nanos {
-        match std::num::NonZeroU32::new(nanos.saturating_add(1)) {
-            Some(n) => Nanos(n),
-            None => Nanos(std::num::NonZeroU32::MAX),
-        }
+        Nanos(std::num::NonZeroU32::MIN.saturating_add(nanos))
     }
 
     /// The nanoseconds.
