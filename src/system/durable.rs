@@ -41,3 +41,56 @@ pub fn data(file: &std::fs::File) -> std::io::Result<()> {
     }
     rustix::fs::fdatasync(file).map_err(std::io::Error::from)
 }
+
+/// Starts the writing back of what is dirty on the filesystem of `dir` (on `dev`) and returns
+/// at once: a syncfs on a thread of its own, so that the disk works while the caller goes on
+/// making files, and the syncfs a batch's commit waits on finds most of its data already
+/// written. A hint only, which promises nothing: durability still rests on that commit's own
+/// sync, which is why an error here is not reported (see `writeback`).
+///
+/// The thread syncs through a description of the directory opened for it, never a duplicate
+/// of the caller's descriptor: the kernel reports a writeback error to a syncfs once per open
+/// description (`errseq`), and a duplicate would share the commit's and could take the error
+/// the commit must see.
+pub fn start_writeback(dir: impl AsFd, dev: u64) {
+    use rustix::fs::{Mode, OFlags};
+    if MUTANT {
+        return;
+    }
+    let Some(queue) = writeback() else { return };
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    if let Ok(own) = rustix::fs::openat(dir, ".", flags, Mode::empty()) {
+        let _ = queue.send((dev, own));
+    }
+}
+
+/// The queue of the thread `start_writeback` hands its syncs to, started the first time it is
+/// needed (a pass that stages few files never starts it). Requests waiting while a sync runs are
+/// folded into one per filesystem. `None` when the thread could not be started: the hints are
+/// then not given, and nothing else changes.
+fn writeback() -> Option<&'static std::sync::mpsc::Sender<(u64, std::os::fd::OwnedFd)>> {
+    use std::os::fd::OwnedFd;
+    use std::sync::mpsc;
+    static QUEUE: std::sync::OnceLock<Option<mpsc::Sender<(u64, OwnedFd)>>> = std::sync::OnceLock::new();
+    QUEUE
+        .get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<(u64, OwnedFd)>();
+            let run = move || {
+                while let Ok(first) = rx.recv() {
+                    let mut due: Vec<(u64, OwnedFd)> = vec![first];
+                    while let Ok((dev, fd)) = rx.try_recv() {
+                        match due.iter_mut().find(|(d, _)| *d == dev) {
+                            Some(slot) => slot.1 = fd,
+                            None => due.push((dev, fd)),
+                        }
+                    }
+                    for (_, fd) in due {
+                        // A hint: the commit's own sync reports what failed.
+                        let _ = rustix::fs::syncfs(&fd);
+                    }
+                }
+            };
+            std::thread::Builder::new().name("writeback".into()).spawn(run).ok().map(|_| tx)
+        })
+        .as_ref()
+}
