@@ -53,15 +53,21 @@ pub fn data(file: &std::fs::File) -> std::io::Result<()> {
 /// description (`errseq`), and a duplicate would share the commit's and could take the error
 /// the commit must see.
 pub fn start_writeback(dir: impl AsFd, dev: u64) {
-    use rustix::fs::{Mode, OFlags};
     if MUTANT {
         return;
     }
     let Some(queue) = writeback() else { return };
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    if let Ok(own) = rustix::fs::openat(dir, ".", flags, Mode::empty()) {
+    if let Ok(own) = own_description(dir) {
         let _ = queue.send((dev, own));
     }
+}
+
+/// The directory `dir` is, opened anew: a description of its own, which shares neither the
+/// file offset, the status flags nor the writeback error cursor of `dir`'s (as `dup` would).
+fn own_description(dir: impl AsFd) -> Result<std::os::fd::OwnedFd, Errno> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    rustix::fs::openat(dir, ".", flags, Mode::empty())
 }
 
 /// The queue of the thread `start_writeback` hands its syncs to, started the first time it is
@@ -93,4 +99,33 @@ fn writeback() -> Option<&'static std::sync::mpsc::Sender<(u64, std::os::fd::Own
             std::thread::Builder::new().name("writeback".into()).spawn(run).ok().map(|_| tx)
         })
         .as_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::fs::{Mode, OFlags};
+
+    /// The writeback thread's syncs go through a description of their own: were it a duplicate
+    /// (`dup`, `try_clone`), a flag set on the caller's would show on it, and so would the
+    /// writeback error a syncfs reports once per description.
+    #[test]
+    fn the_writeback_hint_syncs_through_a_description_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let theirs = rustix::fs::open(dir.path(), flags, Mode::empty()).unwrap();
+        let own = own_description(&theirs).unwrap();
+        let same = rustix::fs::fstat(&theirs).unwrap();
+        let opened = rustix::fs::fstat(&own).unwrap();
+        assert_eq!((same.st_dev, same.st_ino), (opened.st_dev, opened.st_ino), "the same directory");
+        rustix::fs::fcntl_setfl(&theirs, OFlags::NONBLOCK).unwrap();
+        assert!(rustix::fs::fcntl_getfl(&theirs).unwrap().contains(OFlags::NONBLOCK));
+        assert!(
+            !rustix::fs::fcntl_getfl(&own).unwrap().contains(OFlags::NONBLOCK),
+            "the hint's descriptor shares the caller's description"
+        );
+        // A duplicate does share it: what the check above tells apart.
+        let dup = theirs.try_clone().unwrap();
+        assert!(rustix::fs::fcntl_getfl(&dup).unwrap().contains(OFlags::NONBLOCK));
+    }
 }
