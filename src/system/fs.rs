@@ -383,8 +383,8 @@ const DIR_CACHE: usize = 256;
 /// How many files staged on a filesystem between two hints to start writing its data back
 /// (`durable::start_writeback`), so that the disk writes a batch while the rest of it is made
 /// rather than all of it in the commit's syncfs. A cold apply of 100,000 files of 1 KiB on ext4
-/// went from 7.6 to 8.1 s to 6.6 s with a hint every 128 (every 64 or 32: no faster); 10,000
-/// from 0.82 to 0.72 s (BENCHMARKS.md, "The cold apply's writeback").
+/// went from 7.6 to 8.3 s to 6.6 to 6.8 s with a hint every 128 (every 64 or 32: no faster);
+/// 10,000 from 0.82 to 0.72 s (BENCHMARKS.md, "The cold apply's writeback").
 const WRITEBACK_EVERY: usize = 128;
 
 /// Past how many directories to make durable one syncfs of their filesystem is cheaper than an
