@@ -350,8 +350,8 @@ fn pid() -> u32 {
 /// never longer, so a directory replaced on the machine is seen at the next one.
 #[derive(Default)]
 pub struct Fs {
-    /// Each directory held open, with the filesystem it is on.
-    dirs: HashMap<PathBuf, (OwnedFd, u64)>,
+    /// Each directory held open, with what is known of its filesystem.
+    dirs: HashMap<PathBuf, HeldDir>,
     /// Where the directories of temporary files and the intent of each batch are noted, for a
     /// pass that writes (see `system::journal`).
     journal: Option<super::journal::Journal>,
@@ -369,10 +369,19 @@ pub struct Fs {
     /// them, with how the sync ended (see `found_in_flight`).
     settled: HashMap<u64, std::result::Result<(), Errno>>,
     /// Per filesystem, whether its syncfs reaches storage (`syncfs_reaches_storage`): asked once
-    /// each, not three times for every file of a batch.
+    /// each, when a first directory on it is opened, not for every file of a batch.
     trust: HashMap<u64, bool>,
     /// Files staged since the last `durable::start_writeback` (see `WRITEBACK_EVERY`).
     unhinted: usize,
+}
+
+/// A directory `Fs` holds open, and the filesystem it is on: found once when it is opened, so
+/// that a file staged in it needs no fstat or fstatfs of its own.
+struct HeldDir {
+    fd: OwnedFd,
+    dev: u64,
+    /// Whether a syncfs of `dev` reaches its storage (not FUSE).
+    trusted: bool,
 }
 
 /// How many directory descriptors a session keeps. Resources in one directory are usually
@@ -445,6 +454,11 @@ impl Fs {
     /// Opens a directory without following any symlink on the way. `Ok(None)` when it (or an
     /// ancestor) does not exist.
     fn open_dir(&mut self, dir: &Path) -> Result<Option<&OwnedFd>> {
+        Ok(self.held_dir(dir)?.map(|held| &held.fd))
+    }
+
+    /// `open_dir`, with the filesystem the directory is on and whether its syncfs is trusted.
+    fn held_dir(&mut self, dir: &Path) -> Result<Option<&HeldDir>> {
         if !self.dirs.contains_key(dir) {
             let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
             let fd = match rfs::openat2(rfs::CWD, dir, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS) {
@@ -458,21 +472,10 @@ impl Fs {
                 self.dirs.clear();
             }
             let dev = rfs::fstat(&fd).map(|st| st.st_dev).unwrap_or(0);
-            self.dirs.insert(dir.to_owned(), (fd, dev));
+            let trusted = *self.trust.entry(dev).or_insert_with(|| syncfs_reaches_storage(&fd));
+            self.dirs.insert(dir.to_owned(), HeldDir { fd, dev, trusted });
         }
-        Ok(self.dirs.get(dir).map(|(fd, _)| fd))
-    }
-
-    /// The filesystem a directory is on, and whether a syncfs of it reaches its storage (see
-    /// `syncfs_reaches_storage`), asked once per filesystem. `Ok(None)` when it does not exist.
-    fn place_of(&mut self, dir: &Path) -> Result<Option<(u64, bool)>> {
-        if self.open_dir(dir)?.is_none() {
-            return Ok(None);
-        }
-        let Some((fd, dev)) = self.dirs.get(dir) else { return Ok(None) };
-        let dev = *dev;
-        let trusted = *self.trust.entry(dev).or_insert_with(|| syncfs_reaches_storage(fd));
-        Ok(Some((dev, trusted)))
+        Ok(self.dirs.get(dir))
     }
 
     /// Names the first symlink on the way to `path`, for an error a person can act on.
@@ -716,9 +719,8 @@ impl Fs {
         }
         // The temporary file is made in `parent`, so it is on its filesystem: the directory's,
         // as found when it was opened, not an fstat and an fstatfs of each file.
-        let (dev, trusted) =
-            self.place_of(parent)?.ok_or_else(|| Error::NoParent { path: path.to_owned() })?;
-        let dir = self.open_dir(parent)?.ok_or_else(|| Error::NoParent { path: path.to_owned() })?;
+        let held = self.held_dir(parent)?.ok_or_else(|| Error::NoParent { path: path.to_owned() })?;
+        let (dir, dev, trusted) = (&held.fd, held.dev, held.trusted);
         let (tmp_name, fd) = loop {
             let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
             let mut tmp = std::ffi::OsString::from(".");
@@ -1044,8 +1046,8 @@ impl Fs {
             };
             r.err()
         };
-        let trusted = unsynced.iter().all(|(_, parent)| match self.open_dir(parent) {
-            Ok(Some(fd)) => syncfs_reaches_storage(fd),
+        let trusted = unsynced.iter().all(|(_, parent)| match self.held_dir(parent) {
+            Ok(Some(held)) => held.trusted,
             _ => true,
         });
         if unsynced.len() > DIRS_BEFORE_SYNCFS && trusted {
