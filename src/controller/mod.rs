@@ -185,16 +185,19 @@ impl Daemon {
         tasks.extend(beside);
         // Watch before the first apply, so a change made during it is not missed; what the
         // watchers report meanwhile waits in the channel.
-        tasks.push(
-            source_watcher::spawn(config.declaration.clone(), config.quiet, tx.clone())
-                .with_context(|| format!("cannot watch the declaration {}", config.declaration.display()))?,
-        );
-        // The rollback hold is watched as the source is: made or removed, it is a change of
-        // what the daemon applies, read with the source at once (`held`).
+        // The rollback hold is watched as the source is, by the same watcher (one inotify
+        // instance for both): made or removed, it is a change of what the daemon applies, read
+        // with the source at once (`held`).
         let hold = crate::generations::Generations::of(&config.state).hold_path().to_owned();
         tasks.push(
-            source_watcher::spawn(hold.clone(), config.quiet, tx.clone())
-                .with_context(|| format!("cannot watch the rollback hold {}", hold.display()))?,
+            source_watcher::spawn(vec![config.declaration.clone(), hold.clone()], config.quiet, tx.clone())
+                .with_context(|| {
+                format!(
+                    "cannot watch the declaration {} and the rollback hold {}",
+                    config.declaration.display(),
+                    hold.display()
+                )
+            })?,
         );
         drop(tx);
         first_apply(&mut worker, &config, &health, &shutdown);

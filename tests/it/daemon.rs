@@ -278,6 +278,34 @@ fn sigterm_exits_0_and_persists_the_store() {
     assert!(daemon.log().contains("stopped"));
 }
 
+/// inotify instances are counted per user across every process of the user (for root:
+/// systemd, udev, every container's processes; 128 by default), and a daemon that cannot make
+/// one does not start. The agent makes two: the managed files' watcher, and one for the
+/// declaration and the rollback hold together (it made one for each of those two before, and a
+/// run of the fleet's tests with eight agents each ran the machine out).
+#[test]
+fn a_daemon_holds_two_inotify_instances() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "x"}]));
+    let mut daemon = Daemon::start(&s, &d, &[]);
+    let pid = daemon.child.as_ref().unwrap().id();
+    let instances = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+            .filter(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy() == "anon_inode:inotify")
+            })
+            .count()
+    };
+    assert_eq!(instances(), 2, "{}", daemon.log());
+    // Both sources are still followed on the one they share.
+    s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "y"}]));
+    assert!(wait_for(PATIENCE, || read(&s.path("f")) == "y"), "{}", daemon.log());
+    assert_eq!(instances(), 2, "{}", daemon.log());
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}
+
 #[test]
 fn ready_is_notified_after_the_first_apply() {
     use std::os::unix::net::UnixDatagram;

@@ -190,7 +190,7 @@ pub struct Coverage {
 impl FileWatcher {
     /// Starts a watcher that sends into `tx`. It watches nothing until `set_paths`.
     pub fn new(tx: UnboundedSender<Change>) -> io::Result<FileWatcher> {
-        let inotify = Inotify::init()?;
+        let inotify = Inotify::init().map_err(instance_said)?;
         let watches = inotify.watches();
         let shared = Arc::new(Shared {
             interest: RwLock::new(Arc::default()),
@@ -421,6 +421,38 @@ impl Drop for FileWatcher {
 }
 
 /// Reads events until told to stop, sending the changes at paths of interest.
+/// An inotify instance that could not be made, said with the limit behind it. EMFILE from
+/// `inotify_init1` is either the user's instances all taken (`fs.inotify.max_user_instances`,
+/// counted across every process of the user: for root, systemd, udev and every container's
+/// processes too) or this process's descriptors (`RLIMIT_NOFILE`); "Too many open files" alone
+/// points only at the second.
+pub(crate) fn instance_said(e: io::Error) -> io::Error {
+    if e.raw_os_error() != Some(libc::EMFILE) {
+        return e;
+    }
+    // Read now, it needs a descriptor too: when there is none, that says which limit it is.
+    let max = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances").map_or_else(
+        |_| "fs.inotify.max_user_instances could not be read either, which points at the second".to_owned(),
+        |s| format!("fs.inotify.max_user_instances is {} here", s.trim()),
+    );
+    let mut files = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct it is given and reads nothing else.
+    let nofile = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut files) } == 0 {
+        files.rlim_cur.to_string()
+    } else {
+        "unknown".to_owned()
+    };
+    io::Error::new(
+        e.kind(),
+        format!(
+            "{e}: no inotify instance could be made. Either the user's instances are all taken \
+             (counted across every process of the user, containers' included: raise \
+             fs.inotify.max_user_instances with sysctl) or this process's open files are (its \
+             limit is {nofile}: LimitNOFILE= in the unit); {max}"
+        ),
+    )
+}
+
 fn read_loop(mut inotify: Inotify, stop: &OwnedFd, shared: &Shared, tx: &UnboundedSender<Change>) {
     // Room for a few hundred events per read; a name is at most 255 bytes.
     let mut buf = vec![0u8; 64 * 1024];

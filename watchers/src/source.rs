@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use notify::{Event, EventKind, RecursiveMode, Watcher as _};
 use tokio::sync::mpsc::{self, UnboundedSender};
+use tokio::time::Instant;
 
 use crate::Change;
 
@@ -24,87 +25,124 @@ use crate::Change;
 /// missing ancestor up to `/` would be code for a moment that passes once.
 const PARENT_POLL: Duration = Duration::from_secs(1);
 
-/// Watches a declaration source and sends `Change::SourceChanged` each time it has settled after a
-/// change. When the source's parent directory does not exist yet, waits for it, then watches
-/// and reports the source changed (it now may be there). Fails when the parent exists and cannot
-/// be watched. Ends when the receiver is dropped.
+/// Watches declaration sources, all on one inotify instance, and sends
+/// `Change::SourceChanged` for one each time it has settled after a change (each settles on its
+/// own). A source whose parent directory does not exist yet is waited for, then watched and
+/// reported changed (it now may be there). Fails when a parent exists and cannot be watched, or
+/// when no inotify instance can be made (the error says which limit). Ends when the receiver is
+/// dropped.
+///
+/// One instance for every source, not one each: inotify instances are counted per user
+/// (`fs.inotify.max_user_instances`, 128 by default) across every process of that user, and for
+/// root that is systemd, udev, every container's processes and this agent together.
 pub fn spawn(
-    source: PathBuf,
+    sources: Vec<PathBuf>,
     quiet: Duration,
     tx: UnboundedSender<Change>,
 ) -> notify::Result<tokio::task::JoinHandle<()>> {
-    let parent = source.parent().unwrap_or(Path::new("/")).to_path_buf();
-    if parent.is_dir() {
-        return watch(source, quiet, tx);
+    let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<usize>();
+    let targets = sources.clone();
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<Event>| {
+        let Ok(event) = res else {
+            for i in 0..targets.len() {
+                let _ = raw_tx.send(i);
+            }
+            return;
+        };
+        // Opens and reads are not changes, and the controller's own reads of a source would
+        // otherwise trigger the next read.
+        if matches!(event.kind, EventKind::Access(_)) {
+            return;
+        }
+        // A source itself (its name in the parent: made, removed, renamed, written) or anything
+        // in it. `starts_with` compares whole components, so a neighbour such as
+        // `declaration.d.new` is not taken for the source.
+        for (i, target) in targets.iter().enumerate() {
+            if event.need_rescan() || event.paths.iter().any(|p| p.starts_with(target)) {
+                let _ = raw_tx.send(i);
+            }
+        }
+    })
+    .map_err(instance_said)?;
+    let parent_of = |source: &Path| source.parent().unwrap_or(Path::new("/")).to_path_buf();
+    // Sources whose parent is not there yet.
+    let mut waiting = vec![false; sources.len()];
+    for (i, source) in sources.iter().enumerate() {
+        let parent = parent_of(source);
+        if parent.is_dir() {
+            watcher.watch(&parent, RecursiveMode::NonRecursive)?;
+            rewatch(&mut watcher, source);
+        } else {
+            waiting[i] = true;
+        }
     }
     Ok(tokio::spawn(async move {
-        let mut tick = tokio::time::interval(PARENT_POLL);
-        while !parent.is_dir() {
-            if tx.is_closed() {
-                return;
-            }
-            tick.tick().await;
-        }
-        match watch(source.clone(), quiet, tx.clone()) {
-            Ok(task) => {
-                // Whatever was made with the parent is read now.
-                if tx.send(Change::SourceChanged { source }).is_ok() {
-                    let _ = task.await;
+        // When each source that moved is due to be reported: every further event restarts its
+        // wait for quiet.
+        let mut due: Vec<Option<Instant>> = vec![None; sources.len()];
+        let mut poll = tokio::time::interval(PARENT_POLL);
+        loop {
+            let next = due.iter().flatten().min().copied();
+            tokio::select! {
+                moved = raw_rx.recv() => {
+                    // The sender lives in the watcher, which lives here: never `None`.
+                    let Some(i) = moved else { return };
+                    due[i] = Some(Instant::now() + quiet);
                 }
-            }
-            // The full resync reads the source anyway; it is only no longer watched.
-            Err(e) => {
-                tracing::warn!(source = %source.display(), error = %e, "cannot watch the declaration; it is read again at each resync")
+                () = tokio::time::sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => {
+                    let now = Instant::now();
+                    for (i, source) in sources.iter().enumerate() {
+                        if due[i].is_some_and(|at| at <= now) {
+                            due[i] = None;
+                            // Before the controller is told, so that a file written in the new
+                            // directory after its read is seen, and one written before is in
+                            // what it reads.
+                            rewatch(&mut watcher, source);
+                            if tx.send(Change::SourceChanged { source: source.clone() }).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                _ = poll.tick(), if waiting.contains(&true) => {
+                    if tx.is_closed() {
+                        return;
+                    }
+                    for (i, source) in sources.iter().enumerate() {
+                        let parent = parent_of(source);
+                        if !waiting[i] || !parent.is_dir() {
+                            continue;
+                        }
+                        waiting[i] = false;
+                        match watcher.watch(&parent, RecursiveMode::NonRecursive) {
+                            Ok(()) => {
+                                rewatch(&mut watcher, source);
+                                // Whatever was made with the parent is read now.
+                                if tx.send(Change::SourceChanged { source: source.clone() }).is_err() {
+                                    return;
+                                }
+                            }
+                            // The full resync reads the source anyway; it is only no longer
+                            // watched.
+                            Err(e) => tracing::warn!(
+                                source = %source.display(), error = %e,
+                                "cannot watch the declaration; it is read again at each resync"
+                            ),
+                        }
+                    }
+                }
             }
         }
     }))
 }
 
-fn watch(
-    source: PathBuf,
-    quiet: Duration,
-    tx: UnboundedSender<Change>,
-) -> notify::Result<tokio::task::JoinHandle<()>> {
-    let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<()>();
-    let parent = source.parent().unwrap_or(Path::new("/")).to_path_buf();
-    let target = source.clone();
-    let mut watcher = notify::recommended_watcher(move |res: notify::Result<Event>| {
-        let Ok(event) = res else {
-            let _ = raw_tx.send(());
-            return;
-        };
-        // Opens and reads are not changes, and the controller's own reads of the source would
-        // otherwise trigger the next read.
-        if matches!(event.kind, EventKind::Access(_)) {
-            return;
-        }
-        // The source itself (its name in the parent: made, removed, renamed, written) or
-        // anything in it. `starts_with` compares whole components, so a neighbour such as
-        // `declaration.d.new` is not taken for the source.
-        if event.need_rescan() || event.paths.iter().any(|p| p.starts_with(&target)) {
-            let _ = raw_tx.send(());
-        }
-    })?;
-    watcher.watch(&parent, RecursiveMode::NonRecursive)?;
-    rewatch(&mut watcher, &source);
-    Ok(tokio::spawn(async move {
-        while raw_rx.recv().await.is_some() {
-            // Wait for quiet: every further event restarts the wait.
-            loop {
-                match tokio::time::timeout(quiet, raw_rx.recv()).await {
-                    Ok(Some(())) => continue,
-                    Ok(None) => return,
-                    Err(_) => break,
-                }
-            }
-            // Before the controller is told, so that a file written in the new directory after
-            // its read is seen, and one written before is in what it reads.
-            rewatch(&mut watcher, &source);
-            if tx.send(Change::SourceChanged { source: source.clone() }).is_err() {
-                return;
-            }
-        }
-    }))
+/// A watcher that could not be made: when for want of an inotify instance, said with the limits
+/// that can cause it, since "Too many open files" alone sends an operator to `ulimit -n`.
+fn instance_said(e: notify::Error) -> notify::Error {
+    match e.kind {
+        notify::ErrorKind::Io(io) => notify::Error::io(crate::file::instance_said(io)),
+        _ => e,
+    }
 }
 
 /// Makes the watch on a directory source follow what is at its path now. notify drops the watch

@@ -126,7 +126,7 @@ async fn a_declaration_is_reported_only_once_it_settles() {
     let d = dir.path().join("declaration.json");
     std::fs::write(&d, "{}").unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let _task = source::spawn(d.clone(), Duration::from_millis(200), tx).unwrap();
+    let _task = source::spawn(vec![d.clone()], Duration::from_millis(200), tx).unwrap();
     // A slow writer: pieces 50 ms apart, each well inside the quiet period.
     let start = tokio::time::Instant::now();
     for piece in ["{\"vers", "ion\": 1, ", "\"resources\": []}"] {
@@ -153,6 +153,86 @@ async fn a_declaration_is_reported_only_once_it_settles() {
     .await;
 }
 
+/// Two sources on one watcher (one inotify instance): each is reported on its own, and a
+/// change of one is not a change of the other.
+#[tokio::test]
+async fn two_sources_on_one_watcher_are_each_reported_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a/declaration.json"), dir.path().join("b/hold.json"));
+    std::fs::create_dir(dir.path().join("a")).unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let quiet = Duration::from_millis(50);
+    let _task = source::spawn(vec![a.clone(), b.clone()], quiet, tx).unwrap();
+    async fn next(rx: &mut mpsc::UnboundedReceiver<Change>) -> Option<Change> {
+        tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.ok().flatten()
+    }
+    std::fs::write(&b, "{}").unwrap();
+    assert_eq!(next(&mut rx).await, Some(Change::SourceChanged { source: b.clone() }));
+    std::fs::write(&a, "{}").unwrap();
+    assert_eq!(next(&mut rx).await, Some(Change::SourceChanged { source: a.clone() }));
+    let touch_a = || std::fs::write(&a, "{ }").unwrap();
+    nothing_before_the_sentinel(&mut rx, &a, quiet, touch_a, "a write of one source only").await;
+}
+
+/// A source whose parent directory is made after the watcher started is watched from then on,
+/// beside one watched from the start.
+#[tokio::test]
+async fn a_source_whose_directory_comes_later_is_watched_once_it_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let (now, later) = (dir.path().join("now.json"), dir.path().join("later/hold.json"));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let _task = source::spawn(vec![now.clone(), later.clone()], Duration::from_millis(50), tx).unwrap();
+    std::fs::create_dir(dir.path().join("later")).unwrap();
+    let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.ok().flatten();
+    assert_eq!(change, Some(Change::SourceChanged { source: later.clone() }), "its directory made");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drain(&mut rx);
+    std::fs::write(&later, "{}").unwrap();
+    let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.ok().flatten();
+    assert_eq!(change, Some(Change::SourceChanged { source: later.clone() }), "a write in it");
+    std::fs::write(&now, "{}").unwrap();
+    let change = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.ok().flatten();
+    assert_eq!(change, Some(Change::SourceChanged { source: now.clone() }), "the other source still");
+}
+
+/// With no descriptor left to make an inotify instance from, both watchers fail saying which
+/// two limits can cause it, not "Too many open files" alone. Run in a child process of its own
+/// (this test binary again), whose open-file limit prlimit(1) lowers to the three it has.
+#[test]
+fn without_an_inotify_instance_the_error_names_both_limits() {
+    const CHILD: &str = "MESH_HOST_WATCHERS_EMFILE_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        // Lowered from outside once running: the dynamic loader needs descriptors of its own.
+        let me = std::process::id().to_string();
+        let lowered = std::process::Command::new("prlimit").args(["--pid", &me, "--nofile=3:"]).status();
+        assert!(lowered.expect("prlimit (util-linux) runs").success());
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let file = FileWatcher::new(tx.clone()).err().expect("no descriptor left: the file watcher fails");
+        let source = source::spawn(vec![PathBuf::from("/nonexistent/d.json")], Duration::from_millis(50), tx)
+            .expect_err("no descriptor left: the source watcher fails");
+        println!("FILE: {file}\nSOURCE: {source}");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "without_an_inotify_instance_the_error_names_both_limits", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(CHILD, "1")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
+    for watcher in ["FILE", "SOURCE"] {
+        let line =
+            said.lines().find(|l| l.contains(&format!("{watcher}: Too"))).unwrap_or_else(|| panic!("{said}"));
+        assert!(line.contains("Too many open files"), "{line}");
+        assert!(line.contains("raise fs.inotify.max_user_instances with sysctl"), "{line}");
+        assert!(line.contains("its limit is 3"), "{line}");
+        assert!(line.contains("could not be read either, which points at the second"), "{line}");
+    }
+}
+
 /// Issue 12, fault 5: inotify watches an inode, so a declaration directory replaced under the
 /// watcher used to be lost for good.
 #[tokio::test]
@@ -162,7 +242,7 @@ async fn fault5_a_declaration_directory_removed_made_again_or_swapped_in_is_stil
     std::fs::create_dir(&d).unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
     let quiet_period = Duration::from_millis(50);
-    let _task = source::spawn(d.clone(), quiet_period, tx).unwrap();
+    let _task = source::spawn(vec![d.clone()], quiet_period, tx).unwrap();
     let settled = Change::SourceChanged { source: d.clone() };
     async fn next(rx: &mut mpsc::UnboundedReceiver<Change>, what: &str) -> Change {
         match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
