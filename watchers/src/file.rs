@@ -420,7 +420,6 @@ impl Drop for FileWatcher {
     }
 }
 
-/// Reads events until told to stop, sending the changes at paths of interest.
 /// An inotify instance that could not be made, said with the limit behind it. EMFILE from
 /// `inotify_init1` is either the user's instances all taken (`fs.inotify.max_user_instances`,
 /// counted across every process of the user: for root, systemd, udev and every container's
@@ -453,6 +452,7 @@ pub(crate) fn instance_said(e: io::Error) -> io::Error {
     )
 }
 
+/// Reads events until told to stop, sending the changes at paths of interest.
 fn read_loop(mut inotify: Inotify, stop: &OwnedFd, shared: &Shared, tx: &UnboundedSender<Change>) {
     // Room for a few hundred events per read; a name is at most 255 bytes.
     let mut buf = vec![0u8; 64 * 1024];
