@@ -143,8 +143,10 @@ impl Daemon {
         // into the queue, which de-duplicates, so it holds at most the changes of one wake-up
         // (docs/concurrency.md, "The queue").
         let (tx, rx) = mpsc::unbounded_channel::<Change>();
-        let files = FileWatcher::new(tx.clone()).context("cannot start the file watcher (inotify)")?;
-        events::WatcherState { watcher: "file", up: true }.emit(&metrics);
+        // Without an inotify instance the daemon still runs: its resync covers every path and
+        // tries again (the worker says so once the paths are known).
+        let files = FileWatcher::new(tx.clone());
+        events::WatcherState { watcher: "file", up: files.no_instance().is_none() }.emit(&metrics);
         let worker =
             Worker::new(config.clone(), store, files, Arc::clone(&metrics), Arc::clone(&health), tx.clone());
         tasks.push(scheduler::spawn(

@@ -151,6 +151,8 @@ pub struct Worker {
     /// The file watcher ran out of inotify watches and that was said: said once when it began,
     /// and again only after it cleared and came back, not at every pass that still meets it.
     out_of_watches: bool,
+    /// The file watcher has no inotify instance and that was said (as `out_of_watches`).
+    no_instance: bool,
     /// The generations kept under the state directory, and the rollback hold (`held`).
     pub(super) generations: crate::generations::Generations,
     /// The generation of the declaration in force, when it could be recorded.
@@ -242,6 +244,7 @@ impl Worker {
             refusal: None,
             held: HashSet::new(),
             out_of_watches: false,
+            no_instance: false,
             generations,
             generation: None,
             first_pass: None,
@@ -897,6 +900,23 @@ impl Worker {
             _ => {}
         }
         self.out_of_watches = c.out_of_watches;
+        match (self.no_instance, c.no_instance) {
+            (false, true) => {
+                events::NoInstance::Began {
+                    error: self.files.no_instance().unwrap_or("unknown"),
+                    paths: c.watched + c.unwatched,
+                    resync: self.config.resync,
+                }
+                .emit(&self.metrics);
+                events::WatcherState { watcher: "file", up: false }.emit(&self.metrics);
+            }
+            (true, false) => {
+                events::NoInstance::Ended { watched: c.watched }.emit(&self.metrics);
+                events::WatcherState { watcher: "file", up: true }.emit(&self.metrics);
+            }
+            _ => {}
+        }
+        self.no_instance = c.no_instance;
     }
 }
 

@@ -940,6 +940,40 @@ impl Event for OutOfWatches {
     }
 }
 
+/// The file watcher could not make its inotify instance, or made it after all.
+pub enum NoInstance<'a> {
+    /// No instance: nothing is watched.
+    Began {
+        /// Why, with the limits that can cause it (`watchers::file::instance_said`).
+        error: &'a str,
+        /// Managed paths, none of them watched.
+        paths: usize,
+        /// The daemon's period of full passes, which cover them and try again.
+        resync: Duration,
+    },
+    /// An instance was made: the paths that exist are watched again.
+    Ended {
+        /// Managed paths watched now.
+        watched: usize,
+    },
+}
+
+impl Event for NoInstance<'_> {
+    fn emit(self, _: &Metrics) {
+        match self {
+            NoInstance::Began { error, paths, resync } => tracing::warn!(
+                paths,
+                "the file watcher has no inotify instance, so none of the {paths} managed paths is watched: {error}. A change to them is not seen as it happens but put back by the periodic resync (every {}), which also tries again to make one",
+                crate::system::human(resync)
+            ),
+            NoInstance::Ended { watched } => tracing::info!(
+                watched,
+                "the file watcher has its inotify instance again: changes to the managed paths are seen as they happen"
+            ),
+        }
+    }
+}
+
 /// How many resources of one type the last full pass left applied, failed and held.
 pub struct ResourcesCounted {
     /// The resource type.

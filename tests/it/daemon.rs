@@ -4,6 +4,7 @@
 //! it failed before that fault was fixed.
 
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -303,6 +304,70 @@ fn a_daemon_holds_two_inotify_instances() {
     s.declare(json!([{"type": "file", "id": "a.f", "path": s.p("f"), "content": "y"}]));
     assert!(wait_for(PATIENCE, || read(&s.path("f")) == "y"), "{}", daemon.log());
     assert_eq!(instances(), 2, "{}", daemon.log());
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
+}
+
+/// Without an inotify instance the daemon still starts and applies, says why nothing is
+/// watched (naming the limits), and its resync puts a hand-edit back; once an instance can be
+/// made, the next resync makes one and the declaration's watcher makes its own, and hand-edits
+/// and new declarations are seen as they happen again. The daemon runs in a user namespace
+/// whose limit of instances is 0 (`/proc/sys/user/max_inotify_instances` is per namespace), so
+/// nothing outside it is touched; the limit is raised from here with nsenter.
+#[test]
+fn without_an_inotify_instance_the_daemon_runs_on_its_resync_and_watches_once_it_can() {
+    let s = Scratch::new();
+    let conf = s.path("app.conf");
+    let d = s.declare(
+        json!([{"type": "file", "id": "app.conf", "path": s.p("app.conf"), "content": "port=80\n"}]),
+    );
+    let no_instances = [
+        "unshare",
+        "--user",
+        "--map-root-user",
+        "sh",
+        "-c",
+        "echo 0 > /proc/sys/user/max_inotify_instances && exec \"$0\" \"$@\"",
+    ];
+    let mut daemon = Daemon::launch_under(&no_instances, &s, &d, &["--resync", "2"], &[]);
+    assert!(wait_for(PATIENCE, || daemon.get("/healthz").is_some_and(|b| b == "ok\n")), "{}", daemon.log());
+    assert_eq!(read(&conf), "port=80\n", "{}", daemon.log());
+    let log = daemon.log();
+    assert!(
+        log.contains("the file watcher has no inotify instance, so none of the 1 managed paths is watched")
+            && log.contains("raise fs.inotify.max_user_instances with sysctl")
+            && log.contains("cannot watch the declaration: tried again every 10 s"),
+        "{log}"
+    );
+    let file_watcher_up = || daemon.metric("mesh_host_watcher_up{watcher=\"file\"}");
+    assert_eq!(file_watcher_up(), 0.0, "{}", daemon.log());
+    // Keys the file watcher queued: none while it has no instance, one for a hand-edit after.
+    let from_files = || daemon.metric("mesh_host_queue_adds_total{source=\"file\"}");
+    std::fs::write(&conf, "port=1\n").unwrap();
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "the resync puts it back: {}", daemon.log());
+    assert_eq!(from_files(), 0.0, "{}", daemon.log());
+
+    let pid = daemon.child.as_ref().unwrap().id().to_string();
+    let raised = Command::new("nsenter")
+        .args(["--user", "--target", &pid, "sh", "-c", "echo 128 > /proc/sys/user/max_inotify_instances"])
+        .status()
+        .unwrap();
+    assert!(raised.success());
+    assert!(
+        wait_for(PATIENCE, || daemon.log().contains("the file watcher has its inotify instance again")),
+        "{}",
+        daemon.log()
+    );
+    assert_eq!(file_watcher_up(), 1.0, "{}", daemon.log());
+    std::fs::write(&conf, "port=2\n").unwrap();
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "{}", daemon.log());
+    assert!(wait_for(PATIENCE, || from_files() >= 1.0), "the watcher saw the hand-edit: {}", daemon.log());
+    assert!(
+        wait_for(Duration::from_secs(20), || daemon.log().contains("the declaration is watched again")),
+        "{}",
+        daemon.log()
+    );
+    s.declare(json!([{"type": "file", "id": "app.conf", "path": s.p("app.conf"), "content": "port=81\n"}]));
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=81\n"), "{}", daemon.log());
     assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
 }
 

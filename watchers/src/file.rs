@@ -13,7 +13,9 @@
 //! watched, and `coverage` says how many paths that leaves unseen: the owner says so and leaves
 //! them to its periodic resync. Adding stops at the first refusal for want of watches (every
 //! further add would be refused the same way), and is tried again at the next `set_paths`, or
-//! when one of this watcher's own watches is freed.
+//! when one of this watcher's own watches is freed. The instance itself is per-user too
+//! (`fs.inotify.max_user_instances`): a watcher that cannot make one watches nothing, says why
+//! (`no_instance`, `coverage`), and makes one at a later `set_paths` or `rewatch`.
 //!
 //! A path can be muted until a deadline ([`FileWatcher::mute`]): the owner does so for a path
 //! it is holding anyway (a writer fighting the agent over it, docs/concurrency.md, "Contested
@@ -145,13 +147,60 @@ struct Mute {
     moved: bool,
 }
 
-/// Reports changes at a set of paths.
-pub struct FileWatcher {
+/// The inotify instance and the thread that reads it.
+struct Instance {
     watches: Watches,
-    shared: Arc<Shared>,
     /// An eventfd the reader polls beside inotify: written once to tell it to stop.
     stop: Arc<OwnedFd>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Instance {
+    fn start(shared: &Arc<Shared>, tx: &UnboundedSender<Change>) -> io::Result<Instance> {
+        let inotify = Inotify::init().map_err(instance_said)?;
+        let watches = inotify.watches();
+        // SAFETY: eventfd takes two integers and returns a new descriptor or -1; nothing is
+        // borrowed.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a descriptor eventfd just returned, owned by nothing else.
+        let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+        let (thread_stop, thread_shared, tx) = (Arc::clone(&stop), Arc::clone(shared), tx.clone());
+        let thread = std::thread::Builder::new()
+            .name("inotify".into())
+            .spawn(move || read_loop(inotify, &thread_stop, &thread_shared, &tx))?;
+        Ok(Instance { watches, stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        // An eventfd is written eight bytes at a time: a counter, which the reader only polls.
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: the descriptor is alive (self holds it) and `one` is eight readable bytes.
+        let wrote = unsafe { libc::write(self.stop.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        // Not told, the reader would never end: it is left to end with the process.
+        if wrote == 8 {
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Reports changes at a set of paths.
+pub struct FileWatcher {
+    /// `None` while no inotify instance could be made (the user's instances, or this
+    /// process's descriptors, all taken): every path is then unwatched, and each `set_paths`
+    /// and `rewatch` tries again.
+    instance: Option<Instance>,
+    /// Why the last attempt to make the instance failed, while there is none.
+    no_instance: Option<String>,
+    /// For the reader of an instance made later.
+    tx: UnboundedSender<Change>,
+    shared: Arc<Shared>,
     /// Directories with a live watch, and its descriptor.
     watched: HashMap<Arc<Path>, WatchDescriptor>,
     /// Directories that should have one: the parents of the paths of interest, each with how
@@ -185,43 +234,55 @@ pub struct Coverage {
     /// The last attempt to add a watch was refused because the user's limit of inotify watches
     /// is reached.
     pub out_of_watches: bool,
+    /// No inotify instance could be made (`FileWatcher::no_instance` says why): nothing is
+    /// watched.
+    pub no_instance: bool,
 }
 
 impl FileWatcher {
-    /// Starts a watcher that sends into `tx`. It watches nothing until `set_paths`.
-    pub fn new(tx: UnboundedSender<Change>) -> io::Result<FileWatcher> {
-        let inotify = Inotify::init().map_err(instance_said)?;
-        let watches = inotify.watches();
+    /// Starts a watcher that sends into `tx`. It watches nothing until `set_paths`. When no
+    /// inotify instance can be made now, it is made at a later `set_paths` or `rewatch`; until
+    /// then nothing is watched, and `coverage` and `no_instance` say so.
+    pub fn new(tx: UnboundedSender<Change>) -> FileWatcher {
         let shared = Arc::new(Shared {
             interest: RwLock::new(Arc::default()),
             wds: Mutex::new(Wds::default()),
             lost: Mutex::new(Vec::new()),
             muted: Mutex::new(HashMap::new()),
         });
-        // SAFETY: eventfd takes two integers and returns a new descriptor or -1; nothing is
-        // borrowed.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a descriptor eventfd just returned, owned by nothing else.
-        let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
-        let (thread_stop, thread_shared) = (Arc::clone(&stop), Arc::clone(&shared));
-        let thread = std::thread::Builder::new()
-            .name("inotify".into())
-            .spawn(move || read_loop(inotify, &thread_stop, &thread_shared, &tx))?;
-        Ok(FileWatcher {
-            watches,
+        let mut w = FileWatcher {
+            instance: None,
+            no_instance: None,
+            tx,
             shared,
-            stop,
-            thread: Some(thread),
             watched: HashMap::new(),
             wanted: HashMap::new(),
             pending: HashSet::new(),
             watched_paths: 0,
             paths: 0,
             out_of_watches: false,
-        })
+        };
+        w.make_instance();
+        w
+    }
+
+    /// Makes the inotify instance when there is none; whether there is one now.
+    fn make_instance(&mut self) -> bool {
+        if self.instance.is_none() {
+            match Instance::start(&self.shared, &self.tx) {
+                Ok(i) => {
+                    self.instance = Some(i);
+                    self.no_instance = None;
+                }
+                Err(e) => self.no_instance = Some(e.to_string()),
+            }
+        }
+        self.instance.is_some()
+    }
+
+    /// Why no inotify instance could be made, while there is none.
+    pub fn no_instance(&self) -> Option<&str> {
+        self.no_instance.as_deref()
     }
 
     /// Reports on exactly these paths from now on, watching their parent directories. Returns
@@ -296,7 +357,7 @@ impl FileWatcher {
     /// does not pay for a refused add each time.
     pub fn rewatch(&mut self) -> Vec<(PathBuf, io::Error)> {
         let freed = self.take_lost();
-        if self.out_of_watches && !freed {
+        if self.out_of_watches && !freed && self.instance.is_some() {
             return Vec::new();
         }
         self.add_missing()
@@ -332,7 +393,9 @@ impl FileWatcher {
         if wds.remove(wd.get_watch_descriptor_id(), dir) {
             // The reader no longer knows the descriptor: the kernel's IN_IGNORED for it is
             // dropped. The kernel counts descriptors up, so no new watch takes its number soon.
-            let _ = self.watches.remove(wd);
+            if let Some(i) = &mut self.instance {
+                let _ = i.watches.remove(wd);
+            }
         }
     }
 
@@ -356,6 +419,10 @@ impl FileWatcher {
     /// Adds a watch on every wanted directory that has none (`pending`), until the limit refuses
     /// one.
     fn add_missing(&mut self) -> Vec<(PathBuf, io::Error)> {
+        if !self.make_instance() {
+            return Vec::new();
+        }
+        let Some(instance) = &mut self.instance else { return Vec::new() };
         let mut failed = Vec::new();
         let mut refused = false;
         let mut added = Vec::new();
@@ -363,7 +430,7 @@ impl FileWatcher {
             let paths = self.wanted.get(dir).copied().unwrap_or(0);
             // The lock is held across the add: an event of the new watch waits for its name.
             let mut wds = lock(&self.shared.wds);
-            match self.watches.add(&**dir, MASK) {
+            match instance.watches.add(&**dir, MASK) {
                 Ok(wd) => {
                     let n = wd.get_watch_descriptor_id();
                     wds.insert(n, Arc::clone(dir));
@@ -396,27 +463,13 @@ impl FileWatcher {
             unwatched: self.paths - self.watched_paths,
             unwatched_dirs: self.wanted.len() - self.watched.len(),
             out_of_watches: self.out_of_watches,
+            no_instance: self.instance.is_none(),
         }
     }
 
     /// How many directories are watched.
     pub fn watched(&self) -> usize {
         self.watched.len()
-    }
-}
-
-impl Drop for FileWatcher {
-    fn drop(&mut self) {
-        // An eventfd is written eight bytes at a time: a counter, which the reader only polls.
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: the descriptor is alive (self holds it) and `one` is eight readable bytes.
-        let wrote = unsafe { libc::write(self.stop.as_raw_fd(), one.as_ptr().cast(), one.len()) };
-        // Not told, the reader would never end: it is left to end with the process.
-        if wrote == 8 {
-            if let Some(t) = self.thread.take() {
-                let _ = t.join();
-            }
-        }
     }
 }
 
@@ -624,7 +677,7 @@ mod tests {
             std::fs::create_dir(d).unwrap();
         }
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut w = FileWatcher::new(tx).unwrap();
+        let mut w = FileWatcher::new(tx);
         assert!(w.set_paths(dirs.iter().map(|d| d.join("f"))).is_empty());
         assert_eq!((w.watched(), w.pending.len()), (50, 0), "all watched, nothing pending");
         std::fs::remove_dir(&dirs[7]).unwrap();
@@ -644,7 +697,7 @@ mod tests {
         let dir = root.path().join("d");
         std::fs::create_dir(&dir).unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut w = FileWatcher::new(tx).unwrap();
+        let mut w = FileWatcher::new(tx);
         assert!(w.set_paths([dir.join("f")]).is_empty());
         std::fs::rename(&dir, root.path().join("away")).unwrap();
         wait_lost(&w);
@@ -669,7 +722,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let (f, g) = (root.path().join("f"), root.path().join("g"));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut w = FileWatcher::new(tx).unwrap();
+        let mut w = FileWatcher::new(tx);
         assert!(w.set_paths([&f, &g]).is_empty());
         std::fs::write(&f, "0").unwrap();
         assert!(received(&mut rx, Duration::from_millis(200)).await.contains(&f), "reported before the mute");
@@ -701,7 +754,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let f = root.path().join("f");
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut w = FileWatcher::new(tx).unwrap();
+        let mut w = FileWatcher::new(tx);
         assert!(w.set_paths([&f]).is_empty());
         w.mute(&root.path().join("other"), Instant::now() + Duration::from_secs(60));
         assert_eq!(w.muted(), 0, "a path not of interest is not muted");

@@ -25,12 +25,19 @@ use crate::Change;
 /// missing ancestor up to `/` would be code for a moment that passes once.
 const PARENT_POLL: Duration = Duration::from_secs(1);
 
+/// How often a watcher that could not be made for want of an inotify instance is tried again.
+const INSTANCE_RETRY: Duration = Duration::from_secs(10);
+
 /// Watches declaration sources, all on one inotify instance, and sends
 /// `Change::SourceChanged` for one each time it has settled after a change (each settles on its
 /// own). A source whose parent directory does not exist yet is waited for, then watched and
-/// reported changed (it now may be there). Fails when a parent exists and cannot be watched, or
-/// when no inotify instance can be made (the error says which limit). Ends when the receiver is
-/// dropped.
+/// reported changed (it now may be there). Fails when a parent exists and cannot be watched.
+/// Ends when the receiver is dropped.
+///
+/// When no inotify instance can be made (the user's instances, or this process's descriptors,
+/// all taken), it says so (naming both limits), tries again every 10 s, and once
+/// it has one reports every source changed, for what moved meanwhile; the controller's resync
+/// reads the sources in between.
 ///
 /// One instance for every source, not one each: inotify instances are counted per user
 /// (`fs.inotify.max_user_instances`, 128 by default) across every process of that user, and for
@@ -40,43 +47,105 @@ pub fn spawn(
     quiet: Duration,
     tx: UnboundedSender<Change>,
 ) -> notify::Result<tokio::task::JoinHandle<()>> {
-    let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<usize>();
-    let targets = sources.clone();
-    let mut watcher = notify::recommended_watcher(move |res: notify::Result<Event>| {
-        let Ok(event) = res else {
-            for i in 0..targets.len() {
-                let _ = raw_tx.send(i);
+    let watched = match Watched::make(&sources) {
+        Ok(w) => w,
+        Err(Unmade::NoInstance(e)) => {
+            tracing::warn!(
+                error = %e,
+                "cannot watch the declaration: tried again every {} s; until then it is read at each resync",
+                INSTANCE_RETRY.as_secs()
+            );
+            return Ok(tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(INSTANCE_RETRY).await;
+                    if tx.is_closed() {
+                        return;
+                    }
+                    // A parent that cannot be watched for another reason is tried again too:
+                    // there is no caller left to fail to.
+                    let Ok(watched) = Watched::make(&sources) else { continue };
+                    tracing::info!("the declaration is watched again");
+                    for source in &sources {
+                        if tx.send(Change::SourceChanged { source: source.clone() }).is_err() {
+                            return;
+                        }
+                    }
+                    return watched.follow(sources, quiet, tx).await;
+                }
+            }));
+        }
+        Err(Unmade::Watch(e)) => return Err(e),
+    };
+    Ok(tokio::spawn(watched.follow(sources, quiet, tx)))
+}
+
+/// Why a watcher could not be made.
+enum Unmade {
+    /// For want of an inotify instance (or of a descriptor), said with the limits behind it.
+    NoInstance(notify::Error),
+    /// Anything else: a parent that cannot be watched.
+    Watch(notify::Error),
+}
+
+/// One watcher for every source, with what it has seen and which parents are not there yet.
+struct Watched {
+    watcher: notify::RecommendedWatcher,
+    raw_rx: mpsc::UnboundedReceiver<usize>,
+    /// Sources whose parent is not there yet.
+    waiting: Vec<bool>,
+}
+
+fn parent_of(source: &Path) -> PathBuf {
+    source.parent().unwrap_or(Path::new("/")).to_path_buf()
+}
+
+impl Watched {
+    fn make(sources: &[PathBuf]) -> Result<Watched, Unmade> {
+        let (raw_tx, raw_rx) = mpsc::unbounded_channel::<usize>();
+        let targets = sources.to_vec();
+        let mut watcher = notify::recommended_watcher(move |res: notify::Result<Event>| {
+            let Ok(event) = res else {
+                for i in 0..targets.len() {
+                    let _ = raw_tx.send(i);
+                }
+                return;
+            };
+            // Opens and reads are not changes, and the controller's own reads of a source would
+            // otherwise trigger the next read.
+            if matches!(event.kind, EventKind::Access(_)) {
+                return;
             }
-            return;
-        };
-        // Opens and reads are not changes, and the controller's own reads of a source would
-        // otherwise trigger the next read.
-        if matches!(event.kind, EventKind::Access(_)) {
-            return;
-        }
-        // A source itself (its name in the parent: made, removed, renamed, written) or anything
-        // in it. `starts_with` compares whole components, so a neighbour such as
-        // `declaration.d.new` is not taken for the source.
-        for (i, target) in targets.iter().enumerate() {
-            if event.need_rescan() || event.paths.iter().any(|p| p.starts_with(target)) {
-                let _ = raw_tx.send(i);
+            // A source itself (its name in the parent: made, removed, renamed, written) or
+            // anything in it. `starts_with` compares whole components, so a neighbour such as
+            // `declaration.d.new` is not taken for the source.
+            for (i, target) in targets.iter().enumerate() {
+                if event.need_rescan() || event.paths.iter().any(|p| p.starts_with(target)) {
+                    let _ = raw_tx.send(i);
+                }
+            }
+        })
+        .map_err(|e| match e.kind {
+            notify::ErrorKind::Io(io) if matches!(io.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                Unmade::NoInstance(notify::Error::io(crate::file::instance_said(io)))
+            }
+            _ => Unmade::Watch(e),
+        })?;
+        let mut waiting = vec![false; sources.len()];
+        for (i, source) in sources.iter().enumerate() {
+            let parent = parent_of(source);
+            if parent.is_dir() {
+                watcher.watch(&parent, RecursiveMode::NonRecursive).map_err(Unmade::Watch)?;
+                rewatch(&mut watcher, source);
+            } else {
+                waiting[i] = true;
             }
         }
-    })
-    .map_err(instance_said)?;
-    let parent_of = |source: &Path| source.parent().unwrap_or(Path::new("/")).to_path_buf();
-    // Sources whose parent is not there yet.
-    let mut waiting = vec![false; sources.len()];
-    for (i, source) in sources.iter().enumerate() {
-        let parent = parent_of(source);
-        if parent.is_dir() {
-            watcher.watch(&parent, RecursiveMode::NonRecursive)?;
-            rewatch(&mut watcher, source);
-        } else {
-            waiting[i] = true;
-        }
+        Ok(Watched { watcher, raw_rx, waiting })
     }
-    Ok(tokio::spawn(async move {
+
+    /// Reports each source as it settles, until the receiver is dropped.
+    async fn follow(self, sources: Vec<PathBuf>, quiet: Duration, tx: UnboundedSender<Change>) {
+        let Watched { mut watcher, mut raw_rx, mut waiting } = self;
         // When each source that moved is due to be reported: every further event restarts its
         // wait for quiet.
         let mut due: Vec<Option<Instant>> = vec![None; sources.len()];
@@ -133,15 +202,6 @@ pub fn spawn(
                 }
             }
         }
-    }))
-}
-
-/// A watcher that could not be made: when for want of an inotify instance, said with the limits
-/// that can cause it, since "Too many open files" alone sends an operator to `ulimit -n`.
-fn instance_said(e: notify::Error) -> notify::Error {
-    match e.kind {
-        notify::ErrorKind::Io(io) => notify::Error::io(crate::file::instance_said(io)),
-        _ => e,
     }
 }
 

@@ -35,7 +35,7 @@ async fn every_kind_of_change_at_a_watched_path_is_reported() {
     let sentinel = dir.path().join("sentinel");
     std::fs::write(&f, "a").unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let mut w = FileWatcher::new(tx).unwrap();
+    let mut w = FileWatcher::new(tx);
     assert!(w.set_paths([f.clone(), sentinel.clone()]).is_empty());
     assert_eq!(w.watched(), 1);
 
@@ -108,7 +108,7 @@ async fn a_removed_directory_is_watched_again_once_it_is_back() {
     std::fs::create_dir(&sub).unwrap();
     let f = sub.join("x");
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let mut w = FileWatcher::new(tx).unwrap();
+    let mut w = FileWatcher::new(tx);
     assert!(w.set_paths([f.clone(), sub.clone()]).is_empty());
     std::fs::remove_dir(&sub).unwrap();
     expect_path(&mut rx, &sub, "the directory's removal").await;
@@ -196,41 +196,85 @@ async fn a_source_whose_directory_comes_later_is_watched_once_it_is_there() {
     assert_eq!(change, Some(Change::SourceChanged { source: now.clone() }), "the other source still");
 }
 
-/// With no descriptor left to make an inotify instance from, both watchers fail saying which
-/// two limits can cause it, not "Too many open files" alone. Run in a child process of its own
-/// (this test binary again), whose open-file limit prlimit(1) lowers to the three it has.
-#[test]
-fn without_an_inotify_instance_the_error_names_both_limits() {
+/// With no descriptor left to make an inotify instance from, neither watcher stops: each says
+/// which two limits can cause it (not "Too many open files" alone), and each watches once an
+/// instance can be made again: the file watcher at its next `set_paths`, the source watcher by
+/// itself, reporting its sources changed for what moved meanwhile. Run in a child process of its
+/// own (this test binary again), whose open-file limit prlimit(1) lowers to the three it has,
+/// and raises again from here when the child has seen both fail.
+#[tokio::test]
+async fn without_an_inotify_instance_the_watchers_say_which_limits_and_watch_once_they_can() {
+    use std::io::{BufRead as _, Write as _};
     const CHILD: &str = "MESH_HOST_WATCHERS_EMFILE_CHILD";
-    if std::env::var_os(CHILD).is_some() {
+    const NAME: &str = "without_an_inotify_instance_the_watchers_say_which_limits_and_watch_once_they_can";
+    if let Some(dir) = std::env::var_os(CHILD) {
+        let dir = PathBuf::from(dir);
+        let (f, d) = (dir.join("f"), dir.join("d.json"));
         // Lowered from outside once running: the dynamic loader needs descriptors of its own.
         let me = std::process::id().to_string();
         let lowered = std::process::Command::new("prlimit").args(["--pid", &me, "--nofile=3:"]).status();
         assert!(lowered.expect("prlimit (util-linux) runs").success());
-        let (tx, _rx) = mpsc::unbounded_channel();
-        let file = FileWatcher::new(tx.clone()).err().expect("no descriptor left: the file watcher fails");
-        let source = source::spawn(vec![PathBuf::from("/nonexistent/d.json")], Duration::from_millis(50), tx)
-            .expect_err("no descriptor left: the source watcher fails");
-        println!("FILE: {file}\nSOURCE: {source}");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut w = FileWatcher::new(tx);
+        w.set_paths([f.clone()]);
+        assert!(w.coverage().no_instance);
+        println!("FILE: {}", w.no_instance().expect("no descriptor left: no instance"));
+        let (source_tx, mut source_rx) = mpsc::unbounded_channel();
+        let _task = source::spawn(vec![d.clone()], Duration::from_millis(50), source_tx)
+            .expect("a source watcher without an instance still starts");
+        println!("BOTH FAILED");
+        std::io::stdout().flush().unwrap();
+        // The parent raises the limit now.
+        let start = std::time::Instant::now();
+        while w.coverage().no_instance {
+            assert!(start.elapsed() < Duration::from_secs(30), "no instance 30 s after the limit was raised");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            w.set_paths([f.clone()]);
+        }
+        assert_eq!(w.no_instance(), None);
+        std::fs::write(&f, "x").unwrap();
+        expect_path(&mut rx, &f, "a write once the file watcher has its instance").await;
+        println!("FILE WATCHED");
+        let settled = Change::SourceChanged { source: d.clone() };
+        let again = tokio::time::timeout(Duration::from_secs(30), source_rx.recv()).await;
+        assert_eq!(again.ok().flatten(), Some(settled.clone()), "the sources, once watched again");
+        std::fs::write(&d, "{}").unwrap();
+        let seen = tokio::time::timeout(Duration::from_secs(5), source_rx.recv()).await;
+        assert_eq!(seen.ok().flatten(), Some(settled), "a write of the source");
+        println!("SOURCE WATCHED");
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "without_an_inotify_instance_the_error_names_both_limits", "--nocapture"])
-        .args(["--test-threads", "1"])
-        .env(CHILD, "1")
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+        .env(CHILD, dir.path())
         .stdin(std::process::Stdio::null())
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
-    for watcher in ["FILE", "SOURCE"] {
-        let line =
-            said.lines().find(|l| l.contains(&format!("{watcher}: Too"))).unwrap_or_else(|| panic!("{said}"));
-        assert!(line.contains("Too many open files"), "{line}");
-        assert!(line.contains("raise fs.inotify.max_user_instances with sysctl"), "{line}");
-        assert!(line.contains("its limit is 3"), "{line}");
-        assert!(line.contains("could not be read either, which points at the second"), "{line}");
+    let mut said = String::new();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while out.read_line(&mut line).unwrap() > 0 {
+        said.push_str(&line);
+        if line.contains("BOTH FAILED") {
+            let pid = child.id().to_string();
+            let raised =
+                std::process::Command::new("prlimit").args(["--pid", &pid, "--nofile=1024:"]).status();
+            assert!(raised.unwrap().success());
+        }
+        line.clear();
     }
+    let end = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&end.stderr);
+    assert!(end.status.success(), "{said}\n{err}");
+    let file = said.lines().find(|l| l.contains("FILE: Too")).unwrap_or_else(|| panic!("{said}"));
+    assert!(file.contains("Too many open files"), "{file}");
+    assert!(file.contains("raise fs.inotify.max_user_instances with sysctl"), "{file}");
+    assert!(file.contains("its limit is 3"), "{file}");
+    assert!(file.contains("could not be read either, which points at the second"), "{file}");
+    assert!(said.contains("FILE WATCHED") && said.contains("SOURCE WATCHED"), "{said}\n{err}");
 }
 
 /// Issue 12, fault 5: inotify watches an inode, so a declaration directory replaced under the
@@ -299,7 +343,7 @@ async fn coverage_counts_the_paths_of_watched_and_unwatched_directories() {
     std::fs::create_dir(&a).unwrap();
     let paths = [a.join("1"), a.join("2"), a.join("2"), b.join("1")];
     let (tx, _rx) = mpsc::unbounded_channel();
-    let mut w = FileWatcher::new(tx).unwrap();
+    let mut w = FileWatcher::new(tx);
     let failed = w.set_paths(&paths);
     assert_eq!(failed.len(), 1, "{failed:?}");
     let c = w.coverage();

@@ -49,12 +49,10 @@ async fn an_inotify_overflow_is_reported_as_a_resync() {
     // eight, a reader that kept up with the flood (as it did after its lookups got cheaper)
     // saw no overflow in 20,000 writes about one run in eight.
     let lowered = Lowered::to("1");
-    let made = FileWatcher::new(tx).map(|mut w| {
-        w.set_paths([f.clone()]);
-        w
-    });
+    let mut w = FileWatcher::new(tx);
+    w.set_paths([f.clone()]);
     drop(lowered);
-    let _w = made.unwrap();
+    assert_eq!(w.no_instance(), None, "the watcher has its inotify instance");
     // Batches of writes until the watcher says it lost events; each batch overflows the queue
     // unless the watcher thread happens to keep up with it.
     for batch in 0..100 {
