@@ -122,6 +122,27 @@ pub fn wait_for(timeout: std::time::Duration, mut cond: impl FnMut() -> bool) ->
 
 pub const PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// A loopback port for a declaration to publish: one nothing listens on now, below the
+/// kernel's range of ephemeral ports, so that no outgoing connection takes it before the
+/// container binds it (a port derived from the pid alone once landed on one, and the container
+/// could not start). Tried from a point set by the pid, and moved on at each call, so that
+/// tests at once (in processes of their own, or threads of one) start apart.
+pub fn unused_port() -> u16 {
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    const FROM: u32 = 20_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next().and_then(|n| n.parse::<u32>().ok()))
+        .unwrap_or(32_768);
+    let span = ephemeral.saturating_sub(FROM).max(1);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let start = std::process::id().wrapping_mul(7).wrapping_add(call.wrapping_mul(101)) % span;
+    (0..span)
+        .map(|i| (FROM + (start + i) % span) as u16)
+        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+        .expect("a free loopback port below the ephemeral range")
+}
+
 impl Daemon {
     /// Starts the daemon on a declaration and waits until /healthz answers "ok".
     pub fn start(s: &Scratch, declaration: &Path, extra: &[&str]) -> Daemon {

@@ -538,7 +538,7 @@ fn adopted_node_makes_no_container_over_what_it_holds(rt: Cli) {
     std::fs::write(s.path("pg.env"), "MODE=theirs\n").unwrap();
     let (server, worker, cache) = (n.container("server"), n.container("worker"), n.container("cache"));
     // A port of the machine the server binds by declaration, recorded as the container's holds.
-    let port = 20_000 + (std::process::id() % 20_000) as u16 + u16::from(rt.podman);
+    let port = unused_port();
     let declare = |taken: &[&str]| {
         let path = s.path("adopted.json");
         let d = json!({"version": 1, "adoption": {"taken": taken}, "resources": [

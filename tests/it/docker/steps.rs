@@ -174,7 +174,7 @@ fn docker_a_changed_schedule_re_installs_a_scheduled_step() {
 fn docker_a_run_once_step_does_not_publish_its_ports() {
     let n = Names::new(DOCKER, "stepports");
     let s = Scratch::new();
-    let port = 20_000 + std::process::id() % 20_000;
+    let port = unused_port();
     let ports = json!([format!("127.0.0.1:{port}:80")]);
     let mut web = sleeper("web.app", &n.container("web"));
     web["ports"] = ports.clone();
