@@ -350,7 +350,7 @@ fn without_an_inotify_instance_the_daemon_runs_on_its_resync_and_watches_once_it
     let raised = Command::new("nsenter")
         .args(["--user", "--target", &pid, "sh", "-c", "echo 128 > /proc/sys/user/max_inotify_instances"])
         .status()
-        .unwrap();
+        .expect("nsenter runs (Debian's util-linux; tests/testbed/up.sh needs nothing more)");
     assert!(raised.success());
     assert!(
         wait_for(PATIENCE, || daemon.log().contains("the file watcher has its inotify instance again")),
