@@ -266,8 +266,8 @@ impl FileWatcher {
         w
     }
 
-    /// Makes the inotify instance when there is none; whether there is one now.
-    fn make_instance(&mut self) -> bool {
+    /// Makes the inotify instance when there is none.
+    fn make_instance(&mut self) {
         if self.instance.is_none() {
             match Instance::start(&self.shared, &self.tx) {
                 Ok(i) => {
@@ -277,7 +277,6 @@ impl FileWatcher {
                 Err(e) => self.no_instance = Some(e.to_string()),
             }
         }
-        self.instance.is_some()
     }
 
     /// Why no inotify instance could be made, while there is none.
@@ -357,7 +356,8 @@ impl FileWatcher {
     /// does not pay for a refused add each time.
     pub fn rewatch(&mut self) -> Vec<(PathBuf, io::Error)> {
         let freed = self.take_lost();
-        if self.out_of_watches && !freed && self.instance.is_some() {
+        // Never set without an instance, so a watcher without one always goes on to try again.
+        if self.out_of_watches && !freed {
             return Vec::new();
         }
         self.add_missing()
@@ -419,9 +419,7 @@ impl FileWatcher {
     /// Adds a watch on every wanted directory that has none (`pending`), until the limit refuses
     /// one.
     fn add_missing(&mut self) -> Vec<(PathBuf, io::Error)> {
-        if !self.make_instance() {
-            return Vec::new();
-        }
+        self.make_instance();
         let Some(instance) = &mut self.instance else { return Vec::new() };
         let mut failed = Vec::new();
         let mut refused = false;
