@@ -483,6 +483,13 @@ pub enum Ended {
     Failed,
 }
 
+/// Whether `e` is a write to etcd whose outcome is unknown: sent, and its answer lost. Such a
+/// command exits 3 (neither done nor refused: read back with `fleet status` or `fleet rollout
+/// status`, and repeat it, which is safe); docs/decisions.md, "Unknown outcomes".
+pub fn outcome_unknown(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<crate::system::etcd::Error>(), Some(crate::system::etcd::Error::Unknown { .. }))
+}
+
 /// Runs one command to its end, and says whether the machine converged.
 pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
     // The store is reached by descriptors relative to its directory, so it is made absolute

@@ -1,6 +1,6 @@
 //! The binary: parse the command line, set up logging, run, and decide the exit code. This is
 //! the one place exit codes are decided: 0 converged, 1 an apply failed, 2 the declaration was
-//! refused or the usage was wrong.
+//! refused or the usage was wrong, 3 a write to etcd whose outcome is unknown (its answer lost).
 
 use std::process::ExitCode;
 
@@ -56,6 +56,12 @@ fn main() -> ExitCode {
     match result {
         Ok(Ended::Converged) => ExitCode::from(0),
         Ok(Ended::Failed) => ExitCode::from(1),
+        Err(e) if cli::outcome_unknown(&e) => {
+            eprintln!(
+                "mesh-host: {e}\nthe outcome is unknown: read back (`mesh-host fleet status`, `mesh-host fleet rollout status`); repeating the command is safe"
+            );
+            ExitCode::from(3)
+        }
         Err(e) if e.downcast_ref::<Refused>().is_some() || e.downcast_ref::<cli::Usage>().is_some() => {
             eprintln!("{e}");
             ExitCode::from(2)

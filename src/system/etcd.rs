@@ -106,6 +106,18 @@ pub enum Error {
     /// The revision asked for was compacted away: read everything again at the current one.
     #[error("etcd has compacted revision {0} away")]
     Compacted(i64),
+    /// A write was sent and etcd's answer was lost (a timeout, a connection reset mid-call):
+    /// it may have been applied or not. Never reported as failed (Jepsen's `info`): the caller
+    /// reads back what it can, and otherwise says the outcome is unknown (exit 3).
+    #[error("unknown: {call} was sent to etcd ({endpoints}) and its answer was lost ({message}); it may or may not have been written")]
+    Unknown {
+        /// The endpoints tried.
+        endpoints: String,
+        /// The call whose outcome is unknown.
+        call: &'static str,
+        /// What was lost, for people.
+        message: String,
+    },
     /// etcd answered with something the client cannot read.
     #[error("etcd at {endpoint} answered {call} with something mesh-host cannot read: {message}")]
     Garbled {
@@ -379,6 +391,18 @@ fn another_may_answer(status: &tonic::Status) -> bool {
     matches!(status.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled)
         // A transport error (a connection reset mid-call) reaches tonic as Unknown with a source.
         || (status.code() == tonic::Code::Unknown && std::error::Error::source(status).is_some())
+}
+
+/// Whether a status that another endpoint may answer still leaves the call's outcome open: the
+/// request may have reached etcd (a timeout, a connection reset mid-call, etcd's own "request
+/// timed out" while its proposal may yet commit), as against a connection never made or a member
+/// that said it has no leader and so proposed nothing.
+fn sent_and_lost(status: &tonic::Status) -> bool {
+    let refused_before = status.code() == tonic::Code::Unavailable
+        && (status.message().contains("no leader")
+            || status.message().contains("connection refused")
+            || status.message().contains("tcp connect error"));
+    !refused_before
 }
 
 /// An error and every error under it, in one line: tonic's and hyper's own words are terse
@@ -762,15 +786,30 @@ impl Etcd {
         F: Fn(Channel) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        self.call_with(call, &mut None, f).await
+    }
+
+    /// `call`, noting in `lost` why, when a try was sent and its answer never came (a write's
+    /// outcome is then unknown, whatever the next endpoint answers).
+    async fn call_with<T, F, Fut>(
+        &self,
+        call: &'static str,
+        lost: &mut Option<String>,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
         self.ensure_token().await?;
-        match self.call_once(call, &f).await {
+        match self.tries(call, lost, &f).await {
             Err(Error::Refused { why: Refusal::InvalidToken, .. }) if self.login.is_some() => {
                 tracing::info!(
                     "etcd no longer takes the token of the last login (it expired): logging in again"
                 );
                 self.forget_token();
                 self.ensure_token().await?;
-                self.call_once(call, &f).await
+                self.tries(call, lost, &f).await
             }
             answer => answer,
         }
@@ -783,6 +822,15 @@ impl Etcd {
         F: Fn(Channel) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        self.tries(call, &mut None, f).await
+    }
+
+    /// `call_once`, noting in `lost` a try that was sent and whose answer never came.
+    async fn tries<T, F, Fut>(&self, call: &'static str, lost: &mut Option<String>, f: F) -> Result<T, Error>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
         let mut last = String::new();
         for _ in 0..self.endpoints.len() {
             let (at, channel) = self.channel().await?;
@@ -791,6 +839,9 @@ impl Etcd {
                 Ok(Ok(answer)) => return Ok(answer.into_inner()),
                 Ok(Err(status)) if another_may_answer(&status) => {
                     last = format!("{endpoint}: {}", said(&status));
+                    if sent_and_lost(&status) {
+                        *lost = Some(last.clone());
+                    }
                 }
                 Ok(Err(status)) => {
                     if compacted(Some(status.code() as u64), status.message()) {
@@ -803,7 +854,10 @@ impl Etcd {
                         message: status.message().to_owned(),
                     });
                 }
-                Err(_) => last = format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)),
+                Err(_) => {
+                    last = format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT));
+                    *lost = Some(last.clone());
+                }
             }
             self.failed(at).await;
         }
@@ -880,6 +934,13 @@ impl Etcd {
                     range_end: Vec::new(),
                     target_union: Some(TargetUnion::ModRevision(*revision)),
                 },
+                Cond::LeaseIs(key, lease) => rpc::Compare {
+                    result: CompareResult::Equal as i32,
+                    target: CompareTarget::Lease as i32,
+                    key: key.as_bytes().to_vec(),
+                    range_end: Vec::new(),
+                    target_union: Some(TargetUnion::Lease(*lease)),
+                },
             })
             .collect();
         let success = writes
@@ -908,13 +969,23 @@ impl Etcd {
             })
             .collect();
         let message = rpc::TxnRequest { compare, success, failure: Vec::new() };
+        let mut lost = None;
         let answer = self
-            .call("a transaction", |channel| {
+            .call_with("a transaction", &mut lost, |channel| {
                 let request = self.request(message.clone());
                 async move { Self::kv(channel).txn(request).await }
             })
-            .await?;
-        Ok(answer.succeeded.then(|| answer.header.map_or(0, |h| h.revision)))
+            .await;
+        let unknown =
+            |message: String| Error::Unknown { endpoints: self.endpoints(), call: "a transaction", message };
+        match (answer, lost) {
+            (Ok(answer), _) if answer.succeeded => Ok(Some(answer.header.map_or(0, |h| h.revision))),
+            // An earlier try whose answer was lost may be what made the condition fail now: a
+            // conditional write sent again cannot say "nothing was written".
+            (Ok(_), Some(lost)) | (Err(Error::Unreachable { .. }), Some(lost)) => Err(unknown(lost)),
+            (Ok(_), None) => Ok(None),
+            (Err(e), _) => Err(e),
+        }
     }
 
     /// Ends a lease at once: the keys bound to it go now rather than at its TTL.
@@ -1143,6 +1214,9 @@ pub enum Cond {
     Absent(String),
     /// The key is there and was last written at exactly this revision.
     WrittenAt(String, i64),
+    /// The key is there and bound to exactly this lease (a writer's fence: a holder whose lease
+    /// ended, and whose key someone else took, writes nothing).
+    LeaseIs(String, i64),
 }
 
 /// A write of a transaction (`Etcd::txn`).
