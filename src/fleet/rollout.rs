@@ -75,6 +75,12 @@ pub const DRIVER_TTL: i64 = 10;
 /// How often the driver looks at the fleet.
 const POLL: Duration = Duration::from_millis(500);
 
+/// The most writes the driver puts in one transaction: under etcd's `--max-txn-ops` (128 by
+/// default, the lowest a member is likely to run with), and with admissions of about 170 bytes on
+/// the wire, about 17 KiB, far under its 1.5 MiB request limit. A wave of any size is admitted in
+/// transactions of this many, each conditional on the state and on the driver's lease.
+pub const CHUNK: usize = 100;
+
 /// What a node's admission says: which rollout, and which of its prefixes the candidate
 /// stands in for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -272,46 +278,76 @@ pub struct Seen {
     pub reverted: Option<String>,
     /// Whether its presence key is there.
     pub alive: bool,
+    /// The etcd revision its status was last written at (0 without one): what the driver
+    /// compares with an admission's revision, so that no node's clock is read against its own.
+    pub status_revision: i64,
 }
 
 /// Judges one admitted node: admitted at `revision` (its admission's), at `admitted_at`
-/// (seconds), with `deadline` seconds to report, `now`.
+/// (seconds, by the driver's clock, as `now`), with `deadline` seconds to report. A node is good
+/// only when it is alive, reports the candidate's revision (or a later one) applied and
+/// converged with nothing failed, holds no rollback, and has confirmed the generation it runs
+/// (its etcd round trip came: it will not go back by itself); docs/decisions.md, "Rollouts".
 pub fn judge(revision: i64, admitted_at: u64, deadline: u64, seen: &Seen, now: u64) -> Verdict {
     if let Some(r) = &seen.reverted {
         return Verdict::Failed(format!("reverted by itself: {r}"));
     }
     let status = seen.status.as_ref();
     let applied = status.and_then(|s| s.revision);
+    let mut waiting = None;
     if let (Some(s), Some(r)) = (status, applied) {
         if r >= revision {
             if let Some(why) = &s.refused {
                 return Verdict::Failed(format!("refused a later read: {}", first_line(why)));
             }
             let failed = s.applied.counts.get("failed").copied().unwrap_or(0);
-            if s.applied.converged && failed == 0 && s.applied.last_error.is_none() {
-                return Verdict::Good;
+            if !(s.applied.converged && failed == 0 && s.applied.last_error.is_none()) {
+                let why =
+                    s.applied.last_error.as_deref().map(first_line).unwrap_or_else(|| "not converged".into());
+                return Verdict::Failed(format!(
+                    "applied the candidate (revision {r}) and did not converge: {why}"
+                ));
             }
-            let why =
-                s.applied.last_error.as_deref().map(first_line).unwrap_or_else(|| "not converged".into());
-            return Verdict::Failed(format!(
-                "applied the candidate (revision {r}) and did not converge: {why}"
-            ));
+            match unsettled(s, seen.alive) {
+                None => return Verdict::Good,
+                Some(why) => waiting = Some(format!("applied revision {r}, {why}")),
+            }
         }
     }
-    if let Some(why) = status.and_then(|s| s.refused.as_ref().filter(|_| s.written_at >= admitted_at)) {
+    // The status was written after the admission (by etcd's revisions, not by clocks).
+    if let Some(why) = status.and_then(|s| s.refused.as_ref().filter(|_| seen.status_revision > revision)) {
         return Verdict::Failed(format!("refused the candidate: {}", first_line(why)));
     }
-    let now_says = match applied {
+    let now_says = waiting.unwrap_or_else(|| match applied {
         Some(r) => format!("its status says revision {r}"),
         None => "no status from etcd yet".into(),
-    };
+    });
     let alive = if seen.alive { "" } else { ", and it is not alive" };
     if now >= admitted_at + deadline {
         return Verdict::Failed(format!(
-            "did not report the candidate (revision {revision}) applied within --deadline {deadline} s: {now_says}{alive}"
+            "did not report the candidate (revision {revision}) applied and confirmed within --deadline {deadline} s: {now_says}{alive}"
         ));
     }
     Verdict::Pending(format!("waiting for revision {revision}: {now_says}{alive}"))
+}
+
+/// Why a node that reports the candidate converged is not good yet: its presence key is gone,
+/// a rollback holds it, or its confirmation round trip has not come.
+fn unsettled(s: &Status, alive: bool) -> Option<String> {
+    if !alive {
+        return Some("but its presence key is gone (not alive)".into());
+    }
+    if let Some(hold) = &s.applied.hold {
+        return Some(format!("but a rollback holds it ({})", first_line(hold)));
+    }
+    match (s.applied.generation, s.applied.confirmed) {
+        (Some(g), Some(c)) if c >= g => None,
+        (Some(g), c) => Some(format!(
+            "waiting for its confirmation of generation {g} (confirmed: {})",
+            c.map_or("none".into(), |c| c.to_string())
+        )),
+        (None, _) => Some("but its status names no generation (an agent older than the gate)".into()),
+    }
 }
 
 fn first_line(s: &str) -> String {
@@ -398,6 +434,23 @@ pub fn decide(
     }
 }
 
+/// Since when every admitted node not already counted against the budget has been good, given
+/// what it was before this look (`before`): `None` while one is not. A node counted as failed
+/// stays failed (dead, reverted, refused) and spent its share of the budget: it no longer holds
+/// the soak's clock (docs/decisions.md, "Rollouts").
+pub fn soaking_since(
+    state: &State,
+    verdicts: &BTreeMap<String, Verdict>,
+    before: Option<u64>,
+    now: u64,
+) -> Option<u64> {
+    let counted = |node: &String| state.failures.iter().any(|f| &f.node == node);
+    if !verdicts.iter().all(|(node, v)| *v == Verdict::Good || counted(node)) {
+        return None;
+    }
+    before.or(Some(now))
+}
+
 fn list(nodes: &[&String]) -> String {
     let mut out: String = nodes.iter().take(8).map(|n| n.as_str()).collect::<Vec<_>>().join(", ");
     if nodes.len() > 8 {
@@ -451,6 +504,7 @@ impl Snapshot {
                     "status" => {
                         let seen = s.nodes.entry(node.to_owned()).or_default();
                         seen.status = serde_json::from_slice(&kv.value).ok();
+                        seen.status_revision = kv.mod_revision;
                         // Point 3's report, read loosely so that this side needs nothing of its
                         // type: `"reverted": {"generation": N, "reason": "..."}`.
                         let raw: serde_json::Value = serde_json::from_slice(&kv.value).unwrap_or_default();
@@ -635,7 +689,24 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
         Cond::UnchangedSince { prefix: prefix.clone(), revision: s.revision },
         Cond::UnchangedSince { prefix: open_prefix(), revision: s.revision },
     ];
-    if etcd.txn(&conds, &writes).await?.is_none() {
+    let answer = match etcd.txn(&conds, &writes).await {
+        // The answer was lost: read back. The rollout there with this id is this start's write;
+        // anything else leaves the outcome unknown (exit 3), and the lease is left to end by
+        // itself, since a driver key written with it may yet be there.
+        Err(e) if lost(&e) => match snapshot(etcd).await {
+            Ok(again) if again.state.as_ref().is_some_and(|(st, _)| st.id == state.id) => {
+                println!("etcd's answer to the start was lost; read back: rollout {} was written", state.id);
+                Some(again.revision)
+            }
+            _ => return Err(e.into()),
+        },
+        Err(e) => {
+            let e = anyhow::Error::from(e);
+            return Err(limit(&e).map_or(e, anyhow::Error::msg));
+        }
+        Ok(answer) => answer,
+    };
+    if answer.is_none() {
         let _ = etcd.lease_revoke(lease).await;
         let again = snapshot(etcd).await?;
         return refused(match (&again.state, &again.driver) {
@@ -760,6 +831,19 @@ async fn drive_held(etcd: &Etcd, driver: &mut Driver) -> anyhow::Result<bool> {
             return Ok(false);
         };
         let now = crate::system::unix_secs();
+        let missing = unadmitted(&state, &s.admitted);
+        if !missing.is_empty() {
+            // A wave opened whose admissions are not all written (a driver stopped between its
+            // transactions, or this one a poll ago): finished before anything is judged.
+            match admit(etcd, &state, at, driver.lease, &missing, now).await {
+                Err(e) if limit(&e).is_none() && e.downcast_ref::<crate::system::etcd::Error>().is_some() => {
+                    println!("etcd: {e}; trying again");
+                }
+                done => done?,
+            }
+            pause().await?;
+            continue;
+        }
         let verdicts = s.verdicts(&state, now);
         for (node, v) in &verdicts {
             let line = match v {
@@ -772,25 +856,104 @@ async fn drive_held(etcd: &Etcd, driver: &mut Driver) -> anyhow::Result<bool> {
                 said.insert(node.clone(), line);
             }
         }
-        let all_good = verdicts.values().all(|v| *v == Verdict::Good);
-        if !all_good {
-            good_since = None;
-        } else if good_since.is_none() {
-            good_since = Some(now);
-        }
+        good_since = soaking_since(&state, &verdicts, good_since, now);
         let step = decide(&state, &verdicts, good_since, now);
-        match act(etcd, step, &state, at, now, &mut good_since, &mut last_wait).await {
+        let written = Written { at, lease: driver.lease, now };
+        match act(etcd, step, &state, written, &mut good_since, &mut last_wait).await {
             Ok(Some(ended)) => return Ok(ended),
             Ok(None) => {}
-            // etcd out of reach, or a member gone mid-call: looked at again. Only what this
-            // command decides stops it.
-            Err(e) if e.downcast_ref::<crate::system::etcd::Error>().is_some() => {
+            // etcd out of reach, a member gone mid-call, or an answer lost (the state is read
+            // again, so a write that took is seen): looked at again. A refusal for one of etcd's
+            // limits is not passing: it halts here, named. Only what this command decides, or
+            // such a limit, stops it.
+            Err(e) if limit(&e).is_none() && e.downcast_ref::<crate::system::etcd::Error>().is_some() => {
                 println!("etcd: {e}; trying again");
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(limit(&e).map_or(e, anyhow::Error::msg)),
         }
         pause().await?;
     }
+}
+
+/// What the driver's writes are conditional on: the state as it read it (`at`, its revision),
+/// and its own lease still holding the driver's key (the fence: a driver paused past its lease,
+/// whose key another took, writes nothing); `now` by the driver's clock.
+#[derive(Clone, Copy, Debug)]
+struct Written {
+    at: i64,
+    lease: i64,
+    now: u64,
+}
+
+impl Written {
+    fn conds(&self) -> [Cond; 2] {
+        [Cond::WrittenAt(state_key(), self.at), Cond::LeaseIs(driver_key(), self.lease)]
+    }
+}
+
+/// The nodes of the open waves that hold no admission yet, in wave order: none once a wave's
+/// admissions are all written.
+pub fn unadmitted<T>(state: &State, admitted: &BTreeMap<String, T>) -> Vec<String> {
+    if state.halted.is_some() {
+        return Vec::new();
+    }
+    state.waves[..state.opened.min(state.waves.len())]
+        .iter()
+        .flatten()
+        .filter(|n| !admitted.contains_key(*n))
+        .cloned()
+        .collect()
+}
+
+/// Writes the admissions of `nodes`, `CHUNK` to a transaction, each conditional on the state
+/// being as read and on the driver's lease: an abort, a pause or another driver between two of
+/// them stops the rest (the next look sees why).
+async fn admit(
+    etcd: &Etcd,
+    state: &State,
+    at: i64,
+    lease: i64,
+    nodes: &[String],
+    now: u64,
+) -> anyhow::Result<()> {
+    let conds = Written { at, lease, now }.conds();
+    let wave =
+        |node: &String| state.waves.iter().position(|w| w.contains(node)).map_or(state.opened, |i| i + 1);
+    for chunk in nodes.chunks(CHUNK) {
+        let mut writes = Vec::with_capacity(chunk.len());
+        for node in chunk {
+            let a = Admission {
+                rollout: state.id.clone(),
+                replaces: state.replaces.clone(),
+                wave: wave(node),
+                at: now,
+            };
+            writes.push(Write::Put { key: admission_key(node), value: serde_json::to_vec(&a)?, lease: 0 });
+        }
+        if etcd.txn(&conds, &writes).await?.is_none() {
+            return Ok(());
+        }
+    }
+    println!("admitted {} node(s) of wave {} of {}", nodes.len(), state.opened, state.waves.len());
+    Ok(())
+}
+
+/// What an etcd refusal says of one of etcd's own limits, in words that name the limit and
+/// what to do: never retried in silence. `None` for anything else.
+pub fn limit(e: &anyhow::Error) -> Option<String> {
+    use crate::system::etcd::{Error, Refusal};
+    let Some(Error::Refused { why: Refusal::Other(Some(code)), message, .. }) = e.downcast_ref::<Error>()
+    else {
+        return None;
+    };
+    let what = match code {
+        // InvalidArgument: too many operations, or a request too large.
+        3 => "a request over one of etcd's limits: --max-txn-ops (128 operations a transaction by default) or --max-request-bytes (1.5 MiB by default); the rollout's plan names every node, so past tens of thousands of nodes raise --max-request-bytes on every member",
+        // ResourceExhausted: the backend's quota (the NOSPACE alarm).
+        8 => "etcd's backend is full (--quota-backend-bytes, 2 GiB by default; the NOSPACE alarm is raised): compact and defragment (`etcdctl compact`, `etcdctl defrag`), then `etcdctl alarm disarm`; docs/decisions.md, \"etcd kept in bounds\"",
+        _ => return None,
+    };
+    Some(format!("etcd refused the rollout's write: {what} (etcd said: {message}); the rollout stays as etcd holds it: `mesh-host fleet rollout resume` drives it on once etcd takes it"))
 }
 
 /// Does what the gate decided: `Some(ended well)` when driving is over.
@@ -798,17 +961,17 @@ async fn act(
     etcd: &Etcd,
     step: Step,
     state: &State,
-    at: i64,
-    now: u64,
+    written: Written,
     good_since: &mut Option<u64>,
     last_wait: &mut String,
 ) -> anyhow::Result<Option<bool>> {
+    let Written { at, lease, now } = written;
     match step {
         Step::Fail { failures, halt } => {
             let mut next = state.clone();
             next.failures.extend(failures);
             next.halted = halt;
-            write_state(etcd, &next, at).await?;
+            write_state(etcd, &next, at, Some(lease)).await?;
         }
         Step::Wait(why) => {
             if why != *last_wait {
@@ -817,33 +980,27 @@ async fn act(
             }
         }
         Step::Open => {
+            // One write whatever the wave's size: the state says the wave is open; its
+            // admissions follow in transactions of `CHUNK`, each conditional on this state.
             let wave = state.opened + 1;
             let mut next = state.clone();
             next.opened = wave;
-            let mut writes =
-                vec![Write::Put { key: state_key(), value: serde_json::to_vec(&next)?, lease: 0 }];
-            for node in &state.waves[state.opened] {
-                let a =
-                    Admission { rollout: state.id.clone(), replaces: state.replaces.clone(), wave, at: now };
-                writes.push(Write::Put {
-                    key: admission_key(node),
-                    value: serde_json::to_vec(&a)?,
-                    lease: 0,
-                });
-            }
-            if let Some(revision) = etcd.txn(&[Cond::WrittenAt(state_key(), at)], &writes).await? {
+            let put = Write::Put { key: state_key(), value: serde_json::to_vec(&next)?, lease: 0 };
+            if let Some(revision) = etcd.txn(&written.conds(), &[put]).await? {
+                let nodes = &state.waves[state.opened];
                 println!(
                     "wave {wave} of {} open at revision {revision}: {}",
                     state.waves.len(),
-                    state.waves[state.opened].join(", ")
+                    names(nodes)
                 );
                 *good_since = None;
+                admit(etcd, &next, revision, lease, nodes, now).await?;
             }
         }
         Step::Done => {
             let mut next = state.clone();
             next.done = true;
-            write_state(etcd, &next, at).await?;
+            write_state(etcd, &next, at, Some(lease)).await?;
         }
         Step::Halted => {
             println!(
@@ -889,11 +1046,20 @@ async fn pause() -> anyhow::Result<()> {
     }
 }
 
-/// Writes `next` over the state last written at `at`; says so when someone else wrote it
-/// meanwhile (the next look reads theirs).
-async fn write_state(etcd: &Etcd, next: &State, at: i64) -> anyhow::Result<bool> {
+/// Writes `next` over the state last written at `at`, and, for the driver, only while its
+/// `lease` holds the driver's key; says so when someone else wrote it meanwhile (the next look
+/// reads theirs).
+async fn write_state(etcd: &Etcd, next: &State, at: i64, lease: Option<i64>) -> anyhow::Result<bool> {
     let put = Write::Put { key: state_key(), value: serde_json::to_vec(next)?, lease: 0 };
-    Ok(etcd.txn(&[Cond::WrittenAt(state_key(), at)], &[put]).await?.is_some())
+    let mut conds = vec![Cond::WrittenAt(state_key(), at)];
+    conds.extend(lease.map(|l| Cond::LeaseIs(driver_key(), l)));
+    Ok(etcd.txn(&conds, &[put]).await?.is_some())
+}
+
+/// A wave's nodes in one line: the first few and how many more (a wave of thousands is not
+/// printed whole; `fleet rollout status --json` lists every node).
+fn names(nodes: &[String]) -> String {
+    list(&nodes.iter().collect::<Vec<_>>())
 }
 
 /// Reads the open rollout's state, changes it with `change`, and writes it back in a
@@ -903,15 +1069,42 @@ async fn change_state(
     etcd: &Etcd,
     change: impl Fn(&mut State) -> Result<(), String>,
 ) -> anyhow::Result<(State, Snapshot)> {
+    // What this command last sent when etcd's answer was lost: found as written, it took.
+    let mut sent: Option<(State, crate::system::etcd::Error)> = None;
     for _ in 0..10 {
         let s = snapshot(etcd).await?;
-        let Some((mut state, at)) = s.state.clone() else { return refused(no_rollout(&s)) };
+        let Some((mut state, at)) = s.state.clone() else {
+            return Err(sent.map_or_else(|| Refused(no_rollout(&s)).into(), |(_, lost)| lost.into()));
+        };
+        if let Some((mine, _)) = sent.take_if(|(mine, _)| *mine == state) {
+            return Ok((mine, s));
+        }
         change(&mut state).map_err(Refused)?;
-        if write_state(etcd, &state, at).await? {
-            return Ok((state, s));
+        match write_state(etcd, &state, at, None).await {
+            Ok(true) => return Ok((state, s)),
+            Ok(false) => {}
+            Err(e) => match e.downcast::<crate::system::etcd::Error>() {
+                Ok(lost @ crate::system::etcd::Error::Unknown { .. }) => sent = Some((state, lost)),
+                Ok(e) => return Err(e.into()),
+                Err(e) => return Err(e),
+            },
         }
     }
-    anyhow::bail!("the rollout's state kept changing under this command; try again")
+    match sent {
+        Some((_, lost)) => Err(lost.into()),
+        None => anyhow::bail!("the rollout's state kept changing under this command; try again"),
+    }
+}
+
+/// Whether `last` (the closed rollout etcd holds) is rollout `id` closed by this command's
+/// lost write: `closed` starts with `how` ("aborted", "promoted").
+fn closed_by(last: Option<&State>, id: &str, how: &str) -> bool {
+    last.is_some_and(|l| l.id == id && l.closed.as_deref().is_some_and(|c| c.starts_with(how)))
+}
+
+/// An etcd error from a write whose answer was lost; any other error passes through.
+fn lost(e: &crate::system::etcd::Error) -> bool {
+    matches!(e, crate::system::etcd::Error::Unknown { .. })
 }
 
 /// `fleet rollout pause`: no further wave opens until `resume`.
@@ -973,15 +1166,33 @@ pub async fn resume(etcd: &Etcd) -> anyhow::Result<bool> {
 /// transaction: each node that took the candidate reads the declaration in force again, which
 /// is the generation it had before (docs/decisions.md, "Rollouts").
 pub async fn abort(etcd: &Etcd) -> anyhow::Result<String> {
+    // The rollout this command sent an abort for, when etcd's answer was lost.
+    let mut sent: Option<(String, crate::system::etcd::Error)> = None;
     for _ in 0..10 {
         let s = snapshot(etcd).await?;
-        let Some((mut state, at)) = s.state.clone() else { return refused(no_rollout(&s)) };
+        let Some((mut state, at)) = s.state.clone() else {
+            return match sent {
+                Some((id, _)) if closed_by(s.last.as_ref(), &id, "aborted") => Ok(format!(
+                    "rollout {id} aborted (etcd's first answer was lost; read back at revision {}): the nodes that took the candidate go back to the declaration in force\n",
+                    s.revision
+                )),
+                Some((_, lost)) => Err(lost.into()),
+                None => refused(no_rollout(&s)),
+            };
+        };
         state.closed = Some(format!("aborted by {} at {}", who(), when(crate::system::unix_secs())));
         let writes = [
             Write::DeletePrefix(open_prefix()),
             Write::Put { key: last_key(), value: serde_json::to_vec(&state)?, lease: 0 },
         ];
-        if let Some(revision) = etcd.txn(&[Cond::WrittenAt(state_key(), at)], &writes).await? {
+        let answer = match etcd.txn(&[Cond::WrittenAt(state_key(), at)], &writes).await {
+            Err(e) if lost(&e) => {
+                sent = Some((state.id.clone(), e));
+                continue;
+            }
+            answer => answer?,
+        };
+        if let Some(revision) = answer {
             let took: Vec<&String> = s.admitted.keys().collect();
             return Ok(format!(
                 "rollout {} aborted at revision {revision}: {} node(s) that took the candidate go back to the declaration in force{}{}\n",
@@ -992,15 +1203,28 @@ pub async fn abort(etcd: &Etcd) -> anyhow::Result<String> {
             ));
         }
     }
-    anyhow::bail!("the rollout's state kept changing under this command; try again")
+    match sent {
+        Some((_, lost)) => Err(lost.into()),
+        None => anyhow::bail!("the rollout's state kept changing under this command; try again"),
+    }
 }
 
 /// `fleet rollout promote`: once every wave passed, the candidate becomes the scope's
 /// declaration (its keys exactly the candidate's), and the rollout closes, in one transaction.
 pub async fn promote(etcd: &Etcd) -> anyhow::Result<String> {
+    let mut sent: Option<(String, crate::system::etcd::Error)> = None;
     for _ in 0..10 {
         let s = snapshot(etcd).await?;
-        let Some((mut state, at)) = s.state.clone() else { return refused(no_rollout(&s)) };
+        let Some((mut state, at)) = s.state.clone() else {
+            return match sent {
+                Some((id, _)) if closed_by(s.last.as_ref(), &id, "promoted") => Ok(format!(
+                    "rollout {id} promoted (etcd's first answer was lost; read back at revision {}): the rollout is closed\n",
+                    s.revision
+                )),
+                Some((_, lost)) => Err(lost.into()),
+                None => refused(no_rollout(&s)),
+            };
+        };
         if !state.done {
             return refused(format!(
                 "rollout {} is not through its waves ({}); promote makes the candidate every node's declaration, so it waits for the last gate. `fleet rollout status` shows where it stands; `fleet rollout abort` ends it",
@@ -1008,31 +1232,25 @@ pub async fn promote(etcd: &Etcd) -> anyhow::Result<String> {
                 state.phase()
             ));
         }
-        let candidate = etcd.range_prefix(&candidate_prefix(), Some(s.revision)).await?;
-        let mut writes = Vec::new();
-        let cp = candidate_prefix();
-        let mut kept = Vec::new();
-        for kv in candidate.kvs {
-            let key = format!("{}{}", state.replaces, kv.key.strip_prefix(&cp).unwrap_or(&kv.key));
-            kept.push(key.clone());
-            writes.push(Write::Put { key, value: kv.value, lease: 0 });
-        }
-        let removed: Vec<String> = s.scope_keys.iter().filter(|k| !kept.contains(k)).cloned().collect();
-        writes.extend(removed.iter().cloned().map(Write::Delete));
+        let since = regate(&state, &s.verdicts(&state, crate::system::unix_secs())).map_err(Refused)?;
         state.closed = Some(format!("promoted by {} at {}", who(), when(crate::system::unix_secs())));
-        writes.push(Write::DeletePrefix(open_prefix()));
-        writes.push(Write::Put { key: last_key(), value: serde_json::to_vec(&state)?, lease: 0 });
+        let (writes, kept, removed) = promotion(etcd, &s, &state).await?;
         let conds = [
             Cond::WrittenAt(state_key(), at),
             Cond::UnchangedSince { prefix: state.replaces.clone(), revision: state.base_revision },
         ];
-        if let Some(revision) = etcd.txn(&conds, &writes).await? {
+        let answer = match etcd.txn(&conds, &writes).await {
+            Err(e) if lost(&e) => {
+                sent = Some((state.id.clone(), e));
+                continue;
+            }
+            answer => answer?,
+        };
+        if let Some(revision) = answer {
             return Ok(format!(
-                "rollout {} promoted at revision {revision}: the candidate is the declaration of {} ({} key(s), {} removed); the rollout is closed\n",
+                "rollout {} promoted at revision {revision}: the candidate is the declaration of {} ({kept} key(s), {removed} removed); the rollout is closed{since}\n",
                 state.id,
                 state.scope().describe(),
-                kept.len(),
-                removed.len()
             ));
         }
         let again = etcd.range_prefix(&state.replaces, None).await?;
@@ -1044,7 +1262,66 @@ pub async fn promote(etcd: &Etcd) -> anyhow::Result<String> {
             ));
         }
     }
-    anyhow::bail!("the rollout's state kept changing under this command; try again")
+    match sent {
+        Some((_, lost)) => Err(lost.into()),
+        None => anyhow::bail!("the rollout's state kept changing under this command; try again"),
+    }
+}
+
+/// The gate once more, at promote: every wave passed it when the driver marked the rollout done,
+/// but a node may have gone back, died or refused since. Refused (with the nodes and why) when a
+/// node not counted before is no longer good and the budget cannot take it; otherwise the words
+/// promote adds about the failures it takes on (empty when none).
+pub fn regate(state: &State, verdicts: &BTreeMap<String, Verdict>) -> Result<String, String> {
+    let counted = |node: &String| state.failures.iter().any(|f| &f.node == node);
+    let since: Vec<(&String, &str)> = verdicts
+        .iter()
+        .filter(|(node, _)| !counted(node))
+        .filter_map(|(node, v)| match v {
+            Verdict::Good => None,
+            Verdict::Pending(why) | Verdict::Failed(why) => Some((node, why.as_str())),
+        })
+        .collect();
+    if since.is_empty() {
+        return Ok(String::new());
+    }
+    let spent = state.failures.len() + since.len();
+    let named: Vec<String> = since.iter().take(8).map(|(n, why)| format!("{n}: {why}")).collect();
+    if spent > state.max_failures {
+        return Err(format!(
+            "rollout {}: {} node(s) no longer pass the gate since the last wave passed, {spent} failure(s) in all, more than --max-failures {}; nothing was written. {}. `fleet rollout abort` sends the nodes back",
+            state.id,
+            since.len(),
+            state.max_failures,
+            named.join("; ")
+        ));
+    }
+    Ok(format!(
+        "; within --max-failures {}, {} node(s) that no longer pass the gate: {}",
+        state.max_failures,
+        since.len(),
+        named.join("; ")
+    ))
+}
+
+/// The writes of a promotion: the candidate's keys under the scope's prefix, the scope's other
+/// keys deleted, the rollout closed into `rollout/last`; and how many were kept and removed.
+async fn promotion(etcd: &Etcd, s: &Snapshot, state: &State) -> anyhow::Result<(Vec<Write>, usize, usize)> {
+    let candidate = etcd.range_prefix(&candidate_prefix(), Some(s.revision)).await?;
+    let mut writes = Vec::new();
+    let cp = candidate_prefix();
+    let mut kept = Vec::new();
+    for kv in candidate.kvs {
+        let key = format!("{}{}", state.replaces, kv.key.strip_prefix(&cp).unwrap_or(&kv.key));
+        kept.push(key.clone());
+        writes.push(Write::Put { key, value: kv.value, lease: 0 });
+    }
+    let removed: Vec<String> = s.scope_keys.iter().filter(|k| !kept.contains(k)).cloned().collect();
+    let counts = (kept.len(), removed.len());
+    writes.extend(removed.into_iter().map(Write::Delete));
+    writes.push(Write::DeletePrefix(open_prefix()));
+    writes.push(Write::Put { key: last_key(), value: serde_json::to_vec(state)?, lease: 0 });
+    Ok((writes, counts.0, counts.1))
 }
 
 /// One node's row in `fleet rollout status`.
@@ -1243,6 +1520,8 @@ mod tests {
             applied: super::super::status::Summary {
                 converged,
                 last_error: error.map(str::to_owned),
+                generation: Some(5),
+                confirmed: Some(5),
                 ..Default::default()
             },
             refused: None,
@@ -1252,7 +1531,7 @@ mod tests {
 
     #[test]
     fn a_node_is_good_only_once_it_reports_the_candidates_revision_converged() {
-        let seen = |s: Status| Seen { status: Some(s), reverted: None, alive: true };
+        let seen = |s: Status| Seen { status: Some(s), reverted: None, alive: true, status_revision: 20 };
         assert_eq!(judge(10, 100, 60, &seen(status(10, true, None)), 101), Verdict::Good);
         assert_eq!(judge(10, 100, 60, &seen(status(12, true, None)), 101), Verdict::Good);
         assert!(matches!(judge(10, 100, 60, &seen(status(9, true, None)), 101), Verdict::Pending(_)));
@@ -1270,6 +1549,50 @@ mod tests {
         );
         let none = Seen::default();
         assert!(matches!(judge(10, 100, 60, &none, 101), Verdict::Pending(w) if w.contains("not alive")));
+    }
+
+    /// Issue 42, hole 1: converged at the candidate's revision is not enough. A node that has not
+    /// confirmed its generation by an etcd round trip may still go back by itself, and a node
+    /// whose presence key is gone may be dead: neither passes the gate, and past the deadline
+    /// each spends the budget.
+    #[test]
+    fn the_gate_passes_only_nodes_alive_that_confirmed_the_generation_they_run() {
+        let seen =
+            |s: Status, alive: bool| Seen { status: Some(s), reverted: None, alive, status_revision: 20 };
+        let mut unconfirmed = status(10, true, None);
+        unconfirmed.applied.generation = Some(6);
+        let v = judge(10, 100, 60, &seen(unconfirmed.clone(), true), 101);
+        assert!(
+            matches!(&v, Verdict::Pending(w) if w.contains("confirmation of generation 6") && w.contains("confirmed: 5")),
+            "{v:?}"
+        );
+        let late = judge(10, 100, 60, &seen(unconfirmed, true), 160);
+        assert!(
+            matches!(&late, Verdict::Failed(w) if w.contains("applied and confirmed within --deadline")),
+            "{late:?}"
+        );
+        let dead = judge(10, 100, 60, &seen(status(10, true, None), false), 101);
+        assert!(matches!(&dead, Verdict::Pending(w) if w.contains("not alive")), "{dead:?}");
+        let mut held = status(10, true, None);
+        held.applied.hold = Some("generation 4, by root".into());
+        assert!(
+            matches!(judge(10, 100, 60, &seen(held, true), 101), Verdict::Pending(w) if w.contains("rollback holds"))
+        );
+        let mut old_agent = status(10, true, None);
+        (old_agent.applied.generation, old_agent.applied.confirmed) = (None, None);
+        assert!(
+            matches!(judge(10, 100, 60, &seen(old_agent, true), 101), Verdict::Pending(w) if w.contains("older than the gate"))
+        );
+        // A refusal counts when etcd wrote it after the admission, whatever the node's clock says.
+        let mut refusing = status(9, true, None);
+        refusing.refused = Some("bad".into());
+        refusing.written_at = 0;
+        let after = Seen { status: Some(refusing.clone()), reverted: None, alive: true, status_revision: 11 };
+        assert!(
+            matches!(judge(10, 100, 60, &after, 101), Verdict::Failed(w) if w.contains("refused the candidate"))
+        );
+        let before = Seen { status_revision: 9, ..after };
+        assert!(matches!(judge(10, 100, 60, &before, 101), Verdict::Pending(_)));
     }
 
     fn kv(key: &str, value: serde_json::Value, mod_revision: i64) -> crate::system::etcd::Kv {
@@ -1387,5 +1710,85 @@ mod tests {
         let mut halted = state(3, 2, 0, 0);
         halted.halted = Some("x".into());
         assert_eq!(decide(&halted, &failed, None, 100), Step::Halted);
+    }
+
+    /// Issue 42, hole 3: a node counted against the budget that stays failed (dead, reverted,
+    /// refused) must not hold the soak's clock at zero for ever.
+    #[test]
+    fn a_failure_within_the_budget_does_not_stall_a_soaking_rollout() {
+        let mut st = state(3, 2, 1, 30);
+        st.failures.push(Failure { node: "n0".into(), reason: "boom".into(), at: 1 });
+        let verdicts: BTreeMap<String, Verdict> =
+            [("n0".to_owned(), Verdict::Failed("boom".into())), ("n1".to_owned(), Verdict::Good)].into();
+        let mut since = None;
+        let mut step = Step::Wait(String::new());
+        for now in 100..200 {
+            since = soaking_since(&st, &verdicts, since, now);
+            step = decide(&st, &verdicts, since, now);
+            if step == Step::Open {
+                assert!(now >= 130, "opened at {now}, before the soak of 30 s");
+                break;
+            }
+        }
+        assert_eq!(step, Step::Open, "still {step:?} after 100 s of a 30 s soak");
+        // A node not yet counted still stops the clock (its failure is written first).
+        let fresh = [("n2".to_owned(), Verdict::Pending("x".into()))].into();
+        assert_eq!(soaking_since(&st, &fresh, Some(100), 150), None);
+    }
+
+    /// Issue 43: a wave's admissions are written after its state, in transactions of `CHUNK`;
+    /// those not written yet are found, in wave order, and none once the rollout halts.
+    #[test]
+    fn a_waves_unwritten_admissions_are_found_and_none_after_a_halt() {
+        let mut st = state(3, 2, 0, 0);
+        st.waves = vec![vec!["a".into()], (0..250).map(|i| format!("b{i:03}")).collect(), vec!["c".into()]];
+        let mut admitted: BTreeMap<String, ()> = [("a".to_owned(), ())].into();
+        admitted.extend((0..100).map(|i| (format!("b{i:03}"), ())));
+        let missing = unadmitted(&st, &admitted);
+        assert_eq!(missing.len(), 150);
+        assert_eq!(missing[0], "b100");
+        assert!(!missing.contains(&"c".to_owned()), "wave 3 is not open");
+        assert_eq!(missing.chunks(CHUNK).count(), 2);
+        st.halted = Some("x".into());
+        assert!(unadmitted(&st, &admitted).is_empty());
+    }
+
+    /// Promote judges every node once more: a node gone back since the last gate spends the
+    /// budget, or refuses promote when the budget cannot take it.
+    #[test]
+    fn promote_checks_the_gate_again() {
+        let good: BTreeMap<String, Verdict> = [("n0".to_owned(), Verdict::Good)].into();
+        assert_eq!(regate(&state(1, 1, 0, 0), &good), Ok(String::new()));
+        let back: BTreeMap<String, Verdict> = [
+            ("n0".to_owned(), Verdict::Good),
+            ("n1".to_owned(), Verdict::Failed("reverted by itself".into())),
+        ]
+        .into();
+        let err = regate(&state(1, 1, 0, 0), &back).unwrap_err();
+        assert!(err.contains("n1: reverted by itself") && err.contains("nothing was written"), "{err}");
+        let ok = regate(&state(1, 1, 1, 0), &back).unwrap();
+        assert!(ok.contains("within --max-failures 1") && ok.contains("n1"), "{ok}");
+        let mut counted = state(1, 1, 1, 0);
+        counted.failures.push(Failure { node: "n1".into(), reason: "x".into(), at: 1 });
+        assert_eq!(regate(&counted, &back), Ok(String::new()));
+    }
+
+    /// etcd's limits are named, never taken for "out of reach".
+    #[test]
+    fn an_etcd_limit_is_named_and_anything_else_is_not_a_limit() {
+        use crate::system::etcd::{Error, Refusal};
+        let refusal = |code| {
+            anyhow::Error::from(Error::Refused {
+                endpoint: "e".into(),
+                call: "a transaction",
+                why: Refusal::Other(Some(code)),
+                message: "etcdserver: too many operations in txn request".into(),
+            })
+        };
+        assert!(limit(&refusal(3))
+            .is_some_and(|m| m.contains("--max-txn-ops") && m.contains("too many operations")));
+        assert!(limit(&refusal(8)).is_some_and(|m| m.contains("--quota-backend-bytes")));
+        assert_eq!(limit(&refusal(14)), None);
+        assert_eq!(limit(&anyhow::anyhow!("other")), None);
     }
 }

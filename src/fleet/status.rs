@@ -65,6 +65,11 @@ pub struct Summary {
     /// otherwise, and from an older node's status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reverted: Option<Reverted>,
+    /// The latest generation this node will not go back from by itself: its confirmation window
+    /// closed confirmed by an etcd round trip, or no window was armed for it (off, or nothing to go
+    /// back to). Absent until then, and from an older node's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmed: Option<u64>,
 }
 
 /// A node's own going back, as its status says it (docs/decisions.md, "Confirm or go back").
@@ -102,6 +107,8 @@ impl From<&controller::Applied> for Summary {
                     since: h.since,
                 })
             }),
+            // The confirmation task's to say: the status writer sets it.
+            confirmed: None,
         }
     }
 }
