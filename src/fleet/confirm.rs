@@ -143,6 +143,11 @@ impl Window {
         Window { length, current: (in_force, None), pending: None, asked: 0 }
     }
 
+    /// The generation last seen completed (its pass ended), or in force at the start.
+    pub fn current(&self) -> Option<u64> {
+        self.current.0
+    }
+
     /// When the open window closes.
     pub fn deadline(&self) -> Option<Instant> {
         self.pending.map(|p| p.deadline)
@@ -230,7 +235,10 @@ pub struct Confirm {
 
 /// Follows what the controller applied until `shutdown`: opens a window for each new
 /// generation, has it confirmed by the status writer (`ask`, `acked`), and goes back when it
-/// closes unconfirmed. See the module's notes.
+/// closes unconfirmed. Says in `confirmed` the latest generation the node will not go back from
+/// by itself (the status carries it: `status::Summary::confirmed`): the one in force at the
+/// start, then each one confirmed, or not armed, or whose window a hold closed; while a window
+/// is open it stays at the one before. See the module's notes.
 #[allow(clippy::too_many_arguments, reason = "what the window follows and tells, each from `daemon`")]
 pub async fn run(
     confirm: Confirm,
@@ -240,12 +248,14 @@ pub async fn run(
     contact: watch::Receiver<Contact>,
     mut acked: watch::Receiver<Ack>,
     ask: watch::Sender<u64>,
+    confirmed: watch::Sender<Option<u64>>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
     let Confirm { window: length, generations, in_force } = confirm;
     let mut window = Window::new(length, in_force);
     let node = node.as_str();
+    confirmed.send_replace(in_force);
     loop {
         let deadline = window.deadline();
         tokio::select! {
@@ -276,9 +286,11 @@ pub async fn run(
                     }
                     Step::NotArmed { generation, why } => {
                         events::FleetConfirm::NotArmed { node, generation, why }.emit(&metrics);
+                        confirmed.send_replace(Some(generation));
                     }
                     Step::Cancelled(p) => {
                         events::FleetConfirm::Cancelled { node, generation: p.generation }.emit(&metrics);
+                        confirmed.send_replace(window.current());
                     }
                 }
             }
@@ -290,6 +302,7 @@ pub async fn run(
                 if let Some(p) = window.acked(ack) {
                     events::FleetConfirm::Confirmed { node, generation: p.generation, revision: p.revision }
                         .emit(&metrics);
+                    confirmed.send_replace(Some(p.generation));
                 }
             }
         }

@@ -58,23 +58,30 @@ pub async fn start(
     let contact = Arc::new(watch::Sender::new(super::confirm::Contact::default()));
     let (ask_tx, ask_rx) = watch::channel(0u64);
     let (acked_tx, acked_rx) = watch::channel(super::confirm::Ack::default());
+    // Started with the window off too: it says which generation the node will not go back
+    // from (every one, then), which the status carries for the rollout's gate.
     if confirm.window.is_zero() {
         tracing::info!("the confirmation window is off (--confirm-window 0): a new generation from etcd is not confirmed");
-    } else {
-        tasks.push(tokio::spawn(super::confirm::run(
-            confirm,
-            Arc::clone(&etcd),
-            source.node.clone(),
-            applied.clone(),
-            contact.subscribe(),
-            acked_rx,
-            ask_tx,
-            Arc::clone(&metrics),
-            shutdown.clone(),
-        )));
     }
-    let confirming =
-        super::status::Confirming { ask: ask_rx, acked: acked_tx, contact: Arc::clone(&contact) };
+    let (confirmed_tx, confirmed_rx) = watch::channel(None::<u64>);
+    tasks.push(tokio::spawn(super::confirm::run(
+        confirm,
+        Arc::clone(&etcd),
+        source.node.clone(),
+        applied.clone(),
+        contact.subscribe(),
+        acked_rx,
+        ask_tx,
+        confirmed_tx,
+        Arc::clone(&metrics),
+        shutdown.clone(),
+    )));
+    let confirming = super::status::Confirming {
+        ask: ask_rx,
+        acked: acked_tx,
+        contact: Arc::clone(&contact),
+        confirmed: confirmed_rx,
+    };
     // Why the latest declaration in etcd was refused: written by the source, read by the
     // status writer (into the node's status) and by the reporter (counted and logged, as a
     // local refusal is).

@@ -65,6 +65,11 @@ pub struct Summary {
     /// otherwise, and from an older node's status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reverted: Option<Reverted>,
+    /// The latest generation this node will not go back from by itself: its confirmation window
+    /// closed confirmed by an etcd round trip, or no window was armed for it (off, or nothing to go
+    /// back to). Absent until then, and from an older node's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmed: Option<u64>,
 }
 
 /// A node's own going back, as its status says it (docs/decisions.md, "Confirm or go back").
@@ -102,6 +107,8 @@ impl From<&controller::Applied> for Summary {
                     since: h.since,
                 })
             }),
+            // The confirmation task's to say (`Confirming::confirmed`), not the controller's.
+            confirmed: None,
         }
     }
 }
@@ -154,6 +161,9 @@ pub struct Confirming {
     pub acked: watch::Sender<super::confirm::Ack>,
     /// Whether etcd answered the last write.
     pub contact: Arc<watch::Sender<super::confirm::Contact>>,
+    /// The latest generation the node will not go back from by itself (`Summary::confirmed`),
+    /// as the confirmation task says it: each change is written, the rate limit permitting.
+    pub confirmed: watch::Receiver<Option<u64>>,
 }
 
 /// Writes the node's status and keeps its presence until `shutdown`.
@@ -168,9 +178,10 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
-    let Confirming { mut ask, acked, contact } = confirming;
+    let Confirming { mut ask, acked, contact, mut confirmed } = confirming;
     // The window's task may be off (`--confirm-window 0`): then no ask ever comes.
     let mut asks_open = true;
+    let mut confirmed_open = true;
     let (status, alive) = (status_key(&node), alive_key(&node));
     let mut lease: Option<i64> = None;
     // Written once at least even when nothing changed: a node that restarts says so.
@@ -215,6 +226,15 @@ pub async fn run(
                 // Written with what was applied, below, at the next turn.
                 applied.mark_changed();
             }
+            changed = confirmed.changed(), if confirmed_open => {
+                if changed.is_err() {
+                    confirmed_open = false;
+                    continue;
+                }
+                // A window closed (or none was armed): written, so that etcd holds it even when
+                // it changed just after the round trip that confirmed it.
+                applied.mark_changed();
+            }
             changed = ask.changed(), if asks_open => {
                 if changed.is_err() {
                     asks_open = false;
@@ -227,10 +247,11 @@ pub async fn run(
                 if changed.is_err() {
                     return;
                 }
-                let (revision, now) = {
+                let (revision, mut now) = {
                     let now = applied.borrow_and_update();
                     (revision_of(&now.sources), Summary::from(&*now))
                 };
+                now.confirmed = *confirmed.borrow_and_update();
                 let refusal = refused.borrow_and_update().clone();
                 let asked = *ask.borrow_and_update();
                 let said = super::confirm::Ack { asked, generation: now.generation, revision };

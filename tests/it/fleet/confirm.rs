@@ -432,3 +432,71 @@ fn a_rollout_halts_when_its_canary_goes_back_by_itself_and_the_next_wave_never_s
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(seen(other_d), "a\n");
 }
+
+/// The newest revision etcd has.
+fn revision_now(url: &str) -> i64 {
+    let out = etcdctl(url, &["get", "/", "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["header"]["revision"].as_i64().unwrap()
+}
+
+/// Every value node `name`'s status took from revision `from` on, oldest first: the test's own
+/// member never compacts, so etcd still holds each one.
+fn status_history(url: &str, name: &str, from: i64) -> Vec<serde_json::Value> {
+    let key = format!("/mesh-host/node/{name}/status");
+    let mut seen: Vec<serde_json::Value> = Vec::new();
+    for revision in from..=revision_now(url) {
+        let out = etcdctl(url, &["get", &key, "--rev", &revision.to_string(), "--print-value-only"]);
+        let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if !value.is_null() && seen.last() != Some(&value) {
+            seen.push(value);
+        }
+    }
+    seen
+}
+
+/// Issue 42: the status says which generation the node will not go back from by itself
+/// (`confirmed`), for the rollout's gate. Every status the node wrote is read back from etcd's
+/// history: the write that confirms generation 2 (its round trip, made while the window is
+/// open) still says 1, and the status says 2 only after it.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn the_status_says_a_generation_is_confirmed_only_after_its_round_trip() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let name = unique("confirmed");
+    let marker = s.path("marker");
+    put(&s, &url, &name, "127.0.0.1", "a\n");
+    let daemon = node_in_namespace(&s, etcd.client, &name, &["--confirm-window", "30"]);
+    assert!(wait_for(PATIENCE, || read(&marker) == "a\n"), "{}", daemon.log());
+    // The first generation has nothing to go back to: confirmed as it is applied.
+    assert!(
+        wait_for(PATIENCE, || node_status(&s, &url, &name)["status"]["confirmed"] == 1),
+        "{:#}\n{}",
+        node_status(&s, &url, &name),
+        daemon.log()
+    );
+    let from = revision_now(&url);
+    put(&s, &url, &name, "127.0.0.1", "b\n");
+    assert!(wait_for(PATIENCE, || read(&marker) == "b\n"), "{}", daemon.log());
+    assert!(wait_for(PATIENCE, || daemon.log().contains(") confirmed: its status")), "{}", daemon.log());
+    // The write after the round trip comes, whatever the status writer's rate limit.
+    assert!(
+        wait_for(PATIENCE, || node_status(&s, &url, &name)["status"]["confirmed"] == 2),
+        "{:#}\n{}",
+        node_status(&s, &url, &name),
+        daemon.log()
+    );
+    let r2 = node_status(&s, &url, &name)["status"]["revision"].clone();
+    let history = status_history(&url, &name, from);
+    let said = || history.iter().map(|v| v.to_string()).collect::<Vec<_>>().join("\n");
+    let first = history.iter().position(|v| v["confirmed"] == 2).unwrap_or_else(|| panic!("{}", said()));
+    assert!(
+        history[..first].iter().any(|v| v["generation"] == 2 && v["revision"] == r2 && v["confirmed"] == 1),
+        "the confirming write (generation 2 at its revision, inside the window) says 1:\n{}",
+        said()
+    );
+    assert!(history[..first].iter().all(|v| v["confirmed"] == 1), "{}", said());
+    assert!(history[first..].iter().all(|v| v["confirmed"] == 2 && v["generation"] == 2), "{}", said());
+}
