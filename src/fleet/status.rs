@@ -190,35 +190,7 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = keepalive.tick() => {
-                lease = match lease {
-                    Some(id) => match etcd.lease_keepalive(id).await {
-                        Ok(true) => Some(id),
-                        // Expired (cut off for longer than the TTL): a new lease, the key again.
-                        Ok(false) => None,
-                        Err(e) => {
-                            events::FleetStatus::LeaseNotRenewed { node: &node, error: &e }.emit(&metrics);
-                            Some(id)
-                        }
-                    },
-                    None => None,
-                };
-                if lease.is_none() {
-                    lease = match etcd.lease_grant(ALIVE_TTL).await {
-                        Ok(id) => match etcd.put_with_lease(&alive, b"1", id).await {
-                            Ok(_) => Some(id),
-                            Err(e) => {
-                                events::FleetStatus::PresenceNotWritten { node: &node, error: &e }.emit(&metrics);
-                                None
-                            }
-                        },
-                        Err(e) => {
-                            events::FleetStatus::LeaseNotTaken { node: &node, error: &e }.emit(&metrics);
-                            None
-                        }
-                    };
-                }
-            }
+            _ = keepalive.tick() => lease = keep_presence(&etcd, lease, &alive, &node, &metrics).await,
             changed = refused.changed() => {
                 if changed.is_err() {
                     return;
@@ -291,6 +263,46 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Keeps the node's presence: renews `lease` or, when there is none or it expired (cut off for
+/// longer than the TTL), takes a new one and writes the presence key with it again. Returns the
+/// lease held afterwards.
+async fn keep_presence(
+    etcd: &Etcd,
+    lease: Option<i64>,
+    alive: &str,
+    node: &str,
+    metrics: &Metrics,
+) -> Option<i64> {
+    let mut lease = match lease {
+        Some(id) => match etcd.lease_keepalive(id).await {
+            Ok(true) => Some(id),
+            // Expired (cut off for longer than the TTL): a new lease, the key again.
+            Ok(false) => None,
+            Err(e) => {
+                events::FleetStatus::LeaseNotRenewed { node, error: &e }.emit(metrics);
+                Some(id)
+            }
+        },
+        None => None,
+    };
+    if lease.is_none() {
+        lease = match etcd.lease_grant(ALIVE_TTL).await {
+            Ok(id) => match etcd.put_with_lease(alive, b"1", id).await {
+                Ok(_) => Some(id),
+                Err(e) => {
+                    events::FleetStatus::PresenceNotWritten { node, error: &e }.emit(metrics);
+                    None
+                }
+            },
+            Err(e) => {
+                events::FleetStatus::LeaseNotTaken { node, error: &e }.emit(metrics);
+                None
+            }
+        };
+    }
+    lease
 }
 
 #[cfg(test)]
