@@ -63,16 +63,28 @@ pub async fn start(
     if confirm.window.is_zero() {
         tracing::info!("the confirmation window is off (--confirm-window 0): a new generation from etcd is not confirmed");
     }
-    let (confirmed_tx, confirmed_rx) = watch::channel(None::<u64>);
+    // The window an earlier run recorded, honoured before the controller's first pass.
+    let (window, kept) = super::confirm::prepare(&confirm, &source.node, &metrics).await;
+    let (confirmed_tx, confirmed_rx) = watch::channel(kept);
+    let priming = (!confirm.window.is_zero()).then(|| {
+        Arc::new(super::source::Priming {
+            file: Arc::clone(&confirm.file),
+            generations: confirm.generations.clone(),
+        })
+    });
+    let channels = super::confirm::Channels {
+        applied: applied.clone(),
+        contact: contact.subscribe(),
+        acked: acked_rx,
+        ask: ask_tx,
+        confirmed: confirmed_tx,
+    };
     tasks.push(tokio::spawn(super::confirm::run(
         confirm,
+        window,
         Arc::clone(&etcd),
         source.node.clone(),
-        applied.clone(),
-        contact.subscribe(),
-        acked_rx,
-        ask_tx,
-        confirmed_tx,
+        channels,
         Arc::clone(&metrics),
         shutdown.clone(),
     )));
@@ -100,7 +112,7 @@ pub async fn start(
     tracing::info!(endpoints = %source.endpoints, node = %source.node, groups = ?source.groups, "declaration from etcd");
     let (first_tx, first_rx) = tokio::sync::oneshot::channel();
     tasks.push(tokio::spawn(super::source::run(
-        source, etcd, cache, first_tx, refused_tx, contact, metrics, shutdown,
+        source, etcd, cache, first_tx, refused_tx, contact, priming, metrics, shutdown,
     )));
     // The first apply waits for the first read of etcd (it fails fast when etcd refuses
     // connections), bounded: a node must start even when etcd hangs, on its cache.
