@@ -298,11 +298,25 @@ impl Window {
         let ended = |revision: i64, rollout: &Option<String>| {
             rollout.is_some() && contact.cached.iter().any(|(r, c)| *r > revision && c != rollout)
         };
-        if self.primed.as_ref().is_some_and(|p| ended(p.revision, &p.rollout)) {
-            self.primed = None;
+        if let Some(p) = self.primed.take_if(|p| ended(p.revision, &p.rollout)) {
+            return self.window_of(p);
         }
         let p = self.pending.as_ref()?;
         ended(p.revision, &p.rollout).then(|| self.pending.take()).flatten()
+    }
+
+    /// A recorded window as an open one: its generation is the one the earlier run knew, or the
+    /// one put in force in this run; `None` when neither is known.
+    fn window_of(&self, p: super::pending::Primed) -> Option<Pending> {
+        let generation = p.generation.or(self.in_force.filter(|g| *g != p.previous))?;
+        Some(Pending {
+            generation,
+            previous: p.previous,
+            revision: p.revision,
+            deadline: p.deadline,
+            asked: 0,
+            rollout: p.rollout,
+        })
     }
 
     /// A status acknowledged by etcd: the open window is confirmed (and closed) when it says
@@ -322,15 +336,7 @@ impl Window {
             return self.pending.take();
         }
         let p = self.primed.take_if(|p| now >= p.deadline)?;
-        let generation = p.generation.or(self.in_force.filter(|g| *g != p.previous))?;
-        Some(Pending {
-            generation,
-            previous: p.previous,
-            revision: p.revision,
-            deadline: p.deadline,
-            asked: 0,
-            rollout: p.rollout,
-        })
+        self.window_of(p)
     }
 }
 
@@ -859,5 +865,21 @@ mod tests {
             w.applied(seen(3, 30), &c, Instant::now()),
             Step::Armed(Pending { previous: 2, .. })
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recorded_candidates_window_ends_with_a_promote_read_after_the_restart() {
+        let mut p = primed(Some(2), Duration::from_secs(25));
+        p.rollout = Some("r".into());
+        let mut w = Window::resumed(W, p);
+        let mut c = at(Some(30));
+        c.cached(20, Some("r".into()));
+        assert_eq!(w.cached(&c), None, "the candidate is still what is cached");
+        c.cached(30, None);
+        let ended = w.cached(&c).expect("cancelled");
+        assert_eq!((ended.generation, ended.previous), (2, 1));
+        assert_eq!(w.deadline(), None);
+        tokio::time::advance(W).await;
+        assert_eq!(w.expired(Instant::now()), None);
     }
 }
