@@ -609,10 +609,12 @@ fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
                 };
                 // Read before the first pass: the generation a new one would go back to.
                 let generations = crate::generations::Generations::of(state);
+                let fleet_dir = crate::store::state_dir(state).join("fleet");
                 let confirm = crate::fleet::confirm::Confirm {
                     window: std::time::Duration::from_secs(confirm_window),
                     in_force: generations.in_force(),
                     generations,
+                    file: std::sync::Arc::new(crate::fleet::pending::WindowFile::in_dir(&fleet_dir)),
                 };
                 crate::fleet::daemon::start(source, client, declaration, confirm, given).await
             }

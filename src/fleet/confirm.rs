@@ -13,6 +13,12 @@
 //! outage. Why a new connection and not the one held, and what the daemon does with its source
 //! meanwhile: docs/decisions.md, "Confirm or go back".
 //!
+//! Issue 42: the task says which generation the node will not go back from by itself
+//! (`confirmed`, carried by the status for the rollout's gate); a rollout's abort or promote ends
+//! its candidate's window, and the generation an abort brings back is not armed (the candidate
+//! is no fallback); the open window is recorded in the state directory and honoured after a
+//! restart (`pending`).
+//!
 //! The decision is `Window`, pure (its clock is given); `run` is the task around it, started by
 //! `daemon` beside the status writer, which does the round trip when asked (`Ack`).
 
@@ -23,6 +29,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::pending::{Resume, WindowFile};
 use crate::controller::Applied;
 use crate::generations::{Generations, Hold, Reverted};
 use crate::system::etcd::Etcd;
@@ -43,9 +50,45 @@ pub struct Contact {
     pub read: Option<i64>,
     /// Why the last call failed, while it did.
     pub error: Option<String>,
+    /// The declarations the source put in the cache in this run (and the one it found there at
+    /// its start), the newest last, a few: the revision each was read at, and the rollout whose
+    /// candidate it was read in place of the scope's keys, if any (hole 2 of issue 42: abort and
+    /// promote end the confirmation of a candidate).
+    pub cached: Vec<(i64, Option<String>)>,
 }
 
+/// How many of the cache's declarations `Contact::cached` keeps.
+const CACHED_KEPT: usize = 16;
+
 impl Contact {
+    /// The source put the declaration read at `revision` in the cache (`rollout`: the rollout
+    /// whose candidate it is).
+    pub fn cached(&mut self, revision: i64, rollout: Option<String>) {
+        self.cached.push((revision, rollout));
+        let over = self.cached.len().saturating_sub(CACHED_KEPT);
+        self.cached.drain(..over);
+    }
+
+    /// Whether the declaration cached at `revision` came as the node's admission to a rollout
+    /// was withdrawn (an abort): the one cached before it was that rollout's candidate, and it is
+    /// not. Known across a restart too: the declaration found cached at the start is the first.
+    pub fn withdrawn_at(&self, revision: Option<i64>) -> bool {
+        let Some(i) = revision.and_then(|r| self.cached.iter().rposition(|(c, _)| *c <= r)) else {
+            return false;
+        };
+        let now = &self.cached[i].1;
+        i.checked_sub(1)
+            .and_then(|b| self.cached.get(b))
+            .is_some_and(|(_, before)| before.is_some() && before != now)
+    }
+
+    /// The rollout whose candidate the declaration cached at `revision` is (`None`: none, or not
+    /// known).
+    pub fn rollout_at(&self, revision: Option<i64>) -> Option<String> {
+        let revision = revision?;
+        self.cached.iter().rev().find(|(r, _)| *r <= revision).and_then(|(_, rollout)| rollout.clone())
+    }
+
     /// A call answered.
     pub fn answered(&mut self) {
         self.error = None;
@@ -93,7 +136,7 @@ impl Seen {
 }
 
 /// A window open: a new generation waiting for its round trip.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pending {
     /// The new generation.
     pub generation: u64,
@@ -105,6 +148,9 @@ pub struct Pending {
     pub deadline: Instant,
     /// The ask the status writer is to answer after: an ack from before it proves nothing.
     pub asked: u64,
+    /// The rollout whose candidate the generation is, if any: its window ends with the
+    /// node's admission (abort) or with the candidate made the scope's declaration (promote).
+    pub rollout: Option<String>,
 }
 
 /// What one thing seen did to the window.
@@ -123,16 +169,25 @@ pub enum Step {
     },
     /// A hold came (an operator's rollback) while a window was open: the window closes.
     Cancelled(Pending),
+    /// A window was replaced, or none armed: the record of a declaration up to this revision
+    /// is done with.
+    Settled(Option<i64>),
 }
 
 /// The confirmation window's decision, pure: fed what the controller applied, what etcd
-/// acknowledged, and the time.
+/// acknowledged, what the source cached, and the time.
 #[derive(Debug)]
 pub struct Window {
     length: Duration,
     /// The generation and revision last seen completed (a pass ended with them).
     current: (Option<u64>, Option<i64>),
+    /// The rollout whose candidate the current generation is, if any.
+    current_rollout: Option<String>,
     pending: Option<Pending>,
+    /// A window an earlier run of the agent recorded and did not close (`pending::resume`).
+    primed: Option<super::pending::Primed>,
+    /// The generation last seen put in force, its pass ended or not.
+    in_force: Option<u64>,
     asked: u64,
 }
 
@@ -140,70 +195,148 @@ impl Window {
     /// A window of `length` (zero: none), on a node whose generation in force is `in_force`
     /// (as the state directory says it before the first pass).
     pub fn new(length: Duration, in_force: Option<u64>) -> Window {
-        Window { length, current: (in_force, None), pending: None, asked: 0 }
+        Window {
+            length,
+            current: (in_force, None),
+            current_rollout: None,
+            pending: None,
+            primed: None,
+            in_force,
+            asked: 0,
+        }
     }
 
-    /// When the open window closes.
+    /// A window of `length` on a node that recorded one and restarted before it closed: the
+    /// generation it had before is taken as the one in force, so that the recorded one, put in
+    /// force again, is a change, armed with the recorded deadline.
+    pub fn resumed(length: Duration, primed: super::pending::Primed) -> Window {
+        let mut w = Window::new(length, Some(primed.previous));
+        w.primed = Some(primed);
+        w
+    }
+
+    /// The generation last seen completed (its pass ended), or in force at the start.
+    pub fn current(&self) -> Option<u64> {
+        self.current.0
+    }
+
+    /// When the open window closes (or the recorded one, not armed again yet).
     pub fn deadline(&self) -> Option<Instant> {
-        self.pending.map(|p| p.deadline)
+        self.pending.as_ref().map(|p| p.deadline).or(self.primed.as_ref().map(|p| p.deadline))
     }
 
-    /// What the controller applied, at `now`; `read` the revision of the source's last read of
-    /// etcd in this run. A new generation counts once its pass has ended: its generation and its
-    /// revision have both moved (a generation put in force before its pass moves the first
-    /// alone). It is armed only when it was read from etcd in this run (`read` at or past its
-    /// revision): etcd answered just before the change, whatever the change did to the
-    /// connection since. A node that applies its cache without having read it (started offline)
-    /// is not.
-    pub fn applied(&mut self, seen: Seen, read: Option<i64>, now: Instant) -> Step {
+    /// What the controller applied, at `now`; `contact` what the source read and cached in this
+    /// run. A new generation counts once its pass has ended: its generation and its revision
+    /// have both moved (a generation put in force before its pass moves the first alone). It is
+    /// armed only when it was read from etcd in this run (the last read at or past its
+    /// revision), or by the run before (a window recorded, `resumed`): etcd answered just
+    /// before the change, whatever the change did to the connection since. A node that applies
+    /// its cache without having read it (started offline) is not. Nor is a generation reached
+    /// by the withdrawal of the node's admission to a rollout (an abort): the candidate it
+    /// replaces is no fallback.
+    pub fn applied(&mut self, seen: Seen, contact: &Contact, now: Instant) -> Step {
+        let rollout = contact.rollout_at(seen.revision);
+        self.in_force = seen.generation.or(self.in_force);
         if seen.held {
             self.current = (seen.generation, seen.revision);
-            return self.pending.take().map_or(Step::Nothing, Step::Cancelled);
+            self.current_rollout = None;
+            self.primed = None;
+            return self.pending.take().map_or(Step::Settled(None), Step::Cancelled);
         }
         let Some(generation) = seen.generation else { return Step::Nothing };
         let (before, before_revision) = self.current;
         if before == Some(generation) {
             self.current.1 = seen.revision;
-            return Step::Nothing;
+            self.current_rollout = rollout;
+            if self.pending.is_some() || self.primed.as_ref().is_some_and(|p| p.previous != generation) {
+                return Step::Nothing;
+            }
+            self.primed = None;
+            return Step::Settled(seen.revision);
         }
         if seen.revision == before_revision {
             // Put in force, its pass not ended yet.
             return Step::Nothing;
         }
+        let withdrawn = self.current_rollout.as_ref().is_some_and(|r| rollout.as_ref() != Some(r))
+            || contact.withdrawn_at(seen.revision);
         self.current = (Some(generation), seen.revision);
+        self.current_rollout.clone_from(&rollout);
         // A newer generation replaces a window still open: it was read from etcd after the one
         // before was applied.
         self.pending = None;
+        let primed = self.primed.take();
         let not = |why| Step::NotArmed { generation, why };
         if self.length.is_zero() {
             return not("the confirmation window is off (--confirm-window 0)");
         }
+        if withdrawn {
+            return not(
+                "it came back as the node's admission to a rollout was withdrawn (an abort): the candidate it replaces is no generation to go back to",
+            );
+        }
         let Some(previous) = before else { return not("no generation before it to go back to") };
         let Some(revision) = seen.revision else { return not("its files name no etcd revision") };
-        if read.is_none_or(|r| r < revision) {
+        let recorded =
+            primed.filter(|p| p.revision == revision && p.generation.is_none_or(|g| g == generation));
+        if recorded.is_none() && contact.read.is_none_or(|r| r < revision) {
             return not(
                 "it was not read from etcd by this run (etcd did not answer before it either): a node cut off before the change does not go back",
             );
         }
         self.asked += 1;
-        let p = Pending { generation, previous, revision, deadline: now + self.length, asked: self.asked };
-        self.pending = Some(p);
+        let deadline = recorded.map_or(now + self.length, |p| p.deadline);
+        let p = Pending { generation, previous, revision, deadline, asked: self.asked, rollout };
+        self.pending = Some(p.clone());
         Step::Armed(p)
+    }
+
+    /// What the source cached: an open window for a rollout's candidate is cancelled once the
+    /// node reads a later declaration that is not that candidate (its admission withdrawn by an
+    /// abort, or the candidate made the scope's declaration by a promote). Returns it.
+    pub fn cached(&mut self, contact: &Contact) -> Option<Pending> {
+        let ended = |revision: i64, rollout: &Option<String>| {
+            rollout.is_some() && contact.cached.iter().any(|(r, c)| *r > revision && c != rollout)
+        };
+        if let Some(p) = self.primed.take_if(|p| ended(p.revision, &p.rollout)) {
+            return self.window_of(p);
+        }
+        let p = self.pending.as_ref()?;
+        ended(p.revision, &p.rollout).then(|| self.pending.take()).flatten()
+    }
+
+    /// A recorded window as an open one: its generation is the one the earlier run knew, or the
+    /// one put in force in this run; `None` when neither is known.
+    fn window_of(&self, p: super::pending::Primed) -> Option<Pending> {
+        let generation = p.generation.or(self.in_force.filter(|g| *g != p.previous))?;
+        Some(Pending {
+            generation,
+            previous: p.previous,
+            revision: p.revision,
+            deadline: p.deadline,
+            asked: 0,
+            rollout: p.rollout,
+        })
     }
 
     /// A status acknowledged by etcd: the open window is confirmed (and closed) when it says
     /// the new generation at its revision and was written after the window's ask.
     pub fn acked(&mut self, ack: Ack) -> Option<Pending> {
-        let p = self.pending?;
+        let p = self.pending.as_ref()?;
         let confirms =
             ack.asked >= p.asked && ack.generation == Some(p.generation) && ack.revision == Some(p.revision);
         confirms.then(|| self.pending.take()).flatten()
     }
 
-    /// The open window, taken, when it has closed unconfirmed at `now`: the node goes back.
+    /// The open window, taken, when it has closed unconfirmed at `now`: the node goes back. A
+    /// recorded window whose generation's pass has not ended again in this run closes too, from
+    /// its generation (or the one in force, when the earlier run did not know its number).
     pub fn expired(&mut self, now: Instant) -> Option<Pending> {
-        let p = self.pending?;
-        (now >= p.deadline).then(|| self.pending.take()).flatten()
+        if self.pending.as_ref().is_some_and(|p| now >= p.deadline) {
+            return self.pending.take();
+        }
+        let p = self.primed.take_if(|p| now >= p.deadline)?;
+        self.window_of(p)
     }
 }
 
@@ -226,25 +359,114 @@ pub struct Confirm {
     pub generations: Generations,
     /// The generation in force before the first pass.
     pub in_force: Option<u64>,
+    /// The open window's record in the state directory (`pending`).
+    pub file: Arc<WindowFile>,
+}
+
+/// Before the first pass: the window an earlier run recorded, honoured (`pending::resume`).
+/// Past its deadline, the node goes back at once (the hold is written before the controller's
+/// first pass, which then applies it); still open, it is watched again for the time left.
+/// Returns the window to run with, and the generation the node will not go back from.
+pub async fn prepare(confirm: &Confirm, node: &str, metrics: &Metrics) -> (Window, Option<u64>) {
+    let file = Arc::clone(&confirm.file);
+    let record = tokio::task::spawn_blocking(move || file.load()).await.ok().flatten();
+    let wall = crate::system::unix_secs();
+    match super::pending::resume(record, confirm.in_force, confirm.window, wall, Instant::now()) {
+        Resume::Fresh => {
+            // Off now, or nothing recorded: nothing to keep either.
+            settle(&confirm.file, i64::MAX).await;
+            (Window::new(confirm.window, confirm.in_force), confirm.in_force)
+        }
+        Resume::GoBack { record, generation } => {
+            let p = Pending {
+                generation,
+                previous: record.previous,
+                revision: record.revision,
+                deadline: Instant::now(),
+                asked: 0,
+                rollout: record.rollout,
+            };
+            let why = format!("{}, the agent restarted in between", reason(&p, confirm.window, None));
+            go_back(&confirm.generations, &confirm.file, node, &p, why, metrics).await;
+            (Window::new(confirm.window, Some(p.previous)), Some(p.previous))
+        }
+        Resume::Rearm { primed, record } => {
+            let file = Arc::clone(&confirm.file);
+            let written = tokio::task::spawn_blocking(move || file.store(&record)).await;
+            if let Ok(Err(e)) = written {
+                tracing::warn!(error = %e, "the confirmation window is watched again, but its deadline is not recorded");
+            }
+            tracing::info!(
+                node,
+                revision = primed.revision,
+                "a confirmation window recorded before the agent restarted is open: confirming its generation by a round trip to etcd within {}, or going back to generation {}",
+                crate::system::human(primed.deadline.saturating_duration_since(Instant::now())),
+                primed.previous
+            );
+            let previous = primed.previous;
+            (Window::resumed(confirm.window, primed), Some(previous))
+        }
+    }
+}
+
+/// Removes the window's record if it is for revision `upto` or an earlier one; said when it
+/// cannot be (a restart would then watch a generation already decided, once more).
+async fn settle(file: &Arc<WindowFile>, upto: i64) {
+    let file = Arc::clone(file);
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || file.clear(upto)).await {
+        tracing::warn!(error = %e, "a confirmation window is closed, but its record stays");
+    }
+}
+
+/// Records the window that opened, with its generation and deadline (the wall clock's).
+async fn record(file: &Arc<WindowFile>, p: &Pending) {
+    let left = p.deadline.saturating_duration_since(Instant::now());
+    let record = super::pending::Record {
+        revision: p.revision,
+        previous: p.previous,
+        generation: Some(p.generation),
+        deadline: Some(crate::system::unix_secs() + left.as_secs_f64().ceil() as u64),
+        rollout: p.rollout.clone(),
+    };
+    let file = Arc::clone(file);
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || file.store(&record)).await {
+        tracing::warn!(error = %e, "the confirmation window is open, but not recorded: a restart inside it keeps the generation");
+    }
+}
+
+/// What the window task follows and tells, besides its window.
+pub struct Channels {
+    /// What the controller applied.
+    pub applied: watch::Receiver<Applied>,
+    /// What the source and the status writer found of etcd.
+    pub contact: watch::Receiver<Contact>,
+    /// The statuses etcd acknowledged.
+    pub acked: watch::Receiver<Ack>,
+    /// Asks the status writer for a round trip.
+    pub ask: watch::Sender<u64>,
+    /// The latest generation the node will not go back from by itself.
+    pub confirmed: watch::Sender<Option<u64>>,
 }
 
 /// Follows what the controller applied until `shutdown`: opens a window for each new
 /// generation, has it confirmed by the status writer (`ask`, `acked`), and goes back when it
-/// closes unconfirmed. See the module's notes.
+/// closes unconfirmed. Says in `confirmed` the latest generation the node will not go back from
+/// by itself (the status carries it: `status::Summary::confirmed`): the one in force at the
+/// start, then each one confirmed, or not armed, or whose window closed otherwise (a hold, an
+/// abort or a promote); while a window is open it stays at the one before. Keeps the window's
+/// record (`pending`) as the window goes. See the module's notes.
 #[allow(clippy::too_many_arguments, reason = "what the window follows and tells, each from `daemon`")]
 pub async fn run(
     confirm: Confirm,
+    mut window: Window,
     etcd: Arc<Etcd>,
     node: String,
-    mut applied: watch::Receiver<Applied>,
-    contact: watch::Receiver<Contact>,
-    mut acked: watch::Receiver<Ack>,
-    ask: watch::Sender<u64>,
+    channels: Channels,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
-    let Confirm { window: length, generations, in_force } = confirm;
-    let mut window = Window::new(length, in_force);
+    let Confirm { window: length, generations, file, .. } = confirm;
+    let Channels { mut applied, mut contact, mut acked, ask, confirmed } = channels;
     let node = node.as_str();
     loop {
         let deadline = window.deadline();
@@ -253,34 +475,28 @@ pub async fn run(
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                 let Some(p) = window.expired(Instant::now()) else { continue };
                 let error = contact.borrow().error.clone();
-                go_back(&generations, node, &p, reason(&p, length, error.as_deref()), &metrics).await;
+                go_back(&generations, &file, node, &p, reason(&p, length, error.as_deref()), &metrics).await;
+            }
+            changed = contact.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let now = contact.borrow_and_update().clone();
+                if let Some(p) = window.cached(&now) {
+                    let why = "the node's admission to its rollout ended (an abort or a promote): the rollout decides";
+                    events::FleetConfirm::Cancelled { node, generation: p.generation, why }.emit(&metrics);
+                    settle(&file, p.revision).await;
+                    confirmed.send_replace(Some(p.generation));
+                }
             }
             changed = applied.changed() => {
                 if changed.is_err() {
                     return;
                 }
                 let seen = Seen::of(&applied.borrow_and_update());
-                let read = contact.borrow().read;
-                match window.applied(seen, read, Instant::now()) {
-                    Step::Nothing => {}
-                    Step::Armed(p) => {
-                        let within = crate::system::human(length);
-                        events::FleetConfirm::Armed {
-                            node, generation: p.generation, previous: p.previous, revision: p.revision, within: &within,
-                        }
-                        .emit(&metrics);
-                        // A round trip on the connection held would prove nothing of a route
-                        // the change broke: a new one is dialled for it.
-                        etcd.reconnect().await;
-                        ask.send_replace(p.asked);
-                    }
-                    Step::NotArmed { generation, why } => {
-                        events::FleetConfirm::NotArmed { node, generation, why }.emit(&metrics);
-                    }
-                    Step::Cancelled(p) => {
-                        events::FleetConfirm::Cancelled { node, generation: p.generation }.emit(&metrics);
-                    }
-                }
+                let now = contact.borrow().clone();
+                let step = window.applied(seen, &now, Instant::now());
+                act(step, &window, &etcd, node, &file, length, &ask, &confirmed, &metrics).await;
             }
             changed = acked.changed() => {
                 if changed.is_err() {
@@ -290,15 +506,73 @@ pub async fn run(
                 if let Some(p) = window.acked(ack) {
                     events::FleetConfirm::Confirmed { node, generation: p.generation, revision: p.revision }
                         .emit(&metrics);
+                    settle(&file, p.revision).await;
+                    confirmed.send_replace(Some(p.generation));
                 }
             }
         }
     }
 }
 
+/// Does what one step of the window says: a window opened is recorded, its connection dropped
+/// and a round trip asked for; a decision is said, its record removed, and `confirmed` moved.
+#[allow(clippy::too_many_arguments, reason = "the task's parts a step touches, each from `run`")]
+async fn act(
+    step: Step,
+    window: &Window,
+    etcd: &Etcd,
+    node: &str,
+    file: &Arc<WindowFile>,
+    length: Duration,
+    ask: &watch::Sender<u64>,
+    confirmed: &watch::Sender<Option<u64>>,
+    metrics: &Metrics,
+) {
+    match step {
+        Step::Nothing => {}
+        Step::Settled(upto) => settle(file, upto.unwrap_or(i64::MAX)).await,
+        Step::Armed(p) => {
+            // Recorded first: once the log says the window is open, a restart honours it.
+            record(file, &p).await;
+            let within = crate::system::human(length);
+            events::FleetConfirm::Armed {
+                node,
+                generation: p.generation,
+                previous: p.previous,
+                revision: p.revision,
+                within: &within,
+            }
+            .emit(metrics);
+            // A round trip on the connection held would prove nothing of a route the change
+            // broke: a new one is dialled for it.
+            etcd.reconnect().await;
+            ask.send_replace(p.asked);
+        }
+        Step::NotArmed { generation, why } => {
+            events::FleetConfirm::NotArmed { node, generation, why }.emit(metrics);
+            settle(file, window.current.1.unwrap_or(i64::MAX)).await;
+            confirmed.send_replace(Some(generation));
+        }
+        Step::Cancelled(p) => {
+            let why = "a rollback's hold came: the hold decides";
+            events::FleetConfirm::Cancelled { node, generation: p.generation, why }.emit(metrics);
+            settle(file, i64::MAX).await;
+            confirmed.send_replace(window.current());
+        }
+    }
+}
+
 /// Writes the hold that takes the node back to `p.previous`, as `mesh-host rollback` would
-/// (the controller watches it), unless a hold is there already (an operator's, just made).
-async fn go_back(generations: &Generations, node: &str, p: &Pending, reason: String, metrics: &Metrics) {
+/// (the controller watches it), unless a hold is there already (an operator's, just made); then
+/// the window's record is done with.
+async fn go_back(
+    generations: &Generations,
+    file: &Arc<WindowFile>,
+    node: &str,
+    p: &Pending,
+    reason: String,
+    metrics: &Metrics,
+) {
     let hold = Hold {
         generation: p.previous,
         since: crate::system::unix_secs(),
@@ -328,12 +602,16 @@ async fn go_back(generations: &Generations, node: &str, p: &Pending, reason: Str
         }
         .emit(metrics),
         Ok(Err(e)) => {
-            events::FleetConfirm::NotReverted { node, generation: p.generation, error: &e }.emit(metrics)
+            // The record stays: the next start tries again.
+            events::FleetConfirm::NotReverted { node, generation: p.generation, error: &e }.emit(metrics);
+            return;
         }
         Err(e) => {
-            events::FleetConfirm::NotReverted { node, generation: p.generation, error: &e }.emit(metrics)
+            events::FleetConfirm::NotReverted { node, generation: p.generation, error: &e }.emit(metrics);
+            return;
         }
     }
+    settle(file, p.revision).await;
 }
 
 #[cfg(test)]
@@ -341,6 +619,11 @@ mod tests {
     use super::*;
 
     const W: Duration = Duration::from_secs(60);
+
+    /// What the source read: its last read at `read`, nothing cached in a rollout.
+    fn at(read: Option<i64>) -> Contact {
+        Contact { read, ..Contact::default() }
+    }
 
     fn seen(generation: u64, revision: i64) -> Seen {
         Seen { generation: Some(generation), revision: Some(revision), held: false }
@@ -350,9 +633,13 @@ mod tests {
     /// `read`: the revision the source last read; 20 or more when it read generation 2.
     fn apply_two(w: &mut Window, read: Option<i64>) -> Step {
         let now = Instant::now();
-        assert_eq!(w.applied(seen(1, 10), Some(10), now), Step::Nothing, "the generation in force at start");
-        assert_eq!(w.applied(seen(2, 10), read, now), Step::Nothing, "in force, its pass not ended");
-        w.applied(seen(2, 20), read, now)
+        assert_eq!(
+            w.applied(seen(1, 10), &at(Some(10)), now),
+            Step::Settled(Some(10)),
+            "the generation in force at start"
+        );
+        assert_eq!(w.applied(seen(2, 10), &at(read), now), Step::Nothing, "in force, its pass not ended");
+        w.applied(seen(2, 20), &at(read), now)
     }
 
     #[tokio::test(start_paused = true)]
@@ -368,7 +655,7 @@ mod tests {
         assert_eq!(w.acked(Ack { asked: p.asked, generation: Some(1), revision: Some(10) }), None);
         tokio::time::advance(W - Duration::from_secs(1)).await;
         assert_eq!(w.expired(Instant::now()), None);
-        assert_eq!(w.acked(Ack { asked: p.asked, generation: Some(2), revision: Some(20) }), Some(p));
+        assert_eq!(w.acked(Ack { asked: p.asked, generation: Some(2), revision: Some(20) }), Some(p.clone()));
         tokio::time::advance(W).await;
         assert_eq!(w.expired(Instant::now()), None, "confirmed: nothing to go back from");
         assert_eq!(w.deadline(), None);
@@ -381,11 +668,11 @@ mod tests {
         tokio::time::advance(W - Duration::from_millis(1)).await;
         assert_eq!(w.expired(Instant::now()), None);
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(w.expired(Instant::now()), Some(p));
+        assert_eq!(w.expired(Instant::now()), Some(p.clone()));
         assert_eq!(w.expired(Instant::now()), None, "once");
         // The hold the node made puts generation 1 in force: no window for it.
         let held = Seen { generation: Some(1), revision: Some(10), held: true };
-        assert_eq!(w.applied(held, None, Instant::now()), Step::Nothing);
+        assert_eq!(w.applied(held, &at(None), Instant::now()), Step::Settled(None));
         assert!(reason(&p, W, Some("refused")).starts_with(
             "no etcd round trip within 1 min of applying generation 2 (revision 20); last: refused"
         ));
@@ -413,16 +700,16 @@ mod tests {
         ));
         let mut fresh = Window::new(W, None);
         assert!(matches!(
-            fresh.applied(seen(1, 10), Some(10), Instant::now()),
+            fresh.applied(seen(1, 10), &at(Some(10)), Instant::now()),
             Step::NotArmed { generation: 1, .. }
         ));
         // The generation the node had before it restarted, applied again: not a change.
         let mut restarted = Window::new(W, Some(4));
-        assert_eq!(restarted.applied(seen(4, 40), Some(40), Instant::now()), Step::Nothing);
+        assert_eq!(restarted.applied(seen(4, 40), &at(Some(40)), Instant::now()), Step::Settled(Some(40)));
         // A new one read at start-up, etcd reached: armed, back to the one before the restart.
         let mut caught = Window::new(W, Some(4));
         assert!(matches!(
-            caught.applied(seen(5, 50), Some(51), Instant::now()),
+            caught.applied(seen(5, 50), &at(Some(51)), Instant::now()),
             Step::Armed(Pending { previous: 4, .. })
         ));
     }
@@ -432,12 +719,167 @@ mod tests {
         let mut w = Window::new(W, Some(1));
         let Step::Armed(p) = apply_two(&mut w, Some(20)) else { panic!("not armed") };
         let held = Seen { generation: Some(1), revision: Some(10), held: true };
-        assert_eq!(w.applied(held, Some(20), Instant::now()), Step::Cancelled(p));
+        assert_eq!(w.applied(held, &at(Some(20)), Instant::now()), Step::Cancelled(p));
         assert_eq!(w.deadline(), None);
         // Released: the source's generation 2 in force again, a window for it again.
         assert!(matches!(
-            w.applied(seen(2, 20), Some(20), Instant::now()),
+            w.applied(seen(2, 20), &at(Some(20)), Instant::now()),
             Step::Armed(Pending { previous: 1, .. })
         ));
+    }
+
+    /// The source's contact after it cached the pre-rollout declaration at 10, the candidate of
+    /// rollout `r` at 20, and then `more`.
+    fn in_rollout(more: &[(i64, Option<&str>)]) -> Contact {
+        let mut c = at(Some(20));
+        c.cached(10, None);
+        c.cached(20, Some("r".into()));
+        for (revision, rollout) in more {
+            c.cached(*revision, rollout.map(str::to_owned));
+            c.read = Some(*revision);
+        }
+        c
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_generation_an_abort_brings_back_is_not_armed_with_the_candidate_as_its_fallback() {
+        let mut w = Window::new(W, Some(1));
+        let now = Instant::now();
+        let candidate = in_rollout(&[]);
+        assert_eq!(w.applied(seen(1, 10), &candidate, now), Step::Settled(Some(10)));
+        assert_eq!(w.applied(seen(2, 10), &candidate, now), Step::Nothing, "in force, its pass not ended");
+        let Step::Armed(p) = w.applied(seen(2, 20), &candidate, now) else { panic!("not armed") };
+        assert_eq!(p.rollout.as_deref(), Some("r"));
+        assert!(w.acked(Ack { asked: p.asked, generation: Some(2), revision: Some(20) }).is_some());
+        // Aborted: generation 1 read again (no admission) at 30.
+        let aborted = in_rollout(&[(30, None)]);
+        assert_eq!(w.cached(&aborted), None, "no window open");
+        assert_eq!(w.applied(seen(1, 20), &aborted, now), Step::Nothing);
+        let step = w.applied(seen(1, 30), &aborted, now);
+        assert!(
+            matches!(step, Step::NotArmed { generation: 1, why } if why.contains("withdrawn")),
+            "{step:?}"
+        );
+        tokio::time::advance(W * 2).await;
+        assert_eq!(w.expired(Instant::now()), None);
+        // A later declaration, outside any rollout, is armed as ever, back to generation 1.
+        let later = in_rollout(&[(30, None), (40, None)]);
+        assert!(matches!(w.applied(seen(3, 40), &later, now), Step::Armed(Pending { previous: 1, .. })));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_abort_or_a_promote_cancels_the_candidates_open_window() {
+        for (name, after) in [("abort", 1), ("promote", 2)] {
+            let mut w = Window::new(W, Some(1));
+            let now = Instant::now();
+            let Step::Armed(p) = w.applied(seen(2, 20), &in_rollout(&[]), now) else {
+                panic!("{name}: not armed")
+            };
+            // Another read of the same candidate cancels nothing.
+            assert_eq!(w.cached(&in_rollout(&[(25, Some("r"))])), None, "{name}");
+            let ended = in_rollout(&[(30, None)]);
+            assert_eq!(w.cached(&ended), Some(p), "{name}");
+            assert_eq!(w.deadline(), None, "{name}");
+            // The promoted candidate is the same generation: nothing to do.
+            let step = w.applied(seen(after, 30), &ended, now);
+            if after == 2 {
+                assert_eq!(step, Step::Settled(Some(30)), "{name}");
+            } else {
+                assert!(matches!(step, Step::NotArmed { .. }), "{name}: {step:?}");
+            }
+            tokio::time::advance(W * 2).await;
+            assert_eq!(w.expired(Instant::now()), None, "{name}");
+        }
+    }
+
+    fn primed(generation: Option<u64>, left: Duration) -> super::super::pending::Primed {
+        super::super::pending::Primed {
+            revision: 20,
+            previous: 1,
+            generation,
+            rollout: None,
+            deadline: Instant::now() + left,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_window_recorded_before_a_restart_is_armed_again_with_its_deadline_even_offline() {
+        let left = Duration::from_secs(25);
+        let mut w = Window::resumed(W, primed(Some(2), left));
+        assert_eq!(w.deadline(), Some(Instant::now() + left));
+        // Put in force again (no pass has ended in this run: no revision), then its pass ends:
+        // the source never read etcd in this run.
+        assert_eq!(
+            w.applied(Seen { revision: None, ..seen(2, 0) }, &at(None), Instant::now()),
+            Step::Nothing
+        );
+        let Step::Armed(p) = w.applied(seen(2, 20), &at(None), Instant::now()) else { panic!("not armed") };
+        assert_eq!((p.previous, p.deadline), (1, Instant::now() + left));
+        tokio::time::advance(left).await;
+        assert_eq!(w.expired(Instant::now()), Some(p));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recorded_window_whose_pass_never_ends_again_closes_at_its_deadline() {
+        let left = Duration::from_secs(5);
+        let mut w = Window::resumed(W, primed(None, left));
+        // Its number was not known; the generation put in force is it.
+        let in_force = Seen { revision: None, ..seen(2, 0) };
+        assert_eq!(w.applied(in_force, &at(None), Instant::now()), Step::Nothing);
+        tokio::time::advance(left - Duration::from_millis(1)).await;
+        assert_eq!(w.expired(Instant::now()), None);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let p = w.expired(Instant::now()).expect("closed");
+        assert_eq!((p.generation, p.previous, p.revision), (2, 1, 20));
+        assert_eq!(w.deadline(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recorded_window_ends_when_the_generation_before_it_is_applied() {
+        let mut w = Window::resumed(W, primed(None, Duration::from_secs(5)));
+        assert_eq!(w.applied(seen(1, 10), &at(None), Instant::now()), Step::Settled(Some(10)));
+        assert_eq!(w.deadline(), None);
+        tokio::time::advance(W).await;
+        assert_eq!(w.expired(Instant::now()), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_abort_made_while_the_agent_was_down_is_known_from_the_cache_it_found() {
+        // Stopped on the candidate (generation 2, cached at 20 for rollout r); aborted meanwhile;
+        // the first read at the start caches generation 1 again at 30, and its pass is the first.
+        let mut w = Window::new(W, Some(2));
+        let mut c = at(Some(30));
+        c.cached(20, Some("r".into()));
+        c.cached(30, None);
+        let step = w.applied(seen(1, 30), &c, Instant::now());
+        assert!(
+            matches!(step, Step::NotArmed { generation: 1, why } if why.contains("withdrawn")),
+            "{step:?}"
+        );
+        // Without the abort (a put after the rollout was promoted, say), armed as ever.
+        let mut w = Window::new(W, Some(2));
+        let mut c = at(Some(30));
+        c.cached(20, None);
+        c.cached(30, None);
+        assert!(matches!(
+            w.applied(seen(3, 30), &c, Instant::now()),
+            Step::Armed(Pending { previous: 2, .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recorded_candidates_window_ends_with_a_promote_read_after_the_restart() {
+        let mut p = primed(Some(2), Duration::from_secs(25));
+        p.rollout = Some("r".into());
+        let mut w = Window::resumed(W, p);
+        let mut c = at(Some(30));
+        c.cached(20, Some("r".into()));
+        assert_eq!(w.cached(&c), None, "the candidate is still what is cached");
+        c.cached(30, None);
+        let ended = w.cached(&c).expect("cancelled");
+        assert_eq!((ended.generation, ended.previous), (2, 1));
+        assert_eq!(w.deadline(), None);
+        tokio::time::advance(W).await;
+        assert_eq!(w.expired(Instant::now()), None);
     }
 }

@@ -58,23 +58,42 @@ pub async fn start(
     let contact = Arc::new(watch::Sender::new(super::confirm::Contact::default()));
     let (ask_tx, ask_rx) = watch::channel(0u64);
     let (acked_tx, acked_rx) = watch::channel(super::confirm::Ack::default());
+    // Started with the window off too: it says which generation the node will not go back
+    // from (every one, then), which the status carries for the rollout's gate.
     if confirm.window.is_zero() {
         tracing::info!("the confirmation window is off (--confirm-window 0): a new generation from etcd is not confirmed");
-    } else {
-        tasks.push(tokio::spawn(super::confirm::run(
-            confirm,
-            Arc::clone(&etcd),
-            source.node.clone(),
-            applied.clone(),
-            contact.subscribe(),
-            acked_rx,
-            ask_tx,
-            Arc::clone(&metrics),
-            shutdown.clone(),
-        )));
     }
-    let confirming =
-        super::status::Confirming { ask: ask_rx, acked: acked_tx, contact: Arc::clone(&contact) };
+    // The window an earlier run recorded, honoured before the controller's first pass.
+    let (window, kept) = super::confirm::prepare(&confirm, &source.node, &metrics).await;
+    let (confirmed_tx, confirmed_rx) = watch::channel(kept);
+    let priming = (!confirm.window.is_zero()).then(|| {
+        Arc::new(super::source::Priming {
+            file: Arc::clone(&confirm.file),
+            generations: confirm.generations.clone(),
+        })
+    });
+    let channels = super::confirm::Channels {
+        applied: applied.clone(),
+        contact: contact.subscribe(),
+        acked: acked_rx,
+        ask: ask_tx,
+        confirmed: confirmed_tx,
+    };
+    tasks.push(tokio::spawn(super::confirm::run(
+        confirm,
+        window,
+        Arc::clone(&etcd),
+        source.node.clone(),
+        channels,
+        Arc::clone(&metrics),
+        shutdown.clone(),
+    )));
+    let confirming = super::status::Confirming {
+        ask: ask_rx,
+        acked: acked_tx,
+        contact: Arc::clone(&contact),
+        confirmed: confirmed_rx,
+    };
     // Why the latest declaration in etcd was refused: written by the source, read by the
     // status writer (into the node's status) and by the reporter (counted and logged, as a
     // local refusal is).
@@ -93,7 +112,7 @@ pub async fn start(
     tracing::info!(endpoints = %source.endpoints, node = %source.node, groups = ?source.groups, "declaration from etcd");
     let (first_tx, first_rx) = tokio::sync::oneshot::channel();
     tasks.push(tokio::spawn(super::source::run(
-        source, etcd, cache, first_tx, refused_tx, contact, metrics, shutdown,
+        source, etcd, cache, first_tx, refused_tx, contact, priming, metrics, shutdown,
     )));
     // The first apply waits for the first read of etcd (it fails fast when etcd refuses
     // connections), bounded: a node must start even when etcd hangs, on its cache.

@@ -30,6 +30,7 @@
 
 pub mod confirm;
 pub mod daemon;
+pub mod pending;
 pub mod put;
 pub mod rollout;
 pub mod source;

@@ -125,11 +125,53 @@ fn digest(kvs: &[Kv]) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// What the cache holds now, by its manifest's digest; `None` when there is no cache yet.
-fn cached_digest(cache: &std::path::Path) -> Option<String> {
+/// A declaration cached: the revision it was read at, and the rollout whose candidate it is.
+type CachedAt = (i64, Option<String>);
+
+/// What the cache holds now, by its manifest: the digest, and the revision and rollout it was
+/// read at and for; `None` when there is no cache yet.
+fn cached_manifest(cache: &std::path::Path) -> Option<(String, Option<CachedAt>)> {
     let bytes = crate::system::read_input(&cache.join(MANIFEST), 1 << 20).ok()?;
     let manifest: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    manifest["digest"].as_str().map(str::to_owned)
+    let digest = manifest["digest"].as_str().map(str::to_owned)?;
+    let rollout = manifest["rollout"].as_str().map(str::to_owned);
+    Some((digest, manifest["revision"].as_i64().map(|r| (r, rollout))))
+}
+
+/// What the source does for the confirmation window (`super::pending`): before the cache is
+/// written with a new declaration, the window it will open is recorded (so it is recorded
+/// before the controller puts the generation in force), or, when the declaration ends the
+/// node's admission to a rollout, the record of the candidate's window is removed.
+pub struct Priming {
+    /// The window's record.
+    pub file: std::sync::Arc<super::pending::WindowFile>,
+    /// The node's generations: the one in force is the one a new one goes back to.
+    pub generations: crate::generations::Generations,
+}
+
+impl Priming {
+    /// Before the declaration read at `revision` (the candidate of `rollout`, if any) is cached;
+    /// `last` the rollout of the declaration cached before it, when known. Blocking.
+    fn before(&self, revision: i64, rollout: Option<&String>, last: Option<&Option<String>>) {
+        let withdrawn = matches!(last, Some(Some(was)) if rollout != Some(was));
+        let done = if withdrawn {
+            self.file.clear(i64::MAX)
+        } else if let Some(previous) = self.generations.in_force() {
+            let record = super::pending::Record {
+                revision,
+                previous,
+                generation: None,
+                deadline: None,
+                rollout: rollout.cloned(),
+            };
+            self.file.store(&record)
+        } else {
+            Ok(())
+        };
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "the confirmation window of the declaration read at revision {revision} is not recorded");
+        }
+    }
 }
 
 /// What one read of etcd came to.
@@ -155,6 +197,7 @@ fn take(
     cache: &std::path::Path,
     read: Read,
     seen: &mut Option<String>,
+    priming: Option<(&Priming, Option<&Option<String>>)>,
     metrics: &Metrics,
 ) -> Taken {
     let Read { revision, kvs, rollout, .. } = read;
@@ -193,6 +236,10 @@ fn take(
                 .map(|(i, (key, bytes))| (super::cache_name(revision, i, &cached_as(&key, replaces)), bytes))
                 .collect();
             files.push((MANIFEST.into(), manifest.to_string().into_bytes()));
+            let id = rollout.as_ref().map(|(id, _)| id);
+            if let Some((priming, last)) = priming {
+                priming.before(revision, id, last);
+            }
             match crate::system::fs::replace_dir(cache, &files) {
                 Ok(()) => {
                     let (resources, keys) = (declaration.resources.len(), kvs.len());
@@ -228,12 +275,17 @@ pub async fn run(
     first: tokio::sync::oneshot::Sender<()>,
     refused: tokio::sync::watch::Sender<Option<String>>,
     contact: std::sync::Arc<tokio::sync::watch::Sender<super::confirm::Contact>>,
+    priming: Option<std::sync::Arc<Priming>>,
     metrics: std::sync::Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
     let mut first = Some(first);
     let mut late = crate::system::fs::failpoint_named("etcd-watch-late");
-    let mut seen = cached_digest(&cache);
+    let (mut seen, mut last) =
+        cached_manifest(&cache).map_or((None, None), |(digest, at)| (Some(digest), at));
+    if let Some((revision, rollout)) = last.clone() {
+        contact.send_modify(|c| c.cached(revision, rollout));
+    }
     let mut backoff = Duration::from_millis(250);
     // Whether the last try failed: etcd going away and coming back is logged once each way.
     let mut down = false;
@@ -273,8 +325,11 @@ pub async fn run(
         backoff = Duration::from_millis(250);
         let (take_source, take_cache, take_metrics) = (source.clone(), cache.clone(), metrics.clone());
         let mut take_seen = seen.take();
+        let (take_priming, take_last) = (priming.clone(), last.as_ref().map(|(_, r)| r.clone()));
+        let admitted = read.rollout.as_ref().map(|(id, _)| id.clone());
         let joined = tokio::task::spawn_blocking(move || {
-            let taken = take(&take_source, &take_cache, read, &mut take_seen, &take_metrics);
+            let priming = take_priming.as_deref().map(|p| (p, take_last.as_ref()));
+            let taken = take(&take_source, &take_cache, read, &mut take_seen, priming, &take_metrics);
             (taken, take_seen)
         })
         .await;
@@ -283,6 +338,9 @@ pub async fn run(
         match taken {
             Taken::Accepted => {
                 refused.send_if_modified(|r| r.take().is_some());
+                // For the confirmation window: which rollout's candidate, if any, is cached.
+                last = Some((revision, admitted.clone()));
+                contact.send_modify(|c| c.cached(revision, admitted));
             }
             Taken::Refused(why) => {
                 refused.send_replace(Some(why));

@@ -107,7 +107,7 @@ impl From<&controller::Applied> for Summary {
                     since: h.since,
                 })
             }),
-            // The confirmation task's to say: the status writer sets it.
+            // The confirmation task's to say (`Confirming::confirmed`), not the controller's.
             confirmed: None,
         }
     }
@@ -161,6 +161,9 @@ pub struct Confirming {
     pub acked: watch::Sender<super::confirm::Ack>,
     /// Whether etcd answered the last write.
     pub contact: Arc<watch::Sender<super::confirm::Contact>>,
+    /// The latest generation the node will not go back from by itself (`Summary::confirmed`),
+    /// as the confirmation task says it: each change is written, the rate limit permitting.
+    pub confirmed: watch::Receiver<Option<u64>>,
 }
 
 /// Writes the node's status and keeps its presence until `shutdown`.
@@ -175,9 +178,10 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
-    let Confirming { mut ask, acked, contact } = confirming;
+    let Confirming { mut ask, acked, contact, mut confirmed } = confirming;
     // The window's task may be off (`--confirm-window 0`): then no ask ever comes.
     let mut asks_open = true;
+    let mut confirmed_open = true;
     let (status, alive) = (status_key(&node), alive_key(&node));
     let mut lease: Option<i64> = None;
     // Written once at least even when nothing changed: a node that restarts says so.
@@ -186,40 +190,21 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = keepalive.tick() => {
-                lease = match lease {
-                    Some(id) => match etcd.lease_keepalive(id).await {
-                        Ok(true) => Some(id),
-                        // Expired (cut off for longer than the TTL): a new lease, the key again.
-                        Ok(false) => None,
-                        Err(e) => {
-                            events::FleetStatus::LeaseNotRenewed { node: &node, error: &e }.emit(&metrics);
-                            Some(id)
-                        }
-                    },
-                    None => None,
-                };
-                if lease.is_none() {
-                    lease = match etcd.lease_grant(ALIVE_TTL).await {
-                        Ok(id) => match etcd.put_with_lease(&alive, b"1", id).await {
-                            Ok(_) => Some(id),
-                            Err(e) => {
-                                events::FleetStatus::PresenceNotWritten { node: &node, error: &e }.emit(&metrics);
-                                None
-                            }
-                        },
-                        Err(e) => {
-                            events::FleetStatus::LeaseNotTaken { node: &node, error: &e }.emit(&metrics);
-                            None
-                        }
-                    };
-                }
-            }
+            _ = keepalive.tick() => lease = keep_presence(&etcd, lease, &alive, &node, &metrics).await,
             changed = refused.changed() => {
                 if changed.is_err() {
                     return;
                 }
                 // Written with what was applied, below, at the next turn.
+                applied.mark_changed();
+            }
+            changed = confirmed.changed(), if confirmed_open => {
+                if changed.is_err() {
+                    confirmed_open = false;
+                    continue;
+                }
+                // A window closed (or none was armed): written, so that etcd holds it even when
+                // it changed just after the round trip that confirmed it.
                 applied.mark_changed();
             }
             changed = ask.changed(), if asks_open => {
@@ -234,10 +219,11 @@ pub async fn run(
                 if changed.is_err() {
                     return;
                 }
-                let (revision, now) = {
+                let (revision, mut now) = {
                     let now = applied.borrow_and_update();
                     (revision_of(&now.sources), Summary::from(&*now))
                 };
+                now.confirmed = *confirmed.borrow_and_update();
                 let refusal = refused.borrow_and_update().clone();
                 let asked = *ask.borrow_and_update();
                 let said = super::confirm::Ack { asked, generation: now.generation, revision };
@@ -277,6 +263,46 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Keeps the node's presence: renews `lease` or, when there is none or it expired (cut off for
+/// longer than the TTL), takes a new one and writes the presence key with it again. Returns the
+/// lease held afterwards.
+async fn keep_presence(
+    etcd: &Etcd,
+    lease: Option<i64>,
+    alive: &str,
+    node: &str,
+    metrics: &Metrics,
+) -> Option<i64> {
+    let mut lease = match lease {
+        Some(id) => match etcd.lease_keepalive(id).await {
+            Ok(true) => Some(id),
+            // Expired (cut off for longer than the TTL): a new lease, the key again.
+            Ok(false) => None,
+            Err(e) => {
+                events::FleetStatus::LeaseNotRenewed { node, error: &e }.emit(metrics);
+                Some(id)
+            }
+        },
+        None => None,
+    };
+    if lease.is_none() {
+        lease = match etcd.lease_grant(ALIVE_TTL).await {
+            Ok(id) => match etcd.put_with_lease(alive, b"1", id).await {
+                Ok(_) => Some(id),
+                Err(e) => {
+                    events::FleetStatus::PresenceNotWritten { node, error: &e }.emit(metrics);
+                    None
+                }
+            },
+            Err(e) => {
+                events::FleetStatus::LeaseNotTaken { node, error: &e }.emit(metrics);
+                None
+            }
+        };
+    }
+    lease
 }
 
 #[cfg(test)]

@@ -687,12 +687,15 @@ pub enum FleetConfirm<'a> {
         /// Its revision.
         revision: i64,
     },
-    /// A hold came while the window was open: it closes.
+    /// A hold came while the window was open, or the rollout whose candidate it watched
+    /// ended for the node: it closes.
     Cancelled {
         /// The node's name.
         node: &'a str,
         /// The generation whose window closed.
         generation: u64,
+        /// Why (`a rollback's hold came: the hold decides`).
+        why: &'a str,
     },
     /// The window closed unconfirmed: the node goes back by itself (counted).
     Reverted {
@@ -736,10 +739,10 @@ impl Event for FleetConfirm<'_> {
                 revision,
                 "generation {generation} (revision {revision}) confirmed: its status reached etcd on a new connection"
             ),
-            FleetConfirm::Cancelled { node, generation } => tracing::info!(
+            FleetConfirm::Cancelled { node, generation, why } => tracing::info!(
                 node = %node,
                 generation,
-                "a rollback's hold came while generation {generation} waited for confirmation: the hold decides"
+                "generation {generation} no longer waits for confirmation: {why}"
             ),
             FleetConfirm::Reverted { node, from, to, revision, reason } => {
                 m.reverts.inc();
