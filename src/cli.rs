@@ -92,6 +92,11 @@ pub enum Command {
         /// Print the plan (the report apply would print, and the diffs), or the refusal, as JSON.
         #[arg(long)]
         json: bool,
+        /// Run each action's `verify` (as this user, usually root) to decide whether its
+        /// command would run. Without it `plan` runs no command: each action is `undecided`,
+        /// "would run verify to decide". Only for a declaration you would apply.
+        #[arg(long)]
+        run_verify: bool,
     },
     /// Make the machine match the declaration, once.
     Apply {
@@ -500,7 +505,9 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
     let key = reach.key.clone();
     match cli.command {
         Command::Check { file, json } => check(&file, json),
-        Command::Plan { file, origin, json } => plan(&file, origin, json, &cli.state, reach),
+        Command::Plan { file, origin, json, run_verify } => {
+            plan(&file, origin, Planned { json, run_verify }, &cli.state, reach)
+        }
         Command::Apply { file, origin, json, verbose } => {
             apply_cmd(&file, origin, Shown { json, verbose }, &cli.state, reach)
         }
@@ -996,6 +1003,7 @@ fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options
     Options {
         origin,
         dry_run,
+        run_verify: false,
         originals: crate::store::originals_dir(state),
         bus: reach.bus,
         container_socket: reach.socket,
@@ -1081,10 +1089,20 @@ fn check(file: &Path, json: bool) -> anyhow::Result<Ended> {
     Ok(Ended::Converged)
 }
 
-fn plan(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+/// How `plan` is asked for: its output, and whether it may run actions' `verify`.
+#[derive(Clone, Copy)]
+struct Planned {
+    json: bool,
+    run_verify: bool,
+}
+
+fn plan(file: &Path, origin: Origin, asked: Planned, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+    let json = asked.json;
     let d = load_for(file, json)?;
     let mut store = Store::read_only(state)?;
-    let (report, diffs) = apply::apply(&d, &mut store, &options(origin, state, true, reach));
+    let mut opts = options(origin, state, true, reach);
+    opts.run_verify = asked.run_verify;
+    let (report, diffs) = apply::apply(&d, &mut store, &opts);
     let ended = if report.error.is_some() { Ended::Failed } else { Ended::Converged };
     if json {
         // The report apply would print (each action the one apply would report), and the diffs.
@@ -1108,8 +1126,13 @@ fn plan(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach) -> 
         }
     }
     let moving = report.outcomes.iter().filter(|o| o.action.moved()).count();
-    let _ =
-        writeln!(out, "plan: {moving} of {} resources would change; nothing was written", d.resources.len());
+    let undecided = report.outcomes.iter().filter(|o| o.action == Verb::Undecided).count();
+    let _ = write!(out, "plan: {moving} of {} resources would change", d.resources.len());
+    if undecided > 0 {
+        let _ = write!(out, ", {undecided} would run verify to decide (`--run-verify` runs it)");
+    }
+    let ran = if asked.run_verify { "only actions' verify was run" } else { "nothing was run" };
+    let _ = writeln!(out, "; nothing was written, {ran}");
     print!("{out}");
     Ok(ended)
 }
