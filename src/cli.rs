@@ -544,6 +544,22 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
 /// from etcd. The face starts both; the controller is handed a directory to read and gives out
 /// what it applied, and knows nothing of etcd (`controller`'s module doc).
 fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+    // Before anything opens a descriptor or sizes itself by the limit (the HTTP server's
+    // connections): a daemon started from a shell (1,024) gets what the unit would give it.
+    match crate::system::raise_descriptor_limit() {
+        Ok((before, soft, hard)) if before < soft => {
+            tracing::info!(
+                before,
+                soft,
+                hard,
+                "raised the limit on open files from {before} to {soft}, the hard limit"
+            )
+        }
+        Ok((_, soft, hard)) => {
+            tracing::info!(soft, hard, "the limit on open files is {soft} (the hard limit is {hard})")
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot raise the limit on open files; it stays as started"),
+    }
     let RunArgs {
         declaration,
         origin,
