@@ -84,6 +84,7 @@ fn main() {
     let opts = Options {
         origin: Origin::Declared,
         dry_run: false,
+        run_verify: false,
         originals: scratch.path().join("kept"),
         bus: None,
         container_socket: None,

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use crate::apply::{self, ArchiveLimits, Options, Report, Verb};
 use crate::declaration::{Declaration, Kind};
 use crate::store::{Origin, Store};
+use crate::telemetry::text::{escape, escape_lines};
 
 /// What `--help` and the manual page say of the exit codes, decided in `main`.
 const EXIT_CODES: &str = "\
@@ -92,6 +93,11 @@ pub enum Command {
         /// Print the plan (the report apply would print, and the diffs), or the refusal, as JSON.
         #[arg(long)]
         json: bool,
+        /// Run each action's `verify` (as this user, usually root) to decide whether its
+        /// command would run. Without it `plan` runs no command: each action is `undecided`,
+        /// "would run verify to decide". Only for a declaration you would apply.
+        #[arg(long)]
+        run_verify: bool,
     },
     /// Make the machine match the declaration, once.
     Apply {
@@ -507,7 +513,9 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
     let key = reach.key.clone();
     match cli.command {
         Command::Check { file, json } => check(&file, json),
-        Command::Plan { file, origin, json } => plan(&file, origin, json, &cli.state, reach),
+        Command::Plan { file, origin, json, run_verify } => {
+            plan(&file, origin, Planned { json, run_verify }, &cli.state, reach)
+        }
         Command::Apply { file, origin, json, verbose } => {
             apply_cmd(&file, origin, Shown { json, verbose }, &cli.state, reach)
         }
@@ -543,6 +551,22 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
 /// from etcd. The face starts both; the controller is handed a directory to read and gives out
 /// what it applied, and knows nothing of etcd (`controller`'s module doc).
 fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+    // Before anything opens a descriptor or sizes itself by the limit (the HTTP server's
+    // connections): a daemon started from a shell (1,024) gets what the unit would give it.
+    match crate::system::raise_descriptor_limit() {
+        Ok((before, soft, hard)) if before < soft => {
+            tracing::info!(
+                before,
+                soft,
+                hard,
+                "raised the limit on open files from {before} to {soft}, the hard limit"
+            )
+        }
+        Ok((_, soft, hard)) => {
+            tracing::info!(soft, hard, "the limit on open files is {soft} (the hard limit is {hard})")
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot raise the limit on open files; it stays as started"),
+    }
     let RunArgs {
         declaration,
         origin,
@@ -663,7 +687,8 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
                     serde_json::to_string_pretty(&serde_json::json!({"revision": revision, "nodes": rows}))?
                 );
             } else {
-                print!("{}", crate::fleet::status::table(revision, &rows));
+                // Each node wrote its own status: the table escapes each field, this the rest.
+                print!("{}", escape_lines(&crate::fleet::status::table(revision, &rows)));
             }
             return Ok(if rows.iter().all(|r| r.current) { Ended::Converged } else { Ended::Failed });
         }
@@ -689,7 +714,8 @@ fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
             }
         })?
     };
-    print!("{out}");
+    // A diff of what etcd holds, which any writer of etcd chose.
+    print!("{}", escape_lines(&out));
     Ok(Ended::Converged)
 }
 
@@ -722,7 +748,7 @@ fn rollout(command: RolloutCommand) -> anyhow::Result<Ended> {
     };
     let printed = |out: anyhow::Result<String>| {
         out.map(|text| {
-            print!("{text}");
+            print!("{}", escape_lines(&text));
             Ended::Converged
         })
     };
@@ -768,7 +794,7 @@ fn rollout(command: RolloutCommand) -> anyhow::Result<Ended> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
-                print!("{}", rollout::text(&report));
+                print!("{}", escape_lines(&rollout::text(&report)));
             }
             // A script waiting on a rollout stops at a halt.
             Ok(ended(report.state.as_ref().is_none_or(|st| st.halted.is_none())))
@@ -1005,6 +1031,7 @@ fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options
     Options {
         origin,
         dry_run,
+        run_verify: false,
         originals: crate::store::originals_dir(state),
         bus: reach.bus,
         container_socket: reach.socket,
@@ -1076,7 +1103,11 @@ fn check(file: &Path, json: bool) -> anyhow::Result<Ended> {
     let kinds: Vec<String> = by_kind.iter().map(|(k, n)| format!("{n} {k}")).collect();
     println!(
         "{}: valid, {} resources ({}) in {} modules",
-        if file == Path::new("-") { "standard input".into() } else { file.display().to_string() },
+        if file == Path::new("-") {
+            "standard input".into()
+        } else {
+            escape(&file.display().to_string()).into_owned()
+        },
         d.resources.len(),
         if kinds.is_empty() { "none".to_owned() } else { kinds.join(", ") },
         modules.len()
@@ -1090,10 +1121,20 @@ fn check(file: &Path, json: bool) -> anyhow::Result<Ended> {
     Ok(Ended::Converged)
 }
 
-fn plan(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+/// How `plan` is asked for: its output, and whether it may run actions' `verify`.
+#[derive(Clone, Copy)]
+struct Planned {
+    json: bool,
+    run_verify: bool,
+}
+
+fn plan(file: &Path, origin: Origin, asked: Planned, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+    let json = asked.json;
     let d = load_for(file, json)?;
     let mut store = Store::read_only(state)?;
-    let (report, diffs) = apply::apply(&d, &mut store, &options(origin, state, true, reach));
+    let mut opts = options(origin, state, true, reach);
+    opts.run_verify = asked.run_verify;
+    let (report, diffs) = apply::apply(&d, &mut store, &opts);
     let ended = if report.error.is_some() { Ended::Failed } else { Ended::Converged };
     if json {
         // The report apply would print (each action the one apply would report), and the diffs.
@@ -1109,7 +1150,8 @@ fn plan(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach) -> 
         line(&mut out, o.action.planned(), &o.id, &o.target, o.detail.as_deref());
     }
     for (_, diff) in &diffs.0 {
-        out.push_str(diff);
+        // A diff is lines by design, of content anyone who could write the file chose.
+        out.push_str(&escape_lines(diff));
     }
     if let Some(e) = &report.error {
         for f in &e.failures {
@@ -1117,8 +1159,13 @@ fn plan(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach) -> 
         }
     }
     let moving = report.outcomes.iter().filter(|o| o.action.moved()).count();
-    let _ =
-        writeln!(out, "plan: {moving} of {} resources would change; nothing was written", d.resources.len());
+    let undecided = report.outcomes.iter().filter(|o| o.action == Verb::Undecided).count();
+    let _ = write!(out, "plan: {moving} of {} resources would change", d.resources.len());
+    if undecided > 0 {
+        let _ = write!(out, ", {undecided} would run verify to decide (`--run-verify` runs it)");
+    }
+    let ran = if asked.run_verify { "only actions' verify was run" } else { "nothing was run" };
+    let _ = writeln!(out, "; nothing was written, {ran}");
     print!("{out}");
     Ok(ended)
 }
@@ -1274,13 +1321,13 @@ fn generations(json: bool, state: &Path) -> anyhow::Result<Ended> {
             crate::controller::drift::utc(m.accepted_at * 1000),
             m.first_pass.as_deref().unwrap_or("-"),
             &m.digest[..m.digest.len().min(16)],
-            m.source,
+            escape(&m.source),
             if mark.is_empty() { String::new() } else { format!("  <- {mark}") }
         );
     }
     println!("{} generations kept in {}", all.len(), gens.dir().display());
     if let Some(h) = &hold {
-        println!("{}", h.describe(&crate::controller::drift::utc(h.since * 1000)));
+        println!("{}", escape(&h.describe(&crate::controller::drift::utc(h.since * 1000))));
     }
     Ok(Ended::Converged)
 }
@@ -1353,9 +1400,10 @@ fn rollback(asked: Rollback, state: &Path, reach: Reach) -> anyhow::Result<Ended
 }
 
 fn line(out: &mut String, word: &str, id: &str, target: &str, detail: Option<&str>) {
-    let _ = write!(out, "{word:>13} {id} ({target})");
+    let _ = write!(out, "{word:>13} {} ({})", escape(id), escape(target));
     if let Some(d) = detail {
-        let _ = write!(out, ": {d}");
+        // A detail may hold a command's output or a found file's words: one line, escaped.
+        let _ = write!(out, ": {}", escape(d));
     }
     out.push('\n');
 }
@@ -1399,7 +1447,7 @@ pub fn human(report: &Report, declared: usize, verbose: bool) -> String {
             for f in &e.failures {
                 line(&mut out, "failed", &f.id, &f.target, Some(&f.message));
             }
-            let _ = writeln!(out, "apply failed: {e}");
+            let _ = writeln!(out, "apply failed: {}", escape_lines(&e.to_string()));
             if !report.outcomes.is_empty() {
                 let _ = writeln!(out, "  of the rest: {counts}");
             }
@@ -1409,7 +1457,7 @@ pub fn human(report: &Report, declared: usize, verbose: bool) -> String {
         }
     }
     if let Some(why) = &report.store_error {
-        let _ = writeln!(out, "apply failed to record: {why}");
+        let _ = writeln!(out, "apply failed to record: {}", escape(why));
         if report.error.is_none() {
             let _ = writeln!(out, "  every resource was applied: {counts}");
         }
@@ -1436,18 +1484,24 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 /// why there is none.
 fn drift_line(c: &crate::controller::drift::Correction) -> String {
     let when = crate::controller::drift::utc(c.at_ms);
-    let changed = if c.changed.is_empty() { String::new() } else { format!(": {}", c.changed) };
+    // Everything in a correction but its time was written by someone else: the path and the
+    // diff by whoever edited the file, the writer's name by that process.
+    let changed = if c.changed.is_empty() { String::new() } else { format!(": {}", escape(&c.changed)) };
     let took = c.put_back_ms.map(|ms| format!("; put back in {ms:.1} ms")).unwrap_or_default();
-    let mut line =
-        format!("{when} corrected {} ({}){changed}; by {}{took}", c.id, c.target, c.who.describe());
+    let mut line = format!(
+        "{when} corrected {} ({}){changed}; by {}{took}",
+        escape(&c.id),
+        escape(&c.target),
+        escape(&c.who.describe())
+    );
     if let Some(why) = &c.diff_omitted {
-        line.push_str(&format!("; diff omitted: {why}"));
+        line.push_str(&format!("; diff omitted: {}", escape(why)));
     }
     // The hand-edit's diff under its line, indented, so that lines stay one correction each
     // where the diff is absent and a reader's eye finds the next correction where it is not.
     for l in c.diff.iter().flat_map(|d| d.lines()) {
         line.push_str("\n    ");
-        line.push_str(l);
+        line.push_str(&escape_lines(l));
     }
     line
 }
@@ -1526,8 +1580,8 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
                 "{:>10} {} {} ({})",
                 r["machine"].as_str().unwrap_or("-"),
                 r["type"].as_str().unwrap_or(""),
-                r["id"].as_str().unwrap_or(""),
-                r["target"].as_str().unwrap_or("")
+                escape(r["id"].as_str().unwrap_or("")),
+                escape(r["target"].as_str().unwrap_or(""))
             );
         }
         println!("{} records in {}; {drifted} no longer as the host left them", rows.len(), state.display());
@@ -1535,8 +1589,8 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
             println!(
                 "{:>10} {} (the machine's original, at {})",
                 "kept",
-                k["path"].as_str().unwrap_or(""),
-                k["copy"].as_str().unwrap_or("")
+                escape(k["path"].as_str().unwrap_or("")),
+                escape(k["copy"].as_str().unwrap_or(""))
             );
         }
         if !kept.is_empty() {
@@ -1551,8 +1605,8 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
                 "{:>10} {} {} ({})",
                 "held",
                 h["type"].as_str().unwrap_or(""),
-                h["id"].as_str().unwrap_or(""),
-                h["target"].as_str().unwrap_or("")
+                escape(h["id"].as_str().unwrap_or("")),
+                escape(h["target"].as_str().unwrap_or(""))
             );
         }
         if !held.is_empty() {
@@ -1562,7 +1616,7 @@ fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
             println!("last correction: {}", drift_line(c));
         }
         match (generation, &hold_said) {
-            (_, Some(said)) => println!("generation: {said}"),
+            (_, Some(said)) => println!("generation: {}", escape(said)),
             (Some(n), None) => println!("generation: {n} in force (`mesh-host generations` lists them)"),
             (None, None) => {}
         }

@@ -63,11 +63,12 @@ fn main() -> ExitCode {
             ExitCode::from(3)
         }
         Err(e) if e.downcast_ref::<Refused>().is_some() || e.downcast_ref::<cli::Usage>().is_some() => {
-            eprintln!("{e}");
+            // An error quotes what it was given: a path, a node's words, a command's output.
+            eprintln!("{}", mesh_host::telemetry::text::escape_lines(&e.to_string()));
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("mesh-host: {e:#}");
+            eprintln!("mesh-host: {}", mesh_host::telemetry::text::escape_lines(&format!("{e:#}")));
             ExitCode::from(1)
         }
     }

@@ -29,7 +29,20 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("apply", &["declaration", "secrets", "store", "system"]),
     ("controller", &["apply", "cron", "declaration", "generations", "store", "system", "telemetry"]),
     ("fleet", &["controller", "declaration", "generations", "system", "telemetry"]),
-    ("cli", &["apply", "controller", "declaration", "fleet", "generations", "secrets", "store", "system"]),
+    (
+        "cli",
+        &[
+            "apply",
+            "controller",
+            "declaration",
+            "fleet",
+            "generations",
+            "secrets",
+            "store",
+            "system",
+            "telemetry",
+        ],
+    ),
     ("lib", &[]),
 ];
 

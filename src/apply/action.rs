@@ -12,6 +12,17 @@ use crate::declaration::{Action, Resource};
 use crate::system::command::{self, Ran};
 
 pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Action) -> Result<Step, Error> {
+    // `plan` runs no command: previewing a declaration someone sent must not execute it, and
+    // `verify` is any argv, run as root. Without `--run-verify` it says what it would run and
+    // decides nothing, before even the runtime is asked for (docs/decisions.md, "`plan` runs
+    // no command").
+    if ctx.opts.dry_run && !ctx.opts.run_verify {
+        let detail = format!(
+            "would run verify ({}) to decide; `plan --run-verify` runs it",
+            shown(a.verify.as_slice())
+        );
+        return Ok(Step::Done(begin(r, Verb::Undecided, Some(detail)), None));
+    }
     // The runtime is asked for only when the action runs inside a container, so an action on
     // the machine works where no runtime answers (docs/containers.md, "Actions inside a
     // container (`in`)").
@@ -30,8 +41,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Action) -> Result<Step,
             Some(Facts::default()),
         ));
     }
-    // `plan` runs `verify`, which must only look, and never the command (docs/systemd.md,
-    // "action").
+    // `plan --run-verify` runs `verify`, which must only look, and never the command
+    // (docs/systemd.md, "action").
     if ctx.opts.dry_run {
         return Ok(Step::Done(
             begin(r, Verb::Created, Some(format!("verify {}, so the command would run", first.describe()))),
@@ -50,4 +61,13 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Action) -> Result<Step,
         begin(r, Verb::Created, Some("verify failed; the command ran and verify now passes".into())),
         Some(Facts::default()),
     ))
+}
+
+/// An argv as a person reads it: the program and its first arguments, cut at 80 characters.
+fn shown(argv: &[String]) -> String {
+    let all = argv.join(" ");
+    match all.char_indices().nth(80) {
+        Some((cut, _)) => format!("{}...", &all[..cut]),
+        None => all,
+    }
 }

@@ -65,6 +65,10 @@ pub struct Options {
     pub origin: Origin,
     /// Decide and report, change nothing (`plan`).
     pub dry_run: bool,
+    /// Under `dry_run`, run each action's `verify` to decide whether its command would run
+    /// (`plan --run-verify`); without it, `plan` runs no command and says the action is
+    /// undecided. Ignored when not `dry_run`: `apply` and the daemon always run it.
+    pub run_verify: bool,
     /// Where the original of a file the host has no record of is kept before it is first
     /// written over: `<originals>/<its path>` (the `kept` directory beside the store), once,
     /// never overwritten.

@@ -31,11 +31,14 @@ pub enum Verb {
     /// Found present on an adopted node, its module not taken yet: reported as found, never
     /// recorded and never removed.
     Held,
+    /// Only `plan` says it: whether the machine would move depends on running something `plan`
+    /// does not run without `--run-verify` (an action's `verify`). Never in an apply's report.
+    Undecided,
 }
 
 impl Verb {
-    /// Every word, in the order the spec lists them.
-    pub const ALL: [Verb; 8] = [
+    /// Every word, in the order the spec lists them, then `undecided`, which only `plan` says.
+    pub const ALL: [Verb; 9] = [
         Verb::Created,
         Verb::Updated,
         Verb::Unchanged,
@@ -44,6 +47,7 @@ impl Verb {
         Verb::Kept,
         Verb::Forgotten,
         Verb::Held,
+        Verb::Undecided,
     ];
 
     /// The word as a report spells it.
@@ -57,6 +61,7 @@ impl Verb {
             Verb::Kept => "kept",
             Verb::Forgotten => "forgotten",
             Verb::Held => "held",
+            Verb::Undecided => "undecided",
         }
     }
 
@@ -71,6 +76,7 @@ impl Verb {
             Verb::Kept => "would keep",
             Verb::Forgotten => "would forget",
             Verb::Held => "would hold",
+            Verb::Undecided => "would run verify to decide",
         }
     }
 
@@ -78,7 +84,7 @@ impl Verb {
     pub fn moved(self) -> bool {
         match self {
             Verb::Created | Verb::Updated | Verb::Corrected | Verb::Removed => true,
-            Verb::Unchanged | Verb::Kept | Verb::Forgotten | Verb::Held => false,
+            Verb::Unchanged | Verb::Kept | Verb::Forgotten | Verb::Held | Verb::Undecided => false,
         }
     }
 }

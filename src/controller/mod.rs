@@ -217,7 +217,12 @@ impl Daemon {
 /// front, so that each labelled counter is exported at zero from the start.
 fn daemon_metrics(config: &Config) -> Metrics {
     let types: Vec<&'static str> = crate::declaration::Kind::ALL.iter().map(|k| k.as_str()).collect();
-    let actions: Vec<&'static str> = crate::apply::Verb::ALL.iter().map(|v| v.as_str()).collect();
+    // `undecided` is said only by `plan`, never by a pass of the daemon's.
+    let actions: Vec<&'static str> = crate::apply::Verb::ALL
+        .iter()
+        .filter(|v| **v != crate::apply::Verb::Undecided)
+        .map(|v| v.as_str())
+        .collect();
     let sources = trigger::Source::ALL.map(trigger::Source::as_str);
     let known = crate::telemetry::metrics::Known { types: &types, actions: &actions, sources: &sources };
     Metrics::for_daemon(&known, config.resync)

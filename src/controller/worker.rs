@@ -334,6 +334,7 @@ impl Worker {
         Options {
             origin: self.config.origin,
             dry_run: false,
+            run_verify: false,
             originals,
             bus: self.config.bus.clone(),
             container_socket: self.config.container_socket.clone(),

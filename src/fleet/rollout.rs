@@ -1443,11 +1443,13 @@ pub fn text(r: &Report) -> String {
             Some(rev) if n.admitted => format!("{} (reverted {rev})", n.verdict),
             _ => n.verdict.clone(),
         };
+        // A verdict quotes the node's own status (a gate's reason): shown, never sent.
+        let verdict = crate::telemetry::text::escape(&verdict);
         let _ = writeln!(
             out,
             "{:<4} {:<24} {:<8} {:>8} {:>8} {:<9} {:<5}  {}",
             n.wave,
-            n.node,
+            crate::telemetry::text::escape(&n.node),
             if n.admitted { "yes" } else { "no" },
             opt(n.admitted_at_revision),
             opt(n.revision),

@@ -496,10 +496,12 @@ pub fn table(revision: i64, rows: &[Row]) -> String {
             .and_then(|s| s.refused.clone().or_else(|| reverted(s)).or_else(|| s.applied.last_error.clone()))
             .unwrap_or_default();
         error = error.lines().next().unwrap_or_default().chars().take(80).collect();
+        // Each node wrote its status itself: what it says is shown, never sent to the terminal.
+        let error = crate::telemetry::text::escape(&error);
         let _ = writeln!(
             out,
             "{:<24} {:<5} {:>8} {:>8} {:<9} {:>6} {:>9} {:>6}  {}",
-            row.node,
+            crate::telemetry::text::escape(&row.node),
             if row.alive { "yes" } else { "no" },
             opt(s.and_then(|s| s.revision)),
             opt(row.latest),
@@ -518,7 +520,12 @@ pub fn table(revision: i64, rows: &[Row]) -> String {
     // under the table, whole, since it is what keeps that node from its latest revision.
     for row in rows {
         if let Some(hold) = row.status.as_ref().and_then(|s| s.applied.hold.as_deref()) {
-            let _ = writeln!(out, "{}: {hold}", row.node);
+            let _ = writeln!(
+                out,
+                "{}: {}",
+                crate::telemetry::text::escape(&row.node),
+                crate::telemetry::text::escape(hold)
+            );
         }
     }
     let current = rows.iter().filter(|r| r.current).count();

@@ -53,10 +53,24 @@ pub fn unix_millis() -> u64 {
 }
 
 /// The agent's soft limit on open descriptors (`RLIMIT_NOFILE`), which its work and its HTTP
-/// connections share; 1,024 (the usual default) when it cannot be read. The agent does not
-/// raise it itself: the unit file sets it (`LimitNOFILE`).
+/// connections share; 1,024 (the usual default) when it cannot be read. The daemon raises it
+/// to the hard limit as it starts (`raise_descriptor_limit`); the unit file sets both
+/// (`LimitNOFILE`).
 pub fn descriptor_limit() -> u64 {
     nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft)
+}
+
+/// Raises this process's soft limit on open descriptors to its hard limit, which any process
+/// may do (docs/decisions.md, "The daemon raises its own descriptor limit"): `(soft before,
+/// soft now, hard)`. A soft limit already at the hard one is left as it is.
+pub fn raise_descriptor_limit() -> Result<(u64, u64, u64), nix::Error> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    let (now, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    Ok((soft, now, hard))
 }
 
 /// The inotify watches one user may hold, as this process is limited (the file watcher's

@@ -5,6 +5,7 @@
 pub mod events;
 pub mod http;
 pub mod metrics;
+pub mod text;
 
 pub use events::Event;
 pub use metrics::Metrics;
@@ -27,12 +28,16 @@ pub fn init(json: bool) {
         .with_writer(std::io::stderr)
         .with_ansi(ansi)
         .with_target(false);
+    // Text lines escape the control characters of every field (`text::EscapedFields`), so that
+    // a path or an error a local user wrote cannot steer the terminal reading the log; JSON is
+    // escaped by serde.
     let _ = if json {
         builder.json().try_init()
     } else if crate::system::stderr_is_journal() {
+        let builder = builder.fmt_fields(text::EscapedFields::default());
         builder.without_time().with_ansi(false).event_format(Journald::default()).try_init()
     } else {
-        builder.try_init()
+        builder.fmt_fields(text::EscapedFields::default()).try_init()
     };
 }
 

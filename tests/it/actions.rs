@@ -126,3 +126,40 @@ fn a_gated_error_names_the_gate_even_after_an_earlier_failure() {
     assert!(failures.iter().any(|f| f["id"] == "db.conf"), "{report:#}");
     assert!(!s.path("after").exists());
 }
+
+/// Security review F5 (issue 45): `plan` ran every action's `verify` as root, so previewing a
+/// declaration someone sent executed it. Now it runs nothing and says so; `--run-verify` asks.
+#[test]
+fn plan_runs_no_verify_unless_asked_and_says_it_would() {
+    let s = Scratch::new();
+    let marker = s.p("verify-ran");
+    let d = s.declare(json!([
+        {"type": "action", "id": "db.init", "command": ["touch", s.p("command-ran")],
+         "verify": ["sh", "-c", format!("touch {marker}; exit 1")]},
+        {"type": "file", "id": "db.conf", "path": s.p("db.conf"), "content": "x\n"},
+    ]));
+    let dpath = d.to_str().unwrap();
+
+    let out = s.run(&["plan", dpath]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("would run verify to decide db.init"), "{text}");
+    assert!(text.contains("`plan --run-verify` runs it"), "{text}");
+    assert!(text.contains("1 would run verify to decide"), "{text}");
+    assert!(text.contains("nothing was run"), "{text}");
+    assert!(text.contains("would create db.conf"), "the rest is planned as before: {text}");
+    let out = s.run(&["plan", "--json", dpath]);
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(action(&plan, "db.init"), "undecided", "{plan:#}");
+    assert!(detail(&plan, "db.init").contains("would run verify"), "{plan:#}");
+    // Both plans have returned, so a verify they ran would have left its marker by now.
+    assert!(!s.path("verify-ran").exists(), "plan ran verify");
+
+    let out = s.run(&["plan", "--run-verify", dpath]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(s.path("verify-ran").exists(), "plan --run-verify ran verify: {text}");
+    assert!(text.contains("would create db.init"), "{text}");
+    assert!(!s.path("command-ran").exists(), "and never the command");
+    assert!(!s.path("db.conf").exists(), "plan wrote nothing");
+}

@@ -1129,3 +1129,32 @@ fn issue27_running_out_of_watches_is_said_once_and_the_resync_covers_what_is_unw
     );
     assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
 }
+
+/// The soft and hard limits on open files of a process, as `/proc/PID/limits` says them.
+fn open_files_limits(pid: &str) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).expect("a line for open files");
+    let mut words = line["Max open files".len()..].split_whitespace();
+    (words.next().unwrap().to_owned(), words.next().unwrap().to_owned())
+}
+
+/// Issue 45, point 8: the daemon raises its own soft limit on open files to the hard limit,
+/// so one started from a shell (or by prlimit(1), as here, at 256) is not starved of
+/// descriptors, and says the values once in its log.
+#[test]
+fn the_daemon_raises_its_soft_open_files_limit_to_the_hard_limit() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "a.conf", "path": s.p("a.conf"), "content": "x\n"}]));
+    let (_, hard) = open_files_limits("self");
+    assert_ne!(hard, "256", "the test needs a hard limit above the soft one it sets");
+    let daemon = Daemon::launch_under(&["prlimit", "--nofile=256:"], &s, &d, &[], &[]);
+    let pid = daemon.child.as_ref().unwrap().id().to_string();
+    // /healthz answered, so the daemon is past its start, where the limit is raised.
+    assert_eq!(open_files_limits(&pid), (hard.clone(), hard.clone()), "{}", daemon.log());
+    let log = daemon.log();
+    assert!(
+        log.contains(&format!("raised the limit on open files from 256 to {hard}, the hard limit")),
+        "{log}"
+    );
+    assert_eq!(log.matches("limit on open files").count(), 1, "said once: {log}");
+}

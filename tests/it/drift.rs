@@ -514,3 +514,44 @@ fn a_container_edit_is_named(engine: &str, prefix: &str, edit: &str) -> (Scratch
     assert_eq!(c["who"]["container"], name.as_str(), "{c}");
     (s, daemon)
 }
+
+/// Issue 45 (security review F9): a writer whose program is named with an escape sequence (its
+/// `comm` and `exe`) hand-edits a file at a path holding another, writing a third into it.
+/// `drift`, `status`'s last correction and the daemon's text log show each escaped (`\x1b`),
+/// and no ESC byte reaches them.
+#[test]
+fn a_writers_escape_sequences_reach_no_terminal_through_drift_status_or_the_log() {
+    must_be_root();
+    const TITLE: &str = "\x1b]0;pwned\x07";
+    const CLEAR: &str = "\x1b[2J";
+    let (title, clear) = ("\\x1b]0;pwned\\x07", "\\x1b[2J");
+    let s = Scratch::new();
+    let conf = s.path(&format!("etc/app{CLEAR}.conf"));
+    let d = s.declare(json!([
+        {"type": "file", "id": "app.conf", "path": conf.to_str().unwrap(), "content": "port=80\n"},
+    ]));
+    let daemon = Daemon::start(&s, &d, &[]);
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "applied:\n{}", daemon.log());
+    std::fs::create_dir_all(s.path("bin")).unwrap();
+    let editor = s.path("bin").join(TITLE);
+    std::fs::copy("/bin/dash", &editor).expect("dash is installed (package dash)");
+    let script = format!("printf 'port=8{CLEAR}0\\n' 1<> '{}'; sleep 0.3", conf.display());
+    assert!(Command::new(&editor).args(["-c", &script]).status().unwrap().success());
+    assert!(wait_for(PATIENCE, || read(&conf) == "port=80\n"), "put back:\n{}", daemon.log());
+    let c = corrected_by(&s, &daemon, "app.conf", |c| c["who"]["comm"] == TITLE);
+    assert!(c["diff"].as_str().is_some_and(|d| d.contains(CLEAR)), "the JSON keeps the bytes: {c}");
+
+    for (what, args) in [("drift", &["drift"][..]), ("status", &["status"][..])] {
+        let out = s.run(args);
+        assert!(out.status.success(), "{what}: {out:?}");
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!text.contains('\x1b'), "{what} sent a raw ESC to the terminal: {text:?}");
+        assert!(text.contains(&format!("by {title} (pid")), "the writer's comm, escaped: {what}: {text}");
+        assert!(text.contains(&format!("app{clear}.conf")), "the path, escaped: {what}: {text}");
+        assert!(text.contains(&format!("\n    +port=8{clear}0")), "the diff, escaped: {what}: {text}");
+    }
+    let log = daemon.log();
+    assert!(log.contains(&format!("by {title} (pid")), "{log}");
+    assert!(!log.contains('\x1b'), "the text log holds a raw ESC: {log:?}");
+}

@@ -813,3 +813,58 @@ fn the_dashboard_and_the_alert_rules_name_only_metrics_the_agent_exports() {
         missing.join("\n")
     );
 }
+
+/// Two escape sequences a terminal acts on: a window title set (OSC 0) and the screen cleared.
+const TITLE: &str = "\x1b]0;pwned\x07";
+const CLEAR: &str = "\x1b[2J";
+
+/// A command's stdout and stderr as text, once it is known that no ESC byte is in either.
+fn shown_without_escapes(what: &str, out: &std::process::Output) -> String {
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!text.contains('\x1b'), "{what} sent a raw ESC to the terminal: {text:?}");
+    text
+}
+
+/// Issue 45 (security review F9): a found file's content, a path, a command's output and an
+/// error's words hold escape sequences whoever wrote them chose. `plan`'s diff, `apply`'s
+/// report and its text log, `status` and an error show each escaped (`\x1b`), and no ESC byte
+/// reaches stdout or stderr.
+#[test]
+fn no_escape_sequence_reaches_the_terminal_from_plan_apply_status_or_an_error() {
+    let s = Scratch::new();
+    let conf = s.p(&format!("app{CLEAR}.conf"));
+    std::fs::write(&conf, format!("port={TITLE}\n")).unwrap();
+    let d = s.declare(json!([
+        {"type": "file", "id": "app.conf", "path": conf, "content": format!("port=80{CLEAR}\n")},
+        {"type": "action", "id": "app.init", "verify": ["false"],
+         "command": ["sh", "-c", format!("printf 'no {TITLE}' >&2; exit 3")]},
+    ]));
+    let d = d.to_str().unwrap();
+    let title = "\\x1b]0;pwned\\x07";
+    let clear = "\\x1b[2J";
+
+    let plan = shown_without_escapes("plan", &s.run(&["plan", d]));
+    assert!(plan.contains(&format!("-port={title}\n")), "the diff, escaped: {plan}");
+    assert!(plan.contains(&format!("+port=80{clear}\n")), "{plan}");
+    assert!(plan.contains(&format!("app{clear}.conf")), "the path, escaped: {plan}");
+
+    let mut apply = assert_cmd::Command::cargo_bin("mesh-host").unwrap();
+    apply.env("MESH_HOST_LOG", "debug").arg("--state").arg(s.state()).args(["apply", d]);
+    let out = apply.output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "the action fails: {out:?}");
+    let applied = shown_without_escapes("apply", &out);
+    assert!(applied.contains(&format!("exited 3: no {title}")), "the command's words, escaped: {applied}");
+    // The text log's line for the file names its path, a field of its own.
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("resource changed") && log.contains(&format!("app{clear}.conf")), "{log}");
+
+    let status = shown_without_escapes("status", &s.run(&["status"]));
+    assert!(status.contains(&format!("app.conf ({}/app{clear}.conf)", s.dir.path().display())), "{status}");
+    assert!(status.contains(&format!("app{clear}.conf (the machine's original")), "{status}");
+
+    let missing = s.p(&format!("missing{TITLE}.json"));
+    let out = s.run(&["plan", &missing]);
+    assert_eq!(out.status.code(), Some(2));
+    let error = shown_without_escapes("an error", &out);
+    assert!(error.contains(&format!("missing{title}.json")), "{error}");
+}

@@ -611,6 +611,7 @@ mod tests {
         Options {
             origin: Origin::Declared,
             dry_run,
+            run_verify: false,
             originals: "/nonexistent/originals".into(),
             bus: None,
             container_socket: None,
