@@ -16,6 +16,7 @@
 mod auth;
 mod confirm;
 mod generations;
+mod hollow;
 mod node;
 mod outage;
 mod put;

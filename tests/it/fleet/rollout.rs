@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::*;
 
 /// How long a whole rollout of eight debug-built agents may take.
-const ROLLOUT: Duration = Duration::from_secs(90);
+pub(super) const ROLLOUT: Duration = Duration::from_secs(90);
 
 /// One agent: its own scratch (state, log), its own directory seen at the shared target path.
 struct Agent {
@@ -103,13 +103,13 @@ fn declaration_dir(s: &Scratch, name: &str, target: &Path, content: &str, sub: b
 }
 
 /// `fleet rollout ARGS...` as its own process, its output in a file: the driver.
-struct Driver {
+pub(super) struct Driver {
     child: Child,
     out: PathBuf,
 }
 
 impl Driver {
-    fn start(s: &Scratch, args: &[&str]) -> Driver {
+    pub(super) fn start(s: &Scratch, args: &[&str]) -> Driver {
         let out = s.path(&format!("driver-{}.out", free_port()));
         let child = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
             .arg("--state")
@@ -124,12 +124,12 @@ impl Driver {
         Driver { child, out }
     }
 
-    fn said(&self) -> String {
+    pub(super) fn said(&self) -> String {
         read(&self.out)
     }
 
     /// Waits for the driver to end; its exit code and what it said.
-    fn finish(mut self, within: Duration) -> (Option<i32>, String) {
+    pub(super) fn finish(mut self, within: Duration) -> (Option<i32>, String) {
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
