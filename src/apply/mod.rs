@@ -148,6 +148,20 @@ pub fn reconcile_in(
     Pass::new(declaration, store, opts).run(Some(selected), session).0
 }
 
+/// Whether what is at a managed path is, by its change signature, exactly what the host last
+/// recorded for `id` there: untouched since, then, since a signature is recorded only once it
+/// can be trusted to move on the next change. `false` wherever the store keeps no signature
+/// (a directory, a file whose signature was too fresh to trust, a resource never applied):
+/// only a reconcile can tell those. One `lstat`, no read: cheap enough to ask of every path of
+/// a directory whose watch was just made (the controller's look after its watches are armed).
+pub fn untouched_since_recorded(store: &Store, id: &Id, path: &std::path::Path) -> bool {
+    let Some(recorded) = store.get(id.as_str()).and_then(|r| r.sig) else { return false };
+    matches!(
+        crate::system::Fs::new().meta(path),
+        Ok(Some(m)) if m.kind == crate::system::fs::Kind::File && m.sig == recorded
+    )
+}
+
 /// What the machine facts of a resource are after it applied: the store's record of it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Facts {

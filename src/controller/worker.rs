@@ -592,9 +592,10 @@ impl Worker {
         if std::mem::take(&mut self.paths_stale) {
             // A new declaration: its paths are watched before the pass writes them, so a hand-edit
             // right after the host's write is seen. Watched again after the pass, for the
-            // directories the pass made (an edit in one of those before its watch is added is
-            // left to the periodic resync).
+            // directories the pass made, and those looked at once then (`look_at_armed`). The
+            // ones armed here need no look: the pass that follows looks at every path.
             self.watch_paths();
+            drop(self.files.take_armed());
         }
         let Some(declaration) = self.declaration.as_deref() else { return Verdict::Clean };
         let t = std::time::Instant::now();
@@ -621,6 +622,7 @@ impl Worker {
         drop(report);
         let t = std::time::Instant::now();
         self.watch_paths();
+        self.look_at_armed();
         tracing::debug!(
             pass_ms = pass.as_secs_f64() * 1e3,
             watch_ms = t.elapsed().as_secs_f64() * 1e3,
@@ -706,6 +708,7 @@ impl Worker {
                 w.rewatch();
             }
             self.note_watches();
+            self.look_at_armed();
         }
         match &report.error {
             // Someone wrote the file again between the host's write and its read-back: that is
@@ -879,6 +882,33 @@ impl Worker {
         }
         drop(index);
         self.note_watches();
+    }
+
+    /// The start race (issue 46; docs/decisions.md, "List, then watch"): a directory the last
+    /// pass made (or made again, or could watch only now) was not watched while the pass wrote
+    /// in it, so a hand-edit there before its watch was made was seen by no one. Once the
+    /// watches are there, each managed path in such a directory is looked at once: a file whose
+    /// change signature is the one recorded is untouched since the host looked; any other path
+    /// is reported to the intake as moved, as inotify would have, and its key reconciled. A
+    /// change from now on is the watch's to report.
+    fn look_at_armed(&mut self) {
+        let armed: HashSet<Arc<std::path::Path>> = self.files.take_armed().into_iter().collect();
+        let Some(declaration) = self.declaration.as_deref().filter(|_| !armed.is_empty()) else { return };
+        let mut moved = 0;
+        for r in &declaration.resources {
+            let Some(path) = r.spec.path().filter(|p| p.parent().is_some_and(|d| armed.contains(d))) else {
+                continue;
+            };
+            if !apply::untouched_since_recorded(&self.store, &r.id, path) {
+                let _ = self.tx.send(Change::Path(path.to_path_buf()));
+                moved += 1;
+            }
+        }
+        tracing::debug!(
+            directories = armed.len(),
+            paths = moved,
+            "looked at the paths of directories watched anew"
+        );
     }
 
     /// After the file watcher's watches moved: the gauges of paths watched and not, and a

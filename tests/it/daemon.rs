@@ -1158,3 +1158,91 @@ fn the_daemon_raises_its_soft_open_files_limit_to_the_hard_limit() {
     );
     assert_eq!(log.matches("limit on open files").count(), 1, "said once: {log}");
 }
+
+/// How long a hand-edit may take to be put back and counted in the start-race tests: far
+/// above the usual milliseconds on a loaded machine, far below their resync (an hour).
+const PROMPTLY: Duration = Duration::from_secs(5);
+
+/// A file in a directory the pass makes, then 1,100 more in another, so that the pass goes on
+/// writing after the first is in place: the file, the marker (a file of the pass's second
+/// batch of writes, 512 files each, which the pass commits only after it has read back and
+/// recorded the first), and the resources. The rest of the pass after the marker (the rest of
+/// that batch and a third) is a bound on how soon the edit can be put back: a full pass is not
+/// interrupted.
+fn race_declaration(s: &Scratch) -> (std::path::PathBuf, std::path::PathBuf, Vec<serde_json::Value>) {
+    let mut resources =
+        vec![json!({"type": "file", "id": "race.app", "path": s.p("made/app.conf"), "content": "port=80\n"})];
+    for i in 0..1100 {
+        resources.push(json!({"type": "file", "id": format!("race.f{i}"), "path": s.p(&format!("fill/f{i}")), "content": "x"}));
+    }
+    (s.path("made/app.conf"), s.path("fill/f600"), resources)
+}
+
+/// Edits `conf` by hand the moment `marker` exists (polled in a tight loop, for up to a
+/// minute); whether it did, and whether `conf` held the declared bytes just before.
+fn edit_when(marker: std::path::PathBuf, conf: std::path::PathBuf) -> std::thread::JoinHandle<(bool, bool)> {
+    std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        while !marker.exists() {
+            if start.elapsed() > Duration::from_secs(60) {
+                return (false, false);
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let was = read(&conf) == "port=80\n";
+        std::fs::write(&conf, "port=6666\n").unwrap();
+        (true, was)
+    })
+}
+
+/// Waits for the edit of `edit_when` to be put back and counted as drift, promptly.
+fn put_back_promptly(daemon: &Daemon, conf: &std::path::Path, edit: std::thread::JoinHandle<(bool, bool)>) {
+    // The log without its 1,100 lines of files made.
+    let log =
+        || daemon.log().lines().filter(|l| !l.contains("INFO created race.f")).collect::<Vec<_>>().join("\n");
+    let (edited, was) = edit.join().unwrap();
+    assert!(edited, "the pass never wrote the marker:\n{}", log());
+    assert!(was, "the file was not in place with its declared bytes when the marker was:\n{}", log());
+    assert!(
+        wait_for(PROMPTLY, || read(conf) == "port=80\n"),
+        "a hand-edit made while the pass that made the file was still running was not put back \
+         within {PROMPTLY:?} (it holds {:?}): it waits for the resync\n{}",
+        read(conf),
+        log()
+    );
+    let drift = || daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}");
+    assert!(wait_for(PROMPTLY, || drift() == 1.0), "the correction is counted once: {}\n{}", drift(), log());
+    // The look after the watches were made queued the file edited, not the 1,100 untouched
+    // beside it, whose signatures the pass recorded (and the put-back's own events).
+    let adds = daemon.metric("mesh_host_queue_adds_total{source=\"file\"}");
+    assert!(adds < 50.0, "{adds} keys queued for files: the untouched ones were queued too\n{}", log());
+}
+
+/// Issue 46, point 4: a managed file is edited by hand the moment the first pass has written
+/// it (in a directory that pass made, so no watch could be there before), while the pass goes
+/// on writing others. The daemon watches a path only once its directory exists, after the
+/// pass; the edit, made before, must still be put back and counted, promptly, and not left
+/// to the resync (an hour here).
+#[test]
+fn issue46_a_hand_edit_right_after_the_first_pass_wrote_the_file_is_put_back() {
+    let s = Scratch::new();
+    let (conf, marker, resources) = race_declaration(&s);
+    let d = s.declare(serde_json::Value::Array(resources));
+    let edit = edit_when(marker, conf.clone());
+    let daemon = Daemon::start(&s, &d, &["--resync", "3600"]);
+    put_back_promptly(&daemon, &conf, edit);
+}
+
+/// Issue 46, point 4, the same after a declaration change adds the path: the pass of the new
+/// declaration makes the file's directory, and the edit comes while it goes on.
+#[test]
+fn issue46_a_hand_edit_right_after_a_new_declaration_wrote_the_file_is_put_back() {
+    let s = Scratch::new();
+    let d = s.declare(json!([{"type": "file", "id": "race.one", "path": s.p("one"), "content": "1"}]));
+    let daemon = Daemon::start(&s, &d, &["--resync", "3600"]);
+    let (conf, marker, mut resources) = race_declaration(&s);
+    resources.push(json!({"type": "file", "id": "race.one", "path": s.p("one"), "content": "1"}));
+    let edit = edit_when(marker, conf.clone());
+    s.declare(serde_json::Value::Array(resources));
+    put_back_promptly(&daemon, &conf, edit);
+}

@@ -219,6 +219,8 @@ pub struct FileWatcher {
     /// The last attempt to add a watch was refused for want of watches (ENOSPC: the user's
     /// `max_user_watches` is reached), and no attempt since has got through every directory.
     out_of_watches: bool,
+    /// Directories whose watch was made since the owner last took them (`take_armed`).
+    armed: Vec<Arc<Path>>,
 }
 
 /// How much of what was asked for is watched.
@@ -261,6 +263,7 @@ impl FileWatcher {
             watched_paths: 0,
             paths: 0,
             out_of_watches: false,
+            armed: Vec::new(),
         };
         w.make_instance();
         w
@@ -448,6 +451,7 @@ impl FileWatcher {
         }
         for dir in added {
             self.pending.remove(&dir);
+            self.armed.push(dir);
         }
         self.out_of_watches = refused;
         failed
@@ -463,6 +467,14 @@ impl FileWatcher {
             out_of_watches: self.out_of_watches,
             no_instance: self.instance.is_none(),
         }
+    }
+
+    /// The directories whose watch was made since the last call (by `set_paths` or `rewatch`).
+    /// A change in one of them before its watch was made was seen by no one: the owner looks
+    /// once at its paths of interest after the watch is there (list after watch, as client-go's
+    /// informers do), since a change from then on is reported.
+    pub fn take_armed(&mut self) -> Vec<Arc<Path>> {
+        std::mem::take(&mut self.armed)
     }
 
     /// How many directories are watched.
@@ -710,6 +722,28 @@ mod tests {
         std::fs::write(dir.join("f"), "y").unwrap();
         let got = received(&mut rx, Duration::from_millis(300)).await;
         assert!(!got.is_empty() && got.iter().all(|p| *p == dir.join("f")), "{got:?}");
+    }
+
+    /// `take_armed` gives each directory once, when its watch is made: the one `set_paths`
+    /// could watch, then nothing, then one made later, once `rewatch` watches it; a
+    /// `set_paths` that changes nothing arms nothing.
+    #[tokio::test]
+    async fn each_directory_armed_is_given_once() {
+        let root = tempfile::tempdir().unwrap();
+        let (a, b) = (root.path().join("a"), root.path().join("b"));
+        std::fs::create_dir(&a).unwrap();
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut w = FileWatcher::new(tx);
+        assert_eq!(w.set_paths([a.join("f"), b.join("f")]).len(), 1, "b is absent");
+        assert_eq!(w.take_armed(), vec![Arc::from(a.as_path())]);
+        assert!(w.take_armed().is_empty(), "given once");
+        assert_eq!(w.rewatch().len(), 1, "b is still absent");
+        assert!(w.take_armed().is_empty());
+        std::fs::create_dir(&b).unwrap();
+        assert!(w.rewatch().is_empty());
+        assert_eq!(w.take_armed(), vec![Arc::from(b.as_path())]);
+        assert!(w.set_paths([a.join("f"), b.join("f")]).is_empty());
+        assert!(w.take_armed().is_empty(), "nothing new watched");
     }
 
     /// A muted path sends nothing until its deadline however often it moves, its neighbours are
