@@ -11,6 +11,10 @@
 //! - No catch-all arm (`_ =>`) in a match over `Spec`, `Kind` or `Verb`: a new resource type or
 //!   outcome word must be decided at every place that tells them apart, by the compiler.
 //! - Every `docs/` file a comment cites exists, and so does every section it names.
+//! - The house's bounds (docs/testing.md, "The house's rules, held by tests"): no function over
+//!   100 lines, no file of `src/` over 1,200 lines outside its tests, no sleep of a second or
+//!   more in `tests/it`, each with an allow-list whose entries give their reason and must be
+//!   needed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -674,4 +678,429 @@ fn the_citation_check_sees_what_it_looks_for() {
             ("docs/b.md".to_owned(), None)
         ]
     );
+}
+
+/// The house's bound on a function's length (../shared/guide/STYLE.md; docs/testing.md, "The
+/// house's rules, held by tests"): lines from the `fn` line to the line of its closing brace,
+/// both counted, comments and blank lines included.
+const FUNCTION_LINES: usize = 100;
+
+/// Functions in `src/` and `watchers/src/` (outside their tests) allowed over `FUNCTION_LINES`:
+/// the file, the function's name, and why. Each entry must still be needed
+/// (`every_rule_exception_is_needed`).
+const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[];
+
+/// The bound on a file of `src/`, in lines outside its `#[cfg(test)]` items.
+const FILE_LINES: usize = 1_200;
+
+/// Files of `src/` allowed over `FILE_LINES` (outside their tests), with why. Each entry must
+/// still be needed.
+const LONG_FILES: &[(&str, &str)] = &[
+    ("src/cli.rs", "every command's face in one file; to be split by command into src/cli/ (review 3 §7, issue 46 point 2), the rollout driver's loop moving there from fleet/rollout.rs"),
+    ("src/declaration/types.rs", "the declaration's types, every resource type's spec and its parts in one file; to be split by resource type"),
+    ("src/system/etcd.rs", "the etcd client: calls, failover, watches and the TLS connector; to be split into etcd/{mod,tls,watch}.rs (review 4 §11)"),
+    ("src/system/fs.rs", "every descriptor-relative file operation of the machine layer; to be split by what it does (look and read, stage and commit, remove), the journal of intent kept with the commit"),
+];
+
+/// Sleeps of a second or more in `tests/it` (or of a length the check cannot read), allowed by
+/// the file under `tests/it/`, the function they are in, and why. docs/testing.md: a test never
+/// sleeps to show that something did not happen, it waits for a barrier; these are the
+/// exceptions, each with its reason. Each entry must still be needed.
+const LONG_SLEEPS: &[(&str, &str, &str)] = &[
+    ("daemon.rs", "hold", "a slow client's pace, one byte a second: the slowness is what the test floods the daemon with, not a wait for it"),
+    ("fleet/auth.rs", "a_password_login_outlives_its_token_and_a_change_put_after_it_expired_is_applied", "waits out the token's TTL (etcd 3.4 says nothing when a token expires): idle for more than twice it is the state under test; issue 46 asks a barrier"),
+    ("fleet/confirm.rs", "a_node_cut_off_from_etcd_by_its_new_generation_goes_back_within_the_window", "waits out the confirmation window before showing no second try; and a second so the restarted node's status is written at a later second; issue 46 asks barriers (the status's written_at, mesh_host_reverts_total)"),
+    ("fleet/confirm.rs", "a_good_new_generation_is_confirmed_and_stays", "waits out the confirmation window before showing nothing went back; issue 46 asks a barrier"),
+    ("fleet/confirm.rs", "a_node_offline_from_the_start_does_not_go_back", "waits out the confirmation window before showing nothing went back; issue 46 asks a barrier"),
+    ("fleet/confirm.rs", "with_the_window_off_a_node_cut_off_by_its_new_generation_stays_on_it", "waits out what would be the window before showing the connection was kept; issue 46 asks a barrier"),
+    ("fleet/node.rs", "a_node_reports_its_status_at_most_once_a_second_and_its_presence_goes_with_it", "lets the last status write land before the rate is counted; issue 46 asks a barrier (the status key's version)"),
+    ("fleet/node.rs", "a_node_in_steady_state_holds_exactly_one_tcp_connection_to_etcd", "waits past a lease renewal (every 3 s) and a status write, the steady state the connection count is about"),
+    ("fleet/rollout.rs", "a_good_rollout_goes_wave_by_wave_refuses_a_put_and_a_second_driver_and_promote_makes_it_the_declaration", "waits past a wave's soak to show a pause holds the next wave; issue 46 asks a barrier (the driver's state revision)"),
+    ("fleet/rollout.rs", "a_rollout_failing_on_its_second_wave_halts_there_and_abort_brings_back_the_previous_content", "gives a halted rollout time to (wrongly) admit the third wave; issue 46 asks a barrier"),
+    ("refusal.rs", "the_daemon_applies_nothing_of_a_declaration_refused_here_and_lets_it_in_once_the_filter_goes", "gives the reconciles of two hand-edits under a refusal time to (wrongly) apply: the daemon exports no per-key count to wait on, and merged events make the resource count no barrier"),
+];
+
+/// One function of a source text (after `code_only`): its name, the line of its `fn` (from 1),
+/// its length in lines (from the `fn` line to its closing brace's, both counted), and the
+/// byte range from its `fn` to its closing brace.
+#[derive(Debug)]
+struct Function {
+    name: String,
+    line: usize,
+    lines: usize,
+    span: std::ops::Range<usize>,
+}
+
+/// The byte offset just past the brace that closes the one at `open`, or the text's end.
+fn block_end(b: &[u8], open: usize) -> usize {
+    let mut depth = 0usize;
+    for (k, c) in b.iter().enumerate().skip(open) {
+        match c {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return k + 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    b.len()
+}
+
+/// Where an item's own text ends, from `from`: past the `;` or the `{...}` block that comes
+/// first outside brackets and parentheses (attributes and signatures hold no braces).
+fn item_end(b: &[u8], from: usize) -> usize {
+    let mut depth = 0i32;
+    let mut k = from;
+    while k < b.len() {
+        match b[k] {
+            b'(' | b'[' => depth += 1,
+            b')' | b']' => depth -= 1,
+            b';' if depth == 0 => return k + 1,
+            b'{' if depth == 0 => return block_end(b, k),
+            _ => {}
+        }
+        k += 1;
+    }
+    b.len()
+}
+
+/// Every function with a body in `code` (after `code_only`), nested ones too. A `fn` type
+/// (`fn(u32) -> u32`) and a declaration without a body (in a trait) are not functions here.
+fn functions(code: &str) -> Vec<Function> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("fn") {
+        let word =
+            (at == 0 || !is_ident(b[at - 1] as char)) && b.get(at + 2).is_some_and(u8::is_ascii_whitespace);
+        if !word {
+            continue;
+        }
+        let rest = code[at + 2..].trim_start();
+        let name: String = rest.chars().take_while(|c| is_ident(*c)).collect();
+        if name.is_empty() {
+            continue;
+        }
+        let end = item_end(b, at + 2);
+        if b[end - 1] != b'}' {
+            continue; // no body
+        }
+        let line = code[..at].matches('\n').count() + 1;
+        let lines = code[at..end].matches('\n').count() + 1;
+        out.push(Function { name, line, lines, span: at..end });
+    }
+    out
+}
+
+/// The byte ranges of the items under `#[cfg(test)]` in `code` (after `code_only`): a test
+/// module, a test-only function or import, each from its attribute to its end.
+fn test_items(code: &str) -> Vec<std::ops::Range<usize>> {
+    code.match_indices("#[cfg(test)]").map(|(at, a)| at..item_end(code.as_bytes(), at + a.len())).collect()
+}
+
+/// The lines of `code` (after `code_only`) outside its `#[cfg(test)]` items.
+fn lines_outside_tests(code: &str) -> usize {
+    let total = code.lines().count();
+    let tests: usize = test_items(code).iter().map(|r| code[r.clone()].matches('\n').count() + 1).sum();
+    total.saturating_sub(tests)
+}
+
+/// The files of `src/` that are test modules whole: `#[cfg(test)] mod tests;` in their parent.
+fn test_module_files(src: &Path) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for file in rust_files(src) {
+        let code = code_only(&std::fs::read_to_string(&file).unwrap());
+        for r in test_items(&code) {
+            let item = code[r].split_whitespace().collect::<Vec<_>>().join(" ");
+            let Some(name) = item.strip_prefix("#[cfg(test)] mod ").and_then(|m| m.strip_suffix(';')) else {
+                continue;
+            };
+            let stem = file.file_stem().unwrap();
+            let dir = if stem == "mod" || stem == "lib" {
+                file.parent().unwrap().to_path_buf()
+            } else {
+                file.with_extension("")
+            };
+            out.insert(dir.join(format!("{}.rs", name.trim())));
+            out.insert(dir.join(name.trim()).join("mod.rs"));
+        }
+    }
+    out
+}
+
+/// Each over-long function outside the tests of the files under these directories: its file
+/// (from the crate's root), name, line and length.
+fn long_functions_in(root: &Path, dirs: &[&str]) -> Vec<(String, String, usize, usize)> {
+    let mut out = Vec::new();
+    for dir in dirs {
+        let tests = test_module_files(&root.join(dir));
+        for file in rust_files(&root.join(dir)).into_iter().filter(|f| !tests.contains(f)) {
+            let code = code_only(&std::fs::read_to_string(&file).unwrap());
+            let skip = test_items(&code);
+            let rel = file.strip_prefix(root).unwrap().display().to_string();
+            for f in functions(&code) {
+                if f.lines > FUNCTION_LINES && !skip.iter().any(|r| r.contains(&f.span.start)) {
+                    out.push((rel.clone(), f.name, f.line, f.lines));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_function_is_longer_than_100_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let wrong: Vec<String> = long_functions_in(root, &["src", "watchers/src"])
+        .into_iter()
+        .filter(|(file, name, _, _)| !LONG_FUNCTIONS.iter().any(|(f, n, _)| f == file && n == name))
+        .map(|(file, name, line, lines)| format!("{file}:{line}: `{name}` is {lines} lines"))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "functions over {FUNCTION_LINES} lines, from `fn` to the closing brace: cut each into named \
+         steps (or, for a reason that will not last, add it to LONG_FUNCTIONS in tests/tidy.rs):\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// Each file of `src/` over the bound outside its tests: its path (from the crate's root) and
+/// length.
+fn long_files_in(root: &Path) -> Vec<(String, usize)> {
+    let src = root.join("src");
+    let tests = test_module_files(&src);
+    let mut out = Vec::new();
+    for file in rust_files(&src).into_iter().filter(|f| !tests.contains(f)) {
+        let lines = lines_outside_tests(&code_only(&std::fs::read_to_string(&file).unwrap()));
+        if lines > FILE_LINES {
+            out.push((file.strip_prefix(root).unwrap().display().to_string(), lines));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_file_in_src_is_longer_than_1200_lines_outside_its_tests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let wrong: Vec<String> = long_files_in(root)
+        .into_iter()
+        .filter(|(file, _)| !LONG_FILES.iter().any(|(f, _)| f == file))
+        .map(|(file, lines)| format!("{file}: {lines} lines outside its tests"))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "files over {FILE_LINES} lines outside their #[cfg(test)] items: split each (or, for a reason \
+         that will not last, add it to LONG_FILES in tests/tidy.rs):\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// A length of time written in code, in seconds: `Duration::from_secs(4)` (any path before it),
+/// `from_millis`, `from_micros`, `from_nanos`, `from_secs_f64`/`_f32`, or the name of a constant
+/// in `consts` that is one of those. `None` for anything else (a variable, a sum).
+fn seconds(expr: &str, consts: &BTreeMap<String, String>) -> Option<f64> {
+    let expr = expr.trim();
+    if let Some(value) = consts.get(expr) {
+        return seconds(value, &BTreeMap::new());
+    }
+    let at = expr.find("Duration::from_")?;
+    let call = &expr[at + "Duration::from_".len()..];
+    let (unit, arg) = call.split_once('(')?;
+    let n: f64 = arg.strip_suffix(')')?.trim().replace('_', "").parse().ok()?;
+    let scale = match unit {
+        "secs" | "secs_f64" | "secs_f32" => 1.0,
+        "millis" => 1e-3,
+        "micros" => 1e-6,
+        "nanos" => 1e-9,
+        _ => return None,
+    };
+    Some(n * scale)
+}
+
+/// The constants of `code` (after `code_only`) that are a `Duration`: name to expression.
+fn duration_consts(code: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (at, _) in code.match_indices("const ") {
+        let rest = &code[at + "const ".len()..];
+        let Some((head, tail)) = rest.split_once('=') else { continue };
+        let Some((name, ty)) = head.split_once(':') else { continue };
+        if ty.trim().ends_with("Duration") {
+            if let Some((value, _)) = tail.split_once(';') {
+                out.insert(name.trim().to_owned(), value.split_whitespace().collect());
+            }
+        }
+    }
+    out
+}
+
+/// Each sleep in `code` (after `code_only`) of a second or more, or whose length cannot be
+/// read: its line, the function it is in, and what it is given.
+fn long_sleeps(code: &str, consts: &BTreeMap<String, String>) -> Vec<(usize, String, String)> {
+    let b = code.as_bytes();
+    let fns = functions(code);
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("sleep(") {
+        if at > 0 && is_ident(b[at - 1] as char) {
+            continue;
+        }
+        let open = at + "sleep".len();
+        let mut depth = 0;
+        let mut end = open;
+        for (k, c) in b.iter().enumerate().skip(open) {
+            match c {
+                b'(' => depth += 1,
+                b')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = k;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let arg: String = code[open + 1..end].split_whitespace().collect();
+        if seconds(&arg, consts).is_some_and(|s| s < 1.0) {
+            continue;
+        }
+        let within = fns.iter().filter(|f| f.span.contains(&at)).min_by_key(|f| f.span.len());
+        let line = code[..at].matches('\n').count() + 1;
+        out.push((line, within.map_or_else(String::new, |f| f.name.clone()), arg));
+    }
+    out
+}
+
+/// Each long sleep in `tests/it`: its file (under `tests/it/`), line, function and argument.
+fn long_sleeps_in(root: &Path) -> Vec<(String, usize, String, String)> {
+    let it = root.join("tests/it");
+    let files: Vec<(PathBuf, String)> = rust_files(&it)
+        .into_iter()
+        .map(|f| {
+            let code = code_only(&std::fs::read_to_string(&f).unwrap());
+            (f, code)
+        })
+        .collect();
+    // A constant may be named in another file of the one binary (`support.rs`, a `mod.rs`).
+    let consts: BTreeMap<String, String> = files.iter().flat_map(|(_, code)| duration_consts(code)).collect();
+    let mut out = Vec::new();
+    for (file, code) in &files {
+        let rel = file.strip_prefix(&it).unwrap().display().to_string();
+        for (line, within, arg) in long_sleeps(code, &consts) {
+            out.push((rel.clone(), line, within, arg));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_test_sleeps_a_second_or_more_unless_allowed() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let wrong: Vec<String> = long_sleeps_in(root)
+        .into_iter()
+        .filter(|(file, _, within, _)| !LONG_SLEEPS.iter().any(|(f, n, _)| f == file && n == within))
+        .map(|(file, line, within, arg)| format!("tests/it/{file}:{line}: sleep({arg}) in `{within}`"))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "sleeps of a second or more (or of a length this check cannot read) in tests/it: wait for a \
+         barrier the daemon exports instead, then look (docs/testing.md), or add the function to \
+         LONG_SLEEPS in tests/tidy.rs with the reason:\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// The exceptions are the code's picture, as ALLOWED is: one that no longer matches anything
+/// (the function cut, the file split, the sleep replaced by a barrier) is taken out.
+#[test]
+fn every_rule_exception_is_needed() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let functions = long_functions_in(root, &["src", "watchers/src"]);
+    let files = long_files_in(root);
+    let sleeps = long_sleeps_in(root);
+    let mut unused = Vec::new();
+    for (file, name, _) in LONG_FUNCTIONS {
+        if !functions.iter().any(|(f, n, _, _)| f == file && n == name) {
+            unused.push(format!("LONG_FUNCTIONS: {file} `{name}`"));
+        }
+    }
+    for (file, _) in LONG_FILES {
+        if !files.iter().any(|(f, _)| f == file) {
+            unused.push(format!("LONG_FILES: {file}"));
+        }
+    }
+    for (file, name, _) in LONG_SLEEPS {
+        if !sleeps.iter().any(|(f, _, n, _)| f == file && n == name) {
+            unused.push(format!("LONG_SLEEPS: {file} `{name}`"));
+        }
+    }
+    assert!(
+        unused.is_empty(),
+        "exceptions in tests/tidy.rs that nothing needs; take them out:\n{}",
+        unused.join("\n")
+    );
+}
+
+#[test]
+fn the_rule_checks_refuse_what_breaks_the_rules() {
+    // A function of 101 lines is found, one of 100 is not; a function under #[cfg(test)] is
+    // not looked at; a `fn` type and a declaration without a body are not functions.
+    let body = |n: usize| "    x();\n".repeat(n - 2);
+    let code = code_only(&format!(
+        "fn short() {{\n{}}}\nfn long(a: [u8; 2]) -> impl Fn() -> u8 {{\n{}}}\n\
+         #[cfg(test)]\nmod tests {{\n    fn huge() {{\n{}    }}\n}}\n\
+         trait T {{ fn f(&self); }}\ntype F = fn(u32) -> u32;\n",
+        body(100),
+        body(101),
+        body(300)
+    ));
+    let found: Vec<(String, usize, usize)> =
+        functions(&code).into_iter().map(|f| (f.name, f.line, f.lines)).collect();
+    assert_eq!(
+        found,
+        [("short".to_owned(), 1, 100), ("long".to_owned(), 101, 101), ("huge".to_owned(), 204, 300)]
+    );
+    let skip = test_items(&code);
+    let long: Vec<String> = functions(&code)
+        .into_iter()
+        .filter(|f| f.lines > FUNCTION_LINES && !skip.iter().any(|r| r.contains(&f.span.start)))
+        .map(|f| f.name)
+        .collect();
+    assert_eq!(long, ["long"], "the one over the bound, outside the tests");
+    // Braces in comments and strings do not count.
+    let tricky = code_only("fn a() {\n    let s = \"}}}\"; // }\n    let c = '}';\n}\nfn b() {}\n");
+    assert_eq!(functions(&tricky).iter().map(|f| f.lines).collect::<Vec<_>>(), [4, 1]);
+
+    // A file of 1,201 lines outside its tests is over the bound; its test module is not counted.
+    let file = |outside: usize, tests: usize| {
+        code_only(&format!(
+            "{}#[cfg(test)]\nmod tests {{\n{}}}\n",
+            "fn x() {}\n".repeat(outside),
+            "    fn t() {}\n".repeat(tests.saturating_sub(2))
+        ))
+    };
+    assert_eq!(lines_outside_tests(&file(1_201, 50)), 1_201);
+    assert_eq!(lines_outside_tests(&file(1_200, 5_000)), 1_200);
+    assert_eq!(lines_outside_tests(&code_only("#[cfg(test)]\nuse a::b;\nfn x() {}\n")), 1);
+
+    // Sleeps: a second or more is found, under a second is not, a constant is read, and a length
+    // the check cannot read is found too; each with the function it is in.
+    let code = code_only(
+        "const WAIT: Duration = Duration::from_millis(1_500);\nconst TICK: std::time::Duration = \
+         std::time::Duration::from_millis(5);\nfn t() {\n    std::thread::sleep(Duration::from_secs(1));\n    \
+         std::thread::sleep(Duration::from_millis(999));\n    tokio::time::sleep(std::time::Duration::from_secs_f64(0.5)).await;\n    \
+         sleep(WAIT);\n    sleep(TICK);\n    std::thread::sleep(left);\n    let f = || std::thread::sleep(Duration::from_secs(2));\n}\n\
+         fn not_a_sleep() { a.oversleep(Duration::from_secs(9)); }\n",
+    );
+    let consts = duration_consts(&code);
+    assert_eq!(consts.len(), 2, "{consts:?}");
+    let found: Vec<(usize, String, String)> = long_sleeps(&code, &consts);
+    let t = |line: usize, arg: &str| (line, "t".to_owned(), arg.to_owned());
+    assert_eq!(
+        found,
+        [t(4, "Duration::from_secs(1)"), t(7, "WAIT"), t(9, "left"), t(10, "Duration::from_secs(2)")]
+    );
+    assert_eq!(seconds("std::time::Duration::from_secs(4)", &BTreeMap::new()), Some(4.0));
+    assert_eq!(seconds("Duration::from_secs(a + 1)", &BTreeMap::new()), None);
 }
