@@ -697,6 +697,7 @@ const FILE_LINES: usize = 1_200;
 /// still be needed.
 const LONG_FILES: &[(&str, &str)] = &[
     ("src/cli.rs", "every command's face in one file; to be split by command into src/cli/ (review 3 §7, issue 46 point 2), the rollout driver's loop moving there from fleet/rollout.rs"),
+    ("src/fleet/rollout.rs", "the rollout's pure plan, judge and decide beside the driver's loop, its printing and the operator commands; the loop and printing to move to fleet/rollout/drive.rs (issue 46 point 2), as issue 43's reflector replaces the snapshot"),
     ("src/declaration/types.rs", "the declaration's types, every resource type's spec and its parts in one file; to be split by resource type"),
     ("src/system/etcd.rs", "the etcd client: calls, failover, watches and the TLS connector; to be split into etcd/{mod,tls,watch}.rs (review 4 §11)"),
     ("src/system/fs.rs", "every descriptor-relative file operation of the machine layer; to be split by what it does (look and read, stage and commit, remove), the journal of intent kept with the commit"),
@@ -713,6 +714,9 @@ const LONG_SLEEPS: &[(&str, &str, &str)] = &[
     ("fleet/confirm.rs", "a_good_new_generation_is_confirmed_and_stays", "waits out the confirmation window before showing nothing went back; issue 46 asks a barrier"),
     ("fleet/confirm.rs", "a_node_offline_from_the_start_does_not_go_back", "waits out the confirmation window before showing nothing went back; issue 46 asks a barrier"),
     ("fleet/confirm.rs", "with_the_window_off_a_node_cut_off_by_its_new_generation_stays_on_it", "waits out what would be the window before showing the connection was kept; issue 46 asks a barrier"),
+    ("fleet/confirm.rs", "after_an_abort_a_node_cut_off_from_etcd_never_goes_back_to_the_candidate", "waits out the confirmation window with etcd stopped, after the barrier of the node's logged decision: that nothing goes back during it is what is tested"),
+    ("fleet/confirm.rs", "an_agent_killed_inside_its_window_and_restarted_cut_off_goes_back", "waits until the recorded window's wall-clock deadline has passed while the agent is down: the restart after it is the state under test"),
+    ("fleet/confirm.rs", "an_agent_killed_inside_its_window_and_restarted_in_reach_confirms_and_stays", "waits out the recorded window after the restart's confirmation, to show nothing goes back; a barrier would be mesh_host_reverts_total staying 0 past the deadline"),
     ("fleet/node.rs", "a_node_reports_its_status_at_most_once_a_second_and_its_presence_goes_with_it", "lets the last status write land before the rate is counted; issue 46 asks a barrier (the status key's version)"),
     ("fleet/node.rs", "a_node_in_steady_state_holds_exactly_one_tcp_connection_to_etcd", "waits past a lease renewal (every 3 s) and a status write, the steady state the connection count is about"),
     ("fleet/rollout.rs", "a_good_rollout_goes_wave_by_wave_refuses_a_put_and_a_second_driver_and_promote_makes_it_the_declaration", "waits past a wave's soak to show a pause holds the next wave; issue 46 asks a barrier (the driver's state revision)"),

@@ -727,6 +727,14 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
         state.keys.len(),
         start.scope.describe()
     );
+    print_plan(&state);
+    let ended = drive_held(etcd, &mut driver).await;
+    driver.release(etcd).await;
+    ended
+}
+
+/// The plan, as `start` prints it: every wave and its nodes.
+fn print_plan(state: &State) {
     println!(
         "waves (soak {} s, deadline {} s, max failures {}):",
         state.soak, state.deadline, state.max_failures
@@ -734,9 +742,6 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
     for (i, wave) in state.waves.iter().enumerate() {
         println!("  wave {}: {}", i + 1, wave.join(", "));
     }
-    let ended = drive_held(etcd, &mut driver).await;
-    driver.release(etcd).await;
-    ended
 }
 
 /// What the driver's key says: who, and since when.
