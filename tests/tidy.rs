@@ -22,6 +22,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("declaration", &[]),
     ("system", &[]),
     ("secrets", &[]),
+    ("trust", &[]),
     ("cron", &["declaration"]),
     ("store", &["declaration", "system"]),
     ("generations", &["store", "system"]),
