@@ -7,6 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
+mod sign;
+
+pub use sign::{SignArgs, TrustArgs};
+
 use crate::apply::{self, ArchiveLimits, Options, Report, Verb};
 use crate::declaration::{Declaration, Kind};
 use crate::store::{Origin, Store};
@@ -78,6 +82,9 @@ pub enum Command {
         /// Print the summary, or the refusal, as JSON.
         #[arg(long)]
         json: bool,
+        /// Signed declarations.
+        #[command(flatten)]
+        trust: TrustArgs,
     },
     /// Show what apply would do, with a diff of each file whose content would change. Writes
     /// nothing, not even the state store.
@@ -92,6 +99,9 @@ pub enum Command {
         /// Print the plan (the report apply would print, and the diffs), or the refusal, as JSON.
         #[arg(long)]
         json: bool,
+        /// Signed declarations.
+        #[command(flatten)]
+        trust: TrustArgs,
     },
     /// Make the machine match the declaration, once.
     Apply {
@@ -109,6 +119,9 @@ pub enum Command {
         /// per type, then only what was not created.
         #[arg(long, short)]
         verbose: bool,
+        /// Signed declarations.
+        #[command(flatten)]
+        trust: TrustArgs,
     },
     /// Apply, then keep the machine matching: watch the declaration and every managed path,
     /// put back what changes, serve metrics. Stops on SIGTERM or SIGINT.
@@ -179,6 +192,11 @@ pub enum Command {
     },
     /// Print this node's public key (`age1...`).
     Pubkey,
+    /// Sign a declaration directory: write its manifest (every `*.json` in it, their sha256
+    /// and length, the fleet, a version one above the last, an expiry) and have `ssh-keygen
+    /// -Y sign` sign it with each key, into `DIR/.mesh-host/`. Nodes given
+    /// `--allowed-signers` apply the directory only so signed.
+    Sign(SignArgs),
     /// Seal standard input to a public key (the value never goes on the command line, where
     /// /proc would show it), and print the armored age value for a declaration's `sealed` or
     /// `secrets`.
@@ -384,6 +402,9 @@ pub struct RunArgs {
     /// TLS and the login to etcd's auth, when they are on.
     #[command(flatten)]
     pub login: EtcdLogin,
+    /// Signed declarations (a local `--declaration` directory only, for now).
+    #[command(flatten)]
+    pub trust: TrustArgs,
 }
 
 /// Where a declaration is put, and what.
@@ -499,11 +520,18 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
     };
     let key = reach.key.clone();
     match cli.command {
-        Command::Check { file, json } => check(&file, json),
-        Command::Plan { file, origin, json } => plan(&file, origin, json, &cli.state, reach),
-        Command::Apply { file, origin, json, verbose } => {
-            apply_cmd(&file, origin, Shown { json, verbose }, &cli.state, reach)
+        Command::Check { file, json, trust } => {
+            check(&file, json, &sign::Verify::of(&trust, &cli.state, false)?)
         }
+        Command::Plan { file, origin, json, trust } => {
+            let verify = sign::Verify::of(&trust, &cli.state, false)?;
+            plan(&file, origin, json, &cli.state, reach, &verify)
+        }
+        Command::Apply { file, origin, json, verbose, trust } => {
+            let verify = sign::Verify::of(&trust, &cli.state, true)?;
+            apply_cmd(&file, origin, Shown { json, verbose }, &cli.state, reach, &verify)
+        }
+        Command::Sign(args) => sign::sign(args),
         Command::Status { json } => status(json, &cli.state, &reach.key),
         Command::Generations { json } => generations(json, &cli.state),
         Command::Rollback { generation, release, reason, json } => {
@@ -548,7 +576,9 @@ fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
         groups,
         confirm_window,
         login,
+        trust,
     } = args;
+    let trust = sign::daemon_trust(&trust, etcd.is_some(), &declaration)?;
     let metrics = match metrics.as_str() {
         "off" | "none" => None,
         addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
@@ -588,6 +618,7 @@ fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
         archive_limits: reach.archive_limits,
         key: reach.key,
         keep_generations: reach.keep,
+        trust,
     };
     tokio::runtime::Handle::current().block_on(async move {
         // The controller first: it takes the store's lock, so a second agent on the same state
@@ -857,7 +888,7 @@ fn seal(to: &str) -> anyhow::Result<Ended> {
 /// what `check` and `plan` say of the live `declaration.d` is what the daemon will do with it.
 /// A refusal is returned as itself so `main` can give it its own exit code.
 pub fn load(source: &Path) -> anyhow::Result<Declaration> {
-    load_files(source, None).map(|(d, _, _)| d)
+    load_files(source, None, None).map(|(d, _, _)| d)
 }
 
 /// A declaration's files, each named as it was read.
@@ -867,7 +898,12 @@ type Named = Vec<(String, Vec<u8>)>;
 /// the declaration becomes. With `bodies`, each file's declared bytes are moved into a content
 /// file in that directory as the file is validated (`controller::contents`), and the file is
 /// given back for the pass to read them from; where none can be made, they stay in memory.
-fn load_files(source: &Path, bodies: Option<&Path>) -> anyhow::Result<(Declaration, Named, Kept)> {
+/// With `verify`, what was read is verified before anything of it is parsed (`sign`).
+fn load_files(
+    source: &Path,
+    bodies: Option<&Path>,
+    verify: Option<&sign::Verify>,
+) -> anyhow::Result<(Declaration, Named, Kept)> {
     use crate::system::input::DECLARATION_LIMIT;
     // Usage: the command was pointed at something that is not a declaration to read.
     let unreadable = |e: std::io::Error| {
@@ -876,11 +912,13 @@ fn load_files(source: &Path, bodies: Option<&Path>) -> anyhow::Result<(Declarati
         Usage(format!("mesh-host: cannot read the declaration {shown}: {e}"))
     };
     if source == Path::new("-") {
+        sign::verify_read(verify, source, &[])?;
         let bytes = crate::system::read_stdin(DECLARATION_LIMIT).map_err(unreadable)?;
         let (d, kept) = parse_moving_into(bodies, |keep| Declaration::parse_keeping(&bytes, keep))?;
         return Ok((d, vec![("stdin.json".into(), bytes)], kept));
     }
     let mut files = crate::system::read_source(source).map_err(unreadable)?;
+    sign::verify_read(verify, source, &files)?;
     // A single file's problems are named as before, without the file's name on each line: the
     // person just typed it. A directory's name the file each is in, as the daemon's do
     // (docs/decisions.md, "The command line").
@@ -930,8 +968,8 @@ fn content_dir(state: &Path) -> Option<&Path> {
 /// source that cannot be read, is also printed on stdout as JSON, so a script reading stdout
 /// gets a document whatever happened. The error is still returned, for the exit code (2) and
 /// the text on stderr.
-fn load_for(source: &Path, json: bool) -> anyhow::Result<Declaration> {
-    load_files_for(source, json, None).map(|(d, _, _)| d)
+fn load_for(source: &Path, json: bool, verify: &sign::Verify) -> anyhow::Result<Declaration> {
+    load_files_for(source, json, None, verify).map(|(d, _, _)| d)
 }
 
 /// `load_for`, and the files read (`load_files`).
@@ -939,8 +977,9 @@ fn load_files_for(
     source: &Path,
     json: bool,
     bodies: Option<&Path>,
+    verify: &sign::Verify,
 ) -> anyhow::Result<(Declaration, Named, Kept)> {
-    load_files(source, bodies).inspect_err(|e| {
+    load_files(source, bodies, Some(verify)).inspect_err(|e| {
         if json {
             if let Some(refusal) = refusal_json(e) {
                 println!("{refusal:#}");
@@ -968,6 +1007,16 @@ pub fn refusal_json(e: &anyhow::Error) -> Option<serde_json::Value> {
         let message = message.lines().next().unwrap_or_default();
         return Some(serde_json::json!({
             "refused": {"message": message, "problems": problems, "unlisted": r.unlisted}
+        }));
+    }
+    if let Some(r) = e.downcast_ref::<crate::trust::Refusal>() {
+        return Some(serde_json::json!({
+            "refused": {
+                "message": "the signed declaration was refused before it was parsed; nothing on the machine was touched",
+                "reason": r.reason.label(),
+                "problems": [{"source": null, "index": null, "id": null, "field": null, "message": r.message}],
+                "unlisted": 0,
+            }
         }));
     }
     let usage = e.downcast_ref::<Usage>()?;
@@ -1043,8 +1092,8 @@ fn clear_progress(progress: &Option<apply::Progress>) {
     }
 }
 
-fn check(file: &Path, json: bool) -> anyhow::Result<Ended> {
-    let d = load_for(file, json)?;
+fn check(file: &Path, json: bool, verify: &sign::Verify) -> anyhow::Result<Ended> {
+    let d = load_for(file, json, verify)?;
     let mut by_kind: Vec<(Kind, usize)> = Kind::ALL
         .into_iter()
         .map(|k| (k, d.resources.iter().filter(|r| r.kind() == k).count()))
@@ -1081,8 +1130,15 @@ fn check(file: &Path, json: bool) -> anyhow::Result<Ended> {
     Ok(Ended::Converged)
 }
 
-fn plan(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
-    let d = load_for(file, json)?;
+fn plan(
+    file: &Path,
+    origin: Origin,
+    json: bool,
+    state: &Path,
+    reach: Reach,
+    verify: &sign::Verify,
+) -> anyhow::Result<Ended> {
+    let d = load_for(file, json, verify)?;
     let mut store = Store::read_only(state)?;
     let (report, diffs) = apply::apply(&d, &mut store, &options(origin, state, true, reach));
     let ended = if report.error.is_some() { Ended::Failed } else { Ended::Converged };
@@ -1114,7 +1170,14 @@ fn plan(file: &Path, origin: Origin, json: bool, state: &Path, reach: Reach) -> 
     Ok(ended)
 }
 
-fn apply_cmd(file: &Path, origin: Origin, shown: Shown, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+fn apply_cmd(
+    file: &Path,
+    origin: Origin,
+    shown: Shown,
+    state: &Path,
+    reach: Reach,
+    verify: &sign::Verify,
+) -> anyhow::Result<Ended> {
     let json = shown.json;
     // The store is read while the declaration is parsed: two independent reads of about 20 and
     // 30 ms at 10,000 resources. A refused declaration is still the error reported, as if the
@@ -1130,7 +1193,7 @@ fn apply_cmd(file: &Path, origin: Origin, shown: Shown, state: &Path, reach: Rea
         // The bodies go to a content file as they are parsed: at 100,000 files of 1 KiB they
         // are 102 MB, which in memory beside the declaration's text made the peak of the whole
         // apply (docs/memory.md, "The peak of a start").
-        let d = load_files_for(file, json, content_dir(state));
+        let d = load_files_for(file, json, content_dir(state), verify);
         (d, store.join().expect("opening the store does not panic"))
     });
     let (d, files, kept) = d?;
@@ -1583,7 +1646,7 @@ mod tests {
         std::fs::create_dir(&several).unwrap();
         std::fs::write(several.join("x.json"), text).unwrap();
         for source in [&single, &several] {
-            let (d, named, kept) = load_files(source, Some(dir.path())).unwrap();
+            let (d, named, kept) = load_files(source, Some(dir.path()), None).unwrap();
             assert_eq!(named.len(), 1);
             let kept = kept.expect("a content file in a directory that exists");
             assert_eq!(kept.len(), 8 + 4, "{source:?}: both bodies moved");
@@ -1591,7 +1654,7 @@ mod tests {
                 d.resources.iter().all(|r| r.movable_body().is_none()),
                 "{source:?}: none left in memory"
             );
-            let (d, _, kept) = load_files(source, None).unwrap();
+            let (d, _, kept) = load_files(source, None, None).unwrap();
             assert!(kept.is_none());
             assert_eq!(d.resources.iter().filter(|r| r.movable_body().is_some()).count(), 2);
         }

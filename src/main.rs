@@ -56,7 +56,11 @@ fn main() -> ExitCode {
     match result {
         Ok(Ended::Converged) => ExitCode::from(0),
         Ok(Ended::Failed) => ExitCode::from(1),
-        Err(e) if e.downcast_ref::<Refused>().is_some() || e.downcast_ref::<cli::Usage>().is_some() => {
+        Err(e)
+            if e.downcast_ref::<Refused>().is_some()
+                || e.downcast_ref::<cli::Usage>().is_some()
+                || e.downcast_ref::<mesh_host::trust::Refusal>().is_some() =>
+        {
             eprintln!("{e}");
             ExitCode::from(2)
         }

@@ -28,9 +28,22 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("generations", &["store", "system"]),
     ("telemetry", &["system"]),
     ("apply", &["declaration", "secrets", "store", "system"]),
-    ("controller", &["apply", "cron", "declaration", "generations", "store", "system", "telemetry"]),
+    ("controller", &["apply", "cron", "declaration", "generations", "store", "system", "telemetry", "trust"]),
     ("fleet", &["controller", "declaration", "generations", "system", "telemetry"]),
-    ("cli", &["apply", "controller", "declaration", "fleet", "generations", "secrets", "store", "system"]),
+    (
+        "cli",
+        &[
+            "apply",
+            "controller",
+            "declaration",
+            "fleet",
+            "generations",
+            "secrets",
+            "store",
+            "system",
+            "trust",
+        ],
+    ),
     ("lib", &[]),
 ];
 

@@ -57,6 +57,14 @@ pub struct Refusal {
     pub message: String,
 }
 
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "refused ({}): {}; nothing was touched", self.reason.label(), self.message)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
 /// The high-water mark a node keeps per scope: the highest version it accepted, and the digest
 /// of that manifest's bytes (so the same manifest read again is told from another one that
 /// claims the same version). Persisted before the declaration it accepts is put in force.
@@ -229,8 +237,9 @@ fn signatures(signed: &Signed, expect: &Expect) -> Result<Vec<String>, String> {
     Err(message)
 }
 
-/// The files read must be exactly those listed, byte for byte.
-fn contents(manifest: &Manifest, files: &[(&str, &[u8])]) -> Result<(), String> {
+/// The files read must be exactly those listed, byte for byte; `Err` names the first that is
+/// not.
+pub fn contents(manifest: &Manifest, files: &[(&str, &[u8])]) -> Result<(), String> {
     let v = manifest.version;
     for (name, bytes) in files {
         let Some(listed) = manifest.listed(name) else {

@@ -32,11 +32,11 @@ pub struct PublicKey {
     /// The key's SSH wire encoding: what identifies it (two keys are the same key when these
     /// bytes are), and what its fingerprint is taken of.
     pub blob: Vec<u8>,
-    kind: Kind,
+    kind: KeyKind,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Kind {
+enum KeyKind {
     Ed25519([u8; 32]),
     SkEd25519 { key: [u8; 32], application: Vec<u8> },
 }
@@ -51,10 +51,10 @@ impl PublicKey {
             k.try_into().map_err(|_| format!("the Ed25519 key is {} bytes, not 32", k.len()))
         };
         let kind = match kind {
-            k if k == ED25519.as_bytes() => Kind::Ed25519(key(r.string()?)?),
+            k if k == ED25519.as_bytes() => KeyKind::Ed25519(key(r.string()?)?),
             k if k == SK_ED25519.as_bytes() => {
                 let k = key(r.string()?)?;
-                Kind::SkEd25519 { key: k, application: r.string()?.to_vec() }
+                KeyKind::SkEd25519 { key: k, application: r.string()?.to_vec() }
             }
             other => return Err(unsupported(other)),
         };
@@ -65,8 +65,8 @@ impl PublicKey {
     /// The key's type, as OpenSSH names it.
     pub fn kind(&self) -> &'static str {
         match self.kind {
-            Kind::Ed25519(_) => ED25519,
-            Kind::SkEd25519 { .. } => SK_ED25519,
+            KeyKind::Ed25519(_) => ED25519,
+            KeyKind::SkEd25519 { .. } => SK_ED25519,
         }
     }
 
@@ -213,14 +213,16 @@ impl Signature {
         }
         let data = signed_data(&self.namespace, &self.reserved, self.hash, message);
         let (key, data) = match (&self.key.kind, self.signed.sk) {
-            (Kind::Ed25519(key), None) => (key, data),
-            (Kind::SkEd25519 { key, application }, Some((flags, counter))) => {
+            (KeyKind::Ed25519(key), None) => (key, data),
+            (KeyKind::SkEd25519 { key, application }, Some((flags, counter))) => {
                 if flags & USER_PRESENT == 0 {
                     return Err("the FIDO key did not see the user's presence (no touch): refused".into());
                 }
                 (key, sk_signed_data(application, flags, counter, &data))
             }
-            _ => return Err("the signature's type does not match its key".into()),
+            (KeyKind::Ed25519(_), Some(_)) | (KeyKind::SkEd25519 { .. }, None) => {
+                return Err("the signature's type does not match its key".into())
+            }
         };
         ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, key)
             .verify(&data, &self.signed.bytes)
