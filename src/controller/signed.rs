@@ -149,3 +149,17 @@ pub fn persist(state: &Path, accepted: &trust::Accepted) -> std::io::Result<()> 
         std::io::Error::other(format!("cannot keep the high-water mark {}: {e}", path.display()))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::telemetry::metrics::REFUSAL_REASONS;
+    use crate::trust::Reason;
+
+    #[test]
+    fn every_reason_is_exported_at_zero_by_the_daemon() {
+        for reason in [Reason::Signature, Reason::Scope, Reason::Rollback, Reason::Expired, Reason::Contents]
+        {
+            assert!(REFUSAL_REASONS.contains(&reason.label()), "{}", reason.label());
+        }
+    }
+}

@@ -93,6 +93,13 @@ pub struct Metrics {
     pub resync_period: Gauge<f64, AtomicU64>,
 }
 
+/// Why a declaration is refused whole (`mesh_host_declaration_refusals_total{reason}`):
+/// `invalid` and `machine` (events), and a signed declaration's five (`trust::Reason::label`;
+/// telemetry names nothing but `system`, so they are listed here, and a test holds the two
+/// lists together).
+pub const REFUSAL_REASONS: [&str; 7] =
+    ["invalid", "machine", "signature", "scope", "rollback", "expired", "contents"];
+
 /// The label values known before anything happens, so that every labelled counter is exported
 /// at 0 from the start. A series that first appears at 1 is invisible to `increase()` and
 /// `rate()`, which need two samples: the first correction after a start would be lost to every
@@ -382,6 +389,9 @@ impl Metrics {
         }
         for state in WATCH_STATES {
             drop(m.watched_paths.get_or_create(&vec![("state", state)]));
+        }
+        for reason in REFUSAL_REASONS {
+            drop(m.declaration_refusals.get_or_create(&vec![("reason", reason)]));
         }
         m.resync_period.set(resync.as_secs_f64());
         m

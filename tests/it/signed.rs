@@ -303,10 +303,14 @@ fn the_daemon_refuses_an_edit_after_signing_counts_it_and_takes_the_directory_si
     assert!(d.log().contains("declarations are applied only when signed"), "{}", d.log());
 
     // Edited after signing: refused, counted by its reason (the barrier), nothing touched.
+    // Written whole and renamed in, so the daemon never reads it half-written.
     let file = dir.join("10-a.json");
-    std::fs::write(&file, std::fs::read_to_string(&file).unwrap().replace("one", "two")).unwrap();
+    std::fs::write(s.path("edit.json"), std::fs::read_to_string(&file).unwrap().replace("one", "two"))
+        .unwrap();
+    std::fs::rename(s.path("edit.json"), &file).unwrap();
     let contents = "mesh_host_declaration_refusals_total{reason=\"contents\"}";
-    assert!(wait_for(PATIENCE, || d.metric(contents) == 1.0), "not refused:\n{}", d.log());
+    assert!(wait_for(PATIENCE, || d.metric(contents) >= 1.0), "not refused:\n{}", d.log());
+    let counted = d.metric(contents);
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), "one\n", "a refused declaration was applied");
     assert!(d.log().contains("reason=\"contents\"") || d.log().contains("reason=contents"), "{}", d.log());
     assert!(d.log().contains("file 10-a.json is"), "{}", d.log());
@@ -318,7 +322,8 @@ fn the_daemon_refuses_an_edit_after_signing_counts_it_and_takes_the_directory_si
         "the directory signed again was not applied:\n{}",
         d.log()
     );
-    assert_eq!(d.metric(contents), 1.0);
+    assert_eq!(d.metric(contents), counted, "what was signed is not refused");
+    assert_eq!(d.metric("mesh_host_declaration_refusals_total"), counted, "no refusal for any other reason");
 }
 
 #[test]
