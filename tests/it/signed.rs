@@ -271,6 +271,16 @@ fn apply_takes_a_signed_directory_and_refuses_each_broken_one_touching_nothing()
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), "three\n");
     copy_dir(&s.path("old"), &dir);
     refused(&s, &dir, &signers, &[], "rollback", "version 3 is below version 4");
+    // check and plan refuse it too, reading the mark and writing nothing; plan --json says why.
+    let before = machine(&s);
+    let check = s.run(&["check", dir.to_str().unwrap(), "--allowed-signers", signers.to_str().unwrap()]);
+    assert_eq!(check.status.code(), Some(2), "{}", text(&check));
+    assert!(text(&check).contains("refused (rollback)"), "{}", text(&check));
+    let plan =
+        s.run(&["plan", "--json", dir.to_str().unwrap(), "--allowed-signers", signers.to_str().unwrap()]);
+    let shown: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    assert_eq!(shown["refused"]["reason"], "rollback", "{shown:#}");
+    assert!(machine(&s) == before, "check or plan changed the machine or the state");
 
     // A threshold of two: one key signing twice is one key; two keys meet it.
     declare(&s, "four\n");
