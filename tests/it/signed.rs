@@ -431,3 +431,22 @@ fn a_planted_signing_key_is_found_in_no_output() {
         }
     }
 }
+
+#[test]
+fn allowed_signers_with_etcd_is_refused_rather_than_looking_verified() {
+    let s = Scratch::new();
+    let alice = keypair(&s, "alice");
+    let signers = allowed(&s, &[&alice]);
+    let out = s.run(&[
+        "run",
+        "--etcd",
+        "http://127.0.0.1:9",
+        "--node",
+        "web-1",
+        "--allowed-signers",
+        signers.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("cannot be given with --etcd"), "{}", text(&out));
+    assert!(!s.path("state").exists(), "nothing was started");
+}
