@@ -7,6 +7,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
+mod sign;
+
+pub use sign::{SignArgs, TrustArgs};
+
 use crate::apply::{self, ArchiveLimits, Options, Report, Verb};
 use crate::declaration::{Declaration, Kind};
 use crate::store::{Origin, Store};
@@ -79,6 +83,9 @@ pub enum Command {
         /// Print the summary, or the refusal, as JSON.
         #[arg(long)]
         json: bool,
+        /// Signed declarations.
+        #[command(flatten)]
+        trust: TrustArgs,
     },
     /// Show what apply would do, with a diff of each file whose content would change. Writes
     /// nothing, not even the state store.
@@ -98,6 +105,9 @@ pub enum Command {
         /// "would run verify to decide". Only for a declaration you would apply.
         #[arg(long)]
         run_verify: bool,
+        /// Signed declarations.
+        #[command(flatten)]
+        trust: TrustArgs,
     },
     /// Make the machine match the declaration, once.
     Apply {
@@ -115,6 +125,9 @@ pub enum Command {
         /// per type, then only what was not created.
         #[arg(long, short)]
         verbose: bool,
+        /// Signed declarations.
+        #[command(flatten)]
+        trust: TrustArgs,
     },
     /// Apply, then keep the machine matching: watch the declaration and every managed path,
     /// put back what changes, serve metrics. Stops on SIGTERM or SIGINT.
@@ -185,6 +198,11 @@ pub enum Command {
     },
     /// Print this node's public key (`age1...`).
     Pubkey,
+    /// Sign a declaration directory: write its manifest (every `*.json` in it, their sha256
+    /// and length, the fleet, a version one above the last, an expiry) and have `ssh-keygen
+    /// -Y sign` sign it with each key, into `DIR/.mesh-host/`. Nodes given
+    /// `--allowed-signers` apply the directory only so signed.
+    Sign(SignArgs),
     /// Seal standard input to a public key (the value never goes on the command line, where
     /// /proc would show it), and print the armored age value for a declaration's `sealed` or
     /// `secrets`.
@@ -390,6 +408,9 @@ pub struct RunArgs {
     /// TLS and the login to etcd's auth, when they are on.
     #[command(flatten)]
     pub login: EtcdLogin,
+    /// Signed declarations (a local `--declaration` directory only, for now).
+    #[command(flatten)]
+    pub trust: TrustArgs,
 }
 
 /// Where a declaration is put, and what.
@@ -512,13 +533,18 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
     };
     let key = reach.key.clone();
     match cli.command {
-        Command::Check { file, json } => check(&file, json),
-        Command::Plan { file, origin, json, run_verify } => {
-            plan(&file, origin, Planned { json, run_verify }, &cli.state, reach)
+        Command::Check { file, json, trust } => {
+            check(&file, json, &sign::Verify::of(&trust, &cli.state, false)?)
         }
-        Command::Apply { file, origin, json, verbose } => {
-            apply_cmd(&file, origin, Shown { json, verbose }, &cli.state, reach)
+        Command::Plan { file, origin, json, run_verify, trust } => {
+            let verify = sign::Verify::of(&trust, &cli.state, false)?;
+            plan(&file, origin, Planned { json, run_verify }, &cli.state, reach, &verify)
         }
+        Command::Apply { file, origin, json, verbose, trust } => {
+            let verify = sign::Verify::of(&trust, &cli.state, true)?;
+            apply_cmd(&file, origin, Shown { json, verbose }, &cli.state, reach, &verify)
+        }
+        Command::Sign(args) => sign::sign(args),
         Command::Status { json } => status(json, &cli.state, &reach.key),
         Command::Generations { json } => generations(json, &cli.state),
         Command::Rollback { generation, release, reason, json } => {
@@ -579,7 +605,9 @@ fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
         groups,
         confirm_window,
         login,
+        trust,
     } = args;
+    let trust = sign::daemon_trust(&trust, etcd.is_some(), &declaration)?;
     let metrics = match metrics.as_str() {
         "off" | "none" => None,
         addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
@@ -619,6 +647,7 @@ fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
         archive_limits: reach.archive_limits,
         key: reach.key,
         keep_generations: reach.keep,
+        trust,
     };
     tokio::runtime::Handle::current().block_on(async move {
         // The controller first: it takes the store's lock, so a second agent on the same state
@@ -892,7 +921,7 @@ fn seal(to: &str) -> anyhow::Result<Ended> {
 /// what `check` and `plan` say of the live `declaration.d` is what the daemon will do with it.
 /// A refusal is returned as itself so `main` can give it its own exit code.
 pub fn load(source: &Path) -> anyhow::Result<Declaration> {
-    load_files(source, None).map(|(d, _, _)| d)
+    load_files(source, None, None).map(|(d, _, _)| d)
 }
 
 /// A declaration's files, each named as it was read.
@@ -902,7 +931,12 @@ type Named = Vec<(String, Vec<u8>)>;
 /// the declaration becomes. With `bodies`, each file's declared bytes are moved into a content
 /// file in that directory as the file is validated (`controller::contents`), and the file is
 /// given back for the pass to read them from; where none can be made, they stay in memory.
-fn load_files(source: &Path, bodies: Option<&Path>) -> anyhow::Result<(Declaration, Named, Kept)> {
+/// With `verify`, what was read is verified before anything of it is parsed (`sign`).
+fn load_files(
+    source: &Path,
+    bodies: Option<&Path>,
+    verify: Option<&sign::Verify>,
+) -> anyhow::Result<(Declaration, Named, Kept)> {
     use crate::system::input::DECLARATION_LIMIT;
     // Usage: the command was pointed at something that is not a declaration to read.
     let unreadable = |e: std::io::Error| {
@@ -911,11 +945,13 @@ fn load_files(source: &Path, bodies: Option<&Path>) -> anyhow::Result<(Declarati
         Usage(format!("mesh-host: cannot read the declaration {shown}: {e}"))
     };
     if source == Path::new("-") {
+        sign::verify_read(verify, source, &[])?;
         let bytes = crate::system::read_stdin(DECLARATION_LIMIT).map_err(unreadable)?;
         let (d, kept) = parse_moving_into(bodies, |keep| Declaration::parse_keeping(&bytes, keep))?;
         return Ok((d, vec![("stdin.json".into(), bytes)], kept));
     }
     let mut files = crate::system::read_source(source).map_err(unreadable)?;
+    sign::verify_read(verify, source, &files)?;
     // A single file's problems are named as before, without the file's name on each line: the
     // person just typed it. A directory's name the file each is in, as the daemon's do
     // (docs/decisions.md, "The command line").
@@ -965,8 +1001,8 @@ fn content_dir(state: &Path) -> Option<&Path> {
 /// source that cannot be read, is also printed on stdout as JSON, so a script reading stdout
 /// gets a document whatever happened. The error is still returned, for the exit code (2) and
 /// the text on stderr.
-fn load_for(source: &Path, json: bool) -> anyhow::Result<Declaration> {
-    load_files_for(source, json, None).map(|(d, _, _)| d)
+fn load_for(source: &Path, json: bool, verify: &sign::Verify) -> anyhow::Result<Declaration> {
+    load_files_for(source, json, None, verify).map(|(d, _, _)| d)
 }
 
 /// `load_for`, and the files read (`load_files`).
@@ -974,8 +1010,9 @@ fn load_files_for(
     source: &Path,
     json: bool,
     bodies: Option<&Path>,
+    verify: &sign::Verify,
 ) -> anyhow::Result<(Declaration, Named, Kept)> {
-    load_files(source, bodies).inspect_err(|e| {
+    load_files(source, bodies, Some(verify)).inspect_err(|e| {
         if json {
             if let Some(refusal) = refusal_json(e) {
                 println!("{refusal:#}");
@@ -1003,6 +1040,16 @@ pub fn refusal_json(e: &anyhow::Error) -> Option<serde_json::Value> {
         let message = message.lines().next().unwrap_or_default();
         return Some(serde_json::json!({
             "refused": {"message": message, "problems": problems, "unlisted": r.unlisted}
+        }));
+    }
+    if let Some(r) = e.downcast_ref::<crate::trust::Refusal>() {
+        return Some(serde_json::json!({
+            "refused": {
+                "message": "the signed declaration was refused before it was parsed; nothing on the machine was touched",
+                "reason": r.reason.label(),
+                "problems": [{"source": null, "index": null, "id": null, "field": null, "message": r.message}],
+                "unlisted": 0,
+            }
         }));
     }
     let usage = e.downcast_ref::<Usage>()?;
@@ -1079,8 +1126,8 @@ fn clear_progress(progress: &Option<apply::Progress>) {
     }
 }
 
-fn check(file: &Path, json: bool) -> anyhow::Result<Ended> {
-    let d = load_for(file, json)?;
+fn check(file: &Path, json: bool, verify: &sign::Verify) -> anyhow::Result<Ended> {
+    let d = load_for(file, json, verify)?;
     let mut by_kind: Vec<(Kind, usize)> = Kind::ALL
         .into_iter()
         .map(|k| (k, d.resources.iter().filter(|r| r.kind() == k).count()))
@@ -1128,9 +1175,16 @@ struct Planned {
     run_verify: bool,
 }
 
-fn plan(file: &Path, origin: Origin, asked: Planned, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+fn plan(
+    file: &Path,
+    origin: Origin,
+    asked: Planned,
+    state: &Path,
+    reach: Reach,
+    verify: &sign::Verify,
+) -> anyhow::Result<Ended> {
     let json = asked.json;
-    let d = load_for(file, json)?;
+    let d = load_for(file, json, verify)?;
     let mut store = Store::read_only(state)?;
     let mut opts = options(origin, state, true, reach);
     opts.run_verify = asked.run_verify;
@@ -1170,7 +1224,14 @@ fn plan(file: &Path, origin: Origin, asked: Planned, state: &Path, reach: Reach)
     Ok(ended)
 }
 
-fn apply_cmd(file: &Path, origin: Origin, shown: Shown, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+fn apply_cmd(
+    file: &Path,
+    origin: Origin,
+    shown: Shown,
+    state: &Path,
+    reach: Reach,
+    verify: &sign::Verify,
+) -> anyhow::Result<Ended> {
     let json = shown.json;
     // The store is read while the declaration is parsed: two independent reads of about 20 and
     // 30 ms at 10,000 resources. A refused declaration is still the error reported, as if the
@@ -1186,7 +1247,7 @@ fn apply_cmd(file: &Path, origin: Origin, shown: Shown, state: &Path, reach: Rea
         // The bodies go to a content file as they are parsed: at 100,000 files of 1 KiB they
         // are 102 MB, which in memory beside the declaration's text made the peak of the whole
         // apply (docs/memory.md, "The peak of a start").
-        let d = load_files_for(file, json, content_dir(state));
+        let d = load_files_for(file, json, content_dir(state), verify);
         (d, store.join().expect("opening the store does not panic"))
     });
     let (d, files, kept) = d?;
@@ -1646,7 +1707,7 @@ mod tests {
         std::fs::create_dir(&several).unwrap();
         std::fs::write(several.join("x.json"), text).unwrap();
         for source in [&single, &several] {
-            let (d, named, kept) = load_files(source, Some(dir.path())).unwrap();
+            let (d, named, kept) = load_files(source, Some(dir.path()), None).unwrap();
             assert_eq!(named.len(), 1);
             let kept = kept.expect("a content file in a directory that exists");
             assert_eq!(kept.len(), 8 + 4, "{source:?}: both bodies moved");
@@ -1654,7 +1715,7 @@ mod tests {
                 d.resources.iter().all(|r| r.movable_body().is_none()),
                 "{source:?}: none left in memory"
             );
-            let (d, _, kept) = load_files(source, None).unwrap();
+            let (d, _, kept) = load_files(source, None, None).unwrap();
             assert!(kept.is_none());
             assert_eq!(d.resources.iter().filter(|r| r.movable_body().is_some()).count(), 2);
         }

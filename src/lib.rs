@@ -5,8 +5,8 @@
 //! machine, `store` records what worked, `secrets` opens sealed values, `controller` is the
 //! daemon (triggers, queue, worker, scheduler, health), `cron` the schedules it fires,
 //! `telemetry` its logs, events and metrics, `fleet` brings declarations from etcd and takes
-//! status back, and `cli` is the edge. ARCHITECTURE.md draws the arrows between them, and
-//! `tests/tidy.rs` holds the code to them.
+//! status back, `trust` verifies signed declarations (pure), and `cli` is the edge.
+//! ARCHITECTURE.md draws the arrows between them, and `tests/tidy.rs` holds the code to them.
 
 pub mod apply;
 pub mod cli;
@@ -19,3 +19,4 @@ pub mod secrets;
 pub mod store;
 pub mod system;
 pub mod telemetry;
+pub mod trust;

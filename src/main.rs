@@ -62,7 +62,11 @@ fn main() -> ExitCode {
             );
             ExitCode::from(3)
         }
-        Err(e) if e.downcast_ref::<Refused>().is_some() || e.downcast_ref::<cli::Usage>().is_some() => {
+        Err(e)
+            if e.downcast_ref::<Refused>().is_some()
+                || e.downcast_ref::<cli::Usage>().is_some()
+                || e.downcast_ref::<mesh_host::trust::Refusal>().is_some() =>
+        {
             // An error quotes what it was given: a path, a node's words, a command's output.
             eprintln!("{}", mesh_host::telemetry::text::escape_lines(&e.to_string()));
             ExitCode::from(2)

@@ -66,7 +66,7 @@ awk '/^powerloss: lane=vm/ { for (i = 1; i <= NF; i++) if ($i ~ /^(torn|lost)=/)
      END { if (s == 0) { print "tests/run.sh: the VM lane saw no loss in the mutant: it cannot see one" > "/dev/stderr"; exit 1 } }' \
   /tmp/mesh-host-powerloss-mutant.out
 echo "== fuzz (short)"
-# The four fuzz targets, 15 s each, from the seeds and what earlier runs kept; the long runs'
+# The five fuzz targets, 15 s each, from the seeds and what earlier runs kept; the long runs'
 # figures are in RELIABILITY.md. Here without AddressSanitizer and optimisation (still
 # coverage-guided, with overflow checks): the long runs' build takes about 13 minutes on two
 # cores, more than CI can spend; this one about 3.

@@ -16,6 +16,8 @@
 //! - `held`: generations in the daemon: the one recorded for each declaration accepted, and
 //!   the rollback hold, which puts a kept generation in force instead of the source's.
 //! - `contents`: declared content kept out of the heap.
+//! - `signed`: with `--allowed-signers`, a declaration directory verified before it is parsed
+//!   (`trust::verify`), and the high-water mark persisted before it is put in force.
 //!
 //! The daemon starts in two steps, so that what runs beside the controller (the fleet's tasks,
 //! started by the face) starts at the right moment: `Daemon::start` takes the store's lock,
@@ -42,6 +44,7 @@ mod held;
 pub mod queue;
 mod runner;
 mod scheduler;
+pub mod signed;
 mod trigger;
 mod worker;
 
@@ -97,6 +100,9 @@ pub struct Config {
     pub key: PathBuf,
     /// How many generations are kept under the state directory (`--keep-generations`).
     pub keep_generations: usize,
+    /// With `--allowed-signers`: the declaration directory is put in force only when its
+    /// signed manifest verifies (`signed`); `None` applies what parses, as before.
+    pub trust: Option<signed::Trust>,
 }
 
 impl Config {
@@ -191,16 +197,19 @@ impl Daemon {
         // instance for both): made or removed, it is a change of what the daemon applies, read
         // with the source at once (`held`).
         let hold = crate::generations::Generations::of(&config.state).hold_path().to_owned();
-        tasks.push(
-            source_watcher::spawn(vec![config.declaration.clone(), hold.clone()], config.quiet, tx.clone())
-                .with_context(|| {
-                format!(
-                    "cannot watch the declaration {} and the rollback hold {}",
-                    config.declaration.display(),
-                    hold.display()
-                )
-            })?,
-        );
+        // A signed directory's manifest and signatures are watched too: signing after an edit
+        // changes only them.
+        let mut sources = vec![config.declaration.clone(), hold.clone()];
+        if config.trust.is_some() {
+            sources.push(config.declaration.join(crate::system::input::SIGNED_DIR));
+        }
+        tasks.push(source_watcher::spawn(sources, config.quiet, tx.clone()).with_context(|| {
+            format!(
+                "cannot watch the declaration {} and the rollback hold {}",
+                config.declaration.display(),
+                hold.display()
+            )
+        })?);
         drop(tx);
         first_apply(&mut worker, &config, &health, &shutdown);
         tasks.extend(health::watchdog(Arc::clone(&health), shutdown.clone()));
@@ -387,6 +396,7 @@ mod tests {
             archive_limits: crate::apply::ArchiveLimits::default(),
             key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
             keep_generations: usize::from(crate::generations::DEFAULT_KEEP),
+            trust: None,
         }
     }
 

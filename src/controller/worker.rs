@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::health::{now_secs, Health};
 use super::queue::Verdict;
 use super::trigger::{Index, Key};
-use super::{contents, Config};
+use super::{contents, signed, Config};
 use crate::apply::{self, Options, Report, Verb};
 use crate::declaration::{Declaration, Id, Kind, Refused};
 use crate::store::Writer as Store;
@@ -169,11 +169,34 @@ fn status(what: &str) {
 
 /// A digest of a read of the declaration source: each file's name, length and bytes, or the
 /// error, and the generation held, if any. Two reads that digest the same found the same thing.
-fn fingerprint(read: &std::io::Result<Vec<(PathBuf, Vec<u8>)>>, held: Option<u64>) -> [u8; 32] {
+fn fingerprint(
+    read: &std::io::Result<Vec<(PathBuf, Vec<u8>)>>,
+    signed: Option<&std::io::Result<signed::SignedFiles>>,
+    held: Option<u64>,
+) -> [u8; 32] {
     let mut h = sha2::Sha256::new();
     if let Some(n) = held {
         h.update(b"held\0");
         h.update(n.to_le_bytes());
+    }
+    // A signed directory's manifest and signatures: signing again changes only them.
+    match signed {
+        None => {}
+        Some(Ok(None)) => h.update(b"unsigned\0"),
+        Some(Ok(Some((manifest, signatures)))) => {
+            for (name, bytes) in
+                std::iter::once(("manifest", manifest)).chain(signatures.iter().map(|(n, b)| (n.as_str(), b)))
+            {
+                h.update(name.as_bytes());
+                h.update(b"\0");
+                h.update((bytes.len() as u64).to_le_bytes());
+                h.update(bytes);
+            }
+        }
+        Some(Err(e)) => {
+            h.update(b"signed error\0");
+            h.update(e.to_string().as_bytes());
+        }
     }
     match read {
         Ok(files) => {
@@ -450,9 +473,11 @@ impl Worker {
         // A copy: the parse below takes the worker mutably, to keep the content file.
         let source = &self.config.declaration.clone();
         let read = crate::system::read_source(source);
+        // With `--allowed-signers`, the manifest and signatures beside the files.
+        let signed = self.config.trust.as_ref().map(|_| signed::read(source));
         // The hold is read with the source, so that making or releasing one is a change too.
         let hold = self.read_hold();
-        let seen = fingerprint(&read, hold.as_ref().map(|h| h.generation));
+        let seen = fingerprint(&read, signed.as_ref(), hold.as_ref().map(|h| h.generation));
         if !force && self.source_seen == Some(seen) {
             return;
         }
@@ -486,6 +511,9 @@ impl Worker {
             }
         };
         self.awaiting = false;
+        if !self.verified(&files, signed.as_ref(), kept) {
+            return;
+        }
         let named: Vec<(String, Vec<u8>)> =
             files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
         // Held by a rollback: the held generation's files are parsed instead (`held`).
@@ -540,6 +568,47 @@ impl Worker {
                 self.refused(message);
             }
         }
+    }
+
+    /// With `--allowed-signers`, whether the files read verify against the directory's signed
+    /// manifest (`signed`, read with them), before anything of them is parsed; the high-water
+    /// mark is persisted when they do, before they can be put in force. A refusal is said and
+    /// counted by its reason, and the declaration in force stays.
+    fn verified(
+        &mut self,
+        files: &[(PathBuf, Vec<u8>)],
+        read: Option<&std::io::Result<signed::SignedFiles>>,
+        kept: &str,
+    ) -> bool {
+        let (Some(trust), Some(read)) = (&self.config.trust, read) else { return true };
+        let accepted = match signed::check(trust, &self.config.declaration, files, read, &self.config.state) {
+            Ok(accepted) => accepted,
+            Err(refusal) => {
+                events::DeclarationUntrusted {
+                    reason: refusal.reason.label(),
+                    message: &refusal.message,
+                    kept,
+                }
+                .emit(&self.metrics);
+                self.refused(refusal.message);
+                return false;
+            }
+        };
+        if let Err(e) = signed::persist(&self.config.state, &accepted) {
+            let message = format!("{e}; the signed declaration is not put in force without it");
+            events::DeclarationRefused { message: &message, kept }.emit(&self.metrics);
+            self.refused(message);
+            return false;
+        }
+        if accepted.first_seen {
+            tracing::info!(
+                version = accepted.manifest.version,
+                expires = accepted.manifest.expires,
+                signed_by = %accepted.signed_by.join(", "),
+                "signed declaration verified"
+            );
+        }
+        true
     }
 
     /// The source is not there to read (`what` says how): said once, until it is, and

@@ -147,6 +147,34 @@ pub fn run_fed(argv: &[&str], input: Vec<u8>) -> Result<Ran, Error> {
     })
 }
 
+/// Runs `argv` with `input` on its standard input, its standard output captured and its
+/// standard error the caller's own: for a program that talks to the person at the terminal
+/// while it works (`ssh-keygen -Y sign` asking for a passphrase on the terminal, or for a
+/// touch of a FIDO key). It stays in the caller's process group, so the terminal is its too.
+pub fn run_talking(argv: &[&str], input: &[u8]) -> Result<Ran, Error> {
+    use std::io::Write as _;
+    let (program, args) = argv.split_first().expect("an argv is never empty");
+    let spawn_error = |source| Error::Spawn { program: (*program).to_owned(), source };
+    #[allow(clippy::disallowed_methods, reason = "system/ is the one place programs are run")]
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(spawn_error)?;
+    let mut stdin = child.stdin.take().expect("stdin was piped");
+    let input = input.to_vec();
+    let feeder = std::thread::spawn(move || stdin.write_all(&input));
+    let out = child.wait_with_output().map_err(spawn_error)?;
+    let _ = feeder.join();
+    Ok(Ran {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::new(),
+    })
+}
+
 /// Runs a program given as string slices.
 pub fn run_str(argv: &[&str], env: &[(&str, &str)]) -> Result<Ran, Error> {
     let argv: Vec<String> = argv.iter().map(|s| (*s).to_owned()).collect();

@@ -153,6 +153,54 @@ pub fn read_source(source: &Path) -> io::Result<Vec<(PathBuf, Vec<u8>)>> {
         .collect()
 }
 
+/// Where a signed directory keeps its manifest and signatures: hidden, so `read_source` never
+/// takes them for declaration files.
+pub const SIGNED_DIR: &str = ".mesh-host";
+
+/// The most signature files read beside one manifest.
+pub const SIGNATURES_MAX: usize = 32;
+
+/// A signed directory's manifest and signatures, read now: `DIR/.mesh-host/manifest` (at most
+/// `manifest_limit` bytes) and every `*.sig` beside it (each at most `signature_limit`, at most
+/// `SIGNATURES_MAX` of them), sorted by name. `None` when there is no manifest. Each is read as
+/// any input is (regular files only, bounded); what they say is the caller's business.
+#[allow(clippy::type_complexity, reason = "the manifest's bytes, and each signature's name and bytes")]
+pub fn read_signed(
+    dir: &Path,
+    manifest_limit: u64,
+    signature_limit: u64,
+) -> io::Result<Option<(Vec<u8>, Vec<(String, Vec<u8>)>)>> {
+    let signed = dir.join(SIGNED_DIR);
+    let manifest = match read_input(&signed.join("manifest"), manifest_limit) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io::Error::new(e.kind(), format!("{}/manifest: {e}", signed.display()))),
+    };
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&signed)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".sig") && !name.starts_with('.') {
+            names.push(name);
+        }
+    }
+    names.sort();
+    if names.len() > SIGNATURES_MAX {
+        return Err(io::Error::other(format!(
+            "{} holds {} signatures, more than the {SIGNATURES_MAX} read beside one manifest",
+            signed.display(),
+            names.len()
+        )));
+    }
+    let mut signatures = Vec::new();
+    for name in names {
+        let path = signed.join(&name);
+        let bytes = read_input(&path, signature_limit)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        signatures.push((name, bytes));
+    }
+    Ok(Some((manifest, signatures)))
+}
+
 /// What containers read (kept here with the agent's other bounded, non-blocking reads; the
 /// container applier is their one user).
 ///

@@ -324,8 +324,26 @@ pub struct DeclarationRefused<'a> {
 
 impl Event for DeclarationRefused<'_> {
     fn emit(self, m: &Metrics) {
-        m.declaration_refusals.inc();
+        m.declaration_refusals.get_or_create(&vec![("reason", "invalid")]).inc();
         tracing::error!("{}; {}", self.message, self.kept);
+    }
+}
+
+/// A signed declaration refused before it was parsed (`trust::verify`): the one in force, if
+/// any, stays, and nothing on the machine is touched.
+pub struct DeclarationUntrusted<'a> {
+    /// `signature`, `scope`, `rollback`, `expired` or `contents` (`trust::Reason::label`).
+    pub reason: &'static str,
+    /// Why, naming the scope and, where one is at fault, the file.
+    pub message: &'a str,
+    /// "the declaration in force is kept", or "no declaration is in force".
+    pub kept: &'a str,
+}
+
+impl Event for DeclarationUntrusted<'_> {
+    fn emit(self, m: &Metrics) {
+        m.declaration_refusals.get_or_create(&vec![("reason", self.reason)]).inc();
+        tracing::error!(reason = self.reason, "signed declaration refused: {}; {}", self.message, self.kept);
     }
 }
 
@@ -346,7 +364,7 @@ impl Event for RefusedHere<'_> {
     fn emit(self, m: &Metrics) {
         match self {
             RefusedHere::Began { message } => {
-                m.declaration_refusals.inc();
+                m.declaration_refusals.get_or_create(&vec![("reason", "machine")]).inc();
                 m.declaration_refused.set(1);
                 tracing::error!(
                     "{message}; until that changes nothing of the declaration is applied, by a full pass or by a reconcile of one change, and it is looked at again at each resync and whenever the ruleset changes"
@@ -1127,7 +1145,10 @@ mod tests {
         ScheduledRun::Skipped { id: "a.b" }.emit(&m);
         ScheduledRun::Panicked { id: "a.b", message: "boom" }.emit(&m);
         assert_eq!(sample(&m, "mesh_host_resource_failures_total{type=\"service\"}"), 1.0);
-        assert_eq!(sample(&m, "mesh_host_declaration_refusals_total"), 1.0);
+        assert_eq!(sample(&m, "mesh_host_declaration_refusals_total{reason=\"invalid\"}"), 1.0);
+        DeclarationUntrusted { reason: "rollback", message: "older", kept: "no declaration is in force" }
+            .emit(&m);
+        assert_eq!(sample(&m, "mesh_host_declaration_refusals_total{reason=\"rollback\"}"), 1.0);
         assert_eq!(sample(&m, "mesh_host_scheduled_runs_total{result=\"skipped\"}"), 1.0);
         assert_eq!(
             sample(&m, "mesh_host_scheduled_runs_total{result=\"failed\"}"),

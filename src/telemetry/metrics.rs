@@ -49,8 +49,10 @@ pub struct Metrics {
     pub watcher_up: Family<Labels, Gauge>,
     /// `mesh_host_watched_paths`: managed paths the file watcher watches and does not, by state.
     pub watched_paths: Family<Labels, Gauge>,
-    /// `mesh_host_declaration_refusals_total`: declarations refused whole.
-    pub declaration_refusals: Counter,
+    /// `mesh_host_declaration_refusals_total`: declarations refused whole, by reason: `invalid`
+    /// (unreadable or does not parse), `machine` (refused on this machine by a found firewall),
+    /// and a signed declaration's `signature`, `scope`, `rollback`, `expired`, `contents`.
+    pub declaration_refusals: Family<Labels, Counter>,
     /// `mesh_host_declaration_refused`: 1 while the declaration in force is refused whole on
     /// this machine (a firewall found in force that the host cannot manage), 0 otherwise.
     pub declaration_refused: Gauge,
@@ -90,6 +92,13 @@ pub struct Metrics {
     /// own setting rather than a constant in the rules.
     pub resync_period: Gauge<f64, AtomicU64>,
 }
+
+/// Why a declaration is refused whole (`mesh_host_declaration_refusals_total{reason}`):
+/// `invalid` and `machine` (events), and a signed declaration's five (`trust::Reason::label`;
+/// telemetry names nothing but `system`, so they are listed here, and a test holds the two
+/// lists together).
+pub const REFUSAL_REASONS: [&str; 7] =
+    ["invalid", "machine", "signature", "scope", "rollback", "expired", "contents"];
 
 /// The label values known before anything happens, so that every labelled counter is exported
 /// at 0 from the start. A series that first appears at 1 is invisible to `increase()` and
@@ -159,7 +168,7 @@ impl Metrics {
             last_apply_success: Gauge::default(),
             watcher_up: Family::default(),
             watched_paths: Family::default(),
-            declaration_refusals: Counter::default(),
+            declaration_refusals: Family::default(),
             declaration_refused: Gauge::default(),
             generation: Gauge::default(),
             generation_held: Gauge::default(),
@@ -274,7 +283,7 @@ impl Metrics {
         );
         registry.register(
             "mesh_host_declaration_refusals",
-            "Declarations refused: invalid or half-written (the previous one stays in force), or refused on this machine by a found firewall (counted when the refusal begins)",
+            "Declarations refused, by reason: invalid or half-written (invalid; the previous one stays in force), refused on this machine by a found firewall (machine; counted when the refusal begins), or a signed declaration refused (signature, scope, rollback, expired, contents)",
             self.declaration_refusals.clone(),
         );
         registry.register(
@@ -380,6 +389,9 @@ impl Metrics {
         }
         for state in WATCH_STATES {
             drop(m.watched_paths.get_or_create(&vec![("state", state)]));
+        }
+        for reason in REFUSAL_REASONS {
+            drop(m.declaration_refusals.get_or_create(&vec![("reason", reason)]));
         }
         m.resync_period.set(resync.as_secs_f64());
         m
@@ -504,6 +516,7 @@ mod tests {
         m.queue_adds.get_or_create(&vec![("source", "file")]).inc();
         m.watcher_up.get_or_create(&vec![("watcher", "file")]).set(1);
         m.watched_paths.get_or_create(&vec![("state", "watched")]).set(1);
+        m.declaration_refusals.get_or_create(&vec![("reason", "invalid")]).inc();
         m.scheduled_runs.get_or_create(&vec![("result", "succeeded")]).inc();
         m.declared_content.get_or_create(&vec![("where", "file")]).set(1);
         m.etcd_up.get_or_create(&Vec::new()).set(1);

@@ -33,5 +33,6 @@ mod refusal;
 mod reliability;
 mod schema;
 mod secrets;
+mod signed;
 mod systemd;
 mod users;

@@ -273,8 +273,12 @@ pub fn metric_in(body: &str, sample: &str) -> f64 {
     if let Some(v) = exact {
         return v.trim().parse().unwrap();
     }
-    let Some(open) = sample.strip_suffix('}') else { return 0.0 };
-    let wider = format!("{open},");
+    // A bare name sums every labelled series of it (a counter that gained a label, such as
+    // the refusals' reason, still reads as its total).
+    let wider = match sample.strip_suffix('}') {
+        Some(open) => format!("{open},"),
+        None => format!("{sample}{{"),
+    };
     body.lines()
         .filter_map(|l| l.strip_prefix(&wider))
         .filter_map(|rest| rest.rsplit_once("} "))

@@ -19,6 +19,8 @@ command -v chown >/dev/null || need+=(coreutils)
 # The reliability battery mounts small filesystems (tests/it/faults.rs, tests/reliability/).
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 command -v losetup >/dev/null || need+=(mount)
+# Signed declarations are signed and cross-checked with OpenSSH's own (tests/it/signed.rs).
+command -v ssh-keygen >/dev/null || need+=(openssh-client)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

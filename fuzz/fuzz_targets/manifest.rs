@@ -1,0 +1,55 @@
+//! The signed-declaration parsers (issue 44): the manifest, an armored SSH signature, an
+//! allowed_signers file, the high-water mark, and the whole decision over them. Any bytes are
+//! accepted or refused, never a panic or a hang; a manifest accepted has exactly one text, the
+//! one it was read from; and nothing an attacker writes is accepted without a trusted key.
+//!
+//! The first byte picks the parser, the rest is its input.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use mesh_host::trust::{self, sshsig, AllowedSigners, Expect, Floor, Manifest, Scope, Signed};
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&which, input)) = data.split_first() else { return };
+    match which % 5 {
+        0 => {
+            if let Ok(m) = Manifest::parse(input) {
+                assert_eq!(m.render().as_bytes(), input, "a manifest has one text");
+                for f in &m.files {
+                    assert!(m.listed(&f.name).is_some());
+                }
+            }
+        }
+        1 => {
+            if let Ok(sig) = sshsig::Signature::from_armored(input) {
+                let _ = sig.key.fingerprint();
+                let _ = sig.verify(trust::NAMESPACE, b"mesh-host manifest v1\n");
+            }
+            if let Ok(sig) = sshsig::Signature::from_blob(input) {
+                let _ = sig.verify(trust::NAMESPACE, input);
+            }
+        }
+        2 => {
+            if let Ok(signers) = AllowedSigners::parse(input) {
+                let _ = signers.distinct_keys();
+            }
+        }
+        3 => {
+            if let Ok(floor) = Floor::parse(input) {
+                assert_eq!(Floor::parse(floor.render().as_bytes()), Ok(floor));
+            }
+        }
+        _ => {
+            // The input split into a manifest and a signature at the first NUL: with no
+            // trusted key, nothing is ever accepted.
+            let at = input.iter().position(|b| *b == 0).unwrap_or(input.len());
+            let (manifest, signature) = input.split_at(at);
+            let signatures = vec![("fuzz.sig".to_owned(), signature.to_vec())];
+            let signers = AllowedSigners::default();
+            let expect =
+                Expect { signers: &signers, required: 1, fleet: "f", scope: &Scope::Local, floor: None, now: 0 };
+            let verdict = trust::verify(&Signed { manifest, signatures: &signatures }, &[], &expect);
+            assert!(verdict.is_err(), "accepted without a trusted key");
+        }
+    }
+});
