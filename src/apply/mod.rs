@@ -148,18 +148,30 @@ pub fn reconcile_in(
     Pass::new(declaration, store, opts).run(Some(selected), session).0
 }
 
-/// Whether what is at a managed path is, by its change signature, exactly what the host last
-/// recorded for `id` there: untouched since, then, since a signature is recorded only once it
-/// can be trusted to move on the next change. `false` wherever the store keeps no signature
-/// (a directory, a file whose signature was too fresh to trust, a resource never applied):
-/// only a reconcile can tell those. One `lstat`, no read: cheap enough to ask of every path of
-/// a directory whose watch was just made (the controller's look after its watches are armed).
-pub fn untouched_since_recorded(store: &Store, id: &Id, path: &std::path::Path) -> bool {
-    let Some(recorded) = store.get(id.as_str()).and_then(|r| r.sig) else { return false };
-    matches!(
-        crate::system::Fs::new().meta(path),
-        Ok(Some(m)) if m.kind == crate::system::fs::Kind::File && m.sig == recorded
-    )
+/// Of these managed paths (each with its resource's id), those that may have moved since the
+/// host last looked: all but the files whose change signature is exactly the one recorded for
+/// them (untouched since, then: a signature is recorded only once it can be trusted to move on
+/// the next change). Wherever the store keeps no signature (a directory, a file whose
+/// signature was too fresh to trust, a resource never applied) only a reconcile can tell, so
+/// the path is given. One `lstat` a path, no read, each directory opened once: cheap enough to
+/// ask of every path of a directory whose watch was just made (the controller's look after
+/// its watches are armed).
+pub fn maybe_moved<'a>(
+    store: &Store,
+    paths: impl IntoIterator<Item = (&'a Id, &'a std::path::Path)>,
+) -> Vec<&'a std::path::Path> {
+    let mut fs = crate::system::Fs::new();
+    paths
+        .into_iter()
+        .filter(|(id, path)| {
+            let Some(recorded) = store.get(id.as_str()).and_then(|r| r.sig) else { return true };
+            !matches!(
+                fs.meta(path),
+                Ok(Some(m)) if m.kind == crate::system::fs::Kind::File && m.sig == recorded
+            )
+        })
+        .map(|(_, path)| path)
+        .collect()
 }
 
 /// What the machine facts of a resource are after it applied: the store's record of it.

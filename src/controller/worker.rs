@@ -963,19 +963,16 @@ impl Worker {
     fn look_at_armed(&mut self) {
         let armed: HashSet<Arc<std::path::Path>> = self.files.take_armed().into_iter().collect();
         let Some(declaration) = self.declaration.as_deref().filter(|_| !armed.is_empty()) else { return };
-        let mut moved = 0;
-        for r in &declaration.resources {
-            let Some(path) = r.spec.path().filter(|p| p.parent().is_some_and(|d| armed.contains(d))) else {
-                continue;
-            };
-            if !apply::untouched_since_recorded(&self.store, &r.id, path) {
-                let _ = self.tx.send(Change::Path(path.to_path_buf()));
-                moved += 1;
-            }
+        let in_armed = declaration.resources.iter().filter_map(|r| {
+            r.spec.path().filter(|p| p.parent().is_some_and(|d| armed.contains(d))).map(|p| (&r.id, p))
+        });
+        let moved = apply::maybe_moved(&self.store, in_armed);
+        for path in &moved {
+            let _ = self.tx.send(Change::Path(path.to_path_buf()));
         }
         tracing::debug!(
             directories = armed.len(),
-            paths = moved,
+            paths = moved.len(),
             "looked at the paths of directories watched anew"
         );
     }
