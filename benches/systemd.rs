@@ -37,7 +37,10 @@ fn main() {
         .block_on(rt.spawn_blocking(move || {
             let sd = Systemd::connect(Some(&bus)).expect("the testbed's systemd answers");
             sd.reload_manager().unwrap();
-            assert_eq!(rx.blocking_recv(), Some(Change::Up { watcher: "systemd", up: true }));
+            assert_eq!(
+                rx.blocking_recv(),
+                Some(Change::Up { watcher: mesh_host_watchers::Watcher::Systemd, up: true })
+            );
 
             // StartUnit of a stopped unit until it reads back running.
             let mut start = Vec::new();

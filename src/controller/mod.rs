@@ -291,7 +291,7 @@ async fn intake(
                     trigger::keys(&change, &index)
                 };
                 if let Change::Up { watcher, up } = change {
-                    events::WatcherState { watcher, up }.emit(metrics);
+                    events::WatcherState { watcher: watcher.as_str(), up }.emit(metrics);
                 }
                 for (key, source) in added {
                     events::KeyQueued { source: source.as_str() }.emit(metrics);

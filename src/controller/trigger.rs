@@ -5,7 +5,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use mesh_host_watchers::Change;
+use mesh_host_watchers::{Change, Watcher};
 
 use crate::declaration::{Declaration, Id};
 
@@ -106,7 +106,7 @@ pub enum Source {
     Docker,
     /// `nft monitor`: the host's table moved, or the ruleset did while refused.
     Firewall,
-    /// The periodic resync, or a watcher whose name is not one of the above.
+    /// The periodic resync.
     Resync,
 }
 
@@ -133,14 +133,13 @@ impl Source {
         }
     }
 
-    /// The source for a watcher that says it resynced, by the name it gives.
-    fn of_watcher(name: &str) -> Source {
-        match name {
-            "file" => Source::File,
-            "systemd" => Source::Systemd,
-            "docker" => Source::Docker,
-            "firewall" => Source::Firewall,
-            _ => Source::Resync,
+    /// The source for a watcher that says it resynced.
+    fn of_watcher(watcher: Watcher) -> Source {
+        match watcher {
+            Watcher::File => Source::File,
+            Watcher::Systemd => Source::Systemd,
+            Watcher::Docker => Source::Docker,
+            Watcher::Firewall => Source::Firewall,
         }
     }
 }
@@ -152,7 +151,7 @@ pub fn keys(change: &Change, index: &Index) -> Vec<(Key, Source)> {
             index.at_path(path).map(|id| (Key::Resource(id.clone()), Source::File)).into_iter().collect()
         }
         Change::SourceChanged { .. } => vec![(Key::Declaration, Source::Declaration)],
-        Change::Resynced { watcher } => vec![(Key::Full, Source::of_watcher(watcher))],
+        Change::Resynced { watcher } => vec![(Key::Full, Source::of_watcher(*watcher))],
         Change::Unit { unit } => {
             index.units.get(unit).map(|id| (Key::Resource(id.clone()), Source::Systemd)).into_iter().collect()
         }
@@ -202,7 +201,10 @@ mod tests {
         assert_eq!(keys(&Change::Path("/srv/a".into()), &index), vec![(id("a.dir"), Source::File)]);
         assert!(keys(&Change::Path("/srv/media".into()), &index).is_empty());
         assert!(keys(&Change::Path("/srv/a/.conf.mesh-host-1-2".into()), &index).is_empty());
-        assert_eq!(keys(&Change::Resynced { watcher: "file" }, &index), vec![(Key::Full, Source::File)]);
+        assert_eq!(
+            keys(&Change::Resynced { watcher: Watcher::File }, &index),
+            vec![(Key::Full, Source::File)]
+        );
         assert_eq!(
             keys(&Change::Unit { unit: "nginx.service".into() }, &index),
             vec![(id("a.web"), Source::Systemd)]
@@ -248,9 +250,9 @@ mod tests {
             Change::Unit { unit: "nginx.service".into() },
             container("a.app", "app"),
             Change::SourceChanged { source: "/etc/mesh-host/declaration.d".into() },
-            Change::Resynced { watcher: "file" },
-            Change::Resynced { watcher: mesh_host_watchers::docker::WATCHER },
-            Change::Resynced { watcher: "systemd" },
+            Change::Resynced { watcher: Watcher::File },
+            Change::Resynced { watcher: Watcher::Docker },
+            Change::Resynced { watcher: Watcher::Systemd },
         ];
         let expected = [
             Source::File,
@@ -265,7 +267,9 @@ mod tests {
             let sources: Vec<Source> = keys(change, &index).into_iter().map(|(_, s)| s).collect();
             assert_eq!(sources, vec![want], "{change:?}");
         }
-        assert_eq!(Source::of_watcher("firewall"), Source::Firewall);
-        assert_eq!(Source::of_watcher("something new"), Source::Resync);
+        // A watcher's resync is counted under its own name, never as the periodic resync.
+        for w in Watcher::ALL {
+            assert_eq!(Source::of_watcher(w).as_str(), w.as_str());
+        }
     }
 }

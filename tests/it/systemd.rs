@@ -609,7 +609,7 @@ impl Relay {
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn watcher_reconnects_when_the_bus_goes_away_and_says_to_resync() {
-    use mesh_host_watchers::Change;
+    use mesh_host_watchers::{Change, Watcher};
     let t = testbed();
     let unit = format!("{}.service", unique("mh-it-recon"));
     t.unit(&unit, &sleeper(""));
@@ -622,19 +622,19 @@ fn watcher_reconnects_when_the_bus_goes_away_and_says_to_resync() {
         let task = mesh_host_watchers::systemd::spawn(Some(format!("unix:path={}", s.p("bus"))), units, tx);
 
         // Nothing listening yet: down, then up once it is, with a resync since it missed time.
-        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: "systemd", up: false }));
+        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: Watcher::Systemd, up: false }));
         relay.listen();
-        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: "systemd", up: true }));
-        assert_eq!(next(&mut rx).await, Some(Change::Resynced { watcher: "systemd" }));
+        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: Watcher::Systemd, up: true }));
+        assert_eq!(next(&mut rx).await, Some(Change::Resynced { watcher: Watcher::Systemd }));
 
         // The bus goes away while connected; what happens meanwhile is missed.
         relay.cut();
-        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: "systemd", up: false }));
+        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: Watcher::Systemd, up: false }));
         t.systemctl(&["start", &unit]);
         let back = Instant::now();
         relay.listen();
-        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: "systemd", up: true }));
-        assert_eq!(next(&mut rx).await, Some(Change::Resynced { watcher: "systemd" }));
+        assert_eq!(next(&mut rx).await, Some(Change::Up { watcher: Watcher::Systemd, up: true }));
+        assert_eq!(next(&mut rx).await, Some(Change::Resynced { watcher: Watcher::Systemd }));
         assert!(back.elapsed() < Duration::from_secs(5), "reconnected after {:?}", back.elapsed());
 
         // And it follows the unit again on the new connection.
@@ -689,7 +689,7 @@ async fn flood(
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn zbus_queue_a_burst_of_signals_while_subscribing_leaves_the_watcher_neither_stuck_nor_deaf() {
-    use mesh_host_watchers::Change;
+    use mesh_host_watchers::{Change, Watcher};
     let t = testbed();
     let unit = format!("{}.service", unique("mh-it-burst"));
     t.unit(&unit, &sleeper(""));
@@ -720,7 +720,7 @@ fn zbus_queue_a_burst_of_signals_while_subscribing_leaves_the_watcher_neither_st
         let sent = sent.load(Ordering::Relaxed);
         assert_eq!(
             first,
-            Some(Change::Up { watcher: "systemd", up: true }),
+            Some(Change::Up { watcher: Watcher::Systemd, up: true }),
             "the first connection did not come up during a burst of {sent} signals"
         );
         t.systemctl(&["stop", &unit]);

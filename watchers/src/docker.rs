@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use crate::Change;
 
 /// The name this watcher reports itself by in `Resynced` and `Up`.
-pub const WATCHER: &str = "docker";
+pub const WATCHER: crate::Watcher = crate::Watcher::Docker;
 
 /// The label that marks a container the host made, holding the id of its resource.
 pub const ID_LABEL: &str = "mesh-host.id";
@@ -93,7 +93,9 @@ async fn run(socket: Option<String>, tx: UnboundedSender<Change>) {
                     return;
                 }
             }
-            Err(e) => tracing::debug!(watcher = WATCHER, error = %e, "no container runtime answers yet"),
+            Err(e) => {
+                tracing::debug!(watcher = WATCHER.as_str(), error = %e, "no container runtime answers yet")
+            }
         }
         if !set_up(&tx, &mut watch.up, false) {
             return;
@@ -124,7 +126,7 @@ async fn follow(
         return Err(Gone);
     }
     if watch.connected_once {
-        tracing::info!(watcher = WATCHER, "reconnected to the container runtime; resyncing");
+        tracing::info!(watcher = WATCHER.as_str(), "reconnected to the container runtime; resyncing");
         tx.send(Change::Resynced { watcher: WATCHER }).map_err(|_| Gone)?;
     }
     watch.connected_once = true;
@@ -164,7 +166,7 @@ where
     };
     Ok(match first {
         Ok(Some(Err(e))) => {
-            tracing::debug!(watcher = WATCHER, error = %e, "the container runtime refused the event stream");
+            tracing::debug!(watcher = WATCHER.as_str(), error = %e, "the container runtime refused the event stream");
             None
         }
         Ok(None) => None,
@@ -191,11 +193,11 @@ where
                 }
             }
             Some(Err(e)) => {
-                tracing::warn!(watcher = WATCHER, error = %e, "the container runtime's event stream failed");
+                tracing::warn!(watcher = WATCHER.as_str(), error = %e, "the container runtime's event stream failed");
                 return Ok(());
             }
             None => {
-                tracing::warn!(watcher = WATCHER, "the container runtime ended its event stream");
+                tracing::warn!(watcher = WATCHER.as_str(), "the container runtime ended its event stream");
                 return Ok(());
             }
         }

@@ -538,7 +538,7 @@ fn read_loop(mut inotify: Inotify, stop: &OwnedFd, shared: &Shared, tx: &Unbound
                 continue;
             }
             tracing::warn!(error = %e, "inotify: waiting for events failed; resyncing");
-            let _ = tx.send(Change::Resynced { watcher: "file" });
+            let _ = tx.send(Change::Resynced { watcher: crate::Watcher::File });
             return;
         }
         if fds[1].revents != 0 {
@@ -554,7 +554,7 @@ fn read_loop(mut inotify: Inotify, stop: &OwnedFd, shared: &Shared, tx: &Unbound
             Err(e) => {
                 // Nothing more will be read: say so, and let the periodic resync cover it all.
                 tracing::warn!(error = %e, "inotify: reading events failed; changes are seen by the resync only");
-                let _ = tx.send(Change::Resynced { watcher: "file" });
+                let _ = tx.send(Change::Resynced { watcher: crate::Watcher::File });
                 return;
             }
         };
@@ -567,7 +567,7 @@ fn read_loop(mut inotify: Inotify, stop: &OwnedFd, shared: &Shared, tx: &Unbound
         for event in events {
             if event.mask.contains(EventMask::Q_OVERFLOW) {
                 // The kernel's queue overflowed: what happened in the gap is unknown.
-                let _ = tx.send(Change::Resynced { watcher: "file" });
+                let _ = tx.send(Change::Resynced { watcher: crate::Watcher::File });
                 continue;
             }
             let wd = event.wd.get_watch_descriptor_id();

@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 
 use crate::Change;
 
-const WATCHER: &str = "firewall";
+const WATCHER: crate::Watcher = crate::Watcher::Firewall;
 
 /// The first wait before starting nft again, and the longest.
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);

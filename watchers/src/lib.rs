@@ -55,16 +55,46 @@ pub enum Change {
     },
     /// The watcher may have missed changes (overflow, reconnect): reconcile everything.
     Resynced {
-        /// Which watcher (`file`, `docker`, `systemd`).
-        watcher: &'static str,
+        /// Which watcher.
+        watcher: Watcher,
     },
     /// Whether a watcher is connected to what it watches, for the `watcher_up` gauge.
     Up {
         /// Which watcher.
-        watcher: &'static str,
+        watcher: Watcher,
         /// Connected now.
         up: bool,
     },
+}
+
+/// Which watcher says something of itself (`Change::Resynced`, `Change::Up`). A closed set, so
+/// that a new watcher is decided wherever they are told apart (the controller's change sources)
+/// by the compiler, not counted as a resync by a fallback arm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Watcher {
+    /// The managed paths' inotify watcher (`file`).
+    File,
+    /// The container runtime's events (`docker`).
+    Docker,
+    /// systemd's signals (`systemd`).
+    Systemd,
+    /// `nft monitor` (`firewall`).
+    Firewall,
+}
+
+impl Watcher {
+    /// Every watcher.
+    pub const ALL: [Watcher; 4] = [Watcher::File, Watcher::Docker, Watcher::Systemd, Watcher::Firewall];
+
+    /// Its name, as labels and log lines give it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Watcher::File => "file",
+            Watcher::Docker => "docker",
+            Watcher::Systemd => "systemd",
+            Watcher::Firewall => "firewall",
+        }
+    }
 }
 
 /// The paths a watcher reports on, by their hash: a sorted list of 8 bytes a path, made once by

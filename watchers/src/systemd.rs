@@ -20,7 +20,7 @@ use zbus::{Connection, MatchRule, Message, MessageStream, OwnedObjectPath};
 
 use crate::Change;
 
-const WATCHER: &str = "systemd";
+const WATCHER: crate::Watcher = crate::Watcher::Systemd;
 // systemd's D-Bus names, defined once here; the agent's own client (`system::systemd`) uses them.
 /// systemd's bus name.
 pub const DESTINATION: &str = "org.freedesktop.systemd1";

@@ -61,7 +61,7 @@ async fn an_inotify_overflow_is_reported_as_a_resync() {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
         while let Ok(change) = rx.try_recv() {
-            if change == (Change::Resynced { watcher: "file" }) {
+            if change == (Change::Resynced { watcher: mesh_host_watchers::Watcher::File }) {
                 return;
             }
         }
@@ -69,7 +69,7 @@ async fn an_inotify_overflow_is_reported_as_a_resync() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
-            Ok(Some(Change::Resynced { watcher: "file" })) => break,
+            Ok(Some(Change::Resynced { watcher: mesh_host_watchers::Watcher::File })) => break,
             Ok(Some(_)) => continue,
             _ => panic!("no resync after flooding a 1-event queue"),
         }

@@ -88,7 +88,7 @@ fn docker_watcher_reports_a_labelled_container_killed_by_hand() {
 /// The watcher on an engine of the test's own, which stops and starts again: it says it is down,
 /// then up and resynced, and goes on reporting a labelled container killed by hand.
 fn watcher_reconnects_and_resyncs_after_the_engine_restarts(engine: &mut dyn OwnEngine, web: &str) {
-    use mesh_host_watchers::Change;
+    use mesh_host_watchers::{Change, Watcher};
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -98,9 +98,11 @@ fn watcher_reconnects_and_resyncs_after_the_engine_restarts(engine: &mut dyn Own
         tokio::task::block_in_place(|| engine.stop());
         expect_change(&mut rx, "the watcher down", |c| matches!(c, Change::Up { up: false, .. })).await;
         tokio::task::block_in_place(|| engine.start());
-        let seen =
-            expect_change(&mut rx, "a resync", |c| matches!(c, Change::Resynced { watcher: "docker" })).await;
-        assert!(seen.contains(&Change::Up { watcher: "docker", up: true }), "{seen:?}");
+        let seen = expect_change(&mut rx, "a resync", |c| {
+            matches!(c, Change::Resynced { watcher: Watcher::Docker })
+        })
+        .await;
+        assert!(seen.contains(&Change::Up { watcher: Watcher::Docker, up: true }), "{seen:?}");
 
         // And it still reports what it watches.
         tokio::task::block_in_place(|| {
