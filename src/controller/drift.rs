@@ -72,7 +72,7 @@ impl Who {
     /// What fanotify saw, with the container's name when it was found.
     pub fn from_writer(w: &Writer, container_name: Option<String>) -> Who {
         Who {
-            by: w.kind().into(),
+            by: w.kind().as_str().into(),
             pid: Some(w.pid),
             comm: w.comm.clone(),
             exe: w.exe.as_ref().map(|e| cap(&e.display().to_string())),

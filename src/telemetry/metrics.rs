@@ -370,7 +370,7 @@ impl Metrics {
         let m = Metrics::new();
         // Each child is made by looking it up; the guard the lookup returns is let go at once.
         for &kind in known.types {
-            for &writer in mesh_host_watchers::writers::KINDS {
+            for writer in mesh_host_watchers::writers::WriterKind::ALL.map(|k| k.as_str()) {
                 drop(m.drift_corrections.get_or_create(&vec![("type", kind), ("writer", writer)]));
             }
             drop(m.failures.get_or_create(&vec![("type", kind)]));

@@ -93,23 +93,57 @@ impl Writer {
     /// The audit session comes before the unit: a login on a machine without logind (sshd's
     /// children in `sshd.service`) is a person's session, and a unit's own processes have none,
     /// since PID 1 has no login uid to hand down.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> WriterKind {
         if self.container.is_some() {
-            "container"
+            WriterKind::Container
         } else if self.unit.as_deref().is_some_and(|u| u.starts_with("session-") && u.ends_with(".scope"))
             || self.session.is_some()
         {
-            "session"
+            WriterKind::Session
         } else if self.unit.is_some() {
-            "unit"
+            WriterKind::Unit
         } else {
-            "unknown"
+            WriterKind::Unknown
         }
     }
 }
 
-/// Every value [`Writer::kind`] takes, and `unknown` for a change with no writer.
-pub const KINDS: &[&str] = &["session", "unit", "container", "unknown"];
+/// The kinds of writer ([`Writer::kind`]), and `Unknown` also for a change with no writer: the
+/// `writer` label of the correction counter, a closed set so that the counter is made at 0 for
+/// each (`ALL`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WriterKind {
+    /// A login's process: its session scope, or its audit session.
+    Session,
+    /// A process of any other systemd unit.
+    Unit,
+    /// A process in a container.
+    Container,
+    /// Nothing more is known (or no writer at all).
+    #[default]
+    Unknown,
+}
+
+impl WriterKind {
+    /// Every kind, in the order the metric lists them.
+    pub const ALL: [WriterKind; 4] =
+        [WriterKind::Session, WriterKind::Unit, WriterKind::Container, WriterKind::Unknown];
+
+    /// The label's word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriterKind::Session => "session",
+            WriterKind::Unit => "unit",
+            WriterKind::Container => "container",
+            WriterKind::Unknown => "unknown",
+        }
+    }
+
+    /// The kind a word names (`as_str`'s), if any.
+    pub fn named(word: &str) -> Option<WriterKind> {
+        WriterKind::ALL.into_iter().find(|k| k.as_str() == word)
+    }
+}
 
 /// What the reading thread shares with the owner.
 struct Shared {
@@ -773,14 +807,14 @@ mod tests {
             at: SystemTime::now(),
             seen: Instant::now(),
         };
-        assert_eq!(w.kind(), "unknown");
+        assert_eq!(w.kind(), WriterKind::Unknown);
         let unit = Writer { unit: Some("cron.service".into()), ..w.clone() };
-        assert_eq!(unit.kind(), "unit");
-        assert_eq!(Writer { unit: Some("session-3.scope".into()), ..w.clone() }.kind(), "session");
+        assert_eq!(unit.kind(), WriterKind::Unit);
+        assert_eq!(Writer { unit: Some("session-3.scope".into()), ..w.clone() }.kind(), WriterKind::Session);
         // A login without logind: the audit session says it is a person's.
         let login = Writer { loginuid: Some(1000), session: Some(5), ..unit };
-        assert_eq!(login.kind(), "session");
-        assert_eq!(Writer { container: Some("c".into()), ..login }.kind(), "container");
+        assert_eq!(login.kind(), WriterKind::Session);
+        assert_eq!(Writer { container: Some("c".into()), ..login }.kind(), WriterKind::Container);
     }
 
     /// As root: a write by a child process is attributed to it, by name; this process's own
