@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use mesh_host_watchers::writers::Writer;
+use mesh_host_watchers::writers::{Writer, WriterKind};
 use serde::{Deserialize, Serialize};
 
 use crate::apply::HandEdit;
@@ -26,8 +26,10 @@ const FIELD: usize = 512;
 /// Who made a change, as far as it is known.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Who {
-    /// The kind of writer: `session`, `unit`, `container` or `unknown` (the metric's label).
-    pub by: String,
+    /// The kind of writer (the metric's label), written as its word: `session`, `unit`,
+    /// `container` or `unknown`.
+    #[serde(with = "kind_word")]
+    pub by: WriterKind,
     /// The writer's pid, as the kernel gave it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pid: Option<i32>,
@@ -66,13 +68,13 @@ pub struct Who {
 impl Who {
     /// No writer known: fanotify is not in use, or saw nothing for this change.
     pub fn unknown() -> Who {
-        Who { by: "unknown".into(), ..Who::default() }
+        Who { by: WriterKind::Unknown, ..Who::default() }
     }
 
     /// What fanotify saw, with the container's name when it was found.
     pub fn from_writer(w: &Writer, container_name: Option<String>) -> Who {
         Who {
-            by: w.kind().as_str().into(),
+            by: w.kind(),
             pid: Some(w.pid),
             comm: w.comm.clone(),
             exe: w.exe.as_ref().map(|e| cap(&e.display().to_string())),
@@ -305,6 +307,22 @@ fn push(kept: &mut VecDeque<Correction>, c: Correction) {
     }
 }
 
+/// `Who::by` in the history: the kind's word, as the metric's label says it; a word not known
+/// here (written by a later build) is read as `unknown`.
+mod kind_word {
+    use mesh_host_watchers::writers::WriterKind;
+    use serde::{Deserialize as _, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(kind: &WriterKind, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(kind.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<WriterKind, D::Error> {
+        let word = String::deserialize(d)?;
+        Ok(WriterKind::named(&word).unwrap_or_default())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,9 +369,24 @@ mod tests {
     }
 
     #[test]
+    fn a_writers_kind_is_kept_as_its_word() {
+        let who = Who { by: WriterKind::Container, pid: Some(7), ..Who::default() };
+        let json = serde_json::to_value(&who).unwrap();
+        assert_eq!(json["by"], "container");
+        assert_eq!(serde_json::from_value::<Who>(json).unwrap(), who);
+        for kind in WriterKind::ALL {
+            let read: Who = serde_json::from_str(&format!(r#"{{"by": "{}"}}"#, kind.as_str())).unwrap();
+            assert_eq!(read.by, kind);
+        }
+        // A word this build does not know (a history written by a later one) reads as unknown.
+        let read: Who = serde_json::from_str(r#"{"by": "robot"}"#).unwrap();
+        assert_eq!(read.by, WriterKind::Unknown);
+    }
+
+    #[test]
     fn a_writer_is_said_in_words() {
         let who = Who {
-            by: "session".into(),
+            by: WriterKind::Session,
             pid: Some(7),
             comm: Some("vim".into()),
             uid: Some(1000),

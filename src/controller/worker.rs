@@ -1020,7 +1020,7 @@ impl Worker {
 /// The event's fields of who made a change.
 fn by(w: &drift::Who) -> events::By<'_> {
     events::By {
-        kind: mesh_host_watchers::writers::WriterKind::named(&w.by).unwrap_or_default().as_str(),
+        kind: w.by.as_str(),
         pid: w.pid,
         comm: w.comm.as_deref(),
         exe: w.exe.as_deref(),
