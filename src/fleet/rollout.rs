@@ -947,15 +947,14 @@ async fn admit(
 /// what to do: never retried in silence. `None` for anything else.
 pub fn limit(e: &anyhow::Error) -> Option<String> {
     use crate::system::etcd::{Error, Refusal};
-    let Some(Error::Refused { why: Refusal::Other(Some(code)), message, .. }) = e.downcast_ref::<Error>()
-    else {
+    let Some(Error::Refused { why, message, .. }) = e.downcast_ref::<Error>() else {
         return None;
     };
-    let what = match code {
+    let what = match why {
         // InvalidArgument: too many operations, or a request too large.
-        3 => "a request over one of etcd's limits: --max-txn-ops (128 operations a transaction by default) or --max-request-bytes (1.5 MiB by default); the rollout's plan names every node, so past tens of thousands of nodes raise --max-request-bytes on every member",
+        Refusal::OverLimit => "a request over one of etcd's limits: --max-txn-ops (128 operations a transaction by default) or --max-request-bytes (1.5 MiB by default); the rollout's plan names every node, so past tens of thousands of nodes raise --max-request-bytes on every member",
         // ResourceExhausted: the backend's quota (the NOSPACE alarm).
-        8 => "etcd's backend is full (--quota-backend-bytes, 2 GiB by default; the NOSPACE alarm is raised): compact and defragment (`etcdctl compact`, `etcdctl defrag`), then `etcdctl alarm disarm`; docs/decisions.md, \"etcd kept in bounds\"",
+        Refusal::NoSpace => "etcd's backend is full (--quota-backend-bytes, 2 GiB by default; the NOSPACE alarm is raised): compact and defragment (`etcdctl compact`, `etcdctl defrag`), then `etcdctl alarm disarm`; docs/decisions.md, \"etcd kept in bounds\"",
         _ => return None,
     };
     Some(format!("etcd refused the rollout's write: {what} (etcd said: {message}); the rollout stays as etcd holds it: `mesh-host fleet rollout resume` drives it on once etcd takes it"))
@@ -1788,14 +1787,14 @@ mod tests {
             anyhow::Error::from(Error::Refused {
                 endpoint: "e".into(),
                 call: "a transaction",
-                why: Refusal::Other(Some(code)),
+                why: code,
                 message: "etcdserver: too many operations in txn request".into(),
             })
         };
-        assert!(limit(&refusal(3))
+        assert!(limit(&refusal(Refusal::OverLimit))
             .is_some_and(|m| m.contains("--max-txn-ops") && m.contains("too many operations")));
-        assert!(limit(&refusal(8)).is_some_and(|m| m.contains("--quota-backend-bytes")));
-        assert_eq!(limit(&refusal(14)), None);
+        assert!(limit(&refusal(Refusal::NoSpace)).is_some_and(|m| m.contains("--quota-backend-bytes")));
+        assert_eq!(limit(&refusal(Refusal::Other(Some(14)))), None);
         assert_eq!(limit(&anyhow::anyhow!("other")), None);
     }
 }

@@ -142,6 +142,11 @@ pub enum Refusal {
     PermissionDenied,
     /// gRPC 9, FailedPrecondition, for a role or user that is already there.
     AlreadyExists,
+    /// gRPC 3, InvalidArgument: a request over one of etcd's limits (`--max-txn-ops`,
+    /// `--max-request-bytes`), or one it cannot take as written.
+    OverLimit,
+    /// gRPC 8, ResourceExhausted: the backend's quota is spent (the NOSPACE alarm).
+    NoSpace,
     /// Anything else, with etcd's gRPC code when it gave one (none in a cancellation's reason
     /// that names no code).
     Other(Option<u64>),
@@ -164,6 +169,8 @@ impl Refusal {
             Some(16) => Refusal::InvalidToken,
             Some(7) => Refusal::PermissionDenied,
             Some(9) if message.ends_with(ALREADY_EXISTS) => Refusal::AlreadyExists,
+            Some(3) => Refusal::OverLimit,
+            Some(8) => Refusal::NoSpace,
             code => Refusal::Other(code),
         }
     }
