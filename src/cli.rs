@@ -573,12 +573,10 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
     }
 }
 
-/// `mesh-host run`: the controller, and the fleet's tasks beside it when the declaration comes
-/// from etcd. The face starts both; the controller is handed a directory to read and gives out
-/// what it applied, and knows nothing of etcd (`controller`'s module doc).
-fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
-    // Before anything opens a descriptor or sizes itself by the limit (the HTTP server's
-    // connections): a daemon started from a shell (1,024) gets what the unit would give it.
+/// Raises the daemon's soft limit on open files to the hard limit, and says so once: before
+/// anything opens a descriptor or sizes itself by the limit (the HTTP server's connections), so a
+/// daemon started from a shell (1,024) gets what the unit would give it.
+fn raise_descriptor_limit() {
     match crate::system::raise_descriptor_limit() {
         Ok((before, soft, hard)) if before < soft => {
             tracing::info!(
@@ -593,6 +591,13 @@ fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
         }
         Err(e) => tracing::warn!(error = %e, "cannot raise the limit on open files; it stays as started"),
     }
+}
+
+/// `mesh-host run`: the controller, and the fleet's tasks beside it when the declaration comes
+/// from etcd. The face starts both; the controller is handed a directory to read and gives out
+/// what it applied, and knows nothing of etcd (`controller`'s module doc).
+fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
+    raise_descriptor_limit();
     let RunArgs {
         declaration,
         origin,
