@@ -840,7 +840,7 @@ async fn drive_held(etcd: &Etcd, driver: &mut Driver) -> anyhow::Result<bool> {
         if !missing.is_empty() {
             // A wave opened whose admissions are not all written (a driver stopped between its
             // transactions, or this one a poll ago): finished before anything is judged.
-            match admit(etcd, &state, at, driver.lease, &missing, now).await {
+            match admit(etcd, &state, Written { at, lease: driver.lease, now }, &missing).await {
                 Err(e) if limit(&e).is_none() && e.downcast_ref::<crate::system::etcd::Error>().is_some() => {
                     println!("etcd: {e}; trying again");
                 }
@@ -913,15 +913,8 @@ pub fn unadmitted<T>(state: &State, admitted: &BTreeMap<String, T>) -> Vec<Strin
 /// Writes the admissions of `nodes`, `CHUNK` to a transaction, each conditional on the state
 /// being as read and on the driver's lease: an abort, a pause or another driver between two of
 /// them stops the rest (the next look sees why).
-async fn admit(
-    etcd: &Etcd,
-    state: &State,
-    at: i64,
-    lease: i64,
-    nodes: &[String],
-    now: u64,
-) -> anyhow::Result<()> {
-    let conds = Written { at, lease, now }.conds();
+async fn admit(etcd: &Etcd, state: &State, written: Written, nodes: &[String]) -> anyhow::Result<()> {
+    let (conds, now) = (written.conds(), written.now);
     let wave =
         |node: &String| state.waves.iter().position(|w| w.contains(node)).map_or(state.opened, |i| i + 1);
     for chunk in nodes.chunks(CHUNK) {
@@ -969,7 +962,7 @@ async fn act(
     good_since: &mut Option<u64>,
     last_wait: &mut String,
 ) -> anyhow::Result<Option<bool>> {
-    let Written { at, lease, now } = written;
+    let Written { at, lease, .. } = written;
     match step {
         Step::Fail { failures, halt } => {
             let mut next = state.clone();
@@ -998,7 +991,7 @@ async fn act(
                     names(nodes)
                 );
                 *good_since = None;
-                admit(etcd, &next, revision, lease, nodes, now).await?;
+                admit(etcd, &next, Written { at: revision, ..written }, nodes).await?;
             }
         }
         Step::Done => {
@@ -1094,16 +1087,41 @@ async fn change_state(
             },
         }
     }
-    match sent {
-        Some((_, lost)) => Err(lost.into()),
-        None => anyhow::bail!("the rollout's state kept changing under this command; try again"),
-    }
+    gave_up(sent.map(|(_, lost)| lost))
 }
 
 /// Whether `last` (the closed rollout etcd holds) is rollout `id` closed by this command's
 /// lost write: `closed` starts with `how` ("aborted", "promoted").
 fn closed_by(last: Option<&State>, id: &str, how: &str) -> bool {
     last.is_some_and(|l| l.id == id && l.closed.as_deref().is_some_and(|c| c.starts_with(how)))
+}
+
+/// What `abort` or `promote` says when it finds no rollout open: done, when the rollout it sent
+/// a write for (whose answer was lost) is the one closed as `how`; unknown, when another closed
+/// it; refused, when it sent nothing.
+fn closed_after(
+    sent: Option<(String, crate::system::etcd::Error)>,
+    s: &Snapshot,
+    how: &str,
+    then: &str,
+) -> anyhow::Result<String> {
+    match sent {
+        Some((id, _)) if closed_by(s.last.as_ref(), &id, how) => Ok(format!(
+            "rollout {id} {how} (etcd's first answer was lost; read back at revision {}): {then}\n",
+            s.revision
+        )),
+        Some((_, lost)) => Err(lost.into()),
+        None => refused(no_rollout(s)),
+    }
+}
+
+/// The end of a command's ten tries: unknown when its last write's answer was lost, else the
+/// state kept changing under it.
+fn gave_up<T>(lost: Option<crate::system::etcd::Error>) -> anyhow::Result<T> {
+    match lost {
+        Some(lost) => Err(lost.into()),
+        None => anyhow::bail!("the rollout's state kept changing under this command; try again"),
+    }
 }
 
 /// An etcd error from a write whose answer was lost; any other error passes through.
@@ -1175,14 +1193,12 @@ pub async fn abort(etcd: &Etcd) -> anyhow::Result<String> {
     for _ in 0..10 {
         let s = snapshot(etcd).await?;
         let Some((mut state, at)) = s.state.clone() else {
-            return match sent {
-                Some((id, _)) if closed_by(s.last.as_ref(), &id, "aborted") => Ok(format!(
-                    "rollout {id} aborted (etcd's first answer was lost; read back at revision {}): the nodes that took the candidate go back to the declaration in force\n",
-                    s.revision
-                )),
-                Some((_, lost)) => Err(lost.into()),
-                None => refused(no_rollout(&s)),
-            };
+            return closed_after(
+                sent,
+                &s,
+                "aborted",
+                "the nodes that took the candidate go back to the declaration in force",
+            );
         };
         state.closed = Some(format!("aborted by {} at {}", who(), when(crate::system::unix_secs())));
         let writes = [
@@ -1207,10 +1223,7 @@ pub async fn abort(etcd: &Etcd) -> anyhow::Result<String> {
             ));
         }
     }
-    match sent {
-        Some((_, lost)) => Err(lost.into()),
-        None => anyhow::bail!("the rollout's state kept changing under this command; try again"),
-    }
+    gave_up(sent.map(|(_, lost)| lost))
 }
 
 /// `fleet rollout promote`: once every wave passed, the candidate becomes the scope's
@@ -1220,14 +1233,7 @@ pub async fn promote(etcd: &Etcd) -> anyhow::Result<String> {
     for _ in 0..10 {
         let s = snapshot(etcd).await?;
         let Some((mut state, at)) = s.state.clone() else {
-            return match sent {
-                Some((id, _)) if closed_by(s.last.as_ref(), &id, "promoted") => Ok(format!(
-                    "rollout {id} promoted (etcd's first answer was lost; read back at revision {}): the rollout is closed\n",
-                    s.revision
-                )),
-                Some((_, lost)) => Err(lost.into()),
-                None => refused(no_rollout(&s)),
-            };
+            return closed_after(sent, &s, "promoted", "the rollout is closed");
         };
         if !state.done {
             return refused(format!(
@@ -1266,10 +1272,7 @@ pub async fn promote(etcd: &Etcd) -> anyhow::Result<String> {
             ));
         }
     }
-    match sent {
-        Some((_, lost)) => Err(lost.into()),
-        None => anyhow::bail!("the rollout's state kept changing under this command; try again"),
-    }
+    gave_up(sent.map(|(_, lost)| lost))
 }
 
 /// The gate once more, at promote: every wave passed it when the driver marked the rollout done,

@@ -123,6 +123,20 @@ pub fn run_within(argv: &[String], env: &[(&str, &str)], limit: Option<Duration>
 /// Runs `argv` to completion with `input` on its standard input (written from a thread of its
 /// own, so a program that writes a lot before it reads cannot block on a full pipe).
 pub fn run_fed(argv: &[&str], input: Vec<u8>) -> Result<Ran, Error> {
+    fed(argv, input, Stdio::piped())
+}
+
+/// Runs `argv` with `input` on its standard input, its standard output captured and its
+/// standard error the caller's own: for a program that talks to the person at the terminal
+/// while it works (`ssh-keygen -Y sign` asking for a passphrase on the terminal, or for a
+/// touch of a FIDO key). It stays in the caller's process group, so the terminal is its too.
+pub fn run_talking(argv: &[&str], input: &[u8]) -> Result<Ran, Error> {
+    fed(argv, input.to_vec(), Stdio::inherit())
+}
+
+/// `run_fed` and `run_talking`: `input` fed from a thread, standard output captured, standard
+/// error as `stderr` says (captured when piped, empty in `Ran` otherwise).
+fn fed(argv: &[&str], input: Vec<u8>, stderr: Stdio) -> Result<Ran, Error> {
     use std::io::Write as _;
     let (program, args) = argv.split_first().expect("an argv is never empty");
     let spawn_error = |source| Error::Spawn { program: (*program).to_owned(), source };
@@ -131,7 +145,7 @@ pub fn run_fed(argv: &[&str], input: Vec<u8>) -> Result<Ran, Error> {
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(stderr)
         .spawn()
         .map_err(spawn_error)?;
     let mut stdin = child.stdin.take().expect("stdin was piped");
@@ -144,34 +158,6 @@ pub fn run_fed(argv: &[&str], input: Vec<u8>) -> Result<Ran, Error> {
         code: out.status.code(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    })
-}
-
-/// Runs `argv` with `input` on its standard input, its standard output captured and its
-/// standard error the caller's own: for a program that talks to the person at the terminal
-/// while it works (`ssh-keygen -Y sign` asking for a passphrase on the terminal, or for a
-/// touch of a FIDO key). It stays in the caller's process group, so the terminal is its too.
-pub fn run_talking(argv: &[&str], input: &[u8]) -> Result<Ran, Error> {
-    use std::io::Write as _;
-    let (program, args) = argv.split_first().expect("an argv is never empty");
-    let spawn_error = |source| Error::Spawn { program: (*program).to_owned(), source };
-    #[allow(clippy::disallowed_methods, reason = "system/ is the one place programs are run")]
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(spawn_error)?;
-    let mut stdin = child.stdin.take().expect("stdin was piped");
-    let input = input.to_vec();
-    let feeder = std::thread::spawn(move || stdin.write_all(&input));
-    let out = child.wait_with_output().map_err(spawn_error)?;
-    let _ = feeder.join();
-    Ok(Ran {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::new(),
     })
 }
 
