@@ -700,7 +700,6 @@ const FILE_LINES: usize = 1_200;
 const LONG_FILES: &[(&str, &str)] = &[
     ("src/declaration/types.rs", "the declaration's types, every resource type's spec and its parts in one file; to be split by resource type"),
     ("src/system/etcd.rs", "the etcd client: calls, failover, watches and the TLS connector; to be split into etcd/{mod,tls,watch}.rs (review 4 §11)"),
-    ("src/system/fs.rs", "every descriptor-relative file operation of the machine layer; to be split by what it does (look and read, stage and commit, remove), the journal of intent kept with the commit"),
 ];
 
 /// Sleeps of a second or more in `tests/it` (or of a length the check cannot read), allowed by
