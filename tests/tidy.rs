@@ -708,17 +708,7 @@ const LONG_FILES: &[(&str, &str)] = &[
 const LONG_SLEEPS: &[(&str, &str, &str)] = &[
     ("daemon.rs", "hold", "a slow client's pace, one byte a second: the slowness is what the test floods the daemon with, not a wait for it"),
     ("fleet/auth.rs", "a_password_login_outlives_its_token_and_a_change_put_after_it_expired_is_applied", "waits out the token's TTL (etcd 3.4 says nothing when a token expires): idle for more than twice it is the state under test; issue 46 asks a barrier"),
-    ("fleet/confirm.rs", "a_node_cut_off_from_etcd_by_its_new_generation_goes_back_within_the_window", "waits out the confirmation window before showing no second try; and a second so the restarted node's status is written at a later second; issue 46 asks barriers (the status's written_at, mesh_host_reverts_total)"),
-    ("fleet/confirm.rs", "a_good_new_generation_is_confirmed_and_stays", "waits out the confirmation window before showing nothing went back; issue 46 asks a barrier"),
-    ("fleet/confirm.rs", "a_node_offline_from_the_start_does_not_go_back", "waits out the confirmation window before showing nothing went back; issue 46 asks a barrier"),
-    ("fleet/confirm.rs", "with_the_window_off_a_node_cut_off_by_its_new_generation_stays_on_it", "waits out what would be the window before showing the connection was kept; issue 46 asks a barrier"),
-    ("fleet/confirm.rs", "after_an_abort_a_node_cut_off_from_etcd_never_goes_back_to_the_candidate", "waits out the confirmation window with etcd stopped, after the barrier of the node's logged decision: that nothing goes back during it is what is tested"),
     ("fleet/confirm.rs", "an_agent_killed_inside_its_window_and_restarted_cut_off_goes_back", "waits until the recorded window's wall-clock deadline has passed while the agent is down: the restart after it is the state under test"),
-    ("fleet/confirm.rs", "an_agent_killed_inside_its_window_and_restarted_in_reach_confirms_and_stays", "waits out the recorded window after the restart's confirmation, to show nothing goes back; a barrier would be mesh_host_reverts_total staying 0 past the deadline"),
-    ("fleet/node.rs", "a_node_reports_its_status_at_most_once_a_second_and_its_presence_goes_with_it", "lets the last status write land before the rate is counted; issue 46 asks a barrier (the status key's version)"),
-    ("fleet/node.rs", "a_node_in_steady_state_holds_exactly_one_tcp_connection_to_etcd", "waits past a lease renewal (every 3 s) and a status write, the steady state the connection count is about"),
-    ("fleet/rollout.rs", "a_good_rollout_goes_wave_by_wave_refuses_a_put_and_a_second_driver_and_promote_makes_it_the_declaration", "waits past a wave's soak to show a pause holds the next wave; issue 46 asks a barrier (the driver's state revision)"),
-    ("fleet/rollout.rs", "a_rollout_failing_on_its_second_wave_halts_there_and_abort_brings_back_the_previous_content", "gives a halted rollout time to (wrongly) admit the third wave; issue 46 asks a barrier"),
     ("refusal.rs", "the_daemon_applies_nothing_of_a_declaration_refused_here_and_lets_it_in_once_the_filter_goes", "gives the reconciles of two hand-edits under a refusal time to (wrongly) apply: the daemon exports no per-key count to wait on, and merged events make the resource count no barrier"),
 ];
 

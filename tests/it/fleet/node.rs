@@ -359,13 +359,6 @@ fn row<'a>(status: &'a serde_json::Value, node: &str) -> &'a serde_json::Value {
     status["nodes"].as_array().unwrap().iter().find(|r| r["node"] == node).unwrap_or(&serde_json::Value::Null)
 }
 
-/// The version of a key (how many times it was written since it was made), 0 when absent.
-fn version_of(url: &str, key: &str) -> i64 {
-    let out = etcdctl(url, &["get", key, "-w", "json"]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v["kvs"][0]["version"].as_i64().unwrap_or(0)
-}
-
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn a_node_reports_its_status_at_most_once_a_second_and_its_presence_goes_with_it() {
@@ -408,7 +401,14 @@ fn a_node_reports_its_status_at_most_once_a_second_and_its_presence_goes_with_it
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(wait_for(PATIENCE, || read(&conf) == "a\n"), "{}", daemon.log());
-    std::thread::sleep(Duration::from_millis(1500));
+    // The barrier: the status in etcd counts every correction the daemon counted, so the write
+    // that reports the last one has landed (the rate limit holds it back up to a second).
+    let reported = || {
+        let counted = daemon.metric("mesh_host_drift_corrections_total");
+        let said = row(&fleet_status(&s, &url).1, "st-1")["status"]["drift_corrections"].as_f64();
+        counted >= 1.0 && said == Some(counted)
+    };
+    assert!(wait_for(PATIENCE, reported), "{:#}\n{}", fleet_status(&s, &url).1, daemon.log());
     let writes = version_of(&url, key) - before;
     let seconds = start.elapsed().as_secs_f64();
     assert!(writes >= 1, "the corrections were reported");
@@ -467,8 +467,9 @@ fn a_node_in_steady_state_holds_exactly_one_tcp_connection_to_etcd() {
         daemon.log()
     );
     let pid = daemon.child.as_ref().unwrap().id();
-    // Steady state: past a lease renewal (every 3 s) and a status write.
-    std::thread::sleep(Duration::from_secs(4));
+    let alive = "/mesh-host/node/one/alive";
+    // Steady state: past a lease renewal (every 3 s), seen in the lease's time left.
+    assert!(lease_renewed(&url, alive, PATIENCE), "the lease was never renewed: {}", daemon.log());
     assert_eq!(connections_to(pid, etcd.client), 1, "ss -tnp:\n{}\n{}", ss_of(pid), daemon.log());
     // A change: the confirmation window (issue 25) drops that connection and dials a new one
     // for its round trip, and the watch follows it there. While they swap, the old one may
@@ -498,8 +499,8 @@ fn a_node_in_steady_state_holds_exactly_one_tcp_connection_to_etcd() {
         ss_of(pid),
         daemon.log()
     );
-    // And it stays one, past a lease renewal and a status write.
-    std::thread::sleep(Duration::from_secs(4));
+    // And it stays one, past a lease renewal.
+    assert!(lease_renewed(&url, alive, PATIENCE), "the lease was never renewed: {}", daemon.log());
     assert_eq!(connections_to(pid, etcd.client), 1, "ss -tnp:\n{}\n{}", ss_of(pid), daemon.log());
     assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
 }
@@ -526,11 +527,7 @@ fn an_idle_watch_is_known_alive_and_where_it_stands_from_etcds_progress_notices(
     for i in 0..3 {
         assert!(etcdctl(&url, &["put", &format!("/elsewhere/{i}"), "x"]).status.success());
     }
-    let revision = {
-        let out = etcdctl(&url, &["endpoint", "status", "-w", "json"]);
-        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        status[0]["Status"]["header"]["revision"].as_i64().unwrap() as f64
-    };
+    let revision = revision_now(&url) as f64;
     assert!(
         wait_for(PATIENCE, || daemon.metric("mesh_host_etcd_watch_revision") >= revision),
         "the watch's revision reached {revision} from progress notices alone: {}\n{}",

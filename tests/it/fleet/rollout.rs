@@ -258,10 +258,12 @@ fn a_good_rollout_goes_wave_by_wave_refuses_a_put_and_a_second_driver_and_promot
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is open"), "{out:?}");
 
-    // A pause holds the next wave past its soak; resume, with the driver there, ends it.
+    // A pause holds the next wave past its soak; resume, with the driver there, ends it. The
+    // barrier: the driver's own word that it read the pause (`decide` puts a pause before the
+    // soak's end, whatever the clock: its table test), so no wave opens while it stands.
     let out = fleet(&s, &["rollout", "pause", "--etcd", &url]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    std::thread::sleep(Duration::from_secs(4));
+    assert!(wait_for(ROLLOUT, || driver.said().contains(": paused\n")), "{}", driver.said());
     assert_eq!(
         admitted(&rollout_status(&s, &url)),
         ["ro-5"],
@@ -346,8 +348,8 @@ fn a_rollout_failing_on_its_second_wave_halts_there_and_abort_brings_back_the_pr
     assert!(status["state"]["halted"].as_str().is_some_and(|h| h.contains("ro-2")), "{status:#}");
     assert_eq!(agents[0].conf(), "v2\n");
     assert_eq!(agents[1].conf(), "v2\n", "ro-2 wrote app.conf, then failed on sub/x.conf");
-    // The third wave never saw the candidate, and a halted rollout admits no one later either.
-    std::thread::sleep(Duration::from_secs(2));
+    // The third wave never saw the candidate, and a halted rollout admits no one later either:
+    // the driver, the only writer of admissions, has ended, and etcd holds none for them.
     for a in &agents[2..] {
         assert_eq!(a.conf(), "v1\n", "{} took the candidate of a halted rollout", a.name);
     }
