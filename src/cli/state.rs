@@ -34,7 +34,7 @@ pub(super) fn generations(json: bool, state: &Path) -> anyhow::Result<Ended> {
             "{:>4}  {:<20}  {:<14}  {:<16}  {}{}",
             m.number,
             crate::controller::drift::utc(m.accepted_at * 1000),
-            m.first_pass.as_deref().unwrap_or("-"),
+            m.first_pass.map_or_else(|| "-".to_owned(), |f| f.to_string()),
             &m.digest[..m.digest.len().min(16)],
             escape(&m.source),
             if mark.is_empty() { String::new() } else { format!("  <- {mark}") }

@@ -131,16 +131,16 @@ impl Worker {
     /// After a full pass: the first pass of a new generation notes how it ended.
     pub(super) fn note_first_pass(&mut self, report: &Report) {
         let Some(n) = self.first_pass.take() else { return };
-        if let Err(e) = self.generations.first_pass(n, &outcome(report)) {
+        if let Err(e) = self.generations.first_pass(n, outcome(report)) {
             tracing::warn!(generation = n, error = %e, "cannot note how the generation's first pass ended");
         }
     }
 }
 
 /// How a pass ended, as a generation's record says it.
-pub fn outcome(report: &Report) -> String {
+pub fn outcome(report: &Report) -> generations::FirstPass {
     let failed = report.error.as_ref().map(|e| e.failures.len());
-    generations::outcome(failed, report.error.as_ref().is_some_and(|e| e.refused))
+    generations::FirstPass::of(failed, report.error.as_ref().is_some_and(|e| e.refused))
 }
 
 /// The hold as `/healthz` and the log say it.
