@@ -80,6 +80,8 @@ pub enum Error {
         endpoints: String,
         /// Why none answered.
         message: String,
+        /// The last one's TLS refused the connection, and why, as rustls said it.
+        tls: Option<TlsRefusal>,
     },
     /// etcd answered a call with an error.
     #[error("etcd at {endpoint} refused {call}: {message}")]
@@ -351,28 +353,103 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
     })
 }
 
-/// What etcd's TLS refusal means, for the operator reading it: the hint beside rustls's own
-/// words, which are exact but terse. `asked` when etcd asked this client, which has no
-/// certificate, for one.
-fn tls_hint(message: &str, asked: bool) -> &'static str {
-    if asked {
-        " (etcd asked for a client certificate and mesh-host has none: give --etcd-cert and --etcd-key, a certificate signed by the CA etcd trusts)"
-    } else if message.contains("not valid for name") {
-        " (etcd's certificate does not name the host or address the endpoint gives: use one it names)"
-    } else if message.contains("invalid peer certificate") {
-        " (etcd's certificate is not signed by the CA of --etcd-ca, or is not valid now)"
-    } else if message.contains("CertificateRequired") {
-        " (etcd asks for a client certificate signed by the CA it trusts: give --etcd-cert and --etcd-key)"
-    } else if message.contains("BadCertificate")
-        || message.contains("CertificateExpired")
-        || message.contains("CertificateRevoked")
-        || message.contains("UnknownCA")
-    {
-        CERTIFICATE_REFUSED
-    } else {
-        ""
+/// Why etcd's TLS refused a connection, read from rustls's own error (the alert etcd sent, or
+/// rustls's verdict on etcd's certificate) found in the error's chain, never from its words:
+/// what `Error::certificate_refused` and the hint beside the message are decided on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsRefusal {
+    /// etcd asked this client, which has no certificate, for one (`NoCertificate` saw it ask).
+    NoClientCertificate,
+    /// etcd's certificate does not name the host or address the endpoint gives.
+    ServerName,
+    /// etcd's certificate is not signed by the CA of --etcd-ca, or is not valid now.
+    ServerCertificate,
+    /// etcd requires a client certificate signed by the CA it trusts (the `certificate_required`
+    /// alert).
+    ClientCertificateRequired,
+    /// etcd refused the client's certificate: the `bad_certificate`, `certificate_expired`,
+    /// `certificate_revoked`, `certificate_unknown` or `unknown_ca` alert, or the connection
+    /// closed as the handshake ended (`accepted`).
+    ClientCertificate,
+}
+
+impl TlsRefusal {
+    /// The refusal a rustls error says, if it is one.
+    fn of(e: &rustls::Error) -> Option<TlsRefusal> {
+        use rustls::{AlertDescription as Alert, CertificateError as Cert};
+        match e {
+            rustls::Error::InvalidCertificate(
+                Cert::NotValidForName | Cert::NotValidForNameContext { .. },
+            ) => Some(TlsRefusal::ServerName),
+            rustls::Error::InvalidCertificate(_) => Some(TlsRefusal::ServerCertificate),
+            rustls::Error::AlertReceived(Alert::CertificateRequired) => {
+                Some(TlsRefusal::ClientCertificateRequired)
+            }
+            rustls::Error::AlertReceived(
+                Alert::BadCertificate
+                | Alert::CertificateExpired
+                | Alert::CertificateRevoked
+                | Alert::CertificateUnknown
+                | Alert::UnknownCA,
+            ) => Some(TlsRefusal::ClientCertificate),
+            _ => None,
+        }
+    }
+
+    /// The refusal anywhere in `e`'s chain: the connector's own (`Dial`), or a rustls error,
+    /// also where an `io::Error` wraps one (whose `source` skips the error it wraps, so it is
+    /// opened here).
+    fn in_chain(e: &(dyn std::error::Error + 'static)) -> Option<TlsRefusal> {
+        let mut next = Some(e);
+        while let Some(e) = next {
+            if let Some(dial) = e.downcast_ref::<Dial>() {
+                return dial.tls;
+            }
+            if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+                return TlsRefusal::of(tls);
+            }
+            let wrapped = e.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref);
+            if let Some(found) = wrapped.and_then(|inner| TlsRefusal::in_chain(inner)) {
+                return Some(found);
+            }
+            next = e.source();
+        }
+        None
+    }
+
+    /// What it means, for the operator reading it: beside rustls's own words, which are exact
+    /// but terse.
+    fn hint(self) -> &'static str {
+        match self {
+            TlsRefusal::NoClientCertificate => "etcd asked for a client certificate and mesh-host has none: give --etcd-cert and --etcd-key, a certificate signed by the CA etcd trusts",
+            TlsRefusal::ServerName => "etcd's certificate does not name the host or address the endpoint gives: use one it names",
+            TlsRefusal::ServerCertificate => "etcd's certificate is not signed by the CA of --etcd-ca, or is not valid now",
+            TlsRefusal::ClientCertificateRequired => "etcd asks for a client certificate signed by the CA it trusts: give --etcd-cert and --etcd-key",
+            TlsRefusal::ClientCertificate => "etcd refused the client certificate of --etcd-cert: not signed by the CA etcd trusts, expired, or revoked; write a valid one and its key in place, they are read again at every connection",
+        }
     }
 }
+
+/// Why the connector could not connect: its words, and etcd's TLS refusal when it was one.
+#[derive(Debug)]
+struct Dial {
+    message: String,
+    tls: Option<TlsRefusal>,
+}
+
+impl From<String> for Dial {
+    fn from(message: String) -> Dial {
+        Dial { message, tls: None }
+    }
+}
+
+impl std::fmt::Display for Dial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Dial {}
 
 /// The end of the range of every key that starts with `prefix` (etcd's `range_end`).
 pub fn prefix_end(prefix: &str) -> Vec<u8> {
@@ -427,16 +504,14 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     message
 }
 
-/// `chain`, with the hint of a TLS refusal that came after the handshake (under TLS 1.3, etcd's
-/// refusal of a certificate reaches the client as an alert on the first read, through HTTP/2,
-/// not through the connector).
-fn said(e: &(dyn std::error::Error + 'static)) -> String {
+/// `chain`, with the hint of a TLS refusal (the connector's, or one that came after the
+/// handshake: under TLS 1.3, etcd's refusal of a certificate reaches the client as an alert on
+/// the first read, through HTTP/2, not through the connector); and the refusal.
+fn said(e: &(dyn std::error::Error + 'static)) -> (String, Option<TlsRefusal>) {
     let message = chain(e);
-    let hint = tls_hint(&message, false);
-    if message.contains(hint.trim_start()) {
-        message
-    } else {
-        message + hint
+    match TlsRefusal::in_chain(e) {
+        Some(tls) => (format!("{message} ({})", tls.hint()), Some(tls)),
+        None => (message, None),
     }
 }
 
@@ -469,7 +544,7 @@ impl tower_service::Service<http::Uri> for Connector {
 }
 
 /// One connection to `uri`: TCP, then TLS when `tls` is given, with the files read now.
-async fn connect(uri: &http::Uri, tls: Option<&TlsFiles>) -> Result<Connected, String> {
+async fn connect(uri: &http::Uri, tls: Option<&TlsFiles>) -> Result<Connected, Dial> {
     let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_owned();
     let port = uri.port_u16().unwrap_or(2379);
     let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await.map_err(|e| e.to_string())?;
@@ -480,20 +555,23 @@ async fn connect(uri: &http::Uri, tls: Option<&TlsFiles>) -> Result<Connected, S
     let (config, no_certificate) = tls.config()?;
     let name = rustls_pki_types::ServerName::try_from(host.clone())
         .map_err(|e| format!("{host}: not a name TLS can check a certificate against: {e}"))?;
+    let asked = |n: &Option<Arc<NoCertificate>>| n.as_ref().is_some_and(|n| n.asked.load(Ordering::Relaxed));
     let stream =
         tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.map_err(|e| {
-            let message = chain(&e);
-            let asked = no_certificate.as_ref().is_some_and(|n| n.asked.load(Ordering::Relaxed));
-            let hint = tls_hint(&message, asked);
-            format!("TLS: {message}{hint}")
+            let tls = if asked(&no_certificate) {
+                Some(TlsRefusal::NoClientCertificate)
+            } else {
+                TlsRefusal::in_chain(&e)
+            };
+            Dial { message: format!("TLS: {}", chain(&e)), tls }
         })?;
     // Under TLS 1.3 etcd refuses a client without a certificate only after the handshake: said
-    // now, in words, rather than as the connection closed a moment later.
-    if no_certificate.is_some_and(|n| n.asked.load(Ordering::Relaxed)) {
-        return Err(format!(
-            "TLS: {}",
-            tls_hint("", true).trim_start().trim_start_matches('(').trim_end_matches(')')
-        ));
+    // now, rather than as the connection closed a moment later.
+    if asked(&no_certificate) {
+        return Err(Dial {
+            message: "TLS: etcd asked for a client certificate in the handshake".into(),
+            tls: Some(TlsRefusal::NoClientCertificate),
+        });
     }
     let primed = accepted(stream).await?;
     Ok(hyper_util::rt::TokioIo::new(Box::new(primed) as Box<dyn Io>))
@@ -509,24 +587,22 @@ const FIRST_BYTES: Duration = Duration::from_secs(2);
 /// server speaks first (its SETTINGS), so they come at once, and a refusal is said in words.
 /// The bytes read are handed on in front of the rest. Nothing come after `FIRST_BYTES`: handed
 /// on as it is.
-async fn accepted<S>(mut stream: S) -> Result<Primed<S>, String>
+async fn accepted<S>(mut stream: S) -> Result<Primed<S>, Dial>
 where
     S: tokio::io::AsyncRead + Unpin,
 {
     use tokio::io::AsyncReadExt as _;
     let mut first = vec![0; 16 << 10];
     match tokio::time::timeout(FIRST_BYTES, stream.read(&mut first)).await {
-        Ok(Ok(0)) => Err(format!(
-            "TLS: etcd closed the connection just after the handshake, as it does when it refuses the client's certificate{CERTIFICATE_REFUSED}"
-        )),
+        Ok(Ok(0)) => Err(Dial {
+            message: "TLS: etcd closed the connection just after the handshake, as it does when it refuses the client's certificate".into(),
+            tls: Some(TlsRefusal::ClientCertificate),
+        }),
         Ok(Ok(n)) => {
             first.truncate(n);
             Ok(Primed { first, at: 0, inner: stream })
         }
-        Ok(Err(e)) => {
-            let message = chain(&e);
-            Err(format!("TLS: {message}{}", tls_hint(&message, false)))
-        }
+        Ok(Err(e)) => Err(Dial { message: format!("TLS: {}", chain(&e)), tls: TlsRefusal::in_chain(&e) }),
         Err(_) => Ok(Primed { first: Vec::new(), at: 0, inner: stream }),
     }
 }
@@ -579,15 +655,11 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Primed<S> {
     }
 }
 
-/// The hint beside TLS's words when etcd refused the client's certificate: what
-/// `Error::certificate_refused` looks for.
-const CERTIFICATE_REFUSED: &str = " (etcd refused the client certificate of --etcd-cert: not signed by the CA etcd trusts, expired, or revoked; write a valid one and its key in place, they are read again at every connection)";
-
 impl Error {
     /// Whether etcd could not be reached because it refused the client's certificate: the
     /// operator's to mend, by writing a new one in place.
     pub fn certificate_refused(&self) -> bool {
-        matches!(self, Error::Unreachable { message, .. } if message.contains(CERTIFICATE_REFUSED.trim_start()))
+        matches!(self, Error::Unreachable { tls: Some(TlsRefusal::ClientCertificate), .. })
     }
 }
 
@@ -698,12 +770,16 @@ impl Etcd {
             return Ok((c.at, c.channel.clone()));
         }
         let start = self.current.load(Ordering::Relaxed);
-        let mut last = String::new();
+        let (mut last, mut tls) = (String::new(), None);
         for i in 0..self.endpoints.len() {
             let at = (start + i) % self.endpoints.len();
             let endpoint = &self.endpoints[at];
             let dial = tonic::transport::Endpoint::from_shared(endpoint.clone())
-                .map_err(|e| Error::Unreachable { endpoints: endpoint.clone(), message: e.to_string() })?
+                .map_err(|e| Error::Unreachable {
+                    endpoints: endpoint.clone(),
+                    message: e.to_string(),
+                    tls: None,
+                })?
                 .connect_timeout(CONNECT_TIMEOUT)
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(KEEPALIVE)
@@ -715,12 +791,16 @@ impl Etcd {
                     *connection = Some(Connection { at, channel: channel.clone() });
                     return Ok((at, channel));
                 }
-                Err(e) => last = format!("{endpoint}: {}", said(&e)),
+                Err(e) => {
+                    let (message, refusal) = said(&e);
+                    (last, tls) = (format!("{endpoint}: {message}"), refusal);
+                }
             }
         }
         Err(Error::Unreachable {
             endpoints: self.endpoints(),
             message: format!("no etcd endpoint could be connected to; last: {last}"),
+            tls,
         })
     }
 
@@ -838,14 +918,15 @@ impl Etcd {
         F: Fn(Channel) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let mut last = String::new();
+        let (mut last, mut tls) = (String::new(), None);
         for _ in 0..self.endpoints.len() {
             let (at, channel) = self.channel().await?;
             let endpoint = &self.endpoints[at];
             match tokio::time::timeout(CALL_TIMEOUT, f(channel)).await {
                 Ok(Ok(answer)) => return Ok(answer.into_inner()),
                 Ok(Err(status)) if another_may_answer(&status) => {
-                    last = format!("{endpoint}: {}", said(&status));
+                    let (message, refusal) = said(&status);
+                    (last, tls) = (format!("{endpoint}: {message}"), refusal);
                     if sent_and_lost(&status) {
                         *lost = Some(last.clone());
                     }
@@ -862,7 +943,8 @@ impl Etcd {
                     });
                 }
                 Err(_) => {
-                    last = format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT));
+                    (last, tls) =
+                        (format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)), None);
                     *lost = Some(last.clone());
                 }
             }
@@ -871,6 +953,7 @@ impl Etcd {
         Err(Error::Unreachable {
             endpoints: self.endpoints(),
             message: format!("no etcd endpoint answered {call}; last: {last}"),
+            tls,
         })
     }
 
@@ -1139,7 +1222,7 @@ impl Etcd {
     /// (`next` says so) when the endpoint goes away; the caller watches anew from what it saw.
     pub async fn watch_prefixes(&self, prefixes: &[String], start_revision: i64) -> Result<Watch, Error> {
         self.ensure_token().await?;
-        let mut last = String::new();
+        let (mut last, mut tls) = (String::new(), None);
         for _ in 0..self.endpoints.len() {
             // Taken before the channel: a move while the watch opens is seen by it.
             let moved = self.moved.subscribe();
@@ -1186,7 +1269,8 @@ impl Etcd {
                     });
                 }
                 Ok(Err(status)) if another_may_answer(&status) => {
-                    last = format!("{endpoint}: {}", said(&status));
+                    let (message, refusal) = said(&status);
+                    (last, tls) = (format!("{endpoint}: {message}"), refusal);
                 }
                 Ok(Err(status)) => {
                     return Err(Error::Refused {
@@ -1196,13 +1280,17 @@ impl Etcd {
                         message: status.message().to_owned(),
                     })
                 }
-                Err(_) => last = format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)),
+                Err(_) => {
+                    (last, tls) =
+                        (format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)), None);
+                }
             }
             self.failed(at).await;
         }
         Err(Error::Unreachable {
             endpoints: self.endpoints(),
             message: format!("no etcd endpoint accepted a watch; last: {last}"),
+            tls,
         })
     }
 }
@@ -1290,6 +1378,7 @@ impl Watch {
                     return Err(Error::Unreachable {
                         endpoints: self.watchers.endpoint.clone(),
                         message: "the client dropped its connection (for another endpoint, or to dial afresh); the watch follows it".into(),
+                        tls: None,
                     })
                 }
             };
@@ -1299,13 +1388,16 @@ impl Watch {
                     return Err(Error::Unreachable {
                         endpoints: self.watchers.endpoint.clone(),
                         message: "the watch ended".into(),
+                        tls: None,
                     })
                 }
                 Err(status) => {
+                    let (message, tls) = said(&status);
                     return Err(Error::Unreachable {
                         endpoints: self.watchers.endpoint.clone(),
-                        message: format!("the watch broke: {}", said(&status)),
-                    })
+                        message: format!("the watch broke: {message}"),
+                        tls,
+                    });
                 }
             };
             if let Some(seen) = self.watchers.read(&answer)? {
@@ -1497,9 +1589,64 @@ mod tests {
 
     #[test]
     fn tls_refusals_carry_a_hint() {
-        assert!(tls_hint("invalid peer certificate: UnknownIssuer", false).contains("--etcd-ca"));
-        assert!(tls_hint("received fatal alert: CertificateRequired", false).contains("--etcd-cert"));
-        assert!(tls_hint("", true).contains("has none"));
-        assert_eq!(tls_hint("Connection refused (os error 111)", false), "");
+        assert!(TlsRefusal::ServerCertificate.hint().contains("--etcd-ca"));
+        assert!(TlsRefusal::ClientCertificateRequired.hint().contains("--etcd-cert"));
+        assert!(TlsRefusal::NoClientCertificate.hint().contains("has none"));
+    }
+
+    /// Review 4, example 5: a TLS refusal is classified from rustls's error where the chain
+    /// holds it (an alert after the handshake comes as tokio-rustls's `io::Error` wrapping
+    /// rustls's, under hyper and tonic), not from the words of the message, which a refusal
+    /// that is none can hold too.
+    #[test]
+    fn a_tls_refusal_is_read_from_rustls_in_the_error_chain_not_from_words() {
+        use rustls::{AlertDescription as Alert, CertificateError as Cert};
+        let under_tonic = |e: rustls::Error| {
+            tonic::Status::from_error(Box::new(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
+        };
+        let cases = [
+            (rustls::Error::AlertReceived(Alert::CertificateExpired), Some(TlsRefusal::ClientCertificate)),
+            (rustls::Error::AlertReceived(Alert::BadCertificate), Some(TlsRefusal::ClientCertificate)),
+            (rustls::Error::AlertReceived(Alert::CertificateRevoked), Some(TlsRefusal::ClientCertificate)),
+            (rustls::Error::AlertReceived(Alert::UnknownCA), Some(TlsRefusal::ClientCertificate)),
+            (
+                rustls::Error::AlertReceived(Alert::CertificateRequired),
+                Some(TlsRefusal::ClientCertificateRequired),
+            ),
+            (rustls::Error::InvalidCertificate(Cert::NotValidForName), Some(TlsRefusal::ServerName)),
+            (rustls::Error::InvalidCertificate(Cert::UnknownIssuer), Some(TlsRefusal::ServerCertificate)),
+            (rustls::Error::InvalidCertificate(Cert::Expired), Some(TlsRefusal::ServerCertificate)),
+            (rustls::Error::AlertReceived(Alert::HandshakeFailure), None),
+            (rustls::Error::DecryptError, None),
+        ];
+        for (e, want) in cases {
+            let shown = format!("{e:?}");
+            let status = under_tonic(e);
+            assert_eq!(TlsRefusal::in_chain(&status), want, "{shown}");
+            let (message, tls) = said(&status);
+            assert_eq!(tls, want, "{shown}");
+            assert_eq!(message.ends_with(')'), want.is_some(), "a hint only for a refusal: {message}");
+        }
+        let e = Error::Unreachable {
+            endpoints: "https://e:2379".into(),
+            message: said(&under_tonic(rustls::Error::AlertReceived(Alert::CertificateRevoked))).0,
+            tls: said(&under_tonic(rustls::Error::AlertReceived(Alert::CertificateRevoked))).1,
+        };
+        assert!(e.certificate_refused(), "{e}");
+
+        // Words alone are no refusal: a message that says one, with no rustls error under it.
+        for words in ["received fatal alert: BadCertificate", "invalid peer certificate: UnknownIssuer"] {
+            let status = tonic::Status::from_error(Box::new(std::io::Error::other(words)));
+            assert_eq!(TlsRefusal::in_chain(&status), None, "{words}");
+            let e =
+                Error::Unreachable { endpoints: "e".into(), message: said(&status).0, tls: said(&status).1 };
+            assert!(!e.certificate_refused(), "{e}");
+        }
+
+        // The connector's own word, carried through the io::Error the channel wants.
+        let dial = Dial { message: "TLS: closed".into(), tls: Some(TlsRefusal::ClientCertificate) };
+        let status = tonic::Status::from_error(Box::new(std::io::Error::other(dial)));
+        assert_eq!(TlsRefusal::in_chain(&status), Some(TlsRefusal::ClientCertificate));
+        assert!(said(&status).0.contains("etcd refused the client certificate of --etcd-cert"));
     }
 }
