@@ -14,7 +14,7 @@
 //! - The house's bounds (docs/testing.md, "The house's rules, held by tests"): no function over
 //!   100 lines, no file of `src/` over 1,200 lines outside its tests, no sleep of a second or
 //!   more in `tests/it`, each with an allow-list whose entries give their reason and must be
-//!   needed.
+//!   needed; each check shown finding a planted breach.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -1095,4 +1095,38 @@ fn the_rule_checks_refuse_what_breaks_the_rules() {
     );
     assert_eq!(seconds("std::time::Duration::from_secs(4)", &BTreeMap::new()), Some(4.0));
     assert_eq!(seconds("Duration::from_secs(a + 1)", &BTreeMap::new()), None);
+}
+
+/// The checks as the suite runs them, on a planted tree: a crate root with a function of 101
+/// lines, a file of 1,201 lines outside its tests, a test module file of any length, and a
+/// `tests/it` with a sleep of two seconds. Each is reported, by the same functions the three
+/// rule tests call on the real tree, and what stays within its bound is not.
+#[test]
+#[allow(clippy::disallowed_methods, reason = "the test plants a tree of its own")]
+fn the_rule_checks_find_breaches_planted_in_a_tree() {
+    let root = tempfile::tempdir().unwrap();
+    let write = |path: &str, text: String| {
+        let path = root.path().join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    let body = |n: usize| format!("fn f{n}() {{\n{}}}\n", "    x();\n".repeat(n - 2));
+    write("src/lib.rs", format!("#[cfg(test)]\nmod tests;\n{}{}", body(101), body(100)));
+    write("src/tests.rs", "fn t() {}\n".repeat(5_000));
+    write("src/long.rs", format!("{}#[cfg(test)]\nmod t {{\n{}}}\n", "fn x() {}\n".repeat(1_201), body(300)));
+    write("src/short.rs", format!("{}#[cfg(test)]\nmod t {{}}\n", "fn x() {}\n".repeat(1_200)));
+    write(
+        "tests/it/a.rs",
+        "const WAIT: Duration = Duration::from_secs(2);\nfn waits() {\n    std::thread::sleep(WAIT);\n    \
+         std::thread::sleep(Duration::from_millis(10));\n}\n"
+            .into(),
+    );
+    let root = root.path();
+    let functions: Vec<(String, String, usize)> =
+        long_functions_in(root, &["src"]).into_iter().map(|(f, n, _, l)| (f, n, l)).collect();
+    assert_eq!(functions, [("src/lib.rs".to_owned(), "f101".to_owned(), 101)]);
+    assert_eq!(long_files_in(root), [("src/long.rs".to_owned(), 1_201)]);
+    let sleeps: Vec<(String, String, String)> =
+        long_sleeps_in(root).into_iter().map(|(f, _, n, a)| (f, n, a)).collect();
+    assert_eq!(sleeps, [("a.rs".to_owned(), "waits".to_owned(), "WAIT".to_owned())]);
 }
