@@ -699,7 +699,6 @@ const FILE_LINES: usize = 1_200;
 /// still be needed.
 const LONG_FILES: &[(&str, &str)] = &[
     ("src/declaration/types.rs", "the declaration's types, every resource type's spec and its parts in one file; to be split by resource type"),
-    ("src/system/etcd.rs", "the etcd client: calls, failover, watches and the TLS connector; to be split into etcd/{mod,tls,watch}.rs (review 4 §11)"),
 ];
 
 /// Sleeps of a second or more in `tests/it` (or of a length the check cannot read), allowed by
