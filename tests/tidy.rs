@@ -697,9 +697,7 @@ const FILE_LINES: usize = 1_200;
 
 /// Files of `src/` allowed over `FILE_LINES` (outside their tests), with why. Each entry must
 /// still be needed.
-const LONG_FILES: &[(&str, &str)] = &[
-    ("src/system/etcd.rs", "the etcd client: calls, failover, watches and the TLS connector; to be split into etcd/{mod,tls,watch}.rs (review 4 §11)"),
-];
+const LONG_FILES: &[(&str, &str)] = &[];
 
 /// Sleeps of a second or more in `tests/it` (or of a length the check cannot read), allowed by
 /// the file under `tests/it/`, the function they are in, and why. docs/testing.md: a test never

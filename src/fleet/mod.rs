@@ -21,6 +21,7 @@
 //! - `daemon`: the source, the status writer, the refusals' reporter and the confirmation
 //!   window started together, by the face, beside the controller.
 //! - `put`: `mesh-host fleet put` and `fleet diff`, the operator's side.
+//! - `forget`: `mesh-host fleet forget`, a dead node's keys deleted so it leaves every plan.
 //! - `rollout`: `mesh-host fleet rollout`, a candidate given to the nodes wave by wave, and the
 //!   keys a node reads to know whether it is admitted to it (the source reads them).
 //!
@@ -30,6 +31,7 @@
 
 pub mod confirm;
 pub mod daemon;
+pub mod forget;
 pub mod pending;
 pub mod put;
 pub mod rollout;

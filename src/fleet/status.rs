@@ -360,6 +360,28 @@ mod tests {
     }
 
     #[test]
+    fn a_held_node_is_never_current_whatever_revision_it_names() {
+        let status = |hold: Option<&str>| Status {
+            node: "a".into(),
+            groups: Vec::new(),
+            revision: Some(9),
+            applied: Summary { converged: true, hold: hold.map(str::to_owned), ..Summary::default() },
+            refused: None,
+            written_at: 0,
+        };
+        let row = |hold| Row {
+            node: "a".into(),
+            alive: true,
+            status: Some(status(hold)),
+            latest: Some(7),
+            current: false,
+        };
+        assert!(current(&row(None)));
+        assert!(!current(&row(Some("held at generation 3 by the node itself"))));
+        assert!(!current(&Row { alive: false, ..row(None) }));
+    }
+
+    #[test]
     fn a_node_gone_back_by_itself_says_why_in_its_row_and_under_the_table() {
         let hold = crate::generations::Hold {
             generation: 3,
@@ -419,8 +441,8 @@ pub struct Row {
     pub status: Option<Status>,
     /// The newest revision among the keys the node reads (by the groups it last reported).
     pub latest: Option<i64>,
-    /// Alive, converged, and applied at the latest revision or later: what `fleet status` exits
-    /// 0 on, so a script can wait on it (docs/decisions.md, "`fleet status` exits 1").
+    /// Alive, converged, held by no rollback, and applied at the latest revision or later: what
+    /// `fleet status` exits 0 on, so a script can wait on it (docs/decisions.md, "`fleet status` exits 1").
     pub current: bool,
 }
 
@@ -457,12 +479,23 @@ pub async fn rows(etcd: &Etcd) -> Result<(i64, Vec<Row>), crate::system::etcd::E
             .filter(|kv| prefixes.iter().any(|p| kv.key.starts_with(p.as_str())))
             .map(|kv| kv.mod_revision)
             .max();
-        row.current = row.alive
-            && row.status.as_ref().is_some_and(|s| {
-                s.applied.converged && s.revision.is_some_and(|r| row.latest.is_none_or(|l| r >= l))
-            });
+        row.current = current(row);
     }
     Ok((all.revision, nodes.into_values().collect()))
+}
+
+/// Whether a node is current: alive, converged, at its latest revision or later, and held by no
+/// rollback. A held node (its operator's rollback, or its own going back) applies an older
+/// generation than the keys it reads, whatever revision its status names (the hold's generation
+/// may carry a later revision than the keys left, as a candidate's does after an abort): never
+/// current while the hold stands.
+fn current(row: &Row) -> bool {
+    row.alive
+        && row.status.as_ref().is_some_and(|s| {
+            s.applied.converged
+                && s.applied.hold.is_none()
+                && s.revision.is_some_and(|r| row.latest.is_none_or(|l| r >= l))
+        })
 }
 
 /// The generation a node's status says is in force, `N*` while a rollback holds it, `-` from a

@@ -201,9 +201,10 @@ pub async fn promote(etcd: &Etcd) -> anyhow::Result<String> {
         };
         if let Some(revision) = answer {
             return Ok(format!(
-                "rollout {} promoted at revision {revision}: the candidate is the declaration of {} ({kept} key(s), {removed} removed); the rollout is closed{since}\n",
+                "rollout {} promoted at revision {revision}: the candidate is the declaration of {} ({kept} key(s), {removed} removed); the rollout is closed{since}{}\n",
                 state.id,
                 state.scope().describe(),
+                held_after(&state, &s)
             ));
         }
         let again = etcd.range_prefix(&state.replaces, None).await?;
@@ -216,6 +217,32 @@ pub async fn promote(etcd: &Etcd) -> anyhow::Result<String> {
         }
     }
     gave_up(sent.map(|(_, lost)| lost))
+}
+
+/// What promote says of the nodes a rollback holds (most often their own going back from the
+/// candidate, counted against the budget): the promoted declaration is the generation they went
+/// back from, which changes nothing under the hold, so they stay where they are, visibly, until
+/// a declaration never seen before or `mesh-host rollback --release` on the node
+/// (docs/decisions.md, "Rollouts"). Empty when none is held.
+fn held_after(state: &State, s: &Snapshot) -> String {
+    let held: Vec<&String> = state
+        .waves
+        .iter()
+        .flatten()
+        .filter(|n| {
+            s.nodes.get(*n).is_some_and(|seen| {
+                seen.reverted.is_some() || seen.status.as_ref().is_some_and(|st| st.applied.hold.is_some())
+            })
+        })
+        .collect();
+    if held.is_empty() {
+        return String::new();
+    }
+    format!(
+        ". {} node(s) held by a rollback (gone back by themselves, or by an operator) stay held where they went back: {}; they take the candidate on `mesh-host rollback --release` on the node, or with the next declaration never seen before, and `fleet status` does not call them current meanwhile",
+        held.len(),
+        list(&held)
+    )
 }
 
 /// The gate once more, at promote: every wave passed it when the driver marked the rollout done,

@@ -38,8 +38,7 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
     if let Some((state, _)) = &s.state {
         return refused(format!("nothing was written: {}", open_message(state)));
     }
-    let nodes = s.nodes_of(&start.scope);
-    let waves = plan(&nodes, &start.canaries, &start.sizes).map_err(Refused)?;
+    let (waves, gone) = planned(&s, &start)?;
     let prefix = start.scope.prefix();
     let now = crate::system::unix_secs();
     let state = State {
@@ -124,9 +123,27 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
         start.scope.describe()
     );
     print_plan(&state);
+    if !gone.is_empty() {
+        println!(
+            "left out, not alive: {} (a node that comes back reads the declaration in force until the promote; `mesh-host fleet forget NODE` removes one gone for good)",
+            names(&gone)
+        );
+    }
     let ended = drive_held(etcd, &mut driver).await;
     driver.release(etcd).await;
     ended
+}
+
+/// The waves of `start`, over the scope's live nodes, and the nodes of the scope left out (not
+/// alive).
+fn planned(s: &Snapshot, start: &Start) -> anyhow::Result<(Vec<Vec<String>>, Vec<String>)> {
+    let (nodes, gone) = s.nodes_of(&start.scope);
+    if let Some(c) = start.canaries.iter().find(|c| gone.contains(c)) {
+        return refused(format!(
+            "--canary {c}: the node is not alive (no presence key in etcd); a rollout is planned over live nodes only"
+        ));
+    }
+    Ok((plan(&nodes, &start.canaries, &start.sizes).map_err(Refused)?, gone))
 }
 
 /// What the driver's key says: who, and since when.

@@ -220,7 +220,10 @@ pub fn parse_waves(spec: &str) -> Result<Vec<Size>, String> {
 /// every node.
 pub fn plan(nodes: &[String], canaries: &[String], sizes: &[Size]) -> Result<Vec<Vec<String>>, String> {
     if nodes.is_empty() {
-        return Err("no node in the scope has reported to etcd (no status or presence key): a rollout needs nodes to watch".into());
+        return Err(
+            "no live node in the scope (none holds its presence key in etcd): a rollout needs nodes to watch"
+                .into(),
+        );
     }
     for c in canaries {
         if !nodes.contains(c) {
@@ -540,17 +543,21 @@ impl Snapshot {
         s
     }
 
-    /// The nodes a rollout of `scope` is for: every node known, for the fleet; those whose
-    /// status names the group, for a group.
-    pub fn nodes_of(&self, scope: &Scope) -> Vec<String> {
-        self.nodes
+    /// The nodes a rollout of `scope` is planned over, and those of the scope it leaves out: of
+    /// every node known (for a group, those whose status names it), the live ones (their presence
+    /// key is there), as a DaemonSet targets only the nodes that are there; a node that is gone
+    /// would only spend the budget at its deadline. `fleet forget` removes one for good.
+    pub fn nodes_of(&self, scope: &Scope) -> (Vec<String>, Vec<String>) {
+        let (alive, dead): (Vec<_>, Vec<_>) = self
+            .nodes
             .iter()
             .filter(|(_, seen)| match scope {
                 Scope::Group(g) => seen.status.as_ref().is_some_and(|s| s.groups.contains(g)),
                 _ => true,
             })
-            .map(|(n, _)| n.clone())
-            .collect()
+            .partition(|(_, seen)| seen.alive);
+        let names = |v: Vec<(&String, &Seen)>| v.into_iter().map(|(n, _)| n.clone()).collect();
+        (names(alive), names(dead))
     }
 
     /// The verdict on every admitted node.
@@ -799,8 +806,12 @@ mod tests {
         let s = Snapshot::of(range);
         assert_eq!(s.state.as_ref().map(|(_, at)| *at), Some(11));
         assert_eq!(s.admitted.keys().collect::<Vec<_>>(), ["a"]);
-        assert_eq!(s.nodes_of(&Scope::Fleet), ["a", "b", "web-10"]);
-        assert_eq!(s.nodes_of(&Scope::Group("web".into())), ["b", "web-10"]);
+        // Planned over the live nodes only; the others are named as left out.
+        let (alive, dead) = s.nodes_of(&Scope::Fleet);
+        assert_eq!((alive, dead), (vec!["a".to_owned()], vec!["b".to_owned(), "web-10".to_owned()]));
+        let (alive, dead) = s.nodes_of(&Scope::Group("web".into()));
+        assert!(alive.is_empty());
+        assert_eq!(dead, ["b", "web-10"]);
         let verdicts = s.verdicts(&state, 101);
         assert!(
             matches!(&verdicts["a"], Verdict::Failed(w) if w.contains("generation 4") && w.contains("etcd unreachable")),
