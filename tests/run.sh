@@ -44,6 +44,13 @@ if cmp -s "$target_dir/debug/mesh-host" "$target_dir/powerloss-mutant/mesh-host"
   exit 1
 fi
 export MESH_HOST_POWERLOSS_MUTANT="$target_dir/powerloss-mutant/mesh-host"
+echo "== the fleet harness's mutant (tests/robust/): a gate that passes pending nodes, an abort that keeps admissions"
+# As the power-loss mutant above: built for the feature, kept aside, the real binary put back.
+cargo build --quiet --features robust-mutant --bin mesh-host
+mkdir -p "$target_dir/robust-mutant" && cp "$target_dir/debug/mesh-host" "$target_dir/robust-mutant/mesh-host"
+cargo build --quiet --bin mesh-host
+cmp -s "$target_dir/debug/mesh-host" "$target_dir/robust-mutant/mesh-host" && { echo "tests/run.sh: the real binary was not put back after the fleet mutant's build" >&2; exit 1; }
+export MESH_HOST_ROBUST_MUTANT="$target_dir/robust-mutant/mesh-host"
 echo "== tests"
 # Tests that need the testbed (Docker, Podman, systemd, apt, useradd) are marked
 # `#[ignore = "needs the testbed: ..."]`, so a bare `cargo test` elsewhere reports them as
