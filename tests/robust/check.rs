@@ -4,8 +4,9 @@
 //! the node, the revision and the harness time.
 //!
 //! Checked: I1 (admission safety), I2 (the gate), I3 (no wave over an unconfirmed node), I4
-//! (abort), I6 (no acknowledged write lost, nothing written by a refusal), I11 (convergence
-//! after the heal). Not checked: I5, I7-I10 (RELIABILITY.md says why).
+//! (abort), I6 (no acknowledged write lost, nothing written by a refusal), I7 (one effective
+//! driver: every wave a driver says it opened, it opened holding the driver's key), I11
+//! (convergence after the heal). Not checked: I5, I8-I10 (RELIABILITY.md says why).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -57,6 +58,8 @@ struct Replay {
     last_revision: i64,
     /// Every put: (revision, key, value).
     puts: Vec<(i64, String, Rc<str>)>,
+    /// The driver's key at each revision it changed at: who held it (`None`: no one).
+    drivers: Vec<(i64, Option<Rc<str>>)>,
 }
 
 /// One key event of a revision: put or delete, the key, the value put.
@@ -80,6 +83,7 @@ pub fn check(entries: &[Entry]) -> Vec<Violation> {
     samples_explained(entries, &replay, &mut out);
     aborts_undone(entries, &replay, &mut out);
     writes_kept(entries, &replay, &mut out);
+    one_driver(entries, &replay, &mut out);
     converged(entries, &nodes, &replay, &mut out);
     out.sort_by_key(|v| v.t);
     out
@@ -150,6 +154,9 @@ fn replay(
                 _ => {
                     kv.remove(*key);
                 }
+            }
+            if *key == model::DRIVER {
+                r.drivers.push((rev, kv.get(model::DRIVER).map(|(v, _)| v.clone())));
             }
         }
         if closing
@@ -480,6 +487,43 @@ fn writes_kept(entries: &[Entry], replay: &Replay, out: &mut Vec<Violation>) {
                 what: format!(
                     "{op} #{id} was acknowledged, but what it says it wrote is not in etcd's history: {}",
                     said.lines().next().unwrap_or_default()
+                ),
+            });
+        }
+    }
+}
+
+/// I7: one effective driver. Every wave a driver (`start`, `resume`) says it opened ("wave K of
+/// M open at revision R"), it opened while the driver's key named it (`(pid N)`) at R: a
+/// driver paused past its lease, whose key another driver took, opens nothing.
+fn one_driver(entries: &[Entry], replay: &Replay, out: &mut Vec<Violation>) {
+    let mut pids: BTreeMap<u64, u32> = BTreeMap::new();
+    for e in entries {
+        let Entry::Op { t, id, phase, op, pid, out: said, .. } = e else { continue };
+        if *phase == Phase::Invoke {
+            pids.extend(pid.map(|p| (*id, p)));
+            continue;
+        }
+        let Some(pid) = pids.get(id).filter(|_| op == "start" || op == "resume") else { continue };
+        let me = format!("(pid {pid})");
+        for line in said.lines().filter(|l| l.starts_with("wave ") && l.contains(" open at revision ")) {
+            let Some(r) = line.split(" open at revision ").nth(1).and_then(|r| r.split(':').next()) else {
+                continue;
+            };
+            let Ok(r) = r.trim().parse::<i64>() else { continue };
+            let holder =
+                replay.drivers.iter().take_while(|(at, _)| *at <= r).last().and_then(|(_, h)| h.clone());
+            if holder.as_deref().is_some_and(|h| h.contains(&me)) {
+                continue;
+            }
+            out.push(Violation {
+                invariant: "I7",
+                node: None,
+                revision: Some(r),
+                t: *t,
+                what: format!(
+                    "{op} #{id} {me} says \"{line}\", but at revision {r} the driver's key was {}: two drivers acted",
+                    holder.map_or("held by no one".to_owned(), |h| format!("held by {h:?}"))
                 ),
             });
         }

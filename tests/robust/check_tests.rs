@@ -5,7 +5,7 @@ use serde_json::json;
 
 use crate::check::{check, Violation};
 use crate::history::{digest, ClaimKind, Edge, Entry, KvOp, Phase};
-use crate::model::{admission_key, alive_key, status_key, CANDIDATE, FLEET, LAST, STATE};
+use crate::model::{admission_key, alive_key, status_key, CANDIDATE, DRIVER, FLEET, LAST, STATE};
 
 /// A history written by hand: each write a new revision, 100 ms apart.
 struct H {
@@ -234,6 +234,25 @@ fn i4_a_node_left_on_an_aborted_candidate_is_named_once_no_fault_excuses_it() {
     assert_eq!((v.node.as_deref(), v.revision), (Some("a"), Some(abort)), "{v}");
     // And at the end a still runs it: I11 too.
     assert_eq!(only(&all, "I11").node.as_deref(), Some("a"));
+}
+
+#[test]
+fn i7_a_wave_opened_by_a_driver_whose_key_another_holds_is_named() {
+    let mut h = H::through_wave_one();
+    // The first driver (op 1, pid 901) held the key; its lease ended, a second (op 2, pid 902)
+    // took it.
+    h.put(DRIVER, "me on h (pid 901) since then".into());
+    h.txn(&[(DRIVER, None)]);
+    h.put(DRIVER, "me on h (pid 902) since now".into());
+    let open = h.put(STATE, state(2, &[], false));
+    let by_second = format!("wave 2 of 2 open at revision {open}: b");
+    h.op(2, "resume", None, Phase::Ok, &by_second);
+    assert!(check(&h.e).iter().all(|v| v.invariant != "I7"), "{:#?}", check(&h.e));
+    // The same wave said opened by the first: two drivers acted.
+    h.op(1, "start", None, Phase::Info, &format!("rollout r1: a candidate of 1 key(s)\n{by_second}"));
+    let v = only(&check(&h.e), "I7");
+    assert_eq!(v.revision, Some(open), "{v}");
+    assert!(v.what.contains("(pid 901)") && v.what.contains("(pid 902)"), "{v}");
 }
 
 #[test]

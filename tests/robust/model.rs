@@ -17,6 +17,8 @@ pub const FLEET: &str = "/mesh-host/fleet/declaration/";
 pub const CANDIDATE: &str = "/mesh-host/rollout/open/candidate/";
 pub const STATE: &str = "/mesh-host/rollout/open/state";
 pub const LAST: &str = "/mesh-host/rollout/last";
+/// The driver's key, bound to its lease; its value names the driver (`(pid N)`).
+pub const DRIVER: &str = "/mesh-host/rollout/driver";
 /// The one file each declaration of the harness manages.
 pub const MANAGED: &str = "app.conf";
 
