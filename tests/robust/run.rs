@@ -42,6 +42,8 @@ pub struct Ops {
     pub dir: PathBuf,
     pub target: PathBuf,
     pub history: Arc<History>,
+    /// `MESH_HOST_MUTANT` for every command, when the run is a mutant's.
+    pub mutant: Option<&'static str>,
     next: AtomicU64,
     /// The drivers running (start, resume): their pids, for the nemesis.
     pub drivers: Arc<Mutex<Vec<u32>>>,
@@ -71,6 +73,7 @@ impl Ops {
             dir: dir.to_owned(),
             target: target.to_owned(),
             history: history.clone(),
+            mutant: None,
             next: AtomicU64::new(1),
             drivers: Arc::new(Mutex::new(Vec::new())),
             threads: Mutex::new(Vec::new()),
@@ -89,7 +92,11 @@ impl Ops {
     /// (a driver), killed past `within`; the invocation and the outcome go to the history.
     pub fn run(&self, op: &str, args: &[String], token: Option<String>, background: bool, within: Duration) {
         let id = self.next.fetch_add(1, Ordering::SeqCst);
-        let child = Command::new(&self.bin)
+        let mut command = Command::new(&self.bin);
+        if let Some(m) = self.mutant {
+            command.env("MESH_HOST_MUTANT", m);
+        }
+        let child = command
             .arg("--state")
             .arg(self.dir.join("operator-state.json"))
             .arg("fleet")
@@ -219,6 +226,9 @@ pub struct Plan {
     /// The quiet period after the heal.
     pub quiet: u64,
     pub bin: PathBuf,
+    /// The mutant every process of the run is told to be (`MESH_HOST_MUTANT`; a build with the
+    /// feature `robust-mutant` only).
+    pub mutant: Option<&'static str>,
 }
 
 /// The system up, shared by the runs.
@@ -242,7 +252,10 @@ pub fn up(plan: &Plan) -> Up {
     let stop = Arc::new(AtomicBool::new(false));
     let recorded = system::record(&endpoints, &history, &stop);
     let mut fleet = Fleet::new(&plan.bin, &endpoints, dir.path(), plan.agents, 5);
-    let ops = Arc::new(Ops::new(&plan.bin, &endpoints, dir.path(), &fleet.target, &history));
+    fleet.mutant = plan.mutant;
+    let mut ops = Ops::new(&plan.bin, &endpoints, dir.path(), &fleet.target, &history);
+    ops.mutant = plan.mutant;
+    let ops = Arc::new(ops);
     ops.put();
     for i in 0..plan.agents {
         fleet.start(i, &history);

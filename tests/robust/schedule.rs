@@ -181,6 +181,57 @@ pub fn directed(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) 
     finished(up)
 }
 
+/// The fence's schedule: a rollout soaking its first wave for 20 s, its driver stopped 4 s in,
+/// past its lease (12 s), while a second driver (`resume`) takes the driver's key, then
+/// continued. The real driver finds its lease gone and stops; one that ignores its lease opens
+/// the next wave on its own soak, while the key names the second driver (I7).
+pub fn fence(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
+    let up = Arc::new(up(plan));
+    up.ops.start("ro-1", 20, 90, "1,1,100%");
+    std::thread::sleep(Duration::from_secs(4));
+    pause_driver(&up);
+    std::thread::sleep(Duration::from_secs(20));
+    finished(up)
+}
+
+/// The window's schedule: the canary on a candidate and confirmed, the rollout aborted, and
+/// every etcd member stopped the moment the canary takes the abort's declaration, for 9 s
+/// (past its 5 s window). The real agent does not arm the generation an abort brings back;
+/// one that arms it, with the candidate as the generation to go back to, goes back to the
+/// aborted candidate and holds it (I4).
+pub fn window(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
+    let up = Arc::new(up(plan));
+    up.ops.start("ro-1", 120, 120, "1,100%");
+    std::thread::sleep(Duration::from_secs(10));
+    let pids: Vec<u32> = {
+        let c = up.cluster.lock().unwrap();
+        (0..3).filter_map(|i| c.pid(i)).collect()
+    };
+    let out = system::etcdctl(&up.ops.endpoints, &["get", "/", "--limit", "1", "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let from = v["header"]["revision"].as_i64().expect("etcd answers") + 1;
+    let fault = "SIGSTOP every etcd member as ro-1 takes the abort".to_owned();
+    let trap = up.fleet.lock().unwrap().trap.clone();
+    *trap.lock().unwrap() =
+        Some(system::Trap { node: "ro-1".into(), from, pids: pids.clone(), fault, sprung: None });
+    // In the background: etcd may be stopped before the abort has its answer.
+    let ops = up.ops.clone();
+    let abort = std::thread::spawn(move || ops.rollout("abort"));
+    let sprung = wait_for(Duration::from_secs(10), || {
+        trap.lock().unwrap().as_ref().is_some_and(|t| t.sprung.is_some())
+    });
+    assert!(sprung, "ro-1 never took the abort's declaration: see {}", up.history.path.display());
+    std::thread::sleep(Duration::from_secs(9));
+    for pid in &pids {
+        signal(*pid, Signal::SIGCONT);
+    }
+    let fault = trap.lock().unwrap().take().unwrap().fault;
+    up.history.log(&Entry::Nemesis { t: up.history.now(), phase: crate::history::Edge::Stop, fault });
+    abort.join().expect("the abort ends");
+    std::thread::sleep(Duration::from_secs(crate::check::GRACE_MS / 1000 + 6));
+    finished(up)
+}
+
 /// What a run did, in one line per kind: operations by outcome, faults, samples, revisions.
 pub fn summary(entries: &[Entry]) -> String {
     use std::collections::BTreeMap;

@@ -172,6 +172,23 @@ pub struct Fleet {
     pub agents: Vec<Agent>,
     /// The nodes whose confirmation window opened, and when (for the nemesis).
     pub armed: Arc<Mutex<Vec<(String, u64)>>>,
+    /// A fault sprung the moment a node says it accepted a revision (for a directed schedule).
+    pub trap: Arc<Mutex<Option<Trap>>>,
+    /// `MESH_HOST_MUTANT` for every agent, when the run is a mutant's.
+    pub mutant: Option<&'static str>,
+}
+
+/// The nodes whose confirmation window opened, and when.
+type Armed = Mutex<Vec<(String, u64)>>;
+
+/// Processes stopped (SIGSTOP) from the agent's log reader itself, with no delay, as soon as
+/// `node` says it accepted a declaration at `from` or later; `sprung` says when.
+pub struct Trap {
+    pub node: String,
+    pub from: i64,
+    pub pids: Vec<u32>,
+    pub fault: String,
+    pub sprung: Option<u64>,
 }
 
 impl Fleet {
@@ -191,7 +208,17 @@ impl Fleet {
             })
             .collect();
         let armed = Arc::new(Mutex::new(Vec::new()));
-        Fleet { bin: bin.to_owned(), endpoints: endpoints.to_owned(), target, window, agents, armed }
+        let trap = Arc::new(Mutex::new(None));
+        Fleet {
+            bin: bin.to_owned(),
+            endpoints: endpoints.to_owned(),
+            target,
+            window,
+            agents,
+            armed,
+            trap,
+            mutant: None,
+        }
     }
 
     pub fn pid(&self, i: usize) -> Option<u32> {
@@ -204,7 +231,11 @@ impl Fleet {
             return;
         }
         let a = &self.agents[i];
-        let mut child = Command::new("unshare")
+        let mut command = Command::new("unshare");
+        if let Some(m) = self.mutant {
+            command.env("MESH_HOST_MUTANT", m);
+        }
+        let mut child = command
             .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
             .arg(r#"mount --bind "$1" "$2" && shift 2 && exec "$@" 2>&1"#)
             .arg("sh")
@@ -221,9 +252,10 @@ impl Fleet {
             .spawn()
             .expect("unshare starts (util-linux)");
         let out = child.stdout.take().unwrap();
-        let (name, history, armed) = (a.name.clone(), history.clone(), self.armed.clone());
+        let (name, history, armed, trap) =
+            (a.name.clone(), history.clone(), self.armed.clone(), self.trap.clone());
         let log = a.state.with_file_name("agent.log");
-        std::thread::spawn(move || claims(out, &name, &history, &armed, &log));
+        std::thread::spawn(move || claims(out, &name, &history, (&armed, &trap), &log));
         self.agents[i].child = Some(child);
     }
 
@@ -249,7 +281,7 @@ fn claims(
     out: impl std::io::Read,
     node: &str,
     history: &History,
-    armed: &Mutex<Vec<(String, u64)>>,
+    (armed, trap): (&Armed, &Mutex<Option<Trap>>),
     log: &Path,
 ) {
     let mut file = std::fs::File::options().create(true).append(true).open(log).ok();
@@ -278,6 +310,9 @@ fn claims(
         if what == ClaimKind::Armed {
             armed.lock().unwrap().push((node.to_owned(), t));
         }
+        if what == ClaimKind::Accepted {
+            spring(trap, node, fields["revision"].as_i64().unwrap_or(0), history);
+        }
         history.log(&Entry::Claim {
             t,
             node: node.to_owned(),
@@ -286,6 +321,20 @@ fn claims(
             revision: fields["revision"].as_i64(),
         });
     }
+}
+
+/// Springs the trap when `node` accepted revision `revision`, at or past the trap's.
+fn spring(trap: &Mutex<Option<Trap>>, node: &str, revision: i64, history: &History) {
+    let mut trap = trap.lock().unwrap();
+    let Some(t) = trap.as_mut().filter(|t| t.node == node && revision >= t.from && t.sprung.is_none()) else {
+        return;
+    };
+    for pid in &t.pids {
+        signal(*pid, Signal::SIGSTOP);
+    }
+    let now = history.now();
+    t.sprung = Some(now);
+    history.log(&Entry::Nemesis { t: now, phase: crate::history::Edge::Start, fault: t.fault.clone() });
 }
 
 /// The recorder: etcd's watch on the fleet's root from revision 1, every event into the history;
