@@ -97,6 +97,14 @@ if cmp -s "$target_dir/debug/mesh-host" "$target_dir/powerloss-mutant/mesh-host"
   exit 1
 fi
 export MESH_HOST_POWERLOSS_MUTANT="$target_dir/powerloss-mutant/mesh-host"
+echo "== the fleet harness's mutants (tests/robust/): one build, each mutant picked per run by MESH_HOST_MUTANT"
+# As the power-loss mutant above: built for the feature, kept aside, the real binary put back;
+# only the root crate is compiled again, once for every mutant (src/fleet/mod.rs, \`mutant\`).
+cargo build --quiet --features robust-mutant --bin mesh-host
+mkdir -p "$target_dir/robust-mutant" && cp "$target_dir/debug/mesh-host" "$target_dir/robust-mutant/mesh-host"
+cargo build --quiet --bin mesh-host
+cmp -s "$target_dir/debug/mesh-host" "$target_dir/robust-mutant/mesh-host" && { echo "tests/run.sh: the real binary was not put back after the fleet mutant's build" >&2; exit 1; }
+export MESH_HOST_ROBUST_MUTANT="$target_dir/robust-mutant/mesh-host"
 # The test binaries, built here so that their time is the build's and the next phase's is the
 # tests'. The same profile and features as the run below: it builds nothing again.
 # (tests/it/operator.rs's cargo-deb packs this debug build of the agent, built above.)
@@ -113,11 +121,19 @@ echo "== tests"
 # ignored instead of failing or passing in silence. Here the testbed is up: run them all.
 # nextest runs each test in its own process, in parallel, and reports slow ones; plain cargo
 # test is the fallback where it is not installed.
+# The fleet harness (binary robust) runs in its own step below, alone.
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast --failure-output final --run-ignored all
+  cargo nextest run --workspace --no-fail-fast --failure-output final --run-ignored all -E 'not binary(robust)'
 else
-  cargo test --workspace --no-fail-fast -- --include-ignored
+  cargo test --workspace --no-fail-fast -- --include-ignored --skip the_fleet_keeps --skip _caught
 fi
+phase "fleet under faults"
+echo "== the fleet under faults, short (tests/robust/; the long run: RELIABILITY.md)"
+# The checker's unit tests; a seeded schedule (75 s of operations and faults over 3 etcd members
+# and 8 agents, a heal, 30 s of quiet: its seed printed, its history kept); then each mutant's
+# directed schedule beside the same schedule on the real build. One at a time, about 5 minutes
+# on two cores. The test binary and the real mesh-host are the ones built for the tests above.
+MESH_HOST_ROBUST_SECS=75 cargo test --test robust -- --include-ignored --test-threads 1 --nocapture
 phase "power-loss lanes"
 echo "== power loss: both lanes, the VM lane short, real and mutant (tests/powerloss/)"
 # The FUSE lane, and Debian's kernel under QEMU (TCG) with the agent on ext4 over

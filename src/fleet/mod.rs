@@ -38,6 +38,15 @@ pub mod rollout;
 pub mod source;
 pub mod status;
 
+/// The fleet harness's deliberately broken builds (tests/robust/; feature `robust-mutant`, never
+/// in a release): whether `MESH_HOST_MUTANT` names mutant `name` (`gate`, `abort`, `fence`,
+/// `window`; a comma-separated list), so that one build holds them all and each run of the
+/// harness breaks one thing. Unset, the build behaves as the real one.
+#[cfg(feature = "robust-mutant")]
+pub fn mutant(name: &str) -> bool {
+    std::env::var("MESH_HOST_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+}
+
 /// The root every key of mesh-host's lives under.
 pub const ROOT: &str = "/mesh-host/";
 

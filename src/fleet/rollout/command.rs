@@ -148,6 +148,13 @@ pub async fn abort(etcd: &Etcd) -> anyhow::Result<String> {
             Write::DeletePrefix(open_prefix()),
             Write::Put { key: last_key(), value: serde_json::to_vec(&state)?, lease: 0 },
         ];
+        #[cfg(feature = "robust-mutant")]
+        // tests/robust only (`abort`): the state deleted, not the admissions.
+        let writes = if crate::fleet::mutant("abort") {
+            [Write::Delete(state_key()), writes[1].clone()]
+        } else {
+            writes
+        };
         let answer = match etcd.txn(&[Cond::WrittenAt(state_key(), at)], &writes).await {
             Err(e) if lost(&e) => {
                 sent = Some((state.id.clone(), e));

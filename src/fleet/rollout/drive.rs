@@ -181,6 +181,8 @@ impl Driver {
         }
         match etcd.lease_keepalive(self.lease).await {
             Ok(true) => self.renewed = tokio::time::Instant::now(),
+            #[cfg(feature = "robust-mutant")] // tests/robust only (`fence`): a lost lease ignored.
+            Ok(false) if crate::fleet::mutant("fence") => self.renewed = tokio::time::Instant::now(),
             Ok(false) => {
                 println!(
                     "the driver's lease ended (etcd was out of reach for {DRIVER_TTL} s); taking it again"
@@ -294,6 +296,10 @@ struct Written {
 
 impl Written {
     fn conds(&self) -> [Cond; 2] {
+        #[cfg(feature = "robust-mutant")] // tests/robust only (`fence`): the writes not fenced.
+        if crate::fleet::mutant("fence") {
+            return [Cond::WrittenAt(state_key(), self.at), Cond::WrittenAt(state_key(), self.at)];
+        }
         [Cond::WrittenAt(state_key(), self.at), Cond::LeaseIs(driver_key(), self.lease)]
     }
 }
@@ -457,6 +463,8 @@ pub(super) async fn write_state(
     let put = Write::Put { key: state_key(), value: serde_json::to_vec(next)?, lease: 0 };
     let mut conds = vec![Cond::WrittenAt(state_key(), at)];
     conds.extend(lease.map(|l| Cond::LeaseIs(driver_key(), l)));
+    #[cfg(feature = "robust-mutant")] // tests/robust only (`fence`): the writes not fenced.
+    conds.retain(|c| !(crate::fleet::mutant("fence") && matches!(c, Cond::LeaseIs(..))));
     Ok(etcd.txn(&conds, &[put]).await?.is_some())
 }
 
