@@ -438,7 +438,7 @@ fn unpack(
             match &e.body {
                 Body::Dir => {
                     fs.make_dirs(&full, e.mode)?;
-                    fs.set_mode(&full, e.mode)?;
+                    fs.set_dir_mode(&full, e.mode)?;
                 }
                 Body::File { .. } => {
                     let mut reader = Hashing { inner: &mut entry, hasher: sha2::Sha256::new() };

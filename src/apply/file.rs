@@ -10,7 +10,7 @@ use super::{begin, secret, Aspect, Ctx, Error, Facts, HandEdit, Outcome, Step, T
 use crate::declaration::{digest, Digest, File, Kind, Resource};
 use crate::secrets::Keyring;
 use crate::store::Record;
-use crate::system::fs::{Content, Fs, Kind as FsKind, Meta};
+use crate::system::fs::{Content, Expect, Fs, Kind as FsKind, Meta};
 use crate::system::journal::Intent;
 use crate::system::{ContentFile, Place, Staged};
 
@@ -559,12 +559,13 @@ fn act(
             Ok(Step::Staged(Box::new(Pending { staged, checked, kept: None })))
         }
         Change::Set { mode, owner } => {
-            if let Some((uid, gid)) = owner {
-                fs.set_owner(path, uid, gid)?;
-            }
-            if let Some(mode) = mode {
-                fs.set_mode(path, mode)?;
-            }
+            // On the file that was read and checked, or on nothing: whatever was put at the
+            // name since (a hard link to another file, another file renamed in) fails this
+            // resource untouched (`Fs::change_in_place`; security review F7).
+            let looked = found
+                .map(|(meta, _)| meta)
+                .ok_or_else(|| Error::Vanished { target: Target::Path(path.to_owned()), did: "looked at" })?;
+            fs.change_in_place(path, Expect::Checked(looked), owner, mode)?;
             let (outcome, facts) = read_back(fs, &checked)?;
             Ok(Step::Done(outcome, Some(facts)))
         }

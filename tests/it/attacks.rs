@@ -739,3 +739,84 @@ fn swapping_a_managed_file_for_a_symlink_while_applies_run_writes_nothing_outsid
         }
     });
 }
+
+// ---- In place: a chmod or chown lands on the file that was checked, or nowhere ------------------
+
+/// `apply --json` with the failpoint `in-place-pause`, which holds the agent for 300 ms just
+/// before it changes a mode or owner in place: the window a racing swapper needs, made wide so
+/// that the race is won on every run rather than once in thousands.
+fn apply_paused(s: &Scratch, declaration: &Path) -> ExitStatus {
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .args(["apply", "--json"])
+        .arg(declaration)
+        .env("MESH_HOST_FAILPOINT", "in-place-pause")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(start.elapsed() < LIMIT, "apply did not end within {LIMIT:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Issue 45, point 5 (security review F7). The managed file is found with its declared content
+/// and another mode and owner, so the host changes them in place. Meanwhile a swapper puts at
+/// its name, in turn, the file itself, a hard link to the sentinel's shadow file, and a symlink
+/// to it: whatever the name holds when the chmod and chown come, they must reach the file that
+/// was checked or nothing. The swapper runs as root, which links any file whatever
+/// `fs.protected_hardlinks` says: the attacker that setting does not stop (a container's root
+/// in a bind mount; any user where it is 0). Another file renamed in (one name, another inode)
+/// is `system::fs`'s own test, `a_file_renamed_in_after_the_check_is_not_changed`.
+#[test]
+fn an_in_place_chmod_or_chown_never_reaches_a_file_raced_in_by_a_hard_link_or_symlink() {
+    let s = Scratch::new();
+    let out = Sentinel::new(&s);
+    let content = "one\n";
+    let d = s.declare(json!([
+        {"type": "file", "id": "a.conf", "path": s.p("app.conf"), "content": content, "mode": "0644", "owner": "nobody:nogroup"},
+    ]));
+    let (managed, tmp, shadow) = (s.path("app.conf"), s.path("swap.tmp"), out.root.join("shadow"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (stop, managed, tmp, shadow) = (stop.clone(), managed.clone(), tmp.clone(), shadow.clone());
+        std::thread::spawn(move || {
+            let mut swaps = 0u64;
+            let put = |make: &dyn Fn(&Path) -> std::io::Result<()>| {
+                let _ = std::fs::remove_file(&tmp);
+                if make(&tmp).is_ok() {
+                    let _ = std::fs::rename(&tmp, &managed);
+                }
+                std::thread::sleep(Duration::from_millis(3));
+            };
+            // The file as declared but for its mode and owner: what the host changes in place.
+            let own = |at: &Path| {
+                std::fs::write(at, content)?;
+                std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o600))
+            };
+            while !stop.load(Ordering::Relaxed) {
+                put(&own);
+                put(&|at| std::fs::hard_link(&shadow, at));
+                put(&own);
+                put(&|at| std::os::unix::fs::symlink(&shadow, at));
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let mut codes = BTreeMap::new();
+    for _ in 0..12 {
+        *codes.entry(apply_paused(&s, &d).code()).or_insert(0) += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(swaps > 50, "the swapper raced ({swaps} rounds)");
+    assert!(codes.keys().all(|c| matches!(c, Some(0) | Some(1))), "{codes:?}");
+    out.assert_unchanged();
+}
