@@ -53,15 +53,22 @@ pub enum Content {
         /// Its size in bytes.
         size: u64,
     },
+    /// Larger than the bound on hashing too (`Fs::read_bounded`): its size only, and nothing
+    /// of it read. A sparse 100 GiB file planted at a managed path costs a stat, not minutes.
+    Unhashed {
+        /// Its size in bytes.
+        size: u64,
+    },
 }
 
 impl Content {
-    /// The SHA-256 of the bytes, `None` for what is not a regular file.
+    /// The SHA-256 of the bytes, `None` for what is not a regular file or was not hashed.
     pub fn sum(&self) -> Option<[u8; 32]> {
         match self {
             Content::NotFile => None,
             Content::Bytes(b) => Some(sha2::Sha256::digest(b).into()),
             Content::Large { sum, .. } => Some(*sum),
+            Content::Unhashed { .. } => None,
         }
     }
 
@@ -70,7 +77,7 @@ impl Content {
         match self {
             Content::NotFile => 0,
             Content::Bytes(b) => b.len() as u64,
-            Content::Large { size, .. } => *size,
+            Content::Large { size, .. } | Content::Unhashed { size } => *size,
         }
     }
 }
