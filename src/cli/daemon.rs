@@ -141,6 +141,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         workers: usize::from(workers),
         step_timeout: reach.step_timeout,
         archive_limits: reach.archive_limits,
+        keep_max_bytes: reach.keep_max_bytes,
         key: reach.key,
         keep_generations: reach.keep,
         trust,

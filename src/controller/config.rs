@@ -36,6 +36,8 @@ pub struct Config {
     pub step_timeout: Option<Duration>,
     /// How much one archive may unpack (`--archive-max-bytes`, `--archive-max-entries`).
     pub archive_limits: crate::apply::ArchiveLimits,
+    /// The largest original kept whole, and found file hashed (`--keep-max-bytes`).
+    pub keep_max_bytes: u64,
     /// The node's sealing key (`--key`), read in each pass that opens a sealed value.
     pub key: PathBuf,
     /// How many generations are kept under the state directory (`--keep-generations`).
@@ -74,6 +76,7 @@ mod tests {
             workers: 4,
             step_timeout: step.map(Duration::from_secs),
             archive_limits: crate::apply::ArchiveLimits::default(),
+            keep_max_bytes: crate::apply::KEEP_MAX_BYTES,
             key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
             keep_generations: usize::from(crate::generations::DEFAULT_KEEP),
             trust: None,

@@ -364,6 +364,7 @@ impl Worker {
             container_socket: self.config.container_socket.clone(),
             step_timeout: self.config.step_timeout,
             archive_limits: self.config.archive_limits,
+            keep_max_bytes: self.config.keep_max_bytes,
             contents: self.contents.clone(),
             key: self.config.key.clone(),
             // The daemon's passes are in its log, not on a terminal.

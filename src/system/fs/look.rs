@@ -49,6 +49,13 @@ impl Fs {
     /// past `max` while it is read) is hashed as a stream instead, so what sits at a managed path
     /// never sizes an allocation. `Ok(None)` when absent.
     pub fn read_up_to(&mut self, path: &Path, max: u64) -> Result<Option<(Meta, Content)>> {
+        self.read_bounded(path, max, u64::MAX)
+    }
+
+    /// `read_up_to`, hashing no file larger than `hash_max` bytes: one larger is
+    /// `Content::Unhashed`, its size only (issue 45, point 3). For what sits at a managed path,
+    /// which anyone who can write its directory may have made a sparse 100 GiB file.
+    pub fn read_bounded(&mut self, path: &Path, max: u64, hash_max: u64) -> Result<Option<(Meta, Content)>> {
         let Some(fd) = self.open_at(path, false)? else {
             return Ok(None);
         };
@@ -60,6 +67,9 @@ impl Fs {
         let mut file = std::fs::File::from(fd);
         let io = |e: io::Error| Error::Io { op: "read", path: path.to_owned(), source: e };
         let mut bytes = Vec::new();
+        if meta.sig.size > max && meta.sig.size > hash_max {
+            return Ok(Some((meta, Content::Unhashed { size: meta.sig.size })));
+        }
         if meta.sig.size <= max {
             use std::io::Read as _;
             // One byte more than the limit proves the end, or shows the file grew past it.
@@ -74,14 +84,20 @@ impl Fs {
         hasher.update(&bytes);
         let mut size = bytes.len() as u64;
         drop(bytes);
-        size += hash_stream(&mut file, &mut hasher).map_err(io)?;
+        // Bounded as it is read too: a file grown past the bound meanwhile is not hashed on.
+        let bound = hash_max.saturating_sub(size).saturating_add(1);
+        size += hash_stream(&mut std::io::Read::take(&mut file, bound), &mut hasher).map_err(io)?;
+        if size > hash_max {
+            return Ok(Some((meta, Content::Unhashed { size })));
+        }
         Ok(Some((meta, Content::Large { sum: hasher.finalize().into(), size })))
     }
 
-    /// The SHA-256 of a regular file's bytes, read as a stream. `Ok(None)` when absent; a sum of
-    /// `None` when what is there is not a regular file.
-    pub fn digest(&mut self, path: &Path) -> Result<Option<(Meta, Option<[u8; 32]>)>> {
-        Ok(self.read_up_to(path, 0)?.map(|(meta, content)| (meta, content.sum())))
+    /// The SHA-256 of a regular file's bytes, read as a stream, when it is no larger than
+    /// `hash_max` bytes. `Ok(None)` when absent; a sum of `None` when what is there is not a
+    /// regular file, or is larger (`read_bounded`).
+    pub fn digest_bounded(&mut self, path: &Path, hash_max: u64) -> Result<Option<(Meta, Option<[u8; 32]>)>> {
+        Ok(self.read_bounded(path, 0, hash_max)?.map(|(meta, content)| (meta, content.sum())))
     }
 
     /// The names inside a directory (without `.` and `..`).

@@ -4,7 +4,9 @@
 //! and then working relative to that descriptor with `O_NOFOLLOW`. The agent is root: a symlink
 //! planted by anyone who can write to a managed directory would otherwise turn "write the web
 //! server's config" into "overwrite /etc/shadow". Resolving through a descriptor also closes the
-//! window between checking a path and writing it.
+//! window between checking a path and writing it: a write goes to a temporary file renamed
+//! into place, and a mode or owner set in place goes to a descriptor checked to be the file or
+//! directory that was looked at (`Fs::change_in_place`), never to whatever the name holds by then.
 //!
 //! Writes are staged and committed in batches: every temporary file is written, the data is made
 //! durable once per filesystem (`syncfs`) instead of once per file, the renames are done, and
@@ -51,15 +53,22 @@ pub enum Content {
         /// Its size in bytes.
         size: u64,
     },
+    /// Larger than the bound on hashing too (`Fs::read_bounded`): its size only, and nothing
+    /// of it read. A sparse 100 GiB file planted at a managed path costs a stat, not minutes.
+    Unhashed {
+        /// Its size in bytes.
+        size: u64,
+    },
 }
 
 impl Content {
-    /// The SHA-256 of the bytes, `None` for what is not a regular file.
+    /// The SHA-256 of the bytes, `None` for what is not a regular file or was not hashed.
     pub fn sum(&self) -> Option<[u8; 32]> {
         match self {
             Content::NotFile => None,
             Content::Bytes(b) => Some(sha2::Sha256::digest(b).into()),
             Content::Large { sum, .. } => Some(*sum),
+            Content::Unhashed { .. } => None,
         }
     }
 
@@ -68,7 +77,7 @@ impl Content {
         match self {
             Content::NotFile => 0,
             Content::Bytes(b) => b.len() as u64,
-            Content::Large { size, .. } => *size,
+            Content::Large { size, .. } | Content::Unhashed { size } => *size,
         }
     }
 }
@@ -217,6 +226,15 @@ pub enum Error {
         /// The path asked for.
         path: PathBuf,
     },
+    /// What is at the path is not what the host looked at and decided on: something was put
+    /// at the name in between (or it is a file with other names). Nothing was changed.
+    #[error("{path} changed while the host was about to set its mode or owner in place: the name now holds {found}; nothing was changed, and the next pass looks again")]
+    Swapped {
+        /// The path asked for.
+        path: PathBuf,
+        /// What the name holds now.
+        found: String,
+    },
     /// A system call failed.
     #[error("cannot {op} {path}: {source}")]
     Io {
@@ -268,6 +286,16 @@ fn meta_of(st: &rfs::Stat) -> Meta {
     }
 }
 
+/// A kind in words, for a message.
+fn kind_word(kind: Kind) -> &'static str {
+    match kind {
+        Kind::File => "regular file",
+        Kind::Directory => "directory",
+        Kind::Symlink => "symlink",
+        Kind::Other => "FIFO, socket or device",
+    }
+}
+
 const fn libc_s_ifmt() -> u32 {
     0o170000
 }
@@ -276,6 +304,16 @@ fn split(path: &Path) -> (&Path, &OsStr) {
     let parent = path.parent().unwrap_or(Path::new("/"));
     let name = path.file_name().unwrap_or(OsStr::new("."));
     (parent, name)
+}
+
+/// What a change in place must find at its path (`Fs::change_in_place`).
+#[derive(Clone, Copy, Debug)]
+pub enum Expect<'a> {
+    /// The file or directory the caller looked at and decided on: the same device, inode and
+    /// kind, and for a file one name.
+    Checked(&'a Meta),
+    /// A directory, any (one the host has just made).
+    Directory,
 }
 
 /// One session of filesystem work: it caches directory descriptors, so a batch of files in the
@@ -421,15 +459,42 @@ impl Fs {
             at.push(name);
             self.fresh.insert(at.clone(), dev);
             // mkdir is subject to the umask; the declared mode is set explicitly.
-            self.set_mode(&at, want)?;
+            self.set_dir_mode(&at, want)?;
         }
         Ok(true)
     }
 
-    /// Sets the permission bits of what is at `path` (file or directory, never through a link).
-    pub fn set_mode(&mut self, path: &Path, mode: u32) -> Result<()> {
-        let fd = self.open_at(path, false)?.ok_or_else(|| Error::io("chmod", path, Errno::NOENT))?;
-        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| Error::io("chmod", path, e))?;
+    /// Sets the permission bits of the directory at `path`, never through a link: on the
+    /// descriptor opened `O_DIRECTORY`, so a file swapped in at the name is never changed.
+    pub fn set_dir_mode(&mut self, path: &Path, mode: u32) -> Result<()> {
+        self.change_in_place(path, Expect::Directory, None, Some(mode))
+    }
+
+    /// Sets the owner and the mode of what is at `path` in place (issue 45, point 5; security
+    /// review F7). `checked` is what the caller decided on (its `meta` or `read_up_to`): the
+    /// path is opened once more, never through a link, and the descriptor itself is checked to
+    /// be that file or directory (device, inode, kind) and, for a file, to have one name;
+    /// `fchown` and `fchmod` then act on that descriptor, so nothing swapped in at the name
+    /// between the decision and the change (a hard link to `/etc/shadow`, another file renamed
+    /// in, a symlink) is ever changed: the resource fails, naming what was found, and the next
+    /// pass looks again. `Expect::Directory`: any directory (one the host just made).
+    /// The mode is set again after a chown, because the kernel clears set-id bits on chown.
+    pub fn change_in_place(
+        &mut self,
+        path: &Path,
+        checked: Expect<'_>,
+        owner: Option<(u32, u32)>,
+        mode: Option<u32>,
+    ) -> Result<()> {
+        pause_in_place();
+        let (fd, now) = self.open_to_change(path, checked)?;
+        if let Some((uid, gid)) = owner {
+            rfs::fchown(&fd, Some(rfs::Uid::from_raw(uid)), Some(rfs::Gid::from_raw(gid)))
+                .map_err(|e| Error::io("chown", path, e))?;
+        }
+        if let Some(mode) = mode.or(owner.map(|_| now.mode)) {
+            rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| Error::io("chmod", path, e))?;
+        }
         // Durable before it is reported or recorded: a change in place is in no batch, and no
         // syncfs follows it; without this a power cut can undo a mode the store records (the
         // FUSE power-loss lane, `a_change_in_place_is_durable_before_it_is_recorded`). A
@@ -439,22 +504,32 @@ impl Fs {
         if self.is_fresh(path) {
             return Ok(());
         }
-        durable::fsync(&fd).map_err(|e| Error::io("make the mode durable (fsync)", path, e))
+        durable::fsync(&fd).map_err(|e| Error::io("make the mode and owner durable (fsync)", path, e))
     }
 
-    /// Sets the owner of what is at `path`, never through a link. The mode is set again after,
-    /// because the kernel clears set-id bits on chown.
-    pub fn set_owner(&mut self, path: &Path, uid: u32, gid: u32) -> Result<()> {
-        let fd = self.open_at(path, false)?.ok_or_else(|| Error::io("chown", path, Errno::NOENT))?;
-        let mode = rfs::fstat(&fd).map_err(|e| Error::io("chown", path, e))?.st_mode & 0o7777;
-        rfs::fchown(&fd, Some(rfs::Uid::from_raw(uid)), Some(rfs::Gid::from_raw(gid)))
-            .map_err(|e| Error::io("chown", path, e))?;
-        rfs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(|e| Error::io("chmod", path, e))?;
-        // Durable before it is recorded, as a mode is (`set_mode`).
-        if self.is_fresh(path) {
-            return Ok(());
+    /// Opens what is at `path` to change it in place, and checks the descriptor: a directory
+    /// (opened `O_DIRECTORY`) or a regular file with one name, the very one `checked`
+    /// describes. Returns the descriptor and what it is.
+    fn open_to_change(&mut self, path: &Path, checked: Expect<'_>) -> Result<(OwnedFd, Meta)> {
+        let (dir, checked) = match checked {
+            Expect::Checked(m) => (m.kind == Kind::Directory, Some(m)),
+            Expect::Directory => (true, None),
+        };
+        let fd = self.open_at(path, dir)?.ok_or_else(|| Error::io("change in place", path, Errno::NOENT))?;
+        let now = meta_of(&rfs::fstat(&fd).map_err(|e| Error::io("look at", path, e))?);
+        let refuse = |found: String| Err(Error::Swapped { path: path.to_owned(), found });
+        if let Some(c) = checked {
+            let (was, is) = ({ c.sig.inode }, { now.sig.inode });
+            if (c.kind, c.dev, was) != (now.kind, now.dev, is) {
+                return refuse(format!("another {} (inode {is}, it was {was})", kind_word(now.kind)));
+            }
         }
-        durable::fsync(&fd).map_err(|e| Error::io("make the owner durable (fsync)", path, e))
+        match now.kind {
+            Kind::Directory => Ok((fd, now)),
+            Kind::File if now.links == 1 => Ok((fd, now)),
+            Kind::File => refuse(format!("a file with {} names (hard links)", now.links)),
+            Kind::Symlink | Kind::Other => refuse(kind_word(now.kind).to_owned()),
+        }
     }
 
     /// Whether `path` is a directory this session made that no sync has covered yet.
@@ -499,6 +574,14 @@ impl Fs {
 pub fn failpoint(name: &str) {
     if failpoint_named(name) {
         std::process::abort();
+    }
+}
+
+/// Holds the agent for 300 ms just before a change in place when `MESH_HOST_FAILPOINT` is
+/// `in-place-pause`: the window a test's racing swapper needs (`tests/it/attacks.rs`).
+fn pause_in_place() {
+    if failpoint_named("in-place-pause") {
+        std::thread::sleep(std::time::Duration::from_millis(300));
     }
 }
 
@@ -570,5 +653,61 @@ pub fn try_lock(path: &Path) -> Result<Option<Lock>> {
 impl From<crate::system::journal::Error> for Error {
     fn from(e: crate::system::journal::Error) -> Error {
         Error::Io { op: e.op, path: e.path, source: e.source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Error, Expect, Fs};
+    use std::os::unix::fs::PermissionsExt as _;
+
+    fn mode(path: &std::path::Path) -> u32 {
+        std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    fn file(path: &std::path::Path, mode: u32) {
+        std::fs::write(path, "x\n").unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// Issue 45, point 5: what the host looked at and decided on is what a change in place
+    /// reaches, or nothing is changed. Another file of one name renamed in (a credential in the
+    /// same directory), a hard link, or a file where a directory was made, is refused untouched.
+    #[test]
+    fn a_file_renamed_in_after_the_check_is_not_changed() {
+        let scratch = tempfile::tempdir().unwrap();
+        let (managed, other) = (scratch.path().join("app.conf"), scratch.path().join("secret.key"));
+        file(&managed, 0o600);
+        file(&other, 0o600);
+        let mut fs = Fs::new();
+        let checked = fs.meta(&managed).unwrap().unwrap();
+        std::fs::rename(&other, &managed).unwrap();
+        let e = fs.change_in_place(&managed, Expect::Checked(&checked), None, Some(0o644)).unwrap_err();
+        assert!(matches!(e, Error::Swapped { .. }), "{e}");
+        assert!(e.to_string().contains("nothing was changed"), "{e}");
+        assert_eq!(mode(&managed), 0o600, "the file renamed in was chmodded");
+
+        // A hard link to a file outside: the same inode was not checked, and two names refuse.
+        let outside = scratch.path().join("shadow");
+        file(&outside, 0o640);
+        std::fs::remove_file(&managed).unwrap();
+        std::fs::hard_link(&outside, &managed).unwrap();
+        let linked = fs.meta(&managed).unwrap().unwrap();
+        let e =
+            fs.change_in_place(&managed, Expect::Checked(&linked), Some((65534, 65534)), None).unwrap_err();
+        assert!(e.to_string().contains("2 names"), "{e}");
+        assert_eq!(mode(&outside), 0o640);
+
+        // Where a directory is expected, a file is never changed.
+        let e = fs.set_dir_mode(&managed, 0o755).unwrap_err();
+        assert!(e.to_string().contains(&managed.display().to_string()), "{e}");
+        assert_eq!(mode(&outside), 0o640);
+
+        // The file itself, checked, is changed.
+        std::fs::remove_file(&managed).unwrap();
+        file(&managed, 0o600);
+        let checked = fs.meta(&managed).unwrap().unwrap();
+        fs.change_in_place(&managed, Expect::Checked(&checked), None, Some(0o644)).unwrap();
+        assert_eq!(mode(&managed), 0o644);
     }
 }
