@@ -698,10 +698,8 @@ const FILE_LINES: usize = 1_200;
 /// Files of `src/` allowed over `FILE_LINES` (outside their tests), with why. Each entry must
 /// still be needed.
 const LONG_FILES: &[(&str, &str)] = &[
-    ("src/fleet/rollout.rs", "the rollout's pure plan, judge and decide beside the driver's loop, its printing and the operator commands; the loop and printing to move to fleet/rollout/drive.rs (issue 46 point 2), as issue 43's reflector replaces the snapshot"),
     ("src/declaration/types.rs", "the declaration's types, every resource type's spec and its parts in one file; to be split by resource type"),
     ("src/system/etcd.rs", "the etcd client: calls, failover, watches and the TLS connector; to be split into etcd/{mod,tls,watch}.rs (review 4 §11)"),
-    ("src/system/fs.rs", "every descriptor-relative file operation of the machine layer; to be split by what it does (look and read, stage and commit, remove), the journal of intent kept with the commit"),
 ];
 
 /// Sleeps of a second or more in `tests/it` (or of a length the check cannot read), allowed by

@@ -15,10 +15,11 @@ use sha2::Digest as _;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::config::Config;
 use super::health::{now_secs, Health};
 use super::queue::Verdict;
 use super::trigger::{Index, Key};
-use super::{contents, signed, Config};
+use super::{contents, signed};
 use crate::apply::{self, Options, Report, Verb};
 use crate::declaration::{Declaration, Id, Kind, Refused};
 use crate::store::Writer as Store;
