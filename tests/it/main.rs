@@ -19,6 +19,7 @@ mod attacks;
 mod daemon;
 mod docker;
 mod drift;
+mod endpoints;
 mod faults;
 mod files;
 mod firewall;
