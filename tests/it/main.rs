@@ -32,6 +32,7 @@ mod packages;
 mod powerloss;
 mod refusal;
 mod reliability;
+mod sandbox;
 mod schema;
 mod secrets;
 mod signed;

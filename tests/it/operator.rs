@@ -420,7 +420,7 @@ impl Drop for Ephemeral {
 /// `/usr/bin/mesh-host`, `extra` lines added to `[Service]`, and an environment file that
 /// turns metrics off (nothing listens in the copy's own network anyway). The declaration is
 /// the shipped default, `/etc/mesh-host/declaration.d`.
-fn install_shipped_unit(box_: &Ephemeral, extra: &str) -> &'static str {
+pub fn install_shipped_unit(box_: &Ephemeral, extra: &str) -> &'static str {
     let shipped =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/mesh-host.service")).unwrap();
     assert!(
