@@ -18,6 +18,9 @@ pub struct Config {
     pub origin: Origin,
     /// Where `/metrics` and `/healthz` listen; `None` for nowhere.
     pub metrics: Option<SocketAddr>,
+    /// The web configuration file of `/metrics` and `/healthz` (`--web-config`): TLS, client
+    /// certificates, basic auth; `None` serves plain HTTP to any caller.
+    pub web: Option<crate::telemetry::web::WebConfigFile>,
     /// How often everything is reconciled even when no watcher said anything.
     pub resync: Duration,
     /// How long the declaration must be still before it is read.
@@ -68,6 +71,7 @@ mod tests {
             state: PathBuf::from("/var/lib/mesh-host/state.json"),
             origin: Origin::Declared,
             metrics: None,
+            web: None,
             resync: Duration::from_secs(resync),
             quiet: Duration::from_millis(50),
             queue: queue::Config::default(),

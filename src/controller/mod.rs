@@ -117,7 +117,7 @@ impl Daemon {
             shutdown.clone(),
         ));
         if let Some(addr) = config.metrics {
-            tasks.push(serve_metrics(addr, &metrics, &health, &shutdown).await?);
+            tasks.push(serve_metrics(addr, config.web.clone(), &metrics, &health, &shutdown).await?);
         }
         Ok(Daemon { config, shutdown, metrics, health, worker, tx, rx, tasks })
     }
@@ -193,15 +193,17 @@ fn daemon_metrics(config: &Config) -> Metrics {
 /// on is the error, since an operator who asked for metrics must not get a daemon without.
 async fn serve_metrics(
     addr: SocketAddr,
+    web: Option<crate::telemetry::web::WebConfigFile>,
     metrics: &Arc<Metrics>,
     health: &Arc<Health>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let checked = Arc::clone(health);
     let check: crate::telemetry::http::Health = Arc::new(move || checked.check().map(|()| checked.note()));
-    let (bound, task) = crate::telemetry::http::serve(addr, Arc::clone(metrics), check, shutdown.clone())
-        .await
-        .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+    let (bound, task) =
+        crate::telemetry::http::serve(addr, web, Arc::clone(metrics), check, shutdown.clone())
+            .await
+            .with_context(|| format!("cannot listen for metrics on {addr}"))?;
     tracing::info!(address = %bound, "serving /metrics and /healthz");
     Ok(task)
 }

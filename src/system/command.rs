@@ -126,6 +126,45 @@ pub fn run_fed(argv: &[&str], input: Vec<u8>) -> Result<Ran, Error> {
     fed(argv, input, Stdio::piped())
 }
 
+/// `run_fed`, killed with its process group once `limit` has passed (the error says so): for a
+/// program the agent runs in the middle of a pass, such as a registry's credential helper,
+/// which must not hold the pass for ever.
+pub fn run_fed_within(argv: &[&str], input: Vec<u8>, limit: Duration) -> Result<Ran, Error> {
+    use std::io::Write as _;
+    let (program, args) = argv.split_first().expect("an argv is never empty");
+    let spawn_error = |source| Error::Spawn { program: (*program).to_owned(), source };
+    #[allow(clippy::disallowed_methods, reason = "system/ is the one place programs are run")]
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .map_err(spawn_error)?;
+    let mut stdin = child.stdin.take().expect("stdin was piped");
+    std::thread::spawn(move || stdin.write_all(&input));
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let Ok(out) = rx.recv_timeout(limit) else {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = rx.recv_timeout(Duration::from_secs(5));
+        return Err(Error::TimedOut { program: (*program).to_owned(), limit });
+    };
+    let out = out.map_err(spawn_error)?;
+    Ok(Ran {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
 /// Runs `argv` with `input` on its standard input, its standard output captured and its
 /// standard error the caller's own: for a program that talks to the person at the terminal
 /// while it works (`ssh-keygen -Y sign` asking for a passphrase on the terminal, or for a
