@@ -11,13 +11,15 @@ use mesh_host_watchers::writers::Writers;
 use mesh_host_watchers::{Change, FileWatcher};
 
 use super::drift;
-use sha2::Digest as _;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::claims;
 use super::config::Config;
 use super::health::{now_secs, Health};
-use super::queue::Verdict;
+use super::queue::{Claim, Contest, Verdict};
+use super::runner::{Reconcile, Told};
+use super::source::{fingerprint, status};
 use super::trigger::{Index, Key};
 use super::{contents, signed};
 use crate::apply::{self, Options, Report, Verb};
@@ -162,65 +164,10 @@ pub struct Worker {
     pub(super) first_pass: Option<u64>,
 }
 
-/// Tells systemd what the agent is doing, for `systemctl status` ("Status:"). Nothing when not
-/// run by systemd.
-fn status(what: &str) {
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(what)]);
-}
-
-/// A digest of a read of the declaration source: each file's name, length and bytes, or the
-/// error, and the generation held, if any. Two reads that digest the same found the same thing.
-fn fingerprint(
-    read: &std::io::Result<Vec<(PathBuf, Vec<u8>)>>,
-    signed: Option<&std::io::Result<signed::SignedFiles>>,
-    held: Option<u64>,
-) -> [u8; 32] {
-    let mut h = sha2::Sha256::new();
-    if let Some(n) = held {
-        h.update(b"held\0");
-        h.update(n.to_le_bytes());
-    }
-    // A signed directory's manifest and signatures: signing again changes only them.
-    match signed {
-        None => {}
-        Some(Ok(None)) => h.update(b"unsigned\0"),
-        Some(Ok(Some((manifest, signatures)))) => {
-            for (name, bytes) in
-                std::iter::once(("manifest", manifest)).chain(signatures.iter().map(|(n, b)| (n.as_str(), b)))
-            {
-                h.update(name.as_bytes());
-                h.update(b"\0");
-                h.update((bytes.len() as u64).to_le_bytes());
-                h.update(bytes);
-            }
-        }
-        Some(Err(e)) => {
-            h.update(b"signed error\0");
-            h.update(e.to_string().as_bytes());
-        }
-    }
-    match read {
-        Ok(files) => {
-            for (path, bytes) in files {
-                h.update(b"file\0");
-                h.update(path.as_os_str().as_encoded_bytes());
-                h.update(b"\0");
-                h.update((bytes.len() as u64).to_le_bytes());
-                h.update(bytes);
-            }
-        }
-        Err(e) => {
-            h.update(b"error\0");
-            h.update(e.to_string().as_bytes());
-        }
-    }
-    h.finalize().into()
-}
-
 /// `MESH_HOST_FAILPOINT=panic-reconcile` makes the first single-resource reconcile of the process
 /// panic, once: the fault a test needs in order to show that a panic fails that resource and the
 /// daemon goes on. The others (`system::fs::failpoint`) abort around the writes.
-pub(super) fn failpoint_panic_reconcile(id: &Id) {
+fn failpoint_panic_reconcile(id: &Id) {
     static FIRED: AtomicBool = AtomicBool::new(false);
     if crate::system::fs::failpoint_named("panic-reconcile") && !FIRED.swap(true, Ordering::Relaxed) {
         panic!("failpoint panic-reconcile: a panic in the reconcile of {id}");
@@ -344,7 +291,7 @@ impl Worker {
     }
 
     /// The watcher tasks the worker started, for shutdown to stop.
-    pub fn watcher_tasks(&mut self) -> Vec<tokio::task::JoinHandle<()>> {
+    fn watcher_tasks(&mut self) -> Vec<tokio::task::JoinHandle<()>> {
         self.systemd_watcher
             .take()
             .into_iter()
@@ -369,28 +316,6 @@ impl Worker {
             // The daemon's passes are in its log, not on a terminal.
             progress: None,
         }
-    }
-
-    /// Reconciles one key and says how it went.
-    pub(super) fn reconcile(&mut self, key: &Key, seen: Instant) -> Verdict {
-        let started = Instant::now();
-        let verdict = match key {
-            // The declaration watcher saw the source change: read and parse it, even when its
-            // bytes are the same (touching it makes a new content file; see decisions.md).
-            Key::Declaration => {
-                self.load_declaration(true);
-                self.full()
-            }
-            // A resync, or a watcher that may have missed something: the source is read again
-            // as well, and parsed only if it changed, since the watcher may have missed it too.
-            Key::Full => {
-                self.load_declaration(false);
-                self.full()
-            }
-            Key::Resource(id) => self.one(id, seen),
-        };
-        self.finished(key, started);
-        verdict
     }
 
     /// After any reconcile, inline or apart: the scheduler told, the time measured, the store
@@ -926,7 +851,7 @@ impl Worker {
     /// until the hold ends, so that a writer fighting the agent over it wakes neither of their
     /// threads at each write (mesh_host_watchers::file, "mute"). Nothing is lost: the queue
     /// runs the key again when the hold ends, and the file watcher says once that it moved.
-    pub(super) fn mute(&mut self, key: &Key, until: std::time::Instant) {
+    fn mute(&mut self, key: &Key, until: std::time::Instant) {
         let Key::Resource(id) = key else { return };
         let Some(path) = self.declaration.as_ref().and_then(|d| d.get(id)).and_then(|r| r.spec.path()) else {
             return;
@@ -936,6 +861,14 @@ impl Worker {
             if let Err(e) = w.mute(path, until) {
                 tracing::debug!(path = %path.display(), error = %e, "cannot mute for fanotify; its writes wake it during the hold");
             }
+        }
+    }
+
+    /// The ids a reconcile of `id` claims, by the declaration in force and the store now.
+    fn claimed(&self, id: &Id) -> Vec<Id> {
+        match self.declaration.as_deref() {
+            Some(d) => claims::claimed(d, &self.store, id),
+            None => vec![id.clone()],
         }
     }
 
@@ -1015,6 +948,190 @@ impl Worker {
             _ => {}
         }
         self.no_instance = c.no_instance;
+    }
+}
+
+/// A reconcile run apart from the worker, as it leaves: everything it needs, owned (the
+/// declaration's `Arc`, a copy of the store, a session of its own); it shares nothing mutable
+/// with the worker while it runs.
+pub(super) struct Apart {
+    id: Id,
+    seen: Instant,
+    /// The ids whose records and holds are taken back: the claim's.
+    ids: Vec<Id>,
+    declaration: Arc<Declaration>,
+    store: crate::store::Store,
+    session: apply::Session,
+    options: Options,
+}
+
+/// A reconcile run apart, as it comes back.
+pub(super) struct Back {
+    seen: Instant,
+    ids: Vec<Id>,
+    store: crate::store::Store,
+    report: Report,
+    session: apply::Session,
+}
+
+impl Reconcile for Worker {
+    type Job = Apart;
+    type Back = Back;
+
+    /// What the reconcile of `key` may touch (`claims`), by the declaration in force and the
+    /// store now; a key with no declaration in force claims only itself.
+    fn claim_of(&self, key: &Key) -> Claim {
+        match key {
+            Key::Full | Key::Declaration => Claim::Everything,
+            Key::Resource(id) => {
+                Claim::only(self.claimed(id).iter().map(|id| claims::claim_hash(id.as_str())).collect())
+            }
+        }
+    }
+
+    /// Whether `key` may be slow (`claims::slow`), when there is room apart at all.
+    fn runs_apart(&self, key: &Key, limit: usize) -> bool {
+        let (Key::Resource(id), Some(d)) = (key, self.declaration.as_deref()) else { return false };
+        limit > 0 && claims::slow(d, id)
+    }
+
+    /// `None` when there is nothing to run apart (no declaration in force, the id no longer
+    /// declared, or the declaration refused on this machine): the inline path settles it.
+    fn apart(&mut self, key: &Key, seen: Instant) -> Option<Apart> {
+        let Key::Resource(id) = key else { return None };
+        if self.refusal.is_some() {
+            return None;
+        }
+        let declaration = self.declaration.clone()?;
+        declaration.get(id)?;
+        let options = self.options();
+        let ids = self.claimed(id);
+        let (store, session) = (self.store.lend(), self.spare.pop().unwrap_or_default());
+        Some(Apart { id: id.clone(), seen, ids, declaration, store, session, options })
+    }
+
+    fn run_apart(job: Apart) -> Back {
+        let Apart { id, seen, ids, declaration, mut store, mut session, options } = job;
+        failpoint_panic_reconcile(&id);
+        let report =
+            apply::reconcile_in(&mut session, &declaration, std::slice::from_ref(&id), &mut store, &options);
+        Back { seen, ids, store, report, session }
+    }
+
+    /// The records it claimed and its session, or, after a panic, nothing of it (the machine
+    /// is read again next time); then what follows any reconcile.
+    fn take_back(&mut self, key: &Key, started: Instant, back: Result<Back, String>) -> Verdict {
+        let Key::Resource(id) = key else { return Verdict::Failed };
+        let verdict = match back {
+            Ok(Back { seen, ids, store, mut report, session }) => {
+                let claimed: Vec<&str> = ids.iter().map(Id::as_str).collect();
+                self.store.take_back(store, Some(&claimed));
+                self.spare.push(session);
+                self.conclude_one(id, &mut report, seen)
+            }
+            Err(message) => {
+                self.store.lost();
+                events::ReconcilePanicked { id: Some(id.as_str()), key: &key.to_string(), message: &message }
+                    .emit(&self.metrics);
+                Verdict::Failed
+            }
+        };
+        self.finished(key, started);
+        verdict
+    }
+
+    /// The copy is lost: its work is read from the machine next time.
+    fn lost(&mut self, key: Option<&Key>, error: &tokio::task::JoinError) {
+        events::ReconcileLost { key: key.map(Key::to_string).as_deref(), error }.emit(&self.metrics);
+        if key.is_some() {
+            self.store.lost();
+        }
+    }
+
+    /// The declaration read again first for a full pass or a new declaration.
+    fn reconcile(&mut self, key: &Key, seen: Instant) -> Verdict {
+        let started = Instant::now();
+        let verdict = match key {
+            // The declaration watcher saw the source change: read and parse it, even when its
+            // bytes are the same (touching it makes a new content file; see decisions.md).
+            Key::Declaration => {
+                self.load_declaration(true);
+                self.full()
+            }
+            // A resync, or a watcher that may have missed something: the source is read again
+            // as well, and parsed only if it changed, since the watcher may have missed it too.
+            Key::Full => {
+                self.load_declaration(false);
+                self.full()
+            }
+            Key::Resource(id) => self.one(id, seen),
+        };
+        self.finished(key, started);
+        verdict
+    }
+
+    /// The connections to systemd and the container runtime, the one state kept across
+    /// reconciles that a panic could leave mid-protocol, are dropped and made again by the next
+    /// reconcile that needs them. The store records a resource only after its read-back, the
+    /// declaration in force and the index are replaced whole, and every lock is taken through
+    /// poisoning.
+    fn panicked(&mut self, key: &Key, message: &str) -> Verdict {
+        self.session = apply::Session::default();
+        let id = match key {
+            Key::Resource(id) => Some(id.as_str()),
+            Key::Declaration | Key::Full => None,
+        };
+        events::ReconcilePanicked { id, key: &key.to_string(), message }.emit(&self.metrics);
+        // The worker is alive: it finished this key, if badly.
+        self.health.beat();
+        Verdict::Failed
+    }
+
+    /// A contest or a failure said once, and a key held after repeated corrections muted.
+    fn done(&mut self, key: &Key, verdict: Verdict, told: Told) {
+        let name = key.to_string();
+        match told.contest {
+            Some(Contest::Began { wait }) => {
+                self.quiet.insert(key.clone());
+                events::ContestBegan { key: &name, wait }.emit(&self.metrics);
+            }
+            Some(Contest::Ended) => {
+                self.quiet.remove(key);
+                events::ContestEnded { key: &name }.emit(&self.metrics);
+            }
+            None => {}
+        }
+        if let Some(until) = told.held_until {
+            self.mute(key, until.into_std());
+        }
+        match verdict {
+            Verdict::Failed => {
+                self.quiet.insert(key.clone());
+            }
+            Verdict::Clean if self.quiet.remove(key) => events::Recovered { key: &name }.emit(&self.metrics),
+            Verdict::Clean | Verdict::Corrected => {}
+        }
+        let stats = told.stats;
+        events::QueueSampled {
+            depth: stats.depth,
+            processing: stats.processing,
+            backing_off: stats.backing_off,
+            contested: stats.contested,
+            retrying: verdict == Verdict::Failed,
+        }
+        .emit(&self.metrics);
+    }
+
+    fn oldest_apart(&mut self, started: Option<std::time::Instant>) {
+        self.health.set_oldest_apart(started);
+    }
+
+    /// Intake has stopped and the last reconcile finished: what it recorded is persisted.
+    fn finish(&mut self) -> Vec<tokio::task::JoinHandle<()>> {
+        if let Err(e) = self.store.save() {
+            events::StoreNotWritten { error: &e, when: "on the way out" }.emit(&self.metrics);
+        }
+        self.watcher_tasks()
     }
 }
 
