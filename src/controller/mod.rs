@@ -14,11 +14,10 @@
 //!   one reconcile does: the declaration loaded and put in force, a full pass, one key, what it
 //!   did told, the watchers it starts.
 //! - `claims`: what a key's reconcile claims, and whether it runs apart (pure).
-//! - `source`: the declaration's source read and digested.
+//! - `source`: the declaration's source: read, digested, verified, parsed, refused or
+//!   accepted, recorded as a generation, and chosen against the rollback hold (`choose`, pure).
 //! - `scheduler`: scheduled steps at their fires.
 //! - `health`: `/healthz` and systemd's watchdog.
-//! - `held`: generations in the daemon: the one recorded for each declaration accepted, and
-//!   the rollback hold, which puts a kept generation in force instead of the source's.
 //! - `contents`: declared content kept out of the heap.
 //! - `signed`: with `--allowed-signers`, a declaration directory verified before it is parsed
 //!   (`trust::verify`), and the high-water mark persisted before it is put in force.
@@ -46,7 +45,6 @@ mod config;
 pub(crate) mod contents;
 pub mod drift;
 mod health;
-mod held;
 pub mod queue;
 mod runner;
 mod scheduler;
