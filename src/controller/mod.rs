@@ -8,13 +8,16 @@
 //! - `queue`: de-duplication, the never-twice-at-once rule and the claims, backoff, the rate
 //!   limit.
 //! - `runner`: the loop that drains the queue: each key run inline or apart (at most `workers - 1`
-//!   apart), what ended apart taken back, the queue told how each key ended, panics caught.
-//! - `worker`: the store's one owner, and what one reconcile does: the declaration loaded and
-//!   put in force, a full pass, one key, what it did told, the watchers it starts.
+//!   apart), what ended apart taken back, the queue told how each key ended, panics caught. It
+//!   knows its reconciler only through the `Reconcile` trait, and is tested with a fake one.
+//! - `worker`: the reconciler (`impl Reconcile for Worker`): the store's one owner, and what
+//!   one reconcile does: the declaration loaded and put in force, a full pass, one key, what it
+//!   did told, the watchers it starts.
+//! - `claims`: what a key's reconcile claims, and whether it runs apart (pure).
+//! - `source`: the declaration's source: read, digested, verified, parsed, refused or
+//!   accepted, recorded as a generation, and chosen against the rollback hold (`choose`, pure).
 //! - `scheduler`: scheduled steps at their fires.
 //! - `health`: `/healthz` and systemd's watchdog.
-//! - `held`: generations in the daemon: the one recorded for each declaration accepted, and
-//!   the rollback hold, which puts a kept generation in force instead of the source's.
 //! - `contents`: declared content kept out of the heap.
 //! - `signed`: with `--allowed-signers`, a declaration directory verified before it is parsed
 //!   (`trust::verify`), and the high-water mark persisted before it is put in force.
@@ -37,15 +40,16 @@
 //! directory, whoever writes it; what it applied goes out on a watch channel (`Applied`), to
 //! whoever follows it. `tests/tidy.rs` holds it to naming neither `fleet` nor `system::etcd`.
 
+mod claims;
 mod config;
 pub(crate) mod contents;
 pub mod drift;
 mod health;
-mod held;
 pub mod queue;
 mod runner;
 mod scheduler;
 pub mod signed;
+mod source;
 mod trigger;
 mod worker;
 
@@ -168,7 +172,8 @@ impl Daemon {
 
         let queue = Arc::new(Queue::<Key>::new(config.queue.clone()));
         let index = worker.index();
-        let worker_task = tokio::spawn(runner::drain(worker, Arc::clone(&queue)));
+        let runner = runner::Runner::new(worker, Arc::clone(&queue), config.workers.saturating_sub(1));
+        let worker_task = tokio::spawn(runner.run());
         intake(rx, &index, &queue, &metrics, config.resync, &shutdown).await;
         stop(&queue, worker_task, &shutdown, tasks).await
     }
@@ -216,7 +221,7 @@ async fn serve_metrics(
 /// first good declaration written to the source.
 fn first_apply(worker: &mut Worker, config: &Config, health: &Health, shutdown: &CancellationToken) {
     let extending = extend_start_timeout(shutdown.child_token());
-    tokio::task::block_in_place(|| worker.reconcile_guarded(&Key::Declaration, Instant::now()));
+    runner::inline(worker, &Key::Declaration, Instant::now());
     extending.cancel();
     health.ready();
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);

@@ -3,7 +3,6 @@
 //! several at once.
 
 use std::collections::{BTreeSet, HashSet};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -11,17 +10,18 @@ use mesh_host_watchers::writers::Writers;
 use mesh_host_watchers::{Change, FileWatcher};
 
 use super::drift;
-use sha2::Digest as _;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::claims;
 use super::config::Config;
 use super::health::{now_secs, Health};
-use super::queue::Verdict;
+use super::queue::{Claim, Contest, Verdict};
+use super::runner::{Reconcile, Told};
+use super::source::Source;
 use super::trigger::{Index, Key};
-use super::{contents, signed};
 use crate::apply::{self, Options, Report, Verb};
-use crate::declaration::{Declaration, Id, Kind, Refused};
+use crate::declaration::{Declaration, Id, Kind};
 use crate::store::Writer as Store;
 use crate::telemetry::{events, Event as _, Metrics};
 
@@ -91,18 +91,11 @@ pub struct Worker {
     /// Paths, units and names to keys. Written here when a declaration is accepted (replaced
     /// whole); read by the intake loop for every change. A read lock held only for a lookup.
     index: Arc<RwLock<Index>>,
-    /// A digest of what the last read of the declaration source found (its files' names and
-    /// bytes, or the error), so that a full pass reads the source again cheaply and parses it
-    /// only when it changed.
-    source_seen: Option<[u8; 32]>,
-    /// The source did not exist at the last read: said once, when it went missing, not at
-    /// every read until it appears.
-    awaiting: bool,
+    /// The declaration's source: what the last read found, the content file, the generations
+    /// and the hold (`source`).
+    source: Source,
     /// A new declaration was put in force and the file watcher does not follow its paths yet.
     paths_stale: bool,
-    /// The daemon's content file for the declaration in force (`contents`), handed to each
-    /// apply; replaced with the declaration.
-    contents: Option<Arc<crate::system::ContentFile>>,
     /// Events are emitted by the worker only, inline or when it takes a reconcile back, never
     /// from a thread apart; `/metrics` reads the same registry (prometheus-client's atomics and
     /// its own locks), so no reader waits on a reconcile.
@@ -137,9 +130,6 @@ pub struct Worker {
     /// pace, the fleet's status writer at most once a second). Updated only when it moves, so
     /// a quiet node wakes no one.
     applied: tokio::sync::watch::Sender<Applied>,
-    /// The names of the files of the declaration in force (a source may name its files so
-    /// that they say where they came from, as the fleet's cache does).
-    sources: Vec<String>,
     /// Why the last full pass refused the declaration in force whole on this machine (a
     /// firewall found on an adopted node that the host cannot manage), or `None`. While it is
     /// set, no reconcile of one key runs and no scheduled step fires: a declaration refused on
@@ -154,73 +144,12 @@ pub struct Worker {
     out_of_watches: bool,
     /// The file watcher has no inotify instance and that was said (as `out_of_watches`).
     no_instance: bool,
-    /// The generations kept under the state directory, and the rollback hold (`held`).
-    pub(super) generations: crate::generations::Generations,
-    /// The generation of the declaration in force, when it could be recorded.
-    pub(super) generation: Option<u64>,
-    /// A new generation whose first full pass has not ended yet: that pass notes its outcome.
-    pub(super) first_pass: Option<u64>,
-}
-
-/// Tells systemd what the agent is doing, for `systemctl status` ("Status:"). Nothing when not
-/// run by systemd.
-fn status(what: &str) {
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(what)]);
-}
-
-/// A digest of a read of the declaration source: each file's name, length and bytes, or the
-/// error, and the generation held, if any. Two reads that digest the same found the same thing.
-fn fingerprint(
-    read: &std::io::Result<Vec<(PathBuf, Vec<u8>)>>,
-    signed: Option<&std::io::Result<signed::SignedFiles>>,
-    held: Option<u64>,
-) -> [u8; 32] {
-    let mut h = sha2::Sha256::new();
-    if let Some(n) = held {
-        h.update(b"held\0");
-        h.update(n.to_le_bytes());
-    }
-    // A signed directory's manifest and signatures: signing again changes only them.
-    match signed {
-        None => {}
-        Some(Ok(None)) => h.update(b"unsigned\0"),
-        Some(Ok(Some((manifest, signatures)))) => {
-            for (name, bytes) in
-                std::iter::once(("manifest", manifest)).chain(signatures.iter().map(|(n, b)| (n.as_str(), b)))
-            {
-                h.update(name.as_bytes());
-                h.update(b"\0");
-                h.update((bytes.len() as u64).to_le_bytes());
-                h.update(bytes);
-            }
-        }
-        Some(Err(e)) => {
-            h.update(b"signed error\0");
-            h.update(e.to_string().as_bytes());
-        }
-    }
-    match read {
-        Ok(files) => {
-            for (path, bytes) in files {
-                h.update(b"file\0");
-                h.update(path.as_os_str().as_encoded_bytes());
-                h.update(b"\0");
-                h.update((bytes.len() as u64).to_le_bytes());
-                h.update(bytes);
-            }
-        }
-        Err(e) => {
-            h.update(b"error\0");
-            h.update(e.to_string().as_bytes());
-        }
-    }
-    h.finalize().into()
 }
 
 /// `MESH_HOST_FAILPOINT=panic-reconcile` makes the first single-resource reconcile of the process
 /// panic, once: the fault a test needs in order to show that a panic fails that resource and the
 /// daemon goes on. The others (`system::fs::failpoint`) abort around the writes.
-pub(super) fn failpoint_panic_reconcile(id: &Id) {
+fn failpoint_panic_reconcile(id: &Id) {
     static FIRED: AtomicBool = AtomicBool::new(false);
     if crate::system::fs::failpoint_named("panic-reconcile") && !FIRED.swap(true, Ordering::Relaxed) {
         panic!("failpoint panic-reconcile: a panic in the reconcile of {id}");
@@ -237,7 +166,7 @@ impl Worker {
         tx: mpsc::UnboundedSender<Change>,
     ) -> Worker {
         let history = drift::History::start(&config.state);
-        let generations = crate::generations::Generations::of(&config.state);
+        let source = Source::new(&config, Arc::clone(&metrics), Arc::clone(&health));
         Worker {
             config,
             spare: Vec::new(),
@@ -249,10 +178,8 @@ impl Worker {
             history,
             container_names: std::sync::Mutex::default(),
             index: Arc::new(RwLock::new(Index::default())),
-            source_seen: None,
-            awaiting: false,
+            source,
             paths_stale: false,
-            contents: None,
             metrics,
             health,
             quiet: HashSet::new(),
@@ -264,14 +191,10 @@ impl Worker {
             in_force: tokio::sync::watch::channel(None).0,
             installed: tokio::sync::watch::channel(Arc::default()).0,
             applied: tokio::sync::watch::channel(Default::default()).0,
-            sources: Vec::new(),
             refusal: None,
             held: HashSet::new(),
             out_of_watches: false,
             no_instance: false,
-            generations,
-            generation: None,
-            first_pass: None,
         }
     }
 
@@ -288,7 +211,7 @@ impl Worker {
         let failures = report.error.iter().flat_map(|e| &e.failures);
         let contested = failures.clone().filter(|f| f.raced).count() as u64;
         let failed = failures.clone().any(|f| !f.raced);
-        let sources = &self.sources;
+        let sources = self.source.names();
         self.applied.send_if_modified(|a| {
             let before = a.clone();
             a.drift_corrections += corrected;
@@ -301,7 +224,7 @@ impl Worker {
                     report.counts().into_iter().map(|(v, n)| (v.as_str().to_owned(), n as u64)).collect();
                 a.converged = report.error.is_none();
                 a.last_error = report.error.as_ref().map(|e| e.to_string());
-                a.sources.clone_from(sources);
+                a.sources = sources.to_vec();
             } else if failed {
                 a.converged = false;
                 a.last_error = report.error.as_ref().map(|e| e.to_string());
@@ -311,7 +234,7 @@ impl Worker {
     }
 
     /// Tells followers of `applied` the generation in force and the hold, when they moved.
-    pub(super) fn publish_generation(
+    fn publish_generation(
         &self,
         generation: Option<u64>,
         hold: Option<String>,
@@ -344,7 +267,7 @@ impl Worker {
     }
 
     /// The watcher tasks the worker started, for shutdown to stop.
-    pub fn watcher_tasks(&mut self) -> Vec<tokio::task::JoinHandle<()>> {
+    fn watcher_tasks(&mut self) -> Vec<tokio::task::JoinHandle<()>> {
         self.systemd_watcher
             .take()
             .into_iter()
@@ -365,33 +288,11 @@ impl Worker {
             step_timeout: self.config.step_timeout,
             archive_limits: self.config.archive_limits,
             keep_max_bytes: self.config.keep_max_bytes,
-            contents: self.contents.clone(),
+            contents: self.source.contents(),
             key: self.config.key.clone(),
             // The daemon's passes are in its log, not on a terminal.
             progress: None,
         }
-    }
-
-    /// Reconciles one key and says how it went.
-    pub(super) fn reconcile(&mut self, key: &Key, seen: Instant) -> Verdict {
-        let started = Instant::now();
-        let verdict = match key {
-            // The declaration watcher saw the source change: read and parse it, even when its
-            // bytes are the same (touching it makes a new content file; see decisions.md).
-            Key::Declaration => {
-                self.load_declaration(true);
-                self.full()
-            }
-            // A resync, or a watcher that may have missed something: the source is read again
-            // as well, and parsed only if it changed, since the watcher may have missed it too.
-            Key::Full => {
-                self.load_declaration(false);
-                self.full()
-            }
-            Key::Resource(id) => self.one(id, seen),
-        };
-        self.finished(key, started);
-        verdict
     }
 
     /// After any reconcile, inline or apart: the scheduler told, the time measured, the store
@@ -428,231 +329,38 @@ impl Worker {
         });
     }
 
-    /// Parses the declaration's sources, moving the declared bytes of its files out of the heap
-    /// into a content file in the state directory as it goes (`contents`). Where that cannot be
-    /// done, they stay in memory, which works the same.
-    fn parse_moving_bodies(&mut self, named: &[(String, Vec<u8>)]) -> Result<Declaration, Refused> {
-        let dir = crate::store::state_dir(&self.config.state);
-        // The old file stays open until the new one is made: the new one never takes its inode.
-        let (d, file) = contents::parse_moving(named, dir)?;
-        match file {
-            Ok((file, files)) => {
-                tracing::info!(
-                    files,
-                    bytes = file.len(),
-                    directory = %dir.display(),
-                    "declared content kept in an unlinked file in the state directory"
-                );
-                self.contents = Some(Arc::new(file));
-            }
-            Err(e) => {
-                self.contents = None;
-                tracing::warn!(
-                    error = %e,
-                    directory = %dir.display(),
-                    "cannot keep declared content in a file in the state directory; it is held in memory instead"
-                )
-            }
-        }
-        events::ContentHeld {
-            in_file: self.contents.as_ref().map_or(0, |f| f.len()),
-            in_memory: d.inline_bytes() as u64,
-        }
-        .emit(&self.metrics);
-        Ok(d)
-    }
-
-    /// Reads the declaration source and puts what it holds in force when it parses. With
-    /// `force` false, a source that reads exactly as last time (the same files and bytes, or the
-    /// same error) is left at that: a full pass costs a read and a digest, not a parse, and an
-    /// unchanged bad declaration is not refused again at every resync.
-    ///
-    /// The source is read through `system::read_source`, never by plain opens: a FIFO or a
-    /// device planted at the path or in the directory is refused at once and named, where an
-    /// ordinary open would block the worker for good, and `/dev/zero` cannot eat memory
-    /// (issue 12, fault 2).
+    /// Reads the declaration source (`Source::load`, `force` as it says) and puts what it
+    /// holds in force when it is accepted: the index, the watchers it needs, the scheduler and
+    /// the fleet told. What is refused leaves the declaration in force as it is.
     fn load_declaration(&mut self, force: bool) {
-        // A copy: the parse below takes the worker mutably, to keep the content file.
-        let source = &self.config.declaration.clone();
-        let read = crate::system::read_source(source);
-        // With `--allowed-signers`, the manifest and signatures beside the files.
-        let signed = self.config.trust.as_ref().map(|_| signed::read(source));
-        // The hold is read with the source, so that making or releasing one is a change too.
-        let hold = self.read_hold();
-        let seen = fingerprint(&read, signed.as_ref(), hold.as_ref().map(|h| h.generation));
-        if !force && self.source_seen == Some(seen) {
-            return;
+        let Some(loaded) = self.source.load(force, self.declaration.is_some()) else { return };
+        // For the fleet's status, which carries them to etcd.
+        self.publish_generation(loaded.generation, loaded.hold, loaded.reverted);
+        let d = Arc::new(loaded.declaration);
+        let index = Index::new(&d);
+        let units = index.units();
+        *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
+        let uses_containers = d.needs_container_runtime();
+        let opens = d.first_opening().is_some();
+        self.declaration = Some(Arc::clone(&d));
+        self.paths_stale = true;
+        self.in_force.send_replace(Some(d));
+        if uses_containers && self.docker_watcher.is_none() {
+            self.docker_watcher = Some(mesh_host_watchers::docker::spawn(
+                self.config.container_socket.clone(),
+                self.tx.clone(),
+            ));
         }
-        self.source_seen = Some(seen);
-        let kept = if self.declaration.is_some() {
-            "the declaration in force is kept"
-        } else {
-            "no declaration is in force"
-        };
-        let files = match read {
-            // Not there (yet): a fresh install whose declaration the control plane has not
-            // written, or a source moved away. Waited for, said once, and not a refusal: the
-            // watcher follows the name, so it is read the moment it appears (issue 13).
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                self.await_declaration("does not exist yet");
-                return;
-            }
-            // The packaged directory, still empty: the same wait. Emptied under a declaration
-            // in force, it is refused instead (below), since that is more likely a deployment
-            // gone wrong than a wish to remove everything.
-            Ok(files) if files.is_empty() && self.declaration.is_none() => {
-                self.await_declaration("holds no *.json file yet");
-                return;
-            }
-            Ok(files) => files,
-            Err(e) => {
-                let message = format!("cannot read the declaration {}: {e}", source.display());
-                events::DeclarationRefused { message: &message, kept }.emit(&self.metrics);
-                self.refused(message);
-                return;
-            }
-        };
-        self.awaiting = false;
-        if !self.verified(&files, signed.as_ref(), kept) {
-            return;
+        if opens && self.firewall_watcher.is_none() {
+            use crate::system::firewall::{FAMILY, TABLE};
+            self.firewall_watcher = Some(mesh_host_watchers::firewall::spawn(FAMILY, TABLE, self.tx.clone()));
         }
-        let named: Vec<(String, Vec<u8>)> =
-            files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
-        // Held by a rollback: the held generation's files are parsed instead (`held`).
-        let mut chosen = self.choose(hold, &named);
-        let named = match &mut chosen {
-            super::held::Chosen::Held { files, .. } => std::mem::take(files),
-            _ => named,
-        };
-        match self.parse_moving_bodies(&named) {
-            Ok(d) => {
-                self.sources = named.iter().map(|(name, _)| name.clone()).collect();
-                self.in_force_generation(chosen, &named);
-                drop(named);
-                events::DeclarationAccepted { resources: d.resources.len() }.emit(&self.metrics);
-                status(&format!("enforcing {} resources from {}", d.resources.len(), source.display()));
-                self.health.set_not_in_force(None);
-                let d = Arc::new(d);
-                let index = Index::new(&d);
-                let units = index.units();
-                *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
-                let uses_containers = d.needs_container_runtime();
-                let opens = d.first_opening().is_some();
-                self.declaration = Some(Arc::clone(&d));
-                self.paths_stale = true;
-                self.in_force.send_replace(Some(d));
-                if uses_containers && self.docker_watcher.is_none() {
-                    self.docker_watcher = Some(mesh_host_watchers::docker::spawn(
-                        self.config.container_socket.clone(),
-                        self.tx.clone(),
-                    ));
-                }
-                if opens && self.firewall_watcher.is_none() {
-                    use crate::system::firewall::{FAMILY, TABLE};
-                    self.firewall_watcher =
-                        Some(mesh_host_watchers::firewall::spawn(FAMILY, TABLE, self.tx.clone()));
-                }
-                if !units.is_empty() && self.systemd_watcher.is_none() {
-                    let rx = self.units.subscribe();
-                    self.systemd_watcher = Some(mesh_host_watchers::systemd::spawn(
-                        self.config.bus.clone(),
-                        rx,
-                        self.tx.clone(),
-                    ));
-                }
-                self.units.send_replace(units);
-            }
-            Err(refused) => {
-                // Refused whole, and the declaration in force stays in force: a half-written
-                // file, or a bad one, must not undo a working machine.
-                let message = refused.to_string();
-                events::DeclarationRefused { message: &message, kept }.emit(&self.metrics);
-                self.refused(message);
-            }
+        if !units.is_empty() && self.systemd_watcher.is_none() {
+            let rx = self.units.subscribe();
+            self.systemd_watcher =
+                Some(mesh_host_watchers::systemd::spawn(self.config.bus.clone(), rx, self.tx.clone()));
         }
-    }
-
-    /// With `--allowed-signers`, whether the files read verify against the directory's signed
-    /// manifest (`signed`, read with them), before anything of them is parsed; the high-water
-    /// mark is persisted when they do, before they can be put in force. A refusal is said and
-    /// counted by its reason, and the declaration in force stays.
-    fn verified(
-        &mut self,
-        files: &[(PathBuf, Vec<u8>)],
-        read: Option<&std::io::Result<signed::SignedFiles>>,
-        kept: &str,
-    ) -> bool {
-        let (Some(trust), Some(read)) = (&self.config.trust, read) else { return true };
-        let accepted = match signed::check(trust, &self.config.declaration, files, read, &self.config.state) {
-            Ok(accepted) => accepted,
-            Err(refusal) => {
-                events::DeclarationUntrusted {
-                    reason: refusal.reason.label(),
-                    message: &refusal.message,
-                    kept,
-                }
-                .emit(&self.metrics);
-                self.refused(refusal.message);
-                return false;
-            }
-        };
-        if let Err(e) = signed::persist(&self.config.state, &accepted) {
-            let message = format!("{e}; the signed declaration is not put in force without it");
-            events::DeclarationRefused { message: &message, kept }.emit(&self.metrics);
-            self.refused(message);
-            return false;
-        }
-        if accepted.first_seen {
-            tracing::info!(
-                version = accepted.manifest.version,
-                expires = accepted.manifest.expires,
-                signed_by = %accepted.signed_by.join(", "),
-                "signed declaration verified"
-            );
-        }
-        true
-    }
-
-    /// The source is not there to read (`what` says how): said once, until it is, and
-    /// reported on `/healthz` and to systemd while nothing is in force.
-    fn await_declaration(&mut self, what: &str) {
-        let source = self.config.declaration.display().to_string();
-        let kept = if self.declaration.is_some() {
-            "the declaration in force is kept"
-        } else {
-            "no declaration is in force"
-        };
-        if !std::mem::replace(&mut self.awaiting, true) {
-            events::DeclarationAwaited { source: &source, what, kept }.emit(&self.metrics);
-        }
-        if self.declaration.is_none() {
-            let why = format!("waiting for {source}, which {what}; a declaration written there is applied");
-            status(&format!("no declaration in force: {why}"));
-            self.health.set_not_in_force(Some(why));
-        }
-    }
-
-    /// Notes, for `/healthz`, why the source was refused, while no declaration is in force: the
-    /// first line of the message, cut, since a refusal can list many problems.
-    fn refused(&self, message: String) {
-        if self.declaration.is_some() {
-            return;
-        }
-        let mut line = message.lines().next().unwrap_or_default().to_owned();
-        if line.len() > 300 {
-            let mut end = 300;
-            while !line.is_char_boundary(end) {
-                end -= 1;
-            }
-            line.truncate(end);
-            line.push_str("...");
-        }
-        let why = format!(
-            "{line}; the log says more, and a valid declaration written to {} is applied",
-            self.config.declaration.display()
-        );
-        status(&format!("no declaration in force: {line}"));
-        self.health.set_not_in_force(Some(why));
+        self.units.send_replace(units);
     }
 
     fn full(&mut self) -> Verdict {
@@ -674,7 +382,7 @@ impl Worker {
         let pass = t.elapsed();
         let refused_before = self.refusal.is_some();
         self.note_refusal(&report);
-        self.note_first_pass(&report);
+        self.source.note_first_pass(&report);
         // A refusal that stands is said once, when it began, not at every resync.
         let last = self.tally(&mut report, None, refused_before && self.refusal.is_some());
         if self.refusal.is_none() {
@@ -927,7 +635,7 @@ impl Worker {
     /// until the hold ends, so that a writer fighting the agent over it wakes neither of their
     /// threads at each write (mesh_host_watchers::file, "mute"). Nothing is lost: the queue
     /// runs the key again when the hold ends, and the file watcher says once that it moved.
-    pub(super) fn mute(&mut self, key: &Key, until: std::time::Instant) {
+    fn mute(&mut self, key: &Key, until: std::time::Instant) {
         let Key::Resource(id) = key else { return };
         let Some(path) = self.declaration.as_ref().and_then(|d| d.get(id)).and_then(|r| r.spec.path()) else {
             return;
@@ -937,6 +645,14 @@ impl Worker {
             if let Err(e) = w.mute(path, until) {
                 tracing::debug!(path = %path.display(), error = %e, "cannot mute for fanotify; its writes wake it during the hold");
             }
+        }
+    }
+
+    /// The ids a reconcile of `id` claims, by the declaration in force and the store now.
+    fn claimed(&self, id: &Id) -> Vec<Id> {
+        match self.declaration.as_deref() {
+            Some(d) => claims::claimed(d, &self.store, id),
+            None => vec![id.clone()],
         }
     }
 
@@ -1016,6 +732,190 @@ impl Worker {
             _ => {}
         }
         self.no_instance = c.no_instance;
+    }
+}
+
+/// A reconcile run apart from the worker, as it leaves: everything it needs, owned (the
+/// declaration's `Arc`, a copy of the store, a session of its own); it shares nothing mutable
+/// with the worker while it runs.
+pub(super) struct Apart {
+    id: Id,
+    seen: Instant,
+    /// The ids whose records and holds are taken back: the claim's.
+    ids: Vec<Id>,
+    declaration: Arc<Declaration>,
+    store: crate::store::Store,
+    session: apply::Session,
+    options: Options,
+}
+
+/// A reconcile run apart, as it comes back.
+pub(super) struct Back {
+    seen: Instant,
+    ids: Vec<Id>,
+    store: crate::store::Store,
+    report: Report,
+    session: apply::Session,
+}
+
+impl Reconcile for Worker {
+    type Job = Apart;
+    type Back = Back;
+
+    /// What the reconcile of `key` may touch (`claims`), by the declaration in force and the
+    /// store now; a key with no declaration in force claims only itself.
+    fn claim_of(&self, key: &Key) -> Claim {
+        match key {
+            Key::Full | Key::Declaration => Claim::Everything,
+            Key::Resource(id) => {
+                Claim::only(self.claimed(id).iter().map(|id| claims::claim_hash(id.as_str())).collect())
+            }
+        }
+    }
+
+    /// Whether `key` may be slow (`claims::slow`), when there is room apart at all.
+    fn runs_apart(&self, key: &Key, limit: usize) -> bool {
+        let (Key::Resource(id), Some(d)) = (key, self.declaration.as_deref()) else { return false };
+        limit > 0 && claims::slow(d, id)
+    }
+
+    /// `None` when there is nothing to run apart (no declaration in force, the id no longer
+    /// declared, or the declaration refused on this machine): the inline path settles it.
+    fn apart(&mut self, key: &Key, seen: Instant) -> Option<Apart> {
+        let Key::Resource(id) = key else { return None };
+        if self.refusal.is_some() {
+            return None;
+        }
+        let declaration = self.declaration.clone()?;
+        declaration.get(id)?;
+        let options = self.options();
+        let ids = self.claimed(id);
+        let (store, session) = (self.store.lend(), self.spare.pop().unwrap_or_default());
+        Some(Apart { id: id.clone(), seen, ids, declaration, store, session, options })
+    }
+
+    fn run_apart(job: Apart) -> Back {
+        let Apart { id, seen, ids, declaration, mut store, mut session, options } = job;
+        failpoint_panic_reconcile(&id);
+        let report =
+            apply::reconcile_in(&mut session, &declaration, std::slice::from_ref(&id), &mut store, &options);
+        Back { seen, ids, store, report, session }
+    }
+
+    /// The records it claimed and its session, or, after a panic, nothing of it (the machine
+    /// is read again next time); then what follows any reconcile.
+    fn take_back(&mut self, key: &Key, started: Instant, back: Result<Back, String>) -> Verdict {
+        let Key::Resource(id) = key else { return Verdict::Failed };
+        let verdict = match back {
+            Ok(Back { seen, ids, store, mut report, session }) => {
+                let claimed: Vec<&str> = ids.iter().map(Id::as_str).collect();
+                self.store.take_back(store, Some(&claimed));
+                self.spare.push(session);
+                self.conclude_one(id, &mut report, seen)
+            }
+            Err(message) => {
+                self.store.lost();
+                events::ReconcilePanicked { id: Some(id.as_str()), key: &key.to_string(), message: &message }
+                    .emit(&self.metrics);
+                Verdict::Failed
+            }
+        };
+        self.finished(key, started);
+        verdict
+    }
+
+    /// The copy is lost: its work is read from the machine next time.
+    fn lost(&mut self, key: Option<&Key>, error: &tokio::task::JoinError) {
+        events::ReconcileLost { key: key.map(Key::to_string).as_deref(), error }.emit(&self.metrics);
+        if key.is_some() {
+            self.store.lost();
+        }
+    }
+
+    /// The declaration read again first for a full pass or a new declaration.
+    fn reconcile(&mut self, key: &Key, seen: Instant) -> Verdict {
+        let started = Instant::now();
+        let verdict = match key {
+            // The declaration watcher saw the source change: read and parse it, even when its
+            // bytes are the same (touching it makes a new content file; see decisions.md).
+            Key::Declaration => {
+                self.load_declaration(true);
+                self.full()
+            }
+            // A resync, or a watcher that may have missed something: the source is read again
+            // as well, and parsed only if it changed, since the watcher may have missed it too.
+            Key::Full => {
+                self.load_declaration(false);
+                self.full()
+            }
+            Key::Resource(id) => self.one(id, seen),
+        };
+        self.finished(key, started);
+        verdict
+    }
+
+    /// The connections to systemd and the container runtime, the one state kept across
+    /// reconciles that a panic could leave mid-protocol, are dropped and made again by the next
+    /// reconcile that needs them. The store records a resource only after its read-back, the
+    /// declaration in force and the index are replaced whole, and every lock is taken through
+    /// poisoning.
+    fn panicked(&mut self, key: &Key, message: &str) -> Verdict {
+        self.session = apply::Session::default();
+        let id = match key {
+            Key::Resource(id) => Some(id.as_str()),
+            Key::Declaration | Key::Full => None,
+        };
+        events::ReconcilePanicked { id, key: &key.to_string(), message }.emit(&self.metrics);
+        // The worker is alive: it finished this key, if badly.
+        self.health.beat();
+        Verdict::Failed
+    }
+
+    /// A contest or a failure said once, and a key held after repeated corrections muted.
+    fn done(&mut self, key: &Key, verdict: Verdict, told: Told) {
+        let name = key.to_string();
+        match told.contest {
+            Some(Contest::Began { wait }) => {
+                self.quiet.insert(key.clone());
+                events::ContestBegan { key: &name, wait }.emit(&self.metrics);
+            }
+            Some(Contest::Ended) => {
+                self.quiet.remove(key);
+                events::ContestEnded { key: &name }.emit(&self.metrics);
+            }
+            None => {}
+        }
+        if let Some(until) = told.held_until {
+            self.mute(key, until.into_std());
+        }
+        match verdict {
+            Verdict::Failed => {
+                self.quiet.insert(key.clone());
+            }
+            Verdict::Clean if self.quiet.remove(key) => events::Recovered { key: &name }.emit(&self.metrics),
+            Verdict::Clean | Verdict::Corrected => {}
+        }
+        let stats = told.stats;
+        events::QueueSampled {
+            depth: stats.depth,
+            processing: stats.processing,
+            backing_off: stats.backing_off,
+            contested: stats.contested,
+            retrying: verdict == Verdict::Failed,
+        }
+        .emit(&self.metrics);
+    }
+
+    fn oldest_apart(&mut self, started: Option<std::time::Instant>) {
+        self.health.set_oldest_apart(started);
+    }
+
+    /// Intake has stopped and the last reconcile finished: what it recorded is persisted.
+    fn finish(&mut self) -> Vec<tokio::task::JoinHandle<()>> {
+        if let Err(e) = self.store.save() {
+            events::StoreNotWritten { error: &e, when: "on the way out" }.emit(&self.metrics);
+        }
+        self.watcher_tasks()
     }
 }
 
