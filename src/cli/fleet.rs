@@ -57,7 +57,7 @@ pub enum FleetCommand {
         /// TLS and the login to etcd's auth, when they are on.
         #[command(flatten)]
         login: EtcdLogin,
-        /// The node.
+        /// The node's name, as it runs with `--node`.
         #[arg(value_name = "NODE")]
         node: String,
     },
