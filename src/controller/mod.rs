@@ -14,6 +14,8 @@
 //!   one reconcile does: the declaration loaded and put in force, a full pass, one key, what it
 //!   did told, the watchers it starts.
 //! - `claims`: what a key's reconcile claims, and whether it runs apart (pure).
+//! - `watches`: the file watcher, fanotify's writers and the systemd, container and firewall
+//!   watchers started when a declaration first needs them; the out-of-watches state.
 //! - `source`: the declaration's source: read, digested, verified, parsed, refused or
 //!   accepted, recorded as a generation, and chosen against the rollback hold (`choose`, pure).
 //! - `scheduler`: scheduled steps at their fires.
@@ -51,6 +53,7 @@ mod scheduler;
 pub mod signed;
 mod source;
 mod trigger;
+mod watches;
 mod worker;
 
 use std::net::SocketAddr;

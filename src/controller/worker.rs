@@ -2,11 +2,10 @@
 //! what one reconcile does (the declaration loaded, a full pass, one key); `runner` runs them,
 //! several at once.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-use mesh_host_watchers::writers::Writers;
 use mesh_host_watchers::{Change, FileWatcher};
 
 use super::drift;
@@ -20,6 +19,7 @@ use super::queue::{Claim, Contest, Verdict};
 use super::runner::{Reconcile, Told};
 use super::source::Source;
 use super::trigger::{Index, Key};
+use super::watches::Watches;
 use crate::apply::{self, Options, Report, Verb};
 use crate::declaration::{Declaration, Id, Kind};
 use crate::store::Writer as Store;
@@ -73,13 +73,9 @@ pub struct Worker {
     /// Connections to systemd and the container runtime, kept between the reconciles run
     /// inline; never lent (reconciles apart take theirs from `spare`).
     pub(super) session: apply::Session,
-    /// Only the worker calls it (`set_paths`, `rewatch`): a reconcile apart never does, and the
-    /// watches its changes need are made again when it is taken back. Its own thread (notify's)
-    /// shares with it only what `mesh_host_watchers::file` says.
-    files: FileWatcher,
-    /// Who wrote each managed path (fanotify); `None` where fanotify cannot be used, and then
-    /// every correction's writer is `unknown`. Marked beside `files`, on the same directories.
-    writers: Option<Writers>,
+    /// The file watcher, fanotify's writers and the watchers started for the declaration in
+    /// force, with what was said of them (`watches`).
+    watches: Watches,
     /// The corrections kept under the state directory (`mesh-host drift`).
     history: drift::History,
     /// Containers' names by id, as the runtime last gave them (`None`: it did not, asked at that
@@ -105,20 +101,6 @@ pub struct Worker {
     /// Keys whose changes and failures are logged at debug level only: contested ones (said
     /// once when the contest began) and ones already failing (said once when they began to).
     pub(super) quiet: std::collections::HashSet<Key>,
-    /// For starting watchers when the declaration first needs them. Unbounded: a watcher must
-    /// never block on the agent (inotify would overflow); the intake loop drains it at once
-    /// into the queue, which de-duplicates.
-    tx: mpsc::UnboundedSender<Change>,
-    /// The units the systemd watcher follows: sent here with each declaration, read by it.
-    units: tokio::sync::watch::Sender<std::collections::BTreeSet<String>>,
-    /// Started when a declaration first names a systemd unit: a node with no services has no
-    /// reason to talk to systemd, nor to report a systemd watcher down.
-    systemd_watcher: Option<tokio::task::JoinHandle<()>>,
-    /// Started when a declaration first names a container, a network, or an action run in a
-    /// container, for the same reason.
-    docker_watcher: Option<tokio::task::JoinHandle<()>>,
-    /// `nft monitor` on the host's table, started when a declaration first opens a port.
-    firewall_watcher: Option<tokio::task::JoinHandle<()>>,
     /// The declaration in force: sent here, read by the scheduler of scheduled steps (a watch
     /// channel: the scheduler sees the latest, never a queue of old ones).
     in_force: tokio::sync::watch::Sender<Option<Arc<Declaration>>>,
@@ -139,11 +121,6 @@ pub struct Worker {
     /// when it begins and when it ends, not at every pass (10,000 held files must not write
     /// 10,000 lines at every resync).
     held: HashSet<String>,
-    /// The file watcher ran out of inotify watches and that was said: said once when it began,
-    /// and again only after it cleared and came back, not at every pass that still meets it.
-    out_of_watches: bool,
-    /// The file watcher has no inotify instance and that was said (as `out_of_watches`).
-    no_instance: bool,
 }
 
 /// `MESH_HOST_FAILPOINT=panic-reconcile` makes the first single-resource reconcile of the process
@@ -165,6 +142,7 @@ impl Worker {
         health: Arc<Health>,
         tx: mpsc::UnboundedSender<Change>,
     ) -> Worker {
+        let watches = Watches::new(files, &config, Arc::clone(&metrics), tx);
         let history = drift::History::start(&config.state);
         let source = Source::new(&config, Arc::clone(&metrics), Arc::clone(&health));
         Worker {
@@ -173,8 +151,7 @@ impl Worker {
             declaration: None,
             store,
             session: apply::Session::default(),
-            files,
-            writers: start_writers(),
+            watches,
             history,
             container_names: std::sync::Mutex::default(),
             index: Arc::new(RwLock::new(Index::default())),
@@ -183,18 +160,11 @@ impl Worker {
             metrics,
             health,
             quiet: HashSet::new(),
-            tx,
-            units: tokio::sync::watch::channel(BTreeSet::new()).0,
-            systemd_watcher: None,
-            docker_watcher: None,
-            firewall_watcher: None,
             in_force: tokio::sync::watch::channel(None).0,
             installed: tokio::sync::watch::channel(Arc::default()).0,
             applied: tokio::sync::watch::channel(Default::default()).0,
             refusal: None,
             held: HashSet::new(),
-            out_of_watches: false,
-            no_instance: false,
         }
     }
 
@@ -266,16 +236,6 @@ impl Worker {
         self.installed.subscribe()
     }
 
-    /// The watcher tasks the worker started, for shutdown to stop.
-    fn watcher_tasks(&mut self) -> Vec<tokio::task::JoinHandle<()>> {
-        self.systemd_watcher
-            .take()
-            .into_iter()
-            .chain(self.docker_watcher.take())
-            .chain(self.firewall_watcher.take())
-            .collect()
-    }
-
     pub(super) fn options(&self) -> Options {
         let originals = crate::store::originals_dir(&self.config.state);
         Options {
@@ -339,27 +299,10 @@ impl Worker {
         let index = Index::new(&d);
         let units = index.units();
         *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
-        let uses_containers = d.needs_container_runtime();
-        let opens = d.first_opening().is_some();
+        self.watches.follow(&d, units);
         self.declaration = Some(Arc::clone(&d));
         self.paths_stale = true;
         self.in_force.send_replace(Some(d));
-        if uses_containers && self.docker_watcher.is_none() {
-            self.docker_watcher = Some(mesh_host_watchers::docker::spawn(
-                self.config.container_socket.clone(),
-                self.tx.clone(),
-            ));
-        }
-        if opens && self.firewall_watcher.is_none() {
-            use crate::system::firewall::{FAMILY, TABLE};
-            self.firewall_watcher = Some(mesh_host_watchers::firewall::spawn(FAMILY, TABLE, self.tx.clone()));
-        }
-        if !units.is_empty() && self.systemd_watcher.is_none() {
-            let rx = self.units.subscribe();
-            self.systemd_watcher =
-                Some(mesh_host_watchers::systemd::spawn(self.config.bus.clone(), rx, self.tx.clone()));
-        }
-        self.units.send_replace(units);
     }
 
     fn full(&mut self) -> Verdict {
@@ -373,7 +316,7 @@ impl Worker {
             // directories the pass made, and those looked at once then (`look_at_armed`). The
             // ones armed here need no look: the pass that follows looks at every path.
             self.watch_paths();
-            drop(self.files.take_armed());
+            self.watches.forget_armed();
         }
         let Some(declaration) = self.declaration.as_deref() else { return Verdict::Clean };
         let t = std::time::Instant::now();
@@ -426,9 +369,8 @@ impl Worker {
         }
         self.health.set_refused(now.clone());
         self.index.write().unwrap_or_else(|e| e.into_inner()).refused = now.is_some();
-        if now.is_some() && self.firewall_watcher.is_none() {
-            use crate::system::firewall::{FAMILY, TABLE};
-            self.firewall_watcher = Some(mesh_host_watchers::firewall::spawn(FAMILY, TABLE, self.tx.clone()));
+        if now.is_some() {
+            self.watches.watch_firewall();
         }
         self.refusal = now;
     }
@@ -477,15 +419,7 @@ impl Worker {
         self.held.extend(report.outcomes.iter().filter(|o| o.action == Verb::Held).map(|o| o.id.clone()));
         self.publish_applied(report, false, last);
         if report.outcomes.iter().any(|o| o.action.moved()) {
-            // A directory made again (by itself, or as a file's parent) needs its watch made
-            // again; this looks only at directories whose watch was lost.
-            for (dir, e) in self.files.rewatch() {
-                tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
-            }
-            if let Some(w) = &mut self.writers {
-                w.rewatch();
-            }
-            self.note_watches();
+            self.watches.rewatch();
             self.look_at_armed();
         }
         match &report.error {
@@ -567,7 +501,7 @@ impl Worker {
     /// at that path since the change was seen (waiting a little for it: its event and
     /// inotify's are read on two threads), or `unknown`.
     fn who(&self, target: &str, seen: Option<Instant>) -> drift::Who {
-        let Some(writers) = &self.writers else { return drift::Who::unknown() };
+        let Some(writers) = self.watches.writers() else { return drift::Who::unknown() };
         let path = std::path::Path::new(target);
         if !path.is_absolute() {
             return drift::Who::unknown();
@@ -639,12 +573,7 @@ impl Worker {
         let Some(path) = self.declaration.as_ref().and_then(|d| d.get(id)).and_then(|r| r.spec.path()) else {
             return;
         };
-        self.files.mute(path, until);
-        if let Some(w) = &self.writers {
-            if let Err(e) = w.mute(path, until) {
-                tracing::debug!(path = %path.display(), error = %e, "cannot mute for fanotify; its writes wake it during the hold");
-            }
-        }
+        self.watches.mute(path, until);
     }
 
     /// The ids a reconcile of `id` claims, by the declaration in force and the store now.
@@ -655,82 +584,15 @@ impl Worker {
         }
     }
 
-    /// Points the file watcher at the managed paths of the declaration in force.
+    /// Points the watches at the managed paths of the declaration in force.
     fn watch_paths(&mut self) {
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
-        for (dir, e) in self.files.set_paths(index.paths()) {
-            tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
-        }
-        if let Some(w) = &mut self.writers {
-            for (dir, e) in w.set_paths(self.files.interest(), self.files.dirs()) {
-                tracing::debug!(directory = %dir.display(), error = %e, "cannot mark for fanotify; its writers are unknown");
-            }
-        }
-        drop(index);
-        self.note_watches();
+        self.watches.set_paths(index.paths());
     }
 
-    /// The start race (issue 46; docs/decisions.md, "List, then watch"): a directory the last
-    /// pass made (or made again, or could watch only now) was not watched while the pass wrote
-    /// in it, so a hand-edit there before its watch was made was seen by no one. Once the
-    /// watches are there, each managed path in such a directory is looked at once: a file whose
-    /// change signature is the one recorded is untouched since the host looked; any other path
-    /// is reported to the intake as moved, as inotify would have, and its key reconciled. A
-    /// change from now on is the watch's to report.
+    /// Looks once at the paths of directories watched anew (`Watches::look_at_armed`).
     fn look_at_armed(&mut self) {
-        let armed: HashSet<Arc<std::path::Path>> = self.files.take_armed().into_iter().collect();
-        let Some(declaration) = self.declaration.as_deref().filter(|_| !armed.is_empty()) else { return };
-        let in_armed = declaration.resources.iter().filter_map(|r| {
-            r.spec.path().filter(|p| p.parent().is_some_and(|d| armed.contains(d))).map(|p| (&r.id, p))
-        });
-        let moved = apply::maybe_moved(&self.store, in_armed);
-        for path in &moved {
-            let _ = self.tx.send(Change::Path(path.to_path_buf()));
-        }
-        tracing::debug!(
-            directories = armed.len(),
-            paths = moved.len(),
-            "looked at the paths of directories watched anew"
-        );
-    }
-
-    /// After the file watcher's watches moved: the gauges of paths watched and not, and a
-    /// shortage of inotify watches said when it begins and when it ends. The paths it leaves
-    /// unwatched need nothing more: every full pass (each resync) reconciles every resource.
-    fn note_watches(&mut self) {
-        let c = self.files.coverage();
-        events::PathsWatched { watched: c.watched, unwatched: c.unwatched }.emit(&self.metrics);
-        match (self.out_of_watches, c.out_of_watches) {
-            (false, true) => events::OutOfWatches::Began {
-                unwatched: c.unwatched,
-                paths: c.watched + c.unwatched,
-                dirs: c.unwatched_dirs,
-                // Read only here, when it is said: the limit is the operator's to change.
-                limit: crate::system::inotify_watch_limit(),
-                resync: self.config.resync,
-            }
-            .emit(&self.metrics),
-            (true, false) => events::OutOfWatches::Ended { unwatched: c.unwatched }.emit(&self.metrics),
-            _ => {}
-        }
-        self.out_of_watches = c.out_of_watches;
-        match (self.no_instance, c.no_instance) {
-            (false, true) => {
-                events::NoInstance::Began {
-                    error: self.files.no_instance().unwrap_or("unknown"),
-                    paths: c.watched + c.unwatched,
-                    resync: self.config.resync,
-                }
-                .emit(&self.metrics);
-                events::WatcherState { watcher: "file", up: false }.emit(&self.metrics);
-            }
-            (true, false) => {
-                events::NoInstance::Ended { watched: c.watched }.emit(&self.metrics);
-                events::WatcherState { watcher: "file", up: true }.emit(&self.metrics);
-            }
-            _ => {}
-        }
-        self.no_instance = c.no_instance;
+        self.watches.look_at_armed(self.declaration.as_deref(), &self.store);
     }
 }
 
@@ -914,7 +776,7 @@ impl Reconcile for Worker {
         if let Err(e) = self.store.save() {
             events::StoreNotWritten { error: &e, when: "on the way out" }.emit(&self.metrics);
         }
-        self.watcher_tasks()
+        self.watches.tasks()
     }
 }
 
@@ -933,21 +795,5 @@ fn by(w: &drift::Who) -> events::By<'_> {
         container: w.container.as_deref(),
         exited: w.exited,
         moved: w.moved.as_deref(),
-    }
-}
-
-/// Starts the fanotify watcher, or says once why writers will be `unknown`.
-/// `MESH_HOST_FANOTIFY=off` leaves it off (the benchmark's run without attribution).
-fn start_writers() -> Option<Writers> {
-    if std::env::var_os("MESH_HOST_FANOTIFY").is_some_and(|v| v == "off") {
-        tracing::info!("fanotify is off (MESH_HOST_FANOTIFY=off): who made each drift will be unknown");
-        return None;
-    }
-    match Writers::start() {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::info!(error = %e, "fanotify cannot be used (it needs root and Linux 5.9): who made each drift will be unknown; corrections go on as before");
-            None
-        }
     }
 }
