@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mesh_host_watchers::writers::Writers;
+use mesh_host_watchers::writers::{Taker, Writers};
 use mesh_host_watchers::{Change, FileWatcher};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -159,21 +159,17 @@ impl Watches {
         );
     }
 
-    /// A path held after repeated corrections (a contest) is muted in both watchers until the
-    /// hold ends, so that a writer fighting the agent over it wakes neither of their threads at
-    /// each write (mesh_host_watchers::file, "mute").
+    /// A path held after repeated corrections (a contest) is muted in the file watcher until
+    /// the hold ends, so that a writer fighting the agent over it does not wake its thread at
+    /// each write (mesh_host_watchers::file, "mute"). Fanotify's mute is `Report::mute`, in
+    /// order with the corrections it attributes.
     pub(super) fn mute(&self, path: &Path, until: std::time::Instant) {
         self.files.mute(path, until);
-        if let Some(w) = &self.writers {
-            if let Err(e) = w.mute(path, until) {
-                tracing::debug!(path = %path.display(), error = %e, "cannot mute for fanotify; its writes wake it during the hold");
-            }
-        }
     }
 
-    /// Who wrote the managed paths, when fanotify can tell.
-    pub(super) fn writers(&self) -> Option<&Writers> {
-        self.writers.as_ref()
+    /// Who wrote the managed paths, for a thread of its own, when fanotify can tell.
+    pub(super) fn taker(&self) -> Option<Taker> {
+        self.writers.as_ref().map(Writers::taker)
     }
 
     /// The watcher tasks started here, for shutdown to stop.
