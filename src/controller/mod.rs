@@ -14,6 +14,10 @@
 //!   one reconcile does: the declaration loaded and put in force, a full pass, one key, what it
 //!   did told, the watchers it starts.
 //! - `claims`: what a key's reconcile claims, and whether it runs apart (pure).
+//! - `report`: events, holds said once, counts, and `Applied`; who made each drift found on
+//!   a thread of its own, so the next key never waits for fanotify or a container runtime.
+//! - `watches`: the file watcher, fanotify's writers and the systemd, container and firewall
+//!   watchers started when a declaration first needs them; the out-of-watches state.
 //! - `source`: the declaration's source: read, digested, verified, parsed, refused or
 //!   accepted, recorded as a generation, and chosen against the rollback hold (`choose`, pure).
 //! - `scheduler`: scheduled steps at their fires.
@@ -46,11 +50,13 @@ pub(crate) mod contents;
 pub mod drift;
 mod health;
 pub mod queue;
+pub mod report;
 mod runner;
 mod scheduler;
 pub mod signed;
 mod source;
 mod trigger;
+mod watches;
 mod worker;
 
 use std::net::SocketAddr;
@@ -68,8 +74,8 @@ use crate::telemetry::{events, Event as _, Metrics};
 pub use config::Config;
 use health::Health;
 use queue::Queue;
+pub use report::Applied;
 pub use trigger::Key;
-pub use worker::Applied;
 use worker::Worker;
 
 /// The daemon, started and not yet applying: the store is locked, the file watcher, the worker
