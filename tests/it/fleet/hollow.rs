@@ -255,3 +255,26 @@ fn a_resumed_driver_counts_deadlines_on_its_own_clock_not_on_the_admissions() {
     assert_eq!(code, Some(0), "{said}");
     assert!(said.contains("all 2 node(s) run the candidate"), "{said}");
 }
+
+/// Issue 43: every range is read in pages of 1,000 keys at one revision. 600 hollow nodes hold
+/// 1,200 keys under `/mesh-host/node/`: `fleet status` lists every one of them, across the page
+/// boundary, none twice, and a rollout is planned over all of them.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn ranges_over_a_thousand_keys_are_read_whole_in_pages() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let nodes = hollow_fleet(&url, 600);
+    let out = fleet(&s, &["status", "--etcd", &url, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed: Vec<&str> =
+        v["nodes"].as_array().unwrap().iter().map(|r| r["node"].as_str().unwrap()).collect();
+    assert_eq!(listed, nodes.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(v["nodes"].as_array().unwrap().iter().all(|r| r["alive"] == true && !r["status"].is_null()));
+    let _answers = Responder::start(&url, |_| Answer::Confirmed);
+    let driver = start(&s, &url, &["--waves", "100%", "--soak", "0", "--deadline", "120"]);
+    let (code, said) = driver.finish(ROLLOUT);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("all 600 node(s) run the candidate"), "{said}");
+}
