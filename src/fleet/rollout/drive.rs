@@ -216,6 +216,7 @@ async fn drive_held(etcd: &Etcd, driver: &mut Driver) -> anyhow::Result<bool> {
     // again soaks the open waves again from the start, the cautious way (docs/decisions.md,
     // "Rollouts").
     let mut good_since: Option<u64> = None;
+    let mut clock = Clock::new();
     let mut said: BTreeMap<String, String> = BTreeMap::new();
     let mut last_wait = String::new();
     loop {
@@ -239,12 +240,14 @@ async fn drive_held(etcd: &Etcd, driver: &mut Driver) -> anyhow::Result<bool> {
             println!("{}: nothing left to drive", no_rollout(&s));
             return Ok(false);
         };
-        let now = crate::system::unix_secs();
+        // Two clocks, never compared: the wall clock for what is recorded (an admission's `at`, a
+        // failure's), this driver's monotonic one for what is judged (deadlines, the soak).
+        let (now, wall) = (clock.now(), crate::system::unix_secs());
         let missing = unadmitted(&state, &s.admitted);
         if !missing.is_empty() {
             // A wave opened whose admissions are not all written (a driver stopped between its
             // transactions, or this one a poll ago): finished before anything is judged.
-            match admit(etcd, &state, Written { at, lease: driver.lease, now }, &missing).await {
+            match admit(etcd, &state, Written { at, lease: driver.lease, now: wall }, &missing).await {
                 Err(e) if limit(&e).is_none() && e.downcast_ref::<crate::system::etcd::Error>().is_some() => {
                     println!("etcd: {e}; trying again");
                 }
@@ -253,7 +256,7 @@ async fn drive_held(etcd: &Etcd, driver: &mut Driver) -> anyhow::Result<bool> {
             pause().await?;
             continue;
         }
-        let verdicts = s.verdicts(&state, now);
+        let verdicts = s.verdicts_by(&state, |node, _, revision| clock.since(node, revision), now);
         for (node, v) in &verdicts {
             let line = match v {
                 Verdict::Good => "applied and converged".to_owned(),
@@ -266,8 +269,8 @@ async fn drive_held(etcd: &Etcd, driver: &mut Driver) -> anyhow::Result<bool> {
             }
         }
         good_since = soaking_since(&state, &verdicts, good_since, now);
-        let step = decide(&state, &verdicts, good_since, now);
-        let written = Written { at, lease: driver.lease, now };
+        let step = stamped(decide(&state, &verdicts, good_since, now), wall);
+        let written = Written { at, lease: driver.lease, now: wall };
         match act(etcd, step, &state, written, &mut good_since, &mut last_wait).await {
             Ok(Some(ended)) => return Ok(ended),
             Ok(None) => {}
@@ -281,6 +284,46 @@ async fn drive_held(etcd: &Etcd, driver: &mut Driver) -> anyhow::Result<bool> {
             Err(e) => return Err(limit(&e).map_or(e, anyhow::Error::msg)),
         }
         pause().await?;
+    }
+}
+
+/// The driver's clock for what it judges: seconds since it started, monotonic, so a step of the
+/// wall clock (NTP, a suspended laptop, a driver replaced on a machine whose clock is off)
+/// neither opens a wave early nor ends a deadline. A node's deadline is counted from when this
+/// driver first saw its admission, never from the admission's `at` (another driver's wall clock,
+/// maybe): a driver started again gives the nodes of the open waves their whole deadline again,
+/// as it soaks them again, the cautious way (docs/decisions.md, "Rollouts"). No node's clock is
+/// read at all: what a node did after its admission is told by etcd's revisions.
+struct Clock {
+    start: tokio::time::Instant,
+    /// Each admission (node, the revision it was written at) and when this driver first saw it.
+    seen: BTreeMap<(String, i64), u64>,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        Clock { start: tokio::time::Instant::now(), seen: BTreeMap::new() }
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_secs()
+    }
+
+    /// When this driver first saw `node`'s admission written at `revision`: now, the first time.
+    fn since(&mut self, node: &str, revision: i64) -> u64 {
+        let now = self.now();
+        *self.seen.entry((node.to_owned(), revision)).or_insert(now)
+    }
+}
+
+/// `step`, its failures stamped with the wall clock (`decide` sees only the driver's own).
+fn stamped(step: Step, wall: u64) -> Step {
+    match step {
+        Step::Fail { mut failures, halt } => {
+            failures.iter_mut().for_each(|f| f.at = wall);
+            Step::Fail { failures, halt }
+        }
+        other => other,
     }
 }
 

@@ -295,7 +295,8 @@ pub struct Seen {
 }
 
 /// Judges one admitted node: admitted at `revision` (its admission's), at `admitted_at`
-/// (seconds, by the driver's clock, as `now`), with `deadline` seconds to report. A node is good
+/// (seconds, on the same clock as `now`: the driver's monotonic one), with `deadline` seconds to
+/// report. A node is good
 /// only when it is alive, reports the candidate's revision (or a later one) applied and
 /// converged with nothing failed, holds no rollback, and has confirmed the generation it runs
 /// (its etcd round trip came: it will not go back by itself); docs/decisions.md, "Rollouts".
@@ -566,13 +567,27 @@ impl Snapshot {
         (names(alive), names(dead))
     }
 
-    /// The verdict on every admitted node.
+    /// The verdict on every admitted node, its deadline counted from its admission's `at` (the
+    /// wall clock of the driver that admitted it) to `now` (this machine's wall clock): for
+    /// `fleet rollout status` and `promote`, which keep no clock of their own. The driver
+    /// counts on its own monotonic clock (`verdicts_by`).
     pub fn verdicts(&self, state: &State, now: u64) -> BTreeMap<String, Verdict> {
+        self.verdicts_by(state, |_, a, _| a.at, now)
+    }
+
+    /// The verdict on every admitted node, its deadline counted from `since(node, admission,
+    /// revision)` to `now`, both on one clock.
+    pub fn verdicts_by(
+        &self,
+        state: &State,
+        mut since: impl FnMut(&str, &Admission, i64) -> u64,
+        now: u64,
+    ) -> BTreeMap<String, Verdict> {
         self.admitted
             .iter()
             .map(|(node, (a, revision))| {
                 let seen = self.nodes.get(node).cloned().unwrap_or_default();
-                (node.clone(), judge(*revision, a.at, state.deadline, &seen, now))
+                (node.clone(), judge(*revision, since(node, a, *revision), state.deadline, &seen, now))
             })
             .collect()
     }

@@ -68,6 +68,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const KEEPALIVE: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The most keys one range answer holds: a larger range is read in pages of this many, all at
+/// one revision (issue 43: a whole fleet's statuses in one answer cost etcd several times their
+/// size in memory).
+const PAGE: i64 = 1000;
+
 /// The largest message read from etcd: its own default request limit is 1.5 MiB per value, and
 /// a range holds a node's whole declaration.
 const ANSWER_LIMIT: usize = 512 << 20;
@@ -585,32 +590,49 @@ impl Etcd {
         KvClient::new(channel).max_decoding_message_size(ANSWER_LIMIT)
     }
 
-    /// Every key under `prefix`, in key order, at `revision` (the latest when `None`).
+    /// Every key under `prefix`, in key order, at `revision` (the latest when `None`): read in
+    /// pages of `PAGE` keys, each at the first page's revision, so no answer holds a whole
+    /// fleet's keys at once (etcd holds several times a large range in memory while it answers).
     pub async fn range_prefix(&self, prefix: &str, revision: Option<i64>) -> Result<Range, Error> {
-        let (key, range_end) = range_of(prefix);
-        let message =
-            rpc::RangeRequest { key, range_end, revision: revision.unwrap_or(0), ..Default::default() };
-        let answer = match self
-            .call("a range read", |channel| {
-                let request = self.request(message.clone());
-                async move { Self::kv(channel).range(request).await }
-            })
-            .await
-        {
-            Err(Error::Compacted(_)) => return Err(Error::Compacted(revision.unwrap_or(0))),
-            other => other?,
-        };
-        let revision = answer.header.map_or(0, |h| h.revision);
-        let mut kvs = Vec::with_capacity(answer.kvs.len());
-        for kv in answer.kvs {
-            let key = String::from_utf8(kv.key).map_err(|_| Error::Garbled {
-                endpoint: self.endpoints[self.current.load(Ordering::Relaxed)].clone(),
-                call: "a range read",
-                message: "a key that is not UTF-8".into(),
-            })?;
-            kvs.push(Kv { key, value: kv.value, mod_revision: kv.mod_revision });
+        let (mut key, range_end) = range_of(prefix);
+        let mut at = revision.unwrap_or(0);
+        let mut kvs = Vec::new();
+        loop {
+            let message = rpc::RangeRequest {
+                key: key.clone(),
+                range_end: range_end.clone(),
+                revision: at,
+                limit: PAGE,
+                ..Default::default()
+            };
+            let answer = match self
+                .call("a range read", |channel| {
+                    let request = self.request(message.clone());
+                    async move { Self::kv(channel).range(request).await }
+                })
+                .await
+            {
+                Err(Error::Compacted(_)) => return Err(Error::Compacted(at)),
+                other => other?,
+            };
+            if at == 0 {
+                at = answer.header.map_or(0, |h| h.revision);
+            }
+            let more = answer.more;
+            for kv in answer.kvs {
+                let name = String::from_utf8(kv.key).map_err(|_| Error::Garbled {
+                    endpoint: self.endpoints[self.current.load(Ordering::Relaxed)].clone(),
+                    call: "a range read",
+                    message: "a key that is not UTF-8".into(),
+                })?;
+                kvs.push(Kv { key: name, value: kv.value, mod_revision: kv.mod_revision });
+            }
+            match kvs.last() {
+                // The next page starts just after the last key read.
+                Some(last) if more => key = [last.key.as_bytes(), &[0]].concat(),
+                _ => return Ok(Range { revision: at, kvs }),
+            }
         }
-        Ok(Range { revision, kvs })
     }
 
     /// One transaction: every write of `writes` when every condition of `conds` holds, else
