@@ -642,6 +642,16 @@ fn a_node_whose_etcd_role_predates_rollouts_reads_as_before_and_a_new_grant_lets
         daemon.log()
     );
 
+    // Alive first (its presence key there: rollouts are planned over live nodes only, and the
+    // key can come a moment after the status).
+    assert!(
+        wait_for(PATIENCE, || {
+            let out = etcdctl(&url, &["--user", "root:root-secret", "get", "/mesh-host/node/old-1/alive"]);
+            out.status.success() && !out.stdout.is_empty()
+        }),
+        "its presence key never came: {}",
+        daemon.log()
+    );
     // A rollout cannot reach it: it counts as not reporting, by its deadline.
     let v3 = put("v3\n");
     let start = |dir: &Path| {
