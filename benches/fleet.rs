@@ -26,7 +26,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::fleet::{connections, free_port, quantile, status_of, wait_until, Etcd, Stopped};
+use common::fleet::{connections, free_port, quantile, start_rollout, status_of, wait_until, Etcd, Stopped};
 
 const INOTIFY: &str = "/proc/sys/fs/inotify/max_user_instances";
 
@@ -93,25 +93,7 @@ fn staged(
 ) -> serde_json::Value {
     let candidate = fleet_declaration(&work.join("candidate"), 40);
     let start = Instant::now();
-    let mut child = Command::new(binary)
-        .arg("--state")
-        .arg(work.join("cli/state.json"))
-        .args(["fleet", "rollout", "start", "--etcd", url, "--fleet"])
-        .args(["--waves", "1,10%,100%", "--soak", "0", "--deadline", "300"])
-        .arg(&candidate)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(work.join("driver.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let (tx, lines) = mpsc::channel::<(Instant, String)>();
-    let out = std::io::BufReader::new(child.stdout.take().unwrap());
-    std::thread::spawn(move || {
-        for line in out.lines().map_while(Result::ok) {
-            if tx.send((Instant::now(), line)).is_err() {
-                return;
-            }
-        }
-    });
+    let (child, lines) = start_rollout(binary, work, url, &candidate, "300");
     let driver = Stopped(child);
     // (when, node, revision, converged) for every status written meanwhile.
     let mut seen: Vec<(Instant, String, i64, bool)> = Vec::new();

@@ -31,7 +31,7 @@ use std::process::{Command, Stdio};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use common::fleet::{connections, free_port, quantile, status_of, wait_until, Etcd, Stopped};
+use common::fleet::{connections, free_port, quantile, start_rollout, status_of, wait_until, Etcd, Stopped};
 use mesh_host::controller::Applied;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
@@ -336,25 +336,7 @@ fn rollout(binary: &Path, work: &Path, endpoints: &str) -> serde_json::Value {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("base.json"), "{\"version\": 1, \"resources\": []}\n").unwrap();
     let start = Instant::now();
-    let mut child = Command::new(binary)
-        .arg("--state")
-        .arg(work.join("cli/state.json"))
-        .args(["fleet", "rollout", "start", "--etcd", endpoints, "--fleet"])
-        .args(["--waves", "1,10%,100%", "--soak", "0", "--deadline", "600"])
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(work.join("driver.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let (tx, lines) = mpsc::channel::<(Instant, String)>();
-    let out = std::io::BufReader::new(child.stdout.take().unwrap());
-    std::thread::spawn(move || {
-        for line in out.lines().map_while(Result::ok) {
-            if tx.send((Instant::now(), line)).is_err() {
-                return;
-            }
-        }
-    });
+    let (mut child, lines) = start_rollout(binary, work, endpoints, &dir, "600");
     let exited = loop {
         statuses.take(Duration::from_millis(50));
         if let Some(status) = child.try_wait().unwrap() {

@@ -2,7 +2,10 @@
 //! stopped when dropped, an etcd reached through etcdctl, the nodes' statuses as etcd holds
 //! them, and the connections a process holds.
 
-use std::process::{Child, Command, Output};
+use std::io::BufRead as _;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -131,4 +134,36 @@ pub fn connections(pid: u32, port: u16, local: bool) -> usize {
         }
     }
     count
+}
+
+/// `fleet rollout start --fleet --waves 1,10%,100% --soak 0` of `candidate`, its stderr in
+/// `work/driver.log`, and its stdout's lines each stamped as it came (a wave's opening is timed
+/// from its line).
+pub fn start_rollout(
+    binary: &Path,
+    work: &Path,
+    endpoints: &str,
+    candidate: &Path,
+    deadline: &str,
+) -> (Child, mpsc::Receiver<(Instant, String)>) {
+    let mut child = Command::new(binary)
+        .arg("--state")
+        .arg(work.join("cli/state.json"))
+        .args(["fleet", "rollout", "start", "--etcd", endpoints, "--fleet"])
+        .args(["--waves", "1,10%,100%", "--soak", "0", "--deadline", deadline])
+        .arg(candidate)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(work.join("driver.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = mpsc::channel::<(Instant, String)>();
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            if tx.send((Instant::now(), line)).is_err() {
+                return;
+            }
+        }
+    });
+    (child, lines)
 }
