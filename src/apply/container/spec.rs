@@ -63,18 +63,7 @@ pub(super) fn spec(
     let mut s = String::new();
     let _ = writeln!(s, "image {}", c.image.as_str());
     let _ = writeln!(s, "name {}", c.name.as_str());
-    for (k, v) in &c.env {
-        let _ = writeln!(s, "env {k}={v}");
-    }
-    for p in &c.ports {
-        let _ = writeln!(s, "port {p}");
-    }
-    for v in &c.volumes {
-        let _ = writeln!(s, "volume {v}");
-    }
-    for a in &c.args {
-        let _ = writeln!(s, "arg {a}");
-    }
+    env_ports_volumes_args(&mut s, c);
     if let Some(n) = &c.network {
         let _ = writeln!(s, "network {}", n.as_str());
     }
@@ -116,18 +105,7 @@ pub(super) fn spec(
 pub(super) fn go_spec(ctx: &Ctx<'_>, c: &Container, reads: &BTreeMap<String, String>) -> Option<String> {
     use std::fmt::Write as _;
     let mut s = format!("{}\n{}\n", c.image.as_str(), c.name.as_str());
-    for (k, v) in &c.env {
-        let _ = writeln!(s, "env {k}={v}");
-    }
-    for p in &c.ports {
-        let _ = writeln!(s, "port {p}");
-    }
-    for v in &c.volumes {
-        let _ = writeln!(s, "volume {v}");
-    }
-    for a in &c.args {
-        let _ = writeln!(s, "arg {a}");
-    }
+    env_ports_volumes_args(&mut s, c);
     let mut named: Vec<&Id> = c.restart_on.iter().collect();
     named.sort();
     for id in named {
@@ -245,6 +223,24 @@ fn file_digest(ctx: &mut Ctx<'_>, path: &Path) -> Result<Option<String>, Error> 
         },
     };
     Ok(Some(d.to_string()))
+}
+
+/// The `env`, `port`, `volume` and `arg` lines, as declared: the part of the spec this agent's
+/// label and the Go agent's write alike.
+fn env_ports_volumes_args(s: &mut String, c: &Container) {
+    use std::fmt::Write as _;
+    for (k, v) in &c.env {
+        let _ = writeln!(s, "env {k}={v}");
+    }
+    for p in &c.ports {
+        let _ = writeln!(s, "port {p}");
+    }
+    for v in &c.volumes {
+        let _ = writeln!(s, "volume {v}");
+    }
+    for a in &c.args {
+        let _ = writeln!(s, "arg {a}");
+    }
 }
 
 #[cfg(test)]
