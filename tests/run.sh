@@ -16,6 +16,9 @@ phase() {
     phases+=("$(printf '%6d s  %s' "$took" "$phase_name")")
     echo "-- $phase_name: $took s"
   fi
+  # Free disk where the builds go, at each phase's edge: a run that dies on a full disk shows
+  # which phase filled it (one CI run did, in the builds).
+  echo "-- disk: $(df -h --output=avail "${CARGO_TARGET_DIR:-$PWD}" | tail -1 | tr -d ' ') free, target $(du -sh "${CARGO_TARGET_DIR:-$PWD/target}" 2>/dev/null | cut -f1)"
   phase_name=${1:-}
   phase_start=$SECONDS
   [ -z "$phase_name" ] || echo "==== phase: $phase_name"
