@@ -759,20 +759,24 @@ mod tests {
         std::fs::write(&f, "0").unwrap();
         assert!(received(&mut rx, Duration::from_millis(200)).await.contains(&f), "reported before the mute");
 
-        let until = Instant::now() + Duration::from_millis(600);
+        // Long enough that 200 writes fit inside it on a loaded machine (a CI run saw them take
+        // over half a second); every wait below is measured from the mute's end, never
+        // subtracted from what is left of it.
+        let until = Instant::now() + Duration::from_millis(2000);
         w.mute(&f, until);
         assert_eq!(w.muted(), 1);
         for i in 0..200 {
             std::fs::write(&f, i.to_string()).unwrap();
         }
         std::fs::write(&g, "g").unwrap();
-        let during =
-            received(&mut rx, until.saturating_duration_since(Instant::now()) - Duration::from_millis(100))
-                .await;
+        let before_end = until - Duration::from_millis(200);
+        let during = received(&mut rx, before_end.saturating_duration_since(Instant::now())).await;
         assert!(!during.contains(&f), "a muted path was reported: {during:?}");
         assert!(during.contains(&g), "a neighbour was not reported during the mute: {during:?}");
 
-        let after = received(&mut rx, Duration::from_millis(400)).await;
+        let after =
+            received(&mut rx, until.saturating_duration_since(Instant::now()) + Duration::from_millis(400))
+                .await;
         assert_eq!(after, vec![f.clone()], "one change when the mute ends");
         assert_eq!(w.muted(), 0, "the mute is dropped when it ends");
         std::fs::write(&f, "again").unwrap();
