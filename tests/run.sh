@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 # Each phase's time, printed as it ends and again, with the total, when the script ends
 # (failed or not): where the time of a run goes is read off its own output (docs/testing.md,
 # "How long the suite takes").
+# Where cargo builds: the disk line of each phase and the mutants' copies below.
+target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 phases=()
 phase_name=""
 phase_start=$SECONDS
@@ -18,7 +20,8 @@ phase() {
   fi
   # Free disk where the builds go, at each phase's edge: a run that dies on a full disk shows
   # which phase filled it (one CI run did, in the builds).
-  echo "-- disk: $(df -h --output=avail "${CARGO_TARGET_DIR:-$PWD}" | tail -1 | tr -d ' ') free, target $(du -sh "${CARGO_TARGET_DIR:-$PWD/target}" 2>/dev/null | cut -f1)"
+  mkdir -p "$target_dir"
+  echo "-- disk: $(df -h --output=avail "$target_dir" | tail -1 | tr -d ' ') free, target $(du -sh "$target_dir" | cut -f1)"
   phase_name=${1:-}
   phase_start=$SECONDS
   [ -z "$phase_name" ] || echo "==== phase: $phase_name"
@@ -90,7 +93,6 @@ echo "== the power-loss mutant (tests/powerloss/): the agent with every sync a n
 # again for the feature (a target directory of its own would build every dependency a second
 # time); the real binary is put back before any test runs. tests/it/powerloss.rs finds it
 # through MESH_HOST_POWERLOSS_MUTANT.
-target_dir="${CARGO_TARGET_DIR:-$PWD/target}"
 cargo build --quiet --features powerloss-mutant --bin mesh-host
 mkdir -p "$target_dir/powerloss-mutant"
 cp "$target_dir/debug/mesh-host" "$target_dir/powerloss-mutant/mesh-host"
