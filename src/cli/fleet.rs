@@ -11,6 +11,10 @@ pub enum FleetCommand {
     Put(FleetPut),
     /// Show what `fleet put` would change, key by key, with a diff of each changed key.
     Diff(FleetPut),
+    /// Add signatures to the manifest a scope holds in etcd (a second operator co-signing
+    /// what `fleet put --sign` wrote): refused when the scope's keys no longer match it, and
+    /// written only if the manifest is still the one signed.
+    Sign(super::FleetSign),
     /// Give a node a user of its own in etcd's auth, whose role reads only its own, its groups'
     /// and the fleet's declaration and writes only its own status and presence. Run as etcd's
     /// root (`--etcd-user root`).
@@ -69,6 +73,7 @@ pub struct EtcdArgs {
 
 /// What `mesh-host fleet rollout` does.
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per command")]
 pub enum RolloutCommand {
     /// Validate a declaration as `fleet put` does, write it as a candidate beside the one in
     /// force (no node changes yet), print the waves, and drive them: each wave opens when every
@@ -127,6 +132,10 @@ pub struct RolloutStart {
     /// A node for the first waves, before the others (which go by name); repeat it.
     #[arg(long = "canary", value_name = "NODE")]
     pub canaries: Vec<String>,
+    /// Signing the candidate (`--sign KEY`): its manifest names the rollout, and the one
+    /// `promote` writes into the scope is signed beside it.
+    #[command(flatten)]
+    pub signing: super::SigningArgs,
     /// A declaration file, or a directory whose `*.json` files are the candidate.
     #[arg(value_name = "FILE-OR-DIR")]
     pub path: PathBuf,
@@ -150,6 +159,9 @@ pub struct FleetPut {
     /// One node's own declaration.
     #[arg(long, value_name = "NAME", group = "scope")]
     pub node: Option<String>,
+    /// Signing what is put (`--sign KEY`).
+    #[command(flatten)]
+    pub signing: super::SigningArgs,
     /// A declaration file, or a directory whose `*.json` files are put.
     #[arg(value_name = "FILE-OR-DIR")]
     pub path: PathBuf,
@@ -203,15 +215,23 @@ impl EtcdLogin {
 
 impl FleetPut {
     fn scope(&self) -> Result<crate::fleet::Scope, Usage> {
-        use crate::fleet::{check_name, Scope};
-        let named =
-            |what: &str, name: &str| check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")));
-        match (self.fleet, &self.group, &self.node) {
-            (true, None, None) => Ok(Scope::Fleet),
-            (false, Some(g), None) => named("--group", g).map(|()| Scope::Group(g.clone())),
-            (false, None, Some(n)) => named("--node", n).map(|()| Scope::Node(n.clone())),
-            _ => Err(Usage("mesh-host: say where to put it: one of --fleet, --group G, --node N".into())),
-        }
+        scope_from(self.fleet, &self.group, &self.node)
+    }
+}
+
+/// The scope `--fleet`, `--group G` or `--node N` name, exactly one of them.
+fn scope_from(
+    fleet: bool,
+    group: &Option<String>,
+    node: &Option<String>,
+) -> Result<crate::fleet::Scope, Usage> {
+    use crate::fleet::{check_name, Scope};
+    let named = |what: &str, name: &str| check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")));
+    match (fleet, group, node) {
+        (true, None, None) => Ok(Scope::Fleet),
+        (false, Some(g), None) => named("--group", g).map(|()| Scope::Group(g.clone())),
+        (false, None, Some(n)) => named("--node", n).map(|()| Scope::Node(n.clone())),
+        _ => Err(Usage("mesh-host: say which scope: one of --fleet, --group G, --node N".into())),
     }
 }
 
@@ -220,6 +240,13 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
         FleetCommand::Rollout { command } => return rollout(command),
         FleetCommand::Put(args) => (args, false),
         FleetCommand::Diff(args) => (args, true),
+        FleetCommand::Sign(args) => {
+            let scope = scope_from(args.fleet, &args.group, &args.node)?;
+            let out =
+                tokio::runtime::Handle::current().block_on(super::fleet_sign::fleet_sign(&args, &scope))?;
+            print!("{}", escape_lines(&out));
+            return Ok(Ended::Converged);
+        }
         FleetCommand::Grant { etcd, login, node, groups, node_password_file } => {
             for (what, name) in
                 std::iter::once(("--node", &node)).chain(groups.iter().map(|g| ("--group", g)))
@@ -270,9 +297,20 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     if let Err(refusal) = runtime.block_on(crate::fleet::put::check_nodes(&etcd, &scope, &wanted))? {
         return Err(Usage(refusal).into());
     }
+    let mut wanted = wanted;
     let out = if diff {
         runtime.block_on(crate::fleet::put::diff(&etcd, &scope, &wanted))?
     } else {
+        if !args.signing.keys.is_empty() {
+            let signing = super::fleet_sign::sign_put(&etcd, &scope, &args.signing, &mut wanted);
+            match runtime.block_on(signing)? {
+                std::ops::ControlFlow::Break(said) => {
+                    print!("{}", escape_lines(&said));
+                    return Ok(Ended::Converged);
+                }
+                std::ops::ControlFlow::Continue(said) => print!("{}", escape_lines(&said)),
+            }
+        }
         runtime.block_on(crate::fleet::put::put(&etcd, &scope, wanted)).map_err(|e| {
             match e.downcast::<crate::fleet::rollout::Refused>() {
                 Ok(refused) => Usage(format!("mesh-host: {refused}")).into(),
@@ -346,7 +384,12 @@ pub(super) fn rollout(command: RolloutCommand) -> anyhow::Result<Ended> {
             if let Err(refusal) = runtime.block_on(crate::fleet::put::check_nodes(&etcd, &scope, &wanted))? {
                 return Err(Usage(refusal.replace("this put", "this rollout")).into());
             }
+            let id = rollout::new_id(crate::system::unix_secs());
+            let signing = super::fleet_sign::sign_rollout(&etcd, &scope, &args.signing, &id, &wanted);
+            let signed = runtime.block_on(signing)?;
             let start = rollout::Start {
+                id,
+                signed,
                 scope,
                 wanted,
                 sizes,

@@ -51,11 +51,29 @@ impl Trust {
     pub fn keys(&self) -> usize {
         self.signers.distinct_keys()
     }
+
+    /// What `trust::verify` expects of a manifest read for `scope`, against its mark `floor`.
+    pub fn expect<'a>(&'a self, scope: &'a Scope, floor: Option<&'a Floor>) -> trust::Expect<'a> {
+        trust::Expect {
+            signers: &self.signers,
+            required: self.required,
+            fleet: &self.fleet,
+            scope,
+            floor,
+            now: crate::system::unix_secs(),
+        }
+    }
 }
 
 /// Where the high-water mark of the local directory is kept.
 pub fn floor_path(state: &Path) -> PathBuf {
-    crate::store::state_dir(state).join("trust").join("local")
+    mark_path(state, "local")
+}
+
+/// Where a high-water mark is kept, by its name: `local`, or a scope read from etcd (`fleet`,
+/// `group.G`, `node.N`, and `candidate.` before one of those for a rollout's candidate).
+pub fn mark_path(state: &Path, name: &str) -> PathBuf {
+    crate::store::state_dir(state).join("trust").join(name)
 }
 
 /// The manifest and signatures of a directory source, read now (`None`: no manifest).
@@ -104,7 +122,7 @@ pub fn check(
         }
         Err(e) => return Err(refuse(Reason::Signature, format!("cannot read its manifest or signatures: {e}"))),
     };
-    let floor = read_floor(state).map_err(|m| refuse(Reason::Rollback, m))?;
+    let floor = read_mark(state, "local").map_err(|m| refuse(Reason::Rollback, m))?;
     let named: Vec<(String, &[u8])> = files
         .iter()
         .map(|(p, b)| {
@@ -112,20 +130,14 @@ pub fn check(
         })
         .collect();
     let named: Vec<(&str, &[u8])> = named.iter().map(|(n, b)| (n.as_str(), *b)).collect();
-    let expect = trust::Expect {
-        signers: &trust.signers,
-        required: trust.required,
-        fleet: &trust.fleet,
-        scope: &Scope::Local,
-        floor: floor.as_ref(),
-        now: crate::system::unix_secs(),
-    };
+    let expect = trust.expect(&Scope::Local, floor.as_ref());
     trust::verify(&trust::Signed { manifest, signatures }, &named, &expect)
 }
 
-/// The persisted mark; `Err` (said) when it is there and cannot be read or is damaged.
-fn read_floor(state: &Path) -> Result<Option<Floor>, String> {
-    let path = floor_path(state);
+/// The persisted mark of this name (`mark_path`); `Err` (said) when it is there and cannot be
+/// read or is damaged.
+pub fn read_mark(state: &Path, name: &str) -> Result<Option<Floor>, String> {
+    let path = mark_path(state, name);
     match crate::system::read_input(&path, 4096) {
         Ok(bytes) => Floor::parse(&bytes).map(Some).map_err(|e| {
             format!(
@@ -141,10 +153,15 @@ fn read_floor(state: &Path) -> Result<Option<Floor>, String> {
 /// Persists the mark of an accepted manifest, durably (written, synced, renamed, the
 /// directory synced), before it is put in force. A manifest read again writes nothing.
 pub fn persist(state: &Path, accepted: &trust::Accepted) -> std::io::Result<()> {
+    persist_mark(state, "local", accepted)
+}
+
+/// `persist`, for the mark of this name (`mark_path`).
+pub fn persist_mark(state: &Path, name: &str, accepted: &trust::Accepted) -> std::io::Result<()> {
     if !accepted.first_seen {
         return Ok(());
     }
-    let path = floor_path(state);
+    let path = mark_path(state, name);
     crate::system::fs::write_own(&path, accepted.floor.render().as_bytes()).map_err(|e| {
         std::io::Error::other(format!("cannot keep the high-water mark {}: {e}", path.display()))
     })

@@ -23,6 +23,9 @@
 //! - `put`: `mesh-host fleet put` and `fleet diff`, the operator's side.
 //! - `rollout`: `mesh-host fleet rollout`, a candidate given to the nodes wave by wave, and the
 //!   keys a node reads to know whether it is admitted to it (the source reads them).
+//! - `signed`: signed declarations (issue 44): each scope's manifest and signatures beside its
+//!   keys, written by `fleet put --sign` and `fleet sign`, verified by the source before it
+//!   parses anything when the node runs with `--allowed-signers`.
 //!
 //! Architecture Invariant: the controller knows nothing of etcd. Its declaration source is a
 //! directory either way; etcd is one way of writing that directory. The fleet follows the
@@ -33,6 +36,7 @@ pub mod daemon;
 pub mod pending;
 pub mod put;
 pub mod rollout;
+pub mod signed;
 pub mod source;
 pub mod status;
 

@@ -145,6 +145,9 @@ pub struct State {
     /// How it closed (`promoted by ... at ...`, `aborted ...`): in `rollout/last` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closed: Option<String>,
+    /// The signed candidate's version (`start --sign`): the next signed rollout goes above it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
 }
 
 impl State {
@@ -632,6 +635,16 @@ pub struct Start {
     pub max_failures: usize,
     /// `--deadline`.
     pub deadline: u64,
+    /// The rollout's id (`new_id`): a signed candidate's manifest names it.
+    pub id: String,
+    /// `--sign`: the candidate's version, and its manifests' and signatures' keys under the
+    /// candidate's prefix (`super::signed`).
+    pub signed: Option<(u64, super::signed::Keys)>,
+}
+
+/// A new rollout's id: `rollout-` and the time it starts.
+pub fn new_id(now: u64) -> String {
+    format!("rollout-{}", crate::controller::drift::utc(now * 1000))
 }
 
 /// `fleet rollout start`: writes the candidate and the plan in one transaction (refused when a
@@ -647,7 +660,7 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
     let prefix = start.scope.prefix();
     let now = crate::system::unix_secs();
     let state = State {
-        id: format!("rollout-{}", crate::controller::drift::utc(now * 1000)),
+        id: start.id.clone(),
         group: match &start.scope {
             Scope::Group(g) => Some(g.clone()),
             _ => None,
@@ -667,6 +680,7 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
         started_at: now,
         started_by: who(),
         closed: None,
+        version: start.signed.as_ref().map(|(v, _)| *v),
     };
     // Nothing is under the rollout's prefix when no state is (every close deletes it whole):
     // checked, with the state's absence, in the transaction.
@@ -678,6 +692,9 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
             value: bytes.clone(),
             lease: 0,
         });
+    }
+    for (key, value) in start.signed.iter().flat_map(|(_, keys)| keys) {
+        writes.push(Write::Put { key: key.clone(), value: value.clone(), lease: 0 });
     }
     // The driver's key is taken in the same transaction: a start that writes the rollout
     // drives it, and a driver left from a rollout before (its lease not yet ended) refuses it.
@@ -1319,7 +1336,14 @@ async fn promotion(etcd: &Etcd, s: &Snapshot, state: &State) -> anyhow::Result<(
     let cp = candidate_prefix();
     let mut kept = Vec::new();
     for kv in candidate.kvs {
-        let key = format!("{}{}", state.replaces, kv.key.strip_prefix(&cp).unwrap_or(&kv.key));
+        let name = kv.key.strip_prefix(&cp).unwrap_or(&kv.key);
+        // A signed candidate's own manifest stays behind; the one signed for the scope goes in.
+        let name = match name.strip_prefix(super::signed::PROMOTED) {
+            Some(promoted) => format!("{}{promoted}", super::signed::META),
+            None if name.starts_with(super::signed::META) => continue,
+            None => name.to_owned(),
+        };
+        let key = format!("{}{name}", state.replaces);
         kept.push(key.clone());
         writes.push(Write::Put { key, value: kv.value, lease: 0 });
     }
@@ -1534,6 +1558,7 @@ mod tests {
                 ..Default::default()
             },
             refused: None,
+            refused_reason: None,
             written_at: 100,
         }
     }
@@ -1677,6 +1702,7 @@ mod tests {
             started_at: 0,
             started_by: "me".into(),
             closed: None,
+            version: None,
         }
     }
 

@@ -35,6 +35,19 @@ pub struct Source {
     pub node: String,
     /// In the order given: a later group's files come after an earlier one's.
     pub groups: Vec<String>,
+    /// With `--allowed-signers`: what every scope read must be signed by, and the state
+    /// directory its high-water marks are kept in (`super::signed`).
+    pub trust: Option<(crate::controller::signed::Trust, PathBuf)>,
+}
+
+/// A read refused whole: the label it is counted under (`invalid`, or a signed declaration's
+/// `trust::Reason`), and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    /// `mesh_host_declaration_refusals_total`'s reason.
+    pub reason: &'static str,
+    /// Said in full, naming the revision or the scope.
+    pub message: String,
 }
 
 /// The name of the file in the cache that says where its declaration came from. Hidden, so the
@@ -61,6 +74,8 @@ pub struct Read {
     pub rollout: Option<(String, String)>,
     /// The prefixes to watch from the next revision.
     pub watch: Vec<String>,
+    /// The prefixes read, in order: the candidate's in place of the scope's it replaces.
+    pub prefixes: Vec<String>,
 }
 
 /// Reads the node's declaration at one revision: its admission to a rollout first (whose
@@ -99,6 +114,7 @@ pub async fn read_node(etcd: &Etcd, node: &str, groups: &[String]) -> Result<Rea
         read.kvs.extend(range.kvs);
     }
     read.revision = revision.unwrap_or(0);
+    read.prefixes = prefixes;
     Ok(read)
 }
 
@@ -186,7 +202,7 @@ pub enum Taken {
     /// Refused whole, with why: the declaration in force stays. Reported once per distinct read
     /// (the reporter in `daemon` counts it and logs it; the status in etcd carries it until a later
     /// declaration is accepted).
-    Refused(String),
+    Refused(Refused),
 }
 
 /// Decides what one read means for the cache: written when it is a declaration mesh-host
@@ -200,7 +216,7 @@ fn take(
     priming: Option<(&Priming, Option<&Option<String>>)>,
     metrics: &Metrics,
 ) -> Taken {
-    let Read { revision, kvs, rollout, .. } = read;
+    let Read { revision, mut kvs, rollout, prefixes, .. } = read;
     let d = digest(&kvs);
     // The same bytes at a later revision leave the cache as it is: rewriting it would re-apply
     // every node on every unrelated write, and the status's revision stays that of the last
@@ -210,14 +226,35 @@ fn take(
     }
     *seen = Some(d.clone());
     let node = &source.node;
+    // Verified before anything of it is parsed; the marks kept before it is cached.
+    if let Some((trust, state)) = &source.trust {
+        let accepted = match super::signed::verify_read(trust, state, &kvs, &prefixes, rollout.as_ref()) {
+            Ok(accepted) => accepted,
+            Err(r) => {
+                let message = format!("the declaration in etcd at revision {revision} is {r}");
+                return Taken::Refused(Refused { reason: r.reason.label(), message });
+            }
+        };
+        if let Err(e) = super::signed::persist(state, &accepted) {
+            // Not recorded as seen: the next read tries again.
+            *seen = None;
+            events::FleetSource::NotCached { node, revision, cache, error: &e }.emit(metrics);
+            return Taken::NotCached;
+        }
+    }
+    // A manifest and its signatures are never parts of the declaration.
+    kvs.retain(|kv| !super::signed::is_meta(&kv.key));
     if kvs.is_empty() {
         // An empty declaration would remove everything the node manages: a node named wrongly,
         // or a fleet wiped by mistake, must not do that. An operator who means it puts a
         // declaration with no resources (docs/decisions.md, "No key at all is refused").
-        return Taken::Refused(format!(
-            "etcd holds no declaration for node {node} (no key under its fleet, group or node prefixes) at revision {revision}; \
-             refused. To empty a node on purpose, put a declaration with no resources"
-        ));
+        return Taken::Refused(Refused {
+            reason: "invalid",
+            message: format!(
+                "etcd holds no declaration for node {node} (no key under its fleet, group or node prefixes) at revision {revision}; \
+                 refused. To empty a node on purpose, put a declaration with no resources"
+            ),
+        });
     }
     let named: Vec<(String, Vec<u8>)> = kvs.iter().map(|kv| (kv.key.clone(), kv.value.clone())).collect();
     match Declaration::parse_sources(&named) {
@@ -254,9 +291,10 @@ fn take(
                 }
             }
         }
-        Err(refused) => {
-            Taken::Refused(format!("the declaration in etcd at revision {revision} is refused: {refused}"))
-        }
+        Err(refused) => Taken::Refused(Refused {
+            reason: "invalid",
+            message: format!("the declaration in etcd at revision {revision} is refused: {refused}"),
+        }),
     }
 }
 
@@ -273,7 +311,7 @@ pub async fn run(
     etcd: std::sync::Arc<Etcd>,
     cache: PathBuf,
     first: tokio::sync::oneshot::Sender<()>,
-    refused: tokio::sync::watch::Sender<Option<String>>,
+    refused: tokio::sync::watch::Sender<Option<Refused>>,
     contact: std::sync::Arc<tokio::sync::watch::Sender<super::confirm::Contact>>,
     priming: Option<std::sync::Arc<Priming>>,
     metrics: std::sync::Arc<Metrics>,

@@ -129,6 +129,10 @@ pub struct Status {
     /// is accepted. The node goes on enforcing the declaration it applied (`revision`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// The refusal's reason: `invalid`, or a signed declaration's `signature`, `scope`,
+    /// `rollback`, `expired` or `contents`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_reason: Option<String>,
     /// Seconds since the epoch when this was written.
     pub written_at: u64,
 }
@@ -173,7 +177,7 @@ pub async fn run(
     node: String,
     groups: Vec<String>,
     mut applied: watch::Receiver<controller::Applied>,
-    mut refused: watch::Receiver<Option<String>>,
+    mut refused: watch::Receiver<Option<super::source::Refused>>,
     confirming: Confirming,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
@@ -233,7 +237,8 @@ pub async fn run(
                     groups: groups.clone(),
                     revision,
                     applied: now,
-                    refused: refusal,
+                    refused_reason: refusal.as_ref().map(|r| r.reason.to_owned()),
+                    refused: refusal.map(|r| r.message),
                     written_at,
                 };
                 let bytes = match serde_json::to_vec(&record) {
@@ -330,6 +335,7 @@ mod tests {
                 ..Summary::default()
             },
             refused: None,
+            refused_reason: None,
             written_at: 0,
         };
         let row = |node: &str, status: Option<Status>| Row {
@@ -388,6 +394,7 @@ mod tests {
             revision: Some(7),
             applied: summary,
             refused: None,
+            refused_reason: None,
             written_at: 0,
         };
         let json = serde_json::to_value(&status).unwrap();
