@@ -21,6 +21,7 @@ mod node;
 mod outage;
 mod put;
 mod rollout;
+mod signed;
 mod tls;
 
 use std::path::{Path, PathBuf};
