@@ -301,7 +301,9 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     let out = if diff {
         runtime.block_on(crate::fleet::put::diff(&etcd, &scope, &wanted))?
     } else {
-        if !args.signing.keys.is_empty() {
+        if args.signing.keys.is_empty() {
+            runtime.block_on(super::fleet_sign::warn_unsigned(&etcd, &scope))?;
+        } else {
             let signing = super::fleet_sign::sign_put(&etcd, &scope, &args.signing, &mut wanted);
             match runtime.block_on(signing)? {
                 std::ops::ControlFlow::Break(said) => {

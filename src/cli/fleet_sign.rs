@@ -98,6 +98,20 @@ pub(super) async fn sign_put(
     )))
 }
 
+/// A `fleet put` without `--sign` over a scope that is signed: said, since it removes the
+/// manifest and its signatures and every node run with `--allowed-signers` refuses it.
+pub(super) async fn warn_unsigned(etcd: &Etcd, scope: &Scope) -> anyhow::Result<()> {
+    if let Some(current) = signed::current(etcd, &scope.prefix()).await? {
+        let version =
+            version_of(Some(current)).map_or_else(|| "a manifest".into(), |v| format!("version {v}"));
+        eprintln!(
+            "mesh-host: {} is signed ({version}); this put without --sign removes its manifest and signatures, and nodes run with --allowed-signers refuse it",
+            scope.describe()
+        );
+    }
+    Ok(())
+}
+
 /// The version of a manifest read from etcd, if it reads.
 fn version_of(current: Option<(Vec<u8>, i64)>) -> Option<u64> {
     current.and_then(|(m, _)| Manifest::parse(&m).ok()).map(|m| m.version)

@@ -669,6 +669,22 @@ mod tests {
         w.applied(seen(2, 20), &at(read), now)
     }
 
+    #[test]
+    fn with_signed_declarations_only_a_candidates_window_goes_back() {
+        let p = |rollout: Option<&str>| Pending {
+            generation: 4,
+            previous: 3,
+            revision: 9,
+            deadline: Instant::now(),
+            asked: 0,
+            rollout: rollout.map(str::to_owned),
+        };
+        let said = below_floor(true, &p(None)).unwrap();
+        assert!(said.contains("never goes back below") && said.contains("stays on generation 4"), "{said}");
+        assert_eq!(below_floor(true, &p(Some("rollout-1"))), None, "back to the declaration in force");
+        assert_eq!(below_floor(false, &p(None)), None, "unsigned: as before");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_new_generation_confirmed_in_time_closes_its_window() {
         let mut w = Window::new(W, Some(1));

@@ -318,6 +318,93 @@ mod tests {
         assert!(is_meta(&kvs[0].key) && is_meta(&kvs[2].key) && !is_meta(&kvs[3].key));
     }
 
+    /// A node's read, decided: alice (seed 1) trusted, in fleet `prod`, marks under a scratch
+    /// state directory.
+    struct Node {
+        _dir: tempfile::TempDir,
+        state: std::path::PathBuf,
+        trust: Trust,
+    }
+
+    fn node() -> Node {
+        use ring::signature::KeyPair as _;
+        let dir = tempfile::tempdir().unwrap();
+        let signers = dir.path().join("allowed_signers");
+        let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&[1; 32]).unwrap();
+        let line = trust::sshsig::make::signer_line("alice", key.public_key().as_ref(), None);
+        crate::system::fs::write_own(&signers, line.as_bytes()).unwrap();
+        let trust = Trust::load(&signers, 1, "prod".into()).unwrap();
+        Node { state: dir.path().join("state.json"), _dir: dir, trust }
+    }
+
+    /// The keys of `scope` signed by alice at `version` under `prefix`, with one file.
+    fn signed(prefix: &str, scope: trust::Scope, version: u64, content: &str) -> Vec<Kv> {
+        let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&[1; 32]).unwrap();
+        let files = vec![(format!("{prefix}a.json"), content.as_bytes().to_vec())];
+        let m =
+            manifest("prod", scope, version, std::time::Duration::from_secs(600), prefix, &files).unwrap();
+        let sig = trust::sshsig::make::signature(&key, None, trust::NAMESPACE, &m).into_bytes();
+        let mut kvs = files;
+        kvs.extend(keys(&format!("{prefix}{META}"), &m, &[("manifest.1.sig".into(), sig)]));
+        kvs.into_iter().map(|(key, value)| Kv { key, value, mod_revision: 1 }).collect()
+    }
+
+    #[test]
+    fn a_read_is_taken_scope_by_scope_against_each_mark() {
+        let n = node();
+        let (fleet, group) = (Scope::Fleet.prefix(), Scope::Group("web".into()).prefix());
+        let prefixes = [fleet.clone(), group.clone()];
+        let v1 = signed(&fleet, trust::Scope::Fleet, 1, "{}");
+        // A group with no keys and no mark is no part of the declaration.
+        let taken = verify_read(&n.trust, &n.state, &v1, &prefixes, None).unwrap();
+        assert_eq!(
+            taken.iter().map(|(m, a)| (m.as_str(), a.first_seen)).collect::<Vec<_>>(),
+            [("fleet", true)]
+        );
+        persist(&n.state, &taken).unwrap();
+        let again = verify_read(&n.trust, &n.state, &v1, &prefixes, None).unwrap();
+        assert!(!again[0].1.first_seen, "read again: no new mark");
+
+        // The fleet's keys deleted, once it was accepted: refused, not taken for no scope.
+        let e = verify_read(&n.trust, &n.state, &[], &prefixes, None).unwrap_err();
+        assert_eq!(e.reason, Reason::Signature, "{e}");
+        assert!(e.message.contains("holds no signed manifest"), "{e}");
+        // A group written unsigned.
+        let mut unsigned = v1.clone();
+        unsigned.push(Kv { key: format!("{group}x.json"), value: b"{}".to_vec(), mod_revision: 2 });
+        let e = verify_read(&n.trust, &n.state, &unsigned, &prefixes, None).unwrap_err();
+        assert_eq!((e.reason, e.message.contains("group web")), (Reason::Signature, true), "{e}");
+    }
+
+    #[test]
+    fn a_candidate_must_name_its_rollout_and_stand_above_the_declaration_in_force() {
+        let n = node();
+        let (fleet, cp) = (Scope::Fleet.prefix(), crate::fleet::rollout::candidate_prefix());
+        let v3 = signed(&fleet, trust::Scope::Fleet, 3, "{}");
+        persist(&n.state, &verify_read(&n.trust, &n.state, &v3, std::slice::from_ref(&fleet), None).unwrap())
+            .unwrap();
+        let candidate = |id: &str, version| {
+            let scope =
+                trust::Scope::Candidate { rollout: id.into(), replaces: Box::new(trust::Scope::Fleet) };
+            signed(&cp, scope, version, "{\"c\":1}")
+        };
+        let admitted = Some(("rollout-1".to_owned(), fleet.clone()));
+        let read = |kvs: &[Kv], admission: Option<&(String, String)>| {
+            verify_read(&n.trust, &n.state, kvs, std::slice::from_ref(&cp), admission)
+        };
+        let e = read(&candidate("rollout-1", 4), None).unwrap_err();
+        assert_eq!(e.reason, Reason::Scope, "no admission names it: {e}");
+        let e = read(&candidate("rollout-0", 4), admitted.as_ref()).unwrap_err();
+        assert_eq!(e.reason, Reason::Scope, "another rollout's: {e}");
+        let e = read(&candidate("rollout-1", 3), admitted.as_ref()).unwrap_err();
+        assert_eq!(e.reason, Reason::Rollback, "{e}");
+        assert!(e.message.contains("not above version 3"), "{e}");
+        let e = read(&[], admitted.as_ref()).unwrap_err();
+        assert_eq!(e.reason, Reason::Signature, "an empty candidate is refused: {e}");
+        let taken = read(&candidate("rollout-1", 4), admitted.as_ref()).unwrap();
+        assert_eq!(taken[0].0, "candidate.fleet");
+    }
+
     #[test]
     fn versions_only_go_up() {
         assert_eq!(next_version(None, None), Ok(1));
