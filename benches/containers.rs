@@ -90,6 +90,7 @@ fn main() {
         container_socket: None,
         step_timeout: None,
         archive_limits: mesh_host::apply::ArchiveLimits::default(),
+        keep_max_bytes: mesh_host::apply::KEEP_MAX_BYTES,
         contents: None,
         key: scratch.path().join("sealing.key"),
         progress: None,

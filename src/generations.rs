@@ -45,9 +45,69 @@ pub struct Meta {
     pub accepted_at: u64,
     /// Its files' names, in the order they are read.
     pub files: Vec<String>,
-    /// How its first pass ended: `converged`, `N failed`, or `refused` (refused whole on this
-    /// machine); `None` until that pass has ended.
-    pub first_pass: Option<String>,
+    /// How its first pass ended; `None` until that pass has ended.
+    pub first_pass: Option<FirstPass>,
+}
+
+/// How a generation's first pass ended. Written in its record as the words `converged`,
+/// `N failed` and `refused`, as before it was a type, so a record written by an older agent
+/// reads the same; any other word is refused when the record is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstPass {
+    /// Every resource applied.
+    Converged,
+    /// This many resources failed.
+    Failed(usize),
+    /// Refused whole on this machine (a firewall found in force that the host cannot manage).
+    Refused,
+}
+
+impl FirstPass {
+    /// How a pass ended, from how many resources failed (`None`: none) and whether the
+    /// declaration was refused whole.
+    pub fn of(failed: Option<usize>, refused: bool) -> FirstPass {
+        match failed {
+            None => FirstPass::Converged,
+            Some(_) if refused => FirstPass::Refused,
+            Some(n) => FirstPass::Failed(n),
+        }
+    }
+
+    /// The word (or words) the record holds.
+    fn parse(word: &str) -> Option<FirstPass> {
+        match word {
+            "converged" => Some(FirstPass::Converged),
+            "refused" => Some(FirstPass::Refused),
+            _ => word.strip_suffix(" failed")?.parse().ok().map(FirstPass::Failed),
+        }
+    }
+}
+
+impl std::fmt::Display for FirstPass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FirstPass::Converged => f.write_str("converged"),
+            FirstPass::Failed(n) => write!(f, "{n} failed"),
+            FirstPass::Refused => f.write_str("refused"),
+        }
+    }
+}
+
+impl Serialize for FirstPass {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for FirstPass {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let word = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        FirstPass::parse(&word).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "a first pass ends `converged`, `N failed` or `refused`, not `{word}`"
+            ))
+        })
+    }
 }
 
 /// The rollback hold (`hold.json`): the generation the node applies instead of its source's.
@@ -304,12 +364,12 @@ impl Generations {
     }
 
     /// Notes how a generation's first pass ended, once: a later pass does not change it.
-    pub fn first_pass(&self, n: u64, outcome: &str) -> Result<(), Error> {
+    pub fn first_pass(&self, n: u64, outcome: FirstPass) -> Result<(), Error> {
         let mut meta = self.meta(n)?;
         if meta.first_pass.is_some() {
             return Ok(());
         }
-        meta.first_pass = Some(outcome.to_owned());
+        meta.first_pass = Some(outcome);
         self.write_meta(&meta)
     }
 
@@ -411,16 +471,6 @@ impl Hold {
     }
 }
 
-/// How a pass ended, as a generation's record says it: `converged`, `N failed`, or `refused`
-/// (refused whole on this machine). `failed` is `None` when nothing failed.
-pub fn outcome(failed: Option<usize>, refused: bool) -> String {
-    match failed {
-        None => "converged".into(),
-        Some(_) if refused => "refused".into(),
-        Some(n) => format!("{n} failed"),
-    }
-}
-
 /// What is kept, for an error: `kept: 3, 4, 5` or `none is kept`.
 fn describe(all: &[Meta]) -> String {
     if all.is_empty() {
@@ -440,6 +490,24 @@ mod tests {
         let at = |r: i64| vec![(format!("/c/r{r:012}-00000-fleet_declaration_a.json"), b"{}".to_vec())];
         assert_eq!(digest(&at(7)), digest(&at(4242)));
         assert_ne!(digest(&at(7)), digest(&[("/c/a.json".to_owned(), b"{}".to_vec())]));
+    }
+
+    #[test]
+    fn a_first_pass_is_written_as_the_words_records_have_always_held() {
+        let cases = [
+            (FirstPass::of(None, false), "\"converged\""),
+            (FirstPass::of(Some(3), false), "\"3 failed\""),
+            (FirstPass::of(Some(1), true), "\"refused\""),
+        ];
+        for (pass, json) in cases {
+            assert_eq!(serde_json::to_string(&pass).unwrap(), json);
+            assert_eq!(serde_json::from_str::<FirstPass>(json).unwrap(), pass);
+        }
+        assert_eq!(FirstPass::of(None, true), FirstPass::Converged, "nothing failed: not refused");
+        for bad in ["\"Converged\"", "\"failed\"", "\"-1 failed\"", "\"3 failed \"", "3"] {
+            let e = serde_json::from_str::<FirstPass>(bad).unwrap_err().to_string();
+            assert!(bad == "3" || e.contains("converged`, `N failed` or `refused`"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -38,6 +38,10 @@ fn main() -> ExitCode {
             "this build never syncs to disk (feature powerloss-mutant): for the power-loss lanes only"
         );
     }
+    #[cfg(feature = "robust-mutant")]
+    if let Ok(m) = std::env::var("MESH_HOST_MUTANT") {
+        tracing::warn!("this build is broken on purpose (feature robust-mutant, MESH_HOST_MUTANT={m}): for tests/robust only");
+    }
     tracing::debug!(arena_eager_commit = mesh_host::system::memory::arena_eager_commit(), "allocator policy");
     // The command runs on the main thread with a small runtime entered: the apply engine is
     // synchronous and reaches async protocols (Docker, D-Bus) through the runtime's handle,

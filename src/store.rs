@@ -640,7 +640,8 @@ impl Store {
         let mut fsys = fs::Fs::new();
         if let Some(meta) = fsys.meta(&store.path).map_err(Error::Open)? {
             if meta.mode & 0o077 != 0 {
-                fsys.set_mode(&store.path, 0o600).map_err(Error::Open)?;
+                fsys.change_in_place(&store.path, fs::Expect::Checked(&meta), None, Some(0o600))
+                    .map_err(Error::Open)?;
                 tracing::warn!(store = %store.path.display(), mode = format!("{:04o}", meta.mode), "the state store was readable by others; its mode is now 0600");
             }
         }

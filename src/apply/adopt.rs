@@ -281,8 +281,11 @@ impl Pass<'_> {
                 "held as found since it was first found, and module {module:?} is not taken yet: left as it is now"
             ));
         }
+        // Recorded (the host made it, before what it would act on came to be held): asked all
+        // the same, since a record says the host made it, not that it may now write into,
+        // mount or run over what the operator's module holds (issue 45, point 7).
         if self.store.get(r.id.as_str()).is_some() {
-            return None;
+            return acts_on_held(self.declaration, found, r).and_then(held);
         }
         match found.present.remove(&r.index()).unwrap_or(Ok(false)) {
             Ok(true) => {
@@ -300,44 +303,47 @@ impl Pass<'_> {
         }
     }
 
-    /// Lets go of the holds the declaration no longer asks for, before a full pass: one whose
-    /// module is now taken (the resource is applied in this pass, and its outcome says it was
-    /// taken over, `Pass::report`), and one no longer declared by
-    /// this origin, reported `forgotten` (what was held was never the host's, so nothing is
-    /// removed).
+    /// Lets go of the holds no longer declared by this origin, before a full pass, reported
+    /// `forgotten` (what was held was never the host's, so nothing is removed). A hold whose
+    /// module is now taken is not let go here but once its resource has applied
+    /// (`Pass::let_go_when_taken`): a first try that fails keeps it, and the note that the thing was
+    /// the operator's, for the next.
     pub(super) fn release_holds(&mut self) {
         let mut released = Vec::new();
         for (id, h) in self.store.holds() {
-            match self.declaration.find(id) {
-                None if h.origin == self.opts.origin => released.push((id.to_owned(), Some(h.clone()))),
-                None => {}
-                Some(r) => {
-                    let taken = self
-                        .declaration
-                        .adoption
-                        .as_ref()
-                        .is_none_or(|a| a.taken.iter().any(|m| m == r.id.module()));
-                    if taken {
-                        released.push((id.to_owned(), None));
-                        self.taken_over.insert(id.to_owned());
-                    }
-                }
+            if self.declaration.find(id).is_none() && h.origin == self.opts.origin {
+                released.push((id.to_owned(), h.clone()));
             }
         }
-        for (id, gone) in released {
+        for (id, h) in released {
             if !self.opts.dry_run {
                 self.store.release(&id);
             }
-            if let Some(h) = gone {
-                self.slots.push(Some(Outcome {
-                    id,
-                    kind: h.kind,
-                    target: h.target.into(),
-                    action: Verb::Forgotten,
-                    detail: Some("no longer declared; it was held as found, and is left as found".to_owned()),
-                    hand_edit: None,
-                }));
+            self.slots.push(Some(Outcome {
+                id,
+                kind: h.kind,
+                target: h.target.into(),
+                action: Verb::Forgotten,
+                detail: Some("no longer declared; it was held as found, and is left as found".to_owned()),
+                hand_edit: None,
+            }));
+        }
+    }
+
+    /// After `r` applied: if it was held as found and its module is now taken, the hold is let
+    /// go, and its outcome will say it was taken over (`Pass::report`), as the Go agent did
+    /// after recording it. In a reconcile of one key as in a full pass.
+    pub(super) fn let_go_when_taken(&mut self, r: &Resource, outcome: &Outcome) {
+        if outcome.action == Verb::Held || self.store.held(r.id.as_str()).is_none() {
+            return;
+        }
+        let taken =
+            self.declaration.adoption.as_ref().is_none_or(|a| a.taken.iter().any(|m| m == r.id.module()));
+        if taken {
+            if !self.opts.dry_run {
+                self.store.release(r.id.as_str());
             }
+            self.taken_over.insert(r.id.to_string());
         }
     }
 }

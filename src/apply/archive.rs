@@ -278,23 +278,11 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, a: &Archive) -> Result<Step
     // Only before the host first unpacks this archive here: once it has, the files it names
     // are the ones it wrote, and keeping each on every update would fill `kept/` with the
     // host's own old versions (docs/decisions.md, "Archives").
-    let kept = match record {
+    let (kept, noted) = match record {
         None => keep_found(ctx, path, &entries)?,
-        Some(_) => 0,
+        Some(_) => (0, 0),
     };
-    let detail = match kept {
-        0 => detail,
-        n => {
-            let files = if n == 1 { "file" } else { "files" };
-            let verb = if ctx.opts.dry_run { "would be" } else { "were" };
-            let under = super::file::kept_path(&ctx.opts.originals, path);
-            Some(format!(
-                "{}; {n} {files} found here, which the host had no record of, {verb} kept under {}",
-                detail.unwrap_or_default(),
-                under.display()
-            ))
-        }
-    };
+    let detail = kept_said(ctx, path, detail, kept, noted);
     if ctx.opts.dry_run {
         return Ok(Step::Done(begin(r, action, detail), None));
     }
@@ -321,13 +309,48 @@ fn lost_after_a_crash(fs: &mut Fs, path: &Path, entries: &[Entry]) -> Result<usi
     Ok(lost)
 }
 
+/// What the archive's outcome says of the files found where it unpacks: how many were kept
+/// whole, and how many, larger than `--keep-max-bytes`, only noted.
+fn kept_said(
+    ctx: &Ctx<'_>,
+    path: &Path,
+    detail: Option<String>,
+    kept: usize,
+    noted: usize,
+) -> Option<String> {
+    if kept + noted == 0 {
+        return detail;
+    }
+    let files = |n: usize| if n == 1 { "file" } else { "files" };
+    let verb = if ctx.opts.dry_run { "would be" } else { "were" };
+    let under = super::file::kept_path(&ctx.opts.originals, path);
+    let mut said = detail.unwrap_or_default();
+    if kept > 0 {
+        said.push_str(&format!(
+            "; {kept} {} found here, which the host had no record of, {verb} kept under {}",
+            files(kept),
+            under.display()
+        ));
+    }
+    if noted > 0 {
+        said.push_str(&format!(
+            "; {noted} {} found here, which the host had no record of, {verb} not kept, being larger than --keep-max-bytes ({}): only their size, mode and owner, in a note ending {} under {}",
+            files(noted),
+            ctx.opts.keep_max_bytes,
+            super::file::NOT_KEPT,
+            under.display()
+        ));
+    }
+    Some(said)
+}
+
 /// Keeps, as a `file` keeps its original, each regular file already at a path the archive is
 /// about to write over that the host has no record of writing: copied once to
 /// `<kept>/<its path>`, never overwritten, before anything is unpacked. A copy that fails fails
 /// the archive before it has changed anything. Returns how many were (or, in a plan, would be)
 /// kept; a copy already there from an earlier apply counts, since it is where the original is.
-fn keep_found(ctx: &mut Ctx<'_>, path: &Path, entries: &[Entry]) -> Result<usize, Error> {
-    let mut kept = 0;
+fn keep_found(ctx: &mut Ctx<'_>, path: &Path, entries: &[Entry]) -> Result<(usize, usize), Error> {
+    let (mut kept, mut noted) = (0, 0);
     for e in entries {
         // A directory entry keeps what is in it; a link is made only where nothing is (a
         // file there fails the unpack, touching nothing of it).
@@ -337,17 +360,21 @@ fn keep_found(ctx: &mut Ctx<'_>, path: &Path, entries: &[Entry]) -> Result<usize
         if meta.kind != FsKind::File || ctx.store.holds_target(Kind::File, &full.display().to_string()) {
             continue;
         }
-        kept += 1;
+        // One larger than `--keep-max-bytes` is not copied, nor hashed: a note of its size,
+        // mode and owner is kept instead (issue 45, point 3).
+        let keep = super::file::Keep::of(&ctx.opts.originals, &full, meta.sig.size, ctx.opts.keep_max_bytes);
+        match keep {
+            super::file::Keep::Copy(_) => kept += 1,
+            super::file::Keep::Note { .. } => noted += 1,
+        }
         if ctx.opts.dry_run {
             continue;
         }
-        let at = super::file::kept_path(&ctx.opts.originals, &full);
-        if ctx.fs.meta(&at)?.is_none() {
-            let copy = ctx.fs.stage_copy(&full, &at, meta.mode & 0o700)?;
+        if let Some(copy) = keep.stage(&mut ctx.fs, &full, &meta, None)? {
             ctx.fs.commit(vec![copy]).pop().unwrap_or(Ok(()))?;
         }
     }
-    Ok(kept)
+    Ok((kept, noted))
 }
 
 /// The archive's bytes, as declared: inline, or a regular file on the machine.
@@ -438,7 +465,7 @@ fn unpack(
             match &e.body {
                 Body::Dir => {
                     fs.make_dirs(&full, e.mode)?;
-                    fs.set_mode(&full, e.mode)?;
+                    fs.set_dir_mode(&full, e.mode)?;
                 }
                 Body::File { .. } => {
                     let mut reader = Hashing { inner: &mut entry, hasher: sha2::Sha256::new() };

@@ -4,7 +4,7 @@ use super::{begin, Aspect, Ctx, Error, Facts, Step, Target, Verb};
 use crate::declaration::{Directory, Kind, Resource};
 use std::path::Path;
 
-use crate::system::fs::{Kind as FsKind, Meta};
+use crate::system::fs::{Expect, Kind as FsKind, Meta};
 
 /// What the host last set on the directory, from its record.
 #[derive(Clone, Copy, Debug, Default)]
@@ -78,7 +78,8 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, d: &Directory) -> Result<St
 
     let recorded =
         record.map(|rec| Recorded { mode: rec.mode.map(u32::from), owner: rec.owner.map(Into::into) });
-    let (action, detail) = match decide(path, ctx.fs.meta(path)?.as_ref(), recorded, mode, owner)? {
+    let found = ctx.fs.meta(path)?;
+    let (action, detail) = match decide(path, found.as_ref(), recorded, mode, owner)? {
         Plan::Unchanged { mode, owner } => {
             let facts = Facts { mode: Some(mode), owner: Some(owner), ..Facts::default() };
             return Ok(Step::Done(begin(r, Verb::Unchanged, None), Some(facts)));
@@ -89,11 +90,14 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, d: &Directory) -> Result<St
         return Ok(Step::Done(begin(r, action, detail), None));
     }
 
-    ctx.fs.make_dirs(path, mode)?;
-    if let Some((uid, gid)) = owner {
-        ctx.fs.set_owner(path, uid, gid)?;
-    }
-    ctx.fs.set_mode(path, mode)?;
+    // On the directory that was looked at, or, when there was none, one the host makes now:
+    // never on whatever was put at the name in between (`Fs::change_in_place`).
+    let made = ctx.fs.make_dirs(path, mode)?;
+    let checked = match &found {
+        Some(meta) if !made => Expect::Checked(meta),
+        _ => Expect::Directory,
+    };
+    ctx.fs.change_in_place(path, checked, owner, Some(mode))?;
 
     // Read back.
     let readback = |what, wanted: String, found: String| Error::ReadBack {

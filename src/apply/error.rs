@@ -600,7 +600,13 @@ impl Error {
     /// wrote the same file in that instant. Not a fault of the host's, and retried as a contest
     /// is, not as a failure is (a minute-long backoff).
     pub fn raced(&self) -> bool {
-        matches!(self, Error::ReadBack { what: Aspect::File | Aspect::Content, .. })
+        // A name swapped between the look and a change in place is the same contest, caught
+        // before the change rather than after it (`fs::Error::Swapped`).
+        matches!(
+            self,
+            Error::ReadBack { what: Aspect::File | Aspect::Content, .. }
+                | Error::Fs(fs::Error::Swapped { .. })
+        )
     }
 }
 

@@ -10,7 +10,7 @@ use super::{begin, secret, Aspect, Ctx, Error, Facts, HandEdit, Outcome, Step, T
 use crate::declaration::{digest, Digest, File, Kind, Resource};
 use crate::secrets::Keyring;
 use crate::store::Record;
-use crate::system::fs::{Content, Fs, Kind as FsKind, Meta};
+use crate::system::fs::{Content, Expect, Fs, Kind as FsKind, Meta};
 use crate::system::journal::Intent;
 use crate::system::{ContentFile, Place, Staged};
 
@@ -119,13 +119,18 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, f: &File) -> Result<Step, E
     // file at a managed path never sizes an allocation (docs/decisions.md, "Inputs and what is
     // found at managed paths"). What was read of a file carrying a secret is zeroed when this
     // returns (`Wiped`).
-    let found = Wiped(ctx.fs.read_up_to(path, (content.len() as u64).max(HOLD))?);
+    // Nor is one larger than `--keep-max-bytes` hashed, unless the host last found it at that
+    // size: a sparse 100 GiB file planted here costs a stat (issue 45, point 3).
+    let hash_max =
+        record.map_or(ctx.opts.keep_max_bytes, |rec| super::status::hash_bound(rec, ctx.opts.keep_max_bytes));
+    let found = Wiped(ctx.fs.read_bounded(path, (content.len() as u64).max(HOLD), hash_max)?);
     let found = &found.0;
     let known = Known {
         record,
         intended: store.intended(path),
         recorded_elsewhere: &|| store.holds_target(Kind::File, &r.target()),
         kept: &ctx.opts.originals,
+        keep_max: ctx.opts.keep_max_bytes,
     };
     let plan = decide(found.as_ref().map(|(meta, held)| (meta, held)), &known, &want)?;
     // Found after a crash where the unfinished pass was writing, and kept as it is (or only
@@ -179,7 +184,7 @@ impl Declared<'_> {
         match (&self.keyed, held) {
             (None, held) => held.sum().map(Digest::from_sum),
             (Some(ring), Content::Bytes(bytes)) => Some(Digest::from_keyed(ring.digest(bytes))),
-            (Some(_), Content::Large { .. } | Content::NotFile) => None,
+            (Some(_), Content::Large { .. } | Content::Unhashed { .. } | Content::NotFile) => None,
         }
     }
 }
@@ -207,6 +212,8 @@ struct Known<'a> {
     recorded_elsewhere: &'a dyn Fn() -> bool,
     /// Where originals are kept (`Options::kept`).
     kept: &'a Path,
+    /// The largest original kept whole (`Options::keep_max_bytes`).
+    keep_max: u64,
 }
 
 /// What to do with a file, and what to report.
@@ -224,8 +231,8 @@ enum Change {
     None(Box<Facts>),
     /// The declared content written to a temporary name and renamed over whatever is there.
     Write {
-        /// Where the original, found with no record of the host's, is kept first.
-        keep: Option<PathBuf>,
+        /// What is kept first of the original, found with no record of the host's.
+        keep: Option<Keep>,
     },
     /// Mode or owner differ on a file that has other names (hard links): a chmod or chown in
     /// place would reach those too, so a file of its own, with the same content, replaces it.
@@ -238,9 +245,13 @@ impl Plan {
     /// What `plan` reports.
     fn planned(&self) -> Option<String> {
         match &self.change {
-            Change::Write { keep: Some(at) } => {
+            Change::Write { keep: Some(Keep::Copy(at)) } => {
                 Some(self.said(&format!("; the file found here would be kept at {}", at.display())))
             }
+            Change::Write { keep: Some(Keep::Note { note, size, limit }) } => Some(self.said(&format!(
+                "; the file found here, {size} bytes, is larger than --keep-max-bytes ({limit}): it would not be kept, only its size, mode and owner, at {}",
+                note.display()
+            ))),
             Change::None(_) | Change::Write { keep: None } | Change::Replace { .. } | Change::Set { .. } => {
                 self.detail.clone()
             }
@@ -250,9 +261,13 @@ impl Plan {
     /// What `apply` reports once the change is made.
     fn applied(&self) -> Option<String> {
         match &self.change {
-            Change::Write { keep: Some(at) } => Some(self.said(&format!(
+            Change::Write { keep: Some(Keep::Copy(at)) } => Some(self.said(&format!(
                 "; the file found here, which the host had no record of, was kept at {}",
                 at.display()
+            ))),
+            Change::Write { keep: Some(Keep::Note { note, size, limit }) } => Some(self.said(&format!(
+                "; the file found here, which the host had no record of, was {size} bytes, more than --keep-max-bytes ({limit}): its bytes were not kept, and its size, mode and owner were recorded at {}",
+                note.display()
             ))),
             Change::Replace { links } => Some(self.said(&format!(
                 "; it had {links} names (hard links), so it was replaced by a file of its own instead of being changed in place, and the other names were left as they were"
@@ -315,7 +330,7 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
 
     // Hashed at most once, and only when needed: the steady state below never hashes.
     let digest_found = std::cell::OnceCell::new();
-    let found_digest = || *digest_found.get_or_init(|| want.digest_found(held));
+    let found_digest = || *digest_found.get_or_init(|| digest_or_recorded(want, held, meta, record));
     let content_same = matches!(held, Content::Bytes(b) if *b == *want.content);
     let mode_same = meta.mode == want.mode;
     let owner_same = want.owner.is_none_or(|o| o == (meta.uid, meta.gid));
@@ -368,13 +383,12 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
             drifted.push(format!("owner (it was {}:{})", meta.uid, meta.gid));
         }
     }
-    let (action, detail) = if drifted.is_empty() {
-        (Verb::Updated, changes.join(", "))
-    } else {
-        (
+    let (action, detail) = match drifted.is_empty() {
+        true => (Verb::Updated, changes.join(", ")),
+        false => (
             Verb::Corrected,
             format!("changed on the machine since the host last wrote it: {}", drifted.join(", ")),
-        )
+        ),
     };
 
     let change = if !content_same {
@@ -382,7 +396,7 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
         // until the mesh writes over it: it is kept first, once, and never overwritten
         // (docs/decisions.md, "A file found with no record").
         let keep = record.is_none() && !found_ours && !(known.recorded_elsewhere)();
-        Change::Write { keep: keep.then(|| kept_path(known.kept, want.path)) }
+        Change::Write { keep: keep.then(|| Keep::of(known.kept, want.path, meta.sig.size, known.keep_max)) }
     } else if meta.links > 1 {
         // A chmod or chown here would reach every other name of this file too, paths the
         // declaration does not name (a hard link from elsewhere, even to a credential file). The
@@ -394,6 +408,20 @@ fn decide(found: Option<(&Meta, &Content)>, known: &Known<'_>, want: &Declared<'
     };
     let hand_content = drifted.first().is_some_and(|d| d == "content");
     Ok(Plan { action, detail: Some(detail), change, hand_content })
+}
+
+/// The digest of what was found, or, for a file too large to hash (`Content::Unhashed`) whose
+/// signature is the one recorded, what the host wrote there, which it still holds; any other
+/// unhashed file has none, and differs from what the host wrote.
+fn digest_or_recorded(
+    want: &Declared<'_>,
+    held: &Content,
+    meta: &Meta,
+    record: Option<&Record>,
+) -> Option<Digest> {
+    want.digest_found(held).or_else(|| {
+        record.filter(|rec| matches!(held, Content::Unhashed { .. }) && rec.sig == Some(meta.sig))?.wrote
+    })
 }
 
 /// A seed that is present is left exactly as it is: what the program grew in it since is not
@@ -536,20 +564,11 @@ fn act(
         Change::None(facts) => Ok(Step::Done(begin(r, plan.action, plan.detail), Some(*facts))),
         Change::Write { keep } => {
             let mut kept = None;
-            if let (Some(at), Some((meta, held))) = (keep, found) {
+            if let (Some(keep), Some((meta, held))) = (keep, found) {
                 // Staged now, put in place before anything of the batch is written: if the copy
                 // fails, the write does not happen, since the original could not be had back
                 // otherwise.
-                if fs.meta(&at)?.is_none() {
-                    // The copy keeps only the owner's bits of the original's mode: whatever the
-                    // file held (a credential, often) is readable by root alone in `kept/`,
-                    // whoever could read it at its own path (docs/decisions.md, "A file found
-                    // with no record").
-                    kept = Some(match held {
-                        Content::Bytes(bytes) => fs.stage(&at, bytes, meta.mode & 0o700, None)?,
-                        _ => fs.stage_copy(path, &at, meta.mode & 0o700)?,
-                    });
-                }
+                kept = keep.stage(fs, path, meta, Some(held))?;
             }
             let staged = fs.stage(path, want.content, want.mode, want.owner)?;
             Ok(Step::Staged(Box::new(Pending { staged, checked, kept })))
@@ -559,15 +578,89 @@ fn act(
             Ok(Step::Staged(Box::new(Pending { staged, checked, kept: None })))
         }
         Change::Set { mode, owner } => {
-            if let Some((uid, gid)) = owner {
-                fs.set_owner(path, uid, gid)?;
-            }
-            if let Some(mode) = mode {
-                fs.set_mode(path, mode)?;
-            }
+            // On the file that was read and checked, or on nothing: whatever was put at the
+            // name since (a hard link to another file, another file renamed in) fails this
+            // resource untouched (`Fs::change_in_place`; security review F7).
+            let looked = found
+                .map(|(meta, _)| meta)
+                .ok_or_else(|| Error::Vanished { target: Target::Path(path.to_owned()), did: "looked at" })?;
+            fs.change_in_place(path, Expect::Checked(looked), owner, mode)?;
             let (outcome, facts) = read_back(fs, &checked)?;
             Ok(Step::Done(outcome, Some(facts)))
         }
+    }
+}
+
+/// What is kept of the original of a file found with no record of the host's, before the host
+/// first writes over it (docs/decisions.md, "A file found with no record").
+pub(super) enum Keep {
+    /// A copy, whole, at `<kept>/<path>`.
+    Copy(PathBuf),
+    /// Larger than `--keep-max-bytes`: no copy, and no hash past that limit either; its size,
+    /// mode, owner (and digest, where one was taken) are written to this note,
+    /// `<kept>/<path>.not-kept.json`, instead (issue 45, point 3).
+    Note { note: PathBuf, size: u64, limit: u64 },
+}
+
+/// What ends the name of the note kept instead of a copy too large to keep.
+pub const NOT_KEPT: &str = ".not-kept.json";
+
+impl Keep {
+    /// What to keep of a file of `size` bytes at `path`, kept under `kept`.
+    pub(super) fn of(kept: &Path, path: &Path, size: u64, limit: u64) -> Keep {
+        let at = kept_path(kept, path);
+        if size <= limit {
+            return Keep::Copy(at);
+        }
+        let mut note = at.into_os_string();
+        note.push(NOT_KEPT);
+        Keep::Note { note: note.into(), size, limit }
+    }
+
+    /// Stages the copy, or the note, unless a copy or a note of this path is already there
+    /// (neither is ever overwritten). The copy keeps only the owner's bits of the original's
+    /// mode: whatever the file held (a credential, often) is readable by root alone in
+    /// `kept/`, whoever could read it at its own path. `held` is what was read of it, when it
+    /// was: bytes are staged from memory, anything else is copied as a stream from `path`.
+    pub(super) fn stage(
+        &self,
+        fs: &mut Fs,
+        path: &Path,
+        meta: &Meta,
+        held: Option<&Content>,
+    ) -> Result<Option<Staged>, Error> {
+        let (at, note) = match self {
+            Keep::Copy(at) => {
+                let mut note = at.clone().into_os_string();
+                note.push(NOT_KEPT);
+                (at.clone(), PathBuf::from(note))
+            }
+            Keep::Note { note, .. } => {
+                let at = note.to_string_lossy();
+                (PathBuf::from(at.strip_suffix(NOT_KEPT).unwrap_or(&at)), note.clone())
+            }
+        };
+        if fs.meta(&at)?.is_some() || fs.meta(&note)?.is_some() {
+            return Ok(None);
+        }
+        let mode = meta.mode & 0o700;
+        Ok(Some(match (self, held) {
+            (Keep::Copy(_), Some(Content::Bytes(bytes))) => fs.stage(&at, bytes, mode, None)?,
+            (Keep::Copy(_), _) => fs.stage_copy(path, &at, mode)?,
+            (Keep::Note { size, limit, .. }, held) => {
+                let said = serde_json::json!({
+                    "path": path,
+                    "size": size,
+                    "mode": format!("{:04o}", meta.mode),
+                    "uid": meta.uid,
+                    "gid": meta.gid,
+                    "sha256": held.and_then(Content::sum).map(|sum| Digest::from_sum(sum).to_string()),
+                    "kept": false,
+                    "why": format!("{size} bytes, more than the limit on a kept copy (--keep-max-bytes {limit}): its bytes were not kept, nor hashed past that limit"),
+                });
+                fs.stage(&note, format!("{said:#}\n").as_bytes(), 0o600, None)?
+            }
+        }))
     }
 }
 
@@ -605,7 +698,17 @@ pub(super) fn read_back(fs: &mut Fs, c: &Checked) -> Result<(Outcome, Facts), Er
                 format!("{} bytes", other.size()),
             ))
         }
-        (None, held) => Digest::from_sum(held.sum().expect("a regular file has a sum")),
+        (None, held) => match held.sum() {
+            Some(sum) => Digest::from_sum(sum),
+            // Larger than what was written, and than what is hashed: not what the host wrote.
+            None => {
+                return Err(mismatch(
+                    Aspect::Content,
+                    format!("{} bytes", c.len),
+                    format!("{} bytes", held.size()),
+                ))
+            }
+        },
     };
     if digest_found != c.digest {
         return Err(mismatch(Aspect::Content, c.digest.to_string(), digest_found.to_string()));
@@ -736,7 +839,13 @@ mod tests {
     }
 
     fn known<'a>(record: Option<&'a Record>, intended: &'a [Intent]) -> Known<'a> {
-        Known { record, intended, recorded_elsewhere: &|| false, kept: Path::new("/var/lib/mesh-host/kept") }
+        Known {
+            record,
+            intended,
+            recorded_elsewhere: &|| false,
+            kept: Path::new("/var/lib/mesh-host/kept"),
+            keep_max: crate::apply::KEEP_MAX_BYTES,
+        }
     }
 
     fn intent(content: &[u8], mode: u32, owner: Option<(u32, u32)>) -> Intent {
@@ -839,11 +948,37 @@ mod tests {
     }
 
     #[test]
+    fn the_original_of_a_file_larger_than_the_limit_is_noted_not_kept() {
+        let w = want(b"new", 0o644, None);
+        let size = crate::apply::KEEP_MAX_BYTES + 1;
+        let big = Meta { sig: crate::system::Sig { size, ..SIG }, ..file(0o640) };
+        let found = Content::Unhashed { size };
+        let p = plan(Some((&big, &found)), &known(None, &[]), &w);
+        let Change::Write { keep: Some(Keep::Note { note, .. }) } = &p.change else { panic!("only noted") };
+        assert_eq!(note, Path::new("/var/lib/mesh-host/kept/etc/app.conf.not-kept.json"));
+        let said = p.applied().unwrap();
+        assert!(said.contains("8388609 bytes") && said.contains("were not kept"), "{said}");
+        assert!(p.planned().unwrap().contains("would not be kept"));
+        // At the limit, the copy is whole.
+        let at_limit = Meta { sig: crate::system::Sig { size: size - 1, ..SIG }, ..file(0o640) };
+        let p = plan(Some((&at_limit, &found)), &known(None, &[]), &w);
+        assert!(matches!(p.change, Change::Write { keep: Some(Keep::Copy(_)) }));
+        // Too large to hash, and recorded at this very signature: still what the host wrote, so
+        // a change of the declaration is an update, not a correction.
+        let rec = Record { sig: Some(big.sig), ..record(b"old", 0o640, (0, 0), "{}") };
+        let p = plan(Some((&big, &found)), &known(Some(&rec), &[]), &w);
+        assert_eq!(p.action, Verb::Updated);
+        // At another signature it was changed by hand.
+        let rec = Record { sig: None, ..rec };
+        assert_eq!(plan(Some((&big, &found)), &known(Some(&rec), &[]), &w).action, Verb::Corrected);
+    }
+
+    #[test]
     fn the_original_of_a_file_the_host_has_no_record_of_is_kept_once() {
         let w = want(b"new", 0o644, None);
         let found = bytes(b"the machine's own");
         let p = plan(Some((&file(0o644), &found)), &known(None, &[]), &w);
-        let Change::Write { keep: Some(at) } = &p.change else { panic!("the original is kept") };
+        let Change::Write { keep: Some(Keep::Copy(at)) } = &p.change else { panic!("the original is kept") };
         assert_eq!(at, Path::new("/var/lib/mesh-host/kept/etc/app.conf"));
         assert_eq!(
             p.planned().as_deref(),

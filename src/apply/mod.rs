@@ -43,6 +43,7 @@ pub use archive::ArchiveLimits;
 pub use container::parse_env_file;
 pub use container::{installed_steps, run_scheduled, spec_digest, ScheduledRun};
 pub use error::{Aspect, Error, FirewalldMove, FoundUnreadable, Need, Target};
+pub use file::NOT_KEPT;
 pub use outcome::{Failure, HandEdit, Outcome, PassFailed, Report, Verb};
 use pass::Pass;
 use rising::Rising;
@@ -84,6 +85,11 @@ pub struct Options {
     pub step_timeout: Option<std::time::Duration>,
     /// How much one archive may unpack.
     pub archive_limits: ArchiveLimits,
+    /// The largest file found at a managed path whose original is kept whole, and the largest
+    /// found file hashed unless the host wrote one of its size (`--keep-max-bytes`): past it
+    /// only its size, mode and owner are recorded (docs/decisions.md, "A file found with no
+    /// record").
+    pub keep_max_bytes: u64,
     /// The daemon's content file, where the declared bytes of files are when the declaration
     /// says `stored` instead of holding them (`controller::contents`).
     pub contents: Option<std::sync::Arc<crate::system::ContentFile>>,
@@ -94,6 +100,9 @@ pub struct Options {
     /// Told before each resource of a pass, for a person watching (`apply` on a terminal).
     pub progress: Option<Progress>,
 }
+
+/// The default of `Options::keep_max_bytes`: 8 MiB.
+pub const KEEP_MAX_BYTES: u64 = 8 << 20;
 
 /// What a pass tells a watcher before each resource: how many it has done, of how many, and
 /// the id of the one it starts. Called on the pass's thread, so it must be quick.

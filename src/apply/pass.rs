@@ -463,6 +463,8 @@ impl<'a> Pass<'a> {
                 },
             );
         }
+        // After the record: the hold goes once the thing is the host's (`adopt`).
+        self.let_go_when_taken(r, &outcome);
         outcome
     }
 

@@ -79,7 +79,9 @@ fn look(fs: &mut Fs, machine: &mut Managers, rec: &Record, opts: &Options) -> Re
             )),
         },
         Kind::File => {
-            let found = fs.digest(path)?.map(|(meta, sum)| (meta.kind, sum.map(Digest::from_sum)));
+            let found = fs
+                .digest_bounded(path, super::status::hash_bound(rec, opts.keep_max_bytes))?
+                .map(|(meta, sum)| (meta.kind, sum.map(Digest::from_sum)));
             Ok(decide::file(path, rec.wrote, found))
         }
         Kind::Directory => {

@@ -201,14 +201,17 @@ pub(super) fn found_keyed(
     ring: &Keyring,
     path: &Path,
 ) -> Result<Option<(crate::system::Meta, Option<Digest>)>, crate::system::fs::Error> {
-    let Some((meta, held)) = fs.read_up_to(path, FOUND_LIMIT)? else { return Ok(None) };
+    // Nothing larger is read, nor hashed: it has no keyed digest either way.
+    let Some((meta, held)) = fs.read_bounded(path, FOUND_LIMIT, FOUND_LIMIT)? else { return Ok(None) };
     let d = match held {
         crate::system::fs::Content::Bytes(mut bytes) => {
             let d = Digest::from_keyed(ring.digest(&bytes));
             zeroize::Zeroize::zeroize(&mut bytes);
             Some(d)
         }
-        crate::system::fs::Content::Large { .. } | crate::system::fs::Content::NotFile => None,
+        crate::system::fs::Content::Large { .. }
+        | crate::system::fs::Content::Unhashed { .. }
+        | crate::system::fs::Content::NotFile => None,
     };
     Ok(Some((meta, d)))
 }

@@ -15,6 +15,9 @@ pub struct Looker {
     fs: Fs,
     /// The node's keyring, for files recorded by a keyed digest (they carried a secret).
     keyring: Option<Arc<Keyring>>,
+    /// The largest file hashed unless the host last found it at that size
+    /// (`--keep-max-bytes`): a larger one is `changed` without being read.
+    hash_max: u64,
 }
 
 /// What the machine holds of one record.
@@ -46,8 +49,8 @@ impl Looker {
     /// A looker that can tell whether a file that carried a secret still holds what the host
     /// wrote, with the node's key at `key`. Without a usable key such files are `unreadable`:
     /// nothing can be told (docs/decisions.md, "An orphan file that carried a secret").
-    pub fn with_key(key: &Path) -> Looker {
-        Looker { fs: Fs::default(), keyring: super::secret::load(key).ok().flatten() }
+    pub fn with_key(key: &Path, hash_max: u64) -> Looker {
+        Looker { fs: Fs::default(), keyring: super::secret::load(key).ok().flatten(), hash_max }
     }
 
     /// For a file or directory, what the machine holds of it; `None` for the types `status`
@@ -62,7 +65,7 @@ impl Looker {
                 }),
                 None => return Some(Holds::Unreadable),
             },
-            Kind::File => self.fs.digest(path).map(|found| {
+            Kind::File => self.fs.digest_bounded(path, hash_bound(rec, self.hash_max)).map(|found| {
                 found.map(|(m, sum)| {
                     rec.wrote.is_some() && rec.wrote == sum.map(Digest::from_sum) && mode_same(m.mode)
                 })
@@ -86,4 +89,13 @@ impl Looker {
             Err(_) => Holds::Unreadable,
         })
     }
+}
+
+/// How large a file recorded by `rec` may be and still be hashed to compare it with what the
+/// host wrote: `keep_max` (`--keep-max-bytes`), or the size the host last found it at when
+/// that is larger (a large file the host itself wrote). A file larger than both cannot hold
+/// what the host wrote and is not read: a sparse 100 GiB file planted at a recorded path
+/// costs a stat, not minutes of hashing (issue 45, point 3).
+pub(super) fn hash_bound(rec: &Record, keep_max: u64) -> u64 {
+    keep_max.max(rec.sig.map_or(0, |sig| sig.size))
 }

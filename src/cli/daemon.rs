@@ -15,6 +15,10 @@ pub struct RunArgs {
     /// Where /metrics and /healthz listen; "off" for nowhere.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9787")]
     pub metrics: String,
+    /// A Prometheus exporter's web configuration file for /metrics and /healthz (TLS, client
+    /// certificates, basic auth), as node_exporter's `--web.config.file` takes it.
+    #[arg(long, env = "MESH_HOST_WEB_CONFIG", value_name = "FILE")]
+    pub web_config: Option<PathBuf>,
     /// Seconds between full resyncs, beside what the watchers report.
     #[arg(long, value_name = "SECONDS", default_value_t = 600)]
     pub resync: u64,
@@ -93,6 +97,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         declaration,
         origin,
         metrics,
+        web_config,
         resync,
         settle_ms,
         workers,
@@ -107,6 +112,13 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
     let metrics = match metrics.as_str() {
         "off" | "none" => None,
         addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
+    };
+    // Read and checked now, so a mistake stops the agent before it touches anything.
+    let web = match &web_config {
+        Some(path) => Some(
+            crate::telemetry::web::WebConfigFile::open(path).map_err(|e| Usage(format!("mesh-host: {e}")))?,
+        ),
+        None => None,
     };
     let mut declaration = std::path::absolute(&declaration)?;
     let fleet = match (etcd, node) {
@@ -134,6 +146,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         state: state.to_owned(),
         origin,
         metrics,
+        web,
         // A resync of 0 would be a full pass in a loop: one second is the floor.
         resync: std::time::Duration::from_secs(resync.max(1)),
         quiet: std::time::Duration::from_millis(settle_ms),
@@ -143,6 +156,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         workers: usize::from(workers),
         step_timeout: reach.step_timeout,
         archive_limits: reach.archive_limits,
+        keep_max_bytes: reach.keep_max_bytes,
         key: reach.key,
         keep_generations: reach.keep,
         trust,

@@ -51,6 +51,20 @@ pub enum FleetCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Forget a node that is gone for good: its status, presence and rollout admission are
+    /// deleted, so it leaves `fleet status` and every rollout's plan. Refused while the node is
+    /// alive (its presence key held).
+    Forget {
+        /// etcd's endpoints, comma-separated.
+        #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
+        etcd: String,
+        /// TLS and the login to etcd's auth, when they are on.
+        #[command(flatten)]
+        login: EtcdLogin,
+        /// The node's name, as it runs with `--node`.
+        #[arg(value_name = "NODE")]
+        node: String,
+    },
     /// A staged rollout: a candidate declaration given to the nodes wave by wave, each wave
     /// opened when the ones before it report it applied and converged.
     Rollout {
@@ -268,6 +282,18 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
                 password.as_ref(),
             ))?;
             print!("{out}");
+            return Ok(Ended::Converged);
+        }
+        FleetCommand::Forget { etcd, login, node } => {
+            crate::fleet::check_name("NODE", &node).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+            let etcd = login.client(&etcd)?;
+            let out = tokio::runtime::Handle::current()
+                .block_on(crate::fleet::forget::forget(&etcd, &node))
+                .map_err(|e| match e.downcast::<crate::fleet::rollout::Refused>() {
+                    Ok(refused) => Usage(format!("mesh-host: {refused}")).into(),
+                    Err(e) => e,
+                })?;
+            print!("{}", escape_lines(&out));
             return Ok(Ended::Converged);
         }
         FleetCommand::Status { etcd, login, json } => {

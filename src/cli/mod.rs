@@ -80,6 +80,11 @@ pub struct Cli {
     /// The most entries one archive may hold.
     #[arg(long, global = true, value_name = "COUNT", default_value_t = ArchiveLimits::default().entries)]
     pub archive_max_entries: u64,
+    /// The largest file found at a managed path, with no record of the host's, whose original
+    /// is kept whole before it is first written over; past it only its size, mode and owner
+    /// are recorded beside where the copy would be, and it is not hashed either.
+    #[arg(long, global = true, value_name = "BYTES", default_value_t = crate::apply::KEEP_MAX_BYTES)]
+    pub keep_max_bytes: u64,
     /// How many generations (declarations accepted, kept under the state directory for
     /// `mesh-host rollback`) are kept; the oldest go first, never the one held.
     #[arg(long, global = true, value_name = "N", default_value_t = crate::generations::DEFAULT_KEEP,
@@ -273,6 +278,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
         socket: cli.container_socket.clone(),
         step_timeout: (cli.step_timeout > 0).then(|| std::time::Duration::from_secs(cli.step_timeout)),
         archive_limits: ArchiveLimits { bytes: cli.archive_max_bytes, entries: cli.archive_max_entries },
+        keep_max_bytes: cli.keep_max_bytes,
         key: key_path(cli.key.as_deref(), &cli.state),
         keep: usize::from(cli.keep_generations),
     };
@@ -290,7 +296,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
             apply_cmd(&file, origin, Shown { json, verbose }, &cli.state, reach, &verify)
         }
         Command::Sign(args) => sign::sign(args),
-        Command::Status { json } => status(json, &cli.state, &reach.key),
+        Command::Status { json } => status(json, &cli.state, &reach.key, reach.keep_max_bytes),
         Command::Generations { json } => generations(json, &cli.state),
         Command::Rollback { generation, release, reason, json } => {
             rollback(Rollback { generation, release, reason, json }, &cli.state, reach)
@@ -471,6 +477,8 @@ struct Reach {
     socket: Option<String>,
     step_timeout: Option<std::time::Duration>,
     archive_limits: ArchiveLimits,
+    /// `--keep-max-bytes`.
+    keep_max_bytes: u64,
     key: PathBuf,
     /// How many generations are kept (`--keep-generations`).
     keep: usize,
@@ -486,6 +494,7 @@ fn options(origin: Origin, state: &Path, dry_run: bool, reach: Reach) -> Options
         container_socket: reach.socket,
         step_timeout: reach.step_timeout,
         archive_limits: reach.archive_limits,
+        keep_max_bytes: reach.keep_max_bytes,
         // Bodies stay in the declaration, but where `apply` moved them out (`one_pass`).
         contents: None,
         key: reach.key,

@@ -259,8 +259,8 @@ pub(super) fn accept_generation(
 /// Notes how a new generation's first pass ended.
 pub(super) fn note_first_pass(state: &Path, n: u64, report: &Report) {
     let failed = report.error.as_ref().map(|e| e.failures.len());
-    let outcome = crate::generations::outcome(failed, report.error.as_ref().is_some_and(|e| e.refused));
-    if let Err(e) = crate::generations::Generations::of(state).first_pass(n, &outcome) {
+    let outcome = crate::generations::FirstPass::of(failed, report.error.as_ref().is_some_and(|e| e.refused));
+    if let Err(e) = crate::generations::Generations::of(state).first_pass(n, outcome) {
         eprintln!("mesh-host: cannot note how generation {n}'s first pass ended: {e}");
     }
 }

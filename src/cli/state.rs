@@ -34,7 +34,7 @@ pub(super) fn generations(json: bool, state: &Path) -> anyhow::Result<Ended> {
             "{:>4}  {:<20}  {:<14}  {:<16}  {}{}",
             m.number,
             crate::controller::drift::utc(m.accepted_at * 1000),
-            m.first_pass.as_deref().unwrap_or("-"),
+            m.first_pass.map_or_else(|| "-".to_owned(), |f| f.to_string()),
             &m.digest[..m.digest.len().min(16)],
             escape(&m.source),
             if mark.is_empty() { String::new() } else { format!("  <- {mark}") }
@@ -162,9 +162,26 @@ pub(super) fn drift(
     Ok(Ended::Converged)
 }
 
-pub(super) fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<Ended> {
+/// The originals kept under `kept_dir`, each as `status --json` lists it: a copy, or, for a
+/// file too large to keep, the note of its size, mode and owner.
+fn kept_originals(kept_dir: &Path) -> anyhow::Result<Vec<serde_json::Value>> {
+    Ok(crate::system::fs::files_under(kept_dir)
+        .with_context(|| format!("cannot list the kept originals under {}", kept_dir.display()))?
+        .into_iter()
+        .filter_map(|copy| {
+            let original = Path::new("/").join(copy.strip_prefix(kept_dir).ok()?);
+            let text = original.to_string_lossy();
+            Some(match text.strip_suffix(apply::NOT_KEPT) {
+                Some(path) => serde_json::json!({"path": path, "copy": null, "kept": false, "note": copy}),
+                None => serde_json::json!({"path": original, "copy": copy, "kept": true}),
+            })
+        })
+        .collect())
+}
+
+pub(super) fn status(json: bool, state: &Path, key: &Path, keep_max_bytes: u64) -> anyhow::Result<Ended> {
     let store = Store::read_only(state)?;
-    let mut looker = apply::status::Looker::with_key(key);
+    let mut looker = apply::status::Looker::with_key(key, keep_max_bytes);
     let mut rows = Vec::new();
     let mut drifted = 0;
     for (id, rec) in store.records() {
@@ -180,14 +197,7 @@ pub(super) fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<End
     // The machine's own files the host copied before it first wrote over them: kept for ever, so
     // a person can compare or put one back (docs/decisions.md, "A file found with no record").
     let kept_dir = crate::store::originals_dir(state);
-    let kept: Vec<serde_json::Value> = crate::system::fs::files_under(&kept_dir)
-        .with_context(|| format!("cannot list the kept originals under {}", kept_dir.display()))?
-        .into_iter()
-        .filter_map(|copy| {
-            let original = Path::new("/").join(copy.strip_prefix(&kept_dir).ok()?);
-            Some(serde_json::json!({"path": original, "copy": copy}))
-        })
-        .collect();
+    let kept = kept_originals(&kept_dir)?;
     // What an adopted node holds as found: never applied, so not among the records.
     let held: Vec<serde_json::Value> = store
         .holds()
@@ -221,12 +231,20 @@ pub(super) fn status(json: bool, state: &Path, key: &Path) -> anyhow::Result<End
         }
         println!("{} records in {}; {drifted} no longer as the host left them", rows.len(), state.display());
         for k in &kept {
-            println!(
-                "{:>10} {} (the machine's original, at {})",
-                "kept",
-                escape(k["path"].as_str().unwrap_or("")),
-                escape(k["copy"].as_str().unwrap_or(""))
-            );
+            match k["note"].as_str() {
+                Some(note) => println!(
+                    "{:>10} {} (the machine's original was too large to keep: its size, mode and owner are at {})",
+                    "not kept",
+                    escape(k["path"].as_str().unwrap_or("")),
+                    escape(note)
+                ),
+                None => println!(
+                    "{:>10} {} (the machine's original, at {})",
+                    "kept",
+                    escape(k["path"].as_str().unwrap_or("")),
+                    escape(k["copy"].as_str().unwrap_or(""))
+                ),
+            }
         }
         if !kept.is_empty() {
             println!(

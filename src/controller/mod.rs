@@ -8,13 +8,20 @@
 //! - `queue`: de-duplication, the never-twice-at-once rule and the claims, backoff, the rate
 //!   limit.
 //! - `runner`: the loop that drains the queue: each key run inline or apart (at most `workers - 1`
-//!   apart), what ended apart taken back, the queue told how each key ended, panics caught.
-//! - `worker`: the store's one owner, and what one reconcile does: the declaration loaded and
-//!   put in force, a full pass, one key, what it did told, the watchers it starts.
+//!   apart), what ended apart taken back, the queue told how each key ended, panics caught. It
+//!   knows its reconciler only through the `Reconcile` trait, and is tested with a fake one.
+//! - `worker`: the reconciler (`impl Reconcile for Worker`): the store's one owner, and what
+//!   one reconcile does: the declaration loaded and put in force, a full pass, one key, what it
+//!   did told, the watchers it starts.
+//! - `claims`: what a key's reconcile claims, and whether it runs apart (pure).
+//! - `report`: events, holds said once, counts, and `Applied`; who made each drift found on
+//!   a thread of its own, so the next key never waits for fanotify or a container runtime.
+//! - `watches`: the file watcher, fanotify's writers and the systemd, container and firewall
+//!   watchers started when a declaration first needs them; the out-of-watches state.
+//! - `source`: the declaration's source: read, digested, verified, parsed, refused or
+//!   accepted, recorded as a generation, and chosen against the rollback hold (`choose`, pure).
 //! - `scheduler`: scheduled steps at their fires.
 //! - `health`: `/healthz` and systemd's watchdog.
-//! - `held`: generations in the daemon: the one recorded for each declaration accepted, and
-//!   the rollback hold, which puts a kept generation in force instead of the source's.
 //! - `contents`: declared content kept out of the heap.
 //! - `signed`: with `--allowed-signers`, a declaration directory verified before it is parsed
 //!   (`trust::verify`), and the high-water mark persisted before it is put in force.
@@ -37,19 +44,22 @@
 //! directory, whoever writes it; what it applied goes out on a watch channel (`Applied`), to
 //! whoever follows it. `tests/tidy.rs` holds it to naming neither `fleet` nor `system::etcd`.
 
+mod claims;
+mod config;
 pub(crate) mod contents;
 pub mod drift;
 mod health;
-mod held;
 pub mod queue;
+pub mod report;
 mod runner;
 mod scheduler;
 pub mod signed;
+mod source;
 mod trigger;
+mod watches;
 mod worker;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,62 +69,14 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{Origin, Store};
+use crate::store::Store;
 use crate::telemetry::{events, Event as _, Metrics};
+pub use config::Config;
 use health::Health;
 use queue::Queue;
+pub use report::Applied;
 pub use trigger::Key;
-pub use worker::Applied;
 use worker::Worker;
-
-/// How the daemon runs.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// A declaration file, or a directory of `*.json` files read as one declaration.
-    pub declaration: PathBuf,
-    /// The state directory: the store, the content file, the journal.
-    pub state: PathBuf,
-    /// Where the declaration comes from, as its records are written.
-    pub origin: Origin,
-    /// Where `/metrics` and `/healthz` listen; `None` for nowhere.
-    pub metrics: Option<SocketAddr>,
-    /// How often everything is reconciled even when no watcher said anything.
-    pub resync: Duration,
-    /// How long the declaration must be still before it is read.
-    pub quiet: Duration,
-    /// How the work queue backs off and holds keys off.
-    pub queue: queue::Config,
-    /// The D-Bus address of the systemd to manage; the system bus when `None`.
-    pub bus: Option<String>,
-    /// The container runtime's socket (`--container-socket`); `None` looks in the usual places.
-    pub container_socket: Option<String>,
-    /// How many reconciles may run at once (`--workers`, at least 1): the worker's own, and
-    /// up to `workers - 1` long ones apart from it (`runner`'s module doc). 1 is the single
-    /// worker of before, every reconcile in turn.
-    pub workers: usize,
-    /// How long an action or a step may run (`--step-timeout`); `None` for no limit.
-    pub step_timeout: Option<Duration>,
-    /// How much one archive may unpack (`--archive-max-bytes`, `--archive-max-entries`).
-    pub archive_limits: crate::apply::ArchiveLimits,
-    /// The node's sealing key (`--key`), read in each pass that opens a sealed value.
-    pub key: PathBuf,
-    /// How many generations are kept under the state directory (`--keep-generations`).
-    pub keep_generations: usize,
-    /// With `--allowed-signers`: the declaration directory is put in force only when its
-    /// signed manifest verifies (`signed`); `None` applies what parses, as before.
-    pub trust: Option<signed::Trust>,
-}
-
-impl Config {
-    /// How long the worker may go without finishing a reconcile before it is taken for stuck
-    /// (`/healthz` fails, the watchdog is no longer pinged): two resync periods, plus the step
-    /// time limit, since one reconcile may legitimately run a step that long. With no step
-    /// limit, a day: a long step cannot then be told from a stuck worker any sooner.
-    pub fn stale_after(&self) -> Duration {
-        2 * self.resync.max(Duration::from_secs(60))
-            + self.step_timeout.unwrap_or(Duration::from_secs(86_400))
-    }
-}
 
 /// The daemon, started and not yet applying: the store is locked, the file watcher, the worker
 /// and the scheduler made, `/metrics` served. What runs beside the controller is started
@@ -165,7 +127,7 @@ impl Daemon {
             shutdown.clone(),
         ));
         if let Some(addr) = config.metrics {
-            tasks.push(serve_metrics(addr, &metrics, &health, &shutdown).await?);
+            tasks.push(serve_metrics(addr, config.web.clone(), &metrics, &health, &shutdown).await?);
         }
         Ok(Daemon { config, shutdown, metrics, health, worker, tx, rx, tasks })
     }
@@ -216,7 +178,8 @@ impl Daemon {
 
         let queue = Arc::new(Queue::<Key>::new(config.queue.clone()));
         let index = worker.index();
-        let worker_task = tokio::spawn(runner::drain(worker, Arc::clone(&queue)));
+        let runner = runner::Runner::new(worker, Arc::clone(&queue), config.workers.saturating_sub(1));
+        let worker_task = tokio::spawn(runner.run());
         intake(rx, &index, &queue, &metrics, config.resync, &shutdown).await;
         stop(&queue, worker_task, &shutdown, tasks).await
     }
@@ -241,15 +204,17 @@ fn daemon_metrics(config: &Config) -> Metrics {
 /// on is the error, since an operator who asked for metrics must not get a daemon without.
 async fn serve_metrics(
     addr: SocketAddr,
+    web: Option<crate::telemetry::web::WebConfigFile>,
     metrics: &Arc<Metrics>,
     health: &Arc<Health>,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let checked = Arc::clone(health);
     let check: crate::telemetry::http::Health = Arc::new(move || checked.check().map(|()| checked.note()));
-    let (bound, task) = crate::telemetry::http::serve(addr, Arc::clone(metrics), check, shutdown.clone())
-        .await
-        .with_context(|| format!("cannot listen for metrics on {addr}"))?;
+    let (bound, task) =
+        crate::telemetry::http::serve(addr, web, Arc::clone(metrics), check, shutdown.clone())
+            .await
+            .with_context(|| format!("cannot listen for metrics on {addr}"))?;
     tracing::info!(address = %bound, "serving /metrics and /healthz");
     Ok(task)
 }
@@ -262,7 +227,7 @@ async fn serve_metrics(
 /// first good declaration written to the source.
 fn first_apply(worker: &mut Worker, config: &Config, health: &Health, shutdown: &CancellationToken) {
     let extending = extend_start_timeout(shutdown.child_token());
-    tokio::task::block_in_place(|| worker.reconcile_guarded(&Key::Declaration, Instant::now()));
+    runner::inline(worker, &Key::Declaration, Instant::now());
     extending.cancel();
     health.ready();
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
@@ -374,40 +339,4 @@ fn signals(shutdown: CancellationToken) -> std::io::Result<tokio::task::JoinHand
         tracing::info!("{name}: finishing the reconciles in flight, then stopping");
         shutdown.cancel();
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config(resync: u64, step: Option<u64>) -> Config {
-        Config {
-            declaration: PathBuf::from("/etc/mesh-host/declaration.d"),
-            state: PathBuf::from("/var/lib/mesh-host/state.json"),
-            origin: Origin::Declared,
-            metrics: None,
-            resync: Duration::from_secs(resync),
-            quiet: Duration::from_millis(50),
-            queue: queue::Config::default(),
-            bus: None,
-            container_socket: None,
-            workers: 4,
-            step_timeout: step.map(Duration::from_secs),
-            archive_limits: crate::apply::ArchiveLimits::default(),
-            key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
-            keep_generations: usize::from(crate::generations::DEFAULT_KEEP),
-            trust: None,
-        }
-    }
-
-    #[test]
-    fn a_worker_running_a_step_is_not_taken_for_stuck_before_the_step_limit() {
-        assert_eq!(config(600, Some(3600)).stale_after(), Duration::from_secs(1200 + 3600));
-        assert_eq!(
-            config(10, Some(30)).stale_after(),
-            Duration::from_secs(120 + 30),
-            "resync counts as 60 s at least"
-        );
-        assert_eq!(config(600, None).stale_after(), Duration::from_secs(1200 + 86_400));
-    }
 }

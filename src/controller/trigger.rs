@@ -76,6 +76,13 @@ impl Index {
         }
     }
 
+    /// Whether a full pass of the declaration in force looks for a firewall found on the
+    /// machine: an adopted node's declaration that opens a port (`opening::look_for_firewall`).
+    /// A change in the ruleset may then be a filter the host cannot manage, put in force since.
+    fn looks_for_firewall(&self) -> bool {
+        self.opening.is_some() && self.declaration.as_ref().is_some_and(|d| d.adoption.is_some())
+    }
+
     /// The systemd units the declaration manages, for the systemd watcher.
     pub fn units(&self) -> BTreeSet<String> {
         self.units.keys().cloned().collect()
@@ -169,9 +176,12 @@ pub fn keys(change: &Change, index: &Index) -> Vec<(Key, Source)> {
             index.opening.iter().map(|id| (Key::Resource(id.clone()), Source::Firewall)).collect()
         }
         // Elsewhere in the ruleset (ufw or firewalld enabled or disabled, a foreign table
-        // removed, Docker's own rules): it matters only while a found firewall refuses the
-        // declaration, which a full pass looks at again (docs/decisions.md, "The daemon").
-        Change::Ruleset if index.refused => vec![(Key::Full, Source::Firewall)],
+        // added or removed, Docker's own rules): it matters where a found firewall is looked
+        // for, which a full pass does. While refused, so the refusal lifts once the filter
+        // goes; and on an adopted node that opens ports, so a foreign filter put in force
+        // after a clean pass refuses the declaration now, not at the next resync (issue 45,
+        // point 7; docs/decisions.md, "The daemon").
+        Change::Ruleset if index.refused || index.looks_for_firewall() => vec![(Key::Full, Source::Firewall)],
         Change::Ruleset | Change::Up { .. } => Vec::new(),
     }
 }
@@ -234,6 +244,18 @@ mod tests {
         );
         assert!(keys(&Change::Firewall, &Index::default()).is_empty(), "nothing opened");
         assert!(keys(&Change::Ruleset, &index).is_empty(), "a change elsewhere is not the host's");
+        let adopted = Declaration::parse(
+            br#"{"version": 1, "adoption": {"taken": []}, "resources": [
+                {"type": "file", "id": "a.conf", "path": "/srv/a/conf", "content": "x"},
+                {"type": "opening", "id": "a.http", "port": 80}
+            ]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            keys(&Change::Ruleset, &Index::new(&Arc::new(adopted))),
+            vec![(Key::Full, Source::Firewall)],
+            "on an adopted node that opens ports, a change in the ruleset looks for a foreign filter"
+        );
         let refused = Index { refused: true, ..Index::new(index.declaration.as_ref().unwrap()) };
         assert_eq!(
             keys(&Change::Ruleset, &refused),

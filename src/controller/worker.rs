@@ -2,58 +2,28 @@
 //! what one reconcile does (the declaration loaded, a full pass, one key); `runner` runs them,
 //! several at once.
 
-use std::collections::{BTreeSet, HashSet};
-use std::path::PathBuf;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
-use mesh_host_watchers::writers::Writers;
 use mesh_host_watchers::{Change, FileWatcher};
 
-use super::drift;
-use sha2::Digest as _;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::claims;
+use super::config::Config;
 use super::health::{now_secs, Health};
-use super::queue::Verdict;
+use super::queue::{Claim, Contest, Verdict};
+use super::report::{self, Applied};
+use super::runner::{Reconcile, Told};
+use super::source::Source;
 use super::trigger::{Index, Key};
-use super::{contents, signed, Config};
+use super::watches::Watches;
 use crate::apply::{self, Options, Report, Verb};
-use crate::declaration::{Declaration, Id, Kind, Refused};
+use crate::declaration::{Declaration, Id};
 use crate::store::Writer as Store;
 use crate::telemetry::{events, Event as _, Metrics};
-
-/// What a node has applied, as the worker last saw it: published on a watch channel
-/// (`Worker::applied`) only when it moves, for whoever reports it (the fleet's status writer).
-/// Carries no secret: counts, and messages the report already logs (which never hold an opened
-/// value).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Applied {
-    /// The names of the files of the declaration in force, as the source listed them.
-    pub sources: Vec<String>,
-    /// Whether the last full pass, and every reconcile since, succeeded.
-    pub converged: bool,
-    /// Each outcome word's count in the last full pass.
-    pub counts: std::collections::BTreeMap<String, u64>,
-    /// Drift put back since the node started.
-    pub drift_corrections: u64,
-    /// Read-backs that found someone else had written since the node started (contested keys).
-    pub contested: u64,
-    /// The last failure, until a full pass succeeds.
-    pub last_error: Option<String>,
-    /// The last correction since the node started, and who made the change it put back
-    /// (`app.conf by vim (pid 7, ...)`): names, never content.
-    pub last_correction: Option<String>,
-    /// The generation in force (`mesh-host generations`), when it could be recorded.
-    pub generation: Option<u64>,
-    /// How a rollback holds the node (`held at generation N by rollback since T ...`), or
-    /// `None` while it follows its source.
-    pub hold: Option<String>,
-    /// The hold, when the node made it itself (`Hold::reverted` is set): what it went back from
-    /// and why. `None` under an operator's rollback and while it follows its source.
-    pub reverted: Option<crate::generations::Hold>,
-}
 
 /// What the worker owns: the declaration in force, the store, and the file watcher whose paths
 /// follow the declaration. Only the worker's task touches it; what others read is shared
@@ -72,59 +42,30 @@ pub struct Worker {
     /// Connections to systemd and the container runtime, kept between the reconciles run
     /// inline; never lent (reconciles apart take theirs from `spare`).
     pub(super) session: apply::Session,
-    /// Only the worker calls it (`set_paths`, `rewatch`): a reconcile apart never does, and the
-    /// watches its changes need are made again when it is taken back. Its own thread (notify's)
-    /// shares with it only what `mesh_host_watchers::file` says.
-    files: FileWatcher,
-    /// Who wrote each managed path (fanotify); `None` where fanotify cannot be used, and then
-    /// every correction's writer is `unknown`. Marked beside `files`, on the same directories.
-    writers: Option<Writers>,
-    /// The corrections kept under the state directory (`mesh-host drift`).
-    history: drift::History,
-    /// Containers' names by id, as the runtime last gave them (`None`: it did not, asked at that
-    /// time, and asked again 10 s later): a container rewriting a managed file as fast as it can
-    /// costs one question to the runtime (for Podman, a program run), not one per correction.
-    /// At most `NAMES` kept; emptied when full. A lock only because `tally` takes `&self`; only
-    /// the worker's task takes it.
-    container_names: std::sync::Mutex<std::collections::HashMap<String, (Option<String>, Instant)>>,
+    /// The file watcher, fanotify's writers and the watchers started for the declaration in
+    /// force, with what was said of them (`watches`).
+    watches: Watches,
+    /// What the worker tells of its reconciles: events, holds, counts, `Applied`, and the
+    /// attribution of each correction on a thread of its own (`report`).
+    report: report::Report,
     /// Paths, units and names to keys. Written here when a declaration is accepted (replaced
     /// whole); read by the intake loop for every change. A read lock held only for a lookup.
     index: Arc<RwLock<Index>>,
-    /// A digest of what the last read of the declaration source found (its files' names and
-    /// bytes, or the error), so that a full pass reads the source again cheaply and parses it
-    /// only when it changed.
-    source_seen: Option<[u8; 32]>,
-    /// The source did not exist at the last read: said once, when it went missing, not at
-    /// every read until it appears.
-    awaiting: bool,
+    /// The declaration's source: what the last read found, the content file, the generations
+    /// and the hold (`source`).
+    source: Source,
     /// A new declaration was put in force and the file watcher does not follow its paths yet.
     paths_stale: bool,
-    /// The daemon's content file for the declaration in force (`contents`), handed to each
-    /// apply; replaced with the declaration.
-    contents: Option<Arc<crate::system::ContentFile>>,
-    /// Events are emitted by the worker only, inline or when it takes a reconcile back, never
-    /// from a thread apart; `/metrics` reads the same registry (prometheus-client's atomics and
-    /// its own locks), so no reader waits on a reconcile.
+    /// Events are emitted by the worker, inline or when it takes a reconcile back, never from a
+    /// reconcile apart; a correction's by the report's attribution thread (`report`).
+    /// `/metrics` reads the same registry (prometheus-client's atomics and its own locks), so
+    /// no reader waits on a reconcile.
     pub(super) metrics: Arc<Metrics>,
     /// Written here (heartbeat, declaration in force); read by `/healthz` and the watchdog.
     pub(super) health: Arc<Health>,
     /// Keys whose changes and failures are logged at debug level only: contested ones (said
     /// once when the contest began) and ones already failing (said once when they began to).
     pub(super) quiet: std::collections::HashSet<Key>,
-    /// For starting watchers when the declaration first needs them. Unbounded: a watcher must
-    /// never block on the agent (inotify would overflow); the intake loop drains it at once
-    /// into the queue, which de-duplicates.
-    tx: mpsc::UnboundedSender<Change>,
-    /// The units the systemd watcher follows: sent here with each declaration, read by it.
-    units: tokio::sync::watch::Sender<std::collections::BTreeSet<String>>,
-    /// Started when a declaration first names a systemd unit: a node with no services has no
-    /// reason to talk to systemd, nor to report a systemd watcher down.
-    systemd_watcher: Option<tokio::task::JoinHandle<()>>,
-    /// Started when a declaration first names a container, a network, or an action run in a
-    /// container, for the same reason.
-    docker_watcher: Option<tokio::task::JoinHandle<()>>,
-    /// `nft monitor` on the host's table, started when a declaration first opens a port.
-    firewall_watcher: Option<tokio::task::JoinHandle<()>>,
     /// The declaration in force: sent here, read by the scheduler of scheduled steps (a watch
     /// channel: the scheduler sees the latest, never a queue of old ones).
     in_force: tokio::sync::watch::Sender<Option<Arc<Declaration>>>,
@@ -132,94 +73,17 @@ pub struct Worker {
     /// recorded at: written here after every reconcile, read by the scheduler at each fire, which
     /// runs no other step.
     installed: tokio::sync::watch::Sender<Arc<std::collections::HashMap<Id, String>>>,
-    /// What the node has applied (a watch channel: a follower takes the latest at its own
-    /// pace, the fleet's status writer at most once a second). Updated only when it moves, so
-    /// a quiet node wakes no one.
-    applied: tokio::sync::watch::Sender<Applied>,
-    /// The names of the files of the declaration in force (a source may name its files so
-    /// that they say where they came from, as the fleet's cache does).
-    sources: Vec<String>,
     /// Why the last full pass refused the declaration in force whole on this machine (a
     /// firewall found on an adopted node that the host cannot manage), or `None`. While it is
     /// set, no reconcile of one key runs and no scheduled step fires: a declaration refused on
     /// this machine is refused everywhere, not applied piece by piece (issue 21).
     pub(super) refusal: Option<String>,
-    /// The ids the last full pass (and the reconciles since) reported `held`: a hold is logged
-    /// when it begins and when it ends, not at every pass (10,000 held files must not write
-    /// 10,000 lines at every resync).
-    held: HashSet<String>,
-    /// The file watcher ran out of inotify watches and that was said: said once when it began,
-    /// and again only after it cleared and came back, not at every pass that still meets it.
-    out_of_watches: bool,
-    /// The file watcher has no inotify instance and that was said (as `out_of_watches`).
-    no_instance: bool,
-    /// The generations kept under the state directory, and the rollback hold (`held`).
-    pub(super) generations: crate::generations::Generations,
-    /// The generation of the declaration in force, when it could be recorded.
-    pub(super) generation: Option<u64>,
-    /// A new generation whose first full pass has not ended yet: that pass notes its outcome.
-    pub(super) first_pass: Option<u64>,
-}
-
-/// Tells systemd what the agent is doing, for `systemctl status` ("Status:"). Nothing when not
-/// run by systemd.
-fn status(what: &str) {
-    let _ = sd_notify::notify(&[sd_notify::NotifyState::Status(what)]);
-}
-
-/// A digest of a read of the declaration source: each file's name, length and bytes, or the
-/// error, and the generation held, if any. Two reads that digest the same found the same thing.
-fn fingerprint(
-    read: &std::io::Result<Vec<(PathBuf, Vec<u8>)>>,
-    signed: Option<&std::io::Result<signed::SignedFiles>>,
-    held: Option<u64>,
-) -> [u8; 32] {
-    let mut h = sha2::Sha256::new();
-    if let Some(n) = held {
-        h.update(b"held\0");
-        h.update(n.to_le_bytes());
-    }
-    // A signed directory's manifest and signatures: signing again changes only them.
-    match signed {
-        None => {}
-        Some(Ok(None)) => h.update(b"unsigned\0"),
-        Some(Ok(Some((manifest, signatures)))) => {
-            for (name, bytes) in
-                std::iter::once(("manifest", manifest)).chain(signatures.iter().map(|(n, b)| (n.as_str(), b)))
-            {
-                h.update(name.as_bytes());
-                h.update(b"\0");
-                h.update((bytes.len() as u64).to_le_bytes());
-                h.update(bytes);
-            }
-        }
-        Some(Err(e)) => {
-            h.update(b"signed error\0");
-            h.update(e.to_string().as_bytes());
-        }
-    }
-    match read {
-        Ok(files) => {
-            for (path, bytes) in files {
-                h.update(b"file\0");
-                h.update(path.as_os_str().as_encoded_bytes());
-                h.update(b"\0");
-                h.update((bytes.len() as u64).to_le_bytes());
-                h.update(bytes);
-            }
-        }
-        Err(e) => {
-            h.update(b"error\0");
-            h.update(e.to_string().as_bytes());
-        }
-    }
-    h.finalize().into()
 }
 
 /// `MESH_HOST_FAILPOINT=panic-reconcile` makes the first single-resource reconcile of the process
 /// panic, once: the fault a test needs in order to show that a panic fails that resource and the
 /// daemon goes on. The others (`system::fs::failpoint`) abort around the writes.
-pub(super) fn failpoint_panic_reconcile(id: &Id) {
+fn failpoint_panic_reconcile(id: &Id) {
     static FIRED: AtomicBool = AtomicBool::new(false);
     if crate::system::fs::failpoint_named("panic-reconcile") && !FIRED.swap(true, Ordering::Relaxed) {
         panic!("failpoint panic-reconcile: a panic in the reconcile of {id}");
@@ -235,94 +99,37 @@ impl Worker {
         health: Arc<Health>,
         tx: mpsc::UnboundedSender<Change>,
     ) -> Worker {
-        let history = drift::History::start(&config.state);
-        let generations = crate::generations::Generations::of(&config.state);
+        let watches = Watches::new(files, &config, Arc::clone(&metrics), tx);
+        let report = report::Report::new(
+            &config.state,
+            config.container_socket.clone(),
+            Arc::clone(&metrics),
+            watches.taker(),
+        );
+        let source = Source::new(&config, Arc::clone(&metrics), Arc::clone(&health));
         Worker {
             config,
             spare: Vec::new(),
             declaration: None,
             store,
             session: apply::Session::default(),
-            files,
-            writers: start_writers(),
-            history,
-            container_names: std::sync::Mutex::default(),
+            watches,
+            report,
             index: Arc::new(RwLock::new(Index::default())),
-            source_seen: None,
-            awaiting: false,
+            source,
             paths_stale: false,
-            contents: None,
             metrics,
             health,
             quiet: HashSet::new(),
-            tx,
-            units: tokio::sync::watch::channel(BTreeSet::new()).0,
-            systemd_watcher: None,
-            docker_watcher: None,
-            firewall_watcher: None,
             in_force: tokio::sync::watch::channel(None).0,
             installed: tokio::sync::watch::channel(Arc::default()).0,
-            applied: tokio::sync::watch::channel(Default::default()).0,
-            sources: Vec::new(),
             refusal: None,
-            held: HashSet::new(),
-            out_of_watches: false,
-            no_instance: false,
-            generations,
-            generation: None,
-            first_pass: None,
         }
     }
 
     /// What the node has applied, as a follower (the fleet's status writer) sees it.
     pub fn applied(&self) -> tokio::sync::watch::Receiver<Applied> {
-        self.applied.subscribe()
-    }
-
-    /// Folds a report into what the node has applied. `full` for a full pass, whose counts and
-    /// success stand for the whole declaration; a reconcile of one key only adds to the
-    /// corrections and can only fail the node.
-    fn publish_applied(&self, report: &Report, full: bool, last_correction: Option<String>) {
-        let corrected = report.outcomes.iter().filter(|o| o.action == Verb::Corrected).count() as u64;
-        let failures = report.error.iter().flat_map(|e| &e.failures);
-        let contested = failures.clone().filter(|f| f.raced).count() as u64;
-        let failed = failures.clone().any(|f| !f.raced);
-        let sources = &self.sources;
-        self.applied.send_if_modified(|a| {
-            let before = a.clone();
-            a.drift_corrections += corrected;
-            if last_correction.is_some() {
-                a.last_correction.clone_from(&last_correction);
-            }
-            a.contested += contested;
-            if full {
-                a.counts =
-                    report.counts().into_iter().map(|(v, n)| (v.as_str().to_owned(), n as u64)).collect();
-                a.converged = report.error.is_none();
-                a.last_error = report.error.as_ref().map(|e| e.to_string());
-                a.sources.clone_from(sources);
-            } else if failed {
-                a.converged = false;
-                a.last_error = report.error.as_ref().map(|e| e.to_string());
-            }
-            *a != before
-        });
-    }
-
-    /// Tells followers of `applied` the generation in force and the hold, when they moved.
-    pub(super) fn publish_generation(
-        &self,
-        generation: Option<u64>,
-        hold: Option<String>,
-        reverted: Option<crate::generations::Hold>,
-    ) {
-        self.applied.send_if_modified(|a| {
-            let moved = a.generation != generation || a.hold != hold || a.reverted != reverted;
-            a.generation = generation;
-            a.hold = hold;
-            a.reverted = reverted;
-            moved
-        });
+        self.report.applied()
     }
 
     /// The index the intake loop maps changes with.
@@ -342,16 +149,6 @@ impl Worker {
         self.installed.subscribe()
     }
 
-    /// The watcher tasks the worker started, for shutdown to stop.
-    pub fn watcher_tasks(&mut self) -> Vec<tokio::task::JoinHandle<()>> {
-        self.systemd_watcher
-            .take()
-            .into_iter()
-            .chain(self.docker_watcher.take())
-            .chain(self.firewall_watcher.take())
-            .collect()
-    }
-
     pub(super) fn options(&self) -> Options {
         let originals = crate::store::originals_dir(&self.config.state);
         Options {
@@ -363,33 +160,12 @@ impl Worker {
             container_socket: self.config.container_socket.clone(),
             step_timeout: self.config.step_timeout,
             archive_limits: self.config.archive_limits,
-            contents: self.contents.clone(),
+            keep_max_bytes: self.config.keep_max_bytes,
+            contents: self.source.contents(),
             key: self.config.key.clone(),
             // The daemon's passes are in its log, not on a terminal.
             progress: None,
         }
-    }
-
-    /// Reconciles one key and says how it went.
-    pub(super) fn reconcile(&mut self, key: &Key, seen: Instant) -> Verdict {
-        let started = Instant::now();
-        let verdict = match key {
-            // The declaration watcher saw the source change: read and parse it, even when its
-            // bytes are the same (touching it makes a new content file; see decisions.md).
-            Key::Declaration => {
-                self.load_declaration(true);
-                self.full()
-            }
-            // A resync, or a watcher that may have missed something: the source is read again
-            // as well, and parsed only if it changed, since the watcher may have missed it too.
-            Key::Full => {
-                self.load_declaration(false);
-                self.full()
-            }
-            Key::Resource(id) => self.one(id, seen),
-        };
-        self.finished(key, started);
-        verdict
     }
 
     /// After any reconcile, inline or apart: the scheduler told, the time measured, the store
@@ -426,231 +202,21 @@ impl Worker {
         });
     }
 
-    /// Parses the declaration's sources, moving the declared bytes of its files out of the heap
-    /// into a content file in the state directory as it goes (`contents`). Where that cannot be
-    /// done, they stay in memory, which works the same.
-    fn parse_moving_bodies(&mut self, named: &[(String, Vec<u8>)]) -> Result<Declaration, Refused> {
-        let dir = crate::store::state_dir(&self.config.state);
-        // The old file stays open until the new one is made: the new one never takes its inode.
-        let (d, file) = contents::parse_moving(named, dir)?;
-        match file {
-            Ok((file, files)) => {
-                tracing::info!(
-                    files,
-                    bytes = file.len(),
-                    directory = %dir.display(),
-                    "declared content kept in an unlinked file in the state directory"
-                );
-                self.contents = Some(Arc::new(file));
-            }
-            Err(e) => {
-                self.contents = None;
-                tracing::warn!(
-                    error = %e,
-                    directory = %dir.display(),
-                    "cannot keep declared content in a file in the state directory; it is held in memory instead"
-                )
-            }
-        }
-        events::ContentHeld {
-            in_file: self.contents.as_ref().map_or(0, |f| f.len()),
-            in_memory: d.inline_bytes() as u64,
-        }
-        .emit(&self.metrics);
-        Ok(d)
-    }
-
-    /// Reads the declaration source and puts what it holds in force when it parses. With
-    /// `force` false, a source that reads exactly as last time (the same files and bytes, or the
-    /// same error) is left at that: a full pass costs a read and a digest, not a parse, and an
-    /// unchanged bad declaration is not refused again at every resync.
-    ///
-    /// The source is read through `system::read_source`, never by plain opens: a FIFO or a
-    /// device planted at the path or in the directory is refused at once and named, where an
-    /// ordinary open would block the worker for good, and `/dev/zero` cannot eat memory
-    /// (issue 12, fault 2).
+    /// Reads the declaration source (`Source::load`, `force` as it says) and puts what it
+    /// holds in force when it is accepted: the index, the watchers it needs, the scheduler and
+    /// the fleet told. What is refused leaves the declaration in force as it is.
     fn load_declaration(&mut self, force: bool) {
-        // A copy: the parse below takes the worker mutably, to keep the content file.
-        let source = &self.config.declaration.clone();
-        let read = crate::system::read_source(source);
-        // With `--allowed-signers`, the manifest and signatures beside the files.
-        let signed = self.config.trust.as_ref().map(|_| signed::read(source));
-        // The hold is read with the source, so that making or releasing one is a change too.
-        let hold = self.read_hold();
-        let seen = fingerprint(&read, signed.as_ref(), hold.as_ref().map(|h| h.generation));
-        if !force && self.source_seen == Some(seen) {
-            return;
-        }
-        self.source_seen = Some(seen);
-        let kept = if self.declaration.is_some() {
-            "the declaration in force is kept"
-        } else {
-            "no declaration is in force"
-        };
-        let files = match read {
-            // Not there (yet): a fresh install whose declaration the control plane has not
-            // written, or a source moved away. Waited for, said once, and not a refusal: the
-            // watcher follows the name, so it is read the moment it appears (issue 13).
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                self.await_declaration("does not exist yet");
-                return;
-            }
-            // The packaged directory, still empty: the same wait. Emptied under a declaration
-            // in force, it is refused instead (below), since that is more likely a deployment
-            // gone wrong than a wish to remove everything.
-            Ok(files) if files.is_empty() && self.declaration.is_none() => {
-                self.await_declaration("holds no *.json file yet");
-                return;
-            }
-            Ok(files) => files,
-            Err(e) => {
-                let message = format!("cannot read the declaration {}: {e}", source.display());
-                events::DeclarationRefused { message: &message, kept }.emit(&self.metrics);
-                self.refused(message);
-                return;
-            }
-        };
-        self.awaiting = false;
-        if !self.verified(&files, signed.as_ref(), kept) {
-            return;
-        }
-        let named: Vec<(String, Vec<u8>)> =
-            files.into_iter().map(|(p, b)| (p.display().to_string(), b)).collect();
-        // Held by a rollback: the held generation's files are parsed instead (`held`).
-        let mut chosen = self.choose(hold, &named);
-        let named = match &mut chosen {
-            super::held::Chosen::Held { files, .. } => std::mem::take(files),
-            _ => named,
-        };
-        match self.parse_moving_bodies(&named) {
-            Ok(d) => {
-                self.sources = named.iter().map(|(name, _)| name.clone()).collect();
-                self.in_force_generation(chosen, &named);
-                drop(named);
-                events::DeclarationAccepted { resources: d.resources.len() }.emit(&self.metrics);
-                status(&format!("enforcing {} resources from {}", d.resources.len(), source.display()));
-                self.health.set_not_in_force(None);
-                let d = Arc::new(d);
-                let index = Index::new(&d);
-                let units = index.units();
-                *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
-                let uses_containers = d.needs_container_runtime();
-                let opens = d.first_opening().is_some();
-                self.declaration = Some(Arc::clone(&d));
-                self.paths_stale = true;
-                self.in_force.send_replace(Some(d));
-                if uses_containers && self.docker_watcher.is_none() {
-                    self.docker_watcher = Some(mesh_host_watchers::docker::spawn(
-                        self.config.container_socket.clone(),
-                        self.tx.clone(),
-                    ));
-                }
-                if opens && self.firewall_watcher.is_none() {
-                    use crate::system::firewall::{FAMILY, TABLE};
-                    self.firewall_watcher =
-                        Some(mesh_host_watchers::firewall::spawn(FAMILY, TABLE, self.tx.clone()));
-                }
-                if !units.is_empty() && self.systemd_watcher.is_none() {
-                    let rx = self.units.subscribe();
-                    self.systemd_watcher = Some(mesh_host_watchers::systemd::spawn(
-                        self.config.bus.clone(),
-                        rx,
-                        self.tx.clone(),
-                    ));
-                }
-                self.units.send_replace(units);
-            }
-            Err(refused) => {
-                // Refused whole, and the declaration in force stays in force: a half-written
-                // file, or a bad one, must not undo a working machine.
-                let message = refused.to_string();
-                events::DeclarationRefused { message: &message, kept }.emit(&self.metrics);
-                self.refused(message);
-            }
-        }
-    }
-
-    /// With `--allowed-signers`, whether the files read verify against the directory's signed
-    /// manifest (`signed`, read with them), before anything of them is parsed; the high-water
-    /// mark is persisted when they do, before they can be put in force. A refusal is said and
-    /// counted by its reason, and the declaration in force stays.
-    fn verified(
-        &mut self,
-        files: &[(PathBuf, Vec<u8>)],
-        read: Option<&std::io::Result<signed::SignedFiles>>,
-        kept: &str,
-    ) -> bool {
-        let (Some(trust), Some(read)) = (&self.config.trust, read) else { return true };
-        let accepted = match signed::check(trust, &self.config.declaration, files, read, &self.config.state) {
-            Ok(accepted) => accepted,
-            Err(refusal) => {
-                events::DeclarationUntrusted {
-                    reason: refusal.reason.label(),
-                    message: &refusal.message,
-                    kept,
-                }
-                .emit(&self.metrics);
-                self.refused(refusal.message);
-                return false;
-            }
-        };
-        if let Err(e) = signed::persist(&self.config.state, &accepted) {
-            let message = format!("{e}; the signed declaration is not put in force without it");
-            events::DeclarationRefused { message: &message, kept }.emit(&self.metrics);
-            self.refused(message);
-            return false;
-        }
-        if accepted.first_seen {
-            tracing::info!(
-                version = accepted.manifest.version,
-                expires = accepted.manifest.expires,
-                signed_by = %accepted.signed_by.join(", "),
-                "signed declaration verified"
-            );
-        }
-        true
-    }
-
-    /// The source is not there to read (`what` says how): said once, until it is, and
-    /// reported on `/healthz` and to systemd while nothing is in force.
-    fn await_declaration(&mut self, what: &str) {
-        let source = self.config.declaration.display().to_string();
-        let kept = if self.declaration.is_some() {
-            "the declaration in force is kept"
-        } else {
-            "no declaration is in force"
-        };
-        if !std::mem::replace(&mut self.awaiting, true) {
-            events::DeclarationAwaited { source: &source, what, kept }.emit(&self.metrics);
-        }
-        if self.declaration.is_none() {
-            let why = format!("waiting for {source}, which {what}; a declaration written there is applied");
-            status(&format!("no declaration in force: {why}"));
-            self.health.set_not_in_force(Some(why));
-        }
-    }
-
-    /// Notes, for `/healthz`, why the source was refused, while no declaration is in force: the
-    /// first line of the message, cut, since a refusal can list many problems.
-    fn refused(&self, message: String) {
-        if self.declaration.is_some() {
-            return;
-        }
-        let mut line = message.lines().next().unwrap_or_default().to_owned();
-        if line.len() > 300 {
-            let mut end = 300;
-            while !line.is_char_boundary(end) {
-                end -= 1;
-            }
-            line.truncate(end);
-            line.push_str("...");
-        }
-        let why = format!(
-            "{line}; the log says more, and a valid declaration written to {} is applied",
-            self.config.declaration.display()
-        );
-        status(&format!("no declaration in force: {line}"));
-        self.health.set_not_in_force(Some(why));
+        let Some(loaded) = self.source.load(force, self.declaration.is_some()) else { return };
+        // For the fleet's status, which carries them to etcd.
+        self.report.publish_generation(loaded.generation, loaded.hold, loaded.reverted);
+        let d = Arc::new(loaded.declaration);
+        let index = Index::new(&d);
+        let units = index.units();
+        *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
+        self.watches.follow(&d, units);
+        self.declaration = Some(Arc::clone(&d));
+        self.paths_stale = true;
+        self.in_force.send_replace(Some(d));
     }
 
     fn full(&mut self) -> Verdict {
@@ -664,7 +230,7 @@ impl Worker {
             // directories the pass made, and those looked at once then (`look_at_armed`). The
             // ones armed here need no look: the pass that follows looks at every path.
             self.watch_paths();
-            drop(self.files.take_armed());
+            self.watches.forget_armed();
         }
         let Some(declaration) = self.declaration.as_deref() else { return Verdict::Clean };
         let t = std::time::Instant::now();
@@ -672,17 +238,19 @@ impl Worker {
         let pass = t.elapsed();
         let refused_before = self.refusal.is_some();
         self.note_refusal(&report);
-        self.note_first_pass(&report);
+        self.source.note_first_pass(&report);
         // A refusal that stands is said once, when it began, not at every resync.
-        let last = self.tally(&mut report, None, refused_before && self.refusal.is_some());
+        self.report.tally(&mut report, None, refused_before && self.refusal.is_some());
         if self.refusal.is_none() {
-            self.note_holds(&report);
+            self.report.note_holds(&report);
         }
-        self.publish_applied(&report, true, last);
+        self.report.publish(&report, true, self.source.names());
         events::ApplyFinished { at: now_secs(), succeeded: report.error.is_none() }.emit(&self.metrics);
         if self.refusal.is_none() {
             // A refused pass attempted nothing: the counts of the last pass that did stand.
-            self.count_resources(&report);
+            if let Some(d) = self.declaration.as_deref() {
+                self.report.count(d, &report);
+            }
         }
         let failed = report.error.is_some();
         // The report goes first: what the watchers keep for as long as the daemon runs is then
@@ -717,21 +285,10 @@ impl Worker {
         }
         self.health.set_refused(now.clone());
         self.index.write().unwrap_or_else(|e| e.into_inner()).refused = now.is_some();
-        if now.is_some() && self.firewall_watcher.is_none() {
-            use crate::system::firewall::{FAMILY, TABLE};
-            self.firewall_watcher = Some(mesh_host_watchers::firewall::spawn(FAMILY, TABLE, self.tx.clone()));
+        if now.is_some() {
+            self.watches.watch_firewall();
         }
         self.refusal = now;
-    }
-
-    /// After a full pass: which holds ended (said once each), and what is held now.
-    fn note_holds(&mut self, report: &Report) {
-        let now: HashSet<String> =
-            report.outcomes.iter().filter(|o| o.action == Verb::Held).map(|o| o.id.clone()).collect();
-        for id in self.held.difference(&now) {
-            events::HoldEnded { id }.emit(&self.metrics);
-        }
-        self.held = now;
     }
 
     fn one(&mut self, id: &Id, seen: Instant) -> Verdict {
@@ -764,19 +321,11 @@ impl Worker {
     /// fleet's status, watches made again, and the verdict for the queue.
     pub(super) fn conclude_one(&mut self, id: &Id, report: &mut Report, seen: Instant) -> Verdict {
         let quiet = self.quiet.contains(&Key::Resource(id.clone()));
-        let last = self.tally(report, Some(seen), quiet);
-        self.held.extend(report.outcomes.iter().filter(|o| o.action == Verb::Held).map(|o| o.id.clone()));
-        self.publish_applied(report, false, last);
+        self.report.tally(report, Some(seen), quiet);
+        self.report.add_holds(report);
+        self.report.publish(report, false, self.source.names());
         if report.outcomes.iter().any(|o| o.action.moved()) {
-            // A directory made again (by itself, or as a file's parent) needs its watch made
-            // again; this looks only at directories whose watch was lost.
-            for (dir, e) in self.files.rewatch() {
-                tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
-            }
-            if let Some(w) = &mut self.writers {
-                w.rewatch();
-            }
-            self.note_watches();
+            self.watches.rewatch();
             self.look_at_armed();
         }
         match &report.error {
@@ -791,262 +340,221 @@ impl Worker {
         }
     }
 
-    /// Tells what a report did, once: each change and each failure is an event (its log line
-    /// and its metrics move together), and the latency of a correction is measured from when
-    /// the change was first seen. A correction's detail in the report gains who made the change
-    /// it put back (`...: content; by sed (pid 4242, ...)`), and it is kept in the history with
-    /// its hand-edit, which leaves the report then.
-    /// Returns the last correction's id and who made it, for the fleet's status.
-    fn tally(&self, report: &mut Report, seen: Option<Instant>, quiet: bool) -> Option<String> {
-        let mut last = None;
-        for o in &mut report.outcomes {
-            // A hold already said is not said again (`held`).
-            let quiet = quiet || (o.action == Verb::Held && self.held.contains(&o.id));
-            let since_seen = seen.map(|s| s.elapsed());
-            let who = (o.action == Verb::Corrected).then(|| self.who(&o.target, seen));
-            let text = who.as_ref().map(drift::Who::describe);
-            // The outcome's own words, for the history, before the writer is added to them.
-            let changed = text.as_ref().map(|_| o.detail.clone().unwrap_or_default());
-            if let Some(text) = &text {
-                o.detail = Some(match o.detail.take() {
-                    Some(d) => format!("{d}; by {text}"),
-                    None => format!("by {text}"),
-                });
-            }
-            events::ResourceChanged {
-                id: &o.id,
-                kind: o.kind.as_str(),
-                target: &o.target,
-                action: o.action.as_str(),
-                detail: o.detail.as_deref(),
-                since_seen,
-                quiet,
-                by: who.as_ref().map(by),
-            }
-            .emit(&self.metrics);
-            if let (Some(who), Some(text)) = (who, text) {
-                last = Some(format!("{} by {text}", o.id));
-                let c = drift::Correction {
-                    at_ms: crate::system::unix_millis(),
-                    id: o.id.clone(),
-                    kind: o.kind.as_str().to_owned(),
-                    target: o.target.clone(),
-                    changed: changed.unwrap_or_default(),
-                    who,
-                    put_back_ms: since_seen.map(|d| d.as_secs_f64() * 1000.0),
-                    diff: None,
-                    diff_omitted: None,
-                };
-                self.history.add(c.with_edit(o.hand_edit.take()));
-            }
-        }
-        for f in report.error.iter().flat_map(|e| &e.failures) {
-            // A raced read-back is a contest in progress, which has its own log line.
-            events::ResourceFailed {
-                id: &f.id,
-                kind: f.kind.as_str(),
-                target: &f.target,
-                message: &f.message,
-                quiet: quiet || f.raced,
-            }
-            .emit(&self.metrics);
-        }
-        last
-    }
-
-    /// Who made the change a correction of `target` put back: the latest writer fanotify saw
-    /// at that path since the change was seen (waiting a little for it: its event and
-    /// inotify's are read on two threads), or `unknown`.
-    fn who(&self, target: &str, seen: Option<Instant>) -> drift::Who {
-        let Some(writers) = &self.writers else { return drift::Who::unknown() };
-        let path = std::path::Path::new(target);
-        if !path.is_absolute() {
-            return drift::Who::unknown();
-        }
-        use std::time::Duration;
-        let now = std::time::Instant::now();
-        let (since, wait) = match seen.map(Instant::into_std) {
-            Some(s) => (s.checked_sub(Duration::from_secs(1)).unwrap_or(s), Duration::from_millis(50)),
-            None => (now.checked_sub(Duration::from_secs(60)).unwrap_or(now), Duration::ZERO),
-        };
-        let Some(w) = writers.take(path, since, wait) else { return drift::Who::unknown() };
-        let name = w.container.as_deref().and_then(|id| self.container_name(id));
-        drift::Who::from_writer(&w, name)
-    }
-
-    /// A container's name, from its id: asked of the runtime the agent already talks to (Docker,
-    /// or Podman's Docker-compatible socket), then of the `podman` program, since a Podman
-    /// container needs no socket to run. Asked after the put back, so it never delays that.
-    fn container_name(&self, id: &str) -> Option<String> {
-        const NAMES: usize = 256;
-        const RETRY: std::time::Duration = std::time::Duration::from_secs(10);
-        let mut names = self.container_names.lock().unwrap_or_else(|e| e.into_inner());
-        match names.get(id) {
-            Some((Some(name), _)) => return Some(name.clone()),
-            Some((None, asked)) if asked.elapsed() < RETRY => return None,
-            _ => {}
-        }
-        let docker = crate::system::docker::connect(self.config.container_socket.as_deref()).ok();
-        let name = docker
-            .and_then(|d| d.container(id).ok().flatten())
-            .map(|c| c.name)
-            .filter(|n| !n.is_empty())
-            .or_else(|| crate::system::docker::podman_name(id));
-        if names.len() >= NAMES {
-            names.clear();
-        }
-        names.insert(id.to_owned(), (name.clone(), Instant::now()));
-        name
-    }
-
-    fn count_resources(&self, report: &Report) {
-        let Some(declaration) = self.declaration.as_deref() else { return };
-        let failed: std::collections::HashSet<&str> =
-            report.error.iter().flat_map(|e| e.failures.iter().map(|f| f.id.as_str())).collect();
-        let held: std::collections::HashSet<&str> =
-            report.outcomes.iter().filter(|o| o.action == Verb::Held).map(|o| o.id.as_str()).collect();
-        for kind in Kind::ALL {
-            let (mut applied, mut failed_n, mut held_n) = (0, 0, 0);
-            for r in declaration.resources.iter().filter(|r| r.kind() == kind) {
-                if failed.contains(r.id.as_str()) {
-                    failed_n += 1;
-                } else if held.contains(r.id.as_str()) {
-                    held_n += 1;
-                } else {
-                    applied += 1;
-                }
-            }
-            events::ResourcesCounted { kind: kind.as_str(), applied, failed: failed_n, held: held_n }
-                .emit(&self.metrics);
-        }
-    }
-
     /// A key held after repeated corrections (a contest): its path is muted in both watchers
     /// until the hold ends, so that a writer fighting the agent over it wakes neither of their
     /// threads at each write (mesh_host_watchers::file, "mute"). Nothing is lost: the queue
     /// runs the key again when the hold ends, and the file watcher says once that it moved.
-    pub(super) fn mute(&mut self, key: &Key, until: std::time::Instant) {
+    fn mute(&mut self, key: &Key, until: std::time::Instant) {
         let Key::Resource(id) = key else { return };
         let Some(path) = self.declaration.as_ref().and_then(|d| d.get(id)).and_then(|r| r.spec.path()) else {
             return;
         };
-        self.files.mute(path, until);
-        if let Some(w) = &self.writers {
-            if let Err(e) = w.mute(path, until) {
-                tracing::debug!(path = %path.display(), error = %e, "cannot mute for fanotify; its writes wake it during the hold");
-            }
+        self.watches.mute(path, until);
+        self.report.mute(path.to_path_buf(), until);
+    }
+
+    /// The ids a reconcile of `id` claims, by the declaration in force and the store now.
+    fn claimed(&self, id: &Id) -> Vec<Id> {
+        match self.declaration.as_deref() {
+            Some(d) => claims::claimed(d, &self.store, id),
+            None => vec![id.clone()],
         }
     }
 
-    /// Points the file watcher at the managed paths of the declaration in force.
+    /// Points the watches at the managed paths of the declaration in force.
     fn watch_paths(&mut self) {
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
-        for (dir, e) in self.files.set_paths(index.paths()) {
-            tracing::debug!(directory = %dir.display(), error = %e, "cannot watch yet; the periodic resync covers it");
-        }
-        if let Some(w) = &mut self.writers {
-            for (dir, e) in w.set_paths(self.files.interest(), self.files.dirs()) {
-                tracing::debug!(directory = %dir.display(), error = %e, "cannot mark for fanotify; its writers are unknown");
-            }
-        }
-        drop(index);
-        self.note_watches();
+        self.watches.set_paths(index.paths());
     }
 
-    /// The start race (issue 46; docs/decisions.md, "List, then watch"): a directory the last
-    /// pass made (or made again, or could watch only now) was not watched while the pass wrote
-    /// in it, so a hand-edit there before its watch was made was seen by no one. Once the
-    /// watches are there, each managed path in such a directory is looked at once: a file whose
-    /// change signature is the one recorded is untouched since the host looked; any other path
-    /// is reported to the intake as moved, as inotify would have, and its key reconciled. A
-    /// change from now on is the watch's to report.
+    /// Looks once at the paths of directories watched anew (`Watches::look_at_armed`).
     fn look_at_armed(&mut self) {
-        let armed: HashSet<Arc<std::path::Path>> = self.files.take_armed().into_iter().collect();
-        let Some(declaration) = self.declaration.as_deref().filter(|_| !armed.is_empty()) else { return };
-        let in_armed = declaration.resources.iter().filter_map(|r| {
-            r.spec.path().filter(|p| p.parent().is_some_and(|d| armed.contains(d))).map(|p| (&r.id, p))
-        });
-        let moved = apply::maybe_moved(&self.store, in_armed);
-        for path in &moved {
-            let _ = self.tx.send(Change::Path(path.to_path_buf()));
-        }
-        tracing::debug!(
-            directories = armed.len(),
-            paths = moved.len(),
-            "looked at the paths of directories watched anew"
-        );
-    }
-
-    /// After the file watcher's watches moved: the gauges of paths watched and not, and a
-    /// shortage of inotify watches said when it begins and when it ends. The paths it leaves
-    /// unwatched need nothing more: every full pass (each resync) reconciles every resource.
-    fn note_watches(&mut self) {
-        let c = self.files.coverage();
-        events::PathsWatched { watched: c.watched, unwatched: c.unwatched }.emit(&self.metrics);
-        match (self.out_of_watches, c.out_of_watches) {
-            (false, true) => events::OutOfWatches::Began {
-                unwatched: c.unwatched,
-                paths: c.watched + c.unwatched,
-                dirs: c.unwatched_dirs,
-                // Read only here, when it is said: the limit is the operator's to change.
-                limit: crate::system::inotify_watch_limit(),
-                resync: self.config.resync,
-            }
-            .emit(&self.metrics),
-            (true, false) => events::OutOfWatches::Ended { unwatched: c.unwatched }.emit(&self.metrics),
-            _ => {}
-        }
-        self.out_of_watches = c.out_of_watches;
-        match (self.no_instance, c.no_instance) {
-            (false, true) => {
-                events::NoInstance::Began {
-                    error: self.files.no_instance().unwrap_or("unknown"),
-                    paths: c.watched + c.unwatched,
-                    resync: self.config.resync,
-                }
-                .emit(&self.metrics);
-                events::WatcherState { watcher: "file", up: false }.emit(&self.metrics);
-            }
-            (true, false) => {
-                events::NoInstance::Ended { watched: c.watched }.emit(&self.metrics);
-                events::WatcherState { watcher: "file", up: true }.emit(&self.metrics);
-            }
-            _ => {}
-        }
-        self.no_instance = c.no_instance;
+        self.watches.look_at_armed(self.declaration.as_deref(), &self.store);
     }
 }
 
-/// The event's fields of who made a change.
-fn by(w: &drift::Who) -> events::By<'_> {
-    events::By {
-        kind: w.by.as_str(),
-        pid: w.pid,
-        comm: w.comm.as_deref(),
-        exe: w.exe.as_deref(),
-        uid: w.uid,
-        user: w.user.as_deref(),
-        loginuid: w.loginuid,
-        session: w.session,
-        unit: w.unit.as_deref(),
-        container: w.container.as_deref(),
-        exited: w.exited,
-        moved: w.moved.as_deref(),
-    }
+/// A reconcile run apart from the worker, as it leaves: everything it needs, owned (the
+/// declaration's `Arc`, a copy of the store, a session of its own); it shares nothing mutable
+/// with the worker while it runs.
+pub(super) struct Apart {
+    id: Id,
+    seen: Instant,
+    /// The ids whose records and holds are taken back: the claim's.
+    ids: Vec<Id>,
+    declaration: Arc<Declaration>,
+    store: crate::store::Store,
+    session: apply::Session,
+    options: Options,
 }
 
-/// Starts the fanotify watcher, or says once why writers will be `unknown`.
-/// `MESH_HOST_FANOTIFY=off` leaves it off (the benchmark's run without attribution).
-fn start_writers() -> Option<Writers> {
-    if std::env::var_os("MESH_HOST_FANOTIFY").is_some_and(|v| v == "off") {
-        tracing::info!("fanotify is off (MESH_HOST_FANOTIFY=off): who made each drift will be unknown");
-        return None;
-    }
-    match Writers::start() {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::info!(error = %e, "fanotify cannot be used (it needs root and Linux 5.9): who made each drift will be unknown; corrections go on as before");
-            None
+/// A reconcile run apart, as it comes back.
+pub(super) struct Back {
+    seen: Instant,
+    ids: Vec<Id>,
+    store: crate::store::Store,
+    report: Report,
+    session: apply::Session,
+}
+
+impl Reconcile for Worker {
+    type Job = Apart;
+    type Back = Back;
+
+    /// What the reconcile of `key` may touch (`claims`), by the declaration in force and the
+    /// store now; a key with no declaration in force claims only itself.
+    fn claim_of(&self, key: &Key) -> Claim {
+        match key {
+            Key::Full | Key::Declaration => Claim::Everything,
+            Key::Resource(id) => {
+                Claim::only(self.claimed(id).iter().map(|id| claims::claim_hash(id.as_str())).collect())
+            }
         }
+    }
+
+    /// Whether `key` may be slow (`claims::slow`), when there is room apart at all.
+    fn runs_apart(&self, key: &Key, limit: usize) -> bool {
+        let (Key::Resource(id), Some(d)) = (key, self.declaration.as_deref()) else { return false };
+        limit > 0 && claims::slow(d, id)
+    }
+
+    /// `None` when there is nothing to run apart (no declaration in force, the id no longer
+    /// declared, or the declaration refused on this machine): the inline path settles it.
+    fn apart(&mut self, key: &Key, seen: Instant) -> Option<Apart> {
+        let Key::Resource(id) = key else { return None };
+        if self.refusal.is_some() {
+            return None;
+        }
+        let declaration = self.declaration.clone()?;
+        declaration.get(id)?;
+        let options = self.options();
+        let ids = self.claimed(id);
+        let (store, session) = (self.store.lend(), self.spare.pop().unwrap_or_default());
+        Some(Apart { id: id.clone(), seen, ids, declaration, store, session, options })
+    }
+
+    fn run_apart(job: Apart) -> Back {
+        let Apart { id, seen, ids, declaration, mut store, mut session, options } = job;
+        failpoint_panic_reconcile(&id);
+        let report =
+            apply::reconcile_in(&mut session, &declaration, std::slice::from_ref(&id), &mut store, &options);
+        Back { seen, ids, store, report, session }
+    }
+
+    /// The records it claimed and its session, or, after a panic, nothing of it (the machine
+    /// is read again next time); then what follows any reconcile.
+    fn take_back(&mut self, key: &Key, started: Instant, back: Result<Back, String>) -> Verdict {
+        let Key::Resource(id) = key else { return Verdict::Failed };
+        let verdict = match back {
+            Ok(Back { seen, ids, store, mut report, session }) => {
+                let claimed: Vec<&str> = ids.iter().map(Id::as_str).collect();
+                self.store.take_back(store, Some(&claimed));
+                self.spare.push(session);
+                self.conclude_one(id, &mut report, seen)
+            }
+            Err(message) => {
+                self.store.lost();
+                events::ReconcilePanicked { id: Some(id.as_str()), key: &key.to_string(), message: &message }
+                    .emit(&self.metrics);
+                Verdict::Failed
+            }
+        };
+        self.finished(key, started);
+        verdict
+    }
+
+    /// The copy is lost: its work is read from the machine next time.
+    fn lost(&mut self, key: Option<&Key>, error: &tokio::task::JoinError) {
+        events::ReconcileLost { key: key.map(Key::to_string).as_deref(), error }.emit(&self.metrics);
+        if key.is_some() {
+            self.store.lost();
+        }
+    }
+
+    /// The declaration read again first for a full pass or a new declaration.
+    fn reconcile(&mut self, key: &Key, seen: Instant) -> Verdict {
+        let started = Instant::now();
+        let verdict = match key {
+            // The declaration watcher saw the source change: read and parse it, even when its
+            // bytes are the same (touching it makes a new content file; see decisions.md).
+            Key::Declaration => {
+                self.load_declaration(true);
+                self.full()
+            }
+            // A resync, or a watcher that may have missed something: the source is read again
+            // as well, and parsed only if it changed, since the watcher may have missed it too.
+            Key::Full => {
+                self.load_declaration(false);
+                self.full()
+            }
+            Key::Resource(id) => self.one(id, seen),
+        };
+        self.finished(key, started);
+        verdict
+    }
+
+    /// The connections to systemd and the container runtime, the one state kept across
+    /// reconciles that a panic could leave mid-protocol, are dropped and made again by the next
+    /// reconcile that needs them. The store records a resource only after its read-back, the
+    /// declaration in force and the index are replaced whole, and every lock is taken through
+    /// poisoning.
+    fn panicked(&mut self, key: &Key, message: &str) -> Verdict {
+        self.session = apply::Session::default();
+        let id = match key {
+            Key::Resource(id) => Some(id.as_str()),
+            Key::Declaration | Key::Full => None,
+        };
+        events::ReconcilePanicked { id, key: &key.to_string(), message }.emit(&self.metrics);
+        // The worker is alive: it finished this key, if badly.
+        self.health.beat();
+        Verdict::Failed
+    }
+
+    /// A contest or a failure said once, and a key held after repeated corrections muted.
+    fn done(&mut self, key: &Key, verdict: Verdict, told: Told) {
+        let name = key.to_string();
+        match told.contest {
+            Some(Contest::Began { wait }) => {
+                self.quiet.insert(key.clone());
+                events::ContestBegan { key: &name, wait }.emit(&self.metrics);
+            }
+            Some(Contest::Ended) => {
+                self.quiet.remove(key);
+                events::ContestEnded { key: &name }.emit(&self.metrics);
+            }
+            None => {}
+        }
+        if let Some(until) = told.held_until {
+            self.mute(key, until.into_std());
+        }
+        match verdict {
+            Verdict::Failed => {
+                self.quiet.insert(key.clone());
+            }
+            Verdict::Clean if self.quiet.remove(key) => events::Recovered { key: &name }.emit(&self.metrics),
+            Verdict::Clean | Verdict::Corrected => {}
+        }
+        let stats = told.stats;
+        events::QueueSampled {
+            depth: stats.depth,
+            processing: stats.processing,
+            backing_off: stats.backing_off,
+            contested: stats.contested,
+            retrying: verdict == Verdict::Failed,
+        }
+        .emit(&self.metrics);
+    }
+
+    fn oldest_apart(&mut self, started: Option<std::time::Instant>) {
+        self.health.set_oldest_apart(started);
+    }
+
+    /// Intake has stopped and the last reconcile finished: what it recorded is persisted.
+    fn finish(&mut self) -> Vec<tokio::task::JoinHandle<()>> {
+        if let Err(e) = self.store.save() {
+            events::StoreNotWritten { error: &e, when: "on the way out" }.emit(&self.metrics);
+        }
+        // Every correction told and kept in the history before the agent exits.
+        self.report.finish();
+        self.watches.tasks()
     }
 }

@@ -563,7 +563,7 @@ fn missing_required<T: schemars::JsonSchema>(
 }
 
 /// Rules between the fields of one resource. A rule about one field alone belongs to the
-/// field's type, which refuses a bad value while the resource is read (`types.rs`), so these run
+/// field's type, which refuses a bad value while the resource is read (`types/`), so these run
 /// on a resource whose every field is already good.
 ///
 /// One single-field rule stays here on purpose: a service's unit without a suffix. Refused

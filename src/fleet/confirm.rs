@@ -260,6 +260,8 @@ impl Window {
         }
         let withdrawn = self.current_rollout.as_ref().is_some_and(|r| rollout.as_ref() != Some(r))
             || contact.withdrawn_at(seen.revision);
+        #[cfg(feature = "robust-mutant")] // tests/robust only (`window`): an abort's generation armed.
+        let withdrawn = withdrawn && !crate::fleet::mutant("window");
         self.current = (Some(generation), seen.revision);
         self.current_rollout.clone_from(&rollout);
         // A newer generation replaces a window still open: it was read from etcd after the one

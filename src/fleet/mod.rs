@@ -21,6 +21,7 @@
 //! - `daemon`: the source, the status writer, the refusals' reporter and the confirmation
 //!   window started together, by the face, beside the controller.
 //! - `put`: `mesh-host fleet put` and `fleet diff`, the operator's side.
+//! - `forget`: `mesh-host fleet forget`, a dead node's keys deleted so it leaves every plan.
 //! - `rollout`: `mesh-host fleet rollout`, a candidate given to the nodes wave by wave, and the
 //!   keys a node reads to know whether it is admitted to it (the source reads them).
 //! - `signed`: signed declarations (issue 44): each scope's manifest and signatures beside its
@@ -33,12 +34,22 @@
 
 pub mod confirm;
 pub mod daemon;
+pub mod forget;
 pub mod pending;
 pub mod put;
 pub mod rollout;
 pub mod signed;
 pub mod source;
 pub mod status;
+
+/// The fleet harness's deliberately broken builds (tests/robust/; feature `robust-mutant`, never
+/// in a release): whether `MESH_HOST_MUTANT` names mutant `name` (`gate`, `abort`, `fence`,
+/// `window`; a comma-separated list), so that one build holds them all and each run of the
+/// harness breaks one thing. Unset, the build behaves as the real one.
+#[cfg(feature = "robust-mutant")]
+pub fn mutant(name: &str) -> bool {
+    std::env::var("MESH_HOST_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))
+}
 
 /// The root every key of mesh-host's lives under.
 pub const ROOT: &str = "/mesh-host/";

@@ -56,8 +56,19 @@ pub const MANIFEST: &str = ".fleet.json";
 
 /// A full read even when no watch said anything: a watch on a connection that died without a
 /// word (a cable pulled, a firewall dropping packets) says nothing, and this bounds how long
-/// that goes unnoticed (docs/decisions.md, "A whole read every minute").
+/// that goes unnoticed (docs/decisions.md, "A whole read every minute"); spread by `jittered`.
 const REREAD: Duration = Duration::from_secs(60);
+
+/// `d` spread by up to a fifth either way, at random: nodes woken together (a fleet-wide write,
+/// an etcd member lost under all of them) do not re-read, nor retry, in step (issue 43).
+pub fn jittered(d: Duration) -> Duration {
+    use std::hash::BuildHasher as _;
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
+    // The process's randomly keyed hasher: no generator needed for a spread.
+    let r = std::collections::hash_map::RandomState::new().hash_one(nanos) % 1001;
+    d.mul_f64(0.8 + 0.4 * (r as f64) / 1000.0)
+}
 
 /// The longest wait between tries while etcd cannot be reached.
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
@@ -347,7 +358,7 @@ pub async fn run(
                 }
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = tokio::time::sleep(jittered(backoff)) => {}
                 }
                 backoff = (backoff * 2).min(BACKOFF_CAP);
                 continue;
@@ -418,7 +429,7 @@ async fn wait_for_change(
     metrics: &Metrics,
     shutdown: &CancellationToken,
 ) -> bool {
-    let reread = tokio::time::sleep(REREAD);
+    let reread = tokio::time::sleep(jittered(REREAD));
     tokio::pin!(reread);
     let mut from = revision + 1;
     // Streams that broke before etcd created their watchers: a member that takes streams and
@@ -485,4 +496,17 @@ async fn watch_ended(etcd: &Etcd, node: &str, e: &etcd::Error, metrics: &Metrics
     // A short pause: a member going away ends every watch at once.
     tokio::time::sleep(Duration::from_millis(100)).await;
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_is_spread_by_a_fifth_either_way() {
+        let spread: Vec<Duration> = (0..200).map(|_| jittered(REREAD)).collect();
+        assert!(spread.iter().all(|d| *d >= REREAD.mul_f64(0.8) && *d <= REREAD.mul_f64(1.2)), "{spread:?}");
+        let first = spread[0];
+        assert!(spread.iter().any(|d| *d != first), "not all the same");
+    }
 }

@@ -32,6 +32,46 @@ pub const ALIVE_TTL: i64 = 10;
 /// The least time between two status writes of one node.
 const WRITE_EVERY: Duration = Duration::from_secs(1);
 
+/// The most a node's status takes in etcd, in bytes: every status is a revision kept in etcd's
+/// history until compaction, read by `fleet status` and the rollout's driver for every node, so
+/// it is bounded (docs/decisions.md, "A status is bounded"). A status over it is not written, and the log
+/// says why.
+pub const STATUS_LIMIT: usize = 32 << 10;
+
+/// The most each free-text field of a status (the last error, a refusal, a hold, a correction,
+/// a going back's reason) takes, in bytes; the rest is cut, and the field says so.
+pub const FIELD_LIMIT: usize = 4 << 10;
+
+/// `record` with each free-text field cut to `FIELD_LIMIT`, and whether one was.
+pub fn bounded(mut record: Status) -> (Status, bool) {
+    let mut cut = false;
+    let mut trim = |s: &mut String| {
+        if s.len() > FIELD_LIMIT {
+            let whole = s.len();
+            let mut end = FIELD_LIMIT;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s.truncate(end);
+            s.push_str(&format!(
+                "... (cut by the node: {whole} bytes, over the status's bound of {FIELD_LIMIT} a field; the node's log has it whole)"
+            ));
+            cut = true;
+        }
+    };
+    let a = &mut record.applied;
+    for field in [a.last_error.as_mut(), a.hold.as_mut(), a.last_correction.as_mut(), record.refused.as_mut()]
+        .into_iter()
+        .flatten()
+    {
+        trim(field);
+    }
+    if let Some(r) = record.applied.reverted.as_mut() {
+        trim(&mut r.reason);
+    }
+    (record, cut)
+}
+
 /// What a node has applied, as its status says it: `controller::Applied` but for the names of
 /// the files in force, which the status gives as the revision they were read at. Its own type,
 /// not the controller's with serde's attributes, so that what is written to etcd (which
@@ -188,6 +228,8 @@ pub async fn run(
     let mut confirmed_open = true;
     let (status, alive) = (status_key(&node), alive_key(&node));
     let mut lease: Option<i64> = None;
+    // Whether the last status written was cut: said once, when it starts.
+    let mut was_cut = false;
     // Written once at least even when nothing changed: a node that restarts says so.
     applied.mark_changed();
     let mut keepalive = tokio::time::interval(Duration::from_secs((ALIVE_TTL / 3).max(1) as u64));
@@ -241,13 +283,7 @@ pub async fn run(
                     refused: refusal.map(|r| r.message),
                     written_at,
                 };
-                let bytes = match serde_json::to_vec(&record) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        events::FleetStatus::NotEncoded { node: &node, error: &e }.emit(&metrics);
-                        continue;
-                    }
-                };
+                let Some(bytes) = encoded(record, &mut was_cut, &metrics) else { continue };
                 match etcd.put(&status, &bytes).await {
                     Ok(_) => {
                         contact.send_modify(super::confirm::Contact::answered);
@@ -266,6 +302,28 @@ pub async fn run(
                     _ = tokio::time::sleep(WRITE_EVERY) => {}
                 }
             }
+        }
+    }
+}
+
+/// The bytes of a status to write: bounded (`bounded`, said once in the log when a field is
+/// cut), `None` when it cannot be encoded or is still over `STATUS_LIMIT` (said, not written).
+fn encoded(record: Status, was_cut: &mut bool, metrics: &Metrics) -> Option<Vec<u8>> {
+    let (record, cut) = bounded(record);
+    let node = &record.node;
+    if cut && !*was_cut {
+        tracing::warn!(node = %node, "the status of node {node} has a field over {FIELD_LIMIT} bytes (a long error or refusal): written cut to that, saying so; the log has it whole");
+    }
+    *was_cut = cut;
+    match serde_json::to_vec(&record) {
+        Ok(b) if b.len() > STATUS_LIMIT => {
+            tracing::error!(node = %node, "the status of node {node} is {} bytes, over its bound of {STATUS_LIMIT} (docs/decisions.md, \"A status is bounded\"): not written to etcd; its groups or counts are what is large", b.len());
+            None
+        }
+        Ok(b) => Some(b),
+        Err(e) => {
+            events::FleetStatus::NotEncoded { node, error: &e }.emit(metrics);
+            None
         }
     }
 }
@@ -366,6 +424,59 @@ mod tests {
     }
 
     #[test]
+    fn a_status_is_bounded_each_long_field_cut_saying_so() {
+        let long = "é".repeat(FIELD_LIMIT);
+        let record = Status {
+            node: "a".into(),
+            groups: Vec::new(),
+            revision: Some(1),
+            applied: Summary { last_error: Some(long.clone()), ..Summary::default() },
+            refused: Some(long),
+            written_at: 0,
+        };
+        let (record, cut) = bounded(record);
+        assert!(cut);
+        let error = record.applied.last_error.unwrap();
+        assert!(error.len() < FIELD_LIMIT + 200 && error.contains("cut by the node"), "{error}");
+        assert!(serde_json::to_vec(&record.refused).unwrap().len() < FIELD_LIMIT + 200);
+        let short = Status { refused: Some("short".into()), ..record_of("a") };
+        assert_eq!(bounded(short.clone()), (short, false));
+    }
+
+    fn record_of(node: &str) -> Status {
+        Status {
+            node: node.into(),
+            groups: Vec::new(),
+            revision: None,
+            applied: Summary::default(),
+            refused: None,
+            written_at: 0,
+        }
+    }
+
+    #[test]
+    fn a_held_node_is_never_current_whatever_revision_it_names() {
+        let status = |hold: Option<&str>| Status {
+            node: "a".into(),
+            groups: Vec::new(),
+            revision: Some(9),
+            applied: Summary { converged: true, hold: hold.map(str::to_owned), ..Summary::default() },
+            refused: None,
+            written_at: 0,
+        };
+        let row = |hold| Row {
+            node: "a".into(),
+            alive: true,
+            status: Some(status(hold)),
+            latest: Some(7),
+            current: false,
+        };
+        assert!(current(&row(None)));
+        assert!(!current(&row(Some("held at generation 3 by the node itself"))));
+        assert!(!current(&Row { alive: false, ..row(None) }));
+    }
+
+    #[test]
     fn a_node_gone_back_by_itself_says_why_in_its_row_and_under_the_table() {
         let hold = crate::generations::Hold {
             generation: 3,
@@ -426,8 +537,8 @@ pub struct Row {
     pub status: Option<Status>,
     /// The newest revision among the keys the node reads (by the groups it last reported).
     pub latest: Option<i64>,
-    /// Alive, converged, and applied at the latest revision or later: what `fleet status` exits
-    /// 0 on, so a script can wait on it (docs/decisions.md, "`fleet status` exits 1").
+    /// Alive, converged, held by no rollback, and applied at the latest revision or later: what
+    /// `fleet status` exits 0 on, so a script can wait on it (docs/decisions.md, "`fleet status` exits 1").
     pub current: bool,
 }
 
@@ -464,12 +575,23 @@ pub async fn rows(etcd: &Etcd) -> Result<(i64, Vec<Row>), crate::system::etcd::E
             .filter(|kv| prefixes.iter().any(|p| kv.key.starts_with(p.as_str())))
             .map(|kv| kv.mod_revision)
             .max();
-        row.current = row.alive
-            && row.status.as_ref().is_some_and(|s| {
-                s.applied.converged && s.revision.is_some_and(|r| row.latest.is_none_or(|l| r >= l))
-            });
+        row.current = current(row);
     }
     Ok((all.revision, nodes.into_values().collect()))
+}
+
+/// Whether a node is current: alive, converged, at its latest revision or later, and held by no
+/// rollback. A held node (its operator's rollback, or its own going back) applies an older
+/// generation than the keys it reads, whatever revision its status names (the hold's generation
+/// may carry a later revision than the keys left, as a candidate's does after an abort): never
+/// current while the hold stands.
+fn current(row: &Row) -> bool {
+    row.alive
+        && row.status.as_ref().is_some_and(|s| {
+            s.applied.converged
+                && s.applied.hold.is_none()
+                && s.revision.is_some_and(|r| row.latest.is_none_or(|l| r >= l))
+        })
 }
 
 /// The generation a node's status says is in force, `N*` while a rollback holds it, `-` from a

@@ -126,6 +126,28 @@ pub fn run_fed(argv: &[&str], input: Vec<u8>) -> Result<Ran, Error> {
     fed(argv, input, Stdio::piped())
 }
 
+/// `run_fed`, killed with its process group once `limit` has passed (the error says so): for a
+/// program the agent runs in the middle of a pass, such as a registry's credential helper,
+/// which must not hold the pass for ever.
+pub fn run_fed_within(argv: &[&str], input: Vec<u8>, limit: Duration) -> Result<Ran, Error> {
+    let (child, _feeder) = spawn_fed(argv, input, Stdio::piped(), true)?;
+    let program = argv[0];
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let Ok(out) = rx.recv_timeout(limit) else {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = rx.recv_timeout(Duration::from_secs(5));
+        return Err(Error::TimedOut { program: program.to_owned(), limit });
+    };
+    Ok(ran(out.map_err(|source| Error::Spawn { program: program.to_owned(), source })?))
+}
+
 /// Runs `argv` with `input` on its standard input, its standard output captured and its
 /// standard error the caller's own: for a program that talks to the person at the terminal
 /// while it works (`ssh-keygen -Y sign` asking for a passphrase on the terminal, or for a
@@ -137,28 +159,45 @@ pub fn run_talking(argv: &[&str], input: &[u8]) -> Result<Ran, Error> {
 /// `run_fed` and `run_talking`: `input` fed from a thread, standard output captured, standard
 /// error as `stderr` says (captured when piped, empty in `Ran` otherwise).
 fn fed(argv: &[&str], input: Vec<u8>, stderr: Stdio) -> Result<Ran, Error> {
-    use std::io::Write as _;
-    let (program, args) = argv.split_first().expect("an argv is never empty");
-    let spawn_error = |source| Error::Spawn { program: (*program).to_owned(), source };
-    #[allow(clippy::disallowed_methods, reason = "system/ is the one place programs are run")]
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .map_err(spawn_error)?;
-    let mut stdin = child.stdin.take().expect("stdin was piped");
-    let feeder = std::thread::spawn(move || stdin.write_all(&input));
-    let out = child.wait_with_output().map_err(spawn_error)?;
+    let (child, feeder) = spawn_fed(argv, input, stderr, false)?;
+    let out =
+        child.wait_with_output().map_err(|source| Error::Spawn { program: argv[0].to_owned(), source })?;
     // A program that exits without reading all of its input breaks the pipe; what it said
     // about why is in its output, which is what the caller reports.
     let _ = feeder.join();
-    Ok(Ran {
+    Ok(ran(out))
+}
+
+/// `argv` started with its standard input fed `input` from a thread (returned) and its
+/// standard output piped; in a process group of its own when `own_group`, so that it can be
+/// killed with whatever it started.
+fn spawn_fed(
+    argv: &[&str],
+    input: Vec<u8>,
+    stderr: Stdio,
+    own_group: bool,
+) -> Result<(std::process::Child, std::thread::JoinHandle<std::io::Result<()>>), Error> {
+    use std::io::Write as _;
+    let (program, args) = argv.split_first().expect("an argv is never empty");
+    let mut command = Command::new(program);
+    command.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(stderr);
+    if own_group {
+        command.process_group(0);
+    }
+    #[allow(clippy::disallowed_methods, reason = "system/ is the one place programs are run")]
+    let mut child =
+        command.spawn().map_err(|source| Error::Spawn { program: (*program).to_owned(), source })?;
+    let mut stdin = child.stdin.take().expect("stdin was piped");
+    Ok((child, std::thread::spawn(move || stdin.write_all(&input))))
+}
+
+/// What a program that ran said, as text.
+fn ran(out: std::process::Output) -> Ran {
+    Ran {
         code: out.status.code(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    })
+    }
 }
 
 /// Runs a program given as string slices.

@@ -104,11 +104,15 @@ fn registry_of(image: &str) -> &str {
 /// What the Docker client (`docker login`) stored for the image's registry, sent with the pull
 /// as the CLI sends it: Docker's engine keeps no credentials of its own, its client passes them
 /// with each pull. Read from `$DOCKER_CONFIG/config.json`, else `$HOME/.docker/config.json`
-/// (`/root` without a HOME):
-/// the `auths` entries only (a credential helper, `credsStore` or `credHelpers`, is a program
-/// to run, which the agent does not). `None` when there is nothing for that registry; a
-/// config that cannot be read is said in the log, never its content.
-fn registry_credentials(image: &str) -> Option<bollard::auth::DockerCredentials> {
+/// (`/root` without a HOME), looked up as the CLI does: the registry's own credential helper
+/// (`credHelpers`), else the one for every registry (`credsStore`), each run as
+/// `docker-credential-NAME get`; else the `auths` entry. `Ok(None)` when there is nothing for
+/// that registry (a helper that has no login for it says so); a config that cannot be read is
+/// said in the log, never its content. A helper that cannot be run, or fails, is the error:
+/// the pull is not tried without the login it keeps.
+fn registry_credentials(
+    image: &str,
+) -> std::result::Result<Option<bollard::auth::DockerCredentials>, String> {
     let path = match std::env::var_os("DOCKER_CONFIG") {
         Some(dir) => std::path::PathBuf::from(dir).join("config.json"),
         // A system service may run without HOME; the agent runs as root, whose home it is.
@@ -118,17 +122,91 @@ fn registry_credentials(image: &str) -> Option<bollard::auth::DockerCredentials>
     };
     let bytes = match crate::system::read_input(&path, 1 << 20) {
         Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => {
             tracing::warn!(config = %path.display(), error = %e, "cannot read the container client's configuration; pulling without credentials");
-            return None;
+            return Ok(None);
         }
     };
     let Ok(config) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
         tracing::warn!(config = %path.display(), "the container client's configuration is not JSON; pulling without credentials");
-        return None;
+        return Ok(None);
     };
-    credentials_in(&config, registry_of(image))
+    let registry = registry_of(image);
+    match helper_for(&config, registry) {
+        Some(helper) => from_helper(helper, registry),
+        None => Ok(credentials_in(&config, registry)),
+    }
+}
+
+/// The credential helper the Docker CLI would ask for `registry`: its `credHelpers` entry, else
+/// `credsStore`. An empty name is none.
+fn helper_for<'a>(config: &'a serde_json::Value, registry: &str) -> Option<&'a str> {
+    let own = config.get("credHelpers").and_then(|h| h.as_object()).and_then(|helpers| {
+        helpers.iter().find(|(key, _)| registry_host(key) == registry).and_then(|(_, name)| name.as_str())
+    });
+    own.or_else(|| config.get("credsStore").and_then(|s| s.as_str())).filter(|name| !name.is_empty())
+}
+
+/// How long a credential helper may take: it may ask a keychain or a cloud's token service,
+/// but it runs inside a pass, which it must not hold for ever.
+const HELPER_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs `docker-credential-NAME get` with the registry's address on its standard input, as the
+/// Docker CLI does (Docker Hub's is `https://index.docker.io/v1/`), and reads its answer
+/// (`{"ServerURL", "Username", "Secret"}`; a `Username` of `<token>` makes the secret an
+/// identity token). "credentials not found" is no login; any other failure is the error,
+/// naming the helper and never what it printed on success.
+fn from_helper(
+    helper: &str,
+    registry: &str,
+) -> std::result::Result<Option<bollard::auth::DockerCredentials>, String> {
+    let program = format!("docker-credential-{helper}");
+    let server = if registry == "docker.io" { "https://index.docker.io/v1/" } else { registry };
+    let ran =
+        crate::system::command::run_fed_within(&[&program, "get"], server.as_bytes().to_vec(), HELPER_LIMIT)
+            .map_err(|e| format!("cannot get the login for {registry} from the credential helper: {e}"))?;
+    if !ran.success() {
+        if ran.stdout.contains("credentials not found") || ran.stderr.contains("credentials not found") {
+            return Ok(None);
+        }
+        return Err(format!(
+            "the credential helper {program} has no login for {registry}: it {}",
+            ran.describe()
+        ));
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "PascalCase")]
+    struct Answer {
+        username: String,
+        secret: String,
+    }
+    let answer: Answer = serde_json::from_str(&ran.stdout).map_err(|e| {
+        format!(
+            "the credential helper {program} answered for {registry} with something other than its JSON: {e}"
+        )
+    })?;
+    let mut credentials =
+        bollard::auth::DockerCredentials { serveraddress: Some(server.to_owned()), ..Default::default() };
+    if answer.username == "<token>" {
+        credentials.identitytoken = Some(answer.secret);
+    } else {
+        credentials.username = Some(answer.username);
+        credentials.password = Some(answer.secret);
+    }
+    Ok(Some(credentials))
+}
+
+/// A registry as a key of the client's configuration names it, reduced to the host the image
+/// names (`https://index.docker.io/v1/` is Docker Hub's).
+fn registry_host(key: &str) -> String {
+    let key = key.trim_start_matches("https://").trim_start_matches("http://");
+    let key = key.split('/').next().unwrap_or(key);
+    if key == "index.docker.io" || key == "registry-1.docker.io" {
+        "docker.io".to_owned()
+    } else {
+        key.to_owned()
+    }
 }
 
 /// The `auths` entry of a Docker client configuration for a registry. Its keys may be written
@@ -136,16 +214,7 @@ fn registry_credentials(image: &str) -> Option<bollard::auth::DockerCredentials>
 fn credentials_in(config: &serde_json::Value, registry: &str) -> Option<bollard::auth::DockerCredentials> {
     use base64::Engine as _;
     let auths = config.get("auths")?.as_object()?;
-    let host = |key: &str| {
-        let key = key.trim_start_matches("https://").trim_start_matches("http://");
-        let key = key.split('/').next().unwrap_or(key);
-        if key == "index.docker.io" || key == "registry-1.docker.io" {
-            "docker.io".to_owned()
-        } else {
-            key.to_owned()
-        }
-    };
-    let (key, entry) = auths.iter().find(|(key, _)| host(key) == registry)?;
+    let (key, entry) = auths.iter().find(|(key, _)| registry_host(key) == registry)?;
     if let Some(token) = entry.get("identitytoken").and_then(|t| t.as_str()) {
         return Some(bollard::auth::DockerCredentials {
             identitytoken: Some(token.to_owned()),
@@ -436,7 +505,7 @@ impl Docker {
     pub fn pull(&self, image: &str) -> std::result::Result<(), String> {
         let (from, tag) = pull_parts(image);
         let options = CreateImageOptionsBuilder::new().from_image(from).tag(tag).build();
-        let credentials = registry_credentials(image);
+        let credentials = registry_credentials(image)?;
         let pulled = block(async {
             let mut progress = self.client.create_image(Some(options), None, credentials);
             // The stream is the pull's progress; it ends when the pull does, and an error in it

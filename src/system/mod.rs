@@ -28,6 +28,8 @@ pub(crate) mod ufw;
 pub(crate) mod users;
 
 pub(crate) use contents::{ContentFile, ContentWriter, Place};
+/// The etcd client, for what starts the fleet's tasks outside the crate (the hollow-node bench).
+pub use etcd::{Etcd, TlsFiles};
 #[cfg(test)]
 pub(crate) use fs::Nanos;
 pub(crate) use fs::{Fs, Meta, Sig, Staged};

@@ -1,4 +1,11 @@
-//! `/metrics` and `/healthz` over plain HTTP/1.1, loopback by default.
+//! `/metrics` and `/healthz` over HTTP/1.1, loopback by default; with a web configuration file
+//! (`web`), over TLS, with client certificates or basic auth, as Prometheus exporters take them.
+//!
+//! `/healthz` tells a caller who has not authenticated (any caller, without a web configuration)
+//! only the verdict and its fixed lead ("no declaration in force"), never the detail after it:
+//! paths, a foreign firewall's tables, the name and reason of whoever rolled the node back
+//! (issue 45, point 6). The detail goes to the log, `mesh-host status`, and an authenticated
+//! caller.
 //!
 //! Hand-written rather than a web framework: two read-only GET routes for a scraper do not
 //! justify a server stack in a root daemon, and a small loop is easy to audit. Each request
@@ -18,11 +25,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::{AbortHandle, JoinSet};
 
 use super::metrics::Metrics;
+use super::web::{WebConfig, WebConfigFile};
 
 /// Whether the agent is healthy, for `/healthz`.
 pub type Health = Arc<dyn Fn() -> Result<Option<String>, String> + Send + Sync>;
@@ -60,15 +68,17 @@ pub const REQUEST_LIMIT: Duration = Duration::from_secs(5);
 /// How long writing an answer may take, for a client that does not read it.
 const ANSWER_LIMIT: Duration = Duration::from_secs(10);
 
-/// Binds and serves until `shutdown`. Returns the bound address (for port 0) and the task.
+/// Binds and serves until `shutdown`, through the web configuration `web` when there is one.
+/// Returns the bound address (for port 0) and the task.
 pub async fn serve(
     addr: SocketAddr,
+    web: Option<WebConfigFile>,
     metrics: Arc<Metrics>,
     health: Health,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let most = connections_for(crate::system::descriptor_limit());
-    serve_holding(addr, most, metrics, health, shutdown).await
+    serve_holding(addr, most, web, metrics, health, shutdown).await
 }
 
 /// Listens on `addr` with the larger backlog; the socket is made by hand for that, since
@@ -86,6 +96,7 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 async fn serve_holding(
     addr: SocketAddr,
     most: usize,
+    web: Option<WebConfigFile>,
     metrics: Arc<Metrics>,
     health: Health,
     shutdown: tokio_util::sync::CancellationToken,
@@ -109,9 +120,9 @@ async fn serve_holding(
                         continue;
                     };
                     held.make_room(most).await;
-                    let (metrics, health) = (Arc::clone(&metrics), Arc::clone(&health));
+                    let (metrics, health, web) = (Arc::clone(&metrics), Arc::clone(&health), web.clone());
                     let task = held.tasks.spawn(async move {
-                        let _ = respond(stream, &metrics, &health).await;
+                        let _ = connection(stream, web, &metrics, &health).await;
                     });
                     held.by_age.push_back(task);
                 }
@@ -171,7 +182,7 @@ impl Held {
 
 /// Reads a request's head (up to the blank line), or `None` when the client closed first or
 /// sent more than a head should be.
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
+async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<Option<Vec<u8>>> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -192,7 +203,44 @@ fn header<'a>(request: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
-async fn respond(mut stream: TcpStream, metrics: &Metrics, health: &Health) -> std::io::Result<()> {
+/// One connection: under a web configuration, read again now, its TLS handshake (within the
+/// request's time) and who the caller is; then the answer.
+async fn connection(
+    stream: TcpStream,
+    web: Option<WebConfigFile>,
+    metrics: &Metrics,
+    health: &Health,
+) -> std::io::Result<()> {
+    let Some(web) = web else {
+        return respond(stream, None, false, metrics, health).await;
+    };
+    let config = match web.load() {
+        Ok(config) => config,
+        Err(e) => {
+            tracing::warn!(error = %e, "the web configuration cannot be used; the connection is dropped");
+            return Ok(());
+        }
+    };
+    let Some(tls) = &config.tls else {
+        return respond(stream, Some(&config), false, metrics, health).await;
+    };
+    let Ok(Ok(stream)) = tokio::time::timeout(REQUEST_LIMIT, tls.accept(stream)).await else {
+        return Ok(());
+    };
+    // rustls verified any certificate shown against client_ca_file during the handshake.
+    let certified =
+        config.client_certificates && stream.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
+    respond(stream, Some(&config), certified, metrics, health).await
+}
+
+/// Reads one request and answers it. `certified`: the caller showed a verified certificate.
+async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    web: Option<&WebConfig>,
+    certified: bool,
+    metrics: &Metrics,
+    health: &Health,
+) -> std::io::Result<()> {
     // Too slow, closed early or too long: the connection is dropped without an answer.
     let Ok(Ok(Some(buf))) = tokio::time::timeout(REQUEST_LIMIT, read_head(&mut stream)).await else {
         return Ok(());
@@ -200,21 +248,35 @@ async fn respond(mut stream: TcpStream, metrics: &Metrics, health: &Health) -> s
     let request = String::from_utf8_lossy(&buf);
     let mut parts = request.split_whitespace();
     let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    // As the exporter toolkit does: with users, every path asks for a login, a certificate or
+    // not. A login, or a verified certificate, lets the caller see the health's detail.
+    let users = web.map(|w| &w.users).filter(|u| !u.is_empty());
+    let logged_in = users.is_some_and(|u| super::web::basic_auth_ok(u, header(&request, "authorization")));
+    let authenticated = logged_in || certified;
     let (status, content_type, body) = match (method, path.split('?').next().unwrap_or("")) {
+        _ if users.is_some() && !logged_in => {
+            ("401 Unauthorized", "text/plain; charset=utf-8", "a login is needed\n".to_owned())
+        }
         ("GET", "/metrics") => {
             let (content_type, body) = metrics.exposition(header(&request, "accept"));
             ("200 OK", content_type, body)
         }
-        ("GET", "/healthz") => match health() {
-            Ok(None) => ("200 OK", "text/plain; charset=utf-8", "ok\n".to_owned()),
-            Ok(Some(note)) => ("200 OK", "text/plain; charset=utf-8", format!("ok: {note}\n")),
-            Err(why) => ("503 Service Unavailable", "text/plain; charset=utf-8", format!("{why}\n")),
-        },
+        ("GET", "/healthz") => {
+            let told = |text: String| if authenticated { text } else { lead(&text).to_owned() };
+            match health() {
+                Ok(None) => ("200 OK", "text/plain; charset=utf-8", "ok\n".to_owned()),
+                Ok(Some(note)) => ("200 OK", "text/plain; charset=utf-8", format!("ok: {}\n", told(note))),
+                Err(why) => {
+                    ("503 Service Unavailable", "text/plain; charset=utf-8", format!("{}\n", told(why)))
+                }
+            }
+        }
         ("GET", _) => ("404 Not Found", "text/plain; charset=utf-8", "try /metrics or /healthz\n".to_owned()),
         _ => ("405 Method Not Allowed", "text/plain; charset=utf-8", "GET only\n".to_owned()),
     };
+    let challenge = if status.starts_with("401") { "WWW-Authenticate: Basic\r\n" } else { "" };
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{challenge}Connection: close\r\n\r\n",
         body.len()
     );
     let answer = async {
@@ -223,6 +285,15 @@ async fn respond(mut stream: TcpStream, metrics: &Metrics, health: &Health) -> s
         stream.shutdown().await
     };
     tokio::time::timeout(ANSWER_LIMIT, answer).await.unwrap_or(Ok(()))
+}
+
+/// What `/healthz` tells a caller who has not authenticated of a health text the agent wrote:
+/// its fixed lead, up to the first ": ", " since " or " (", after which come the things only
+/// the node's operators should read (a path, a table, a user, a reason, a time). The texts are
+/// the agent's own (`controller::health`, `generations::Hold::describe`), each made to lead
+/// with its verdict.
+fn lead(text: &str) -> &str {
+    [": ", " since ", " ("].iter().filter_map(|cut| text.find(cut)).min().map_or(text, |at| &text[..at])
 }
 
 #[cfg(test)]
@@ -270,6 +341,7 @@ mod tests {
             .block_on(serve_holding(
                 "127.0.0.1:0".parse().unwrap(),
                 4,
+                None,
                 Arc::new(Metrics::new()),
                 health,
                 shutdown.clone(),
@@ -293,5 +365,26 @@ mod tests {
         runtime.block_on(task).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         assert!(!open(&fifth), "shutdown ends every connection");
+    }
+
+    #[test]
+    fn an_unauthenticated_caller_is_told_only_the_lead_of_each_health_text() {
+        let cases = [
+            ("starting: the first apply has not finished", "starting"),
+            ("no declaration in force: waiting for /etc/x: it does not exist yet", "no declaration in force"),
+            (
+                "declaration refused on this machine, nothing of it is applied: table ip guard chain c",
+                "declaration refused on this machine, nothing of it is applied",
+            ),
+            ("the worker has not finished a reconcile for 700 s", "the worker has not finished a reconcile for 700 s"),
+            (
+                "held at generation 3 by rollback since 2026-12-05 17:00:00 UTC (by alice: bad deploy); a newer",
+                "held at generation 3 by rollback",
+            ),
+            ("held at generation 3 by the node itself since 2026-12-05, reverted from 4", "held at generation 3 by the node itself"),
+        ];
+        for (text, told) in cases {
+            assert_eq!(lead(text), told);
+        }
     }
 }

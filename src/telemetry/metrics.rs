@@ -506,7 +506,7 @@ mod tests {
     fn exported() -> std::collections::BTreeSet<String> {
         let m = Metrics::new();
         // Families with labels appear once they have a child. Each is given a label value
-        // production emits (controller::worker::count_resources: applied, failed, held), so the
+        // production emits (controller::report::Report::count: applied, failed, held), so the
         // fixture reads as the exposition does.
         m.resources.get_or_create(&vec![("type", "file"), ("state", "applied")]).set(1);
         m.drift_corrections.get_or_create(&vec![("type", "file"), ("writer", "session")]).inc();

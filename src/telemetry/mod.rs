@@ -6,6 +6,7 @@ pub mod events;
 pub mod http;
 pub mod metrics;
 pub mod text;
+pub mod web;
 
 pub use events::Event;
 pub use metrics::Metrics;

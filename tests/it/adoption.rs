@@ -379,3 +379,69 @@ fn the_daemon_writes_nothing_into_a_held_directory() {
     assert_eq!(read(&conf), "the operator's\n", "{}", daemon.log());
     assert_eq!(daemon.metric("mesh_host_drift_corrections_total{type=\"file\"}"), 0.0);
 }
+
+/// Issue 45, point 7 (parity gap 3): a taken module's hold is let go only once its resource
+/// applied and was recorded. The first pass after taking fails on it (an owner not on the
+/// machine yet): the hold stays, nothing says "taken over", and the pass that applies it does.
+#[test]
+fn a_hold_is_released_only_after_its_taken_resource_applied() {
+    let s = Scratch::new();
+    std::fs::write(s.path("app.conf"), "the operator's\n").unwrap();
+    let conf = |owner: Option<&str>| {
+        let mut r =
+            json!({"type": "file", "id": "app.conf", "path": s.p("app.conf"), "content": "the mesh's\n"});
+        if let Some(owner) = owner {
+            r["owner"] = json!(owner);
+        }
+        json!([r])
+    };
+    let (code, report) = s.apply(&adopted(&s, &[], conf(None)));
+    assert_eq!((code, action(&report, "app.conf")), (0, "held".to_owned()), "{report:#}");
+
+    // Taken, but it cannot apply: the hold is kept for the next try.
+    let (code, report) = s.apply(&adopted(&s, &["app"], conf(Some("mh-it-no-such-owner"))));
+    assert_eq!(code, 1, "{report:#}");
+    assert!(report.to_string().contains("mh-it-no-such-owner"), "{report:#}");
+    assert!(!report.to_string().contains("taken over"), "nothing was taken over yet: {report:#}");
+    assert!(store(&s)["held"]["app.conf"].is_object(), "the hold is kept: {:#}", store(&s));
+    assert_eq!(read(&s.path("app.conf")), "the operator's\n");
+
+    // It applies: taken over now, said so, and the hold let go.
+    let (code, report) = s.apply(&adopted(&s, &["app"], conf(None)));
+    assert_eq!(code, 0, "{report:#}");
+    assert!(detail(&report, "app.conf").starts_with("taken over"), "{report:#}");
+    assert!(store(&s)["held"].is_null(), "{:#}", store(&s));
+    assert_eq!(read(&s.path("app.conf")), "the mesh's\n");
+}
+
+/// Issue 45, point 7 (parity gap 4): "acts on what is held" is asked of a resource that already
+/// has a record too. The host made a file in a directory nobody declared; the directory is then
+/// declared in a module not taken and found present, so it is held; the file, changed, is held
+/// rather than written into it, and is written once the module is taken.
+#[test]
+fn a_recorded_resource_that_would_write_into_a_held_directory_is_held() {
+    let s = Scratch::new();
+    std::fs::create_dir_all(s.path("pg/data")).unwrap();
+    let conf = |content: &str| json!({"type": "file", "id": "pg.conf", "path": s.p("pg/data/postgresql.conf"), "content": content});
+    let (code, report) = s.apply(&adopted(&s, &[], json!([conf("v1\n")])));
+    assert_eq!((code, action(&report, "pg.conf")), (0, "created".to_owned()), "{report:#}");
+    assert!(store(&s)["records"]["pg.conf"].is_object(), "{:#}", store(&s));
+
+    let data = json!({"type": "directory", "id": "pg.data", "path": s.p("pg/data"), "mode": "0700"});
+    let resources = json!([data, conf("v2\n")]);
+    let (code, report) = s.apply(&adopted(&s, &[], resources.clone()));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "pg.data"), "held", "{report:#}");
+    assert_eq!(action(&report, "pg.conf"), "held", "{report:#}");
+    assert!(
+        detail(&report, "pg.conf").contains(&format!("written into directory {}", s.p("pg/data"))),
+        "{report:#}"
+    );
+    assert_eq!(read(&s.path("pg/data/postgresql.conf")), "v1\n", "nothing written into the held directory");
+    assert!(store(&s)["records"]["pg.conf"].is_object(), "its record stays: {:#}", store(&s));
+
+    let (code, report) = s.apply(&adopted(&s, &["pg"], resources));
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(action(&report, "pg.conf"), "updated", "{report:#}");
+    assert_eq!(read(&s.path("pg/data/postgresql.conf")), "v2\n");
+}

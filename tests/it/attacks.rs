@@ -739,3 +739,196 @@ fn swapping_a_managed_file_for_a_symlink_while_applies_run_writes_nothing_outsid
         }
     });
 }
+
+// ---- In place: a chmod or chown lands on the file that was checked, or nowhere ------------------
+
+/// `apply --json` with the failpoint `in-place-pause`, which holds the agent for 300 ms just
+/// before it changes a mode or owner in place: the window a racing swapper needs, made wide so
+/// that the race is won on every run rather than once in thousands.
+fn apply_paused(s: &Scratch, declaration: &Path) -> ExitStatus {
+    let mut child = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .args(["apply", "--json"])
+        .arg(declaration)
+        .env("MESH_HOST_FAILPOINT", "in-place-pause")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(start.elapsed() < LIMIT, "apply did not end within {LIMIT:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Issue 45, point 5 (security review F7). The managed file is found with its declared content
+/// and another mode and owner, so the host changes them in place. Meanwhile a swapper puts at
+/// its name, in turn, the file itself, a hard link to the sentinel's shadow file, and a symlink
+/// to it: whatever the name holds when the chmod and chown come, they must reach the file that
+/// was checked or nothing. The swapper runs as root, which links any file whatever
+/// `fs.protected_hardlinks` says: the attacker that setting does not stop (a container's root
+/// in a bind mount; any user where it is 0). Another file renamed in (one name, another inode)
+/// is `system::fs`'s own test, `a_file_renamed_in_after_the_check_is_not_changed`.
+#[test]
+fn an_in_place_chmod_or_chown_never_reaches_a_file_raced_in_by_a_hard_link_or_symlink() {
+    let s = Scratch::new();
+    let out = Sentinel::new(&s);
+    let content = "one\n";
+    let d = s.declare(json!([
+        {"type": "file", "id": "a.conf", "path": s.p("app.conf"), "content": content, "mode": "0644", "owner": "nobody:nogroup"},
+    ]));
+    let (managed, tmp, shadow) = (s.path("app.conf"), s.path("swap.tmp"), out.root.join("shadow"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (stop, managed, tmp, shadow) = (stop.clone(), managed.clone(), tmp.clone(), shadow.clone());
+        std::thread::spawn(move || {
+            let mut swaps = 0u64;
+            let put = |make: &dyn Fn(&Path) -> std::io::Result<()>| {
+                let _ = std::fs::remove_file(&tmp);
+                if make(&tmp).is_ok() {
+                    let _ = std::fs::rename(&tmp, &managed);
+                }
+                std::thread::sleep(Duration::from_millis(3));
+            };
+            // The file as declared but for its mode and owner: what the host changes in place.
+            let own = |at: &Path| {
+                std::fs::write(at, content)?;
+                std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o600))
+            };
+            while !stop.load(Ordering::Relaxed) {
+                put(&own);
+                put(&|at| std::fs::hard_link(&shadow, at));
+                put(&own);
+                put(&|at| std::os::unix::fs::symlink(&shadow, at));
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let mut codes = BTreeMap::new();
+    for _ in 0..12 {
+        *codes.entry(apply_paused(&s, &d).code()).or_insert(0) += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert!(swaps > 50, "the swapper raced ({swaps} rounds)");
+    assert!(codes.keys().all(|c| matches!(c, Some(0) | Some(1))), "{codes:?}");
+    out.assert_unchanged();
+}
+
+// ---- Bounded copies and hashes: a huge file planted where the host will write ---------------------
+
+/// Issue 45, point 3 (security review F8). A sparse 100 GiB file, 0640 and owned by nobody, is
+/// planted at a managed file's path and at a path an archive unpacks over, before the host
+/// first writes either. The apply must neither copy it into `kept/` (which would turn its holes
+/// into 100 GiB of real blocks under the state directory) nor hash it (minutes of reading), but
+/// record its size, mode and owner beside where the copy would be, say so, and go on: within
+/// 20 s, under a limit on the size of any file it writes (`prlimit --fsize`, 64 MiB), so that a
+/// build that copies gets SIGXFSZ rather than the machine's disk.
+#[test]
+fn a_sparse_100_gib_file_at_a_managed_path_is_neither_copied_nor_hashed() {
+    const BIG: u64 = 100 << 30;
+    let s = Scratch::new();
+    let plant = |at: &Path| {
+        std::fs::File::create(at).unwrap().set_len(BIG).unwrap();
+        std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o640)).unwrap();
+        std::os::unix::fs::chown(at, Some(65534), Some(65534)).unwrap();
+    };
+    std::fs::create_dir(s.path("unpacked")).unwrap();
+    plant(&s.path("app.conf"));
+    plant(&s.path("unpacked/big.bin"));
+    let tar = tar_of(&[T::File("big.bin", b"the archive's\n")]);
+    let d = s.declare(json!([
+        {"type": "file", "id": "a.conf", "path": s.p("app.conf"), "content": "mesh\n", "mode": "0644"},
+        {"type": "archive", "id": "a.tar", "path": s.p("unpacked"), "bytes": b64(&tar)},
+    ]));
+    let out = s.path("apply.out");
+    let mut child = Command::new("prlimit")
+        .arg(format!("--fsize={}", 64 << 20))
+        .arg("--")
+        .arg(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .args(["apply", "--json"])
+        .arg(&d)
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("apply did not end within 20 s: it reads (hashes or copies) the 100 GiB file");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let report: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap_or(Value::Null);
+    assert_eq!(status.code(), Some(0), "{status}: {report:#}");
+    assert_eq!(std::fs::read_to_string(s.path("app.conf")).unwrap(), "mesh\n");
+    assert_eq!(std::fs::read_to_string(s.path("unpacked/big.bin")).unwrap(), "the archive's\n");
+
+    // Nothing of the bytes under the state directory: its blocks, all of them, under a MiB.
+    let kept = s.path("state/kept");
+    let mut blocks = 0;
+    let mut notes = Vec::new();
+    let mut todo = vec![s.path("state")];
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            blocks += m.blocks() * 512;
+            if m.is_dir() {
+                todo.push(e.path());
+            } else if e.path().starts_with(&kept) {
+                notes.push(e.path());
+            }
+        }
+    }
+    assert!(blocks < 1 << 20, "{blocks} bytes of blocks under the state directory");
+    notes.sort();
+    let app = kept.join(s.path("app.conf").strip_prefix("/").unwrap());
+    let big = kept.join(s.path("unpacked/big.bin").strip_prefix("/").unwrap());
+    let note_of = |p: &Path| PathBuf::from(format!("{}.not-kept.json", p.display()));
+    assert_eq!(notes, [note_of(&app), note_of(&big)], "only a note of each, no copy");
+    for at in [&app, &big] {
+        let note: Value = serde_json::from_slice(&std::fs::read(note_of(at)).unwrap()).unwrap();
+        assert_eq!(note["size"], BIG, "{note:#}");
+        assert_eq!(note["mode"], "0640", "{note:#}");
+        assert_eq!((note["uid"].as_u64(), note["gid"].as_u64()), (Some(65534), Some(65534)), "{note:#}");
+        assert_eq!(note["kept"], false, "{note:#}");
+        assert_eq!(note["sha256"], Value::Null, "not hashed either: {note:#}");
+        assert!(note["why"].as_str().unwrap().contains("--keep-max-bytes"), "{note:#}");
+    }
+    let said = |id: &str| {
+        report["outcomes"].as_array().unwrap().iter().find(|o| o["id"] == id).unwrap()["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let a = said("a.conf");
+    assert!(a.contains("107374182400 bytes") && a.contains("not kept"), "{a}");
+    assert!(a.contains(&note_of(&app).display().to_string()), "{a}");
+    let t = said("a.tar");
+    assert!(t.contains("not kept"), "{t}");
+
+    // `status` lists what was not kept, and where its note is.
+    let status = s.run(&["status", "--json"]);
+    let listed: Value = serde_json::from_slice(&status.stdout).unwrap();
+    let found = listed["kept"].as_array().unwrap();
+    assert!(
+        found.iter().any(|k| k["path"] == s.p("app.conf")
+            && k["kept"] == false
+            && k["note"] == note_of(&app).display().to_string()),
+        "{listed:#}"
+    );
+}

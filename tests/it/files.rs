@@ -547,7 +547,11 @@ fn a_file_found_with_no_record_is_kept_before_it_is_written_over() {
     assert_eq!(std::fs::read_to_string(s.path("found.conf")).unwrap(), "mesh\n");
     // And status lists it, with where its copy is.
     let status: serde_json::Value = serde_json::from_slice(&s.run(&["status", "--json"]).stdout).unwrap();
-    assert_eq!(status["kept"], json!([{"path": s.p("found.conf"), "copy": kept}]), "{status:#}");
+    assert_eq!(
+        status["kept"],
+        json!([{"path": s.p("found.conf"), "copy": kept, "kept": true}]),
+        "{status:#}"
+    );
     let text = String::from_utf8(s.run(&["status"]).stdout).unwrap();
     assert!(text.contains("kept originals: 1 under"), "{text}");
 }

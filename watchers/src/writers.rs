@@ -333,6 +333,78 @@ impl Writers {
         }
     }
 
+    /// Asks the kernel to say nothing of writes to the file at `path` until `until`
+    /// (`Taker::mute`, which says more).
+    pub fn mute(&self, path: &Path, until: Instant) -> io::Result<()> {
+        self.taker().mute(path, until)
+    }
+
+    /// How many paths are muted now, ignore mark in place.
+    pub fn muted(&self) -> usize {
+        lock(&self.shared.muted).values().filter(|m| m.file.is_some()).count()
+    }
+
+    /// Takes the latest writer of `path` seen since `since` (`Taker::take`, which says more).
+    pub fn take(&self, path: &Path, since: Instant, wait: Duration) -> Option<Writer> {
+        self.taker().take(path, since, wait)
+    }
+
+    /// A handle that takes writers and mutes paths from another thread than the one that owns
+    /// the marks, in the order that thread asks.
+    pub fn taker(&self) -> Taker {
+        Taker { fd: Arc::clone(&self.fd), shared: Arc::clone(&self.shared) }
+    }
+
+    /// How many directories are marked.
+    pub fn marked(&self) -> usize {
+        self.marked.len()
+    }
+}
+
+/// What [`Writers::taker`] hands out: `take` and `mute` of the same group, for a thread of the
+/// caller's (the daemon asks who made each drift on a thread of its own, so the next correction
+/// never waits for fanotify). A mute keeps the writer last taken for its path, so a caller
+/// that takes and mutes on two threads should do both through one taker, in order.
+#[derive(Clone)]
+pub struct Taker {
+    fd: Arc<OwnedFd>,
+    shared: Arc<Shared>,
+}
+
+impl Taker {
+    /// Takes the latest writer of `path` seen since `since`, waiting up to `wait` for one if
+    /// none is kept yet (the event and inotify's leave the kernel together, but are read on two
+    /// threads). An older one is dropped: it belongs to a change that needed no correction.
+    /// While the path is muted (and for a second after), the writer kept with the mute is given
+    /// when no newer one is: the kernel said nothing of writes meanwhile.
+    pub fn take(&self, path: &Path, since: Instant, wait: Duration) -> Option<Writer> {
+        let got = self.take_seen(path, since, wait);
+        if let Some(w) = &got {
+            *lock(&self.shared.taken) = Some((path.to_path_buf(), w.clone()));
+        }
+        got
+    }
+
+    fn take_seen(&self, path: &Path, since: Instant, wait: Duration) -> Option<Writer> {
+        let deadline = Instant::now() + wait;
+        let mut latest = lock(&self.shared.latest);
+        loop {
+            if let Some(w) = latest.remove(path) {
+                if w.seen >= since {
+                    return Some(w);
+                }
+            }
+            if let Some(w) = lock(&self.shared.muted).get(path).and_then(|m| m.writer.clone()) {
+                return Some(w);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            latest = self.shared.kept.wait_timeout(latest, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
     /// Asks the kernel to say nothing of writes to the file at `path` until `until` (an ignore
     /// mark on its inode, `FAN_MARK_IGNORED_SURV_MODIFY`): a writer rewriting it as fast as it
     /// can then wakes no thread of this process. Meant for a path its owner holds anyway, and
@@ -377,49 +449,6 @@ impl Writers {
         };
         muted.insert(path.to_path_buf(), Mute { until, file: Some(file), inode, writer });
         Ok(())
-    }
-
-    /// How many paths are muted now, ignore mark in place.
-    pub fn muted(&self) -> usize {
-        lock(&self.shared.muted).values().filter(|m| m.file.is_some()).count()
-    }
-
-    /// Takes the latest writer of `path` seen since `since`, waiting up to `wait` for one if
-    /// none is kept yet (the event and inotify's leave the kernel together, but are read on two
-    /// threads). An older one is dropped: it belongs to a change that needed no correction.
-    /// While the path is muted (and for a second after), the writer kept with the mute is given
-    /// when no newer one is: the kernel said nothing of writes meanwhile.
-    pub fn take(&self, path: &Path, since: Instant, wait: Duration) -> Option<Writer> {
-        let got = self.take_seen(path, since, wait);
-        if let Some(w) = &got {
-            *lock(&self.shared.taken) = Some((path.to_path_buf(), w.clone()));
-        }
-        got
-    }
-
-    fn take_seen(&self, path: &Path, since: Instant, wait: Duration) -> Option<Writer> {
-        let deadline = Instant::now() + wait;
-        let mut latest = lock(&self.shared.latest);
-        loop {
-            if let Some(w) = latest.remove(path) {
-                if w.seen >= since {
-                    return Some(w);
-                }
-            }
-            if let Some(w) = lock(&self.shared.muted).get(path).and_then(|m| m.writer.clone()) {
-                return Some(w);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            latest = self.shared.kept.wait_timeout(latest, left).unwrap_or_else(|e| e.into_inner()).0;
-        }
-    }
-
-    /// How many directories are marked.
-    pub fn marked(&self) -> usize {
-        self.marked.len()
     }
 }
 

@@ -24,7 +24,7 @@ use crate::declaration::{Container, Id, Kind, Resource, Spec};
 use crate::store::Record;
 use crate::system::docker::{self, Docker, ID_LABEL, SPEC_LABEL};
 use create::new_container;
-use spec::{keyed_digests, reads, spec};
+use spec::{go_spec, keyed_digests, reads, spec};
 use step::{install_schedule, run_once};
 
 pub use create::parse_env_file;
@@ -51,9 +51,18 @@ pub(super) fn apply(ctx: &mut Ctx<'_>, r: &Resource, c: &Container) -> Result<St
     let spec_now = spec(ctx.declaration, c, Some(&reads), &keyed);
     // Only a container that reads files can carry a label from before they were folded in.
     let legacy = (!reads.is_empty()).then(|| spec(ctx.declaration, c, None, &keyed));
+    // The label the Go agent would have put on it: a node switched from it in place keeps its
+    // containers (docs/containers.md, "A node switched in place from the Go agent").
+    let go = go_spec(ctx, c, &reads);
     let reasons: Vec<&str> =
         c.restart_on.iter().filter(|id| ctx.changed.contains(*id)).map(Id::as_str).collect();
-    let want = Wanted { spec: &spec_now, legacy: legacy.as_deref(), reads: &reads, reasons: &reasons };
+    let want = Wanted {
+        spec: &spec_now,
+        legacy: legacy.as_deref(),
+        go: go.as_deref(),
+        reads: &reads,
+        reasons: &reasons,
+    };
     let docker = &ctx.docker()?;
     let found = docker.container(c.name.as_str())?;
     let record = ctx.store.get(r.id.as_str()).filter(|rec| rec.kind == Kind::Container);
@@ -110,6 +119,9 @@ struct Wanted<'a> {
     /// The digest of its spec as computed before the files it reads were folded in; only for
     /// a container that reads files.
     legacy: Option<&'a str>,
+    /// The digest of its spec as the Go agent computed it (`spec::go_spec`), when it can be
+    /// matched at all.
+    go: Option<&'a str>,
     /// What it reads now, by path, with each file's digest.
     reads: &'a BTreeMap<String, String>,
     /// Its restart-on ids that moved in this pass.
@@ -176,11 +188,18 @@ fn decide(
         };
     };
     let label = state.label(SPEC_LABEL).unwrap_or_default();
-    if (label == want.spec || legacy(label)) && want.reasons.is_empty() {
+    // The Go's label folds in what the container reads, file by file, so a match is a
+    // container made from this declaration, reading what the machine holds now.
+    let by_go = want.go == Some(label);
+    if (label == want.spec || legacy(label) || by_go) && want.reasons.is_empty() {
         let (action, detail, run) = if state.running {
-            let detail = (label != want.spec).then(|| {
-                "accepted as labelled before mesh-host folded in the files a container reads; what it reads is recorded from now on".to_owned()
-            });
+            let detail = if by_go {
+                Some("accepted as labelled by the Go agent; relabelled when it is next recreated".to_owned())
+            } else {
+                (label != want.spec).then(|| {
+                    "accepted as labelled before mesh-host folded in the files a container reads; what it reads is recorded from now on".to_owned()
+                })
+            };
             (Verb::Unchanged, detail, Run::Leave)
         } else {
             (Verb::Corrected, Some(format!("it {}; started again", stopped(state))), Run::StartAgain)
@@ -416,7 +435,7 @@ mod tests {
     const NOTHING: &BTreeMap<String, String> = &BTreeMap::new();
 
     fn wanted<'a>(reasons: &'a [&'a str]) -> Wanted<'a> {
-        Wanted { spec: "sha256:now", legacy: None, reads: NOTHING, reasons }
+        Wanted { spec: "sha256:now", legacy: None, go: None, reads: NOTHING, reasons }
     }
 
     #[test]
@@ -510,5 +529,21 @@ mod tests {
         // Stopped at the legacy label: started again, and read back at that label.
         let p = decide(Some(&container(false, &ours("sha256:legacy"))), None, Some(&reads), &want);
         assert_eq!((&p.run, p.spec.as_str()), (&Run::StartAgain, "sha256:legacy"));
+    }
+
+    #[test]
+    fn a_container_at_the_go_agents_label_is_accepted_and_a_restart_on_still_recreates_it() {
+        let want = Wanted { go: Some("0f0f"), ..wanted(&[]) };
+        let found = container(true, &ours("0f0f"));
+        let p = decide(Some(&found), None, None, &want);
+        assert_eq!((p.action, &p.run, p.spec.as_str()), (Verb::Unchanged, &Run::Leave, "0f0f"));
+        assert_eq!(
+            p.detail.as_deref(),
+            Some("accepted as labelled by the Go agent; relabelled when it is next recreated")
+        );
+        let p = decide(Some(&container(true, &ours("0f0e"))), None, None, &want);
+        assert_eq!(p.action, Verb::Updated, "another Go label is no match");
+        let p = decide(Some(&found), None, None, &Wanted { go: Some("0f0f"), ..wanted(&["web.conf"]) });
+        assert_eq!(p.action, Verb::Updated, "a restart-on that moved recreates it as before");
     }
 }

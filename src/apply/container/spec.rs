@@ -63,18 +63,7 @@ pub(super) fn spec(
     let mut s = String::new();
     let _ = writeln!(s, "image {}", c.image.as_str());
     let _ = writeln!(s, "name {}", c.name.as_str());
-    for (k, v) in &c.env {
-        let _ = writeln!(s, "env {k}={v}");
-    }
-    for p in &c.ports {
-        let _ = writeln!(s, "port {p}");
-    }
-    for v in &c.volumes {
-        let _ = writeln!(s, "volume {v}");
-    }
-    for a in &c.args {
-        let _ = writeln!(s, "arg {a}");
-    }
+    env_ports_volumes_args(&mut s, c);
     if let Some(n) = &c.network {
         let _ = writeln!(s, "network {}", n.as_str());
     }
@@ -98,6 +87,73 @@ pub(super) fn spec(
         let _ = writeln!(s, "file {path}={d}");
     }
     digest(s.as_bytes()).to_string()
+}
+
+/// The `mesh-host.spec` label the Go agent would have put on this container, so that a node
+/// switched in place from it adopts its containers rather than recreating them all, the store
+/// first (issue 45, point 7; docs/containers.md, "A node switched in place from the Go agent"). Its
+/// rules, not its code: bare hex of the SHA-256 of the image and the name on lines of their
+/// own, then `env K=V` (by key), `port`, `volume` and `arg` lines as declared, a `reads ID=D`
+/// line per restart-on resource (by id; D a file's declared content, or a directory's path and
+/// mode, by hex digest; empty for any other type), and a `file PATH=D` line per file it reads
+/// at creation (`reads`: by path; D empty for an env-file that is absent). The network and the
+/// extra hosts were not in it.
+///
+/// `None` where no such label can be matched without a plain SHA-256 of a secret: a file read
+/// that this agent digests with the node's key, or a restart-on file carrying a secret. That
+/// container is recreated once, as before.
+pub(super) fn go_spec(ctx: &Ctx<'_>, c: &Container, reads: &BTreeMap<String, String>) -> Option<String> {
+    use std::fmt::Write as _;
+    let mut s = format!("{}\n{}\n", c.image.as_str(), c.name.as_str());
+    env_ports_volumes_args(&mut s, c);
+    let mut named: Vec<&Id> = c.restart_on.iter().collect();
+    named.sort();
+    for id in named {
+        let declared = match ctx.declaration.get(id).map(|r| &r.spec) {
+            Some(Spec::File(f)) if f.carries_secret() => return None,
+            Some(Spec::File(f)) => go_hex(&go_file_material(ctx, f)?),
+            Some(Spec::Directory(d)) => {
+                let mode = d.mode.map(|m| m.to_string()).unwrap_or_default();
+                go_hex(format!("{}\n{mode}", d.path.as_str()).as_bytes())
+            }
+            Some(_) | None => String::new(),
+        };
+        let _ = writeln!(s, "reads {id}={declared}");
+    }
+    for (path, d) in reads {
+        // This agent's digests of what was read, in the Go's form: bare hex, empty for absent.
+        let bare = match d.as_str() {
+            "absent" => "",
+            d => d.strip_prefix("sha256:")?,
+        };
+        let _ = writeln!(s, "file {path}={bare}");
+    }
+    Some(go_hex(s.as_bytes()))
+}
+
+/// What the Go agent digested of a declared file: its `content` as written; nothing (the
+/// digest of no bytes) for `bytes` or a file sealed whole, whose content field it left empty.
+fn go_file_material<'a>(
+    ctx: &Ctx<'_>,
+    f: &'a crate::declaration::File,
+) -> Option<std::borrow::Cow<'a, [u8]>> {
+    if let Some(text) = f.content() {
+        return Some(std::borrow::Cow::Borrowed(text.as_bytes()));
+    }
+    if f.stored().is_some() && f.bytes.is_none() {
+        return crate::apply::file::declared_bytes(f, ctx.opts.contents.as_deref()).ok();
+    }
+    Some(std::borrow::Cow::Borrowed(b""))
+}
+
+/// Bare lower-case hex of the SHA-256 of `bytes`, as the Go agent wrote its digests.
+fn go_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes).iter().fold(String::with_capacity(64), |mut out, b| {
+        use std::fmt::Write as _;
+        let _ = write!(out, "{b:02x}");
+        out
+    })
 }
 
 /// What a long-running container reads at creation, by path: each env-file, and each file
@@ -167,6 +223,24 @@ fn file_digest(ctx: &mut Ctx<'_>, path: &Path) -> Result<Option<String>, Error> 
         },
     };
     Ok(Some(d.to_string()))
+}
+
+/// The `env`, `port`, `volume` and `arg` lines, as declared: the part of the spec this agent's
+/// label and the Go agent's write alike.
+fn env_ports_volumes_args(s: &mut String, c: &Container) {
+    use std::fmt::Write as _;
+    for (k, v) in &c.env {
+        let _ = writeln!(s, "env {k}={v}");
+    }
+    for p in &c.ports {
+        let _ = writeln!(s, "port {p}");
+    }
+    for v in &c.volumes {
+        let _ = writeln!(s, "volume {v}");
+    }
+    for a in &c.args {
+        let _ = writeln!(s, "arg {a}");
+    }
 }
 
 #[cfg(test)]

@@ -507,14 +507,15 @@ fn note_before(
 
 /// What is at the path, read and checked to be of its format; `None` when nothing is there.
 fn read(fs: &mut Fs, path: &Path, format: MergeInto) -> Result<Option<(Meta, Doc)>, Error> {
-    let Some((meta, content)) = fs.read_up_to(path, LARGEST)? else { return Ok(None) };
+    // Nothing larger is read, nor hashed: it is refused by its size.
+    let Some((meta, content)) = fs.read_bounded(path, LARGEST, LARGEST)? else { return Ok(None) };
     let unreadable = |why: String| Error::IntoUnreadable { path: path.to_owned(), why, format: name(format) };
     let bytes = match content {
         Content::Bytes(b) => b,
         Content::NotFile => {
             return Err(Error::WrongKind { path: path.to_owned(), declared: Kind::File, found: meta.kind })
         }
-        Content::Large { size, .. } => {
+        Content::Large { size, .. } | Content::Unhashed { size } => {
             return Err(unreadable(format!(
                 "holds {size} bytes, more than the {LARGEST} mesh-host reads to set keys in"
             )))

@@ -617,6 +617,7 @@ mod tests {
             container_socket: None,
             step_timeout: None,
             archive_limits: crate::apply::archive::ArchiveLimits::default(),
+            keep_max_bytes: crate::apply::KEEP_MAX_BYTES,
             contents: None,
             key: "/nonexistent/key".into(),
             progress: None,

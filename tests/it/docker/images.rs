@@ -272,3 +272,126 @@ fn docker_a_registry_that_asks_for_a_login_gets_the_clients_credentials() {
 fn podman_a_registry_that_asks_for_a_login_gets_the_clients_credentials() {
     a_registry_that_asks_for_a_login_gets_the_clients_credentials(PODMAN_CLI);
 }
+
+/// A credential helper for the test: `docker-credential-NAME get` reads the registry's name on
+/// standard input and answers with the login for the registry that asks for one, or says it has
+/// none (as the real helpers do, exit 1). Each call is logged to `calls`, so the test can tell
+/// which helper the agent ran.
+fn credential_helper(dir: &std::path::Path, name: &str, calls: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = dir.join(format!("docker-credential-{name}"));
+    let script = format!(
+        r#"#!/bin/sh
+read -r server
+echo "{name} $1 $server" >> {calls}
+if [ "$1" = get ] && [ "$server" = "{LOGIN_REGISTRY}" ]; then
+  printf '{{"ServerURL":"%s","Username":"mh-parity","Secret":"registry-pw-parity"}}\n' "$server"
+  exit 0
+fi
+echo "credentials not found in native keychain"
+exit 1
+"#,
+        calls = calls.display()
+    );
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Issue 45, point 7: a login kept by a credential helper (`credsStore` for every registry,
+/// `credHelpers` for one, which wins) is fetched by running `docker-credential-NAME get`, as
+/// the Docker CLI does, and sent with the pull; the secret reaches neither the report nor the
+/// log. Before, only `auths` was read, and the pull went without a login and was refused.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn docker_a_login_kept_by_a_credential_helper_is_fetched_from_it() {
+    let rt = DOCKER;
+    let mut p = Pushed::default();
+    let names = Names::new(rt, "helper");
+    assert!(
+        std::net::TcpStream::connect(LOGIN_REGISTRY).is_ok(),
+        "no registry answers on {LOGIN_REGISTRY}: run tests/testbed/40-registry.sh (as root)"
+    );
+    let s = Scratch::new();
+    let push_config = s.path("push-config");
+    let docker = |args: &[&str]| {
+        let out = std::process::Command::new("docker")
+            .arg("--config")
+            .arg(&push_config)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let mut login = std::process::Command::new("docker")
+        .arg("--config")
+        .arg(&push_config)
+        .args(["login", LOGIN_REGISTRY, "-u", "mh-parity", "--password-stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    login.stdin.take().unwrap().write_all(b"registry-pw-parity").unwrap();
+    assert!(login.wait().unwrap().success(), "docker login {LOGIN_REGISTRY}");
+    let image = format!("{LOGIN_REGISTRY}/mh-helper-{}/busybox:1", std::process::id());
+    docker(&["tag", IMAGE, &image]);
+    docker(&["push", &image]);
+    p.images.push(image.clone());
+
+    let helpers = s.path("helpers");
+    std::fs::create_dir_all(&helpers).unwrap();
+    let calls = s.path("calls");
+    credential_helper(&helpers, "mhstore", &calls);
+    credential_helper(&helpers, "mhone", &calls);
+    let path = format!("{}:{}", helpers.display(), std::env::var("PATH").unwrap_or_default());
+    let d = s.declare(json!([
+        {"type": "container", "id": "web.app", "name": names.container("web"), "image": image, "args": SERVE},
+    ]));
+    let apply = |config: serde_json::Value| {
+        let dir = s.path("client-config");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let _ = rt.run(&["rm", "-f", &names.container("web")]);
+        let _ = rt.run(&["rmi", &image]);
+        let _ = std::fs::remove_file(&calls);
+        let out = assert_cmd::Command::cargo_bin("mesh-host")
+            .unwrap()
+            .env("DOCKER_CONFIG", &dir)
+            .env("PATH", &path)
+            .env("MESH_HOST_LOG", "debug")
+            .arg("--state")
+            .arg(s.state())
+            .args(["apply", "--json", d.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code().unwrap_or(-1), report, log, std::fs::read_to_string(&calls).unwrap_or_default())
+    };
+
+    // credsStore: the one helper for every registry.
+    let (code, report, log, called) = apply(json!({"credsStore": "mhstore"}));
+    assert_eq!(code, 0, "{report:#}\n{log}");
+    assert!(detail(&report, "web.app").contains("pulled"), "{report:#}");
+    assert_eq!(called, format!("mhstore get {LOGIN_REGISTRY}\n"));
+    // credHelpers: that registry's own helper, before credsStore and before auths.
+    let (code, report, log, called) = apply(json!({
+        "credsStore": "absent-helper",
+        "credHelpers": {LOGIN_REGISTRY: "mhone"},
+        "auths": {LOGIN_REGISTRY: {"auth": "bWgtcGFyaXR5Ondyb25n"}},
+    }));
+    assert_eq!(code, 0, "{report:#}\n{log}");
+    assert_eq!(called, format!("mhone get {LOGIN_REGISTRY}\n"));
+    for said in [report.to_string(), log] {
+        assert!(!said.contains("registry-pw-parity"), "the secret leaked: {said}");
+    }
+    // A helper that has no login for the registry: the pull goes without one and the
+    // registry's refusal is the error, as before.
+    let (code, report, _, called) = apply(json!({"credHelpers": {LOGIN_REGISTRY: "absent-helper"}}));
+    assert_eq!(code, 1, "{report:#}");
+    assert!(called.is_empty());
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains("docker-credential-absent-helper"), "the missing helper is named: {message}");
+}

@@ -216,3 +216,65 @@ fn a_failure_within_the_budget_does_not_stall_a_soaking_rollout() {
     assert!(said.contains("h-000: FAILED: did not report the candidate"), "{said}");
     assert!(said.contains("3 of 4 node(s) run the candidate, and 1 failed"), "{said}");
 }
+
+/// Issue 42: the driver does not mix clocks. A resumed driver counts each node's deadline on its
+/// own monotonic clock from when it first saw the admission, never from the admission's `at`,
+/// the wall clock of whichever driver wrote it. Here the admissions say they were written an
+/// hour ago (a driver whose clock ran an hour ahead of this one's, or a wall clock stepped back
+/// since): the resumed driver waits for the nodes, which then report, and the rollout ends well.
+/// Before, it failed every node at its first look ("did not report ... within --deadline") and
+/// halted.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_resumed_driver_counts_deadlines_on_its_own_clock_not_on_the_admissions() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    hollow_fleet(&url, 2);
+    let first = start(&s, &url, &["--waves", "100%", "--soak", "0", "--deadline", "60"]);
+    assert!(wait_for(ROLLOUT, || admissions(&url).len() == 2), "{}", first.said());
+    drop(first);
+    for (node, _) in admissions(&url) {
+        let key = format!("{ADMITTED}{node}/admitted");
+        let out = etcdctl(&url, &["get", &key, "--print-value-only"]);
+        let mut a: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        a["at"] = json!(a["at"].as_u64().unwrap() - 3600);
+        put(&url, &key, &a.to_string(), None);
+    }
+    // The killed driver's key goes with its lease.
+    assert!(wait_for(ROLLOUT, || keys_under(&url, "/mesh-host/rollout/driver").is_empty()));
+    let resumed = Driver::start(&s, &["resume", "--etcd", &url]);
+    assert!(
+        wait_for(PATIENCE, || resumed.said().contains("waiting for 2 node(s)")),
+        "the resumed driver waits for the nodes: {}",
+        resumed.said()
+    );
+    assert!(!resumed.said().contains("FAILED"), "{}", resumed.said());
+    let _answers = Responder::start(&url, |_| Answer::Confirmed);
+    let (code, said) = resumed.finish(ROLLOUT);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("all 2 node(s) run the candidate"), "{said}");
+}
+
+/// Issue 43: every range is read in pages of 1,000 keys at one revision. 600 hollow nodes hold
+/// 1,200 keys under `/mesh-host/node/`: `fleet status` lists every one of them, across the page
+/// boundary, none twice, and a rollout is planned over all of them.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn ranges_over_a_thousand_keys_are_read_whole_in_pages() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let nodes = hollow_fleet(&url, 600);
+    let out = fleet(&s, &["status", "--etcd", &url, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed: Vec<&str> =
+        v["nodes"].as_array().unwrap().iter().map(|r| r["node"].as_str().unwrap()).collect();
+    assert_eq!(listed, nodes.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(v["nodes"].as_array().unwrap().iter().all(|r| r["alive"] == true && !r["status"].is_null()));
+    let _answers = Responder::start(&url, |_| Answer::Confirmed);
+    let driver = start(&s, &url, &["--waves", "100%", "--soak", "0", "--deadline", "120"]);
+    let (code, said) = driver.finish(ROLLOUT);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("all 600 node(s) run the candidate"), "{said}");
+}

@@ -65,6 +65,47 @@ fn etcdctl(endpoints: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The version of `key` (how many times it was written since it was made); 0 when absent. A
+/// barrier finer than a status's `written_at`, which counts in whole seconds.
+fn version_of(url: &str, key: &str) -> i64 {
+    let out = etcdctl(url, &["get", key, "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["kvs"][0]["version"].as_i64().unwrap_or(0)
+}
+
+/// The newest revision etcd has: every change made so far is at or below it.
+fn revision_now(url: &str) -> i64 {
+    let out = etcdctl(url, &["get", "/", "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["header"]["revision"].as_i64().unwrap()
+}
+
+/// The seconds left on the lease `key` is bound to, and the lease, as etcd says them.
+fn lease_left(url: &str, key: &str) -> Option<(i64, i64)> {
+    let out = etcdctl(url, &["get", key, "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let lease = v["kvs"][0]["lease"].as_i64().filter(|l| *l != 0)?;
+    let out = etcdctl(url, &["lease", "timetolive", &format!("{lease:x}"), "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    Some((lease, v["ttl"].as_i64()?))
+}
+
+/// Waits until the lease that `key` (a node's presence) is bound to has been renewed: the
+/// seconds etcd says it has left went up since the lowest seen, or the key moved to another
+/// lease. The barrier for "past a lease renewal", instead of a sleep of its period.
+fn lease_renewed(url: &str, key: &str, within: Duration) -> bool {
+    let Some((first, mut lowest)) = lease_left(url, key) else { return false };
+    wait_for(within, || match lease_left(url, key) {
+        Some((lease, left)) if lease == first => {
+            let renewed = left > lowest;
+            lowest = lowest.min(left);
+            renewed
+        }
+        Some(_) => true,
+        None => false,
+    })
+}
+
 /// The keys under a prefix, as etcdctl prints them (key and value lines).
 fn keys_under(endpoints: &str, prefix: &str) -> Vec<String> {
     let out = etcdctl(endpoints, &["get", "--prefix", "--keys-only", prefix]);

@@ -359,13 +359,6 @@ fn row<'a>(status: &'a serde_json::Value, node: &str) -> &'a serde_json::Value {
     status["nodes"].as_array().unwrap().iter().find(|r| r["node"] == node).unwrap_or(&serde_json::Value::Null)
 }
 
-/// The version of a key (how many times it was written since it was made), 0 when absent.
-fn version_of(url: &str, key: &str) -> i64 {
-    let out = etcdctl(url, &["get", key, "-w", "json"]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v["kvs"][0]["version"].as_i64().unwrap_or(0)
-}
-
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn a_node_reports_its_status_at_most_once_a_second_and_its_presence_goes_with_it() {
@@ -408,7 +401,14 @@ fn a_node_reports_its_status_at_most_once_a_second_and_its_presence_goes_with_it
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(wait_for(PATIENCE, || read(&conf) == "a\n"), "{}", daemon.log());
-    std::thread::sleep(Duration::from_millis(1500));
+    // The barrier: the status in etcd counts every correction the daemon counted, so the write
+    // that reports the last one has landed (the rate limit holds it back up to a second).
+    let reported = || {
+        let counted = daemon.metric("mesh_host_drift_corrections_total");
+        let said = row(&fleet_status(&s, &url).1, "st-1")["status"]["drift_corrections"].as_f64();
+        counted >= 1.0 && said == Some(counted)
+    };
+    assert!(wait_for(PATIENCE, reported), "{:#}\n{}", fleet_status(&s, &url).1, daemon.log());
     let writes = version_of(&url, key) - before;
     let seconds = start.elapsed().as_secs_f64();
     assert!(writes >= 1, "the corrections were reported");
@@ -467,8 +467,9 @@ fn a_node_in_steady_state_holds_exactly_one_tcp_connection_to_etcd() {
         daemon.log()
     );
     let pid = daemon.child.as_ref().unwrap().id();
-    // Steady state: past a lease renewal (every 3 s) and a status write.
-    std::thread::sleep(Duration::from_secs(4));
+    let alive = "/mesh-host/node/one/alive";
+    // Steady state: past a lease renewal (every 3 s), seen in the lease's time left.
+    assert!(lease_renewed(&url, alive, PATIENCE), "the lease was never renewed: {}", daemon.log());
     assert_eq!(connections_to(pid, etcd.client), 1, "ss -tnp:\n{}\n{}", ss_of(pid), daemon.log());
     // A change: the confirmation window (issue 25) drops that connection and dials a new one
     // for its round trip, and the watch follows it there. While they swap, the old one may
@@ -498,8 +499,8 @@ fn a_node_in_steady_state_holds_exactly_one_tcp_connection_to_etcd() {
         ss_of(pid),
         daemon.log()
     );
-    // And it stays one, past a lease renewal and a status write.
-    std::thread::sleep(Duration::from_secs(4));
+    // And it stays one, past a lease renewal.
+    assert!(lease_renewed(&url, alive, PATIENCE), "the lease was never renewed: {}", daemon.log());
     assert_eq!(connections_to(pid, etcd.client), 1, "ss -tnp:\n{}\n{}", ss_of(pid), daemon.log());
     assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
 }
@@ -526,11 +527,7 @@ fn an_idle_watch_is_known_alive_and_where_it_stands_from_etcds_progress_notices(
     for i in 0..3 {
         assert!(etcdctl(&url, &["put", &format!("/elsewhere/{i}"), "x"]).status.success());
     }
-    let revision = {
-        let out = etcdctl(&url, &["endpoint", "status", "-w", "json"]);
-        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        status[0]["Status"]["header"]["revision"].as_i64().unwrap() as f64
-    };
+    let revision = revision_now(&url) as f64;
     assert!(
         wait_for(PATIENCE, || daemon.metric("mesh_host_etcd_watch_revision") >= revision),
         "the watch's revision reached {revision} from progress notices alone: {}\n{}",
@@ -577,4 +574,42 @@ fn a_nodes_escape_sequences_in_its_status_reach_no_terminal_through_fleet_status
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let nodes = v["nodes"].as_array().unwrap();
     assert!(nodes.iter().any(|n| n["status"]["last_error"].as_str().is_some_and(|e| e.starts_with(TITLE))));
+}
+
+/// Issue 43: a node's status is bounded. A refusal whose message is hundreds of KB long (1,500
+/// problems, each named) is written cut to the bound of a field, saying so, and the whole status
+/// stays under its bound; the node's log has the refusal whole. Before, the status carried it
+/// all, a revision that large in etcd's history at each write.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_status_with_a_huge_refusal_is_written_cut_and_bounded() {
+    let url = need_testbed_etcd();
+    let s = Scratch::new();
+    let name = unique("bounded");
+    let good = s.path("in/d.json");
+    write_declaration(&good, json!([{"type": "file", "id": "a", "path": s.p("out/a"), "content": "a\n"}]));
+    let out = fleet(&s, &["put", "--etcd", url, "--node", &name, good.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let daemon = node(&s, url, &name, &[]);
+    let resources: Vec<serde_json::Value> = (0..1500)
+        .map(|i| json!({"type": "file", "id": format!("f{i}"), "path": format!("rel/{i}")}))
+        .collect();
+    let bad = json!({"version": 1, "resources": resources});
+    let key = format!("/mesh-host/node/{name}/declaration/d.json");
+    assert!(etcdctl(url, &["put", &key, &bad.to_string()]).status.success());
+    let status = || {
+        let out = etcdctl(url, &["get", &format!("/mesh-host/node/{name}/status"), "--print-value-only"]);
+        out.stdout
+    };
+    assert!(
+        wait_for(PATIENCE, || String::from_utf8_lossy(&status()).contains("is refused")),
+        "{}",
+        daemon.log()
+    );
+    let written = status();
+    assert!(written.len() <= 32 << 10, "the status is {} bytes", written.len());
+    let v: serde_json::Value = serde_json::from_slice(&written).unwrap();
+    assert!(v["refused"].as_str().unwrap().contains("cut by the node"), "{v:#}");
+    assert!(daemon.log().contains("over 4096 bytes"), "said once in the log");
+    let _ = etcdctl(url, &["del", "--prefix", &format!("/mesh-host/node/{name}/")]);
 }

@@ -16,19 +16,24 @@
 //! tokio-rustls), not by tonic's own TLS: the key and certificates are read again at every
 //! connect, so a certificate renewed in place is taken at the next reconnect without a restart,
 //! and a refusal can say that etcd asked for a certificate the client does not have.
+//!
+//! Here: the client, its calls and its failover from one endpoint to the next. `tls`: the TLS
+//! files and the connector; `watch`: the Watch stream and what its answers say.
 
-use std::path::{Path, PathBuf};
-use std::pin::Pin;
+mod tls;
+mod watch;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use secrecy::{ExposeSecret as _, SecretString};
-use tokio::sync::mpsc;
 use tonic::codegen::http;
 use tonic::transport::Channel;
+
+use tls::Connector;
+pub use tls::{TlsFiles, TlsRefusal};
+pub use watch::Seen;
 
 /// The code generated from etcd's protos (`build.rs`): private, undocumented, not linted.
 #[allow(missing_docs, dead_code, clippy::all, clippy::pedantic, unreachable_pub)]
@@ -63,6 +68,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const KEEPALIVE: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The most keys one range answer holds: a larger range is read in pages of this many, all at
+/// one revision (issue 43: a whole fleet's statuses in one answer cost etcd several times their
+/// size in memory).
+const PAGE: i64 = 1000;
+
 /// The largest message read from etcd: its own default request limit is 1.5 MiB per value, and
 /// a range holds a node's whole declaration.
 const ANSWER_LIMIT: usize = 512 << 20;
@@ -80,6 +90,8 @@ pub enum Error {
         endpoints: String,
         /// Why none answered.
         message: String,
+        /// The last one's TLS refused the connection, and why, as rustls said it.
+        tls: Option<TlsRefusal>,
     },
     /// etcd answered a call with an error.
     #[error("etcd at {endpoint} refused {call}: {message}")]
@@ -216,164 +228,6 @@ pub struct Range {
     pub kvs: Vec<Kv>,
 }
 
-/// The files of TLS to etcd: whom to trust, and who this client is.
-#[derive(Clone, Debug, Default)]
-pub struct TlsFiles {
-    /// The CA certificates (PEM) that etcd's server certificates are checked against. Required
-    /// for `https://` endpoints: the machine's own trust store is never used, since an etcd
-    /// cluster's certificates come from a CA of its own.
-    pub ca: Option<PathBuf>,
-    /// This client's certificate chain (PEM), shown to etcd when it asks for one
-    /// (`--client-cert-auth`).
-    pub cert: Option<PathBuf>,
-    /// The private key of that certificate (PEM), readable by its owner only.
-    pub key: Option<PathBuf>,
-}
-
-impl TlsFiles {
-    fn is_empty(&self) -> bool {
-        self.ca.is_none() && self.cert.is_none() && self.key.is_none()
-    }
-
-    /// The TLS configuration these files make, read from them now: etcd's certificate checked
-    /// against the CA, the client's certificate shown when there is one, and HTTP/2 asked for
-    /// (gRPC's). Without a certificate, the resolver that notes whether etcd asked for one.
-    fn config(&self) -> Result<(rustls::ClientConfig, Option<Arc<NoCertificate>>), String> {
-        let (mut config, asked) = self.config_without_alpn()?;
-        config.alpn_protocols = vec![b"h2".to_vec()];
-        Ok((config, asked))
-    }
-
-    fn config_without_alpn(&self) -> Result<(rustls::ClientConfig, Option<Arc<NoCertificate>>), String> {
-        let Some(ca) = &self.ca else {
-            return Err(
-                "https:// endpoints need --etcd-ca, the CA certificate that signed etcd's: without it there is nothing to check etcd's certificate against"
-                    .into(),
-            );
-        };
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in certificates("--etcd-ca", ca)? {
-            roots.add(cert).map_err(|e| {
-                format!("--etcd-ca {}: a certificate that cannot be trusted: {e}", ca.display())
-            })?;
-        }
-        let builder = rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS: {e}"))?
-            .with_root_certificates(roots);
-        match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => {
-                // The key first: one readable by others is refused whatever else is wrong.
-                let key = private_key(key)?;
-                let chain = certificates("--etcd-cert", cert)?;
-                let config = builder.with_client_auth_cert(chain, key).map_err(|e| {
-                    format!(
-                        "--etcd-cert {} and --etcd-key: not a certificate and its key: {e}",
-                        cert.display()
-                    )
-                })?;
-                Ok((config, None))
-            }
-            (None, None) => {
-                let asked = Arc::new(NoCertificate::default());
-                Ok((builder.with_client_cert_resolver(asked.clone()), Some(asked)))
-            }
-            (Some(_), None) => Err("--etcd-cert needs --etcd-key, the certificate's private key".into()),
-            (None, Some(_)) => Err("--etcd-key needs --etcd-cert, the certificate it is the key of".into()),
-        }
-    }
-}
-
-/// The client certificate of a client that has none: it shows none, and notes whether etcd
-/// asked. Under TLS 1.3, etcd's refusal of a client without a certificate comes after the
-/// handshake, and often reaches the client only as a connection closed, without the alert's
-/// words; this is what lets the connector say why all the same, before any request is sent.
-#[derive(Debug, Default)]
-struct NoCertificate {
-    asked: std::sync::atomic::AtomicBool,
-}
-
-impl rustls::client::ResolvesClientCert for NoCertificate {
-    fn resolve(
-        &self,
-        _issuers: &[&[u8]],
-        _schemes: &[rustls::SignatureScheme],
-    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
-        self.asked.store(true, Ordering::Relaxed);
-        None
-    }
-
-    fn has_certs(&self) -> bool {
-        false
-    }
-}
-
-/// rustls's cryptography from ring: aws-lc-rs, rustls's default, builds C with cmake and clang,
-/// which neither CI nor the Debian package's build should need (docs/dependencies.md).
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// Every certificate in a PEM file, at least one.
-fn certificates(option: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let bytes = crate::system::read_input(path, PEM_LIMIT)
-        .map_err(|e| format!("{option} {}: cannot read it: {e}", path.display()))?;
-    let certs = CertificateDer::pem_slice_iter(&bytes)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{option} {}: not PEM certificates: {e}", path.display()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "{option} {}: no certificate (-----BEGIN CERTIFICATE-----) in it",
-            path.display()
-        ));
-    }
-    Ok(certs)
-}
-
-/// The client's private key, read as the node's sealing key is: refused when anyone but its
-/// owner (the agent) can read it, or when it is a symlink.
-fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    use crate::system::keys::KeyFileError;
-    let text = match crate::system::keys::read(path) {
-        Ok(Some(text)) => text,
-        Ok(None) => return Err(format!("--etcd-key {}: no such file", path.display())),
-        Err(KeyFileError::Exposed { mode, .. }) => {
-            return Err(format!(
-                "--etcd-key {path} is readable by others than its owner (mode {mode:04o}): it is refused, since anyone who can read it can speak to etcd as this node; `chmod 600 {path}`, and if it may have been copied, have a new certificate made",
-                path = path.display()
-            ))
-        }
-        Err(e) => return Err(format!("--etcd-key: {e}")),
-    };
-    // The key's bytes are never in a message: the parser's error says only what it missed.
-    PrivateKeyDer::from_pem_slice(text.expose_secret().as_bytes()).map_err(|e| {
-        format!("--etcd-key {}: no PEM private key (PKCS#8, RSA or EC) in it: {e}", path.display())
-    })
-}
-
-/// What etcd's TLS refusal means, for the operator reading it: the hint beside rustls's own
-/// words, which are exact but terse. `asked` when etcd asked this client, which has no
-/// certificate, for one.
-fn tls_hint(message: &str, asked: bool) -> &'static str {
-    if asked {
-        " (etcd asked for a client certificate and mesh-host has none: give --etcd-cert and --etcd-key, a certificate signed by the CA etcd trusts)"
-    } else if message.contains("not valid for name") {
-        " (etcd's certificate does not name the host or address the endpoint gives: use one it names)"
-    } else if message.contains("invalid peer certificate") {
-        " (etcd's certificate is not signed by the CA of --etcd-ca, or is not valid now)"
-    } else if message.contains("CertificateRequired") {
-        " (etcd asks for a client certificate signed by the CA it trusts: give --etcd-cert and --etcd-key)"
-    } else if message.contains("BadCertificate")
-        || message.contains("CertificateExpired")
-        || message.contains("CertificateRevoked")
-        || message.contains("UnknownCA")
-    {
-        CERTIFICATE_REFUSED
-    } else {
-        ""
-    }
-}
-
 /// The end of the range of every key that starts with `prefix` (etcd's `range_end`).
 pub fn prefix_end(prefix: &str) -> Vec<u8> {
     let mut end = prefix.as_bytes().to_vec();
@@ -427,167 +281,14 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     message
 }
 
-/// `chain`, with the hint of a TLS refusal that came after the handshake (under TLS 1.3, etcd's
-/// refusal of a certificate reaches the client as an alert on the first read, through HTTP/2,
-/// not through the connector).
-fn said(e: &(dyn std::error::Error + 'static)) -> String {
+/// `chain`, with the hint of a TLS refusal (the connector's, or one that came after the
+/// handshake: under TLS 1.3, etcd's refusal of a certificate reaches the client as an alert on
+/// the first read, through HTTP/2, not through the connector); and the refusal.
+pub(super) fn said(e: &(dyn std::error::Error + 'static)) -> (String, Option<TlsRefusal>) {
     let message = chain(e);
-    let hint = tls_hint(&message, false);
-    if message.contains(hint.trim_start()) {
-        message
-    } else {
-        message + hint
-    }
-}
-
-/// What the channel dials with: TCP, and TLS over it for `https://` endpoints, the files read
-/// again at every connect.
-#[derive(Clone)]
-struct Connector {
-    tls: Option<Arc<TlsFiles>>,
-}
-
-/// A connection the channel speaks HTTP/2 over: plain TCP or TLS.
-trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
-
-type Connected = hyper_util::rt::TokioIo<Box<dyn Io>>;
-
-impl tower_service::Service<http::Uri> for Connector {
-    type Response = Connected;
-    type Error = std::io::Error;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<Connected, std::io::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: http::Uri) -> Self::Future {
-        let tls = self.tls.clone();
-        Box::pin(async move { connect(&uri, tls.as_deref()).await.map_err(std::io::Error::other) })
-    }
-}
-
-/// One connection to `uri`: TCP, then TLS when `tls` is given, with the files read now.
-async fn connect(uri: &http::Uri, tls: Option<&TlsFiles>) -> Result<Connected, String> {
-    let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_owned();
-    let port = uri.port_u16().unwrap_or(2379);
-    let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await.map_err(|e| e.to_string())?;
-    tcp.set_nodelay(true).map_err(|e| e.to_string())?;
-    let Some(tls) = tls else {
-        return Ok(hyper_util::rt::TokioIo::new(Box::new(tcp) as Box<dyn Io>));
-    };
-    let (config, no_certificate) = tls.config()?;
-    let name = rustls_pki_types::ServerName::try_from(host.clone())
-        .map_err(|e| format!("{host}: not a name TLS can check a certificate against: {e}"))?;
-    let stream =
-        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.map_err(|e| {
-            let message = chain(&e);
-            let asked = no_certificate.as_ref().is_some_and(|n| n.asked.load(Ordering::Relaxed));
-            let hint = tls_hint(&message, asked);
-            format!("TLS: {message}{hint}")
-        })?;
-    // Under TLS 1.3 etcd refuses a client without a certificate only after the handshake: said
-    // now, in words, rather than as the connection closed a moment later.
-    if no_certificate.is_some_and(|n| n.asked.load(Ordering::Relaxed)) {
-        return Err(format!(
-            "TLS: {}",
-            tls_hint("", true).trim_start().trim_start_matches('(').trim_end_matches(')')
-        ));
-    }
-    let primed = accepted(stream).await?;
-    Ok(hyper_util::rt::TokioIo::new(Box::new(primed) as Box<dyn Io>))
-}
-
-/// How long the connector waits for etcd's first bytes after the handshake.
-const FIRST_BYTES: Duration = Duration::from_secs(2);
-
-/// Whether etcd took the client's certificate. Under TLS 1.3 the client's side of the handshake
-/// ends before etcd has checked its certificate, and a refusal (expired, revoked, another CA's)
-/// comes as an alert on the first read; read through HTTP/2 it may surface as an alert, a reset
-/// or a closed connection, depending on timing. So the first bytes are read here: etcd's HTTP/2
-/// server speaks first (its SETTINGS), so they come at once, and a refusal is said in words.
-/// The bytes read are handed on in front of the rest. Nothing come after `FIRST_BYTES`: handed
-/// on as it is.
-async fn accepted<S>(mut stream: S) -> Result<Primed<S>, String>
-where
-    S: tokio::io::AsyncRead + Unpin,
-{
-    use tokio::io::AsyncReadExt as _;
-    let mut first = vec![0; 16 << 10];
-    match tokio::time::timeout(FIRST_BYTES, stream.read(&mut first)).await {
-        Ok(Ok(0)) => Err(format!(
-            "TLS: etcd closed the connection just after the handshake, as it does when it refuses the client's certificate{CERTIFICATE_REFUSED}"
-        )),
-        Ok(Ok(n)) => {
-            first.truncate(n);
-            Ok(Primed { first, at: 0, inner: stream })
-        }
-        Ok(Err(e)) => {
-            let message = chain(&e);
-            Err(format!("TLS: {message}{}", tls_hint(&message, false)))
-        }
-        Err(_) => Ok(Primed { first: Vec::new(), at: 0, inner: stream }),
-    }
-}
-
-/// A stream with the bytes `accepted` read put back in front of the rest.
-struct Primed<S> {
-    first: Vec<u8>,
-    at: usize,
-    inner: S,
-}
-
-impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Primed<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        if this.at < this.first.len() {
-            let n = (this.first.len() - this.at).min(buf.remaining());
-            buf.put_slice(&this.first[this.at..this.at + n]);
-            this.at += n;
-            return std::task::Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Primed<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
-/// The hint beside TLS's words when etcd refused the client's certificate: what
-/// `Error::certificate_refused` looks for.
-const CERTIFICATE_REFUSED: &str = " (etcd refused the client certificate of --etcd-cert: not signed by the CA etcd trusts, expired, or revoked; write a valid one and its key in place, they are read again at every connection)";
-
-impl Error {
-    /// Whether etcd could not be reached because it refused the client's certificate: the
-    /// operator's to mend, by writing a new one in place.
-    pub fn certificate_refused(&self) -> bool {
-        matches!(self, Error::Unreachable { message, .. } if message.contains(CERTIFICATE_REFUSED.trim_start()))
+    match TlsRefusal::in_chain(e) {
+        Some(tls) => (format!("{message} ({})", tls.hint()), Some(tls)),
+        None => (message, None),
     }
 }
 
@@ -698,12 +399,16 @@ impl Etcd {
             return Ok((c.at, c.channel.clone()));
         }
         let start = self.current.load(Ordering::Relaxed);
-        let mut last = String::new();
+        let (mut last, mut tls) = (String::new(), None);
         for i in 0..self.endpoints.len() {
             let at = (start + i) % self.endpoints.len();
             let endpoint = &self.endpoints[at];
             let dial = tonic::transport::Endpoint::from_shared(endpoint.clone())
-                .map_err(|e| Error::Unreachable { endpoints: endpoint.clone(), message: e.to_string() })?
+                .map_err(|e| Error::Unreachable {
+                    endpoints: endpoint.clone(),
+                    message: e.to_string(),
+                    tls: None,
+                })?
                 .connect_timeout(CONNECT_TIMEOUT)
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(KEEPALIVE)
@@ -715,12 +420,16 @@ impl Etcd {
                     *connection = Some(Connection { at, channel: channel.clone() });
                     return Ok((at, channel));
                 }
-                Err(e) => last = format!("{endpoint}: {}", said(&e)),
+                Err(e) => {
+                    let (message, refusal) = said(&e);
+                    (last, tls) = (format!("{endpoint}: {message}"), refusal);
+                }
             }
         }
         Err(Error::Unreachable {
             endpoints: self.endpoints(),
             message: format!("no etcd endpoint could be connected to; last: {last}"),
+            tls,
         })
     }
 
@@ -838,14 +547,15 @@ impl Etcd {
         F: Fn(Channel) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let mut last = String::new();
+        let (mut last, mut tls) = (String::new(), None);
         for _ in 0..self.endpoints.len() {
             let (at, channel) = self.channel().await?;
             let endpoint = &self.endpoints[at];
             match tokio::time::timeout(CALL_TIMEOUT, f(channel)).await {
                 Ok(Ok(answer)) => return Ok(answer.into_inner()),
                 Ok(Err(status)) if another_may_answer(&status) => {
-                    last = format!("{endpoint}: {}", said(&status));
+                    let (message, refusal) = said(&status);
+                    (last, tls) = (format!("{endpoint}: {message}"), refusal);
                     if sent_and_lost(&status) {
                         *lost = Some(last.clone());
                     }
@@ -862,7 +572,8 @@ impl Etcd {
                     });
                 }
                 Err(_) => {
-                    last = format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT));
+                    (last, tls) =
+                        (format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)), None);
                     *lost = Some(last.clone());
                 }
             }
@@ -871,6 +582,7 @@ impl Etcd {
         Err(Error::Unreachable {
             endpoints: self.endpoints(),
             message: format!("no etcd endpoint answered {call}; last: {last}"),
+            tls,
         })
     }
 
@@ -878,32 +590,49 @@ impl Etcd {
         KvClient::new(channel).max_decoding_message_size(ANSWER_LIMIT)
     }
 
-    /// Every key under `prefix`, in key order, at `revision` (the latest when `None`).
+    /// Every key under `prefix`, in key order, at `revision` (the latest when `None`): read in
+    /// pages of `PAGE` keys, each at the first page's revision, so no answer holds a whole
+    /// fleet's keys at once (etcd holds several times a large range in memory while it answers).
     pub async fn range_prefix(&self, prefix: &str, revision: Option<i64>) -> Result<Range, Error> {
-        let (key, range_end) = range_of(prefix);
-        let message =
-            rpc::RangeRequest { key, range_end, revision: revision.unwrap_or(0), ..Default::default() };
-        let answer = match self
-            .call("a range read", |channel| {
-                let request = self.request(message.clone());
-                async move { Self::kv(channel).range(request).await }
-            })
-            .await
-        {
-            Err(Error::Compacted(_)) => return Err(Error::Compacted(revision.unwrap_or(0))),
-            other => other?,
-        };
-        let revision = answer.header.map_or(0, |h| h.revision);
-        let mut kvs = Vec::with_capacity(answer.kvs.len());
-        for kv in answer.kvs {
-            let key = String::from_utf8(kv.key).map_err(|_| Error::Garbled {
-                endpoint: self.endpoints[self.current.load(Ordering::Relaxed)].clone(),
-                call: "a range read",
-                message: "a key that is not UTF-8".into(),
-            })?;
-            kvs.push(Kv { key, value: kv.value, mod_revision: kv.mod_revision });
+        let (mut key, range_end) = range_of(prefix);
+        let mut at = revision.unwrap_or(0);
+        let mut kvs = Vec::new();
+        loop {
+            let message = rpc::RangeRequest {
+                key: key.clone(),
+                range_end: range_end.clone(),
+                revision: at,
+                limit: PAGE,
+                ..Default::default()
+            };
+            let answer = match self
+                .call("a range read", |channel| {
+                    let request = self.request(message.clone());
+                    async move { Self::kv(channel).range(request).await }
+                })
+                .await
+            {
+                Err(Error::Compacted(_)) => return Err(Error::Compacted(at)),
+                other => other?,
+            };
+            if at == 0 {
+                at = answer.header.map_or(0, |h| h.revision);
+            }
+            let more = answer.more;
+            for kv in answer.kvs {
+                let name = String::from_utf8(kv.key).map_err(|_| Error::Garbled {
+                    endpoint: self.endpoints[self.current.load(Ordering::Relaxed)].clone(),
+                    call: "a range read",
+                    message: "a key that is not UTF-8".into(),
+                })?;
+                kvs.push(Kv { key: name, value: kv.value, mod_revision: kv.mod_revision });
+            }
+            match kvs.last() {
+                // The next page starts just after the last key read.
+                Some(last) if more => key = [last.key.as_bytes(), &[0]].concat(),
+                _ => return Ok(Range { revision: at, kvs }),
+            }
         }
-        Ok(Range { revision, kvs })
     }
 
     /// One transaction: every write of `writes` when every condition of `conds` holds, else
@@ -1133,78 +862,6 @@ impl Etcd {
         .await?;
         Ok(made)
     }
-
-    /// Watches every key under each of `prefixes` from `start_revision` on, all on one Watch
-    /// stream of the connection (one watcher per prefix), with progress notices. The watch ends
-    /// (`next` says so) when the endpoint goes away; the caller watches anew from what it saw.
-    pub async fn watch_prefixes(&self, prefixes: &[String], start_revision: i64) -> Result<Watch, Error> {
-        self.ensure_token().await?;
-        let mut last = String::new();
-        for _ in 0..self.endpoints.len() {
-            // Taken before the channel: a move while the watch opens is seen by it.
-            let moved = self.moved.subscribe();
-            let (at, channel) = self.channel().await?;
-            let endpoint = self.endpoints[at].clone();
-            // The creations are queued before the stream opens: etcd answers the stream's
-            // headers with its first message, the first creation's answer.
-            let (tx, rx) = mpsc::channel(prefixes.len().max(1));
-            for prefix in prefixes {
-                let (key, range_end) = range_of(prefix);
-                let create = rpc::WatchCreateRequest {
-                    key,
-                    range_end,
-                    start_revision,
-                    progress_notify: true,
-                    ..Default::default()
-                };
-                let request = rpc::WatchRequest {
-                    request_union: Some(rpc::watch_request::RequestUnion::CreateRequest(create)),
-                };
-                // Room for every one: `rx` is right here.
-                let _ = tx.try_send(request);
-            }
-            let requests =
-                futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
-            let opened = tokio::time::timeout(
-                CALL_TIMEOUT,
-                WatchClient::new(channel)
-                    .max_decoding_message_size(ANSWER_LIMIT)
-                    .watch(self.request(requests)),
-            )
-            .await;
-            match opened {
-                Ok(Ok(answers)) => {
-                    return Ok(Watch {
-                        _requests: tx,
-                        answers: answers.into_inner(),
-                        moved,
-                        watchers: Watchers {
-                            endpoint,
-                            progress: vec![start_revision - 1; prefixes.len()],
-                            created: 0,
-                        },
-                    });
-                }
-                Ok(Err(status)) if another_may_answer(&status) => {
-                    last = format!("{endpoint}: {}", said(&status));
-                }
-                Ok(Err(status)) => {
-                    return Err(Error::Refused {
-                        endpoint,
-                        call: "a watch",
-                        why: refusal_of(&status),
-                        message: status.message().to_owned(),
-                    })
-                }
-                Err(_) => last = format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)),
-            }
-            self.failed(at).await;
-        }
-        Err(Error::Unreachable {
-            endpoints: self.endpoints(),
-            message: format!("no etcd endpoint accepted a watch; last: {last}"),
-        })
-    }
 }
 
 /// A condition of a transaction (`Etcd::txn`).
@@ -1244,262 +901,5 @@ pub enum Write {
     DeletePrefix(String),
 }
 
-/// What a watch saw.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Seen {
-    /// Every prefix's watcher is in place.
-    Created,
-    /// Keys under a prefix changed; the revision of the last change.
-    Changed(i64),
-    /// A progress notice: every watcher is alive, and has sent every change up to the
-    /// revision given (`Watch::seen`).
-    Progress(i64),
-}
-
-/// The watchers of one client's prefixes on one Watch stream, read with `next`.
-pub struct Watch {
-    /// The request side of the stream, held open: dropping it would end the stream.
-    _requests: mpsc::Sender<rpc::WatchRequest>,
-    answers: tonic::Streaming<rpc::WatchResponse>,
-    /// Changes when the client drops the connection this watch is on (for another endpoint, or
-    /// `reconnect`).
-    moved: tokio::sync::watch::Receiver<u64>,
-    watchers: Watchers,
-}
-
-/// What a watch's answers have said so far.
-struct Watchers {
-    endpoint: String,
-    /// Per watcher (etcd numbers them 0, 1... in the order created): the revision up to which
-    /// it has sent every change, from its progress notices.
-    progress: Vec<i64>,
-    /// How many watchers etcd said it created.
-    created: usize,
-}
-
-impl Watch {
-    /// The next thing the watch saw. An error when the stream ended or broke (the caller
-    /// watches again from `seen`), a watcher was cancelled, or etcd compacted the revision asked
-    /// for (a full read).
-    pub async fn next(&mut self) -> Result<Seen, Error> {
-        loop {
-            let answer = tokio::select! {
-                answer = self.answers.message() => answer,
-                // The sender lives as long as the client; gone, the watch goes too.
-                _ = self.moved.changed() => {
-                    return Err(Error::Unreachable {
-                        endpoints: self.watchers.endpoint.clone(),
-                        message: "the client dropped its connection (for another endpoint, or to dial afresh); the watch follows it".into(),
-                    })
-                }
-            };
-            let answer = match answer {
-                Ok(Some(answer)) => answer,
-                Ok(None) => {
-                    return Err(Error::Unreachable {
-                        endpoints: self.watchers.endpoint.clone(),
-                        message: "the watch ended".into(),
-                    })
-                }
-                Err(status) => {
-                    return Err(Error::Unreachable {
-                        endpoints: self.watchers.endpoint.clone(),
-                        message: format!("the watch broke: {}", said(&status)),
-                    })
-                }
-            };
-            if let Some(seen) = self.watchers.read(&answer)? {
-                return Ok(seen);
-            }
-        }
-    }
-
-    /// The revision up to which every watcher has sent every change: where a new watch resumes
-    /// from (`seen() + 1`) without missing anything.
-    pub fn seen(&self) -> i64 {
-        self.watchers.seen()
-    }
-}
-
-impl Watchers {
-    fn seen(&self) -> i64 {
-        self.progress.iter().copied().min().unwrap_or(0)
-    }
-
-    /// What one answer says: `None` for one that says nothing to act on yet.
-    fn read(&mut self, answer: &rpc::WatchResponse) -> Result<Option<Seen>, Error> {
-        if answer.compact_revision > 0 {
-            return Err(Error::Compacted(answer.compact_revision));
-        }
-        if answer.canceled {
-            let reason =
-                if answer.cancel_reason.is_empty() { "no reason given" } else { &answer.cancel_reason };
-            return Err(Error::Cancelled {
-                endpoint: self.endpoint.clone(),
-                why: Refusal::of_status(reason),
-                reason: reason.to_owned(),
-            });
-        }
-        if answer.created {
-            self.created += 1;
-            return Ok((self.created == self.progress.len()).then_some(Seen::Created));
-        }
-        if let Some(last) = answer.events.iter().filter_map(|e| e.kv.as_ref()).map(|kv| kv.mod_revision).max()
-        {
-            return Ok(Some(Seen::Changed(last)));
-        }
-        // No events: a progress notice, everything up to the header's revision sent.
-        let revision = answer.header.as_ref().map_or(0, |h| h.revision);
-        let Some(at) = usize::try_from(answer.watch_id).ok().and_then(|id| self.progress.get_mut(id)) else {
-            return Ok(None);
-        };
-        *at = (*at).max(revision);
-        Ok(Some(Seen::Progress(self.seen())))
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn watchers(n: usize, from: i64) -> Watchers {
-        Watchers { endpoint: "http://127.0.0.1:2379".into(), progress: vec![from - 1; n], created: 0 }
-    }
-
-    fn answer(watch_id: i64, revision: i64) -> rpc::WatchResponse {
-        rpc::WatchResponse {
-            header: Some(rpc::ResponseHeader { revision, ..Default::default() }),
-            watch_id,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_watch_answer_is_read_as_etcd_means_it() {
-        let mut w = watchers(2, 10);
-        let created = rpc::WatchResponse { created: true, ..answer(0, 12) };
-        assert_eq!(w.read(&created).unwrap(), None, "one of two watchers in place");
-        let created = rpc::WatchResponse { created: true, ..answer(1, 12) };
-        assert_eq!(w.read(&created).unwrap(), Some(Seen::Created), "both");
-        assert_eq!(w.seen(), 9, "the creation's revision is not progress: older changes may follow");
-
-        // Progress notices, one per watcher: the watch has sent everything up to the lower.
-        assert_eq!(w.read(&answer(0, 20)).unwrap(), Some(Seen::Progress(9)));
-        assert_eq!(w.read(&answer(1, 25)).unwrap(), Some(Seen::Progress(20)));
-        assert_eq!(w.seen(), 20);
-
-        let kv = |rev| pb::mvccpb::KeyValue { key: b"a".to_vec(), mod_revision: rev, ..Default::default() };
-        let event = |rev| pb::mvccpb::Event { kv: Some(kv(rev)), ..Default::default() };
-        let events = rpc::WatchResponse { events: vec![event(27), event(29)], ..answer(1, 29) };
-        assert_eq!(w.read(&events).unwrap(), Some(Seen::Changed(29)), "the last change's revision");
-
-        // A watch from a revision compacted away: a full read follows.
-        let compacted = rpc::WatchResponse { canceled: true, compact_revision: 40, ..answer(0, 50) };
-        assert!(matches!(w.read(&compacted), Err(Error::Compacted(40))));
-        // What etcd 3.4 answers a watch of keys the user may not read: taken, then cancelled,
-        // the gRPC status written out in the reason.
-        let denied = rpc::WatchResponse {
-            created: true,
-            canceled: true,
-            cancel_reason: "rpc error: code = PermissionDenied desc = etcdserver: permission denied".into(),
-            ..answer(-1, 50)
-        };
-        let e = w.read(&denied).unwrap_err();
-        assert!(matches!(e, Error::Cancelled { why: Refusal::PermissionDenied, .. }), "{e:?}");
-        assert!(e.to_string().contains("cancelled the watch: rpc error: code = PermissionDenied"), "{e}");
-        let bare = rpc::WatchResponse { canceled: true, ..answer(0, 50) };
-        let e = w.read(&bare).unwrap_err();
-        assert!(matches!(e, Error::Cancelled { why: Refusal::Other(None), .. }), "{e:?}");
-        assert!(e.to_string().contains("no reason given"), "{e}");
-    }
-
-    /// etcd's refusals, as gRPC statuses: read by code, and by etcd's fixed words only where
-    /// one code means several things.
-    #[test]
-    fn a_refusal_is_read_by_its_grpc_code() {
-        use tonic::{Code, Status};
-        let read = |code: Code, m: &str| {
-            let status = Status::new(code, m);
-            (refusal_of(&status), compacted(Some(status.code() as u64), status.message()))
-        };
-        assert_eq!(
-            read(Code::Unauthenticated, "etcdserver: invalid auth token"),
-            (Refusal::InvalidToken, false)
-        );
-        assert_eq!(
-            read(Code::PermissionDenied, "etcdserver: permission denied"),
-            (Refusal::PermissionDenied, false)
-        );
-        let role = read(Code::FailedPrecondition, "etcdserver: role name already exists");
-        assert_eq!(role, (Refusal::AlreadyExists, false));
-        let user = read(Code::FailedPrecondition, "etcdserver: user name already exists");
-        assert_eq!(user, (Refusal::AlreadyExists, false));
-        let not_found = read(Code::FailedPrecondition, "etcdserver: role name not found");
-        assert_eq!(not_found, (Refusal::Other(Some(9)), false), "the same code, another meaning");
-        assert!(read(Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted").1);
-        let future = read(Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision");
-        assert_eq!(future, (Refusal::Other(Some(11)), false), "out of range, not compacted");
-
-        let status = "rpc error: code = PermissionDenied desc = etcdserver: permission denied";
-        assert_eq!(Refusal::of_status(status), Refusal::PermissionDenied);
-        assert_eq!(Refusal::of_status("no reason given"), Refusal::Other(None));
-
-        // A member going away, stopping or without a leader: another endpoint is tried.
-        assert!(another_may_answer(&Status::unavailable("etcdserver: no leader")));
-        assert!(!another_may_answer(&Status::permission_denied("etcdserver: permission denied")));
-    }
-
-    #[test]
-    fn a_prefix_ends_at_its_last_byte_plus_one() {
-        assert_eq!(prefix_end("/a/"), b"/a0".to_vec());
-        assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
-        assert_eq!(prefix_end(""), vec![0]);
-    }
-
-    #[test]
-    fn endpoints_are_urls_spoken_to_one_way_and_https_needs_a_ca() {
-        let none = TlsFiles::default();
-        let e = Etcd::new("10.0.0.1:2379", &none).err().unwrap();
-        assert!(e.contains("a URL such as"), "{e}");
-        assert!(Etcd::new(" , ", &none).is_err());
-        let two = Etcd::new("http://10.0.0.1:2379, http://10.0.0.2:2379/", &none).unwrap();
-        assert_eq!(two.endpoints(), "http://10.0.0.1:2379,http://10.0.0.2:2379");
-
-        let e = Etcd::new("https://10.0.0.1:2379", &none).err().unwrap();
-        assert!(e.contains("need --etcd-ca"), "{e}");
-        let e = Etcd::new("https://10.0.0.1:2379,http://10.0.0.2:2379", &none).err().unwrap();
-        assert!(e.contains("some endpoints are https:// and some http://"), "{e}");
-        // Certificates for an endpoint that would not use them: said, not ignored.
-        let ca = TlsFiles { ca: Some("/nonexistent/ca.pem".into()), ..TlsFiles::default() };
-        let e = Etcd::new("http://10.0.0.1:2379", &ca).err().unwrap();
-        assert!(e.contains("would not use them"), "{e}");
-    }
-
-    #[test]
-    #[allow(clippy::disallowed_methods, reason = "the test writes the files it then gives")]
-    fn tls_files_that_cannot_be_used_are_refused_naming_the_option_and_the_file() {
-        let scratch = tempfile::tempdir().unwrap();
-        let missing = scratch.path().join("missing.pem");
-        let e = Etcd::new(
-            "https://127.0.0.1:2379",
-            &TlsFiles { ca: Some(missing.clone()), ..TlsFiles::default() },
-        )
-        .err()
-        .unwrap();
-        assert!(e.starts_with("--etcd-ca ") && e.contains("missing.pem") && e.contains("cannot read"), "{e}");
-        let empty = scratch.path().join("empty.pem");
-        std::fs::write(&empty, "not a certificate\n").unwrap();
-        let e = Etcd::new("https://127.0.0.1:2379", &TlsFiles { ca: Some(empty), ..TlsFiles::default() })
-            .err()
-            .unwrap();
-        assert!(e.contains("no certificate"), "{e}");
-    }
-
-    #[test]
-    fn tls_refusals_carry_a_hint() {
-        assert!(tls_hint("invalid peer certificate: UnknownIssuer", false).contains("--etcd-ca"));
-        assert!(tls_hint("received fatal alert: CertificateRequired", false).contains("--etcd-cert"));
-        assert!(tls_hint("", true).contains("has none"));
-        assert_eq!(tls_hint("Connection refused (os error 111)", false), "");
-    }
-}
+mod tests;

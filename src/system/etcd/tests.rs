@@ -1,0 +1,80 @@
+//! The unit tests of the etcd client's calls: refusals, prefixes, endpoints and TLS files.
+
+use super::*;
+
+/// etcd's refusals, as gRPC statuses: read by code, and by etcd's fixed words only where
+/// one code means several things.
+#[test]
+fn a_refusal_is_read_by_its_grpc_code() {
+    use tonic::{Code, Status};
+    let read = |code: Code, m: &str| {
+        let status = Status::new(code, m);
+        (refusal_of(&status), compacted(Some(status.code() as u64), status.message()))
+    };
+    assert_eq!(read(Code::Unauthenticated, "etcdserver: invalid auth token"), (Refusal::InvalidToken, false));
+    assert_eq!(
+        read(Code::PermissionDenied, "etcdserver: permission denied"),
+        (Refusal::PermissionDenied, false)
+    );
+    let role = read(Code::FailedPrecondition, "etcdserver: role name already exists");
+    assert_eq!(role, (Refusal::AlreadyExists, false));
+    let user = read(Code::FailedPrecondition, "etcdserver: user name already exists");
+    assert_eq!(user, (Refusal::AlreadyExists, false));
+    let not_found = read(Code::FailedPrecondition, "etcdserver: role name not found");
+    assert_eq!(not_found, (Refusal::Other(Some(9)), false), "the same code, another meaning");
+    assert!(read(Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted").1);
+    let future = read(Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision");
+    assert_eq!(future, (Refusal::Other(Some(11)), false), "out of range, not compacted");
+
+    let status = "rpc error: code = PermissionDenied desc = etcdserver: permission denied";
+    assert_eq!(Refusal::of_status(status), Refusal::PermissionDenied);
+    assert_eq!(Refusal::of_status("no reason given"), Refusal::Other(None));
+
+    // A member going away, stopping or without a leader: another endpoint is tried.
+    assert!(another_may_answer(&Status::unavailable("etcdserver: no leader")));
+    assert!(!another_may_answer(&Status::permission_denied("etcdserver: permission denied")));
+}
+
+#[test]
+fn a_prefix_ends_at_its_last_byte_plus_one() {
+    assert_eq!(prefix_end("/a/"), b"/a0".to_vec());
+    assert_eq!(prefix_end("a\u{7f}"), b"a\x80".to_vec());
+    assert_eq!(prefix_end(""), vec![0]);
+}
+
+#[test]
+fn endpoints_are_urls_spoken_to_one_way_and_https_needs_a_ca() {
+    let none = TlsFiles::default();
+    let e = Etcd::new("10.0.0.1:2379", &none).err().unwrap();
+    assert!(e.contains("a URL such as"), "{e}");
+    assert!(Etcd::new(" , ", &none).is_err());
+    let two = Etcd::new("http://10.0.0.1:2379, http://10.0.0.2:2379/", &none).unwrap();
+    assert_eq!(two.endpoints(), "http://10.0.0.1:2379,http://10.0.0.2:2379");
+
+    let e = Etcd::new("https://10.0.0.1:2379", &none).err().unwrap();
+    assert!(e.contains("need --etcd-ca"), "{e}");
+    let e = Etcd::new("https://10.0.0.1:2379,http://10.0.0.2:2379", &none).err().unwrap();
+    assert!(e.contains("some endpoints are https:// and some http://"), "{e}");
+    // Certificates for an endpoint that would not use them: said, not ignored.
+    let ca = TlsFiles { ca: Some("/nonexistent/ca.pem".into()), ..TlsFiles::default() };
+    let e = Etcd::new("http://10.0.0.1:2379", &ca).err().unwrap();
+    assert!(e.contains("would not use them"), "{e}");
+}
+
+#[test]
+#[allow(clippy::disallowed_methods, reason = "the test writes the files it then gives")]
+fn tls_files_that_cannot_be_used_are_refused_naming_the_option_and_the_file() {
+    let scratch = tempfile::tempdir().unwrap();
+    let missing = scratch.path().join("missing.pem");
+    let e =
+        Etcd::new("https://127.0.0.1:2379", &TlsFiles { ca: Some(missing.clone()), ..TlsFiles::default() })
+            .err()
+            .unwrap();
+    assert!(e.starts_with("--etcd-ca ") && e.contains("missing.pem") && e.contains("cannot read"), "{e}");
+    let empty = scratch.path().join("empty.pem");
+    std::fs::write(&empty, "not a certificate\n").unwrap();
+    let e = Etcd::new("https://127.0.0.1:2379", &TlsFiles { ca: Some(empty), ..TlsFiles::default() })
+        .err()
+        .unwrap();
+    assert!(e.contains("no certificate"), "{e}");
+}

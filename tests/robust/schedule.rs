@@ -1,0 +1,253 @@
+//! The schedules: the seeded one (an operator's workload beside a nemesis), and the directed
+//! one the mutants are caught with.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::check::Violation;
+use crate::history::{Entry, Phase};
+use crate::run::{fault, up, Plan, Rng, Up};
+use crate::system::{self, signal, wait_for};
+
+/// The operator: every 1-4 s an operation, chosen by what etcd holds (a rollout open or not).
+fn workload(up: &Up, rng: &mut Rng, until: Instant) {
+    let n = up.fleet.lock().unwrap().agents.len() as u64;
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(rng.range(1_000, 4_000)));
+        let out = system::etcdctl(&up.ops.endpoints, &["get", "--print-value-only", crate::model::STATE]);
+        let open = out.status.success() && !out.stdout.is_empty();
+        let driving = !up.ops.drivers.lock().unwrap().is_empty();
+        let roll = rng.range(0, 99);
+        match (open, roll) {
+            (false, 0..=44) => up.ops.put(),
+            (false, _) if !driving => {
+                let canary = format!("ro-{}", rng.range(1, n));
+                up.ops.start(&canary, rng.range(0, 3), 25, "1,25%,100%");
+            }
+            (false, _) => up.ops.fleet_status(),
+            (true, 0..=9) => up.ops.put(),
+            (true, 10..=19) => up.ops.rollout("pause"),
+            (true, 20..=29) => up.ops.rollout("resume"),
+            (true, 30..=44) => up.ops.rollout("abort"),
+            (true, 45..=79) => up.ops.rollout("promote"),
+            (true, 80..=89) => up.ops.rollout("status"),
+            (true, _) => up.ops.fleet_status(),
+        }
+    }
+}
+
+/// The nemesis: one fault at a time, with gaps of 2-6 s, until `until`.
+fn nemesis(up: &Up, rng: &mut Rng, until: Instant) {
+    let h = &up.history;
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(rng.range(2_000, 6_000)));
+        let hold = Duration::from_millis(rng.range(2_000, 9_000));
+        match rng.range(0, 4) {
+            0 => {
+                let i = rng.range(0, 2) as usize;
+                let c = &up.cluster;
+                fault(
+                    h,
+                    &format!("kill -9 etcd m{i}"),
+                    || c.lock().unwrap().kill9(i),
+                    hold,
+                    || c.lock().unwrap().restart(i),
+                );
+            }
+            1 => {
+                let i = rng.range(0, 2) as usize;
+                let Some(pid) = up.cluster.lock().unwrap().pid(i) else { continue };
+                let what = format!("SIGSTOP etcd m{i}");
+                fault(h, &what, || signal(pid, Signal::SIGSTOP), hold, || signal(pid, Signal::SIGCONT));
+            }
+            2 => {
+                let i = rng.range(0, up.fleet.lock().unwrap().agents.len() as u64 - 1) as usize;
+                kill_agent(up, i, &format!("kill -9 agent ro-{}", i + 1), hold);
+            }
+            3 => kill_in_window(up, rng),
+            _ => pause_driver(up),
+        }
+    }
+}
+
+fn kill_agent(up: &Up, i: usize, what: &str, hold: Duration) {
+    let f = &up.fleet;
+    fault(&up.history, what, || f.lock().unwrap().kill9(i), hold, || f.lock().unwrap().start(i, &up.history));
+}
+
+/// An agent killed inside an armed confirmation window: the next window to open within 10 s,
+/// 0.3-1.5 s after it opened.
+fn kill_in_window(up: &Up, rng: &mut Rng) {
+    let since = up.history.now();
+    let armed = up.fleet.lock().unwrap().armed.clone();
+    let mut found = None;
+    wait_for(Duration::from_secs(10), || {
+        found = armed.lock().unwrap().iter().rev().find(|(_, t)| *t >= since).cloned();
+        found.is_some()
+    });
+    let Some((node, _)) = found else { return };
+    std::thread::sleep(Duration::from_millis(rng.range(300, 1_500)));
+    let i: usize = node.trim_start_matches("ro-").parse::<usize>().unwrap() - 1;
+    kill_agent(
+        up,
+        i,
+        &format!("kill -9 agent {node} inside its confirmation window"),
+        Duration::from_millis(rng.range(1_000, 3_000)),
+    );
+}
+
+/// A driver stopped past its lease (10 s); a second driver (`resume`) takes over; the first
+/// continued after.
+fn pause_driver(up: &Up) {
+    let Some(pid) = up.ops.drivers.lock().unwrap().first().copied() else { return };
+    let ops = up.ops.clone();
+    fault(
+        &up.history,
+        &format!("SIGSTOP driver (pid {pid}) past its lease"),
+        || signal(pid, Signal::SIGSTOP),
+        Duration::from_secs(12),
+        || {
+            ops.rollout("resume");
+            std::thread::sleep(Duration::from_secs(2));
+            signal(pid, Signal::SIGCONT);
+        },
+    );
+}
+
+/// A seeded run: the workload and the nemesis for `plan.secs`, the heal, the quiet period, the
+/// final statuses; the history and what the checker says of it.
+pub fn seeded(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
+    eprintln!(
+        "robust: seed {} ({} agents, {} s, then {} s quiet)",
+        plan.seed, plan.agents, plan.secs, plan.quiet
+    );
+    let up = Arc::new(up(plan));
+    let until = Instant::now() + Duration::from_secs(plan.secs);
+    let stop = Arc::new(AtomicBool::new(false));
+    let chaos = {
+        let (up, stop) = (up.clone(), stop.clone());
+        let mut rng = Rng::new(plan.seed ^ 0x6e656d65);
+        std::thread::spawn(move || {
+            nemesis(&up, &mut rng, until);
+            stop.store(true, Ordering::SeqCst);
+        })
+    };
+    workload(&up, &mut Rng::new(plan.seed), until);
+    chaos.join().expect("the nemesis ends");
+    up.heal();
+    std::thread::sleep(Duration::from_secs(plan.quiet));
+    up.ops.fleet_status();
+    up.ops.rollout("status");
+    finished(up)
+}
+
+fn finished(up: Arc<Up>) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
+    // Drivers still running are ended (their rollouts stay as etcd holds them).
+    for pid in up.ops.drivers.lock().unwrap().iter() {
+        signal(*pid, Signal::SIGKILL);
+    }
+    up.ops.join();
+    let up = Arc::try_unwrap(up).ok().expect("nothing else holds the run");
+    let (entries, dir) = up.finish();
+    let violations = crate::check::check(&entries);
+    (entries, violations, dir)
+}
+
+/// The directed schedule: the canary stopped before a rollout starts (so it can never pass the
+/// gate: the real driver fails it at its deadline, a driver that takes a pending node for a good
+/// one opens the next wave over it), continued; then an abort, and time for every node to go
+/// back.
+pub fn directed(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
+    let up = Arc::new(up(plan));
+    let pid = up.fleet.lock().unwrap().pid(0).expect("ro-1 runs");
+    let h = up.history.clone();
+    let ops = up.ops.clone();
+    fault(
+        &h,
+        "SIGSTOP agent ro-1 through the first waves",
+        || {
+            signal(pid, Signal::SIGSTOP);
+            ops.start("ro-1", 0, 8, "1,2,100%");
+        },
+        Duration::from_secs(20),
+        || signal(pid, Signal::SIGCONT),
+    );
+    std::thread::sleep(Duration::from_secs(8));
+    up.ops.rollout("abort");
+    std::thread::sleep(Duration::from_secs(crate::check::GRACE_MS / 1000 + 6));
+    finished(up)
+}
+
+/// The fence's schedule: a rollout soaking its first wave for 20 s, its driver stopped 4 s in,
+/// past its lease (12 s), while a second driver (`resume`) takes the driver's key, then
+/// continued. The real driver finds its lease gone and stops; one that ignores its lease opens
+/// the next wave on its own soak, while the key names the second driver (I7).
+pub fn fence(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
+    let up = Arc::new(up(plan));
+    up.ops.start("ro-1", 20, 90, "1,1,100%");
+    std::thread::sleep(Duration::from_secs(4));
+    pause_driver(&up);
+    std::thread::sleep(Duration::from_secs(20));
+    finished(up)
+}
+
+/// The window's schedule: the canary on a candidate and confirmed, the rollout aborted, and
+/// every etcd member stopped the moment the canary takes the abort's declaration, for 9 s
+/// (past its 5 s window). The real agent does not arm the generation an abort brings back;
+/// one that arms it, with the candidate as the generation to go back to, goes back to the
+/// aborted candidate and holds it (I4).
+pub fn window(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
+    let up = Arc::new(up(plan));
+    up.ops.start("ro-1", 120, 120, "1,100%");
+    std::thread::sleep(Duration::from_secs(10));
+    let pids: Vec<u32> = {
+        let c = up.cluster.lock().unwrap();
+        (0..3).filter_map(|i| c.pid(i)).collect()
+    };
+    let out = system::etcdctl(&up.ops.endpoints, &["get", "/", "--limit", "1", "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let from = v["header"]["revision"].as_i64().expect("etcd answers") + 1;
+    let fault = "SIGSTOP every etcd member as ro-1 takes the abort".to_owned();
+    let trap = up.fleet.lock().unwrap().trap.clone();
+    *trap.lock().unwrap() =
+        Some(system::Trap { node: "ro-1".into(), from, pids: pids.clone(), fault, sprung: None });
+    // In the background: etcd may be stopped before the abort has its answer.
+    let ops = up.ops.clone();
+    let abort = std::thread::spawn(move || ops.rollout("abort"));
+    let sprung = wait_for(Duration::from_secs(10), || {
+        trap.lock().unwrap().as_ref().is_some_and(|t| t.sprung.is_some())
+    });
+    assert!(sprung, "ro-1 never took the abort's declaration: see {}", up.history.path.display());
+    std::thread::sleep(Duration::from_secs(9));
+    for pid in &pids {
+        signal(*pid, Signal::SIGCONT);
+    }
+    let fault = trap.lock().unwrap().take().unwrap().fault;
+    up.history.log(&Entry::Nemesis { t: up.history.now(), phase: crate::history::Edge::Stop, fault });
+    abort.join().expect("the abort ends");
+    std::thread::sleep(Duration::from_secs(crate::check::GRACE_MS / 1000 + 6));
+    finished(up)
+}
+
+/// What a run did, in one line per kind: operations by outcome, faults, samples, revisions.
+pub fn summary(entries: &[Entry]) -> String {
+    use std::collections::BTreeMap;
+    let mut ops: BTreeMap<String, usize> = BTreeMap::new();
+    let (mut faults, mut samples, mut revision) = (0, 0, 0);
+    for e in entries {
+        match e {
+            Entry::Op { op, phase, .. } if *phase != Phase::Invoke => {
+                *ops.entry(format!("{op}:{phase:?}").to_lowercase()).or_default() += 1
+            }
+            Entry::Nemesis { phase: crate::history::Edge::Start, .. } => faults += 1,
+            Entry::Sample { .. } => samples += 1,
+            Entry::Etcd { rev, .. } => revision = revision.max(*rev),
+            _ => {}
+        }
+    }
+    let ops: Vec<String> = ops.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("operations: {}; faults: {faults}; samples: {samples}; revisions: {revision}", ops.join(" "))
+}
