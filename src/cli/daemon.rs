@@ -147,8 +147,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         origin,
         metrics,
         web,
-        // A resync of 0 would be a full pass in a loop: one second is the floor.
-        resync: std::time::Duration::from_secs(resync.max(1)),
+        resync: std::time::Duration::from_secs(resync.max(1)), // 0 would loop: 1 s at least
         quiet: std::time::Duration::from_millis(settle_ms),
         queue: crate::controller::queue::Config::default(),
         bus: reach.bus,
@@ -160,6 +159,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         key: reach.key,
         keep_generations: reach.keep,
         trust,
+        signed_summary: fleet.as_ref().is_some_and(|(source, _)| source.trust.is_some()),
     };
     tokio::runtime::Handle::current().block_on(async move {
         // The controller first: it takes the store's lock, so a second agent on the same state

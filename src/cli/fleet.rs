@@ -65,6 +65,17 @@ pub enum FleetCommand {
         #[arg(value_name = "NODE")]
         node: String,
     },
+    /// Take a node's access away (decommissioned, or compromised): its etcd user and role
+    /// deleted, then its status, presence and rollout admission, as `forget` does, alive or
+    /// not. Its own declaration keys are left. Run as etcd's root.
+    Revoke {
+        /// etcd.
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        /// The node, and its user's name.
+        #[arg(long, value_name = "NAME")]
+        node: String,
+    },
     /// A staged rollout: a candidate declaration given to the nodes wave by wave, each wave
     /// opened when the ones before it report it applied and converged.
     Rollout {
@@ -204,11 +215,24 @@ pub struct EtcdLogin {
     /// The private key (PEM) of `--etcd-cert`; refused when others than its owner can read it.
     #[arg(long, env = "MESH_HOST_ETCD_KEY", value_name = "FILE", requires = "etcd_cert")]
     pub etcd_key: Option<PathBuf>,
+    /// Speak to etcd over `http://` beyond loopback: declarations, statuses and any password
+    /// then cross the network in the clear. Refused without it (docs/decisions.md, "Plaintext
+    /// etcd only on loopback").
+    #[arg(long, env = "MESH_HOST_ETCD_ALLOW_PLAINTEXT")]
+    pub allow_plaintext: bool,
 }
 
 impl EtcdLogin {
     /// A client for `endpoints`, over TLS when they are https://, logged in when a user is given.
     pub(super) fn client(&self, endpoints: &str) -> anyhow::Result<crate::system::etcd::Etcd> {
+        let plain = crate::system::etcd::plaintext_beyond_loopback(endpoints);
+        if !plain.is_empty() && !self.allow_plaintext {
+            return Err(Usage(format!(
+                "mesh-host: --etcd: {} is http:// to a host other than loopback: whoever is on the network between could read every declaration and status, write declarations, and take a password login in the clear. Use https:// with --etcd-ca (and --etcd-cert and --etcd-key when etcd asks for a client certificate); or, on a network you trust, say so with --allow-plaintext",
+                plain.join(",")
+            ))
+            .into());
+        }
         let tls = crate::system::etcd::TlsFiles {
             ca: self.etcd_ca.clone(),
             cert: self.etcd_cert.clone(),
@@ -275,15 +299,13 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
                     })?),
                     None => None,
                 };
-            let out = tokio::runtime::Handle::current().block_on(crate::fleet::grant(
-                &etcd,
-                &node,
-                &groups,
-                password.as_ref(),
-            ))?;
+            let out = tokio::runtime::Handle::current()
+                .block_on(crate::fleet::grant(&etcd, &node, &groups, password.as_ref()))
+                .map_err(refused)?;
             print!("{out}");
             return Ok(Ended::Converged);
         }
+        FleetCommand::Revoke { etcd, node } => return revoke(&etcd, &node),
         FleetCommand::Forget { etcd, login, node } => {
             crate::fleet::check_name("NODE", &node).map_err(|e| Usage(format!("mesh-host: {e}")))?;
             let etcd = login.client(&etcd)?;
@@ -349,6 +371,25 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     // A diff of what etcd holds, which any writer of etcd chose.
     print!("{}", escape_lines(&out));
     Ok(Ended::Converged)
+}
+
+/// `mesh-host fleet revoke --node N` (`fleet::access::revoke`).
+fn revoke(etcd: &EtcdArgs, node: &str) -> anyhow::Result<Ended> {
+    crate::fleet::check_name("--node", node).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+    let etcd = etcd.login.client(&etcd.etcd)?;
+    let out = tokio::runtime::Handle::current()
+        .block_on(crate::fleet::access::revoke(&etcd, node))
+        .map_err(refused)?;
+    print!("{}", escape_lines(&out));
+    Ok(Ended::Converged)
+}
+
+/// A refusal (`rollout::Refused`) as bad usage, exit 2; any other error as it is.
+fn refused(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast::<crate::fleet::rollout::Refused>() {
+        Ok(refused) => Usage(format!("mesh-host: {refused}")).into(),
+        Err(e) => e,
+    }
 }
 
 /// Reads a declaration file or directory for the fleet, or says why not (exit 2).

@@ -144,7 +144,7 @@ pub(super) async fn sign_rollout(
         signed::manifest(fleet, signed::scope_of(scope), version, valid, &prefix, wanted).map_err(usage)?;
     let (cand_sigs, by) = super::sign::sign_all(&signing.keys, &cand, &[])?;
     let (promoted_sigs, _) = super::sign::sign_all(&signing.keys, &promoted, &[])?;
-    let cp = crate::fleet::rollout::candidate_prefix();
+    let cp = crate::fleet::rollout::candidate_prefix(scope);
     let mut keys = signed::keys(&format!("{cp}{META}"), &cand, &cand_sigs);
     keys.extend(signed::keys(&format!("{cp}{PROMOTED}"), &promoted, &promoted_sigs));
     println!(

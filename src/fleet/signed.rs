@@ -9,8 +9,8 @@
 //! /mesh-host/group/web/declaration/10-base.json
 //! /mesh-host/group/web/declaration/.mesh-host/manifest          scope group web, version 7
 //! /mesh-host/group/web/declaration/.mesh-host/manifest.1.sig    one signature per key
-//! /mesh-host/rollout/open/candidate/.mesh-host/manifest         scope candidate ID group web
-//! /mesh-host/rollout/open/candidate/.mesh-host/promoted/...     scope group web: what promote writes
+//! /mesh-host/rollout/open/candidate/group/web/.mesh-host/manifest      scope candidate ID group web
+//! /mesh-host/rollout/open/candidate/group/web/.mesh-host/promoted/...  scope group web, for promote
 //! ```
 //!
 //! So they are written in the transaction that writes the files, read at the revision the
@@ -123,10 +123,13 @@ pub fn verify_read(
 ) -> Result<Vec<(String, trust::Accepted)>, Refusal> {
     let mut out = Vec::new();
     for prefix in prefixes {
-        let candidate = *prefix == super::rollout::candidate_prefix();
+        let candidate = prefix.starts_with(&super::rollout::candidate_root());
         let scope = if candidate {
             let (id, replaces) =
                 rollout.ok_or_else(|| refusal(Reason::Scope, prefix, "no admission names it"))?;
+            if super::rollout::candidate_for(replaces).as_deref() != Some(prefix.as_str()) {
+                return Err(refusal(Reason::Scope, prefix, &format!("the admission is for {replaces}")));
+            }
             let replaced = from_prefix(replaces).ok_or_else(|| {
                 refusal(Reason::Scope, prefix, &format!("it stands in for {replaces}, no scope"))
             })?;
@@ -379,7 +382,7 @@ mod tests {
     #[test]
     fn a_candidate_must_name_its_rollout_and_stand_above_the_declaration_in_force() {
         let n = node();
-        let (fleet, cp) = (Scope::Fleet.prefix(), crate::fleet::rollout::candidate_prefix());
+        let (fleet, cp) = (Scope::Fleet.prefix(), crate::fleet::rollout::candidate_prefix(&Scope::Fleet));
         let v3 = signed(&fleet, trust::Scope::Fleet, 3, "{}");
         persist(&n.state, &verify_read(&n.trust, &n.state, &v3, std::slice::from_ref(&fleet), None).unwrap())
             .unwrap();

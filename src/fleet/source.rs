@@ -102,7 +102,11 @@ pub async fn read_node(etcd: &Etcd, node: &str, groups: &[String]) -> Result<Rea
     match etcd.range_prefix(&rollout::admission_prefix(node), None).await {
         Ok(range) => {
             revision = Some(range.revision);
-            read.watch.extend([rollout::admission_prefix(node), rollout::candidate_prefix()]);
+            // Each of its scopes' candidates, and no other's: its role reads only those.
+            read.watch.push(rollout::admission_prefix(node));
+            read.watch.push(rollout::candidate_prefix(&super::Scope::Fleet));
+            read.watch
+                .extend(groups.iter().map(|g| rollout::candidate_prefix(&super::Scope::Group(g.clone()))));
             let key = rollout::admission_key(node);
             let admission = range
                 .kvs
@@ -110,8 +114,9 @@ pub async fn read_node(etcd: &Etcd, node: &str, groups: &[String]) -> Result<Rea
                 .find(|kv| kv.key == key)
                 .and_then(|kv| serde_json::from_slice::<rollout::Admission>(&kv.value).ok());
             if let Some(a) = admission {
-                if let Some(p) = prefixes.iter_mut().find(|p| **p == a.replaces) {
-                    *p = rollout::candidate_prefix();
+                let at = prefixes.iter_mut().find(|p| **p == a.replaces);
+                if let (Some(p), Some(candidate)) = (at, rollout::candidate_for(&a.replaces)) {
+                    *p = candidate;
                     read.rollout = Some((a.rollout, a.replaces));
                 }
             }
@@ -134,7 +139,8 @@ pub async fn read_node(etcd: &Etcd, node: &str, groups: &[String]) -> Result<Rea
 /// and the declaration in force, back after an abort, is the generation the node had
 /// (docs/decisions.md, "Rollouts").
 fn cached_as(key: &str, replaces: Option<&str>) -> String {
-    match (replaces, key.strip_prefix(&super::rollout::candidate_prefix())) {
+    let candidate = replaces.and_then(super::rollout::candidate_for);
+    match (replaces, candidate.and_then(|c| key.strip_prefix(&c).map(str::to_owned))) {
         (Some(scope), Some(name)) => format!("{scope}{name}"),
         _ => key.to_owned(),
     }
@@ -238,6 +244,7 @@ fn take(
     *seen = Some(d.clone());
     let node = &source.node;
     // Verified before anything of it is parsed; the marks kept before it is cached.
+    let mut signed = Vec::new();
     if let Some((trust, state)) = &source.trust {
         let accepted = match super::signed::verify_read(trust, state, &kvs, &prefixes, rollout.as_ref()) {
             Ok(accepted) => accepted,
@@ -252,6 +259,7 @@ fn take(
             events::FleetSource::NotCached { node, revision, cache, error: &e }.emit(metrics);
             return Taken::NotCached;
         }
+        signed = accepted.iter().map(|(_, a)| crate::controller::signed::InForce::of(a)).collect();
     }
     // A manifest and its signatures are never parts of the declaration.
     kvs.retain(|kv| !super::signed::is_meta(&kv.key));
@@ -284,6 +292,12 @@ fn take(
                 .map(|(i, (key, bytes))| (super::cache_name(revision, i, &cached_as(&key, replaces)), bytes))
                 .collect();
             files.push((MANIFEST.into(), manifest.to_string().into_bytes()));
+            // Who signed it, for the controller to say once it is in force (`/healthz`, the
+            // gauge, the node's status): in the same directory, so it is swapped in with it.
+            if !signed.is_empty() {
+                let summary = serde_json::to_vec(&signed).unwrap_or_default();
+                files.push((crate::controller::signed::SUMMARY.into(), summary));
+            }
             let id = rollout.as_ref().map(|(id, _)| id);
             if let Some((priming, last)) = priming {
                 priming.before(revision, id, last);

@@ -291,9 +291,9 @@ pub fn regate(state: &State, verdicts: &BTreeMap<String, Verdict>) -> Result<Str
 /// The writes of a promotion: the candidate's keys under the scope's prefix, the scope's other
 /// keys deleted, the rollout closed into `rollout/last`; and how many were kept and removed.
 async fn promotion(etcd: &Etcd, s: &Snapshot, state: &State) -> anyhow::Result<(Vec<Write>, usize, usize)> {
-    let candidate = etcd.range_prefix(&candidate_prefix(), Some(s.revision)).await?;
+    let cp = candidate_prefix(&state.scope());
+    let candidate = etcd.range_prefix(&cp, Some(s.revision)).await?;
     let mut writes = Vec::new();
-    let cp = candidate_prefix();
     let mut kept = Vec::new();
     for kv in candidate.kvs {
         let name = kv.key.strip_prefix(&cp).unwrap_or(&kv.key);

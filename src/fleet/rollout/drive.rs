@@ -77,17 +77,11 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
     // Nothing is under the rollout's prefix when no state is (every close deletes it whole):
     // checked, with the state's absence, in the transaction.
     let mut writes = vec![Write::Put { key: state_key(), value: serde_json::to_vec(&state)?, lease: 0 }];
-    for (key, bytes) in &start.wanted {
-        let name = key.strip_prefix(&prefix).unwrap_or(key);
-        writes.push(Write::Put {
-            key: format!("{}{name}", candidate_prefix()),
-            value: bytes.clone(),
-            lease: 0,
-        });
-    }
-    for (key, value) in start.signed.iter().flat_map(|(_, keys)| keys) {
-        writes.push(Write::Put { key: key.clone(), value: value.clone(), lease: 0 });
-    }
+    let put = |(key, value): (String, &Vec<u8>)| Write::Put { key, value: value.clone(), lease: 0 };
+    let cp = candidate_prefix(&start.scope);
+    let name = |key: &String| format!("{cp}{}", key.strip_prefix(&prefix).unwrap_or(key));
+    writes.extend(start.wanted.iter().map(|(key, bytes)| (name(key), bytes)).map(put));
+    writes.extend(start.signed.iter().flat_map(|(_, keys)| keys).map(|(k, v)| (k.clone(), v)).map(put));
     // The driver's key is taken in the same transaction: a start that writes the rollout
     // drives it, and a driver left from a rollout before (its lease not yet ended) refuses it.
     let lease = etcd.lease_grant(DRIVER_TTL).await?;

@@ -13,6 +13,7 @@
 //! node fed by etcd) and `confirm` (a new generation confirmed, or gone back from). Here: what
 //! they share.
 
+mod access;
 mod auth;
 mod confirm;
 mod generations;

@@ -367,3 +367,55 @@ fn a_signed_candidate_is_taken_an_unsigned_one_refused_and_abort_and_promote_are
     );
     assert_eq!(read(&conf), "promoted\n");
 }
+
+/// Issue 44, point 3: a manifest in force keeps being enforced after it expires, and the node
+/// says so: `/healthz` (healthy, with a note), the gauge of its expiry, and who signed what is
+/// in force, in its status and in `fleet status`.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_manifest_in_force_is_enforced_past_its_expiry_and_healthz_the_gauge_and_fleet_status_say_so() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let alice = keypair(&s, "alice");
+    let signers = allowed(&s, &[&alice]);
+    let conf = s.path("out/motd");
+    let file = motd(&s, "one\n");
+    signed_put(&s, &url, &["--fleet"], &file, &[&alice], &["--fleet-name", "prod", "--expires", "6s"]);
+    let manifest = dump(&url, "/mesh-host/fleet/declaration/.mesh-host/manifest");
+    let expires: u64 = String::from_utf8_lossy(&manifest[0].1)
+        .lines()
+        .find_map(|l| l.strip_prefix("expires ").map(|e| e.parse().unwrap()))
+        .unwrap();
+    let d = signed_node(&s, &url, &signers, &[]);
+    assert!(wait_for(PATIENCE, || read(&conf) == "one\n"), "{}", d.log());
+    assert!(
+        wait_for(PATIENCE, || d.metric("mesh_host_declaration_expires_timestamp_seconds{scope=\"fleet\"}")
+            == expires as f64),
+        "the gauge says when it expires ({expires}):\n{}",
+        d.get("/metrics").unwrap_or_default()
+    );
+    assert!(wait_for(PATIENCE, || !status(&url, "web-1")["signed"].is_null()), "{}", d.log());
+    let st = status(&url, "web-1");
+    let signed = &st["signed"][0];
+    assert_eq!((signed["scope"].as_str(), signed["version"].as_u64()), (Some("fleet"), Some(1)), "{st:#}");
+    let by = signed["signed_by"][0].as_str().unwrap_or_default().to_owned();
+    assert!(by.contains("alice@example.com") && by.contains("SHA256:"), "who signed it: {st:#}");
+    let (code, body) = d.answer("/healthz").unwrap();
+    assert!(code == 200 && !body.contains("expir"), "not expired yet: {code} {body}");
+
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    assert!(wait_for(PATIENCE, || now() > expires + 1), "the manifest expired");
+    let (code, body) = d.answer("/healthz").unwrap();
+    assert_eq!(code, 200, "enforcing it is the node doing its job: {body}");
+    assert!(body.contains("past its expiry") && body.contains("fleet version 1 expired"), "{body}");
+    // Still enforced: a hand edit is put back.
+    std::fs::write(&conf, "edited\n").unwrap();
+    assert!(wait_for(PATIENCE, || read(&conf) == "one\n"), "enforced past its expiry:\n{}", d.log());
+    let out = fleet(&s, &["status", "--etcd", &url]);
+    let table = text(&out);
+    assert!(
+        table.contains(&format!("web-1: signed: fleet version 1 by {by} (EXPIRED, still enforced)")),
+        "{table}"
+    );
+}
