@@ -33,7 +33,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("telemetry", &["system"]),
     ("apply", &["declaration", "secrets", "store", "system"]),
     ("controller", &["apply", "cron", "declaration", "generations", "store", "system", "telemetry", "trust"]),
-    ("fleet", &["controller", "declaration", "generations", "system", "telemetry"]),
+    ("fleet", &["controller", "declaration", "generations", "system", "telemetry", "trust"]),
     (
         "cli",
         &[

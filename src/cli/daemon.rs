@@ -63,7 +63,7 @@ pub struct RunArgs {
     /// TLS and the login to etcd's auth, when they are on.
     #[command(flatten)]
     pub login: EtcdLogin,
-    /// Signed declarations (a local `--declaration` directory only, for now).
+    /// Signed declarations: a local `--declaration` directory's, or each scope's read from etcd.
     #[command(flatten)]
     pub trust: TrustArgs,
 }
@@ -108,7 +108,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         login,
         trust,
     } = args;
-    let trust = sign::daemon_trust(&trust, etcd.is_some(), &declaration)?;
+    let mut trust = sign::daemon_trust(&trust, etcd.is_some(), &declaration)?;
     let metrics = match metrics.as_str() {
         "off" | "none" => None,
         addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
@@ -135,7 +135,9 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
             crate::system::fs::private_dir(&dir)
                 .with_context(|| format!("cannot make the fleet cache directory {}", dir.display()))?;
             declaration = dir.join("declaration.d");
-            Some((crate::fleet::source::Source { endpoints, node, groups }, client))
+            // Signed declarations from etcd are verified by the source, before the cache.
+            let trust = trust.take().map(|t| (t, state.to_owned()));
+            Some((crate::fleet::source::Source { endpoints, node, groups, trust }, client))
         }
         _ => None,
     };
@@ -145,8 +147,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         origin,
         metrics,
         web,
-        // A resync of 0 would be a full pass in a loop: one second is the floor.
-        resync: std::time::Duration::from_secs(resync.max(1)),
+        resync: std::time::Duration::from_secs(resync.max(1)), // 0 would loop: 1 s at least
         quiet: std::time::Duration::from_millis(settle_ms),
         queue: crate::controller::queue::Config::default(),
         bus: reach.bus,
@@ -158,6 +159,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         key: reach.key,
         keep_generations: reach.keep,
         trust,
+        signed_summary: fleet.as_ref().is_some_and(|(source, _)| source.trust.is_some()),
     };
     tokio::runtime::Handle::current().block_on(async move {
         // The controller first: it takes the store's lock, so a second agent on the same state
@@ -173,11 +175,13 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
                 // Read before the first pass: the generation a new one would go back to.
                 let generations = crate::generations::Generations::of(state);
                 let fleet_dir = crate::store::state_dir(state).join("fleet");
+                let signed = source.trust.is_some();
                 let confirm = crate::fleet::confirm::Confirm {
                     window: std::time::Duration::from_secs(confirm_window),
                     in_force: generations.in_force(),
                     generations,
                     file: std::sync::Arc::new(crate::fleet::pending::WindowFile::in_dir(&fleet_dir)),
+                    signed,
                 };
                 crate::fleet::daemon::start(source, client, declaration, confirm, given).await
             }

@@ -11,6 +11,10 @@ pub enum FleetCommand {
     Put(FleetPut),
     /// Show what `fleet put` would change, key by key, with a diff of each changed key.
     Diff(FleetPut),
+    /// Add signatures to the manifest a scope holds in etcd (a second operator co-signing
+    /// what `fleet put --sign` wrote): refused when the scope's keys no longer match it, and
+    /// written only if the manifest is still the one signed.
+    Sign(super::FleetSign),
     /// Give a node a user of its own in etcd's auth, whose role reads only its own, its groups'
     /// and the fleet's declaration and writes only its own status and presence. Run as etcd's
     /// root (`--etcd-user root`).
@@ -61,6 +65,17 @@ pub enum FleetCommand {
         #[arg(value_name = "NODE")]
         node: String,
     },
+    /// Take a node's access away (decommissioned, or compromised): its etcd user and role
+    /// deleted, then its status, presence and rollout admission, as `forget` does, alive or
+    /// not. Its own declaration keys are left. Run as etcd's root.
+    Revoke {
+        /// etcd.
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        /// The node, and its user's name.
+        #[arg(long, value_name = "NAME")]
+        node: String,
+    },
     /// A staged rollout: a candidate declaration given to the nodes wave by wave, each wave
     /// opened when the ones before it report it applied and converged.
     Rollout {
@@ -83,6 +98,7 @@ pub struct EtcdArgs {
 
 /// What `mesh-host fleet rollout` does.
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once per command")]
 pub enum RolloutCommand {
     /// Validate a declaration as `fleet put` does, write it as a candidate beside the one in
     /// force (no node changes yet), print the waves, and drive them: each wave opens when every
@@ -141,6 +157,10 @@ pub struct RolloutStart {
     /// A node for the first waves, before the others (which go by name); repeat it.
     #[arg(long = "canary", value_name = "NODE")]
     pub canaries: Vec<String>,
+    /// Signing the candidate (`--sign KEY`): its manifest names the rollout, and the one
+    /// `promote` writes into the scope is signed beside it.
+    #[command(flatten)]
+    pub signing: super::SigningArgs,
     /// A declaration file, or a directory whose `*.json` files are the candidate.
     #[arg(value_name = "FILE-OR-DIR")]
     pub path: PathBuf,
@@ -164,6 +184,9 @@ pub struct FleetPut {
     /// One node's own declaration.
     #[arg(long, value_name = "NAME", group = "scope")]
     pub node: Option<String>,
+    /// Signing what is put (`--sign KEY`).
+    #[command(flatten)]
+    pub signing: super::SigningArgs,
     /// A declaration file, or a directory whose `*.json` files are put.
     #[arg(value_name = "FILE-OR-DIR")]
     pub path: PathBuf,
@@ -192,11 +215,24 @@ pub struct EtcdLogin {
     /// The private key (PEM) of `--etcd-cert`; refused when others than its owner can read it.
     #[arg(long, env = "MESH_HOST_ETCD_KEY", value_name = "FILE", requires = "etcd_cert")]
     pub etcd_key: Option<PathBuf>,
+    /// Speak to etcd over `http://` beyond loopback: declarations, statuses and any password
+    /// then cross the network in the clear. Refused without it (docs/decisions.md, "Plaintext
+    /// etcd only on loopback").
+    #[arg(long, env = "MESH_HOST_ETCD_ALLOW_PLAINTEXT")]
+    pub allow_plaintext: bool,
 }
 
 impl EtcdLogin {
     /// A client for `endpoints`, over TLS when they are https://, logged in when a user is given.
     pub(super) fn client(&self, endpoints: &str) -> anyhow::Result<crate::system::etcd::Etcd> {
+        let plain = crate::system::etcd::plaintext_beyond_loopback(endpoints);
+        if !plain.is_empty() && !self.allow_plaintext {
+            return Err(Usage(format!(
+                "mesh-host: --etcd: {} is http:// to a host other than loopback: whoever is on the network between could read every declaration and status, write declarations, and take a password login in the clear. Use https:// with --etcd-ca (and --etcd-cert and --etcd-key when etcd asks for a client certificate); or, on a network you trust, say so with --allow-plaintext",
+                plain.join(",")
+            ))
+            .into());
+        }
         let tls = crate::system::etcd::TlsFiles {
             ca: self.etcd_ca.clone(),
             cert: self.etcd_cert.clone(),
@@ -217,15 +253,23 @@ impl EtcdLogin {
 
 impl FleetPut {
     fn scope(&self) -> Result<crate::fleet::Scope, Usage> {
-        use crate::fleet::{check_name, Scope};
-        let named =
-            |what: &str, name: &str| check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")));
-        match (self.fleet, &self.group, &self.node) {
-            (true, None, None) => Ok(Scope::Fleet),
-            (false, Some(g), None) => named("--group", g).map(|()| Scope::Group(g.clone())),
-            (false, None, Some(n)) => named("--node", n).map(|()| Scope::Node(n.clone())),
-            _ => Err(Usage("mesh-host: say where to put it: one of --fleet, --group G, --node N".into())),
-        }
+        scope_from(self.fleet, &self.group, &self.node)
+    }
+}
+
+/// The scope `--fleet`, `--group G` or `--node N` name, exactly one of them.
+fn scope_from(
+    fleet: bool,
+    group: &Option<String>,
+    node: &Option<String>,
+) -> Result<crate::fleet::Scope, Usage> {
+    use crate::fleet::{check_name, Scope};
+    let named = |what: &str, name: &str| check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")));
+    match (fleet, group, node) {
+        (true, None, None) => Ok(Scope::Fleet),
+        (false, Some(g), None) => named("--group", g).map(|()| Scope::Group(g.clone())),
+        (false, None, Some(n)) => named("--node", n).map(|()| Scope::Node(n.clone())),
+        _ => Err(Usage("mesh-host: say which scope: one of --fleet, --group G, --node N".into())),
     }
 }
 
@@ -234,6 +278,13 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
         FleetCommand::Rollout { command } => return rollout(command),
         FleetCommand::Put(args) => (args, false),
         FleetCommand::Diff(args) => (args, true),
+        FleetCommand::Sign(args) => {
+            let scope = scope_from(args.fleet, &args.group, &args.node)?;
+            let out =
+                tokio::runtime::Handle::current().block_on(super::fleet_sign::fleet_sign(&args, &scope))?;
+            print!("{}", escape_lines(&out));
+            return Ok(Ended::Converged);
+        }
         FleetCommand::Grant { etcd, login, node, groups, node_password_file } => {
             for (what, name) in
                 std::iter::once(("--node", &node)).chain(groups.iter().map(|g| ("--group", g)))
@@ -248,15 +299,13 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
                     })?),
                     None => None,
                 };
-            let out = tokio::runtime::Handle::current().block_on(crate::fleet::grant(
-                &etcd,
-                &node,
-                &groups,
-                password.as_ref(),
-            ))?;
+            let out = tokio::runtime::Handle::current()
+                .block_on(crate::fleet::grant(&etcd, &node, &groups, password.as_ref()))
+                .map_err(refused)?;
             print!("{out}");
             return Ok(Ended::Converged);
         }
+        FleetCommand::Revoke { etcd, node } => return revoke(&etcd, &node),
         FleetCommand::Forget { etcd, login, node } => {
             crate::fleet::check_name("NODE", &node).map_err(|e| Usage(format!("mesh-host: {e}")))?;
             let etcd = login.client(&etcd)?;
@@ -296,9 +345,22 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     if let Err(refusal) = runtime.block_on(crate::fleet::put::check_nodes(&etcd, &scope, &wanted))? {
         return Err(Usage(refusal).into());
     }
+    let mut wanted = wanted;
     let out = if diff {
         runtime.block_on(crate::fleet::put::diff(&etcd, &scope, &wanted))?
     } else {
+        if args.signing.keys.is_empty() {
+            runtime.block_on(super::fleet_sign::warn_unsigned(&etcd, &scope))?;
+        } else {
+            let signing = super::fleet_sign::sign_put(&etcd, &scope, &args.signing, &mut wanted);
+            match runtime.block_on(signing)? {
+                std::ops::ControlFlow::Break(said) => {
+                    print!("{}", escape_lines(&said));
+                    return Ok(Ended::Converged);
+                }
+                std::ops::ControlFlow::Continue(said) => print!("{}", escape_lines(&said)),
+            }
+        }
         runtime.block_on(crate::fleet::put::put(&etcd, &scope, wanted)).map_err(|e| {
             match e.downcast::<crate::fleet::rollout::Refused>() {
                 Ok(refused) => Usage(format!("mesh-host: {refused}")).into(),
@@ -309,6 +371,25 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     // A diff of what etcd holds, which any writer of etcd chose.
     print!("{}", escape_lines(&out));
     Ok(Ended::Converged)
+}
+
+/// `mesh-host fleet revoke --node N` (`fleet::access::revoke`).
+fn revoke(etcd: &EtcdArgs, node: &str) -> anyhow::Result<Ended> {
+    crate::fleet::check_name("--node", node).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+    let etcd = etcd.login.client(&etcd.etcd)?;
+    let out = tokio::runtime::Handle::current()
+        .block_on(crate::fleet::access::revoke(&etcd, node))
+        .map_err(refused)?;
+    print!("{}", escape_lines(&out));
+    Ok(Ended::Converged)
+}
+
+/// A refusal (`rollout::Refused`) as bad usage, exit 2; any other error as it is.
+fn refused(e: anyhow::Error) -> anyhow::Error {
+    match e.downcast::<crate::fleet::rollout::Refused>() {
+        Ok(refused) => Usage(format!("mesh-host: {refused}")).into(),
+        Err(e) => e,
+    }
 }
 
 /// Reads a declaration file or directory for the fleet, or says why not (exit 2).
@@ -372,7 +453,12 @@ pub(super) fn rollout(command: RolloutCommand) -> anyhow::Result<Ended> {
             if let Err(refusal) = runtime.block_on(crate::fleet::put::check_nodes(&etcd, &scope, &wanted))? {
                 return Err(Usage(refusal.replace("this put", "this rollout")).into());
             }
+            let id = rollout::new_id(crate::system::unix_secs());
+            let signing = super::fleet_sign::sign_rollout(&etcd, &scope, &args.signing, &id, &wanted);
+            let signed = runtime.block_on(signing)?;
             let start = rollout::Start {
+                id,
+                signed,
                 scope,
                 wanted,
                 sizes,

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 mod daemon;
 mod fleet;
+mod fleet_sign;
 mod one_shot;
 mod secrets;
 mod sign;
@@ -18,6 +19,7 @@ mod state;
 
 pub use daemon::RunArgs;
 pub use fleet::{EtcdArgs, EtcdLogin, FleetCommand, FleetPut, RolloutCommand, RolloutStart};
+pub use fleet_sign::{FleetSign, SigningArgs};
 pub use one_shot::human;
 pub use secrets::key_path;
 pub use sign::{SignArgs, TrustArgs};

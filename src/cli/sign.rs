@@ -43,9 +43,8 @@ impl TrustArgs {
     }
 }
 
-/// What `run` verifies: `None` without `--allowed-signers`, said once at start either way.
-/// With `--etcd` it is refused: the fleet's signed declarations are not built yet, and a node
-/// must not look as if it verified what it does not.
+/// What `run` verifies: `None` without `--allowed-signers`, said once at start either way. With
+/// `--etcd`, each scope read from etcd (`fleet::signed`); without, the local directory.
 pub(super) fn daemon_trust(
     args: &TrustArgs,
     etcd: bool,
@@ -58,19 +57,13 @@ pub(super) fn daemon_trust(
         );
         return Ok(None);
     };
-    if etcd {
-        return Err(Usage(
-            "mesh-host: --allowed-signers verifies a local --declaration directory; signed declarations from etcd are not supported yet, so it cannot be given with --etcd".into(),
-        )
-        .into());
-    }
     tracing::info!(
         allowed_signers = %trust.path.display(),
         keys = trust.keys(),
         required = trust.required,
         fleet = %trust.fleet,
         "declarations are applied only when signed: {} is verified before it is parsed",
-        declaration.display()
+        if etcd { "each scope read from etcd".to_owned() } else { declaration.display().to_string() }
     );
     Ok(Some(trust))
 }
@@ -169,20 +162,8 @@ pub fn sign(args: SignArgs) -> anyhow::Result<Ended> {
         (new_manifest(&args, previous.as_ref().map(|(m, _)| m.as_slice()), &named)?, Vec::new())
     };
     let parsed = Manifest::parse(&manifest).map_err(|e| Usage(format!("mesh-host sign: {e}")))?;
-    let mut by = Vec::new();
-    for key in &args.keys {
-        let armored = ssh_sign(key, &manifest)?;
-        let sig = trust::sshsig::Signature::from_armored(armored.as_bytes())
-            .and_then(|s| s.verify(trust::NAMESPACE, &manifest).map(|()| s))
-            .map_err(|e| {
-                anyhow::anyhow!("ssh-keygen's signature with {} does not verify: {e}", key.display())
-            })?;
-        by.push(format!("{} key {}", sig.key.kind(), sig.key.fingerprint()));
-        let n = (1..)
-            .find(|n| !signatures.iter().any(|(name, _)| *name == format!("manifest.{n}.sig")))
-            .unwrap_or(1);
-        signatures.push((format!("manifest.{n}.sig"), armored.into_bytes()));
-    }
+    let (added, by) = sign_all(&args.keys, &manifest, &signatures)?;
+    signatures.extend(added);
     let mut written = vec![("manifest".to_owned(), manifest)];
     written.extend(signatures);
     let target = dir.join(SIGNED_DIR);
@@ -264,6 +245,31 @@ fn added_to(
     trust::contents(&parsed, &files)
         .map_err(|e| Usage(format!("mesh-host sign --add: {}: {e}", dir.display())))?;
     Ok((manifest, signatures))
+}
+
+/// Each key's signature of `manifest`, made by `ssh-keygen` and checked here, named
+/// `manifest.N.sig` after those already there (`existing`); and who signed, for messages.
+#[allow(clippy::type_complexity, reason = "each signature's name and bytes, and each signer")]
+pub(super) fn sign_all(
+    keys: &[PathBuf],
+    manifest: &[u8],
+    existing: &[(String, Vec<u8>)],
+) -> anyhow::Result<(Vec<(String, Vec<u8>)>, Vec<String>)> {
+    let mut by = Vec::new();
+    let mut added: Vec<(String, Vec<u8>)> = Vec::new();
+    for key in keys {
+        let armored = ssh_sign(key, manifest)?;
+        let sig = trust::sshsig::Signature::from_armored(armored.as_bytes())
+            .and_then(|s| s.verify(trust::NAMESPACE, manifest).map(|()| s))
+            .map_err(|e| {
+                anyhow::anyhow!("ssh-keygen's signature with {} does not verify: {e}", key.display())
+            })?;
+        by.push(format!("{} key {}", sig.key.kind(), sig.key.fingerprint()));
+        let taken = |name: &str| existing.iter().chain(&added).any(|(n, _)| n == name);
+        let n = (1..).find(|n| !taken(&format!("manifest.{n}.sig"))).unwrap_or(1);
+        added.push((format!("manifest.{n}.sig"), armored.into_bytes()));
+    }
+    Ok((added, by))
 }
 
 /// The operator's `ssh-keygen -Y sign`, the manifest on its standard input and the armored

@@ -48,6 +48,9 @@ pub struct Config {
     /// With `--allowed-signers`: the declaration directory is put in force only when its
     /// signed manifest verifies (`signed`); `None` applies what parses, as before.
     pub trust: Option<signed::Trust>,
+    /// The declaration directory is written by a verifier of its own (the fleet's source with
+    /// `--allowed-signers`), whose summary (`signed::SUMMARY`) says who signed what it holds.
+    pub signed_summary: bool,
 }
 
 impl Config {
@@ -84,6 +87,7 @@ mod tests {
             key: PathBuf::from("/var/lib/mesh-host/sealing.key"),
             keep_generations: usize::from(crate::generations::DEFAULT_KEEP),
             trust: None,
+            signed_summary: false,
         }
     }
 

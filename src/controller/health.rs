@@ -16,6 +16,9 @@
 //! - `held` is written by the worker when it puts a generation held by a rollback in force, and
 //!   cleared when it puts any other in force; read by `/healthz`, which stays healthy and says
 //!   so.
+//! - `signed` is written by the worker's source when it puts a declaration in force: its signed
+//!   scopes (none when unsigned, or not known); read by `/healthz`, which stays healthy and says
+//!   which are in force past their expiry.
 //!
 //! Atomics and a mutex held only to copy a short string: no reader ever waits on the worker.
 //!
@@ -40,6 +43,8 @@ pub struct Health {
     refused: Mutex<Option<String>>,
     /// How the node is held by a rollback; `None` while it is not.
     held: Mutex<Option<String>>,
+    /// The signed scopes of the declaration in force.
+    signed: Mutex<Vec<super::signed::InForce>>,
     /// How long the worker may go without finishing a reconcile (`Config::stale_after`).
     stale_after: Duration,
 }
@@ -58,6 +63,7 @@ impl Health {
             not_in_force: Mutex::new(Some("no declaration has been read yet".into())),
             refused: Mutex::new(None),
             held: Mutex::new(None),
+            signed: Mutex::new(Vec::new()),
             stale_after,
         }
     }
@@ -93,10 +99,27 @@ impl Health {
         *self.held.lock().unwrap_or_else(|e| e.into_inner()) = how;
     }
 
-    /// What a healthy `/healthz` adds to its `ok`: the rollback hold, when there is one (a
-    /// held node is healthy, and the person reading it at 3 a.m. must still see it is held).
-    pub fn note(&self) -> Option<String> {
+    /// The signed scopes of the declaration in force (none when unsigned or not known).
+    pub fn set_signed(&self, signed: Vec<super::signed::InForce>) {
+        *self.signed.lock().unwrap_or_else(|e| e.into_inner()) = signed;
+    }
+
+    /// How the node is held by a rollback, or `None`.
+    pub fn held(&self) -> Option<String> {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// What a healthy `/healthz` adds to its `ok`: the rollback hold, when there is one (a
+    /// held node is healthy, and the person reading it at 3 a.m. must still see it is held),
+    /// and a signed declaration in force past its expiry (enforced still, as designed, and a
+    /// sign that nothing newer reaches the node: a freeze, or signers who stopped signing).
+    pub fn note(&self) -> Option<String> {
+        let signed = self.signed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let expired = super::signed::expired_note(&signed, crate::system::unix_secs());
+        match (self.held(), expired) {
+            (Some(held), Some(expired)) => Some(format!("{held}; {expired}")),
+            (held, expired) => held.or(expired),
+        }
     }
 
     /// Whether the worker has finished something recently enough.

@@ -51,6 +51,9 @@ pub struct Applied {
     /// The hold, when the node made it itself (`Hold::reverted` is set): what it went back from
     /// and why. `None` under an operator's rollback and while it follows its source.
     pub reverted: Option<crate::generations::Hold>,
+    /// Who signed the declaration in force, scope by scope; empty when it is unsigned or that
+    /// is not known (`source::Loaded::signed`).
+    pub signed: Vec<super::signed::InForce>,
 }
 
 /// The worker's tallies, and the thread that finishes its corrections (the module doc).
@@ -226,12 +229,15 @@ impl Report {
         generation: Option<u64>,
         hold: Option<String>,
         reverted: Option<crate::generations::Hold>,
+        signed: Vec<super::signed::InForce>,
     ) {
         self.applied.send_if_modified(|a| {
-            let moved = a.generation != generation || a.hold != hold || a.reverted != reverted;
+            let moved =
+                a.generation != generation || a.hold != hold || a.reverted != reverted || a.signed != signed;
             a.generation = generation;
             a.hold = hold;
             a.reverted = reverted;
+            a.signed = signed;
             moved
         });
     }

@@ -51,11 +51,29 @@ impl Trust {
     pub fn keys(&self) -> usize {
         self.signers.distinct_keys()
     }
+
+    /// What `trust::verify` expects of a manifest read for `scope`, against its mark `floor`.
+    pub fn expect<'a>(&'a self, scope: &'a Scope, floor: Option<&'a Floor>) -> trust::Expect<'a> {
+        trust::Expect {
+            signers: &self.signers,
+            required: self.required,
+            fleet: &self.fleet,
+            scope,
+            floor,
+            now: crate::system::unix_secs(),
+        }
+    }
 }
 
 /// Where the high-water mark of the local directory is kept.
 pub fn floor_path(state: &Path) -> PathBuf {
-    crate::store::state_dir(state).join("trust").join("local")
+    mark_path(state, "local")
+}
+
+/// Where a high-water mark is kept, by its name: `local`, or a scope read from etcd (`fleet`,
+/// `group.G`, `node.N`, and `candidate.` before one of those for a rollout's candidate).
+pub fn mark_path(state: &Path, name: &str) -> PathBuf {
+    crate::store::state_dir(state).join("trust").join(name)
 }
 
 /// The manifest and signatures of a directory source, read now (`None`: no manifest).
@@ -104,7 +122,7 @@ pub fn check(
         }
         Err(e) => return Err(refuse(Reason::Signature, format!("cannot read its manifest or signatures: {e}"))),
     };
-    let floor = read_floor(state).map_err(|m| refuse(Reason::Rollback, m))?;
+    let floor = read_mark(state, "local").map_err(|m| refuse(Reason::Rollback, m))?;
     let named: Vec<(String, &[u8])> = files
         .iter()
         .map(|(p, b)| {
@@ -112,20 +130,14 @@ pub fn check(
         })
         .collect();
     let named: Vec<(&str, &[u8])> = named.iter().map(|(n, b)| (n.as_str(), *b)).collect();
-    let expect = trust::Expect {
-        signers: &trust.signers,
-        required: trust.required,
-        fleet: &trust.fleet,
-        scope: &Scope::Local,
-        floor: floor.as_ref(),
-        now: crate::system::unix_secs(),
-    };
+    let expect = trust.expect(&Scope::Local, floor.as_ref());
     trust::verify(&trust::Signed { manifest, signatures }, &named, &expect)
 }
 
-/// The persisted mark; `Err` (said) when it is there and cannot be read or is damaged.
-fn read_floor(state: &Path) -> Result<Option<Floor>, String> {
-    let path = floor_path(state);
+/// The persisted mark of this name (`mark_path`); `Err` (said) when it is there and cannot be
+/// read or is damaged.
+pub fn read_mark(state: &Path, name: &str) -> Result<Option<Floor>, String> {
+    let path = mark_path(state, name);
     match crate::system::read_input(&path, 4096) {
         Ok(bytes) => Floor::parse(&bytes).map(Some).map_err(|e| {
             format!(
@@ -141,18 +153,126 @@ fn read_floor(state: &Path) -> Result<Option<Floor>, String> {
 /// Persists the mark of an accepted manifest, durably (written, synced, renamed, the
 /// directory synced), before it is put in force. A manifest read again writes nothing.
 pub fn persist(state: &Path, accepted: &trust::Accepted) -> std::io::Result<()> {
+    persist_mark(state, "local", accepted)
+}
+
+/// `persist`, for the mark of this name (`mark_path`).
+pub fn persist_mark(state: &Path, name: &str, accepted: &trust::Accepted) -> std::io::Result<()> {
     if !accepted.first_seen {
         return Ok(());
     }
-    let path = floor_path(state);
+    // A deliberately broken build of the mark's write, for the check the kill rounds make after
+    // each round to show that it fails (tests/reliability/kill_rounds.rs): the write is lost,
+    // as one never made durable, or made after the pass, would be.
+    if crate::system::fs::failpoint_named("trust-mark-lost") {
+        return Ok(());
+    }
+    let path = mark_path(state, name);
     crate::system::fs::write_own(&path, accepted.floor.render().as_bytes()).map_err(|e| {
         std::io::Error::other(format!("cannot keep the high-water mark {}: {e}", path.display()))
     })
 }
 
+/// One signed scope of the declaration in force, as `/healthz`, the gauge and the node's status
+/// say it: its scope, version, expiry and who signed it (principals and key fingerprints, never
+/// a secret). A manifest in force stays in force after it expires (it was judged when first
+/// seen; nothing newer has been accepted): this is how that is seen (docs/decisions.md,
+/// "Expired in force").
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct InForce {
+    /// The scope, as a manifest names it (`fleet`, `group web`, `node web-1`, `local`, or a
+    /// rollout's `candidate ...`).
+    pub scope: String,
+    /// The manifest's version.
+    pub version: u64,
+    /// When it expires, seconds since the epoch.
+    pub expires: u64,
+    /// One entry per distinct trusted key that signed it.
+    pub signed_by: Vec<String>,
+}
+
+impl InForce {
+    /// What an accepted manifest says.
+    pub fn of(accepted: &trust::Accepted) -> InForce {
+        InForce {
+            scope: accepted.manifest.scope.to_string(),
+            version: accepted.manifest.version,
+            expires: accepted.manifest.expires,
+            signed_by: accepted.signed_by.clone(),
+        }
+    }
+
+    /// The gauge's label: the kind of scope (a candidate's is the kind it stands in for), one
+    /// of a closed few, never a group's or node's name.
+    pub fn kind(&self) -> &'static str {
+        let scope = self
+            .scope
+            .strip_prefix("candidate ")
+            .and_then(|s| s.split_once(' '))
+            .map_or(self.scope.as_str(), |(_, r)| r);
+        match scope.split(' ').next() {
+            Some("fleet") => "fleet",
+            Some("group") => "group",
+            Some("node") => "node",
+            Some("local") => "local",
+            _ => "other",
+        }
+    }
+}
+
+/// The file in a declaration directory written by a verifier of its own (the fleet's source,
+/// into its cache) naming the signed scopes of what it holds: hidden, so never read as a part of
+/// the declaration; read only where the daemon's config says its source has such a verifier
+/// (`Config::summary`), since anyone who can write a plain directory could write it too.
+pub const SUMMARY: &str = ".signed.json";
+
+/// The signed scopes `dir`'s summary names; none when it has no summary or it cannot be read
+/// (then nothing is said of who signed it, which is what is known).
+pub fn read_summary(dir: &Path) -> Vec<InForce> {
+    crate::system::read_input(&dir.join(SUMMARY), 1 << 20)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default()
+}
+
+/// Which of `signed` are in force past their expiry at `now`, in words for `/healthz`; `None`
+/// when none is.
+pub fn expired_note(signed: &[InForce], now: u64) -> Option<String> {
+    let expired: Vec<String> = signed
+        .iter()
+        .filter(|s| now >= s.expires)
+        .map(|s| format!("{} version {} expired {} s ago", s.scope, s.version, now - s.expires))
+        .collect();
+    (!expired.is_empty()).then(|| {
+        format!(
+            "signed declaration in force past its expiry, still enforced until a newer one is signed and accepted: {}",
+            expired.join("; ")
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
     use crate::telemetry::metrics::REFUSAL_REASONS;
+
+    #[test]
+    fn an_expired_scope_in_force_is_named_and_a_candidate_counts_as_what_it_replaces() {
+        let s = |scope: &str, expires| InForce {
+            scope: scope.into(),
+            version: 3,
+            expires,
+            signed_by: vec!["alice SHA256:x".into()],
+        };
+        let signed = [s("fleet", 100), s("group web", 200), s("candidate rollout-1 group web", 50)];
+        assert_eq!(signed.iter().map(InForce::kind).collect::<Vec<_>>(), ["fleet", "group", "group"]);
+        assert_eq!(s("local", 1).kind(), "local");
+        assert_eq!(expired_note(&signed, 49), None);
+        let note = expired_note(&signed, 150).unwrap();
+        assert!(note.contains("fleet version 3 expired 50 s ago"), "{note}");
+        assert!(note.contains("candidate rollout-1 group web version 3 expired 100 s ago"), "{note}");
+        assert_eq!(note.matches("expired ").count(), 2, "group web is not expired: {note}");
+    }
     use crate::trust::Reason;
 
     #[test]

@@ -32,6 +32,10 @@ pub(super) struct Source {
     state: PathBuf,
     /// With `--allowed-signers`: what a signed directory must verify against.
     trust: Option<signed::Trust>,
+    /// Whether the directory's summary says who signed it (`Config::signed_summary`).
+    summary: bool,
+    /// The signed scope the last read verified (`verified`), until it is put in force.
+    verified: Vec<signed::InForce>,
     /// How many generations are kept (`--keep-generations`).
     keep: usize,
     metrics: Arc<Metrics>,
@@ -67,6 +71,9 @@ pub(super) struct Loaded {
     pub hold: Option<String>,
     /// The hold, when it was made by an automatic revert.
     pub reverted: Option<Hold>,
+    /// Its signed scopes: who signed it, until when (none when unsigned, or not known, as for
+    /// a generation held by a rollback).
+    pub signed: Vec<signed::InForce>,
 }
 
 /// Where the source's declaration stands among the kept generations.
@@ -117,6 +124,8 @@ impl Source {
             path: config.declaration.clone(),
             state: config.state.clone(),
             trust: config.trust.clone(),
+            summary: config.signed_summary,
+            verified: Vec::new(),
             keep: config.keep_generations,
             metrics,
             health,
@@ -205,7 +214,8 @@ impl Source {
                 events::DeclarationAccepted { resources }.emit(&self.metrics);
                 status(&format!("enforcing {resources} resources from {}", self.path.display()));
                 self.health.set_not_in_force(None);
-                Some(Loaded { declaration, generation, hold, reverted })
+                let signed = self.signed_in_force(hold.is_some());
+                Some(Loaded { declaration, generation, hold, reverted, signed })
             }
             // Refused whole, and the declaration in force stays in force: a half-written file,
             // or a bad one, must not undo a working machine.
@@ -246,6 +256,7 @@ impl Source {
             self.refused(message, kept, in_force);
             return false;
         }
+        self.verified = vec![signed::InForce::of(&accepted)];
         if accepted.first_seen {
             tracing::info!(
                 version = accepted.manifest.version,
@@ -255,6 +266,32 @@ impl Source {
             );
         }
         true
+    }
+
+    /// Who signed the declaration being put in force, told to `/healthz` and the gauge: the
+    /// local directory's manifest as `verified` found it, or the summary of a directory with a
+    /// verifier of its own; nothing for a generation a rollback holds (its signers are not
+    /// kept with it), nor for an unsigned declaration.
+    fn signed_in_force(&mut self, held: bool) -> Vec<signed::InForce> {
+        let verified = std::mem::take(&mut self.verified);
+        let signed = match (held, self.trust.is_some(), self.summary) {
+            (true, _, _) => Vec::new(),
+            (false, true, _) => verified,
+            (false, false, true) => signed::read_summary(&self.path),
+            (false, false, false) => Vec::new(),
+        };
+        self.health.set_signed(signed.clone());
+        let gauge = &self.metrics.declaration_expires;
+        gauge.clear();
+        for s in &signed {
+            let at = gauge.get_or_create(&vec![("scope", s.kind())]);
+            let earliest = match at.get() {
+                0 => s.expires,
+                was => (was as u64).min(s.expires),
+            };
+            at.set(earliest as i64);
+        }
+        signed
     }
 
     /// The source is not there to read (`what` says how): said once, until it is, and
@@ -407,7 +444,7 @@ impl Source {
                 (self.record_generation(files), None)
             }
             Chosen::Source => {
-                if self.health.note().is_some() {
+                if self.health.held().is_some() {
                     events::GenerationReleased {
                         generation: self.generation.unwrap_or(0),
                         by: "the operator (`mesh-host rollback --release`)",

@@ -208,7 +208,7 @@ impl Worker {
     fn load_declaration(&mut self, force: bool) {
         let Some(loaded) = self.source.load(force, self.declaration.is_some()) else { return };
         // For the fleet's status, which carries them to etcd.
-        self.report.publish_generation(loaded.generation, loaded.hold, loaded.reverted);
+        self.report.publish_generation(loaded.generation, loaded.hold, loaded.reverted, loaded.signed);
         let d = Arc::new(loaded.declaration);
         let index = Index::new(&d);
         let units = index.units();

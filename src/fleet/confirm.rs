@@ -363,6 +363,22 @@ pub struct Confirm {
     pub in_force: Option<u64>,
     /// The open window's record in the state directory (`pending`).
     pub file: Arc<WindowFile>,
+    /// Whether declarations are signed (`--allowed-signers`): then the node never goes back by
+    /// itself below the version it accepted for a scope (its high-water mark), so only a
+    /// rollout's candidate, whose scope's declaration in force is the one gone back to, is gone
+    /// back from (docs/decisions.md, "Issue 44, the fleet").
+    pub signed: bool,
+}
+
+/// Why a window that closed unconfirmed is not gone back from: the generation before it is
+/// below the high-water mark of a signed scope. `None`: it may be.
+fn below_floor(signed: bool, p: &Pending) -> Option<String> {
+    (signed && p.rollout.is_none()).then(|| {
+        format!(
+            "declarations are signed, and generation {} holds a version of a scope above the one generation {} holds: a node never goes back below what it accepted (its high-water mark); it stays on generation {}",
+            p.generation, p.previous, p.generation
+        )
+    })
 }
 
 /// Before the first pass: the window an earlier run recorded, honoured (`pending::resume`).
@@ -388,6 +404,11 @@ pub async fn prepare(confirm: &Confirm, node: &str, metrics: &Metrics) -> (Windo
                 asked: 0,
                 rollout: record.rollout,
             };
+            if let Some(error) = below_floor(confirm.signed, &p) {
+                events::FleetConfirm::NotReverted { node, generation, error: &error }.emit(metrics);
+                settle(&confirm.file, p.revision).await;
+                return (Window::new(confirm.window, Some(generation)), Some(generation));
+            }
             let why = format!("{}, the agent restarted in between", reason(&p, confirm.window, None));
             go_back(&confirm.generations, &confirm.file, node, &p, why, metrics).await;
             (Window::new(confirm.window, Some(p.previous)), Some(p.previous))
@@ -467,7 +488,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
-    let Confirm { window: length, generations, file, .. } = confirm;
+    let Confirm { window: length, generations, file, signed, .. } = confirm;
     let Channels { mut applied, mut contact, mut acked, ask, confirmed } = channels;
     let node = node.as_str();
     loop {
@@ -476,6 +497,12 @@ pub async fn run(
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                 let Some(p) = window.expired(Instant::now()) else { continue };
+                if let Some(error) = below_floor(signed, &p) {
+                    events::FleetConfirm::NotReverted { node, generation: p.generation, error: &error }.emit(&metrics);
+                    settle(&file, p.revision).await;
+                    confirmed.send_replace(Some(p.generation));
+                    continue;
+                }
                 let error = contact.borrow().error.clone();
                 go_back(&generations, &file, node, &p, reason(&p, length, error.as_deref()), &metrics).await;
             }
@@ -642,6 +669,22 @@ mod tests {
         );
         assert_eq!(w.applied(seen(2, 10), &at(read), now), Step::Nothing, "in force, its pass not ended");
         w.applied(seen(2, 20), &at(read), now)
+    }
+
+    #[test]
+    fn with_signed_declarations_only_a_candidates_window_goes_back() {
+        let p = |rollout: Option<&str>| Pending {
+            generation: 4,
+            previous: 3,
+            revision: 9,
+            deadline: Instant::now(),
+            asked: 0,
+            rollout: rollout.map(str::to_owned),
+        };
+        let said = below_floor(true, &p(None)).unwrap();
+        assert!(said.contains("never goes back below") && said.contains("stays on generation 4"), "{said}");
+        assert_eq!(below_floor(true, &p(Some("rollout-1"))), None, "back to the declaration in force");
+        assert_eq!(below_floor(false, &p(None)), None, "unsigned: as before");
     }
 
     #[tokio::test(start_paused = true)]

@@ -97,7 +97,7 @@ pub async fn start(
     // Why the latest declaration in etcd was refused: written by the source, read by the
     // status writer (into the node's status) and by the reporter (counted and logged, as a
     // local refusal is).
-    let (refused_tx, refused_rx) = watch::channel(None::<String>);
+    let (refused_tx, refused_rx) = watch::channel(None::<super::source::Refused>);
     tasks.push(tokio::spawn(super::status::run(
         Arc::clone(&etcd),
         source.node.clone(),
@@ -128,7 +128,7 @@ pub async fn start(
 /// Counts and logs each declaration refused in etcd, as a local refusal is counted and logged
 /// (`mesh_host_declaration_refusals_total`), until shutdown.
 async fn report_refusals(
-    mut refused: watch::Receiver<Option<String>>,
+    mut refused: watch::Receiver<Option<super::source::Refused>>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
@@ -140,12 +140,15 @@ async fn report_refusals(
                     return;
                 }
                 let why = refused.borrow_and_update().clone();
-                if let Some(message) = why {
-                    events::DeclarationRefused {
-                        message: &message,
-                        kept: "the declaration last accepted from etcd stays in force",
+                let kept = "the declaration last accepted from etcd stays in force";
+                match why {
+                    Some(r) if r.reason == "invalid" => {
+                        events::DeclarationRefused { message: &r.message, kept }.emit(&metrics)
                     }
-                    .emit(&metrics);
+                    Some(r) => {
+                        events::DeclarationUntrusted { reason: r.reason, message: &r.message, kept }.emit(&metrics)
+                    }
+                    None => {}
                 }
             }
         }

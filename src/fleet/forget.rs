@@ -16,6 +16,19 @@ use crate::system::etcd::{Cond, Error, Etcd, Write};
 /// `fleet forget NODE`: what was deleted, in words; refused (`Refused`) while the node is alive,
 /// or when etcd knows nothing of it.
 pub async fn forget(etcd: &Etcd, node: &str) -> anyhow::Result<String> {
+    // Never `None`: without `revoked`, a node with nothing to forget is refused.
+    let mut out = keys(etcd, node, false).await?.unwrap_or_default();
+    out.push_str(&format!(
+        ". Its own declaration keys ({}node/{node}/declaration/) and its etcd user are left as they are\n",
+        super::ROOT
+    ));
+    Ok(out)
+}
+
+/// `forget`'s deletions, said in words without an end of line. With `revoked` (`fleet revoke`,
+/// whose node may well be alive, and is already cut off from etcd), the presence key is
+/// deleted too rather than refused, and a node with none of these keys left is `None`.
+pub(super) async fn keys(etcd: &Etcd, node: &str, revoked: bool) -> anyhow::Result<Option<String>> {
     let (status, alive, admission) = (status_key(node), alive_key(node), admission_prefix(node));
     // What this command sent when etcd's answer was lost: the keys found gone, it took.
     let mut lost: Option<Error> = None;
@@ -23,7 +36,7 @@ pub async fn forget(etcd: &Etcd, node: &str) -> anyhow::Result<String> {
         let keys = etcd.range_prefix(&format!("{}node/{node}/", super::ROOT), None).await?;
         let revision = keys.revision;
         let has = |key: &str| keys.kvs.iter().any(|kv| kv.key == key);
-        if has(&alive) {
+        if has(&alive) && !revoked {
             return Err(Refused(format!(
                 "node {node} is alive: its presence key {alive} is held by its agent's lease. `fleet forget` is for a node that is gone: stop its agent (its presence ends within {} s), then forget it",
                 super::status::ALIVE_TTL
@@ -37,9 +50,12 @@ pub async fn forget(etcd: &Etcd, node: &str) -> anyhow::Result<String> {
                 serde_json::from_slice::<State>(&kv.value).ok().map(|st| (st, kv.mod_revision))
             });
         let in_waves = open.as_ref().is_some_and(|(st, _)| st.waves.iter().flatten().any(|n| n == node));
-        if !has(&status) && admitted.kvs.is_empty() && !in_waves {
+        if !has(&status) && !has(&alive) && admitted.kvs.is_empty() && !in_waves {
             if lost.is_some() {
-                return Ok(format!("forgot node {node} (etcd's first answer was lost; read back at revision {revision}: its keys are gone)\n"));
+                return Ok(Some(format!("forgot node {node} (etcd's first answer was lost; read back at revision {revision}: its keys are gone)")));
+            }
+            if revoked {
+                return Ok(None);
             }
             return Err(Refused(format!(
                 "etcd knows no node {node} to forget: no status, presence or rollout admission (at revision {revision})"
@@ -47,8 +63,16 @@ pub async fn forget(etcd: &Etcd, node: &str) -> anyhow::Result<String> {
             .into());
         }
         let mut writes = vec![Write::Delete(status.clone()), Write::DeletePrefix(admission.clone())];
-        let mut conds = vec![Cond::Absent(alive.clone())];
-        let mut out = format!("forgot node {node}: its status and any rollout admission deleted");
+        let mut conds = Vec::new();
+        if revoked {
+            writes.push(Write::Delete(alive.clone()));
+        } else {
+            conds.push(Cond::Absent(alive.clone()));
+        }
+        let mut out = format!(
+            "forgot node {node}: its status{} and any rollout admission deleted",
+            if revoked { ", presence" } else { "" }
+        );
         if let Some((mut st, at)) = open.filter(|_| in_waves) {
             for wave in &mut st.waves {
                 wave.retain(|n| n != node);
@@ -60,11 +84,8 @@ pub async fn forget(etcd: &Etcd, node: &str) -> anyhow::Result<String> {
         }
         match etcd.txn(&conds, &writes).await {
             Ok(Some(at)) => {
-                out.push_str(&format!(
-                    " (revision {at}). Its own declaration keys ({}node/{node}/declaration/) and its etcd user are left as they are\n",
-                    super::ROOT
-                ));
-                return Ok(out);
+                out.push_str(&format!(" (revision {at})"));
+                return Ok(Some(out));
             }
             // The node came back, or the rollout's state moved: looked at again.
             Ok(None) => {}

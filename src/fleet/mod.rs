@@ -22,19 +22,25 @@
 //!   window started together, by the face, beside the controller.
 //! - `put`: `mesh-host fleet put` and `fleet diff`, the operator's side.
 //! - `forget`: `mesh-host fleet forget`, a dead node's keys deleted so it leaves every plan.
+//! - `access`: what `fleet grant` requires of etcd and grants, and `mesh-host fleet revoke`.
 //! - `rollout`: `mesh-host fleet rollout`, a candidate given to the nodes wave by wave, and the
 //!   keys a node reads to know whether it is admitted to it (the source reads them).
+//! - `signed`: signed declarations (issue 44): each scope's manifest and signatures beside its
+//!   keys, written by `fleet put --sign` and `fleet sign`, verified by the source before it
+//!   parses anything when the node runs with `--allowed-signers`.
 //!
 //! Architecture Invariant: the controller knows nothing of etcd. Its declaration source is a
 //! directory either way; etcd is one way of writing that directory. The fleet follows the
 //! controller (what it applied, its token), never the other way (`tests/tidy.rs`).
 
+pub mod access;
 pub mod confirm;
 pub mod daemon;
 pub mod forget;
 pub mod pending;
 pub mod put;
 pub mod rollout;
+pub mod signed;
 pub mod source;
 pub mod status;
 
@@ -105,8 +111,11 @@ pub fn role_of(node: &str) -> String {
 }
 
 /// Gives node `node` (in `groups`) a user of its own in etcd's auth, with a role that reads
-/// only its own, its groups' and the fleet's declaration and writes only its own status and
-/// presence. Idempotent: grants are added again harmlessly; an existing user keeps its password.
+/// only its own, its groups' and the fleet's declaration (and the rollout candidates of those
+/// scopes) and writes only its own status and presence. Refused while etcd's auth is off
+/// (`access::require_auth`). Idempotent: grants are added again harmlessly, and any other
+/// range the role held (a group the node left, the one candidate prefix of older versions) is
+/// taken from it; an existing user keeps its password.
 /// Without `password` the user has none: the node is known by the CN of its client certificate,
 /// which must be its name (etcd's `--client-cert-auth`). The groups are decided here, when the node is granted, not by the node (docs/decisions.md,
 /// "Auth: one etcd user per node, named as the node").
@@ -115,19 +124,17 @@ pub async fn grant(
     node: &str,
     groups: &[String],
     password: Option<&secrecy::SecretString>,
-) -> Result<String, crate::system::etcd::Error> {
+) -> anyhow::Result<String> {
+    access::require_auth(etcd, "fleet grant").await?;
     let role = role_of(node);
-    for prefix in prefixes(node, groups) {
-        etcd.grant(&role, "READ", &prefix, true).await?;
+    let ranges = access::ranges(node, groups);
+    for (permission, key, prefix) in &ranges {
+        etcd.grant(&role, permission, key, *prefix).await?;
     }
-    // A rollout's candidate, and this node's admission to it (`rollout`).
-    etcd.grant(&role, "READ", &rollout::candidate_prefix(), true).await?;
-    etcd.grant(&role, "READ", &rollout::admission_prefix(node), true).await?;
-    etcd.grant(&role, "READWRITE", &status::status_key(node), false).await?;
-    etcd.grant(&role, "READWRITE", &status::alive_key(node), false).await?;
+    let taken = access::narrow(etcd, &role, &ranges).await?;
     let made = etcd.user_with_role(node, password, &role).await?;
     Ok(format!(
-        "grant: user {node} ({}) has role {role}: reads the fleet's{}, and its own declaration, and a rollout's candidate and its admission to it; writes its status and presence\n",
+        "grant: user {node} ({}) has role {role}: reads the fleet's{}, and its own declaration, the candidates of rollouts for those scopes and its admission to them; writes its status and presence{taken}\n",
         match (made, password) {
             (true, Some(_)) => "made, with a password",
             (true, None) => "made, without a password: known by its certificate's CN",

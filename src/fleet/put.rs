@@ -127,6 +127,8 @@ pub async fn check_nodes(
                 );
             }
         }
+        // A manifest and its signatures are not parts of the declaration (`super::signed`).
+        sources.retain(|(key, _)| !super::signed::is_meta(key));
         if let Err(refused) = Declaration::parse_sources(&sources) {
             return Ok(Err(format!(
                 "mesh-host: this put would make the declaration of node {node} (the fleet's keys, {}its own) refused; nothing was written:\n{refused}",

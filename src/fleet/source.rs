@@ -35,6 +35,19 @@ pub struct Source {
     pub node: String,
     /// In the order given: a later group's files come after an earlier one's.
     pub groups: Vec<String>,
+    /// With `--allowed-signers`: what every scope read must be signed by, and the state
+    /// directory its high-water marks are kept in (`super::signed`).
+    pub trust: Option<(crate::controller::signed::Trust, PathBuf)>,
+}
+
+/// A read refused whole: the label it is counted under (`invalid`, or a signed declaration's
+/// `trust::Reason`), and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    /// `mesh_host_declaration_refusals_total`'s reason.
+    pub reason: &'static str,
+    /// Said in full, naming the revision or the scope.
+    pub message: String,
 }
 
 /// The name of the file in the cache that says where its declaration came from. Hidden, so the
@@ -72,6 +85,8 @@ pub struct Read {
     pub rollout: Option<(String, String)>,
     /// The prefixes to watch from the next revision.
     pub watch: Vec<String>,
+    /// The prefixes read, in order: the candidate's in place of the scope's it replaces.
+    pub prefixes: Vec<String>,
 }
 
 /// Reads the node's declaration at one revision: its admission to a rollout first (whose
@@ -87,7 +102,11 @@ pub async fn read_node(etcd: &Etcd, node: &str, groups: &[String]) -> Result<Rea
     match etcd.range_prefix(&rollout::admission_prefix(node), None).await {
         Ok(range) => {
             revision = Some(range.revision);
-            read.watch.extend([rollout::admission_prefix(node), rollout::candidate_prefix()]);
+            // Each of its scopes' candidates, and no other's: its role reads only those.
+            read.watch.push(rollout::admission_prefix(node));
+            read.watch.push(rollout::candidate_prefix(&super::Scope::Fleet));
+            read.watch
+                .extend(groups.iter().map(|g| rollout::candidate_prefix(&super::Scope::Group(g.clone()))));
             let key = rollout::admission_key(node);
             let admission = range
                 .kvs
@@ -95,8 +114,9 @@ pub async fn read_node(etcd: &Etcd, node: &str, groups: &[String]) -> Result<Rea
                 .find(|kv| kv.key == key)
                 .and_then(|kv| serde_json::from_slice::<rollout::Admission>(&kv.value).ok());
             if let Some(a) = admission {
-                if let Some(p) = prefixes.iter_mut().find(|p| **p == a.replaces) {
-                    *p = rollout::candidate_prefix();
+                let at = prefixes.iter_mut().find(|p| **p == a.replaces);
+                if let (Some(p), Some(candidate)) = (at, rollout::candidate_for(&a.replaces)) {
+                    *p = candidate;
                     read.rollout = Some((a.rollout, a.replaces));
                 }
             }
@@ -110,6 +130,7 @@ pub async fn read_node(etcd: &Etcd, node: &str, groups: &[String]) -> Result<Rea
         read.kvs.extend(range.kvs);
     }
     read.revision = revision.unwrap_or(0);
+    read.prefixes = prefixes;
     Ok(read)
 }
 
@@ -118,7 +139,8 @@ pub async fn read_node(etcd: &Etcd, node: &str, groups: &[String]) -> Result<Rea
 /// and the declaration in force, back after an abort, is the generation the node had
 /// (docs/decisions.md, "Rollouts").
 fn cached_as(key: &str, replaces: Option<&str>) -> String {
-    match (replaces, key.strip_prefix(&super::rollout::candidate_prefix())) {
+    let candidate = replaces.and_then(super::rollout::candidate_for);
+    match (replaces, candidate.and_then(|c| key.strip_prefix(&c).map(str::to_owned))) {
         (Some(scope), Some(name)) => format!("{scope}{name}"),
         _ => key.to_owned(),
     }
@@ -197,7 +219,7 @@ pub enum Taken {
     /// Refused whole, with why: the declaration in force stays. Reported once per distinct read
     /// (the reporter in `daemon` counts it and logs it; the status in etcd carries it until a later
     /// declaration is accepted).
-    Refused(String),
+    Refused(Refused),
 }
 
 /// Decides what one read means for the cache: written when it is a declaration mesh-host
@@ -211,7 +233,7 @@ fn take(
     priming: Option<(&Priming, Option<&Option<String>>)>,
     metrics: &Metrics,
 ) -> Taken {
-    let Read { revision, kvs, rollout, .. } = read;
+    let Read { revision, mut kvs, rollout, prefixes, .. } = read;
     let d = digest(&kvs);
     // The same bytes at a later revision leave the cache as it is: rewriting it would re-apply
     // every node on every unrelated write, and the status's revision stays that of the last
@@ -221,14 +243,37 @@ fn take(
     }
     *seen = Some(d.clone());
     let node = &source.node;
+    // Verified before anything of it is parsed; the marks kept before it is cached.
+    let mut signed = Vec::new();
+    if let Some((trust, state)) = &source.trust {
+        let accepted = match super::signed::verify_read(trust, state, &kvs, &prefixes, rollout.as_ref()) {
+            Ok(accepted) => accepted,
+            Err(r) => {
+                let message = format!("the declaration in etcd at revision {revision} is {r}");
+                return Taken::Refused(Refused { reason: r.reason.label(), message });
+            }
+        };
+        if let Err(e) = super::signed::persist(state, &accepted) {
+            // Not recorded as seen: the next read tries again.
+            *seen = None;
+            events::FleetSource::NotCached { node, revision, cache, error: &e }.emit(metrics);
+            return Taken::NotCached;
+        }
+        signed = accepted.iter().map(|(_, a)| crate::controller::signed::InForce::of(a)).collect();
+    }
+    // A manifest and its signatures are never parts of the declaration.
+    kvs.retain(|kv| !super::signed::is_meta(&kv.key));
     if kvs.is_empty() {
         // An empty declaration would remove everything the node manages: a node named wrongly,
         // or a fleet wiped by mistake, must not do that. An operator who means it puts a
         // declaration with no resources (docs/decisions.md, "No key at all is refused").
-        return Taken::Refused(format!(
-            "etcd holds no declaration for node {node} (no key under its fleet, group or node prefixes) at revision {revision}; \
-             refused. To empty a node on purpose, put a declaration with no resources"
-        ));
+        return Taken::Refused(Refused {
+            reason: "invalid",
+            message: format!(
+                "etcd holds no declaration for node {node} (no key under its fleet, group or node prefixes) at revision {revision}; \
+                 refused. To empty a node on purpose, put a declaration with no resources"
+            ),
+        });
     }
     let named: Vec<(String, Vec<u8>)> = kvs.iter().map(|kv| (kv.key.clone(), kv.value.clone())).collect();
     match Declaration::parse_sources(&named) {
@@ -247,6 +292,12 @@ fn take(
                 .map(|(i, (key, bytes))| (super::cache_name(revision, i, &cached_as(&key, replaces)), bytes))
                 .collect();
             files.push((MANIFEST.into(), manifest.to_string().into_bytes()));
+            // Who signed it, for the controller to say once it is in force (`/healthz`, the
+            // gauge, the node's status): in the same directory, so it is swapped in with it.
+            if !signed.is_empty() {
+                let summary = serde_json::to_vec(&signed).unwrap_or_default();
+                files.push((crate::controller::signed::SUMMARY.into(), summary));
+            }
             let id = rollout.as_ref().map(|(id, _)| id);
             if let Some((priming, last)) = priming {
                 priming.before(revision, id, last);
@@ -265,9 +316,10 @@ fn take(
                 }
             }
         }
-        Err(refused) => {
-            Taken::Refused(format!("the declaration in etcd at revision {revision} is refused: {refused}"))
-        }
+        Err(refused) => Taken::Refused(Refused {
+            reason: "invalid",
+            message: format!("the declaration in etcd at revision {revision} is refused: {refused}"),
+        }),
     }
 }
 
@@ -284,7 +336,7 @@ pub async fn run(
     etcd: std::sync::Arc<Etcd>,
     cache: PathBuf,
     first: tokio::sync::oneshot::Sender<()>,
-    refused: tokio::sync::watch::Sender<Option<String>>,
+    refused: tokio::sync::watch::Sender<Option<Refused>>,
     contact: std::sync::Arc<tokio::sync::watch::Sender<super::confirm::Contact>>,
     priming: Option<std::sync::Arc<Priming>>,
     metrics: std::sync::Arc<Metrics>,

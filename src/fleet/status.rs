@@ -110,6 +110,26 @@ pub struct Summary {
     /// back to). Absent until then, and from an older node's status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirmed: Option<u64>,
+    /// Who signed the declaration in force, scope by scope (a node with `--allowed-signers`).
+    /// Absent when it is unsigned or that is not known (a generation held by a rollback), and
+    /// from an older node's status.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signed: Vec<Signed>,
+}
+
+/// One signed scope of the declaration in force, as a node's status says it: no secret, only
+/// the scope, the manifest's version and expiry, and the keys that signed it (principals and
+/// fingerprints).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Signed {
+    /// The scope (`fleet`, `group web`, `node web-1`, or a rollout's `candidate ...`).
+    pub scope: String,
+    /// The manifest's version.
+    pub version: u64,
+    /// When it expires, seconds since the epoch; still enforced after.
+    pub expires: u64,
+    /// One entry per distinct trusted key that signed it.
+    pub signed_by: Vec<String>,
 }
 
 /// A node's own going back, as its status says it (docs/decisions.md, "Confirm or go back").
@@ -149,6 +169,16 @@ impl From<&controller::Applied> for Summary {
             }),
             // The confirmation task's to say (`Confirming::confirmed`), not the controller's.
             confirmed: None,
+            signed: a
+                .signed
+                .iter()
+                .map(|s| Signed {
+                    scope: s.scope.clone(),
+                    version: s.version,
+                    expires: s.expires,
+                    signed_by: s.signed_by.clone(),
+                })
+                .collect(),
         }
     }
 }
@@ -169,6 +199,10 @@ pub struct Status {
     /// is accepted. The node goes on enforcing the declaration it applied (`revision`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+    /// The refusal's reason: `invalid`, or a signed declaration's `signature`, `scope`,
+    /// `rollback`, `expired` or `contents`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused_reason: Option<String>,
     /// Seconds since the epoch when this was written.
     pub written_at: u64,
 }
@@ -213,7 +247,7 @@ pub async fn run(
     node: String,
     groups: Vec<String>,
     mut applied: watch::Receiver<controller::Applied>,
-    mut refused: watch::Receiver<Option<String>>,
+    mut refused: watch::Receiver<Option<super::source::Refused>>,
     confirming: Confirming,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
@@ -275,7 +309,8 @@ pub async fn run(
                     groups: groups.clone(),
                     revision,
                     applied: now,
-                    refused: refusal,
+                    refused_reason: refusal.as_ref().map(|r| r.reason.to_owned()),
+                    refused: refusal.map(|r| r.message),
                     written_at,
                 };
                 let Some(bytes) = encoded(record, &mut was_cut, &metrics) else { continue };
@@ -388,6 +423,7 @@ mod tests {
                 ..Summary::default()
             },
             refused: None,
+            refused_reason: None,
             written_at: 0,
         };
         let row = |node: &str, status: Option<Status>| Row {
@@ -426,6 +462,7 @@ mod tests {
             revision: Some(1),
             applied: Summary { last_error: Some(long.clone()), ..Summary::default() },
             refused: Some(long),
+            refused_reason: None,
             written_at: 0,
         };
         let (record, cut) = bounded(record);
@@ -437,6 +474,30 @@ mod tests {
         assert_eq!(bounded(short.clone()), (short, false));
     }
 
+    /// Issue 44, point 5: a status is bounded whole, not only field by field. One whose groups
+    /// (or counts) make it larger than `STATUS_LIMIT` is not written at all; one just under is.
+    #[test]
+    fn a_status_over_its_whole_bound_is_not_written() {
+        let metrics = Metrics::new();
+        let mut was_cut = false;
+        let with_groups = |n: usize| Status {
+            groups: (0..n).map(|i| format!("group-{i:0>200}")).collect(),
+            ..record_of("a")
+        };
+        let under = encoded(with_groups(100), &mut was_cut, &metrics).expect("about 21 KB is written");
+        assert!(under.len() <= STATUS_LIMIT, "{}", under.len());
+        assert_eq!(encoded(with_groups(200), &mut was_cut, &metrics), None, "about 42 KB is not");
+        // Every field at its own bound at once still fits the whole bound.
+        let long = "x".repeat(2 * FIELD_LIMIT);
+        let mut full = record_of("a");
+        full.refused = Some(long.clone());
+        full.applied.last_error = Some(long.clone());
+        full.applied.hold = Some(long.clone());
+        full.applied.last_correction = Some(long);
+        let bytes = encoded(full, &mut was_cut, &metrics).expect("written cut");
+        assert!(was_cut && bytes.len() <= STATUS_LIMIT, "{}", bytes.len());
+    }
+
     fn record_of(node: &str) -> Status {
         Status {
             node: node.into(),
@@ -444,6 +505,7 @@ mod tests {
             revision: None,
             applied: Summary::default(),
             refused: None,
+            refused_reason: None,
             written_at: 0,
         }
     }
@@ -456,6 +518,7 @@ mod tests {
             revision: Some(9),
             applied: Summary { converged: true, hold: hold.map(str::to_owned), ..Summary::default() },
             refused: None,
+            refused_reason: None,
             written_at: 0,
         };
         let row = |hold| Row {
@@ -499,6 +562,7 @@ mod tests {
             revision: Some(7),
             applied: summary,
             refused: None,
+            refused_reason: None,
             written_at: 0,
         };
         let json = serde_json::to_value(&status).unwrap();
@@ -649,6 +713,27 @@ pub fn table(revision: i64, rows: &[Row]) -> String {
                 crate::telemetry::text::escape(hold)
             );
         }
+    }
+    // Who signed what each node enforces, and what it enforces past its expiry: whole, under the
+    // table, since a signer is what an operator looks for after a key is lost or rotated.
+    let now = crate::system::unix_secs();
+    for row in rows {
+        let Some(signed) = row.status.as_ref().map(|s| &s.applied.signed).filter(|s| !s.is_empty()) else {
+            continue;
+        };
+        let scopes: Vec<String> = signed
+            .iter()
+            .map(|s| {
+                let expired = if now >= s.expires { " (EXPIRED, still enforced)" } else { "" };
+                format!("{} version {} by {}{expired}", s.scope, s.version, s.signed_by.join(", "))
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "{}: signed: {}",
+            crate::telemetry::text::escape(&row.node),
+            crate::telemetry::text::escape(&scopes.join("; "))
+        );
     }
     let current = rows.iter().filter(|r| r.current).count();
     let _ = writeln!(

@@ -65,6 +65,10 @@ pub struct Metrics {
     pub reverted: Gauge,
     /// `mesh_host_reverts_total`: the times the node went back by itself since it started.
     pub reverts: Counter,
+    /// `mesh_host_declaration_expires_timestamp_seconds`: when the signed declaration in force
+    /// expires, by kind of scope (`local`, `fleet`, `group`, `node`; the earliest of a kind's);
+    /// absent while nothing signed is in force. Below `time()`, it is enforced past its expiry.
+    pub declaration_expires: Family<Labels, Gauge>,
     /// `mesh_host_etcd_up`: 1 while the fleet's last read of etcd succeeded, 0 after a failed
     /// one; absent on a node whose declaration is a local directory.
     pub etcd_up: Family<Labels, Gauge>,
@@ -174,6 +178,7 @@ impl Metrics {
             generation_held: Gauge::default(),
             reverted: Gauge::default(),
             reverts: Counter::default(),
+            declaration_expires: Family::default(),
             etcd_up: Family::default(),
             etcd_certificate_refused: Family::default(),
             etcd_watch_revision: Family::default(),
@@ -310,6 +315,11 @@ impl Metrics {
             "mesh_host_reverts",
             "Times the node went back to its previous generation by itself because a new one from etcd was not confirmed (no etcd round trip) within the confirmation window",
             self.reverts.clone(),
+        );
+        registry.register(
+            "mesh_host_declaration_expires_timestamp_seconds",
+            "When the signed declaration in force expires (seconds since the epoch), by kind of scope, the earliest of each kind; absent while nothing signed is in force. Past it, the declaration is still enforced: nothing newer was signed or reached the node",
+            self.declaration_expires.clone(),
         );
         registry.register(
             "mesh_host_etcd_up",

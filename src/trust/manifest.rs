@@ -16,7 +16,7 @@
 //! Every line ends in `\n`, fields are separated by one space, numbers are decimal without
 //! leading zeros, times are seconds since the epoch, and files are sorted by name (bytewise),
 //! each once. A scope is `fleet`, `group G`, `node N`, `local` (a node's own directory), or
-//! `candidate ID SCOPE` (a rollout's candidate for SCOPE). It is parsed only after its
+//! `candidate ID SCOPE` (a rollout's candidate for SCOPE; the id may also hold `:`). It is parsed only after its
 //! signatures verified.
 
 use std::fmt::Write as _;
@@ -184,7 +184,7 @@ fn scope_of(words: &[&str]) -> Option<Scope> {
         ["group", g] => name(g).ok().map(|()| Scope::Group((*g).to_owned())),
         ["node", n] => name(n).ok().map(|()| Scope::Node((*n).to_owned())),
         ["candidate", id, rest @ ..] => {
-            name(id).ok()?;
+            rollout_id(id)?;
             let replaces = scope_of(rest)?;
             matches!(replaces, Scope::Fleet | Scope::Group(_) | Scope::Node(_))
                 .then(|| Scope::Candidate { rollout: (*id).to_owned(), replaces: Box::new(replaces) })
@@ -205,6 +205,11 @@ fn name(text: &str) -> Result<(), String> {
     } else {
         Err(format!("{text:?} is not a name (1 to 63 of A-Z a-z 0-9 . _ -, starting with a letter or digit)"))
     }
+}
+
+/// A rollout's id: a name, which may also hold `:` (`rollout-2026-12-05T18:50:00Z`).
+fn rollout_id(text: &str) -> Option<()> {
+    name(&text.replace(':', "-")).ok()
 }
 
 /// A file's name: printable ASCII without spaces, at most 255 bytes, not hidden, and no `..`
@@ -285,7 +290,13 @@ mod tests {
             "mesh-host manifest v1\nfleet prod-eu\nscope candidate r-1 group web\nversion 42\n"
         ));
         assert_eq!(Manifest::parse(text.as_bytes()).unwrap(), m);
-        for scope in [Scope::Fleet, Scope::Local, Scope::Node("web-1".into()), Scope::Group("db".into())] {
+        let timed = Scope::Candidate {
+            rollout: "rollout-2026-12-05T18:50:00Z".into(),
+            replaces: Box::new(Scope::Fleet),
+        };
+        for scope in
+            [Scope::Fleet, Scope::Local, Scope::Node("web-1".into()), Scope::Group("db".into()), timed]
+        {
             let m = Manifest { scope, files: vec![], ..sample() };
             assert_eq!(Manifest::parse(m.render().as_bytes()).unwrap(), m);
         }

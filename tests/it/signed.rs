@@ -28,12 +28,12 @@ fn ssh_keygen() -> Command {
     Command::new("ssh-keygen")
 }
 
-fn text(out: &Output) -> String {
+pub(crate) fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
 /// A new Ed25519 key pair without a passphrase: the private key's path (`.pub` beside it).
-fn keypair(s: &Scratch, name: &str) -> PathBuf {
+pub(crate) fn keypair(s: &Scratch, name: &str) -> PathBuf {
     std::fs::create_dir_all(s.path("keys")).unwrap();
     let key = s.path(&format!("keys/{name}"));
     let out =
@@ -42,12 +42,12 @@ fn keypair(s: &Scratch, name: &str) -> PathBuf {
     key
 }
 
-fn public(key: &Path) -> String {
+pub(crate) fn public(key: &Path) -> String {
     std::fs::read_to_string(key.with_extension("pub")).unwrap()
 }
 
 /// An allowed_signers file trusting these keys, each under its file name.
-fn allowed(s: &Scratch, keys: &[&Path]) -> PathBuf {
+pub(crate) fn allowed(s: &Scratch, keys: &[&Path]) -> PathBuf {
     let lines: String = keys
         .iter()
         .map(|k| format!("{}@example.com {}", k.file_name().unwrap().to_string_lossy(), public(k)))
@@ -170,10 +170,10 @@ fn sign(s: &Scratch, dir: &Path, keys: &[&Path], extra: &[&str]) -> Output {
 }
 
 /// Each file's bytes, mode and inode, by path.
-type Tree = BTreeMap<PathBuf, (Vec<u8>, u32, u64)>;
+pub(crate) type Tree = BTreeMap<PathBuf, (Vec<u8>, u32, u64)>;
 
 /// Every file under `dir`: its bytes, mode and inode, to show nothing changed.
-fn tree(dir: &Path) -> Tree {
+pub(crate) fn tree(dir: &Path) -> Tree {
     let mut out = BTreeMap::new();
     let mut todo = vec![dir.to_path_buf()];
     while let Some(d) = todo.pop() {
@@ -348,7 +348,7 @@ fn the_daemon_without_allowed_signers_says_once_that_it_applies_unsigned_declara
 
 /// The 32 secret bytes of an unencrypted OpenSSH Ed25519 private key file: in its private
 /// section, a 64-byte string of the seed then the public key.
-fn seed_of(private: &Path) -> Vec<u8> {
+pub(crate) fn seed_of(private: &Path) -> Vec<u8> {
     use base64::Engine as _;
     let pem = std::fs::read_to_string(private).unwrap();
     let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
@@ -430,23 +430,4 @@ fn a_planted_signing_key_is_found_in_no_output() {
             );
         }
     }
-}
-
-#[test]
-fn allowed_signers_with_etcd_is_refused_rather_than_looking_verified() {
-    let s = Scratch::new();
-    let alice = keypair(&s, "alice");
-    let signers = allowed(&s, &[&alice]);
-    let out = s.run(&[
-        "run",
-        "--etcd",
-        "http://127.0.0.1:9",
-        "--node",
-        "web-1",
-        "--allowed-signers",
-        signers.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("cannot be given with --etcd"), "{}", text(&out));
-    assert!(!s.path("state").exists(), "nothing was started");
 }

@@ -16,7 +16,13 @@
 //!   outcome: what a crash interrupted is the host's own work, not drift. The converging apply
 //!   declares K again (the same declaration, as after a restart) or a third content Q (a new
 //!   declaration arrived meanwhile), alternately within each kind of round; the second is where
-//!   the host's own unfinished writes are taken for hand-edits.
+//!   the host's own unfinished writes are taken for hand-edits;
+//! - the high-water mark (issue 44: every declaration is a signed directory, signed anew at a
+//!   higher version each time it is brought, and applied with `--allowed-signers`): after the
+//!   kill it is whole and names the manifest of P or of K, and K's whenever any file holds K
+//!   (it is kept before the pass that writes them); after the converging apply, the manifest
+//!   applied. `the_mark_check_fails_when_a_mark_write_is_lost` runs the same rounds with the
+//!   mark's write broken (failpoint `trust-mark-lost`) and shows this check failing.
 //!
 //! The whole battery (issue 12, RELIABILITY.md) is 100 rounds over 10,000 files:
 //! `tests/reliability/kill-rounds.sh`; by default, as CI runs it, this is a short version.
@@ -117,7 +123,67 @@ struct Tree {
     dirs: usize,
     contents: [Vec<u8>; 3],
     digests: [String; 3],
+    /// The three declarations, each a signed directory.
     decls: [PathBuf; 3],
+    /// The signing key, and the allowed_signers file that trusts it.
+    key: PathBuf,
+    signers: PathBuf,
+    /// More environment for every apply (a broken build's failpoint).
+    apply_env: Vec<(String, String)>,
+}
+
+/// A manifest as the mark names it: its version and its SHA-256 in hex.
+type Mark = (u64, String);
+
+/// Signs declaration `i` anew at `version` (`mesh-host sign DIR --version N`); returns the mark
+/// its manifest makes once accepted.
+fn sign(bin: &Path, tree: &Tree, i: usize, version: u64) -> Mark {
+    let out = Command::new(bin)
+        .env("MESH_HOST_LOG", "warn")
+        .arg("sign")
+        .arg(&tree.decls[i])
+        .arg("--sign")
+        .arg(&tree.key)
+        .args(["--version", &version.to_string()])
+        .output()
+        .expect("mesh-host sign runs");
+    assert!(out.status.success(), "mesh-host sign: {}", String::from_utf8_lossy(&out.stderr));
+    let manifest = std::fs::read(tree.decls[i].join(".mesh-host/manifest")).unwrap();
+    (version, format!("{:x}", sha2::Sha256::digest(&manifest)))
+}
+
+/// The local high-water mark, `<state dir>/trust/local`, or why it cannot be read.
+fn read_mark(tree: &Tree) -> Result<Mark, String> {
+    let path = tree.state.parent().unwrap().join("trust/local");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut lines = text.lines();
+    let version = lines.next().and_then(|l| l.strip_prefix("version ")).and_then(|v| v.parse().ok());
+    match (version, lines.next().and_then(|l| l.strip_prefix("manifest ")), lines.next()) {
+        (Some(v), Some(d), None) if d.len() == 64 => Ok((v, d.to_owned())),
+        _ => Err(format!("{} is damaged: {text:?}", path.display())),
+    }
+}
+
+/// What is wrong with the mark after a kill, if anything: it must be whole and name the
+/// manifest of the declaration before (`before`) or of the one killed (`killed`), and the
+/// killed one's as soon as any file holds its content (`new_files`).
+fn mark_after_kill(
+    got: Result<Mark, String>,
+    before: &Mark,
+    killed: &Mark,
+    new_files: usize,
+) -> Option<String> {
+    match got {
+        Err(e) => Some(e),
+        Ok(m) if m != *before && m != *killed => {
+            Some(format!("names version {} ({}), neither {} nor {}", m.0, m.1, before.0, killed.0))
+        }
+        Ok(m) if new_files > 0 && m != *killed => Some(format!(
+            "names version {} while {new_files} files hold version {}'s content: behind the machine",
+            m.0, killed.0
+        )),
+        Ok(_) => None,
+    }
 }
 
 impl Tree {
@@ -142,6 +208,7 @@ fn content(i: usize) -> Vec<u8> {
     body
 }
 
+/// One declaration, written into the directory that is signed.
 fn declaration(root: &Path, dirs: usize, i: usize, content: &[u8]) -> Value {
     let text = String::from_utf8(content.to_vec()).unwrap();
     let mut resources = Vec::new();
@@ -177,6 +244,8 @@ fn wait_at_most(child: &mut std::process::Child, limit: Duration) -> Option<std:
 fn apply_cmd(bin: &Path, tree: &Tree, decl: &Path) -> Command {
     let mut cmd = Command::new(bin);
     cmd.env("MESH_HOST_LOG", "warn").arg("--state").arg(&tree.state).arg("apply").arg("--json").arg(decl);
+    cmd.arg("--allowed-signers").arg(&tree.signers);
+    cmd.envs(tree.apply_env.iter().map(|(k, v)| (k, v)));
     cmd
 }
 
@@ -251,28 +320,103 @@ struct Figures {
     corrected_max_round: usize,
     temp_after_converge_max: usize,
     temp_at_end: usize,
+    /// Rounds whose high-water mark was damaged, unknown or behind the machine, after the kill
+    /// or after the converging apply.
+    marks_wrong: usize,
     notes: Vec<String>,
+}
+
+/// What a run is given: from the environment (the module's doc), or a test's own.
+struct Settings {
+    rounds: usize,
+    files: usize,
+    every: usize,
+    seed: u64,
+    points: Vec<String>,
+    dir: String,
+    apply_env: Vec<(String, String)>,
+}
+
+impl Settings {
+    fn from_env() -> Settings {
+        let root_user = nix::unistd::geteuid().is_root();
+        Settings {
+            rounds: env_or("MESH_HOST_KILL_ROUNDS", 12),
+            files: env_or("MESH_HOST_KILL_FILES", 1_000),
+            every: env_or("MESH_HOST_KILL_FAILPOINT_EVERY", 4).max(1),
+            seed: env_or(
+                "MESH_HOST_KILL_SEED",
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
+            ),
+            points: env_or("MESH_HOST_KILL_FAILPOINTS", "batch-staged,batch-renamed,store-write".to_owned())
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            dir: env_or("MESH_HOST_KILL_DIR", if root_user { "loop".into() } else { "/var/tmp".into() }),
+            apply_env: Vec::new(),
+        }
+    }
+}
+
+/// The faults the figures show, in words; none in a good run.
+fn faults(f: &Figures) -> Vec<String> {
+    let mut faults = Vec::new();
+    for (what, n) in [
+        ("torn files", f.torn),
+        ("missing files", f.missing),
+        ("files holding neither the old nor the new content", f.unexpected),
+        ("rounds with an invalid store", f.store_invalid),
+        ("records ahead of the machine", f.records_ahead),
+        ("records lost", f.records_lost),
+        ("converging applies that failed", f.converge_failed),
+        ("files not as declared after a converging apply", f.not_converged),
+        (
+            "files corrected after a crash (fault 8: the host's own work counted as drift)",
+            f.corrected_same + f.corrected_new,
+        ),
+        ("temporary files left after a converging apply (fault 7)", f.temp_after_converge_max),
+        ("checks of the high-water mark that found it damaged, unknown or behind the machine", f.marks_wrong),
+    ] {
+        if n > 0 {
+            faults.push(format!("{n} {what}"));
+        }
+    }
+    faults
 }
 
 #[test]
 fn kill_rounds() {
-    let rounds: usize = env_or("MESH_HOST_KILL_ROUNDS", 12);
-    let files: usize = env_or("MESH_HOST_KILL_FILES", 1_000);
-    let every: usize = env_or("MESH_HOST_KILL_FAILPOINT_EVERY", 4).max(1);
-    let seed: u64 = env_or(
-        "MESH_HOST_KILL_SEED",
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
-    );
-    let wanted_points: Vec<String> =
-        env_or("MESH_HOST_KILL_FAILPOINTS", "batch-staged,batch-renamed,store-write".to_owned())
-            .split(',')
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-            .collect();
+    let f = run(&Settings::from_env());
+    let faults = faults(&f);
+    assert!(faults.is_empty(), "after {} kill rounds: {}", f.rounds, faults.join("; "));
+}
+
+/// The mark's check can fail: the same rounds, on a build whose mark write is lost
+/// (`trust-mark-lost`), find the mark missing or behind the machine.
+#[test]
+fn the_mark_check_fails_when_a_mark_write_is_lost() {
+    let settings = Settings {
+        rounds: 3,
+        files: 50,
+        every: 1,
+        seed: 44,
+        points: Vec::new(),
+        apply_env: vec![("MESH_HOST_FAILPOINT".into(), "trust-mark-lost".into())],
+        ..Settings::from_env()
+    };
+    let f = run(&settings);
+    assert_eq!(f.marks_wrong, 2 * f.rounds, "every check after a kill and after a converging apply: {f:#?}");
+    let faults = faults(&f);
+    assert!(faults.iter().all(|f| f.contains("high-water mark")), "only the mark is broken: {faults:?}");
+}
+
+/// The rounds, as `settings` say; returns their figures.
+fn run(settings: &Settings) -> Figures {
+    let Settings { rounds, files, every, seed, .. } = *settings;
+    let wanted_points = &settings.points;
     let dirs = (files / FILES_PER_DIR).max(1);
-    let root_user = nix::unistd::geteuid().is_root();
-    let where_: String =
-        env_or("MESH_HOST_KILL_DIR", if root_user { "loop".into() } else { "/var/tmp".into() });
+    let where_ = settings.dir.clone();
 
     // No core files from the aborts at failpoints: hundreds of them would fill a disk.
     nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0).unwrap();
@@ -304,15 +448,36 @@ fn kill_rounds() {
     let digests = [sha256(&contents[0]), sha256(&contents[1]), sha256(&contents[2])];
     let root = base.join("tree");
     let decls = [0, 1, 2].map(|i| {
-        let path = work.path().join(format!("decl{i}.json"));
-        std::fs::write(&path, serde_json::to_vec(&declaration(&root, dirs, i, &contents[i])).unwrap())
-            .unwrap();
-        path
+        let dir = work.path().join(format!("decl{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let text = serde_json::to_vec(&declaration(&root, dirs, i, &contents[i])).unwrap();
+        std::fs::write(dir.join("decl.json"), text).unwrap();
+        dir
     });
-    let tree = Tree { root, state: base.join("state/state.json"), dirs, contents, digests, decls };
+    let key = work.path().join("key");
+    let made = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "kill-rounds", "-f"])
+        .arg(&key)
+        .output()
+        .expect("ssh-keygen runs: install openssh-client");
+    assert!(made.status.success(), "ssh-keygen: {}", String::from_utf8_lossy(&made.stderr));
+    let signers = work.path().join("allowed_signers");
+    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    std::fs::write(&signers, format!("kill-rounds@example.com {public}")).unwrap();
+    let tree = Tree {
+        root,
+        state: base.join("state/state.json"),
+        dirs,
+        contents,
+        digests,
+        decls,
+        key,
+        signers,
+        apply_env: settings.apply_env.clone(),
+    };
 
     let mut points = Vec::new();
-    for p in &wanted_points {
+    for p in wanted_points {
         if knows_failpoint(&bin, work.path(), p) {
             points.push(p.clone());
         } else {
@@ -332,8 +497,17 @@ fn kill_rounds() {
     );
 
     // Calibration: a cold apply, then a full changing apply, which also sets the kill window.
+    // Each declaration is signed at a higher version each time it is brought.
+    let mut signed: [Mark; 3] = Default::default();
+    let mut version = 0;
+    let mut next = |i: usize, signed: &mut [Mark; 3]| {
+        version += 1;
+        signed[i] = sign(&bin, &tree, i, version);
+    };
+    next(0, &mut signed);
     let (code, report, cold, err) = apply_to_end(&bin, &tree, &tree.decls[0]);
     assert_eq!(code, 0, "the cold apply failed: {report:#} {err}");
+    next(1, &mut signed);
     let (code, report, full, err) = apply_to_end(&bin, &tree, &tree.decls[1]);
     assert_eq!(code, 0, "the changing apply failed: {report:#} {err}");
     println!("calibration: cold apply {cold:?}, a changing apply of every file {full:?} (the kill window)");
@@ -347,6 +521,7 @@ fn kill_rounds() {
         let p = held;
         let k = (p + 1) % 3;
         let q = (p + 2) % 3;
+        next(k, &mut signed);
         let mut cmd = apply_cmd(&bin, &tree, &tree.decls[k]);
         cmd.stdout(Stdio::null()).stderr(Stdio::null());
         // Which declaration the converging apply brings alternates within each kind of round (a
@@ -441,8 +616,18 @@ fn kill_rounds() {
             _ => figures.store_invalid += 1,
         }
 
+        // The high-water mark: whole, P's or K's, and K's once any file holds K.
+        let mark = mark_after_kill(read_mark(&tree), &signed[p], &signed[k], new);
+        if let Some(wrong) = &mark {
+            figures.marks_wrong += 1;
+            println!("round {round}: the high-water mark after the kill: {wrong}");
+        }
+
         // The converging apply.
         let n = if converge_same { k } else { q };
+        if n != k {
+            next(n, &mut signed);
+        }
         let (code, report, took, err) = apply_to_end(&bin, &tree, &tree.decls[n]);
         let mut corrected = 0;
         if code != 0 {
@@ -472,6 +657,21 @@ fn kill_rounds() {
             }
         }
         figures.not_converged += wrong;
+        // The mark names exactly the manifest the converging apply put in force.
+        match read_mark(&tree) {
+            Ok(m) if code == 0 && m != signed[n] => {
+                figures.marks_wrong += 1;
+                println!(
+                    "round {round}: after the converging apply the mark names version {}, not {}",
+                    m.0, signed[n].0
+                );
+            }
+            Err(e) if code == 0 => {
+                figures.marks_wrong += 1;
+                println!("round {round}: after the converging apply: {e}");
+            }
+            _ => {}
+        }
         let mut temps = Vec::new();
         temp_files(&tree.root, &mut temps);
         temp_files(tree.state.parent().unwrap(), &mut temps);
@@ -512,31 +712,11 @@ fn kill_rounds() {
             "not_converged": figures.not_converged, "corrected_same_declaration": figures.corrected_same,
             "corrected_new_declaration": figures.corrected_new, "corrected_max_round": figures.corrected_max_round,
             "temp_after_converge_max": figures.temp_after_converge_max, "temp_at_end": figures.temp_at_end,
+            "marks_wrong": figures.marks_wrong,
             "notes": figures.notes,
         });
         std::fs::write(path, serde_json::to_vec_pretty(&out).unwrap()).unwrap();
     }
 
-    let f = &figures;
-    let mut faults = Vec::new();
-    for (what, n) in [
-        ("torn files", f.torn),
-        ("missing files", f.missing),
-        ("files holding neither the old nor the new content", f.unexpected),
-        ("rounds with an invalid store", f.store_invalid),
-        ("records ahead of the machine", f.records_ahead),
-        ("records lost", f.records_lost),
-        ("converging applies that failed", f.converge_failed),
-        ("files not as declared after a converging apply", f.not_converged),
-        (
-            "files corrected after a crash (fault 8: the host's own work counted as drift)",
-            f.corrected_same + f.corrected_new,
-        ),
-        ("temporary files left after a converging apply (fault 7)", f.temp_after_converge_max),
-    ] {
-        if n > 0 {
-            faults.push(format!("{n} {what}"));
-        }
-    }
-    assert!(faults.is_empty(), "after {} kill rounds: {}", f.rounds, faults.join("; "));
+    figures
 }

@@ -14,7 +14,8 @@ use serde_json::Value;
 use crate::history::digest;
 
 pub const FLEET: &str = "/mesh-host/fleet/declaration/";
-pub const CANDIDATE: &str = "/mesh-host/rollout/open/candidate/";
+/// The candidate of a rollout for the fleet (the harness's only kind).
+pub const CANDIDATE: &str = "/mesh-host/rollout/open/candidate/fleet/";
 pub const STATE: &str = "/mesh-host/rollout/open/state";
 pub const LAST: &str = "/mesh-host/rollout/last";
 /// The driver's key, bound to its lease; its value names the driver (`(pid N)`).

@@ -291,12 +291,19 @@ pub fn regate(state: &State, verdicts: &BTreeMap<String, Verdict>) -> Result<Str
 /// The writes of a promotion: the candidate's keys under the scope's prefix, the scope's other
 /// keys deleted, the rollout closed into `rollout/last`; and how many were kept and removed.
 async fn promotion(etcd: &Etcd, s: &Snapshot, state: &State) -> anyhow::Result<(Vec<Write>, usize, usize)> {
-    let candidate = etcd.range_prefix(&candidate_prefix(), Some(s.revision)).await?;
+    let cp = candidate_prefix(&state.scope());
+    let candidate = etcd.range_prefix(&cp, Some(s.revision)).await?;
     let mut writes = Vec::new();
-    let cp = candidate_prefix();
     let mut kept = Vec::new();
     for kv in candidate.kvs {
-        let key = format!("{}{}", state.replaces, kv.key.strip_prefix(&cp).unwrap_or(&kv.key));
+        let name = kv.key.strip_prefix(&cp).unwrap_or(&kv.key);
+        // A signed candidate's own manifest stays behind; the one signed for the scope goes in.
+        let name = match name.strip_prefix(crate::fleet::signed::PROMOTED) {
+            Some(promoted) => format!("{}{promoted}", crate::fleet::signed::META),
+            None if name.starts_with(crate::fleet::signed::META) => continue,
+            None => name.to_owned(),
+        };
+        let key = format!("{}{name}", state.replaces);
         kept.push(key.clone());
         writes.push(Write::Put { key, value: kv.value, lease: 0 });
     }

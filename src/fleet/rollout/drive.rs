@@ -28,6 +28,16 @@ pub struct Start {
     pub max_failures: usize,
     /// `--deadline`.
     pub deadline: u64,
+    /// The rollout's id (`new_id`): a signed candidate's manifest names it.
+    pub id: String,
+    /// `--sign`: the candidate's version, and its manifests' and signatures' keys under the
+    /// candidate's prefix (`crate::fleet::signed`).
+    pub signed: Option<(u64, crate::fleet::signed::Keys)>,
+}
+
+/// A new rollout's id: `rollout-` and the time it starts.
+pub fn new_id(now: u64) -> String {
+    format!("rollout-{}", crate::controller::drift::utc(now * 1000))
 }
 
 /// `fleet rollout start`: writes the candidate and the plan in one transaction (refused when a
@@ -42,7 +52,7 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
     let prefix = start.scope.prefix();
     let now = crate::system::unix_secs();
     let state = State {
-        id: format!("rollout-{}", crate::controller::drift::utc(now * 1000)),
+        id: start.id.clone(),
         group: match &start.scope {
             Scope::Group(g) => Some(g.clone()),
             _ => None,
@@ -62,18 +72,16 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
         started_at: now,
         started_by: who(),
         closed: None,
+        version: start.signed.as_ref().map(|(v, _)| *v),
     };
     // Nothing is under the rollout's prefix when no state is (every close deletes it whole):
     // checked, with the state's absence, in the transaction.
     let mut writes = vec![Write::Put { key: state_key(), value: serde_json::to_vec(&state)?, lease: 0 }];
-    for (key, bytes) in &start.wanted {
-        let name = key.strip_prefix(&prefix).unwrap_or(key);
-        writes.push(Write::Put {
-            key: format!("{}{name}", candidate_prefix()),
-            value: bytes.clone(),
-            lease: 0,
-        });
-    }
+    let put = |(key, value): (String, &Vec<u8>)| Write::Put { key, value: value.clone(), lease: 0 };
+    let cp = candidate_prefix(&start.scope);
+    let name = |key: &String| format!("{cp}{}", key.strip_prefix(&prefix).unwrap_or(key));
+    writes.extend(start.wanted.iter().map(|(key, bytes)| (name(key), bytes)).map(put));
+    writes.extend(start.signed.iter().flat_map(|(_, keys)| keys).map(|(k, v)| (k.clone(), v)).map(put));
     // The driver's key is taken in the same transaction: a start that writes the rollout
     // drives it, and a driver left from a rollout before (its lease not yet ended) refuses it.
     let lease = etcd.lease_grant(DRIVER_TTL).await?;

@@ -9,7 +9,8 @@
 //! /mesh-host/rollout/open/state             the rollout open (JSON `State`): its id, scope,
 //!                                           wave plan, how many waves are open, paused or
 //!                                           halted, its failures
-//! /mesh-host/rollout/open/candidate/NAME    the candidate's files, NAME as `fleet put` names them
+//! /mesh-host/rollout/open/candidate/fleet/NAME     the candidate's files, NAME as `fleet put`
+//! /mesh-host/rollout/open/candidate/group/G/NAME   names them, under its scope's own prefix
 //! /mesh-host/rollout/open/node/N/admitted   node N may read the candidate (JSON `Admission`)
 //! /mesh-host/rollout/driver                 the driver's presence, bound to its lease
 //! /mesh-host/rollout/last                   the last rollout closed, as its state said, and how
@@ -40,7 +41,7 @@ use super::{Scope, ROOT};
 use crate::system::etcd::{Etcd, Range};
 
 pub use command::{abort, pause_rollout, promote, regate, resume};
-pub use drive::{drive, limit, start, unadmitted, Start};
+pub use drive::{drive, limit, new_id, start, unadmitted, Start};
 pub use print::{report, text, NodeRow, Report};
 
 /// The prefix of the rollout open, if any: deleted whole when it closes.
@@ -53,9 +54,26 @@ pub fn state_key() -> String {
     format!("{ROOT}rollout/open/state")
 }
 
-/// The prefix the candidate's files are under.
-pub fn candidate_prefix() -> String {
+/// The prefix every candidate's files are under, whatever its scope.
+pub fn candidate_root() -> String {
     format!("{ROOT}rollout/open/candidate/")
+}
+
+/// The prefix the candidate of a rollout for `scope` is under: one per scope, so that a node's
+/// etcd role reads only the candidates of its own scopes (a node of group `db` cannot read a
+/// rollout's for group `web`; docs/decisions.md, "A candidate under its scope's prefix").
+pub fn candidate_prefix(scope: &Scope) -> String {
+    match scope {
+        Scope::Fleet => format!("{}fleet/", candidate_root()),
+        Scope::Group(g) => format!("{}group/{g}/", candidate_root()),
+        Scope::Node(n) => format!("{}node/{n}/", candidate_root()),
+    }
+}
+
+/// The candidate's prefix for the scope whose declaration prefix is `replaces` (an admission's
+/// `replaces`); `None` when it is no scope's.
+pub fn candidate_for(replaces: &str) -> Option<String> {
+    super::signed::from_prefix(replaces).map(|scope| candidate_prefix(&scope))
 }
 
 /// The prefix of node `node`'s admission, which the node watches (a prefix ending in `/`, so
@@ -153,6 +171,9 @@ pub struct State {
     /// How it closed (`promoted by ... at ...`, `aborted ...`): in `rollout/last` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closed: Option<String>,
+    /// The signed candidate's version (`start --sign`): the next signed rollout goes above it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
 }
 
 impl State {
@@ -718,6 +739,7 @@ mod tests {
                 ..Default::default()
             },
             refused: None,
+            refused_reason: None,
             written_at: 100,
         }
     }
@@ -865,6 +887,7 @@ mod tests {
             started_at: 0,
             started_by: "me".into(),
             closed: None,
+            version: None,
         }
     }
 

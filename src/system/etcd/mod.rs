@@ -208,6 +208,28 @@ fn compacted(code: Option<u64>, message: &str) -> bool {
     code == Some(11) && message.ends_with(COMPACTED)
 }
 
+/// The endpoints of a comma-separated list that are `http://` to a host other than loopback
+/// (`127.0.0.0/8`, `::1`, `localhost`): where a declaration, a status and a login's password
+/// and token would cross a network in the clear (docs/decisions.md, "Plaintext etcd only on
+/// loopback"). A host given by any other name is counted as beyond loopback: what it resolves
+/// to is not this code's to know, and may change.
+pub fn plaintext_beyond_loopback(endpoints: &str) -> Vec<String> {
+    endpoints
+        .split(',')
+        .map(|e| e.trim().trim_end_matches('/'))
+        .filter(|e| e.starts_with("http://"))
+        .filter(|e| {
+            let host = e.parse::<http::Uri>().ok().and_then(|u| u.host().map(str::to_owned));
+            let host = host.as_deref().map(|h| h.trim_start_matches('[').trim_end_matches(']'));
+            !host.is_some_and(|h| {
+                h.eq_ignore_ascii_case("localhost")
+                    || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+            })
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
 /// One key and its value.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Kv {
@@ -863,6 +885,98 @@ impl Etcd {
         Ok(made)
     }
 }
+
+impl Etcd {
+    /// Whether etcd's auth is on, as etcd itself says it: a login is tried, without a token, as
+    /// a user no one makes, with no password. etcd answers "authentication is not enabled"
+    /// when it is off, and "authentication failed" when it is on. Asked so rather than by the
+    /// `AuthStatus` call, which etcd 3.4 (Debian's) lacks; and rather than by a call only root
+    /// may make, which over TLS a certificate whose CN is `root` would pass either way.
+    pub async fn auth_enabled(&self) -> Result<bool, Error> {
+        let probe = self
+            .call_once("a login, to learn whether auth is on", |channel| {
+                let request = tonic::Request::new(rpc::AuthenticateRequest {
+                    name: "mesh-host-auth-probe".to_owned(),
+                    password: String::new(),
+                });
+                async move { AuthClient::new(channel).authenticate(request).await }
+            })
+            .await;
+        match probe {
+            Err(Error::Refused { message, .. }) if message.ends_with(AUTH_OFF) => Ok(false),
+            Err(Error::Refused { .. }) | Ok(_) => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes `user`; `false` when etcd has no such user.
+    pub async fn user_delete(&self, user: &str) -> Result<bool, Error> {
+        let deleted = self
+            .call("a user's deletion", |channel| {
+                let request = self.request(rpc::AuthUserDeleteRequest { name: user.to_owned() });
+                async move { AuthClient::new(channel).user_delete(request).await }
+            })
+            .await;
+        match deleted {
+            Ok(_) => Ok(true),
+            Err(Error::Refused { message, .. }) if message.ends_with(NOT_FOUND) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The ranges `role` is granted, each as its key and range end (empty for one key); none
+    /// when etcd has no such role.
+    pub async fn role_ranges(&self, role: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Error> {
+        let got = self
+            .call("a role's permissions", |channel| {
+                let request = self.request(rpc::AuthRoleGetRequest { role: role.to_owned() });
+                async move { AuthClient::new(channel).role_get(request).await }
+            })
+            .await;
+        match got {
+            Ok(answer) => Ok(answer.perm.into_iter().map(|p| (p.key, p.range_end)).collect()),
+            Err(Error::Refused { message, .. }) if message.ends_with(NOT_FOUND) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes from `role` its permission on the range `key`..`range_end` (one key when empty).
+    pub async fn revoke_range(&self, role: &str, key: &[u8], range_end: &[u8]) -> Result<(), Error> {
+        self.call("a permission's revocation", |channel| {
+            let request = self.request(rpc::AuthRoleRevokePermissionRequest {
+                role: role.to_owned(),
+                key: key.to_vec(),
+                range_end: range_end.to_vec(),
+            });
+            async move { AuthClient::new(channel).role_revoke_permission(request).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Deletes `role` (and so every permission it grants); `false` when etcd has no such role.
+    pub async fn role_delete(&self, role: &str) -> Result<bool, Error> {
+        let deleted = self
+            .call("a role's deletion", |channel| {
+                let request = self.request(rpc::AuthRoleDeleteRequest { role: role.to_owned() });
+                async move { AuthClient::new(channel).role_delete(request).await }
+            })
+            .await;
+        match deleted {
+            Ok(_) => Ok(true),
+            Err(Error::Refused { message, .. }) if message.ends_with(NOT_FOUND) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// etcd's words when its auth is off and a login is tried ("etcdserver: authentication is not
+/// enabled", code 9, which also means other things).
+const AUTH_OFF: &str = "authentication is not enabled";
+
+/// etcd's words for a user or role that is not there ("etcdserver: user name not found",
+/// "etcdserver: role name not found", code 9).
+const NOT_FOUND: &str = "name not found";
 
 /// A condition of a transaction (`Etcd::txn`).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -62,6 +62,22 @@ fn endpoints_are_urls_spoken_to_one_way_and_https_needs_a_ca() {
 }
 
 #[test]
+fn plaintext_is_told_apart_only_for_loopback_by_address_or_localhost() {
+    let beyond = |e: &str| plaintext_beyond_loopback(e);
+    for local in
+        ["http://127.0.0.1:2379", "http://127.8.9.1:1/", "http://[::1]:2379", "http://localhost:2379"]
+    {
+        assert!(beyond(local).is_empty(), "{local} is loopback");
+    }
+    assert!(beyond("https://10.0.0.1:2379,https://etcd.example:2379").is_empty(), "TLS");
+    assert_eq!(
+        beyond("http://127.0.0.1:1, http://10.0.0.1:2379, http://etcd:2379, http://[fe80::1]:2379"),
+        ["http://10.0.0.1:2379", "http://etcd:2379", "http://[fe80::1]:2379"],
+        "a name other than localhost may resolve anywhere"
+    );
+}
+
+#[test]
 #[allow(clippy::disallowed_methods, reason = "the test writes the files it then gives")]
 fn tls_files_that_cannot_be_used_are_refused_naming_the_option_and_the_file() {
     let scratch = tempfile::tempdir().unwrap();

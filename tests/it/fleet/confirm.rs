@@ -61,6 +61,8 @@ fn node_in_namespace_at(
         .arg("--state")
         .arg(s.state())
         .args(["run", "--etcd", endpoint, "--node", name])
+        // etcd by a name (on loopback, as /etc/hosts says), which mesh-host cannot know is.
+        .arg("--allow-plaintext")
         .args(more)
         .args(["--metrics", &format!("127.0.0.1:{metrics}"), "--settle-ms", "20"])
         .env("MESH_HOST_LOG", "info")

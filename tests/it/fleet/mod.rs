@@ -13,6 +13,7 @@
 //! node fed by etcd) and `confirm` (a new generation confirmed, or gone back from). Here: what
 //! they share.
 
+mod access;
 mod auth;
 mod confirm;
 mod generations;
@@ -21,6 +22,7 @@ mod node;
 mod outage;
 mod put;
 mod rollout;
+mod signed;
 mod tls;
 
 use std::path::{Path, PathBuf};

@@ -322,6 +322,8 @@ fn a_node_whose_network_is_cut_keeps_converging_drops_out_and_resyncs_what_chang
             .arg("--state")
             .arg(s.state())
             .args(["run", "--etcd", "http://10.78.1.1:2379", "--node", "cut-ns", "--metrics", "off"])
+            // A veth pair of the test's own, not loopback: plaintext said on purpose.
+            .arg("--allow-plaintext")
             .args(["--settle-ms", "20"])
             .stdout(std::fs::File::create(&log).unwrap())
             .stderr(std::fs::File::options().append(true).open(&log).unwrap())

@@ -1,0 +1,214 @@
+//! Signed declarations in etcd at the command line (issue 44, the fleet): `fleet put --sign`,
+//! `fleet rollout start --sign` and `fleet sign`. The manifests are made by `fleet::signed`,
+//! the signatures by the operator's own `ssh-keygen -Y sign` (`sign::sign_all`): mesh-host never
+//! reads a private key.
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+
+use super::{EtcdLogin, Usage};
+use crate::fleet::signed::{self, META, PROMOTED};
+use crate::fleet::Scope;
+use crate::system::etcd::{Cond, Etcd, Write};
+use crate::trust::{self, Manifest};
+
+/// How `fleet put` and `fleet rollout start` sign what they write.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SigningArgs {
+    /// Sign what is written: a key for `ssh-keygen -Y sign -f` (a private key file, or a `.pub`
+    /// whose key is in ssh-agent); repeat it for several signers. The scope's manifest (this
+    /// fleet, the scope, a version above the scope's, the expiry, each file's length and
+    /// sha256) and its signatures are written in the transaction that writes the files.
+    /// Without it, nothing is signed, and nodes run with --allowed-signers refuse it.
+    #[arg(long = "sign", value_name = "KEY")]
+    pub keys: Vec<PathBuf>,
+    /// The manifest's version (above the scope's); by default one above it.
+    #[arg(long = "version", value_name = "N", requires = "keys")]
+    pub version: Option<u64>,
+    /// How long after signing a node still takes it when it first sees it (`90s`, `15m`,
+    /// `2h`, `30d`): bounds how long an old signed declaration can be replayed.
+    #[arg(long = "expires", value_name = "DURATION", default_value = "30d", value_parser = super::parse_duration)]
+    pub expires: std::time::Duration,
+    /// The fleet the manifest is for (the nodes' --fleet-name).
+    #[arg(long, env = "MESH_HOST_FLEET_NAME", value_name = "NAME", default_value = "default")]
+    pub fleet_name: String,
+}
+
+/// What `fleet sign` is given.
+#[derive(Debug, clap::Args)]
+pub struct FleetSign {
+    /// etcd's endpoints, comma-separated.
+    #[arg(long, env = "MESH_HOST_ETCD", value_name = "ENDPOINTS")]
+    pub etcd: String,
+    /// TLS and the login to etcd's auth, when they are on.
+    #[command(flatten)]
+    pub login: EtcdLogin,
+    /// Every node's declaration.
+    #[arg(long, group = "scope")]
+    pub fleet: bool,
+    /// The declaration of every node in this group.
+    #[arg(long, value_name = "GROUP", group = "scope")]
+    pub group: Option<String>,
+    /// One node's own declaration.
+    #[arg(long, value_name = "NAME", group = "scope")]
+    pub node: Option<String>,
+    /// A key for `ssh-keygen -Y sign -f` (a private key file, or a `.pub` whose key is in
+    /// ssh-agent); repeat it for several signers.
+    #[arg(long = "sign", value_name = "KEY", required = true)]
+    pub keys: Vec<PathBuf>,
+}
+
+/// `fleet put --sign`: the scope's new manifest and its signatures added to `wanted` (keys
+/// under the scope's prefix), and what to say of it (`Continue`); or, when the scope holds
+/// exactly these files under a manifest of this fleet that lists them, what to say instead of
+/// writing anything (`Break`).
+pub(super) async fn sign_put(
+    etcd: &Etcd,
+    scope: &Scope,
+    signing: &SigningArgs,
+    wanted: &mut Vec<(String, Vec<u8>)>,
+) -> anyhow::Result<ControlFlow<String, String>> {
+    if let Some(v) = signed::already(etcd, scope, &signing.fleet_name, wanted).await? {
+        return Ok(ControlFlow::Break(format!(
+            "put: {} already holds exactly this, signed at version {v}; nothing was written (`mesh-host fleet sign` adds a signature)\n",
+            scope.describe()
+        )));
+    }
+    let prefix = scope.prefix();
+    let above = version_of(signed::current(etcd, &prefix).await?);
+    let version =
+        signed::next_version(signing.version, above).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+    let manifest = signed::manifest(
+        &signing.fleet_name,
+        signed::scope_of(scope),
+        version,
+        signing.expires,
+        &prefix,
+        wanted,
+    )
+    .map_err(|e| Usage(format!("mesh-host: --sign: {e}")))?;
+    let (sigs, by) = super::sign::sign_all(&signing.keys, &manifest, &[])?;
+    wanted.extend(signed::keys(&format!("{prefix}{META}"), &manifest, &sigs));
+    Ok(ControlFlow::Continue(format!(
+        "signed: fleet {}, {}, version {version}, expires in {}, by {}\n",
+        signing.fleet_name,
+        scope.describe(),
+        crate::system::human(signing.expires),
+        by.join(", ")
+    )))
+}
+
+/// A `fleet put` without `--sign` over a scope that is signed: said, since it removes the
+/// manifest and its signatures and every node run with `--allowed-signers` refuses it.
+pub(super) async fn warn_unsigned(etcd: &Etcd, scope: &Scope) -> anyhow::Result<()> {
+    if let Some(current) = signed::current(etcd, &scope.prefix()).await? {
+        let version =
+            version_of(Some(current)).map_or_else(|| "a manifest".into(), |v| format!("version {v}"));
+        eprintln!(
+            "mesh-host: {} is signed ({version}); this put without --sign removes its manifest and signatures, and nodes run with --allowed-signers refuse it",
+            scope.describe()
+        );
+    }
+    Ok(())
+}
+
+/// The version of a manifest read from etcd, if it reads.
+fn version_of(current: Option<(Vec<u8>, i64)>) -> Option<u64> {
+    current.and_then(|(m, _)| Manifest::parse(&m).ok()).map(|m| m.version)
+}
+
+/// `fleet rollout start --sign`: the candidate's manifest (scope `candidate ID SCOPE`) and the
+/// one `promote` writes into the scope (scope SCOPE), one version above both the scope's and
+/// the last signed rollout's, each signed by every key; `None` without `--sign`.
+pub(super) async fn sign_rollout(
+    etcd: &Etcd,
+    scope: &Scope,
+    signing: &SigningArgs,
+    id: &str,
+    wanted: &[(String, Vec<u8>)],
+) -> anyhow::Result<Option<(u64, signed::Keys)>> {
+    if signing.keys.is_empty() {
+        return Ok(None);
+    }
+    let prefix = scope.prefix();
+    let last = crate::fleet::rollout::snapshot(etcd).await?.last.and_then(|l| l.version);
+    let above = version_of(signed::current(etcd, &prefix).await?).max(last);
+    let version =
+        signed::next_version(signing.version, above).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+    let usage = |e: String| Usage(format!("mesh-host: --sign: {e}"));
+    let replaces = Box::new(signed::scope_of(scope));
+    let candidate = trust::Scope::Candidate { rollout: id.to_owned(), replaces };
+    let (fleet, valid) = (&signing.fleet_name, signing.expires);
+    let cand = signed::manifest(fleet, candidate, version, valid, &prefix, wanted).map_err(usage)?;
+    let promoted =
+        signed::manifest(fleet, signed::scope_of(scope), version, valid, &prefix, wanted).map_err(usage)?;
+    let (cand_sigs, by) = super::sign::sign_all(&signing.keys, &cand, &[])?;
+    let (promoted_sigs, _) = super::sign::sign_all(&signing.keys, &promoted, &[])?;
+    let cp = crate::fleet::rollout::candidate_prefix(scope);
+    let mut keys = signed::keys(&format!("{cp}{META}"), &cand, &cand_sigs);
+    keys.extend(signed::keys(&format!("{cp}{PROMOTED}"), &promoted, &promoted_sigs));
+    println!(
+        "signed the candidate of rollout {id}: fleet {fleet}, {}, version {version}, expires in {}, by {}",
+        scope.describe(),
+        crate::system::human(valid),
+        by.join(", ")
+    );
+    Ok(Some((version, keys)))
+}
+
+/// `fleet sign`: every key's signature added to the scope's manifest as etcd holds it, provided
+/// the scope's files are exactly those it lists, written conditional on the manifest's
+/// revision (a manifest replaced meanwhile is not signed unseen).
+pub(super) async fn fleet_sign(args: &FleetSign, scope: &Scope) -> anyhow::Result<String> {
+    let etcd = args.login.client(&args.etcd)?;
+    let prefix = scope.prefix();
+    let range = etcd.range_prefix(&prefix, None).await?;
+    let parts = signed::split(&prefix, &range.kvs);
+    let key = signed::manifest_key(&prefix);
+    let (Some(manifest), Some(at)) =
+        (parts.manifest, range.kvs.iter().find(|kv| kv.key == key).map(|kv| kv.mod_revision))
+    else {
+        return Err(Usage(format!(
+            "mesh-host: {} holds no manifest ({key}) to sign; put it with `mesh-host fleet put --sign KEY`",
+            scope.describe()
+        ))
+        .into());
+    };
+    let refuse =
+        |why: String| Usage(format!("mesh-host: {}'s manifest {why}; nothing was signed", scope.describe()));
+    let parsed = Manifest::parse(manifest).map_err(|e| refuse(format!("does not read: {e}")))?;
+    if parsed.scope != signed::scope_of(scope) {
+        return Err(refuse(format!("is for the {} declaration, not this one", parsed.scope)).into());
+    }
+    trust::contents(&parsed, &parts.files)
+        .map_err(|e| refuse(format!("does not match the keys in etcd: {e}")))?;
+    println!(
+        "signing {}: fleet {}, version {}, {} file(s), expires at {} (seconds since the epoch), {} signature(s) there",
+        scope.describe(),
+        parsed.fleet,
+        parsed.version,
+        parsed.files.len(),
+        parsed.expires,
+        parts.signatures.len()
+    );
+    let (added, by) = super::sign::sign_all(&args.keys, manifest, &parts.signatures)?;
+    let writes: Vec<Write> = signed::keys(&format!("{prefix}{META}"), manifest, &added)
+        .into_iter()
+        .skip(1)
+        .map(|(key, value)| Write::Put { key, value, lease: 0 })
+        .collect();
+    match etcd.txn(&[Cond::WrittenAt(key, at)], &writes).await? {
+        Some(revision) => Ok(format!(
+            "sign: {} version {} at revision {revision}: signed by {}; {} signature(s) in all\n",
+            scope.describe(),
+            parsed.version,
+            by.join(", "),
+            parts.signatures.len() + added.len()
+        )),
+        None => Err(Usage(format!(
+            "mesh-host: {}'s manifest changed in etcd while it was being signed; nothing was written. Look again and sign again",
+            scope.describe()
+        ))
+        .into()),
+    }
+}
