@@ -432,6 +432,7 @@ mod tests {
             revision: Some(1),
             applied: Summary { last_error: Some(long.clone()), ..Summary::default() },
             refused: Some(long),
+            refused_reason: None,
             written_at: 0,
         };
         let (record, cut) = bounded(record);
@@ -450,6 +451,7 @@ mod tests {
             revision: None,
             applied: Summary::default(),
             refused: None,
+            refused_reason: None,
             written_at: 0,
         }
     }
@@ -462,6 +464,7 @@ mod tests {
             revision: Some(9),
             applied: Summary { converged: true, hold: hold.map(str::to_owned), ..Summary::default() },
             refused: None,
+            refused_reason: None,
             written_at: 0,
         };
         let row = |hold| Row {
