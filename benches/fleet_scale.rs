@@ -167,14 +167,19 @@ async fn hollow_node(
     let (tx, rx) = watch::channel(Applied::default());
     let controller = tokio::spawn(hollow_controller(cache.clone(), nudge, tx, shutdown.clone()));
     let etcd = mesh_host::system::Etcd::new(&endpoints, &Default::default()).expect("endpoints parse");
-    let source =
-        mesh_host::fleet::source::Source { endpoints, node: format!("hollow-{i:05}"), groups: Vec::new() };
+    let source = mesh_host::fleet::source::Source {
+        endpoints,
+        node: format!("hollow-{i:05}"),
+        groups: Vec::new(),
+        trust: None,
+    };
     let generations = mesh_host::generations::Generations::of(&state.join("state.json"));
     let confirm = mesh_host::fleet::confirm::Confirm {
         window: Duration::ZERO,
         in_force: None,
         generations,
         file: Arc::new(mesh_host::fleet::pending::WindowFile::in_dir(&fleet_dir)),
+        signed: false,
     };
     let beside = mesh_host::fleet::daemon::Beside { shutdown, metrics, applied: rx };
     let mut tasks = mesh_host::fleet::daemon::start(source, etcd, cache, confirm, beside).await;
