@@ -19,6 +19,7 @@ mod generations;
 mod hollow;
 mod node;
 mod outage;
+mod policy;
 mod put;
 mod rollout;
 mod signed;
