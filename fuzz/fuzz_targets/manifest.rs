@@ -1,5 +1,6 @@
 //! The signed-declaration parsers (issue 44): the manifest, an armored SSH signature, an
-//! allowed_signers file, the high-water mark, and the whole decision over them. Any bytes are
+//! allowed_signers file, the high-water mark, the trust policy (its body and its signed
+//! file), and the whole decision over them. Any bytes are
 //! accepted or refused, never a panic or a hang; a manifest accepted has exactly one text, the
 //! one it was read from; and nothing an attacker writes is accepted without a trusted key.
 //!
@@ -11,7 +12,7 @@ use mesh_host::trust::{self, sshsig, AllowedSigners, Expect, Floor, Manifest, Sc
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, input)) = data.split_first() else { return };
-    match which % 5 {
+    match which % 6 {
         0 => {
             if let Ok(m) = Manifest::parse(input) {
                 assert_eq!(m.render().as_bytes(), input, "a manifest has one text");
@@ -39,6 +40,18 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(Floor::parse(floor.render().as_bytes()), Ok(floor));
             }
         }
+        4 => {
+            // A policy has one text; its signed file verifies only over that text, and with no
+            // signature made by one of its root keys (which no fuzzer forges) never at all.
+            if let Ok(p) = trust::Policy::parse(input) {
+                assert_eq!(p.render().as_bytes(), input, "a policy has one text");
+                let _ = p.role_for(&Scope::Group("web".into()));
+            }
+            if let Ok((body, _)) = trust::policy::split(input) {
+                assert!(input.starts_with(body));
+            }
+            let _ = trust::policy::verify_root(input, Some(0));
+        }
         _ => {
             // The input split into a manifest and a signature at the first NUL: with no
             // trusted key, nothing is ever accepted.
@@ -46,8 +59,16 @@ fuzz_target!(|data: &[u8]| {
             let (manifest, signature) = input.split_at(at);
             let signatures = vec![("fuzz.sig".to_owned(), signature.to_vec())];
             let signers = AllowedSigners::default();
-            let expect =
-                Expect { signers: &signers, required: 1, fleet: "f", scope: &Scope::Local, floor: None, now: 0 };
+            let expect = Expect {
+                signers: &signers,
+                known: &signers,
+                whose: "the allowed signers do not list".into(),
+                required: 1,
+                fleet: "f",
+                scope: &Scope::Local,
+                floor: None,
+                now: 0,
+            };
             let verdict = trust::verify(&Signed { manifest, signatures: &signatures }, &[], &expect);
             assert!(verdict.is_err(), "accepted without a trusted key");
         }

@@ -108,7 +108,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         login,
         trust,
     } = args;
-    let mut trust = sign::daemon_trust(&trust, etcd.is_some(), &declaration)?;
+    let mut trust = sign::daemon_trust(&trust, etcd.is_some(), &declaration, state)?;
     let metrics = match metrics.as_str() {
         "off" | "none" => None,
         addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
@@ -124,9 +124,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
     let fleet = match (etcd, node) {
         (Some(endpoints), Some(node)) => {
             crate::fleet::check_name("--node", &node).map_err(|e| Usage(format!("mesh-host: {e}")))?;
-            for g in &groups {
-                crate::fleet::check_name("--group", g).map_err(|e| Usage(format!("mesh-host: {e}")))?;
-            }
+            let groups = sign::node_groups(trust.as_ref(), &node, groups)?;
             let client = login.client(&endpoints)?;
             // The last declaration accepted from etcd, beside the state store: what the
             // controller reads as its source, and what a restart applies while etcd is out of

@@ -274,7 +274,7 @@ fn scope_from(
 }
 
 pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
-    let (args, diff) = match command {
+    let (mut args, diff) = match command {
         FleetCommand::Rollout { command } => return rollout(command),
         FleetCommand::Put(args) => (args, false),
         FleetCommand::Diff(args) => (args, true),
@@ -342,9 +342,7 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     let wanted = crate::fleet::put::prepare(&scope, files)?;
     let runtime = tokio::runtime::Handle::current();
     // And as each node it reaches will read it, beside the other levels it reads.
-    if let Err(refusal) = runtime.block_on(crate::fleet::put::check_nodes(&etcd, &scope, &wanted))? {
-        return Err(Usage(refusal).into());
-    }
+    super::fleet_sign::check_nodes(&etcd, &scope, &wanted, &mut args.signing, "this put")?;
     let mut wanted = wanted;
     let out = if diff {
         runtime.block_on(crate::fleet::put::diff(&etcd, &scope, &wanted))?
@@ -450,9 +448,9 @@ pub(super) fn rollout(command: RolloutCommand) -> anyhow::Result<Ended> {
             let files = read_for_fleet(&args.path, &scope)?;
             // Validated as `fleet put` validates: alone, then as each node will read it.
             let wanted = crate::fleet::put::prepare(&scope, files)?;
-            if let Err(refusal) = runtime.block_on(crate::fleet::put::check_nodes(&etcd, &scope, &wanted))? {
-                return Err(Usage(refusal.replace("this put", "this rollout")).into());
-            }
+            let mut args = args;
+            let bound =
+                super::fleet_sign::check_nodes(&etcd, &scope, &wanted, &mut args.signing, "this rollout")?;
             let id = rollout::new_id(crate::system::unix_secs());
             let signing = super::fleet_sign::sign_rollout(&etcd, &scope, &args.signing, &id, &wanted);
             let signed = runtime.block_on(signing)?;
@@ -466,6 +464,7 @@ pub(super) fn rollout(command: RolloutCommand) -> anyhow::Result<Ended> {
                 soak: args.soak,
                 max_failures: args.max_failures,
                 deadline: args.deadline,
+                bound,
             };
             said(runtime.block_on(rollout::start(&etcd, start)).map(ended))
         }

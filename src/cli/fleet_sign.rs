@@ -29,9 +29,54 @@ pub struct SigningArgs {
     /// `2h`, `30d`): bounds how long an old signed declaration can be replayed.
     #[arg(long = "expires", value_name = "DURATION", default_value = "30d", value_parser = super::parse_duration)]
     pub expires: std::time::Duration,
-    /// The fleet the manifest is for (the nodes' --fleet-name).
+    /// The fleet the manifest is for (the nodes' --fleet-name; with --trust-policy, the
+    /// policy's).
     #[arg(long, env = "MESH_HOST_FLEET_NAME", value_name = "NAME", default_value = "default")]
     pub fleet_name: String,
+    /// The fleet's trust policy (`mesh-host trust init`), the operator's copy: the nodes'
+    /// groups for the checks and the waves are those it binds each node to, never those the
+    /// nodes report (a node cannot choose its own groups).
+    #[arg(long, env = "MESH_HOST_TRUST_POLICY", value_name = "FILE")]
+    pub trust_policy: Option<PathBuf>,
+}
+
+/// `fleet put`'s and `rollout start`'s check of every node the write reaches (`what`: `this
+/// put`, `this rollout`), their groups `--trust-policy`'s when given; the groups it bound.
+pub(super) fn check_nodes(
+    etcd: &Etcd,
+    scope: &Scope,
+    wanted: &[(String, Vec<u8>)],
+    signing: &mut SigningArgs,
+    what: &str,
+) -> anyhow::Result<Option<crate::fleet::put::Bound>> {
+    let bound = signing.bound()?;
+    let checked = crate::fleet::put::check_nodes(etcd, scope, wanted, bound.as_ref());
+    match tokio::runtime::Handle::current().block_on(checked)? {
+        Ok(_) => Ok(bound),
+        Err(refusal) => Err(Usage(refusal.replace("this put", what)).into()),
+    }
+}
+
+impl SigningArgs {
+    /// The groups `--trust-policy` binds each node to, its root signatures verified; the fleet
+    /// name taken from it when left at `default`, refused when another. `None` without it.
+    pub(super) fn bound(&mut self) -> anyhow::Result<Option<crate::fleet::put::Bound>> {
+        let Some(path) = &self.trust_policy else { return Ok(None) };
+        let usage = |e: String| Usage(format!("mesh-host: --trust-policy {}: {e}", path.display()));
+        let bytes = crate::system::read_input(path, trust::policy::POLICY_LIMIT as u64)
+            .map_err(|e| usage(format!("cannot read it: {e}")))?;
+        let policy = trust::policy::verify_root(&bytes, None).map_err(usage)?.policy;
+        if self.fleet_name == "default" {
+            self.fleet_name = policy.fleet.clone();
+        } else if self.fleet_name != policy.fleet {
+            return Err(usage(format!(
+                "it is for fleet {}, not --fleet-name {}",
+                policy.fleet, self.fleet_name
+            ))
+            .into());
+        }
+        Ok(Some(policy.nodes.into_iter().collect()))
+    }
 }
 
 /// What `fleet sign` is given.

@@ -16,6 +16,7 @@ mod one_shot;
 mod secrets;
 mod sign;
 mod state;
+mod trust;
 
 pub use daemon::RunArgs;
 pub use fleet::{EtcdArgs, EtcdLogin, FleetCommand, FleetPut, RolloutCommand, RolloutStart};
@@ -23,6 +24,7 @@ pub use fleet_sign::{FleetSign, SigningArgs};
 pub use one_shot::human;
 pub use secrets::key_path;
 pub use sign::{SignArgs, TrustArgs};
+pub use trust::TrustCommand;
 
 use daemon::daemon;
 use fleet::fleet;
@@ -162,6 +164,12 @@ pub enum Command {
         #[command(subcommand)]
         command: FleetCommand,
     },
+    /// The trust policy: who may sign which scope, and each node's groups (init, show, rotate).
+    Trust {
+        /// What to do with a policy.
+        #[command(subcommand)]
+        command: TrustCommand,
+    },
     /// What is recorded, and whether the machine still holds each file and directory.
     Status {
         /// Print the records and the kept originals as JSON.
@@ -296,6 +304,7 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
             apply_cmd(&file, origin, Shown { json, verbose }, &cli.state, reach, &verify)
         }
         Command::Sign(args) => sign::sign(args),
+        Command::Trust { command } => trust::trust(command),
         Command::Status { json } => status(json, &cli.state, &reach.key, reach.keep_max_bytes),
         Command::Generations { json } => generations(json, &cli.state),
         Command::Rollback { generation, release, reason, json } => {

@@ -23,6 +23,19 @@ pub struct TrustArgs {
     /// unsigned declarations are applied, as before.
     #[arg(long, env = "MESH_HOST_ALLOWED_SIGNERS", value_name = "FILE")]
     pub allowed_signers: Option<PathBuf>,
+    /// A signed trust policy (`mesh-host trust init`), in place of --allowed-signers: each
+    /// scope is verified against the keys and threshold of the policy's role for it, the fleet
+    /// name is the policy's, and with --etcd the node's groups are those the policy binds it to
+    /// (a --group that differs is refused). Pinned in the state directory when first taken; a
+    /// later file is taken only as a rotation of the pinned one (signed by a threshold of its
+    /// root keys and of its own, at a higher version).
+    #[arg(
+        long,
+        env = "MESH_HOST_TRUST_POLICY",
+        value_name = "FILE",
+        conflicts_with_all = ["allowed_signers", "signatures_required"]
+    )]
+    pub trust_policy: Option<PathBuf>,
     /// How many distinct keys of --allowed-signers must have signed (one key signing twice
     /// counts once).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
@@ -34,8 +47,14 @@ pub struct TrustArgs {
 }
 
 impl TrustArgs {
-    /// What the node trusts; `None` without `--allowed-signers`.
-    pub fn load(&self) -> anyhow::Result<Option<Trust>> {
+    /// What the node trusts; `None` without `--allowed-signers` or `--trust-policy`. A policy
+    /// new to `state` is pinned there when `pin` (`run`, `apply`).
+    pub fn load(&self, state: &Path, pin: bool) -> anyhow::Result<Option<Trust>> {
+        if let Some(policy) = &self.trust_policy {
+            let trust = Trust::from_policy(policy, state, pin, &self.fleet_name)
+                .map_err(|e| Usage(format!("mesh-host: --trust-policy: {e}")))?;
+            return Ok(Some(trust));
+        }
         let Some(path) = &self.allowed_signers else { return Ok(None) };
         let trust = Trust::load(path, usize::from(self.signatures_required), self.fleet_name.clone())
             .map_err(|e| Usage(format!("mesh-host: --allowed-signers: {e}")))?;
@@ -49,14 +68,27 @@ pub(super) fn daemon_trust(
     args: &TrustArgs,
     etcd: bool,
     declaration: &Path,
+    state: &Path,
 ) -> anyhow::Result<Option<Trust>> {
-    let Some(trust) = args.load()? else {
+    let Some(trust) = args.load(state, true)? else {
         tracing::warn!(
             "declarations are not signed: whoever can write {} is root here; --allowed-signers FILE applies only what trusted keys signed",
             if etcd { "the fleet's declarations in etcd".to_owned() } else { declaration.display().to_string() }
         );
         return Ok(None);
     };
+    if let Some(policy) = trust.policy() {
+        tracing::info!(
+            trust_policy = %trust.path.display(),
+            version = policy.version,
+            keys = trust.keys(),
+            roles = %policy.roles.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(","),
+            fleet = %trust.fleet,
+            "declarations are applied only when signed as the trust policy's roles say: {} is verified before it is parsed",
+            if etcd { "each scope read from etcd".to_owned() } else { declaration.display().to_string() }
+        );
+        return Ok(Some(trust));
+    }
     tracing::info!(
         allowed_signers = %trust.path.display(),
         keys = trust.keys(),
@@ -66,6 +98,24 @@ pub(super) fn daemon_trust(
         if etcd { "each scope read from etcd".to_owned() } else { declaration.display().to_string() }
     );
     Ok(Some(trust))
+}
+
+/// The groups a node run with `--etcd` reads, each name checked: with a trust policy, those it
+/// binds the node to, never the node's own choice (a `--group` that differs is refused).
+pub(super) fn node_groups(
+    trust: Option<&Trust>,
+    node: &str,
+    groups: Vec<String>,
+) -> anyhow::Result<Vec<String>> {
+    for g in &groups {
+        crate::fleet::check_name("--group", g).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+    }
+    match trust.and_then(Trust::policy) {
+        Some(policy) => {
+            Ok(policy.bound_groups(node, &groups).map_err(|e| Usage(format!("mesh-host: {e}")))?)
+        }
+        None => Ok(groups),
+    }
 }
 
 /// What `check`, `plan` and `apply` verify, and whether the high-water mark is kept (`apply`).
@@ -78,7 +128,7 @@ pub(super) struct Verify {
 impl Verify {
     /// From the command's arguments.
     pub(super) fn of(args: &TrustArgs, state: &Path, persist: bool) -> anyhow::Result<Verify> {
-        Ok(Verify { trust: args.load()?, state: state.to_owned(), persist })
+        Ok(Verify { trust: args.load(state, persist)?, state: state.to_owned(), persist })
     }
 }
 
@@ -93,7 +143,7 @@ pub(super) fn verify_read(
     let Some(Verify { trust: Some(trust), state, persist }) = verify else { return Ok(()) };
     if source == Path::new("-") {
         return Err(Usage(
-            "mesh-host: --allowed-signers verifies a directory; standard input cannot be signed".into(),
+            "mesh-host: --allowed-signers and --trust-policy verify a directory; standard input cannot be signed".into(),
         )
         .into());
     }
@@ -275,8 +325,13 @@ pub(super) fn sign_all(
 /// The operator's `ssh-keygen -Y sign`, the manifest on its standard input and the armored
 /// signature on its standard output; its prompts (a passphrase, a touch) reach the terminal.
 fn ssh_sign(key: &Path, manifest: &[u8]) -> anyhow::Result<String> {
+    ssh_sign_in(key, manifest, trust::NAMESPACE)
+}
+
+/// `ssh_sign` in another namespace (a trust policy's, `trust::policy::POLICY_NAMESPACE`).
+pub(super) fn ssh_sign_in(key: &Path, manifest: &[u8], namespace: &str) -> anyhow::Result<String> {
     let key_arg = key.to_string_lossy();
-    let argv = ["ssh-keygen", "-q", "-Y", "sign", "-f", &key_arg, "-n", trust::NAMESPACE];
+    let argv = ["ssh-keygen", "-q", "-Y", "sign", "-f", &key_arg, "-n", namespace];
     let ran = crate::system::command::run_talking(&argv, manifest).map_err(|e| {
         anyhow::anyhow!(
             "{e}; mesh-host sign runs OpenSSH's ssh-keygen (Debian: apt-get install openssh-client)"

@@ -12,19 +12,35 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::system::input::SIGNED_DIR;
-use crate::trust::{self, AllowedSigners, Floor, Reason, Refusal, Scope};
+use crate::trust::{self, AllowedSigners, Floor, Policy, Reason, Refusal, Scope};
 
-/// What the node trusts: the keys of `--allowed-signers`, how many distinct ones must sign,
-/// and the fleet name a manifest must carry.
+/// What the node trusts: the keys of `--allowed-signers` and how many distinct ones must sign,
+/// or a signed policy's roles (`--trust-policy`); and the fleet name a manifest must carry.
 #[derive(Clone, Debug)]
 pub struct Trust {
-    signers: Arc<AllowedSigners>,
-    /// The allowed_signers file, for messages.
+    keys: Arc<Keys>,
+    /// The allowed_signers file, or the policy file, for messages.
     pub path: PathBuf,
-    /// Distinct keys required (`--signatures-required`, at least 1).
+    /// Distinct keys required (`--signatures-required`, at least 1); a policy's roles each
+    /// say their own.
     pub required: usize,
-    /// The fleet name a manifest must carry (`--fleet-name`).
+    /// The fleet name a manifest must carry (`--fleet-name`, or the policy's).
     pub fleet: String,
+}
+
+/// Whose keys count: one list for every scope, or a policy's role per scope.
+#[derive(Debug)]
+enum Keys {
+    Signers(AllowedSigners),
+    Policy {
+        policy: Policy,
+        /// Each role's name, its keys, and what a key outside them is said to be.
+        roles: Vec<(String, AllowedSigners, String)>,
+        /// Every key the policy names.
+        all: AllowedSigners,
+        /// No key: a scope no role covers.
+        none: AllowedSigners,
+    },
 }
 
 impl Trust {
@@ -44,19 +60,113 @@ impl Trust {
                 trust::NAMESPACE
             );
         }
-        Ok(Trust { signers: Arc::new(signers), path: path.to_owned(), required, fleet })
+        let keys = Arc::new(Keys::Signers(signers));
+        Ok(Trust { keys, path: path.to_owned(), required, fleet })
+    }
+
+    /// Reads the policy file `path` and takes it against the one pinned under `state`
+    /// (`trust::policy::adopt`: the same, a first one, or a rotation of the pinned one); with
+    /// `pin`, a new one is pinned, durably, before it is used. `fleet` (`--fleet-name`) must be
+    /// the policy's unless left at `default`.
+    pub fn from_policy(path: &Path, state: &Path, pin: bool, fleet: &str) -> anyhow::Result<Trust> {
+        let given = crate::system::read_input(path, trust::policy::POLICY_LIMIT as u64)
+            .map_err(|e| anyhow::anyhow!("cannot read the trust policy {}: {e}", path.display()))?;
+        let pinned_at = mark_path(state, "policy");
+        let pinned = match crate::system::read_input(&pinned_at, trust::policy::POLICY_LIMIT as u64) {
+            Ok(bytes) => Some(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => anyhow::bail!("cannot read the pinned trust policy {}: {e}", pinned_at.display()),
+        };
+        let now = crate::system::unix_secs();
+        let (verified, new) = trust::policy::adopt(pinned.as_deref(), &given, now).map_err(|e| {
+            anyhow::anyhow!(
+                "the trust policy {} is refused: {e} (pinned: {})",
+                path.display(),
+                pinned_at.display()
+            )
+        })?;
+        let policy = verified.policy;
+        if fleet != "default" && fleet != policy.fleet {
+            anyhow::bail!(
+                "--fleet-name {fleet} is not fleet {}, which the trust policy {} is for",
+                policy.fleet,
+                path.display()
+            );
+        }
+        if new && pin {
+            crate::system::fs::write_own(&pinned_at, &given).map_err(|e| {
+                anyhow::anyhow!("cannot pin the trust policy at {}: {e}", pinned_at.display())
+            })?;
+        }
+        if now >= policy.expires {
+            tracing::warn!(
+                version = policy.version,
+                expires = policy.expires,
+                "the trust policy {} expired; it stays in force until a rotation replaces it",
+                path.display()
+            );
+        }
+        let v = policy.version;
+        let roles = policy
+            .roles
+            .iter()
+            .map(|r| {
+                let whose = format!(
+                    "role {} of policy version {v} does not list ({} of: {})",
+                    r.name,
+                    r.threshold,
+                    r.keys.join(", ")
+                );
+                (r.name.clone(), policy.signers(r), whose)
+            })
+            .collect();
+        let (all, none) = (policy.all_signers(), AllowedSigners::default());
+        let fleet = policy.fleet.clone();
+        let keys = Arc::new(Keys::Policy { policy, roles, all, none });
+        Ok(Trust { keys, path: path.to_owned(), required: 1, fleet })
+    }
+
+    /// The policy, when the node runs with one.
+    pub fn policy(&self) -> Option<&Policy> {
+        match &*self.keys {
+            Keys::Signers(_) => None,
+            Keys::Policy { policy, .. } => Some(policy),
+        }
     }
 
     /// How many distinct keys it trusts.
     pub fn keys(&self) -> usize {
-        self.signers.distinct_keys()
+        match &*self.keys {
+            Keys::Signers(s) => s.distinct_keys(),
+            Keys::Policy { all, .. } => all.distinct_keys(),
+        }
     }
 
-    /// What `trust::verify` expects of a manifest read for `scope`, against its mark `floor`.
+    /// What `trust::verify` expects of a manifest read for `scope`, against its mark `floor`:
+    /// with a policy, the keys and threshold of the scope's role.
     pub fn expect<'a>(&'a self, scope: &'a Scope, floor: Option<&'a Floor>) -> trust::Expect<'a> {
+        let (signers, known, whose, required) = match &*self.keys {
+            Keys::Signers(s) => (s, s, "the allowed signers do not list".to_owned(), self.required),
+            Keys::Policy { policy, roles, all, none } => {
+                match policy.role_for(scope).and_then(|r| roles.iter().find(|(n, ..)| *n == r.name).zip(Some(r))) {
+                    Some(((_, signers, whose), role)) => (signers, all, whose.clone(), role.threshold),
+                    None => (
+                        none,
+                        all,
+                        format!(
+                            "no role of policy version {} lets sign: it has no role for the {scope} declaration",
+                            policy.version
+                        ),
+                        1,
+                    ),
+                }
+            }
+        };
         trust::Expect {
-            signers: &self.signers,
-            required: self.required,
+            signers,
+            known,
+            whose,
+            required,
             fleet: &self.fleet,
             scope,
             floor,

@@ -15,6 +15,10 @@ use crate::system::etcd::{Cond, Etcd, Write};
 
 use super::Scope;
 
+/// Each node's groups as a trust policy binds them (`trust::Policy::nodes`), by node: where
+/// `fleet put`'s checks and a rollout's waves read a node's groups when one is given.
+pub type Bound = std::collections::BTreeMap<String, Vec<String>>;
+
 /// What a put would change under a prefix, key by key.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changes {
@@ -81,13 +85,16 @@ pub fn prepare(scope: &Scope, files: Vec<(PathBuf, Vec<u8>)>) -> Result<Vec<(Str
 /// scope reaches (every node that reported a status, for the fleet; those that reported the
 /// group, for a group; the node itself, for a node), its fleet's, groups' and own keys as they
 /// are, with the scope's replaced by what is put, must parse as one declaration (two levels
-/// declaring one id, say, would not). Groups are those each node last reported. Returns how
+/// declaring one id, say, would not). Groups are those each node last reported, or, given a
+/// trust policy's (`bound`), those it binds each node to: every node it names is checked, and a
+/// node's own report is not believed (docs/decisions.md, "The trust policy"). Returns how
 /// many nodes were checked, or the refusal, naming the node, as the message to exit 2 with
 /// (docs/decisions.md, "`fleet put` validates twice").
 pub async fn check_nodes(
     etcd: &Etcd,
     scope: &Scope,
     wanted: &[(String, Vec<u8>)],
+    bound: Option<&Bound>,
 ) -> anyhow::Result<Result<usize, String>> {
     let all = etcd.range_prefix(super::ROOT, None).await?;
     let mut nodes: std::collections::BTreeMap<String, Vec<String>> = std::collections::BTreeMap::new();
@@ -99,6 +106,12 @@ pub async fn check_nodes(
         if let Ok(status) = serde_json::from_slice::<super::status::Status>(&kv.value) {
             nodes.insert(node.to_owned(), status.groups);
         }
+    }
+    if let Some(bound) = bound {
+        for (node, groups) in nodes.iter_mut() {
+            *groups = bound.get(node).cloned().unwrap_or_default();
+        }
+        nodes.extend(bound.iter().map(|(n, g)| (n.clone(), g.clone())));
     }
     if let Scope::Node(n) = scope {
         nodes.entry(n.clone()).or_default();

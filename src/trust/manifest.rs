@@ -195,7 +195,7 @@ fn scope_of(words: &[&str]) -> Option<Scope> {
 
 /// A fleet's, group's, node's or rollout's name: 1 to 63 of `A-Z a-z 0-9 . _ -`, starting with
 /// a letter or digit.
-fn name(text: &str) -> Result<(), String> {
+pub(super) fn name(text: &str) -> Result<(), String> {
     let ok = !text.is_empty()
         && text.len() <= 63
         && text.as_bytes()[0].is_ascii_alphanumeric()

@@ -10,12 +10,14 @@
 //! trusted keys verified over its exact bytes.
 
 pub mod manifest;
+pub mod policy;
 pub mod signers;
 pub mod sshsig;
 
 use sha2::Digest as _;
 
 pub use manifest::{Listed, Manifest, Scope};
+pub use policy::Policy;
 pub use signers::AllowedSigners;
 pub use sshsig::NAMESPACE;
 
@@ -107,8 +109,14 @@ pub struct Signed<'a> {
 
 /// What the node trusts and expects.
 pub struct Expect<'a> {
-    /// The keys it trusts.
+    /// The keys it trusts for this scope.
     pub signers: &'a AllowedSigners,
+    /// Every key it knows (a policy's, beyond this scope's role), to name one that signed
+    /// where it may not.
+    pub known: &'a AllowedSigners,
+    /// What a key outside `signers` is, said after "which": `the allowed signers do not
+    /// list`, or what the policy's role for the scope takes.
+    pub whose: String,
     /// How many distinct keys must have signed (at least 1).
     pub required: usize,
     /// The fleet it is in.
@@ -203,10 +211,12 @@ fn signatures(signed: &Signed, expect: &Expect) -> Result<Vec<String>, String> {
             continue;
         }
         let Some(signer) = expect.signers.find(&sig.key) else {
+            let who = expect.known.find(&sig.key).map_or_else(String::new, |s| format!("{}, ", s.principals));
             notes.push(format!(
-                "{name}: signed by {} key {}, which the allowed signers do not list",
+                "{name}: signed by {who}{} key {}, which {}",
                 sig.key.kind(),
-                sig.key.fingerprint()
+                sig.key.fingerprint(),
+                expect.whose
             ));
             continue;
         };

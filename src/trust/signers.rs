@@ -47,6 +47,11 @@ impl AllowedSigners {
         Ok(AllowedSigners { signers })
     }
 
+    /// The signers given (a policy's role: its keys, named by the policy).
+    pub fn from_signers(signers: Vec<Signer>) -> AllowedSigners {
+        AllowedSigners { signers }
+    }
+
     /// The signer whose key this is, if the file trusts it (for declarations).
     pub fn find(&self, key: &PublicKey) -> Option<&Signer> {
         self.signers.iter().find(|s| s.key.blob == key.blob)

@@ -216,6 +216,8 @@ fn each_way_of_breaking_a_signed_declaration_is_refused_for_its_reason() {
             .collect();
         let expect = Expect {
             signers: &signers,
+            known: &signers,
+            whose: "the allowed signers do not list".into(),
             required: c.required,
             fleet: "prod",
             scope: &Scope::Local,
@@ -252,8 +254,16 @@ fn who_signed_is_named_once_per_key() {
         ("c".to_owned(), sig(&pair(1), &m)),
     ];
     let signers = trusted();
-    let expect =
-        Expect { signers: &signers, required: 2, fleet: "prod", scope: &Scope::Local, floor: None, now: NOW };
+    let expect = Expect {
+        signers: &signers,
+        known: &signers,
+        whose: "the allowed signers do not list".into(),
+        required: 2,
+        fleet: "prod",
+        scope: &Scope::Local,
+        floor: None,
+        now: NOW,
+    };
     let accepted = verify(&Signed { manifest: &m, signatures: &signatures }, &files(), &expect).unwrap();
     assert_eq!(accepted.signed_by.len(), 2);
     assert!(accepted.signed_by[0].starts_with("alice (SHA256:"), "{:?}", accepted.signed_by);

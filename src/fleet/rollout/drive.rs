@@ -33,6 +33,8 @@ pub struct Start {
     /// `--sign`: the candidate's version, and its manifests' and signatures' keys under the
     /// candidate's prefix (`crate::fleet::signed`).
     pub signed: Option<(u64, crate::fleet::signed::Keys)>,
+    /// `--trust-policy`: each node's groups as the policy binds them, for the waves.
+    pub bound: Option<crate::fleet::put::Bound>,
 }
 
 /// A new rollout's id: `rollout-` and the time it starts.
@@ -44,19 +46,13 @@ pub fn new_id(now: u64) -> String {
 /// rollout is open, or the scope changed since it was read), prints the wave order, and drives
 /// it. Returns whether it ended well (every wave passed).
 pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
-    let s = snapshot(etcd).await?;
-    if let Some((state, _)) = &s.state {
-        return refused(format!("nothing was written: {}", open_message(state)));
-    }
-    let (waves, gone) = planned(&s, &start)?;
+    let mut s = snapshot(etcd).await?;
+    let (waves, gone) = planned(&mut s, &start)?;
     let prefix = start.scope.prefix();
     let now = crate::system::unix_secs();
     let state = State {
         id: start.id.clone(),
-        group: match &start.scope {
-            Scope::Group(g) => Some(g.clone()),
-            _ => None,
-        },
+        group: if let Scope::Group(g) = &start.scope { Some(g.clone()) } else { None },
         replaces: prefix.clone(),
         base_revision: s.revision,
         keys: start.wanted.iter().map(|(k, _)| k.clone()).collect(),
@@ -142,9 +138,15 @@ pub async fn start(etcd: &Etcd, start: Start) -> anyhow::Result<bool> {
     ended
 }
 
-/// The waves of `start`, over the scope's live nodes, and the nodes of the scope left out (not
-/// alive).
-fn planned(s: &Snapshot, start: &Start) -> anyhow::Result<(Vec<Vec<String>>, Vec<String>)> {
+/// The waves of `start`, over the scope's live nodes (their groups the trust policy's, when
+/// given), and the nodes of the scope left out (not alive); refused while a rollout is open.
+fn planned(s: &mut Snapshot, start: &Start) -> anyhow::Result<(Vec<Vec<String>>, Vec<String>)> {
+    if let Some((state, _)) = &s.state {
+        return refused(format!("nothing was written: {}", open_message(state)));
+    }
+    if let Some(bound) = &start.bound {
+        s.bind_groups(bound);
+    }
     let (nodes, gone) = s.nodes_of(&start.scope);
     if let Some(c) = start.canaries.iter().find(|c| gone.contains(c)) {
         return refused(format!(

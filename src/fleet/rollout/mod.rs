@@ -571,6 +571,16 @@ impl Snapshot {
         s
     }
 
+    /// Each node's groups taken from a trust policy (`bound`) rather than from its status: a
+    /// node that names a group the policy does not bind it to is not in that group's waves.
+    pub fn bind_groups(&mut self, bound: &crate::fleet::put::Bound) {
+        for (node, seen) in &mut self.nodes {
+            if let Some(status) = &mut seen.status {
+                status.groups = bound.get(node).cloned().unwrap_or_default();
+            }
+        }
+    }
+
     /// The nodes a rollout of `scope` is planned over, and those of the scope it leaves out: of
     /// every node known (for a group, those whose status names it), the live ones (their presence
     /// key is there), as a DaemonSet targets only the nodes that are there; a node that is gone
@@ -855,6 +865,11 @@ mod tests {
         let (alive, dead) = s.nodes_of(&Scope::Group("web".into()));
         assert!(alive.is_empty());
         assert_eq!(dead, ["b", "web-10"]);
+        // A trust policy's groups, not the nodes' own: b is bound to db only.
+        let mut s = s;
+        s.bind_groups(&[("b".to_owned(), vec!["db".to_owned()])].into_iter().collect());
+        assert_eq!(s.nodes_of(&Scope::Group("web".into())).1, Vec::<String>::new(), "web-10 is in no group");
+        assert_eq!(s.nodes_of(&Scope::Group("db".into())).1, ["b"]);
         let verdicts = s.verdicts(&state, 101);
         assert!(
             matches!(&verdicts["a"], Verdict::Failed(w) if w.contains("generation 4") && w.contains("etcd unreachable")),

@@ -20,6 +20,7 @@ mod generations;
 mod hollow;
 mod node;
 mod outage;
+mod policy;
 mod put;
 mod rollout;
 mod signed;

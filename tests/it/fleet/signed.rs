@@ -15,13 +15,13 @@ use super::*;
 use crate::signed::{allowed, keypair, seed_of, text, tree, Tree};
 
 /// The node's status in etcd, as JSON (`Null` before it wrote one).
-fn status(url: &str, node: &str) -> Value {
+pub(super) fn status(url: &str, node: &str) -> Value {
     let out = etcdctl(url, &["get", &format!("/mesh-host/node/{node}/status"), "--print-value-only"]);
     serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
 }
 
 /// Every key and value under `prefix`, decoded.
-fn dump(url: &str, prefix: &str) -> Vec<(String, Vec<u8>)> {
+pub(super) fn dump(url: &str, prefix: &str) -> Vec<(String, Vec<u8>)> {
     use base64::Engine as _;
     let out = etcdctl(url, &["get", "--prefix", prefix, "-w", "json"]);
     let got: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -49,7 +49,7 @@ fn restore(url: &str, from: &str, to: &str, kvs: &[(String, Vec<u8>)]) {
 }
 
 /// What a refusal must leave as it was: the managed files, and the node's cache and marks.
-fn untouched(s: &Scratch) -> (Tree, Tree) {
+pub(super) fn untouched(s: &Scratch) -> (Tree, Tree) {
     let kept = tree(&s.path("state"))
         .into_iter()
         .filter(|(p, _)| {
@@ -62,7 +62,7 @@ fn untouched(s: &Scratch) -> (Tree, Tree) {
 
 /// Waits for the node's status to carry a refusal for `reason` that says `says`; asserts nothing
 /// was touched since `before`. Returns the refusal's message.
-fn refused_with(
+pub(super) fn refused_with(
     s: &Scratch,
     url: &str,
     d: &Daemon,
@@ -90,7 +90,7 @@ fn refused_with(
 }
 
 /// The one declaration file the tests put: `out/motd` with `content`.
-fn motd(s: &Scratch, content: &str) -> String {
+pub(super) fn motd(s: &Scratch, content: &str) -> String {
     let path = s.path("in/base.json");
     write_declaration(
         &path,
@@ -99,7 +99,14 @@ fn motd(s: &Scratch, content: &str) -> String {
     path.display().to_string()
 }
 
-fn signed_put(s: &Scratch, url: &str, scope: &[&str], file: &str, keys: &[&Path], more: &[&str]) -> Output {
+pub(super) fn signed_put(
+    s: &Scratch,
+    url: &str,
+    scope: &[&str],
+    file: &str,
+    keys: &[&Path],
+    more: &[&str],
+) -> Output {
     let mut args: Vec<String> = ["put", "--etcd", url].iter().map(|a| a.to_string()).collect();
     args.extend(scope.iter().map(|a| a.to_string()));
     for k in keys {
@@ -260,7 +267,7 @@ fn a_node_applies_only_what_trusted_keys_signed_for_it_and_refuses_every_forgery
 }
 
 /// The private key `key` (its seed, and every line of its file's armor) is in none of `outputs`.
-fn needles_nowhere(key: &Path, outputs: &[(String, Vec<u8>)]) {
+pub(super) fn needles_nowhere(key: &Path, outputs: &[(String, Vec<u8>)]) {
     use base64::Engine as _;
     let seed = seed_of(key);
     let pem = std::fs::read_to_string(key).unwrap();
