@@ -127,7 +127,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
             for g in &groups {
                 crate::fleet::check_name("--group", g).map_err(|e| Usage(format!("mesh-host: {e}")))?;
             }
-            let client = login.client(&endpoints)?;
+            let client = login.node_client(&endpoints)?;
             // The last declaration accepted from etcd, beside the state store: what the
             // controller reads as its source, and what a restart applies while etcd is out of
             // reach (docs/decisions.md, "The cache is the declaration source").

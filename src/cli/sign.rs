@@ -34,10 +34,11 @@ pub struct TrustArgs {
 }
 
 impl TrustArgs {
-    /// What the node trusts; `None` without `--allowed-signers`.
-    pub fn load(&self) -> anyhow::Result<Option<Trust>> {
+    /// What the node trusts; `None` without `--allowed-signers`. With `strict`, the file is
+    /// checked as a source (`system::strict`).
+    pub fn load(&self, strict: Option<&crate::system::Trusted>) -> anyhow::Result<Option<Trust>> {
         let Some(path) = &self.allowed_signers else { return Ok(None) };
-        let trust = Trust::load(path, usize::from(self.signatures_required), self.fleet_name.clone())
+        let trust = Trust::load(path, usize::from(self.signatures_required), self.fleet_name.clone(), strict)
             .map_err(|e| Usage(format!("mesh-host: --allowed-signers: {e}")))?;
         Ok(Some(trust))
     }
@@ -51,7 +52,7 @@ pub(super) fn daemon_trust(
     etcd: bool,
     declaration: &Path,
 ) -> anyhow::Result<Option<Trust>> {
-    let Some(trust) = args.load()? else {
+    let Some(trust) = args.load(Some(&crate::system::Trusted::agent()))? else {
         tracing::warn!(
             "declarations are not signed: whoever can write {} is root here; --allowed-signers FILE applies only what trusted keys signed",
             if etcd { "the fleet's declarations in etcd".to_owned() } else { declaration.display().to_string() }
@@ -75,17 +76,23 @@ pub(super) fn daemon_trust(
     Ok(Some(trust))
 }
 
-/// What `check`, `plan` and `apply` verify, and whether the high-water mark is kept (`apply`).
+/// What `check`, `plan` and `apply` verify, whether the high-water mark is kept (`apply`), and
+/// whose files are trusted as sources (`apply`, and `plan --run-verify`: docs/decisions.md,
+/// "Strict sources").
 pub(super) struct Verify {
     trust: Option<Trust>,
     state: PathBuf,
     persist: bool,
+    /// The users whose declaration and allowed signers are read, or `None`: not checked.
+    pub(super) strict: Option<crate::system::Trusted>,
 }
 
 impl Verify {
-    /// From the command's arguments.
-    pub(super) fn of(args: &TrustArgs, state: &Path, persist: bool) -> anyhow::Result<Verify> {
-        Ok(Verify { trust: args.load()?, state: state.to_owned(), persist })
+    /// From the command's arguments; with `strict`, the declaration and the allowed signers
+    /// are checked as sources (for root, the agent and the operator who ran it under sudo).
+    pub(super) fn of(args: &TrustArgs, state: &Path, persist: bool, strict: bool) -> anyhow::Result<Verify> {
+        let strict = strict.then(crate::system::Trusted::operator);
+        Ok(Verify { trust: args.load(strict.as_ref())?, state: state.to_owned(), persist, strict })
     }
 }
 
@@ -97,7 +104,7 @@ pub(super) fn verify_read(
     source: &Path,
     files: &[(PathBuf, Vec<u8>)],
 ) -> anyhow::Result<()> {
-    let Some(Verify { trust: Some(trust), state, persist }) = verify else { return Ok(()) };
+    let Some(Verify { trust: Some(trust), state, persist, .. }) = verify else { return Ok(()) };
     if source == Path::new("-") {
         return Err(Usage(
             "mesh-host: --allowed-signers verifies a directory; standard input cannot be signed".into(),
