@@ -125,7 +125,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         (Some(endpoints), Some(node)) => {
             crate::fleet::check_name("--node", &node).map_err(|e| Usage(format!("mesh-host: {e}")))?;
             let groups = sign::node_groups(trust.as_ref(), &node, groups)?;
-            let client = login.client(&endpoints)?;
+            let client = login.node_client(&endpoints)?;
             // The last declaration accepted from etcd, beside the state store: what the
             // controller reads as its source, and what a restart applies while etcd is out of
             // reach (docs/decisions.md, "The cache is the declaration source").

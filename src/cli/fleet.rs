@@ -223,8 +223,23 @@ pub struct EtcdLogin {
 }
 
 impl EtcdLogin {
-    /// A client for `endpoints`, over TLS when they are https://, logged in when a user is given.
+    /// A client for `endpoints`, over TLS when they are https://, logged in when a user is given:
+    /// an operator's, whose password file is theirs to keep.
     pub(super) fn client(&self, endpoints: &str) -> anyhow::Result<crate::system::etcd::Etcd> {
+        self.client_with(endpoints, None)
+    }
+
+    /// The daemon's client: its password file is checked as strictly as its other sources
+    /// (`system::strict`), since it is the node's identity in etcd.
+    pub(super) fn node_client(&self, endpoints: &str) -> anyhow::Result<crate::system::etcd::Etcd> {
+        self.client_with(endpoints, Some(&crate::system::Trusted::agent()))
+    }
+
+    fn client_with(
+        &self,
+        endpoints: &str,
+        strict: Option<&crate::system::Trusted>,
+    ) -> anyhow::Result<crate::system::etcd::Etcd> {
         let plain = crate::system::etcd::plaintext_beyond_loopback(endpoints);
         if !plain.is_empty() && !self.allow_plaintext {
             return Err(Usage(format!(
@@ -242,7 +257,7 @@ impl EtcdLogin {
             .map_err(|e| Usage(format!("mesh-host: --etcd: {e}")))?;
         Ok(match (&self.etcd_user, &self.etcd_password_file) {
             (Some(user), Some(file)) => {
-                let password = crate::system::input::read_password(file)
+                let password = crate::system::input::read_password(file, strict)
                     .with_context(|| format!("cannot read the etcd password file {}", file.display()))?;
                 etcd.with_login(user.clone(), password)
             }
@@ -292,13 +307,14 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
                 crate::fleet::check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")))?;
             }
             let etcd = login.client(&etcd)?;
-            let password =
-                match &node_password_file {
-                    Some(file) => Some(crate::system::input::read_password(file).with_context(|| {
+            let password = match &node_password_file {
+                Some(file) => {
+                    Some(crate::system::input::read_password(file, None).with_context(|| {
                         format!("cannot read the node's password file {}", file.display())
-                    })?),
-                    None => None,
-                };
+                    })?)
+                }
+                None => None,
+            };
             let out = tokio::runtime::Handle::current()
                 .block_on(crate::fleet::grant(&etcd, &node, &groups, password.as_ref()))
                 .map_err(refused)?;

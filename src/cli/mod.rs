@@ -293,14 +293,16 @@ pub fn run(mut cli: Cli) -> anyhow::Result<Ended> {
     let key = reach.key.clone();
     match cli.command {
         Command::Check { file, json, trust } => {
-            check(&file, json, &sign::Verify::of(&trust, &cli.state, false)?)
+            check(&file, json, &sign::Verify::of(&trust, &cli.state, false, false)?)
         }
         Command::Plan { file, origin, json, run_verify, trust } => {
-            let verify = sign::Verify::of(&trust, &cli.state, false)?;
+            // `plan` runs nothing, and reads as `check` does; with --run-verify it runs the
+            // actions' verify as root, and takes its orders as `apply` does.
+            let verify = sign::Verify::of(&trust, &cli.state, false, run_verify)?;
             plan(&file, origin, Planned { json, run_verify }, &cli.state, reach, &verify)
         }
         Command::Apply { file, origin, json, verbose, trust } => {
-            let verify = sign::Verify::of(&trust, &cli.state, true)?;
+            let verify = sign::Verify::of(&trust, &cli.state, true, true)?;
             apply_cmd(&file, origin, Shown { json, verbose }, &cli.state, reach, &verify)
         }
         Command::Sign(args) => sign::sign(args),
@@ -367,7 +369,12 @@ fn load_files(
         let (d, kept) = parse_moving_into(bodies, |keep| Declaration::parse_keeping(&bytes, keep))?;
         return Ok((d, vec![("stdin.json".into(), bytes)], kept));
     }
-    let mut files = crate::system::read_source(source).map_err(unreadable)?;
+    let strict = verify.and_then(|v| v.strict.as_ref());
+    let read = match strict {
+        Some(trusted) => crate::system::read_strict_source(source, trusted),
+        None => crate::system::read_source(source),
+    };
+    let mut files = read.map_err(unreadable)?;
     sign::verify_read(verify, source, &files)?;
     // A single file's problems are named as before, without the file's name on each line: the
     // person just typed it. A directory's name the file each is in, as the daemon's do

@@ -48,15 +48,26 @@ pub struct TrustArgs {
 
 impl TrustArgs {
     /// What the node trusts; `None` without `--allowed-signers` or `--trust-policy`. A policy
-    /// new to `state` is pinned there when `pin` (`run`, `apply`).
-    pub fn load(&self, state: &Path, pin: bool) -> anyhow::Result<Option<Trust>> {
+    /// new to `state` is pinned there when `pin` (`run`, `apply`). With `strict`, the file is
+    /// checked as a source (`system::strict`).
+    pub fn load(
+        &self,
+        state: &Path,
+        pin: bool,
+        strict: Option<&crate::system::Trusted>,
+    ) -> anyhow::Result<Option<Trust>> {
         if let Some(policy) = &self.trust_policy {
+            if let Some(trusted) = strict {
+                crate::system::strict::check(policy, trusted).map_err(|e| {
+                    Usage(format!("mesh-host: --trust-policy: cannot read the trust policy {}: {e}", policy.display()))
+                })?;
+            }
             let trust = Trust::from_policy(policy, state, pin, &self.fleet_name)
                 .map_err(|e| Usage(format!("mesh-host: --trust-policy: {e}")))?;
             return Ok(Some(trust));
         }
         let Some(path) = &self.allowed_signers else { return Ok(None) };
-        let trust = Trust::load(path, usize::from(self.signatures_required), self.fleet_name.clone())
+        let trust = Trust::load(path, usize::from(self.signatures_required), self.fleet_name.clone(), strict)
             .map_err(|e| Usage(format!("mesh-host: --allowed-signers: {e}")))?;
         Ok(Some(trust))
     }
@@ -70,7 +81,7 @@ pub(super) fn daemon_trust(
     declaration: &Path,
     state: &Path,
 ) -> anyhow::Result<Option<Trust>> {
-    let Some(trust) = args.load(state, true)? else {
+    let Some(trust) = args.load(state, true, Some(&crate::system::Trusted::agent()))? else {
         tracing::warn!(
             "declarations are not signed: whoever can write {} is root here; --allowed-signers FILE applies only what trusted keys signed",
             if etcd { "the fleet's declarations in etcd".to_owned() } else { declaration.display().to_string() }
@@ -118,17 +129,24 @@ pub(super) fn node_groups(
     }
 }
 
-/// What `check`, `plan` and `apply` verify, and whether the high-water mark is kept (`apply`).
+/// What `check`, `plan` and `apply` verify, whether the high-water mark is kept (`apply`), and
+/// whose files are trusted as sources (`apply`, and `plan --run-verify`: docs/decisions.md,
+/// "Strict sources").
 pub(super) struct Verify {
     trust: Option<Trust>,
     state: PathBuf,
     persist: bool,
+    /// The users whose declaration and allowed signers are read, or `None`: not checked.
+    pub(super) strict: Option<crate::system::Trusted>,
 }
 
 impl Verify {
-    /// From the command's arguments.
-    pub(super) fn of(args: &TrustArgs, state: &Path, persist: bool) -> anyhow::Result<Verify> {
-        Ok(Verify { trust: args.load(state, persist)?, state: state.to_owned(), persist })
+    /// From the command's arguments; with `strict`, the declaration and the allowed signers
+    /// or trust policy are checked as sources (for root, the agent and the operator who ran it
+    /// under sudo).
+    pub(super) fn of(args: &TrustArgs, state: &Path, persist: bool, strict: bool) -> anyhow::Result<Verify> {
+        let strict = strict.then(crate::system::Trusted::operator);
+        Ok(Verify { trust: args.load(state, persist, strict.as_ref())?, state: state.to_owned(), persist, strict })
     }
 }
 
@@ -140,7 +158,7 @@ pub(super) fn verify_read(
     source: &Path,
     files: &[(PathBuf, Vec<u8>)],
 ) -> anyhow::Result<()> {
-    let Some(Verify { trust: Some(trust), state, persist }) = verify else { return Ok(()) };
+    let Some(Verify { trust: Some(trust), state, persist, .. }) = verify else { return Ok(()) };
     if source == Path::new("-") {
         return Err(Usage(
             "mesh-host: --allowed-signers and --trust-policy verify a directory; standard input cannot be signed".into(),

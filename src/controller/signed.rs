@@ -47,7 +47,19 @@ impl Trust {
     /// Reads the allowed_signers file, refusing one that lists no key for declarations or
     /// fewer than `required`: a node that could never accept anything is a mistake to say at
     /// start, not a refusal at every read.
-    pub fn load(path: &Path, required: usize, fleet: String) -> anyhow::Result<Trust> {
+    ///
+    /// With `strict` (`run`, `apply`), the file is a source of trust, checked as strictly as
+    /// the declaration (`system::strict`) for those users.
+    pub fn load(
+        path: &Path,
+        required: usize,
+        fleet: String,
+        strict: Option<&crate::system::Trusted>,
+    ) -> anyhow::Result<Trust> {
+        if let Some(trusted) = strict {
+            crate::system::strict::check(path, trusted)
+                .map_err(|e| anyhow::anyhow!("cannot read the allowed signers {}: {e}", path.display()))?;
+        }
         let bytes = crate::system::read_input(path, trust::signers::SIGNERS_LIMIT)
             .map_err(|e| anyhow::anyhow!("cannot read the allowed signers {}: {e}", path.display()))?;
         let signers = AllowedSigners::parse(&bytes)

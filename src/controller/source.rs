@@ -160,8 +160,12 @@ impl Source {
     /// device planted at the path or in the directory is refused at once and named, where an
     /// ordinary open would block the worker for good, and `/dev/zero` cannot eat memory
     /// (issue 12, fault 2).
+    ///
+    /// And strictly (`system::strict`, docs/decisions.md, "Strict sources"): a source that
+    /// anyone but root or the agent can change, or under a directory they can, is refused as a
+    /// bad declaration is, naming the path and the fix, and the declaration in force is kept.
     pub(super) fn load(&mut self, force: bool, in_force: bool) -> Option<Loaded> {
-        let read = crate::system::read_source(&self.path);
+        let read = crate::system::read_strict_source(&self.path, &crate::system::Trusted::agent());
         // With `--allowed-signers`, the manifest and signatures beside the files.
         let signed = self.trust.as_ref().map(|_| signed::read(&self.path));
         // The hold is read with the source, so that making or releasing one is a change too.

@@ -367,8 +367,14 @@ pub struct Archive {
     pub bytes: Option<Base64Bytes>,
     /// A tar or tar.gz archive on the machine.
     pub source: Option<AbsPath>,
-    /// The sha256 of the archive, 64 hex digits; checked before anything is unpacked.
+    /// The sha256 of the archive, 64 hex digits; checked before anything is unpacked. Required
+    /// with `source`, unless `unverified` is true.
     pub digest: Option<Sha256>,
+    /// `true` accepts a `source` without a `digest`: whatever is at the source when the
+    /// archive is unpacked is unpacked, so whoever can write it chooses what lands in `path`.
+    /// False by default, and refused beside `digest` or `bytes`.
+    #[serde(default)]
+    pub unverified: bool,
 }
 
 /// A long-running program, supervised by systemd as a transient unit the host starts over D-Bus.

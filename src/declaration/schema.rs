@@ -68,7 +68,19 @@ fn within(defs: &mut serde_json::Map<String, Value>) {
             ]
         }),
     );
-    add("Archive", exactly_one(&["bytes", "source"]));
+    // A source needs its digest unless `unverified` says otherwise; `unverified` goes only with
+    // a source and without a digest.
+    let unverified = json!({"required": ["unverified"], "properties": {"unverified": {"const": true}}});
+    add(
+        "Archive",
+        json!({
+            "allOf": [
+                exactly_one(&["bytes", "source"]),
+                {"if": given("source"), "then": {"anyOf": [given("digest"), unverified.clone()]}},
+                {"if": unverified, "then": {"allOf": [given("source"), {"not": given("digest")}]}}
+            ]
+        }),
+    );
     // A container is run once or on a schedule, not both.
     add(
         "Container",

@@ -923,6 +923,33 @@ fn archive_with_bytes_and_source() {
 }
 
 #[test]
+fn archive_from_a_source_without_a_digest_is_refused_unless_unverified() {
+    check(
+        r#"{"version": 1, "resources": [{"type": "archive", "id": "web.static", "path": "/srv/web/static", "source": "/var/cache/static.tar"}]}"#,
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "web.static"), field `digest`: an archive from a `source` needs its `digest`, or whoever can write /var/cache/static.tar chooses what root unpacks into /srv/web/static: add `"digest": "sha256:..."` (`sha256sum /var/cache/static.tar`), or `"unverified": true` to accept it unchecked"#]],
+    );
+    let unverified = r#"{"version": 1, "resources": [{"type": "archive", "id": "web.static", "path": "/srv/web/static", "source": "/var/cache/static.tar", "unverified": true}]}"#;
+    assert!(Declaration::parse(unverified.as_bytes()).is_ok());
+    check(
+        &format!(
+            r#"{{"version": 1, "resources": [{{"type": "archive", "id": "web.static", "path": "/srv/web/static", "source": "/var/cache/static.tar", "digest": "{}", "unverified": true}}]}}"#,
+            "0".repeat(64)
+        ),
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "web.static"), field `unverified`: `unverified` accepts a `source` without a `digest`, and this archive gives its `digest`: remove `unverified`"#]],
+    );
+    check(
+        r#"{"version": 1, "resources": [{"type": "archive", "id": "web.static", "path": "/srv/web/static", "bytes": "", "unverified": true}]}"#,
+        expect![[r#"
+            the declaration was refused (1 problem); nothing on the machine was touched
+              resources[0] (id "web.static"), field `unverified`: `unverified` is for a `source` on the machine; `bytes` are the declaration's own: remove `unverified`"#]],
+    );
+}
+
+#[test]
 fn archive_with_neither_bytes_nor_source() {
     check(
         r#"{"version": 1, "resources": [{"type": "archive", "id": "web.static", "path": "/srv/web/static"}]}"#,

@@ -630,9 +630,7 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
             }
         }
         Spec::Archive(a) => {
-            if let Some((field, message)) =
-                exactly_one("an archive", &[("bytes", a.bytes.is_some()), ("source", a.source.is_some())])
-            {
+            if let Some((field, message)) = archive(a) {
                 problem(field, message);
             }
         }
@@ -663,6 +661,35 @@ fn within(spec: &Spec, index: usize, id: Option<&str>, problems: &mut Problems) 
         | Spec::User(_)
         | Spec::Action(_)
         | Spec::Opening(_) => {}
+    }
+}
+
+/// What is wrong with an archive's choice of fields, if anything: exactly one of `bytes` and
+/// `source`, and a source only by its digest, or when the declaration says it accepts that
+/// (docs/decisions.md, "An archive's source without a digest").
+fn archive(a: &Archive) -> Option<(&'static str, String)> {
+    if let Some(wrong) =
+        exactly_one("an archive", &[("bytes", a.bytes.is_some()), ("source", a.source.is_some())])
+    {
+        return Some(wrong);
+    }
+    match (&a.source, &a.digest, a.unverified) {
+        (Some(source), None, false) => Some((
+            "digest",
+            format!(
+                "an archive from a `source` needs its `digest`, or whoever can write {source} chooses what root unpacks into {}: add `\"digest\": \"sha256:...\"` (`sha256sum {source}`), or `\"unverified\": true` to accept it unchecked",
+                a.path
+            ),
+        )),
+        (_, Some(_), true) => Some((
+            "unverified",
+            "`unverified` accepts a `source` without a `digest`, and this archive gives its `digest`: remove `unverified`".into(),
+        )),
+        (None, None, true) => Some((
+            "unverified",
+            "`unverified` is for a `source` on the machine; `bytes` are the declaration's own: remove `unverified`".into(),
+        )),
+        _ => None,
     }
 }
 

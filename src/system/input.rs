@@ -131,6 +131,26 @@ pub fn stderr_is_journal() -> bool {
 /// a regular file (a FIFO, a device, a directory) is refused, naming it, rather than skipped: an
 /// operator who put it there meant it to be read.
 pub fn read_source(source: &Path) -> io::Result<Vec<(PathBuf, Vec<u8>)>> {
+    read_source_with(source, None)
+}
+
+/// `read_source` of a source the agent takes its orders from: the source, each file and every
+/// directory above them checked first (`strict::check`), and a refusal returned as an error of
+/// kind `PermissionDenied` that names the path and the fix. A source that is not there is
+/// `NotFound`, as for `read_source`.
+pub fn read_strict_source(
+    source: &Path,
+    trusted: &super::strict::Trusted,
+) -> io::Result<Vec<(PathBuf, Vec<u8>)>> {
+    read_source_with(source, Some(trusted))
+}
+
+fn read_source_with(
+    source: &Path,
+    strict: Option<&super::strict::Trusted>,
+) -> io::Result<Vec<(PathBuf, Vec<u8>)>> {
+    let checked = |path: &Path| strict.map_or(Ok(()), |t| super::strict::check(path, t));
+    checked(source)?;
     let meta = std::fs::metadata(source)?;
     if !meta.is_dir() {
         return Ok(vec![(source.to_path_buf(), read_input(source, DECLARATION_LIMIT)?)]);
@@ -146,8 +166,10 @@ pub fn read_source(source: &Path) -> io::Result<Vec<(PathBuf, Vec<u8>)>> {
     names.sort();
     names
         .into_iter()
-        .map(|p| match read_input(&p, DECLARATION_LIMIT) {
+        .map(|p| match checked(&p).and_then(|()| read_input(&p, DECLARATION_LIMIT)) {
             Ok(bytes) => Ok((p, bytes)),
+            // A strict refusal names its path (the file, or where a symlink led) itself.
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied && strict.is_some() => Err(e),
             Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", p.display()))),
         })
         .collect()
@@ -242,7 +264,15 @@ pub fn hash_input_file(path: &Path) -> std::io::Result<Option<[u8; 32]>> {
 }
 
 /// Reads a password from a file (its first line), bounded, for etcd's auth. Never logged.
-pub fn read_password(path: &std::path::Path) -> std::io::Result<secrecy::SecretString> {
+/// With `strict` (the daemon's login), the file and the directories above it are checked first
+/// (`strict::check`).
+pub fn read_password(
+    path: &std::path::Path,
+    strict: Option<&super::strict::Trusted>,
+) -> std::io::Result<secrecy::SecretString> {
+    if let Some(trusted) = strict {
+        super::strict::check(path, trusted)?;
+    }
     let bytes = read_input(path, 4096)?;
     let text = String::from_utf8(bytes).map_err(|_| std::io::Error::other("the password is not UTF-8"))?;
     Ok(secrecy::SecretString::from(text.lines().next().unwrap_or_default().to_owned()))
@@ -298,6 +328,25 @@ mod tests {
         assert!(e.contains("a FIFO, not a regular file"), "{e}");
         let e = read_source(dir.path()).unwrap_err().to_string();
         assert!(e.contains("fifo.json") && e.contains("a FIFO"), "{e}");
+    }
+
+    #[test]
+    fn the_daemons_password_file_is_read_strictly_an_operators_is_not() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("password");
+        std::fs::write(&file, "hunter2\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o620)).unwrap();
+        let strict = super::super::strict::Trusted::agent();
+        let e = read_password(&file, Some(&strict)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        let e = e.to_string();
+        assert!(e.contains(&format!("{} is writable by its group (mode 0620)", file.display())), "{e}");
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(read_password(&file, None).is_ok(), "an operator's own file, not checked");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        use secrecy::ExposeSecret as _;
+        assert_eq!(read_password(&file, Some(&strict)).unwrap().expose_secret(), "hunter2");
     }
 
     #[test]

@@ -66,8 +66,9 @@ pub enum KeyFileError {
 }
 
 /// Reads the key file; `None` when there is none. Refuses a file that anyone but its owner can
-/// read or write, one owned by someone other than the agent, and anything not a regular file
-/// (a symlink is not followed).
+/// read or write, one owned by someone other than the agent, anything not a regular file (a
+/// symlink is not followed), and one in a directory that anyone but root or the agent can
+/// write, or under one (`strict::check_above`).
 pub fn read(path: &Path) -> Result<Option<SecretString>, KeyFileError> {
     let failed = |error| KeyFileError::Read { path: path.to_owned(), error };
     let file = match std::fs::OpenOptions::new()
@@ -100,6 +101,8 @@ pub fn read(path: &Path) -> Result<Option<SecretString>, KeyFileError> {
     if meta.len() > LIMIT {
         return Err(failed(std::io::Error::other(format!("it is {} bytes: not a key file", meta.len()))));
     }
+    // The directories above it, as sshd's StrictModes: whoever can write one can swap the key.
+    super::strict::check_above(path, &super::strict::Trusted::agent()).map_err(failed)?;
     // Exactly the file's size: `SecretString` boxes the text, which would reallocate (and leave
     // a copy of the key behind, unzeroed) a buffer with room to spare, and `read_to_end` probes
     // for the end without growing a buffer that is exactly full.

@@ -23,6 +23,7 @@ pub(crate) mod keys;
 #[allow(unsafe_code, reason = "the allocator's C interface; each block says why it is sound")]
 pub mod memory;
 pub(crate) mod packages;
+pub(crate) mod strict;
 pub mod systemd;
 pub(crate) mod ufw;
 pub(crate) mod users;
@@ -37,7 +38,8 @@ pub(crate) use packages::Packages;
 pub use systemd::Systemd;
 pub(crate) use users::OwnerIds;
 
-pub(crate) use input::{read_input, read_source, read_stdin, stderr_is_journal};
+pub(crate) use input::{read_input, read_source, read_stdin, read_strict_source, stderr_is_journal};
+pub(crate) use strict::Trusted;
 
 /// Seconds since the Unix epoch by the wall clock; 0 for a clock set before 1970. The one
 /// place the agent reads it for a timestamp (a record's `applied-at`, a status's `written_at`,

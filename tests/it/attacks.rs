@@ -599,7 +599,7 @@ fn fifo_as_archive_source_does_not_hang_fault2() {
     let fifo = s.path("dist.tar");
     mkfifo(&fifo);
     let d = s.declare(json!([
-        {"type": "archive", "id": "a.dist", "path": s.p("dist"), "source": s.p("dist.tar")},
+        {"type": "archive", "id": "a.dist", "path": s.p("dist"), "source": s.p("dist.tar"), "unverified": true},
         {"type": "file", "id": "a.after", "path": s.p("after.conf"), "content": "x"},
     ]));
     let report = apply_fails(&s, &d, "a.dist", &["dist.tar", "FIFO"]);
@@ -612,7 +612,7 @@ fn device_as_archive_source_is_refused_without_reading_it() {
     let s = Scratch::new();
     let out = Sentinel::new(&s);
     let d =
-        s.declare(json!([{"type": "archive", "id": "a.dist", "path": s.p("dist"), "source": "/dev/zero"}]));
+        s.declare(json!([{"type": "archive", "id": "a.dist", "path": s.p("dist"), "source": "/dev/zero", "unverified": true}]));
     apply_fails(&s, &d, "a.dist", &["/dev/zero", "device"]);
     out.assert_unchanged();
 }

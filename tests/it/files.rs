@@ -423,9 +423,15 @@ fn an_archive_is_unpacked_once_and_again_when_it_changes() {
 
     let v2 = tar_of(&[("bin/tool", b"v2")]);
     std::fs::write(s.path("v2.tar"), &v2).unwrap();
-    let d = s.declare(
-        json!([{"type": "archive", "id": "tool.dist", "path": s.p("opt/tool"), "source": s.p("v2.tar")}]),
-    );
+    // From a source on the machine, named by its digest (without one it is refused: below).
+    let digest = {
+        use sha2::Digest as _;
+        let sum: String = sha2::Sha256::digest(&v2).iter().map(|b| format!("{b:02x}")).collect();
+        format!("sha256:{sum}")
+    };
+    let d = s.declare(json!([{
+        "type": "archive", "id": "tool.dist", "path": s.p("opt/tool"), "source": s.p("v2.tar"), "digest": digest
+    }]));
     let (code, report) = s.apply(&d);
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(action(&report, "tool.dist"), "updated");

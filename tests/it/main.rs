@@ -36,5 +36,6 @@ mod sandbox;
 mod schema;
 mod secrets;
 mod signed;
+mod strict;
 mod systemd;
 mod users;

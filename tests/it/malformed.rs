@@ -296,6 +296,12 @@ const CASES: &[Case] = &[
     ("an archive with neither bytes nor source", |t| {
         with(t, json!({"type": "archive", "id": "bad.tar", "path": format!("{t}/unpacked")}))
     }),
+    ("an archive from a source without its digest", |t| {
+        with(
+            t,
+            json!({"type": "archive", "id": "bad.tar", "path": format!("{t}/unpacked"), "source": format!("{t}/a.tar")}),
+        )
+    }),
     ("an archive digest that is not hex", |t| {
         with(
             t,

@@ -122,7 +122,7 @@ fn fault2_a_fifo_as_archive_source_fails_at_once() {
     let s = Scratch::new();
     mkfifo(&s.path("dist.tar"));
     let d = s.declare(json!([
-        {"type": "archive", "id": "tool.dist", "path": s.p("opt/tool"), "source": s.p("dist.tar")},
+        {"type": "archive", "id": "tool.dist", "path": s.p("opt/tool"), "source": s.p("dist.tar"), "unverified": true},
         {"type": "file", "id": "app.conf", "path": s.p("etc/app.conf"), "content": "port=80\n"}
     ]));
     let out = run_within(&s, &["apply", "--json", d.to_str().unwrap()], Duration::from_secs(20));

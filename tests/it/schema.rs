@@ -134,6 +134,12 @@ fn corpus() -> Vec<(&'static str, Value)> {
             ),
         ),
         (
+            "valid-archive-source-unverified",
+            one(
+                json!({"type": "archive", "id": "a.a", "path": "/srv/a", "source": "/tmp/a.tar", "unverified": true}),
+            ),
+        ),
+        (
             "valid-archive-bytes-bare-digest",
             one(
                 json!({"type": "archive", "id": "a.a", "path": "/srv/a", "bytes": "aGk=", "digest": "0".repeat(64)}),
@@ -312,6 +318,28 @@ fn corpus() -> Vec<(&'static str, Value)> {
             ),
         ),
         ("archive-neither", one(json!({"type": "archive", "id": "a.a", "path": "/srv/a"}))),
+        (
+            "archive-source-without-digest",
+            one(json!({"type": "archive", "id": "a.a", "path": "/srv/a", "source": "/tmp/a.tar"})),
+        ),
+        (
+            "archive-source-unverified-false",
+            one(
+                json!({"type": "archive", "id": "a.a", "path": "/srv/a", "source": "/tmp/a.tar", "unverified": false}),
+            ),
+        ),
+        (
+            "archive-unverified-with-digest",
+            one(
+                json!({"type": "archive", "id": "a.a", "path": "/srv/a", "source": "/tmp/a.tar", "digest": "0".repeat(64), "unverified": true}),
+            ),
+        ),
+        (
+            "archive-unverified-with-bytes",
+            one(
+                json!({"type": "archive", "id": "a.a", "path": "/srv/a", "bytes": "aGk=", "unverified": true}),
+            ),
+        ),
         (
             "archive-digest-short",
             one(

@@ -636,15 +636,57 @@ pub fn write_own(path: &Path, bytes: &[u8]) -> Result<()> {
     fs.commit_batch(vec![staged], false).pop().unwrap_or(Ok(()))
 }
 
-/// Makes `dir` (and its parents) if missing, private to root: the fleet cache's home.
+/// Makes `dir` (and its parents) if missing, private to root (the fleet cache's home, a
+/// generation's), durably: each directory made is synced, with its entries, and so is the one
+/// above the first it made, so that a power cut after the return cannot lose them (a file
+/// synced in a directory whose own entry was not is lost with it). The directory above `dir` is
+/// synced even when nothing was made: `dir` may be left from a run that stopped before it
+/// synced it. By path, as `replace_dir` is: the agent's own directories, under the state
+/// directory.
 pub fn private_dir(dir: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt as _;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+    let mut missing = Vec::new();
+    let mut at = dir;
+    while let Err(e) = std::fs::symlink_metadata(at) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(e);
+        }
+        missing.push(at);
+        match at.parent() {
+            Some(up) if !up.as_os_str().is_empty() => at = up,
+            _ => break,
+        }
+    }
+    for made in missing.iter().rev() {
+        match std::fs::DirBuilder::new().mode(0o700).create(made) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+    }
+    // Bottom up: each one's own mode and its entry for the one below, then the one above them.
+    for made in &missing {
+        durable::file(&std::fs::File::open(made)?)?;
+    }
+    let top = missing.last().copied().unwrap_or(dir);
+    sync_parent(top)
+}
+
+/// Syncs the directory holding `path`'s entry.
+fn sync_parent(path: &std::path::Path) -> std::io::Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        Some(_) => std::path::Path::new("."),
+        None => return Ok(()),
+    };
+    durable::file(&std::fs::File::open(parent)?)
 }
 
 /// Replaces the directory `dir` with one holding exactly `files` (name, bytes), in one step: the
-/// new directory is written beside it, made durable, and exchanged with the old one by a single
-/// rename (`RENAME_EXCHANGE`): the path names the old set of files or the new, never a mix.
+/// new directory is written beside it, each file staged and synced, the directory synced, and
+/// exchanged with the old one by a single rename (`RENAME_EXCHANGE`): the path names the old
+/// set of files or the new, never a mix. The directory holding both is synced after the
+/// exchange and before the old set is removed, so a power cut leaves one set or the other
+/// whole, and the new one once this returns (its parent made durable by `private_dir`).
 /// (A reader that lists, then opens each name, can still straddle the swap: the fleet's file
 /// names carry the revision so that such a reader finds a name missing rather than a mix.)
 /// The files are private to root (a declaration can hold sealed values and paths worth hiding).
@@ -661,26 +703,29 @@ pub fn replace_dir<B: AsRef<[u8]>>(dir: &std::path::Path, files: &[(String, B)])
     }
     std::fs::DirBuilder::new().mode(0o700).create(&new)?;
     for (file, bytes) in files {
-        let mut f =
-            std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(new.join(file))?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(OFlags::NOFOLLOW.bits() as i32)
+            .open(new.join(file))?;
         f.write_all(bytes.as_ref())?;
         durable::file(&f)?;
     }
     durable::file(&std::fs::File::open(&new)?)?;
-    if dir.exists() {
-        rustix::fs::renameat_with(
-            rustix::fs::CWD,
-            &new,
-            rustix::fs::CWD,
-            dir,
-            rustix::fs::RenameFlags::EXCHANGE,
-        )?;
-        // The old set is now at `new`.
-        std::fs::remove_dir_all(&new)?;
+    let exchanged = dir.exists();
+    if exchanged {
+        rfs::renameat_with(rfs::CWD, &new, rfs::CWD, dir, rfs::RenameFlags::EXCHANGE)?;
     } else {
-        std::fs::rename(&new, dir)?;
+        rfs::renameat_with(rfs::CWD, &new, rfs::CWD, dir, rfs::RenameFlags::NOREPLACE)?;
     }
-    durable::file(&std::fs::File::open(parent)?)
+    durable::file(&std::fs::File::open(parent)?)?;
+    if exchanged {
+        // The old set is now at `new`: gone once durable or not, and removed at the next
+        // replace if a crash leaves it.
+        std::fs::remove_dir_all(&new)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -721,5 +766,97 @@ mod tests {
         assert_eq!(std::fs::read(dir.join("0001-c.json")).unwrap(), b"3");
         // Nothing is left beside it.
         assert_eq!(std::fs::read_dir(scratch.path()).unwrap().count(), 1);
+    }
+
+    /// The fleet's cache as the daemon makes it (`private_dir` of `fleet/`, then `replace_dir`
+    /// of `fleet/declaration.d` at each new declaration), on the power-loss lane's filesystem
+    /// (tests/powerloss/: it keeps what was written apart from what was synced, POSIX-strictly),
+    /// and a power cut at every sync boundary of a loop of replaces, each both ways (all that
+    /// was not synced lost, and seeded subsets of it kept): once a replace has returned, the
+    /// cache is there, whole, as that replace left it or as the next one in flight leaves it;
+    /// never missing, never a mix. Before the cache's writes were made durable up to the state
+    /// directory, `fleet/` itself was lost: made, never synced into its parent.
+    #[test]
+    #[allow(clippy::disallowed_methods, reason = "the test makes the scratch mount")]
+    fn the_fleet_cache_is_whole_at_every_power_cut_of_a_loop_of_replaces() {
+        use mesh_host_powerloss::check::{snapshot_tree, sum, Snapshot};
+        use mesh_host_powerloss::fuse::Mounted;
+        use mesh_host_powerloss::model::{crash_state, Crash, Op, Tree};
+        assert!(
+            std::path::Path::new("/dev/fuse").exists(),
+            "needs /dev/fuse (modprobe fuse) and root, as the power-loss lane does"
+        );
+        let scratch = tempfile::tempdir().unwrap();
+        let at = scratch.path().join("mnt");
+        std::fs::create_dir(&at).unwrap();
+        let m = Mounted::mount(&at, Tree::new()).expect("the FUSE filesystem mounts");
+        std::fs::create_dir(at.join("state")).unwrap();
+        crate::system::durable::file(&std::fs::File::open(&at).unwrap()).unwrap();
+        let files = |round: usize| -> Vec<(String, Vec<u8>)> {
+            (0..=round % 3)
+                .map(|i| {
+                    (
+                        format!("{round:04}-{i}.json"),
+                        format!("{{\"round\": {round}, \"file\": {i}}}").into_bytes(),
+                    )
+                })
+                .collect()
+        };
+        let cache = at.join("state/fleet/declaration.d");
+        super::private_dir(&at.join("state/fleet")).unwrap();
+        const ROUNDS: usize = 6;
+        for round in 0..ROUNDS {
+            super::replace_dir(&cache, &files(round)).unwrap();
+            m.lock().mark(&format!("replaced {round}"));
+        }
+        let state = m.lock();
+        let whole = |round: usize| -> Snapshot {
+            let mut want = Snapshot::new();
+            for (name, bytes) in files(round) {
+                want.insert(
+                    name,
+                    mesh_host_powerloss::check::Entry {
+                        kind: "file".into(),
+                        sum: Some(sum(&bytes)),
+                        mode: 0o600,
+                        uid: 0,
+                        gid: 0,
+                    },
+                );
+            }
+            want
+        };
+        let mut checked = 0;
+        for boundary in 0..=state.log.len() {
+            if boundary > 0
+                && !matches!(state.log[boundary - 1], Op::Fsync { .. } | Op::Fsyncdir { .. } | Op::Mark(_))
+            {
+                continue;
+            }
+            // How many replaces had returned at this boundary.
+            let done = state.log[..boundary].iter().filter(|op| matches!(op, Op::Mark(_))).count();
+            for crash in
+                [Crash::DropAll, Crash::Random(boundary as u64), Crash::Random(7 * boundary as u64 + 1)]
+            {
+                let crashed = crash_state(&state.base, &state.log, boundary, crash);
+                let found = snapshot_tree(&crashed, "state/fleet/declaration.d");
+                let mut allowed = Vec::new();
+                if done > 0 {
+                    allowed.push(whole(done - 1));
+                } else {
+                    allowed.push(Snapshot::new());
+                }
+                if done < ROUNDS {
+                    allowed.push(whole(done));
+                }
+                assert!(
+                    allowed.contains(&found),
+                    "a power cut after {done} replaces returned ({crash:?} at operation {boundary}) left the cache as {:?}",
+                    found.keys().collect::<Vec<_>>()
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 3 * ROUNDS, "{checked} crash states");
     }
 }
