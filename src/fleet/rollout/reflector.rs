@@ -165,12 +165,13 @@ mod tests {
     #[test]
     fn the_cache_takes_each_change_as_a_read_of_the_keys_after_it_would() {
         type Change = (&'static str, Option<String>);
+        type Case = (&'static str, Vec<Kv>, Vec<Change>, fn(&Snapshot) -> bool);
         let a_alive = "/mesh-host/node/a/alive";
         let a_status = "/mesh-host/node/a/status";
         let b_status = "/mesh-host/node/b/status";
         let admitted = "/mesh-host/rollout/open/node/a/admitted";
         let open = "/mesh-host/rollout/open/state";
-        let cases: Vec<(&str, Vec<Kv>, Vec<Change>, fn(&Snapshot) -> bool)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "a status put: parsed, at its revision",
                 vec![kv(a_alive, "1", 2)],
