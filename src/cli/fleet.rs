@@ -220,6 +220,10 @@ pub struct EtcdLogin {
     /// etcd only on loopback").
     #[arg(long, env = "MESH_HOST_ETCD_ALLOW_PLAINTEXT")]
     pub allow_plaintext: bool,
+    /// Dial `--etcd`'s endpoints in the order given, the first first (a local member, say).
+    /// Without it each client starts at a random one, so a fleet spreads over the members.
+    #[arg(long)]
+    pub etcd_in_order: bool,
 }
 
 impl EtcdLogin {
@@ -253,8 +257,11 @@ impl EtcdLogin {
             cert: self.etcd_cert.clone(),
             key: self.etcd_key.clone(),
         };
-        let etcd = crate::system::etcd::Etcd::new(endpoints, &tls)
+        let mut etcd = crate::system::etcd::Etcd::new(endpoints, &tls)
             .map_err(|e| Usage(format!("mesh-host: --etcd: {e}")))?;
+        if self.etcd_in_order {
+            etcd = etcd.in_order();
+        }
         Ok(match (&self.etcd_user, &self.etcd_password_file) {
             (Some(user), Some(file)) => {
                 let password = crate::system::input::read_password(file, strict)
@@ -338,6 +345,12 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
             let etcd = login.client(&etcd)?;
             let (revision, rows) =
                 tokio::runtime::Handle::current().block_on(crate::fleet::status::rows(&etcd))?;
+            // On stderr: `--json`'s output stays JSON.
+            if let Some(warning) =
+                tokio::runtime::Handle::current().block_on(crate::fleet::status::uncompacted(&etcd))
+            {
+                eprintln!("mesh-host: {warning}");
+            }
             if json {
                 println!(
                     "{}",

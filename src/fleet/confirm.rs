@@ -38,6 +38,9 @@ use crate::telemetry::{events, Event as _, Metrics};
 /// The window when not told otherwise (`--confirm-window`).
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 
+/// The longest a node waits, at random, before the redial that confirms a new generation.
+const REDIAL_SPREAD: Duration = Duration::from_secs(1);
+
 /// Who a hold the node makes itself says made it.
 pub const BY: &str = "mesh-host (confirmation window)";
 
@@ -573,7 +576,10 @@ async fn act(
             }
             .emit(metrics);
             // A round trip on the connection held would prove nothing of a route the change
-            // broke: a new one is dialled for it.
+            // broke: a new one is dialled for it, after a wait at random (up to a sixtieth of
+            // the window, 1 s at most: it delays the rollout's gate), so that a fleet-wide
+            // change does not have every node dial and write at once (issue 43).
+            tokio::time::sleep(super::source::up_to(REDIAL_SPREAD.min(length / 60))).await;
             etcd.reconnect().await;
             ask.send_replace(p.asked);
         }

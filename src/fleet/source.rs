@@ -4,8 +4,8 @@
 //! The loop: read every prefix of the node at one revision; if what was read parses, write it
 //! to the cache in one step (the controller's source watcher sees the directory change and puts
 //! it in force); then watch every prefix, on one Watch stream, from the next revision. Any
-//! change seen, a compacted revision, a watch etcd refuses, or a minute of quiet leads to the
-//! same thing: a full read again. A stream that breaks (its member gone) is opened again, on
+//! change seen, a compacted revision, a watch etcd refuses, or ten minutes of quiet leads to the
+//! same thing: a full read again, of every prefix in one transaction. A stream that breaks (its member gone) is opened again, on
 //! the next member if need be, from the revision after the last one it is known to have sent
 //! everything up to. Since each read is whole and each watch starts right after the revision
 //! read (or seen), nothing written in between is missed, across reconnects and leader changes
@@ -54,20 +54,32 @@ pub struct Refused {
 /// controller, which reads the cache as a `declaration.d`, does not take it for a part.
 pub const MANIFEST: &str = ".fleet.json";
 
-/// A full read even when no watch said anything: a watch on a connection that died without a
-/// word (a cable pulled, a firewall dropping packets) says nothing, and this bounds how long
-/// that goes unnoticed (docs/decisions.md, "A whole read every minute"); spread by `jittered`.
-const REREAD: Duration = Duration::from_secs(60);
+/// A full read even when no watch said anything: a belt beside the HTTP/2 pings, which end a
+/// watch on a connection that died without a word (a cable pulled, a firewall dropping packets)
+/// within 15 s; rare, since every node of a fleet makes it (docs/decisions.md, "A whole read
+/// every ten minutes"); spread by `jittered`.
+const REREAD: Duration = Duration::from_secs(600);
 
 /// `d` spread by up to a fifth either way, at random: nodes woken together (a fleet-wide write,
 /// an etcd member lost under all of them) do not re-read, nor retry, in step (issue 43).
 pub fn jittered(d: Duration) -> Duration {
+    d.mul_f64(0.8 + 0.4 * random())
+}
+
+/// A wait from nothing to `most`, at random: what a fleet woken together waits before a call
+/// that every node makes (the confirmation's redial).
+pub fn up_to(most: Duration) -> Duration {
+    most.mul_f64(random())
+}
+
+/// A number from 0 to 1, at random.
+fn random() -> f64 {
     use std::hash::BuildHasher as _;
     let nanos =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
     // The process's randomly keyed hasher: no generator needed for a spread.
     let r = std::collections::hash_map::RandomState::new().hash_one(nanos) % 1001;
-    d.mul_f64(0.8 + 0.4 * (r as f64) / 1000.0)
+    (r as f64) / 1000.0
 }
 
 /// The longest wait between tries while etcd cannot be reached.
@@ -89,49 +101,55 @@ pub struct Read {
     pub prefixes: Vec<String>,
 }
 
-/// Reads the node's declaration at one revision: its admission to a rollout first (whose
-/// revision every later read names), then its prefixes, the candidate's in place of the
-/// scope's while it is admitted (`super::rollout`). A node whose etcd role may not read the
-/// rollout's keys (granted before rollouts existed) reads as it always did, and watches only its
-/// prefixes.
-pub async fn read_node(etcd: &Etcd, node: &str, groups: &[String]) -> Result<Read, etcd::Error> {
+/// Reads the node's declaration at one revision, in one read-only transaction: its admission
+/// to a rollout and its prefixes, the candidate's in place of the scope's while it is admitted
+/// (`super::rollout`). `admitted` is the scope the candidate stood in for at the last read: the
+/// transaction reads what that says, and is made once more, with the other prefix, only when
+/// the admission it found says otherwise (the read that follows an admission or its end). The
+/// candidate is read, and watched, only while the node is admitted, so a rollout's start wakes no
+/// node. A node whose etcd role may not read the rollout's keys (granted before rollouts
+/// existed) reads as it always did, and watches only its prefixes.
+pub async fn read_node(
+    etcd: &Etcd,
+    node: &str,
+    groups: &[String],
+    admitted: Option<&str>,
+) -> Result<Read, etcd::Error> {
     use super::rollout;
-    let mut prefixes = super::prefixes(node, groups);
-    let mut read = Read { watch: prefixes.clone(), ..Read::default() };
-    let mut revision = None;
-    match etcd.range_prefix(&rollout::admission_prefix(node), None).await {
-        Ok(range) => {
-            revision = Some(range.revision);
-            // Each of its scopes' candidates, and no other's: its role reads only those.
-            read.watch.push(rollout::admission_prefix(node));
-            read.watch.push(rollout::candidate_prefix(&super::Scope::Fleet));
-            read.watch
-                .extend(groups.iter().map(|g| rollout::candidate_prefix(&super::Scope::Group(g.clone()))));
-            let key = rollout::admission_key(node);
-            let admission = range
-                .kvs
-                .iter()
-                .find(|kv| kv.key == key)
-                .and_then(|kv| serde_json::from_slice::<rollout::Admission>(&kv.value).ok());
-            if let Some(a) = admission {
-                let at = prefixes.iter_mut().find(|p| **p == a.replaces);
-                if let (Some(p), Some(candidate)) = (at, rollout::candidate_for(&a.replaces)) {
-                    *p = candidate;
-                    read.rollout = Some((a.rollout, a.replaces));
-                }
+    let own = super::prefixes(node, groups);
+    let (admission, key) = (rollout::admission_prefix(node), rollout::admission_key(node));
+    let mut guess = admitted.map(str::to_owned);
+    loop {
+        let reading: Vec<String> = own
+            .iter()
+            .map(|p| match rollout::candidate_for(p) {
+                Some(candidate) if guess.as_ref() == Some(p) => candidate,
+                _ => p.clone(),
+            })
+            .collect();
+        let all: Vec<String> = std::iter::once(admission.clone()).chain(reading.iter().cloned()).collect();
+        let range = match etcd.read_prefixes(&all).await {
+            Err(etcd::Error::Refused { why: etcd::Refusal::PermissionDenied, .. }) => {
+                let range = etcd.read_prefixes(&own).await?;
+                let (watch, prefixes) = (own.clone(), own);
+                return Ok(Read { revision: range.revision, kvs: range.kvs, rollout: None, watch, prefixes });
             }
+            other => other?,
+        };
+        let found = range
+            .kvs
+            .iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| serde_json::from_slice::<rollout::Admission>(&kv.value).ok())
+            .filter(|a| own.contains(&a.replaces));
+        if found.as_ref().map(|a| &a.replaces) == guess.as_ref() {
+            let kvs = range.kvs.into_iter().filter(|kv| !kv.key.starts_with(&admission)).collect();
+            let watch = std::iter::once(admission).chain(reading.iter().cloned()).collect();
+            let rollout = found.map(|a| (a.rollout, a.replaces));
+            return Ok(Read { revision: range.revision, kvs, rollout, watch, prefixes: reading });
         }
-        Err(etcd::Error::Refused { why: etcd::Refusal::PermissionDenied, .. }) => {}
-        Err(e) => return Err(e),
+        guess = found.map(|a| a.replaces);
     }
-    for prefix in &prefixes {
-        let range = etcd.range_prefix(prefix, revision).await?;
-        revision.get_or_insert(range.revision);
-        read.kvs.extend(range.kvs);
-    }
-    read.revision = revision.unwrap_or(0);
-    read.prefixes = prefixes;
-    Ok(read)
 }
 
 /// The name a key is cached under: a candidate's key under the name of the scope's key it
@@ -349,11 +367,13 @@ pub async fn run(
     if let Some((revision, rollout)) = last.clone() {
         contact.send_modify(|c| c.cached(revision, rollout));
     }
+    // The scope the candidate stood in for at the last read, while admitted.
+    let mut admitted: Option<String> = None;
     let mut backoff = Duration::from_millis(250);
     // Whether the last try failed: etcd going away and coming back is logged once each way.
     let mut down = false;
     loop {
-        let read = match read_node(&etcd, &source.node, &source.groups).await {
+        let read = match read_node(&etcd, &source.node, &source.groups, admitted.as_deref()).await {
             Ok(read) => read,
             Err(e) => {
                 let certificate_refused = e.certificate_refused();
@@ -379,6 +399,7 @@ pub async fn run(
             }
         };
         let (revision, watched) = (read.revision, read.watch.clone());
+        admitted = read.rollout.as_ref().map(|(_, replaces)| replaces.clone());
         events::FleetSource::Reached { node: &source.node, revision, again: down }.emit(&metrics);
         contact.send_modify(|c| {
             c.answered();
@@ -389,7 +410,7 @@ pub async fn run(
         let (take_source, take_cache, take_metrics) = (source.clone(), cache.clone(), metrics.clone());
         let mut take_seen = seen.take();
         let (take_priming, take_last) = (priming.clone(), last.as_ref().map(|(_, r)| r.clone()));
-        let admitted = read.rollout.as_ref().map(|(id, _)| id.clone());
+        let rollout = read.rollout.as_ref().map(|(id, _)| id.clone());
         let joined = tokio::task::spawn_blocking(move || {
             let priming = take_priming.as_deref().map(|p| (p, take_last.as_ref()));
             let taken = take(&take_source, &take_cache, read, &mut take_seen, priming, &take_metrics);
@@ -402,8 +423,8 @@ pub async fn run(
             Taken::Accepted => {
                 refused.send_if_modified(|r| r.take().is_some());
                 // For the confirmation window: which rollout's candidate, if any, is cached.
-                last = Some((revision, admitted.clone()));
-                contact.send_modify(|c| c.cached(revision, admitted));
+                last = Some((revision, rollout.clone()));
+                contact.send_modify(|c| c.cached(revision, rollout));
             }
             Taken::Refused(why) => {
                 refused.send_replace(Some(why));
@@ -470,7 +491,7 @@ async fn wait_for_change(
                         events::FleetSource::Progress { node, revision: at }.emit(metrics);
                         continue;
                     }
-                    Ok(Seen::Changed(at)) => {
+                    Ok(Seen::Changed(at, _)) => {
                         events::FleetSource::Changed { node, revision: at }.emit(metrics);
                         return true;
                     }
@@ -487,7 +508,7 @@ async fn wait_for_change(
                         }
                         // A short pause: a member going away ends the stream at once, and
                         // its successor may still be electing a leader.
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        tokio::time::sleep(jittered(Duration::from_millis(100))).await;
                         break;
                     }
                     Err(e) => return watch_ended(etcd, node, &e, metrics).await,
@@ -508,7 +529,7 @@ async fn watch_ended(etcd: &Etcd, node: &str, e: &etcd::Error, metrics: &Metrics
     }
     events::FleetSource::WatchEnded { node, error: e }.emit(metrics);
     // A short pause: a member going away ends every watch at once.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(jittered(Duration::from_millis(100))).await;
     true
 }
 
@@ -522,5 +543,9 @@ mod tests {
         assert!(spread.iter().all(|d| *d >= REREAD.mul_f64(0.8) && *d <= REREAD.mul_f64(1.2)), "{spread:?}");
         let first = spread[0];
         assert!(spread.iter().any(|d| *d != first), "not all the same");
+        let most = Duration::from_secs(5);
+        let waits: Vec<Duration> = (0..200).map(|_| up_to(most)).collect();
+        assert!(waits.iter().all(|d| *d <= most), "{waits:?}");
+        assert!(waits.iter().any(|d| *d < most / 4) && waits.iter().any(|d| *d > most * 3 / 4), "{waits:?}");
     }
 }

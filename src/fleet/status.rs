@@ -326,10 +326,13 @@ pub async fn run(
                         applied.mark_changed();
                     }
                 }
-                // The rate limit: whatever changes meanwhile waits in the channel, merged.
+                // The rate limit: whatever changes meanwhile waits in the channel, merged;
+                // a little more at random, so that nodes that failed together do not try again
+                // together.
+                let pause = WRITE_EVERY + super::source::up_to(WRITE_EVERY / 4);
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(WRITE_EVERY) => {}
+                    _ = tokio::time::sleep(pause) => {}
                 }
             }
         }
@@ -597,6 +600,21 @@ pub struct Row {
     /// Alive, converged, held by no rollback, and applied at the latest revision or later: what
     /// `fleet status` exits 0 on, so a script can wait on it (docs/decisions.md, "`fleet status` exits 1").
     pub current: bool,
+}
+
+/// Past how many revisions kept from revision 1 etcd is said never to compact its history.
+pub const UNCOMPACTED: i64 = 10_000;
+
+/// A warning, when etcd has never compacted its history (a read at revision 1 still answers)
+/// and holds more than `UNCOMPACTED` revisions of it: `fleet status` and the rollout's driver
+/// say it once. `None` otherwise, and when etcd cannot tell.
+pub async fn uncompacted(etcd: &Etcd) -> Option<String> {
+    match etcd.never_compacted(&alive_key("-")).await {
+        Ok((true, now)) if now > UNCOMPACTED => Some(format!(
+            "warning: etcd has never compacted its history: it still holds every revision from 1 to {now}. Each status a node writes is one it keeps, and its backend quota (--quota-backend-bytes, 2 GiB by default) fills, after which nodes can neither report nor confirm a change: run every etcd member with --auto-compaction-mode=periodic --auto-compaction-retention=10m (README, \"Fleet\")"
+        )),
+        _ => None,
+    }
 }
 
 /// Reads every node's status, presence and the revisions of what each reads, at one revision.

@@ -1,5 +1,6 @@
 //! `fleet rollout start` and the driver: its lease (the fence on every write it makes), its
-//! loop (a snapshot, the gate, the step written), and what it prints as it goes.
+//! loop (its cache brought to etcd's revision, the gate, the step written), and what it prints
+//! as it goes.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -229,6 +230,12 @@ async fn drive_held(etcd: &Etcd, driver: &mut Driver) -> anyhow::Result<bool> {
     let mut clock = Clock::new();
     let mut said: BTreeMap<String, String> = BTreeMap::new();
     let mut last_wait = String::new();
+    if let Some(warning) = crate::fleet::status::uncompacted(etcd).await {
+        println!("{warning}");
+    }
+    // What etcd holds of the nodes and the rollout: listed once, then kept by a watch
+    // (`reflector`), brought to etcd's revision before each look.
+    let mut cache = super::reflector::Reflector::new();
     loop {
         match driver.keep(etcd).await {
             Err(e) if e.downcast_ref::<crate::system::etcd::Error>().is_some() => {
@@ -238,7 +245,7 @@ async fn drive_held(etcd: &Etcd, driver: &mut Driver) -> anyhow::Result<bool> {
             }
             kept => kept?,
         }
-        let s = match snapshot(etcd).await {
+        let s = match cache.fresh(etcd).await {
             Ok(s) => s,
             Err(e) => {
                 println!("cannot read etcd: {e}; trying again");
@@ -247,7 +254,7 @@ async fn drive_held(etcd: &Etcd, driver: &mut Driver) -> anyhow::Result<bool> {
             }
         };
         let Some((state, at)) = s.state.clone() else {
-            println!("{}: nothing left to drive", no_rollout(&s));
+            println!("{}: nothing left to drive", no_rollout(s));
             return Ok(false);
         };
         // Two clocks, never compared: the wall clock for what is recorded (an admission's `at`, a
@@ -493,11 +500,11 @@ async fn act(
     Ok(None)
 }
 
-/// The driver's pause between looks, cut short by Ctrl-C (which leaves the rollout as etcd
-/// holds it, for `resume`).
+/// The driver's pause between looks (spread a little, as every wait to try again), cut short
+/// by Ctrl-C (which leaves the rollout as etcd holds it, for `resume`).
 async fn pause() -> anyhow::Result<()> {
     tokio::select! {
-        _ = tokio::time::sleep(POLL) => Ok(()),
+        _ = tokio::time::sleep(crate::fleet::source::jittered(POLL)) => Ok(()),
         _ = tokio::signal::ctrl_c() => refused(
             "interrupted: the rollout stays as etcd holds it; `mesh-host fleet rollout resume` drives it on".into()
         ),

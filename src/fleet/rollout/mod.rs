@@ -30,6 +30,7 @@
 mod command;
 mod drive;
 mod print;
+mod reflector;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -38,7 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use super::status::Status;
 use super::{Scope, ROOT};
-use crate::system::etcd::{Etcd, Range};
+use crate::system::etcd::{Etcd, Kv, Range};
 
 pub use command::{abort, pause_rollout, promote, regate, resume};
 pub use drive::{drive, limit, new_id, start, unadmitted, Start};
@@ -499,7 +500,7 @@ fn list(nodes: &[&String]) -> String {
 }
 
 /// What etcd holds of rollouts and nodes, read at one revision.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
     /// The revision it was read at.
     pub revision: i64,
@@ -520,45 +521,8 @@ pub struct Snapshot {
 impl Snapshot {
     fn of(all: Range) -> Snapshot {
         let mut s = Snapshot { revision: all.revision, ..Snapshot::default() };
-        let node_root = format!("{ROOT}node/");
-        let admitted_root = format!("{ROOT}rollout/open/node/");
-        let (state_key, driver_key, last_key) = (state_key(), driver_key(), last_key());
         for kv in &all.kvs {
-            if kv.key == state_key {
-                s.state = serde_json::from_slice(&kv.value).ok().map(|st| (st, kv.mod_revision));
-            } else if kv.key == driver_key {
-                s.driver = Some(String::from_utf8_lossy(&kv.value).into_owned());
-            } else if kv.key == last_key {
-                s.last = serde_json::from_slice(&kv.value).ok();
-            } else if let Some(node) =
-                kv.key.strip_prefix(&admitted_root).and_then(|r| r.strip_suffix("/admitted"))
-            {
-                if let Ok(a) = serde_json::from_slice::<Admission>(&kv.value) {
-                    s.admitted.insert(node.to_owned(), (a, kv.mod_revision));
-                }
-            } else if let Some((node, what)) = kv.key.strip_prefix(&node_root).and_then(|r| r.split_once('/'))
-            {
-                match what {
-                    "alive" => s.nodes.entry(node.to_owned()).or_default().alive = true,
-                    "status" => {
-                        let seen = s.nodes.entry(node.to_owned()).or_default();
-                        seen.status = serde_json::from_slice(&kv.value).ok();
-                        seen.status_revision = kv.mod_revision;
-                        // Point 3's report, read loosely so that this side needs nothing of its
-                        // type: `"reverted": {"generation": N, "reason": "..."}`.
-                        let raw: serde_json::Value = serde_json::from_slice(&kv.value).unwrap_or_default();
-                        let r = &raw["reverted"];
-                        if !r.is_null() {
-                            seen.reverted = Some(format!(
-                                "back to generation {}: {}",
-                                r["generation"],
-                                r["reason"].as_str().unwrap_or("no reason given")
-                            ));
-                        }
-                    }
-                    _ => {}
-                }
-            }
+            s.put(kv);
         }
         if let Some((state, _)) = &s.state {
             s.scope_keys = all
@@ -577,6 +541,74 @@ impl Snapshot {
         for (node, seen) in &mut self.nodes {
             if let Some(status) = &mut seen.status {
                 status.groups = bound.get(node).cloned().unwrap_or_default();
+            }
+        }
+    }
+
+    /// Takes one key as etcd holds it now (read, or put since): what `of` makes of each key.
+    /// A value that does not parse is as no value (a state, an admission, a closed rollout), or
+    /// as a status that says nothing (a node's).
+    pub(crate) fn put(&mut self, kv: &Kv) {
+        let (node_root, admitted_root) = (format!("{ROOT}node/"), format!("{ROOT}rollout/open/node/"));
+        if kv.key == state_key() {
+            self.state = serde_json::from_slice(&kv.value).ok().map(|st| (st, kv.mod_revision));
+        } else if kv.key == driver_key() {
+            self.driver = Some(String::from_utf8_lossy(&kv.value).into_owned());
+        } else if kv.key == last_key() {
+            self.last = serde_json::from_slice(&kv.value).ok();
+        } else if let Some(node) =
+            kv.key.strip_prefix(&admitted_root).and_then(|r| r.strip_suffix("/admitted"))
+        {
+            match serde_json::from_slice::<Admission>(&kv.value) {
+                Ok(a) => self.admitted.insert(node.to_owned(), (a, kv.mod_revision)),
+                Err(_) => self.admitted.remove(node),
+            };
+        } else if let Some((node, what)) = kv.key.strip_prefix(&node_root).and_then(|r| r.split_once('/')) {
+            match what {
+                "alive" => self.nodes.entry(node.to_owned()).or_default().alive = true,
+                "status" => {
+                    let seen = self.nodes.entry(node.to_owned()).or_default();
+                    seen.status = serde_json::from_slice(&kv.value).ok();
+                    seen.status_revision = kv.mod_revision;
+                    // Point 3's report, read loosely so that this side needs nothing of its
+                    // type: `"reverted": {"generation": N, "reason": "..."}`.
+                    let raw: serde_json::Value = serde_json::from_slice(&kv.value).unwrap_or_default();
+                    let r = &raw["reverted"];
+                    seen.reverted = (!r.is_null()).then(|| {
+                        format!(
+                            "back to generation {}: {}",
+                            r["generation"],
+                            r["reason"].as_str().unwrap_or("no reason given")
+                        )
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Takes one key deleted (by a command, or with its lease: a node's presence): as if it had
+    /// never been read. A node with neither a status nor a presence key is no longer known.
+    pub(crate) fn delete(&mut self, key: &str) {
+        let (node_root, admitted_root) = (format!("{ROOT}node/"), format!("{ROOT}rollout/open/node/"));
+        if key == state_key() {
+            self.state = None;
+        } else if key == driver_key() {
+            self.driver = None;
+        } else if key == last_key() {
+            self.last = None;
+        } else if let Some(node) = key.strip_prefix(&admitted_root).and_then(|r| r.strip_suffix("/admitted"))
+        {
+            self.admitted.remove(node);
+        } else if let Some((node, what)) = key.strip_prefix(&node_root).and_then(|r| r.split_once('/')) {
+            let Some(seen) = self.nodes.get_mut(node) else { return };
+            match what {
+                "alive" => seen.alive = false,
+                "status" => (seen.status, seen.reverted, seen.status_revision) = (None, None, 0),
+                _ => return,
+            }
+            if !seen.alive && seen.status_revision == 0 {
+                self.nodes.remove(node);
             }
         }
     }

@@ -33,7 +33,7 @@ use tonic::transport::Channel;
 
 use tls::Connector;
 pub use tls::{TlsFiles, TlsRefusal};
-pub use watch::Seen;
+pub use watch::{Event, Seen, Watch};
 
 /// The code generated from etcd's protos (`build.rs`): private, undocumented, not linted.
 #[allow(missing_docs, dead_code, clippy::all, clippy::pedantic, unreachable_pub)]
@@ -326,7 +326,7 @@ struct Connection {
 }
 
 /// A client for one cluster: one connection at a time, to one of its endpoints, tried in turn
-/// starting with the last that answered.
+/// starting with the last that answered (at first, a random one, or the first `in_order`).
 pub struct Etcd {
     endpoints: Vec<String>,
     /// The endpoint to dial next: the one that answered last, moved on when it fails.
@@ -390,9 +390,16 @@ impl Etcd {
             tls.config()?;
             Some(Arc::new(tls.clone()))
         };
+        // A random endpoint first: a fleet of clients given one list spreads over its members
+        // rather than all dialling the first (issue 43); `in_order` for the first first.
+        let first = {
+            use std::hash::BuildHasher as _;
+            let random = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+            (random % endpoints.len() as u64) as usize
+        };
         Ok(Etcd {
             endpoints,
-            current: AtomicUsize::new(0),
+            current: AtomicUsize::new(first),
             tls,
             connection: tokio::sync::Mutex::new(None),
             moved: tokio::sync::watch::Sender::new(0),
@@ -406,6 +413,18 @@ impl Etcd {
     pub fn with_login(mut self, user: String, password: SecretString) -> Etcd {
         self.login = Some((user, password));
         self
+    }
+
+    /// Dials the endpoints in the order given, the first first (`--etcd-in-order`), rather than
+    /// starting at a random one.
+    pub fn in_order(self) -> Etcd {
+        self.current.store(0, Ordering::Relaxed);
+        self
+    }
+
+    /// The endpoint dialled first, or dialled last.
+    pub fn current(&self) -> &str {
+        &self.endpoints[self.current.load(Ordering::Relaxed)]
     }
 
     /// The endpoints, as given.
@@ -616,7 +635,27 @@ impl Etcd {
     /// pages of `PAGE` keys, each at the first page's revision, so no answer holds a whole
     /// fleet's keys at once (etcd holds several times a large range in memory while it answers).
     pub async fn range_prefix(&self, prefix: &str, revision: Option<i64>) -> Result<Range, Error> {
-        let (mut key, range_end) = range_of(prefix);
+        let (key, range_end) = range_of(prefix);
+        self.range_pages(key, range_end, revision).await
+    }
+
+    /// Every key from `first` up to `end` (not included), as `range_prefix` reads them: in pages,
+    /// at one revision.
+    pub async fn range_between(
+        &self,
+        first: &str,
+        end: &[u8],
+        revision: Option<i64>,
+    ) -> Result<Range, Error> {
+        self.range_pages(first.as_bytes().to_vec(), end.to_vec(), revision).await
+    }
+
+    async fn range_pages(
+        &self,
+        mut key: Vec<u8>,
+        range_end: Vec<u8>,
+        revision: Option<i64>,
+    ) -> Result<Range, Error> {
         let mut at = revision.unwrap_or(0);
         let mut kvs = Vec::new();
         loop {
@@ -655,6 +694,80 @@ impl Etcd {
                 _ => return Ok(Range { revision: at, kvs }),
             }
         }
+    }
+
+    /// Every key under each of `prefixes`, all at one revision, in one read-only transaction:
+    /// one round trip, whatever the number of prefixes (a node's: its admission, the fleet's,
+    /// its groups', its own). Unpaged: for prefixes whose keys do not grow with the fleet.
+    pub async fn read_prefixes(&self, prefixes: &[String]) -> Result<Range, Error> {
+        use rpc::request_op::Request as Op;
+        use rpc::response_op::Response;
+        let success = prefixes
+            .iter()
+            .map(|p| {
+                let (key, range_end) = range_of(p);
+                rpc::RequestOp {
+                    request: Some(Op::RequestRange(rpc::RangeRequest {
+                        key,
+                        range_end,
+                        ..Default::default()
+                    })),
+                }
+            })
+            .collect();
+        let message = rpc::TxnRequest { compare: Vec::new(), success, failure: Vec::new() };
+        let answer = self
+            .call("a read", |channel| {
+                let request = self.request(message.clone());
+                async move { Self::kv(channel).txn(request).await }
+            })
+            .await?;
+        let mut kvs = Vec::new();
+        for response in answer.responses {
+            let Some(Response::ResponseRange(range)) = response.response else { continue };
+            for kv in range.kvs {
+                let key = String::from_utf8(kv.key).map_err(|_| Error::Garbled {
+                    endpoint: self.endpoints[self.current.load(Ordering::Relaxed)].clone(),
+                    call: "a read",
+                    message: "a key that is not UTF-8".into(),
+                })?;
+                kvs.push(Kv { key, value: kv.value, mod_revision: kv.mod_revision });
+            }
+        }
+        Ok(Range { revision: answer.header.map_or(0, |h| h.revision), kvs })
+    }
+
+    /// The store's revision now, by a linearizable read of one key's count (nothing else comes
+    /// back).
+    pub async fn revision(&self, key: &str) -> Result<i64, Error> {
+        Ok(self.count(key, 0).await?.0)
+    }
+
+    /// Whether etcd still holds its history from revision 1, that is, has never compacted it,
+    /// and its revision now. A range at revision 1 answers only then.
+    pub async fn never_compacted(&self, key: &str) -> Result<(bool, i64), Error> {
+        match self.count(key, 1).await {
+            Ok((now, _)) => Ok((true, now)),
+            Err(Error::Compacted(_)) => Ok((false, self.revision(key).await?)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// How many keys `key` is at `revision` (0: the latest), and the store's revision.
+    async fn count(&self, key: &str, revision: i64) -> Result<(i64, i64), Error> {
+        let message = rpc::RangeRequest {
+            key: key.as_bytes().to_vec(),
+            revision,
+            count_only: true,
+            ..Default::default()
+        };
+        let answer = self
+            .call("a range read", |channel| {
+                let request = self.request(message.clone());
+                async move { Self::kv(channel).range(request).await }
+            })
+            .await?;
+        Ok((answer.header.map_or(0, |h| h.revision), answer.count))
     }
 
     /// One transaction: every write of `writes` when every condition of `conds` holds, else

@@ -50,6 +50,12 @@ fn endpoints_are_urls_spoken_to_one_way_and_https_needs_a_ca() {
     assert!(Etcd::new(" , ", &none).is_err());
     let two = Etcd::new("http://10.0.0.1:2379, http://10.0.0.2:2379/", &none).unwrap();
     assert_eq!(two.endpoints(), "http://10.0.0.1:2379,http://10.0.0.2:2379");
+    assert_eq!(two.in_order().current(), "http://10.0.0.1:2379", "the first first, when asked");
+    // Otherwise a random one: over many clients, each endpoint of the list is dialled first.
+    let list = "http://10.0.0.1:2379,http://10.0.0.2:2379,http://10.0.0.3:2379";
+    let firsts: std::collections::BTreeSet<String> =
+        (0..200).map(|_| Etcd::new(list, &none).unwrap().current().to_owned()).collect();
+    assert_eq!(firsts.len(), 3, "{firsts:?}");
 
     let e = Etcd::new("https://10.0.0.1:2379", &none).err().unwrap();
     assert!(e.contains("need --etcd-ca"), "{e}");

@@ -9,6 +9,24 @@ impl Etcd {
     /// stream of the connection (one watcher per prefix), with progress notices. The watch ends
     /// (`next` says so) when the endpoint goes away; the caller watches anew from what it saw.
     pub async fn watch_prefixes(&self, prefixes: &[String], start_revision: i64) -> Result<Watch, Error> {
+        let ranges: Vec<(Vec<u8>, Vec<u8>)> = prefixes.iter().map(|p| range_of(p)).collect();
+        self.watch_ranges(&ranges, start_revision).await
+    }
+
+    /// Watches every key from `first` to the last key under `last_prefix`, both included, as one
+    /// watcher from `start_revision` on: its changes come in the order etcd made them, a
+    /// revision's all in one answer, so what has been applied of them is always etcd's keys at one
+    /// revision (the rollout driver's cache, `fleet::rollout::reflector`).
+    pub async fn watch_between(
+        &self,
+        first: &str,
+        last_prefix: &str,
+        start_revision: i64,
+    ) -> Result<Watch, Error> {
+        self.watch_ranges(&[(first.as_bytes().to_vec(), prefix_end(last_prefix))], start_revision).await
+    }
+
+    async fn watch_ranges(&self, ranges: &[(Vec<u8>, Vec<u8>)], start_revision: i64) -> Result<Watch, Error> {
         self.ensure_token().await?;
         let (mut last, mut tls) = (String::new(), None);
         for _ in 0..self.endpoints.len() {
@@ -18,9 +36,10 @@ impl Etcd {
             let endpoint = self.endpoints[at].clone();
             // The creations are queued before the stream opens: etcd answers the stream's
             // headers with its first message, the first creation's answer.
-            let (tx, rx) = mpsc::channel(prefixes.len().max(1));
-            for prefix in prefixes {
-                let (key, range_end) = range_of(prefix);
+            // Room for every creation, and a progress request beside them.
+            let (tx, rx) = mpsc::channel(ranges.len() + 1);
+            for (key, range_end) in ranges {
+                let (key, range_end) = (key.clone(), range_end.clone());
                 let create = rpc::WatchCreateRequest {
                     key,
                     range_end,
@@ -46,12 +65,12 @@ impl Etcd {
             match opened {
                 Ok(Ok(answers)) => {
                     return Ok(Watch {
-                        _requests: tx,
+                        requests: tx,
                         answers: answers.into_inner(),
                         moved,
                         watchers: Watchers {
                             endpoint,
-                            progress: vec![start_revision - 1; prefixes.len()],
+                            progress: vec![start_revision - 1; ranges.len()],
                             created: 0,
                         },
                     });
@@ -88,8 +107,9 @@ impl Etcd {
 pub enum Seen {
     /// Every prefix's watcher is in place.
     Created,
-    /// Keys under a prefix changed; the revision of the last change.
-    Changed(i64),
+    /// Keys under a prefix changed: the revision of the last change, and the changes, in the
+    /// order etcd made them.
+    Changed(i64, Vec<Event>),
     /// A progress notice: every watcher is alive, and has sent every change up to the
     /// revision given (`Watch::seen`).
     Progress(i64),
@@ -97,8 +117,9 @@ pub enum Seen {
 
 /// The watchers of one client's prefixes on one Watch stream, read with `next`.
 pub struct Watch {
-    /// The request side of the stream, held open: dropping it would end the stream.
-    _requests: mpsc::Sender<rpc::WatchRequest>,
+    /// The request side of the stream, held open (dropping it would end the stream); progress
+    /// requests go on it.
+    requests: mpsc::Sender<rpc::WatchRequest>,
     answers: tonic::Streaming<rpc::WatchResponse>,
     /// Changes when the client drops the connection this watch is on (for another endpoint, or
     /// `reconnect`).
@@ -162,6 +183,32 @@ impl Watch {
     pub fn seen(&self) -> i64 {
         self.watchers.seen()
     }
+
+    /// Asks etcd for a progress notice now (etcd 3.4 and later): its answer, read by `next`,
+    /// says the store's revision, up to which every change has been sent. Not sent when the
+    /// stream's request queue is full (a request is already waiting there).
+    pub fn request_progress(&self) {
+        let progress = rpc::WatchRequest {
+            request_union: Some(rpc::watch_request::RequestUnion::ProgressRequest(
+                rpc::WatchProgressRequest {},
+            )),
+        };
+        let _ = self.requests.try_send(progress);
+    }
+}
+
+/// One change a watch saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A key put: made or changed, as it is now.
+    Put(Kv),
+    /// A key deleted (by a delete, or with the lease it was bound to), at `revision`.
+    Deleted {
+        /// The key.
+        key: String,
+        /// The revision of the deletion.
+        revision: i64,
+    },
 }
 
 impl Watchers {
@@ -189,15 +236,41 @@ impl Watchers {
         }
         if let Some(last) = answer.events.iter().filter_map(|e| e.kv.as_ref()).map(|kv| kv.mod_revision).max()
         {
-            return Ok(Some(Seen::Changed(last)));
+            let events = answer.events.iter().filter_map(|e| self.event(e)).collect::<Result<_, _>>()?;
+            return Ok(Some(Seen::Changed(last, events)));
         }
-        // No events: a progress notice, everything up to the header's revision sent.
+        // No events: a progress notice, everything up to the header's revision sent; for every
+        // watcher when it answers a progress request (etcd's watch id -1).
         let revision = answer.header.as_ref().map_or(0, |h| h.revision);
+        if answer.watch_id == -1 {
+            self.progress.iter_mut().for_each(|at| *at = (*at).max(revision));
+            return Ok(Some(Seen::Progress(self.seen())));
+        }
         let Some(at) = usize::try_from(answer.watch_id).ok().and_then(|id| self.progress.get_mut(id)) else {
             return Ok(None);
         };
         *at = (*at).max(revision);
         Ok(Some(Seen::Progress(self.seen())))
+    }
+
+    /// One event of an answer, as `Event`; `None` for one without its key.
+    fn event(&self, e: &pb::mvccpb::Event) -> Option<Result<Event, Error>> {
+        let kv = e.kv.as_ref()?;
+        let key = match String::from_utf8(kv.key.clone()) {
+            Ok(key) => key,
+            Err(_) => {
+                return Some(Err(Error::Garbled {
+                    endpoint: self.endpoint.clone(),
+                    call: "a watch",
+                    message: "a key that is not UTF-8".into(),
+                }))
+            }
+        };
+        Some(Ok(if e.r#type == pb::mvccpb::event::EventType::Delete as i32 {
+            Event::Deleted { key, revision: kv.mod_revision }
+        } else {
+            Event::Put(Kv { key, value: kv.value.clone(), mod_revision: kv.mod_revision })
+        }))
     }
 }
 
@@ -234,7 +307,28 @@ mod tests {
         let kv = |rev| pb::mvccpb::KeyValue { key: b"a".to_vec(), mod_revision: rev, ..Default::default() };
         let event = |rev| pb::mvccpb::Event { kv: Some(kv(rev)), ..Default::default() };
         let events = rpc::WatchResponse { events: vec![event(27), event(29)], ..answer(1, 29) };
-        assert_eq!(w.read(&events).unwrap(), Some(Seen::Changed(29)), "the last change's revision");
+        let Some(Seen::Changed(29, said)) = w.read(&events).unwrap() else {
+            panic!("the last change's revision")
+        };
+        assert_eq!(said.len(), 2);
+        let deleted = pb::mvccpb::Event {
+            r#type: pb::mvccpb::event::EventType::Delete as i32,
+            kv: Some(kv(31)),
+            ..Default::default()
+        };
+        let events = rpc::WatchResponse { events: vec![event(30), deleted], ..answer(1, 31) };
+        assert_eq!(
+            w.read(&events).unwrap(),
+            Some(Seen::Changed(
+                31,
+                vec![
+                    Event::Put(Kv { key: "a".into(), value: Vec::new(), mod_revision: 30 }),
+                    Event::Deleted { key: "a".into(), revision: 31 }
+                ]
+            ))
+        );
+        // The answer to a progress request: every watcher, at once.
+        assert_eq!(w.read(&answer(-1, 40)).unwrap(), Some(Seen::Progress(40)));
 
         // A watch from a revision compacted away: a full read follows.
         let compacted = rpc::WatchResponse { canceled: true, compact_revision: 40, ..answer(0, 50) };

@@ -100,12 +100,12 @@ fn a_node_goes_on_through_the_leader_of_a_three_member_cluster_killed_and_misses
         assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
     };
     declare("v1\n", &all);
-    // The leader first among the node's endpoints: the one it talks to is the one killed, so
-    // its watches break and it must go on through another member.
+    // The leader first among the node's endpoints, dialled first (`--etcd-in-order`): the one
+    // it talks to is the one killed, so its watches break and it must go on through another.
     let leader = cluster.leader();
     let mut ordered = vec![cluster.clients[leader].clone()];
     ordered.extend(cluster.clients.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, c)| c.clone()));
-    let daemon = node(&s, &ordered.join(","), "ha-1", &[]);
+    let daemon = node_with(&s, &ordered.join(","), "ha-1", &[], &["--etcd-in-order"]);
     assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "{}", daemon.log());
 
     assert_eq!(cluster.kill_leader(), leader, "the leader did not move before the kill");

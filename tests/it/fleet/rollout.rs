@@ -40,6 +40,11 @@ fn need_unshare() {
 /// bind-mounted over `target`; waits until /healthz answers. With `blocked`, its directory
 /// holds a regular file `sub`, so that nothing can be made under `target/sub/`.
 fn agent(target: &Path, url: &str, name: &str, blocked: bool, groups: &[&str]) -> Agent {
+    agent_with(target, url, name, blocked, groups, &[])
+}
+
+/// `agent`, with more arguments to `run`.
+fn agent_with(target: &Path, url: &str, name: &str, blocked: bool, groups: &[&str], more: &[&str]) -> Agent {
     need_unshare();
     let s = Scratch::new();
     let own = s.path("own");
@@ -60,6 +65,7 @@ fn agent(target: &Path, url: &str, name: &str, blocked: bool, groups: &[&str]) -
         .arg(s.state())
         .args(["run", "--etcd", url, "--node", name])
         .args(groups.iter().flat_map(|g| ["--group", g]))
+        .args(more)
         .args(["--metrics", &format!("127.0.0.1:{port}"), "--settle-ms", "20"])
         .env("MESH_HOST_LOG", "info")
         .stdout(std::fs::File::create(&log).unwrap())
@@ -451,14 +457,17 @@ fn a_driver_killed_mid_rollout_is_replaced_by_resume_which_carries_on_from_etcd(
 fn a_rollout_goes_on_through_the_leader_of_a_three_member_cluster_killed_under_it() {
     let s = Scratch::new();
     let mut cluster = super::outage::Cluster::start(&s);
-    // The leader first among everyone's endpoints: the member the driver and the agents talk
-    // to is the one killed.
+    // The leader first among everyone's endpoints, dialled first (`--etcd-in-order`): the
+    // member the driver and the agents talk to is the one killed.
     let leader = cluster.leader();
     let mut ordered = vec![cluster.clients[leader].clone()];
     ordered.extend(cluster.clients.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, c)| c.clone()));
     let url = ordered.join(",");
     let target = s.path("target");
-    let agents = fleet_of_eight(&target, &url, &[]);
+    std::fs::create_dir_all(&target).unwrap();
+    let agents: Vec<Agent> = (1..=8)
+        .map(|i| agent_with(&target, &url, &format!("ro-{i}"), false, &[], &["--etcd-in-order"]))
+        .collect();
     put_v1(&s, &url, &target, &agents);
 
     let v2 = declaration_dir(&s, "v2", &target, "v2\n", false);
@@ -468,6 +477,7 @@ fn a_rollout_goes_on_through_the_leader_of_a_three_member_cluster_killed_under_i
             "start",
             "--etcd",
             &url,
+            "--etcd-in-order",
             "--fleet",
             "--waves",
             "1,50%,100%",
@@ -673,7 +683,7 @@ fn a_node_whose_etcd_role_predates_rollouts_reads_as_before_and_a_new_grant_lets
     let out = fleet(&s, &[&["rollout", "abort", "--etcd", &url], &root[..]].concat());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
-    // `fleet grant` again: once the node reads its declaration whole again (within a minute,
+    // `fleet grant` again: once the node reads its declaration whole again (within ten minutes,
     // or at once when restarted, as here) it watches its admission, and takes the candidate.
     let out = fleet(
         &s,
