@@ -6,7 +6,9 @@
 //! removed after (root, e2fsprogs and mount, as the apply harness); MESH_HOST_BENCH_IDLE_SECS
 //! the idle window (default 60); MESH_HOST_BENCH_EDITS the number of edits (default 1000);
 //! MESH_HOST_BENCH_FILES the size of the node (default 10,000); MESH_HOST_BENCH_RESYNC_SECS the
-//! period of the resync whose cost it measures last (default 10). It prints the floor beside the
+//! period of the resync whose cost it measures last (default 10); MESH_HOST_BENCH_BIN another
+//! build of the agent to run (default the one cargo built with this harness), so that two
+//! builds are measured by one harness, alternately. It prints the floor beside the
 //! put-back: an atomic 1 KiB write with fsyncs, on the same filesystem in the same run, and the
 //! inotify watches the daemon holds.
 #![allow(clippy::disallowed_methods)]
@@ -30,7 +32,9 @@ fn start(state: &Path, decl: &Path, port: u16) -> Child {
 
 /// Starts the daemon with `env` and the extra `args` of `run`, and waits until it is ready.
 fn start_with(state: &Path, decl: &Path, port: u16, env: &[(&str, &str)], args: &[&str]) -> Child {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mesh-host"))
+    let binary =
+        std::env::var_os("MESH_HOST_BENCH_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_mesh-host").into());
+    let mut child = Command::new(binary)
         .envs(env.iter().copied())
         // As the README starts it: no environment of the unit's (the binary sets its
         // allocator's policy itself).

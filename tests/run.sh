@@ -102,14 +102,16 @@ if cmp -s "$target_dir/debug/mesh-host" "$target_dir/powerloss-mutant/mesh-host"
   exit 1
 fi
 export MESH_HOST_POWERLOSS_MUTANT="$target_dir/powerloss-mutant/mesh-host"
-echo "== the fleet harness's mutants (tests/robust/): one build, each mutant picked per run by MESH_HOST_MUTANT"
-# As the power-loss mutant above: built for the feature, kept aside, the real binary put back;
-# only the root crate is compiled again, once for every mutant (src/fleet/mod.rs, \`mutant\`).
-cargo build --quiet --features robust-mutant --bin mesh-host
+echo "== the fleet harness's and the attribution test's mutants: one build, each mutant picked per run by MESH_HOST_MUTANT"
+# As the power-loss mutant above: built for the features, kept aside, the real binary put back;
+# only the root crate is compiled again, once for every mutant (src/fleet/mod.rs, \`mutant\`;
+# src/controller/report.rs, \`attribution_inline\`, for tests/it/drift.rs).
+cargo build --quiet --features robust-mutant,attribution-mutant --bin mesh-host
 mkdir -p "$target_dir/robust-mutant" && cp "$target_dir/debug/mesh-host" "$target_dir/robust-mutant/mesh-host"
 cargo build --quiet --bin mesh-host
 cmp -s "$target_dir/debug/mesh-host" "$target_dir/robust-mutant/mesh-host" && { echo "tests/run.sh: the real binary was not put back after the fleet mutant's build" >&2; exit 1; }
 export MESH_HOST_ROBUST_MUTANT="$target_dir/robust-mutant/mesh-host"
+export MESH_HOST_ATTRIBUTION_MUTANT="$target_dir/robust-mutant/mesh-host"
 # The test binaries, built here so that their time is the build's and the next phase's is the
 # tests'. The same profile and features as the run below: it builds nothing again.
 # (tests/it/operator.rs's cargo-deb packs this debug build of the agent, built above.)

@@ -79,6 +79,19 @@ enum Ask {
     Correction(Box<Corrected>),
     /// Mute fanotify for a contested path until then.
     Mute(PathBuf, Instant),
+    /// Say so once everything asked before is done (the mutant below waits for it).
+    #[cfg(feature = "attribution-mutant")]
+    Done(mpsc::Sender<()>),
+}
+
+/// The deliberately broken build of `tests/it/drift.rs`'s attribution test (feature
+/// `attribution-mutant`, never in a release): with `MESH_HOST_MUTANT` naming `attribution`, a
+/// tally waits until the attribution thread has told its corrections, as when attribution ran
+/// on the reconciler's path, so the next key waits for fanotify and the runtime again. Unset,
+/// the build behaves as the real one.
+#[cfg(feature = "attribution-mutant")]
+fn attribution_inline() -> bool {
+    std::env::var("MESH_HOST_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == "attribution"))
 }
 
 /// A correction as the worker saw it, owned, for the attribution thread.
@@ -172,6 +185,12 @@ impl Report {
                 by: None,
             }
             .emit(&self.metrics);
+        }
+        #[cfg(feature = "attribution-mutant")]
+        if attribution_inline() {
+            let (done, told) = mpsc::channel();
+            self.ask(Ask::Done(done));
+            let _ = told.recv();
         }
         for f in report.error.iter().flat_map(|e| &e.failures) {
             // A raced read-back is a contest in progress, which has its own log line.
@@ -315,6 +334,10 @@ impl Attribution {
         while let Ok(ask) = rx.recv() {
             match ask {
                 Ask::Correction(c) => self.tell(*c),
+                #[cfg(feature = "attribution-mutant")]
+                Ask::Done(done) => {
+                    let _ = done.send(());
+                }
                 Ask::Mute(path, until) => {
                     if let Some(t) = &self.taker {
                         if let Err(e) = t.mute(&path, until) {

@@ -14,8 +14,9 @@
 #   netns meshfw-peer                         the other end of the machine's eth0, where the
 #                                             tests send packets from: the machine is 10.79.0.1
 #                                             and fd79::1, the peer 10.79.0.2 and fd79::2
-# Runs as root on a fresh Debian 12 machine. The tree is debootstrapped once (a marker file in
-# it says so), so later runs only boot it.
+# Runs as root on a fresh Debian 12 machine. The tree is a copy of the base tree debian.sh
+# debootstraps once for both machines, with firewalld added (a marker file in it says so), so
+# later runs only boot it.
 set -euo pipefail
 
 NAME=mesh-host-fw
@@ -119,8 +120,8 @@ if [[ ! -f $MARKER ]]; then
   mkdir -p "$RUN"
   rm -rf "$ROOT"
   mkdir -p /var/lib/machines
-  debootstrap --variant=minbase --include=systemd,dbus,systemd-sysv bookworm "$ROOT" \
-    http://deb.debian.org/debian >"$RUN.debootstrap.log" 2>&1 || { tail -20 "$RUN.debootstrap.log"; exit 1; }
+  # The base tree systemd.sh's machine is a copy of too (debian.sh): one debootstrap for both.
+  bash "$(dirname "$0")/debian.sh" "$ROOT"
   # firewalld through apt inside the tree, not debootstrap's --include: its polkitd needs a
   # logind, a virtual package debootstrap does not resolve. netbase: firewalld checks the
   # protocols its stock services name against /etc/protocols, and exits without it. Nothing is
@@ -138,7 +139,7 @@ if [[ ! -f $MARKER ]]; then
   done
   echo "$NAME" >"$ROOT/etc/hostname"
   touch "$MARKER"
-  say "debootstrapped $ROOT"
+  say "made $ROOT"
 fi
 
 mkdir -p "$BUSDIR"

@@ -7,8 +7,9 @@
 #   tests/testbed/systemd.sh down    stop it (SIGTERM to systemd-nspawn)
 #   tests/testbed/systemd.sh status  say whether it answers
 #
-# Runs as root on a fresh Debian 12 machine. The tree is debootstrapped once; a marker file in
-# it says so, and later runs skip that minute.
+# Runs as root on a fresh Debian 12 machine. The tree is a copy of the base tree debian.sh
+# debootstraps once for both machines; a marker file in it says it is made, and later runs skip
+# that.
 set -euo pipefail
 
 NAME=mesh-host-testbed
@@ -81,15 +82,15 @@ if [[ ! -f $MARKER ]]; then
   mkdir -p "$RUN"
   rm -rf "$ROOT"
   mkdir -p /var/lib/machines
-  debootstrap --variant=minbase --include=systemd,dbus,systemd-sysv bookworm "$ROOT" http://deb.debian.org/debian \
-    >"$RUN.debootstrap.log" 2>&1 || { tail -20 "$RUN.debootstrap.log"; exit 1; }
+  # Debian 12 with systemd: a copy of the base tree firewalld.sh's machine starts from too.
+  bash "$(dirname "$0")/debian.sh" "$ROOT"
   # Nothing inside needs a console login or the network set up; fewer units, faster boot.
   for u in getty@tty1.service console-getty.service systemd-networkd.service systemd-resolved.service; do
     ln -sf /dev/null "$ROOT/etc/systemd/system/$u"
   done
   echo "$NAME" >"$ROOT/etc/hostname"
   touch "$MARKER"
-  say "debootstrapped $ROOT"
+  say "made $ROOT"
 fi
 
 # A leftover nspawn (its pid file gone, or not answering) would hold the machine name.
