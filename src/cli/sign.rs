@@ -59,7 +59,10 @@ impl TrustArgs {
         if let Some(policy) = &self.trust_policy {
             if let Some(trusted) = strict {
                 crate::system::strict::check(policy, trusted).map_err(|e| {
-                    Usage(format!("mesh-host: --trust-policy: cannot read the trust policy {}: {e}", policy.display()))
+                    Usage(format!(
+                        "mesh-host: --trust-policy: cannot read the trust policy {}: {e}",
+                        policy.display()
+                    ))
                 })?;
             }
             let trust = Trust::from_policy(policy, state, pin, &self.fleet_name)
@@ -146,7 +149,12 @@ impl Verify {
     /// under sudo).
     pub(super) fn of(args: &TrustArgs, state: &Path, persist: bool, strict: bool) -> anyhow::Result<Verify> {
         let strict = strict.then(crate::system::Trusted::operator);
-        Ok(Verify { trust: args.load(state, persist, strict.as_ref())?, state: state.to_owned(), persist, strict })
+        Ok(Verify {
+            trust: args.load(state, persist, strict.as_ref())?,
+            state: state.to_owned(),
+            persist,
+            strict,
+        })
     }
 }
 

@@ -336,7 +336,7 @@ mod tests {
         let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&[1; 32]).unwrap();
         let line = trust::sshsig::make::signer_line("alice", key.public_key().as_ref(), None);
         crate::system::fs::write_own(&signers, line.as_bytes()).unwrap();
-        let trust = Trust::load(&signers, 1, "prod".into()).unwrap();
+        let trust = Trust::load(&signers, 1, "prod".into(), None).unwrap();
         Node { state: dir.path().join("state.json"), _dir: dir, trust }
     }
 

@@ -93,7 +93,7 @@ impl Reflector {
     /// Lists the cache's keys in pages at one revision (the candidate left out), and watches
     /// them from the next.
     async fn list(&mut self, etcd: &Etcd) -> Result<(), etcd::Error> {
-        let candidate = candidate_prefix();
+        let candidate = super::candidate_root();
         let mut listed = etcd.range_between(&first(), candidate.as_bytes(), None).await?;
         let after = crate::system::etcd::prefix_end(&candidate);
         let rest = etcd
