@@ -341,27 +341,7 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
             print!("{}", escape_lines(&out));
             return Ok(Ended::Converged);
         }
-        FleetCommand::Status { etcd, login, json } => {
-            let etcd = login.client(&etcd)?;
-            let (revision, rows) =
-                tokio::runtime::Handle::current().block_on(crate::fleet::status::rows(&etcd))?;
-            // On stderr: `--json`'s output stays JSON.
-            if let Some(warning) =
-                tokio::runtime::Handle::current().block_on(crate::fleet::status::uncompacted(&etcd))
-            {
-                eprintln!("mesh-host: {warning}");
-            }
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({"revision": revision, "nodes": rows}))?
-                );
-            } else {
-                // Each node wrote its own status: the table escapes each field, this the rest.
-                print!("{}", escape_lines(&crate::fleet::status::table(revision, &rows)));
-            }
-            return Ok(if rows.iter().all(|r| r.current) { Ended::Converged } else { Ended::Failed });
-        }
+        FleetCommand::Status { etcd, login, json } => return status(&etcd, &login, json),
     };
     let scope = args.scope()?;
     let etcd = args.login.client(&args.etcd)?;
@@ -398,6 +378,28 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
     // A diff of what etcd holds, which any writer of etcd chose.
     print!("{}", escape_lines(&out));
     Ok(Ended::Converged)
+}
+
+/// `mesh-host fleet status`: every node's row, as a table or JSON; converged when all are current.
+fn status(etcd: &str, login: &EtcdLogin, json: bool) -> anyhow::Result<Ended> {
+    let etcd = login.client(etcd)?;
+    let (revision, rows) = tokio::runtime::Handle::current().block_on(crate::fleet::status::rows(&etcd))?;
+    // On stderr: `--json`'s output stays JSON.
+    if let Some(warning) =
+        tokio::runtime::Handle::current().block_on(crate::fleet::status::uncompacted(&etcd))
+    {
+        eprintln!("mesh-host: {warning}");
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({"revision": revision, "nodes": rows}))?
+        );
+    } else {
+        // Each node wrote its own status: the table escapes each field, this the rest.
+        print!("{}", escape_lines(&crate::fleet::status::table(revision, &rows)));
+    }
+    Ok(if rows.iter().all(|r| r.current) { Ended::Converged } else { Ended::Failed })
 }
 
 /// `mesh-host fleet revoke --node N` (`fleet::access::revoke`).
