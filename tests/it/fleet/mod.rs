@@ -49,7 +49,9 @@ fn need_etcd_binaries() {
 
 fn need_testbed_etcd() -> &'static str {
     need_etcd_binaries();
-    let health = etcdctl(TESTBED_ETCD, &["endpoint", "health"]);
+    // A generous timeout: under a loaded machine etcd's fsync can take seconds, and the
+    // check is for its presence, not its speed.
+    let health = etcdctl(TESTBED_ETCD, &["endpoint", "health", "--command-timeout", "15s"]);
     assert!(
         health.status.success(),
         "no etcd answers on {TESTBED_ETCD}: run tests/testbed/up.sh (50-etcd.sh starts it): {}",
@@ -309,7 +311,7 @@ fn etcdctl_tls(endpoints: &str, who: &str, args: &[&str]) -> Output {
 
 fn need_tls_etcd() -> &'static str {
     need_etcd_binaries();
-    let health = etcdctl_tls(TLS_ETCD, "operator", &["endpoint", "health"]);
+    let health = etcdctl_tls(TLS_ETCD, "operator", &["endpoint", "health", "--command-timeout", "15s"]);
     assert!(
         health.status.success(),
         "no etcd answers over TLS on {TLS_ETCD}: run tests/testbed/up.sh (51-etcd-tls.sh starts it): {}",
