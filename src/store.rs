@@ -633,6 +633,12 @@ impl Store {
         // (docs/decisions.md, "The store").
         let dir = state_dir(&self.path);
         fs::remove_temporaries(dir).map_err(Error::Open)?;
+        // And in the state directory's own subdirectories, written the same way (`write_own`):
+        // a kill between a high-water mark's write and its rename left one in `trust/` for good
+        // (found by the kill rounds).
+        for sub in OWN_SUBDIRS {
+            fs::remove_temporaries(&dir.join(sub)).map_err(Error::Open)?;
+        }
         let store = if stamp(&self.path) == self.stamp { self } else { Store::read_only(&self.path)? };
         // Only root should read what the host owns; a store others can read is tightened, with
         // a warning (docs/decisions.md, "The store"). The key file is refused instead: see
@@ -1082,6 +1088,12 @@ fn parse(path: &Path, reader: impl std::io::Read) -> Result<File, Error> {
     Ok(file)
 }
 
+/// The subdirectories of the state directory whose files are written whole through a temporary
+/// name (`system::fs::write_own`) and swept of what a killed process left when the store is
+/// locked: the high-water marks and the pinned trust policy, and the fleet's confirmation
+/// window. `generations/` sweeps its own.
+const OWN_SUBDIRS: [&str; 2] = ["trust", "fleet"];
+
 /// The directory the state store is in, where the agent keeps what belongs beside it (the
 /// journal, the kept originals, the sealing key, the fleet's cache, the content file): `.` for
 /// a store named without a directory.
@@ -1138,6 +1150,27 @@ mod tests {
     }
   }
 }"#;
+
+    /// A temporary file a killed write left beside a high-water mark, or the confirmation
+    /// window, is removed when the store is next locked; a file of another name stays.
+    #[test]
+    fn locking_the_store_sweeps_the_temporaries_of_its_own_subdirectories() {
+        let dir = tempfile::tempdir().unwrap();
+        let left = [
+            dir.path().join("trust/.local.mesh-host-1-7"),
+            dir.path().join("fleet/.window.json.mesh-host-1-3"),
+        ];
+        for path in &left {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, "half").unwrap();
+        }
+        std::fs::write(dir.path().join("trust/local"), "mark").unwrap();
+        let _store = Store::open(&dir.path().join("state.json")).unwrap();
+        for path in &left {
+            assert!(!path.exists(), "{} left", path.display());
+        }
+        assert!(dir.path().join("trust/local").exists(), "the mark itself stays");
+    }
 
     fn store_at(dir: &tempfile::TempDir, text: &str) -> Writer {
         let path = dir.path().join("state.json");

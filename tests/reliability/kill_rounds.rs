@@ -675,6 +675,9 @@ fn run(settings: &Settings) -> Figures {
         let mut temps = Vec::new();
         temp_files(&tree.root, &mut temps);
         temp_files(tree.state.parent().unwrap(), &mut temps);
+        if !temps.is_empty() {
+            println!("round {round}: temporary files after the converging apply: {temps:?}");
+        }
         figures.temp_after_converge_max = figures.temp_after_converge_max.max(temps.len());
         figures.temp_at_end = temps.len();
 
