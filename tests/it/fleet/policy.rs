@@ -405,7 +405,11 @@ fn a_policy_in_force_past_its_expiry_is_enforced_and_healthz_and_the_gauge_say_s
         ("fleet put".to_owned(), text(&put).into_bytes()),
         ("the node's log".to_owned(), log.into_bytes()),
         ("the node's log after".to_owned(), d.log().into_bytes()),
+        ("/healthz".to_owned(), d.answer("/healthz").unwrap().1.into_bytes()),
+        ("/metrics".to_owned(), d.get("/metrics").unwrap_or_default().into_bytes()),
     ];
+    outputs.extend(dump(&url, "/"));
+    outputs.push(("the policy".into(), std::fs::read(&policy).unwrap()));
     outputs.extend(tree(&s.path("state")).into_iter().map(|(p, (b, _, _))| (p.display().to_string(), b)));
     for key in [&root1, &bob] {
         needles_nowhere(key, &outputs);
