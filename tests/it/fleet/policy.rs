@@ -204,6 +204,17 @@ fn a_policy_rotates_only_when_the_old_roots_and_the_new_sign_it_and_never_goes_b
         o
     };
     let mut said = vec![init(&v1_draft, &v1, "1", &[&root1]), init(&v2_draft, &v2, "2", &[&root3])];
+    // `--out` a bare name: written in the working directory (its parent is "").
+    let here = assert_cmd::Command::cargo_bin("mesh-host")
+        .unwrap()
+        .current_dir(s.path(""))
+        .args(["--state", s.state().to_str().unwrap(), "trust", "init", v1_draft.to_str().unwrap()])
+        .args(["--out", "bare", "--fleet-name", "prod", "--sign", root1.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(here.status.success(), "{}", text(&here));
+    assert!(read(&s.path("bare")).starts_with("mesh-host policy v1\n"));
+    said.push(here);
     std::fs::create_dir_all(installed.parent().unwrap()).unwrap();
     std::fs::copy(&v1, &installed).unwrap();
 
