@@ -541,6 +541,8 @@ mod tests {
         m.etcd_up.get_or_create(&Vec::new()).set(1);
         m.etcd_certificate_refused.get_or_create(&Vec::new()).set(0);
         m.etcd_watch_revision.get_or_create(&Vec::new()).set(1);
+        m.trust_policy_expires.get_or_create(&Vec::new()).set(1);
+        m.declaration_expires.get_or_create(&vec![("scope", "fleet")]).set(1);
         m.encode()
             .lines()
             .filter(|l| !l.starts_with('#'))
