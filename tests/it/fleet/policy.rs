@@ -363,7 +363,8 @@ fn fleet_grant_takes_the_nodes_groups_from_the_policy_and_refuses_others() {
 
 /// The trust policy in force past its expiry: still enforced, and said by `/healthz` (healthy,
 /// with a note) and the gauge `mesh_host_trust_policy_expires_timestamp_seconds`, before and
-/// after a restart (the pinned policy is taken again as it is).
+/// after a restart (the pinned policy is taken again as it is); until a rotation is installed
+/// and the restarted agent takes it against its pin.
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn a_policy_in_force_past_its_expiry_is_enforced_and_healthz_and_the_gauge_say_so() {
@@ -419,6 +420,32 @@ fn a_policy_in_force_past_its_expiry_is_enforced_and_healthz_and_the_gauge_say_s
         ("/healthz".to_owned(), d.answer("/healthz").unwrap().1.into_bytes()),
         ("/metrics".to_owned(), d.get("/metrics").unwrap_or_default().into_bytes()),
     ];
+    drop(d);
+
+    // The fix: a rotation (version 2, signed by the old root, which is its own too) installed
+    // in place, taken by the node at its next start; the gauge moves, the note goes.
+    let next = s.p("next");
+    let args = ["init", d1.to_str().unwrap(), "--out", &next, "--fleet-name", "prod", "--version", "2"];
+    let v2 = trust(&s, &args, &[&root1]);
+    assert!(v2.status.success(), "{}", text(&v2));
+    let rotated = trust(&s, &["rotate", &next, "--policy", &policy], &[]);
+    assert!(rotated.status.success(), "{}", text(&rotated));
+    let later: u64 = read(Path::new(&policy))
+        .lines()
+        .find_map(|l| l.strip_prefix("expires ").map(|e| e.parse().unwrap()))
+        .unwrap();
+    assert!(later > now(), "version 2 is not expired");
+    let d = node_with(&s, &url, "web-1", &[], &["--trust-policy", &policy]);
+    assert_eq!(d.metric(gauge), later as f64, "{}", d.log());
+    assert!(read(&s.path("state/trust/policy")).contains("\nversion 2\n"), "re-pinned:\n{}", d.log());
+    assert!(wait_for(PATIENCE, || d.answer("/healthz").is_some_and(|(c, _)| c == 200)), "{}", d.log());
+    let (_, body) = d.answer("/healthz").unwrap();
+    assert!(!body.contains("trust policy"), "{body}");
+    outputs.extend([
+        ("trust init 2".to_owned(), text(&v2).into_bytes()),
+        ("trust rotate".to_owned(), text(&rotated).into_bytes()),
+        ("the node's log at version 2".to_owned(), d.log().into_bytes()),
+    ]);
     outputs.extend(dump(&url, "/"));
     outputs.push(("the policy".into(), std::fs::read(&policy).unwrap()));
     outputs.extend(tree(&s.path("state")).into_iter().map(|(p, (b, _, _))| (p.display().to_string(), b)));
