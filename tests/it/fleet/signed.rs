@@ -336,7 +336,14 @@ fn a_signed_candidate_is_taken_an_unsigned_one_refused_and_abort_and_promote_are
     // An unsigned candidate: the admitted node refuses it; the rollout halts at its deadline.
     let before = untouched(&s);
     let file = motd(&s, "unsigned candidate\n");
-    let driver = start_rollout(&s, &url, &file, &["--deadline", "3"]);
+    let mut driver = start_rollout(&s, &url, &file, &["--deadline", "3"]);
+    // A driver process to start, plan and admit, then the node to read: given longer than one
+    // PATIENCE on a loaded machine, and when it never comes, the driver's word is the clue.
+    if !wait_for(3 * PATIENCE, || status(&url, "web-1")["refused_reason"] == "signature") {
+        let _ = driver.kill();
+        let out = driver.wait_with_output().unwrap();
+        panic!("the unsigned candidate was never refused; the driver said:\n{}\n{}", text(&out), d.log());
+    }
     refused_with(&s, &url, &d, "signature", "candidate", &before);
     let out = driver.wait_with_output().unwrap();
     assert!(!out.status.success(), "halted: {}", text(&out));
