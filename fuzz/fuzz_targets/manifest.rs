@@ -50,7 +50,13 @@ fuzz_target!(|data: &[u8]| {
             if let Ok((body, _)) = trust::policy::split(input) {
                 assert!(input.starts_with(body));
             }
-            let _ = trust::policy::verify_root(input, Some(0));
+            // One that verifies (a signed seed mutated where it is not signed) counts only its
+            // own root keys, a threshold of them.
+            if let Ok(v) = trust::policy::verify_root(input, Some(0)) {
+                let root = v.policy.root();
+                assert!(v.signed_by.len() >= root.threshold, "{:?}", v.signed_by);
+                assert!(v.signed_by.iter().all(|k| root.keys.contains(k)), "{:?}", v.signed_by);
+            }
         }
         _ => {
             // The input split into a manifest and a signature at the first NUL: with no

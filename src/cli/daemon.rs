@@ -109,6 +109,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         trust,
     } = args;
     let mut trust = sign::daemon_trust(&trust, etcd.is_some(), &declaration, state)?;
+    let trust_policy = trust.as_ref().and_then(|t| t.policy()).map(|p| (p.version, p.expires));
     let metrics = match metrics.as_str() {
         "off" | "none" => None,
         addr => Some(addr.parse().map_err(|e| Usage(format!("--metrics {addr:?}: {e}")))?),
@@ -158,6 +159,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         keep_generations: reach.keep,
         trust,
         signed_summary: fleet.as_ref().is_some_and(|(source, _)| source.trust.is_some()),
+        trust_policy,
     };
     tokio::runtime::Handle::current().block_on(async move {
         // The controller first: it takes the store's lock, so a second agent on the same state

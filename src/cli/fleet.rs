@@ -28,9 +28,15 @@ pub enum FleetCommand {
         /// The node, and its user's name.
         #[arg(long, value_name = "NAME")]
         node: String,
-        /// A group the node reads; repeat it.
+        /// A group the node reads; repeat it. With --trust-policy, it may be left out: the
+        /// groups are the policy's, and one that differs is refused.
         #[arg(long = "group", value_name = "GROUP", value_delimiter = ',')]
         groups: Vec<String>,
+        /// The fleet's trust policy (`mesh-host trust init`), the operator's copy, its root
+        /// signatures verified: the node's role reads the groups the policy binds it to and no
+        /// other, as the node itself run with --trust-policy does.
+        #[arg(long, env = "MESH_HOST_TRUST_POLICY", value_name = "FILE")]
+        trust_policy: Option<PathBuf>,
         /// A file whose first line is the node's new password, for a node that logs in with
         /// one. Without it the user has no password: the node is known by its client
         /// certificate, whose CN must be its name.
@@ -307,26 +313,9 @@ pub(super) fn fleet(command: FleetCommand) -> anyhow::Result<Ended> {
             print!("{}", escape_lines(&out));
             return Ok(Ended::Converged);
         }
-        FleetCommand::Grant { etcd, login, node, groups, node_password_file } => {
-            for (what, name) in
-                std::iter::once(("--node", &node)).chain(groups.iter().map(|g| ("--group", g)))
-            {
-                crate::fleet::check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")))?;
-            }
-            let etcd = login.client(&etcd)?;
-            let password = match &node_password_file {
-                Some(file) => {
-                    Some(crate::system::input::read_password(file, None).with_context(|| {
-                        format!("cannot read the node's password file {}", file.display())
-                    })?)
-                }
-                None => None,
-            };
-            let out = tokio::runtime::Handle::current()
-                .block_on(crate::fleet::grant(&etcd, &node, &groups, password.as_ref()))
-                .map_err(refused)?;
-            print!("{out}");
-            return Ok(Ended::Converged);
+        FleetCommand::Grant { etcd, login, node, groups, trust_policy, node_password_file } => {
+            let given = Granted { node, groups, trust_policy, node_password_file };
+            return grant(&etcd, &login, given);
         }
         FleetCommand::Revoke { etcd, node } => return revoke(&etcd, &node),
         FleetCommand::Forget { etcd, login, node } => {
@@ -400,6 +389,61 @@ fn status(etcd: &str, login: &EtcdLogin, json: bool) -> anyhow::Result<Ended> {
         print!("{}", escape_lines(&crate::fleet::status::table(revision, &rows)));
     }
     Ok(if rows.iter().all(|r| r.current) { Ended::Converged } else { Ended::Failed })
+}
+
+/// What `fleet grant` is given of the node.
+struct Granted {
+    node: String,
+    groups: Vec<String>,
+    trust_policy: Option<PathBuf>,
+    node_password_file: Option<PathBuf>,
+}
+
+/// `mesh-host fleet grant` (`fleet::grant`), its groups `granted_groups`'.
+fn grant(etcd: &str, login: &EtcdLogin, given: Granted) -> anyhow::Result<Ended> {
+    let Granted { node, groups, trust_policy, node_password_file } = given;
+    for (what, name) in std::iter::once(("--node", &node)).chain(groups.iter().map(|g| ("--group", g))) {
+        crate::fleet::check_name(what, name).map_err(|e| Usage(format!("mesh-host: {e}")))?;
+    }
+    let (groups, from) = granted_groups(&node, groups, trust_policy.as_deref())?;
+    let etcd = login.client(etcd)?;
+    let password = match &node_password_file {
+        Some(file) => Some(
+            crate::system::input::read_password(file, None)
+                .with_context(|| format!("cannot read the node's password file {}", file.display()))?,
+        ),
+        None => None,
+    };
+    let out = tokio::runtime::Handle::current()
+        .block_on(crate::fleet::grant(&etcd, &node, &groups, password.as_ref()))
+        .map_err(refused)?;
+    print!("{from}{out}");
+    Ok(Ended::Converged)
+}
+
+/// The groups `fleet grant` grants `node`: `--group`'s, or with `--trust-policy` those the
+/// policy binds it to (a `--group` that differs refused, naming both), so that a role is never
+/// granted a group the node is not in; and what to say of where they came from.
+fn granted_groups(
+    node: &str,
+    groups: Vec<String>,
+    policy: Option<&Path>,
+) -> Result<(Vec<String>, String), Usage> {
+    let Some(path) = policy else { return Ok((groups, String::new())) };
+    let policy = super::fleet_sign::operator_policy(path)?;
+    let bound = policy.bound_groups(node, &groups).map_err(|e| {
+        Usage(format!("mesh-host: --trust-policy {}: {e}; nothing was granted", path.display()))
+    })?;
+    let said = match (policy.groups_of(node), bound.is_empty()) {
+        (None, _) => {
+            format!("policy version {} does not name node {node}: it is in no group\n", policy.version)
+        }
+        (Some(_), true) => format!("policy version {} binds node {node} to no group\n", policy.version),
+        (Some(_), false) => {
+            format!("policy version {} binds node {node} to groups {}\n", policy.version, bound.join(","))
+        }
+    };
+    Ok((bound, said))
 }
 
 /// `mesh-host fleet revoke --node N` (`fleet::access::revoke`).

@@ -38,6 +38,21 @@ pub struct SigningArgs {
     /// nodes report (a node cannot choose its own groups).
     #[arg(long, env = "MESH_HOST_TRUST_POLICY", value_name = "FILE")]
     pub trust_policy: Option<PathBuf>,
+    /// `--trust-policy`, once read (`bound`): the roles the signing keys are checked against
+    /// before anything is written.
+    #[arg(skip)]
+    pub policy: Option<trust::Policy>,
+}
+
+/// The operator's copy of the trust policy (`--trust-policy FILE` of `fleet put`, `rollout
+/// start`, `fleet grant`): read and its root signatures verified (its own root threshold),
+/// never taken from etcd. Its expiry is not judged: the operator's tools follow the policy the
+/// nodes enforce, which stays in force past it.
+pub(super) fn operator_policy(path: &std::path::Path) -> Result<trust::Policy, Usage> {
+    let usage = |e: String| Usage(format!("mesh-host: --trust-policy {}: {e}", path.display()));
+    let bytes = crate::system::read_input(path, trust::policy::POLICY_LIMIT as u64)
+        .map_err(|e| usage(format!("cannot read it: {e}")))?;
+    Ok(trust::policy::verify_root(&bytes, None).map_err(usage)?.policy)
 }
 
 /// `fleet put`'s and `rollout start`'s check of every node the write reaches (`what`: `this
@@ -63,9 +78,7 @@ impl SigningArgs {
     pub(super) fn bound(&mut self) -> anyhow::Result<Option<crate::fleet::put::Bound>> {
         let Some(path) = &self.trust_policy else { return Ok(None) };
         let usage = |e: String| Usage(format!("mesh-host: --trust-policy {}: {e}", path.display()));
-        let bytes = crate::system::read_input(path, trust::policy::POLICY_LIMIT as u64)
-            .map_err(|e| usage(format!("cannot read it: {e}")))?;
-        let policy = trust::policy::verify_root(&bytes, None).map_err(usage)?.policy;
+        let policy = operator_policy(path)?;
         if self.fleet_name == "default" {
             self.fleet_name = policy.fleet.clone();
         } else if self.fleet_name != policy.fleet {
@@ -75,7 +88,28 @@ impl SigningArgs {
             ))
             .into());
         }
-        Ok(Some(policy.nodes.into_iter().collect()))
+        let bound = policy.nodes.iter().cloned().collect();
+        self.policy = Some(policy);
+        Ok(Some(bound))
+    }
+
+    /// With `--trust-policy`, whether the keys of `sigs` (signatures over a manifest for
+    /// `scope`, as `sign::sign_all` made them) meet the threshold of the scope's role: refused
+    /// before anything is written, naming the scope, the role, its threshold and the keys that
+    /// count, rather than written for every node to refuse. Nothing to check without it.
+    pub(super) fn meets(&self, scope: &trust::Scope, sigs: &[(String, Vec<u8>)]) -> anyhow::Result<()> {
+        let Some(path) = &self.trust_policy else { return Ok(()) };
+        let policy = self.policy.as_ref().ok_or_else(|| {
+            anyhow::anyhow!("--trust-policy {} was not read before signing", path.display())
+        })?;
+        let keys = sigs
+            .iter()
+            .map(|(_, armored)| trust::sshsig::Signature::from_armored(armored).map(|s| s.key))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow::anyhow!("a signature just made does not read: {e}"))?;
+        policy.meets(scope, &keys).map(drop).map_err(|e| {
+            Usage(format!("mesh-host: --trust-policy {}: {e}; nothing was written", path.display())).into()
+        })
     }
 }
 
@@ -133,6 +167,7 @@ pub(super) async fn sign_put(
     )
     .map_err(|e| Usage(format!("mesh-host: --sign: {e}")))?;
     let (sigs, by) = super::sign::sign_all(&signing.keys, &manifest, &[])?;
+    signing.meets(&signed::scope_of(scope), &sigs)?;
     wanted.extend(signed::keys(&format!("{prefix}{META}"), &manifest, &sigs));
     Ok(ControlFlow::Continue(format!(
         "signed: fleet {}, {}, version {version}, expires in {}, by {}\n",
@@ -188,6 +223,7 @@ pub(super) async fn sign_rollout(
     let promoted =
         signed::manifest(fleet, signed::scope_of(scope), version, valid, &prefix, wanted).map_err(usage)?;
     let (cand_sigs, by) = super::sign::sign_all(&signing.keys, &cand, &[])?;
+    signing.meets(&signed::scope_of(scope), &cand_sigs)?;
     let (promoted_sigs, _) = super::sign::sign_all(&signing.keys, &promoted, &[])?;
     let cp = crate::fleet::rollout::candidate_prefix(scope);
     let mut keys = signed::keys(&format!("{cp}{META}"), &cand, &cand_sigs);

@@ -51,6 +51,9 @@ pub struct Config {
     /// The declaration directory is written by a verifier of its own (the fleet's source with
     /// `--allowed-signers`), whose summary (`signed::SUMMARY`) says who signed what it holds.
     pub signed_summary: bool,
+    /// The trust policy the node runs with (`--trust-policy`), its version and expiry (seconds
+    /// since the epoch), for `/healthz` and the gauge; `None` without one.
+    pub trust_policy: Option<(u64, u64)>,
 }
 
 impl Config {
@@ -88,6 +91,7 @@ mod tests {
             keep_generations: usize::from(crate::generations::DEFAULT_KEEP),
             trust: None,
             signed_summary: false,
+            trust_policy: None,
         }
     }
 

@@ -19,6 +19,9 @@
 //! - `signed` is written by the worker's source when it puts a declaration in force: its signed
 //!   scopes (none when unsigned, or not known); read by `/healthz`, which stays healthy and says
 //!   which are in force past their expiry.
+//! - `policy` is written once by `Daemon::start` when the node runs with `--trust-policy`: the
+//!   pinned policy's version and expiry; read by `/healthz`, which stays healthy and says when
+//!   it is in force past its expiry.
 //!
 //! Atomics and a mutex held only to copy a short string: no reader ever waits on the worker.
 //!
@@ -45,6 +48,8 @@ pub struct Health {
     held: Mutex<Option<String>>,
     /// The signed scopes of the declaration in force.
     signed: Mutex<Vec<super::signed::InForce>>,
+    /// The trust policy in force: its version and expiry (seconds since the epoch).
+    policy: Mutex<Option<(u64, u64)>>,
     /// How long the worker may go without finishing a reconcile (`Config::stale_after`).
     stale_after: Duration,
 }
@@ -64,6 +69,7 @@ impl Health {
             refused: Mutex::new(None),
             held: Mutex::new(None),
             signed: Mutex::new(Vec::new()),
+            policy: Mutex::new(None),
             stale_after,
         }
     }
@@ -104,6 +110,11 @@ impl Health {
         *self.signed.lock().unwrap_or_else(|e| e.into_inner()) = signed;
     }
 
+    /// The trust policy in force (`--trust-policy`): its version and expiry.
+    pub fn set_policy(&self, version: u64, expires: u64) {
+        *self.policy.lock().unwrap_or_else(|e| e.into_inner()) = Some((version, expires));
+    }
+
     /// How the node is held by a rollback, or `None`.
     pub fn held(&self) -> Option<String> {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -111,15 +122,22 @@ impl Health {
 
     /// What a healthy `/healthz` adds to its `ok`: the rollback hold, when there is one (a
     /// held node is healthy, and the person reading it at 3 a.m. must still see it is held),
-    /// and a signed declaration in force past its expiry (enforced still, as designed, and a
-    /// sign that nothing newer reaches the node: a freeze, or signers who stopped signing).
+    /// a signed declaration in force past its expiry (enforced still, as designed, and a
+    /// sign that nothing newer reaches the node: a freeze, or signers who stopped signing), and
+    /// the trust policy in force past its expiry (in force still, until a rotation is installed).
     pub fn note(&self) -> Option<String> {
+        let now = crate::system::unix_secs();
         let signed = self.signed.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let expired = super::signed::expired_note(&signed, crate::system::unix_secs());
-        match (self.held(), expired) {
-            (Some(held), Some(expired)) => Some(format!("{held}; {expired}")),
-            (held, expired) => held.or(expired),
-        }
+        let policy = *self.policy.lock().unwrap_or_else(|e| e.into_inner());
+        let notes: Vec<String> = [
+            self.held(),
+            super::signed::expired_note(&signed, now),
+            policy.and_then(|(version, expires)| super::signed::policy_expired_note(version, expires, now)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        (!notes.is_empty()).then(|| notes.join("; "))
     }
 
     /// Whether the worker has finished something recently enough.
@@ -201,6 +219,22 @@ mod tests {
         assert!(!h.alive());
         h.beat();
         assert_eq!(h.check(), Ok(()));
+    }
+
+    #[test]
+    fn a_trust_policy_past_its_expiry_is_a_note_beside_the_others_never_a_failure() {
+        let h = Health::new(Duration::from_secs(60));
+        h.ready();
+        h.set_not_in_force(None);
+        h.set_policy(3, crate::system::unix_secs() + 3600);
+        assert_eq!(h.note(), None, "not expired yet");
+        h.set_policy(3, crate::system::unix_secs() - 10);
+        let note = h.note().unwrap();
+        assert!(note.starts_with("trust policy version 3 in force past its expiry"), "{note}");
+        h.set_held(Some("held at generation 2 by a rollback".into()));
+        let note = h.note().unwrap();
+        assert!(note.starts_with("held at generation 2 by a rollback; trust policy version 3"), "{note}");
+        assert_eq!(h.check(), Ok(()), "still healthy");
     }
 
     #[test]

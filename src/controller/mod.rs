@@ -105,6 +105,11 @@ impl Daemon {
         let mut tasks = vec![signals(shutdown.clone())?];
         let metrics = Arc::new(daemon_metrics(&config));
         let health = Arc::new(Health::new(config.stale_after()));
+        // The trust policy is read once, at start: its expiry for the gauge and `/healthz`.
+        if let Some((version, expires)) = config.trust_policy {
+            health.set_policy(version, expires);
+            metrics.trust_policy_expires.get_or_create(&Vec::new()).set(expires as i64);
+        }
         let store = Store::open(&config.state)?;
         // Unbounded, unlike mini-redis's channels: a watcher must never block on the agent
         // (inotify would overflow its queue meanwhile), and the intake loop drains it at once

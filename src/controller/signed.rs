@@ -373,6 +373,19 @@ pub fn expired_note(signed: &[InForce], now: u64) -> Option<String> {
     })
 }
 
+/// The trust policy in force (version `version`) past its expiry at `now`, in words for
+/// `/healthz`; `None` while it is not. It stays in force (it was judged when first taken, and
+/// the node's alternative would be trusting nothing, or an older policy), until a rotation
+/// signed by its root keys is installed.
+pub fn policy_expired_note(version: u64, expires: u64, now: u64) -> Option<String> {
+    (now >= expires).then(|| {
+        format!(
+            "trust policy version {version} in force past its expiry ({} s ago), still enforced until a rotation is installed (`mesh-host trust rotate`)",
+            now - expires
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

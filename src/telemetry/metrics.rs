@@ -69,6 +69,9 @@ pub struct Metrics {
     /// expires, by kind of scope (`local`, `fleet`, `group`, `node`; the earliest of a kind's);
     /// absent while nothing signed is in force. Below `time()`, it is enforced past its expiry.
     pub declaration_expires: Family<Labels, Gauge>,
+    /// `mesh_host_trust_policy_expires_timestamp_seconds`: when the trust policy in force
+    /// expires; absent without `--trust-policy`. Below `time()`, it is in force past its expiry.
+    pub trust_policy_expires: Family<Labels, Gauge>,
     /// `mesh_host_etcd_up`: 1 while the fleet's last read of etcd succeeded, 0 after a failed
     /// one; absent on a node whose declaration is a local directory.
     pub etcd_up: Family<Labels, Gauge>,
@@ -179,6 +182,7 @@ impl Metrics {
             reverted: Gauge::default(),
             reverts: Counter::default(),
             declaration_expires: Family::default(),
+            trust_policy_expires: Family::default(),
             etcd_up: Family::default(),
             etcd_certificate_refused: Family::default(),
             etcd_watch_revision: Family::default(),
@@ -320,6 +324,11 @@ impl Metrics {
             "mesh_host_declaration_expires_timestamp_seconds",
             "When the signed declaration in force expires (seconds since the epoch), by kind of scope, the earliest of each kind; absent while nothing signed is in force. Past it, the declaration is still enforced: nothing newer was signed or reached the node",
             self.declaration_expires.clone(),
+        );
+        registry.register(
+            "mesh_host_trust_policy_expires_timestamp_seconds",
+            "When the trust policy in force (--trust-policy) expires (seconds since the epoch); absent without one. Past it, the policy is still enforced: no rotation was installed",
+            self.trust_policy_expires.clone(),
         );
         registry.register(
             "mesh_host_etcd_up",
@@ -532,7 +541,8 @@ mod tests {
         m.etcd_up.get_or_create(&Vec::new()).set(1);
         m.etcd_certificate_refused.get_or_create(&Vec::new()).set(0);
         m.etcd_watch_revision.get_or_create(&Vec::new()).set(1);
-        m.declaration_expires.get_or_create(&vec![("scope", "local")]).set(1);
+        m.trust_policy_expires.get_or_create(&Vec::new()).set(1);
+        m.declaration_expires.get_or_create(&vec![("scope", "fleet")]).set(1);
         m.encode()
             .lines()
             .filter(|l| !l.starts_with('#'))

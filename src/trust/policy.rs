@@ -223,6 +223,50 @@ impl Policy {
         ))
     }
 
+    /// Whether the keys that signed a manifest for `scope` (`signed`, one per signature, as the
+    /// operator's tools made them) meet the threshold of the scope's role, as a node will judge
+    /// it: `Ok` the names of the distinct keys that count; `Err` names the scope, the role, its
+    /// threshold and keys, those that count, and each key given that does not.
+    pub fn meets(&self, scope: &Scope, signed: &[PublicKey]) -> Result<Vec<String>, String> {
+        let Some(role) = self.role_for(scope) else {
+            return Err(format!(
+                "policy version {} has no role for the {scope} declaration: no key may sign it (a role fleet, local, group:G, group:*, node:N or node:* covers it)",
+                self.version
+            ));
+        };
+        let mut counted: Vec<String> = Vec::new();
+        let mut not: Vec<String> = Vec::new();
+        for key in signed {
+            let said = format!("{} key {}", key.kind(), key.fingerprint());
+            match self.keys.iter().find(|k| k.key == *key) {
+                Some(k) if role.keys.contains(&k.name) => {
+                    if !counted.contains(&k.name) {
+                        counted.push(k.name.clone());
+                    }
+                }
+                Some(k) => not.push(format!("{} ({said}) is not one of its keys", k.name)),
+                None => not.push(format!("{said} is no key of the policy")),
+            }
+        }
+        if counted.len() >= role.threshold {
+            return Ok(counted);
+        }
+        let mut m = format!(
+            "the {scope} declaration is signed under role {} of policy version {}, which needs {} distinct key(s) of: {}; the keys given make {} ({})",
+            role.name,
+            self.version,
+            role.threshold,
+            role.keys.join(", "),
+            counted.len(),
+            if counted.is_empty() { "none count".to_owned() } else { counted.join(", ") },
+        );
+        for n in not {
+            m.push_str("; ");
+            m.push_str(&n);
+        }
+        Err(m)
+    }
+
     /// The role's keys as signers, named by their names in the policy.
     pub fn signers(&self, role: &Role) -> AllowedSigners {
         let keys = self.keys.iter().filter(|k| role.keys.contains(&k.name));

@@ -150,6 +150,36 @@ fn each_scope_has_its_role_and_a_node_its_groups() {
     assert!(e.contains("(groups web,eu)"), "the order is the policy's too: {e}");
 }
 
+/// The public key of `seed`, as a signature made with it carries it.
+fn public(seed: u8) -> PublicKey {
+    PublicKey::from_blob(&make::key_blob(pair(seed).public_key().as_ref(), None)).unwrap()
+}
+
+#[test]
+fn the_operators_keys_meet_the_scopes_role_or_are_refused_naming_what_counts() {
+    let mut p = good(1);
+    let web = Scope::Group("web".into());
+    assert_eq!(p.meets(&web, &[public(1)]).unwrap(), ["alice"]);
+    assert_eq!(p.meets(&Scope::Fleet, &[public(2), public(1)]).unwrap(), ["bob"], "alice is extra");
+    let e = p.meets(&Scope::Fleet, &[public(1)]).unwrap_err();
+    assert!(
+        e.contains("the fleet declaration is signed under role fleet of policy version 1, which needs 1 distinct key(s) of: bob; the keys given make 0 (none count)")
+            && e.contains("; alice (ssh-ed25519 key SHA256:"),
+        "{e}"
+    );
+    let e = p.meets(&Scope::Node("n".into()), &[public(9)]).unwrap_err();
+    assert!(e.contains("role node:*") && e.contains("is no key of the policy"), "{e}");
+    let e = p.meets(&Scope::Group("db".into()), &[public(1), public(2)]).unwrap_err();
+    assert!(e.contains("policy version 1 has no role for the group db declaration"), "{e}");
+    // A threshold of 2 is not met by one key signing twice; a candidate is its scope's role.
+    p.roles.iter_mut().find(|r| r.name == "group:web").unwrap().keys.push("bob".into());
+    p.roles.iter_mut().find(|r| r.name == "group:web").unwrap().threshold = 2;
+    let e = p.meets(&web, &[public(1), public(1)]).unwrap_err();
+    assert!(e.contains("needs 2 distinct key(s) of: alice, bob; the keys given make 1 (alice)"), "{e}");
+    let candidate = Scope::Candidate { rollout: "r".into(), replaces: Box::new(web) };
+    assert_eq!(p.meets(&candidate, &[public(2), public(1)]).unwrap(), ["bob", "alice"]);
+}
+
 #[test]
 fn a_signed_file_is_its_body_then_its_signatures() {
     let p = good(1);

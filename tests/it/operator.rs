@@ -801,11 +801,13 @@ fn the_dashboard_and_the_alert_rules_name_only_metrics_the_agent_exports() {
     assert!(exprs.len() >= 10, "the dashboard's and the rules' expressions were found: {exprs:?}");
     // Exported only by a node whose declaration comes from etcd (the fleet tests read it there):
     // on this local-directory node it is absent by design, not by mistake.
-    // And one exported only while a signed declaration is in force.
+    // And one exported only while a signed declaration is in force, one only with a trust
+    // policy (tests/it/fleet/policy.rs reads it).
     let fleet_only = [
         "mesh_host_etcd_up",
         "mesh_host_etcd_certificate_refused",
         "mesh_host_declaration_expires_timestamp_seconds",
+        "mesh_host_trust_policy_expires_timestamp_seconds",
     ];
     let mut missing = Vec::new();
     for (file, expr) in &exprs {

@@ -628,6 +628,12 @@ pub fn write_private_with(
 /// rollback hold): the same atomic and durable write, without the store's failpoints, so that a
 /// test crashing the store's write crashes it there and nowhere before.
 pub fn write_own(path: &Path, bytes: &[u8]) -> Result<()> {
+    // `trust init --out policy` names a file in the working directory: its parent is "".
+    let path = &std::path::absolute(path).map_err(|source| Error::Io {
+        op: "resolve",
+        path: path.to_owned(),
+        source,
+    })?;
     let mut fs = Fs::new();
     let (parent, _) = split(path);
     fs.make_dirs(parent, 0o700)?;

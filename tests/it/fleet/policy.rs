@@ -98,10 +98,37 @@ fn a_policy_lets_each_key_sign_only_its_scopes_and_binds_the_nodes_groups() {
     assert_eq!(status(&url, "web-1")["groups"], serde_json::json!(["web"]));
     assert!(read(&s.path("state/trust/policy")).contains("mesh-host policy v1\n"), "pinned");
 
-    // alice over the fleet's scope: a key of the policy, but not of the fleet's role.
+    // alice over the fleet's scope, with the policy: refused before anything is written,
+    // naming the scope, the role, its threshold and the keys that count; and so a candidate
+    // bob signs for group web (the candidate's role is its scope's).
     let before = untouched(&s);
+    let in_etcd = || {
+        [dump(&url, "/mesh-host/fleet/"), dump(&url, "/mesh-host/group/"), dump(&url, "/mesh-host/rollout/")]
+    };
+    let etcd_before = in_etcd();
     let evil = motd(&s, "alice over the fleet\n");
-    said.push(signed_put(&s, &url, &["--fleet"], &evil, &[&alice], &["--trust-policy", out]));
+    let (a, b) = (alice.to_str().unwrap(), bob.to_str().unwrap());
+    let put = fleet(&s, &["put", "--etcd", &url, "--fleet", "--sign", a, "--trust-policy", out, &evil]);
+    assert_eq!(put.status.code(), Some(2), "{}", text(&put));
+    assert!(
+        text(&put).contains("the fleet declaration is signed under role fleet of policy version 1, which needs 1 distinct key(s) of: bob; the keys given make 0 (none count); alice (ssh-ed25519 key SHA256:")
+            && text(&put).contains("nothing was written"),
+        "{}",
+        text(&put)
+    );
+    let start = ["rollout", "start", "--etcd", &url, "--group", "web", "--waves", "100%", "--soak", "1"];
+    let cand =
+        fleet(&s, &[&start[..], &["--sign", b, "--trust-policy", out, web.to_str().unwrap()]].concat());
+    assert_eq!(cand.status.code(), Some(2), "{}", text(&cand));
+    assert!(
+        text(&cand).contains("the group web declaration is signed under role group:web of policy version 1, which needs 1 distinct key(s) of: alice; the keys given make 0 (none count); bob (ssh-ed25519 key SHA256:"),
+        "{}",
+        text(&cand)
+    );
+    assert!(in_etcd() == etcd_before, "a refused put or rollout wrote to etcd");
+    said.extend([put, cand]);
+    // Put without the policy (the operator's check skipped): the node refuses it, saying why.
+    said.push(signed_put(&s, &url, &["--fleet"], &evil, &[&alice], &["--fleet-name", "prod"]));
     let m = refused_with(
         &s,
         &url,
@@ -177,6 +204,17 @@ fn a_policy_rotates_only_when_the_old_roots_and_the_new_sign_it_and_never_goes_b
         o
     };
     let mut said = vec![init(&v1_draft, &v1, "1", &[&root1]), init(&v2_draft, &v2, "2", &[&root3])];
+    // `--out` a bare name: written in the working directory (its parent is "").
+    let here = assert_cmd::Command::cargo_bin("mesh-host")
+        .unwrap()
+        .current_dir(s.path(""))
+        .args(["--state", s.state().to_str().unwrap(), "trust", "init", v1_draft.to_str().unwrap()])
+        .args(["--out", "bare", "--fleet-name", "prod", "--sign", root1.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(here.status.success(), "{}", text(&here));
+    assert!(read(&s.path("bare")).starts_with("mesh-host policy v1\n"));
+    said.push(here);
     std::fs::create_dir_all(installed.parent().unwrap()).unwrap();
     std::fs::copy(&v1, &installed).unwrap();
 
@@ -251,6 +289,167 @@ fn a_policy_rotates_only_when_the_old_roots_and_the_new_sign_it_and_never_goes_b
         outputs.push((f.clone(), std::fs::read(f).unwrap()));
     }
     for key in [&root1, &root3, &alice] {
+        needles_nowhere(key, &outputs);
+    }
+}
+
+/// `fleet grant --trust-policy`: the node's role reads the groups the policy binds it to, a
+/// `--group` that differs is refused (naming both) and grants nothing, a policy not signed by
+/// its root keys is refused. Against a real etcd with auth on.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn fleet_grant_takes_the_nodes_groups_from_the_policy_and_refuses_others() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let (root1, alice) = (keypair(&s, "root1"), keypair(&s, "alice"));
+    let keys = [("alice", alice.as_path()), ("root1", root1.as_path())];
+    let d1 = draft(&s, "policy.draft", &keys, "role root 1 root1\nrole group:* 1 alice\nnode db-1 db eu\n");
+    let policy = s.p("trust-policy");
+    let made =
+        trust(&s, &["init", d1.to_str().unwrap(), "--out", &policy, "--fleet-name", "prod"], &[&root1]);
+    assert!(made.status.success(), "{}", text(&made));
+    let pw = s.path("root.pw");
+    std::fs::write(&pw, "root-secret\n").unwrap();
+    assert!(etcdctl(&url, &["user", "add", "root:root-secret"]).status.success());
+    assert!(etcdctl(&url, &["auth", "enable"]).status.success());
+    let root = ["--etcd-user", "root", "--etcd-password-file", pw.to_str().unwrap()];
+    let grant = |more: &[&str]| fleet(&s, &[&["grant", "--etcd", &url][..], &root, more].concat());
+    let role = |name: &str| text(&etcdctl(&url, &["--user", "root:root-secret", "role", "get", name]));
+
+    let out = grant(&["--node", "db-1", "--trust-policy", &policy]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("policy version 1 binds node db-1 to groups db,eu"), "{}", text(&out));
+    let granted = role("mesh-host-node-db-1");
+    assert!(
+        granted.contains("/mesh-host/group/db/declaration/")
+            && granted.contains("/mesh-host/group/eu/declaration/"),
+        "{granted}"
+    );
+    // A --group the policy does not bind it to: refused, naming both, the role as it was.
+    let other = grant(&["--node", "db-1", "--group", "web", "--trust-policy", &policy]);
+    assert_eq!(other.status.code(), Some(2), "{}", text(&other));
+    assert!(
+        text(&other).contains("--group web is not what policy version 1 binds node db-1 to (groups db,eu)")
+            && text(&other).contains("nothing was granted"),
+        "{}",
+        text(&other)
+    );
+    assert_eq!(role("mesh-host-node-db-1"), granted, "a refused grant changed the role");
+    assert!(!granted.contains("/web/"), "{granted}");
+    // A node the policy does not name is in no group; the same --group is granted without it.
+    let ghost = grant(&["--node", "web-9", "--trust-policy", &policy]);
+    assert!(
+        text(&ghost).contains("policy version 1 does not name node web-9: it is in no group"),
+        "{}",
+        text(&ghost)
+    );
+    assert!(!role("mesh-host-node-web-9").contains("/mesh-host/group/"), "{}", role("mesh-host-node-web-9"));
+    // The draft (no signature) is no policy.
+    let unsigned = grant(&["--node", "db-1", "--trust-policy", d1.to_str().unwrap()]);
+    assert_eq!(unsigned.status.code(), Some(2), "{}", text(&unsigned));
+    assert!(text(&unsigned).contains("--trust-policy"), "{}", text(&unsigned));
+    assert_eq!(role("mesh-host-node-db-1"), granted);
+
+    let outputs: Vec<(String, Vec<u8>)> = [made, out, other, ghost, unsigned]
+        .iter()
+        .enumerate()
+        .map(|(i, o)| (format!("command {i}"), text(o).into_bytes()))
+        .collect();
+    for key in [&root1, &alice] {
+        needles_nowhere(key, &outputs);
+    }
+}
+
+/// The trust policy in force past its expiry: still enforced, and said by `/healthz` (healthy,
+/// with a note) and the gauge `mesh_host_trust_policy_expires_timestamp_seconds`, before and
+/// after a restart (the pinned policy is taken again as it is); until a rotation is installed
+/// and the restarted agent takes it against its pin.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_policy_in_force_past_its_expiry_is_enforced_and_healthz_and_the_gauge_say_so() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let (root1, bob) = (keypair(&s, "root1"), keypair(&s, "bob"));
+    let keys = [("bob", bob.as_path()), ("root1", root1.as_path())];
+    let d1 = draft(&s, "policy.draft", &keys, "role root 1 root1\nrole fleet 1 bob\n");
+    let policy = s.p("trust-policy");
+    let args = ["init", d1.to_str().unwrap(), "--out", &policy, "--fleet-name", "prod", "--expires", "6s"];
+    let made = trust(&s, &args, &[&root1]);
+    assert!(made.status.success(), "{}", text(&made));
+    let expires: u64 = read(Path::new(&policy))
+        .lines()
+        .find_map(|l| l.strip_prefix("expires ").map(|e| e.parse().unwrap()))
+        .unwrap();
+    let file = motd(&s, "one\n");
+    let put = signed_put(&s, &url, &["--fleet"], &file, &[&bob], &["--trust-policy", &policy]);
+    let gauge = "mesh_host_trust_policy_expires_timestamp_seconds";
+    let mut d = node_with(&s, &url, "web-1", &[], &["--trust-policy", &policy]);
+    assert!(wait_for(PATIENCE, || read(&s.path("out/motd")) == "one\n"), "{}", d.log());
+    assert_eq!(d.metric(gauge), expires as f64, "{}", d.get("/metrics").unwrap_or_default());
+    assert!(wait_for(PATIENCE, || d.answer("/healthz").is_some_and(|(c, _)| c == 200)), "{}", d.log());
+    let (code, body) = d.answer("/healthz").unwrap();
+    assert!(code == 200 && !body.contains("trust policy"), "not expired yet: {code} {body}");
+
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    assert!(wait_for(PATIENCE, || now() > expires + 1), "the policy expired");
+    let (code, body) = d.answer("/healthz").unwrap();
+    assert_eq!(code, 200, "enforcing it is the node doing its job: {body}");
+    assert!(body.contains("trust policy version 1 in force past its expiry"), "{body}");
+    std::fs::write(s.path("out/motd"), "edited\n").unwrap();
+    assert!(wait_for(PATIENCE, || read(&s.path("out/motd")) == "one\n"), "still enforced:\n{}", d.log());
+    assert_eq!(d.terminate(), Some(0), "{}", d.log());
+    let log = d.log();
+    drop(d);
+    // Restarted past its expiry: the pinned policy is taken as it is, and said.
+    let d = node_with(&s, &url, "web-1", &[], &["--trust-policy", &policy]);
+    assert_eq!(d.metric(gauge), expires as f64);
+    assert!(
+        wait_for(PATIENCE, || d
+            .answer("/healthz")
+            .is_some_and(|(c, b)| c == 200 && b.contains("trust policy version 1 in force past its expiry"))),
+        "{}",
+        d.log()
+    );
+    let mut outputs = vec![
+        ("trust init".to_owned(), text(&made).into_bytes()),
+        ("fleet put".to_owned(), text(&put).into_bytes()),
+        ("the node's log".to_owned(), log.into_bytes()),
+        ("the node's log after".to_owned(), d.log().into_bytes()),
+        ("/healthz".to_owned(), d.answer("/healthz").unwrap().1.into_bytes()),
+        ("/metrics".to_owned(), d.get("/metrics").unwrap_or_default().into_bytes()),
+    ];
+    drop(d);
+
+    // The fix: a rotation (version 2, signed by the old root, which is its own too) installed
+    // in place, taken by the node at its next start; the gauge moves, the note goes.
+    let next = s.p("next");
+    let args = ["init", d1.to_str().unwrap(), "--out", &next, "--fleet-name", "prod", "--version", "2"];
+    let v2 = trust(&s, &args, &[&root1]);
+    assert!(v2.status.success(), "{}", text(&v2));
+    let rotated = trust(&s, &["rotate", &next, "--policy", &policy], &[]);
+    assert!(rotated.status.success(), "{}", text(&rotated));
+    let later: u64 = read(Path::new(&policy))
+        .lines()
+        .find_map(|l| l.strip_prefix("expires ").map(|e| e.parse().unwrap()))
+        .unwrap();
+    assert!(later > now(), "version 2 is not expired");
+    let d = node_with(&s, &url, "web-1", &[], &["--trust-policy", &policy]);
+    assert_eq!(d.metric(gauge), later as f64, "{}", d.log());
+    assert!(read(&s.path("state/trust/policy")).contains("\nversion 2\n"), "re-pinned:\n{}", d.log());
+    assert!(wait_for(PATIENCE, || d.answer("/healthz").is_some_and(|(c, _)| c == 200)), "{}", d.log());
+    let (_, body) = d.answer("/healthz").unwrap();
+    assert!(!body.contains("trust policy"), "{body}");
+    outputs.extend([
+        ("trust init 2".to_owned(), text(&v2).into_bytes()),
+        ("trust rotate".to_owned(), text(&rotated).into_bytes()),
+        ("the node's log at version 2".to_owned(), d.log().into_bytes()),
+    ]);
+    outputs.extend(dump(&url, "/"));
+    outputs.push(("the policy".into(), std::fs::read(&policy).unwrap()));
+    outputs.extend(tree(&s.path("state")).into_iter().map(|(p, (b, _, _))| (p.display().to_string(), b)));
+    for key in [&root1, &bob] {
         needles_nowhere(key, &outputs);
     }
 }

@@ -151,6 +151,7 @@ fn a_node_applies_only_what_trusted_keys_signed_for_it_and_refuses_every_forgery
     // Put again as it is: nothing written.
     let out = signed_put(&s, &url, &["--fleet"], &file, &[&alice], &name);
     assert!(text(&out).contains("already holds exactly this, signed at version 1"), "{}", text(&out));
+    said.push(out);
 
     // A declaration key overwritten with etcdctl: its bytes are not what was signed.
     let before = untouched(&s);
@@ -162,6 +163,7 @@ fn a_node_applies_only_what_trusted_keys_signed_for_it_and_refuses_every_forgery
     let file = motd(&s, "unsigned\n");
     let out = fleet(&s, &["put", "--etcd", &url, "--fleet", &file]);
     assert!(out.status.success(), "{}", text(&out));
+    said.push(out);
     refused_with(&s, &url, &d, "signature", "holds no signed manifest", &before);
 
     // Signed by a key the node does not trust.
@@ -254,7 +256,10 @@ fn a_node_applies_only_what_trusted_keys_signed_for_it_and_refuses_every_forgery
     assert!(
         text(&out).contains("does not match the keys in etcd") && text(&out).contains("nothing was signed")
     );
-    let log = d.log();
+    said.push(out);
+    said.push(fleet(&s, &["status", "--etcd", &url]));
+    let metrics = d.get("/metrics").unwrap_or_default();
+    let log = format!("{}{metrics}", d.log());
     drop(d);
 
     // The planted key: in none of the commands' outputs, the node's log, etcd, or the state.
@@ -271,12 +276,22 @@ pub(super) fn needles_nowhere(key: &Path, outputs: &[(String, Vec<u8>)]) {
     use base64::Engine as _;
     let seed = seed_of(key);
     let pem = std::fs::read_to_string(key).unwrap();
-    let mut needles =
-        vec![seed.clone(), base64::engine::general_purpose::STANDARD.encode(&seed).into_bytes()];
+    let mut needles = vec![
+        seed.clone(),
+        seed.iter().map(|b| format!("{b:02x}")).collect::<String>().into_bytes(),
+        base64::engine::general_purpose::STANDARD.encode(&seed).into_bytes(),
+    ];
     needles.extend(
         pem.lines().filter(|l| !l.starts_with("-----") && l.len() >= 16).map(|l| l.as_bytes().to_vec()),
     );
-    assert!(needles.len() > 2);
+    // The search finds the key where it is (its file's armor, the seed in what it decodes to),
+    // so finding it nowhere else means something.
+    let found = |bytes: &[u8], needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    assert!(needles.len() > 3 && needles[3..].iter().all(|n| found(pem.as_bytes(), n)));
+    let decoded: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    let decoded = base64::engine::general_purpose::STANDARD.decode(decoded).unwrap();
+    assert!(found(&decoded, &needles[0]), "the seed is found in the key it came from");
+    assert!(!outputs.is_empty());
     for (name, bytes) in outputs {
         for needle in &needles {
             assert!(
@@ -316,16 +331,26 @@ fn a_signed_candidate_is_taken_an_unsigned_one_refused_and_abort_and_promote_are
     let d = signed_node(&s, &url, &signers, &[]);
     assert!(wait_for(PATIENCE, || read(&conf) == "one\n"), "{}", d.log());
     assert!(wait_for(PATIENCE, || status(&url, "web-1")["converged"] == true));
+    let mut said: Vec<Output> = Vec::new();
 
     // An unsigned candidate: the admitted node refuses it; the rollout halts at its deadline.
     let before = untouched(&s);
     let file = motd(&s, "unsigned candidate\n");
-    let driver = start_rollout(&s, &url, &file, &["--deadline", "3"]);
+    let mut driver = start_rollout(&s, &url, &file, &["--deadline", "3"]);
+    // A driver process to start, plan and admit, then the node to read: given longer than one
+    // PATIENCE on a loaded machine, and when it never comes, the driver's word is the clue.
+    if !wait_for(3 * PATIENCE, || status(&url, "web-1")["refused_reason"] == "signature") {
+        let _ = driver.kill();
+        let out = driver.wait_with_output().unwrap();
+        panic!("the unsigned candidate was never refused; the driver said:\n{}\n{}", text(&out), d.log());
+    }
     refused_with(&s, &url, &d, "signature", "candidate", &before);
     let out = driver.wait_with_output().unwrap();
     assert!(!out.status.success(), "halted: {}", text(&out));
+    said.push(out);
     let out = fleet(&s, &["rollout", "abort", "--etcd", &url]);
     assert!(out.status.success(), "{}", text(&out));
+    said.push(out);
     assert!(wait_for(PATIENCE, || status(&url, "web-1")["refused"].is_null()), "{}", d.log());
     assert_eq!(read(&conf), "one\n");
 
@@ -337,8 +362,10 @@ fn a_signed_candidate_is_taken_an_unsigned_one_refused_and_abort_and_promote_are
     assert!(out.status.success(), "every wave passed: {}", text(&out));
     assert!(text(&out).contains("version 2"), "{}", text(&out));
     assert!(read(&s.path("state/trust/candidate.fleet")).starts_with("version 2\n"));
+    said.push(out);
     let out = fleet(&s, &["rollout", "abort", "--etcd", &url]);
     assert!(out.status.success(), "{}", text(&out));
+    said.push(out);
     assert!(wait_for(PATIENCE, || read(&conf) == "one\n"), "back to the declaration in force:\n{}", d.log());
     std::thread::sleep(Duration::from_millis(500));
     assert!(
@@ -353,8 +380,10 @@ fn a_signed_candidate_is_taken_an_unsigned_one_refused_and_abort_and_promote_are
     let out = driver.wait_with_output().unwrap();
     assert!(out.status.success() && text(&out).contains("version 3"), "{}", text(&out));
     assert_eq!(read(&conf), "promoted\n");
+    said.push(out);
     let out = fleet(&s, &["rollout", "promote", "--etcd", &url]);
     assert!(out.status.success(), "{}", text(&out));
+    said.push(out);
     let manifest = dump(&url, "/mesh-host/fleet/declaration/.mesh-host/manifest");
     assert!(
         String::from_utf8_lossy(&manifest[0].1).contains("scope fleet\nversion 3\n"),
@@ -373,6 +402,17 @@ fn a_signed_candidate_is_taken_an_unsigned_one_refused_and_abort_and_promote_are
         status(&url, "web-1")
     );
     assert_eq!(read(&conf), "promoted\n");
+    said.push(fleet(&s, &["rollout", "status", "--etcd", &url]));
+    // The planted key: in none of the drivers' and commands' outputs, the node's log and
+    // metrics, etcd (the candidates' keys are gone with the rollout; the scope's remain), or
+    // the state.
+    let mut outputs: Vec<(String, Vec<u8>)> =
+        said.iter().enumerate().map(|(i, o)| (format!("command {i}"), text(o).into_bytes())).collect();
+    outputs.push(("the node's log".into(), d.log().into_bytes()));
+    outputs.push(("the node's metrics".into(), d.get("/metrics").unwrap_or_default().into_bytes()));
+    outputs.extend(dump(&url, "/"));
+    outputs.extend(tree(&s.path("state")).into_iter().map(|(p, (b, _, _))| (p.display().to_string(), b)));
+    needles_nowhere(&alice, &outputs);
 }
 
 /// Issue 44, point 3: a manifest in force keeps being enforced after it expires, and the node
@@ -426,4 +466,13 @@ fn a_manifest_in_force_is_enforced_past_its_expiry_and_healthz_the_gauge_and_fle
         table.contains(&format!("web-1: signed: fleet version 1 by {by} (EXPIRED, still enforced)")),
         "{table}"
     );
+    let json = fleet(&s, &["status", "--etcd", &url, "--json"]);
+    let mut outputs =
+        vec![("fleet status".to_owned(), table.into_bytes()), ("--json".into(), text(&json).into_bytes())];
+    outputs.push(("/healthz".into(), d.answer("/healthz").unwrap().1.into_bytes()));
+    outputs.push(("the node's metrics".into(), d.get("/metrics").unwrap_or_default().into_bytes()));
+    outputs.push(("the node's log".into(), d.log().into_bytes()));
+    outputs.extend(dump(&url, "/"));
+    outputs.extend(tree(&s.path("state")).into_iter().map(|(p, (b, _, _))| (p.display().to_string(), b)));
+    needles_nowhere(&alice, &outputs);
 }
