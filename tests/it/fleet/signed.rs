@@ -331,6 +331,12 @@ fn a_signed_candidate_is_taken_an_unsigned_one_refused_and_abort_and_promote_are
     let d = signed_node(&s, &url, &signers, &[]);
     assert!(wait_for(PATIENCE, || read(&conf) == "one\n"), "{}", d.log());
     assert!(wait_for(PATIENCE, || status(&url, "web-1")["converged"] == true));
+    // A rollout plans over live nodes: its presence key can come a second after its status.
+    assert!(
+        wait_for(PATIENCE, || !keys_under(&url, "/mesh-host/node/web-1/alive").is_empty()),
+        "{}",
+        d.log()
+    );
     let mut said: Vec<Output> = Vec::new();
 
     // An unsigned candidate: the admitted node refuses it; the rollout halts at its deadline.
