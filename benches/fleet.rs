@@ -1,5 +1,6 @@
-//! The fleet (issue 14, item 6), on this machine: N agents (each with its own state and target
-//! directory and a one-file declaration of its own) on one private etcd member, one fleet-wide
+//! The fleet (issue 14, item 6), on this machine: N agents (each with its own state directory
+//! and a one-file declaration of its own, in a mount namespace of its own where its directory
+//! is bind-mounted over the path the fleet declares) on one private etcd member, one fleet-wide
 //! write, and the time until every agent's status reports a revision at or past that write's,
 //! converged; etcd's write rate, its CPU and the TCP connections to it from the idle agents (from
 //! the kernel's socket tables, as `ss -tnp`); each agent's resident size; the agents' CPU for the
@@ -71,15 +72,40 @@ fn put(binary: &Path, work: &Path, url: &str, scope: &[&str], path: &Path) -> i6
     stdout.split("at revision ").nth(1).and_then(|r| r.split(':').next()).unwrap().parse().unwrap()
 }
 
-/// The fleet's declaration: no resource (agents on one machine share its filesystem, and a path
-/// declared by the fleet would have them fight over it), indented by `indent` so that its bytes
-/// change, and every agent reads, accepts and applies a new declaration at a new revision.
-fn fleet_declaration(dir: &Path, indent: usize) -> std::path::PathBuf {
+/// The fleet's declaration: one file at `target/fleet.conf`, which each agent writes into its
+/// own directory (bind-mounted over `target` in its own mount namespace, as machines of their
+/// own would), its content `indent`'s, so that every agent reads, accepts and applies a new
+/// declaration at a new revision, and the file's content says which.
+fn fleet_declaration(dir: &Path, target: &Path, indent: usize) -> std::path::PathBuf {
     std::fs::create_dir_all(dir).unwrap();
-    let pad = " ".repeat(indent);
-    let path = dir.join("base.json");
-    std::fs::write(&path, format!("{{\n{pad}\"version\": 1,\n{pad}\"resources\": []\n}}\n")).unwrap();
+    let declaration = serde_json::json!({"version": 1, "resources": [{"type": "file", "id": "fleet.conf",
+        "path": target.join("fleet.conf"), "content": format!("change {indent}\n")}]});
+    std::fs::write(dir.join("base.json"), declaration.to_string()).unwrap();
     dir.to_owned()
+}
+
+/// Agent `i`: `mesh-host run` in a mount namespace of its own (util-linux's `unshare`, which
+/// execs: the pid is the agent's), its directory `n{i}/own` bind-mounted over `target`.
+fn agent(binary: &Path, work: &Path, target: &Path, url: &str, i: usize) -> Stopped {
+    let dir = work.join(format!("n{i}"));
+    std::fs::create_dir_all(dir.join("own")).unwrap();
+    Stopped(
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg(r#"mount --bind "$1" "$2" && shift 2 && exec "$@""#)
+            .arg("sh")
+            .arg(dir.join("own"))
+            .arg(target)
+            .arg(binary)
+            .env("MESH_HOST_LOG", "warn")
+            .arg("--state")
+            .arg(dir.join("state/state.json"))
+            .args(["run", "--etcd", url, "--node", &format!("bench-{i}"), "--metrics", "off"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("log")).unwrap())
+            .spawn()
+            .expect("unshare (util-linux) starts mesh-host"),
+    )
 }
 
 /// A staged rollout of a new fleet-wide declaration to every agent, and its promote: see
@@ -91,7 +117,7 @@ fn staged(
     agents: usize,
     statuses: &mpsc::Receiver<(Instant, String)>,
 ) -> serde_json::Value {
-    let candidate = fleet_declaration(&work.join("candidate"), 40);
+    let candidate = fleet_declaration(&work.join("candidate"), &work.join("target"), 40);
     let start = Instant::now();
     let (child, lines) = start_rollout(binary, work, url, &candidate, "300");
     let driver = Stopped(child);
@@ -126,16 +152,27 @@ fn staged(
     take(Duration::from_millis(500), &mut seen);
     let said: Vec<(Instant, String)> = lines.try_iter().collect();
     assert!(exited.success(), "fleet rollout start: {said:?}");
-    // "wave K of N open at revision R: a, b, c"
+    // "wave K of N open at revision R: a, b, c" (the names cut short past a few); a wave's
+    // nodes are those admitted from its revision to the next wave's, read from etcd before
+    // the promote deletes the rollout's keys.
+    let opens: Vec<(Instant, i64)> = said
+        .iter()
+        .filter_map(|(at, line)| {
+            let (_, rest) = line.strip_prefix("wave ")?.split_once(" open at revision ")?;
+            Some((*at, rest.split(':').next()?.parse().ok()?))
+        })
+        .collect();
+    let admitted = common::fleet::Etcd { url: url.to_owned() }.admissions();
     let mut waves = Vec::new();
     let mut last_converged = 0.0f64;
-    for (opened, line) in &said {
-        let Some(rest) = line.strip_prefix("wave ").and_then(|r| r.split_once(" open at revision ")) else {
-            continue;
-        };
-        let (revision, nodes) = rest.1.split_once(": ").unwrap();
-        let revision: i64 = revision.parse().unwrap();
-        let nodes: Vec<&str> = nodes.split(", ").collect();
+    for (k, (opened, revision)) in opens.iter().enumerate() {
+        let (opened, revision) = (opened, *revision);
+        let next = opens.get(k + 1).map_or(i64::MAX, |(_, r)| *r);
+        let nodes: Vec<&str> = admitted
+            .iter()
+            .filter(|(_, at)| (revision..next).contains(at))
+            .map(|(n, _)| n.as_str())
+            .collect();
         let converged: Vec<f64> = nodes
             .iter()
             .filter_map(|n| {
@@ -212,23 +249,10 @@ fn main() {
         std::fs::write(dir.join("own.json"), own.to_string()).unwrap();
         put(binary, work, &etcd.url, &["--node", &format!("bench-{i}")], &dir.join("own.json"));
     }
-    put(binary, work, &etcd.url, &["--fleet"], &fleet_declaration(&work.join("fleet"), 1));
-    let nodes: Vec<Stopped> = (0..agents)
-        .map(|i| {
-            let dir = work.join(format!("n{i}"));
-            Stopped(
-                Command::new(binary)
-                    .env("MESH_HOST_LOG", "warn")
-                    .arg("--state")
-                    .arg(dir.join("state/state.json"))
-                    .args(["run", "--etcd", &etcd.url, "--node", &format!("bench-{i}"), "--metrics", "off"])
-                    .stdout(Stdio::null())
-                    .stderr(std::fs::File::create(dir.join("log")).unwrap())
-                    .spawn()
-                    .expect("mesh-host starts"),
-            )
-        })
-        .collect();
+    let target = work.join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    put(binary, work, &etcd.url, &["--fleet"], &fleet_declaration(&work.join("fleet"), &target, 1));
+    let nodes: Vec<Stopped> = (0..agents).map(|i| agent(binary, work, &target, &etcd.url, i)).collect();
     let converged = || etcd.statuses().iter().filter(|(_, s)| s["converged"] == true).count();
     wait_until(Duration::from_secs(300), || converged() == agents);
     let ready = converged();
@@ -273,7 +297,8 @@ fn main() {
     // Timed from before `fleet put` starts, so the CLI's own time counts against the agents;
     // and from its return, when the write is known to be in etcd.
     let start = Instant::now();
-    let written = put(binary, work, &etcd.url, &["--fleet"], &fleet_declaration(&work.join("fleet"), 22));
+    let written =
+        put(binary, work, &etcd.url, &["--fleet"], &fleet_declaration(&work.join("fleet"), &target, 22));
     let put_took = start.elapsed().as_secs_f64();
     let mut seen = std::collections::BTreeMap::new();
     let deadline = start + Duration::from_secs(120);
@@ -302,10 +327,18 @@ fn main() {
     // last of its nodes' statuses at or past the wave's revision, converged, as etcd delivers
     // them; then the promote.
     let rollout = staged(binary, work, &etcd.url, agents, &rx);
+    // What the rollout's candidate declares, on each agent's own disk.
+    let holding = (0..agents)
+        .filter(|i| {
+            std::fs::read_to_string(work.join(format!("n{i}/own/fleet.conf"))).ok().as_deref()
+                == Some("change 40\n")
+        })
+        .count();
 
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let report = serde_json::json!({
         "rollout": rollout,
+        "agents_holding_the_candidates_file": holding,
         "binary": binary,
         "agents": agents,
         "converged_before_the_write": ready,

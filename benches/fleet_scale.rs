@@ -16,10 +16,14 @@
 //! - a rollout `1,10%,100%` with soak 0, from `start` to every node converged, per wave;
 //! - `fleet status`: its time and output size;
 //! - `MESH_HOST_BENCH_CHANGES` more fleet-wide changes (default 10), then etcd's database size,
-//!   and again after a compaction and defragmentation.
+//!   its CPU and resident size at rest again, and the database after a compaction and
+//!   defragmentation;
+//! - the machine's load average (it is shared) at rest, after the put and after the rollout.
 //!
 //! `cargo bench --bench fleet_scale` (a release build); `MESH_HOST_BENCH_HOLLOW=1000,5000,10000`
-//! chooses the sizes (default 1000). Runs as root (it raises its descriptor limit). Hollow
+//! chooses the sizes (default 1000); `MESH_HOST_BENCH_IN_ORDER=1` has every node dial the first
+//! member first, as `--etcd-in-order` does; `MESH_HOST_BENCH_ELECTION_MS` sets etcd's election
+//! timeout (`timing`). Runs as root (it raises its descriptor limit). Hollow
 //! nodes keep their state on /dev/shm. Figures go in BENCHMARKS.md, "The fleet at scale".
 #![allow(clippy::disallowed_methods)]
 
@@ -35,6 +39,23 @@ use common::fleet::{connections, free_port, quantile, start_rollout, status_of, 
 use mesh_host::controller::Applied;
 use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
+
+/// etcd's raft timing: its defaults (100 ms heartbeats, a 1 s election timeout), or with
+/// `MESH_HOST_BENCH_ELECTION_MS=T` an election timeout of T and heartbeats of T/10, as etcd's
+/// tuning guide advises where members are starved of CPU: on two cores shared by the three
+/// members, thousands of hollow nodes and other builds, the default timing lost its leader
+/// every few seconds at 5,000 nodes. No limit changes (transactions, request size, quota).
+fn timing() -> Vec<String> {
+    match std::env::var("MESH_HOST_BENCH_ELECTION_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+        Some(t) => vec![
+            "--election-timeout".into(),
+            t.to_string(),
+            "--heartbeat-interval".into(),
+            (t / 10).to_string(),
+        ],
+        None => Vec::new(),
+    }
+}
 
 /// A 3-member etcd cluster, each member on its own ports and data directory.
 struct Cluster {
@@ -59,6 +80,7 @@ impl Cluster {
                     .args(["--listen-client-urls", &url, "--advertise-client-urls", &url])
                     .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
                     .args(["--initial-cluster", &initial.join(","), "--initial-cluster-state", "new"])
+                    .args(timing())
                     .stdout(Stdio::null())
                     .stderr(std::fs::File::create(work.join(format!("etcd-m{i}.log"))).unwrap())
                     .spawn()
@@ -166,7 +188,12 @@ async fn hollow_node(
     let cache = fleet_dir.join("declaration.d");
     let (tx, rx) = watch::channel(Applied::default());
     let controller = tokio::spawn(hollow_controller(cache.clone(), nudge, tx, shutdown.clone()));
-    let etcd = mesh_host::system::Etcd::new(&endpoints, &Default::default()).expect("endpoints parse");
+    let mut etcd = mesh_host::system::Etcd::new(&endpoints, &Default::default()).expect("endpoints parse");
+    // `MESH_HOST_BENCH_IN_ORDER=1`: every node dials the first member first (`--etcd-in-order`),
+    // as before issue 43, to weigh the spread against it.
+    if std::env::var_os("MESH_HOST_BENCH_IN_ORDER").is_some_and(|v| v == "1") {
+        etcd = etcd.in_order();
+    }
     let source = mesh_host::fleet::source::Source {
         endpoints,
         node: format!("hollow-{i:05}"),
@@ -307,8 +334,23 @@ impl Statuses {
     /// `patience` ran out; the seconds from `start` at which each did, sorted.
     fn until(&mut self, start: Instant, revision: i64, nodes: usize, patience: Duration) -> Vec<f64> {
         let deadline = Instant::now() + patience;
-        while self.reached(revision, start, None).len() < nodes && Instant::now() < deadline {
-            self.take(Duration::from_millis(200));
+        let mut said = Instant::now();
+        loop {
+            // What came in the next 200 ms, then one count (a count per line is quadratic in
+            // the fleet, and this process's CPU is the hollow nodes').
+            let batch = Instant::now() + Duration::from_millis(200);
+            while Instant::now() < batch && self.take(Duration::from_millis(50)) {}
+            let done = self.reached(revision, start, None).len();
+            if done >= nodes || Instant::now() >= deadline {
+                break;
+            }
+            if said.elapsed() >= Duration::from_secs(10) {
+                eprintln!(
+                    "fleet_scale: {done} of {nodes} at revision {revision} after {:.0} s",
+                    start.elapsed().as_secs_f64()
+                );
+                said = Instant::now();
+            }
         }
         let mut v: Vec<f64> =
             self.reached(revision, start, None).values().map(|at| (*at - start).as_secs_f64()).collect();
@@ -409,6 +451,45 @@ fn raise_descriptors(wanted: u64) {
     );
 }
 
+/// `changes` fleet-wide puts, each waited for until every node applied it; the seconds each
+/// took, sorted.
+fn more_changes(binary: &Path, work: &Path, endpoints: &str, nodes: usize, changes: usize) -> Vec<f64> {
+    let mut each = Vec::new();
+    for c in 0..changes {
+        let mut statuses = Statuses::watch(endpoints, "/mesh-host/node/");
+        let start = Instant::now();
+        let written = put(binary, work, endpoints, 3 + c);
+        let all = statuses.until(start, written, nodes, Duration::from_secs(300));
+        each.push(all.last().copied().unwrap_or(f64::NAN));
+    }
+    each.sort_by(f64::total_cmp);
+    each
+}
+
+/// This machine's load average over the last minute (it is shared: figures say how loaded).
+fn load() -> f64 {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace().next().and_then(|l| l.parse().ok()).unwrap_or(f64::NAN)
+}
+
+/// etcd at rest for 20 s: each member's CPU, resident size and connections, the revisions
+/// written a second, the hollow process's size and the machine's load average.
+fn at_rest(cluster: &Cluster) -> serde_json::Value {
+    let (u0, t0, r0) = (cluster.usage(), Instant::now(), cluster.etcd().revision());
+    std::thread::sleep(Duration::from_secs(20));
+    let secs = t0.elapsed().as_secs_f64();
+    let u1 = cluster.usage();
+    let cpu: Vec<f64> = u0.iter().zip(&u1).map(|(a, b)| 100.0 * (b.0 - a.0) / secs).collect();
+    serde_json::json!({
+        "etcd_cpu_percent_per_member": cpu,
+        "etcd_rss_mib_per_member": u1.iter().map(|u| u.1 / 1024).collect::<Vec<_>>(),
+        "revisions_per_s": (cluster.etcd().revision() - r0) as f64 / secs,
+        "connections_per_member": cluster.connections(),
+        "hollow_process_rss_mib": common::status_kib(std::process::id(), "VmRSS") / 1024,
+        "load_average": load(),
+    })
+}
+
 fn one_size(binary: &Path, nodes: usize, changes: usize) -> serde_json::Value {
     let work = tempfile::Builder::new().prefix("mesh-host-fleet-scale-").tempdir_in("/var/tmp").unwrap();
     let shm = tempfile::Builder::new().prefix("mesh-host-hollow-").tempdir_in("/dev/shm").unwrap();
@@ -438,20 +519,8 @@ fn one_size(binary: &Path, nodes: usize, changes: usize) -> serde_json::Value {
     drop(statuses);
     std::thread::sleep(Duration::from_secs(5));
 
-    // Idle.
-    let (u0, t0, r0) = (cluster.usage(), Instant::now(), cluster.etcd().revision());
-    std::thread::sleep(Duration::from_secs(20));
-    let secs = t0.elapsed().as_secs_f64();
-    let u1 = cluster.usage();
-    let idle_cpu: Vec<f64> = u0.iter().zip(&u1).map(|(a, b)| 100.0 * (b.0 - a.0) / secs).collect();
-    let idle_rate = (cluster.etcd().revision() - r0) as f64 / secs;
-    let idle = serde_json::json!({
-        "etcd_cpu_percent_per_member": idle_cpu,
-        "etcd_rss_mib_per_member": u1.iter().map(|u| u.1 / 1024).collect::<Vec<_>>(),
-        "revisions_per_s": idle_rate,
-        "connections_per_member": cluster.connections(),
-        "hollow_process_rss_mib": common::status_kib(std::process::id(), "VmRSS") / 1024,
-    });
+    let idle = at_rest(&cluster);
+    eprintln!("fleet_scale: up {}, at rest {idle}", spread(&up));
 
     // A fleet-wide put, to every node's status.
     let mut statuses = Statuses::watch(&endpoints, "/mesh-host/node/");
@@ -460,6 +529,8 @@ fn one_size(binary: &Path, nodes: usize, changes: usize) -> serde_json::Value {
     let put_s = start.elapsed().as_secs_f64();
     let applied = statuses.until(start, written, nodes, Duration::from_secs(300));
     drop(statuses);
+    let load_put = load();
+    eprintln!("fleet_scale: put to applied {} (load {load_put})", spread(&applied));
 
     // `fleet status`, every node current.
     let status_start = Instant::now();
@@ -471,18 +542,18 @@ fn one_size(binary: &Path, nodes: usize, changes: usize) -> serde_json::Value {
     });
 
     let staged = rollout(binary, work, &endpoints);
+    let load_rollout = load();
+    eprintln!("fleet_scale: fleet status {fleet_status}, rollout {staged} (load {load_rollout})");
 
-    // More fleet-wide changes, each waited for, then the database before and after compaction.
+    // More fleet-wide changes, each waited for, then the database before and after compaction;
+    // first the promote's own burst (every node reads the promoted scope again) is let pass:
+    // at 5,000 nodes on this machine a `fleet put` inside it found no member answering a page
+    // of its read within 5 s.
+    std::thread::sleep(Duration::from_secs(30));
     let db_before = cluster.db_mib();
-    let mut each = Vec::new();
-    for c in 0..changes {
-        let mut statuses = Statuses::watch(&endpoints, "/mesh-host/node/");
-        let start = Instant::now();
-        let written = put(binary, work, &endpoints, 3 + c);
-        let all = statuses.until(start, written, nodes, Duration::from_secs(300));
-        each.push(all.last().copied().unwrap_or(f64::NAN));
-    }
+    let each = more_changes(binary, work, &endpoints, nodes, changes);
     let db_after = cluster.db_mib();
+    let idle_after = at_rest(&cluster);
     let now = cluster.etcd().revision().to_string();
     let compacted = cluster.etcd().ctl(&["compaction", "--physical", &now]).status.success();
     let defragged = cluster.etcd().ctl(&["defrag", "--cluster"]).status.success();
@@ -506,12 +577,15 @@ fn one_size(binary: &Path, nodes: usize, changes: usize) -> serde_json::Value {
         "idle": idle,
         "put_command_s": put_s,
         "put_to_status_applied": spread(&applied),
+        "load_average_after_put": load_put,
+        "load_average_after_rollout": load_rollout,
         "rollout": staged,
         "fleet_status": fleet_status,
         "changes": changes,
-        "change_to_all_applied_s": spread(&{ let mut e = each.clone(); e.sort_by(f64::total_cmp); e }),
+        "change_to_all_applied_s": spread(&each),
         "db_mib_before_changes": db_before,
         "db_mib_after_changes": db_after,
+        "idle_after_changes": idle_after,
         "compacted": compacted && defragged,
         "db_mib_after_compaction": db_compacted,
     })

@@ -60,6 +60,20 @@ impl Etcd {
         v["kvs"].as_array().map(Vec::as_slice).unwrap_or_default().iter().filter_map(status_of).collect()
     }
 
+    /// Each node a rollout in progress admitted, with the revision of its admission.
+    pub fn admissions(&self) -> Vec<(String, i64)> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let out =
+            self.ctl(&["get", "--prefix", "/mesh-host/rollout/open/node/", "--keys-only", "-w", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let admission = |kv: &serde_json::Value| {
+            let key = String::from_utf8(b64.decode(kv["key"].as_str()?).ok()?).ok()?;
+            let node = key.strip_prefix("/mesh-host/rollout/open/node/")?.strip_suffix("/admitted")?;
+            Some((node.to_owned(), kv["mod_revision"].as_i64()?))
+        };
+        v["kvs"].as_array().map(Vec::as_slice).unwrap_or_default().iter().filter_map(admission).collect()
+    }
+
     /// etcd's write-ahead-log fsyncs so far: how many, and their seconds, from its /metrics.
     pub fn wal_fsyncs(&self) -> (f64, f64) {
         use std::io::{Read as _, Write as _};
