@@ -140,6 +140,9 @@ pub enum ClaimKind {
     Confirmed,
     /// The node went back by itself from `generation`, read at `revision`.
     Reverted,
+    /// etcd compacted away the revision the node's watch was to go on from (`revision`): the
+    /// node reads its whole declaration again (for the figures; no invariant reads it).
+    Reread,
 }
 
 /// Begun or ended.

@@ -239,7 +239,7 @@ pub struct Up {
     pub fleet: Arc<Mutex<Fleet>>,
     pub ops: Arc<Ops>,
     stop: Arc<AtomicBool>,
-    recorded: Arc<std::sync::atomic::AtomicI64>,
+    pub recorded: system::Recorded,
     sampler: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -309,12 +309,17 @@ impl Up {
             system::etcdctl(&endpoints, &["get", "/mesh-host/", "--prefix", "--limit", "1", "-w", "json"]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         let latest = v["header"]["revision"].as_i64().unwrap_or(0);
-        let recorded = self.recorded.clone();
+        let recorded = self.recorded.seen.clone();
         assert!(
             wait_for(Duration::from_secs(30), || recorded.load(Ordering::SeqCst) >= latest),
             "the recorder did not reach revision {latest}"
         );
+        let lost = self.recorded.lost.load(Ordering::SeqCst);
+        assert!(lost == 0, "the history lacks revisions from {lost}: compacted before the recorder saw them");
         self.stop.store(true, Ordering::SeqCst);
+        if let Some(pid) = *self.recorded.watcher.lock().unwrap() {
+            signal(pid, Signal::SIGKILL);
+        }
         if let Some(s) = self.sampler.take() {
             let _ = s.join();
         }

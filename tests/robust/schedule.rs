@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use crate::check::Violation;
-use crate::history::{Entry, Phase};
+use crate::history::{Edge, Entry, Phase};
 use crate::run::{fault, up, Plan, Rng, Up};
 use crate::system::{self, signal, wait_for};
 
@@ -45,7 +45,7 @@ fn nemesis(up: &Up, rng: &mut Rng, until: Instant) {
     while Instant::now() < until {
         std::thread::sleep(Duration::from_millis(rng.range(2_000, 6_000)));
         let hold = Duration::from_millis(rng.range(2_000, 9_000));
-        match rng.range(0, 4) {
+        match rng.range(0, 6) {
             0 => {
                 let i = rng.range(0, 2) as usize;
                 let c = &up.cluster;
@@ -68,9 +68,62 @@ fn nemesis(up: &Up, rng: &mut Rng, until: Instant) {
                 kill_agent(up, i, &format!("kill -9 agent ro-{}", i + 1), hold);
             }
             3 => kill_in_window(up, rng),
-            _ => pause_driver(up),
+            4 => pause_driver(up),
+            5 => compaction(up, rng),
+            _ => quota(up, hold),
         }
     }
+}
+
+/// A compaction at etcd's current revision while the watches on one member cannot go on: the
+/// member stopped, a key put through the others, the compaction 1 s later, the member
+/// continued 12 s after it (past the agents' 15 s keepalive, counted from the stop, so the
+/// agents connected to it watch again from a revision compacted away, and must read their
+/// declaration again).
+fn compaction(up: &Up, rng: &mut Rng) {
+    let i = rng.range(0, 2) as usize;
+    let Some(pid) = up.cluster.lock().unwrap().pid(i) else { return };
+    let others = up.cluster.lock().unwrap().endpoints_but(i);
+    let h = &up.history;
+    let seen = &up.recorded.seen;
+    let what = format!("SIGSTOP etcd m{i}, a write, compaction at the current revision");
+    let on = || {
+        signal(pid, Signal::SIGSTOP);
+        // The revision moved past what the stopped member's watchers were sent: a key outside
+        // the fleet's root, put through the others.
+        system::etcdctl(&others, &["put", "/robust-mark", &h.now().to_string()]);
+        std::thread::sleep(Duration::from_secs(1));
+        let said = system::compact_now(&others, seen);
+        let t = h.now();
+        for phase in [Edge::Start, Edge::Stop] {
+            h.log(&Entry::Nemesis { t, phase, fault: said.clone() });
+        }
+    };
+    fault(h, &what, on, Duration::from_secs(12), || signal(pid, Signal::SIGCONT));
+}
+
+/// The backend quota spent: etcd filled past `--quota-backend-bytes` (the NOSPACE alarm
+/// raised), held, then the operator's way out (the filler deleted, a compaction, a defrag of
+/// every member, the alarm disarmed).
+fn quota(up: &Up, hold: Duration) {
+    let endpoints = up.cluster.lock().unwrap().endpoints();
+    let h = &up.history;
+    let on = || {
+        let (mib, said) = system::fill(&endpoints);
+        let t = h.now();
+        let what = format!("{mib} MiB put outside the fleet's root, then: {said}");
+        for phase in [Edge::Start, Edge::Stop] {
+            h.log(&Entry::Nemesis { t, phase, fault: what.clone() });
+        }
+    };
+    let off = || {
+        let said = system::unfill(&endpoints, &up.recorded.seen);
+        let t = h.now();
+        for phase in [Edge::Start, Edge::Stop] {
+            h.log(&Entry::Nemesis { t, phase, fault: said.clone() });
+        }
+    };
+    fault(h, "etcd's backend quota spent (NOSPACE), then compact, defrag, disarm", on, hold, off);
 }
 
 fn kill_agent(up: &Up, i: usize, what: &str, hold: Duration) {
@@ -236,7 +289,7 @@ pub fn window(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
 pub fn summary(entries: &[Entry]) -> String {
     use std::collections::BTreeMap;
     let mut ops: BTreeMap<String, usize> = BTreeMap::new();
-    let (mut faults, mut samples, mut revision) = (0, 0, 0);
+    let (mut faults, mut samples, mut revision, mut rereads) = (0, 0, 0, 0);
     for e in entries {
         match e {
             Entry::Op { op, phase, .. } if *phase != Phase::Invoke => {
@@ -245,9 +298,13 @@ pub fn summary(entries: &[Entry]) -> String {
             Entry::Nemesis { phase: crate::history::Edge::Start, .. } => faults += 1,
             Entry::Sample { .. } => samples += 1,
             Entry::Etcd { rev, .. } => revision = revision.max(*rev),
+            Entry::Claim { what: crate::history::ClaimKind::Reread, .. } => rereads += 1,
             _ => {}
         }
     }
     let ops: Vec<String> = ops.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    format!("operations: {}; faults: {faults}; samples: {samples}; revisions: {revision}", ops.join(" "))
+    format!(
+        "operations: {}; faults: {faults}; samples: {samples}; revisions: {revision}; rereads after a compaction: {rereads}",
+        ops.join(" ")
+    )
 }

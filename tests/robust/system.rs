@@ -103,6 +103,12 @@ impl Cluster {
         self.ports.iter().map(|(c, _)| format!("http://127.0.0.1:{c}")).collect::<Vec<_>>().join(",")
     }
 
+    /// The endpoints of every member but `i`.
+    pub fn endpoints_but(&self, i: usize) -> String {
+        let others = self.ports.iter().enumerate().filter(|(j, _)| *j != i);
+        others.map(|(_, (c, _))| format!("http://127.0.0.1:{c}")).collect::<Vec<_>>().join(",")
+    }
+
     pub fn pid(&self, i: usize) -> Option<u32> {
         self.members[i].as_ref().map(Child::id)
     }
@@ -136,12 +142,77 @@ impl Cluster {
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &initial.join(","), "--initial-cluster-token", &self.token])
+            .args(["--quota-backend-bytes", &QUOTA.to_string()])
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .expect("etcd starts: install Debian's etcd-server (tests/testbed/50-etcd.sh)");
         self.members[i] = Some(child);
     }
+}
+
+/// The members' backend quota (`--quota-backend-bytes`): small enough for the nemesis to fill
+/// in a second or two, several times what a 4-minute run's own writes take.
+pub const QUOTA: u64 = 24 << 20;
+
+/// etcd's revision now (the header of a read).
+pub fn revision_now(endpoints: &str) -> Option<i64> {
+    let out = etcdctl(endpoints, &["get", "/", "--prefix", "--keys-only", "--limit", "1", "-w", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    v["header"]["revision"].as_i64()
+}
+
+/// Compacts etcd at its current revision, once the recorder has every event up to it (it
+/// watches every key, so every revision is an event it sees); what it says, for the history.
+pub fn compact_now(endpoints: &str, recorded: &AtomicI64) -> String {
+    let Some(now) = revision_now(endpoints) else { return "no revision read: not compacted".into() };
+    if !wait_for(Duration::from_secs(15), || recorded.load(Ordering::SeqCst) >= now) {
+        return format!("the recorder did not reach revision {now}: not compacted");
+    }
+    let out = etcdctl(endpoints, &["compact", &now.to_string()]);
+    let said = String::from_utf8_lossy(if out.status.success() { &out.stdout } else { &out.stderr });
+    format!("compact at revision {now}: {}", said.trim())
+}
+
+/// Fills etcd's backend with 1 MiB values outside the fleet's root until a put is refused for
+/// the quota (the NOSPACE alarm raised): how many went in, and what the refusal said.
+pub fn fill(endpoints: &str) -> (usize, String) {
+    let value = "x".repeat(1 << 20);
+    for i in 0..(QUOTA >> 20) as usize * 2 {
+        let key = format!("/robust-fill/{i}");
+        // The value on etcdctl's stdin: an argument is limited to 128 KiB.
+        let mut child = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", endpoints, "--command-timeout", "5s", "put", &key])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("etcdctl runs");
+        let _ = child.stdin.take().unwrap().write_all(value.as_bytes());
+        let out = child.wait_with_output().expect("etcdctl ends");
+        if !out.status.success() {
+            // etcdctl's last line ("Error: etcdserver: mvcc: database space exceeded").
+            let said = String::from_utf8_lossy(&out.stderr);
+            return (i, said.trim().lines().last().unwrap_or_default().to_owned());
+        }
+    }
+    ((QUOTA >> 20) as usize * 2, "never refused".into())
+}
+
+/// The operator's way out of NOSPACE: the filler's keys deleted, etcd compacted at its current
+/// revision, every member defragmented, then the alarm disarmed; what each step said.
+pub fn unfill(endpoints: &str, recorded: &AtomicI64) -> String {
+    let run = |args: &[&str]| {
+        let out = etcdctl(endpoints, args);
+        let said = if out.status.success() { &out.stdout } else { &out.stderr };
+        String::from_utf8_lossy(said).trim().replace('\n', "; ")
+    };
+    let deleted = run(&["del", "/robust-fill/", "--prefix"]);
+    let compacted = compact_now(endpoints, recorded);
+    let defrag = run(&["defrag", "--cluster"]);
+    let disarmed = run(&["alarm", "disarm"]);
+    format!("deleted {deleted}; {compacted}; {defrag}; disarm: {disarmed}")
 }
 
 impl Drop for Cluster {
@@ -303,6 +374,8 @@ fn claims(
         } else if message.starts_with("going back to generation") {
             // Only the going back itself: an armed window's line says "or going back to ..." too.
             ClaimKind::Reverted
+        } else if message.contains("compacted revision") && message.contains("away") {
+            ClaimKind::Reread
         } else {
             continue;
         };
@@ -337,11 +410,26 @@ fn spring(trap: &Mutex<Option<Trap>>, node: &str, revision: i64, history: &Histo
     history.log(&Entry::Nemesis { t: now, phase: crate::history::Edge::Start, fault: t.fault.clone() });
 }
 
-/// The recorder: etcd's watch on the fleet's root from revision 1, every event into the history;
-/// started again from the revision after the last one seen when etcdctl ends (its member
-/// killed). Returns the last revision seen, kept up to date.
-pub fn record(endpoints: &str, history: &Arc<History>, stop: &Arc<AtomicBool>) -> Arc<AtomicI64> {
+/// What the recorder gives: the last revision seen, kept up to date, and the first revision it
+/// could not have (compacted away before it watched from it; 0 when none was).
+pub struct Recorded {
+    pub seen: Arc<AtomicI64>,
+    pub lost: Arc<AtomicI64>,
+    /// The etcdctl watching, ended with the run (it would otherwise outlive the members,
+    /// retrying them).
+    pub watcher: Arc<Mutex<Option<u32>>>,
+}
+
+/// The recorder: etcd's watch on every key from revision 1, every event under the fleet's root
+/// into the history (the others, the quota's filler, only move the revision seen); started
+/// again from the revision after the last one seen when etcdctl ends (its member killed).
+/// Compaction is only ever done up to a revision it has seen (`compact_now`); a watch that
+/// etcd answers with a compaction all the same is recorded as `lost`, and the run fails.
+pub fn record(endpoints: &str, history: &Arc<History>, stop: &Arc<AtomicBool>) -> Recorded {
     let last = Arc::new(AtomicI64::new(0));
+    let lost = Arc::new(AtomicI64::new(0));
+    let watcher = Arc::new(Mutex::new(None));
+    let recorded = Recorded { seen: last.clone(), lost: lost.clone(), watcher: watcher.clone() };
     let (endpoints, history, stop, seen) =
         (endpoints.to_owned(), history.clone(), stop.clone(), last.clone());
     std::thread::spawn(move || {
@@ -349,29 +437,35 @@ pub fn record(endpoints: &str, history: &Arc<History>, stop: &Arc<AtomicBool>) -
             let from = (seen.load(Ordering::SeqCst) + 1).to_string();
             let child = Command::new("etcdctl")
                 .env("ETCDCTL_API", "3")
-                .args(["--endpoints", &endpoints, "watch", "--prefix", "/mesh-host/", "--rev", &from])
+                .args(["--endpoints", &endpoints, "--keepalive-time", "2s", "--keepalive-timeout", "2s"])
+                .args(["watch", "--prefix", "/", "--rev", &from])
                 .args(["--prev-kv", "-w", "json"])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
                 .spawn();
             let Ok(mut child) = child else { return };
+            *watcher.lock().unwrap() = Some(child.id());
             let out = child.stdout.take().unwrap();
             for line in BufReader::new(out).lines().map_while(Result::ok) {
                 if stop.load(Ordering::SeqCst) {
                     break;
                 }
-                watched(&line, &history, &seen);
+                watched(&line, &history, [&seen, &lost]);
             }
             let _ = child.kill();
             let _ = child.wait();
             std::thread::sleep(Duration::from_millis(200));
         }
     });
-    last
+    recorded
 }
 
-fn watched(line: &str, history: &History, seen: &AtomicI64) {
+fn watched(line: &str, history: &History, [seen, lost]: [&AtomicI64; 2]) {
     let v: Value = serde_json::from_str(line).unwrap_or_default();
+    let compacted = v["CompactRevision"].as_i64().unwrap_or(0);
+    if compacted > seen.load(Ordering::SeqCst) + 1 {
+        let _ = lost.compare_exchange(0, seen.load(Ordering::SeqCst) + 1, Ordering::SeqCst, Ordering::SeqCst);
+    }
     let b64 = |x: &Value| {
         x.as_str()
             .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
@@ -384,6 +478,10 @@ fn watched(line: &str, history: &History, seen: &AtomicI64) {
         }
         let op = if ev["type"] == 1 || ev["type"] == "DELETE" { KvOp::Del } else { KvOp::Put };
         let key = b64(&ev["kv"]["key"]).unwrap_or_default();
+        if !key.starts_with("/mesh-host/") {
+            seen.fetch_max(rev, Ordering::SeqCst);
+            continue;
+        }
         let value = if op == KvOp::Put { Some(b64(&ev["kv"]["value"]).unwrap_or_default()) } else { None };
         history.log(&Entry::Etcd { t: history.now(), rev, op, key, value });
         seen.fetch_max(rev, Ordering::SeqCst);
