@@ -23,20 +23,69 @@ fn workload(up: &Up, rng: &mut Rng, until: Instant) {
         let roll = rng.range(0, 99);
         match (open, roll) {
             (false, 0..=44) => up.ops.put(),
-            (false, _) if !driving => {
-                let canary = format!("ro-{}", rng.range(1, n));
-                up.ops.start(&canary, rng.range(0, 3), 25, "1,25%,100%");
-            }
+            (false, 45..=89) if !driving => start(up, rng, n),
+            // Two operators starting a rollout at once: one driver at most may win.
+            (false, _) if !driving => race(up, &[start as Op; 2], rng),
             (false, _) => up.ops.fleet_status(),
             (true, 0..=9) => up.ops.put(),
             (true, 10..=19) => up.ops.rollout("pause"),
-            (true, 20..=29) => up.ops.rollout("resume"),
-            (true, 30..=44) => up.ops.rollout("abort"),
-            (true, 45..=79) => up.ops.rollout("promote"),
-            (true, 80..=89) => up.ops.rollout("status"),
-            (true, _) => up.ops.fleet_status(),
+            (true, 20..=27) => up.ops.rollout("resume"),
+            (true, 28..=39) => up.ops.rollout("abort"),
+            (true, 40..=69) => up.ops.rollout("promote"),
+            (true, 70..=79) => up.ops.rollout("status"),
+            (true, 80..=84) => up.ops.fleet_status(),
+            (true, 85..=89) => abort_as_a_wave_opens(up, rng),
+            // Promote during an abort, and the reverse.
+            (true, 90..=94) => race(up, &[ABORT, PROMOTE], rng),
+            // Two operators' commands at once, any two.
+            (true, _) => {
+                const ANY: [Op; 5] = [
+                    ABORT,
+                    PROMOTE,
+                    |up, _, _| up.ops.rollout("pause"),
+                    |up, _, _| up.ops.rollout("resume"),
+                    |up, _, _| up.ops.put(),
+                ];
+                let pair = [ANY[rng.range(0, 4) as usize], ANY[rng.range(0, 4) as usize]];
+                race(up, &pair, rng);
+            }
         }
     }
+}
+
+/// One operator's command, chosen with the generator, for `n` agents.
+type Op = fn(&Up, &mut Rng, u64);
+const ABORT: Op = |up, _, _| up.ops.rollout("abort");
+const PROMOTE: Op = |up, _, _| up.ops.rollout("promote");
+
+fn start(up: &Up, rng: &mut Rng, n: u64) {
+    let canary = format!("ro-{}", rng.range(1, n));
+    up.ops.start(&canary, rng.range(0, 3), 25, "1,25%,100%");
+}
+
+/// Commands by operators at once: each on a thread of its own, the second 0-200 ms after the
+/// first (so either may reach etcd first).
+fn race(up: &Up, ops: &[Op], rng: &mut Rng) {
+    let n = up.fleet.lock().unwrap().agents.len() as u64;
+    eprintln!("robust: race of {} operators", ops.len());
+    std::thread::scope(|s| {
+        for op in ops {
+            let (mut own, gap) = (Rng::new(rng.next()), rng.range(0, 200));
+            s.spawn(move || op(up, &mut own, n));
+            std::thread::sleep(Duration::from_millis(gap));
+        }
+    });
+}
+
+/// An abort sent 0-300 ms after the driver next writes the rollout's state (a wave opening,
+/// as the nodes of the wave read their admissions), within 15 s.
+fn abort_as_a_wave_opens(up: &Up, rng: &mut Rng) {
+    let state = &up.recorded.state;
+    let before = state.load(Ordering::SeqCst);
+    let moved = wait_for(Duration::from_secs(15), || state.load(Ordering::SeqCst) > before);
+    std::thread::sleep(Duration::from_millis(rng.range(0, 300)));
+    eprintln!("robust: race: abort as a wave opens (state written: {moved})");
+    up.ops.rollout("abort");
 }
 
 /// The nemesis: one fault at a time, with gaps of 2-6 s, until `until`.
@@ -87,8 +136,12 @@ fn compaction(up: &Up, rng: &mut Rng) {
     let h = &up.history;
     let seen = &up.recorded.seen;
     let what = format!("SIGSTOP etcd m{i}, a write, compaction at the current revision");
+    let all = up.cluster.lock().unwrap().endpoints();
     let on = || {
         signal(pid, Signal::SIGSTOP);
+        // The recorder moved off the member at once: its watch would stall on it past the
+        // checker's allowance for the recorder's lag.
+        up.recorded.through(&others);
         // The revision moved past what the stopped member's watchers were sent: a key outside
         // the fleet's root, put through the others.
         system::etcdctl(&others, &["put", "/robust-mark", &h.now().to_string()]);
@@ -99,7 +152,11 @@ fn compaction(up: &Up, rng: &mut Rng) {
             h.log(&Entry::Nemesis { t, phase, fault: said.clone() });
         }
     };
-    fault(h, &what, on, Duration::from_secs(12), || signal(pid, Signal::SIGCONT));
+    let off = || {
+        signal(pid, Signal::SIGCONT);
+        *up.recorded.endpoints.lock().unwrap() = all;
+    };
+    fault(h, &what, on, Duration::from_secs(12), off);
 }
 
 /// The backend quota spent: etcd filled past `--quota-backend-bytes` (the NOSPACE alarm

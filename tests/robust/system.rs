@@ -415,9 +415,25 @@ fn spring(trap: &Mutex<Option<Trap>>, node: &str, revision: i64, history: &Histo
 pub struct Recorded {
     pub seen: Arc<AtomicI64>,
     pub lost: Arc<AtomicI64>,
+    /// The revision of the last write of the rollout's state (for the operator's races).
+    pub state: Arc<AtomicI64>,
     /// The etcdctl watching, ended with the run (it would otherwise outlive the members,
     /// retrying them).
     pub watcher: Arc<Mutex<Option<u32>>>,
+    /// The endpoints it watches through from its next start (all, unless a fault stops one for
+    /// longer than the checker's `LAG_MS`: then the others).
+    pub endpoints: Arc<Mutex<String>>,
+}
+
+impl Recorded {
+    /// Watches through `endpoints` from now on: the running etcdctl is ended, and the watch
+    /// started again from the revision after the last one seen.
+    pub fn through(&self, endpoints: &str) {
+        *self.endpoints.lock().unwrap() = endpoints.to_owned();
+        if let Some(pid) = *self.watcher.lock().unwrap() {
+            signal(pid, Signal::SIGKILL);
+        }
+    }
 }
 
 /// The recorder: etcd's watch on every key from revision 1, every event under the fleet's root
@@ -428,13 +444,21 @@ pub struct Recorded {
 pub fn record(endpoints: &str, history: &Arc<History>, stop: &Arc<AtomicBool>) -> Recorded {
     let last = Arc::new(AtomicI64::new(0));
     let lost = Arc::new(AtomicI64::new(0));
+    let state = Arc::new(AtomicI64::new(0));
     let watcher = Arc::new(Mutex::new(None));
-    let recorded = Recorded { seen: last.clone(), lost: lost.clone(), watcher: watcher.clone() };
-    let (endpoints, history, stop, seen) =
-        (endpoints.to_owned(), history.clone(), stop.clone(), last.clone());
+    let endpoints = Arc::new(Mutex::new(endpoints.to_owned()));
+    let recorded = Recorded {
+        seen: last.clone(),
+        lost: lost.clone(),
+        state: state.clone(),
+        watcher: watcher.clone(),
+        endpoints: endpoints.clone(),
+    };
+    let (history, stop, seen) = (history.clone(), stop.clone(), last.clone());
     std::thread::spawn(move || {
         while !stop.load(Ordering::SeqCst) {
             let from = (seen.load(Ordering::SeqCst) + 1).to_string();
+            let endpoints = endpoints.lock().unwrap().clone();
             let child = Command::new("etcdctl")
                 .env("ETCDCTL_API", "3")
                 .args(["--endpoints", &endpoints, "--keepalive-time", "2s", "--keepalive-timeout", "2s"])
@@ -450,7 +474,7 @@ pub fn record(endpoints: &str, history: &Arc<History>, stop: &Arc<AtomicBool>) -
                 if stop.load(Ordering::SeqCst) {
                     break;
                 }
-                watched(&line, &history, [&seen, &lost]);
+                watched(&line, &history, [&seen, &lost, &state]);
             }
             let _ = child.kill();
             let _ = child.wait();
@@ -460,7 +484,7 @@ pub fn record(endpoints: &str, history: &Arc<History>, stop: &Arc<AtomicBool>) -
     recorded
 }
 
-fn watched(line: &str, history: &History, [seen, lost]: [&AtomicI64; 2]) {
+fn watched(line: &str, history: &History, [seen, lost, state]: [&AtomicI64; 3]) {
     let v: Value = serde_json::from_str(line).unwrap_or_default();
     let compacted = v["CompactRevision"].as_i64().unwrap_or(0);
     if compacted > seen.load(Ordering::SeqCst) + 1 {
@@ -481,6 +505,9 @@ fn watched(line: &str, history: &History, [seen, lost]: [&AtomicI64; 2]) {
         if !key.starts_with("/mesh-host/") {
             seen.fetch_max(rev, Ordering::SeqCst);
             continue;
+        }
+        if key == crate::model::STATE {
+            state.fetch_max(rev, Ordering::SeqCst);
         }
         let value = if op == KvOp::Put { Some(b64(&ev["kv"]["value"]).unwrap_or_default()) } else { None };
         history.log(&Entry::Etcd { t: history.now(), rev, op, key, value });
