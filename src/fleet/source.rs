@@ -303,6 +303,14 @@ fn take(
             if let Some((id, _)) = &rollout {
                 manifest["rollout"] = serde_json::json!(id);
             }
+            // The `cache` mutant (feature `robust-mutant`; I9 in tests/robust/): the cache
+            // labelled with the revision of the read before, not the one it holds.
+            #[cfg(feature = "robust-mutant")]
+            if super::mutant("cache") {
+                if let Some((_, Some((was, _)))) = cached_manifest(cache) {
+                    manifest["revision"] = serde_json::json!(was);
+                }
+            }
             let replaces = rollout.as_ref().map(|(_, scope)| scope.as_str());
             let mut files: Vec<(String, Vec<u8>)> = named
                 .into_iter()

@@ -119,19 +119,33 @@ fn caught(schedule: fn(&run::Plan) -> Run, mutant: &'static str, want: &[(&str, 
 
 /// The gate (`gate`: a pending node taken for a good one) and abort (`abort`: the admissions
 /// left) mutants, on the canary stopped through a rollout's first waves, then an abort: I2 on
-/// the canary, I4 on the nodes left on the candidate.
+/// the canary, I4 on the nodes left on the candidate. In the same run, the cache mutant
+/// (`cache`: a node's cache labelled with the revision of the read before): I9 on a node of
+/// the second wave, whose cache of the candidate says a revision before its admission.
 #[test]
 #[ignore = "needs the testbed and the mutant build (MESH_HOST_ROBUST_MUTANT): tests/run.sh makes both"]
-fn a_gate_that_passes_pending_nodes_and_an_abort_that_keeps_admissions_are_caught() {
-    caught(schedule::directed, "gate,abort", &[("I2", Some("ro-1")), ("I4", Some("ro-2"))]);
+fn a_gate_that_passes_pending_nodes_an_abort_that_keeps_admissions_and_a_stale_cache_are_caught() {
+    caught(
+        schedule::directed,
+        "gate,abort,cache",
+        &[("I2", Some("ro-1")), ("I4", Some("ro-2")), ("I9", Some("ro-2"))],
+    );
 }
 
 /// The fence mutant (`fence`: a driver that ignores its lease) on a driver stopped past its
-/// lease while a second takes over: I7, two drivers acting.
+/// lease while a second takes over: I7, two drivers acting. In the same run, on the agents,
+/// the status mutant (`status`: a new declaration said converged 3 s before it is applied) and
+/// the flap mutant (`flap`: a new declaration applied, then the one before, then the new one
+/// again): I8 and I10 on the canary, the first node to take the candidate. One run for three,
+/// so that tests/run.sh's step stays under 5 minutes.
 #[test]
 #[ignore = "needs the testbed and the mutant build (MESH_HOST_ROBUST_MUTANT): tests/run.sh makes both"]
-fn a_driver_that_ignores_its_lease_is_caught() {
-    caught(schedule::fence, "fence", &[("I7", None)]);
+fn a_driver_that_ignores_its_lease_a_status_ahead_and_a_flapping_node_are_caught() {
+    caught(
+        schedule::fence,
+        "fence,status,flap",
+        &[("I7", None), ("I8", Some("ro-1")), ("I10", Some("ro-1"))],
+    );
 }
 
 /// The window mutant (`window`: the generation an abort brings back armed, the candidate its

@@ -526,6 +526,7 @@ pub fn sample(
     let (fleet, history, stop) = (fleet.clone(), history.clone(), stop.clone());
     std::thread::spawn(move || {
         let mut last: Vec<Option<String>> = Vec::new();
+        let mut manifests: Vec<Option<String>> = Vec::new();
         loop {
             // The last round writes every node's sample: what each ran at the history's end.
             let ending = stop.load(Ordering::SeqCst);
@@ -543,6 +544,7 @@ pub fn sample(
                     })
                     .collect()
             };
+            caches(&fleet, &history, &mut manifests);
             last.resize(paths.len(), None);
             for (i, (node, path)) in paths.iter().enumerate() {
                 let content = std::fs::read_to_string(path).ok();
@@ -564,4 +566,49 @@ pub fn sample(
             std::thread::sleep(Duration::from_millis(75));
         }
     })
+}
+
+/// Each node's cache of its declaration, read from its state directory: a `cache` entry when
+/// its manifest changed. The files are read between two reads of the manifest, which must
+/// agree (else the cache was being replaced: read again at the next round).
+fn caches(fleet: &Mutex<Fleet>, history: &History, manifests: &mut Vec<Option<String>>) {
+    let dirs: Vec<(String, PathBuf)> = {
+        let f = fleet.lock().unwrap();
+        f.agents.iter().map(|a| (a.name.clone(), a.state.with_file_name("fleet/declaration.d"))).collect()
+    };
+    manifests.resize(dirs.len(), None);
+    for (i, (node, dir)) in dirs.iter().enumerate() {
+        let Ok(manifest) = std::fs::read_to_string(dir.join(".fleet.json")) else { continue };
+        if manifests[i].as_ref() == Some(&manifest) {
+            continue;
+        }
+        let Ok(mut files) = std::fs::read_dir(dir).map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with('r') && n.ends_with(".json"))
+                .collect::<Vec<_>>()
+        }) else {
+            continue;
+        };
+        files.sort();
+        let values: Vec<String> =
+            files.iter().filter_map(|n| std::fs::read_to_string(dir.join(n)).ok()).collect();
+        if std::fs::read_to_string(dir.join(".fleet.json")).ok().as_ref() != Some(&manifest) {
+            continue;
+        }
+        let m: Value = serde_json::from_str(&manifest).unwrap_or_default();
+        let keys: Vec<String> = m["keys"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|k| k.as_str().map(str::to_owned))
+            .collect();
+        let Some(revision) = m["revision"].as_i64() else { continue };
+        if keys.len() != values.len() {
+            continue;
+        }
+        let kvs = keys.into_iter().zip(values).collect();
+        history.log(&Entry::Cache { t: history.now(), node: node.clone(), revision, kvs });
+        manifests[i] = Some(manifest);
+    }
 }
