@@ -16,6 +16,7 @@
 mod check;
 mod history;
 mod model;
+mod net;
 
 #[cfg(test)]
 mod check_tests;
@@ -54,7 +55,10 @@ fn plan(bin: PathBuf, agents: u64, secs: u64, mutant: Option<&'static str>) -> r
         "MESH_HOST_ROBUST_SEED",
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
     );
-    run::Plan { seed, agents: agents as usize, secs, quiet: 30, bin, mutant }
+    // The seeded run only: the namespaces' names are fixed, and the directed ones run two
+    // systems side by side.
+    let netns = secs > 0;
+    run::Plan { seed, agents: agents as usize, secs, quiet: 30, bin, mutant, netns }
 }
 
 /// What one run gives: the history, the violations found, its directory.

@@ -94,7 +94,7 @@ fn nemesis(up: &Up, rng: &mut Rng, until: Instant) {
     while Instant::now() < until {
         std::thread::sleep(Duration::from_millis(rng.range(2_000, 6_000)));
         let hold = Duration::from_millis(rng.range(2_000, 9_000));
-        match rng.range(0, 6) {
+        match rng.range(0, 7) {
             0 => {
                 let i = rng.range(0, 2) as usize;
                 let c = &up.cluster;
@@ -119,7 +119,8 @@ fn nemesis(up: &Up, rng: &mut Rng, until: Instant) {
             3 => kill_in_window(up, rng),
             4 => pause_driver(up),
             5 => compaction(up, rng),
-            _ => quota(up, hold),
+            6 => quota(up, hold),
+            _ => cut_off(up, rng, hold),
         }
     }
 }
@@ -181,6 +182,21 @@ fn quota(up: &Up, hold: Duration) {
         }
     };
     fault(h, "etcd's backend quota spent (NOSPACE), then compact, defrag, disarm", on, hold, off);
+}
+
+/// One node cut off from etcd alone (nftables in its network namespace dropping what it sends
+/// to etcd), for 6 s more than `hold` (so 8-15 s: past its 10 s presence lease, often), then
+/// healed.
+fn cut_off(up: &Up, rng: &mut Rng, hold: Duration) {
+    let Some(net) = &up.net else { return };
+    let i = rng.range(0, up.fleet.lock().unwrap().agents.len() as u64 - 1) as usize;
+    let mut what = format!("agent ro-{} cut off from etcd (nftables in its namespace)", i + 1);
+    // A cut that could not be made is said in the history (and the run goes on without it).
+    if let Err(e) = net.cut(i) {
+        eprintln!("robust: {what}: {e}");
+        what = format!("{what}: NOT MADE: {e}");
+    }
+    fault(&up.history, &what, || {}, hold + Duration::from_secs(6), || net.heal(i));
 }
 
 fn kill_agent(up: &Up, i: usize, what: &str, hold: Duration) {

@@ -77,14 +77,18 @@ pub struct Cluster {
     dir: PathBuf,
     ports: Vec<(u16, u16)>,
     token: String,
+    /// An address the members listen on besides loopback (the agents' bridge), if any.
+    also: Option<String>,
     pub members: Vec<Option<Child>>,
 }
 
 impl Cluster {
-    pub fn start(dir: &Path) -> Cluster {
+    /// The members up, listening on loopback and, when given, on `also` too.
+    pub fn start(dir: &Path, also: Option<&str>) -> Cluster {
         let ports = (0..3).map(|_| (free_port(), free_port())).collect();
         let token = format!("robust-{}", std::process::id());
-        let mut c = Cluster { dir: dir.to_owned(), ports, token, members: vec![None, None, None] };
+        let also = also.map(str::to_owned);
+        let mut c = Cluster { dir: dir.to_owned(), ports, token, also, members: vec![None, None, None] };
         for i in 0..3 {
             c.restart(i);
         }
@@ -101,6 +105,12 @@ impl Cluster {
 
     pub fn endpoints(&self) -> String {
         self.ports.iter().map(|(c, _)| format!("http://127.0.0.1:{c}")).collect::<Vec<_>>().join(",")
+    }
+
+    /// The endpoints on the other address the members listen on (the agents'), or loopback's.
+    pub fn endpoints_on(&self, address: Option<&str>) -> String {
+        let address = address.unwrap_or("127.0.0.1");
+        self.ports.iter().map(|(c, _)| format!("http://{address}:{c}")).collect::<Vec<_>>().join(",")
     }
 
     /// The endpoints of every member but `i`.
@@ -131,6 +141,10 @@ impl Cluster {
             format!("http://127.0.0.1:{}", self.ports[i].0),
             format!("http://127.0.0.1:{}", self.ports[i].1),
         );
+        let listen = match &self.also {
+            Some(a) => format!("{client},http://{a}:{}", self.ports[i].0),
+            None => client.clone(),
+        };
         let log = std::fs::File::options()
             .create(true)
             .append(true)
@@ -139,7 +153,7 @@ impl Cluster {
         let child = Command::new("etcd")
             .args(["--name", &format!("m{i}"), "--data-dir"])
             .arg(self.dir.join(format!("etcd-m{i}")))
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-client-urls", &listen, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &initial.join(","), "--initial-cluster-token", &self.token])
             .args(["--quota-backend-bytes", &QUOTA.to_string()])
@@ -247,6 +261,8 @@ pub struct Fleet {
     pub trap: Arc<Mutex<Option<Trap>>>,
     /// `MESH_HOST_MUTANT` for every agent, when the run is a mutant's.
     pub mutant: Option<&'static str>,
+    /// Each agent in its own network namespace (`net::netns`), when set.
+    pub netns: bool,
 }
 
 /// The nodes whose confirmation window opened, and when.
@@ -289,6 +305,7 @@ impl Fleet {
             armed,
             trap,
             mutant: None,
+            netns: false,
         }
     }
 
@@ -302,7 +319,12 @@ impl Fleet {
             return;
         }
         let a = &self.agents[i];
-        let mut command = Command::new("unshare");
+        // In its network namespace, by nsenter, which execs unshare: the same process all the
+        // way to the agent.
+        let mut command = Command::new(if self.netns { "nsenter" } else { "unshare" });
+        if self.netns {
+            command.arg(format!("--net=/run/netns/{}", crate::net::netns(i))).arg("unshare");
+        }
         if let Some(m) = self.mutant {
             command.env("MESH_HOST_MUTANT", m);
         }
@@ -317,6 +339,8 @@ impl Fleet {
             .arg(&a.state)
             .args(["--log-json", "run", "--etcd", &self.endpoints, "--node", &a.name])
             .args(["--confirm-window", &self.window.to_string(), "--metrics", "off", "--settle-ms", "20"])
+            // Plain http to the bridge's address, a network of the harness's own.
+            .args(if self.netns { &["--allow-plaintext"][..] } else { &[] })
             .env("MESH_HOST_LOG", "info")
             .stdout(Stdio::piped())
             .stdin(Stdio::null())
