@@ -7,8 +7,8 @@
 //! (abort), I6 (no acknowledged write lost, nothing written by a refusal), I7 (one effective
 //! driver: every wave a driver says it opened, it opened holding the driver's key), I11
 //! (convergence after the heal), I8 (a status never ahead of the node's files), I9 (a node's
-//! cache is etcd at its revision), I10 (no flapping). Not checked: I5 (RELIABILITY.md says
-//! why).
+//! cache is etcd at its revision), I10 (no flapping), I5 (after promote, every node on the
+//! candidate or visibly held).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -93,6 +93,7 @@ pub fn check(entries: &[Entry]) -> Vec<Violation> {
     status_behind_files(entries, &replay, &mut out);
     no_flapping(entries, &mut out);
     cache_as_etcd(entries, &mut out);
+    promotes_land(entries, &replay, &mut out);
     out.sort_by_key(|v| v.t);
     out
 }
@@ -710,6 +711,61 @@ fn cache_as_etcd(entries: &[Entry], out: &mut Vec<Violation>) {
                     keys(&got),
                     keys(&want),
                     if keys(&got) == keys(&want) { " (the same keys, other values)" } else { "" }
+                ),
+            });
+        }
+    }
+}
+
+/// I5: after a promote, every node runs the promoted declaration, or its status says it is
+/// held (a rollback's hold, or gone back by itself), once `GRACE_MS` have passed with no fault:
+/// unless what it should run changed again before then.
+fn promotes_land(entries: &[Entry], replay: &Replay, out: &mut Vec<Violation>) {
+    let (samples, faults) = (intervals(entries), faults(entries));
+    let end = entries.iter().map(Entry::t).max().unwrap_or(0);
+    let promotes = replay.puts.iter().filter(|(_, k, v)| k == model::LAST && v.contains("\"promoted by"));
+    for (rev, _, _) in promotes {
+        let Some(tp) = entries.iter().find_map(|e| match e {
+            Entry::Etcd { t, rev: r, key, .. } if r == rev && key == model::LAST => Some(*t),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let low = tp + GRACE_MS;
+        let mut times = vec![low];
+        times.extend(faults.iter().map(|(_, e)| e + GRACE_MS).filter(|t| *t > low));
+        let Some(at) = times.into_iter().filter(|t| *t <= end).find(|t| healthy(&faults, *t)) else {
+            continue;
+        };
+        for (node, list) in &replay.expected {
+            let Some((_, _, want)) = list.iter().rev().find(|(r, _, _)| r <= rev) else { continue };
+            if list.iter().any(|(r, t, _)| r > rev && *t <= at) {
+                continue;
+            }
+            let ran =
+                samples.get(node).into_iter().flatten().find(|(from, until, _)| *from <= at && at < *until);
+            if ran.is_none_or(|(_, _, d)| d == want) {
+                continue;
+            }
+            let status = entries.iter().rev().find_map(|e| match e {
+                Entry::Etcd { t, key, value: Some(v), .. } if *t <= at && *key == model::status_key(node) => {
+                    Some(v)
+                }
+                _ => None,
+            });
+            let status: Value = status.and_then(|v| serde_json::from_str(v).ok()).unwrap_or_default();
+            if !status["hold"].is_null() || !status["reverted"].is_null() {
+                continue;
+            }
+            out.push(Violation {
+                invariant: "I5",
+                node: Some(node.clone()),
+                revision: Some(*rev),
+                t: at,
+                what: format!(
+                    "promoted at revision {rev} ({} s before, no fault in the {} s before), yet it runs neither the promoted declaration ({want}) nor says it is held",
+                    (at - tp) / 1000,
+                    GRACE_MS / 1000
                 ),
             });
         }

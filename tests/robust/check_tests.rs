@@ -352,6 +352,37 @@ fn i9_a_cache_that_is_not_etcd_at_its_revision_is_named() {
     assert!(v.what.contains("other values"), "{v}");
 }
 
+/// A promote, after which b goes back to v1, saying it is held (`held`) or not.
+fn promoted_and_b_back(held: bool) -> (H, i64) {
+    let mut h = H::through_wave_one().through_wave_two();
+    let last = json!({"id": "r1", "closed": "promoted by me on h (pid 901) at now"}).to_string();
+    let promoted = h.txn(&[
+        (&format!("{FLEET}app.json"), Some(decl("c <tok-2>"))),
+        (STATE, None),
+        (&admission_key("a"), None),
+        (&admission_key("b"), None),
+        (LAST, Some(last)),
+    ]);
+    if held {
+        let status =
+            json!({"node": "b", "revision": promoted, "converged": true, "hold": "held at generation 1"});
+        h.put(&status_key("b"), status.to_string());
+    }
+    h.sample("b", "v1 <tok-1>");
+    h.wait(25_000);
+    h.sample("a", "c <tok-2>");
+    (h, promoted)
+}
+
+#[test]
+fn i5_a_node_neither_on_the_promoted_candidate_nor_held_is_named() {
+    let (h, promoted) = promoted_and_b_back(false);
+    let v = only(&check(&h.e), "I5");
+    assert_eq!((v.node.as_deref(), v.revision), (Some("b"), Some(promoted)), "{v}");
+    let (h, _) = promoted_and_b_back(true);
+    assert!(check(&h.e).iter().all(|v| v.invariant != "I5"), "{:#?}", check(&h.e));
+}
+
 #[test]
 fn a_history_reads_back_as_it_was_written() {
     let h = H::through_wave_one();
