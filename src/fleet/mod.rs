@@ -46,7 +46,7 @@ pub mod status;
 
 /// The fleet harness's deliberately broken builds (tests/robust/; feature `robust-mutant`, never
 /// in a release): whether `MESH_HOST_MUTANT` names mutant `name` (`gate`, `abort`, `fence`,
-/// `window`, `cache`; a comma-separated list), so that one build holds them all and each run of the
+/// `window`, `cache`, `promote`; a comma-separated list), so that one build holds them all and each run of the
 /// harness breaks one thing. The agent's own, `status` and `flap`, read the same variable in
 /// `src/controller/worker.rs` (the controller does not reach into the fleet). Unset, the build behaves as the real one.
 #[cfg(feature = "robust-mutant")]

@@ -717,8 +717,9 @@ fn cache_as_etcd(entries: &[Entry], out: &mut Vec<Violation>) {
     }
 }
 
-/// I5: after a promote, every node runs the promoted declaration, or its status says it is
-/// held (a rollback's hold, or gone back by itself), once `GRACE_MS` have passed with no fault:
+/// I5: after a promote, every node runs the promoted declaration (the candidate's, as it stood
+/// before the promote; not what etcd's keys compose to after it, which a promote that lost the
+/// candidate would leave self-consistent), or its status says it is held (a rollback's hold, or gone back by itself), once `GRACE_MS` have passed with no fault:
 /// unless what it should run changed again before then.
 fn promotes_land(entries: &[Entry], replay: &Replay, out: &mut Vec<Violation>) {
     let (samples, faults) = (intervals(entries), faults(entries));
@@ -737,8 +738,11 @@ fn promotes_land(entries: &[Entry], replay: &Replay, out: &mut Vec<Violation>) {
         let Some(at) = times.into_iter().filter(|t| *t <= end).find(|t| healthy(&faults, *t)) else {
             continue;
         };
+        // What was promoted: the candidate's file as it stood before the promote.
+        let candidate = replay.puts.iter().rev().find(|(r, k, _)| r < rev && k.starts_with(model::CANDIDATE));
+        let Some(Ok(Some(content))) = candidate.map(|(_, _, v)| model::managed_content(v)) else { continue };
+        let want = &crate::history::digest(Some(&content));
         for (node, list) in &replay.expected {
-            let Some((_, _, want)) = list.iter().rev().find(|(r, _, _)| r <= rev) else { continue };
             if list.iter().any(|(r, t, _)| r > rev && *t <= at) {
                 continue;
             }

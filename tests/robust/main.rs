@@ -161,13 +161,26 @@ fn an_abort_that_arms_the_candidate_as_a_fallback_is_caught() {
     caught(schedule::window, "window", &[("I4", Some("ro-1"))]);
 }
 
+/// The promote mutant (`promote`: the rollout closed as promoted without the candidate put as
+/// the fleet's declaration) on a rollout driven through and promoted: I5, every node back on
+/// the declaration before with no hold said. Not in tests/run.sh's step (it would take the
+/// step past 5 minutes): run by hand (docs/testing.md).
+#[test]
+#[ignore = "needs the testbed and the mutant build (MESH_HOST_ROBUST_MUTANT); not in tests/run.sh"]
+fn a_promote_that_loses_the_candidate_is_caught() {
+    caught(schedule::promote, "promote", &[("I5", None)]);
+}
+
 /// A kept history checked again, by today's checker: `MESH_HOST_ROBUST_HISTORY=PATH` (a run's
 /// `history.jsonl`). For a checker changed after the run, or a violation looked into.
 #[test]
-#[ignore = "needs a kept history: MESH_HOST_ROBUST_HISTORY=PATH"]
+#[ignore = "checks a kept history: MESH_HOST_ROBUST_HISTORY=PATH"]
 fn a_kept_history_is_checked_again() {
-    let path =
-        std::env::var("MESH_HOST_ROBUST_HISTORY").expect("MESH_HOST_ROBUST_HISTORY: a run's history.jsonl");
+    // Nothing to do without one: tests/run.sh runs every ignored test of the binary.
+    let Ok(path) = std::env::var("MESH_HOST_ROBUST_HISTORY") else {
+        eprintln!("MESH_HOST_ROBUST_HISTORY is not set: no kept history to check");
+        return;
+    };
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let entries = history::parse(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
     let violations = check::check(&entries);

@@ -381,3 +381,17 @@ pub fn summary(entries: &[Entry]) -> String {
         ops.join(" ")
     )
 }
+
+/// The promote's schedule: a rollout of two waves with no soak driven through, then promoted,
+/// and time for every node to take it. The real promote puts the candidate as the fleet's
+/// declaration; one that closes the rollout without putting it sends every node back to the
+/// declaration before, with no hold to say why (I5).
+pub fn promote(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
+    let up = Arc::new(up(plan));
+    up.ops.start("ro-1", 0, 25, "1,100%");
+    let drivers = up.ops.drivers.clone();
+    wait_for(Duration::from_secs(60), || drivers.lock().unwrap().is_empty());
+    up.ops.rollout("promote");
+    std::thread::sleep(Duration::from_secs(crate::check::GRACE_MS / 1000 + 6));
+    finished(up)
+}
