@@ -140,7 +140,9 @@ echo "== the fleet under faults, short (tests/robust/; the long run: RELIABILITY
 # and 8 agents, a heal, 30 s of quiet: its seed printed, its history kept); then each mutant's
 # directed schedule beside the same schedule on the real build. One at a time, about 5 minutes
 # on two cores. The test binary and the real mesh-host are the ones built for the tests above.
-MESH_HOST_ROBUST_SECS=75 cargo test --test robust -- --include-ignored --test-threads 1 --nocapture
+# The promote mutant's run is left to be run by hand (docs/testing.md): the step would pass 5 minutes.
+MESH_HOST_ROBUST_SECS=75 cargo test --test robust -- --include-ignored --test-threads 1 --nocapture \
+  --skip a_promote_that_loses_the_candidate_is_caught
 phase "power-loss lanes"
 echo "== power loss: both lanes, the VM lane short, real and mutant (tests/powerloss/)"
 # The FUSE lane, and Debian's kernel under QEMU (TCG) with the agent on ext4 over

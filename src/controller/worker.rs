@@ -56,6 +56,10 @@ pub struct Worker {
     source: Source,
     /// A new declaration was put in force and the file watcher does not follow its paths yet.
     paths_stale: bool,
+    /// The declaration in force before the last one, and its content file (the `flap`
+    /// mutant's, below).
+    #[cfg(feature = "robust-mutant")]
+    previous: Option<(Arc<Declaration>, Option<Arc<crate::system::ContentFile>>)>,
     /// Events are emitted by the worker, inline or when it takes a reconcile back, never from a
     /// reconcile apart; a correction's by the report's attribution thread (`report`).
     /// `/metrics` reads the same registry (prometheus-client's atomics and its own locks), so
@@ -118,6 +122,8 @@ impl Worker {
             index: Arc::new(RwLock::new(Index::default())),
             source,
             paths_stale: false,
+            #[cfg(feature = "robust-mutant")]
+            previous: None,
             metrics,
             health,
             quiet: HashSet::new(),
@@ -206,6 +212,8 @@ impl Worker {
     /// holds in force when it is accepted: the index, the watchers it needs, the scheduler and
     /// the fleet told. What is refused leaves the declaration in force as it is.
     fn load_declaration(&mut self, force: bool) {
+        #[cfg(feature = "robust-mutant")]
+        let contents = self.source.contents();
         let Some(loaded) = self.source.load(force, self.declaration.is_some()) else { return };
         // For the fleet's status, which carries them to etcd.
         self.report.publish_generation(loaded.generation, loaded.hold, loaded.reverted, loaded.signed);
@@ -214,9 +222,44 @@ impl Worker {
         let units = index.units();
         *self.index.write().unwrap_or_else(|e| e.into_inner()) = index;
         self.watches.follow(&d, units);
+        #[cfg(feature = "robust-mutant")]
+        {
+            self.previous = self.declaration.take().map(|d| (d, contents));
+        }
         self.declaration = Some(Arc::clone(&d));
         self.paths_stale = true;
         self.in_force.send_replace(Some(d));
+    }
+
+    /// The fleet harness's `status` mutant (feature `robust-mutant`, never in a release; I8 in
+    /// tests/robust/): with `MESH_HOST_MUTANT` naming `status`, a new declaration is told to
+    /// the status writer as applied and converged 3 s before its pass writes anything, so the
+    /// node's status runs ahead of its files. Unset, nothing happens.
+    #[cfg(feature = "robust-mutant")]
+    fn status_ahead(&self) {
+        if std::env::var("MESH_HOST_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == "status")) {
+            self.report.publish(&Report::default(), true, self.source.names());
+            std::thread::sleep(std::time::Duration::from_secs(3));
+        }
+    }
+
+    /// The fleet harness's `flap` mutant (feature `robust-mutant`, never in a release; I10 in
+    /// tests/robust/): with `MESH_HOST_MUTANT` naming `flap`, a new declaration is applied, then
+    /// the one before it again, 0.4 s apart, before the pass applies the new one for good: in,
+    /// back and in again for one change. Unset, nothing happens.
+    #[cfg(feature = "robust-mutant")]
+    fn flap(&mut self, options: &Options) {
+        if !std::env::var("MESH_HOST_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == "flap")) {
+            return;
+        }
+        let (Some(new), Some((old, contents))) = (self.declaration.clone(), self.previous.clone()) else {
+            return;
+        };
+        let before = Options { contents, ..options.clone() };
+        for (d, options) in [(new, options), (old, &before)] {
+            let _ = apply::apply_in(&mut self.session, &d, &mut self.store, options);
+            std::thread::sleep(std::time::Duration::from_millis(400));
+        }
     }
 
     fn full(&mut self) -> Verdict {
@@ -225,6 +268,10 @@ impl Worker {
             return Verdict::Clean;
         }
         if std::mem::take(&mut self.paths_stale) {
+            #[cfg(feature = "robust-mutant")]
+            self.status_ahead();
+            #[cfg(feature = "robust-mutant")]
+            self.flap(&options);
             // A new declaration: its paths are watched before the pass writes them, so a hand-edit
             // right after the host's write is seen. Watched again after the pass, for the
             // directories the pass made, and those looked at once then (`look_at_armed`). The

@@ -46,8 +46,9 @@ pub mod status;
 
 /// The fleet harness's deliberately broken builds (tests/robust/; feature `robust-mutant`, never
 /// in a release): whether `MESH_HOST_MUTANT` names mutant `name` (`gate`, `abort`, `fence`,
-/// `window`; a comma-separated list), so that one build holds them all and each run of the
-/// harness breaks one thing. Unset, the build behaves as the real one.
+/// `window`, `cache`, `promote`; a comma-separated list), so that one build holds them all and each run of the
+/// harness breaks one thing. The agent's own, `status` and `flap`, read the same variable in
+/// `src/controller/worker.rs` (the controller does not reach into the fleet). Unset, the build behaves as the real one.
 #[cfg(feature = "robust-mutant")]
 pub fn mutant(name: &str) -> bool {
     std::env::var("MESH_HOST_MUTANT").is_ok_and(|m| m.split(',').any(|m| m == name))

@@ -189,6 +189,18 @@ fn cached_manifest(cache: &std::path::Path) -> Option<(String, Option<CachedAt>)
     Some((digest, manifest["revision"].as_i64().map(|r| (r, rollout))))
 }
 
+/// The `cache` mutant (feature `robust-mutant`, never in a release; I9 in tests/robust/): with
+/// `MESH_HOST_MUTANT` naming `cache`, the cache is labelled with the revision of the read
+/// before, not the one it holds. Unset, nothing happens.
+#[cfg(feature = "robust-mutant")]
+fn stale_revision(manifest: &mut serde_json::Value, cache: &std::path::Path) {
+    if super::mutant("cache") {
+        if let Some((_, Some((was, _)))) = cached_manifest(cache) {
+            manifest["revision"] = serde_json::json!(was);
+        }
+    }
+}
+
 /// What the source does for the confirmation window (`super::pending`): before the cache is
 /// written with a new declaration, the window it will open is recorded (so it is recorded
 /// before the controller puts the generation in force), or, when the declaration ends the
@@ -303,6 +315,8 @@ fn take(
             if let Some((id, _)) = &rollout {
                 manifest["rollout"] = serde_json::json!(id);
             }
+            #[cfg(feature = "robust-mutant")]
+            stale_revision(&mut manifest, cache);
             let replaces = rollout.as_ref().map(|(_, scope)| scope.as_str());
             let mut files: Vec<(String, Vec<u8>)> = named
                 .into_iter()

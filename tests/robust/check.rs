@@ -6,7 +6,9 @@
 //! Checked: I1 (admission safety), I2 (the gate), I3 (no wave over an unconfirmed node), I4
 //! (abort), I6 (no acknowledged write lost, nothing written by a refusal), I7 (one effective
 //! driver: every wave a driver says it opened, it opened holding the driver's key), I11
-//! (convergence after the heal). Not checked: I5, I8-I10 (RELIABILITY.md says why).
+//! (convergence after the heal), I8 (a status never ahead of the node's files), I9 (a node's
+//! cache is etcd at its revision), I10 (no flapping), I5 (after promote, every node on the
+//! candidate or visibly held).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -22,6 +24,9 @@ use crate::model::{self, Kv};
 pub const GRACE_MS: u64 = 20_000;
 /// How late the recorder may see a write a node already applied (its member paused, say).
 pub const LAG_MS: u64 = 10_000;
+/// How late the sampler may see a file the agent wrote (its period is 75 ms; the margin is the
+/// machine's load).
+pub const SAMPLE_MS: u64 = 1_000;
 
 /// One broken invariant.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,6 +90,10 @@ pub fn check(entries: &[Entry]) -> Vec<Violation> {
     writes_kept(entries, &replay, &mut out);
     one_driver(entries, &replay, &mut out);
     converged(entries, &nodes, &replay, &mut out);
+    status_behind_files(entries, &replay, &mut out);
+    no_flapping(entries, &mut out);
+    cache_as_etcd(entries, &mut out);
+    promotes_land(entries, &replay, &mut out);
     out.sort_by_key(|v| v.t);
     out
 }
@@ -558,5 +567,211 @@ fn converged(entries: &[Entry], nodes: &BTreeSet<String>, replay: &Replay, out: 
                 content.unwrap_or_default()
             ),
         });
+    }
+}
+
+/// I8: a status never runs ahead of the node's files. A status that says the node converged on
+/// the declaration read at revision R (no hold, not gone back, nothing refused) is written when
+/// the node's file holds what the model says the node runs at R: the sampler saw that content
+/// begin at most `SAMPLE_MS` after the status was recorded, and not end more than `LAG_MS`
+/// before (the recorder's own lag). Statuses from before the sampler's first look at the node
+/// are not checked.
+fn status_behind_files(entries: &[Entry], replay: &Replay, out: &mut Vec<Violation>) {
+    let samples = intervals(entries);
+    let mut seen = BTreeSet::new();
+    for e in entries {
+        let Entry::Etcd { t, rev, op: KvOp::Put, key, value: Some(value) } = e else { continue };
+        let Some(node) = key.strip_prefix("/mesh-host/node/").and_then(|k| k.strip_suffix("/status")) else {
+            continue;
+        };
+        if !seen.insert(*rev) {
+            continue;
+        }
+        let status: Value = serde_json::from_str(value).unwrap_or_default();
+        let settled = ["hold", "reverted", "refused"].iter().all(|f| status[f].is_null());
+        let (Some(at), true, true) = (status["revision"].as_i64(), status["converged"] == true, settled)
+        else {
+            continue;
+        };
+        let list = replay.expected.get(node).map(Vec::as_slice).unwrap_or_default();
+        let Some((_, _, want)) = list.iter().rev().find(|(r, _, _)| *r <= at) else { continue };
+        let ran = samples.get(node).map(Vec::as_slice).unwrap_or_default();
+        // Before the sampler's first look at the node (it starts once every agent is up),
+        // nothing is known of its file.
+        if ran.first().is_none_or(|(start, _, _)| start > t) {
+            continue;
+        }
+        let last = ran.iter().rev().find(|(start, _, d)| d == want && *start <= t + SAMPLE_MS);
+        if last.is_some_and(|(_, end, _)| end + LAG_MS >= *t) {
+            continue;
+        }
+        out.push(Violation {
+            invariant: "I8",
+            node: Some(node.to_owned()),
+            revision: Some(*rev),
+            t: *t,
+            what: format!(
+                "its status says it converged on the declaration of revision {at}, but its file did not hold that content ({want}) then: {}",
+                last.map_or("not yet".to_owned(), |(_, end, _)| format!("it had left it at {}.{:03} s", end / 1000, end % 1000))
+            ),
+        });
+    }
+}
+
+/// I10: no node flaps more than in and back per change. A node whose file goes A, B, A, B
+/// (four samples in a row) took B a second time with nothing in etcd to explain it: no write
+/// to what it reads (the fleet's declarations, its own, the candidate's, its admission)
+/// after it first took B, up to `LAG_MS` after it took B again.
+fn no_flapping(entries: &[Entry], out: &mut Vec<Violation>) {
+    let mut runs: BTreeMap<&str, Vec<(u64, &str)>> = BTreeMap::new();
+    for e in entries {
+        if let Entry::Sample { t, node, digest, .. } = e {
+            let list = runs.entry(node).or_default();
+            if list.last().is_none_or(|(_, d)| d != digest) {
+                list.push((*t, digest));
+            }
+        }
+    }
+    for (node, list) in runs {
+        let reads = [model::FLEET.to_owned(), model::own_prefix(node), model::CANDIDATE.to_owned()];
+        let admission = model::admission_key(node);
+        let read_by = |key: &str| key == admission || reads.iter().any(|p| key.starts_with(p.as_str()));
+        for w in list.windows(4) {
+            let [(_, a), (t_in, b), (_, a2), (t_again, b2)] = w else { continue };
+            if a != a2 || b != b2 {
+                continue;
+            }
+            let explained = entries.iter().any(|e| {
+                matches!(e, Entry::Etcd { t, key, .. } if t > t_in && *t <= t_again + LAG_MS && read_by(key))
+            });
+            if !explained {
+                out.push(Violation {
+                    invariant: "I10",
+                    node: Some(node.to_owned()),
+                    revision: None,
+                    t: *t_again,
+                    what: format!(
+                        "its file went {a}, {b}, back to {a} and to {b} again ({}.{:03} s to {}.{:03} s) with no write to what it reads in between",
+                        t_in / 1000, t_in % 1000, t_again / 1000, t_again % 1000
+                    ),
+                });
+            }
+        }
+    }
+}
+
+/// A node's cache as the sampler read it: revision, time, node, keys and values.
+type Cached<'a> = (i64, u64, &'a str, &'a [(String, String)]);
+
+/// I9: a node's cache of its declaration is what etcd held at the revision its manifest names:
+/// the same keys (those it reads at that revision: the fleet's, or the candidate's while its
+/// admission replaces them, and its own) with the same bytes.
+fn cache_as_etcd(entries: &[Entry], out: &mut Vec<Violation>) {
+    let mut cached: Vec<Cached<'_>> = entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Cache { t, node, revision, kvs } => Some((*revision, *t, node.as_str(), kvs.as_slice())),
+            _ => None,
+        })
+        .collect();
+    cached.sort_by_key(|c| c.0);
+    let mut kv = Kv::new();
+    let mut events = revisions(entries).into_iter().peekable();
+    for (at, t, node, kvs) in cached {
+        while let Some((_, _, evs)) = events.next_if(|(r, _, _)| *r <= at) {
+            for (op, key, value) in evs {
+                match (op, value) {
+                    (KvOp::Put, Some(v)) => kv.insert(key.to_owned(), (Rc::from(v), 0)),
+                    _ => kv.remove(key),
+                };
+            }
+        }
+        let replaces = model::json(&kv, &model::admission_key(node))["replaces"].as_str().map(str::to_owned);
+        let reads: Vec<String> = [model::FLEET.to_owned(), model::own_prefix(node)]
+            .into_iter()
+            .map(|p| if replaces.as_deref() == Some(p.as_str()) { model::CANDIDATE.to_owned() } else { p })
+            .collect();
+        let mut want: Vec<(&str, &str)> = kv
+            .iter()
+            .filter(|(k, _)| reads.iter().any(|p| k.starts_with(p.as_str())))
+            .map(|(k, (v, _))| (k.as_str(), &**v))
+            .collect();
+        let mut got: Vec<(&str, &str)> = kvs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        want.sort();
+        got.sort();
+        if want != got {
+            let keys = |l: &[(&str, &str)]| l.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ");
+            out.push(Violation {
+                invariant: "I9",
+                node: Some(node.to_owned()),
+                revision: Some(at),
+                t,
+                what: format!(
+                    "its cache says revision {at} and holds [{}], but etcd held [{}] for it then{}",
+                    keys(&got),
+                    keys(&want),
+                    if keys(&got) == keys(&want) { " (the same keys, other values)" } else { "" }
+                ),
+            });
+        }
+    }
+}
+
+/// I5: after a promote, every node runs the promoted declaration (the candidate's, as it stood
+/// before the promote; not what etcd's keys compose to after it, which a promote that lost the
+/// candidate would leave self-consistent), or its status says it is held (a rollback's hold, or gone back by itself), once `GRACE_MS` have passed with no fault:
+/// unless what it should run changed again before then.
+fn promotes_land(entries: &[Entry], replay: &Replay, out: &mut Vec<Violation>) {
+    let (samples, faults) = (intervals(entries), faults(entries));
+    let end = entries.iter().map(Entry::t).max().unwrap_or(0);
+    let promotes = replay.puts.iter().filter(|(_, k, v)| k == model::LAST && v.contains("\"promoted by"));
+    for (rev, _, _) in promotes {
+        let Some(tp) = entries.iter().find_map(|e| match e {
+            Entry::Etcd { t, rev: r, key, .. } if r == rev && key == model::LAST => Some(*t),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let low = tp + GRACE_MS;
+        let mut times = vec![low];
+        times.extend(faults.iter().map(|(_, e)| e + GRACE_MS).filter(|t| *t > low));
+        let Some(at) = times.into_iter().filter(|t| *t <= end).find(|t| healthy(&faults, *t)) else {
+            continue;
+        };
+        // What was promoted: the candidate's file as it stood before the promote.
+        let candidate = replay.puts.iter().rev().find(|(r, k, _)| r < rev && k.starts_with(model::CANDIDATE));
+        let Some(Ok(Some(content))) = candidate.map(|(_, _, v)| model::managed_content(v)) else { continue };
+        let want = &crate::history::digest(Some(&content));
+        for (node, list) in &replay.expected {
+            if list.iter().any(|(r, t, _)| r > rev && *t <= at) {
+                continue;
+            }
+            let ran =
+                samples.get(node).into_iter().flatten().find(|(from, until, _)| *from <= at && at < *until);
+            if ran.is_none_or(|(_, _, d)| d == want) {
+                continue;
+            }
+            let status = entries.iter().rev().find_map(|e| match e {
+                Entry::Etcd { t, key, value: Some(v), .. } if *t <= at && *key == model::status_key(node) => {
+                    Some(v)
+                }
+                _ => None,
+            });
+            let status: Value = status.and_then(|v| serde_json::from_str(v).ok()).unwrap_or_default();
+            if !status["hold"].is_null() || !status["reverted"].is_null() {
+                continue;
+            }
+            out.push(Violation {
+                invariant: "I5",
+                node: Some(node.clone()),
+                revision: Some(*rev),
+                t: at,
+                what: format!(
+                    "promoted at revision {rev} ({} s before, no fault in the {} s before), yet it runs neither the promoted declaration ({want}) nor says it is held",
+                    (at - tp) / 1000,
+                    GRACE_MS / 1000
+                ),
+            });
+        }
     }
 }

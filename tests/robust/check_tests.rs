@@ -293,6 +293,97 @@ fn i11_a_node_not_on_its_declaration_at_the_end_is_named_unless_a_hold_it_report
 }
 
 #[test]
+fn i8_a_status_that_says_converged_before_the_files_change_is_named() {
+    let mut h = H::through_wave_one();
+    // b admitted; its status says so at once, its file changes 100 ms later: within the
+    // sampler's slack, not ahead.
+    h.put(STATE, state(2, &[], false));
+    let rb = h.admit("b");
+    h.put(&status_key("b"), status(rb, 2, 1));
+    h.sample("b", "c <tok-2>");
+    assert!(check(&h.e).is_empty(), "{:#?}", check(&h.e));
+    // A put for the fleet outside the rollout's candidate would not reach b; a node's own
+    // declaration does: its status says so 3 s before its file holds it.
+    let own = h.put("/mesh-host/node/b/declaration/app.json", decl("own <tok-3>"));
+    let said = h.put(&status_key("b"), status(own, 3, 2));
+    h.wait(3_000);
+    h.sample("b", "own <tok-3>");
+    let v = only(&check(&h.e), "I8");
+    assert_eq!((v.node.as_deref(), v.revision), (Some("b"), Some(said)), "{v}");
+    assert!(v.what.contains("not yet"), "{v}");
+}
+
+#[test]
+fn i10_a_node_that_takes_a_change_twice_with_nothing_new_is_named() {
+    let mut h = H::through_wave_one();
+    // a: v1, c, back to v1 by itself, then c again at promote: a write explains it.
+    h.sample("a", "v1 <tok-1>");
+    h.put(&format!("{FLEET}app.json"), decl("c <tok-2>"));
+    h.sample("a", "c <tok-2>");
+    // b: v1, c, v1, c with nothing written to what it reads.
+    h.sample("b", "c <tok-2>");
+    h.sample("b", "v1 <tok-1>");
+    h.sample("b", "c <tok-2>");
+    h.wait(11_000);
+    let v = only(&check(&h.e), "I10");
+    assert_eq!(v.node.as_deref(), Some("b"), "{v}");
+}
+
+#[test]
+fn i9_a_cache_that_is_not_etcd_at_its_revision_is_named() {
+    let mut h = H::through_wave_one();
+    let key = format!("{FLEET}app.json");
+    let candidate = format!("{CANDIDATE}app.json");
+    // a, admitted, caches the candidate at the admission's revision; b, the fleet's.
+    let at = h.rev;
+    let cache = |node: &str, revision: i64, kvs: &[(&str, String)]| Entry::Cache {
+        t: 0,
+        node: node.into(),
+        revision,
+        kvs: kvs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+    };
+    h.e.push(cache("a", at, &[(&candidate, decl("c <tok-2>"))]));
+    h.e.push(cache("b", at, &[(&key, decl("v1 <tok-1>"))]));
+    assert!(check(&h.e).is_empty(), "{:#?}", check(&h.e));
+    // b labels the candidate's bytes with revision 2, when etcd held v1 for it.
+    h.e.push(cache("b", 2, &[(&key, decl("c <tok-2>"))]));
+    let v = only(&check(&h.e), "I9");
+    assert_eq!((v.node.as_deref(), v.revision), (Some("b"), Some(2)), "{v}");
+    assert!(v.what.contains("other values"), "{v}");
+}
+
+/// A promote, after which b goes back to v1, saying it is held (`held`) or not.
+fn promoted_and_b_back(held: bool) -> (H, i64) {
+    let mut h = H::through_wave_one().through_wave_two();
+    let last = json!({"id": "r1", "closed": "promoted by me on h (pid 901) at now"}).to_string();
+    let promoted = h.txn(&[
+        (&format!("{FLEET}app.json"), Some(decl("c <tok-2>"))),
+        (STATE, None),
+        (&admission_key("a"), None),
+        (&admission_key("b"), None),
+        (LAST, Some(last)),
+    ]);
+    if held {
+        let status =
+            json!({"node": "b", "revision": promoted, "converged": true, "hold": "held at generation 1"});
+        h.put(&status_key("b"), status.to_string());
+    }
+    h.sample("b", "v1 <tok-1>");
+    h.wait(25_000);
+    h.sample("a", "c <tok-2>");
+    (h, promoted)
+}
+
+#[test]
+fn i5_a_node_neither_on_the_promoted_candidate_nor_held_is_named() {
+    let (h, promoted) = promoted_and_b_back(false);
+    let v = only(&check(&h.e), "I5");
+    assert_eq!((v.node.as_deref(), v.revision), (Some("b"), Some(promoted)), "{v}");
+    let (h, _) = promoted_and_b_back(true);
+    assert!(check(&h.e).iter().all(|v| v.invariant != "I5"), "{:#?}", check(&h.e));
+}
+
+#[test]
 fn a_history_reads_back_as_it_was_written() {
     let h = H::through_wave_one();
     let text: String = h.e.iter().map(|e| serde_json::to_string(e).unwrap() + "\n").collect();

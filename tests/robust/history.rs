@@ -1,5 +1,5 @@
 //! The history of one run, one JSON object a line (JSONL), every entry stamped with the
-//! harness's monotonic clock (`t`, milliseconds since the run began). Five kinds:
+//! harness's monotonic clock (`t`, milliseconds since the run began). Six kinds:
 //!
 //! - `etcd`: what the recorder saw (`etcdctl watch --prefix /mesh-host/ --rev=1 -w json
 //!   --prev-kv`), one entry per key event, the revision etcd gave it: the ground truth of writes;
@@ -8,6 +8,8 @@
 //! - `claim`: what an agent says it did (its JSON log, read from its pipe as it is written);
 //! - `sample`: what the harness found in an agent's managed file through `/proc/PID/root`,
 //!   independently of the agent (only when it differs from the node's sample before);
+//! - `cache`: what a node's cache of its declaration held, read by the harness from its state
+//!   directory (only when it changed);
 //! - `nemesis`: a fault begun or ended.
 
 use serde::{Deserialize, Serialize};
@@ -80,6 +82,19 @@ pub enum Entry {
         /// The content (its first 80 characters), for a person reading the history.
         content: String,
     },
+    /// What a node's cache of its declaration (`fleet/declaration.d` in its state directory)
+    /// held, read by the harness: the revision its manifest names, and each key with the bytes
+    /// cached for it (only when the manifest differs from the node's cache before).
+    Cache {
+        /// Harness time, ms.
+        t: u64,
+        /// The node.
+        node: String,
+        /// The revision the manifest says the cache was read at.
+        revision: i64,
+        /// Each key the manifest names, with the value its file holds, in the manifest's order.
+        kvs: Vec<(String, String)>,
+    },
     /// A fault begun (`start`) or ended (`stop`).
     Nemesis {
         /// Harness time, ms.
@@ -99,6 +114,7 @@ impl Entry {
             | Entry::Op { t, .. }
             | Entry::Claim { t, .. }
             | Entry::Sample { t, .. }
+            | Entry::Cache { t, .. }
             | Entry::Nemesis { t, .. } => *t,
         }
     }
@@ -140,6 +156,9 @@ pub enum ClaimKind {
     Confirmed,
     /// The node went back by itself from `generation`, read at `revision`.
     Reverted,
+    /// etcd compacted away the revision the node's watch was to go on from (`revision`): the
+    /// node reads its whole declaration again (for the figures; no invariant reads it).
+    Reread,
 }
 
 /// Begun or ended.

@@ -35,7 +35,7 @@ pub fn alive_key(node: &str) -> String {
     format!("/mesh-host/node/{node}/alive")
 }
 
-fn own_prefix(node: &str) -> String {
+pub fn own_prefix(node: &str) -> String {
     format!("/mesh-host/node/{node}/declaration/")
 }
 

@@ -229,6 +229,8 @@ pub struct Plan {
     /// The mutant every process of the run is told to be (`MESH_HOST_MUTANT`; a build with the
     /// feature `robust-mutant` only).
     pub mutant: Option<&'static str>,
+    /// Each agent in a network namespace of its own (`net`), so that one can be cut off.
+    pub netns: bool,
 }
 
 /// The system up, shared by the runs.
@@ -239,20 +241,26 @@ pub struct Up {
     pub fleet: Arc<Mutex<Fleet>>,
     pub ops: Arc<Ops>,
     stop: Arc<AtomicBool>,
-    recorded: Arc<std::sync::atomic::AtomicI64>,
+    pub recorded: system::Recorded,
     sampler: Option<std::thread::JoinHandle<()>>,
+    /// The agents' network namespaces, when the plan asks for them (dropped last: after the
+    /// agents and the members).
+    pub net: Option<crate::net::Net>,
 }
 
 /// Starts the cluster, the recorder, the agents (on a first declaration) and the sampler.
 pub fn up(plan: &Plan) -> Up {
     let dir = tempfile::Builder::new().prefix("mesh-host-robust-").tempdir_in("/var/tmp").unwrap();
     let history = History::create(dir.path().join("history.jsonl"));
-    let cluster = Cluster::start(dir.path());
+    let net = plan.netns.then(|| crate::net::Net::up(plan.agents));
+    let cluster = Cluster::start(dir.path(), net.as_ref().map(|_| crate::net::HOST));
     let endpoints = cluster.endpoints();
     let stop = Arc::new(AtomicBool::new(false));
     let recorded = system::record(&endpoints, &history, &stop);
-    let mut fleet = Fleet::new(&plan.bin, &endpoints, dir.path(), plan.agents, 5);
+    let agents_at = cluster.endpoints_on(net.as_ref().map(|_| crate::net::HOST));
+    let mut fleet = Fleet::new(&plan.bin, &agents_at, dir.path(), plan.agents, 5);
     fleet.mutant = plan.mutant;
+    fleet.netns = net.is_some();
     let mut ops = Ops::new(&plan.bin, &endpoints, dir.path(), &fleet.target, &history);
     ops.mutant = plan.mutant;
     let ops = Arc::new(ops);
@@ -275,12 +283,16 @@ pub fn up(plan: &Plan) -> Up {
     );
     let fleet = Arc::new(Mutex::new(fleet));
     let sampler = Some(system::sample(&fleet, &history, &stop));
-    Up { dir, history, cluster: Arc::new(Mutex::new(cluster)), fleet, ops, stop, recorded, sampler }
+    let cluster = Arc::new(Mutex::new(cluster));
+    Up { dir, history, cluster, fleet, ops, stop, recorded, sampler, net }
 }
 
 impl Up {
     /// Everything running again, and nothing paused.
     pub fn heal(&self) {
+        if let Some(net) = &self.net {
+            net.heal_all();
+        }
         let mut c = self.cluster.lock().unwrap();
         for i in 0..3 {
             c.restart(i);
@@ -309,12 +321,17 @@ impl Up {
             system::etcdctl(&endpoints, &["get", "/mesh-host/", "--prefix", "--limit", "1", "-w", "json"]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         let latest = v["header"]["revision"].as_i64().unwrap_or(0);
-        let recorded = self.recorded.clone();
+        let recorded = self.recorded.seen.clone();
         assert!(
             wait_for(Duration::from_secs(30), || recorded.load(Ordering::SeqCst) >= latest),
             "the recorder did not reach revision {latest}"
         );
+        let lost = self.recorded.lost.load(Ordering::SeqCst);
+        assert!(lost == 0, "the history lacks revisions from {lost}: compacted before the recorder saw them");
         self.stop.store(true, Ordering::SeqCst);
+        if let Some(pid) = *self.recorded.watcher.lock().unwrap() {
+            signal(pid, Signal::SIGKILL);
+        }
         if let Some(s) = self.sampler.take() {
             let _ = s.join();
         }

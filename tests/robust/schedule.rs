@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use crate::check::Violation;
-use crate::history::{Entry, Phase};
+use crate::history::{Edge, Entry, Phase};
 use crate::run::{fault, up, Plan, Rng, Up};
 use crate::system::{self, signal, wait_for};
 
@@ -23,20 +23,69 @@ fn workload(up: &Up, rng: &mut Rng, until: Instant) {
         let roll = rng.range(0, 99);
         match (open, roll) {
             (false, 0..=44) => up.ops.put(),
-            (false, _) if !driving => {
-                let canary = format!("ro-{}", rng.range(1, n));
-                up.ops.start(&canary, rng.range(0, 3), 25, "1,25%,100%");
-            }
+            (false, 45..=89) if !driving => start(up, rng, n),
+            // Two operators starting a rollout at once: one driver at most may win.
+            (false, _) if !driving => race(up, &[start as Op; 2], rng),
             (false, _) => up.ops.fleet_status(),
             (true, 0..=9) => up.ops.put(),
             (true, 10..=19) => up.ops.rollout("pause"),
-            (true, 20..=29) => up.ops.rollout("resume"),
-            (true, 30..=44) => up.ops.rollout("abort"),
-            (true, 45..=79) => up.ops.rollout("promote"),
-            (true, 80..=89) => up.ops.rollout("status"),
-            (true, _) => up.ops.fleet_status(),
+            (true, 20..=27) => up.ops.rollout("resume"),
+            (true, 28..=39) => up.ops.rollout("abort"),
+            (true, 40..=69) => up.ops.rollout("promote"),
+            (true, 70..=79) => up.ops.rollout("status"),
+            (true, 80..=84) => up.ops.fleet_status(),
+            (true, 85..=89) => abort_as_a_wave_opens(up, rng),
+            // Promote during an abort, and the reverse.
+            (true, 90..=94) => race(up, &[ABORT, PROMOTE], rng),
+            // Two operators' commands at once, any two.
+            (true, _) => {
+                const ANY: [Op; 5] = [
+                    ABORT,
+                    PROMOTE,
+                    |up, _, _| up.ops.rollout("pause"),
+                    |up, _, _| up.ops.rollout("resume"),
+                    |up, _, _| up.ops.put(),
+                ];
+                let pair = [ANY[rng.range(0, 4) as usize], ANY[rng.range(0, 4) as usize]];
+                race(up, &pair, rng);
+            }
         }
     }
+}
+
+/// One operator's command, chosen with the generator, for `n` agents.
+type Op = fn(&Up, &mut Rng, u64);
+const ABORT: Op = |up, _, _| up.ops.rollout("abort");
+const PROMOTE: Op = |up, _, _| up.ops.rollout("promote");
+
+fn start(up: &Up, rng: &mut Rng, n: u64) {
+    let canary = format!("ro-{}", rng.range(1, n));
+    up.ops.start(&canary, rng.range(0, 3), 25, "1,25%,100%");
+}
+
+/// Commands by operators at once: each on a thread of its own, the second 0-200 ms after the
+/// first (so either may reach etcd first).
+fn race(up: &Up, ops: &[Op], rng: &mut Rng) {
+    let n = up.fleet.lock().unwrap().agents.len() as u64;
+    eprintln!("robust: race of {} operators", ops.len());
+    std::thread::scope(|s| {
+        for op in ops {
+            let (mut own, gap) = (Rng::new(rng.next()), rng.range(0, 200));
+            s.spawn(move || op(up, &mut own, n));
+            std::thread::sleep(Duration::from_millis(gap));
+        }
+    });
+}
+
+/// An abort sent 0-300 ms after the driver next writes the rollout's state (a wave opening,
+/// as the nodes of the wave read their admissions), within 15 s.
+fn abort_as_a_wave_opens(up: &Up, rng: &mut Rng) {
+    let state = &up.recorded.state;
+    let before = state.load(Ordering::SeqCst);
+    let moved = wait_for(Duration::from_secs(15), || state.load(Ordering::SeqCst) > before);
+    std::thread::sleep(Duration::from_millis(rng.range(0, 300)));
+    eprintln!("robust: race: abort as a wave opens (state written: {moved})");
+    up.ops.rollout("abort");
 }
 
 /// The nemesis: one fault at a time, with gaps of 2-6 s, until `until`.
@@ -45,7 +94,7 @@ fn nemesis(up: &Up, rng: &mut Rng, until: Instant) {
     while Instant::now() < until {
         std::thread::sleep(Duration::from_millis(rng.range(2_000, 6_000)));
         let hold = Duration::from_millis(rng.range(2_000, 9_000));
-        match rng.range(0, 4) {
+        match rng.range(0, 7) {
             0 => {
                 let i = rng.range(0, 2) as usize;
                 let c = &up.cluster;
@@ -68,9 +117,86 @@ fn nemesis(up: &Up, rng: &mut Rng, until: Instant) {
                 kill_agent(up, i, &format!("kill -9 agent ro-{}", i + 1), hold);
             }
             3 => kill_in_window(up, rng),
-            _ => pause_driver(up),
+            4 => pause_driver(up),
+            5 => compaction(up, rng),
+            6 => quota(up, hold),
+            _ => cut_off(up, rng, hold),
         }
     }
+}
+
+/// A compaction at etcd's current revision while the watches on one member cannot go on: the
+/// member stopped, a key put through the others, the compaction 1 s later, the member
+/// continued 12 s after it (past the agents' 15 s keepalive, counted from the stop, so the
+/// agents connected to it watch again from a revision compacted away, and must read their
+/// declaration again).
+fn compaction(up: &Up, rng: &mut Rng) {
+    let i = rng.range(0, 2) as usize;
+    let Some(pid) = up.cluster.lock().unwrap().pid(i) else { return };
+    let others = up.cluster.lock().unwrap().endpoints_but(i);
+    let h = &up.history;
+    let seen = &up.recorded.seen;
+    let what = format!("SIGSTOP etcd m{i}, a write, compaction at the current revision");
+    let all = up.cluster.lock().unwrap().endpoints();
+    let on = || {
+        signal(pid, Signal::SIGSTOP);
+        // The recorder moved off the member at once: its watch would stall on it past the
+        // checker's allowance for the recorder's lag.
+        up.recorded.through(&others);
+        // The revision moved past what the stopped member's watchers were sent: a key outside
+        // the fleet's root, put through the others.
+        system::etcdctl(&others, &["put", "/robust-mark", &h.now().to_string()]);
+        std::thread::sleep(Duration::from_secs(1));
+        let said = system::compact_now(&others, seen);
+        let t = h.now();
+        for phase in [Edge::Start, Edge::Stop] {
+            h.log(&Entry::Nemesis { t, phase, fault: said.clone() });
+        }
+    };
+    let off = || {
+        signal(pid, Signal::SIGCONT);
+        *up.recorded.endpoints.lock().unwrap() = all;
+    };
+    fault(h, &what, on, Duration::from_secs(12), off);
+}
+
+/// The backend quota spent: etcd filled past `--quota-backend-bytes` (the NOSPACE alarm
+/// raised), held, then the operator's way out (the filler deleted, a compaction, a defrag of
+/// every member, the alarm disarmed).
+fn quota(up: &Up, hold: Duration) {
+    let endpoints = up.cluster.lock().unwrap().endpoints();
+    let h = &up.history;
+    let on = || {
+        let (mib, said) = system::fill(&endpoints);
+        let t = h.now();
+        let what = format!("{mib} MiB put outside the fleet's root, then: {said}");
+        for phase in [Edge::Start, Edge::Stop] {
+            h.log(&Entry::Nemesis { t, phase, fault: what.clone() });
+        }
+    };
+    let off = || {
+        let said = system::unfill(&endpoints, &up.recorded.seen);
+        let t = h.now();
+        for phase in [Edge::Start, Edge::Stop] {
+            h.log(&Entry::Nemesis { t, phase, fault: said.clone() });
+        }
+    };
+    fault(h, "etcd's backend quota spent (NOSPACE), then compact, defrag, disarm", on, hold, off);
+}
+
+/// One node cut off from etcd alone (nftables in its network namespace dropping what it sends
+/// to etcd), for 6 s more than `hold` (so 8-15 s: past its 10 s presence lease, often), then
+/// healed.
+fn cut_off(up: &Up, rng: &mut Rng, hold: Duration) {
+    let Some(net) = &up.net else { return };
+    let i = rng.range(0, up.fleet.lock().unwrap().agents.len() as u64 - 1) as usize;
+    let mut what = format!("agent ro-{} cut off from etcd (nftables in its namespace)", i + 1);
+    // A cut that could not be made is said in the history (and the run goes on without it).
+    if let Err(e) = net.cut(i) {
+        eprintln!("robust: {what}: {e}");
+        what = format!("{what}: NOT MADE: {e}");
+    }
+    fault(&up.history, &what, || {}, hold + Duration::from_secs(6), || net.heal(i));
 }
 
 fn kill_agent(up: &Up, i: usize, what: &str, hold: Duration) {
@@ -236,7 +362,7 @@ pub fn window(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
 pub fn summary(entries: &[Entry]) -> String {
     use std::collections::BTreeMap;
     let mut ops: BTreeMap<String, usize> = BTreeMap::new();
-    let (mut faults, mut samples, mut revision) = (0, 0, 0);
+    let (mut faults, mut samples, mut revision, mut rereads) = (0, 0, 0, 0);
     for e in entries {
         match e {
             Entry::Op { op, phase, .. } if *phase != Phase::Invoke => {
@@ -245,9 +371,27 @@ pub fn summary(entries: &[Entry]) -> String {
             Entry::Nemesis { phase: crate::history::Edge::Start, .. } => faults += 1,
             Entry::Sample { .. } => samples += 1,
             Entry::Etcd { rev, .. } => revision = revision.max(*rev),
+            Entry::Claim { what: crate::history::ClaimKind::Reread, .. } => rereads += 1,
             _ => {}
         }
     }
     let ops: Vec<String> = ops.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    format!("operations: {}; faults: {faults}; samples: {samples}; revisions: {revision}", ops.join(" "))
+    format!(
+        "operations: {}; faults: {faults}; samples: {samples}; revisions: {revision}; rereads after a compaction: {rereads}",
+        ops.join(" ")
+    )
+}
+
+/// The promote's schedule: a rollout of two waves with no soak driven through, then promoted,
+/// and time for every node to take it. The real promote puts the candidate as the fleet's
+/// declaration; one that closes the rollout without putting it sends every node back to the
+/// declaration before, with no hold to say why (I5).
+pub fn promote(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
+    let up = Arc::new(up(plan));
+    up.ops.start("ro-1", 0, 25, "1,100%");
+    let drivers = up.ops.drivers.clone();
+    wait_for(Duration::from_secs(60), || drivers.lock().unwrap().is_empty());
+    up.ops.rollout("promote");
+    std::thread::sleep(Duration::from_secs(crate::check::GRACE_MS / 1000 + 6));
+    finished(up)
 }

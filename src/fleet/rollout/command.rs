@@ -195,6 +195,15 @@ pub async fn promote(etcd: &Etcd) -> anyhow::Result<String> {
         let since = regate(&state, &s.verdicts(&state, crate::system::unix_secs())).map_err(Refused)?;
         state.closed = Some(format!("promoted by {} at {}", who(), when(crate::system::unix_secs())));
         let (writes, kept, removed) = promotion(etcd, &s, &state).await?;
+        #[cfg(feature = "robust-mutant")]
+        // tests/robust only (`promote`): the rollout closed as promoted, the scope left as it was
+        // (the candidate not put in it).
+        let writes = if crate::fleet::mutant("promote") {
+            let scope = |w: &Write| matches!(w, Write::Put { key, .. } | Write::Delete(key) if key.starts_with(&state.replaces));
+            writes.into_iter().filter(|w| !scope(w)).collect()
+        } else {
+            writes
+        };
         let conds = [
             Cond::WrittenAt(state_key(), at),
             Cond::UnchangedSince { prefix: state.replaces.clone(), revision: state.base_revision },
