@@ -260,6 +260,8 @@ pub async fn run(
     let mut lease: Option<i64> = None;
     // Whether the last status written was cut: said once, when it starts.
     let mut was_cut = false;
+    // The status key's revision as this writer last wrote or read it (`write_over`).
+    let mut known: Option<i64> = None;
     // Written once at least even when nothing changed: a node that restarts says so.
     applied.mark_changed();
     let mut keepalive = tokio::time::interval(Duration::from_secs((ALIVE_TTL / 3).max(1) as u64));
@@ -314,11 +316,13 @@ pub async fn run(
                     written_at,
                 };
                 let Some(bytes) = encoded(record, &mut was_cut, &metrics) else { continue };
-                match etcd.put(&status, &bytes).await {
-                    Ok(_) => {
+                match write_over(&etcd, &status, bytes, &mut known).await {
+                    Ok(true) => {
                         contact.send_modify(super::confirm::Contact::answered);
                         acked.send_replace(said);
                     }
+                    // Another write landed over the one this writer knew: written again.
+                    Ok(false) => applied.mark_changed(),
                     Err(e) => {
                         events::FleetStatus::NotWritten { node: &node, error: &e }.emit(&metrics);
                         contact.send_modify(|c| c.failed(e.to_string()));
@@ -337,6 +341,37 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Writes the node's status at `key` only over the version of it this writer knows (`known`:
+/// the revision of its last write, or read from etcd when unknown), and says whether it did.
+///
+/// A plain put could land late: sent to a member that was stopped before it answered, it is
+/// proposed when that member continues, after the newer statuses written meanwhile through
+/// another, and etcd keeps the old one until the node next changes (the robustness harness's I8
+/// caught it: a status behind the node's files). Conditional on the key's revision, the late
+/// write finds the key moved and does nothing. When the condition fails, the revision is read
+/// again and the caller writes the latest status once more.
+pub async fn write_over(
+    etcd: &Etcd,
+    key: &str,
+    bytes: Vec<u8>,
+    known: &mut Option<i64>,
+) -> Result<bool, crate::system::etcd::Error> {
+    use crate::system::etcd::{Cond, Write};
+    let at = match *known {
+        Some(at) => at,
+        None => {
+            // The one key (no range end): a node's role may read its status key, nothing beside.
+            let range = etcd.range_between(key, &[], None).await?;
+            range.kvs.iter().find(|kv| kv.key == key).map_or(0, |kv| kv.mod_revision)
+        }
+    };
+    let cond = if at == 0 { Cond::Absent(key.to_owned()) } else { Cond::WrittenAt(key.to_owned(), at) };
+    let put = Write::Put { key: key.to_owned(), value: bytes, lease: 0 };
+    let written = etcd.txn(&[cond], &[put]).await?;
+    *known = written;
+    Ok(written.is_some())
 }
 
 /// The bytes of a status to write: bounded (`bounded`, said once in the log when a field is
