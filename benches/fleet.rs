@@ -155,13 +155,7 @@ fn staged(
     // "wave K of N open at revision R: a, b, c" (the names cut short past a few); a wave's
     // nodes are those admitted from its revision to the next wave's, read from etcd before
     // the promote deletes the rollout's keys.
-    let opens: Vec<(Instant, i64)> = said
-        .iter()
-        .filter_map(|(at, line)| {
-            let (_, rest) = line.strip_prefix("wave ")?.split_once(" open at revision ")?;
-            Some((*at, rest.split(':').next()?.parse().ok()?))
-        })
-        .collect();
+    let opens = common::fleet::wave_opens(&said);
     let admitted = common::fleet::Etcd { url: url.to_owned() }.admissions();
     let mut waves = Vec::new();
     let mut last_converged = 0.0f64;

@@ -395,13 +395,7 @@ fn rollout(binary: &Path, work: &Path, endpoints: &str) -> serde_json::Value {
     while statuses.take(Duration::from_millis(500)) {}
     let said: Vec<(Instant, String)> = lines.try_iter().collect();
     // Each wave's opening: when the driver said so, and the revision of its state's write.
-    let opens: Vec<(Instant, i64)> = said
-        .iter()
-        .filter_map(|(at, line)| {
-            let (_, rest) = line.strip_prefix("wave ")?.split_once(" open at revision ")?;
-            Some((*at, rest.split(':').next()?.parse().ok()?))
-        })
-        .collect();
+    let opens = common::fleet::wave_opens(&said);
     let mut waves = Vec::new();
     for (k, (opened, revision)) in opens.iter().enumerate() {
         let (opened, revision) = (opened, *revision);

@@ -181,3 +181,14 @@ pub fn start_rollout(
     });
     (child, lines)
 }
+
+/// Each wave's opening as the driver said it ("wave K of N open at revision R: a, b, c"): when
+/// the line came, and the revision of the state's write.
+pub fn wave_opens(said: &[(std::time::Instant, String)]) -> Vec<(std::time::Instant, i64)> {
+    said.iter()
+        .filter_map(|(at, line)| {
+            let (_, rest) = line.strip_prefix("wave ")?.split_once(" open at revision ")?;
+            Some((*at, rest.split(':').next()?.parse().ok()?))
+        })
+        .collect()
+}

@@ -70,11 +70,7 @@ fn a_nodes_own_user_reads_only_its_scopes_candidates_and_revoke_takes_a_live_nod
     let s = Scratch::new();
     let etcd = OwnEtcd::start(&s);
     let url = etcd.url();
-    let secret = |name: &str, pw: &str| {
-        let p = s.path(name);
-        std::fs::write(&p, format!("{pw}\n")).unwrap();
-        p.display().to_string()
-    };
+    let secret = |name: &str, pw: &str| password_file(&s, name, pw);
     let (root_pw, db_pw, web_pw) =
         (secret("root.pw", "root-secret"), secret("db.pw", "db-secret"), secret("web.pw", "web-secret"));
     let root = ["--etcd-user", "root", "--etcd-password-file", root_pw.as_str()];

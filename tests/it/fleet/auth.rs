@@ -102,11 +102,7 @@ fn only_its_own(t: Transport) {
     let url = url.as_str();
     let (a, b, pw) = t.names();
     let (a, b) = (a.to_owned(), b.to_owned());
-    let secret = |name: &str, pw: &str| {
-        let p = s.path(name);
-        std::fs::write(&p, format!("{pw}\n")).unwrap();
-        p.display().to_string()
-    };
+    let secret = |name: &str, pw: &str| password_file(&s, name, pw);
     let (root_secret, a_secret) = (format!("root-pw-{pw}"), format!("a-pw-{pw}"));
     let (root_pw, a_pw, b_pw) =
         (secret("root.pw", &root_secret), secret("a.pw", &a_secret), secret("b.pw", &format!("b-pw-{pw}")));
@@ -222,11 +218,7 @@ fn a_password_login_outlives_its_token_and_a_change_put_after_it_expired_is_appl
     let s = Scratch::new();
     let etcd = OwnEtcd::start_with(&s, false, &["--auth-token-ttl", "2"]);
     let url = etcd.url();
-    let secret = |name: &str, pw: &str| {
-        let p = s.path(name);
-        std::fs::write(&p, format!("{pw}\n")).unwrap();
-        p.display().to_string()
-    };
+    let secret = |name: &str, pw: &str| password_file(&s, name, pw);
     let (root_pw, node_pw) = (secret("root.pw", "root-pw-ttl"), secret("node.pw", "node-pw-ttl"));
     assert!(etcdctl(&url, &["user", "add", "root:root-pw-ttl"]).status.success());
     assert!(etcdctl(&url, &["auth", "enable"]).status.success());

@@ -60,6 +60,13 @@ fn need_testbed_etcd() -> &'static str {
     TESTBED_ETCD
 }
 
+/// A password file `name` in the scratch directory holding `pw`; its path, for a flag.
+fn password_file(s: &Scratch, name: &str, pw: &str) -> String {
+    let p = s.path(name);
+    std::fs::write(&p, format!("{pw}\n")).unwrap();
+    p.display().to_string()
+}
+
 fn etcdctl(endpoints: &str, args: &[&str]) -> Output {
     Command::new("etcdctl")
         .env("ETCDCTL_API", "3")

@@ -600,11 +600,7 @@ fn a_node_whose_etcd_role_predates_rollouts_reads_as_before_and_a_new_grant_lets
     let s = Scratch::new();
     let etcd = OwnEtcd::start(&s);
     let url = etcd.url();
-    let secret = |name: &str, pw: &str| {
-        let p = s.path(name);
-        std::fs::write(&p, format!("{pw}\n")).unwrap();
-        p.display().to_string()
-    };
+    let secret = |name: &str, pw: &str| password_file(&s, name, pw);
     let (root_pw, node_pw) = (secret("root.pw", "root-secret"), secret("node.pw", "node-secret"));
     let ctl = |args: &[&str]| {
         let out = etcdctl(&url, &[&["--user", "root:root-secret"], args].concat());
