@@ -136,6 +136,13 @@ impl Report {
         let thread = std::thread::Builder::new()
             .name("attribution".into())
             .spawn(move || {
+                // Its work comes after a put-back and must not delay the next: on a node of two
+                // cores, the attribution of one correction beside the next correction raised
+                // the put-back's p99 by a third (BENCHMARKS.md, issue 46). Ten nice steps down:
+                // when both want a core, the reconciler gets about nine tenths of it.
+                if let Err(e) = crate::system::lower_this_threads_priority(10) {
+                    tracing::debug!(error = %e, "cannot lower the attribution thread's priority");
+                }
                 let _entered = runtime.as_ref().map(tokio::runtime::Handle::enter);
                 attribution.run(&rx)
             })

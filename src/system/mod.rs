@@ -95,6 +95,17 @@ pub fn inotify_watch_limit() -> Option<(u64, &'static str)> {
     }
 }
 
+/// Lowers the calling thread's scheduling priority by `by` nice steps, to 19 at most (Linux
+/// keeps a nice value per thread: `setpriority` on a thread id changes that thread alone; a
+/// lower priority needs no privilege, whatever the unit's `Nice=`). For work that must never
+/// delay the reconciler when both want one of few cores (the attribution thread).
+pub(crate) fn lower_this_threads_priority(by: i32) -> std::io::Result<()> {
+    let tid = Some(rustix::thread::gettid());
+    let now = rustix::process::getpriority_process(tid)?;
+    rustix::process::setpriority_process(tid, (now + by).min(19))?;
+    Ok(())
+}
+
 /// A duration as a person reads it in a message: "90 s", "15 min", "1 h".
 pub fn human(d: std::time::Duration) -> String {
     let secs = d.as_secs();
@@ -111,6 +122,20 @@ pub fn human(d: std::time::Duration) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_lowered_thread_alone_is_niced() {
+        let before = rustix::process::getpriority_process(None).unwrap();
+        let niced = std::thread::spawn(|| {
+            super::lower_this_threads_priority(15).unwrap();
+            super::lower_this_threads_priority(15).unwrap();
+            rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(niced, (before + 30).min(19), "the thread's own nice, 19 at most");
+        assert_eq!(rustix::process::getpriority_process(None).unwrap(), before, "the others' unchanged");
+    }
+
     use std::time::Duration;
 
     #[test]
