@@ -194,11 +194,19 @@ echo "== power loss: both lanes, the VM lane short, real and mutant (tests/power
 # dm-log-writes: every crash state checked. The real build must show nothing torn, lost or
 # ahead, and no state whose next apply fails or counts drift; the mutant must show losses, in
 # each lane (run.sh judges both sums; the VM lane's own is judged here).
+# The real and the mutant runs side by side: each guest is one emulated core (TCG, -smp 1), so
+# on two cores the two boots take about the time of one. What they share (the guest's kernel,
+# busybox, the initramfs, the replay tool) is made first, once; the helpers the FUSE lane and
+# the agent need are built first too, so that the two runs only read them.
+tests/powerloss/vm/run.sh --prepare
+cargo build --quiet --bin mesh-host
+cargo build --quiet -p mesh-host-powerloss
+start_background "power-loss lanes, mutant" tests/powerloss/run.sh --short --mutant
 tests/powerloss/run.sh --short
-tests/powerloss/run.sh --short --mutant | tee /tmp/mesh-host-powerloss-mutant.out
+await_background "power-loss lanes, mutant"
 awk '/^powerloss: lane=vm/ { for (i = 1; i <= NF; i++) if ($i ~ /^(torn|lost)=/) { split($i, kv, "="); s += kv[2] } }
      END { if (s == 0) { print "tests/run.sh: the VM lane saw no loss in the mutant: it cannot see one" > "/dev/stderr"; exit 1 } }' \
-  /tmp/mesh-host-powerloss-mutant.out
+  "$background_dir/power-loss lanes, mutant.log"
 phase "fuzz"
 await_background "fuzz build"
 echo "== fuzz (short)"
