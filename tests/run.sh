@@ -178,8 +178,12 @@ phase "fleet under faults"
 # The fuzz targets' build (coverage flags: nothing of the builds above is reused) runs from here
 # in the background at the lowest priority, in the CPU the fleet harness's waits and the VM
 # lane's one emulated core leave idle; the fuzz phase waits for what is left of it. The flags
-# are fuzz/run.sh's, so its `cargo fuzz run` finds the targets built.
-start_background "fuzz build" sh -c 'cd fuzz && RUSTC_BOOTSTRAP=1 exec nice -n 19 cargo fuzz build --sanitizer none --dev'
+# are fuzz/run.sh's, so its `cargo fuzz run` finds the targets built. Its target directory is
+# fuzz/target, as before, or beside CARGO_TARGET_DIR when that is set: never the suite's own,
+# whose lock would hold the builds of the phases it runs beside until it ended.
+fuzz_env=()
+[ -z "${CARGO_TARGET_DIR:-}" ] || fuzz_env=(CARGO_TARGET_DIR="$CARGO_TARGET_DIR-fuzz")
+start_background "fuzz build" env "${fuzz_env[@]}" sh -c 'cd fuzz && RUSTC_BOOTSTRAP=1 exec nice -n 19 cargo fuzz build --sanitizer none --dev'
 echo "== the fleet under faults, short (tests/robust/; the long run: RELIABILITY.md)"
 # The checker's unit tests; a seeded schedule (75 s of operations and faults over 3 etcd members
 # and 8 agents, a heal, 30 s of quiet: its seed printed, its history kept); then each mutant's
@@ -214,4 +218,4 @@ echo "== fuzz (short)"
 # figures are in RELIABILITY.md. Here without AddressSanitizer and optimisation (still
 # coverage-guided, with overflow checks): the long runs' build takes about 13 minutes on two
 # cores, more than CI can spend; this one about 3.
-FUZZ_SANITIZER=none FUZZ_DEV=1 fuzz/run.sh 15
+env "${fuzz_env[@]}" FUZZ_SANITIZER=none FUZZ_DEV=1 fuzz/run.sh 15
