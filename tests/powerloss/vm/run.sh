@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The VM power-loss lane (tests/powerloss/vm/README.md): Debian's kernel under QEMU (TCG), the
 # agent on ext4, XFS and btrfs over dm-log-writes, every crash point replayed and checked.
-#   tests/powerloss/vm/run.sh [STATES] [--mutant] [--short] [--fs ext4,ext4-noauto,xfs,btrfs]
+#   tests/powerloss/vm/run.sh [STATES] [--mutant] [--short] [--prepare] [--fs ext4,ext4-noauto,xfs,btrfs]
 # STATES: crash points visited per filesystem (0, the default: all). --mutant: the agent built
 # with the feature powerloss-mutant (no syncs), which must show losses. --short: the CI lane
 # (ext4, 200 files in 20 directories, 12 points; a few minutes of TCG). --release: the agent's
 # release build in the guest, several times faster under TCG (for the long runs over every
-# point). Prints, per filesystem and workload:
+# point). --prepare: only what every run shares (the kernel, busybox, the initramfs, plvm's
+# build), so that two runs can then boot side by side without racing to make it (tests/run.sh
+# runs the real and the mutant lanes so). Prints, per filesystem and workload:
 #   powerloss: lane=vm fs=FS workload=W states=N torn=T lost=L ahead=A other=D+F+J drift=D failed=F behind=B temps=M journal=J
 # (other: the sum tests/powerloss/run.sh judges beside torn, lost and ahead).
 # Root. Needs network once (apt) unless the testbed's cache holds the kernel and busybox.
@@ -17,15 +19,16 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
 tb=${MESH_HOST_TESTBED:-/var/lib/mesh-host-testbed}/powerloss
-states=0 mutant=0 fss=ext4,ext4-noauto,xfs,btrfs files=1000 profile=debug
+states=0 mutant=0 fss=ext4,ext4-noauto,xfs,btrfs files=1000 profile=debug prepare=0
 for a in "$@"; do
     case "$a" in
         --mutant) mutant=1 ;;
+        --prepare) prepare=1 ;;
         --release) profile=release ;;
         --short) fss=ext4 files=200; [ "$states" = 0 ] && states=12 ;;
         --fs=*) fss=${a#--fs=} ;;
         [0-9]*) states=$a ;;
-        *) echo "usage: $0 [STATES] [--mutant] [--short] [--release] [--fs=ext4,ext4-noauto,xfs,btrfs]" >&2; exit 2 ;;
+        *) echo "usage: $0 [STATES] [--mutant] [--short] [--release] [--prepare] [--fs=ext4,ext4-noauto,xfs,btrfs]" >&2; exit 2 ;;
     esac
 done
 
@@ -87,6 +90,13 @@ if [ ! -f "$ir" ] || [ "$here/init" -nt "$ir" ]; then
     rm -rf "$st"
 fi
 
+ptgt=${CARGO_TARGET_DIR:-$repo/target}-plvm
+if [ "$prepare" = 1 ]; then
+    (cd "$here/replay" && CARGO_TARGET_DIR=$ptgt nice cargo build -q --release) || fail "cargo build of plvm failed"
+    echo "powerloss vm: prepared (kernel $kver, busybox, $ir, plvm)" >&2
+    exit 0
+fi
+
 # The agent (the real one, or the mutant in a target directory of its own) and plvm.
 tgt=${CARGO_TARGET_DIR:-$repo/target}
 features=()
@@ -99,7 +109,6 @@ else
   if [ "$mutant" = 1 ]; then tgt=$tgt-mutant; features+=(--features powerloss-mutant); agent=$tgt/$profile/mesh-host; fi
   (cd "$repo" && CARGO_TARGET_DIR=$tgt nice cargo build -q --bin mesh-host "${features[@]}") || fail "cargo build of the agent failed"
 fi
-ptgt=${CARGO_TARGET_DIR:-$repo/target}-plvm
 (cd "$here/replay" && CARGO_TARGET_DIR=$ptgt nice cargo build -q --release) || fail "cargo build of plvm failed"
 
 work=$tb/run-$$
