@@ -9,6 +9,7 @@ use nix::sys::signal::Signal;
 
 use crate::check::Violation;
 use crate::history::{Edge, Entry, Phase};
+use crate::net::Slow;
 use crate::run::{fault, up, Plan, Rng, Up};
 use crate::system::{self, signal, wait_for};
 
@@ -94,7 +95,7 @@ fn nemesis(up: &Up, rng: &mut Rng, until: Instant) {
     while Instant::now() < until {
         std::thread::sleep(Duration::from_millis(rng.range(2_000, 6_000)));
         let hold = Duration::from_millis(rng.range(2_000, 9_000));
-        match rng.range(0, 7) {
+        match rng.range(0, 8) {
             0 => {
                 let i = rng.range(0, 2) as usize;
                 let c = &up.cluster;
@@ -120,7 +121,8 @@ fn nemesis(up: &Up, rng: &mut Rng, until: Instant) {
             4 => pause_driver(up),
             5 => compaction(up, rng),
             6 => quota(up, hold),
-            _ => cut_off(up, rng, hold),
+            7 => cut_off(up, rng, hold),
+            _ => slow_link(up, rng),
         }
     }
 }
@@ -148,10 +150,7 @@ fn compaction(up: &Up, rng: &mut Rng) {
         system::etcdctl(&others, &["put", "/robust-mark", &h.now().to_string()]);
         std::thread::sleep(Duration::from_secs(1));
         let said = system::compact_now(&others, seen);
-        let t = h.now();
-        for phase in [Edge::Start, Edge::Stop] {
-            h.log(&Entry::Nemesis { t, phase, fault: said.clone() });
-        }
+        h.log(&Entry::Nemesis { t: h.now(), phase: Edge::Note, fault: said });
     };
     let off = || {
         signal(pid, Signal::SIGCONT);
@@ -168,18 +167,12 @@ fn quota(up: &Up, hold: Duration) {
     let h = &up.history;
     let on = || {
         let (mib, said) = system::fill(&endpoints);
-        let t = h.now();
-        let what = format!("{mib} MiB put outside the fleet's root, then: {said}");
-        for phase in [Edge::Start, Edge::Stop] {
-            h.log(&Entry::Nemesis { t, phase, fault: what.clone() });
-        }
+        let fault = format!("{mib} MiB put outside the fleet's root, then: {said}");
+        h.log(&Entry::Nemesis { t: h.now(), phase: Edge::Note, fault });
     };
     let off = || {
         let said = system::unfill(&endpoints, &up.recorded.seen);
-        let t = h.now();
-        for phase in [Edge::Start, Edge::Stop] {
-            h.log(&Entry::Nemesis { t, phase, fault: said.clone() });
-        }
+        h.log(&Entry::Nemesis { t: h.now(), phase: Edge::Note, fault: said });
     };
     fault(h, "etcd's backend quota spent (NOSPACE), then compact, defrag, disarm", on, hold, off);
 }
@@ -197,6 +190,34 @@ fn cut_off(up: &Up, rng: &mut Rng, hold: Duration) {
         what = format!("{what}: NOT MADE: {e}");
     }
     fault(&up.history, &what, || {}, hold + Duration::from_secs(6), || net.heal(i));
+}
+
+/// One node's link to etcd made slow and lossy (`net::Net::slow`: this kernel has no netem),
+/// 10-40 % of the packets dropped each way and a token bucket of 32-256 kbit/s on both ends of
+/// its veth pair; probed from inside its namespace once made (what the probe found is noted in
+/// the history: the fault is real), held 5-12 s more, then healed.
+fn slow_link(up: &Up, rng: &mut Rng) {
+    let Some(net) = &up.net else { return };
+    let i = rng.range(0, up.fleet.lock().unwrap().agents.len() as u64 - 1) as usize;
+    let slow = Slow { loss: rng.range(10, 40), kbit: rng.range(32, 256) };
+    let hold = Duration::from_millis(rng.range(5_000, 12_000));
+    let what = format!(
+        "agent ro-{} on a slow, lossy link ({} % lost each way, {} kbit/s both ends)",
+        i + 1,
+        slow.loss,
+        slow.kbit
+    );
+    let h = &up.history;
+    let on = || {
+        let said = match net.slow(i, slow).and_then(|()| net.probe(i, 10)) {
+            Ok(probe) => format!("{what}: {probe}"),
+            // Said in the history (and the run goes on without it).
+            Err(e) => format!("{what}: NOT MADE: {e}"),
+        };
+        eprintln!("robust: {said}");
+        h.log(&Entry::Nemesis { t: h.now(), phase: Edge::Note, fault: said });
+    };
+    fault(h, &what, on, hold, || net.heal(i));
 }
 
 fn kill_agent(up: &Up, i: usize, what: &str, hold: Duration) {
@@ -362,13 +383,14 @@ pub fn window(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
 pub fn summary(entries: &[Entry]) -> String {
     use std::collections::BTreeMap;
     let mut ops: BTreeMap<String, usize> = BTreeMap::new();
-    let (mut faults, mut samples, mut revision, mut rereads) = (0, 0, 0, 0);
+    let mut faults: BTreeMap<&str, usize> = BTreeMap::new();
+    let (mut samples, mut revision, mut rereads) = (0, 0, 0);
     for e in entries {
         match e {
             Entry::Op { op, phase, .. } if *phase != Phase::Invoke => {
                 *ops.entry(format!("{op}:{phase:?}").to_lowercase()).or_default() += 1
             }
-            Entry::Nemesis { phase: crate::history::Edge::Start, .. } => faults += 1,
+            Entry::Nemesis { phase: Edge::Start, fault, .. } => *faults.entry(kind(fault)).or_default() += 1,
             Entry::Sample { .. } => samples += 1,
             Entry::Etcd { rev, .. } => revision = revision.max(*rev),
             Entry::Claim { what: crate::history::ClaimKind::Reread, .. } => rereads += 1,
@@ -376,10 +398,31 @@ pub fn summary(entries: &[Entry]) -> String {
         }
     }
     let ops: Vec<String> = ops.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let total: usize = faults.values().sum();
+    let kinds: Vec<String> = faults.iter().map(|(k, v)| format!("{k}={v}")).collect();
     format!(
-        "operations: {}; faults: {faults}; samples: {samples}; revisions: {revision}; rereads after a compaction: {rereads}",
-        ops.join(" ")
+        "operations: {}; faults: {total} ({}); samples: {samples}; revisions: {revision}; rereads after a compaction: {rereads}",
+        ops.join(" "),
+        kinds.join(" ")
     )
+}
+
+/// A fault's kind, from its words (for the figures).
+pub fn kind(fault: &str) -> &'static str {
+    const KINDS: [(&str, &str); 11] = [
+        ("compaction", "compaction"),
+        ("backend quota", "quota"),
+        ("cut off", "cut-off"),
+        ("slow, lossy link", "slow-link"),
+        ("inside its confirmation window", "agent-killed-in-window"),
+        ("kill -9 agent", "agent-killed"),
+        ("SIGSTOP agent", "agent-stopped"),
+        ("kill -9 etcd", "member-killed"),
+        ("SIGSTOP every etcd member", "etcd-stopped"),
+        ("SIGSTOP etcd", "member-stopped"),
+        ("SIGSTOP driver", "driver-stopped"),
+    ];
+    KINDS.iter().find(|(words, _)| fault.contains(words)).map_or("other", |(_, k)| k)
 }
 
 /// The promote's schedule: a rollout of two waves with no soak driven through, then promoted,
