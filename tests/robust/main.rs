@@ -92,8 +92,11 @@ fn the_fleet_keeps_its_invariants_under_a_seeded_nemesis() {
     need_tools();
     let plan =
         plan(real_bin(), env_u64("MESH_HOST_ROBUST_AGENTS", 8), env_u64("MESH_HOST_ROBUST_SECS", 75), None);
-    let (text, violations) = verdict(&format!("seed {}", plan.seed), schedule::seeded(&plan));
+    let run = schedule::seeded(&plan);
+    let unreal = schedule::unreal_faults(&run.0);
+    let (text, violations) = verdict(&format!("seed {}", plan.seed), run);
     assert!(violations.is_empty(), "{text}\nrepeat with MESH_HOST_ROBUST_SEED={}", plan.seed);
+    assert!(unreal.is_empty(), "faults not made, or that did nothing:\n{}\n{text}", unreal.join("\n"));
 }
 
 /// A directed schedule run side by side against the real build, which must show nothing, and

@@ -210,6 +210,8 @@ fn slow_link(up: &Up, rng: &mut Rng) {
     let h = &up.history;
     let on = || {
         let said = match net.slow(i, slow).and_then(|()| net.probe(i, 10)) {
+            // A healthy link answers every ping within a millisecond or so.
+            Ok(probe) if probe.loss() == 0.0 && probe.avg_ms < 5.0 => format!("{what}: NO EFFECT: {probe}"),
             Ok(probe) => format!("{what}: {probe}"),
             // Said in the history (and the run goes on without it).
             Err(e) => format!("{what}: NOT MADE: {e}"),
@@ -438,4 +440,56 @@ fn promoted(up: &Up) {
     let drivers = up.ops.drivers.clone();
     wait_for(Duration::from_secs(60), || drivers.lock().unwrap().is_empty());
     up.ops.rollout("promote");
+}
+
+/// The faults of a history that were not made, or made and found to do nothing (a slow link
+/// whose probe lost nothing and waited for nothing): a harness that injects nothing would
+/// pass every check.
+pub fn unreal_faults(entries: &[Entry]) -> Vec<String> {
+    let said = entries.iter().filter_map(|e| match e {
+        Entry::Nemesis { fault, .. } => Some(fault),
+        _ => None,
+    });
+    let unreal = said.filter(|f| f.contains(": NOT MADE: ") || f.contains(": NO EFFECT: "));
+    let mut out: Vec<String> = unreal.cloned().collect();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_are_counted_by_kind_and_unreal_ones_named() {
+        let e = |phase, fault: &str| Entry::Nemesis { t: 1, phase, fault: fault.into() };
+        let slow = "agent ro-2 on a slow, lossy link (20 % lost each way, 64 kbit/s both ends)";
+        let entries = vec![
+            e(Edge::Start, slow),
+            e(
+                Edge::Note,
+                &format!(
+                    "{slow}: 6 of 10 pings answered (40 % lost), round trip mean 310.2 ms, longest 600.0 ms"
+                ),
+            ),
+            e(Edge::Stop, slow),
+            e(Edge::Start, "SIGSTOP etcd m1, a write, compaction at the current revision"),
+            e(Edge::Note, "compacted at revision 80"),
+            e(Edge::Start, "kill -9 agent ro-3 inside its confirmation window"),
+            e(Edge::Start, "kill -9 agent ro-3"),
+            e(Edge::Start, "kill -9 etcd m0"),
+            e(Edge::Start, "SIGSTOP etcd m2"),
+        ];
+        let line = summary(&entries);
+        assert!(
+            line.contains("faults: 6 (agent-killed=1 agent-killed-in-window=1 compaction=1 member-killed=1 member-stopped=1 slow-link=1)"),
+            "{line}"
+        );
+        assert!(unreal_faults(&entries).is_empty());
+        let nothing = format!(
+            "{slow}: NO EFFECT: 10 of 10 pings answered (0 % lost), round trip mean 0.1 ms, longest 0.2 ms"
+        );
+        let unreal = unreal_faults(&[e(Edge::Start, slow), e(Edge::Note, &nothing), e(Edge::Stop, slow)]);
+        assert_eq!(unreal, vec![nothing]);
+    }
 }
