@@ -345,7 +345,7 @@ pub fn fence(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
 
 /// The window's schedule, after a rollout driven through and promoted (`promoted`, the promote
 /// mutant's; folded into this run so that tests/run.sh's step stays under 5 minutes): the
-/// canary on a candidate and confirmed, the rollout aborted, and every etcd member stopped the
+/// canary on a candidate and confirmed (its status says so), the rollout aborted, and every etcd member stopped the
 /// moment the canary takes the abort's declaration, for 9 s (past its 5 s window). The real
 /// agent does not arm the generation an abort brings back; one that arms it, with the
 /// candidate as the generation to go back to, goes back to the aborted candidate and holds it
@@ -353,15 +353,15 @@ pub fn fence(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
 pub fn window(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
     let up = Arc::new(up(plan));
     promoted(&up);
+    let started = revision(&up);
     up.ops.start("ro-1", 120, 120, "1,100%");
-    std::thread::sleep(Duration::from_secs(10));
+    let confirmed = wait_for(Duration::from_secs(20), || confirmed_admitted(&up, "ro-1", started));
+    assert!(confirmed, "ro-1 did not confirm the candidate within 20 s: see {}", up.history.path.display());
     let pids: Vec<u32> = {
         let c = up.cluster.lock().unwrap();
         (0..3).filter_map(|i| c.pid(i)).collect()
     };
-    let out = system::etcdctl(&up.ops.endpoints, &["get", "/", "--limit", "1", "-w", "json"]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    let from = v["header"]["revision"].as_i64().expect("etcd answers") + 1;
+    let from = revision(&up) + 1;
     let fault = "SIGSTOP every etcd member as ro-1 takes the abort".to_owned();
     let trap = up.fleet.lock().unwrap().trap.clone();
     *trap.lock().unwrap() =
@@ -382,6 +382,32 @@ pub fn window(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
     abort.join().expect("the abort ends");
     std::thread::sleep(Duration::from_secs(crate::check::GRACE_MS / 1000 + 6));
     finished(up)
+}
+
+/// etcd's current revision.
+fn revision(up: &Up) -> i64 {
+    let out = system::etcdctl(&up.ops.endpoints, &["get", "/", "--limit", "1", "-w", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["header"]["revision"].as_i64().expect("etcd answers")
+}
+
+/// Whether `node` is admitted to a rollout after revision `after`, and its status in etcd says
+/// it converged on a declaration read at or after its admission, and confirmed the generation
+/// it runs.
+fn confirmed_admitted(up: &Up, node: &str, after: i64) -> bool {
+    let get = |key: String, args: &[&str]| {
+        let out = system::etcdctl(&up.ops.endpoints, &[&["get", key.as_str()][..], args].concat());
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap_or_default()
+    };
+    let admission = get(crate::model::admission_key(node), &["-w", "json"]);
+    let Some(admitted) = admission["kvs"][0]["mod_revision"].as_i64().filter(|r| *r > after) else {
+        return false;
+    };
+    let v = get(crate::model::status_key(node), &["--print-value-only"]);
+    v["revision"].as_i64().is_some_and(|r| r >= admitted)
+        && v["converged"] == true
+        && v["generation"].is_u64()
+        && v["confirmed"] == v["generation"]
 }
 
 /// What a run did, in one line per kind: operations by outcome, faults, samples, revisions.
