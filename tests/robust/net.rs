@@ -1,7 +1,7 @@
 //! Each agent in a network namespace of its own, so that one node can be cut off from etcd
 //! alone, or given a slow, lossy link (issue 42): a bridge in the host's namespace, on whose
 //! address the etcd members listen besides loopback, and a veth pair from it into each agent's
-//! namespace.
+//! namespace; in the seeded run the operator (its commands and drivers) in one too.
 //!
 //! - A cut is an nftables table in the agent's namespace dropping everything it sends to the
 //!   bridge's address; the heal deletes the table.
@@ -30,6 +30,8 @@ const LOCKS: &str = "/run/mesh-host-robust";
 const SLOTS: u8 = 16;
 /// The namespaces a slot's cleanup looks for (a run of more agents than this is refused).
 const MAX_AGENTS: usize = 16;
+/// The index of the operator's namespace (its commands and drivers), when the run has one.
+pub const OPERATOR: usize = MAX_AGENTS;
 
 /// `ip ARGS` (or any command), its failure an error naming the command and what it said.
 fn run(program: &str, args: &[&str]) -> Result<(), String> {
@@ -64,14 +66,23 @@ impl Names {
         format!("10.231.{}.1", self.slot)
     }
 
-    /// Agent `i`'s namespace (`ip netns`, so `/run/netns/NAME`).
+    /// Agent `i`'s namespace (`ip netns`, so `/run/netns/NAME`), or the operator's (`OPERATOR`).
     pub fn netns(self, i: usize) -> String {
-        format!("mh-robust{}-ro-{}", self.slot, i + 1)
+        match i {
+            OPERATOR => format!("mh-robust{}-op", self.slot),
+            _ => format!("mh-robust{}-ro-{}", self.slot, i + 1),
+        }
     }
 
-    /// Agent `i`'s veth: the bridge's end (`outside`) or the namespace's.
+    /// Agent `i`'s veth (or the operator's): the bridge's end (`outside`) or the namespace's.
     fn veth(self, i: usize, outside: bool) -> String {
-        format!("mhr{}x{i}{}", self.slot, if outside { 'h' } else { 'n' })
+        let who = if i == OPERATOR { "op".to_owned() } else { i.to_string() };
+        format!("mhr{}x{who}{}", self.slot, if outside { 'h' } else { 'n' })
+    }
+
+    /// Agent `i`'s address on the bridge (10.231.S.(11+i)), or the operator's (10.231.S.10).
+    fn address(self, i: usize) -> String {
+        format!("10.231.{}.{}/24", self.slot, if i == OPERATOR { 10 } else { 11 + i })
     }
 }
 
@@ -87,19 +98,22 @@ pub struct Slow {
 /// The namespaces and the bridge of one run, removed when dropped.
 pub struct Net {
     agents: usize,
+    /// Whether the operator has a namespace of its own (`OPERATOR`).
+    operator: bool,
     pub names: Names,
     /// The slot's lock, held for the run's life.
     _lock: std::fs::File,
 }
 
 impl Net {
-    /// The bridge and a namespace for each of `agents` agents, each with its veth pair, its
-    /// address (10.231.S.(11+i)/24) and loopback up, in the first free slot.
-    pub fn up(agents: usize) -> Net {
+    /// The bridge and a namespace for each of `agents` agents (and the operator, when
+    /// `operator`), each with its veth pair, its address and loopback up, in the first free
+    /// slot.
+    pub fn up(agents: usize, operator: bool) -> Net {
         assert!(agents <= MAX_AGENTS, "at most {MAX_AGENTS} agents in namespaces");
         let (names, lock) = take_slot();
         clean(names);
-        let net = Net { agents, names, _lock: lock };
+        let net = Net { agents, operator, names, _lock: lock };
         let (bridge, host) = (names.bridge(), format!("{}/24", names.host()));
         let steps: [&[&str]; 3] = [
             &["link", "add", &bridge, "type", "bridge"],
@@ -109,9 +123,9 @@ impl Net {
         for step in steps {
             run("ip", step).unwrap_or_else(|e| panic!("the agents' bridge: {e}"));
         }
-        for i in 0..agents {
+        for i in net.all() {
             let (ns, outside, inside) = (names.netns(i), names.veth(i, true), names.veth(i, false));
-            let address = format!("10.231.{}.{}/24", names.slot, 11 + i);
+            let address = names.address(i);
             let steps: [&[&str]; 7] = [
                 &["netns", "add", &ns],
                 &["link", "add", &outside, "type", "veth", "peer", "name", &inside],
@@ -122,7 +136,7 @@ impl Net {
                 &["-n", &ns, "link", "set", "lo", "up"],
             ];
             for step in steps {
-                run("ip", step).unwrap_or_else(|e| panic!("agent ro-{}'s namespace: {e}", i + 1));
+                run("ip", step).unwrap_or_else(|e| panic!("namespace {ns}: {e}"));
             }
         }
         net
@@ -208,9 +222,14 @@ impl Net {
     }
 
     pub fn heal_all(&self) {
-        for i in 0..self.agents {
+        for i in self.all() {
             self.heal(i);
         }
+    }
+
+    /// Every namespace's index: the agents', then the operator's when there is one.
+    pub fn all(&self) -> Vec<usize> {
+        (0..self.agents).chain(self.operator.then_some(OPERATOR)).collect()
     }
 }
 
@@ -287,7 +306,7 @@ fn take_slot() -> (Names, std::fs::File) {
 /// A slot's namespaces (their veth pairs go with them) and bridge, whoever made them: called
 /// only with the slot's lock held.
 fn clean(names: Names) {
-    for i in 0..MAX_AGENTS {
+    for i in (0..MAX_AGENTS).chain([OPERATOR]) {
         let _ = run("ip", &["netns", "del", &names.netns(i)]);
         // Gone with the namespace, unless a process of a run that died still holds it.
         let _ = run("ip", &["link", "del", &names.veth(i, true)]);
@@ -318,17 +337,19 @@ mod tests {
     #[ignore = "needs root and iproute2 (the testbed); namespaces of its own"]
     fn two_runs_take_slots_of_their_own_and_leave_each_other_alone() {
         assert!(nix::unistd::geteuid().is_root(), "run it as root: it makes network namespaces");
-        let first = Net::up(1);
-        let second = Net::up(1);
+        let first = Net::up(1, true);
+        let second = Net::up(1, true);
         assert_ne!(first.names, second.names, "two live runs were given the same names");
         let slot = second.names;
         drop(second);
         let listed = output("ip", &["netns", "list"]).unwrap();
         assert!(listed.contains(&first.names.netns(0)), "the live run's namespace went with the other's");
         assert!(!listed.contains(&slot.netns(0)), "a run's namespace outlived it: {listed}");
-        let probe = first.probe(0, 5).unwrap();
-        assert_eq!(probe.received, 5, "the live run's link broke when the other ended: {probe}");
-        let third = Net::up(1);
+        for i in [0, OPERATOR] {
+            let probe = first.probe(i, 5).unwrap();
+            assert_eq!(probe.received, 5, "the live run's link ({i}) broke when the other ended: {probe}");
+        }
+        let third = Net::up(1, false);
         assert_eq!(third.names, slot, "the slot given back was not taken again");
     }
 
@@ -339,7 +360,7 @@ mod tests {
     #[ignore = "needs root, nftables, tc and ping (the testbed); one namespace of its own"]
     fn a_slow_lossy_link_loses_and_delays_packets_and_heals() {
         assert!(nix::unistd::geteuid().is_root(), "run it as root: it makes a network namespace");
-        let net = Net::up(1);
+        let net = Net::up(1, false);
         let before = net.probe(0, 40).unwrap();
         eprintln!("robust: a healthy link: {before}");
         assert!(

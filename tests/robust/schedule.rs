@@ -192,20 +192,22 @@ fn cut_off(up: &Up, rng: &mut Rng, hold: Duration) {
     fault(&up.history, &what, || {}, hold + Duration::from_secs(6), || net.heal(i));
 }
 
-/// One node's link to etcd made slow and lossy (`net::Net::slow`: this kernel has no netem),
-/// 10-40 % of the packets dropped each way and a token bucket of 32-256 kbit/s on both ends of
-/// its veth pair; probed from inside its namespace once made (what the probe found is noted in
-/// the history: the fault is real), held 5-12 s more, then healed.
+/// One node's link to etcd made slow and lossy (`net::Net::slow`: this kernel has no netem), or
+/// the operator's (its commands and drivers), 10-40 % of the packets dropped each way and a
+/// token bucket of 32-256 kbit/s on both ends of its veth pair; probed from inside its
+/// namespace once made (what the probe found is noted in the history: the fault is real), held
+/// 5-12 s more, then healed.
 fn slow_link(up: &Up, rng: &mut Rng) {
     let Some(net) = &up.net else { return };
-    let i = rng.range(0, up.fleet.lock().unwrap().agents.len() as u64 - 1) as usize;
+    let all = net.all();
+    let i = all[rng.range(0, all.len() as u64 - 1) as usize];
     let slow = Slow { loss: rng.range(10, 40), kbit: rng.range(32, 256) };
     let hold = Duration::from_millis(rng.range(5_000, 12_000));
+    let who =
+        if i == crate::net::OPERATOR { "the operator".to_owned() } else { format!("agent ro-{}", i + 1) };
     let what = format!(
-        "agent ro-{} on a slow, lossy link ({} % lost each way, {} kbit/s both ends)",
-        i + 1,
-        slow.loss,
-        slow.kbit
+        "{who} on a slow, lossy link ({} % lost each way, {} kbit/s both ends)",
+        slow.loss, slow.kbit
     );
     let h = &up.history;
     let on = || {
