@@ -361,7 +361,7 @@ mod tests {
     fn a_slow_lossy_link_loses_and_delays_packets_and_heals() {
         assert!(nix::unistd::geteuid().is_root(), "run it as root: it makes a network namespace");
         let net = Net::up(1, false);
-        let before = net.probe(0, 40).unwrap();
+        let before = net.probe(0, 10).unwrap();
         eprintln!("robust: a healthy link: {before}");
         assert!(
             before.loss() == 0.0 && before.max_ms < 50.0,
@@ -378,13 +378,13 @@ mod tests {
         assert!(lossy.max_ms < 50.0, "the loss alone delayed packets: {lossy}");
 
         net.slow(0, Slow { loss: 0, kbit: 32 }).unwrap();
-        let slow = net.probe(0, 20).unwrap();
+        let slow = net.probe(0, 10).unwrap();
         eprintln!("robust: a token bucket of 32 kbit/s: {slow}");
         net.heal(0);
-        // 20 pings of 1,028 bytes through 4 kB/s each way: each waits for those before it.
+        // 10 pings of 1,028 bytes through 4 kB/s each way: each waits for those before it.
         assert!(slow.received > 0 && slow.avg_ms > 100.0, "the token bucket did not delay: {slow}");
 
-        let after = net.probe(0, 40).unwrap();
+        let after = net.probe(0, 10).unwrap();
         eprintln!("robust: healed: {after}");
         assert!(after.loss() == 0.0 && after.max_ms < 50.0, "the heal left the link slow or lossy: {after}");
     }
