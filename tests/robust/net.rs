@@ -173,7 +173,8 @@ impl Net {
                 let spec = format!("{{ type filter hook {hook} priority 0; policy accept; }}");
                 self.nft(i, &["add", "chain", "inet", LOSSY, chain, &spec])?;
                 let rule = ["add", "rule", "inet", LOSSY, chain, "ip", way, &host, "numgen", "random"];
-                let all: Vec<&str> = rule.iter().copied().chain(["mod", "100", "<", &loss, "drop"]).collect();
+                let all: Vec<&str> =
+                    rule.iter().copied().chain(["mod", "100", "<", &loss, "counter", "drop"]).collect();
                 self.nft(i, &all)?;
             }
         }
@@ -209,6 +210,15 @@ impl Net {
         Probe::parse(&String::from_utf8_lossy(&out.stdout)).ok_or_else(|| {
             format!("ping in {ns}: no summary: {}", String::from_utf8_lossy(&out.stderr).trim())
         })
+    }
+
+    /// How many packets agent `i`'s lossy link has dropped so far, both ways (its rules'
+    /// counters).
+    pub fn dropped(&self, i: usize) -> Result<u64, String> {
+        let ns = self.names.netns(i);
+        let listed = output("ip", &["netns", "exec", &ns, "nft", "list", "table", "inet", LOSSY])?;
+        let counts = listed.split("counter packets ").skip(1);
+        Ok(counts.filter_map(|c| c.split_whitespace().next()?.parse::<u64>().ok()).sum())
     }
 
     /// Agent `i`'s cut and slow link ended (nothing when there is none).
@@ -370,7 +380,9 @@ mod tests {
 
         net.slow(0, Slow { loss: 50, kbit: 0 }).unwrap();
         let lossy = net.probe(0, 40).unwrap();
-        eprintln!("robust: 50 % lost each way: {lossy}");
+        let dropped = net.dropped(0).unwrap();
+        eprintln!("robust: 50 % lost each way: {lossy}; {dropped} packets dropped");
+        assert!(dropped > 0, "the nftables rules counted no drop: {lossy}");
         net.heal(0);
         // A round trip survives 0.5 × 0.5 of the time: 75 % lost on average; 40 % or less
         // happens once in many thousands.

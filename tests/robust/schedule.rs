@@ -211,10 +211,13 @@ fn slow_link(up: &Up, rng: &mut Rng) {
     );
     let h = &up.history;
     let on = || {
-        let said = match net.slow(i, slow).and_then(|()| net.probe(i, 10)) {
+        let probed = net.slow(i, slow).and_then(|()| net.probe(i, 10)).and_then(|p| Ok((p, net.dropped(i)?)));
+        let said = match probed {
             // A healthy link answers every ping within a millisecond or so.
-            Ok(probe) if probe.loss() == 0.0 && probe.avg_ms < 5.0 => format!("{what}: NO EFFECT: {probe}"),
-            Ok(probe) => format!("{what}: {probe}"),
+            Ok((probe, dropped)) if probe.loss() == 0.0 && probe.avg_ms < 5.0 => {
+                format!("{what}: NO EFFECT: {probe}; {dropped} packets dropped")
+            }
+            Ok((probe, dropped)) => format!("{what}: {probe}; {dropped} packets dropped"),
             // Said in the history (and the run goes on without it).
             Err(e) => format!("{what}: NOT MADE: {e}"),
         };
