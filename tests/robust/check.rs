@@ -343,6 +343,7 @@ fn faults(entries: &[Entry]) -> Vec<(u64, u64)> {
                         out.push((s, *t));
                     }
                 }
+                Edge::Note => {}
             }
         }
     }

@@ -236,6 +236,33 @@ fn i4_a_node_left_on_an_aborted_candidate_is_named_once_no_fault_excuses_it() {
     assert_eq!(only(&all, "I11").node.as_deref(), Some("a"));
 }
 
+/// A slow, lossy link is a fault like the others for the checker's allowances; a note (what a
+/// probe found while it was on) is no fault by itself.
+#[test]
+fn i4_is_excused_by_a_slow_link_and_not_by_a_note() {
+    let what = "agent ro-1 on a slow, lossy link (30 % lost each way, 64 kbit/s both ends)";
+    for slow in [true, false] {
+        let mut h = H::through_wave_one();
+        let last = json!({"id": "r1", "closed": "aborted by me on h (pid 901) at now"}).to_string();
+        h.txn(&[(STATE, None), (&admission_key("a"), None), (LAST, Some(last))]);
+        let nemesis = |h: &mut H, phase: Edge, fault: &str| {
+            h.e.push(Entry::Nemesis { t: h.t, phase, fault: fault.into() });
+        };
+        if slow {
+            nemesis(&mut h, Edge::Start, what);
+        }
+        nemesis(&mut h, Edge::Note, &format!("{what}: 3 of 10 pings answered"));
+        h.wait(10_000);
+        if slow {
+            nemesis(&mut h, Edge::Stop, what);
+        }
+        h.wait(19_000);
+        h.sample("b", "v1 <tok-1>");
+        let all = check(&h.e);
+        assert_eq!(all.iter().any(|v| v.invariant == "I4"), !slow, "slow link: {slow}: {all:#?}");
+    }
+}
+
 #[test]
 fn i7_a_wave_opened_by_a_driver_whose_key_another_holds_is_named() {
     let mut h = H::through_wave_one();

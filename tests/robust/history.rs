@@ -10,7 +10,7 @@
 //!   independently of the agent (only when it differs from the node's sample before);
 //! - `cache`: what a node's cache of its declaration held, read by the harness from its state
 //!   directory (only when it changed);
-//! - `nemesis`: a fault begun or ended.
+//! - `nemesis`: a fault begun or ended, or what the nemesis found while it was on.
 
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
@@ -95,7 +95,7 @@ pub enum Entry {
         /// Each key the manifest names, with the value its file holds, in the manifest's order.
         kvs: Vec<(String, String)>,
     },
-    /// A fault begun (`start`) or ended (`stop`).
+    /// A fault begun (`start`) or ended (`stop`), or a note on one (`note`).
     Nemesis {
         /// Harness time, ms.
         t: u64,
@@ -161,7 +161,7 @@ pub enum ClaimKind {
     Reread,
 }
 
-/// Begun or ended.
+/// Begun or ended, or what the harness found while a fault was on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Edge {
@@ -169,6 +169,9 @@ pub enum Edge {
     Start,
     /// Ended.
     Stop,
+    /// Neither: what the nemesis did or measured inside a fault begun and not yet ended (the
+    /// revision a compaction took, what a probe of a slow link found).
+    Note,
 }
 
 /// The digest of a managed file's content, as the sampler and the checker both compute it;

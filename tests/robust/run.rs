@@ -44,6 +44,9 @@ pub struct Ops {
     pub history: Arc<History>,
     /// `MESH_HOST_MUTANT` for every command, when the run is a mutant's.
     pub mutant: Option<&'static str>,
+    /// The operator's network namespace and the endpoints it reaches etcd at from there (the
+    /// bridge's), when it has one: every command and driver runs in it.
+    pub via: Option<(String, String)>,
     next: AtomicU64,
     /// The drivers running (start, resume): their pids, for the nemesis.
     pub drivers: Arc<Mutex<Vec<u32>>>,
@@ -74,6 +77,7 @@ impl Ops {
             target: target.to_owned(),
             history: history.clone(),
             mutant: None,
+            via: None,
             next: AtomicU64::new(1),
             drivers: Arc::new(Mutex::new(Vec::new())),
             threads: Mutex::new(Vec::new()),
@@ -92,16 +96,27 @@ impl Ops {
     /// (a driver), killed past `within`; the invocation and the outcome go to the history.
     pub fn run(&self, op: &str, args: &[String], token: Option<String>, background: bool, within: Duration) {
         let id = self.next.fetch_add(1, Ordering::SeqCst);
-        let mut command = Command::new(&self.bin);
+        // In the operator's namespace, by nsenter, which execs the binary: the same process.
+        let mut command = match &self.via {
+            Some((ns, _)) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}")).arg(&self.bin);
+                // Plain http to the bridge's address, a network of the harness's own.
+                c.env("MESH_HOST_ETCD_ALLOW_PLAINTEXT", "true");
+                c
+            }
+            None => Command::new(&self.bin),
+        };
         if let Some(m) = self.mutant {
             command.env("MESH_HOST_MUTANT", m);
         }
+        let endpoints = self.via.as_ref().map_or(&self.endpoints, |(_, e)| e);
         let child = command
             .arg("--state")
             .arg(self.dir.join("operator-state.json"))
             .arg("fleet")
             .args(args)
-            .args(["--etcd", &self.endpoints])
+            .args(["--etcd", endpoints])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .stdin(Stdio::null())
@@ -252,17 +267,24 @@ pub struct Up {
 pub fn up(plan: &Plan) -> Up {
     let dir = tempfile::Builder::new().prefix("mesh-host-robust-").tempdir_in("/var/tmp").unwrap();
     let history = History::create(dir.path().join("history.jsonl"));
-    let net = plan.netns.then(|| crate::net::Net::up(plan.agents));
-    let cluster = Cluster::start(dir.path(), net.as_ref().map(|_| crate::net::HOST));
+    // The seeded run's operator in a namespace of its own too, so that its link can be slowed
+    // (its commands' and drivers' outcomes then often unknown); the directed runs' on the
+    // host's side, as their schedules time its commands.
+    let net = plan.netns.then(|| crate::net::Net::up(plan.agents, plan.secs > 0));
+    let host = net.as_ref().map(|n| n.names.host());
+    let cluster = Cluster::start(dir.path(), host.as_deref());
     let endpoints = cluster.endpoints();
     let stop = Arc::new(AtomicBool::new(false));
     let recorded = system::record(&endpoints, &history, &stop);
-    let agents_at = cluster.endpoints_on(net.as_ref().map(|_| crate::net::HOST));
+    let agents_at = cluster.endpoints_on(host.as_deref());
     let mut fleet = Fleet::new(&plan.bin, &agents_at, dir.path(), plan.agents, 5);
     fleet.mutant = plan.mutant;
-    fleet.netns = net.is_some();
+    fleet.netns = net.as_ref().map(|n| n.names);
     let mut ops = Ops::new(&plan.bin, &endpoints, dir.path(), &fleet.target, &history);
     ops.mutant = plan.mutant;
+    if let Some(net) = net.as_ref().filter(|n| n.all().contains(&crate::net::OPERATOR)) {
+        ops.via = Some((net.names.netns(crate::net::OPERATOR), agents_at.clone()));
+    }
     let ops = Arc::new(ops);
     ops.put();
     for i in 0..plan.agents {

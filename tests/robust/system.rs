@@ -261,8 +261,8 @@ pub struct Fleet {
     pub trap: Arc<Mutex<Option<Trap>>>,
     /// `MESH_HOST_MUTANT` for every agent, when the run is a mutant's.
     pub mutant: Option<&'static str>,
-    /// Each agent in its own network namespace (`net::netns`), when set.
-    pub netns: bool,
+    /// Each agent in its own network namespace (`net::Names::netns`), when set.
+    pub netns: Option<crate::net::Names>,
 }
 
 /// The nodes whose confirmation window opened, and when.
@@ -305,7 +305,7 @@ impl Fleet {
             armed,
             trap,
             mutant: None,
-            netns: false,
+            netns: None,
         }
     }
 
@@ -321,9 +321,9 @@ impl Fleet {
         let a = &self.agents[i];
         // In its network namespace, by nsenter, which execs unshare: the same process all the
         // way to the agent.
-        let mut command = Command::new(if self.netns { "nsenter" } else { "unshare" });
-        if self.netns {
-            command.arg(format!("--net=/run/netns/{}", crate::net::netns(i))).arg("unshare");
+        let mut command = Command::new(if self.netns.is_some() { "nsenter" } else { "unshare" });
+        if let Some(names) = self.netns {
+            command.arg(format!("--net=/run/netns/{}", names.netns(i))).arg("unshare");
         }
         if let Some(m) = self.mutant {
             command.env("MESH_HOST_MUTANT", m);
@@ -340,7 +340,7 @@ impl Fleet {
             .args(["--log-json", "run", "--etcd", &self.endpoints, "--node", &a.name])
             .args(["--confirm-window", &self.window.to_string(), "--metrics", "off", "--settle-ms", "20"])
             // Plain http to the bridge's address, a network of the harness's own.
-            .args(if self.netns { &["--allow-plaintext"][..] } else { &[] })
+            .args(if self.netns.is_some() { &["--allow-plaintext"][..] } else { &[] })
             .env("MESH_HOST_LOG", "info")
             .stdout(Stdio::piped())
             .stdin(Stdio::null())
