@@ -22,9 +22,11 @@ FAULTS = [  # (kind as RELIABILITY.md names it, what the nemesis's line begins w
     ("agents killed inside their confirmation window", r"kill -9 agent ro-\d+ inside"),
     ("agents killed (kill -9) and restarted", r"kill -9 agent ro-\d+$"),
     ("drivers stopped past their lease", r"SIGSTOP driver"),
+    ("links made slow and lossy (nftables loss, a TBF rate)", r".* on a slow, lossy link"),
     ("agents stopped through the first waves (directed)", r"SIGSTOP agent"),
     ("every member stopped as a node takes the abort (directed)", r"SIGSTOP every etcd member"),
 ]
+# Inner steps of a fault, written as faults by histories made before they became notes.
 STEPS = [r"\d+ MiB put outside", r"deleted \d+; compact", r"compact at revision"]
 
 
