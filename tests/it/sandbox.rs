@@ -118,7 +118,15 @@ fn work(box_: &Ephemeral, extra: &str) -> Result<(), String> {
     // This run's lines only: the box's journal holds the runs tried before.
     let run = format!("_SYSTEMD_INVOCATION_ID={}", box_.show(unit, "InvocationID"));
     let journal = || box_.journalctl(&[&run, "-o", "cat"]);
-    // READY comes after the first pass, so `start` returned once it ended.
+    // READY comes after the first pass, so `start` returned once it ended; but journald reads
+    // the agent's output on a stream of its own, and may not have taken the pass's last lines
+    // when READY arrives (CI once read no failure where there was one). The agent logs "mesh-host
+    // is running" after READY, on the same stream as the failures: once it is in the journal,
+    // so is every line before it. An agent that did not come up logs no such line.
+    let up = wait_for(PATIENCE, || {
+        journal().contains("mesh-host is running") || box_.systemctl(&["is-active", unit]) != "active"
+    });
+    assert!(up, "the agent is active but its journal never said it was running:\n{}", journal());
     let failed: Vec<String> =
         journal().lines().filter(|l| l.contains("failed sbx.")).map(str::to_owned).collect();
     let state = box_.systemctl(&["is-active", unit]);
