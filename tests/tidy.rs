@@ -1128,3 +1128,59 @@ fn the_rule_checks_find_breaches_planted_in_a_tree() {
         long_sleeps_in(root).into_iter().map(|(f, _, n, a)| (f, n, a)).collect();
     assert_eq!(sleeps, [("a.rs".to_owned(), "waits".to_owned(), "WAIT".to_owned())]);
 }
+
+/// Issue 46's shape of the controller, held: the reconciler (`src/controller/worker.rs`) at most
+/// `WORKER_LINES` lines in all (what it carried before went to `Source`, `Watches` and `Report`;
+/// each feature since had added a field to it), and the runner (`runner.rs` and its tests)
+/// knowing only the `Reconcile` trait, never the `Worker`.
+const WORKER_LINES: usize = 600;
+
+/// What breaks that shape, given the worker's text and the runner's files' (comments and
+/// strings left out, so that a doc comment may name the worker).
+fn controller_shape_breaches(worker: &str, runner: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    let lines = worker.lines().count();
+    if lines > WORKER_LINES {
+        out.push(format!(
+            "src/controller/worker.rs: {lines} lines, over {WORKER_LINES}: give what it carries to a part that owns it"
+        ));
+    }
+    for (file, text) in runner {
+        let code = code_only(text);
+        let named = code.split(|c: char| !(c.is_alphanumeric() || c == '_')).any(|word| word == "Worker");
+        if named {
+            out.push(format!("{file}: names the Worker; the runner knows only the Reconcile trait"));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_controllers_worker_stays_small_and_its_runner_knows_only_the_trait() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let worker = std::fs::read_to_string(root.join("src/controller/worker.rs")).unwrap();
+    let mut runner = vec![("src/controller/runner.rs".to_owned(), root.join("src/controller/runner.rs"))];
+    for f in rust_files(&root.join("src/controller/runner")) {
+        runner.push((f.strip_prefix(root).unwrap().display().to_string(), f));
+    }
+    let runner: Vec<(String, String)> =
+        runner.into_iter().map(|(name, path)| (name, std::fs::read_to_string(path).unwrap())).collect();
+    assert!(runner.len() >= 2, "the runner and its tests were not found: {runner:?}");
+    let wrong = controller_shape_breaches(&worker, &runner);
+    assert!(wrong.is_empty(), "the controller's shape (issue 46) is broken:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_controller_shape_check_refuses_a_long_worker_and_a_runner_naming_it() {
+    let short = "fn x() {}\n".repeat(WORKER_LINES);
+    let long = "fn x() {}\n".repeat(WORKER_LINES + 1);
+    let clean = vec![(
+        "runner.rs".to_owned(),
+        "/// Runs a Worker's reconciles.\nfn run<R: Reconcile>(r: R) {}\n".to_owned(),
+    )];
+    let naming = vec![("runner.rs".to_owned(), "fn run(w: &mut Worker) {}\n".to_owned())];
+    assert!(controller_shape_breaches(&short, &clean).is_empty());
+    let caught = controller_shape_breaches(&long, &naming);
+    assert_eq!(caught.len(), 2, "{caught:?}");
+    assert!(caught[0].contains("601 lines") && caught[1].contains("names the Worker"), "{caught:?}");
+}
