@@ -235,8 +235,10 @@ pub struct EtcdLogin {
 impl EtcdLogin {
     /// A client for `endpoints`, over TLS when they are https://, logged in when a user is given:
     /// an operator's, whose password file is theirs to keep.
+    /// Its paged reads are patient (`Etcd::patient`): a command asks again rather than fail on
+    /// a cluster too busy to answer for a few seconds.
     pub(super) fn client(&self, endpoints: &str) -> anyhow::Result<crate::system::etcd::Etcd> {
-        self.client_with(endpoints, None)
+        self.client_with(endpoints, None).map(crate::system::etcd::Etcd::patient)
     }
 
     /// The daemon's client: its password file is checked as strictly as its other sources

@@ -73,6 +73,19 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// size in memory).
 const PAGE: i64 = 1000;
 
+/// How long an operator's paged read goes on asking when no endpoint answers a page
+/// (`Etcd::page`): two or three rounds over every endpoint at their 5 s call timeout.
+const READ_PATIENCE: Duration = Duration::from_secs(30);
+
+/// `d` spread by up to a fifth either way, at random.
+fn spread(d: Duration) -> Duration {
+    use std::hash::BuildHasher as _;
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
+    let random = std::collections::hash_map::RandomState::new().hash_one(nanos) % 1000;
+    d.mul_f64(0.8 + 0.4 * random as f64 / 1000.0)
+}
+
 /// The largest message read from etcd: its own default request limit is 1.5 MiB per value, and
 /// a range holds a node's whole declaration.
 const ANSWER_LIMIT: usize = 512 << 20;
@@ -348,6 +361,9 @@ pub struct Etcd {
     login: Option<(String, SecretString)>,
     /// The token of the last login; cleared when etcd says it is no longer good.
     token: std::sync::Mutex<Option<String>>,
+    /// A paged read goes on for up to `READ_PATIENCE` when no endpoint answers a page
+    /// (`patient`): an operator's command, not the agent, which has loops of its own.
+    patient: bool,
 }
 
 impl Etcd {
@@ -405,6 +421,7 @@ impl Etcd {
             moved: tokio::sync::watch::Sender::new(0),
             login: None,
             token: std::sync::Mutex::new(None),
+            patient: false,
         })
     }
 
@@ -419,6 +436,13 @@ impl Etcd {
     /// starting at a random one.
     pub fn in_order(self) -> Etcd {
         self.current.store(0, Ordering::Relaxed);
+        self
+    }
+
+    /// Paged reads go on through a cluster too busy to answer for a while (`READ_PATIENCE`):
+    /// an operator's command, which has no loop of its own to try again in.
+    pub fn patient(mut self) -> Etcd {
+        self.patient = true;
         self
     }
 
@@ -666,13 +690,7 @@ impl Etcd {
                 limit: PAGE,
                 ..Default::default()
             };
-            let answer = match self
-                .call("a range read", |channel| {
-                    let request = self.request(message.clone());
-                    async move { Self::kv(channel).range(request).await }
-                })
-                .await
-            {
+            let answer = match self.page(&message).await {
                 Err(Error::Compacted(_)) => return Err(Error::Compacted(at)),
                 other => other?,
             };
@@ -693,6 +711,48 @@ impl Etcd {
                 Some(last) if more => key = [last.key.as_bytes(), &[0]].concat(),
                 _ => return Ok(Range { revision: at, kvs }),
             }
+        }
+    }
+
+    /// One page of a range read. When no endpoint answers it and the client is `patient`, it
+    /// is asked again, every endpoint in turn, after a pause of 0.5 s doubling to 4 s (each
+    /// spread by up to a fifth, so that operators' commands started together do not ask in
+    /// step), for up to `READ_PATIENCE`: a read has no effect, so asking again is always safe,
+    /// and the page keeps the read's revision. Measured need: at 5,000 nodes, right after a
+    /// promote, every member was too busy for a page within the 5 s call timeout
+    /// (BENCHMARKS.md, "The fleet at scale, with the reflector").
+    async fn page(&self, message: &rpc::RangeRequest) -> Result<rpc::RangeResponse, Error> {
+        let started = tokio::time::Instant::now();
+        let mut pause = Duration::from_millis(500);
+        loop {
+            let answer = self
+                .call("a range read", |channel| {
+                    let request = self.request(message.clone());
+                    async move { Self::kv(channel).range(request).await }
+                })
+                .await;
+            let Err(Error::Unreachable { endpoints, message: why, tls }) = answer else { return answer };
+            let spent = started.elapsed();
+            // A TLS refusal is not a busy cluster: asking again would only be refused again.
+            if !self.patient || tls.is_some() || spent + pause > READ_PATIENCE {
+                let why = if spent >= Duration::from_secs(1) {
+                    format!(
+                        "{why} (the read was asked again for {})",
+                        crate::system::human(Duration::from_secs(spent.as_secs()))
+                    )
+                } else {
+                    why
+                };
+                return Err(Error::Unreachable { endpoints, message: why, tls });
+            }
+            let pause_now = spread(pause);
+            tracing::warn!(
+                "{why}; asking again in {} ms (up to {} in all)",
+                pause_now.as_millis(),
+                crate::system::human(READ_PATIENCE)
+            );
+            tokio::time::sleep(pause_now).await;
+            pause = (pause * 2).min(Duration::from_secs(4));
         }
     }
 
