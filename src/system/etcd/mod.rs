@@ -338,6 +338,29 @@ struct Connection {
     channel: Channel,
 }
 
+/// A lease's keep-alive stream, kept open from one renewal to the next (`Etcd::lease_keepalive`):
+/// a presence renewed every few seconds by every node of a fleet is otherwise a new stream each
+/// time (at 10,000 nodes, about 3,300 streams opened and closed a second on the members).
+struct KeepAlive {
+    /// `Etcd::moved` when it was opened: a stream of a connection since dropped is not used.
+    moved: u64,
+    /// The endpoint it is to.
+    at: usize,
+    send: tokio::sync::mpsc::Sender<rpc::LeaseKeepAliveRequest>,
+    answers: tonic::Streaming<rpc::LeaseKeepAliveResponse>,
+}
+
+impl KeepAlive {
+    /// One renewal on the stream: the lease's time left, in seconds (0: etcd has no such lease).
+    async fn renew(&mut self, id: i64) -> Result<i64, ()> {
+        self.send.send(rpc::LeaseKeepAliveRequest { id }).await.map_err(|_| ())?;
+        match self.answers.message().await {
+            Ok(Some(answer)) if answer.id == id => Ok(answer.ttl),
+            _ => Err(()),
+        }
+    }
+}
+
 /// A client for one cluster: one connection at a time, to one of its endpoints, tried in turn
 /// starting with the last that answered (at first, a random one, or the first `in_order`).
 pub struct Etcd {
@@ -361,6 +384,8 @@ pub struct Etcd {
     login: Option<(String, SecretString)>,
     /// The token of the last login; cleared when etcd says it is no longer good.
     token: std::sync::Mutex<Option<String>>,
+    /// The lease keep-alive stream kept open between renewals, when one is.
+    keepalive: tokio::sync::Mutex<Option<KeepAlive>>,
     /// A paged read goes on for up to `READ_PATIENCE` when no endpoint answers a page
     /// (`patient`): an operator's command, not the agent, which has loops of its own.
     patient: bool,
@@ -421,6 +446,7 @@ impl Etcd {
             moved: tokio::sync::watch::Sender::new(0),
             login: None,
             token: std::sync::Mutex::new(None),
+            keepalive: tokio::sync::Mutex::new(None),
             patient: false,
         })
     }
@@ -506,6 +532,7 @@ impl Etcd {
             *connection = None;
             self.current.store((at + 1) % self.endpoints.len(), Ordering::Relaxed);
             self.moved.send_modify(|n| *n += 1);
+            self.drop_keepalive();
         }
     }
 
@@ -518,6 +545,16 @@ impl Etcd {
         let mut connection = self.connection.lock().await;
         if connection.take().is_some() {
             self.moved.send_modify(|n| *n += 1);
+            self.drop_keepalive();
+        }
+    }
+
+    /// Closes the kept keep-alive stream, so that it does not hold a dropped connection open
+    /// until the next renewal. One in use now is on its way out anyway: it is not used again,
+    /// since `moved` changed.
+    fn drop_keepalive(&self) {
+        if let Ok(mut kept) = self.keepalive.try_lock() {
+            *kept = None;
         }
     }
 
@@ -967,22 +1004,54 @@ impl Etcd {
         Ok(answer.id)
     }
 
-    /// Renews a lease once, on a LeaseKeepAlive stream of the connection: one request, one
-    /// answer. `false` when it had expired already (its keys are gone).
+    /// Renews lease `id` once; `false` when etcd no longer has it (expired, or revoked). On the
+    /// keep-alive stream kept from the renewal before when there is one and its connection is
+    /// still the client's; else, or when that stream fails or does not answer within the call
+    /// timeout, on a new stream, opened as any call is (failing over, logged in), and kept.
     pub async fn lease_keepalive(&self, id: i64) -> Result<bool, Error> {
-        let answer = self
+        let mut kept = self.keepalive.lock().await;
+        let moved = *self.moved.borrow();
+        if let Some(k) = kept.as_mut().filter(|k| k.moved == moved) {
+            match tokio::time::timeout(CALL_TIMEOUT, k.renew(id)).await {
+                Ok(Ok(ttl)) => return Ok(ttl > 0),
+                // Ended or refused: a new stream, on the same connection if it still serves.
+                Ok(Err(())) => {}
+                // No answer in the call timeout, as a call that timed out: its endpoint is left at
+                // once, so that a member stopped under a node costs one timeout, not two (the
+                // presence lease lasts two of them).
+                Err(_) => {
+                    let at = k.at;
+                    *kept = None;
+                    self.failed(at).await;
+                }
+            }
+        }
+        *kept = None;
+        let (send, answers, ttl) = self
             .call("a lease renewal", |channel| {
-                let request = self.request(futures_util::stream::iter([rpc::LeaseKeepAliveRequest { id }]));
+                let (send, receive) = tokio::sync::mpsc::channel(1);
+                let requests =
+                    futures_util::stream::unfold(
+                        receive,
+                        |mut r| async move { r.recv().await.map(|q| (q, r)) },
+                    );
+                let request = self.request(requests);
                 async move {
+                    send.send(rpc::LeaseKeepAliveRequest { id })
+                        .await
+                        .map_err(|_| tonic::Status::internal("the lease's request stream closed"))?;
                     let mut answers = LeaseClient::new(channel).lease_keep_alive(request).await?.into_inner();
                     match answers.message().await? {
-                        Some(answer) => Ok(tonic::Response::new(answer)),
+                        Some(answer) => Ok(tonic::Response::new((send, answers, answer.ttl))),
                         None => Err(tonic::Status::unavailable("the lease's stream ended without an answer")),
                     }
                 }
             })
             .await?;
-        Ok(answer.ttl > 0)
+        // The connection the stream is on is the client's now: `call` moved it before, if at all.
+        let at = self.current.load(Ordering::Relaxed);
+        *kept = Some(KeepAlive { moved: *self.moved.borrow(), at, send, answers });
+        Ok(ttl > 0)
     }
 
     /// Makes `role` (when missing) and grants it `permission` (`READ`, `WRITE`, `READWRITE`) on
