@@ -20,6 +20,7 @@
 //! Here: the client, its calls and its failover from one endpoint to the next. `tls`: the TLS
 //! files and the connector; `watch`: the Watch stream and what its answers say.
 
+mod lease;
 mod tls;
 mod watch;
 
@@ -338,29 +339,6 @@ struct Connection {
     channel: Channel,
 }
 
-/// A lease's keep-alive stream, kept open from one renewal to the next (`Etcd::lease_keepalive`):
-/// a presence renewed every few seconds by every node of a fleet is otherwise a new stream each
-/// time (at 10,000 nodes, about 3,300 streams opened and closed a second on the members).
-struct KeepAlive {
-    /// `Etcd::moved` when it was opened: a stream of a connection since dropped is not used.
-    moved: u64,
-    /// The endpoint it is to.
-    at: usize,
-    send: tokio::sync::mpsc::Sender<rpc::LeaseKeepAliveRequest>,
-    answers: tonic::Streaming<rpc::LeaseKeepAliveResponse>,
-}
-
-impl KeepAlive {
-    /// One renewal on the stream: the lease's time left, in seconds (0: etcd has no such lease).
-    async fn renew(&mut self, id: i64) -> Result<i64, ()> {
-        self.send.send(rpc::LeaseKeepAliveRequest { id }).await.map_err(|_| ())?;
-        match self.answers.message().await {
-            Ok(Some(answer)) if answer.id == id => Ok(answer.ttl),
-            _ => Err(()),
-        }
-    }
-}
-
 /// A client for one cluster: one connection at a time, to one of its endpoints, tried in turn
 /// starting with the last that answered (at first, a random one, or the first `in_order`).
 pub struct Etcd {
@@ -385,7 +363,7 @@ pub struct Etcd {
     /// The token of the last login; cleared when etcd says it is no longer good.
     token: std::sync::Mutex<Option<String>>,
     /// The lease keep-alive stream kept open between renewals, when one is.
-    keepalive: tokio::sync::Mutex<Option<KeepAlive>>,
+    keepalive: tokio::sync::Mutex<Option<lease::KeepAlive>>,
     /// A paged read goes on for up to `READ_PATIENCE` when no endpoint answers a page
     /// (`patient`): an operator's command, not the agent, which has loops of its own.
     patient: bool,
@@ -956,16 +934,6 @@ impl Etcd {
         }
     }
 
-    /// Ends a lease at once: the keys bound to it go now rather than at its TTL.
-    pub async fn lease_revoke(&self, id: i64) -> Result<(), Error> {
-        self.call("a lease revocation", |channel| {
-            let request = self.request(rpc::LeaseRevokeRequest { id });
-            async move { LeaseClient::new(channel).lease_revoke(request).await }
-        })
-        .await?;
-        Ok(())
-    }
-
     /// Puts one key; bound to `lease` when it is not 0, so that it goes when the lease does.
     async fn put_in(&self, key: &str, value: &[u8], lease: i64) -> Result<i64, Error> {
         let message = rpc::PutRequest {
@@ -991,67 +959,6 @@ impl Etcd {
     /// Puts one key bound to a lease: it goes when the lease does.
     pub async fn put_with_lease(&self, key: &str, value: &[u8], lease: i64) -> Result<i64, Error> {
         self.put_in(key, value, lease).await
-    }
-
-    /// Takes a lease of `ttl` seconds; returns its id.
-    pub async fn lease_grant(&self, ttl: i64) -> Result<i64, Error> {
-        let answer = self
-            .call("a lease grant", |channel| {
-                let request = self.request(rpc::LeaseGrantRequest { ttl, id: 0 });
-                async move { LeaseClient::new(channel).lease_grant(request).await }
-            })
-            .await?;
-        Ok(answer.id)
-    }
-
-    /// Renews lease `id` once; `false` when etcd no longer has it (expired, or revoked). On the
-    /// keep-alive stream kept from the renewal before when there is one and its connection is
-    /// still the client's; else, or when that stream fails or does not answer within the call
-    /// timeout, on a new stream, opened as any call is (failing over, logged in), and kept.
-    pub async fn lease_keepalive(&self, id: i64) -> Result<bool, Error> {
-        let mut kept = self.keepalive.lock().await;
-        let moved = *self.moved.borrow();
-        if let Some(k) = kept.as_mut().filter(|k| k.moved == moved) {
-            match tokio::time::timeout(CALL_TIMEOUT, k.renew(id)).await {
-                Ok(Ok(ttl)) => return Ok(ttl > 0),
-                // Ended or refused: a new stream, on the same connection if it still serves.
-                Ok(Err(())) => {}
-                // No answer in the call timeout, as a call that timed out: its endpoint is left at
-                // once, so that a member stopped under a node costs one timeout, not two (the
-                // presence lease lasts two of them).
-                Err(_) => {
-                    let at = k.at;
-                    *kept = None;
-                    self.failed(at).await;
-                }
-            }
-        }
-        *kept = None;
-        let (send, answers, ttl) = self
-            .call("a lease renewal", |channel| {
-                let (send, receive) = tokio::sync::mpsc::channel(1);
-                let requests =
-                    futures_util::stream::unfold(
-                        receive,
-                        |mut r| async move { r.recv().await.map(|q| (q, r)) },
-                    );
-                let request = self.request(requests);
-                async move {
-                    send.send(rpc::LeaseKeepAliveRequest { id })
-                        .await
-                        .map_err(|_| tonic::Status::internal("the lease's request stream closed"))?;
-                    let mut answers = LeaseClient::new(channel).lease_keep_alive(request).await?.into_inner();
-                    match answers.message().await? {
-                        Some(answer) => Ok(tonic::Response::new((send, answers, answer.ttl))),
-                        None => Err(tonic::Status::unavailable("the lease's stream ended without an answer")),
-                    }
-                }
-            })
-            .await?;
-        // The connection the stream is on is the client's now: `call` moved it before, if at all.
-        let at = self.current.load(Ordering::Relaxed);
-        *kept = Some(KeepAlive { moved: *self.moved.borrow(), at, send, answers });
-        Ok(ttl > 0)
     }
 
     /// Makes `role` (when missing) and grants it `permission` (`READ`, `WRITE`, `READWRITE`) on
