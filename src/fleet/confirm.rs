@@ -579,7 +579,7 @@ async fn act(
             // broke: a new one is dialled for it, after a wait at random (up to a sixtieth of
             // the window, 1 s at most: it delays the rollout's gate), so that a fleet-wide
             // change does not have every node dial and write at once (issue 43).
-            tokio::time::sleep(super::source::up_to(REDIAL_SPREAD.min(length / 60))).await;
+            tokio::time::sleep(crate::system::up_to(REDIAL_SPREAD.min(length / 60))).await;
             etcd.reconnect().await;
             ask.send_replace(p.asked);
         }

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::declaration::Declaration;
 use crate::system::etcd::{self, Etcd, Kv, Seen};
+use crate::system::jittered;
 use crate::telemetry::{events, Event as _, Metrics};
 
 /// Where a node's declaration comes from in etcd.
@@ -59,28 +60,6 @@ pub const MANIFEST: &str = ".fleet.json";
 /// within 15 s; rare, since every node of a fleet makes it (docs/decisions.md, "A whole read
 /// every ten minutes"); spread by `jittered`.
 const REREAD: Duration = Duration::from_secs(600);
-
-/// `d` spread by up to a fifth either way, at random: nodes woken together (a fleet-wide write,
-/// an etcd member lost under all of them) do not re-read, nor retry, in step (issue 43).
-pub fn jittered(d: Duration) -> Duration {
-    d.mul_f64(0.8 + 0.4 * random())
-}
-
-/// A wait from nothing to `most`, at random: what a fleet woken together waits before a call
-/// that every node makes (the confirmation's redial).
-pub fn up_to(most: Duration) -> Duration {
-    most.mul_f64(random())
-}
-
-/// A number from 0 to 1, at random.
-fn random() -> f64 {
-    use std::hash::BuildHasher as _;
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
-    // The process's randomly keyed hasher: no generator needed for a spread.
-    let r = std::collections::hash_map::RandomState::new().hash_one(nanos) % 1001;
-    (r as f64) / 1000.0
-}
 
 /// The longest wait between tries while etcd cannot be reached.
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
@@ -545,21 +524,4 @@ async fn watch_ended(etcd: &Etcd, node: &str, e: &etcd::Error, metrics: &Metrics
     // A short pause: a member going away ends every watch at once.
     tokio::time::sleep(jittered(Duration::from_millis(100))).await;
     true
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_wait_is_spread_by_a_fifth_either_way() {
-        let spread: Vec<Duration> = (0..200).map(|_| jittered(REREAD)).collect();
-        assert!(spread.iter().all(|d| *d >= REREAD.mul_f64(0.8) && *d <= REREAD.mul_f64(1.2)), "{spread:?}");
-        let first = spread[0];
-        assert!(spread.iter().any(|d| *d != first), "not all the same");
-        let most = Duration::from_secs(5);
-        let waits: Vec<Duration> = (0..200).map(|_| up_to(most)).collect();
-        assert!(waits.iter().all(|d| *d <= most), "{waits:?}");
-        assert!(waits.iter().any(|d| *d < most / 4) && waits.iter().any(|d| *d > most * 3 / 4), "{waits:?}");
-    }
 }

@@ -333,7 +333,7 @@ pub async fn run(
                 // The rate limit: whatever changes meanwhile waits in the channel, merged;
                 // a little more at random, so that nodes that failed together do not try again
                 // together.
-                let pause = WRITE_EVERY + super::source::up_to(WRITE_EVERY / 4);
+                let pause = WRITE_EVERY + crate::system::up_to(WRITE_EVERY / 4);
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(pause) => {}

@@ -106,6 +106,28 @@ pub(crate) fn lower_this_threads_priority(by: i32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `d` spread by up to a fifth either way, at random: nodes woken together (a fleet-wide write,
+/// an etcd member lost under all of them) do not re-read, nor retry, in step (issue 43).
+pub fn jittered(d: std::time::Duration) -> std::time::Duration {
+    d.mul_f64(0.8 + 0.4 * random())
+}
+
+/// A wait from nothing to `most`, at random: what a fleet woken together waits before a call
+/// that every node makes (the confirmation's redial).
+pub fn up_to(most: std::time::Duration) -> std::time::Duration {
+    most.mul_f64(random())
+}
+
+/// A number from 0 to 1, at random.
+fn random() -> f64 {
+    use std::hash::BuildHasher as _;
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
+    // The process's randomly keyed hasher: no generator needed for a spread.
+    let r = std::collections::hash_map::RandomState::new().hash_one(nanos) % 1001;
+    (r as f64) / 1000.0
+}
+
 /// A duration as a person reads it in a message: "90 s", "15 min", "1 h".
 pub fn human(d: std::time::Duration) -> String {
     let secs = d.as_secs();
@@ -146,5 +168,20 @@ mod tests {
         assert_eq!(super::human(Duration::from_secs(1)), "1 s");
         assert_eq!(super::human(Duration::from_millis(1500)), "1500 ms");
         assert_eq!(super::human(Duration::from_millis(300)), "300 ms");
+    }
+
+    #[test]
+    fn a_wait_is_spread_by_a_fifth_either_way() {
+        use super::{jittered, up_to};
+        use std::time::Duration;
+        const REREAD: Duration = Duration::from_secs(600);
+        let spread: Vec<Duration> = (0..200).map(|_| jittered(REREAD)).collect();
+        assert!(spread.iter().all(|d| *d >= REREAD.mul_f64(0.8) && *d <= REREAD.mul_f64(1.2)), "{spread:?}");
+        let first = spread[0];
+        assert!(spread.iter().any(|d| *d != first), "not all the same");
+        let most = Duration::from_secs(5);
+        let waits: Vec<Duration> = (0..200).map(|_| up_to(most)).collect();
+        assert!(waits.iter().all(|d| *d <= most), "{waits:?}");
+        assert!(waits.iter().any(|d| *d < most / 4) && waits.iter().any(|d| *d > most * 3 / 4), "{waits:?}");
     }
 }

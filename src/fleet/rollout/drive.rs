@@ -504,7 +504,7 @@ async fn act(
 /// by Ctrl-C (which leaves the rollout as etcd holds it, for `resume`).
 async fn pause() -> anyhow::Result<()> {
     tokio::select! {
-        _ = tokio::time::sleep(crate::fleet::source::jittered(POLL)) => Ok(()),
+        _ = tokio::time::sleep(crate::system::jittered(POLL)) => Ok(()),
         _ = tokio::signal::ctrl_c() => refused(
             "interrupted: the rollout stays as etcd holds it; `mesh-host fleet rollout resume` drives it on".into()
         ),

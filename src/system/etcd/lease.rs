@@ -65,7 +65,6 @@ impl Etcd {
                 // presence lease lasts two of them).
                 Err(_) => {
                     let at = k.at;
-                    *kept = None;
                     self.failed(at).await;
                 }
             }

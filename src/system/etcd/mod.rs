@@ -78,15 +78,6 @@ const PAGE: i64 = 1000;
 /// (`Etcd::page`): two or three rounds over every endpoint at their 5 s call timeout.
 const READ_PATIENCE: Duration = Duration::from_secs(30);
 
-/// `d` spread by up to a fifth either way, at random.
-fn spread(d: Duration) -> Duration {
-    use std::hash::BuildHasher as _;
-    let nanos =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.subsec_nanos());
-    let random = std::collections::hash_map::RandomState::new().hash_one(nanos) % 1000;
-    d.mul_f64(0.8 + 0.4 * random as f64 / 1000.0)
-}
-
 /// The largest message read from etcd: its own default request limit is 1.5 MiB per value, and
 /// a range holds a node's whole declaration.
 const ANSWER_LIMIT: usize = 512 << 20;
@@ -760,7 +751,7 @@ impl Etcd {
                 };
                 return Err(Error::Unreachable { endpoints, message: why, tls });
             }
-            let pause_now = spread(pause);
+            let pause_now = crate::system::jittered(pause);
             tracing::warn!(
                 "{why}; asking again in {} ms (up to {} in all)",
                 pause_now.as_millis(),

@@ -389,25 +389,18 @@ fn an_operators_read_asks_again_through_a_member_frozen_past_its_call_timeout() 
         );
     };
     declare("v1\n");
-    let put = |extra: &[&str]| -> Vec<String> {
-        [
-            &["--state", s.state().to_str().unwrap(), "fleet", "put", "--etcd", &etcd.url(), "--fleet"],
-            extra,
-            &[s.p("in/busy.json").as_str()],
-        ]
-        .concat()
-        .into_iter()
-        .map(str::to_owned)
-        .collect()
-    };
-    let first = Command::new(assert_cmd::cargo::cargo_bin("mesh-host")).args(put(&[])).output().unwrap();
+    let put = ["put", "--etcd", &etcd.url(), "--fleet", s.p("in/busy.json").as_str()].map(str::to_owned);
+    let first = fleet(&s, &put.each_ref().map(String::as_str));
     assert!(first.status.success(), "fleet put: {}", String::from_utf8_lossy(&first.stderr));
 
     declare("v2\n");
     let member = etcd.child.as_ref().unwrap().id().to_string();
     assert!(Command::new("kill").args(["-STOP", &member]).status().unwrap().success());
     let mut cmd = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
-        .args(put(&[]))
+        .arg("--state")
+        .arg(s.state())
+        .arg("fleet")
+        .args(&put)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
