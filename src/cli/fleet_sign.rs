@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use super::{EtcdLogin, Usage};
 use crate::fleet::signed::{self, META, PROMOTED};
 use crate::fleet::Scope;
-use crate::system::etcd::{Cond, Etcd, Write};
+use crate::system::etcd::{Cond, Etcd, Read, Write};
 use crate::trust::{self, Manifest};
 
 /// How `fleet put` and `fleet rollout start` sign what they write.
@@ -154,7 +154,7 @@ pub(super) async fn sign_put(
         )));
     }
     let prefix = scope.prefix();
-    let above = version_of(signed::current(etcd, &prefix).await?);
+    let above = version_of(signed::current(etcd, &prefix, Read::Linearizable).await?);
     let version =
         signed::next_version(signing.version, above).map_err(|e| Usage(format!("mesh-host: {e}")))?;
     let manifest = signed::manifest(
@@ -181,7 +181,8 @@ pub(super) async fn sign_put(
 /// A `fleet put` without `--sign` over a scope that is signed: said, since it removes the
 /// manifest and its signatures and every node run with `--allowed-signers` refuses it.
 pub(super) async fn warn_unsigned(etcd: &Etcd, scope: &Scope) -> anyhow::Result<()> {
-    if let Some(current) = signed::current(etcd, &scope.prefix()).await? {
+    // Serializable: a warning, and the put's transaction checks the scope as it is.
+    if let Some(current) = signed::current(etcd, &scope.prefix(), Read::Serializable).await? {
         let version =
             version_of(Some(current)).map_or_else(|| "a manifest".into(), |v| format!("version {v}"));
         eprintln!(
@@ -212,7 +213,7 @@ pub(super) async fn sign_rollout(
     }
     let prefix = scope.prefix();
     let last = crate::fleet::rollout::snapshot(etcd).await?.last.and_then(|l| l.version);
-    let above = version_of(signed::current(etcd, &prefix).await?).max(last);
+    let above = version_of(signed::current(etcd, &prefix, Read::Linearizable).await?).max(last);
     let version =
         signed::next_version(signing.version, above).map_err(|e| Usage(format!("mesh-host: {e}")))?;
     let usage = |e: String| Usage(format!("mesh-host: --sign: {e}"));

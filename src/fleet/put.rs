@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use crate::declaration::{Declaration, Refused};
-use crate::system::etcd::{Cond, Etcd, Write};
+use crate::system::etcd::{Cond, Etcd, Read, Write};
 
 use super::Scope;
 
@@ -96,7 +96,9 @@ pub async fn check_nodes(
     wanted: &[(String, Vec<u8>)],
     bound: Option<&Bound>,
 ) -> anyhow::Result<Result<usize, String>> {
-    let all = etcd.range_prefix(super::ROOT, None).await?;
+    // Serializable: a node whose status is a moment behind is checked with the groups it had
+    // reported a moment before; the nodes check again what they read (`Declaration::parse_sources`).
+    let all = etcd.range_prefix_read(super::ROOT, Read::Serializable).await?;
     let mut nodes: std::collections::BTreeMap<String, Vec<String>> = std::collections::BTreeMap::new();
     let node_root = format!("{}node/", super::ROOT);
     for kv in &all.kvs {
@@ -153,15 +155,15 @@ pub async fn check_nodes(
     Ok(Ok(checked))
 }
 
-/// What is under the prefix now, and the revision it was read at.
-async fn current(etcd: &Etcd, scope: &Scope) -> anyhow::Result<(i64, Vec<(String, Vec<u8>)>)> {
-    let range = etcd.range_prefix(&scope.prefix(), None).await?;
+/// What is under the prefix now (read as `read` says), and the revision it was read at.
+async fn current(etcd: &Etcd, scope: &Scope, read: Read) -> anyhow::Result<(i64, Vec<(String, Vec<u8>)>)> {
+    let range = etcd.range_prefix_read(&scope.prefix(), read).await?;
     Ok((range.revision, range.kvs.into_iter().map(|kv| (kv.key, kv.value)).collect()))
 }
 
 /// `fleet diff`: what a put of `wanted` (from `prepare`) would change, with a diff of each changed key.
 pub async fn diff(etcd: &Etcd, scope: &Scope, wanted: &[(String, Vec<u8>)]) -> anyhow::Result<String> {
-    let (revision, now) = current(etcd, scope).await?;
+    let (revision, now) = current(etcd, scope, Read::Linearizable).await?;
     let changes = Changes::between(&now, wanted);
     let mut out = String::new();
     for key in &changes.added {
@@ -202,20 +204,59 @@ pub async fn diff(etcd: &Etcd, scope: &Scope, wanted: &[(String, Vec<u8>)]) -> a
 ///
 /// Refused, naming the rollout, while a rollout is open (`fleet rollout`): checked in the
 /// same transaction, so a rollout started between the read and the write refuses it too.
+///
+/// The reads are serializable first: answered by the member asked from what it has applied,
+/// without waiting on the leader, which a cluster busy with thousands of nodes' writes may not
+/// do in time (BENCHMARKS.md, "The fleet at 5,000"). A member behind can only make the
+/// transaction's comparison fail, never let it write over a newer key; then the prefix is read
+/// once more, linearizably, and the transaction made again on that read
+/// (docs/decisions.md, "`fleet put` reads from one member first").
 pub async fn put(etcd: &Etcd, scope: &Scope, wanted: Vec<(String, Vec<u8>)>) -> anyhow::Result<String> {
-    refuse_during_rollout(etcd).await?;
-    let (revision, now) = current(etcd, scope).await?;
-    let changes = Changes::between(&now, &wanted);
-    if changes.is_empty() {
-        return Ok(format!(
+    refuse_during_rollout(etcd, Read::Serializable).await?;
+    match put_once(etcd, scope, &wanted, Read::Serializable).await? {
+        Ok(said) => Ok(said),
+        Err(_) => {
+            refuse_during_rollout(etcd, Read::Linearizable).await?;
+            tracing::info!(
+                "{} was not as the member read had it: reading it again from the cluster's latest",
+                scope.describe()
+            );
+            match put_once(etcd, scope, &wanted, Read::Linearizable).await? {
+                Ok(said) => Ok(said),
+                Err(revision) => {
+                    refuse_during_rollout(etcd, Read::Linearizable).await?;
+                    anyhow::bail!(
+                        "{} changed in etcd after revision {revision}, while this put was being prepared; nothing was written. \
+                         Look at `mesh-host fleet diff` and put again",
+                        scope.describe()
+                    )
+                }
+            }
+        }
+    }
+}
+
+/// One read of the scope's prefix (as `read` says) and the transaction on it: what to say, or
+/// the revision read when the prefix changed since (or a rollout opened) and nothing was written.
+async fn put_once(
+    etcd: &Etcd,
+    scope: &Scope,
+    wanted: &[(String, Vec<u8>)],
+    read: Read,
+) -> anyhow::Result<Result<String, i64>> {
+    let (revision, now) = current(etcd, scope, read).await?;
+    let changes = Changes::between(&now, wanted);
+    if changes.is_empty() && read == Read::Linearizable {
+        return Ok(Ok(format!(
             "put: {} already holds exactly this ({} keys) at revision {revision}; nothing was written\n",
             scope.describe(),
             wanted.len()
-        ));
+        )));
     }
     let writes: Vec<(String, Vec<u8>)> = wanted
-        .into_iter()
+        .iter()
         .filter(|(k, _)| changes.added.contains(k) || changes.changed.contains(k))
+        .cloned()
         .collect();
     let mut ops: Vec<Write> =
         writes.into_iter().map(|(key, value)| Write::Put { key, value, lease: 0 }).collect();
@@ -224,26 +265,24 @@ pub async fn put(etcd: &Etcd, scope: &Scope, wanted: Vec<(String, Vec<u8>)>) -> 
         Cond::UnchangedSince { prefix: scope.prefix(), revision },
         Cond::Absent(super::rollout::state_key()),
     ];
-    match etcd.txn(&conds, &ops).await? {
+    Ok(match etcd.txn(&conds, &ops).await? {
+        Some(written) if changes.is_empty() => Ok(format!(
+            "put: {} already holds exactly this ({} keys) at revision {written}; nothing was written\n",
+            scope.describe(),
+            wanted.len()
+        )),
         Some(written) => {
             Ok(format!("put: {} at revision {written}: {}\n", scope.describe(), changes.summary()))
         }
-        None => {
-            refuse_during_rollout(etcd).await?;
-            anyhow::bail!(
-            "{} changed in etcd after revision {revision}, while this put was being prepared; nothing was written. \
-             Look at `mesh-host fleet diff` and put again",
-            scope.describe()
-        )
-        }
-    }
+        None => Err(revision),
+    })
 }
 
 /// Refuses a put while a rollout is open, naming it: the rollout's candidate is to become the
 /// declaration through `promote`, or be withdrawn by `abort`, and a put meanwhile would change
 /// under the rollout what its nodes go back to (docs/decisions.md, "Rollouts").
-async fn refuse_during_rollout(etcd: &Etcd) -> anyhow::Result<()> {
-    let open = etcd.range_prefix(&super::rollout::state_key(), None).await?;
+async fn refuse_during_rollout(etcd: &Etcd, read: Read) -> anyhow::Result<()> {
+    let open = etcd.range_prefix_read(&super::rollout::state_key(), read).await?;
     let key = super::rollout::state_key();
     match open.kvs.iter().find(|kv| kv.key == key) {
         Some(kv) => {

@@ -22,7 +22,7 @@
 use std::path::Path;
 
 use crate::controller::signed::{self as marks, Trust};
-use crate::system::etcd::{Etcd, Kv};
+use crate::system::etcd::{Etcd, Kv, Read};
 use crate::trust::{self, Reason, Refusal};
 
 /// The hidden directory under a scope's prefix that holds its manifest and signatures.
@@ -200,10 +200,11 @@ pub fn persist(state: &Path, accepted: &[(String, trust::Accepted)]) -> std::io:
     Ok(())
 }
 
-/// The manifest under `prefix` in etcd now, and the revision it was written at; `None`: none.
-pub async fn current(etcd: &Etcd, prefix: &str) -> anyhow::Result<Option<(Vec<u8>, i64)>> {
+/// The manifest under `prefix` in etcd now (read as `read` says), and the revision it was
+/// written at; `None`: none.
+pub async fn current(etcd: &Etcd, prefix: &str, read: Read) -> anyhow::Result<Option<(Vec<u8>, i64)>> {
     let key = manifest_key(prefix);
-    let range = etcd.range_prefix(&key, None).await?;
+    let range = etcd.range_prefix_read(&key, read).await?;
     Ok(range.kvs.into_iter().find(|kv| kv.key == key).map(|kv| (kv.value, kv.mod_revision)))
 }
 

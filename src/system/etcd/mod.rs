@@ -330,6 +330,20 @@ struct Connection {
     channel: Channel,
 }
 
+/// How a range read is answered (etcd's two read paths).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Read {
+    /// The cluster's latest: the member asks the leader how far the log goes and answers once
+    /// it has applied that far (etcd's read index). What every read is unless it says otherwise.
+    Linearizable,
+    /// What the member asked has applied, answered at once, without the leader: may be behind
+    /// (by milliseconds in a healthy cluster; by as long as a member cut off from the others has
+    /// been cut off), and answered by a member without quorum. Only for a read whose use is
+    /// checked against the cluster's latest afterwards, such as a write whose transaction
+    /// compares the revisions read (`fleet put`).
+    Serializable,
+}
+
 /// A client for one cluster: one connection at a time, to one of its endpoints, tried in turn
 /// starting with the last that answered (at first, a random one, or the first `in_order`).
 pub struct Etcd {
@@ -666,7 +680,13 @@ impl Etcd {
     /// fleet's keys at once (etcd holds several times a large range in memory while it answers).
     pub async fn range_prefix(&self, prefix: &str, revision: Option<i64>) -> Result<Range, Error> {
         let (key, range_end) = range_of(prefix);
-        self.range_pages(key, range_end, revision).await
+        self.range_pages(key, range_end, revision, Read::Linearizable).await
+    }
+
+    /// `range_prefix` at the latest revision, read as `read` says.
+    pub async fn range_prefix_read(&self, prefix: &str, read: Read) -> Result<Range, Error> {
+        let (key, range_end) = range_of(prefix);
+        self.range_pages(key, range_end, None, read).await
     }
 
     /// Every key from `first` up to `end` (not included), as `range_prefix` reads them: in pages,
@@ -677,7 +697,7 @@ impl Etcd {
         end: &[u8],
         revision: Option<i64>,
     ) -> Result<Range, Error> {
-        self.range_pages(first.as_bytes().to_vec(), end.to_vec(), revision).await
+        self.range_pages(first.as_bytes().to_vec(), end.to_vec(), revision, Read::Linearizable).await
     }
 
     async fn range_pages(
@@ -685,6 +705,7 @@ impl Etcd {
         mut key: Vec<u8>,
         range_end: Vec<u8>,
         revision: Option<i64>,
+        read: Read,
     ) -> Result<Range, Error> {
         let mut at = revision.unwrap_or(0);
         let mut kvs = Vec::new();
@@ -694,6 +715,7 @@ impl Etcd {
                 range_end: range_end.clone(),
                 revision: at,
                 limit: PAGE,
+                serializable: read == Read::Serializable,
                 ..Default::default()
             };
             let answer = match self.page(&message).await {
