@@ -60,6 +60,19 @@ pub struct RunArgs {
         default_value_t = crate::fleet::confirm::DEFAULT_WINDOW.as_secs()
     )]
     pub confirm_window: u64,
+    /// Seconds the node's presence key (`/mesh-host/node/NODE/alive`) outlives its last renewal
+    /// (with `--etcd`): the lease is renewed every third of it, so a node that stops is seen gone
+    /// (by `fleet status` and by a rollout's planning) within this. Longer asks less of etcd: the
+    /// leader renews every node's lease, 3,333 renewals a second at 10,000 nodes with the default
+    /// (README, "Fleet": what to set for a large fleet).
+    #[arg(
+        long,
+        env = "MESH_HOST_PRESENCE_TTL",
+        value_name = "SECONDS",
+        default_value_t = crate::fleet::status::ALIVE_TTL.as_secs(),
+        value_parser = clap::value_parser!(u64).range(3..=3600)
+    )]
+    pub presence_ttl: u64,
     /// TLS and the login to etcd's auth, when they are on.
     #[command(flatten)]
     pub login: EtcdLogin,
@@ -105,6 +118,7 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
         node,
         groups,
         confirm_window,
+        presence_ttl,
         login,
         trust,
     } = args;
@@ -136,7 +150,16 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
             declaration = dir.join("declaration.d");
             // Signed declarations from etcd are verified by the source, before the cache.
             let trust = trust.take().map(|t| (t, state.to_owned()));
-            Some((crate::fleet::source::Source { endpoints, node, groups, trust }, client))
+            Some((
+                crate::fleet::source::Source {
+                    endpoints,
+                    node,
+                    groups,
+                    trust,
+                    presence_ttl: std::time::Duration::from_secs(presence_ttl),
+                },
+                client,
+            ))
         }
         _ => None,
     };

@@ -102,6 +102,7 @@ pub async fn start(
         Arc::clone(&etcd),
         source.node.clone(),
         source.groups.clone(),
+        source.presence_ttl,
         applied,
         refused_rx.clone(),
         confirming,

@@ -38,8 +38,8 @@ pub(super) async fn keys(etcd: &Etcd, node: &str, revoked: bool) -> anyhow::Resu
         let has = |key: &str| keys.kvs.iter().any(|kv| kv.key == key);
         if has(&alive) && !revoked {
             return Err(Refused(format!(
-                "node {node} is alive: its presence key {alive} is held by its agent's lease. `fleet forget` is for a node that is gone: stop its agent (its presence ends within {} s), then forget it",
-                super::status::ALIVE_TTL
+                "node {node} is alive: its presence key {alive} is held by its agent's lease. `fleet forget` is for a node that is gone: stop its agent (its presence ends within its --presence-ttl, {} s by default), then forget it",
+                super::status::ALIVE_TTL.as_secs()
             ))
             .into());
         }

@@ -39,6 +39,9 @@ pub struct Source {
     /// With `--allowed-signers`: what every scope read must be signed by, and the state
     /// directory its high-water marks are kept in (`super::signed`).
     pub trust: Option<(crate::controller::signed::Trust, PathBuf)>,
+    /// How long the node's presence outlives its last renewal (`run --presence-ttl`): read by
+    /// the status writer, which keeps the presence.
+    pub presence_ttl: std::time::Duration,
 }
 
 /// A read refused whole: the label it is counted under (`invalid`, or a signed declaration's

@@ -27,7 +27,7 @@ use crate::system::etcd::Etcd;
 use crate::telemetry::{events, Event as _, Metrics};
 
 /// How long a node's presence outlives its last word to etcd.
-pub const ALIVE_TTL: i64 = 10;
+pub const ALIVE_TTL: Duration = Duration::from_secs(10);
 
 /// The least time between two status writes of one node.
 const WRITE_EVERY: Duration = Duration::from_secs(1);
@@ -246,6 +246,7 @@ pub async fn run(
     etcd: Arc<Etcd>,
     node: String,
     groups: Vec<String>,
+    presence_ttl: Duration,
     mut applied: watch::Receiver<controller::Applied>,
     mut refused: watch::Receiver<Option<super::source::Refused>>,
     confirming: Confirming,
@@ -257,18 +258,18 @@ pub async fn run(
     let mut asks_open = true;
     let mut confirmed_open = true;
     let (status, alive) = (status_key(&node), alive_key(&node));
-    let mut lease: Option<i64> = None;
+    let mut lease: Option<(i64, bool)> = None;
     // Whether the last status written was cut: said once, when it starts.
     let mut was_cut = false;
     // The status key's revision as this writer last wrote or read it (`write_over`).
     let mut known: Option<i64> = None;
     // Written once at least even when nothing changed: a node that restarts says so.
     applied.mark_changed();
-    let mut keepalive = tokio::time::interval(Duration::from_secs((ALIVE_TTL / 3).max(1) as u64));
+    let mut keepalive = tokio::time::interval((presence_ttl / 3).max(Duration::from_secs(1)));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = keepalive.tick() => lease = keep_presence(&etcd, lease, &alive, &node, &metrics).await,
+            _ = keepalive.tick() => lease = keep_presence(&etcd, lease, presence_ttl, &alive, &node, &metrics).await,
             changed = refused.changed() => {
                 if changed.is_err() {
                     return;
@@ -397,41 +398,48 @@ fn encoded(record: Status, was_cut: &mut bool, metrics: &Metrics) -> Option<Vec<
 }
 
 /// Keeps the node's presence: renews `lease` or, when there is none or it expired (cut off for
-/// longer than the TTL), takes a new one and writes the presence key with it again. Returns the
-/// lease held afterwards.
+/// longer than the TTL), takes a new one; and writes the presence key with it when it is not yet
+/// written. Returns the lease held afterwards, and whether the key is written with it.
+///
+/// A lease whose key could not be written is kept, renewed and written at the next turn, not
+/// left to expire while another is taken: each lease left so costs etcd a revocation through
+/// its log when it expires, and a busy etcd is when writes fail.
 async fn keep_presence(
     etcd: &Etcd,
-    lease: Option<i64>,
+    lease: Option<(i64, bool)>,
+    ttl: Duration,
     alive: &str,
     node: &str,
     metrics: &Metrics,
-) -> Option<i64> {
+) -> Option<(i64, bool)> {
     let mut lease = match lease {
-        Some(id) => match etcd.lease_keepalive(id).await {
-            Ok(true) => Some(id),
+        Some((id, written)) => match etcd.lease_keepalive(id).await {
+            Ok(true) => Some((id, written)),
             // Expired (cut off for longer than the TTL): a new lease, the key again.
             Ok(false) => None,
             Err(e) => {
                 events::FleetStatus::LeaseNotRenewed { node, error: &e }.emit(metrics);
-                Some(id)
+                Some((id, written))
             }
         },
         None => None,
     };
     if lease.is_none() {
-        lease = match etcd.lease_grant(ALIVE_TTL).await {
-            Ok(id) => match etcd.put_with_lease(alive, b"1", id).await {
-                Ok(_) => Some(id),
-                Err(e) => {
-                    events::FleetStatus::PresenceNotWritten { node, error: &e }.emit(metrics);
-                    None
-                }
-            },
+        lease = match etcd.lease_grant(ttl.as_secs() as i64).await {
+            Ok(id) => Some((id, false)),
             Err(e) => {
                 events::FleetStatus::LeaseNotTaken { node, error: &e }.emit(metrics);
                 None
             }
         };
+    }
+    if let Some((id, false)) = lease {
+        match etcd.put_with_lease(alive, b"1", id).await {
+            Ok(_) => lease = Some((id, true)),
+            // Kept: written at the next turn (a write whose answer was lost may have landed;
+            // writing it again changes nothing).
+            Err(e) => events::FleetStatus::PresenceNotWritten { node, error: &e }.emit(metrics),
+        }
     }
     lease
 }

@@ -693,3 +693,53 @@ fn a_nodes_presence_is_renewed_on_one_kept_stream() {
         daemon.log()
     );
 }
+
+/// `run --presence-ttl` (issue 43): the node's presence key is bound to a lease of that many
+/// seconds, renewed every third of it; a TTL under 3 s is refused naming the option. Read off
+/// etcd: the lease's granted TTL, and no second renewal within a third of the TTL.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_nodes_presence_ttl_is_the_one_it_is_given() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    write_declaration(
+        &s.path("in/d.json"),
+        json!([{"type": "file", "id": "ttl", "path": s.p("ttl"), "content": "t\n"}]),
+    );
+    let out = fleet(&s, &["put", "--etcd", &url, "--node", "ttl-1", s.p("in/d.json").as_str()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let refused = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
+        .arg("--state")
+        .arg(s.state())
+        .args(["run", "--etcd", &url, "--node", "ttl-1", "--presence-ttl", "2"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "a 2 s TTL is refused: {said}");
+    assert!(said.contains("--presence-ttl"), "the refusal names the option: {said}");
+
+    let daemon = node_with(&s, &url, "ttl-1", &[], &["--presence-ttl", "30"]);
+    let alive = "/mesh-host/node/ttl-1/alive";
+    let lease = || -> Option<i64> {
+        let out = etcdctl(&url, &["get", alive, "-w", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        v["kvs"][0]["lease"].as_i64()
+    };
+    assert!(wait_for(Duration::from_secs(20), || lease().is_some()), "no presence key\n{}", daemon.log());
+    let id = format!("{:x}", lease().unwrap());
+    let out = etcdctl(&url, &["lease", "timetolive", &id]);
+    let told = String::from_utf8_lossy(&out.stdout);
+    assert!(told.contains("granted with TTL(30s)"), "the lease's TTL is the one given: {told}");
+    // Renewed every 10 s: the lease taken at once, renewed 10 s later, and not again within 8 s
+    // of that (every 3 s with the default TTL: this would fail).
+    let renewals = || lease_keepalive_count(&url, "grpc_server_msg_received_total");
+    assert!(wait_for(Duration::from_secs(20), || renewals() >= 1), "no renewal\n{}", daemon.log());
+    let first = renewals();
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while std::time::Instant::now() < deadline {
+        assert_eq!(renewals(), first, "renewed again within 8 s of a 30 s TTL\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
