@@ -23,7 +23,7 @@
 //! `cargo bench --bench fleet_scale` (a release build); `MESH_HOST_BENCH_HOLLOW=1000,5000,10000`
 //! chooses the sizes (default 1000); `MESH_HOST_BENCH_IN_ORDER=1` has every node dial the first
 //! member first, as `--etcd-in-order` does; `MESH_HOST_BENCH_ELECTION_MS` sets etcd's election
-//! timeout (`timing`). Runs as root (it raises its descriptor limit). Hollow
+//! timeout (`timing`); `MESH_HOST_BENCH_PRESENCE_TTL` the nodes' `--presence-ttl`. Runs as root (it raises its descriptor limit). Hollow
 //! nodes keep their state on /dev/shm. Figures go in BENCHMARKS.md, "The fleet at scale".
 #![allow(clippy::disallowed_methods)]
 
@@ -55,6 +55,14 @@ fn timing() -> Vec<String> {
         ],
         None => Vec::new(),
     }
+}
+
+/// The hollow nodes' `--presence-ttl`: `MESH_HOST_BENCH_PRESENCE_TTL` seconds, or the agent's default.
+fn presence_ttl() -> Duration {
+    std::env::var("MESH_HOST_BENCH_PRESENCE_TTL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(mesh_host::fleet::status::ALIVE_TTL, Duration::from_secs)
 }
 
 /// A 3-member etcd cluster, each member on its own ports and data directory.
@@ -134,6 +142,82 @@ impl Cluster {
     }
 }
 
+/// Every 5 s until dropped, one line on stderr of what the three members did meanwhile: each
+/// one's CPU, the proposals committed but not yet applied and pending, leader changes, slow
+/// and failed read indexes (a linearizable read waits on one), and the calls started a second
+/// by method, over the three. What held a member up, read off etcd's own counters.
+struct Pulse {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Pulse {
+    fn start(cluster: &Cluster) -> Pulse {
+        let urls: Vec<String> = cluster.endpoints.split(',').map(str::to_owned).collect();
+        let pids: Vec<u32> = cluster.members.iter().map(|(m, _)| m.0.id()).collect();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let scrape = || -> Vec<std::collections::BTreeMap<String, f64>> {
+                urls.iter().map(|u| common::fleet::etcd_metrics(u)).collect()
+            };
+            let start = Instant::now();
+            let (mut before, mut cpu, mut at) =
+                (scrape(), pids.iter().map(|p| common::cpu_seconds(*p)).collect::<Vec<_>>(), Instant::now());
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_secs(5));
+                let (now, cpu_now) =
+                    (scrape(), pids.iter().map(|p| common::cpu_seconds(*p)).collect::<Vec<_>>());
+                let secs = at.elapsed().as_secs_f64();
+                let delta = |name: &str| -> f64 {
+                    now.iter()
+                        .zip(&before)
+                        .map(|(n, b)| n.get(name).unwrap_or(&0.0) - b.get(name).unwrap_or(&0.0))
+                        .sum()
+                };
+                let gauge =
+                    |name: &str| -> f64 { now.iter().map(|n| n.get(name).copied().unwrap_or(0.0)).sum() };
+                let lag = now
+                    .iter()
+                    .map(|n| {
+                        n.get("etcd_server_proposals_committed_total").unwrap_or(&0.0)
+                            - n.get("etcd_server_proposals_applied_total").unwrap_or(&0.0)
+                    })
+                    .fold(0.0, f64::max);
+                let cpus: Vec<String> =
+                    cpu_now.iter().zip(&cpu).map(|(n, b)| format!("{:.0}", 100.0 * (n - b) / secs)).collect();
+                let calls: Vec<String> =
+                    ["Range", "Txn", "Put", "LeaseGrant", "LeaseKeepAlive", "LeaseRevoke", "Watch"]
+                        .iter()
+                        .map(|m| format!("{m} {:.0}", delta(m) / secs))
+                        .collect();
+                eprintln!(
+                    "fleet_scale: pulse +{:.0}s load {:.1}: cpu {} %; apply lag {lag:.0}, pending {:.0}; leader changes {:.0}; read index slow {:.0} failed {:.0}; started/s {}",
+                    start.elapsed().as_secs_f64(),
+                    load(),
+                    cpus.join("/"),
+                    gauge("etcd_server_proposals_pending"),
+                    delta("etcd_server_leader_changes_seen_total"),
+                    delta("etcd_server_slow_read_indexes_total"),
+                    delta("etcd_server_read_indexes_failed_total"),
+                    calls.join(", "),
+                );
+                (before, cpu, at) = (now, cpu_now, Instant::now());
+            }
+        });
+        Pulse { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Pulse {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// The stand-in for the controller: each time the source swaps the node's cache directory
 /// (`nudge`), the files it holds are taken as applied and converged, under a new generation,
 /// and published as the controller publishes what it applied.
@@ -199,6 +283,7 @@ async fn hollow_node(
         node: format!("hollow-{i:05}"),
         groups: Vec::new(),
         trust: None,
+        presence_ttl: presence_ttl(),
     };
     let generations = mesh_host::generations::Generations::of(&state.join("state.json"));
     let confirm = mesh_host::fleet::confirm::Confirm {
@@ -535,6 +620,7 @@ fn one_size(binary: &Path, nodes: usize, changes: usize) -> serde_json::Value {
         "bytes": out.stdout.len(),
     });
 
+    let pulse = Pulse::start(&cluster);
     let staged = rollout(binary, work, &endpoints);
     let load_rollout = load();
     eprintln!("fleet_scale: fleet status {fleet_status}, rollout {staged} (load {load_rollout})");
@@ -547,6 +633,7 @@ fn one_size(binary: &Path, nodes: usize, changes: usize) -> serde_json::Value {
     let db_before = cluster.db_mib();
     let each = more_changes(binary, work, &endpoints, nodes, changes);
     let db_after = cluster.db_mib();
+    drop(pulse);
     let idle_after = at_rest(&cluster);
     let now = cluster.etcd().revision().to_string();
     let compacted = cluster.etcd().ctl(&["compaction", "--physical", &now]).status.success();

@@ -192,3 +192,29 @@ pub fn wave_opens(said: &[(std::time::Instant, String)]) -> Vec<(std::time::Inst
         })
         .collect()
 }
+
+/// The counters of etcd's `/metrics` (Prometheus text) at `url`, summed over their labels by
+/// name, except `grpc_server_started_total`, kept by `grpc_method`. Empty when it does not answer.
+pub fn etcd_metrics(url: &str) -> std::collections::BTreeMap<String, f64> {
+    use std::io::{Read as _, Write as _};
+    let mut out = std::collections::BTreeMap::new();
+    let Some(host) = url.strip_prefix("http://") else { return out };
+    let Ok(mut stream) = std::net::TcpStream::connect(host) else { return out };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(stream, "GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n");
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, value)) = line.rsplit_once(' ') else { continue };
+        let Ok(value) = value.parse::<f64>() else { continue };
+        let (metric, labels) = name.split_once('{').unwrap_or((name, ""));
+        let key = match labels.split(',').find_map(|l| l.strip_prefix("grpc_method=\"")) {
+            Some(method) if metric == "grpc_server_started_total" => {
+                method.trim_end_matches(['"', '}']).to_owned()
+            }
+            _ => metric.to_owned(),
+        };
+        *out.entry(key).or_insert(0.0) += value;
+    }
+    out
+}
