@@ -104,6 +104,16 @@ pub(super) fn raise_descriptor_limit() {
 /// `mesh-host run`: the controller, and the fleet's tasks beside it when the declaration comes
 /// from etcd. The face starts both; the controller is handed a directory to read and gives out
 /// what it applied, and knows nothing of etcd (`controller`'s module doc).
+/// The last declaration accepted from etcd, beside the state store: what the controller reads
+/// as its source, and what a restart applies while etcd is out of reach (docs/decisions.md,
+/// "The cache is the declaration source"). Its directory is made (private) when it is not there.
+fn fleet_cache(state: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let dir = crate::store::state_dir(state).join("fleet");
+    crate::system::fs::private_dir(&dir)
+        .with_context(|| format!("cannot make the fleet cache directory {}", dir.display()))?;
+    Ok(dir.join("declaration.d"))
+}
+
 pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Result<Ended> {
     raise_descriptor_limit();
     let RunArgs {
@@ -141,25 +151,11 @@ pub(super) fn daemon(args: RunArgs, state: &Path, reach: Reach) -> anyhow::Resul
             crate::fleet::check_name("--node", &node).map_err(|e| Usage(format!("mesh-host: {e}")))?;
             let groups = sign::node_groups(trust.as_ref(), &node, groups)?;
             let client = login.node_client(&endpoints)?;
-            // The last declaration accepted from etcd, beside the state store: what the
-            // controller reads as its source, and what a restart applies while etcd is out of
-            // reach (docs/decisions.md, "The cache is the declaration source").
-            let dir = crate::store::state_dir(state).join("fleet");
-            crate::system::fs::private_dir(&dir)
-                .with_context(|| format!("cannot make the fleet cache directory {}", dir.display()))?;
-            declaration = dir.join("declaration.d");
+            declaration = fleet_cache(state)?;
             // Signed declarations from etcd are verified by the source, before the cache.
             let trust = trust.take().map(|t| (t, state.to_owned()));
-            Some((
-                crate::fleet::source::Source {
-                    endpoints,
-                    node,
-                    groups,
-                    trust,
-                    presence_ttl: std::time::Duration::from_secs(presence_ttl),
-                },
-                client,
-            ))
+            let presence_ttl = std::time::Duration::from_secs(presence_ttl);
+            Some((crate::fleet::source::Source { endpoints, node, groups, trust, presence_ttl }, client))
         }
         _ => None,
     };

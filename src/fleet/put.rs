@@ -207,9 +207,9 @@ pub async fn diff(etcd: &Etcd, scope: &Scope, wanted: &[(String, Vec<u8>)]) -> a
 ///
 /// The reads are serializable first: answered by the member asked from what it has applied,
 /// without waiting on the leader, which a cluster busy with thousands of nodes' writes may not
-/// do in time (BENCHMARKS.md, "The fleet at 5,000"). A member behind can only make the
-/// transaction's comparison fail, never let it write over a newer key; then the prefix is read
-/// once more, linearizably, and the transaction made again on that read
+/// do in time (BENCHMARKS.md, "The fleet at 5,000: the put after a promote"). A member behind
+/// can only make the transaction's comparison fail, never let it write over a newer key; then
+/// the prefix is read once more, linearizably, and the transaction made again on that read
 /// (docs/decisions.md, "`fleet put` reads from one member first").
 pub async fn put(etcd: &Etcd, scope: &Scope, wanted: Vec<(String, Vec<u8>)>) -> anyhow::Result<String> {
     refuse_during_rollout(etcd, Read::Serializable).await?;

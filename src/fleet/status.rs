@@ -255,8 +255,7 @@ pub async fn run(
 ) {
     let Confirming { mut ask, acked, contact, mut confirmed } = confirming;
     // The window's task may be off (`--confirm-window 0`): then no ask ever comes.
-    let mut asks_open = true;
-    let mut confirmed_open = true;
+    let (mut asks_open, mut confirmed_open) = (true, true);
     let (status, alive) = (status_key(&node), alive_key(&node));
     let mut lease: Option<(i64, bool)> = None;
     // Whether the last status written was cut: said once, when it starts.

@@ -444,7 +444,8 @@ fn an_operators_read_asks_again_through_a_member_frozen_past_its_call_timeout() 
 /// the leader) and writes only through the leader: with two members of three frozen, the third
 /// still answers the put's reads, and the write is refused for want of a leader, naming the
 /// transaction, with nothing written. With linearizable reads the put would fail on its first
-/// read, after asking for 30 s (BENCHMARKS.md, "The fleet at 5,000": why the put reads so).
+/// read, after asking for 30 s (why it reads so: docs/decisions.md, "`fleet put` reads from one
+/// member first").
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn a_put_reads_from_a_member_without_quorum_and_writes_nothing_without_a_leader() {
