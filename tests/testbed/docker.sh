@@ -28,7 +28,7 @@ step "packages present"
 
 # Debian's engine; /usr/local/bin/docker may be a newer client, which negotiates down.
 if ! docker info >/dev/null 2>&1; then
-  nohup dockerd >/tmp/dockerd.log 2>&1 &
+  (cd / && exec nohup dockerd >/tmp/dockerd.log 2>&1) &
   for _ in $(seq 1 100); do docker info >/dev/null 2>&1 && break; sleep 0.1; done
   docker info >/dev/null 2>&1 || { echo "docker.sh: dockerd did not answer; see /tmp/dockerd.log" >&2; exit 1; }
 fi
@@ -65,7 +65,9 @@ step "podman has $IMAGE"
 mkdir -p "$PODMAN_DIR"
 if ! curl -sf --unix-socket "$PODMAN_SOCK" http://d/_ping >/dev/null 2>&1; then
   rm -f "$PODMAN_SOCK"
-  nohup podman system service --time=0 "unix://$PODMAN_SOCK" >/tmp/podman-service.log 2>&1 &
+  # From /: the service and every conmon it starts keep the directory they were started in,
+  # and a checkout removed under them (a CI clone) makes conmon fail to start any container.
+  (cd / && exec nohup podman system service --time=0 "unix://$PODMAN_SOCK" >/tmp/podman-service.log 2>&1) &
   for _ in $(seq 1 100); do [ -S "$PODMAN_SOCK" ] && curl -sf --unix-socket "$PODMAN_SOCK" http://d/_ping >/dev/null 2>&1 && break; sleep 0.1; done
   curl -sf --unix-socket "$PODMAN_SOCK" http://d/_ping >/dev/null \
     || { echo "docker.sh: podman's service did not answer; see /tmp/podman-service.log" >&2; exit 1; }
