@@ -213,31 +213,31 @@ pub async fn diff(etcd: &Etcd, scope: &Scope, wanted: &[(String, Vec<u8>)]) -> a
 /// (docs/decisions.md, "`fleet put` reads from one member first").
 pub async fn put(etcd: &Etcd, scope: &Scope, wanted: Vec<(String, Vec<u8>)>) -> anyhow::Result<String> {
     refuse_during_rollout(etcd, Read::Serializable).await?;
-    match put_once(etcd, scope, &wanted, Read::Serializable).await? {
+    if let Ok(said) = put_once(etcd, scope, &wanted, Read::Serializable).await? {
+        return Ok(said);
+    }
+    refuse_during_rollout(etcd, Read::Linearizable).await?;
+    tracing::info!(
+        "{} was not as the member read had it: reading it again from the cluster's latest",
+        scope.describe()
+    );
+    match put_once(etcd, scope, &wanted, Read::Linearizable).await? {
         Ok(said) => Ok(said),
-        Err(_) => {
+        Err(revision) => {
             refuse_during_rollout(etcd, Read::Linearizable).await?;
-            tracing::info!(
-                "{} was not as the member read had it: reading it again from the cluster's latest",
+            anyhow::bail!(
+                "{} changed in etcd after revision {revision}, while this put was being prepared; nothing was written. \
+                 Look at `mesh-host fleet diff` and put again",
                 scope.describe()
-            );
-            match put_once(etcd, scope, &wanted, Read::Linearizable).await? {
-                Ok(said) => Ok(said),
-                Err(revision) => {
-                    refuse_during_rollout(etcd, Read::Linearizable).await?;
-                    anyhow::bail!(
-                        "{} changed in etcd after revision {revision}, while this put was being prepared; nothing was written. \
-                         Look at `mesh-host fleet diff` and put again",
-                        scope.describe()
-                    )
-                }
-            }
+            )
         }
     }
 }
 
 /// One read of the scope's prefix (as `read` says) and the transaction on it: what to say, or
 /// the revision read when the prefix changed since (or a rollout opened) and nothing was written.
+/// A serializable read that finds nothing to change still makes the (empty) transaction: only
+/// its comparison tells that the member was not behind.
 async fn put_once(
     etcd: &Etcd,
     scope: &Scope,
@@ -246,31 +246,28 @@ async fn put_once(
 ) -> anyhow::Result<Result<String, i64>> {
     let (revision, now) = current(etcd, scope, read).await?;
     let changes = Changes::between(&now, wanted);
-    if changes.is_empty() && read == Read::Linearizable {
-        return Ok(Ok(format!(
-            "put: {} already holds exactly this ({} keys) at revision {revision}; nothing was written\n",
+    let already = |at: i64| {
+        format!(
+            "put: {} already holds exactly this ({} keys) at revision {at}; nothing was written\n",
             scope.describe(),
             wanted.len()
-        )));
+        )
+    };
+    if changes.is_empty() && read == Read::Linearizable {
+        return Ok(Ok(already(revision)));
     }
-    let writes: Vec<(String, Vec<u8>)> = wanted
+    let mut ops: Vec<Write> = wanted
         .iter()
         .filter(|(k, _)| changes.added.contains(k) || changes.changed.contains(k))
-        .cloned()
+        .map(|(key, value)| Write::Put { key: key.clone(), value: value.clone(), lease: 0 })
         .collect();
-    let mut ops: Vec<Write> =
-        writes.into_iter().map(|(key, value)| Write::Put { key, value, lease: 0 }).collect();
     ops.extend(changes.removed.iter().cloned().map(Write::Delete));
     let conds = [
         Cond::UnchangedSince { prefix: scope.prefix(), revision },
         Cond::Absent(super::rollout::state_key()),
     ];
     Ok(match etcd.txn(&conds, &ops).await? {
-        Some(written) if changes.is_empty() => Ok(format!(
-            "put: {} already holds exactly this ({} keys) at revision {written}; nothing was written\n",
-            scope.describe(),
-            wanted.len()
-        )),
+        Some(written) if changes.is_empty() => Ok(already(written)),
         Some(written) => {
             Ok(format!("put: {} at revision {written}: {}\n", scope.describe(), changes.summary()))
         }

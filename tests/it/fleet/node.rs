@@ -669,12 +669,7 @@ fn a_nodes_presence_is_renewed_on_one_kept_stream() {
     let s = Scratch::new();
     let etcd = OwnEtcd::start(&s);
     let url = etcd.url();
-    write_declaration(
-        &s.path("in/d.json"),
-        json!([{"type": "file", "id": "kept", "path": s.p("kept"), "content": "k\n"}]),
-    );
-    let out = fleet(&s, &["put", "--etcd", &url, "--node", "kept-1", s.p("in/d.json").as_str()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    put_one_file(&s, &url, "kept-1", "kept");
     let daemon = node(&s, &url, "kept-1", &[]);
     // Four renewals (one every 3 s, the first at once): the barrier is etcd's count of them.
     let renewals = || lease_keepalive_count(&url, "grpc_server_msg_received_total");
@@ -694,6 +689,16 @@ fn a_nodes_presence_is_renewed_on_one_kept_stream() {
     );
 }
 
+/// Puts under node `node`'s own prefix a declaration of one file, `id`, in the scratch directory.
+fn put_one_file(s: &Scratch, url: &str, node: &str, id: &str) {
+    write_declaration(
+        &s.path("in/d.json"),
+        json!([{"type": "file", "id": id, "path": s.p(id), "content": format!("{id}\n")}]),
+    );
+    let out = fleet(s, &["put", "--etcd", url, "--node", node, s.p("in/d.json").as_str()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// `run --presence-ttl` (issue 43): the node's presence key is bound to a lease of that many
 /// seconds, renewed every third of it; a TTL under 3 s is refused naming the option. Read off
 /// etcd: the lease's granted TTL, and no second renewal within a third of the TTL.
@@ -703,12 +708,7 @@ fn a_nodes_presence_ttl_is_the_one_it_is_given() {
     let s = Scratch::new();
     let etcd = OwnEtcd::start(&s);
     let url = etcd.url();
-    write_declaration(
-        &s.path("in/d.json"),
-        json!([{"type": "file", "id": "ttl", "path": s.p("ttl"), "content": "t\n"}]),
-    );
-    let out = fleet(&s, &["put", "--etcd", &url, "--node", "ttl-1", s.p("in/d.json").as_str()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    put_one_file(&s, &url, "ttl-1", "ttl");
 
     let refused = Command::new(assert_cmd::cargo::cargo_bin("mesh-host"))
         .arg("--state")
@@ -722,11 +722,7 @@ fn a_nodes_presence_ttl_is_the_one_it_is_given() {
 
     let daemon = node_with(&s, &url, "ttl-1", &[], &["--presence-ttl", "30"]);
     let alive = "/mesh-host/node/ttl-1/alive";
-    let lease = || -> Option<i64> {
-        let out = etcdctl(&url, &["get", alive, "-w", "json"]);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-        v["kvs"][0]["lease"].as_i64()
-    };
+    let lease = || lease_left(&url, alive).map(|(lease, _)| lease);
     assert!(wait_for(Duration::from_secs(20), || lease().is_some()), "no presence key\n{}", daemon.log());
     let id = format!("{:x}", lease().unwrap());
     let out = etcdctl(&url, &["lease", "timetolive", &id]);
