@@ -5,7 +5,9 @@
 //! to the cache in one step (the controller's source watcher sees the directory change and puts
 //! it in force); then watch every prefix, on one Watch stream, from the next revision. Any
 //! change seen, a compacted revision, a watch etcd refuses, or ten minutes of quiet leads to the
-//! same thing: a full read again, of every prefix in one transaction. A stream that breaks (its member gone) is opened again, on
+//! same thing: a full read again, of every prefix in one transaction; after a change, at that
+//! change's revision, from the member that announced it (docs/decisions.md, "A node reads a
+//! change where it heard of it"). A stream that breaks (its member gone) is opened again, on
 //! the next member if need be, from the revision after the last one it is known to have sent
 //! everything up to. Since each read is whole and each watch starts right after the revision
 //! read (or seen), nothing written in between is missed, across reconnects and leader changes
@@ -91,11 +93,16 @@ pub struct Read {
 /// candidate is read, and watched, only while the node is admitted, so a rollout's start wakes no
 /// node. A node whose etcd role may not read the rollout's keys (granted before rollouts
 /// existed) reads as it always did, and watches only its prefixes.
+///
+/// `at`: the revision of a change the node's watch announced, read serializably from the member
+/// that announced it, or, when that member is no longer the one asked and the next has not
+/// applied it yet, linearizably at the latest (`read_at`). `None`: the latest, linearizably.
 pub async fn read_node(
     etcd: &Etcd,
     node: &str,
     groups: &[String],
     admitted: Option<&str>,
+    mut at: Option<i64>,
 ) -> Result<Read, etcd::Error> {
     use super::rollout;
     let own = super::prefixes(node, groups);
@@ -110,14 +117,16 @@ pub async fn read_node(
             })
             .collect();
         let all: Vec<String> = std::iter::once(admission.clone()).chain(reading.iter().cloned()).collect();
-        let range = match etcd.read_prefixes(&all).await {
+        let range = match read_at(etcd, &all, at).await {
             Err(etcd::Error::Refused { why: etcd::Refusal::PermissionDenied, .. }) => {
-                let range = etcd.read_prefixes(&own).await?;
+                let range = read_at(etcd, &own, at).await?;
                 let (watch, prefixes) = (own.clone(), own);
                 return Ok(Read { revision: range.revision, kvs: range.kvs, rollout: None, watch, prefixes });
             }
             other => other?,
         };
+        // A read again with the other prefix is of the same revision, which this member has.
+        at = Some(range.revision);
         let found = range
             .kvs
             .iter()
@@ -131,6 +140,20 @@ pub async fn read_node(
             return Ok(Read { revision: range.revision, kvs, rollout, watch, prefixes: reading });
         }
         guess = found.map(|a| a.replaces);
+    }
+}
+
+/// `Etcd::read_prefixes` at `at`; at the latest, linearizably, when the member asked has not
+/// applied `at` yet (the connection moved to another since the watch's event) or has compacted
+/// it away.
+async fn read_at(etcd: &Etcd, prefixes: &[String], at: Option<i64>) -> Result<etcd::Range, etcd::Error> {
+    match etcd.read_prefixes(prefixes, at).await {
+        Err(etcd::Error::Compacted(_) | etcd::Error::Refused { why: etcd::Refusal::FutureRevision, .. })
+            if at.is_some() =>
+        {
+            etcd.read_prefixes(prefixes, None).await
+        }
+        other => other,
     }
 }
 
@@ -368,8 +391,10 @@ pub async fn run(
     let mut backoff = Duration::from_millis(250);
     // Whether the last try failed: etcd going away and coming back is logged once each way.
     let mut down = false;
+    // The revision of the change the watch announced, read at next; `None`: the latest.
+    let mut announced: Option<i64> = None;
     loop {
-        let read = match read_node(&etcd, &source.node, &source.groups, admitted.as_deref()).await {
+        let read = match read_next(&etcd, &source, admitted.as_deref(), announced.take()).await {
             Ok(read) => read,
             Err(e) => {
                 let certificate_refused = e.certificate_refused();
@@ -403,18 +428,10 @@ pub async fn run(
         });
         down = false;
         backoff = Duration::from_millis(250);
-        let (take_source, take_cache, take_metrics) = (source.clone(), cache.clone(), metrics.clone());
-        let mut take_seen = seen.take();
-        let (take_priming, take_last) = (priming.clone(), last.as_ref().map(|(_, r)| r.clone()));
         let rollout = read.rollout.as_ref().map(|(id, _)| id.clone());
-        let joined = tokio::task::spawn_blocking(move || {
-            let priming = take_priming.as_deref().map(|p| (p, take_last.as_ref()));
-            let taken = take(&take_source, &take_cache, read, &mut take_seen, priming, &take_metrics);
-            (taken, take_seen)
-        })
-        .await;
+        let priming = (priming.clone(), last.as_ref().map(|(_, r)| r.clone()));
         let taken;
-        (taken, seen) = joined.unwrap_or((Taken::NotCached, None));
+        (taken, seen) = take_blocking(&source, &cache, read, seen.take(), priming, &metrics).await;
         match taken {
             Taken::Accepted => {
                 refused.send_if_modified(|r| r.take().is_some());
@@ -437,15 +454,68 @@ pub async fn run(
             tokio::time::sleep(Duration::from_secs(3)).await;
         }
 
-        if !wait_for_change(&etcd, &watched, revision, &source.node, &metrics, &shutdown).await {
-            return;
-        }
+        announced = match wait_for_change(&etcd, &watched, revision, &source.node, &metrics, &shutdown).await
+        {
+            Next::Stop => return,
+            Next::Latest => None,
+            Next::At(at) => Some(at),
+        };
     }
 }
 
+/// `take`, on a blocking thread (it writes the cache): what became of the read, and the digest
+/// of the declaration in the cache after it. `priming`: the priming, and the rollout of the
+/// declaration cached last.
+async fn take_blocking(
+    source: &Source,
+    cache: &std::path::Path,
+    read: Read,
+    mut seen: Option<String>,
+    priming: (Option<std::sync::Arc<Priming>>, Option<Option<String>>),
+    metrics: &std::sync::Arc<Metrics>,
+) -> (Taken, Option<String>) {
+    let (source, cache, metrics) = (source.clone(), cache.to_owned(), metrics.clone());
+    let joined = tokio::task::spawn_blocking(move || {
+        let (priming, last) = priming;
+        let priming = priming.as_deref().map(|p| (p, last.as_ref()));
+        let taken = take(&source, &cache, read, &mut seen, priming, &metrics);
+        (taken, seen)
+    })
+    .await;
+    joined.unwrap_or((Taken::NotCached, None))
+}
+
+/// `read_node` for the source's loop. The failpoint `etcd-read-late` holds every read of a
+/// change the watch announced 3 s: the window a test needs to take the quorum from the member
+/// that announced it.
+async fn read_next(
+    etcd: &Etcd,
+    source: &Source,
+    admitted: Option<&str>,
+    at: Option<i64>,
+) -> Result<Read, etcd::Error> {
+    if at.is_some() && crate::system::fs::failpoint_named("etcd-read-late") {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    read_node(etcd, &source.node, &source.groups, admitted, at).await
+}
+
+/// What the source reads after a watch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// Shut down.
+    Stop,
+    /// The latest revision, linearizably: after a compaction, a watch refused or ended, or
+    /// `REREAD`'s quiet.
+    Latest,
+    /// The revision of the change the watch announced, from the member that announced it.
+    At(i64),
+}
+
 /// Watches every prefix from the revision after `revision` until one speaks (a change, a
-/// compaction, a refusal) or `REREAD` passes: then the whole declaration is to be read again.
-/// `false` when `shutdown` came first.
+/// compaction, a refusal) or `REREAD` passes: then the whole declaration is to be read again,
+/// at the change's revision when it was a change (`Next::At`). `Next::Stop` when `shutdown`
+/// came first.
 ///
 /// Every prefix is watched on one Watch stream of the client's one connection. When the stream
 /// breaks (the member went away, the connection died), it is opened again, on the next member
@@ -459,7 +529,7 @@ async fn wait_for_change(
     node: &str,
     metrics: &Metrics,
     shutdown: &CancellationToken,
-) -> bool {
+) -> Next {
     let reread = tokio::time::sleep(jittered(REREAD));
     tokio::pin!(reread);
     let mut from = revision + 1;
@@ -475,8 +545,8 @@ async fn wait_for_change(
         };
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => return false,
-                _ = &mut reread => return true,
+                _ = shutdown.cancelled() => return Next::Stop,
+                _ = &mut reread => return Next::Latest,
                 seen = watch.next() => match seen {
                     Ok(Seen::Created) => {
                         created = true;
@@ -489,18 +559,18 @@ async fn wait_for_change(
                     }
                     Ok(Seen::Changed(at, _)) => {
                         events::FleetSource::Changed { node, revision: at }.emit(metrics);
-                        return true;
+                        return Next::At(at);
                     }
                     Err(etcd::Error::Compacted(at)) => {
                         events::FleetSource::Compacted { node, at }.emit(metrics);
-                        return true;
+                        return Next::Latest;
                     }
                     Err(e @ etcd::Error::Unreachable { .. }) => {
                         events::FleetSource::WatchEnded { node, error: &e }.emit(metrics);
                         from = from.max(watch.seen() + 1);
                         stillborn += usize::from(!created);
                         if stillborn >= 3 {
-                            return true;
+                            return Next::Latest;
                         }
                         // A short pause: a member going away ends the stream at once, and
                         // its successor may still be electing a leader.
@@ -514,8 +584,8 @@ async fn wait_for_change(
     }
 }
 
-/// A watch refused or cancelled: said, and the whole declaration is read again (`true`).
-async fn watch_ended(etcd: &Etcd, node: &str, e: &etcd::Error, metrics: &Metrics) -> bool {
+/// A watch refused or cancelled: said, and the whole declaration is read again, at the latest.
+async fn watch_ended(etcd: &Etcd, node: &str, e: &etcd::Error, metrics: &Metrics) -> Next {
     // A token etcd no longer takes (it expired, or etcd restarted): the next read logs in
     // again.
     if let etcd::Error::Refused { why: etcd::Refusal::InvalidToken, .. }
@@ -526,5 +596,5 @@ async fn watch_ended(etcd: &Etcd, node: &str, e: &etcd::Error, metrics: &Metrics
     events::FleetSource::WatchEnded { node, error: e }.emit(metrics);
     // A short pause: a member going away ends every watch at once.
     tokio::time::sleep(jittered(Duration::from_millis(100))).await;
-    true
+    Next::Latest
 }

@@ -164,6 +164,9 @@ pub enum Refusal {
     OverLimit,
     /// gRPC 8, ResourceExhausted: the backend's quota is spent (the NOSPACE alarm).
     NoSpace,
+    /// gRPC 11, OutOfRange, for a revision the member has not applied yet (a serializable read
+    /// at a revision another member announced).
+    FutureRevision,
     /// Anything else, with etcd's gRPC code when it gave one (none in a cancellation's reason
     /// that names no code).
     Other(Option<u64>),
@@ -179,6 +182,10 @@ const ALREADY_EXISTS: &str = "name already exists";
 /// compacted"). Its code, 11 (OutOfRange), also means a revision in the future.
 const COMPACTED: &str = "required revision has been compacted";
 
+/// etcd's words for a revision past the member's own ("etcdserver: mvcc: required revision is a
+/// future revision"), code 11 as well.
+const FUTURE: &str = "required revision is a future revision";
+
 impl Refusal {
     /// The refusal that etcd's gRPC `code` and `message` say.
     fn of(code: Option<u64>, message: &str) -> Self {
@@ -188,6 +195,7 @@ impl Refusal {
             Some(9) if message.ends_with(ALREADY_EXISTS) => Refusal::AlreadyExists,
             Some(3) => Refusal::OverLimit,
             Some(8) => Refusal::NoSpace,
+            Some(11) if message.ends_with(FUTURE) => Refusal::FutureRevision,
             code => Refusal::Other(code),
         }
     }
@@ -787,7 +795,14 @@ impl Etcd {
     /// Every key under each of `prefixes`, all at one revision, in one read-only transaction:
     /// one round trip, whatever the number of prefixes (a node's: its admission, the fleet's,
     /// its groups', its own). Unpaged: for prefixes whose keys do not grow with the fleet.
-    pub async fn read_prefixes(&self, prefixes: &[String]) -> Result<Range, Error> {
+    ///
+    /// At the latest revision, linearizably, when `at` is `None`. At revision `at`, when given,
+    /// serializably: answered from the member's own store, with no read index and no wait for
+    /// its apply to catch up with the leader's log, which is what a revision a watch on this
+    /// member announced needs (the member sent the event once it had applied it). A member that
+    /// has not applied `at` refuses with `Refusal::FutureRevision`; one that compacted it away,
+    /// with `Error::Compacted`.
+    pub async fn read_prefixes(&self, prefixes: &[String], at: Option<i64>) -> Result<Range, Error> {
         use rpc::request_op::Request as Op;
         use rpc::response_op::Response;
         let success = prefixes
@@ -798,6 +813,8 @@ impl Etcd {
                     request: Some(Op::RequestRange(rpc::RangeRequest {
                         key,
                         range_end,
+                        revision: at.unwrap_or(0),
+                        serializable: at.is_some(),
                         ..Default::default()
                     })),
                 }
@@ -822,7 +839,9 @@ impl Etcd {
                 kvs.push(Kv { key, value: kv.value, mod_revision: kv.mod_revision });
             }
         }
-        Ok(Range { revision: answer.header.map_or(0, |h| h.revision), kvs })
+        // The header says the member's revision, past `at` when read at `at`.
+        let revision = at.unwrap_or_else(|| answer.header.map_or(0, |h| h.revision));
+        Ok(Range { revision, kvs })
     }
 
     /// The store's revision now, by a linearizable read of one key's count (nothing else comes

@@ -24,7 +24,9 @@ fn a_refusal_is_read_by_its_grpc_code() {
     assert_eq!(not_found, (Refusal::Other(Some(9)), false), "the same code, another meaning");
     assert!(read(Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted").1);
     let future = read(Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision");
-    assert_eq!(future, (Refusal::Other(Some(11)), false), "out of range, not compacted");
+    assert_eq!(future, (Refusal::FutureRevision, false), "out of range, not compacted");
+    let range = read(Code::OutOfRange, "etcdserver: mvcc: something else");
+    assert_eq!(range, (Refusal::Other(Some(11)), false), "the code alone says neither");
 
     let status = "rpc error: code = PermissionDenied desc = etcdserver: permission denied";
     assert_eq!(Refusal::of_status(status), Refusal::PermissionDenied);

@@ -739,3 +739,43 @@ fn a_nodes_presence_ttl_is_the_one_it_is_given() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// A node's read of a change at the revision its watch announced (`read_node`'s `at`): the
+/// declaration as it was at that revision, not a later one; and, from a member that has not
+/// applied that revision yet (the connection moved since the event) or has compacted it away,
+/// the latest, read linearizably, not an error (docs/decisions.md, "A node reads a change where
+/// it heard of it").
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_nodes_read_at_an_announced_revision_falls_back_to_the_latest() {
+    use mesh_host::fleet::source::read_node;
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let content = |range: &mesh_host::fleet::source::Read| {
+        range.kvs.iter().map(|kv| String::from_utf8_lossy(&kv.value).into_owned()).collect::<String>()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let client = mesh_host::system::Etcd::new(&url, &Default::default()).unwrap();
+    put_one_file(&s, &url, "heard-1", "first");
+    let first = rt.block_on(read_node(&client, "heard-1", &[], None, None)).unwrap();
+    put_one_file(&s, &url, "heard-1", "second");
+    let latest = rt.block_on(read_node(&client, "heard-1", &[], None, None)).unwrap();
+    assert!(latest.revision > first.revision, "the second put made a revision");
+
+    let then = rt.block_on(read_node(&client, "heard-1", &[], None, Some(first.revision))).unwrap();
+    assert_eq!(then.revision, first.revision, "read at the revision announced");
+    assert!(content(&then).contains("first") && !content(&then).contains("second"), "{}", content(&then));
+
+    let ahead = rt.block_on(read_node(&client, "heard-1", &[], None, Some(latest.revision + 1_000)));
+    let ahead = ahead.expect("a revision the member has not reached is read at the latest");
+    assert_eq!(ahead.revision, latest.revision);
+    assert!(content(&ahead).contains("second"), "{}", content(&ahead));
+
+    let compact = etcdctl(&url, &["compact", &latest.revision.to_string()]);
+    assert!(compact.status.success(), "{}", String::from_utf8_lossy(&compact.stderr));
+    let gone = rt.block_on(read_node(&client, "heard-1", &[], None, Some(first.revision)));
+    let gone = gone.expect("a revision compacted away is read at the latest");
+    assert_eq!(gone.revision, latest.revision);
+    assert!(content(&gone).contains("second"), "{}", content(&gone));
+}

@@ -493,3 +493,58 @@ fn a_put_reads_from_a_member_without_quorum_and_writes_nothing_without_a_leader(
     let got = String::from_utf8_lossy(&got.stdout);
     assert!(got.contains("v1") && !got.contains("v2"), "nothing was written: {got}");
 }
+
+/// A node reads the change its watch announced from the member that announced it, at the
+/// change's revision, without the leader (docs/decisions.md, "A node reads a change where it
+/// heard of it"): the node talks to member 2 only; a change is written, member 2 has applied it,
+/// and members 0 and 1 are frozen before the node reads (the failpoint `etcd-read-late` holds
+/// the read 3 s). The node still takes the change. With the read linearizable, as before, it
+/// cannot: member 2 has no leader to ask for a read index, and the change waits for the quorum.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_node_reads_a_change_from_the_member_that_announced_it_without_the_quorum() {
+    let s = Scratch::new();
+    let cluster = Cluster::start(&s);
+    let conf = s.path("heard.conf");
+    let declare = |content: &str| {
+        write_declaration(
+            &s.path("in/heard.json"),
+            json!([{"type": "file", "id": "heard.conf", "path": s.p("heard.conf"), "content": content}]),
+        );
+        let out =
+            fleet(&s, &["put", "--etcd", &cluster.endpoints(), "--fleet", s.p("in/heard.json").as_str()]);
+        assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    declare("v1\n");
+    let lone = cluster.clients[2].clone();
+    let daemon = node_with_env(&s, &lone, "heard-1", &[], &[], &[("MESH_HOST_FAILPOINT", "etcd-read-late")]);
+    assert!(wait_for(PATIENCE, || read(&conf) == "v1\n"), "{}", daemon.log());
+
+    declare("v2\n");
+    // The barrier: member 2 has applied the change (a serializable read of it, from it alone).
+    let applied = || {
+        let out = etcdctl(
+            &lone,
+            &["get", "--prefix", "/mesh-host/fleet/", "--consistency=s", "--print-value-only"],
+        );
+        String::from_utf8_lossy(&out.stdout).contains("v2")
+    };
+    assert!(wait_for(Duration::from_secs(10), applied), "member 2 never applied the change");
+    cluster.signal(0, "-STOP");
+    cluster.signal(1, "-STOP");
+    let took = wait_for(Duration::from_secs(15), || read(&conf) == "v2\n");
+    let leaderless = etcdctl(&lone, &["endpoint", "status", "-w", "json"]);
+    cluster.signal(0, "-CONT");
+    cluster.signal(1, "-CONT");
+    let status: serde_json::Value = serde_json::from_slice(&leaderless.stdout).unwrap_or_default();
+    assert_eq!(
+        status[0]["Status"]["leader"].as_u64().unwrap_or(0),
+        0,
+        "member 2 still had a leader when the node read, so the test proves nothing: {status}"
+    );
+    assert!(
+        took,
+        "the node did not take the change its member announced, without the quorum:\n{}",
+        daemon.log()
+    );
+}
