@@ -247,28 +247,61 @@ pub async fn run(
     node: String,
     groups: Vec<String>,
     presence_ttl: Duration,
-    mut applied: watch::Receiver<controller::Applied>,
-    mut refused: watch::Receiver<Option<super::source::Refused>>,
+    applied: watch::Receiver<controller::Applied>,
+    refused: watch::Receiver<Option<super::source::Refused>>,
     confirming: Confirming,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
+    // Side by side in this task: the writer's calls, each up to the 5 s call timeout on every
+    // member in turn when etcd is busy, never hold a renewal back (docs/decisions.md, "A
+    // node's presence is kept beside its status, not behind it").
+    tokio::select! {
+        () = keep_present(&etcd, presence_ttl, &node, &metrics) => {}
+        () = write_statuses(&etcd, &node, groups, applied, refused, confirming, &metrics, &shutdown) => {}
+    }
+}
+
+/// Keeps the node's presence key alive, renewing its lease every third of `ttl`, for ever.
+async fn keep_present(etcd: &Etcd, ttl: Duration, node: &str, metrics: &Metrics) {
+    let alive = alive_key(node);
+    let mut lease: Option<(i64, bool)> = None;
+    let mut keepalive = tokio::time::interval((ttl / 3).max(Duration::from_secs(1)));
+    loop {
+        keepalive.tick().await;
+        lease = keep_presence(etcd, lease, ttl, &alive, node, metrics).await;
+    }
+}
+
+/// Writes the node's status whenever what it says changes, at most once a second, until
+/// `shutdown` or the agent's channels close.
+#[allow(clippy::too_many_arguments, reason = "`run`'s, but the presence's")]
+async fn write_statuses(
+    etcd: &Etcd,
+    node: &str,
+    groups: Vec<String>,
+    mut applied: watch::Receiver<controller::Applied>,
+    mut refused: watch::Receiver<Option<super::source::Refused>>,
+    confirming: Confirming,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) {
     let Confirming { mut ask, acked, contact, mut confirmed } = confirming;
     // The window's task may be off (`--confirm-window 0`): then no ask ever comes.
     let (mut asks_open, mut confirmed_open) = (true, true);
-    let (status, alive) = (status_key(&node), alive_key(&node));
-    let mut lease: Option<(i64, bool)> = None;
+    let status = status_key(node);
     // Whether the last status written was cut: said once, when it starts.
     let mut was_cut = false;
     // The status key's revision as this writer last wrote or read it (`write_over`).
     let mut known: Option<i64> = None;
     // Written once at least even when nothing changed: a node that restarts says so.
     applied.mark_changed();
-    let mut keepalive = tokio::time::interval((presence_ttl / 3).max(Duration::from_secs(1)));
+    // The failpoint `status-write-late` holds every status write 6 s: longer than the least
+    // presence TTL, for the test that the presence is kept meanwhile.
+    let late = crate::system::fs::failpoint_named("status-write-late");
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = keepalive.tick() => lease = keep_presence(&etcd, lease, presence_ttl, &alive, &node, &metrics).await,
             changed = refused.changed() => {
                 if changed.is_err() {
                     return;
@@ -297,26 +330,12 @@ pub async fn run(
                 if changed.is_err() {
                     return;
                 }
-                let (revision, mut now) = {
-                    let now = applied.borrow_and_update();
-                    (revision_of(&now.sources), Summary::from(&*now))
-                };
-                now.confirmed = *confirmed.borrow_and_update();
-                let refusal = refused.borrow_and_update().clone();
-                let asked = *ask.borrow_and_update();
-                let said = super::confirm::Ack { asked, generation: now.generation, revision };
-                let written_at = crate::system::unix_secs();
-                let record = Status {
-                    node: node.clone(),
-                    groups: groups.clone(),
-                    revision,
-                    applied: now,
-                    refused_reason: refusal.as_ref().map(|r| r.reason.to_owned()),
-                    refused: refusal.map(|r| r.message),
-                    written_at,
-                };
-                let Some(bytes) = encoded(record, &mut was_cut, &metrics) else { continue };
-                match write_over(&etcd, &status, bytes, &mut known).await {
+                let (record, said) = latest(node, &groups, &mut applied, &mut confirmed, &mut refused, &mut ask);
+                let Some(bytes) = encoded(record, &mut was_cut, metrics) else { continue };
+                if late {
+                    tokio::time::sleep(Duration::from_secs(6)).await;
+                }
+                match write_over(etcd, &status, bytes, &mut known).await {
                     Ok(true) => {
                         contact.send_modify(super::confirm::Contact::answered);
                         acked.send_replace(said);
@@ -324,7 +343,7 @@ pub async fn run(
                     // Another write landed over the one this writer knew: written again.
                     Ok(false) => applied.mark_changed(),
                     Err(e) => {
-                        events::FleetStatus::NotWritten { node: &node, error: &e }.emit(&metrics);
+                        events::FleetStatus::NotWritten { node, error: &e }.emit(metrics);
                         contact.send_modify(|c| c.failed(e.to_string()));
                         // Written again when etcd answers: the latest is still there to take.
                         applied.mark_changed();
@@ -341,6 +360,36 @@ pub async fn run(
             }
         }
     }
+}
+
+/// The status to write now, from what the agent's channels hold (each marked seen), and the
+/// acknowledgement its write makes for the confirmation window.
+fn latest(
+    node: &str,
+    groups: &[String],
+    applied: &mut watch::Receiver<controller::Applied>,
+    confirmed: &mut watch::Receiver<Option<u64>>,
+    refused: &mut watch::Receiver<Option<super::source::Refused>>,
+    ask: &mut watch::Receiver<u64>,
+) -> (Status, super::confirm::Ack) {
+    let (revision, mut now) = {
+        let now = applied.borrow_and_update();
+        (revision_of(&now.sources), Summary::from(&*now))
+    };
+    now.confirmed = *confirmed.borrow_and_update();
+    let refusal = refused.borrow_and_update().clone();
+    let asked = *ask.borrow_and_update();
+    let said = super::confirm::Ack { asked, generation: now.generation, revision };
+    let record = Status {
+        node: node.to_owned(),
+        groups: groups.to_vec(),
+        revision,
+        applied: now,
+        refused_reason: refusal.as_ref().map(|r| r.reason.to_owned()),
+        refused: refusal.map(|r| r.message),
+        written_at: crate::system::unix_secs(),
+    };
+    (record, said)
 }
 
 /// Writes the node's status at `key` only over the version of it this writer knows (`known`:

@@ -779,3 +779,56 @@ fn a_nodes_read_at_an_announced_revision_falls_back_to_the_latest() {
     assert_eq!(gone.revision, latest.revision);
     assert!(content(&gone).contains("second"), "{}", content(&gone));
 }
+
+/// A node's presence is kept beside its status writes, not behind them (docs/decisions.md, "A
+/// node's presence is kept beside its status, not behind it"): with every status write held 6 s
+/// (the failpoint `status-write-late`, as a write waiting on a busy etcd is) and a presence TTL
+/// of 3 s, the presence key keeps its one lease through the node's first status and the status
+/// of a new declaration. With the renewal waiting behind the write, as before, the lease lapses
+/// in a hold and the key comes back under another lease, or is gone: this fails.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_nodes_presence_is_kept_while_its_status_write_waits() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    put_one_file(&s, &url, "beside-1", "beside");
+    let env = [("MESH_HOST_FAILPOINT", "status-write-late")];
+    let daemon = node_with_env(&s, &url, "beside-1", &[], &["--presence-ttl", "3"], &env);
+    let alive = "/mesh-host/node/beside-1/alive";
+    let lease = || lease_left(&url, alive).map(|(lease, _)| lease);
+    assert!(wait_for(Duration::from_secs(20), || lease().is_some()), "no presence key\n{}", daemon.log());
+    let held = lease().unwrap();
+    let status_at = || {
+        let out = etcdctl(&url, &["get", "/mesh-host/node/beside-1/status", "-w", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        v["kvs"][0]["mod_revision"].as_i64().unwrap_or(0)
+    };
+    // Through the first status write (held) and the write of a new declaration's (held too),
+    // the key stays on the lease it was first written with.
+    let mut seen = Vec::new();
+    let mut watch = |until: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline && !until() {
+            seen.push(lease());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        until()
+    };
+    assert!(watch(&|| status_at() > 0), "no status written\n{}", daemon.log());
+    let before = status_at();
+    put_one_file(&s, &url, "beside-1", "beside-2");
+    let second = std::time::Instant::now();
+    assert!(watch(&|| status_at() > before), "no status for the new declaration\n{}", daemon.log());
+    let second = second.elapsed();
+    let lapsed: Vec<_> = seen.iter().filter(|l| **l != Some(held)).collect();
+    assert!(
+        lapsed.is_empty(),
+        "the presence left lease {held:x} while a status write waited: {} of {} looks saw {:?}\n{}",
+        lapsed.len(),
+        seen.len(),
+        lapsed.first(),
+        daemon.log()
+    );
+    assert!(second >= Duration::from_secs(5), "the second write was not held: written in {second:?}");
+}
