@@ -1055,6 +1055,9 @@ mod tests {
         assert!(limit(&refusal(Refusal::OverLimit))
             .is_some_and(|m| m.contains("--max-txn-ops") && m.contains("too many operations")));
         assert!(limit(&refusal(Refusal::NoSpace)).is_some_and(|m| m.contains("--quota-backend-bytes")));
+        // A member behind on its apply ("too many requests", code 8 as a full backend is) is
+        // no limit: it passes.
+        assert_eq!(limit(&refusal(Refusal::Busy)), None);
         assert_eq!(limit(&refusal(Refusal::Other(Some(14)))), None);
         assert_eq!(limit(&anyhow::anyhow!("other")), None);
     }

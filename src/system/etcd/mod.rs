@@ -21,6 +21,7 @@
 //! files and the connector; `watch`: the Watch stream and what its answers say.
 
 mod lease;
+mod refusal;
 mod tls;
 mod watch;
 
@@ -32,6 +33,8 @@ use secrecy::{ExposeSecret as _, SecretString};
 use tonic::codegen::http;
 use tonic::transport::Channel;
 
+pub use refusal::Refusal;
+use refusal::{compacted, refusal_of, while_busy};
 use tls::Connector;
 pub use tls::{TlsFiles, TlsRefusal};
 pub use watch::{Event, Seen, Watch};
@@ -147,80 +150,6 @@ pub enum Error {
     },
 }
 
-/// What an etcd refusal means, read once from the gRPC status etcd answers with, so that callers
-/// match a variant and never etcd's words. The codes are etcd's (`api/v3rpc/rpctypes`); a watch
-/// etcd cancels carries its gRPC status written out in `cancel_reason` ("rpc error: code =
-/// PermissionDenied desc = ...").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
-    /// gRPC 16, Unauthenticated: the token sent is not (or no longer) valid; log in again.
-    InvalidToken,
-    /// gRPC 7, PermissionDenied: the user's roles do not allow the call.
-    PermissionDenied,
-    /// gRPC 9, FailedPrecondition, for a role or user that is already there.
-    AlreadyExists,
-    /// gRPC 3, InvalidArgument: a request over one of etcd's limits (`--max-txn-ops`,
-    /// `--max-request-bytes`), or one it cannot take as written.
-    OverLimit,
-    /// gRPC 8, ResourceExhausted: the backend's quota is spent (the NOSPACE alarm).
-    NoSpace,
-    /// gRPC 11, OutOfRange, for a revision the member has not applied yet (a serializable read
-    /// at a revision another member announced).
-    FutureRevision,
-    /// Anything else, with etcd's gRPC code when it gave one (none in a cancellation's reason
-    /// that names no code).
-    Other(Option<u64>),
-}
-
-/// etcd's words for a role or a user made twice ("etcdserver: role name already exists",
-/// "etcdserver: user name already exists"). Code 9 also means "not found" and "authentication is
-/// not enabled", so the code alone cannot tell them apart: the fixed message, in this one place,
-/// does.
-const ALREADY_EXISTS: &str = "name already exists";
-
-/// etcd's words for a revision compacted away ("etcdserver: mvcc: required revision has been
-/// compacted"). Its code, 11 (OutOfRange), also means a revision in the future.
-const COMPACTED: &str = "required revision has been compacted";
-
-/// etcd's words for a revision past the member's own ("etcdserver: mvcc: required revision is a
-/// future revision"), code 11 as well.
-const FUTURE: &str = "required revision is a future revision";
-
-impl Refusal {
-    /// The refusal that etcd's gRPC `code` and `message` say.
-    fn of(code: Option<u64>, message: &str) -> Self {
-        match code {
-            Some(16) => Refusal::InvalidToken,
-            Some(7) => Refusal::PermissionDenied,
-            Some(9) if message.ends_with(ALREADY_EXISTS) => Refusal::AlreadyExists,
-            Some(3) => Refusal::OverLimit,
-            Some(8) => Refusal::NoSpace,
-            Some(11) if message.ends_with(FUTURE) => Refusal::FutureRevision,
-            code => Refusal::Other(code),
-        }
-    }
-
-    /// The refusal in a watch's `cancel_reason`: a gRPC status written out as
-    /// `rpc error: code = NAME desc = MESSAGE`, its code by name.
-    fn of_status(reason: &str) -> Self {
-        let name = reason.strip_prefix("rpc error: code = ").and_then(|r| r.split(' ').next());
-        let desc = reason.split_once(" desc = ").map_or(reason, |(_, d)| d);
-        let code = match name {
-            Some("Unauthenticated") => Some(16),
-            Some("PermissionDenied") => Some(7),
-            Some("FailedPrecondition") => Some(9),
-            Some("OutOfRange") => Some(11),
-            _ => None,
-        };
-        Refusal::of(code, desc)
-    }
-}
-
-/// Whether etcd's gRPC `code` and `message` say the revision asked for was compacted away.
-fn compacted(code: Option<u64>, message: &str) -> bool {
-    code == Some(11) && message.ends_with(COMPACTED)
-}
-
 /// The endpoints of a comma-separated list that are `http://` to a host other than loopback
 /// (`127.0.0.0/8`, `::1`, `localhost`): where a declaration, a status and a login's password
 /// and token would cross a network in the clear (docs/decisions.md, "Plaintext etcd only on
@@ -274,11 +203,6 @@ pub fn prefix_end(prefix: &str) -> Vec<u8> {
     }
     // Every byte 0xff: to the end of the keyspace.
     vec![0]
-}
-
-/// The refusal a gRPC status says, and etcd's message.
-fn refusal_of(status: &tonic::Status) -> Refusal {
-    Refusal::of(Some(status.code() as u64), status.message())
 }
 
 /// Whether a status says the endpoint could not serve the call at all (gone, stopping, without
@@ -611,17 +535,29 @@ impl Etcd {
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         self.ensure_token().await?;
-        match self.tries(call, lost, &f).await {
-            Err(Error::Refused { why: Refusal::InvalidToken, .. }) if self.login.is_some() => {
-                tracing::info!(
-                    "etcd no longer takes the token of the last login (it expired): logging in again"
-                );
-                self.forget_token();
-                self.ensure_token().await?;
-                self.tries(call, lost, &f).await
+        // Set when any try's answer was lost, across the asks of `while_busy`.
+        let lost_any = std::sync::Mutex::new(lost.take());
+        let answer = while_busy(self.patient, call, || async {
+            let mut lost_now = None;
+            let answer = match self.tries(call, &mut lost_now, &f).await {
+                Err(Error::Refused { why: Refusal::InvalidToken, .. }) if self.login.is_some() => {
+                    tracing::info!(
+                        "etcd no longer takes the token of the last login (it expired): logging in again"
+                    );
+                    self.forget_token();
+                    self.ensure_token().await?;
+                    self.tries(call, &mut lost_now, &f).await
+                }
+                answer => answer,
+            };
+            if lost_now.is_some() {
+                *lost_any.lock().unwrap_or_else(|e| e.into_inner()) = lost_now;
             }
-            answer => answer,
-        }
+            answer
+        })
+        .await;
+        *lost = lost_any.into_inner().unwrap_or_else(|e| e.into_inner());
+        answer
     }
 
     /// One unary call, on the connection, and on each endpoint in turn while the one it is to

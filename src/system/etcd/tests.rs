@@ -25,6 +25,10 @@ fn a_refusal_is_read_by_its_grpc_code() {
     assert!(read(Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted").1);
     let future = read(Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision");
     assert_eq!(future, (Refusal::FutureRevision, false), "out of range, not compacted");
+    let busy = read(Code::ResourceExhausted, "etcdserver: too many requests");
+    assert_eq!(busy, (Refusal::Busy, false), "a member behind on its apply, not a full backend");
+    let full = read(Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded");
+    assert_eq!(full, (Refusal::NoSpace, false));
     let range = read(Code::OutOfRange, "etcdserver: mvcc: something else");
     assert_eq!(range, (Refusal::Other(Some(11)), false), "the code alone says neither");
 
@@ -101,4 +105,56 @@ fn tls_files_that_cannot_be_used_are_refused_naming_the_option_and_the_file() {
         .err()
         .unwrap();
     assert!(e.contains("no certificate"), "{e}");
+}
+
+fn busy() -> Error {
+    Error::Refused {
+        endpoint: "http://127.0.0.1:2379".into(),
+        call: "a transaction",
+        why: Refusal::Busy,
+        message: "etcdserver: too many requests".into(),
+    }
+}
+
+/// An operator's call refused by a busy member is asked again, with growing pauses, for up to
+/// `READ_PATIENCE`; the agent's is not (its loops pause on their own); any other refusal is
+/// returned at once.
+#[tokio::test(start_paused = true)]
+async fn a_busy_refusal_is_asked_again_for_an_operator_only() {
+    let mut asked = 0;
+    let answer = while_busy(true, "a transaction", || {
+        asked += 1;
+        let answer = if asked < 3 { Err(busy()) } else { Ok(7) };
+        async move { answer }
+    })
+    .await;
+    assert_eq!((answer.unwrap(), asked), (7, 3));
+
+    let started = tokio::time::Instant::now();
+    let mut asked = 0;
+    let answer: Result<(), _> = while_busy(true, "a transaction", || {
+        asked += 1;
+        async { Err(busy()) }
+    })
+    .await;
+    assert!(matches!(answer, Err(Error::Refused { why: Refusal::Busy, .. })), "{answer:?}");
+    let spent = started.elapsed();
+    assert!(spent <= READ_PATIENCE && spent >= Duration::from_secs(20), "asked for {spent:?}");
+    assert!((8..=12).contains(&asked), "asked {asked} times");
+
+    let mut asked = 0;
+    let answer: Result<(), _> = while_busy(false, "a transaction", || {
+        asked += 1;
+        async { Err(busy()) }
+    })
+    .await;
+    assert!(answer.is_err() && asked == 1, "the agent's call is asked once");
+
+    let mut asked = 0;
+    let answer: Result<(), _> = while_busy(true, "a transaction", || {
+        asked += 1;
+        async { Err(Error::Compacted(3)) }
+    })
+    .await;
+    assert!(matches!(answer, Err(Error::Compacted(3))) && asked == 1);
 }
