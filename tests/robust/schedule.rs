@@ -341,8 +341,16 @@ pub fn directed(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) 
 /// the next wave on its own soak, while the key names the second driver (I7).
 pub fn fence(plan: &Plan) -> (Vec<Entry>, Vec<Violation>, tempfile::TempDir) {
     let up = Arc::new(up(plan));
+    let started = revision(&up);
     up.ops.start("ro-1", 20, 90, "1,1,100%");
-    std::thread::sleep(Duration::from_secs(4));
+    // The barrier: the canary good in etcd, and a second for the driver's poll to see it, so
+    // that its soak has begun before it is paused, and ends while the second driver, which
+    // begins its own 12 s later, still soaks: the paused driver, let go, is the first to act.
+    // Before, a fixed 4 s, which left the race to chance; it was won for the mutant only while
+    // the canary's presence lapsed behind its status writes and held the second driver back.
+    let good = wait_for(Duration::from_secs(20), || confirmed_admitted(&up, "ro-1", started));
+    assert!(good, "ro-1 did not confirm the candidate within 20 s: see {}", up.history.path.display());
+    std::thread::sleep(Duration::from_secs(1));
     pause_driver(&up);
     std::thread::sleep(Duration::from_secs(20));
     finished(up)
