@@ -35,6 +35,7 @@ use tonic::transport::Channel;
 
 pub use refusal::Refusal;
 use refusal::{compacted, refusal_of, while_busy};
+
 use tls::Connector;
 pub use tls::{TlsFiles, TlsRefusal};
 pub use watch::{Event, Seen, Watch};
@@ -304,6 +305,41 @@ pub struct Etcd {
     /// A paged read goes on for up to `READ_PATIENCE` when no endpoint answers a page
     /// (`patient`): an operator's command, not the agent, which has loops of its own.
     patient: bool,
+}
+
+/// An operator's patience with a busy cluster (`Etcd::patient`): pauses of 0.5 s doubling to
+/// 4 s, each spread by up to a fifth (so that commands started together do not ask in step), for
+/// up to `READ_PATIENCE` in all.
+struct Patience {
+    started: tokio::time::Instant,
+    pause: Duration,
+}
+
+impl Patience {
+    fn new() -> Patience {
+        Patience { started: tokio::time::Instant::now(), pause: Duration::from_millis(500) }
+    }
+
+    /// The pause before asking again, said on stderr after `why`; `None` once it would go past
+    /// `READ_PATIENCE`.
+    fn next(&mut self, why: &dyn std::fmt::Display) -> Option<Duration> {
+        if self.started.elapsed() + self.pause > READ_PATIENCE {
+            return None;
+        }
+        let pause = crate::system::jittered(self.pause);
+        tracing::warn!(
+            "{why}; asking again in {} ms (up to {} in all)",
+            pause.as_millis(),
+            crate::system::human(READ_PATIENCE)
+        );
+        self.pause = (self.pause * 2).min(Duration::from_secs(4));
+        Some(pause)
+    }
+
+    /// How long it has waited so far.
+    fn spent(&self) -> Duration {
+        self.started.elapsed()
+    }
 }
 
 impl Etcd {
@@ -694,8 +730,7 @@ impl Etcd {
     /// promote, every member was too busy for a page within the 5 s call timeout
     /// (BENCHMARKS.md, "The fleet at scale, with the reflector").
     async fn page(&self, message: &rpc::RangeRequest) -> Result<rpc::RangeResponse, Error> {
-        let started = tokio::time::Instant::now();
-        let mut pause = Duration::from_millis(500);
+        let mut patience = Patience::new();
         loop {
             let answer = self
                 .call("a range read", |channel| {
@@ -704,9 +739,10 @@ impl Etcd {
                 })
                 .await;
             let Err(Error::Unreachable { endpoints, message: why, tls }) = answer else { return answer };
-            let spent = started.elapsed();
             // A TLS refusal is not a busy cluster: asking again would only be refused again.
-            if !self.patient || tls.is_some() || spent + pause > READ_PATIENCE {
+            let pause = if self.patient && tls.is_none() { patience.next(&why) } else { None };
+            let Some(pause) = pause else {
+                let spent = patience.spent();
                 let why = if spent >= Duration::from_secs(1) {
                     format!(
                         "{why} (the read was asked again for {})",
@@ -716,15 +752,8 @@ impl Etcd {
                     why
                 };
                 return Err(Error::Unreachable { endpoints, message: why, tls });
-            }
-            let pause_now = crate::system::jittered(pause);
-            tracing::warn!(
-                "{why}; asking again in {} ms (up to {} in all)",
-                pause_now.as_millis(),
-                crate::system::human(READ_PATIENCE)
-            );
-            tokio::time::sleep(pause_now).await;
-            pause = (pause * 2).min(Duration::from_secs(4));
+            };
+            tokio::time::sleep(pause).await;
         }
     }
 

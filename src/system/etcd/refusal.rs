@@ -1,9 +1,7 @@
 //! What etcd's refusals mean, read from its gRPC statuses once, and the operator's patience with
 //! a member too busy to take a write.
 
-use std::time::Duration;
-
-use super::{Error, READ_PATIENCE};
+use super::Error;
 
 /// What an etcd refusal means, read once from the gRPC status etcd answers with, so that callers
 /// match a variant and never etcd's words. The codes are etcd's (`api/v3rpc/rpctypes`); a watch
@@ -99,21 +97,18 @@ pub(super) async fn while_busy<T, Fut>(
 where
     Fut: std::future::Future<Output = Result<T, Error>>,
 {
-    let started = tokio::time::Instant::now();
-    let mut pause = Duration::from_millis(500);
+    let mut patience = super::Patience::new();
     loop {
         match ask().await {
-            Err(Error::Refused { why: Refusal::Busy, endpoint, .. })
-                if patient && started.elapsed() + pause <= READ_PATIENCE =>
-            {
-                let pause_now = crate::system::jittered(pause);
-                tracing::warn!(
-                    "etcd at {endpoint} is too busy to take {call} (its apply is more than 5,000 entries behind its log); asking again in {} ms (up to {} in all)",
-                    pause_now.as_millis(),
-                    crate::system::human(READ_PATIENCE)
+            Err(e @ Error::Refused { why: Refusal::Busy, .. }) if patient => {
+                let Error::Refused { endpoint, .. } = &e else { unreachable!("matched above") };
+                let why = format!(
+                    "etcd at {endpoint} is too busy to take {call} (its apply is more than 5,000 entries behind its log)"
                 );
-                tokio::time::sleep(pause_now).await;
-                pause = (pause * 2).min(Duration::from_secs(4));
+                match patience.next(&why) {
+                    Some(pause) => tokio::time::sleep(pause).await,
+                    None => return Err(e),
+                }
             }
             answer => return answer,
         }
