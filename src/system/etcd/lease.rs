@@ -1,6 +1,6 @@
 //! Leases: granted, renewed on a keep-alive stream kept between renewals, revoked.
 
-use super::{rpc, Error, Etcd, LeaseClient, CALL_TIMEOUT};
+use super::{busy, rpc, Channel, Error, Etcd, LeaseClient, Timed};
 use std::sync::atomic::Ordering;
 
 /// A lease's keep-alive stream, kept open from one renewal to the next (`Etcd::lease_keepalive`):
@@ -9,8 +9,9 @@ use std::sync::atomic::Ordering;
 pub(super) struct KeepAlive {
     /// `Etcd::moved` when it was opened: a stream of a connection since dropped is not used.
     moved: u64,
-    /// The endpoint it is to.
+    /// The endpoint it is to, and the connection.
     at: usize,
+    channel: Channel,
     send: tokio::sync::mpsc::Sender<rpc::LeaseKeepAliveRequest>,
     answers: tonic::Streaming<rpc::LeaseKeepAliveResponse>,
 }
@@ -56,21 +57,25 @@ impl Etcd {
         let mut kept = self.keepalive.lock().await;
         let moved = *self.moved.borrow();
         if let Some(k) = kept.as_mut().filter(|k| k.moved == moved) {
-            match tokio::time::timeout(CALL_TIMEOUT, k.renew(id)).await {
-                Ok(Ok(ttl)) => return Ok(ttl > 0),
+            let (at, channel) = (k.at, k.channel.clone());
+            match self.timed(&channel, k.renew(id)).await {
+                Timed::Answered(Ok(ttl)) => return Ok(ttl > 0),
                 // Ended or refused: a new stream, on the same connection if it still serves.
-                Ok(Err(())) => {}
-                // No answer in the call timeout, as a call that timed out: its endpoint is left at
-                // once, so that a member stopped under a node costs one timeout, not two (the
-                // presence lease lasts two of them).
-                Err(_) => {
-                    let at = k.at;
-                    self.failed(at).await;
+                Timed::Answered(Err(())) => {}
+                // No answer in the call timeout, from a member that answers otherwise: kept, the
+                // stream closed (its late answer would be read as the next renewal's) and opened
+                // again at the next renewal.
+                Timed::Busy => {
+                    *kept = None;
+                    return Err(busy(&self.endpoints[at], "a lease renewal"));
                 }
+                // Gone: left at once, as a call that timed out, so that a member stopped under a
+                // node costs one timeout, not two (the presence lease lasts two of them).
+                Timed::Gone => self.failed(at).await,
             }
         }
         *kept = None;
-        let (send, answers, ttl) = self
+        let (send, answers, ttl, channel) = self
             .call("a lease renewal", |channel| {
                 let (send, receive) = tokio::sync::mpsc::channel(1);
                 let requests =
@@ -83,9 +88,10 @@ impl Etcd {
                     send.send(rpc::LeaseKeepAliveRequest { id })
                         .await
                         .map_err(|_| tonic::Status::internal("the lease's request stream closed"))?;
-                    let mut answers = LeaseClient::new(channel).lease_keep_alive(request).await?.into_inner();
+                    let mut answers =
+                        LeaseClient::new(channel.clone()).lease_keep_alive(request).await?.into_inner();
                     match answers.message().await? {
-                        Some(answer) => Ok(tonic::Response::new((send, answers, answer.ttl))),
+                        Some(answer) => Ok(tonic::Response::new((send, answers, answer.ttl, channel))),
                         None => Err(tonic::Status::unavailable("the lease's stream ended without an answer")),
                     }
                 }
@@ -93,7 +99,7 @@ impl Etcd {
             .await?;
         // The connection the stream is on is the client's now: `call` moved it before, if at all.
         let at = self.current.load(Ordering::Relaxed);
-        *kept = Some(KeepAlive { moved: *self.moved.borrow(), at, send, answers });
+        *kept = Some(KeepAlive { moved: *self.moved.borrow(), at, channel, send, answers });
         Ok(ttl > 0)
     }
 }

@@ -10,7 +10,8 @@
 //! One connection: every call of a client and every watch it opens are streams on one tonic
 //! `Channel` to one endpoint at a time, all the prefixes of a node on one bidirectional Watch
 //! stream. When that endpoint stops answering, the connection is dropped and the next endpoint
-//! is dialled; nothing else holds a connection open.
+//! is dialled; nothing else holds a connection open. A member that is only slow (it answers a
+//! status request while a call waits) is kept (`timed`).
 //!
 //! TLS is made here, by the connector the channel dials with (rustls and ring, through
 //! tokio-rustls), not by tonic's own TLS: the key and certificates are read again at every
@@ -18,10 +19,12 @@
 //! and a refusal can say that etcd asked for a certificate the client does not have.
 //!
 //! Here: the client, its calls and its failover from one endpoint to the next. `tls`: the TLS
-//! files and the connector; `watch`: the Watch stream and what its answers say.
+//! files and the connector; `watch`: the Watch stream and what its answers say; `timed`: a
+//! call's timeout, and a member busy told from one gone.
 
 mod lease;
 mod refusal;
+mod timed;
 mod tls;
 mod watch;
 
@@ -36,6 +39,7 @@ use tonic::transport::Channel;
 pub use refusal::Refusal;
 use refusal::{compacted, refusal_of, while_busy};
 
+use timed::{busy, Timed};
 use tls::Connector;
 pub use tls::{TlsFiles, TlsRefusal};
 pub use watch::{Event, Seen, Watch};
@@ -616,16 +620,16 @@ impl Etcd {
         for _ in 0..self.endpoints.len() {
             let (at, channel) = self.channel().await?;
             let endpoint = &self.endpoints[at];
-            match tokio::time::timeout(CALL_TIMEOUT, f(channel)).await {
-                Ok(Ok(answer)) => return Ok(answer.into_inner()),
-                Ok(Err(status)) if another_may_answer(&status) => {
+            match self.timed(&channel, f(channel.clone())).await {
+                Timed::Answered(Ok(answer)) => return Ok(answer.into_inner()),
+                Timed::Answered(Err(status)) if another_may_answer(&status) => {
                     let (message, refusal) = said(&status);
                     (last, tls) = (format!("{endpoint}: {message}"), refusal);
                     if sent_and_lost(&status) {
                         *lost = Some(last.clone());
                     }
                 }
-                Ok(Err(status)) => {
+                Timed::Answered(Err(status)) => {
                     if compacted(Some(status.code() as u64), status.message()) {
                         return Err(Error::Compacted(0));
                     }
@@ -636,7 +640,12 @@ impl Etcd {
                         message: status.message().to_owned(),
                     });
                 }
-                Err(_) => {
+                Timed::Busy => {
+                    let busy = busy(endpoint, call);
+                    *lost = Some(busy.to_string());
+                    return Err(busy);
+                }
+                Timed::Gone => {
                     (last, tls) =
                         (format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)), None);
                     *lost = Some(last.clone());
@@ -913,10 +922,19 @@ impl Etcd {
             .collect();
         let message = rpc::TxnRequest { compare, success, failure: Vec::new() };
         let mut lost = None;
+        // The failpoint `etcd-txn-late` holds every transaction 6 s before it is sent, inside its
+        // call timeout: a member that does not answer a call in time while it answers the rest,
+        // for the test that such a member is kept.
+        let late = crate::system::fs::failpoint_named("etcd-txn-late");
         let answer = self
             .call_with("a transaction", &mut lost, |channel| {
                 let request = self.request(message.clone());
-                async move { Self::kv(channel).txn(request).await }
+                async move {
+                    if late {
+                        tokio::time::sleep(Duration::from_secs(6)).await;
+                    }
+                    Self::kv(channel).txn(request).await
+                }
             })
             .await;
         let unknown =

@@ -55,15 +55,16 @@ impl Etcd {
             }
             let requests =
                 futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
-            let opened = tokio::time::timeout(
-                CALL_TIMEOUT,
-                WatchClient::new(channel)
-                    .max_decoding_message_size(ANSWER_LIMIT)
-                    .watch(self.request(requests)),
-            )
-            .await;
+            let opened = self
+                .timed(
+                    &channel,
+                    WatchClient::new(channel.clone())
+                        .max_decoding_message_size(ANSWER_LIMIT)
+                        .watch(self.request(requests)),
+                )
+                .await;
             match opened {
-                Ok(Ok(answers)) => {
+                Timed::Answered(Ok(answers)) => {
                     return Ok(Watch {
                         requests: tx,
                         answers: answers.into_inner(),
@@ -75,11 +76,11 @@ impl Etcd {
                         },
                     });
                 }
-                Ok(Err(status)) if another_may_answer(&status) => {
+                Timed::Answered(Err(status)) if another_may_answer(&status) => {
                     let (message, refusal) = said(&status);
                     (last, tls) = (format!("{endpoint}: {message}"), refusal);
                 }
-                Ok(Err(status)) => {
+                Timed::Answered(Err(status)) => {
                     return Err(Error::Refused {
                         endpoint,
                         call: "a watch",
@@ -87,7 +88,8 @@ impl Etcd {
                         message: status.message().to_owned(),
                     })
                 }
-                Err(_) => {
+                Timed::Busy => return Err(busy(&endpoint, "a watch")),
+                Timed::Gone => {
                     (last, tls) =
                         (format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)), None);
                 }
