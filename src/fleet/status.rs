@@ -262,15 +262,32 @@ pub async fn run(
     }
 }
 
-/// Keeps the node's presence key alive, renewing its lease every third of `ttl`, for ever.
+/// Keeps the node's presence key alive, renewing its lease every third of `ttl`, for ever; a
+/// turn that failed (a renewal refused by a busy etcd, a grant or the key not written) is tried
+/// again after about a second, not a third of the TTL: three renewals missed in a row lose the
+/// lease, and a lost lease costs etcd a revocation, a grant and a write.
 async fn keep_present(etcd: &Etcd, ttl: Duration, node: &str, metrics: &Metrics) {
     let alive = alive_key(node);
-    let mut lease: Option<(i64, bool)> = None;
-    let mut keepalive = tokio::time::interval((ttl / 3).max(Duration::from_secs(1)));
+    let mut presence = Presence::default();
+    let every = (ttl / 3).max(Duration::from_secs(1));
     loop {
-        keepalive.tick().await;
-        lease = keep_presence(etcd, lease, ttl, &alive, node, metrics).await;
+        let kept = keep_presence(etcd, &mut presence, ttl, &alive, node, metrics).await;
+        let next = if kept { every } else { crate::system::jittered(RETRY_PRESENCE).min(every) };
+        tokio::time::sleep(next).await;
     }
+}
+
+/// How soon a presence turn that failed is tried again.
+const RETRY_PRESENCE: Duration = Duration::from_secs(1);
+
+/// The node's presence lease, as the writer holds it.
+#[derive(Default)]
+struct Presence {
+    /// The lease held, and whether the presence key is written with it.
+    lease: Option<(i64, bool)>,
+    /// The id of a lease asked for and not yet known granted: asked for again, the same
+    /// (`Etcd::lease_grant_as`).
+    asking: Option<i64>,
 }
 
 /// Writes the node's status whenever what it says changes, at most once a second, until
@@ -445,51 +462,55 @@ fn encoded(record: Status, was_cut: &mut bool, metrics: &Metrics) -> Option<Vec<
     }
 }
 
-/// Keeps the node's presence: renews `lease` or, when there is none or it expired (cut off for
-/// longer than the TTL), takes a new one; and writes the presence key with it when it is not yet
-/// written. Returns the lease held afterwards, and whether the key is written with it.
+/// Keeps the node's presence: renews its lease or, when there is none or it expired (cut off
+/// for longer than the TTL), takes a new one; and writes the presence key with it when it is
+/// not yet written. Returns whether all of that was done.
 ///
 /// A lease whose key could not be written is kept, renewed and written at the next turn, not
 /// left to expire while another is taken: each lease left so costs etcd a revocation through
-/// its log when it expires, and a busy etcd is when writes fail.
+/// its log when it expires, and a busy etcd is when writes fail. For the same reason a grant
+/// whose answer was lost is asked again under the same id.
 async fn keep_presence(
     etcd: &Etcd,
-    lease: Option<(i64, bool)>,
+    presence: &mut Presence,
     ttl: Duration,
     alive: &str,
     node: &str,
     metrics: &Metrics,
-) -> Option<(i64, bool)> {
-    let mut lease = match lease {
-        Some((id, written)) => match etcd.lease_keepalive(id).await {
-            Ok(true) => Some((id, written)),
+) -> bool {
+    if let Some((id, _)) = presence.lease {
+        match etcd.lease_keepalive(id).await {
+            Ok(true) => {}
             // Expired (cut off for longer than the TTL): a new lease, the key again.
-            Ok(false) => None,
+            Ok(false) => presence.lease = None,
             Err(e) => {
                 events::FleetStatus::LeaseNotRenewed { node, error: &e }.emit(metrics);
-                Some((id, written))
+                return false;
             }
-        },
-        None => None,
-    };
-    if lease.is_none() {
-        lease = match etcd.lease_grant(ttl.as_secs() as i64).await {
-            Ok(id) => Some((id, false)),
-            Err(e) => {
-                events::FleetStatus::LeaseNotTaken { node, error: &e }.emit(metrics);
-                None
-            }
-        };
-    }
-    if let Some((id, false)) = lease {
-        match etcd.put_with_lease(alive, b"1", id).await {
-            Ok(_) => lease = Some((id, true)),
-            // Kept: written at the next turn (a write whose answer was lost may have landed;
-            // writing it again changes nothing).
-            Err(e) => events::FleetStatus::PresenceNotWritten { node, error: &e }.emit(metrics),
         }
     }
-    lease
+    if presence.lease.is_none() {
+        let id = *presence.asking.get_or_insert_with(crate::system::random_id);
+        match etcd.lease_grant_as(id, ttl.as_secs() as i64).await {
+            Ok(id) => (presence.lease, presence.asking) = (Some((id, false)), None),
+            Err(e) => {
+                events::FleetStatus::LeaseNotTaken { node, error: &e }.emit(metrics);
+                return false;
+            }
+        }
+    }
+    if let Some((id, false)) = presence.lease {
+        match etcd.put_with_lease(alive, b"1", id).await {
+            Ok(_) => presence.lease = Some((id, true)),
+            // Kept: written at the next turn (a write whose answer was lost may have landed;
+            // writing it again changes nothing).
+            Err(e) => {
+                events::FleetStatus::PresenceNotWritten { node, error: &e }.emit(metrics);
+                return false;
+            }
+        }
+    }
+    true
 }
 
 #[cfg(test)]

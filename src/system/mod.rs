@@ -118,6 +118,20 @@ pub fn up_to(most: std::time::Duration) -> std::time::Duration {
     most.mul_f64(random())
 }
 
+/// A positive 63-bit number at random, different at each call: an id a client chooses for
+/// etcd (a lease's, so that a grant whose answer was lost can be asked again as the same one).
+pub fn random_id() -> i64 {
+    use std::hash::BuildHasher as _;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.as_nanos());
+    let state = std::collections::hash_map::RandomState::new();
+    let id = state.hash_one((nanos, CALLS.fetch_add(1, Ordering::Relaxed), std::process::id()));
+    // Never 0, which asks etcd to choose.
+    ((id >> 1) as i64).max(1)
+}
+
 /// A number from 0 to 1, at random.
 fn random() -> f64 {
     use std::hash::BuildHasher as _;

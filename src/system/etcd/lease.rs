@@ -1,6 +1,6 @@
 //! Leases: granted, renewed on a keep-alive stream kept between renewals, revoked.
 
-use super::{busy, rpc, Channel, Error, Etcd, LeaseClient, Timed};
+use super::{busy, busy_answer, busy_said, rpc, Channel, Error, Etcd, LeaseClient, Timed};
 use std::sync::atomic::Ordering;
 
 /// A lease's keep-alive stream, kept open from one renewal to the next (`Etcd::lease_keepalive`):
@@ -18,11 +18,13 @@ pub(super) struct KeepAlive {
 
 impl KeepAlive {
     /// One renewal on the stream: the lease's time left, in seconds (0: etcd has no such lease).
-    async fn renew(&mut self, id: i64) -> Result<i64, ()> {
-        self.send.send(rpc::LeaseKeepAliveRequest { id }).await.map_err(|_| ())?;
+    /// Refused: the status etcd ended the stream with, when it gave one.
+    async fn renew(&mut self, id: i64) -> Result<i64, Option<tonic::Status>> {
+        self.send.send(rpc::LeaseKeepAliveRequest { id }).await.map_err(|_| None)?;
         match self.answers.message().await {
             Ok(Some(answer)) if answer.id == id => Ok(answer.ttl),
-            _ => Err(()),
+            Err(status) => Err(Some(status)),
+            _ => Err(None),
         }
     }
 }
@@ -37,6 +39,26 @@ impl Etcd {
             })
             .await?;
         Ok(answer.id)
+    }
+
+    /// Takes a lease of `ttl` seconds with the id `id` (not 0), chosen by the caller and asked
+    /// for again, the same, until it is granted: a grant whose answer was lost (a timeout on a
+    /// busy cluster) may have been made, and asked again it is found there ("lease already
+    /// exists") and taken as granted, where a new id each time would leave every lost one to
+    /// expire in etcd, a revocation through its log each. The id is random over 63 bits
+    /// (`system::random_id`): another client's lease of the same id is not to be expected.
+    pub async fn lease_grant_as(&self, id: i64, ttl: i64) -> Result<i64, Error> {
+        let granted = self
+            .call("a lease grant", |channel| {
+                let request = self.request(rpc::LeaseGrantRequest { ttl, id });
+                async move { LeaseClient::new(channel).lease_grant(request).await }
+            })
+            .await;
+        match granted {
+            Ok(answer) => Ok(answer.id),
+            Err(Error::Refused { why: super::Refusal::AlreadyExists, .. }) => Ok(id),
+            Err(e) => Err(e),
+        }
     }
 
     /// Ends a lease at once: the keys bound to it go now rather than at its TTL.
@@ -60,8 +82,16 @@ impl Etcd {
             let (at, channel) = (k.at, k.channel.clone());
             match self.timed(&channel, k.renew(id)).await {
                 Timed::Answered(Ok(ttl)) => return Ok(ttl > 0),
-                // Ended or refused: a new stream, on the same connection if it still serves.
-                Timed::Answered(Err(())) => {}
+                // Refused as too busy (the leader's apply behind: etcd waits a second for it, then
+                // refuses the renewal and ends the stream): the connection kept, a new stream at
+                // the next renewal.
+                Timed::Answered(Err(Some(status))) if busy_answer(&status) => {
+                    *kept = None;
+                    return Err(busy_said(&self.endpoints[at], "a lease renewal", status.message()));
+                }
+                // Ended or refused otherwise: a new stream, on the same connection if it still
+                // serves.
+                Timed::Answered(Err(_)) => {}
                 // No answer in the call timeout, from a member that answers otherwise: kept, the
                 // stream closed (its late answer would be read as the next renewal's) and opened
                 // again at the next renewal.

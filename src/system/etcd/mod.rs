@@ -37,9 +37,9 @@ use tonic::codegen::http;
 use tonic::transport::Channel;
 
 pub use refusal::Refusal;
-use refusal::{compacted, refusal_of, while_busy};
+use refusal::{busy_answer, compacted, refusal_of, while_busy};
 
-use timed::{busy, Timed};
+use timed::{busy, busy_said, Timed};
 use tls::Connector;
 pub use tls::{TlsFiles, TlsRefusal};
 pub use watch::{Event, Seen, Watch};
@@ -622,6 +622,11 @@ impl Etcd {
             let endpoint = &self.endpoints[at];
             match self.timed(&channel, f(channel.clone())).await {
                 Timed::Answered(Ok(answer)) => return Ok(answer.into_inner()),
+                Timed::Answered(Err(status)) if busy_answer(&status) => {
+                    let busy = busy_said(endpoint, call, status.message());
+                    *lost = Some(busy.to_string());
+                    return Err(busy);
+                }
                 Timed::Answered(Err(status)) if another_may_answer(&status) => {
                     let (message, refusal) = said(&status);
                     (last, tls) = (format!("{endpoint}: {message}"), refusal);

@@ -13,7 +13,7 @@ pub enum Refusal {
     InvalidToken,
     /// gRPC 7, PermissionDenied: the user's roles do not allow the call.
     PermissionDenied,
-    /// gRPC 9, FailedPrecondition, for a role or user that is already there.
+    /// gRPC 9, FailedPrecondition, for a role, a user or a lease that is already there.
     AlreadyExists,
     /// gRPC 3, InvalidArgument: a request over one of etcd's limits (`--max-txn-ops`,
     /// `--max-request-bytes`), or one it cannot take as written.
@@ -38,6 +38,10 @@ pub enum Refusal {
 /// does.
 const ALREADY_EXISTS: &str = "name already exists";
 
+/// etcd's words for a lease granted with an id it already has ("etcdserver: lease already
+/// exists"), code 9 too.
+const LEASE_EXISTS: &str = "lease already exists";
+
 /// etcd's words for a revision compacted away ("etcdserver: mvcc: required revision has been
 /// compacted"). Its code, 11 (OutOfRange), also means a revision in the future.
 const COMPACTED: &str = "required revision has been compacted";
@@ -50,13 +54,37 @@ const TOO_MANY_REQUESTS: &str = "too many requests";
 /// future revision"), code 11 as well.
 const FUTURE: &str = "required revision is a future revision";
 
+/// etcd's words for a request its member took and could not finish in its own time ("etcdserver:
+/// request timed out", "..., waiting for the applied index took too long", "..., possibly due to
+/// previous leader failure", "..., leader transfer took too long"), code 14 (Unavailable), which
+/// also means a member stopping or without a leader.
+const TIMED_OUT: &str = "etcdserver: request timed out";
+
+/// The one of them that says the member lost its leader's connection: another member may be on
+/// the right side of it.
+const CONNECTION_LOST: &str = "connection lost";
+
+/// Whether `status` is a live member's word that the cluster is too busy for the request now: a
+/// request etcd timed out itself (its apply behind its log; a lease renewal waits at most a
+/// second for the leader's apply, and is refused so when a fleet's load holds it back). Every
+/// member of the cluster would say the same, so the client keeps the one it has
+/// (docs/decisions.md, "A busy member is kept, a silent one left"); before, this was read as a
+/// member gone, and each renewal refused so dropped the node's connection and its watch.
+pub(super) fn busy_answer(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unavailable
+        && status.message().starts_with(TIMED_OUT)
+        && !status.message().contains(CONNECTION_LOST)
+}
+
 impl Refusal {
     /// The refusal that etcd's gRPC `code` and `message` say.
     pub(super) fn of(code: Option<u64>, message: &str) -> Self {
         match code {
             Some(16) => Refusal::InvalidToken,
             Some(7) => Refusal::PermissionDenied,
-            Some(9) if message.ends_with(ALREADY_EXISTS) => Refusal::AlreadyExists,
+            Some(9) if message.ends_with(ALREADY_EXISTS) || message.ends_with(LEASE_EXISTS) => {
+                Refusal::AlreadyExists
+            }
             Some(3) => Refusal::OverLimit,
             Some(8) if message.ends_with(TOO_MANY_REQUESTS) => Refusal::Busy,
             Some(8) => Refusal::NoSpace,

@@ -36,8 +36,28 @@ fn a_refusal_is_read_by_its_grpc_code() {
     assert_eq!(Refusal::of_status(status), Refusal::PermissionDenied);
     assert_eq!(Refusal::of_status("no reason given"), Refusal::Other(None));
 
+    let lease = read(Code::FailedPrecondition, "etcdserver: lease already exists");
+    assert_eq!(lease, (Refusal::AlreadyExists, false), "a grant asked again under its id");
+
     // A member going away, stopping or without a leader: another endpoint is tried.
     assert!(another_may_answer(&Status::unavailable("etcdserver: no leader")));
+    // A live member's own timeout: busy, kept; unless it lost its leader's connection.
+    let busy = |code: Code, m: &str| refusal::busy_answer(&Status::new(code, m));
+    assert!(busy(
+        Code::Unavailable,
+        "etcdserver: request timed out, waiting for the applied index took too long"
+    ));
+    assert!(busy(Code::Unavailable, "etcdserver: request timed out"));
+    assert!(busy(
+        Code::Unavailable,
+        "etcdserver: request timed out, possibly due to previous leader failure"
+    ));
+    assert!(!busy(Code::Unavailable, "etcdserver: request timed out, possibly due to connection lost"));
+    assert!(!busy(Code::Unavailable, "etcdserver: no leader"));
+    assert!(
+        !busy(Code::DeadlineExceeded, "etcdserver: request timed out"),
+        "etcd's code, or not etcd's words"
+    );
     assert!(!another_may_answer(&Status::permission_denied("etcdserver: permission denied")));
 }
 
@@ -157,4 +177,11 @@ async fn a_busy_refusal_is_asked_again_for_an_operator_only() {
     })
     .await;
     assert!(matches!(answer, Err(Error::Compacted(3))) && asked == 1);
+}
+
+#[test]
+fn a_chosen_lease_id_is_positive_and_new_each_time() {
+    let ids: std::collections::BTreeSet<i64> = (0..10_000).map(|_| crate::system::random_id()).collect();
+    assert_eq!(ids.len(), 10_000, "no id twice");
+    assert!(ids.iter().all(|id| *id > 0), "0 asks etcd to choose; a negative id is refused");
 }

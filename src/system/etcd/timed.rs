@@ -76,3 +76,15 @@ pub(super) fn busy(endpoint: &str, call: &str) -> Error {
         tls: None,
     }
 }
+
+/// The error of a call to `endpoint` that its member timed out itself, saying `message`
+/// (`refusal::busy_answer`): the connection is kept.
+pub(super) fn busy_said(endpoint: &str, call: &str, message: &str) -> Error {
+    Error::Unreachable {
+        endpoints: endpoint.to_owned(),
+        message: format!(
+            "{call} not done in etcd's own time ({message}): busy, not gone; the connection to it is kept"
+        ),
+        tls: None,
+    }
+}

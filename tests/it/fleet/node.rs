@@ -647,6 +647,29 @@ fn a_status_write_that_lands_late_does_not_overwrite_a_newer_one() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "latest");
 }
 
+/// A presence lease asked for again under the id of a grant whose answer was lost is the one
+/// etcd granted then, not a second one left to expire (docs/decisions.md, "A busy member is
+/// kept, a silent one left"): the first grant stands for the one whose answer was lost; asked
+/// again, the same id is answered as granted, and etcd holds one lease. With etcd's "lease
+/// already exists" read as a refusal, the second ask fails: this fails.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_lease_asked_for_again_under_its_id_is_the_one_granted() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let id = mesh_host::system::random_id();
+    rt.block_on(async {
+        let client = mesh_host::system::Etcd::new(&url, &Default::default()).unwrap();
+        assert_eq!(client.lease_grant_as(id, 30).await.unwrap(), id, "granted as asked");
+        assert_eq!(client.lease_grant_as(id, 30).await.unwrap(), id, "asked again: the same lease");
+    });
+    let out = etcdctl(&url, &["lease", "list"]);
+    let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(listed.contains("found 1 leases") && listed.contains(&format!("{id:x}")), "{listed}");
+}
+
 /// etcd's own count of the LeaseKeepAlive streams started, or of the messages it received on
 /// them (`grpc_server_started_total`, `grpc_server_msg_received_total` on its /metrics).
 fn lease_keepalive_count(url: &str, metric: &str) -> u64 {
