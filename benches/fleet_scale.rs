@@ -191,6 +191,11 @@ impl Pulse {
                         .iter()
                         .map(|m| format!("{m} {:.0}", delta(m) / secs))
                         .collect();
+                let moves = mesh_host::system::etcd_counts();
+                eprintln!(
+                    "fleet_scale: pulse clients: members left silent {}, left on a refusal {}, kept busy {}; last refusal: {}",
+                    moves.left_silent, moves.left_refused, moves.kept_busy, moves.last_refusal
+                );
                 eprintln!(
                     "fleet_scale: pulse +{:.0}s load {:.1}: cpu {} %; apply lag {lag:.0}, pending {:.0}; leader changes {:.0}; read index slow {:.0} failed {:.0}; started/s {}",
                     start.elapsed().as_secs_f64(),

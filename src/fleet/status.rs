@@ -270,15 +270,37 @@ async fn keep_present(etcd: &Etcd, ttl: Duration, node: &str, metrics: &Metrics)
     let alive = alive_key(node);
     let mut presence = Presence::default();
     let every = (ttl / 3).max(Duration::from_secs(1));
+    let mut failed = 0;
     loop {
         let kept = keep_presence(etcd, &mut presence, ttl, &alive, node, metrics).await;
-        let next = if kept { every } else { crate::system::jittered(RETRY_PRESENCE).min(every) };
-        tokio::time::sleep(next).await;
+        failed = if kept { 0 } else { failed + 1 };
+        tokio::time::sleep(presence_pause(every, failed)).await;
     }
 }
 
-/// How soon a presence turn that failed is tried again.
+/// How soon a presence turn that failed is tried again, the first time: doubled at each failure
+/// in a row, up to the renewal's own period, and spread at random, so that a fleet that failed
+/// together on a busy etcd neither waits out its lease nor asks again all at once.
 const RETRY_PRESENCE: Duration = Duration::from_secs(1);
+
+/// The pause before the next presence turn, after `failed` turns failed in a row.
+fn presence_pause(every: Duration, failed: u32) -> Duration {
+    match failed {
+        0 => every,
+        n => crate::system::jittered(RETRY_PRESENCE.saturating_mul(1 << (n - 1).min(8))).min(every),
+    }
+}
+
+/// The pause after a status write: `WRITE_EVERY` after one that was answered, doubled after
+/// each that failed in a row up to `BACKOFF_CAP`; with a quarter more at random, so that nodes
+/// that failed together do not try again together.
+fn write_pause(failed: u32) -> Duration {
+    let base = WRITE_EVERY.saturating_mul(1 << failed.min(8)).min(BACKOFF_CAP);
+    base + crate::system::up_to(base / 4)
+}
+
+/// The longest pause between two status writes that failed.
+const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
 /// The node's presence lease, as the writer holds it.
 #[derive(Default)]
@@ -309,6 +331,8 @@ async fn write_statuses(
     let status = status_key(node);
     // Whether the last status written was cut: said once, when it starts.
     let mut was_cut = false;
+    // Status writes failed in a row, for the pause after the next.
+    let mut failed = 0;
     // The status key's revision as this writer last wrote or read it (`write_over`).
     let mut known: Option<i64> = None;
     // Written once at least even when nothing changed: a node that restarts says so.
@@ -354,22 +378,24 @@ async fn write_statuses(
                 }
                 match write_over(etcd, &status, bytes, &mut known).await {
                     Ok(true) => {
+                        failed = 0;
                         contact.send_modify(super::confirm::Contact::answered);
                         acked.send_replace(said);
                     }
                     // Another write landed over the one this writer knew: written again.
                     Ok(false) => applied.mark_changed(),
                     Err(e) => {
+                        failed += 1;
                         events::FleetStatus::NotWritten { node, error: &e }.emit(metrics);
                         contact.send_modify(|c| c.failed(e.to_string()));
                         // Written again when etcd answers: the latest is still there to take.
                         applied.mark_changed();
                     }
                 }
-                // The rate limit: whatever changes meanwhile waits in the channel, merged;
-                // a little more at random, so that nodes that failed together do not try again
-                // together.
-                let pause = WRITE_EVERY + crate::system::up_to(WRITE_EVERY / 4);
+                // The rate limit: whatever changes meanwhile waits in the channel, merged; longer
+                // after writes that failed, so that a fleet does not ask a busy etcd again every
+                // second.
+                let pause = write_pause(failed);
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(pause) => {}
@@ -516,6 +542,27 @@ async fn keep_presence(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_write_or_presence_waits_longer_each_time_up_to_a_cap() {
+        let second = Duration::from_secs(1);
+        // A write answered: a second and up to a quarter more; then doubling, to 10 s.
+        for (failed, least) in [(0, 1), (1, 2), (2, 4), (3, 8), (4, 10), (40, 10)] {
+            let pause = write_pause(failed);
+            let least = second * least;
+            assert!(pause >= least && pause <= least + least / 4, "{failed} failed: {pause:?}");
+        }
+        // A presence kept: its period; failed, a second (spread a fifth), doubling, never over
+        // the period.
+        let every = Duration::from_secs(10);
+        assert_eq!(presence_pause(every, 0), every);
+        for (failed, about) in [(1, 1.0), (2, 2.0), (3, 4.0)] {
+            let pause = presence_pause(every, failed).as_secs_f64();
+            assert!((about * 0.8..=about * 1.2).contains(&pause), "{failed} failed: {pause}");
+        }
+        assert_eq!(presence_pause(every, 5), every, "capped at the period");
+        assert_eq!(presence_pause(every, 400), every, "no overflow");
+    }
 
     #[test]
     fn the_revision_applied_is_read_from_the_cache_file_names() {

@@ -1,6 +1,6 @@
 //! Leases: granted, renewed on a keep-alive stream kept between renewals, revoked.
 
-use super::{busy, busy_answer, busy_said, rpc, Channel, Error, Etcd, LeaseClient, Timed};
+use super::{busy, busy_answer, busy_said, count, rpc, Channel, Error, Etcd, LeaseClient, Left, Timed};
 use std::sync::atomic::Ordering;
 
 /// A lease's keep-alive stream, kept open from one renewal to the next (`Etcd::lease_keepalive`):
@@ -86,6 +86,7 @@ impl Etcd {
                 // refuses the renewal and ends the stream): the connection kept, a new stream at
                 // the next renewal.
                 Timed::Answered(Err(Some(status))) if busy_answer(&status) => {
+                    count(Left::Busy);
                     *kept = None;
                     return Err(busy_said(&self.endpoints[at], "a lease renewal", status.message()));
                 }
@@ -96,12 +97,16 @@ impl Etcd {
                 // stream closed (its late answer would be read as the next renewal's) and opened
                 // again at the next renewal.
                 Timed::Busy => {
+                    count(Left::Busy);
                     *kept = None;
                     return Err(busy(&self.endpoints[at], "a lease renewal"));
                 }
                 // Gone: left at once, as a call that timed out, so that a member stopped under a
                 // node costs one timeout, not two (the presence lease lasts two of them).
-                Timed::Gone => self.failed(at).await,
+                Timed::Gone => {
+                    count(Left::Silent);
+                    self.failed(at).await;
+                }
             }
         }
         *kept = None;

@@ -78,6 +78,7 @@ impl Etcd {
                 }
                 Timed::Answered(Err(status)) if another_may_answer(&status) => {
                     let (message, refusal) = said(&status);
+                    count(Left::Refused(&message));
                     (last, tls) = (format!("{endpoint}: {message}"), refusal);
                 }
                 Timed::Answered(Err(status)) => {
@@ -88,8 +89,12 @@ impl Etcd {
                         message: status.message().to_owned(),
                     })
                 }
-                Timed::Busy => return Err(busy(&endpoint, "a watch")),
+                Timed::Busy => {
+                    count(Left::Busy);
+                    return Err(busy(&endpoint, "a watch"));
+                }
                 Timed::Gone => {
+                    count(Left::Silent);
                     (last, tls) =
                         (format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)), None);
                 }
