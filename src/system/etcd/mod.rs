@@ -28,7 +28,7 @@ mod timed;
 mod tls;
 mod watch;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +39,8 @@ use tonic::transport::Channel;
 pub use refusal::Refusal;
 use refusal::{busy_answer, compacted, refusal_of, while_busy};
 
-use timed::{busy, busy_said, Timed};
+use timed::{busy, busy_said, count, Left, Timed};
+pub use timed::{counts, Counts};
 use tls::Connector;
 pub use tls::{TlsFiles, TlsRefusal};
 pub use watch::{Event, Seen, Watch};
@@ -92,55 +93,6 @@ const ANSWER_LIMIT: usize = 512 << 20;
 
 /// The largest certificate file read: a CA bundle of a few hundred certificates fits.
 const PEM_LIMIT: u64 = 1 << 20;
-
-/// What the clients of this process did when a member did not serve a call, counted for the
-/// hollow-node bench (`benches/fleet_scale.rs`), which runs thousands of clients in one process
-/// and reads them as it goes (`counts`).
-static LEFT_SILENT: AtomicU64 = AtomicU64::new(0);
-static LEFT_REFUSED: AtomicU64 = AtomicU64::new(0);
-static KEPT_BUSY: AtomicU64 = AtomicU64::new(0);
-static LAST_REFUSAL: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
-
-/// The counts of `counts`.
-#[derive(Clone, Debug, Default)]
-pub struct Counts {
-    /// Members left for saying nothing in a call's time, not even to a status request.
-    pub left_silent: u64,
-    /// Members left for a refusal that another member may not make (gone, stopping, no leader).
-    pub left_refused: u64,
-    /// Members kept though a call was not done in time: busy (`timed`, `busy_answer`).
-    pub kept_busy: u64,
-    /// The last such refusal, as etcd or the transport said it.
-    pub last_refusal: String,
-}
-
-/// What this process's clients did with members that did not serve a call, so far.
-pub fn counts() -> Counts {
-    Counts {
-        left_silent: LEFT_SILENT.load(Ordering::Relaxed),
-        left_refused: LEFT_REFUSED.load(Ordering::Relaxed),
-        kept_busy: KEPT_BUSY.load(Ordering::Relaxed),
-        last_refusal: LAST_REFUSAL.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-    }
-}
-
-/// Why a member was left, or kept (`counts`).
-enum Left<'a> {
-    Silent,
-    Refused(&'a str),
-    Busy,
-}
-
-fn count(left: Left<'_>) {
-    match left {
-        Left::Silent => LEFT_SILENT.fetch_add(1, Ordering::Relaxed),
-        Left::Refused(said) => {
-            *LAST_REFUSAL.lock().unwrap_or_else(|e| e.into_inner()) = said.to_owned();
-            LEFT_REFUSED.fetch_add(1, Ordering::Relaxed)
-        }
-        Left::Busy => KEPT_BUSY.fetch_add(1, Ordering::Relaxed),
-    };
-}
 
 /// Why etcd could not be read or written.
 #[derive(Debug, thiserror::Error)]
