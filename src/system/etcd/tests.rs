@@ -185,3 +185,39 @@ fn a_chosen_lease_id_is_positive_and_new_each_time() {
     assert_eq!(ids.len(), 10_000, "no id twice");
     assert!(ids.iter().all(|id| *id > 0), "0 asks etcd to choose; a negative id is refused");
 }
+
+/// A call judged by its timeout (`Etcd::timed`) against a "member" that takes the connection
+/// and never answers (a listener that accepts and reads nothing, as a frozen process's kernel
+/// does): left at the deadline when this process kept its time; kept when the process's one
+/// thread was held past the deadline (another task's blocking work), since a status request
+/// not answered then says nothing of the member. Without the `LATE` rule both are left: the
+/// second assertion fails.
+#[test]
+fn a_silent_member_is_left_unless_this_process_woke_too_late_to_judge_it() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    // Accepted and held, never read: the kernel completes the handshake, nothing answers.
+    let held = std::thread::spawn(move || listener.incoming().take(4).flatten().collect::<Vec<_>>());
+    let judge = |hog: bool| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let etcd = Etcd::new(&url, &TlsFiles::default()).unwrap();
+            let channel = tonic::transport::Endpoint::from_shared(url.clone()).unwrap().connect_lazy();
+            if hog {
+                // The one thread held from 4.5 s to 6.5 s into the call: every timer wakes late.
+                tokio::spawn(async {
+                    tokio::time::sleep(Duration::from_millis(4500)).await;
+                    std::thread::sleep(Duration::from_secs(2));
+                });
+            }
+            match etcd.timed(&channel, std::future::pending::<()>()).await {
+                Timed::Answered(()) => "answered",
+                Timed::Busy => "kept",
+                Timed::Gone => "left",
+            }
+        })
+    };
+    assert_eq!(judge(false), "left", "silent, and judged in time");
+    assert_eq!(judge(true), "kept", "silent, but this process woke too late to say so");
+    drop(held);
+}

@@ -31,29 +31,55 @@ impl Etcd {
         if let Ok(answer) = tokio::time::timeout(CALL_TIMEOUT - PROBE_TIMEOUT, &mut call).await {
             return Timed::Answered(answer);
         }
-        let answers = tokio::select! {
+        let probe = tokio::select! {
             answer = &mut call => return Timed::Answered(answer),
-            answers = self.still_answers(channel.clone()) => answers,
+            probe = self.still_answers(channel.clone()) => probe,
         };
+        // Woken well past the deadline: this process's own timers ran late (its threads busy
+        // with other work), so a status request not answered in time says nothing of the
+        // member. Kept; a connection truly dead is found by HTTP/2's keep-alive (`KEEPALIVE`).
+        let late = tokio::time::Instant::now().saturating_duration_since(deadline) > LATE;
         match tokio::time::timeout_at(deadline, call).await {
             Ok(answer) => Timed::Answered(answer),
-            Err(_) if answers => Timed::Busy,
-            Err(_) => Timed::Gone,
+            Err(_) => match probe {
+                Probe::Answers => Timed::Busy,
+                Probe::Silent if late => {
+                    KEPT_LATE.fetch_add(1, Ordering::Relaxed);
+                    Timed::Busy
+                }
+                Probe::Silent | Probe::Unusable => Timed::Gone,
+            },
         }
     }
 
-    /// Whether the member at the other end of `channel` answers a status request within
-    /// `PROBE_TIMEOUT`, and knows a leader.
-    async fn still_answers(&self, channel: Channel) -> bool {
+    /// What the member at the other end of `channel` says to a status request within
+    /// `PROBE_TIMEOUT`.
+    async fn still_answers(&self, channel: Channel) -> Probe {
         let request = self.request(rpc::StatusRequest {});
         match tokio::time::timeout(PROBE_TIMEOUT, MaintenanceClient::new(channel).status(request)).await {
-            Ok(Ok(status)) => status.into_inner().leader != 0,
+            Ok(Ok(status)) if status.get_ref().leader != 0 => Probe::Answers,
+            // Answered, knowing no leader: nothing it serves.
+            Ok(Ok(_)) => Probe::Unusable,
             // Refused (for a token, say): an answer all the same.
-            Ok(Err(status)) => !another_may_answer(&status),
-            Err(_) => false,
+            Ok(Err(status)) if !another_may_answer(&status) => Probe::Answers,
+            Ok(Err(_)) => Probe::Unusable,
+            Err(_) => Probe::Silent,
         }
     }
 }
+
+/// What a member said to a status request while a call waited on it (`Etcd::still_answers`).
+enum Probe {
+    /// Answered, knowing a leader: busy.
+    Answers,
+    /// Answered that it cannot serve (no leader, stopping): left.
+    Unusable,
+    /// Nothing in time.
+    Silent,
+}
+
+/// How far past a call's deadline this process may wake and still judge a member silent.
+const LATE: Duration = Duration::from_millis(250);
 
 /// How a call ended, given the call timeout (`Etcd::timed`).
 pub(super) enum Timed<T> {
@@ -96,6 +122,7 @@ pub(super) fn busy_said(endpoint: &str, call: &str, message: &str) -> Error {
 static LEFT_SILENT: AtomicU64 = AtomicU64::new(0);
 static LEFT_REFUSED: AtomicU64 = AtomicU64::new(0);
 static KEPT_BUSY: AtomicU64 = AtomicU64::new(0);
+static KEPT_LATE: AtomicU64 = AtomicU64::new(0);
 static LAST_REFUSAL: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
 
 /// The counts of `counts`.
@@ -107,6 +134,8 @@ pub struct Counts {
     pub left_refused: u64,
     /// Members kept though a call was not done in time: busy (`timed`, `busy_answer`).
     pub kept_busy: u64,
+    /// Of those, members kept only because this process woke too late to judge them (`LATE`).
+    pub kept_late: u64,
     /// The last such refusal, as etcd or the transport said it.
     pub last_refusal: String,
 }
@@ -117,6 +146,7 @@ pub fn counts() -> Counts {
         left_silent: LEFT_SILENT.load(Ordering::Relaxed),
         left_refused: LEFT_REFUSED.load(Ordering::Relaxed),
         kept_busy: KEPT_BUSY.load(Ordering::Relaxed),
+        kept_late: KEPT_LATE.load(Ordering::Relaxed),
         last_refusal: LAST_REFUSAL.lock().unwrap_or_else(|e| e.into_inner()).clone(),
     }
 }
