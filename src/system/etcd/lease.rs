@@ -97,16 +97,12 @@ impl Etcd {
                 // stream closed (its late answer would be read as the next renewal's) and opened
                 // again at the next renewal.
                 Timed::Busy => {
-                    count(Left::Busy);
                     *kept = None;
                     return Err(busy(&self.endpoints[at], "a lease renewal"));
                 }
                 // Gone: left at once, as a call that timed out, so that a member stopped under a
                 // node costs one timeout, not two (the presence lease lasts two of them).
-                Timed::Gone => {
-                    count(Left::Silent);
-                    self.failed(at).await;
-                }
+                Timed::Gone => self.failed(at).await,
             }
         }
         *kept = None;

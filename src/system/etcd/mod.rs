@@ -649,13 +649,11 @@ impl Etcd {
                     });
                 }
                 Timed::Busy => {
-                    count(Left::Busy);
                     let busy = busy(endpoint, call);
                     *lost = Some(busy.to_string());
                     return Err(busy);
                 }
                 Timed::Gone => {
-                    count(Left::Silent);
                     (last, tls) =
                         (format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)), None);
                     *lost = Some(last.clone());

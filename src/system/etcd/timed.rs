@@ -20,7 +20,7 @@ impl Etcd {
     /// busy cluster are as slow and leaving costs a new connection, watch and lease stream: more
     /// load on all of them (issue 43: at 5,000 nodes, a storm of reconnects that kept the
     /// members busy). A member frozen, cut off, or without a leader is `Gone` at the same call
-    /// timeout as before, and left.
+    /// timeout as before, and left. Each judgement is counted here (`counts`).
     pub(super) async fn timed<T>(
         &self,
         channel: &Channel,
@@ -39,8 +39,8 @@ impl Etcd {
         // with other work), so a status request not answered in time says nothing of the
         // member. Kept; a connection truly dead is found by HTTP/2's keep-alive (`KEEPALIVE`).
         let late = tokio::time::Instant::now().saturating_duration_since(deadline) > LATE;
-        match tokio::time::timeout_at(deadline, call).await {
-            Ok(answer) => Timed::Answered(answer),
+        let judged = match tokio::time::timeout_at(deadline, call).await {
+            Ok(answer) => return Timed::Answered(answer),
             Err(_) => match probe {
                 Probe::Answers => Timed::Busy,
                 Probe::Silent if late => {
@@ -49,7 +49,9 @@ impl Etcd {
                 }
                 Probe::Silent | Probe::Unusable => Timed::Gone,
             },
-        }
+        };
+        count(if matches!(judged, Timed::Busy) { Left::Busy } else { Left::Silent });
+        judged
     }
 
     /// What the member at the other end of `channel` says to a status request within

@@ -89,12 +89,8 @@ impl Etcd {
                         message: status.message().to_owned(),
                     })
                 }
-                Timed::Busy => {
-                    count(Left::Busy);
-                    return Err(busy(&endpoint, "a watch"));
-                }
+                Timed::Busy => return Err(busy(&endpoint, "a watch")),
                 Timed::Gone => {
-                    count(Left::Silent);
                     (last, tls) =
                         (format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)), None);
                 }
