@@ -349,9 +349,39 @@ fn put(binary: &Path, work: &Path, endpoints: &str, indent: usize) -> i64 {
         .arg(&dir)
         .output()
         .unwrap();
+    if out.status.code() == Some(3) {
+        // Sent, its answer lost (etcd busy past the operator's timeout): read back, as the
+        // command says to, and go on when the declaration landed.
+        eprintln!("fleet put: outcome unknown, read back: {}", String::from_utf8_lossy(&out.stderr).trim());
+        let text = std::fs::read(dir.join("base.json")).unwrap();
+        return landed(endpoints, "/mesh-host/fleet/declaration/base.json", &text)
+            .unwrap_or_else(|| panic!("fleet put: outcome unknown, and etcd does not hold it 60 s later"));
+    }
     assert!(out.status.success(), "fleet put: {}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8_lossy(&out.stdout);
     stdout.split("at revision ").nth(1).and_then(|r| r.split(':').next()).unwrap().parse().unwrap()
+}
+
+/// The revision `key` was last written at, once etcd holds `value` there (up to 60 s).
+fn landed(endpoints: &str, key: &str, value: &[u8]) -> Option<i64> {
+    use base64::Engine as _;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", endpoints, "--command-timeout", "30s", "get", key, "-w", "json"])
+            .output()
+            .unwrap();
+        let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let kv = &got["kvs"][0];
+        let held =
+            kv["value"].as_str().and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok());
+        if held.as_deref() == Some(value) {
+            return kv["mod_revision"].as_i64();
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    None
 }
 
 /// Every status etcd delivers on the node keys, stamped as it came.

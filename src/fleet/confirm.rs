@@ -1,7 +1,7 @@
 //! Confirm or go back (issue 25, point 3): a node that applied a new generation read from etcd
 //! proves, within the confirmation window (`run --confirm-window`, 60 s by default), that it can
 //! still reach etcd: it drops its connection, dials afresh (the endpoint's name resolved again,
-//! the TLS files read again) and has its status at the new revision written and acknowledged.
+//! the TLS files read again) and has etcd answer a linearizable read of its own status key.
 //! If etcd answered before the change and that round trip does not come within the window, the
 //! node goes back to the generation it had before by itself, by the same hold `mesh-host
 //! rollback` writes (`hold.json`, with a reason and `reverted` set), which the controller, who
@@ -20,7 +20,9 @@
 //! restart (`pending`).
 //!
 //! The decision is `Window`, pure (its clock is given); `run` is the task around it, started by
-//! `daemon` beside the status writer, which does the round trip when asked (`Ack`).
+//! `daemon` beside the status writer, which makes the round trip itself (`Trip`) and says what it
+//! decided in `confirmed`. The status writer waits a moment for it after a new generation's pass
+//! (`status::CONFIRM_WAIT`), so that one write carries the generation and its confirmation.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,15 +105,15 @@ impl Contact {
     }
 }
 
-/// A status the status writer had acknowledged by etcd: what it said, and the latest ask it was
-/// written after (`asked`; the write began after the ask, so after the connection was dropped).
+/// A round trip etcd answered: the window's ask it was made for (`asked`; made after that
+/// ask's new connection), and the generation and revision that window was opened for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ack {
-    /// The latest ask (`Window`'s count) seen before the write began.
+    /// The ask (`Window`'s count) the round trip was made for.
     pub asked: u64,
-    /// The generation the status said.
+    /// The generation the round trip confirms.
     pub generation: Option<u64>,
-    /// The revision the status said.
+    /// The revision the round trip confirms.
     pub revision: Option<i64>,
 }
 
@@ -149,7 +151,7 @@ pub struct Pending {
     pub revision: i64,
     /// When the window closes.
     pub deadline: Instant,
-    /// The ask the status writer is to answer after: an ack from before it proves nothing.
+    /// The round trip's ask: an ack made for an earlier one proves nothing.
     pub asked: u64,
     /// The rollout whose candidate the generation is, if any: its window ends with the
     /// node's admission (abort) or with the candidate made the scope's declaration (promote).
@@ -161,7 +163,7 @@ pub struct Pending {
 pub enum Step {
     /// Nothing to say.
     Nothing,
-    /// A window opened: drop the connection and ask the status writer for a round trip.
+    /// A window opened: drop the connection and make a round trip on a new one.
     Armed(Pending),
     /// A new generation applied without a window, and why.
     NotArmed {
@@ -324,13 +326,19 @@ impl Window {
         })
     }
 
-    /// A status acknowledged by etcd: the open window is confirmed (and closed) when it says
-    /// the new generation at its revision and was written after the window's ask.
+    /// A round trip etcd answered: the open window is confirmed (and closed) when it was made
+    /// for the window's ask, its generation and its revision.
     pub fn acked(&mut self, ack: Ack) -> Option<Pending> {
         let p = self.pending.as_ref()?;
         let confirms =
             ack.asked >= p.asked && ack.generation == Some(p.generation) && ack.revision == Some(p.revision);
         confirms.then(|| self.pending.take()).flatten()
+    }
+
+    /// Whether the open window is the one opened by ask `asked` (a round trip for an earlier
+    /// one, closed or replaced since, is not made).
+    pub fn waits_for(&self, asked: u64) -> bool {
+        self.pending.as_ref().is_some_and(|p| p.asked == asked)
     }
 
     /// The open window, taken, when it has closed unconfirmed at `now`: the node goes back. A
@@ -466,16 +474,12 @@ pub struct Channels {
     pub applied: watch::Receiver<Applied>,
     /// What the source and the status writer found of etcd.
     pub contact: watch::Receiver<Contact>,
-    /// The statuses etcd acknowledged.
-    pub acked: watch::Receiver<Ack>,
-    /// Asks the status writer for a round trip.
-    pub ask: watch::Sender<u64>,
     /// The latest generation the node will not go back from by itself.
     pub confirmed: watch::Sender<Option<u64>>,
 }
 
 /// Follows what the controller applied until `shutdown`: opens a window for each new
-/// generation, has it confirmed by the status writer (`ask`, `acked`), and goes back when it
+/// generation, confirms it by a round trip on a new connection (`Trip`), and goes back when it
 /// closes unconfirmed. Says in `confirmed` the latest generation the node will not go back from
 /// by itself (the status carries it: `status::Summary::confirmed`): the one in force at the
 /// start, then each one confirmed, or not armed, or whose window closed otherwise (a hold, an
@@ -492,12 +496,38 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let Confirm { window: length, generations, file, signed, .. } = confirm;
-    let Channels { mut applied, mut contact, mut acked, ask, confirmed } = channels;
+    let Channels { mut applied, mut contact, confirmed } = channels;
     let node = node.as_str();
+    let status = super::status::status_key(node);
+    // The round trip the open window waits for, being made, if any: a future of its own, so
+    // that a read etcd does not answer never keeps the window from closing at its deadline.
+    let mut making: Option<Making> = None;
+    // Why its last try failed, for the hold's reason.
+    let mut trip_error: Option<String> = None;
     loop {
         let deadline = window.deadline();
         tokio::select! {
             _ = shutdown.cancelled() => return,
+            (t, made) = async { making.as_mut().expect("guarded").await }, if making.is_some() => {
+                making = None;
+                if !window.waits_for(t.asked) {
+                    continue;
+                }
+                match made {
+                    Ok(ack) => {
+                        if let Some(p) = window.acked(ack) {
+                            events::FleetConfirm::Confirmed { node, generation: p.generation, revision: p.revision }
+                                .emit(&metrics);
+                            settle(&file, p.revision).await;
+                            confirmed.send_replace(Some(p.generation));
+                        }
+                    }
+                    Err(()) => {
+                        trip_error.clone_from(&t.error);
+                        making = Some(attempt(t, &etcd, &status));
+                    }
+                }
+            }
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                 let Some(p) = window.expired(Instant::now()) else { continue };
                 if let Some(error) = below_floor(signed, &p) {
@@ -506,7 +536,9 @@ pub async fn run(
                     confirmed.send_replace(Some(p.generation));
                     continue;
                 }
-                let error = contact.borrow().error.clone();
+                // The round trip's own error first: the source's last call may have been answered.
+                making = None;
+                let error = trip_error.take().or_else(|| contact.borrow().error.clone());
                 go_back(&generations, &file, node, &p, reason(&p, length, error.as_deref()), &metrics).await;
             }
             changed = contact.changed() => {
@@ -528,41 +560,110 @@ pub async fn run(
                 let seen = Seen::of(&applied.borrow_and_update());
                 let now = contact.borrow().clone();
                 let step = window.applied(seen, &now, Instant::now());
-                act(step, &window, &etcd, node, &file, length, &ask, &confirmed, &metrics).await;
-            }
-            changed = acked.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                let ack = *acked.borrow_and_update();
-                if let Some(p) = window.acked(ack) {
-                    events::FleetConfirm::Confirmed { node, generation: p.generation, revision: p.revision }
-                        .emit(&metrics);
-                    settle(&file, p.revision).await;
-                    confirmed.send_replace(Some(p.generation));
+                if let Some(t) = act(step, &window, node, &file, length, &confirmed, &metrics).await {
+                    trip_error = None;
+                    making = Some(attempt(t, &etcd, &status));
                 }
             }
         }
     }
 }
 
-/// Does what one step of the window says: a window opened is recorded, its connection dropped
-/// and a round trip asked for; a decision is said, its record removed, and `confirmed` moved.
-#[allow(clippy::too_many_arguments, reason = "the task's parts a step touches, each from `run`")]
+/// A try of a round trip, under way: the trip, and what its try gave.
+type Making = std::pin::Pin<Box<dyn std::future::Future<Output = (Trip, Result<Ack, ()>)> + Send>>;
+
+/// The next try of `t`, made at its time.
+fn attempt(mut t: Trip, etcd: &Arc<Etcd>, status: &str) -> Making {
+    let (etcd, status) = (Arc::clone(etcd), status.to_owned());
+    Box::pin(async move {
+        tokio::time::sleep_until(t.at).await;
+        let made = t.make(&etcd, &status).await;
+        (t, made)
+    })
+}
+
+/// The round trip an open window waits for: a linearizable read of the node's own status key
+/// (a key its role may read), on a connection dialled after the window opened. Rejected: the
+/// status write itself as the round trip, as it was until issue 43. It proves the same (the name
+/// resolved, the TLS files read, a member that reaches its quorum, the node's own user let in),
+/// but it is a proposal through etcd's log, and the window's decision then needed a second
+/// write to say it: at a fleet-wide change, three status writes a node where one is needed
+/// (docs/decisions.md, "Confirm or go back").
+struct Trip {
+    /// The window's ask it is made for.
+    asked: u64,
+    /// The generation and revision it confirms.
+    generation: u64,
+    revision: i64,
+    /// When it is made, or made again.
+    at: Instant,
+    /// How many tries failed in a row; the first dials a new connection before it.
+    failed: u32,
+    /// Why the last try failed, for the hold's reason.
+    error: Option<String>,
+}
+
+impl Trip {
+    /// The round trip for window `p`, made after a wait at random (up to a sixtieth of the
+    /// window, 1 s at most: it delays the rollout's gate), so that a fleet-wide change does not
+    /// have every node dial at once (issue 43).
+    fn new(p: &Pending, length: Duration) -> Trip {
+        Trip {
+            asked: p.asked,
+            generation: p.generation,
+            revision: p.revision,
+            at: Instant::now() + crate::system::up_to(REDIAL_SPREAD.min(length / 60)),
+            failed: 0,
+            error: None,
+        }
+    }
+
+    /// Makes the round trip: the acknowledgement to give the window, or `Err` when etcd did not
+    /// answer (then the trip is to be made again at `at`, backed off as a status write is).
+    async fn make(&mut self, etcd: &Etcd, status: &str) -> Result<Ack, ()> {
+        if self.failed == 0 {
+            // A round trip on the connection held would prove nothing of a route the change
+            // broke.
+            etcd.reconnect().await;
+        }
+        // The failpoint `etcd-confirm-late` holds the read 30 s, as a member stopped mid-read
+        // does (the fleet harness's SIGSTOP): the window's deadline must not wait for it.
+        if crate::system::fs::failpoint_named("etcd-confirm-late") {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        match etcd.range_between(status, &[], None).await {
+            Ok(_) => Ok(Ack {
+                asked: self.asked,
+                generation: Some(self.generation),
+                revision: Some(self.revision),
+            }),
+            Err(e) => {
+                self.failed += 1;
+                self.error = Some(e.to_string());
+                self.at = Instant::now() + super::status::write_pause(self.failed);
+                Err(())
+            }
+        }
+    }
+}
+
+/// Does what one step of the window says: a window opened is recorded and its round trip
+/// returned, to be made; a decision is said, its record removed, and `confirmed` moved.
 async fn act(
     step: Step,
     window: &Window,
-    etcd: &Etcd,
     node: &str,
     file: &Arc<WindowFile>,
     length: Duration,
-    ask: &watch::Sender<u64>,
     confirmed: &watch::Sender<Option<u64>>,
     metrics: &Metrics,
-) {
+) -> Option<Trip> {
     match step {
-        Step::Nothing => {}
-        Step::Settled(upto) => settle(file, upto.unwrap_or(i64::MAX)).await,
+        Step::Nothing => None,
+        Step::Settled(upto) => {
+            settle(file, upto.unwrap_or(i64::MAX)).await;
+            None
+        }
         Step::Armed(p) => {
             // Recorded first: once the log says the window is open, a restart honours it.
             record(file, &p).await;
@@ -575,24 +676,20 @@ async fn act(
                 within: &within,
             }
             .emit(metrics);
-            // A round trip on the connection held would prove nothing of a route the change
-            // broke: a new one is dialled for it, after a wait at random (up to a sixtieth of
-            // the window, 1 s at most: it delays the rollout's gate), so that a fleet-wide
-            // change does not have every node dial and write at once (issue 43).
-            tokio::time::sleep(crate::system::up_to(REDIAL_SPREAD.min(length / 60))).await;
-            etcd.reconnect().await;
-            ask.send_replace(p.asked);
+            Some(Trip::new(&p, length))
         }
         Step::NotArmed { generation, why } => {
             events::FleetConfirm::NotArmed { node, generation, why }.emit(metrics);
             settle(file, window.current.1.unwrap_or(i64::MAX)).await;
             confirmed.send_replace(Some(generation));
+            None
         }
         Step::Cancelled(p) => {
             let why = "a rollback's hold came: the hold decides";
             events::FleetConfirm::Cancelled { node, generation: p.generation, why }.emit(metrics);
             settle(file, i64::MAX).await;
             confirmed.send_replace(window.current());
+            None
         }
     }
 }

@@ -54,10 +54,8 @@ pub async fn start(
     let mut tasks = Vec::new();
     let etcd = Arc::new(etcd);
     // Whether etcd answered the node's last call (the source's reads, the status writer's
-    // writes), the window's asks for a round trip, and the statuses etcd acknowledged.
+    // writes).
     let contact = Arc::new(watch::Sender::new(super::confirm::Contact::default()));
-    let (ask_tx, ask_rx) = watch::channel(0u64);
-    let (acked_tx, acked_rx) = watch::channel(super::confirm::Ack::default());
     // Started with the window off too: it says which generation the node will not go back
     // from (every one, then), which the status carries for the rollout's gate.
     if confirm.window.is_zero() {
@@ -75,8 +73,6 @@ pub async fn start(
     let channels = super::confirm::Channels {
         applied: applied.clone(),
         contact: contact.subscribe(),
-        acked: acked_rx,
-        ask: ask_tx,
         confirmed: confirmed_tx,
     };
     tasks.push(tokio::spawn(super::confirm::run(
@@ -88,12 +84,7 @@ pub async fn start(
         Arc::clone(&metrics),
         shutdown.clone(),
     )));
-    let confirming = super::status::Confirming {
-        ask: ask_rx,
-        acked: acked_tx,
-        contact: Arc::clone(&contact),
-        confirmed: confirmed_rx,
-    };
+    let confirming = super::status::Confirming { contact: Arc::clone(&contact), confirmed: confirmed_rx };
     // Why the latest declaration in etcd was refused: written by the source, read by the
     // status writer (into the node's status) and by the reporter (counted and logged, as a
     // local refusal is).

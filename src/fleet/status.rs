@@ -32,6 +32,14 @@ pub const ALIVE_TTL: Duration = Duration::from_secs(10);
 /// The least time between two status writes of one node.
 const WRITE_EVERY: Duration = Duration::from_secs(1);
 
+/// The longest a new generation's status waits for its confirmation (`confirm`), so that one
+/// write says both: the confirmation's redial waits up to 1 s at random, and its round trip is
+/// a read. Past it, the status is written without, and once more when the confirmation comes.
+/// Before issue 43's bench, a fleet-wide change cost three writes a node (the generation, the
+/// round trip, the confirmation), each a proposal through etcd's log; at 5,000 nodes, a burst
+/// of 500 a second that etcd on two cores applied at 300.
+pub const CONFIRM_WAIT: Duration = Duration::from_secs(3);
+
 /// The most a node's status takes in etcd, in bytes: every status is a revision kept in etcd's
 /// history until compaction, read by `fleet status` and the rollout's driver for every node, so
 /// it is bounded (docs/decisions.md, "A status is bounded"). A status over it is not written, and the log
@@ -225,14 +233,9 @@ pub fn revision_of(sources: &[String]) -> Option<i64> {
     digits.parse().ok()
 }
 
-/// What the status writer does for the confirmation window (`confirm`): it is asked for a
-/// round trip (`ask`, changed after the connection was dropped), answers with each status
-/// acknowledged (`acked`), and says whether etcd answered (`contact`).
+/// What the status writer shares with the confirmation window (`confirm`): it says whether
+/// etcd answered (`contact`), and writes what the window decided (`confirmed`).
 pub struct Confirming {
-    /// The latest ask.
-    pub ask: watch::Receiver<u64>,
-    /// Each status etcd acknowledged, with the latest ask seen before it was written.
-    pub acked: watch::Sender<super::confirm::Ack>,
     /// Whether etcd answered the last write.
     pub contact: Arc<watch::Sender<super::confirm::Contact>>,
     /// The latest generation the node will not go back from by itself (`Summary::confirmed`),
@@ -294,7 +297,7 @@ fn presence_pause(every: Duration, failed: u32) -> Duration {
 /// The pause after a status write: `WRITE_EVERY` after one that was answered, doubled after
 /// each that failed in a row up to `BACKOFF_CAP`; with a quarter more at random, so that nodes
 /// that failed together do not try again together.
-fn write_pause(failed: u32) -> Duration {
+pub(super) fn write_pause(failed: u32) -> Duration {
     let base = WRITE_EVERY.saturating_mul(1 << failed.min(8)).min(BACKOFF_CAP);
     base + crate::system::up_to(base / 4)
 }
@@ -325,9 +328,11 @@ async fn write_statuses(
     metrics: &Metrics,
     shutdown: &CancellationToken,
 ) {
-    let Confirming { mut ask, acked, contact, mut confirmed } = confirming;
-    // The window's task may be off (`--confirm-window 0`): then no ask ever comes.
-    let (mut asks_open, mut confirmed_open) = (true, true);
+    let Confirming { contact, mut confirmed } = confirming;
+    let mut confirmed_open = true;
+    // The generation and revision last waited for (`await_confirmation`): each is waited
+    // for once.
+    let mut waited: (Option<u64>, Option<i64>) = (None, None);
     let status = status_key(node);
     // Whether the last status written was cut: said once, when it starts.
     let mut was_cut = false;
@@ -359,19 +364,15 @@ async fn write_statuses(
                 // it changed just after the round trip that confirmed it.
                 applied.mark_changed();
             }
-            changed = ask.changed(), if asks_open => {
-                if changed.is_err() {
-                    asks_open = false;
-                    continue;
-                }
-                // A round trip asked for: the status written again, at the next turn.
-                applied.mark_changed();
-            }
             changed = applied.changed() => {
                 if changed.is_err() {
                     return;
                 }
-                let (record, said) = latest(node, &groups, &mut applied, &mut confirmed, &mut refused, &mut ask);
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    () = await_confirmation(&applied, &mut confirmed, &mut waited) => {}
+                }
+                let record = latest(node, &groups, &mut applied, &mut confirmed, &mut refused);
                 let Some(bytes) = encoded(record.clone(), &mut was_cut, metrics) else { continue };
                 if late {
                     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -380,7 +381,6 @@ async fn write_statuses(
                     Ok(true) => {
                         failed = 0;
                         contact.send_modify(super::confirm::Contact::answered);
-                        acked.send_replace(said);
                     }
                     // Another write landed over the one this writer knew: written again.
                     Ok(false) => applied.mark_changed(),
@@ -405,25 +405,46 @@ async fn write_statuses(
     }
 }
 
-/// The status to write now, from what the agent's channels hold (each marked seen), and the
-/// acknowledgement its write makes for the confirmation window.
+/// Waits, up to `CONFIRM_WAIT`, for the confirmation of a generation the node has not
+/// confirmed, so that the next write says it: once for each generation and revision seen
+/// (the generation moves alone when it is put in force, the revision when its pass ends; the
+/// window opens on both, and a pass is short next to the bound), never for a held generation,
+/// which has no window. Returns at once otherwise.
+async fn await_confirmation(
+    applied: &watch::Receiver<controller::Applied>,
+    confirmed: &mut watch::Receiver<Option<u64>>,
+    waited: &mut (Option<u64>, Option<i64>),
+) {
+    let (generation, revision, held) = {
+        let now = applied.borrow();
+        (now.generation, revision_of(&now.sources), now.hold.is_some())
+    };
+    if generation.is_none() || (generation, revision) == *waited {
+        return;
+    }
+    *waited = (generation, revision);
+    if held || *confirmed.borrow() == generation {
+        return;
+    }
+    // A closed channel (the window's task gone) ends the wait at once, as its timeout does.
+    let _ = tokio::time::timeout(CONFIRM_WAIT, confirmed.wait_for(|c| *c == generation)).await;
+}
+
+/// The status to write now, from what the agent's channels hold (each marked seen).
 fn latest(
     node: &str,
     groups: &[String],
     applied: &mut watch::Receiver<controller::Applied>,
     confirmed: &mut watch::Receiver<Option<u64>>,
     refused: &mut watch::Receiver<Option<super::source::Refused>>,
-    ask: &mut watch::Receiver<u64>,
-) -> (Status, super::confirm::Ack) {
+) -> Status {
     let (revision, mut now) = {
         let now = applied.borrow_and_update();
         (revision_of(&now.sources), Summary::from(&*now))
     };
     now.confirmed = *confirmed.borrow_and_update();
     let refusal = refused.borrow_and_update().clone();
-    let asked = *ask.borrow_and_update();
-    let said = super::confirm::Ack { asked, generation: now.generation, revision };
-    let record = Status {
+    Status {
         node: node.to_owned(),
         groups: groups.to_vec(),
         revision,
@@ -431,8 +452,7 @@ fn latest(
         refused_reason: refusal.as_ref().map(|r| r.reason.to_owned()),
         refused: refusal.map(|r| r.message),
         written_at: crate::system::unix_secs(),
-    };
-    (record, said)
+    }
 }
 
 /// `write_over`, but when this writer does not know the key's version (its last write's answer
@@ -588,6 +608,44 @@ mod tests {
         }
         assert_eq!(presence_pause(every, 5), every, "capped at the period");
         assert_eq!(presence_pause(every, 400), every, "no overflow");
+    }
+
+    /// Issue 43: a new generation's status waits for its confirmation, so that one write says
+    /// both; once for each generation and revision, and no longer than `CONFIRM_WAIT`. A held
+    /// generation and one confirmed already do not wait.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_generations_status_waits_for_its_confirmation_once_and_at_most_the_bound() {
+        use tokio::time::Instant;
+        let at = |generation: u64, revision: i64, held: bool| controller::Applied {
+            generation: Some(generation),
+            sources: vec![format!("/var/lib/mesh-host/etcd/r{revision:012}.json")],
+            hold: held.then(|| "held".to_owned()),
+            ..Default::default()
+        };
+        let (applied_tx, applied) = watch::channel(at(1, 10, false));
+        let (confirmed_tx, mut confirmed) = watch::channel(Some(1));
+        let confirmed_tx = Arc::new(confirmed_tx);
+        let mut waited = (None, None);
+        let mut wait = async |applied_now| {
+            applied_tx.send_replace(applied_now);
+            let start = Instant::now();
+            await_confirmation(&applied, &mut confirmed, &mut waited).await;
+            start.elapsed()
+        };
+        assert_eq!(wait(at(1, 10, false)).await, Duration::ZERO, "confirmed already");
+        let tx = Arc::clone(&confirmed_tx);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            tx.send_replace(Some(2));
+        });
+        assert_eq!(wait(at(2, 10, false)).await, Duration::from_millis(700), "put in force: until confirmed");
+        assert_eq!(wait(at(2, 20, false)).await, Duration::ZERO, "its pass ended, confirmed already");
+        assert_eq!(wait(at(2, 20, false)).await, Duration::ZERO, "the same pass (a write to try again)");
+        assert_eq!(wait(at(3, 30, false)).await, CONFIRM_WAIT, "never confirmed: the bound");
+        assert_eq!(wait(at(3, 30, false)).await, Duration::ZERO, "waited for once");
+        assert_eq!(wait(at(4, 40, true)).await, Duration::ZERO, "held: no window");
+        drop(confirmed_tx);
+        assert_eq!(wait(at(5, 50, false)).await, Duration::ZERO, "the window's task gone");
     }
 
     #[test]

@@ -755,7 +755,7 @@ impl Event for FleetConfirm<'_> {
                 node = %node,
                 generation,
                 revision,
-                "generation {generation} (revision {revision}) confirmed: its status reached etcd on a new connection"
+                "generation {generation} (revision {revision}) confirmed: etcd answered a read on a new connection"
             ),
             FleetConfirm::Cancelled { node, generation, why } => tracing::info!(
                 node = %node,

@@ -393,7 +393,7 @@ fn claims(
             || message.contains("window recorded before the agent restarted is open")
         {
             ClaimKind::Armed
-        } else if message.contains("confirmed: its status reached etcd") {
+        } else if message.contains("confirmed: etcd answered a read") {
             ClaimKind::Confirmed
         } else if message.starts_with("going back to generation") {
             // Only the going back itself: an armed window's line says "or going back to ..." too.

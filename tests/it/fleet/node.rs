@@ -488,7 +488,7 @@ fn a_node_in_steady_state_holds_exactly_one_tcp_connection_to_etcd() {
         most = most.max(connections_to(pid, etcd.client));
         read(&s.path("all")) == "y\n"
             && daemon.log().lines().any(|l| {
-                l.contains("generation 2 (revision") && l.contains(") confirmed: its status reached etcd")
+                l.contains("generation 2 (revision") && l.contains(") confirmed: etcd answered a read")
             })
     });
     assert!(confirmed, "generation 2 applied and confirmed: {}", daemon.log());
