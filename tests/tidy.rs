@@ -708,6 +708,7 @@ const LONG_SLEEPS: &[(&str, &str, &str)] = &[
     ("fleet/auth.rs", "a_password_login_outlives_its_token_and_a_change_put_after_it_expired_is_applied", "waits out the token's TTL (etcd 3.4 says nothing when a token expires): idle for more than twice it is the state under test; issue 46 asks a barrier"),
     ("fleet/confirm.rs", "a_new_generation_and_its_confirmation_are_one_status_write", "lets the status writer's rate limit (1 s and a quarter at random) pass twice: once so that it is idle when the change comes, once so that a second write, had there been one, has landed; the absence of a write has no barrier"),
     ("fleet/confirm.rs", "an_agent_killed_inside_its_window_and_restarted_cut_off_goes_back", "waits until the recorded window's wall-clock deadline has passed while the agent is down: the restart after it is the state under test"),
+    ("fleet/node.rs", "a_status_write_whose_answer_was_lost_is_read_back_not_written_again", "counts etcd's transactions over 25 s of a node with nothing new to say: the absence of writes (one every backoff of 1, 2, 4, 8 s when the bug is in) has no barrier"),
     ("refusal.rs", "the_daemon_applies_nothing_of_a_declaration_refused_here_and_lets_it_in_once_the_filter_goes", "gives the reconciles of two hand-edits under a refusal time to (wrongly) apply: the daemon exports no per-key count to wait on, and merged events make the resource count no barrier"),
 ];
 

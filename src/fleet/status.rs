@@ -507,6 +507,11 @@ pub async fn write_over(
     };
     let cond = if at == 0 { Cond::Absent(key.to_owned()) } else { Cond::WrittenAt(key.to_owned(), at) };
     let put = Write::Put { key: key.to_owned(), value: bytes, lease: 0 };
+    // Unknown until etcd answers: a write whose answer is lost may have landed, and the key's
+    // version with it. Known still, the next write's condition would be the old version's, a
+    // proposal through etcd's log that can only fail; unknown, the next turn reads the key first
+    // (`write_unless_there`), a read, and finds the lost write there.
+    *known = None;
     let written = etcd.txn(&[cond], &[put]).await?;
     *known = written;
     Ok(written.is_some())

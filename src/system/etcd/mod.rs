@@ -257,6 +257,29 @@ pub(super) fn said(e: &(dyn std::error::Error + 'static)) -> (String, Option<Tls
     }
 }
 
+/// One write of a transaction, as etcd takes it.
+fn request_op(w: &Write) -> rpc::RequestOp {
+    use rpc::request_op::Request as Op;
+    rpc::RequestOp {
+        request: Some(match w {
+            Write::Put { key, value, lease } => Op::RequestPut(rpc::PutRequest {
+                key: key.as_bytes().to_vec(),
+                value: value.clone(),
+                lease: *lease,
+                ..Default::default()
+            }),
+            Write::Delete(key) => Op::RequestDeleteRange(rpc::DeleteRangeRequest {
+                key: key.as_bytes().to_vec(),
+                ..Default::default()
+            }),
+            Write::DeletePrefix(prefix) => {
+                let (key, range_end) = range_of(prefix);
+                Op::RequestDeleteRange(rpc::DeleteRangeRequest { key, range_end, ..Default::default() })
+            }
+        }),
+    }
+}
+
 /// The end of the range of every key that starts with `prefix` (etcd's `range_end`), as bytes.
 fn range_of(prefix: &str) -> (Vec<u8>, Vec<u8>) {
     (prefix.as_bytes().to_vec(), prefix_end(prefix))
@@ -864,7 +887,6 @@ impl Etcd {
     /// refuses a transaction whose writes overlap (a key put and deleted in one).
     pub async fn txn(&self, conds: &[Cond], writes: &[Write]) -> Result<Option<i64>, Error> {
         use rpc::compare::{CompareResult, CompareTarget, TargetUnion};
-        use rpc::request_op::Request as Op;
         let compare = conds
             .iter()
             .map(|c| match c {
@@ -903,37 +925,16 @@ impl Etcd {
                 },
             })
             .collect();
-        let success = writes
-            .iter()
-            .map(|w| rpc::RequestOp {
-                request: Some(match w {
-                    Write::Put { key, value, lease } => Op::RequestPut(rpc::PutRequest {
-                        key: key.as_bytes().to_vec(),
-                        value: value.clone(),
-                        lease: *lease,
-                        ..Default::default()
-                    }),
-                    Write::Delete(key) => Op::RequestDeleteRange(rpc::DeleteRangeRequest {
-                        key: key.as_bytes().to_vec(),
-                        ..Default::default()
-                    }),
-                    Write::DeletePrefix(prefix) => {
-                        let (key, range_end) = range_of(prefix);
-                        Op::RequestDeleteRange(rpc::DeleteRangeRequest {
-                            key,
-                            range_end,
-                            ..Default::default()
-                        })
-                    }
-                }),
-            })
-            .collect();
+        let success = writes.iter().map(request_op).collect();
         let message = rpc::TxnRequest { compare, success, failure: Vec::new() };
         let mut lost = None;
         // The failpoint `etcd-txn-late` holds every transaction 6 s before it is sent, inside its
         // call timeout: a member that does not answer a call in time while it answers the rest,
         // for the test that such a member is kept.
+        // The failpoint `etcd-txn-answer-late` holds a write's answer 6 s after etcd gave it:
+        // a write that landed and whose answer was lost, as on a member whose apply is behind.
         let late = crate::system::fs::failpoint_named("etcd-txn-late");
+        let answer_late = crate::system::fs::failpoint_named("etcd-txn-answer-late") && !writes.is_empty();
         let answer = self
             .call_with("a transaction", &mut lost, |channel| {
                 let request = self.request(message.clone());
@@ -941,7 +942,11 @@ impl Etcd {
                     if late {
                         tokio::time::sleep(Duration::from_secs(6)).await;
                     }
-                    Self::kv(channel).txn(request).await
+                    let answer = Self::kv(channel).txn(request).await;
+                    if answer_late {
+                        tokio::time::sleep(Duration::from_secs(6)).await;
+                    }
+                    answer
                 }
             })
             .await;
