@@ -543,7 +543,7 @@ fn build_the_deb() -> std::path::PathBuf {
     // target/debug/mesh-host: the target directory is two levels up.
     let binary = assert_cmd::cargo::cargo_bin("mesh-host");
     let target = binary.parent().and_then(std::path::Path::parent).unwrap().to_path_buf();
-    let built = std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/deb/build.sh"))
+    let built = crate::support::build_command(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/deb/build.sh"))
         .arg("--debug")
         .env("CARGO_TARGET_DIR", &target)
         .output()

@@ -30,8 +30,7 @@ fn mutant() -> PathBuf {
     let real = agent();
     let target = real.parent().and_then(Path::parent).expect("the binary is in a target dir");
     let mutant_target = target.join("powerloss-mutant");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = std::process::Command::new(cargo)
+    let status = crate::support::cargo_command()
         .args(["build", "--quiet", "--features", "powerloss-mutant", "--bin", "mesh-host", "--target-dir"])
         .arg(&mutant_target)
         .current_dir(env!("CARGO_MANIFEST_DIR"))

@@ -109,6 +109,33 @@ pub struct Daemon {
 }
 
 /// Polls `cond` every 5 ms until it holds or `timeout` passes.
+/// A command for a test to build with (cargo, or a script that runs it), without what cargo
+/// set in this test's own environment for the test (`CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`,
+/// `OUT_DIR`, ...). Some dependencies' build scripts ask cargo to build again when those change
+/// (ring's does), so a build run with them rebuilds ring, rustls and the agent, and the next
+/// build from a shell rebuilds them again: about 100 s in CI, in the test and in the phase after.
+pub fn build_command(program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+    let mut cmd = std::process::Command::new(program);
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let set_for_the_test =
+            ["CARGO_PKG_", "CARGO_BIN_", "CARGO_MANIFEST_"].iter().any(|p| name.starts_with(p))
+                || matches!(
+                    name,
+                    "CARGO_CRATE_NAME" | "CARGO_PRIMARY_PACKAGE" | "CARGO_TARGET_TMPDIR" | "OUT_DIR"
+                );
+        if set_for_the_test {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
+}
+
+/// `cargo` (the one running the tests where cargo says so), through [`build_command`].
+pub fn cargo_command() -> std::process::Command {
+    build_command(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
 pub fn wait_for(timeout: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
     let start = std::time::Instant::now();
     while start.elapsed() < timeout {
