@@ -124,30 +124,29 @@ echo "== cargo deny (licenses, bans, sources; advisories need GitHub, out of rea
 cargo deny check licenses bans sources
 
 phase "builds: the mutant, the agent, the tests"
-echo "== the power-loss mutant (tests/powerloss/): the agent with every sync a no-op"
+echo "== the mutants: one build for the power-loss lanes, the fleet harness and the attribution test"
+# The agent broken on purpose, so that each of those checks can show it sees what it looks for:
+# every sync a no-op (tests/powerloss/; tests/it/powerloss.rs finds it through
+# MESH_HOST_POWERLOSS_MUTANT), and the fleet harness's and the attribution test's mutants, each
+# picked per run by MESH_HOST_MUTANT (src/fleet/mod.rs, `mutant`; src/controller/report.rs,
+# `attribution_inline`, for tests/it/drift.rs). One build for all three: the root crate is
+# compiled once for the mutants (about 50 s each on two cores), not once a feature. The syncs
+# are no-ops in the fleet harness's and the attribution test's runs too, which changes nothing
+# they check: neither cuts the power, and a killed process's writes stay in the page cache.
 # Built here, in the suite's own target directory, so that only the root crate is compiled
-# again for the feature (a target directory of its own would build every dependency a second
-# time); the real binary is put back before any test runs. tests/it/powerloss.rs finds it
-# through MESH_HOST_POWERLOSS_MUTANT.
-cargo build --quiet --features powerloss-mutant --bin mesh-host
-mkdir -p "$target_dir/powerloss-mutant"
-cp "$target_dir/debug/mesh-host" "$target_dir/powerloss-mutant/mesh-host"
+# again for the features (a target directory of its own would build every dependency a second
+# time); kept aside, and the real binary put back before any test runs.
+cargo build --quiet --features powerloss-mutant,robust-mutant,attribution-mutant --bin mesh-host
+mkdir -p "$target_dir/mutant"
+cp "$target_dir/debug/mesh-host" "$target_dir/mutant/mesh-host"
 cargo build --quiet --bin mesh-host
-if cmp -s "$target_dir/debug/mesh-host" "$target_dir/powerloss-mutant/mesh-host"; then
-  echo "tests/run.sh: the real binary was not put back after the mutant's build" >&2
+if cmp -s "$target_dir/debug/mesh-host" "$target_dir/mutant/mesh-host"; then
+  echo "tests/run.sh: the real binary was not put back after the mutants' build" >&2
   exit 1
 fi
-export MESH_HOST_POWERLOSS_MUTANT="$target_dir/powerloss-mutant/mesh-host"
-echo "== the fleet harness's and the attribution test's mutants: one build, each mutant picked per run by MESH_HOST_MUTANT"
-# As the power-loss mutant above: built for the features, kept aside, the real binary put back;
-# only the root crate is compiled again, once for every mutant (src/fleet/mod.rs, \`mutant\`;
-# src/controller/report.rs, \`attribution_inline\`, for tests/it/drift.rs).
-cargo build --quiet --features robust-mutant,attribution-mutant --bin mesh-host
-mkdir -p "$target_dir/robust-mutant" && cp "$target_dir/debug/mesh-host" "$target_dir/robust-mutant/mesh-host"
-cargo build --quiet --bin mesh-host
-cmp -s "$target_dir/debug/mesh-host" "$target_dir/robust-mutant/mesh-host" && { echo "tests/run.sh: the real binary was not put back after the fleet mutant's build" >&2; exit 1; }
-export MESH_HOST_ROBUST_MUTANT="$target_dir/robust-mutant/mesh-host"
-export MESH_HOST_ATTRIBUTION_MUTANT="$target_dir/robust-mutant/mesh-host"
+export MESH_HOST_POWERLOSS_MUTANT="$target_dir/mutant/mesh-host"
+export MESH_HOST_ROBUST_MUTANT="$target_dir/mutant/mesh-host"
+export MESH_HOST_ATTRIBUTION_MUTANT="$target_dir/mutant/mesh-host"
 # The test binaries, built here so that their time is the build's and the next phase's is the
 # tests'. The same profile and features as the run below: it builds nothing again.
 # (tests/it/operator.rs's cargo-deb packs this debug build of the agent, built above.)
