@@ -190,6 +190,13 @@ echo "== the fleet under faults, short (tests/robust/; the long run: RELIABILITY
 # window's run). One at a time, under 5 minutes on two cores. The test binary and the real
 # mesh-host are the ones built for the tests above: the same command (`--workspace`), so that
 # cargo builds nothing again.
+# Nothing should compile here: the tests phase ran the same build. Something did until 2026-12-07
+# (a test ran cargo with its own CARGO_PKG_* variables, so ring's build script ran again: ring,
+# rustls and the agent, about 100 s, here and in the test); say so where the time went.
+if cargo nextest --version >/dev/null 2>&1; then
+  rebuilt=$(cargo nextest run --workspace --no-run 2>&1 | grep -E '^ *Compiling ' || true)
+  [ -z "$rebuilt" ] || printf 'tests/run.sh: warning: the tests left the build out of date, compiled again:\n%s\n' "$rebuilt" >&2
+fi
 if cargo nextest --version >/dev/null 2>&1; then
   MESH_HOST_ROBUST_SECS=75 cargo nextest run --workspace --no-fail-fast --failure-output final \
     --run-ignored all -E 'binary(robust)' --no-capture
