@@ -23,7 +23,8 @@
 //! `cargo bench --bench fleet_scale` (a release build); `MESH_HOST_BENCH_HOLLOW=1000,5000,10000`
 //! chooses the sizes (default 1000); `MESH_HOST_BENCH_IN_ORDER=1` has every node dial the first
 //! member first, as `--etcd-in-order` does; `MESH_HOST_BENCH_ELECTION_MS` sets etcd's election
-//! timeout (`timing`); `MESH_HOST_BENCH_PRESENCE_TTL` the nodes' `--presence-ttl`. Runs as root (it raises its descriptor limit). Hollow
+//! timeout (`timing`); `MESH_HOST_BENCH_PRESENCE_TTL` the nodes' `--presence-ttl`; `MESH_HOST_BENCH_RAMP` starts
+//! the nodes at that many a second rather than all at once (`ramp`). Runs as root (it raises its descriptor limit). Hollow
 //! nodes keep their state on /dev/shm. Figures go in BENCHMARKS.md, "The fleet at scale".
 #![allow(clippy::disallowed_methods)]
 
@@ -63,6 +64,15 @@ fn presence_ttl() -> Duration {
         .ok()
         .and_then(|v| v.parse().ok())
         .map_or(mesh_host::fleet::status::ALIVE_TTL, Duration::from_secs)
+}
+
+/// How fast the hollow nodes start: `MESH_HOST_BENCH_RAMP` nodes a second, or all at once (the
+/// default, as every agent of a fleet restarts together after an outage). A ramp is a fleet
+/// coming up over a minute or so, as nodes boot or a deployment tool reaches them; at 10,000
+/// nodes on this machine's two cores the stampede of all at once kept the leases churning for
+/// the whole bring-up (BENCHMARKS.md, "The fleet at 10,000 with a 30 s presence").
+fn ramp() -> Option<f64> {
+    std::env::var("MESH_HOST_BENCH_RAMP").ok().and_then(|v| v.parse().ok()).filter(|r: &f64| *r > 0.0)
 }
 
 /// A 3-member etcd cluster, each member on its own ports and data directory.
@@ -625,8 +635,13 @@ fn one_size(binary: &Path, nodes: usize, changes: usize) -> serde_json::Value {
     let _watcher = watch_caches(&root, Arc::clone(&nudges));
     let mut statuses = Statuses::watch(&endpoints, "/mesh-host/node/");
     let started = Instant::now();
+    let ramp = ramp();
     let tasks: Vec<_> = (0..nodes)
         .map(|i| {
+            if let Some(per_s) = ramp {
+                let at = started + Duration::from_secs_f64(i as f64 / per_s);
+                std::thread::sleep(at.saturating_duration_since(Instant::now()));
+            }
             let (root, endpoints, nudge) = (root.clone(), endpoints.clone(), Arc::clone(&nudges[i]));
             runtime.spawn(hollow_node(i, root, endpoints, nudge, Arc::clone(&metrics), shutdown.clone()))
         })
@@ -690,6 +705,7 @@ fn one_size(binary: &Path, nodes: usize, changes: usize) -> serde_json::Value {
     runtime.shutdown_timeout(Duration::from_secs(5));
     serde_json::json!({
         "hollow_nodes": nodes,
+        "ramp_nodes_per_s": ramp,
         "all_up_s": up.last().copied(),
         "up": spread(&up),
         "idle": idle,
