@@ -68,9 +68,9 @@ fn presence_ttl() -> Duration {
 
 /// How fast the hollow nodes start: `MESH_HOST_BENCH_RAMP` nodes a second, or all at once (the
 /// default, as every agent of a fleet restarts together after an outage). A ramp is a fleet
-/// coming up over a minute or so, as nodes boot or a deployment tool reaches them; at 10,000
-/// nodes on this machine's two cores the stampede of all at once kept the leases churning for
-/// the whole bring-up (BENCHMARKS.md, "The fleet at 10,000 with a 30 s presence").
+/// coming up over a minute or so, as nodes boot or a deployment tool reaches them. At 10,000
+/// nodes on this machine's two cores the leases churned either way (BENCHMARKS.md, "The fleet
+/// at 10,000 started over 50 s").
 fn ramp() -> Option<f64> {
     std::env::var("MESH_HOST_BENCH_RAMP").ok().and_then(|v| v.parse().ok()).filter(|r: &f64| *r > 0.0)
 }

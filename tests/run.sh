@@ -196,8 +196,6 @@ echo "== the fleet under faults, short (tests/robust/; the long run: RELIABILITY
 if cargo nextest --version >/dev/null 2>&1; then
   rebuilt=$(cargo nextest run --workspace --no-run 2>&1 | grep -E '^ *Compiling ' || true)
   [ -z "$rebuilt" ] || printf 'tests/run.sh: warning: the tests left the build out of date, compiled again:\n%s\n' "$rebuilt" >&2
-fi
-if cargo nextest --version >/dev/null 2>&1; then
   MESH_HOST_ROBUST_SECS=75 cargo nextest run --workspace --no-fail-fast --failure-output final \
     --run-ignored all -E 'binary(robust)' --no-capture
 else

@@ -108,7 +108,6 @@ pub struct Daemon {
     pub log: PathBuf,
 }
 
-/// Polls `cond` every 5 ms until it holds or `timeout` passes.
 /// A command for a test to build with (cargo, or a script that runs it), without what cargo
 /// set in this test's own environment for the test (`CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`,
 /// `OUT_DIR`, ...). Some dependencies' build scripts ask cargo to build again when those change
@@ -136,6 +135,7 @@ pub fn cargo_command() -> std::process::Command {
     build_command(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
 }
 
+/// Polls `cond` every 5 ms until it holds or `timeout` passes.
 pub fn wait_for(timeout: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
     let start = std::time::Instant::now();
     while start.elapsed() < timeout {
