@@ -77,6 +77,18 @@ impl Etcd {
     /// timeout, on a new stream, opened as any call is (failing over, logged in), and kept.
     pub async fn lease_keepalive(&self, id: i64) -> Result<bool, Error> {
         let mut kept = self.keepalive.lock().await;
+        let renewed = self.renew_kept(&mut kept, id).await;
+        // A connection dropped while the lock was held here (`Etcd::drop_keepalive` cannot take
+        // it then): the stream kept may be on that connection, which it would hold open beside
+        // the new one until the next renewal. Closed now.
+        if kept.as_ref().is_some_and(|k| k.moved != *self.moved.borrow()) {
+            *kept = None;
+        }
+        renewed
+    }
+
+    /// `lease_keepalive`, with its lock held.
+    async fn renew_kept(&self, kept: &mut Option<KeepAlive>, id: i64) -> Result<bool, Error> {
         let moved = *self.moved.borrow();
         if let Some(k) = kept.as_mut().filter(|k| k.moved == moved) {
             let (at, channel) = (k.at, k.channel.clone());
@@ -102,10 +114,22 @@ impl Etcd {
                 }
                 // Gone: left at once, as a call that timed out, so that a member stopped under a
                 // node costs one timeout, not two (the presence lease lasts two of them).
-                Timed::Gone => self.failed(at).await,
+                Timed::Gone => {
+                    let why = format!(
+                        "a lease renewal: {}: no answer in {}, nor to a status request",
+                        self.endpoints[at],
+                        crate::system::human(super::CALL_TIMEOUT)
+                    );
+                    self.failed(at, &why).await
+                }
             }
         }
         *kept = None;
+        // Read before the stream's connection is: a connection dropped while the stream opens
+        // leaves it marked as of the connection before, and it is not kept (a stream marked as
+        // of a newer connection than its own would hold the old one open for as long as it is
+        // kept: every renewal).
+        let moved = *self.moved.borrow();
         let (send, answers, ttl, channel) = self
             .call("a lease renewal", |channel| {
                 let (send, receive) = tokio::sync::mpsc::channel(1);
@@ -130,7 +154,7 @@ impl Etcd {
             .await?;
         // The connection the stream is on is the client's now: `call` moved it before, if at all.
         let at = self.current.load(Ordering::Relaxed);
-        *kept = Some(KeepAlive { moved: *self.moved.borrow(), at, channel, send, answers });
+        *kept = Some(KeepAlive { moved, at, channel, send, answers });
         Ok(ttl > 0)
     }
 }

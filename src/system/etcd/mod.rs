@@ -503,13 +503,24 @@ impl Etcd {
         })
     }
 
-    /// Drops the connection to endpoint `at` (it failed a call) so that the next call dials the
-    /// next endpoint.
-    async fn failed(&self, at: usize) {
+    /// Drops the connection to endpoint `at` (it failed a call, as `why` says, naming it) so that
+    /// the next call dials the next endpoint. Said in the log: the watches and the lease's
+    /// stream follow to the new connection, and for a moment both are open.
+    async fn failed(&self, at: usize, why: &str) {
         let mut connection = self.connection.lock().await;
         if connection.as_ref().is_some_and(|c| c.at == at) {
             *connection = None;
-            self.current.store((at + 1) % self.endpoints.len(), Ordering::Relaxed);
+            let next = (at + 1) % self.endpoints.len();
+            if next == at {
+                tracing::warn!("dropping the connection to etcd and dialling it again: {why}");
+            } else {
+                tracing::warn!(
+                    "leaving etcd endpoint {} for {}: {why}",
+                    self.endpoints[at],
+                    self.endpoints[next]
+                );
+            }
+            self.current.store(next, Ordering::Relaxed);
             self.moved.send_modify(|n| *n += 1);
             self.drop_keepalive();
         }
@@ -529,8 +540,8 @@ impl Etcd {
     }
 
     /// Closes the kept keep-alive stream, so that it does not hold a dropped connection open
-    /// until the next renewal. One in use now is on its way out anyway: it is not used again,
-    /// since `moved` changed.
+    /// until the next renewal. One in use now (its lock held) is closed by `lease_keepalive`
+    /// itself when the renewal ends, since `moved` changed.
     fn drop_keepalive(&self) {
         if let Ok(mut kept) = self.keepalive.try_lock() {
             *kept = None;
@@ -682,7 +693,7 @@ impl Etcd {
                     *lost = Some(last.clone());
                 }
             }
-            self.failed(at).await;
+            self.failed(at, &format!("{call}: {last}")).await;
         }
         Err(Error::Unreachable {
             endpoints: self.endpoints(),

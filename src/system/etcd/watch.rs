@@ -95,7 +95,7 @@ impl Etcd {
                         (format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)), None);
                 }
             }
-            self.failed(at).await;
+            self.failed(at, &format!("a watch: {last}")).await;
         }
         Err(Error::Unreachable {
             endpoints: self.endpoints(),

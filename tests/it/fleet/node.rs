@@ -499,9 +499,25 @@ fn a_node_in_steady_state_holds_exactly_one_tcp_connection_to_etcd() {
         ss_of(pid),
         daemon.log()
     );
-    // And it stays one, past a lease renewal.
+    // And it stays one, past a lease renewal. Only a member left (no answer in the call
+    // timeout, as on a machine loaded past it: the daemon says so in its log) has the old
+    // connection close beside the new for a moment, and then it is one again.
     assert!(lease_renewed(&url, alive, PATIENCE), "the lease was never renewed: {}", daemon.log());
-    assert_eq!(connections_to(pid, etcd.client), 1, "ss -tnp:\n{}\n{}", ss_of(pid), daemon.log());
+    let now = connections_to(pid, etcd.client);
+    if now != 1 {
+        let log = daemon.log();
+        assert!(
+            log.contains("dropping the connection to etcd and dialling it again"),
+            "{now} connections past a renewal, and no member left: ss -tnp:\n{}\n{log}",
+            ss_of(pid)
+        );
+        assert!(
+            wait_for(PATIENCE, || connections_to(pid, etcd.client) == 1),
+            "the connection left outlived its leaving: ss -tnp:\n{}\n{}",
+            ss_of(pid),
+            daemon.log()
+        );
+    }
     assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log());
 }
 
@@ -712,6 +728,47 @@ fn a_lease_asked_for_again_under_its_id_is_the_one_granted() {
     let out = etcdctl(&url, &["lease", "list"]);
     let listed = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(listed.contains("found 1 leases") && listed.contains(&format!("{id:x}")), "{listed}");
+}
+
+/// A connection dropped while a lease renewal holds its stream (the confirmation's reconnect
+/// meeting the presence's renewal) leaves no stream on the old connection, so the client is
+/// back to one connection once the old one has closed: whether the renewal was on the stream
+/// kept from the one before, or opening a new one. With the stream marked as of the connection
+/// current when it was stored (the code before), the old connection stays open beside the new
+/// for as long as the stream is kept: this fails.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_reconnect_during_a_lease_renewal_leaves_one_connection() {
+    let s = Scratch::new();
+    let etcd = OwnEtcd::start(&s);
+    let url = etcd.url();
+    let me = std::process::id();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let client = mesh_host::system::Etcd::new(&url, &Default::default()).unwrap();
+        let lease = client.lease_grant(30).await.unwrap();
+        for (round, kept) in [(1, false), (2, true), (3, false), (4, true)] {
+            if kept {
+                // A stream kept from the renewal before, on the connection of now.
+                assert!(client.lease_keepalive(lease).await.unwrap(), "round {round}: renewed");
+            }
+            // Polled first, the renewal holds its stream's lock and waits on etcd while the
+            // reconnect drops the connection under it.
+            let (renewed, ()) = tokio::join!(client.lease_keepalive(lease), client.reconnect());
+            assert!(renewed.unwrap(), "round {round}: renewed across the reconnect");
+            // A call dials the new connection; the old one is to close.
+            client.range_between("/nothing/", b"", None).await.unwrap();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while connections_to(me, etcd.client) != 1 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(
+                connections_to(me, etcd.client),
+                1,
+                "round {round} (a stream kept before: {kept}): the old connection is still open beside the new"
+            );
+        }
+    });
 }
 
 /// etcd's own count of the LeaseKeepAlive streams started, or of the messages it received on
