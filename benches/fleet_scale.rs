@@ -203,8 +203,8 @@ impl Pulse {
                         .collect();
                 let moves = mesh_host::system::etcd_counts();
                 eprintln!(
-                    "fleet_scale: pulse clients: members left silent {}, left on a refusal {}, kept busy {} (the client late {}); last refusal: {}",
-                    moves.left_silent, moves.left_refused, moves.kept_busy, moves.kept_late, moves.last_refusal
+                    "fleet_scale: pulse clients: members left silent {}, left on a refusal {}, kept busy {} (the client late {}; renewals answered past the call timeout {}); last refusal: {}",
+                    moves.left_silent, moves.left_refused, moves.kept_busy, moves.kept_late, moves.answered_late, moves.last_refusal
                 );
                 eprintln!(
                     "fleet_scale: pulse +{:.0}s load {:.1}: cpu {} %; apply lag {lag:.0}, pending {:.0}; leader changes {:.0}; read index slow {:.0} failed {:.0}; started/s {}",

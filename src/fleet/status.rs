@@ -313,6 +313,9 @@ struct Presence {
     /// The id of a lease asked for and not yet known granted: asked for again, the same
     /// (`Etcd::lease_grant_as`).
     asking: Option<i64>,
+    /// When the request that last granted or renewed the lease was sent: etcd holds it at
+    /// least a TTL from then, the time a renewal may wait on a busy member.
+    renewed: Option<tokio::time::Instant>,
 }
 
 /// Writes the node's status whenever what it says changes, at most once a second, until
@@ -556,8 +559,12 @@ async fn keep_presence(
     metrics: &Metrics,
 ) -> bool {
     if let Some((id, _)) = presence.lease {
-        match etcd.lease_keepalive(id).await {
-            Ok(true) => {}
+        let asked = tokio::time::Instant::now();
+        // A busy member's late answer is waited for while the lease lasts; unknown when it was
+        // last renewed (never, here), the call timeout only.
+        let patience = presence.renewed.map_or(asked, |r| crate::system::lease_patience(r, ttl));
+        match etcd.lease_keepalive(id, patience).await {
+            Ok(true) => presence.renewed = Some(asked),
             // Expired (cut off for longer than the TTL): a new lease, the key again.
             Ok(false) => presence.lease = None,
             Err(e) => {
@@ -568,8 +575,11 @@ async fn keep_presence(
     }
     if presence.lease.is_none() {
         let id = *presence.asking.get_or_insert_with(crate::system::random_id);
+        let asked = tokio::time::Instant::now();
         match etcd.lease_grant_as(id, ttl.as_secs() as i64).await {
-            Ok(id) => (presence.lease, presence.asking) = (Some((id, false)), None),
+            Ok(id) => {
+                (presence.lease, presence.asking, presence.renewed) = (Some((id, false)), None, Some(asked))
+            }
             Err(e) => {
                 events::FleetStatus::LeaseNotTaken { node, error: &e }.emit(metrics);
                 return false;

@@ -30,7 +30,7 @@ pub(crate) mod users;
 
 pub(crate) use contents::{ContentFile, ContentWriter, Place};
 /// The etcd client, for what starts the fleet's tasks outside the crate (the hollow-node bench).
-pub use etcd::{counts as etcd_counts, Counts as EtcdCounts, Etcd, TlsFiles};
+pub use etcd::{counts as etcd_counts, lease_patience, Counts as EtcdCounts, Etcd, TlsFiles};
 #[cfg(test)]
 pub(crate) use fs::Nanos;
 pub(crate) use fs::{Fs, Meta, Sig, Staged};

@@ -190,8 +190,10 @@ impl Driver {
         if self.renewed.elapsed() < Duration::from_secs((DRIVER_TTL / 3) as u64) {
             return Ok(());
         }
-        match etcd.lease_keepalive(self.lease).await {
-            Ok(true) => self.renewed = tokio::time::Instant::now(),
+        let asked = tokio::time::Instant::now();
+        let patience = crate::system::lease_patience(self.renewed, Duration::from_secs(DRIVER_TTL as u64));
+        match etcd.lease_keepalive(self.lease, patience).await {
+            Ok(true) => self.renewed = asked,
             #[cfg(feature = "robust-mutant")] // tests/robust only (`fence`): a lost lease ignored.
             Ok(false) if crate::fleet::mutant("fence") => self.renewed = tokio::time::Instant::now(),
             Ok(false) => {

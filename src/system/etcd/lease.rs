@@ -21,12 +21,26 @@ impl KeepAlive {
     /// Refused: the status etcd ended the stream with, when it gave one.
     async fn renew(&mut self, id: i64) -> Result<i64, Option<tonic::Status>> {
         self.send.send(rpc::LeaseKeepAliveRequest { id }).await.map_err(|_| None)?;
-        match self.answers.message().await {
+        let answer = self.answers.message().await;
+        // The failpoint `etcd-renew-late` holds each renewal's answer on a kept stream 6 s, past
+        // the call timeout, as a member whose apply is behind does: the test that such a
+        // renewal is waited for, not given up.
+        if crate::system::fs::failpoint_named("etcd-renew-late") {
+            tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+        }
+        match answer {
             Ok(Some(answer)) if answer.id == id => Ok(answer.ttl),
             Err(status) => Err(Some(status)),
             _ => Err(None),
         }
     }
+}
+
+/// How long a renewal of a lease last renewed (or granted) by a request sent at `renewed`, for
+/// `ttl`, may wait on a busy member (`Etcd::lease_keepalive`): until a second before the lease
+/// would end, when a later answer could not save it.
+pub fn lease_patience(renewed: tokio::time::Instant, ttl: std::time::Duration) -> tokio::time::Instant {
+    renewed + ttl.saturating_sub(std::time::Duration::from_secs(1))
 }
 
 impl Etcd {
@@ -73,11 +87,14 @@ impl Etcd {
 
     /// Renews lease `id` once; `false` when etcd no longer has it (expired, or revoked). On the
     /// keep-alive stream kept from the renewal before when there is one and its connection is
-    /// still the client's; else, or when that stream fails or does not answer within the call
-    /// timeout, on a new stream, opened as any call is (failing over, logged in), and kept.
-    pub async fn lease_keepalive(&self, id: i64) -> Result<bool, Error> {
+    /// still the client's; else, or when that stream fails, on a new stream, opened as any call
+    /// is (failing over, logged in), and kept. A renewal on the kept stream not answered in the
+    /// call timeout by a member that answers otherwise (busy) is waited for until `patient_until`
+    /// (the moment the lease would be lost anyway, less a margin: `lease_patience`), since its
+    /// late answer still renews the lease; one not answered by then closes the stream.
+    pub async fn lease_keepalive(&self, id: i64, patient_until: tokio::time::Instant) -> Result<bool, Error> {
         let mut kept = self.keepalive.lock().await;
-        let renewed = self.renew_kept(&mut kept, id).await;
+        let renewed = self.renew_kept(&mut kept, id, patient_until).await;
         // A connection dropped while the lock was held here (`Etcd::drop_keepalive` cannot take
         // it then): the stream kept may be on that connection, which it would hold open beside
         // the new one until the next renewal. Closed now.
@@ -88,11 +105,16 @@ impl Etcd {
     }
 
     /// `lease_keepalive`, with its lock held.
-    async fn renew_kept(&self, kept: &mut Option<KeepAlive>, id: i64) -> Result<bool, Error> {
+    async fn renew_kept(
+        &self,
+        kept: &mut Option<KeepAlive>,
+        id: i64,
+        patient_until: tokio::time::Instant,
+    ) -> Result<bool, Error> {
         let moved = *self.moved.borrow();
         if let Some(k) = kept.as_mut().filter(|k| k.moved == moved) {
             let (at, channel) = (k.at, k.channel.clone());
-            match self.timed(&channel, k.renew(id)).await {
+            match self.timed_until(&channel, k.renew(id), patient_until).await {
                 Timed::Answered(Ok(ttl)) => return Ok(ttl > 0),
                 // Refused as too busy (the leader's apply behind: etcd waits a second for it, then
                 // refuses the renewal and ends the stream): the connection kept, a new stream at
@@ -105,9 +127,9 @@ impl Etcd {
                 // Ended or refused otherwise: a new stream, on the same connection if it still
                 // serves.
                 Timed::Answered(Err(_)) => {}
-                // No answer in the call timeout, from a member that answers otherwise: kept, the
-                // stream closed (its late answer would be read as the next renewal's) and opened
-                // again at the next renewal.
+                // No answer in the call timeout and the patience after it, from a member that
+                // answers otherwise: kept, the stream closed (its late answer would be read as
+                // the next renewal's) and opened again at the next renewal.
                 Timed::Busy => {
                     *kept = None;
                     return Err(busy(&self.endpoints[at], "a lease renewal"));

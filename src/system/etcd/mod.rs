@@ -36,6 +36,7 @@ use secrecy::{ExposeSecret as _, SecretString};
 use tonic::codegen::http;
 use tonic::transport::Channel;
 
+pub use lease::lease_patience;
 pub use refusal::Refusal;
 use refusal::{busy_answer, compacted, refusal_of, while_busy};
 

@@ -221,3 +221,12 @@ fn a_silent_member_is_left_unless_this_process_woke_too_late_to_judge_it() {
     assert_eq!(judge(true), "kept", "silent, but this process woke too late to say so");
     drop(held);
 }
+
+#[test]
+fn a_renewal_waits_on_a_busy_member_until_a_second_before_its_lease_would_end() {
+    let renewed = tokio::time::Instant::now();
+    let ttl = Duration::from_secs(10);
+    assert_eq!(super::lease_patience(renewed, ttl), renewed + Duration::from_secs(9));
+    // A TTL under the margin leaves no patience past the call timeout.
+    assert_eq!(super::lease_patience(renewed, Duration::from_millis(500)), renewed);
+}
