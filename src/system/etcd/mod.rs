@@ -37,6 +37,7 @@ use tonic::codegen::http;
 use tonic::transport::Channel;
 
 pub use lease::lease_patience;
+use refusal::Patience;
 pub use refusal::Refusal;
 use refusal::{busy_answer, compacted, refusal_of, while_busy};
 
@@ -83,10 +84,6 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// one revision (issue 43: a whole fleet's statuses in one answer cost etcd several times their
 /// size in memory).
 const PAGE: i64 = 1000;
-
-/// How long an operator's paged read goes on asking when no endpoint answers a page
-/// (`Etcd::page`): two or three rounds over every endpoint at their 5 s call timeout.
-const READ_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The largest message read from etcd: its own default request limit is 1.5 MiB per value, and
 /// a range holds a node's whole declaration.
@@ -334,41 +331,6 @@ pub struct Etcd {
     /// A paged read goes on for up to `READ_PATIENCE` when no endpoint answers a page
     /// (`patient`): an operator's command, not the agent, which has loops of its own.
     patient: bool,
-}
-
-/// An operator's patience with a busy cluster (`Etcd::patient`): pauses of 0.5 s doubling to
-/// 4 s, each spread by up to a fifth (so that commands started together do not ask in step), for
-/// up to `READ_PATIENCE` in all.
-struct Patience {
-    started: tokio::time::Instant,
-    pause: Duration,
-}
-
-impl Patience {
-    fn new() -> Patience {
-        Patience { started: tokio::time::Instant::now(), pause: Duration::from_millis(500) }
-    }
-
-    /// The pause before asking again, said on stderr after `why`; `None` once it would go past
-    /// `READ_PATIENCE`.
-    fn next(&mut self, why: &dyn std::fmt::Display) -> Option<Duration> {
-        if self.started.elapsed() + self.pause > READ_PATIENCE {
-            return None;
-        }
-        let pause = crate::system::jittered(self.pause);
-        tracing::warn!(
-            "{why}; asking again in {} ms (up to {} in all)",
-            pause.as_millis(),
-            crate::system::human(READ_PATIENCE)
-        );
-        self.pause = (self.pause * 2).min(Duration::from_secs(4));
-        Some(pause)
-    }
-
-    /// How long it has waited so far.
-    fn spent(&self) -> Duration {
-        self.started.elapsed()
-    }
 }
 
 impl Etcd {

@@ -2,6 +2,7 @@
 //! a member too busy to take a write.
 
 use super::Error;
+use std::time::Duration;
 
 /// What an etcd refusal means, read once from the gRPC status etcd answers with, so that callers
 /// match a variant and never etcd's words. The codes are etcd's (`api/v3rpc/rpctypes`); a watch
@@ -125,7 +126,7 @@ pub(super) async fn while_busy<T, Fut>(
 where
     Fut: std::future::Future<Output = Result<T, Error>>,
 {
-    let mut patience = super::Patience::new();
+    let mut patience = Patience::new();
     loop {
         match ask().await {
             Err(e @ Error::Refused { why: Refusal::Busy, .. }) if patient => {
@@ -151,4 +152,43 @@ pub(super) fn compacted(code: Option<u64>, message: &str) -> bool {
 /// The refusal a gRPC status says, and etcd's message.
 pub(super) fn refusal_of(status: &tonic::Status) -> Refusal {
     Refusal::of(Some(status.code() as u64), status.message())
+}
+
+/// How long an operator's paged read goes on asking when no endpoint answers a page
+/// (`Etcd::page`): two or three rounds over every endpoint at their 5 s call timeout.
+pub(super) const READ_PATIENCE: Duration = Duration::from_secs(30);
+
+/// An operator's patience with a busy cluster (`Etcd::patient`): pauses of 0.5 s doubling to
+/// 4 s, each spread by up to a fifth (so that commands started together do not ask in step), for
+/// up to `READ_PATIENCE` in all.
+pub(super) struct Patience {
+    started: tokio::time::Instant,
+    pause: Duration,
+}
+
+impl Patience {
+    pub(super) fn new() -> Patience {
+        Patience { started: tokio::time::Instant::now(), pause: Duration::from_millis(500) }
+    }
+
+    /// The pause before asking again, said on stderr after `why`; `None` once it would go past
+    /// `READ_PATIENCE`.
+    pub(super) fn next(&mut self, why: &dyn std::fmt::Display) -> Option<Duration> {
+        if self.started.elapsed() + self.pause > READ_PATIENCE {
+            return None;
+        }
+        let pause = crate::system::jittered(self.pause);
+        tracing::warn!(
+            "{why}; asking again in {} ms (up to {} in all)",
+            pause.as_millis(),
+            crate::system::human(READ_PATIENCE)
+        );
+        self.pause = (self.pause * 2).min(Duration::from_secs(4));
+        Some(pause)
+    }
+
+    /// How long it has waited so far.
+    pub(super) fn spent(&self) -> Duration {
+        self.started.elapsed()
+    }
 }

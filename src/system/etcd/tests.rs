@@ -159,7 +159,7 @@ async fn a_busy_refusal_is_asked_again_for_an_operator_only() {
     .await;
     assert!(matches!(answer, Err(Error::Refused { why: Refusal::Busy, .. })), "{answer:?}");
     let spent = started.elapsed();
-    assert!(spent <= READ_PATIENCE && spent >= Duration::from_secs(20), "asked for {spent:?}");
+    assert!(spent <= refusal::READ_PATIENCE && spent >= Duration::from_secs(20), "asked for {spent:?}");
     assert!((8..=12).contains(&asked), "asked {asked} times");
 
     let mut asked = 0;
