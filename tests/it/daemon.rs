@@ -110,6 +110,16 @@ fn the_hosts_own_writes_are_not_drift() {
         daemon.get("/metrics").unwrap_or_default(),
         daemon.log()
     );
+    // Corrections are told (counted, logged) by the attribution thread, in the order the worker
+    // made them, and later than an unchanged file is counted: on a loaded machine CI counted 0
+    // here. A second chmod of the sentinel is the barrier: once its correction is told, so is
+    // every correction made before it.
+    Command::new("chmod").arg("0777").arg(s.path("sentinel")).status().unwrap();
+    assert!(
+        wait_for(PATIENCE, || drift("directory") == 2.0),
+        "the sentinel corrected again:\n{}",
+        daemon.log()
+    );
     assert_eq!(drift("file"), 1.0, "the correction's own write counted as drift:\n{}", daemon.log());
 }
 
