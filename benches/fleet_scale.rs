@@ -547,18 +547,36 @@ fn rollout(binary: &Path, work: &Path, endpoints: &str) -> serde_json::Value {
         }));
     }
     let promote = Instant::now();
-    let promoted = Command::new(binary)
-        .arg("--state")
-        .arg(work.join("cli/state.json"))
-        .args(["fleet", "rollout", "promote", "--etcd", endpoints])
-        .output()
-        .unwrap();
+    let rollout_command = |verb: &str| {
+        Command::new(binary)
+            .arg("--state")
+            .arg(work.join("cli/state.json"))
+            .args(["fleet", "rollout", verb, "--etcd", endpoints])
+            .output()
+            .unwrap()
+    };
+    let promoted = rollout_command("promote");
+    let promote_s = promote.elapsed().as_secs_f64();
+    // A rollout that halted (a canary past its deadline, as at 10,000 nodes on this machine) is
+    // not promoted and stays open, and an open rollout refuses every `fleet put`: aborted, so
+    // that the changes after it are still measured, and said.
+    let aborted = (!promoted.status.success()).then(|| {
+        let out = rollout_command("abort");
+        eprintln!(
+            "fleet_scale: the rollout was not promoted ({}); aborted: exit {:?} {}",
+            String::from_utf8_lossy(&promoted.stderr).trim(),
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        out.status.code()
+    });
     serde_json::json!({
         "driver_exit": exited.code(),
         "driver_s": driver_s,
         "waves": waves,
         "promote_exit": promoted.status.code(),
-        "promote_s": promote.elapsed().as_secs_f64(),
+        "promote_s": promote_s,
+        "abort_exit": aborted,
     })
 }
 
@@ -671,11 +689,13 @@ fn one_size(binary: &Path, nodes: usize, changes: usize) -> serde_json::Value {
         "s": status_start.elapsed().as_secs_f64(),
         "bytes": out.stdout.len(),
     });
+    // Each figure said as it is had: a run that ends early keeps those it got.
+    eprintln!("fleet_scale: fleet status {fleet_status}");
 
     let pulse = Pulse::start(&cluster);
     let staged = rollout(binary, work, &endpoints);
     let load_rollout = load();
-    eprintln!("fleet_scale: fleet status {fleet_status}, rollout {staged} (load {load_rollout})");
+    eprintln!("fleet_scale: rollout {staged} (load {load_rollout})");
 
     // More fleet-wide changes, each waited for, then the database before and after compaction;
     // first the promote's own burst (every node reads the promoted scope again) is let pass:
