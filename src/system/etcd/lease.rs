@@ -16,16 +16,20 @@ pub(super) struct KeepAlive {
     answers: tonic::Streaming<rpc::LeaseKeepAliveResponse>,
 }
 
+/// The failpoint `etcd-renew-late`: each renewal's answer, on a kept stream or as the first of a
+/// new one, held 6 s, past the call timeout, as a member whose apply is behind holds it: the
+/// test that such a renewal is waited for, not given up.
+fn late() -> bool {
+    crate::system::fs::failpoint_named("etcd-renew-late")
+}
+
 impl KeepAlive {
     /// One renewal on the stream: the lease's time left, in seconds (0: etcd has no such lease).
     /// Refused: the status etcd ended the stream with, when it gave one.
     async fn renew(&mut self, id: i64) -> Result<i64, Option<tonic::Status>> {
         self.send.send(rpc::LeaseKeepAliveRequest { id }).await.map_err(|_| None)?;
         let answer = self.answers.message().await;
-        // The failpoint `etcd-renew-late` holds each renewal's answer on a kept stream 6 s, past
-        // the call timeout, as a member whose apply is behind does: the test that such a
-        // renewal is waited for, not given up.
-        if crate::system::fs::failpoint_named("etcd-renew-late") {
+        if late() {
             tokio::time::sleep(std::time::Duration::from_secs(6)).await;
         }
         match answer {
@@ -88,10 +92,11 @@ impl Etcd {
     /// Renews lease `id` once; `false` when etcd no longer has it (expired, or revoked). On the
     /// keep-alive stream kept from the renewal before when there is one and its connection is
     /// still the client's; else, or when that stream fails, on a new stream, opened as any call
-    /// is (failing over, logged in), and kept. A renewal on the kept stream not answered in the
-    /// call timeout by a member that answers otherwise (busy) is waited for until `patient_until`
-    /// (the moment the lease would be lost anyway, less a margin: `lease_patience`), since its
-    /// late answer still renews the lease; one not answered by then closes the stream.
+    /// is (failing over, logged in), and kept. A renewal not answered in the call timeout by a
+    /// member that answers otherwise (busy), on the kept stream or on the one it opens, is
+    /// waited for until `patient_until` (the moment the lease would be lost anyway, less a
+    /// margin: `lease_patience`), since its late answer still renews the lease; one not answered
+    /// by then closes the stream.
     pub async fn lease_keepalive(&self, id: i64, patient_until: tokio::time::Instant) -> Result<bool, Error> {
         let mut kept = self.keepalive.lock().await;
         let renewed = self.renew_kept(&mut kept, id, patient_until).await;
@@ -153,7 +158,7 @@ impl Etcd {
         // kept: every renewal).
         let moved = *self.moved.borrow();
         let (send, answers, ttl, channel) = self
-            .call("a lease renewal", |channel| {
+            .call_until("a lease renewal", patient_until, |channel| {
                 let (send, receive) = tokio::sync::mpsc::channel(1);
                 let requests =
                     futures_util::stream::unfold(
@@ -167,7 +172,11 @@ impl Etcd {
                         .map_err(|_| tonic::Status::internal("the lease's request stream closed"))?;
                     let mut answers =
                         LeaseClient::new(channel.clone()).lease_keep_alive(request).await?.into_inner();
-                    match answers.message().await? {
+                    let first = answers.message().await?;
+                    if late() {
+                        tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+                    }
+                    match first {
                         Some(answer) => Ok(tonic::Response::new((send, answers, answer.ttl, channel))),
                         None => Err(tonic::Status::unavailable("the lease's stream ended without an answer")),
                     }

@@ -557,7 +557,22 @@ impl Etcd {
         F: Fn(Channel) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        self.call_with(call, &mut None, f).await
+        self.call_with(call, &mut None, tokio::time::Instant::now(), f).await
+    }
+
+    /// `call`, a try its member is judged busy for waited on until `until` (`Etcd::timed_until`):
+    /// the opening of a lease's keep-alive stream, whose first answer is a renewal.
+    async fn call_until<T, F, Fut>(
+        &self,
+        call: &'static str,
+        until: tokio::time::Instant,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.call_with(call, &mut None, until, f).await
     }
 
     /// `call`, noting in `lost` why, when a try was sent and its answer never came (a write's
@@ -566,6 +581,7 @@ impl Etcd {
         &self,
         call: &'static str,
         lost: &mut Option<String>,
+        until: tokio::time::Instant,
         f: F,
     ) -> Result<T, Error>
     where
@@ -577,14 +593,14 @@ impl Etcd {
         let lost_any = std::sync::Mutex::new(lost.take());
         let answer = while_busy(self.patient, call, || async {
             let mut lost_now = None;
-            let answer = match self.tries(call, &mut lost_now, &f).await {
+            let answer = match self.tries(call, &mut lost_now, until, &f).await {
                 Err(Error::Refused { why: Refusal::InvalidToken, .. }) if self.login.is_some() => {
                     tracing::info!(
                         "etcd no longer takes the token of the last login (it expired): logging in again"
                     );
                     self.forget_token();
                     self.ensure_token().await?;
-                    self.tries(call, &mut lost_now, &f).await
+                    self.tries(call, &mut lost_now, until, &f).await
                 }
                 answer => answer,
             };
@@ -605,11 +621,19 @@ impl Etcd {
         F: Fn(Channel) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        self.tries(call, &mut None, f).await
+        self.tries(call, &mut None, tokio::time::Instant::now(), f).await
     }
 
-    /// `call_once`, noting in `lost` a try that was sent and whose answer never came.
-    async fn tries<T, F, Fut>(&self, call: &'static str, lost: &mut Option<String>, f: F) -> Result<T, Error>
+    /// `call_once`, noting in `lost` a try that was sent and whose answer never came, and
+    /// waiting on a busy member until `until` (`Etcd::timed_until`; no longer than the call
+    /// timeout when that is past).
+    async fn tries<T, F, Fut>(
+        &self,
+        call: &'static str,
+        lost: &mut Option<String>,
+        until: tokio::time::Instant,
+        f: F,
+    ) -> Result<T, Error>
     where
         F: Fn(Channel) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -618,7 +642,7 @@ impl Etcd {
         for _ in 0..self.endpoints.len() {
             let (at, channel) = self.channel().await?;
             let endpoint = &self.endpoints[at];
-            match self.timed(&channel, f(channel.clone())).await {
+            match self.timed_until(&channel, f(channel.clone()), until).await {
                 Timed::Answered(Ok(answer)) => return Ok(answer.into_inner()),
                 Timed::Answered(Err(status)) if busy_answer(&status) => {
                     count(Left::Busy);
@@ -910,7 +934,7 @@ impl Etcd {
         let late = crate::system::fs::failpoint_named("etcd-txn-late");
         let answer_late = crate::system::fs::failpoint_named("etcd-txn-answer-late") && !writes.is_empty();
         let answer = self
-            .call_with("a transaction", &mut lost, |channel| {
+            .call_with("a transaction", &mut lost, tokio::time::Instant::now(), |channel| {
                 let request = self.request(message.clone());
                 async move {
                     if late {
