@@ -560,8 +560,9 @@ async fn keep_presence(
 ) -> bool {
     if let Some((id, _)) = presence.lease {
         let asked = tokio::time::Instant::now();
-        // A busy member's late answer is waited for while the lease lasts; unknown when it was
-        // last renewed (never, here), the call timeout only.
+        // A busy member's late answer is waited for while the lease lasts (from its grant or
+        // last renewal; `renewed` is set with the lease, so the call timeout alone is only a
+        // fallback).
         let patience = presence.renewed.map_or(asked, |r| crate::system::lease_patience(r, ttl));
         match etcd.lease_keepalive(id, patience).await {
             Ok(true) => presence.renewed = Some(asked),
