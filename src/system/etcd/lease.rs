@@ -142,11 +142,7 @@ impl Etcd {
                 // Gone: left at once, as a call that timed out, so that a member stopped under a
                 // node costs one timeout, not two (the presence lease lasts two of them).
                 Timed::Gone => {
-                    let why = format!(
-                        "a lease renewal: {}: no answer in {}, nor to a status request",
-                        self.endpoints[at],
-                        crate::system::human(super::CALL_TIMEOUT)
-                    );
+                    let why = format!("a lease renewal: {}", super::timed::silent(&self.endpoints[at]));
                     self.failed(at, &why).await
                 }
             }

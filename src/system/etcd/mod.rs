@@ -675,8 +675,7 @@ impl Etcd {
                     return Err(busy);
                 }
                 Timed::Gone => {
-                    (last, tls) =
-                        (format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)), None);
+                    (last, tls) = (timed::silent(endpoint), None);
                     *lost = Some(last.clone());
                 }
             }

@@ -120,6 +120,12 @@ pub(super) enum Timed<T> {
     Gone,
 }
 
+/// What a member that answered neither a call nor a status request in the call timeout is
+/// left for (`Timed::Gone`), naming it.
+pub(super) fn silent(endpoint: &str) -> String {
+    format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT))
+}
+
 /// The error of a call to `endpoint` that went unanswered for the call timeout while its member
 /// still answered (`Etcd::still_answers`): the connection is kept.
 pub(super) fn busy(endpoint: &str, call: &str) -> Error {

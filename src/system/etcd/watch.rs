@@ -91,8 +91,7 @@ impl Etcd {
                 }
                 Timed::Busy => return Err(busy(&endpoint, "a watch")),
                 Timed::Gone => {
-                    (last, tls) =
-                        (format!("{endpoint}: no answer in {}", crate::system::human(CALL_TIMEOUT)), None);
+                    (last, tls) = (super::timed::silent(&endpoint), None);
                 }
             }
             self.failed(at, &format!("a watch: {last}")).await;

@@ -879,21 +879,16 @@ fn a_nodes_presence_is_renewed_on_one_kept_stream() {
     put_one_file(&s, &url, "kept-1", "kept");
     let daemon = node(&s, &url, "kept-1", &[]);
     // Four renewals (one every 3 s, the first at once): the barrier is etcd's count of them.
-    let renewals = || lease_keepalive_count(&url, "grpc_server_msg_received_total");
-    assert!(
-        wait_for(Duration::from_secs(20), || renewals() >= 4),
-        "renewals: {}\n{}",
-        renewals(),
-        daemon.log()
-    );
-    let streams = lease_keepalive_count(&url, "grpc_server_started_total");
-    assert_eq!(
-        streams,
-        1,
-        "{} renewals on {streams} streams: one stream is kept\n{}",
-        renewals(),
-        daemon.log()
-    );
+    let (renewals, streams) = streams_after_renewals(&url, &daemon, 4, Duration::from_secs(20));
+    assert_eq!(streams, 1, "{renewals} renewals on {streams} streams: one stream is kept\n{}", daemon.log());
+}
+
+/// Waits until etcd has received `renewals` lease renewals (the barrier: etcd's own count), then
+/// returns its counts of renewals received and of keep-alive streams started.
+fn streams_after_renewals(url: &str, daemon: &Daemon, renewals: u64, within: Duration) -> (u64, u64) {
+    let received = || lease_keepalive_count(url, "grpc_server_msg_received_total");
+    assert!(wait_for(within, || received() >= renewals), "renewals: {}\n{}", received(), daemon.log());
+    (received(), lease_keepalive_count(url, "grpc_server_started_total"))
 }
 
 /// A renewal that a busy member answers late is waited for while the lease lasts, not given up
@@ -922,19 +917,11 @@ fn a_renewal_a_busy_member_answers_late_is_waited_for_while_the_lease_lasts() {
     let (lease, _) = lease_left(&url, alive).unwrap();
     // The first renewal opens the stream, the second goes on it, each answered 6 s late; the
     // third is asked only once the second is over: the barrier.
-    let renewals = || lease_keepalive_count(&url, "grpc_server_msg_received_total");
-    assert!(
-        wait_for(Duration::from_secs(60), || renewals() >= 3),
-        "renewals: {}\n{}",
-        renewals(),
-        daemon.log()
-    );
-    let streams = lease_keepalive_count(&url, "grpc_server_started_total");
+    let (renewals, streams) = streams_after_renewals(&url, &daemon, 3, Duration::from_secs(60));
     assert_eq!(
         streams,
         1,
-        "{} renewals on {streams} streams: the late one was given up\n{}",
-        renewals(),
+        "{renewals} renewals on {streams} streams: the late one was given up\n{}",
         daemon.log()
     );
     assert!(!daemon.log().contains("cannot renew the presence lease"), "{}", daemon.log());
