@@ -308,14 +308,22 @@ const BACKOFF_CAP: Duration = Duration::from_secs(10);
 /// The node's presence lease, as the writer holds it.
 #[derive(Default)]
 struct Presence {
-    /// The lease held, and whether the presence key is written with it.
-    lease: Option<(i64, bool)>,
+    /// The lease held.
+    lease: Option<Held>,
     /// The id of a lease asked for and not yet known granted: asked for again, the same
     /// (`Etcd::lease_grant_as`).
     asking: Option<i64>,
-    /// When the request that last granted or renewed the lease was sent: etcd holds it at
-    /// least a TTL from then, the time a renewal may wait on a busy member.
-    renewed: Option<tokio::time::Instant>,
+}
+
+/// The presence lease held.
+#[derive(Clone, Copy)]
+struct Held {
+    id: i64,
+    /// Whether the presence key is written with it.
+    written: bool,
+    /// When the request that last granted or renewed it was sent: etcd holds it at least a TTL
+    /// from then, the time a renewal may wait on a busy member.
+    renewed: tokio::time::Instant,
 }
 
 /// Writes the node's status whenever what it says changes, at most once a second, until
@@ -558,14 +566,12 @@ async fn keep_presence(
     node: &str,
     metrics: &Metrics,
 ) -> bool {
-    if let Some((id, _)) = presence.lease {
+    if let Some(held) = presence.lease.as_mut() {
         let asked = tokio::time::Instant::now();
-        // A busy member's late answer is waited for while the lease lasts (from its grant or
-        // last renewal; `renewed` is set with the lease, so the call timeout alone is only a
-        // fallback).
-        let patience = presence.renewed.map_or(asked, |r| crate::system::lease_patience(r, ttl));
-        match etcd.lease_keepalive(id, patience).await {
-            Ok(true) => presence.renewed = Some(asked),
+        // A busy member's late answer is waited for while the lease lasts.
+        let patience = crate::system::lease_patience(held.renewed, ttl);
+        match etcd.lease_keepalive(held.id, patience).await {
+            Ok(true) => held.renewed = asked,
             // Expired (cut off for longer than the TTL): a new lease, the key again.
             Ok(false) => presence.lease = None,
             Err(e) => {
@@ -579,7 +585,8 @@ async fn keep_presence(
         let asked = tokio::time::Instant::now();
         match etcd.lease_grant_as(id, ttl.as_secs() as i64).await {
             Ok(id) => {
-                (presence.lease, presence.asking, presence.renewed) = (Some((id, false)), None, Some(asked))
+                presence.lease = Some(Held { id, written: false, renewed: asked });
+                presence.asking = None;
             }
             Err(e) => {
                 events::FleetStatus::LeaseNotTaken { node, error: &e }.emit(metrics);
@@ -587,9 +594,9 @@ async fn keep_presence(
             }
         }
     }
-    if let Some((id, false)) = presence.lease {
-        match etcd.put_with_lease(alive, b"1", id).await {
-            Ok(_) => presence.lease = Some((id, true)),
+    if let Some(held) = presence.lease.as_mut().filter(|h| !h.written) {
+        match etcd.put_with_lease(alive, b"1", held.id).await {
+            Ok(_) => held.written = true,
             // Kept: written at the next turn (a write whose answer was lost may have landed;
             // writing it again changes nothing).
             Err(e) => {
