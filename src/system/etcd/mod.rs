@@ -930,7 +930,8 @@ impl Etcd {
         // for the test that such a member is kept.
         // The failpoint `etcd-txn-answer-late` holds a write's answer 6 s after etcd gave it:
         // a write that landed and whose answer was lost, as on a member whose apply is behind.
-        let late = crate::system::fs::failpoint_named("etcd-txn-late");
+        let late = crate::system::fs::failpoint_named("etcd-txn-late")
+            || crate::system::fs::failpoint_named("etcd-txn-late-status-late");
         let answer_late = crate::system::fs::failpoint_named("etcd-txn-answer-late") && !writes.is_empty();
         let answer = self
             .call_with("a transaction", &mut lost, tokio::time::Instant::now(), |channel| {

@@ -800,12 +800,29 @@ fn grpc_count(url: &str, metric: &str, method: &str) -> u64 {
 #[test]
 #[ignore = "needs the testbed: tests/run.sh sets it up"]
 fn a_member_that_answers_a_call_late_but_answers_is_kept() {
+    a_busy_member_is_kept("etcd-txn-late");
+}
+
+/// The same, with a member that answers even its status request late: 2 s after it is asked
+/// (the failpoint `etcd-txn-late-status-late`), as members at a fleet's load did (issue 43: at
+/// 10,000 hollow nodes, clients left members 456,000 times for a status request not answered
+/// in the one second it was given). It has three now, and the member is kept. With the probe's
+/// second (the code before), each failed write drops the connection: this fails.
+#[test]
+#[ignore = "needs the testbed: tests/run.sh sets it up"]
+fn a_member_that_answers_even_its_status_late_is_kept() {
+    a_busy_member_is_kept("etcd-txn-late-status-late");
+}
+
+/// A node whose transactions are held past the call timeout by `failpoint` keeps its one
+/// connection: one watch stream and one lease stream, as etcd counts them.
+fn a_busy_member_is_kept(failpoint: &str) {
     let s = Scratch::new();
     let etcd = OwnEtcd::start(&s);
     let url = etcd.url();
     put_one_file(&s, &url, "busy-1", "busy");
     // At debug, where a status not written is said.
-    let env = [("MESH_HOST_FAILPOINT", "etcd-txn-late"), ("MESH_HOST_LOG", "debug")];
+    let env = [("MESH_HOST_FAILPOINT", failpoint), ("MESH_HOST_LOG", "debug")];
     let daemon = node_with_env(&s, &url, "busy-1", &[], &[], &env);
     assert!(wait_for(PATIENCE, || read(&s.path("busy")) == "busy\n"), "{}", daemon.log());
     // The first status write not written, in the node's own words: the barrier. A node leaving
