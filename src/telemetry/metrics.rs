@@ -2,7 +2,7 @@
 //! (`mesh_host_<noun>_<unit>[_total]`). Labels are few and bounded: type, action, state,
 //! source, watcher. A resource id is never a label; it is in the logs.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -82,6 +82,18 @@ pub struct Metrics {
     /// `mesh_host_etcd_watch_revision`: the etcd revision up to which the fleet's watch has
     /// delivered every change, from etcd's progress notices; absent until the first.
     pub etcd_watch_revision: Family<Labels, Gauge>,
+    /// `mesh_host_etcd_members_left_total`: connections to an etcd member this process dropped
+    /// for the next endpoint, by `why`: `silent` (neither a call nor a status request answered
+    /// in the call timeout) or `refused` (an answer another member may not give: no leader,
+    /// stopping, the connection itself broken). Read at each scrape from the client's own
+    /// counts (`system::etcd_counts`); absent where the declaration is a local directory. Each
+    /// leave costs the member a new connection, watch and lease stream: a fleet's members in a
+    /// storm of these are overloaded (issue 43).
+    pub etcd_members_left: Family<Labels, Counter>,
+    /// `mesh_host_etcd_calls_busy_total`: calls to etcd not served in time by a member that
+    /// still answered (busy, its apply behind): the connection kept. Read and absent as the
+    /// one above.
+    pub etcd_calls_busy: Family<Labels, Counter>,
     /// Reconciles that panicked: each failed its key, and the daemon went on.
     pub panics: Counter,
     /// State-store writes that failed: what was applied is on the machine but not recorded.
@@ -151,6 +163,7 @@ impl Metrics {
         m.register_passes(&mut registry);
         m.register_queue(&mut registry);
         m.register_daemon(&mut registry);
+        m.register_etcd(&mut registry);
         m.register_process(&mut registry);
         m.build_info.get_or_create(&vec![("version", env!("CARGO_PKG_VERSION"))]).set(1);
         Metrics { registry, ..m }
@@ -186,6 +199,8 @@ impl Metrics {
             etcd_up: Family::default(),
             etcd_certificate_refused: Family::default(),
             etcd_watch_revision: Family::default(),
+            etcd_members_left: Family::default(),
+            etcd_calls_busy: Family::default(),
             panics: Counter::default(),
             store_write_failures: Counter::default(),
             scheduled_runs: Family::default(),
@@ -331,21 +346,6 @@ impl Metrics {
             self.trust_policy_expires.clone(),
         );
         registry.register(
-            "mesh_host_etcd_up",
-            "1 while the fleet's last read of etcd succeeded, 0 after a failed one; absent where the declaration is a local directory",
-            self.etcd_up.clone(),
-        );
-        registry.register(
-            "mesh_host_etcd_certificate_refused",
-            "1 while etcd refuses the node's client certificate (expired, revoked, or from a CA it does not trust), 0 once it takes one; the files are read again at every connection",
-            self.etcd_certificate_refused.clone(),
-        );
-        registry.register(
-            "mesh_host_etcd_watch_revision",
-            "The etcd revision up to which the fleet's watch has delivered every change, from etcd's progress notices: an idle watch known alive, and where it stands",
-            self.etcd_watch_revision.clone(),
-        );
-        registry.register(
             "mesh_host_panics",
             "Reconciles that panicked; each failed its key, which is retried, and the daemon went on",
             self.panics.clone(),
@@ -364,6 +364,36 @@ impl Metrics {
 
     /// The process itself: the declared content and the memory it holds, its build, and its
     /// resync period, for the alert rules to follow the node's own setting.
+    /// The fleet's etcd source and client: absent on a node whose declaration is a local
+    /// directory.
+    fn register_etcd(&self, registry: &mut Registry) {
+        registry.register(
+            "mesh_host_etcd_up",
+            "1 while the fleet's last read of etcd succeeded, 0 after a failed one; absent where the declaration is a local directory",
+            self.etcd_up.clone(),
+        );
+        registry.register(
+            "mesh_host_etcd_certificate_refused",
+            "1 while etcd refuses the node's client certificate (expired, revoked, or from a CA it does not trust), 0 once it takes one; the files are read again at every connection",
+            self.etcd_certificate_refused.clone(),
+        );
+        registry.register(
+            "mesh_host_etcd_watch_revision",
+            "The etcd revision up to which the fleet's watch has delivered every change, from etcd's progress notices: an idle watch known alive, and where it stands",
+            self.etcd_watch_revision.clone(),
+        );
+        registry.register(
+            "mesh_host_etcd_members_left",
+            "Connections to an etcd member dropped for the next endpoint, by why: silent (no answer to a call, nor to a status request, in the call timeout) or refused (an answer another member may not give: no leader, stopping, the connection broken); each costs the member a new connection, watch and lease stream",
+            self.etcd_members_left.clone(),
+        );
+        registry.register(
+            "mesh_host_etcd_calls_busy",
+            "Calls to etcd not served within the call timeout by a member that still answered (busy: its apply or its leader behind); the connection to it was kept",
+            self.etcd_calls_busy.clone(),
+        );
+    }
+
     fn register_process(&self, registry: &mut Registry) {
         registry.register(
             "mesh_host_declared_content_bytes",
@@ -432,6 +462,15 @@ impl Metrics {
     pub fn encode(&self) -> String {
         if let Some(bytes) = crate::system::memory::resident_bytes() {
             self.resident_memory.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        // The etcd client's own counts, process-wide, once the fleet has tried etcd.
+        if self.etcd_up.get(&Vec::new()).is_some() {
+            let counts = crate::system::etcd_counts();
+            let left = |why| self.etcd_members_left.get_or_create(&vec![("why", why)]).clone();
+            left("silent").inner().store(counts.left_silent, Ordering::Relaxed);
+            left("refused").inner().store(counts.left_refused, Ordering::Relaxed);
+            let busy = self.etcd_calls_busy.get_or_create(&Vec::new()).clone();
+            busy.inner().store(counts.kept_busy, Ordering::Relaxed);
         }
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String does not fail");

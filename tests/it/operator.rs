@@ -806,6 +806,8 @@ fn the_dashboard_and_the_alert_rules_name_only_metrics_the_agent_exports() {
     let fleet_only = [
         "mesh_host_etcd_up",
         "mesh_host_etcd_certificate_refused",
+        "mesh_host_etcd_members_left_total",
+        "mesh_host_etcd_calls_busy_total",
         "mesh_host_declaration_expires_timestamp_seconds",
         "mesh_host_trust_policy_expires_timestamp_seconds",
     ];

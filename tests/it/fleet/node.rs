@@ -842,6 +842,10 @@ fn a_busy_member_is_kept(failpoint: &str) {
         daemon.log()
     );
     assert!(daemon.log().contains("the member answers: busy, not gone"), "{}", daemon.log());
+    // Where an operator sees it: calls kept as busy, no member left.
+    let scrape = daemon.get("/metrics").unwrap_or_default();
+    assert!(metric_in(&scrape, "mesh_host_etcd_calls_busy_total") >= 1.0, "{scrape}");
+    assert!(scrape.contains("mesh_host_etcd_members_left_total{why=\"silent\"} 0\n"), "{scrape}");
     // Still served by the member: a change is taken (its generation then redials, by design:
     // docs/decisions.md, "Confirm or go back").
     put_one_file(&s, &url, "busy-1", "busy-2");

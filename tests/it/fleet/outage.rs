@@ -245,6 +245,9 @@ fn a_node_leaves_a_frozen_member_at_the_call_timeout_and_keeps_its_presence() {
     assert!(taken, "the node left the frozen member and took the change:\n{}", daemon.log());
     let now = lease_left(&others, alive).map(|(lease, _)| lease);
     assert_eq!(now, Some(held), "the presence kept its lease through the move:\n{}", daemon.log());
+    // Counted where an operator sees it.
+    let left = daemon.metric("mesh_host_etcd_members_left_total{why=\"silent\"}");
+    assert!(left >= 1.0, "members left for silence: {left}\n{}", daemon.get("/metrics").unwrap_or_default());
 }
 
 /// Two network namespaces of the test's own joined by one veth pair: etcd's (10.78.1.1 on `e0`,
