@@ -362,8 +362,6 @@ impl Metrics {
         );
     }
 
-    /// The process itself: the declared content and the memory it holds, its build, and its
-    /// resync period, for the alert rules to follow the node's own setting.
     /// The fleet's etcd source and client: absent on a node whose declaration is a local
     /// directory.
     fn register_etcd(&self, registry: &mut Registry) {
@@ -394,6 +392,8 @@ impl Metrics {
         );
     }
 
+    /// The process itself: the declared content and the memory it holds, its build, and its
+    /// resync period, for the alert rules to follow the node's own setting.
     fn register_process(&self, registry: &mut Registry) {
         registry.register(
             "mesh_host_declared_content_bytes",
